@@ -1,0 +1,196 @@
+//! The command line, as clap derive types. Nothing here validates values beyond their shape:
+//! validation belongs to `config`, so file, environment and flags share one set of rules.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fk-agentd",
+    version,
+    about = "Runs a fleet of LLM agents optimizing fastkernels GPU kernels, leases GPUs to them, and scores what they produce.",
+    long_about = "fk-agentd runs one LLM agent session per fastkernels target (133 L1-L3 targets by default, \
+up to 12 at once) against a Cortex-compatible Responses endpoint, lends them GPUs through short \
+leases, and scores the candidates with the real fastkernels bench.\n\n\
+Exit codes: 0 ok; 1 the work ran and found failures; 2 bad input; 3 infrastructure unavailable \
+(no daemon, endpoint down, no GPU, not available yet).",
+    after_help = "Start with the labelled simulation, which needs no token and no GPU:\n  fk-agentd start --sim --targets L1-L3"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct GlobalArgs {
+    /// Daemon home (store, socket, runs). Default: $FK_AGENTD_HOME, else $XDG_STATE_HOME/fk-agentd.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    /// Config file. Default: $FK_AGENTD_CONFIG, else <home>/fk-agentd.toml, else ./fk-agentd.toml.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a campaign in the foreground: one agent session per target.
+    Start(StartArgs),
+    /// Show the running daemon and its sessions (or the last run when none runs).
+    Status,
+    /// Ask the running daemon to stop: sessions are cancelled and can be resumed.
+    Stop,
+    /// Continue an unfinished run from its stored history.
+    Resume {
+        /// Run id (default: the newest unfinished run).
+        run: Option<String>,
+    },
+    /// One row per target: state, turns, tokens, leases, best speedup, last event.
+    Sessions {
+        /// Run id (default: the newest run).
+        #[arg(long)]
+        run: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One target's session: header and timeline of turns and tool calls.
+    Session {
+        /// Target id such as L1/gelu.
+        target: String,
+        /// Run id (default: the newest run).
+        #[arg(long)]
+        run: Option<String>,
+        /// Stream live events until the session ends.
+        #[arg(long)]
+        follow: bool,
+        /// Print the full transcript.
+        #[arg(long)]
+        transcript: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command of an agent's own under a GPU lease (inside a session's shell).
+    Lease(LeaseArgs),
+    /// GPUs: state, holder, queue, drained reason.
+    Gpus {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Score candidates with the real fastkernels bench and gate the winners.
+    Score(ScoreArgs),
+    /// Compare the independent campaign with the sequential one.
+    Compare {
+        /// Two run ids to compare (independent first).
+        runs: Vec<String>,
+        /// A `--mode all` run holding both campaigns.
+        #[arg(long)]
+        run: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Render MANIFEST.md and manifest.json for a run from recorded facts.
+    Manifest {
+        /// Run id (default: the newest run).
+        #[arg(long)]
+        run: Option<String>,
+    },
+    /// Provider utilities.
+    #[command(subcommand)]
+    Provider(ProviderCommand),
+    /// Print shell completions.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct StartArgs {
+    /// Targets: `L1-L3`, `L2`, `L1,L3`, `L2/rms_norm,L1/gelu` or `all`. Default: L1-L3.
+    #[arg(long, value_name = "SET")]
+    pub targets: Option<String>,
+    /// independent | sequential | all. Default: independent.
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
+    /// Sessions running at once. Default: 12.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub max_agents: Option<i64>,
+    /// Per-session wall-clock limit, e.g. 5h. Default: 5h.
+    #[arg(long, value_name = "DURATION")]
+    pub session_timeout: Option<String>,
+    /// Per-lease limit, e.g. 15m. Default: 15m.
+    #[arg(long, value_name = "DURATION")]
+    pub lease_timeout: Option<String>,
+    /// Provider name (in provider-config/) or path to a provider TOML. Default: cortex.
+    #[arg(long, value_name = "NAME|PATH")]
+    pub provider: Option<String>,
+    /// Use the embedded, clearly labelled simulation: scripted agents, fake GPUs, simulated bench.
+    #[arg(long)]
+    pub sim: bool,
+    /// Run in the background; the daemon's log goes to <home>/fk-agentd.log.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LeaseClassArg {
+    Validate,
+    Ncu,
+    Nsys,
+    Bench,
+}
+
+#[derive(Debug, Args)]
+pub struct LeaseArgs {
+    /// Lease class.
+    #[arg(long, value_enum, default_value = "validate")]
+    pub class: LeaseClassArg,
+    /// GPUs to lease.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// Run limit (at most the lease timeout), e.g. 10m.
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// The command to run.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ScoreMode {
+    Standalone,
+    Composed,
+    Sequential,
+    All,
+}
+
+#[derive(Debug, Args)]
+pub struct ScoreArgs {
+    /// Score this run's candidates (default: the newest run).
+    #[arg(long, conflicts_with = "candidates")]
+    pub run: Option<String>,
+    /// Score a folder in the L<n>/<stem>.py layout, without a campaign.
+    #[arg(long, value_name = "DIR")]
+    pub candidates: Option<PathBuf>,
+    /// Which benches to run.
+    #[arg(long, value_enum, default_value = "all")]
+    pub mode: ScoreMode,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProviderCommand {
+    /// Send one tiny request and diagnose the answer.
+    Check {
+        /// Provider name or path to a provider TOML (default: the configured one).
+        provider: Option<String>,
+    },
+}

@@ -1,0 +1,291 @@
+//! The command line: parse arguments, load the configuration, call into the library, print
+//! for humans (or JSON), and map errors to exit codes. The only module that prints.
+
+pub mod args;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser};
+
+pub use args::Cli;
+use args::{Command, GlobalArgs, ProviderCommand, StartArgs};
+
+use crate::config::provider::ProviderConfig;
+use crate::config::{Config, Env, Flags, resolve_home};
+use crate::control::ControlError;
+use crate::control::client::ControlClient;
+use crate::error::Error;
+use crate::target::{Catalog, TargetId};
+use crate::{daemon, report};
+
+/// Runs the CLI with the process arguments and environment; returns the exit code.
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                crate::error::EXIT_USAGE
+            } else {
+                0
+            };
+        }
+    };
+    let env = Env::from_process();
+    init_logging(matches!(cli.command, Command::Start(_)));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fk-agentd: cannot start the async runtime: {e}");
+            return crate::error::EXIT_UNAVAILABLE;
+        }
+    };
+    match runtime.block_on(dispatch(cli, env)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fk-agentd: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn init_logging(daemon: bool) {
+    let default = if daemon { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FK_AGENTD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
+    let s = start.cloned().unwrap_or_default();
+    Flags {
+        home: global.home.clone(),
+        config: global.config.clone(),
+        targets: s.targets,
+        mode: s.mode,
+        max_agents: s.max_agents,
+        session_timeout: s.session_timeout,
+        lease_timeout: s.lease_timeout,
+        provider: s.provider,
+        sim: s.sim,
+    }
+}
+
+fn home(global: &GlobalArgs, env: &Env) -> Result<PathBuf, Error> {
+    Ok(resolve_home(global.home.as_deref(), env)?)
+}
+
+fn not_yet(command: &str, why: &str) -> Error {
+    Error::NotYet {
+        command: command.to_string(),
+        why: why.to_string(),
+    }
+}
+
+async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
+    let catalog = Catalog::embedded();
+    match cli.command {
+        Command::Start(ref start) => cmd_start(&cli.global, start, &env, &catalog).await,
+        Command::Status => cmd_status(&home(&cli.global, &env)?).await,
+        Command::Stop => cmd_stop(&home(&cli.global, &env)?).await,
+        Command::Resume { .. } => Err(not_yet(
+            "resume",
+            "resuming sessions needs the agent loop, which is not built yet",
+        )),
+        Command::Sessions { run, json } => {
+            cmd_sessions(&home(&cli.global, &env)?, run.as_deref(), json).await
+        }
+        Command::Session {
+            target,
+            run,
+            follow,
+            transcript,
+            json,
+        } => {
+            if follow || transcript {
+                return Err(not_yet(
+                    "session --follow/--transcript",
+                    "live events and transcripts come with agent sessions",
+                ));
+            }
+            cmd_session(
+                &home(&cli.global, &env)?,
+                &target,
+                run.as_deref(),
+                json,
+                &catalog,
+            )
+        }
+        Command::Lease(_) => Err(not_yet("lease", "the GPU lease broker is not built yet")),
+        Command::Gpus { .. } => Err(not_yet("gpus", "the GPU lease broker is not built yet")),
+        Command::Score(_) => Err(not_yet(
+            "score",
+            "the fastkernels scoring driver is not built yet",
+        )),
+        Command::Compare { .. } => Err(not_yet(
+            "compare",
+            "comparison needs scoring, which is not built yet",
+        )),
+        Command::Manifest { .. } => Err(not_yet("manifest", "run manifests are not built yet")),
+        Command::Provider(ProviderCommand::Check { provider }) => {
+            let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
+            let choice = provider.unwrap_or(config.provider.clone());
+            let p = ProviderConfig::load(&choice, &config.home, &env)?;
+            Err(not_yet(
+                "provider check",
+                &format!(
+                    "the Responses client is not built yet (provider `{}` at {} is valid)",
+                    p.name, p.base_url
+                ),
+            ))
+        }
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "fk-agentd", &mut std::io::stdout());
+            Ok(0)
+        }
+    }
+}
+
+async fn cmd_start(
+    global: &GlobalArgs,
+    start: &StartArgs,
+    env: &Env,
+    catalog: &Catalog,
+) -> Result<i32, Error> {
+    let config = Config::load(&flags(global, Some(start)), env, catalog)?;
+    if !config.sim {
+        ProviderConfig::load(&config.provider, &config.home, env)?;
+    }
+    if let Some(pid) = daemon::lock::holder(&config.home) {
+        return Err(daemon::DaemonError::AlreadyRunning {
+            home: config.home.clone(),
+            pid: Some(pid),
+        }
+        .into());
+    }
+    Err(not_yet(
+        "start",
+        &format!(
+            "the configuration is valid ({} targets, mode {}, {} agents), but agent sessions{} are not built yet",
+            config.targets.len(),
+            config.mode.as_str(),
+            config.max_agents,
+            if config.sim {
+                " and the simulation"
+            } else {
+                ""
+            }
+        ),
+    ))
+}
+
+async fn cmd_status(home: &std::path::Path) -> Result<i32, Error> {
+    match ControlClient::new(home) {
+        Ok(client) => match client.status().await {
+            Ok(s) => {
+                print!("{}", report::daemon_status(&s));
+                return Ok(0);
+            }
+            Err(ControlError::NoDaemon { .. }) => {}
+            Err(e) => return Err(e.into()),
+        },
+        Err(ControlError::NoDaemon { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let last = if home.join("fk-agentd.db").exists() {
+        daemon::open_store(home)?.runs()?.into_iter().next()
+    } else {
+        None
+    };
+    print!(
+        "{}",
+        report::offline_status(&home.display().to_string(), last.as_ref())
+    );
+    Ok(0)
+}
+
+async fn cmd_stop(home: &std::path::Path) -> Result<i32, Error> {
+    let client = ControlClient::new(home)?;
+    client.stop().await?;
+    println!(
+        "stop requested: running sessions are being cancelled (resume later with `fk-agentd resume`)"
+    );
+    Ok(0)
+}
+
+async fn cmd_sessions(home: &std::path::Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    let rows = match ControlClient::new(home) {
+        Ok(client) => match client.sessions(Some(&run_row.id)).await {
+            Ok(reply) => reply.sessions,
+            Err(_) => store.sessions(&run_row.id)?,
+        },
+        Err(_) => store.sessions(&run_row.id)?,
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let value = serde_json::json!({"run": run_row, "sessions": rows});
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    } else {
+        let _ = write!(out, "{}", report::sessions_table(&run_row, &rows));
+    }
+    Ok(0)
+}
+
+fn cmd_session(
+    home: &std::path::Path,
+    target: &str,
+    run: Option<&str>,
+    json: bool,
+    catalog: &Catalog,
+) -> Result<i32, Error> {
+    let id: TargetId = target.parse()?;
+    if catalog.get(&id).is_none() {
+        catalog.select(target)?;
+    }
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    let name = id.to_string();
+    let events = store.events(&run_row.id, Some(&name), 0)?;
+    let state = store
+        .sessions(&run_row.id)?
+        .into_iter()
+        .find(|s| s.target == name);
+    if json {
+        let value =
+            serde_json::json!({"run": run_row, "target": name, "state": state, "events": events});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    } else {
+        print!(
+            "{}",
+            report::session_timeline(&run_row, &name, state.as_ref(), &events)
+        );
+    }
+    Ok(0)
+}
+
+fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {
+    if !home.join("fk-agentd.db").exists() {
+        return Err(Error::Usage(format!(
+            "no runs under {}: start one with `fk-agentd start --sim --targets L1-L3`",
+            home.display()
+        )));
+    }
+    daemon::open_store(home)
+}

@@ -1,0 +1,596 @@
+//! Configuration in two stages: what the user wrote (file, environment, flags) → a validated
+//! [`Config`] with absolute paths, parsed durations and every default applied.
+//!
+//! Owns the `fk-agentd.toml` schema, the precedence rules (flag > environment > file > default)
+//! and the record of where each setting came from ([`SettingSource`], shown in the manifest).
+//! It never reads the process environment itself: the CLI collects [`Env`] once, at the edge.
+//!
+//! Every rejection is a [`ConfigError`] naming the key, the value and what was expected.
+
+pub mod provider;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::target::{Catalog, TargetId};
+
+/// A setting that was rejected: which key, what value, what was expected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid {key} = `{value}`: {reason}")]
+pub struct ConfigError {
+    pub key: String,
+    pub value: String,
+    /// What was expected (`expected …`) or why the value was refused.
+    pub reason: String,
+}
+
+impl ConfigError {
+    /// A value that is not of the expected shape.
+    pub fn new(
+        key: impl Into<String>,
+        value: impl Into<String>,
+        expected: impl Into<String>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            value: value.into(),
+            reason: format!("expected {}", expected.into()),
+        }
+    }
+
+    /// A value refused for a reason stated in full.
+    pub fn because(
+        key: impl Into<String>,
+        value: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The environment variables fk-agentd reads, collected once by the CLI.
+#[derive(Clone, Debug, Default)]
+pub struct Env {
+    pub fk_agentd_home: Option<String>,
+    pub fk_agentd_config: Option<String>,
+    pub fk_dir: Option<String>,
+    pub xdg_state_home: Option<String>,
+    pub home: Option<String>,
+    pub snowflake_account: Option<String>,
+    pub cwd: PathBuf,
+}
+
+impl Env {
+    /// Reads the process environment. Only the binary's edge calls this.
+    pub fn from_process() -> Self {
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self {
+            fk_agentd_home: get("FK_AGENTD_HOME"),
+            fk_agentd_config: get("FK_AGENTD_CONFIG"),
+            fk_dir: get("FK_DIR"),
+            xdg_state_home: get("XDG_STATE_HOME"),
+            home: get("HOME"),
+            snowflake_account: get("SNOWFLAKE_ACCOUNT"),
+            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        }
+    }
+}
+
+/// Parses a human duration such as `5h`, `15m`, `90s` or `1h 30m`.
+pub fn parse_duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
+    let d = humantime::parse_duration(value.trim()).map_err(|_| {
+        ConfigError::new(
+            key,
+            value,
+            "a duration such as `90s`, `15m`, `5h` or `1h 30m`",
+        )
+    })?;
+    if d.is_zero() {
+        return Err(ConfigError::new(key, value, "a duration greater than zero"));
+    }
+    Ok(d)
+}
+
+/// Formats a duration the way a user would write it (`5h`, `15m`, `1h 30m`).
+pub fn format_duration(d: Duration) -> String {
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+/// How the campaign schedules its targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every target at once, under the agent cap.
+    Independent,
+    /// Level by level, each level building on the winners of the levels below.
+    Sequential,
+    /// Independent, then sequential, then the comparison.
+    All,
+}
+
+impl Mode {
+    pub fn parse(key: &str, value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "independent" => Ok(Self::Independent),
+            "sequential" => Ok(Self::Sequential),
+            "all" => Ok(Self::All),
+            _ => Err(ConfigError::new(
+                key,
+                value,
+                "one of independent, sequential, all",
+            )),
+        }
+    }
+
+    /// The short form used in run ids.
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::Independent => "ind",
+            Self::Sequential => "seq",
+            Self::All => "all",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Independent => "independent",
+            Self::Sequential => "sequential",
+            Self::All => "all",
+        }
+    }
+}
+
+/// Where the GPUs come from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum GpuDevices {
+    /// Discover with NVML at start.
+    Nvml,
+    /// `n` declared fake GPUs (for machines without NVIDIA drivers, and the simulation).
+    Fake { count: u32 },
+    /// An explicit list of GPU UUIDs.
+    Uuids { uuids: Vec<String> },
+}
+
+/// Where a setting's value came from, for the manifest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SettingSource {
+    Default,
+    File,
+    Env,
+    Flag,
+}
+
+/// What the user typed on the command line (already parsed by clap, not yet validated).
+#[derive(Clone, Debug, Default)]
+pub struct Flags {
+    pub home: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub targets: Option<String>,
+    pub mode: Option<String>,
+    pub max_agents: Option<i64>,
+    pub session_timeout: Option<String>,
+    pub lease_timeout: Option<String>,
+    pub provider: Option<String>,
+    pub sim: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    campaign: RawCampaign,
+    #[serde(default)]
+    provider: RawProvider,
+    #[serde(default)]
+    gpus: RawGpus,
+    #[serde(default)]
+    fastkernels: RawFastkernels,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCampaign {
+    targets: Option<String>,
+    mode: Option<String>,
+    max_agents: Option<i64>,
+    session_timeout: Option<String>,
+    lease_timeout: Option<String>,
+    captures: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    #[serde(rename = "use")]
+    use_: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpus {
+    devices: Option<toml::Value>,
+    ncu_cap: Option<i64>,
+    nsys_cap: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFastkernels {
+    dir: Option<String>,
+    command: Option<Vec<String>>,
+}
+
+/// The validated configuration every other part reads.
+#[derive(Clone, Debug, Serialize)]
+pub struct Config {
+    pub home: PathBuf,
+    /// The config file that was read, if any.
+    pub config_file: Option<PathBuf>,
+    pub targets_spec: String,
+    pub targets: Vec<TargetId>,
+    pub mode: Mode,
+    pub max_agents: usize,
+    #[serde(serialize_with = "ser_duration")]
+    pub session_timeout: Duration,
+    #[serde(serialize_with = "ser_duration")]
+    pub lease_timeout: Duration,
+    pub captures: PathBuf,
+    pub provider: String,
+    pub gpus: GpuDevices,
+    pub ncu_cap: usize,
+    pub nsys_cap: usize,
+    pub fastkernels_dir: Option<PathBuf>,
+    pub fastkernels_command: Vec<String>,
+    pub sim: bool,
+    /// Every setting with its value (as text) and where it came from.
+    pub settings: BTreeMap<String, (String, SettingSource)>,
+}
+
+fn ser_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
+}
+
+pub const DEFAULT_TARGETS: &str = "L1-L3";
+pub const DEFAULT_MAX_AGENTS: i64 = 12;
+pub const MAX_AGENTS_LIMIT: i64 = 256;
+pub const DEFAULT_SESSION_TIMEOUT: &str = "5h";
+pub const DEFAULT_LEASE_TIMEOUT: &str = "15m";
+pub const DEFAULT_CAPTURES: &str = "captures/default/b200";
+pub const DEFAULT_PROVIDER: &str = "cortex";
+
+/// The daemon home: `--home`, else `FK_AGENTD_HOME`, else `$XDG_STATE_HOME/fk-agentd`, else
+/// `~/.local/state/fk-agentd`.
+pub fn resolve_home(flag: Option<&Path>, env: &Env) -> Result<PathBuf, ConfigError> {
+    let chosen = if let Some(p) = flag {
+        p.to_path_buf()
+    } else if let Some(h) = &env.fk_agentd_home {
+        PathBuf::from(h)
+    } else if let Some(x) = &env.xdg_state_home {
+        PathBuf::from(x).join("fk-agentd")
+    } else if let Some(h) = &env.home {
+        PathBuf::from(h).join(".local/state/fk-agentd")
+    } else {
+        return Err(ConfigError::new(
+            "home",
+            "",
+            "a home directory: pass --home DIR or set FK_AGENTD_HOME",
+        ));
+    };
+    Ok(absolute(&env.cwd, &chosen))
+}
+
+/// `path` made absolute against `cwd`, with a leading `~/` expanded from `HOME`.
+pub fn absolute(cwd: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        cwd.join(path)
+    }
+}
+
+/// Expands a leading `~/` with the home directory from [`Env`].
+pub fn expand_tilde(path: &str, env: &Env) -> PathBuf {
+    match (path.strip_prefix("~/"), &env.home) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => absolute(&env.cwd, Path::new(path)),
+    }
+}
+
+impl Config {
+    /// Loads and validates: `--config`, else `FK_AGENTD_CONFIG`, else `<home>/fk-agentd.toml`,
+    /// else `./fk-agentd.toml`; then environment and flags on top.
+    pub fn load(flags: &Flags, env: &Env, catalog: &Catalog) -> Result<Self, ConfigError> {
+        let home = resolve_home(flags.home.as_deref(), env)?;
+        let (config_file, raw) = read_config_file(flags, env, &home)?;
+        Self::validate(flags, env, catalog, home, config_file, raw)
+    }
+
+    fn validate(
+        flags: &Flags,
+        env: &Env,
+        catalog: &Catalog,
+        home: PathBuf,
+        config_file: Option<PathBuf>,
+        raw: RawFile,
+    ) -> Result<Self, ConfigError> {
+        let mut settings = BTreeMap::new();
+        let mut pick = |key: &str, flag: Option<String>, file: Option<String>, default: &str| {
+            let (value, source) = match (flag, file) {
+                (Some(v), _) => (v, SettingSource::Flag),
+                (None, Some(v)) => (v, SettingSource::File),
+                (None, None) => (default.to_string(), SettingSource::Default),
+            };
+            settings.insert(key.to_string(), (value.clone(), source));
+            value
+        };
+        let c = raw.campaign;
+        let targets_spec = pick(
+            "campaign.targets",
+            flags.targets.clone(),
+            c.targets,
+            DEFAULT_TARGETS,
+        );
+        let mode = pick("campaign.mode", flags.mode.clone(), c.mode, "independent");
+        let max_agents = pick(
+            "campaign.max_agents",
+            flags.max_agents.map(|n| n.to_string()),
+            c.max_agents.map(|n| n.to_string()),
+            &DEFAULT_MAX_AGENTS.to_string(),
+        );
+        let session_timeout = pick(
+            "campaign.session_timeout",
+            flags.session_timeout.clone(),
+            c.session_timeout,
+            DEFAULT_SESSION_TIMEOUT,
+        );
+        let lease_timeout = pick(
+            "campaign.lease_timeout",
+            flags.lease_timeout.clone(),
+            c.lease_timeout,
+            DEFAULT_LEASE_TIMEOUT,
+        );
+        let captures = pick("campaign.captures", None, c.captures, DEFAULT_CAPTURES);
+        let provider = pick(
+            "provider.use",
+            flags.provider.clone(),
+            raw.provider.use_,
+            DEFAULT_PROVIDER,
+        );
+
+        let targets = catalog.select(&targets_spec).map_err(|e| {
+            ConfigError::because("campaign.targets (--targets)", &targets_spec, e.to_string())
+        })?;
+        let mode = Mode::parse("campaign.mode (--mode)", &mode)?;
+        let max_agents = parse_count(
+            "campaign.max_agents (--max-agents)",
+            &max_agents,
+            1,
+            MAX_AGENTS_LIMIT,
+        )?;
+        let session_timeout = parse_duration(
+            "campaign.session_timeout (--session-timeout)",
+            &session_timeout,
+        )?;
+        let lease_timeout =
+            parse_duration("campaign.lease_timeout (--lease-timeout)", &lease_timeout)?;
+        if lease_timeout > session_timeout {
+            return Err(ConfigError::new(
+                "campaign.lease_timeout (--lease-timeout)",
+                format_duration(lease_timeout),
+                format!(
+                    "at most the session timeout ({})",
+                    format_duration(session_timeout)
+                ),
+            ));
+        }
+
+        let (gpus, ncu_cap, nsys_cap) = validate_gpus(raw.gpus, flags.sim, &mut settings)?;
+        let (fastkernels_dir, fastkernels_command) =
+            validate_fastkernels(raw.fastkernels, env, &mut settings)?;
+        if flags.sim {
+            settings.insert("sim".into(), ("true".into(), SettingSource::Flag));
+        }
+        Ok(Self {
+            home,
+            config_file,
+            targets_spec,
+            targets,
+            mode,
+            max_agents,
+            session_timeout,
+            lease_timeout,
+            captures: expand_tilde(&captures, env),
+            provider,
+            gpus,
+            ncu_cap,
+            nsys_cap,
+            fastkernels_dir,
+            fastkernels_command,
+            sim: flags.sim,
+            settings,
+        })
+    }
+}
+
+fn read_config_file(
+    flags: &Flags,
+    env: &Env,
+    home: &Path,
+) -> Result<(Option<PathBuf>, RawFile), ConfigError> {
+    let explicit = flags
+        .config
+        .clone()
+        .or_else(|| env.fk_agentd_config.as_ref().map(PathBuf::from));
+    let path = match explicit {
+        Some(p) => Some(absolute(&env.cwd, &p)),
+        None => [home.join("fk-agentd.toml"), env.cwd.join("fk-agentd.toml")]
+            .into_iter()
+            .find(|p| p.is_file()),
+    };
+    let Some(path) = path else {
+        return Ok((None, RawFile::default()));
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        ConfigError::new(
+            "--config",
+            path.display().to_string(),
+            format!("a readable TOML file ({e})"),
+        )
+    })?;
+    let raw: RawFile = toml::from_str(&text).map_err(|e| {
+        ConfigError::new(
+            format!("config file {}", path.display()),
+            first_line(&e.to_string()),
+            format!("valid fk-agentd settings: {}", e.message()),
+        )
+    })?;
+    Ok((Some(path), raw))
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").to_string()
+}
+
+fn parse_count(key: &str, value: &str, lo: i64, hi: i64) -> Result<usize, ConfigError> {
+    match value.trim().parse::<i64>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n as usize),
+        _ => Err(ConfigError::new(
+            key,
+            value,
+            format!("an integer from {lo} to {hi}"),
+        )),
+    }
+}
+
+type SettingMap = BTreeMap<String, (String, SettingSource)>;
+
+fn validate_gpus(
+    raw: RawGpus,
+    sim: bool,
+    settings: &mut SettingMap,
+) -> Result<(GpuDevices, usize, usize), ConfigError> {
+    let key = "gpus.devices";
+    let (devices, source) = match raw.devices {
+        _ if sim => (GpuDevices::Fake { count: 8 }, SettingSource::Flag),
+        None => (GpuDevices::Nvml, SettingSource::Default),
+        Some(toml::Value::String(s)) => (parse_devices(key, &s)?, SettingSource::File),
+        Some(toml::Value::Array(items)) => {
+            let mut uuids = Vec::new();
+            for item in items {
+                match item.as_str() {
+                    Some(u) if u.starts_with("GPU-") || u.starts_with("MIG-") => {
+                        uuids.push(u.to_string())
+                    }
+                    _ => {
+                        return Err(ConfigError::new(
+                            key,
+                            item.to_string(),
+                            "GPU UUIDs such as \"GPU-8f2c…\"",
+                        ));
+                    }
+                }
+            }
+            if uuids.is_empty() {
+                return Err(ConfigError::new(key, "[]", "at least one GPU UUID"));
+            }
+            (GpuDevices::Uuids { uuids }, SettingSource::File)
+        }
+        Some(other) => {
+            return Err(ConfigError::new(
+                key,
+                other.to_string(),
+                "\"nvml\", \"fake:N\" or a list of GPU UUIDs",
+            ));
+        }
+    };
+    settings.insert(key.into(), (describe_devices(&devices), source));
+    let mut cap = |k: &str, v: Option<i64>, default: i64| {
+        let source = if v.is_some() {
+            SettingSource::File
+        } else {
+            SettingSource::Default
+        };
+        let v = v.unwrap_or(default);
+        settings.insert(k.to_string(), (v.to_string(), source));
+        parse_count(k, &v.to_string(), 1, 64)
+    };
+    let ncu = cap("gpus.ncu_cap", raw.ncu_cap, 1)?;
+    let nsys = cap("gpus.nsys_cap", raw.nsys_cap, 2)?;
+    Ok((devices, ncu, nsys))
+}
+
+fn parse_devices(key: &str, s: &str) -> Result<GpuDevices, ConfigError> {
+    if s == "nvml" {
+        return Ok(GpuDevices::Nvml);
+    }
+    if let Some(n) = s.strip_prefix("fake:") {
+        return match n.parse::<u32>() {
+            Ok(count) if (1..=64).contains(&count) => Ok(GpuDevices::Fake { count }),
+            _ => Err(ConfigError::new(key, s, "\"fake:N\" with N from 1 to 64")),
+        };
+    }
+    Err(ConfigError::new(
+        key,
+        s,
+        "\"nvml\", \"fake:N\" or a list of GPU UUIDs",
+    ))
+}
+
+/// A one-line description of a device setting, e.g. `fake:8`.
+pub fn describe_devices(d: &GpuDevices) -> String {
+    match d {
+        GpuDevices::Nvml => "nvml".into(),
+        GpuDevices::Fake { count } => format!("fake:{count}"),
+        GpuDevices::Uuids { uuids } => uuids.join(","),
+    }
+}
+
+fn validate_fastkernels(
+    raw: RawFastkernels,
+    env: &Env,
+    settings: &mut SettingMap,
+) -> Result<(Option<PathBuf>, Vec<String>), ConfigError> {
+    let (dir, source) = match (&env.fk_dir, raw.dir) {
+        (Some(d), _) => (Some(d.clone()), SettingSource::Env),
+        (None, Some(d)) => (Some(d), SettingSource::File),
+        (None, None) => (None, SettingSource::Default),
+    };
+    settings.insert(
+        "fastkernels.dir".into(),
+        (dir.clone().unwrap_or_else(|| "(not set)".into()), source),
+    );
+    let command = match raw.command {
+        Some(c) if c.is_empty() || c.iter().any(|w| w.is_empty()) => {
+            return Err(ConfigError::new(
+                "fastkernels.command",
+                format!("{c:?}"),
+                "a non-empty argv prefix such as [\"python3\", \"-m\", \"fastkernels\"]",
+            ));
+        }
+        Some(c) => {
+            settings.insert(
+                "fastkernels.command".into(),
+                (c.join(" "), SettingSource::File),
+            );
+            c
+        }
+        None => {
+            let c: Vec<String> = ["python3", "-m", "fastkernels"].map(String::from).to_vec();
+            settings.insert(
+                "fastkernels.command".into(),
+                (c.join(" "), SettingSource::Default),
+            );
+            c
+        }
+    };
+    Ok((dir.map(|d| expand_tilde(&d, env)), command))
+}

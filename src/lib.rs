@@ -1,0 +1,36 @@
+//! fk-agentd: a daemon that runs a fleet of LLM agents optimizing fastkernels GPU kernels,
+//! lends them GPUs through short leases, and scores what they produce.
+//!
+//! The map, in the order data flows (`cli → config → daemon → scheduler → session → store`):
+//!
+//! | module        | owns                                                                     |
+//! |---------------|--------------------------------------------------------------------------|
+//! | [`cli`]       | argument parsing, printing for humans, exit codes (the only printer)     |
+//! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files |
+//! | [`target`]    | [`target::TargetId`] (`L2/rms_norm`), the catalog, selections (`L1-L3`)   |
+//! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
+//! | [`scheduler`] | the only spawner of sessions: cap, order, session timeout, run events     |
+//! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
+//! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
+//! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
+//! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
+//! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
+//! | [`error`]     | the crate [`Error`] and its exit codes                                    |
+//!
+//! Invariants that cross modules: an event is stored before it is shown; the provider token is
+//! never written anywhere; a bench's exit code is not its verdict; every simulated output says
+//! it is simulated.
+
+pub mod cli;
+pub mod config;
+pub mod control;
+pub mod daemon;
+pub mod error;
+pub mod report;
+pub mod run;
+pub mod scheduler;
+pub mod store;
+pub mod target;
+pub mod tls;
+
+pub use error::{Error, Result};

@@ -1,0 +1,215 @@
+//! Runs: readable, sortable run ids, the run directory, and the run journal that records an
+//! event in the store and then mirrors it to `run.jsonl`.
+//!
+//! Owns `<home>/runs/<run-id>/` and its `run.jsonl`. A run directory is created exclusively
+//! and never reused or overwritten. The store is the source of truth: a journal line is
+//! written only after its event committed, so `run.jsonl` can lag the store after a crash but
+//! never gets ahead of it.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde_json::{Map, Value, json};
+
+use crate::config::Mode;
+use crate::store::{Event, RunRow, Store, StoreError, now_rfc3339};
+
+/// Errors creating or writing a run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("run directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Parts of a new run id.
+#[derive(Clone, Debug)]
+pub struct RunIdParts<'a> {
+    pub mode: Mode,
+    pub targets_spec: &'a str,
+    pub simulated: bool,
+}
+
+/// A new run id such as `20261202-140305-ind-l1-l3-7f3a` (UTC, so ids sort by start time;
+/// seconds are included so two runs in one minute still sort correctly). Simulated runs carry
+/// `sim` before the random suffix.
+pub fn new_run_id(parts: &RunIdParts<'_>, now: time::OffsetDateTime) -> String {
+    let fmt = time::macros::format_description!("[year][month][day]-[hour][minute][second]");
+    let stamp = now
+        .format(&fmt)
+        .unwrap_or_else(|_| now.unix_timestamp().to_string());
+    let sim = if parts.simulated { "-sim" } else { "" };
+    let suffix: u16 = rand::random();
+    format!(
+        "{stamp}-{}-{}{sim}-{suffix:04x}",
+        parts.mode.short(),
+        slug(parts.targets_spec)
+    )
+}
+
+/// `L2/rms_norm,L1/gelu` → `l2-rms-norm-l1-gelu` (at most 24 characters).
+fn slug(spec: &str) -> String {
+    let mut out = String::new();
+    for c in spec.chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.ends_with('-') && !out.is_empty() {
+            out.push('-');
+        }
+    }
+    let mut out: String = out.trim_end_matches('-').chars().take(24).collect();
+    while out.ends_with('-') {
+        out.pop();
+    }
+    if out.is_empty() {
+        "targets".into()
+    } else {
+        out
+    }
+}
+
+/// The runs folder under a home.
+pub fn runs_dir(home: &Path) -> PathBuf {
+    home.join("runs")
+}
+
+/// A run being recorded: its row in the store, its directory and its `run.jsonl`.
+pub struct RunJournal {
+    store: Store,
+    run_id: String,
+    dir: PathBuf,
+    jsonl: Mutex<File>,
+}
+
+impl std::fmt::Debug for RunJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunJournal")
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+/// What a new run is.
+#[derive(Clone, Debug)]
+pub struct NewRun<'a> {
+    pub mode: Mode,
+    pub targets_spec: &'a str,
+    pub targets: Vec<String>,
+    pub simulated: bool,
+}
+
+impl RunJournal {
+    /// Creates a fresh run: a new id, an exclusive directory, the `runs` row.
+    pub fn create(store: &Store, home: &Path, new: &NewRun<'_>) -> Result<Self, RunError> {
+        let runs = runs_dir(home);
+        std::fs::create_dir_all(&runs).map_err(|source| RunError::Io {
+            path: runs.clone(),
+            source,
+        })?;
+        let parts = RunIdParts {
+            mode: new.mode,
+            targets_spec: new.targets_spec,
+            simulated: new.simulated,
+        };
+        // `create_dir` fails if the directory exists, so an existing run is never reused.
+        let (run_id, _dir) = loop {
+            let id = new_run_id(&parts, time::OffsetDateTime::now_utc());
+            let dir = runs.join(&id);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break (id, dir.clone()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(RunError::Io { path: dir, source }),
+            }
+        };
+        store.create_run(&RunRow {
+            id: run_id.clone(),
+            started_at: now_rfc3339(),
+            finished_at: None,
+            status: "running".into(),
+            mode: new.mode.as_str().into(),
+            targets: new.targets.clone(),
+            simulated: new.simulated,
+            pid: Some(std::process::id() as i64),
+        })?;
+        Self::open(store, home, &run_id)
+    }
+
+    /// Opens an existing run for appending (resume).
+    pub fn open(store: &Store, home: &Path, run_id: &str) -> Result<Self, RunError> {
+        let dir = runs_dir(home).join(run_id);
+        let path = dir.join("run.jsonl");
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|source| RunError::Io { path, source })?;
+        Ok(Self {
+            store: store.clone(),
+            run_id: run_id.to_string(),
+            dir,
+            jsonl: Mutex::new(file),
+        })
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Stores the event (durably), then mirrors it to `run.jsonl`.
+    pub fn record(
+        &self,
+        kind: &str,
+        target: Option<&str>,
+        payload: Value,
+    ) -> Result<Event, RunError> {
+        let event = self.store.append(&self.run_id, kind, target, &payload)?;
+        let line = jsonl_line(&event);
+        let mut file = self.jsonl.lock().unwrap_or_else(|p| p.into_inner());
+        file.write_all(line.as_bytes())
+            .map_err(|source| RunError::Io {
+                path: self.dir.join("run.jsonl"),
+                source,
+            })?;
+        Ok(event)
+    }
+}
+
+/// One `run.jsonl` line: `ts`, `seq`, `event`, `target` (when any), then the payload's fields.
+pub fn jsonl_line(event: &Event) -> String {
+    let mut obj = Map::new();
+    obj.insert("ts".into(), json!(event.at));
+    obj.insert("seq".into(), json!(event.seq));
+    obj.insert("event".into(), json!(event.kind));
+    if let Some(t) = &event.target {
+        obj.insert("target".into(), json!(t));
+    }
+    match &event.payload {
+        Value::Object(fields) => {
+            for (k, v) in fields {
+                obj.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        Value::Null => {}
+        other => {
+            obj.insert("payload".into(), other.clone());
+        }
+    }
+    let mut line = Value::Object(obj).to_string();
+    line.push('\n');
+    line
+}

@@ -1,0 +1,286 @@
+//! The scheduler: the only spawner of agent sessions.
+//!
+//! Owns the concurrency cap (a semaphore of `max_agents`), the stable order in which targets
+//! are queued, the per-session timeout, and the run-level events that describe the campaign
+//! (`task_submitted`, `task_finished`, `run_finished`) in the fastkernels `run.jsonl` shape.
+//! It does not know what a session does: a [`SessionRunner`] supplies that.
+//!
+//! Cancellation flows down one tree: the daemon's token → one child per session. On shutdown
+//! the scheduler stops starting sessions, cancels the running ones, waits up to the drain
+//! deadline and then aborts what is left; every session still gets its `task_finished`.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::run::{RunError, RunJournal};
+use crate::store::{SessionRow, now_rfc3339};
+use crate::target::TargetId;
+
+/// How one session ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// The agent finished with a candidate.
+    Finished,
+    /// The session ran and failed (fatal provider error, no candidate, …).
+    Failed,
+    /// The session timeout fired.
+    TimedOut,
+    /// The daemon stopped it (stop, SIGINT/SIGTERM); it can be resumed.
+    Interrupted,
+    /// Not run on this host, with the reason (e.g. `missing: vllm`).
+    Skipped(String),
+}
+
+impl SessionStatus {
+    /// The status word of `task_finished` and `run_finished` (`SKIP(reason)` for skips).
+    pub fn word(&self) -> String {
+        match self {
+            Self::Finished => "PASS".into(),
+            Self::Failed => "FAIL".into(),
+            Self::TimedOut => "TIMEOUT".into(),
+            Self::Interrupted => "INTERRUPTED".into(),
+            Self::Skipped(why) => format!("SKIP({why})"),
+        }
+    }
+
+    /// The state shown by `sessions`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+            Self::TimedOut => "timed out",
+            Self::Interrupted => "interrupted",
+            Self::Skipped(_) => "skipped",
+        }
+    }
+}
+
+/// What a session reports when it ends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionOutcome {
+    pub status: SessionStatus,
+    /// A summary for `task_finished.result` (turns, tokens, best speedup, reason…).
+    pub result: Value,
+}
+
+pub type SessionFuture = Pin<Box<dyn Future<Output = SessionOutcome> + Send>>;
+
+/// Runs one target's session. Implemented by the agent (and by test doubles).
+pub trait SessionRunner: Send + Sync + 'static {
+    fn run(
+        &self,
+        target: TargetId,
+        journal: Arc<RunJournal>,
+        cancel: CancellationToken,
+    ) -> SessionFuture;
+}
+
+/// Scheduler settings.
+#[derive(Clone, Debug)]
+pub struct SchedulerParams {
+    pub max_agents: usize,
+    pub session_timeout: Duration,
+    /// How long running sessions get to end after a shutdown before they are aborted.
+    pub drain_deadline: Duration,
+}
+
+/// The result of one phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PhaseReport {
+    pub results: BTreeMap<TargetId, SessionStatus>,
+    pub interrupted: bool,
+}
+
+/// Runs `targets` (in the given, stable order) under the cap. Returns when every session has
+/// ended, or after a shutdown once the drain is over.
+pub async fn run_phase(
+    journal: Arc<RunJournal>,
+    runner: Arc<dyn SessionRunner>,
+    targets: &[TargetId],
+    params: &SchedulerParams,
+    shutdown: CancellationToken,
+) -> Result<PhaseReport, RunError> {
+    let permits = Arc::new(Semaphore::new(params.max_agents.max(1)));
+    let mut tasks: JoinSet<(TargetId, SessionStatus, Value)> = JoinSet::new();
+    let mut index_of = BTreeMap::new();
+    for (index, target) in targets.iter().enumerate() {
+        index_of.insert(target.clone(), index);
+        journal.record(
+            "task_submitted",
+            Some(&target.to_string()),
+            json!({"task_name": target.to_string(), "job": {"index": index, "name": target.to_string()}}),
+        )?;
+        set_state(&journal, target, "queued", json!({}))?;
+    }
+    let mut queue = targets
+        .iter()
+        .cloned()
+        .collect::<std::collections::VecDeque<_>>();
+    let mut results = BTreeMap::new();
+    let mut interrupted = false;
+    // One loop both starts queued sessions (as permits free up) and records the ones that end,
+    // so `task_finished` is written the moment a session ends.
+    while !interrupted && (!queue.is_empty() || !tasks.is_empty()) {
+        tokio::select! {
+            permit = permits.clone().acquire_owned(), if !queue.is_empty() => {
+                let permit = permit.expect("the semaphore is never closed");
+                let target = queue.pop_front().expect("checked non-empty");
+                set_state(&journal, &target, "running", json!({"started_at": now_rfc3339()}))?;
+                let cancel = shutdown.child_token();
+                let fut = runner.run(target.clone(), journal.clone(), cancel.clone());
+                let timeout = params.session_timeout;
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    match tokio::time::timeout(timeout, fut).await {
+                        Ok(outcome) => (target, outcome.status, outcome.result),
+                        Err(_) => {
+                            cancel.cancel();
+                            let why = format!("session timeout ({}) reached", crate::config::format_duration(timeout));
+                            (target, SessionStatus::TimedOut, json!({"reason": why}))
+                        }
+                    }
+                });
+            }
+            Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Ok((target, status, result)) = joined {
+                    finish(&journal, &index_of, &target, &status, result)?;
+                    results.insert(target, status);
+                }
+            }
+            _ = shutdown.cancelled() => interrupted = true,
+        }
+    }
+    if interrupted {
+        drain(
+            &journal,
+            &mut tasks,
+            &index_of,
+            &mut results,
+            params.drain_deadline,
+        )
+        .await?;
+    }
+    // Sessions never started (shutdown while queued) end as interrupted, so resume finds them.
+    for target in targets {
+        if !results.contains_key(target) {
+            let status = SessionStatus::Interrupted;
+            finish(
+                &journal,
+                &index_of,
+                target,
+                &status,
+                json!({"reason": "not started before shutdown"}),
+            )?;
+            results.insert(target.clone(), status);
+        }
+    }
+    Ok(PhaseReport {
+        results,
+        interrupted,
+    })
+}
+
+async fn drain(
+    journal: &RunJournal,
+    tasks: &mut JoinSet<(TargetId, SessionStatus, Value)>,
+    index_of: &BTreeMap<TargetId, usize>,
+    results: &mut BTreeMap<TargetId, SessionStatus>,
+    deadline: Duration,
+) -> Result<(), RunError> {
+    let until = tokio::time::Instant::now() + deadline;
+    while !tasks.is_empty() {
+        match tokio::time::timeout_at(until, tasks.join_next()).await {
+            Ok(Some(Ok((target, status, result)))) => {
+                finish(journal, index_of, &target, &status, result)?;
+                results.insert(target, status);
+            }
+            Ok(Some(Err(_))) => {}
+            Ok(None) => break,
+            Err(_) => {
+                tracing::warn!(
+                    left = tasks.len(),
+                    "drain deadline passed; aborting the sessions still running"
+                );
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn finish(
+    journal: &RunJournal,
+    index_of: &BTreeMap<TargetId, usize>,
+    target: &TargetId,
+    status: &SessionStatus,
+    result: Value,
+) -> Result<(), RunError> {
+    let name = target.to_string();
+    let mut result = match result {
+        Value::Object(m) => Value::Object(m),
+        other => json!({"detail": other}),
+    };
+    result["index"] = json!(index_of.get(target));
+    result["name"] = json!(name);
+    result["status"] = json!(status.word());
+    journal.record(
+        "task_finished",
+        Some(&name),
+        json!({"task_name": name, "status": status.word(), "result": result}),
+    )?;
+    set_state(journal, target, status.state(), result)
+}
+
+/// Records a session's current state in the derived `sessions` table.
+pub fn set_state(
+    journal: &RunJournal,
+    target: &TargetId,
+    state: &str,
+    detail: Value,
+) -> Result<(), RunError> {
+    journal.store().upsert_session(&SessionRow {
+        run_id: journal.run_id().to_string(),
+        target: target.to_string(),
+        state: state.to_string(),
+        detail,
+        updated_at: now_rfc3339(),
+    })?;
+    Ok(())
+}
+
+/// The `run_finished` payload: overall status and `results{index: status}`.
+pub fn run_finished_payload(targets: &[TargetId], report: &PhaseReport) -> Value {
+    let mut results = serde_json::Map::new();
+    for (i, t) in targets.iter().enumerate() {
+        let word = report
+            .results
+            .get(t)
+            .map(SessionStatus::word)
+            .unwrap_or_else(|| "INTERRUPTED".into());
+        results.insert(i.to_string(), json!(word));
+    }
+    let status = if report.interrupted {
+        "INTERRUPTED"
+    } else if report
+        .results
+        .values()
+        .all(|s| matches!(s, SessionStatus::Finished | SessionStatus::Skipped(_)))
+    {
+        "PASS"
+    } else {
+        "FAIL"
+    };
+    json!({"status": status, "results": results})
+}

@@ -1,0 +1,343 @@
+//! The SQLite store: an append-only `events` table that is the source of truth, plus `runs`
+//! and `sessions` tables derived from it for quick listing.
+//!
+//! Owns the database file (`<home>/fk-agentd.db`, WAL, `synchronous = FULL`), its numbered
+//! migrations and every SQL statement. [`Store::append`] commits before it returns, so an
+//! event that was shown or acted on survives a crash. Events are never updated or deleted.
+//!
+//! The store is synchronous (rusqlite); async callers use [`Store::blocking`] to move a call
+//! off the runtime's worker threads.
+
+mod migrations;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Errors of the store boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error(
+        "store {path} has schema version {found}, newer than this fk-agentd ({supported}); upgrade fk-agentd"
+    )]
+    TooNew {
+        path: PathBuf,
+        found: i64,
+        supported: i64,
+    },
+    #[error("unknown run `{0}`")]
+    UnknownRun(String),
+    #[error("store task failed: {0}")]
+    Join(String),
+}
+
+/// One stored event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub run_id: String,
+    /// 1, 2, 3… within its run, without gaps.
+    pub seq: i64,
+    /// RFC 3339 UTC time, millisecond precision.
+    pub at: String,
+    pub kind: String,
+    pub target: Option<String>,
+    pub payload: Value,
+}
+
+/// One row of the `runs` table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    pub id: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    /// `running`, `finished`, `failed`, `interrupted`.
+    pub status: String,
+    pub mode: String,
+    pub targets: Vec<String>,
+    pub simulated: bool,
+    pub pid: Option<i64>,
+}
+
+/// One row of the `sessions` table (the latest known state of one target's agent).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionRow {
+    pub run_id: String,
+    pub target: String,
+    pub state: String,
+    pub detail: Value,
+    pub updated_at: String,
+}
+
+/// A handle to the store; cheap to clone, safe to share between threads.
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// The current time as RFC 3339 UTC with milliseconds.
+pub fn now_rfc3339() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    now.format(&fmt)
+        .unwrap_or_else(|_| now.unix_timestamp().to_string())
+}
+
+impl Store {
+    /// Opens (creating if needed) the database and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let err = |source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut conn = Connection::open(path).map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(err)?;
+        migrations::apply(&mut conn, path)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite half-written (transactions roll
+        // back), so a poisoned mutex is safe to reuse.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn sql_err(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Runs a store call on the blocking pool.
+    pub async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| StoreError::Join(e.to_string()))?
+    }
+
+    /// Records the start of a run.
+    pub fn create_run(&self, run: &RunRow) -> Result<(), StoreError> {
+        let targets = serde_json::to_string(&run.targets).unwrap_or_default();
+        self.lock()
+            .execute(
+                "INSERT INTO runs (id, started_at, finished_at, status, mode, targets, simulated, pid)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    run.id,
+                    run.started_at,
+                    run.finished_at,
+                    run.status,
+                    run.mode,
+                    targets,
+                    run.simulated,
+                    run.pid
+                ],
+            )
+            .map_err(|e| self.sql_err(e))?;
+        Ok(())
+    }
+
+    /// Sets a run's status (and its finish time when it is no longer running).
+    pub fn set_run_status(&self, run_id: &str, status: &str) -> Result<(), StoreError> {
+        let finished = (status != "running").then(now_rfc3339);
+        let n = self
+            .lock()
+            .execute(
+                "UPDATE runs SET status = ?2, finished_at = ?3 WHERE id = ?1",
+                params![run_id, status, finished],
+            )
+            .map_err(|e| self.sql_err(e))?;
+        if n == 0 {
+            return Err(StoreError::UnknownRun(run_id.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Appends an event; it is committed (fsynced) before this returns.
+    pub fn append(
+        &self,
+        run_id: &str,
+        kind: &str,
+        target: Option<&str>,
+        payload: &Value,
+    ) -> Result<Event, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction().map_err(|e| self.sql_err(e))?;
+        let exists: Option<i64> = tx
+            .query_row("SELECT 1 FROM runs WHERE id = ?1", [run_id], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.sql_err(e))?;
+        if exists.is_none() {
+            return Err(StoreError::UnknownRun(run_id.to_string()));
+        }
+        let seq: i64 = tx
+            .query_row(
+                "SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE run_id = ?1",
+                [run_id],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.sql_err(e))?;
+        let at = now_rfc3339();
+        tx.execute(
+            "INSERT INTO events (run_id, seq, at, kind, target, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![run_id, seq, at, kind, target, payload.to_string()],
+        )
+        .map_err(|e| self.sql_err(e))?;
+        tx.commit().map_err(|e| self.sql_err(e))?;
+        Ok(Event {
+            run_id: run_id.to_string(),
+            seq,
+            at,
+            kind: kind.to_string(),
+            target: target.map(str::to_string),
+            payload: payload.clone(),
+        })
+    }
+
+    /// Events of a run after `after_seq`, optionally of one target, in order.
+    pub fn events(
+        &self,
+        run_id: &str,
+        target: Option<&str>,
+        after_seq: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT run_id, seq, at, kind, target, payload FROM events
+                 WHERE run_id = ?1 AND seq > ?2 AND (?3 IS NULL OR target = ?3) ORDER BY seq",
+            )
+            .map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map(params![run_id, after_seq, target], |r| {
+                let payload: String = r.get(5)?;
+                Ok(Event {
+                    run_id: r.get(0)?,
+                    seq: r.get(1)?,
+                    at: r.get(2)?,
+                    kind: r.get(3)?,
+                    target: r.get(4)?,
+                    payload: serde_json::from_str(&payload).unwrap_or(Value::Null),
+                })
+            })
+            .map_err(|e| self.sql_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.sql_err(e))
+    }
+
+    /// All runs, newest first.
+    pub fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT id, started_at, finished_at, status, mode, targets, simulated, pid
+                 FROM runs ORDER BY id DESC",
+            )
+            .map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map([], |r| {
+                let targets: String = r.get(5)?;
+                Ok(RunRow {
+                    id: r.get(0)?,
+                    started_at: r.get(1)?,
+                    finished_at: r.get(2)?,
+                    status: r.get(3)?,
+                    mode: r.get(4)?,
+                    targets: serde_json::from_str(&targets).unwrap_or_default(),
+                    simulated: r.get(6)?,
+                    pid: r.get(7)?,
+                })
+            })
+            .map_err(|e| self.sql_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.sql_err(e))
+    }
+
+    /// One run by id, or the newest when `id` is `None`.
+    pub fn run(&self, id: Option<&str>) -> Result<RunRow, StoreError> {
+        let runs = self.runs()?;
+        match id {
+            Some(id) => runs
+                .into_iter()
+                .find(|r| r.id == id)
+                .ok_or_else(|| StoreError::UnknownRun(id.to_string())),
+            None => runs
+                .into_iter()
+                .next()
+                .ok_or_else(|| StoreError::UnknownRun("(no runs yet)".into())),
+        }
+    }
+
+    /// Inserts or replaces the derived state of one session.
+    pub fn upsert_session(&self, row: &SessionRow) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT INTO sessions (run_id, target, state, detail, updated_at) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (run_id, target) DO UPDATE SET state = ?3, detail = ?4, updated_at = ?5",
+                params![row.run_id, row.target, row.state, row.detail.to_string(), row.updated_at],
+            )
+            .map_err(|e| self.sql_err(e))?;
+        Ok(())
+    }
+
+    /// The sessions of a run, ordered by target.
+    pub fn sessions(&self, run_id: &str) -> Result<Vec<SessionRow>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT run_id, target, state, detail, updated_at FROM sessions WHERE run_id = ?1 ORDER BY target",
+            )
+            .map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map([run_id], |r| {
+                let detail: String = r.get(3)?;
+                Ok(SessionRow {
+                    run_id: r.get(0)?,
+                    target: r.get(1)?,
+                    state: r.get(2)?,
+                    detail: serde_json::from_str(&detail).unwrap_or(Value::Null),
+                    updated_at: r.get(4)?,
+                })
+            })
+            .map_err(|e| self.sql_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.sql_err(e))
+    }
+}

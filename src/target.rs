@@ -1,0 +1,310 @@
+//! Targets: which fastkernels operators a campaign works on.
+//!
+//! Owns [`TargetId`] (`L2/rms_norm`), the [`Catalog`] of known targets (the default list of
+//! 133 L1–L3 targets ships in `captures/targets_default.txt` and is embedded in the binary) and
+//! the parsing of target selections (`L1-L3`, `L2`, `L1,L3`, `L2/rms_norm,L1/gelu`, `all`).
+//!
+//! Invariants: a stem is `[a-z0-9_]+` (it becomes a path component, so nothing else gets in);
+//! a selection is deduplicated and ordered by level, then stem; an unknown id or level is an
+//! error that names the nearest valid ones.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The embedded default target list (level, stem, baseline classes).
+pub const DEFAULT_TARGETS: &str = include_str!("../captures/targets_default.txt");
+
+/// Errors in a target id or a target selection. Always bad input (exit 2).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TargetError {
+    #[error("invalid target `{value}`: {why}")]
+    Malformed { value: String, why: String },
+    #[error("unknown level in `{value}`: the catalog has levels {known}")]
+    UnknownLevel { value: String, known: String },
+    #[error("unknown target `{value}`{}", suggest(.nearest))]
+    UnknownTarget { value: String, nearest: Vec<String> },
+    #[error("empty target selection: give e.g. `L1-L3`, `L2`, `L1/gelu` or `all`")]
+    Empty,
+    #[error("target list line {line}: {why}")]
+    Catalog { line: usize, why: String },
+}
+
+fn suggest(nearest: &[String]) -> String {
+    if nearest.is_empty() {
+        String::new()
+    } else {
+        format!("; did you mean {}?", nearest.join(", "))
+    }
+}
+
+/// One fastkernels target: a level (1–4) and a baseline module stem.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TargetId {
+    level: u8,
+    stem: String,
+}
+
+impl TargetId {
+    pub fn new(level: u8, stem: &str) -> Result<Self, TargetError> {
+        let value = format!("L{level}/{stem}");
+        if !(1..=4).contains(&level) {
+            return Err(TargetError::Malformed {
+                value,
+                why: "the level must be 1 to 4".into(),
+            });
+        }
+        if stem.is_empty() || stem.len() > 96 {
+            return Err(TargetError::Malformed {
+                value,
+                why: "the stem must be 1 to 96 characters".into(),
+            });
+        }
+        if let Some(bad) = stem
+            .chars()
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'))
+        {
+            return Err(TargetError::Malformed {
+                value,
+                why: format!(
+                    "character {bad:?} is not allowed (stems are [a-z0-9_], they become paths)"
+                ),
+            });
+        }
+        Ok(Self {
+            level,
+            stem: stem.to_string(),
+        })
+    }
+
+    pub fn level(&self) -> u8 {
+        self.level
+    }
+
+    pub fn stem(&self) -> &str {
+        &self.stem
+    }
+
+    /// The relative path of this target's candidate file: `L<n>/<stem>.py`.
+    pub fn candidate_path(&self) -> String {
+        format!("L{}/{}.py", self.level, self.stem)
+    }
+}
+
+impl fmt::Display for TargetId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "L{}/{}", self.level, self.stem)
+    }
+}
+
+impl FromStr for TargetId {
+    type Err = TargetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let malformed = |why: &str| TargetError::Malformed {
+            value: s.to_string(),
+            why: why.to_string(),
+        };
+        let (level, stem) = s
+            .split_once('/')
+            .ok_or_else(|| malformed("expected `L<level>/<stem>`, e.g. `L1/gelu`"))?;
+        let level =
+            parse_level(level).ok_or_else(|| malformed("the level must be `L1` to `L4`"))?;
+        TargetId::new(level, stem)
+    }
+}
+
+impl TryFrom<String> for TargetId {
+    type Error = TargetError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<TargetId> for String {
+    fn from(t: TargetId) -> String {
+        t.to_string()
+    }
+}
+
+fn parse_level(s: &str) -> Option<u8> {
+    let digits = s.strip_prefix('L').or_else(|| s.strip_prefix('l'))?;
+    let n: u8 = digits.parse().ok()?;
+    (1..=4).contains(&n).then_some(n)
+}
+
+/// A known target with its baseline class names (the first is the primary class).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Target {
+    pub id: TargetId,
+    pub classes: Vec<String>,
+}
+
+/// Every target a campaign may select, ordered by level then stem.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    targets: Vec<Target>,
+}
+
+impl Catalog {
+    /// The default 133-target list compiled into the binary.
+    pub fn embedded() -> Self {
+        Self::parse(DEFAULT_TARGETS).expect("the embedded target list is valid")
+    }
+
+    /// Parses `level stem Class [Class…]` lines; `#` starts a comment.
+    pub fn parse(text: &str) -> Result<Self, TargetError> {
+        let mut targets = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let catalog_err = |why: String| TargetError::Catalog { line: i + 1, why };
+            let mut words = line.split_whitespace();
+            let level: u8 = words
+                .next()
+                .and_then(|w| w.parse().ok())
+                .ok_or_else(|| catalog_err("expected a level number first".into()))?;
+            let stem = words
+                .next()
+                .ok_or_else(|| catalog_err("expected a stem after the level".into()))?;
+            let id = TargetId::new(level, stem).map_err(|e| catalog_err(e.to_string()))?;
+            let classes: Vec<String> = words.map(str::to_string).collect();
+            if classes.is_empty() {
+                return Err(catalog_err(format!("{id} lists no baseline class")));
+            }
+            targets.push(Target { id, classes });
+        }
+        targets.sort_by(|a, b| a.id.cmp(&b.id));
+        targets.dedup_by(|a, b| a.id == b.id);
+        Ok(Self { targets })
+    }
+
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    pub fn get(&self, id: &TargetId) -> Option<&Target> {
+        self.targets
+            .binary_search_by(|t| t.id.cmp(id))
+            .ok()
+            .map(|i| &self.targets[i])
+    }
+
+    fn levels(&self) -> Vec<u8> {
+        let mut levels: Vec<u8> = self.targets.iter().map(|t| t.id.level).collect();
+        levels.dedup();
+        levels
+    }
+
+    /// Resolves a selection such as `L1-L3`, `L2`, `L1,L3`, `L2/rms_norm,L1/gelu` or `all`.
+    pub fn select(&self, spec: &str) -> Result<Vec<TargetId>, TargetError> {
+        let mut out: Vec<TargetId> = Vec::new();
+        let items: Vec<&str> = spec
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
+        if items.is_empty() {
+            return Err(TargetError::Empty);
+        }
+        for item in items {
+            out.extend(self.select_item(item)?);
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    fn select_item(&self, item: &str) -> Result<Vec<TargetId>, TargetError> {
+        if item.eq_ignore_ascii_case("all") {
+            return Ok(self.targets.iter().map(|t| t.id.clone()).collect());
+        }
+        if item.contains('/') {
+            let id: TargetId = item.parse()?;
+            return match self.get(&id) {
+                Some(t) => Ok(vec![t.id.clone()]),
+                None => Err(TargetError::UnknownTarget {
+                    value: item.to_string(),
+                    nearest: self.nearest(item),
+                }),
+            };
+        }
+        let (lo, hi) = match item.split_once('-') {
+            Some((a, b)) => {
+                let b = if b.starts_with(['L', 'l']) {
+                    b.to_string()
+                } else {
+                    format!("L{b}")
+                };
+                (self.level_of(item, a)?, self.level_of(item, &b)?)
+            }
+            None => {
+                let l = self.level_of(item, item)?;
+                (l, l)
+            }
+        };
+        if lo > hi {
+            return Err(TargetError::Malformed {
+                value: item.to_string(),
+                why: format!("the range runs backwards; did you mean `L{hi}-L{lo}`?"),
+            });
+        }
+        Ok(self
+            .targets
+            .iter()
+            .filter(|t| (lo..=hi).contains(&t.id.level))
+            .map(|t| t.id.clone())
+            .collect())
+    }
+
+    fn level_of(&self, item: &str, word: &str) -> Result<u8, TargetError> {
+        let known = self.levels();
+        let known_text = known
+            .iter()
+            .map(|l| format!("L{l}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let is_level_word = word.len() >= 2
+            && word.starts_with(['L', 'l'])
+            && word[1..].chars().all(|c| c.is_ascii_digit());
+        if !is_level_word {
+            return Err(TargetError::UnknownTarget {
+                value: item.to_string(),
+                nearest: self.nearest(item),
+            });
+        }
+        match word[1..].parse::<u8>() {
+            Ok(n) if known.contains(&n) => Ok(n),
+            _ => Err(TargetError::UnknownLevel {
+                value: item.to_string(),
+                known: known_text,
+            }),
+        }
+    }
+
+    /// Up to three known ids closest to `value` (by stem similarity).
+    fn nearest(&self, value: &str) -> Vec<String> {
+        let wanted_stem = value
+            .rsplit('/')
+            .next()
+            .unwrap_or(value)
+            .to_ascii_lowercase();
+        let mut scored: Vec<(f64, String)> = self
+            .targets
+            .iter()
+            .map(|t| {
+                let mut score = strsim::jaro_winkler(&wanted_stem, &t.id.stem);
+                if t.id.stem.contains(&wanted_stem) && wanted_stem.len() >= 3 {
+                    score += 0.2;
+                }
+                (score, t.id.to_string())
+            })
+            .filter(|(s, _)| *s >= 0.75)
+            .collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        scored.into_iter().take(3).map(|(_, id)| id).collect()
+    }
+}
