@@ -1,0 +1,1 @@
+//! daemon tests.

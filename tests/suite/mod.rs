@@ -1,0 +1,5 @@
+mod cli;
+mod config;
+mod daemon;
+mod store;
+mod targets;
