@@ -160,6 +160,8 @@ pub async fn run_phase(
             _ = shutdown.cancelled() => interrupted = true,
         }
     }
+    // Sessions that honour cancellation may all end before the loop sees the shutdown itself.
+    interrupted |= shutdown.is_cancelled();
     if interrupted {
         drain(
             &journal,
@@ -271,7 +273,11 @@ pub fn run_finished_payload(targets: &[TargetId], report: &PhaseReport) -> Value
             .unwrap_or_else(|| "INTERRUPTED".into());
         results.insert(i.to_string(), json!(word));
     }
-    let status = if report.interrupted {
+    let any_interrupted = report
+        .results
+        .values()
+        .any(|s| *s == SessionStatus::Interrupted);
+    let status = if report.interrupted || any_interrupted {
         "INTERRUPTED"
     } else if report
         .results

@@ -446,18 +446,31 @@ fn read_config_file(
             format!("a readable TOML file ({e})"),
         )
     })?;
-    let raw: RawFile = toml::from_str(&text).map_err(|e| {
-        ConfigError::new(
-            format!("config file {}", path.display()),
-            first_line(&e.to_string()),
-            format!("valid fk-agentd settings: {}", e.message()),
-        )
-    })?;
+    let raw: RawFile = toml::from_str(&text).map_err(|e| toml_error(&path, &text, &e))?;
     Ok((Some(path), raw))
 }
 
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").to_string()
+/// A TOML error that names the file, the line and its text (which holds the key).
+pub(crate) fn toml_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let (line_no, line) = match e.span() {
+        Some(span) => {
+            let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            (
+                line_no,
+                text.lines()
+                    .nth(line_no - 1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string(),
+            )
+        }
+        None => (0, String::new()),
+    };
+    ConfigError::because(
+        format!("{} line {line_no}", path.display()),
+        line,
+        e.message().to_string(),
+    )
 }
 
 fn parse_count(key: &str, value: &str, lo: i64, hi: i64) -> Result<usize, ConfigError> {

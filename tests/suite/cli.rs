@@ -1,1 +1,92 @@
 //! cli tests.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn fk(home: &std::path::Path) -> Command {
+    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("FK_AGENTD_HOME", home);
+    cmd
+}
+
+#[test]
+fn help_lists_every_command_of_the_contract() {
+    let home = tempfile::tempdir().unwrap();
+    let out = fk(home.path())
+        .arg("--help")
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    for cmd in [
+        "start",
+        "status",
+        "stop",
+        "resume",
+        "sessions",
+        "session",
+        "lease",
+        "gpus",
+        "score",
+        "compare",
+        "manifest",
+        "provider",
+        "completions",
+    ] {
+        assert!(
+            text.lines().any(|l| l.trim_start().starts_with(cmd)),
+            "--help lacks {cmd}:\n{text}"
+        );
+    }
+}
+
+#[test]
+fn an_unknown_level_exits_2_and_names_it() {
+    let home = tempfile::tempdir().unwrap();
+    fk(home.path())
+        .args(["start", "--targets", "L9"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--targets").and(predicate::str::contains("L9")));
+}
+
+#[test]
+fn zero_agents_exits_2_and_names_the_flag() {
+    let home = tempfile::tempdir().unwrap();
+    fk(home.path())
+        .args(["start", "--max-agents", "0"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--max-agents").and(predicate::str::contains("`0`")));
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let home = tempfile::tempdir().unwrap();
+    for shell in ["bash", "zsh", "fish"] {
+        fk(home.path())
+            .args(["completions", shell])
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("fk-agentd"));
+    }
+}
+
+#[test]
+fn status_without_a_daemon_reads_the_store_and_stop_exits_3() {
+    let home = tempfile::tempdir().unwrap();
+    fk(home.path())
+        .arg("status")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("not running"));
+    fk(home.path())
+        .arg("stop")
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("no fk-agentd daemon"));
+}

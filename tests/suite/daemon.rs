@@ -1,1 +1,344 @@
-//! daemon tests.
+//! Daemon lifecycle: lock, socket, scheduler cap, timeouts, graceful shutdown.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use fk_agentd::config::{Config, Env, Flags};
+use fk_agentd::control::client::ControlClient;
+use fk_agentd::daemon::{self, DaemonError, DaemonLock, DaemonParams};
+use fk_agentd::run::RunJournal;
+use fk_agentd::run::{RunIdParts, new_run_id};
+use fk_agentd::scheduler::{SessionFuture, SessionOutcome, SessionRunner, SessionStatus};
+use fk_agentd::target::{Catalog, TargetId};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+fn config(home: &Path, targets: &str, max_agents: i64, session_timeout: &str) -> Config {
+    let flags = Flags {
+        home: Some(home.to_path_buf()),
+        targets: Some(targets.into()),
+        max_agents: Some(max_agents),
+        session_timeout: Some(session_timeout.into()),
+        lease_timeout: Some("1m".into()),
+        sim: true,
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: home.to_path_buf(),
+        ..Env::default()
+    };
+    Config::load(&flags, &env, &Catalog::embedded()).unwrap()
+}
+
+/// A session that "works" for a fixed time, counting how many run at once.
+struct Sleeper {
+    work: Duration,
+    honour_cancel: bool,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Sleeper {
+    fn new(work: Duration, honour_cancel: bool) -> Self {
+        Self {
+            work,
+            honour_cancel,
+            running: Arc::default(),
+            peak: Arc::default(),
+        }
+    }
+}
+
+impl SessionRunner for Sleeper {
+    fn run(
+        &self,
+        _target: TargetId,
+        _journal: Arc<RunJournal>,
+        cancel: CancellationToken,
+    ) -> SessionFuture {
+        let (work, honour, running, peak) = (
+            self.work,
+            self.honour_cancel,
+            self.running.clone(),
+            self.peak.clone(),
+        );
+        Box::pin(async move {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            let cancelled = async {
+                if honour {
+                    cancel.cancelled().await
+                } else {
+                    std::future::pending().await
+                }
+            };
+            let status = tokio::select! {
+                _ = tokio::time::sleep(work) => SessionStatus::Finished,
+                _ = cancelled => SessionStatus::Interrupted,
+            };
+            running.fetch_sub(1, Ordering::SeqCst);
+            SessionOutcome {
+                status,
+                result: json!({"turns": 1}),
+            }
+        })
+    }
+}
+
+fn params(config: Config, runner: Arc<dyn SessionRunner>) -> DaemonParams {
+    DaemonParams {
+        config,
+        runner,
+        drain_deadline: Duration::from_secs(30),
+    }
+}
+
+#[test]
+fn run_ids_sort_by_start_time_and_say_when_they_are_simulated() {
+    let parts = RunIdParts {
+        mode: fk_agentd::config::Mode::Independent,
+        targets_spec: "L1-L3",
+        simulated: false,
+    };
+    let t0 = time::macros::datetime!(2026-12-02 14:03:05 UTC);
+    let ids: Vec<String> = [0, 1, 59, 61, 3600 * 24]
+        .iter()
+        .map(|s| new_run_id(&parts, t0 + time::Duration::seconds(*s)))
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(sorted, ids);
+    assert!(
+        ids[0].starts_with("20261202-140305-ind-l1-l3-"),
+        "{}",
+        ids[0]
+    );
+    let sim = new_run_id(
+        &RunIdParts {
+            simulated: true,
+            ..parts
+        },
+        t0,
+    );
+    assert!(sim.contains("-sim-"), "{sim}");
+}
+
+#[test]
+fn a_second_lock_on_the_same_home_names_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let _held = DaemonLock::acquire(dir.path()).unwrap();
+    let err = DaemonLock::acquire(dir.path()).unwrap_err();
+    match err {
+        DaemonError::AlreadyRunning { pid, .. } => assert_eq!(pid, Some(std::process::id())),
+        other => panic!("unexpected {other}"),
+    }
+    assert_eq!(daemon::lock::holder(dir.path()), Some(std::process::id()));
+}
+
+#[test]
+fn a_lock_left_by_a_killed_daemon_is_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join("fk-agentd.lock");
+    // A separate process takes the lock the same way (flock) and is then killed with SIGKILL.
+    // It runs in its own process group so the whole group (flock and its sleep) can be killed.
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {0}; exec flock -x {0} sleep 600",
+            lock.display()
+        ))
+        .process_group(0)
+        .spawn();
+    let Ok(ref mut holder) = child else {
+        panic!("sh is needed for this test");
+    };
+    let started = std::time::Instant::now();
+    while daemon::lock::holder(dir.path()).is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the helper never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(matches!(
+        DaemonLock::acquire(dir.path()),
+        Err(DaemonError::AlreadyRunning { .. })
+    ));
+    let group = rustix::process::Pid::from_raw(holder.id() as i32).unwrap();
+    rustix::process::kill_process_group(group, rustix::process::Signal::KILL).unwrap();
+    holder.wait().unwrap();
+    // SIGKILL is delivered asynchronously to the group's other member (flock's sleep).
+    let lock = loop {
+        match DaemonLock::acquire(dir.path()) {
+            Ok(lock) => break lock,
+            Err(e) if started.elapsed() > Duration::from_secs(10) => {
+                panic!("a stale lock is never taken over: {e}")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let text = std::fs::read_to_string(lock.path()).unwrap();
+    assert_eq!(text.trim(), std::process::id().to_string());
+}
+
+#[tokio::test(start_paused = true)]
+async fn fourteen_targets_with_a_cap_of_twelve_never_run_more_than_twelve() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1", 12, "5h");
+    let targets: Vec<TargetId> = cfg.targets.iter().take(14).cloned().collect();
+    let cfg = Config { targets, ..cfg };
+    let sleeper = Arc::new(Sleeper::new(Duration::from_secs(600), true));
+    let peak = sleeper.peak.clone();
+    let report = daemon::run_campaign(params(cfg, sleeper), std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(peak.load(Ordering::SeqCst), 12);
+    assert_eq!(report.status, "PASS");
+    assert_eq!(report.phase.results.len(), 14);
+    let jsonl = std::fs::read_to_string(report.run_dir.join("run.jsonl")).unwrap();
+    let kinds: Vec<String> = jsonl
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "task_submitted").count(), 14);
+    assert_eq!(kinds.iter().filter(|k| *k == "task_finished").count(), 14);
+    assert_eq!(
+        (
+            kinds.first().unwrap().as_str(),
+            kinds.last().unwrap().as_str()
+        ),
+        ("run_started", "run_finished")
+    );
+    let last: serde_json::Value = serde_json::from_str(jsonl.lines().last().unwrap()).unwrap();
+    assert_eq!(last["status"], "PASS");
+    assert_eq!(last["results"]["13"], "PASS");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_session_timeout_ends_a_session_that_runs_too_long() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu,L1/bmm", 12, "2h");
+    let runner = Arc::new(Sleeper::new(Duration::from_secs(3 * 3600), true));
+    let report = daemon::run_campaign(params(cfg, runner), std::future::pending())
+        .await
+        .unwrap();
+    assert!(
+        report
+            .phase
+            .results
+            .values()
+            .all(|s| *s == SessionStatus::TimedOut),
+        "{report:?}"
+    );
+    assert_eq!(report.status, "FAIL");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_cancels_sessions_and_aborts_the_ones_that_ignore_it_after_the_drain_deadline() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1", 4, "5h");
+    let runner = Arc::new(Sleeper::new(Duration::from_secs(3600), false));
+    let shutdown = tokio::time::sleep(Duration::from_secs(10));
+    let t0 = tokio::time::Instant::now();
+    let report = daemon::run_campaign(params(cfg, runner), shutdown)
+        .await
+        .unwrap();
+    // 10 s until the stop, then the 30 s drain deadline: not the hour the sessions wanted.
+    assert_eq!(t0.elapsed(), Duration::from_secs(40));
+    assert_eq!(report.status, "INTERRUPTED");
+    assert!(
+        report
+            .phase
+            .results
+            .values()
+            .all(|s| *s == SessionStatus::Interrupted)
+    );
+    let store = daemon::open_store(home.path()).unwrap();
+    assert_eq!(
+        store.run(Some(&report.run_id)).unwrap().status,
+        "interrupted"
+    );
+    let finished = store.events(&report.run_id, None, 0).unwrap();
+    assert_eq!(
+        finished
+            .iter()
+            .filter(|e| e.kind == "task_finished")
+            .count(),
+        47
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn sessions_that_honour_cancellation_end_at_once_on_shutdown() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu,L1/bmm", 12, "5h");
+    let runner = Arc::new(Sleeper::new(Duration::from_secs(3600), true));
+    let t0 = tokio::time::Instant::now();
+    let report = daemon::run_campaign(
+        params(cfg, runner),
+        tokio::time::sleep(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(t0.elapsed(), Duration::from_secs(5));
+    assert_eq!(report.status, "INTERRUPTED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_socket_is_private_and_answers_status_and_stop() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu,L1/bmm", 12, "5h");
+    let runner = Arc::new(Sleeper::new(Duration::from_secs(3600), true));
+    let campaign = tokio::spawn(daemon::run_campaign(
+        params(cfg, runner),
+        std::future::pending(),
+    ));
+    let socket = home.path().join("fk-agentd.sock");
+    let started = std::time::Instant::now();
+    let client = loop {
+        if socket.exists() {
+            if let Ok(c) = ControlClient::new(home.path()) {
+                if c.status().await.is_ok() {
+                    break c;
+                }
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the daemon never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let status = client.status().await.unwrap();
+    assert_eq!(
+        (status.pid, status.targets, status.simulated),
+        (std::process::id(), 2, true)
+    );
+    let second = daemon::run_campaign(
+        params(
+            config(home.path(), "L1/gelu", 1, "5h"),
+            Arc::new(Sleeper::new(Duration::ZERO, true)),
+        ),
+        std::future::pending(),
+    )
+    .await
+    .unwrap_err();
+    assert!(second.to_string().contains("already runs"), "{second}");
+    assert_eq!(second.exit_code(), 3);
+    client.stop().await.unwrap();
+    let report = campaign.await.unwrap().unwrap();
+    assert_eq!(report.status, "INTERRUPTED");
+    assert!(!socket.exists(), "the socket is removed on exit");
+}

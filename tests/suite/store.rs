@@ -1,1 +1,119 @@
-//! store tests.
+//! The store: durability across reopen, append-only events, migrations.
+
+use fk_agentd::store::{RunRow, SessionRow, Store, StoreError};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+fn run_row(id: &str) -> RunRow {
+    RunRow {
+        id: id.into(),
+        started_at: "2026-12-02T14:03:05.000Z".into(),
+        finished_at: None,
+        status: "running".into(),
+        mode: "independent".into(),
+        targets: vec!["L1/gelu".into()],
+        simulated: true,
+        pid: Some(42),
+    }
+}
+
+#[test]
+fn appended_events_survive_a_reopen_in_order_without_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    {
+        let store = Store::open(&path).unwrap();
+        store.create_run(&run_row("r1")).unwrap();
+        for i in 0..5 {
+            let e = store
+                .append("r1", "tick", Some("L1/gelu"), &json!({"i": i}))
+                .unwrap();
+            assert_eq!(e.seq, i + 1);
+        }
+        store.append("r1", "other", None, &json!(null)).unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let events = store.events("r1", None, 0).unwrap();
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(events[2].payload, json!({"i": 2}));
+    let of_target = store.events("r1", Some("L1/gelu"), 3).unwrap();
+    assert_eq!(
+        of_target.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![4, 5]
+    );
+    assert_eq!(store.run(None).unwrap(), run_row("r1"));
+}
+
+#[test]
+fn events_cannot_be_updated_or_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    let store = Store::open(&path).unwrap();
+    store.create_run(&run_row("r1")).unwrap();
+    store.append("r1", "x", None, &json!({})).unwrap();
+    drop(store);
+    let conn = rusqlite_connection(&path);
+    assert!(conn.execute("UPDATE events SET kind = 'y'", []).is_err());
+    assert!(conn.execute("DELETE FROM events", []).is_err());
+}
+
+fn rusqlite_connection(path: &std::path::Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(path).unwrap()
+}
+
+#[test]
+fn appending_to_an_unknown_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("fk.db")).unwrap();
+    assert!(matches!(
+        store.append("nope", "x", None, &json!({})),
+        Err(StoreError::UnknownRun(_))
+    ));
+}
+
+#[test]
+fn a_database_from_a_newer_fk_agentd_is_refused_not_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    Store::open(&path).unwrap();
+    rusqlite_connection(&path)
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
+    let err = Store::open(&path).unwrap_err();
+    assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
+}
+
+#[test]
+fn reopening_applies_no_migration_twice_and_keeps_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    let store = Store::open(&path).unwrap();
+    store.create_run(&run_row("r1")).unwrap();
+    let row = SessionRow {
+        run_id: "r1".into(),
+        target: "L1/gelu".into(),
+        state: "running".into(),
+        detail: json!({"turns": 3}),
+        updated_at: "t".into(),
+    };
+    store.upsert_session(&row).unwrap();
+    store
+        .upsert_session(&SessionRow {
+            state: "finished".into(),
+            ..row.clone()
+        })
+        .unwrap();
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    let rows = store.sessions("r1").unwrap();
+    assert_eq!(
+        rows,
+        vec![SessionRow {
+            state: "finished".into(),
+            ..row
+        }]
+    );
+    store.set_run_status("r1", "finished").unwrap();
+    assert!(store.run(Some("r1")).unwrap().finished_at.is_some());
+}

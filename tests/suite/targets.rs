@@ -1,1 +1,113 @@
-//! targets tests.
+//! Target ids and selections.
+
+use fk_agentd::target::{Catalog, TargetError, TargetId};
+use pretty_assertions::assert_eq;
+
+fn ids(v: &[TargetId]) -> Vec<String> {
+    v.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn the_embedded_catalog_holds_the_133_default_targets() {
+    let c = Catalog::embedded();
+    let per_level = |l| c.targets().iter().filter(|t| t.id.level() == l).count();
+    assert_eq!(
+        (c.targets().len(), per_level(1), per_level(2), per_level(3)),
+        (133, 47, 64, 22)
+    );
+    let gelu = c.get(&"L1/gelu".parse().unwrap()).unwrap();
+    assert_eq!(gelu.classes, vec!["GELU".to_string()]);
+}
+
+#[test]
+fn ranges_levels_lists_and_all_select_the_right_targets() {
+    let c = Catalog::embedded();
+    assert_eq!(c.select("L1-L3").unwrap().len(), 133);
+    assert_eq!(c.select("L1-3").unwrap().len(), 133);
+    assert_eq!(c.select("all").unwrap().len(), 133);
+    assert_eq!(c.select("L2").unwrap().len(), 64);
+    assert_eq!(c.select("L1,L3").unwrap().len(), 47 + 22);
+    assert_eq!(c.select("L2-L3").unwrap().len(), 64 + 22);
+}
+
+#[test]
+fn explicit_ids_are_deduplicated_and_ordered_by_level_then_name() {
+    let c = Catalog::embedded();
+    let got = c
+        .select("L2/rms_norm_gated_silu_mul,L1/gelu, L1/bmm,L1/gelu")
+        .err();
+    // L2/rms_norm_gated_silu_mul does not exist: the whole selection is refused.
+    assert!(matches!(got, Some(TargetError::UnknownTarget { .. })));
+    let got = c
+        .select("L3/yolov10_backbone,L1/gelu,L1/bmm,L1/gelu")
+        .unwrap();
+    assert_eq!(ids(&got), ["L1/bmm", "L1/gelu", "L3/yolov10_backbone"]);
+    let mixed = c.select("L1/gelu,L1").unwrap();
+    assert_eq!(
+        mixed.len(),
+        47,
+        "a target inside a selected level is not counted twice"
+    );
+}
+
+#[test]
+fn an_unknown_id_names_the_nearest_valid_ones() {
+    let err = Catalog::embedded().select("L1/gleu").unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("unknown target `L1/gleu`"), "{text}");
+    assert!(text.contains("L1/gelu"), "{text}");
+}
+
+#[test]
+fn an_unknown_level_lists_the_levels_there_are() {
+    let err = Catalog::embedded().select("L9").unwrap_err();
+    assert_eq!(
+        err,
+        TargetError::UnknownLevel {
+            value: "L9".into(),
+            known: "L1, L2, L3".into()
+        }
+    );
+    assert!(Catalog::embedded().select("L1-L9").is_err());
+    assert!(
+        Catalog::embedded()
+            .select("L3-L1")
+            .unwrap_err()
+            .to_string()
+            .contains("L1-L3")
+    );
+}
+
+#[test]
+fn odd_characters_in_ids_are_refused_because_ids_become_paths() {
+    for bad in [
+        "L1/../etc",
+        "L1/gelu;rm",
+        "L1/Gelu",
+        "L1/a b",
+        "L1/",
+        "L5/gelu",
+        "gelu/L1",
+    ] {
+        let err = bad.parse::<TargetId>();
+        assert!(err.is_err(), "{bad} was accepted");
+    }
+    assert!(Catalog::embedded().select("L1/../../x").is_err());
+    assert!(matches!(
+        Catalog::embedded().select(" , "),
+        Err(TargetError::Empty)
+    ));
+}
+
+#[test]
+fn a_target_id_round_trips_through_text_and_json() {
+    let id: TargetId = "L2/rms_norm".parse().unwrap();
+    assert_eq!(
+        (id.level(), id.stem(), id.candidate_path()),
+        (2, "rms_norm", "L2/rms_norm.py".to_string())
+    );
+    let json = serde_json::to_string(&id).unwrap();
+    assert_eq!(json, "\"L2/rms_norm\"");
+    assert_eq!(serde_json::from_str::<TargetId>(&json).unwrap(), id);
+    assert!(serde_json::from_str::<TargetId>("\"L2/../x\"").is_err());
+}
