@@ -29,6 +29,7 @@ pub mod error;
 pub mod report;
 pub mod run;
 pub mod scheduler;
+pub mod sim;
 pub mod store;
 pub mod target;
 pub mod tls;

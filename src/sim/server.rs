@@ -1,0 +1,397 @@
+//! The simulated Responses server: a scripted agent served over real HTTP and SSE on
+//! 127.0.0.1, so a simulated campaign exercises the same client path as a real one.
+//!
+//! Owns the script only. It is stateless: each request's history says where the agent is
+//! (how many tool calls were answered, and what the last answer said). Like OpenAI with
+//! `store: false`, it answers 400 when a function call comes back without the reasoning item
+//! it was issued with. Every message it writes says it is simulated.
+//!
+//! The script per target: look around (`shell`), write a candidate, `validate`; if the
+//! validation failed, write a second variant and validate again; then `finish`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+/// The bearer token the simulation's client sends; a fixed public value, not a secret.
+pub const SIM_TOKEN: &str = "fk-agentd-simulation-token";
+
+/// Script settings.
+#[derive(Clone, Debug)]
+pub struct SimScript {
+    pub seed: u64,
+    /// Upper bound of the simulated thinking time per turn (the actual time is seeded).
+    pub max_think: Duration,
+}
+
+/// A running simulated server.
+pub struct SimServer {
+    pub addr: SocketAddr,
+    pub base_url: String,
+    task: Option<tokio::task::JoinHandle<()>>,
+    stop: CancellationToken,
+}
+
+impl SimServer {
+    /// Binds 127.0.0.1 on a free port and serves until [`SimServer::shutdown`] or drop.
+    pub async fn start(script: SimScript) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let app = Router::new()
+            .route("/v1/responses", post(respond))
+            .with_state(script);
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { token.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::warn!(error = %e, "simulated Responses server stopped with an error");
+            }
+        });
+        Ok(Self {
+            addr,
+            base_url: format!("http://{addr}/v1"),
+            task: Some(task),
+            stop,
+        })
+    }
+
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for SimServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn digest(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    hex(&h.finalize())
+}
+
+/// The opaque "encrypted" reasoning content the server issues for a reasoning item id.
+fn sealed(id: &str) -> String {
+    format!("sim-sealed-{}", &digest(&["reasoning", id])[..32])
+}
+
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}});
+    (status, Json(body)).into_response()
+}
+
+async fn respond(
+    State(script): State<SimScript>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let authorized = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bearer {SIM_TOKEN}"));
+    if !authorized {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "simulated server: bad or missing bearer token",
+        );
+    }
+    let input = body["input"].as_array().cloned().unwrap_or_default();
+    if let Err(msg) = check_reasoning_echo(&input) {
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
+    }
+    let key = body["prompt_cache_key"]
+        .as_str()
+        .unwrap_or("unknown")
+        .to_string();
+    let target = key
+        .rsplit('/')
+        .take(2)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("/");
+    let step = Step::from_history(&input);
+    let turn_id = digest(&[&script.seed.to_string(), &key, &input.len().to_string()]);
+    let think = think_time(&script, &turn_id);
+    tokio::time::sleep(think).await;
+    let items = step.items(&target, &turn_id, script.seed);
+    let input_bytes = body.to_string().len() as u64;
+    let stream = sse_stream(&turn_id, &items, input_bytes);
+    ([(header::CONTENT_TYPE, "text/event-stream")], stream).into_response()
+}
+
+fn think_time(script: &SimScript, turn_id: &str) -> Duration {
+    let max = script.max_think.as_millis() as u64;
+    if max == 0 {
+        return Duration::ZERO;
+    }
+    let n = u64::from_str_radix(&turn_id[..8], 16).unwrap_or(0);
+    Duration::from_millis(max / 4 + n % (max - max / 4).max(1))
+}
+
+/// Every function call must come right after the reasoning item issued with it, unaltered.
+fn check_reasoning_echo(input: &[Value]) -> Result<(), String> {
+    for (i, item) in input.iter().enumerate() {
+        if item["type"] != "function_call" {
+            continue;
+        }
+        let id = item["id"].as_str().unwrap_or("?");
+        let prev = i.checked_sub(1).map(|j| &input[j]);
+        let ok = prev.is_some_and(|r| {
+            r["type"] == "reasoning"
+                && r["id"]
+                    .as_str()
+                    .is_some_and(|rid| r["encrypted_content"] == sealed(rid))
+        });
+        if !ok {
+            return Err(format!(
+                "Item '{id}' of type 'function_call' was provided without its required 'reasoning' item"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Where the scripted agent is, read from the history.
+#[derive(Debug, PartialEq)]
+enum Step {
+    Explore,
+    Write { variant: u32 },
+    Validate,
+    Finish { passed: bool, attempts: u32 },
+}
+
+impl Step {
+    fn from_history(input: &[Value]) -> Self {
+        let outputs: Vec<&str> = input
+            .iter()
+            .filter(|i| i["type"] == "function_call_output")
+            .map(|i| i["output"].as_str().unwrap_or(""))
+            .collect();
+        let calls: Vec<&str> = input
+            .iter()
+            .filter(|i| i["type"] == "function_call")
+            .map(|i| i["name"].as_str().unwrap_or(""))
+            .collect();
+        let validations = calls.iter().filter(|n| **n == "validate").count() as u32;
+        match calls.last().copied() {
+            None => Step::Explore,
+            Some("shell") => Step::Write { variant: 1 },
+            Some("write_file") => Step::Validate,
+            Some("validate") => {
+                let last = outputs.last().copied().unwrap_or("");
+                let passed = validation_passed(last);
+                if passed || validations >= 2 {
+                    Step::Finish {
+                        passed,
+                        attempts: validations,
+                    }
+                } else {
+                    Step::Write {
+                        variant: validations + 1,
+                    }
+                }
+            }
+            Some(_) => Step::Finish {
+                passed: false,
+                attempts: validations,
+            },
+        }
+    }
+
+    fn items(&self, target: &str, turn_id: &str, seed: u64) -> Vec<Value> {
+        let rs_id = format!("rs_sim_{}", &turn_id[..12]);
+        let (thought, call) = match self {
+            Step::Explore => (
+                "Look at the workspace and the baseline first.",
+                call("shell", json!({"cmd": "ls -R ."})),
+            ),
+            Step::Write { variant } => (
+                "Write a fused kernel for the captured shapes.",
+                call(
+                    "write_file",
+                    json!({"path": candidate_path(target), "content": candidate_text(target, *variant, seed)}),
+                ),
+            ),
+            Step::Validate => (
+                "Validate the candidate on a leased GPU.",
+                call("validate", json!({})),
+            ),
+            Step::Finish { passed, attempts } => (
+                "Done iterating.",
+                call(
+                    "finish",
+                    json!({"summary": format!(
+                        "SIMULATED agent: {} after {attempts} validation(s).",
+                        if *passed { "candidate validated" } else { "no passing candidate" }
+                    )}),
+                ),
+            ),
+        };
+        let reasoning = json!({
+            "type": "reasoning", "id": rs_id, "encrypted_content": sealed(&rs_id),
+            "summary": [{"type": "summary_text", "text": format!("(simulated) {thought}")}]
+        });
+        let mut call = call;
+        call["id"] = json!(format!("fc_sim_{}", &turn_id[12..24]));
+        call["call_id"] = json!(format!("call_sim_{}", &turn_id[24..36]));
+        vec![reasoning, call]
+    }
+}
+
+fn validation_passed(output: &str) -> bool {
+    output.contains("PASSED")
+        && !output.contains("INCORRECT")
+        && !output.contains("ERROR")
+        && !output.contains("SKIPPED")
+}
+
+fn call(name: &str, args: Value) -> Value {
+    json!({"type": "function_call", "name": name, "arguments": args.to_string(), "status": "completed"})
+}
+
+fn candidate_path(target: &str) -> String {
+    format!("candidate/{target}.py")
+}
+
+/// A simulated candidate: plain text the simulated bench reads (it never runs Python).
+fn candidate_text(target: &str, variant: u32, seed: u64) -> String {
+    format!(
+        "# SIMULATED candidate for {target} (variant {variant}, seed {seed}); written by the scripted agent.\n\
+         # The simulated bench derives its outcome from this file's hash; nothing here is executed.\n\
+         import torch\n\n\
+         # sim: variant {variant}\n"
+    )
+}
+
+fn sse_event(kind: &str, mut data: Value, seq: &mut u64) -> String {
+    data["type"] = json!(kind);
+    data["sequence_number"] = json!(*seq);
+    *seq += 1;
+    format!("event: {kind}\ndata: {data}\n\n")
+}
+
+fn sse_stream(turn_id: &str, items: &[Value], input_bytes: u64) -> String {
+    let resp_id = format!("resp_sim_{}", &turn_id[..16]);
+    let mut seq = 0;
+    let mut out = String::new();
+    let shell = json!({"id": resp_id, "object": "response", "status": "in_progress", "output": []});
+    out += &sse_event("response.created", json!({"response": shell}), &mut seq);
+    out += &sse_event("response.in_progress", json!({"response": shell}), &mut seq);
+    for (i, item) in items.iter().enumerate() {
+        let mut added = item.clone();
+        if added["type"] == "function_call" {
+            added["arguments"] = json!("");
+        }
+        out += &sse_event(
+            "response.output_item.added",
+            json!({"output_index": i, "item": added}),
+            &mut seq,
+        );
+        if item["type"] == "reasoning" {
+            let text = item["summary"][0]["text"].clone();
+            out += &sse_event(
+                "response.reasoning_summary_text.delta",
+                json!({"item_id": item["id"], "output_index": i, "summary_index": 0, "delta": text}),
+                &mut seq,
+            );
+        } else {
+            out += &sse_event(
+                "response.function_call_arguments.delta",
+                json!({"item_id": item["id"], "output_index": i, "delta": item["arguments"]}),
+                &mut seq,
+            );
+        }
+        out += &sse_event(
+            "response.output_item.done",
+            json!({"output_index": i, "item": item}),
+            &mut seq,
+        );
+    }
+    let output_tokens = items
+        .iter()
+        .map(|i| i.to_string().len() as u64 / 4)
+        .sum::<u64>();
+    let usage = json!({
+        "input_tokens": input_bytes / 4,
+        "input_tokens_details": {"cached_tokens": (input_bytes / 4) / 2},
+        "output_tokens": output_tokens + 40,
+        "output_tokens_details": {"reasoning_tokens": 40},
+        "total_tokens": input_bytes / 4 + output_tokens + 40
+    });
+    let done = json!({"id": resp_id, "object": "response", "status": "completed", "model": "simulated-agent", "output": items, "usage": usage});
+    out += &sse_event("response.completed", json!({"response": done}), &mut seq);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fc(name: &str) -> Value {
+        let mut c = call(name, json!({}));
+        c["id"] = json!("fc_1");
+        c
+    }
+
+    fn rs(id: &str) -> Value {
+        json!({"type": "reasoning", "id": id, "encrypted_content": sealed(id), "summary": []})
+    }
+
+    #[test]
+    fn the_script_advances_with_the_history() {
+        let out = |t: &str| json!({"type": "function_call_output", "call_id": "c", "output": t});
+        assert_eq!(Step::from_history(&[]), Step::Explore);
+        assert_eq!(
+            Step::from_history(&[rs("a"), fc("shell"), out("x")]),
+            Step::Write { variant: 1 }
+        );
+        assert_eq!(
+            Step::from_history(&[rs("a"), fc("write_file"), out("ok")]),
+            Step::Validate
+        );
+        let failed = [rs("a"), fc("validate"), out("L1/gelu INCORRECT_NUMERICAL")];
+        assert_eq!(Step::from_history(&failed), Step::Write { variant: 2 });
+        let passed = [rs("a"), fc("validate"), out("PASSED 1.2x")];
+        assert_eq!(
+            Step::from_history(&passed),
+            Step::Finish {
+                passed: true,
+                attempts: 1
+            }
+        );
+    }
+
+    #[test]
+    fn a_function_call_without_its_reasoning_item_is_refused() {
+        assert!(check_reasoning_echo(&[rs("a"), fc("shell")]).is_ok());
+        assert!(check_reasoning_echo(&[fc("shell")]).is_err());
+        let mut altered = rs("a");
+        altered["encrypted_content"] = json!("tampered");
+        assert!(check_reasoning_echo(&[altered, fc("shell")]).is_err());
+    }
+}
