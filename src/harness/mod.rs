@@ -1,0 +1,45 @@
+//! The fastkernels harness as fk-agentd uses it: a private, patched copy of the user's clean
+//! checkout ([`patches`]) and the environment preflight ([`preflight`]) that says, before any
+//! token is spent, what this host can run.
+//!
+//! Owns the patch series format, the copy, the checks that prove each patch applied, and the
+//! Python probes. It never modifies the user's checkout.
+
+pub mod patches;
+pub mod preflight;
+
+use std::path::PathBuf;
+
+/// Errors of the harness boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("patch series {path}: {why}")]
+    Series { path: PathBuf, why: String },
+    #[error("patch {patch} does not apply to fastkernels {commit}: {why}")]
+    DoesNotApply { patch: String, commit: String, why: String },
+    #[error("patch {patch} failed its check: {check}")]
+    CheckFailed { patch: String, check: String },
+    #[error("fastkernels checkout {path}: {why}")]
+    Checkout { path: PathBuf, why: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl HarnessError {
+    /// Bad input (a series or checkout the user must fix) is 2; nothing here is transient.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            HarnessError::Io { .. } => crate::error::EXIT_UNAVAILABLE,
+            _ => crate::error::EXIT_USAGE,
+        }
+    }
+}
+
+/// The patch series shipped with fk-agentd for the pinned fastkernels commit.
+pub fn shipped_series_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("patches/fastkernels")
+}
