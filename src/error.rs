@@ -10,6 +10,8 @@ use crate::daemon::DaemonError;
 use crate::run::RunError;
 use crate::store::StoreError;
 use crate::target::TargetError;
+use crate::tools::ToolError;
+use crate::workspace::WorkspaceError;
 
 /// Exit code: the work ran and found failures.
 pub const EXIT_FAILURES: i32 = 1;
@@ -32,6 +34,10 @@ pub enum Error {
     Daemon(#[from] DaemonError),
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -51,6 +57,7 @@ impl Error {
             Error::Store(_) | Error::Run(_) | Error::NotYet { .. } => EXIT_UNAVAILABLE,
             Error::Daemon(e) => e.exit_code(),
             Error::Control(_) => EXIT_UNAVAILABLE,
+            Error::Tool(_) | Error::Workspace(_) => EXIT_UNAVAILABLE,
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

@@ -14,6 +14,8 @@
 //! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
+//! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
+//! | [`tools`]     | tool specs the model sees, dispatch, apply_patch, the optimize prompt    |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
 //! | [`error`]     | the crate [`Error`] and its exit codes                                    |
 //!
@@ -32,5 +34,7 @@ pub mod scheduler;
 pub mod store;
 pub mod target;
 pub mod tls;
+pub mod tools;
+pub mod workspace;
 
 pub use error::{Error, Result};

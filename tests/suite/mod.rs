@@ -3,3 +3,6 @@ mod config;
 mod daemon;
 mod store;
 mod targets;
+mod tools;
+mod tools_prompt;
+mod workspace;
