@@ -14,6 +14,7 @@ pub mod files;
 pub mod gpu;
 pub mod patch;
 pub mod prompt;
+pub mod shapes;
 pub mod spec;
 
 use std::sync::Arc;

@@ -161,3 +161,38 @@ fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
     }
     i
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_larger_than_memory_keeps_exact_totals_and_both_ends() {
+        let mut c = Capture::default();
+        let mut expected_bytes = 0;
+        for chunk in 0..1000 {
+            let text: String = (0..1000)
+                .map(|i| format!("line {}\n", chunk * 1000 + i + 1))
+                .collect();
+            expected_bytes += text.len() as u64;
+            c.push(text.as_bytes());
+        }
+        assert_eq!(
+            (c.total_lines(), c.total_bytes()),
+            (1_000_000, expected_bytes)
+        );
+        let limits = OutputLimits {
+            max_bytes: 10 * 1024,
+            max_lines: 4,
+        };
+        assert_eq!(
+            c.render(limits),
+            format!(
+                "[output: 1000000 lines, {expected_bytes} bytes; showing the head and tail]\n\
+                 line 1\nline 2\n[... 999996 lines ({} bytes) omitted ...]\n\
+                 line 999999\nline 1000000\n",
+                expected_bytes - 14 - 25
+            )
+        );
+    }
+}

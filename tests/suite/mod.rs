@@ -4,5 +4,6 @@ mod daemon;
 mod store;
 mod targets;
 mod tools;
+mod tools_patch;
 mod tools_prompt;
 mod workspace;

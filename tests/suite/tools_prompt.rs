@@ -79,3 +79,26 @@ fn unknown_unfilled_and_malformed_placeholders_are_errors() {
         "prompt template line 2: unknown placeholder `{{tagret}}`"
     );
 }
+
+#[test]
+fn captured_shapes_list_calls_most_frequent_first() {
+    use fk_agentd::tools::shapes::captured_shapes;
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("captures/h200-llama31-8b-l1-subset");
+    let target = Target {
+        id: "L1/rms_norm".parse::<TargetId>().unwrap(),
+        classes: vec!["RMSNorm".into()],
+    };
+    insta::assert_snapshot!(
+        "shapes_l1_rms_norm",
+        captured_shapes(&dir, &target, 3).unwrap()
+    );
+    let missing = Target {
+        id: "L1/gelu".parse::<TargetId>().unwrap(),
+        classes: vec!["GELU".into()],
+    };
+    assert_eq!(
+        captured_shapes(&dir, &missing, 3).unwrap(),
+        format!("`GELU`: no captured calls under `{}`", dir.display())
+    );
+}
