@@ -16,6 +16,7 @@
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
 //! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
 //! | [`tools`]     | tool specs the model sees, dispatch, apply_patch, the optimize prompt    |
+//! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
 //! | [`error`]     | the crate [`Error`] and its exit codes                                    |
 //!
@@ -31,6 +32,7 @@ pub mod error;
 pub mod report;
 pub mod run;
 pub mod scheduler;
+pub mod screen;
 pub mod store;
 pub mod target;
 pub mod tls;

@@ -57,7 +57,12 @@ pub enum JailError {
 /// Resolves `rel` for `access`; see the module docs for the rules.
 pub fn resolve(ws: &Workspace, rel: &str, access: Access) -> Result<PathBuf, JailError> {
     let parts = lexical_parts(rel)?;
-    let resolved = follow(ws.scratch_dir(), &parts, rel)?;
+    // `candidate/…` always means the slot, even if the shell replaced the link in the scratch
+    // directory; otherwise a write could land in a stray scratch copy that is never scored.
+    let resolved = match parts.split_first() {
+        Some((&"candidate", rest)) => follow(ws.candidate_root(), rest, rel)?,
+        _ => follow(ws.scratch_dir(), &parts, rel)?,
+    };
     if let Ok(inside) = resolved.strip_prefix(ws.candidate_root()) {
         if access == Access::Write {
             check_slot(ws, inside, rel)?;

@@ -6,4 +6,5 @@ mod targets;
 mod tools;
 mod tools_patch;
 mod tools_prompt;
+mod tools_screen;
 mod workspace;

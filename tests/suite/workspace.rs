@@ -349,3 +349,16 @@ async fn cancelling_a_command_kills_it_and_reports_cancellation() {
     .unwrap_err();
     assert_eq!(err.to_string(), "the command was cancelled");
 }
+
+#[test]
+fn candidate_paths_reach_the_slot_even_if_the_link_was_replaced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = gelu_workspace(tmp.path());
+    let link = ws.scratch_dir().join("candidate");
+    fs::remove_file(&link).unwrap();
+    fs::create_dir_all(link.join("L1")).unwrap();
+    assert_eq!(
+        ws.resolve("candidate/L1/gelu.py", Access::Write),
+        Ok(ws.candidate_file())
+    );
+}
