@@ -59,6 +59,14 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Worksp
     }
 }
 
+/// `<run_dir>/sessions/L<n>/<stem>`: where a target's session lives inside a run.
+pub fn session_dir_for(run_dir: &Path, target: &TargetId) -> PathBuf {
+    run_dir
+        .join("sessions")
+        .join(format!("L{}", target.level()))
+        .join(target.stem())
+}
+
 /// What a workspace is made from.
 #[derive(Clone, Debug)]
 pub struct WorkspaceParams {

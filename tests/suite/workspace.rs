@@ -362,3 +362,27 @@ fn candidate_paths_reach_the_slot_even_if_the_link_was_replaced() {
         Ok(ws.candidate_file())
     );
 }
+
+#[test]
+fn session_dirs_follow_the_run_layout_and_a_bad_baseline_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target: TargetId = "L2/rms_norm".parse().unwrap();
+    assert_eq!(
+        fk_agentd::workspace::session_dir_for(Path::new("/runs/r1"), &target),
+        PathBuf::from("/runs/r1/sessions/L2/rms_norm")
+    );
+    let missing = tmp.path().join("nope.py");
+    let err = Workspace::create(&WorkspaceParams {
+        session_dir: tmp.path().join("s"),
+        target,
+        baseline: missing.clone(),
+    })
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "baseline `{}` is not a readable .py file",
+            missing.display()
+        )
+    );
+}
