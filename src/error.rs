@@ -7,9 +7,12 @@
 use crate::config::ConfigError;
 use crate::control::ControlError;
 use crate::daemon::DaemonError;
+use crate::harness::HarnessError;
 use crate::run::RunError;
 use crate::store::StoreError;
 use crate::target::TargetError;
+use crate::tools::ToolError;
+use crate::workspace::WorkspaceError;
 
 /// Exit code: the work ran and found failures.
 pub const EXIT_FAILURES: i32 = 1;
@@ -32,6 +35,12 @@ pub enum Error {
     Daemon(#[from] DaemonError),
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error(transparent)]
+    Harness(#[from] HarnessError),
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -51,6 +60,8 @@ impl Error {
             Error::Store(_) | Error::Run(_) | Error::NotYet { .. } => EXIT_UNAVAILABLE,
             Error::Daemon(e) => e.exit_code(),
             Error::Control(_) => EXIT_UNAVAILABLE,
+            Error::Harness(e) => e.exit_code(),
+            Error::Tool(_) | Error::Workspace(_) => EXIT_UNAVAILABLE,
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

@@ -14,6 +14,11 @@
 //! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
+//! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
+//! | [`tools`]     | tool specs the model sees, dispatch, apply_patch, the optimize prompt    |
+//! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
+//! | [`harness`]   | a private, patched, verified copy of fastkernels; the host preflight     |
+//! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench      |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
 //! | [`error`]     | the crate [`Error`] and its exit codes                                    |
 //!
@@ -26,12 +31,16 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod harness;
 pub mod report;
 pub mod run;
 pub mod scheduler;
+pub mod screen;
 pub mod sim;
 pub mod store;
 pub mod target;
 pub mod tls;
+pub mod tools;
+pub mod workspace;
 
 pub use error::{Error, Result};

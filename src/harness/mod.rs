@@ -16,7 +16,11 @@ pub enum HarnessError {
     #[error("patch series {path}: {why}")]
     Series { path: PathBuf, why: String },
     #[error("patch {patch} does not apply to fastkernels {commit}: {why}")]
-    DoesNotApply { patch: String, commit: String, why: String },
+    DoesNotApply {
+        patch: String,
+        commit: String,
+        why: String,
+    },
     #[error("patch {patch} failed its check: {check}")]
     CheckFailed { patch: String, check: String },
     #[error("fastkernels checkout {path}: {why}")]

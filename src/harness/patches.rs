@@ -21,12 +21,21 @@ pub struct GrepCheck {
     pub needle: String,
 }
 
+/// The sha256 a file must have before a patch is applied (zero-context hunks cannot tell
+/// where they land, so the base file is pinned instead).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseCheck {
+    pub file: String,
+    pub sha256: String,
+}
+
 /// One patch of a series.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Patch {
     pub name: String,
     pub path: PathBuf,
     pub sha256: String,
+    pub base: Vec<BaseCheck>,
     pub checks: Vec<GrepCheck>,
 }
 
@@ -65,7 +74,10 @@ pub struct PreparedHarness {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn series_err(dir: &Path, why: impl Into<String>) -> HarnessError {
@@ -81,21 +93,33 @@ impl PatchSeries {
         let text = std::fs::read_to_string(dir.join("series"))
             .map_err(|e| series_err(dir, format!("cannot read `series`: {e}")))?;
         let mut patches = Vec::new();
-        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
             if line.contains('/') || line.starts_with('.') {
-                return Err(series_err(dir, format!("`{line}` must be a file name in the series folder")));
+                return Err(series_err(
+                    dir,
+                    format!("`{line}` must be a file name in the series folder"),
+                ));
             }
             let path = dir.join(line);
-            let bytes = std::fs::read(&path).map_err(|e| series_err(dir, format!("patch `{line}`: {e}")))?;
+            let bytes = std::fs::read(&path)
+                .map_err(|e| series_err(dir, format!("patch `{line}`: {e}")))?;
             let check_path = path.with_extension("check");
-            let checks = parse_checks(&check_path).map_err(|why| series_err(dir, why))?;
+            let (base, checks) = parse_checks(&check_path).map_err(|why| series_err(dir, why))?;
             if checks.is_empty() {
-                return Err(series_err(dir, format!("patch `{line}` has no checks in {}", check_path.display())));
+                return Err(series_err(
+                    dir,
+                    format!("patch `{line}` has no checks in {}", check_path.display()),
+                ));
             }
             patches.push(Patch {
                 name: line.to_string(),
                 sha256: sha256_hex(&bytes),
                 path,
+                base,
                 checks,
             });
         }
@@ -106,28 +130,53 @@ impl PatchSeries {
     }
 }
 
-fn parse_checks(path: &Path) -> Result<Vec<GrepCheck>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn parse_checks(path: &Path) -> Result<(Vec<BaseCheck>, Vec<GrepCheck>), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut base = Vec::new();
     let mut checks = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
+        if let Some(rest) = line.strip_prefix("sha256 ") {
+            let Some((file, hex)) = rest.split_once(' ') else {
+                return Err(format!(
+                    "{} line {}: expected `sha256 <file> <hex>`",
+                    path.display(),
+                    i + 1
+                ));
+            };
+            base.push(BaseCheck {
+                file: file.to_string(),
+                sha256: hex.trim().to_string(),
+            });
+            continue;
+        }
         let mut parts = line.splitn(3, ' ');
-        let (Some(file), Some(count), Some(needle)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!("{} line {}: expected `<file> <count> <fixed string>`", path.display(), i + 1));
+        let (Some(file), Some(count), Some(needle)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(format!(
+                "{} line {}: expected `<file> <count> <fixed string>`",
+                path.display(),
+                i + 1
+            ));
         };
-        let count = count
-            .parse()
-            .map_err(|_| format!("{} line {}: `{count}` is not a count", path.display(), i + 1))?;
+        let count = count.parse().map_err(|_| {
+            format!(
+                "{} line {}: `{count}` is not a count",
+                path.display(),
+                i + 1
+            )
+        })?;
         checks.push(GrepCheck {
             file: file.to_string(),
             count,
             needle: needle.to_string(),
         });
     }
-    Ok(checks)
+    Ok((base, checks))
 }
 
 fn git(checkout: &Path, args: &[&str]) -> Result<String, HarnessError> {
@@ -143,7 +192,11 @@ fn git(checkout: &Path, args: &[&str]) -> Result<String, HarnessError> {
     if !out.status.success() {
         return Err(HarnessError::Checkout {
             path: checkout.to_path_buf(),
-            why: format!("git {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()),
+            why: format!(
+                "git {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -158,12 +211,25 @@ pub fn checkout_state(checkout: &Path) -> Result<(String, bool), HarnessError> {
 
 /// Copies `checkout` at its `HEAD` commit into `dest` (which must not exist), applies the
 /// series and verifies every check. Fails naming the first patch that does not apply or check.
-pub fn prepare(checkout: &Path, series: &PatchSeries, dest: &Path) -> Result<PreparedHarness, HarnessError> {
+pub fn prepare(
+    checkout: &Path,
+    series: &PatchSeries,
+    dest: &Path,
+) -> Result<PreparedHarness, HarnessError> {
     let (commit, checkout_dirty) = checkout_state(checkout)?;
     let io = |what: String| move |source| HarnessError::Io { what, source };
     std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
     let tar = dest.with_extension("tar");
-    git(checkout, &["archive", "--format=tar", "-o", &tar.to_string_lossy(), "HEAD"])?;
+    git(
+        checkout,
+        &[
+            "archive",
+            "--format=tar",
+            "-o",
+            &tar.to_string_lossy(),
+            "HEAD",
+        ],
+    )?;
     let status = Command::new("tar")
         .arg("-xf")
         .arg(&tar)
@@ -207,6 +273,21 @@ pub fn prepare(checkout: &Path, series: &PatchSeries, dest: &Path) -> Result<Pre
 }
 
 fn apply_one(dest: &Path, patch: &Patch, commit: &str) -> Result<(), HarnessError> {
+    for base in &patch.base {
+        let found = std::fs::read(dest.join(&base.file))
+            .map(|b| sha256_hex(&b))
+            .unwrap_or_else(|_| "missing".into());
+        if found != base.sha256 {
+            return Err(HarnessError::DoesNotApply {
+                patch: patch.name.clone(),
+                commit: commit.to_string(),
+                why: format!(
+                    "{} is not the file the patch was written for (sha256 {found}, expected {})",
+                    base.file, base.sha256
+                ),
+            });
+        }
+    }
     // The ceiling keeps git from treating an enclosing work tree as the repository (the trap
     // in which `git apply` skips the patch and exits 0); the checks catch it regardless.
     let ceiling = dest.parent().unwrap_or(dest);

@@ -1,5 +1,11 @@
 mod cli;
 mod config;
 mod daemon;
+mod harness;
 mod store;
 mod targets;
+mod tools;
+mod tools_patch;
+mod tools_prompt;
+mod tools_screen;
+mod workspace;

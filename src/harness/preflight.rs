@@ -1,0 +1,271 @@
+//! The environment preflight (`fk-agentd doctor`): what this host can run, found before any
+//! agent token is spent. Python and its packages, nvcc and ninja, ncu/nsys, and an import
+//! sweep of the selected targets' baselines in the patched copy, so a target whose baseline
+//! needs a missing package is reported as `SKIP(missing: vllm)` instead of failing an agent.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::process::Command;
+
+use crate::target::TargetId;
+
+/// Python packages the bench needs, or that baselines may need.
+pub const PACKAGES: &[&str] = &[
+    "torch",
+    "triton",
+    "yaml",
+    "numpy",
+    "transformers",
+    "huggingface_hub",
+    "safetensors",
+    "deep_gemm",
+    "vllm",
+    "flashinfer",
+    "fla",
+    "flash_attn",
+];
+
+/// One tool found (or not) on the host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    pub name: String,
+    pub found: bool,
+    /// Version text, or why it was not found.
+    pub detail: String,
+}
+
+/// Whether a target's baseline imports here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Importable {
+    Ok,
+    /// A package is missing: the target is skipped, not failed.
+    Missing {
+        package: String,
+    },
+    /// Any other import error (a real failure worth a look).
+    Error {
+        error: String,
+    },
+}
+
+impl Importable {
+    /// `SKIP(missing: vllm)` for a missing package.
+    pub fn skip_reason(&self) -> Option<String> {
+        match self {
+            Importable::Missing { package } => Some(format!("missing: {package}")),
+            _ => None,
+        }
+    }
+}
+
+/// The preflight report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preflight {
+    pub python: Probe,
+    pub packages: BTreeMap<String, Probe>,
+    pub tools: Vec<Probe>,
+    pub targets: BTreeMap<String, Importable>,
+}
+
+async fn run_probe(name: &str, argv: &[&str], env: &[(&str, &str)]) -> Probe {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..]).kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output()).await;
+    let (found, detail) = match out {
+        Ok(Ok(o)) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout).to_string()
+                + &String::from_utf8_lossy(&o.stderr);
+            let line = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            (true, line)
+        }
+        Ok(Ok(o)) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            (
+                false,
+                err.lines().last().unwrap_or("failed").trim().to_string(),
+            )
+        }
+        Ok(Err(e)) => (false, format!("not found ({e})")),
+        Err(_) => (false, "timed out after 120 s".into()),
+    };
+    Probe {
+        name: name.to_string(),
+        found,
+        detail,
+    }
+}
+
+const PACKAGE_PROBE: &str = r#"
+import importlib, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        m = importlib.import_module(name)
+        out[name] = [True, str(getattr(m, "__version__", "present"))]
+    except Exception as e:
+        out[name] = [False, type(e).__name__ + ": " + str(e)[:200]]
+print(json.dumps(out))
+"#;
+
+const IMPORT_SWEEP: &str = r#"
+import importlib, json, sys
+out = {}
+for target in sys.argv[1:]:
+    level, stem = target.split("/")
+    mod = "fastkernels.tasks.baseline.%s.%s" % (level, stem)
+    try:
+        importlib.import_module(mod)
+        out[target] = {"state": "ok"}
+    except ModuleNotFoundError as e:
+        name = (e.name or "").split(".")[0]
+        if name and not name.startswith("fastkernels"):
+            out[target] = {"state": "missing", "package": name}
+        else:
+            out[target] = {"state": "error", "error": repr(e)[:300]}
+    except Exception as e:
+        out[target] = {"state": "error", "error": repr(e)[:300]}
+print(json.dumps(out))
+"#;
+
+/// Runs the preflight with `python` (argv prefix, e.g. `["python3"]`) against the patched
+/// copy at `harness` (put first on `PYTHONPATH`).
+pub async fn run(python: &[String], harness: Option<&Path>, targets: &[TargetId]) -> Preflight {
+    let py: Vec<&str> = python.iter().map(String::as_str).collect();
+    let pythonpath = harness.map(|h| h.display().to_string()).unwrap_or_default();
+    let env: Vec<(&str, &str)> = if pythonpath.is_empty() {
+        vec![]
+    } else {
+        vec![("PYTHONPATH", pythonpath.as_str())]
+    };
+    let python_probe = run_probe("python", &[&py[..], &["--version"]].concat(), &env).await;
+    let mut argv: Vec<&str> = [&py[..], &["-c", PACKAGE_PROBE]].concat();
+    argv.extend(PACKAGES);
+    let packages = parse_packages(&run_json(&argv, &env).await);
+    let mut tools = Vec::new();
+    for (name, argv) in [
+        ("nvcc", vec!["nvcc", "--version"]),
+        ("ninja", vec!["ninja", "--version"]),
+        ("ncu", vec!["ncu", "--version"]),
+        ("nsys", vec!["nsys", "--version"]),
+        (
+            "nvidia-smi",
+            vec![
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader",
+            ],
+        ),
+    ] {
+        tools.push(run_probe(name, &argv, &[]).await);
+    }
+    let mut targets_out = BTreeMap::new();
+    if harness.is_some() && !targets.is_empty() {
+        let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+        let mut argv: Vec<&str> = [&py[..], &["-c", IMPORT_SWEEP]].concat();
+        argv.extend(names.iter().map(String::as_str));
+        let value = run_json(&argv, &env).await;
+        for name in names {
+            let state = serde_json::from_value(value[&name].clone()).unwrap_or(Importable::Error {
+                error: "the import sweep did not report this target".into(),
+            });
+            targets_out.insert(name, state);
+        }
+    }
+    Preflight {
+        python: python_probe,
+        packages,
+        tools,
+        targets: targets_out,
+    }
+}
+
+async fn run_json(argv: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    let mut cmd = Command::new(argv[0]);
+    cmd.args(&argv[1..]).kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    match tokio::time::timeout(Duration::from_secs(600), cmd.output()).await {
+        Ok(Ok(o)) => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            text.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str(l).ok())
+                .unwrap_or(serde_json::Value::Null)
+        }
+        _ => serde_json::Value::Null,
+    }
+}
+
+fn parse_packages(value: &serde_json::Value) -> BTreeMap<String, Probe> {
+    PACKAGES
+        .iter()
+        .map(|name| {
+            let entry = &value[*name];
+            let probe = Probe {
+                name: name.to_string(),
+                found: entry[0].as_bool().unwrap_or(false),
+                detail: entry[1]
+                    .as_str()
+                    .unwrap_or("python did not answer")
+                    .to_string(),
+            };
+            (name.to_string(), probe)
+        })
+        .collect()
+}
+
+/// Renders the preflight as text.
+pub fn render(p: &Preflight) -> String {
+    use std::fmt::Write;
+    let mark = |found: bool| if found { "ok " } else { "-- " };
+    let mut out = String::new();
+    let _ = writeln!(out, "{}python   {}", mark(p.python.found), p.python.detail);
+    for probe in p.packages.values() {
+        let _ = writeln!(
+            out,
+            "{}{:<16} {}",
+            mark(probe.found),
+            probe.name,
+            probe.detail
+        );
+    }
+    for probe in &p.tools {
+        let _ = writeln!(
+            out,
+            "{}{:<16} {}",
+            mark(probe.found),
+            probe.name,
+            probe.detail
+        );
+    }
+    if !p.targets.is_empty() {
+        let ok = p.targets.values().filter(|t| **t == Importable::Ok).count();
+        let _ = writeln!(out, "\nbaselines importable: {ok} of {}", p.targets.len());
+        for (t, state) in &p.targets {
+            match state {
+                Importable::Ok => {}
+                Importable::Missing { package } => {
+                    let _ = writeln!(out, "  {t:<40} SKIP(missing: {package})");
+                }
+                Importable::Error { error } => {
+                    let _ = writeln!(out, "  {t:<40} ERROR {error}");
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,336 @@
+//! The agent's tools: the specs the model sees ([`spec`]) and their dispatch ([`Toolbox`]).
+//!
+//! Owns argument parsing, the split between what the model should see and what is our
+//! problem, and the file tools. Does not own the turn loop (which records a call before it
+//! runs it), leases or benches (behind [`gpu::GpuTools`]), or the workspace layout.
+//!
+//! The split: a failure the model can act on — bad arguments, a missing file, a refused path,
+//! a command that failed or timed out, a patch that did not apply, an unknown tool — is
+//! `Ok(ToolOutput { is_error: true, .. })` and goes back to the model as text. Only an
+//! infrastructure failure (broker down, GPU drained, cannot spawn bash) or cancellation is
+//! `Err(ToolError)`.
+
+pub mod files;
+pub mod gpu;
+pub mod patch;
+pub mod prompt;
+pub mod shapes;
+pub mod spec;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::workspace::exec::{self, ExecError, ShellEnd};
+use crate::workspace::{OutputLimits, ShellEnv, ShellRequest, Workspace};
+
+pub use gpu::{GpuTools, NoGpuTools, ProfileKind};
+pub use spec::{ToolSpec, tool_specs};
+
+/// What a tool call returns to the model.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub text: String,
+    pub is_error: bool,
+    /// Set only by `finish`: the model's summary; the session ends after this call.
+    pub finished: Option<String>,
+}
+
+impl ToolOutput {
+    pub fn ok(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A failure the model should see and can act on.
+    pub fn error(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            is_error: true,
+            finished: None,
+        }
+    }
+}
+
+/// A tool call that could not be carried out for reasons outside the model's control.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("`{tool}` is unavailable: {why}")]
+    Infra {
+        tool: String,
+        why: String,
+        retryable: bool,
+    },
+    #[error("`{tool}` was cancelled")]
+    Cancelled { tool: String },
+}
+
+impl ToolError {
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ToolError::Infra { retryable, .. } => *retryable,
+            ToolError::Cancelled { .. } => false,
+        }
+    }
+}
+
+/// Bounds on what one call may do or show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ToolLimits {
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub output: OutputLimits,
+    pub read_default_lines: usize,
+    pub read_max_bytes: usize,
+    pub write_max_bytes: usize,
+}
+
+impl Default for ToolLimits {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(600),
+            max_timeout: Duration::from_secs(3600),
+            output: OutputLimits::default(),
+            read_default_lines: 400,
+            read_max_bytes: 32 * 1024,
+            write_max_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+/// Everything a [`Toolbox`] is built from.
+pub struct ToolboxParams {
+    pub workspace: Workspace,
+    pub gpu: Arc<dyn GpuTools>,
+    pub shell_env: ShellEnv,
+    pub limits: ToolLimits,
+}
+
+/// One session's tools, bound to its workspace.
+pub struct Toolbox {
+    ws: Workspace,
+    gpu: Arc<dyn GpuTools>,
+    shell_env: ShellEnv,
+    limits: ToolLimits,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellArgs {
+    cmd: String,
+    timeout_s: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadArgs {
+    path: String,
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WriteArgs {
+    path: String,
+    content: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchArgs {
+    patch: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileArgs {
+    args: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FinishArgs {
+    summary: String,
+}
+
+/// Parses a call's arguments, or says what is wrong with them in the model's terms.
+fn parse_args<T: DeserializeOwned>(tool: &str, json: &str) -> Result<T, ToolOutput> {
+    let json = if json.trim().is_empty() { "{}" } else { json };
+    serde_json::from_str(json)
+        .map_err(|e| ToolOutput::error(format!("invalid arguments for `{tool}`: {e}")))
+}
+
+impl Toolbox {
+    pub fn new(params: ToolboxParams) -> Self {
+        Self {
+            ws: params.workspace,
+            gpu: params.gpu,
+            shell_env: params.shell_env,
+            limits: params.limits,
+        }
+    }
+
+    pub fn workspace(&self) -> &Workspace {
+        &self.ws
+    }
+
+    /// Runs the tool `name` with its JSON arguments.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments_json: &str,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        match name {
+            "shell" => match parse_args::<ShellArgs>(name, arguments_json) {
+                Ok(a) => self.shell(a, &cancel).await,
+                Err(out) => Ok(out),
+            },
+            "read_file" => Ok(parse_args::<ReadArgs>(name, arguments_json)
+                .map(|a| files::read_file(&self.ws, &a.path, a.offset, a.limit, &self.limits))
+                .unwrap_or_else(|e| e)),
+            "write_file" => Ok(parse_args::<WriteArgs>(name, arguments_json)
+                .map(|a| files::write_file(&self.ws, &a.path, &a.content, &self.limits))
+                .unwrap_or_else(|e| e)),
+            "apply_patch" => Ok(parse_args::<PatchArgs>(name, arguments_json)
+                .map(|a| files::apply_patch(&self.ws, &a.patch))
+                .unwrap_or_else(|e| e)),
+            "validate" => match parse_args::<NoArgs>(name, arguments_json) {
+                Ok(NoArgs {}) => self.validate(cancel).await,
+                Err(out) => Ok(out),
+            },
+            "profile_ncu" | "profile_nsys" => {
+                let kind = if name == "profile_ncu" {
+                    ProfileKind::Ncu
+                } else {
+                    ProfileKind::Nsys
+                };
+                match parse_args::<ProfileArgs>(name, arguments_json) {
+                    Ok(a) => self.profile(kind, a.args, cancel).await,
+                    Err(out) => Ok(out),
+                }
+            }
+            "finish" => Ok(parse_args::<FinishArgs>(name, arguments_json)
+                .map(finish)
+                .unwrap_or_else(|e| e)),
+            other => Ok(ToolOutput::error(format!(
+                "unknown tool `{other}`; the tools are: {}",
+                tool_specs()
+                    .iter()
+                    .map(|s| s.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+        }
+    }
+
+    async fn shell(
+        &self,
+        args: ShellArgs,
+        cancel: &CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        let timeout = match args.timeout_s {
+            None => self.limits.default_timeout,
+            Some(0) => return Ok(ToolOutput::error("timeout_s must be at least 1")),
+            Some(s) if Duration::from_secs(s) > self.limits.max_timeout => {
+                return Ok(ToolOutput::error(format!(
+                    "timeout_s {s} is above the limit of {} s",
+                    self.limits.max_timeout.as_secs()
+                )));
+            }
+            Some(s) => Duration::from_secs(s),
+        };
+        if args.cmd.trim().is_empty() {
+            return Ok(ToolOutput::error("cmd is empty"));
+        }
+        let req = ShellRequest {
+            cmd: args.cmd,
+            timeout,
+            limits: self.limits.output,
+        };
+        let outcome = match exec::run(&self.ws, &self.shell_env, &req, cancel).await {
+            Ok(o) => o,
+            Err(ExecError::Cancelled) => {
+                return Err(ToolError::Cancelled {
+                    tool: "shell".into(),
+                });
+            }
+            Err(e) => {
+                return Err(ToolError::Infra {
+                    tool: "shell".into(),
+                    why: e.to_string(),
+                    retryable: false,
+                });
+            }
+        };
+        let (head, is_error) = match outcome.end {
+            ShellEnd::Exited(0) => ("Exit code: 0".to_string(), false),
+            ShellEnd::Exited(c) => (format!("Exit code: {c}"), true),
+            ShellEnd::Signaled(s) => (format!("Killed by signal {s}"), true),
+            ShellEnd::TimedOut => (
+                format!(
+                    "Timed out after {} s; the command's process group was killed",
+                    timeout.as_secs()
+                ),
+                true,
+            ),
+        };
+        let text = format!(
+            "{head}\nWall time: {:.1} s\nOutput:\n{}",
+            outcome.wall.as_secs_f64(),
+            outcome.output
+        );
+        Ok(ToolOutput {
+            text,
+            is_error,
+            finished: None,
+        })
+    }
+
+    async fn validate(&self, cancel: CancellationToken) -> Result<ToolOutput, ToolError> {
+        if !self.ws.candidate_file().is_file() {
+            return Ok(ToolOutput::error(format!(
+                "there is no candidate to validate yet: write `{}` first",
+                self.ws.candidate_rel()
+            )));
+        }
+        self.gpu.validate(&self.ws, cancel).await
+    }
+
+    async fn profile(
+        &self,
+        kind: ProfileKind,
+        args: Option<String>,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        if !self.ws.candidate_file().is_file() {
+            return Ok(ToolOutput::error(format!(
+                "there is no candidate to profile yet: write `{}` first",
+                self.ws.candidate_rel()
+            )));
+        }
+        self.gpu.profile(kind, args, &self.ws, cancel).await
+    }
+}
+
+fn finish(args: FinishArgs) -> ToolOutput {
+    let summary = args.summary.trim();
+    if summary.is_empty() {
+        return ToolOutput::error("summary is empty: say what you built and how fast it is");
+    }
+    ToolOutput {
+        text: "Session finished.".into(),
+        is_error: false,
+        finished: Some(summary.to_string()),
+    }
+}
