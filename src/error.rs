@@ -8,6 +8,7 @@ use crate::config::ConfigError;
 use crate::control::ControlError;
 use crate::daemon::DaemonError;
 use crate::run::RunError;
+use crate::score::ScoreError;
 use crate::store::StoreError;
 use crate::target::TargetError;
 
@@ -32,6 +33,8 @@ pub enum Error {
     Daemon(#[from] DaemonError),
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error(transparent)]
+    Score(#[from] ScoreError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -51,6 +54,7 @@ impl Error {
             Error::Store(_) | Error::Run(_) | Error::NotYet { .. } => EXIT_UNAVAILABLE,
             Error::Daemon(e) => e.exit_code(),
             Error::Control(_) => EXIT_UNAVAILABLE,
+            Error::Score(e) => e.exit_code(),
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

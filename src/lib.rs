@@ -14,6 +14,8 @@
 //! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
+//! | [`score`]     | fastkernels bench driver, winner gate, composed bench, exported sets      |
+//! | [`sim`]       | the labelled simulation (simulated bench, …)                              |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
 //! | [`error`]     | the crate [`Error`] and its exit codes                                    |
 //!
@@ -29,6 +31,8 @@ pub mod error;
 pub mod report;
 pub mod run;
 pub mod scheduler;
+pub mod score;
+pub mod sim;
 pub mod store;
 pub mod target;
 pub mod tls;
