@@ -218,6 +218,13 @@ pub struct ScoreArgs {
     /// Which benches to run.
     #[arg(long, value_enum, default_value = "all")]
     pub mode: ScoreMode,
+    /// Standalone benches per candidate; above 1, per-scenario medians are gated and each
+    /// winner gets a bootstrap 95% interval.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeats: u32,
+    /// Targets sampled for the self-test noise floor printed beside the speedups (0: none).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub noise_sample: u32,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,

@@ -117,6 +117,8 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         mode,
         gate: WinnerGate::default(),
         set_name: format!("{name}-ind"),
+        repeats: args.repeats as usize,
+        noise_sample: args.noise_sample as usize,
     };
     let report = score_candidates(&driver, &score, &CancellationToken::new()).await?;
     if args.json {

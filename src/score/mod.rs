@@ -7,6 +7,7 @@
 //! | [`gate`]       | [`gate::WinnerGate`]: winners and the reason for every non-winner   |
 //! | [`driver`]     | the bench subprocess: argv, private dirs, exit-code rules, launcher |
 //! | [`candidates`] | candidate folders (`L<n>/<stem>.py` + helpers), result generations  |
+//! | [`noise`]      | self-test noise floor, repeats: medians and bootstrap intervals     |
 //! | [`pipeline`]   | standalone → winners → composed → final set; [`pipeline::score_mix`] |
 //! | [`export`]     | the final set as `agent-candidates/<set>/manifest.json`             |
 //! | [`render`]     | the human table of a score                                          |
@@ -18,6 +19,7 @@ pub mod candidates;
 pub mod driver;
 pub mod export;
 pub mod gate;
+pub mod noise;
 pub mod pipeline;
 pub mod render;
 pub mod result;

@@ -19,6 +19,7 @@
 //! campaign calls it after each level). Scoring "could not complete" only when a bench hit an
 //! infrastructure error; candidates that fail are verdicts, not errors.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -29,6 +30,7 @@ use crate::score::candidates::{CandidateSet, new_generation};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, build_final_set};
 use crate::score::gate::{GateReport, TargetVerdict, WinnerGate};
+use crate::score::noise::{NoiseFloor, Spread, merge_repeats, noise_floor, sample, spread};
 use crate::score::result::{BenchResult, ScenarioRow};
 use crate::target::TargetId;
 
@@ -54,6 +56,11 @@ pub struct ScoreParams {
     pub gate: WinnerGate,
     /// Name of the exported set (`<set>-ind`).
     pub set_name: String,
+    /// Standalone benches per candidate (≥ 1); above 1, per-scenario medians are gated and
+    /// each winner gets a bootstrap 95% interval.
+    pub repeats: usize,
+    /// Targets sampled for the self-test noise floor (0: none).
+    pub noise_sample: usize,
 }
 
 /// One bench invocation as reported.
@@ -89,6 +96,9 @@ pub struct StageReport {
     pub runs: Vec<RunSummary>,
     /// True when any row came from the simulated bench.
     pub simulated: bool,
+    /// Bootstrap intervals by target (only with repeats).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub spreads: BTreeMap<String, Spread>,
 }
 
 impl StageReport {
@@ -113,6 +123,9 @@ pub struct ScoreReport {
     pub standalone: Option<StageReport>,
     pub composed: Option<StageReport>,
     pub final_set: Option<FinalSet>,
+    pub repeats: usize,
+    /// The self-test spread printed beside every speedup.
+    pub noise_floor: Option<NoiseFloor>,
     /// Infrastructure failures: when non-empty, scoring did not complete.
     pub incomplete: Vec<String>,
 }
@@ -162,6 +175,7 @@ pub async fn score_mix<L: BenchLauncher>(
             simulated: result.simulated,
             gate,
             runs: runs.iter().map(RunSummary::of).collect(),
+            spreads: BTreeMap::new(),
         },
         result,
     }
@@ -179,52 +193,85 @@ pub struct MixParams<'a> {
     pub expected: &'a [TargetId],
 }
 
-/// Benches every candidate alone (in a private folder holding only it and its helpers).
+/// Benches every candidate alone (in a private folder holding only it and its helpers),
+/// `repeats` times each (`<dir>/L<n>_<stem>/` for one, `…/rep-<k>/` for more).
 pub async fn score_standalone<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     set: &CandidateSet,
     dir: &Path,
     gate: &WinnerGate,
+    repeats: usize,
     cancel: &CancellationToken,
 ) -> Result<StageReport, ScoreError> {
+    let repeats = repeats.max(1);
     let mut reqs = Vec::new();
     for c in &set.candidates {
-        let work = dir.join(format!("L{}_{}", c.target.level(), c.target.stem()));
-        let private = work.join("candidate");
+        let base = dir.join(format!("L{}_{}", c.target.level(), c.target.stem()));
+        let private = base.join("candidate");
         set.materialize(std::slice::from_ref(&c.target), &private)?;
-        reqs.push(BenchRequest::target(&c.target, &private, &work));
+        for k in 1..=repeats {
+            let work = if repeats == 1 {
+                base.clone()
+            } else {
+                base.join(format!("rep-{k}"))
+            };
+            reqs.push(BenchRequest::target(&c.target, &private, &work));
+        }
     }
     let runs = driver.run_many(reqs, cancel).await;
-    let mut verdicts = Vec::new();
-    let mut simulated = false;
-    for run in &runs {
-        let Some(target) = run.request.target.clone() else {
-            continue;
-        };
-        let verdict = match &run.result {
-            Ok(result) => {
-                simulated |= result.simulated;
-                let (groups, _) = result.by_target();
-                match groups.get(&target) {
-                    Some(rows) => gate.judge(&target, rows),
-                    None => TargetVerdict::no_result(target, "the bench wrote no row for it"),
-                }
-            }
-            Err(f) => TargetVerdict::no_result(target, &f.describe()),
-        };
-        verdicts.push(verdict);
-    }
-    verdicts.sort_by(|a, b| a.target.cmp(&b.target));
-    let stage = StageReport {
+    let mut stage = StageReport {
         gate: GateReport {
             gate: *gate,
-            verdicts,
+            verdicts: Vec::new(),
         },
         runs: runs.iter().map(RunSummary::of).collect(),
-        simulated,
+        simulated: false,
+        spreads: BTreeMap::new(),
     };
+    for (c, reps) in set.candidates.iter().zip(runs.chunks(repeats)) {
+        let verdict = judge_repeats(&c.target, reps, gate, dir, &mut stage)?;
+        stage.gate.verdicts.push(verdict);
+    }
+    stage.gate.verdicts.sort_by(|a, b| a.target.cmp(&b.target));
     write_json(&dir.join("gate.json"), &stage)?;
     Ok(stage)
+}
+
+/// One target's verdict from its repeats: any repeat without JSON makes it "no result".
+fn judge_repeats(
+    target: &TargetId,
+    reps: &[BenchRun],
+    gate: &WinnerGate,
+    dir: &Path,
+    stage: &mut StageReport,
+) -> Result<TargetVerdict, ScoreError> {
+    let mut results = Vec::new();
+    for (k, run) in reps.iter().enumerate() {
+        match &run.result {
+            Ok(r) => results.push(r.clone()),
+            Err(f) if reps.len() == 1 => {
+                return Ok(TargetVerdict::no_result(target.clone(), &f.describe()));
+            }
+            Err(f) => {
+                let why = format!("repeat {}: {}", k + 1, f.describe());
+                return Ok(TargetVerdict::no_result(target.clone(), &why));
+            }
+        }
+    }
+    stage.simulated |= results.iter().any(|r| r.simulated);
+    let merged = merge_repeats(&results);
+    if reps.len() > 1 {
+        let base = dir.join(format!("L{}_{}", target.level(), target.stem()));
+        write_json(&base.join("median.json"), &merged)?;
+        if let Some(s) = spread(&results, target, 2000) {
+            stage.spreads.insert(target.to_string(), s);
+        }
+    }
+    let (groups, _) = merged.by_target();
+    Ok(match groups.get(target) {
+        Some(rows) => gate.judge(target, rows),
+        None => TargetVerdict::no_result(target.clone(), "the bench wrote no row for it"),
+    })
 }
 
 /// Scores a candidate folder into a new results generation under `params.out`.
@@ -251,12 +298,21 @@ pub async fn score_candidates<L: BenchLauncher>(
         standalone: None,
         composed: None,
         final_set: None,
+        repeats: params.repeats.max(1),
+        noise_floor: None,
         incomplete: Vec::new(),
     };
+    if params.noise_sample > 0 {
+        let picked = sample(&set.targets(), params.noise_sample);
+        let floor = noise_floor(driver, &picked, &gen_dir.join("noise"), cancel).await;
+        report.simulated |= floor.simulated;
+        report.noise_floor = Some(floor);
+    }
     let mut pool: Vec<TargetId> = set.targets();
     if params.mode != ScoreMode::Composed {
         let dir = gen_dir.join("ind/standalone");
-        let stage = score_standalone(driver, &set, &dir, &params.gate, cancel).await?;
+        let stage =
+            score_standalone(driver, &set, &dir, &params.gate, params.repeats, cancel).await?;
         pool = stage.gate.winners().map(|v| v.target.clone()).collect();
         report.incomplete.extend(stage.infrastructure_failures());
         report.simulated |= stage.simulated;

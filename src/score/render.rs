@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use crate::report::{sim_banner, table};
-use crate::score::gate::{GateReport, REVIEW_SPEEDUP};
+use crate::score::gate::REVIEW_SPEEDUP;
 use crate::score::pipeline::{ScoreReport, StageReport};
 
 fn speed(x: Option<f64>) -> String {
@@ -15,15 +15,21 @@ fn speed(x: Option<f64>) -> String {
     }
 }
 
-fn gate_table(gate: &GateReport, geomean_header: &str) -> String {
+fn gate_table(s: &StageReport, geomean_header: &str) -> String {
+    let gate = &s.gate;
     let rows: Vec<Vec<String>> = gate
         .verdicts
         .iter()
         .map(|v| {
+            let ci = s
+                .spreads
+                .get(&v.target.to_string())
+                .map(|sp| format!(" [{:.3}–{:.3}]", sp.ci95.0, sp.ci95.1))
+                .unwrap_or_default();
             vec![
                 v.target.to_string(),
                 if v.winner { "WIN" } else { "no" }.to_string(),
-                speed(v.geomean),
+                format!("{}{ci}", speed(v.geomean)),
                 v.rows.to_string(),
                 v.skipped.to_string(),
                 match (&v.reason, v.review.is_empty()) {
@@ -50,14 +56,46 @@ fn gate_table(gate: &GateReport, geomean_header: &str) -> String {
 }
 
 fn stage(out: &mut String, title: &str, s: &StageReport, header: &str) {
+    let rule = if s.gate.gate.threshold > 0.0 {
+        format!("correct and geomean ≥ {:.2}", s.gate.gate.threshold)
+    } else {
+        "correct, any speedup".to_string()
+    };
     let _ = writeln!(
         out,
-        "\n{title}: {} of {} winners (geomean ≥ {:.2}; SKIPPED rows ignored)",
+        "\n{title}: {} of {} winners ({rule}; SKIPPED rows ignored)",
         s.gate.winner_count(),
         s.gate.verdicts.len(),
-        s.gate.gate.threshold
     );
-    out.push_str(&gate_table(&s.gate, header));
+    out.push_str(&gate_table(s, header));
+}
+
+fn noise_line(out: &mut String, r: &ScoreReport) {
+    let Some(n) = &r.noise_floor else {
+        let _ = writeln!(out, "noise floor  not measured (--noise-sample 0)");
+        return;
+    };
+    let names: Vec<String> = n.targets.iter().map(|t| t.to_string()).collect();
+    match (n.geomean, n.p05, n.p95) {
+        (Some(g), Some(lo), Some(hi)) => {
+            let _ = writeln!(
+                out,
+                "noise floor  self-test of {} ({} rows): geomean {g:.3}×, 90% of rows in [{lo:.3}×, {hi:.3}×]",
+                names.join(", "),
+                n.rows
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "noise floor  self-test of {} gave no rows",
+                names.join(", ")
+            );
+        }
+    }
+    for f in &n.failures {
+        let _ = writeln!(out, "  noise floor: {f}");
+    }
 }
 
 /// The score as a text report.
@@ -81,17 +119,29 @@ pub fn score_table(r: &ScoreReport) -> String {
             None => " (dirty state unknown)",
         }
     );
+    if r.repeats > 1 {
+        let _ = writeln!(
+            out,
+            "repeats      {} per candidate: median per scenario, [bootstrap 95% interval]",
+            r.repeats
+        );
+    }
+    noise_line(&mut out, r);
     if let Some(s) = &r.standalone {
         stage(&mut out, "standalone", s, "geomean");
     }
     if let Some(s) = &r.composed {
         stage(&mut out, "composed (correctness gate)", s, "composed");
     }
-    let reviews: Vec<String> = [&r.standalone, &r.composed]
+    let reviews: Vec<String> = [("standalone", &r.standalone), ("composed", &r.composed)]
         .into_iter()
-        .flatten()
-        .flat_map(|s| s.gate.verdicts.iter())
-        .flat_map(|v| v.review.iter().map(move |n| format!("  {}: {n}", v.target)))
+        .filter_map(|(name, s)| s.as_ref().map(|s| (name, s)))
+        .flat_map(|(name, s)| s.gate.verdicts.iter().map(move |v| (name, v)))
+        .flat_map(|(name, v)| {
+            v.review
+                .iter()
+                .map(move |n| format!("  {name} {}: {n}", v.target))
+        })
         .collect();
     if !reviews.is_empty() {
         let _ = writeln!(

@@ -91,6 +91,7 @@ fn a_small_set(s: &Setup) {
     s.file("L1/fk_common.h", "// shared\n");
     s.file("L1/unused.cu", "// nobody loads me\n");
     s.file("L1/silu.py", "# sim: incorrect\n");
+    s.file("L1/quickgelu.py", "# sim: speedup=14\n");
     s.file("L1/layer_norm.py", "# sim: crash\n");
     s.file("L1/_notes.py", "not a candidate\n");
     s.file(
@@ -135,12 +136,16 @@ fn score_candidates_end_to_end_with_the_simulated_bench() {
     let kept: Vec<(String, Option<f64>)> = manifest
         .kernels
         .iter()
-        .map(|k| (format!("L{}/{}", k.level, k.stem), k.composed_speedup))
+        .map(|k| {
+            let rounded = k.composed_speedup.map(|x| (x * 1e9).round() / 1e9);
+            (format!("L{}/{}", k.level, k.stem), rounded)
+        })
         .collect();
     assert_eq!(
         kept,
         vec![
             ("L1/gelu".into(), Some(1.25)),
+            ("L1/quickgelu".into(), Some(14.0)),
             ("L1/rms_norm".into(), Some(1.5))
         ]
     );
@@ -154,6 +159,7 @@ fn score_candidates_end_to_end_with_the_simulated_bench() {
         [
             "L1/fk_common.h",
             "L1/gelu.py",
+            "L1/quickgelu.py",
             "L1/rms_norm.py",
             "L1/rms_norm_fk.cu"
         ]
@@ -169,8 +175,15 @@ fn score_candidates_end_to_end_with_the_simulated_bench() {
 fn score_json_and_a_second_score_never_overwrites_the_first() {
     let s = Setup::new();
     s.file("L1/gelu.py", "# sim: speedup=1.0\n");
-    let first = s.score(&["--json", "--mode", "standalone"]).success();
+    let first = s
+        .score(&["--json", "--mode", "standalone", "--repeats", "3"])
+        .success();
     let report: serde_json::Value = serde_json::from_slice(&first.get_output().stdout).unwrap();
+    assert_eq!(
+        report["standalone"]["spreads"]["L1/gelu"],
+        serde_json::json!({"repeats": 3, "ci95": [1.0, 1.0]})
+    );
+    assert_eq!(report["standalone"]["runs"].as_array().unwrap().len(), 3);
     assert_eq!(
         report["standalone"]["gate"]["verdicts"][0]["winner"],
         serde_json::json!(true)
