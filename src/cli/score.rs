@@ -12,7 +12,7 @@ use crate::config::{Config, Env, GpuDevices};
 use crate::error::Error;
 use crate::score::driver::{BenchDriver, DirectLauncher, DriverParams};
 use crate::score::gate::WinnerGate;
-use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates};
+use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates, score_run};
 use crate::score::{ScoreError, render};
 use crate::sim::bench::{SimAction, SimBenchParams};
 use crate::target::Catalog;
@@ -64,7 +64,8 @@ fn parallel_of(config: &Config) -> usize {
     }
 }
 
-/// `score --candidates DIR`: scores into `<home>/scores/<id>/` and prints the table or JSON.
+/// `score --candidates DIR` (into a new `<home>/scores/<id>/`) or `score [--run RUN]` (a new
+/// results generation of the run, newest run by default); prints the table or JSON.
 pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
     let mode = match args.mode {
         ScoreModeArg::Standalone => ScoreMode::Standalone,
@@ -77,25 +78,33 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             ));
         }
     };
-    let Some(candidates) = &args.candidates else {
-        return Err(super::not_yet(
-            "score --run",
-            "scoring a run's candidates needs agent sessions; use --candidates DIR",
-        ));
+    let (out, set_name, from_run) = match &args.candidates {
+        Some(dir) => {
+            let dir = crate::config::absolute(&env.cwd, dir);
+            let name = folder_name(&dir);
+            let out = config.home.join("scores").join(score_id(&name));
+            let note = format!(
+                "no run given: results go to {} (a new folder)\n",
+                out.display()
+            );
+            say(args.json, &note);
+            (out, format!("{name}-ind"), None)
+        }
+        None => {
+            let store = super::open_existing_store(&config.home)?;
+            let run = store.run(args.run.as_deref())?;
+            let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
+            say(
+                args.json,
+                &format!(
+                    "scoring run {}: a new results generation under {}\n",
+                    run.id,
+                    run_dir.display()
+                ),
+            );
+            (run_dir, format!("{}-ind", run.id), Some(run.id))
+        }
     };
-    let candidates = crate::config::absolute(&env.cwd, candidates);
-    let name = folder_name(&candidates);
-    let id = score_id(&name);
-    let out = config.home.join("scores").join(&id);
-    let note = format!(
-        "no run given: results go to {} (a new folder)\n",
-        out.display()
-    );
-    if args.json {
-        eprint!("{note}");
-    } else {
-        print!("{note}");
-    }
     let mut env_remove = Vec::new();
     if let Ok(p) = ProviderConfig::load(&config.provider, &config.home, env) {
         if let TokenSource::Env { var } = p.token {
@@ -112,15 +121,25 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     };
     let driver = BenchDriver::new(params, DirectLauncher).await?;
     let score = ScoreParams {
-        candidates,
+        candidates: args.candidates.clone().unwrap_or_default(),
         out,
         mode,
         gate: WinnerGate::default(),
-        set_name: format!("{name}-ind"),
+        set_name,
         repeats: args.repeats as usize,
         noise_sample: args.noise_sample as usize,
     };
-    let report = score_candidates(&driver, &score, &CancellationToken::new()).await?;
+    let cancel = CancellationToken::new();
+    let report = match from_run {
+        Some(_) => score_run(&driver, &score, &cancel).await?,
+        None => {
+            let score = ScoreParams {
+                candidates: crate::config::absolute(&env.cwd, &score.candidates),
+                ..score
+            };
+            score_candidates(&driver, &score, &cancel).await?
+        }
+    };
     if args.json {
         println!(
             "{}",
@@ -133,6 +152,15 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
     Ok(0)
+}
+
+/// Status lines go to stdout with the table, to stderr when stdout is JSON.
+fn say(json: bool, line: &str) {
+    if json {
+        eprint!("{line}");
+    } else {
+        print!("{line}");
+    }
 }
 
 fn folder_name(p: &Path) -> String {

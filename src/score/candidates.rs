@@ -175,3 +175,69 @@ pub fn new_generation(out: &Path) -> Result<PathBuf, ScoreError> {
         out.display()
     )))
 }
+
+/// The candidate folders of a run's sessions: `<run>/sessions/L<n>/<stem>/candidate/`, for
+/// each session whose folder holds its `L<n>/<stem>.py`.
+pub fn session_candidates(run_dir: &Path) -> Result<Vec<(TargetId, PathBuf)>, ScoreError> {
+    let mut out = Vec::new();
+    for level in 1..=4u8 {
+        let dir = run_dir.join("sessions").join(format!("L{level}"));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            let stem = e.file_name().to_string_lossy().into_owned();
+            let Ok(target) = TargetId::new(level, &stem) else {
+                continue;
+            };
+            let cand = e.path().join("candidate");
+            if cand.join(target.candidate_path()).is_file() {
+                out.push((target, cand));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Copies every session's candidate files (its `.py` and the helpers beside it) into one
+/// folder in the fastkernels layout. Two sessions writing a helper of the same name with
+/// different content is an error: the real bench would load only one of them.
+pub fn gather_sessions(sessions: &[(TargetId, PathBuf)], dest: &Path) -> Result<(), ScoreError> {
+    let mut owner: std::collections::BTreeMap<PathBuf, TargetId> = Default::default();
+    for (target, cand) in sessions {
+        let level_dir = format!("L{}", target.level());
+        let src = cand.join(&level_dir);
+        let mut names: Vec<String> = std::fs::read_dir(&src)
+            .map_err(ScoreError::io(&src))?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for name in names {
+            let ext = Path::new(&name).extension().and_then(|e| e.to_str());
+            let is_own_py = name == format!("{}.py", target.stem());
+            if !is_own_py && !ext.is_some_and(|e| HELPER_EXTENSIONS.contains(&e)) {
+                continue;
+            }
+            let rel = Path::new(&level_dir).join(&name);
+            let to = dest.join(&rel);
+            let bytes = std::fs::read(src.join(&name)).map_err(ScoreError::io(&src))?;
+            if let Some(first) = owner.get(&rel) {
+                if std::fs::read(&to).ok().as_deref() != Some(bytes.as_slice()) {
+                    return Err(ScoreError::Usage(format!(
+                        "sessions {first} and {target} both wrote {} with different content: \
+                         helper and extension names must be unique per target",
+                        rel.display()
+                    )));
+                }
+                continue;
+            }
+            std::fs::create_dir_all(dest.join(&level_dir)).map_err(ScoreError::io(dest))?;
+            std::fs::write(&to, &bytes).map_err(ScoreError::io(&to))?;
+            owner.insert(rel, target.clone());
+        }
+    }
+    Ok(())
+}

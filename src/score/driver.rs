@@ -395,6 +395,8 @@ impl<L: BenchLauncher> BenchDriver<L> {
                 };
             }
         }
+        // A JSON left by an earlier run in this folder must never be read as this run's.
+        let _ = std::fs::remove_file(req.output());
         let stderr_path = inv.stderr.clone();
         let exit = match self.launcher.launch(inv, cancel).await {
             Ok(e) => e,

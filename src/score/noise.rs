@@ -247,7 +247,10 @@ mod tests {
         assert!(s.ci95.0 <= s.ci95.1);
         // Every resample's geomean lies between the smallest and largest choices per scenario.
         let (lo, hi) = ((0.9f64 * 1.2).sqrt() - 1e-12, (1.1f64 * 1.3).sqrt() + 1e-12);
-        assert!(s.ci95.0 >= lo && s.ci95.1 <= hi, "{s:?} outside [{lo}, {hi}]");
+        assert!(
+            s.ci95.0 >= lo && s.ci95.1 <= hi,
+            "{s:?} outside [{lo}, {hi}]"
+        );
         assert_eq!(spread(&rs, &t, 1000), Some(s));
         let failing = [result(&[("INCORRECT_NUMERICAL", 0.0)])];
         assert_eq!(spread(&failing, &t, 1000), None);

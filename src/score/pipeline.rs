@@ -26,7 +26,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
-use crate::score::candidates::{CandidateSet, new_generation};
+use crate::score::candidates::{CandidateSet, gather_sessions, new_generation, session_candidates};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, build_final_set};
 use crate::score::gate::{GateReport, TargetVerdict, WinnerGate};
@@ -288,6 +288,41 @@ pub async fn score_candidates<L: BenchLauncher>(
         )));
     }
     let gen_dir = new_generation(&params.out)?;
+    score_set(driver, params, set, gen_dir, cancel).await
+}
+
+/// Scores a run's session candidates: `params.out` is the run directory; the candidates are
+/// gathered into `<generation>/candidates/` first (`params.candidates` is ignored).
+pub async fn score_run<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    cancel: &CancellationToken,
+) -> Result<ScoreReport, ScoreError> {
+    let sessions = session_candidates(&params.out)?;
+    if sessions.is_empty() {
+        return Err(ScoreError::Usage(format!(
+            "run {}: no session has written a candidate (sessions/L<n>/<stem>/candidate/L<n>/<stem>.py)",
+            params.out.display()
+        )));
+    }
+    let gen_dir = new_generation(&params.out)?;
+    let dest = gen_dir.join("candidates");
+    gather_sessions(&sessions, &dest)?;
+    let set = CandidateSet::scan(&dest)?;
+    let params = ScoreParams {
+        candidates: dest,
+        ..params.clone()
+    };
+    score_set(driver, &params, set, gen_dir, cancel).await
+}
+
+async fn score_set<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    set: CandidateSet,
+    gen_dir: PathBuf,
+    cancel: &CancellationToken,
+) -> Result<ScoreReport, ScoreError> {
     let mut report = ScoreReport {
         candidates_dir: params.candidates.clone(),
         generation: gen_dir.clone(),

@@ -424,3 +424,42 @@ fn io_failure(output: &Path, why: &str) -> SimAction {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_are_read_from_comment_lines() {
+        let ks =
+            knobs("x = 1\n  # sim: hang\n# sim: speedup=1.5\n# sim: speedup=-1\n# sim: nonsense\n");
+        assert_eq!(ks, vec![Knob::Hang, Knob::Speedup(1.5)]);
+    }
+
+    #[test]
+    fn unit_is_stable_and_in_range() {
+        let a = unit(&[b"seed", b"L1/gelu"]);
+        assert_eq!(a, unit(&[b"seed", b"L1/gelu"]));
+        assert_ne!(a, unit(&[b"seed", b"L1/gelu2"]));
+        // Length-prefixed parts: moving a byte between parts changes the value.
+        assert_ne!(unit(&[b"ab", b"c"]), unit(&[b"a", b"bc"]));
+        assert!((0.0..1.0).contains(&a));
+    }
+
+    #[test]
+    fn a_missing_captures_folder_is_a_usage_error_without_json() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let params = SimBenchParams {
+            target: Some("gelu".into()),
+            captures: Some(tmp.path().join("nope")),
+            output: Some(tmp.path().join("out.json")),
+            ..Default::default()
+        };
+        let action = run(&params, &Catalog::embedded());
+        assert!(
+            matches!(action, SimAction::Exit { code: 2, .. }),
+            "{action:?}"
+        );
+        assert!(!tmp.path().join("out.json").exists());
+    }
+}

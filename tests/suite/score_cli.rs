@@ -241,3 +241,100 @@ fn sim_bench_is_hidden_from_help() {
     assert!(!help.contains("sim-bench"));
     assert!(help.contains("score"));
 }
+
+/// A run in the store with sessions that wrote candidates; returns the run id.
+fn a_run_with_candidates(s: &Setup, files: &[(&str, &str)]) -> String {
+    use fk_agentd::config::Mode;
+    use fk_agentd::run::{NewRun, RunJournal};
+    let store = fk_agentd::daemon::open_store(&s.home()).unwrap();
+    let journal = RunJournal::create(
+        &store,
+        &s.home(),
+        &NewRun {
+            mode: Mode::Independent,
+            targets_spec: "L1",
+            targets: vec!["L1/gelu".into(), "L1/silu".into()],
+            simulated: true,
+        },
+    )
+    .unwrap();
+    for (rel, content) in files {
+        let p = journal.dir().join("sessions").join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    journal.run_id().to_string()
+}
+
+#[test]
+fn score_run_gathers_session_candidates_into_a_run_generation() {
+    let s = Setup::new();
+    let id = a_run_with_candidates(
+        &s,
+        &[
+            (
+                "L1/gelu/candidate/L1/gelu.py",
+                "load_op('g', 'gelu_k.cu')\n# sim: speedup=1.3\n",
+            ),
+            ("L1/gelu/candidate/L1/gelu_k.cu", "// kernel\n"),
+            ("L1/gelu/workspace/notes.txt", "not a candidate\n"),
+            ("L1/silu/candidate/L1/silu.py", "# sim: incorrect\n"),
+        ],
+    );
+    let mut cmd = Command::new(BIN);
+    let out = cmd
+        .env_remove("FK_AGENTD_CONFIG")
+        .env_remove("FK_DIR")
+        .arg("--home")
+        .arg(s.home())
+        .arg("--config")
+        .arg(s.tmp.path().join("fk-agentd.toml"))
+        .args(["score", "--json", "--noise-sample", "0", "--run", &id])
+        .assert()
+        .success();
+    let report: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let run_dir = s.home().join("runs").join(&id);
+    assert_eq!(
+        report["generation"],
+        serde_json::json!(run_dir.join("results").display().to_string())
+    );
+    let manifest = &report["final_set"]["manifest"];
+    assert_eq!(manifest["set"], serde_json::json!(format!("{id}-ind")));
+    assert_eq!(
+        manifest["files"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["L1/gelu.py", "L1/gelu_k.cu"]
+    );
+    assert!(run_dir.join("results/candidates/L1/silu.py").is_file());
+}
+
+#[test]
+fn two_sessions_writing_one_helper_name_is_refused() {
+    let s = Setup::new();
+    let id = a_run_with_candidates(
+        &s,
+        &[
+            ("L1/gelu/candidate/L1/gelu.py", "'k.cu'\n"),
+            ("L1/gelu/candidate/L1/k.cu", "// one\n"),
+            ("L1/silu/candidate/L1/silu.py", "'k.cu'\n"),
+            ("L1/silu/candidate/L1/k.cu", "// two\n"),
+        ],
+    );
+    let out = Command::new(BIN)
+        .env_remove("FK_AGENTD_CONFIG")
+        .arg("--home")
+        .arg(s.home())
+        .arg("--config")
+        .arg(s.tmp.path().join("fk-agentd.toml"))
+        .args(["score", "--run", &id])
+        .assert()
+        .code(2);
+    let stderr = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    assert!(
+        stderr.contains("sessions L1/gelu and L1/silu both wrote L1/k.cu"),
+        "{stderr}"
+    );
+}
