@@ -53,6 +53,17 @@ pub enum SimAction {
     Hang { stderr: String },
 }
 
+/// The argv prefix that runs this simulated bench in place of `python3 -m fastkernels`
+/// (`exe` is the fk-agentd binary, e.g. `std::env::current_exe()` read by the CLI).
+pub fn command(exe: &Path, seed: u64) -> Vec<String> {
+    vec![
+        exe.to_string_lossy().into_owned(),
+        "sim-bench".into(),
+        "--seed".into(),
+        seed.to_string(),
+    ]
+}
+
 /// Outcomes a candidate file can force with a `# sim: <knob>` line.
 #[derive(Clone, Debug, PartialEq)]
 enum Knob {
@@ -186,21 +197,79 @@ struct TargetRun<'a> {
     self_test: bool,
 }
 
+/// The draws that decide one target's outcome (a pure function of seed, target, content).
+struct Draw {
+    knobs: Vec<Knob>,
+    /// Picks the failure mode when no knob forces one.
+    u: f64,
+    /// The target's typical speedup, 0.8–1.6×.
+    base: f64,
+    /// Broken by composition with lower-level candidates.
+    broken: bool,
+}
+
+impl Draw {
+    fn new(t: &TargetRun<'_>) -> Self {
+        let seed = t.seed.to_le_bytes();
+        let id = t.target.id.to_string();
+        let content = t.content.unwrap_or("").as_bytes();
+        let knobs = knobs(t.content.unwrap_or(""));
+        let broken = t.composed_with_lower
+            && t.target.id.level() > 1
+            && (knobs.contains(&Knob::ComposeBreak)
+                || (!forces_pass(&knobs)
+                    && unit(&[&seed, id.as_bytes(), content, b"compose"]) < 0.25));
+        Self {
+            u: unit(&[&seed, id.as_bytes(), content]),
+            base: 0.8 + 0.8 * unit(&[&seed, id.as_bytes(), content, b"speed"]),
+            broken,
+            knobs,
+        }
+    }
+
+    /// No file, an unloadable knob, or (4 in 100 without knobs) a simulated syntax error.
+    fn unloadable(&self, t: &TargetRun<'_>) -> bool {
+        !t.self_test
+            && (t.content.is_none()
+                || self.knobs.contains(&Knob::Unloadable)
+                || (self.knobs.is_empty() && (0.2..0.24).contains(&self.u)))
+    }
+
+    /// Status, detail and speedup of case `i`; `jitter` in [0, 1) varies per case.
+    fn case(&self, i: usize, jitter: f64) -> (Status, &'static str, f64) {
+        let free = self.knobs.is_empty();
+        let forced = self.knobs.iter().find_map(|k| match k {
+            Knob::Speedup(s) => Some(*s),
+            _ => None,
+        });
+        let speedup = forced.unwrap_or(self.base * (0.95 + 0.1 * jitter));
+        if self.broken {
+            let why = "module construction failed: composition with lower-level candidates broke";
+            (Status::RuntimeError, why, speedup)
+        } else if self.knobs.contains(&Knob::RuntimeError)
+            || (free && (0.12..0.2).contains(&self.u))
+        {
+            let why = "candidate forward raised: RuntimeError('simulated failure')";
+            (Status::RuntimeError, why, speedup)
+        } else if self.knobs.contains(&Knob::Incorrect)
+            || (free && self.u < 0.12 && (i == 0 || jitter < 0.5))
+        {
+            let why = "only 0.6200 within atol=0.01,rtol=0.01";
+            (Status::IncorrectNumerical, why, speedup)
+        } else {
+            (Status::Passed, "", speedup)
+        }
+    }
+}
+
 fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
-    let mut out = Vec::new();
+    let draw = Draw::new(t);
     let seed = t.seed.to_le_bytes();
     let id = t.target.id.to_string();
-    let content = t.content.unwrap_or("");
-    let ks = knobs(content);
-    let u = unit(&[&seed, id.as_bytes(), content.as_bytes()]);
-    let base = 0.8 + 0.8 * unit(&[&seed, id.as_bytes(), content.as_bytes(), b"speed"]);
-    let broken = t.composed_with_lower
-        && t.target.id.level() > 1
-        && (ks.contains(&Knob::ComposeBreak)
-            || (!forces_pass(&ks)
-                && unit(&[&seed, id.as_bytes(), content.as_bytes(), b"compose"]) < 0.25));
+    let content = t.content.unwrap_or("").as_bytes();
+    let mut out = Vec::new();
     for class in &t.target.classes {
-        if t.content.is_none() && !t.self_test || ks.contains(&Knob::Unloadable) {
+        if draw.unloadable(t) {
             let spec = RowSpec {
                 target: &t.target.id,
                 class,
@@ -217,43 +286,14 @@ fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
                 shape,
                 dtype,
             };
-            let i = i.to_string();
-            let jitter = unit(&[&seed, id.as_bytes(), content.as_bytes(), i.as_bytes()]);
-            if t.self_test {
-                out.push(row(&spec, Status::Passed, 0.92 + 0.16 * jitter, ""));
-                continue;
-            }
-            let forced = ks.iter().find_map(|k| match k {
-                Knob::Speedup(s) => Some(*s),
-                _ => None,
-            });
-            let outcome = if broken {
-                (
-                    Status::RuntimeError,
-                    "module construction failed: composition with lower-level candidates broke (simulated outcome)",
-                )
-            } else if ks.contains(&Knob::RuntimeError)
-                || (ks.is_empty() && (0.12..0.2).contains(&u))
-            {
-                (
-                    Status::RuntimeError,
-                    "candidate forward raised: RuntimeError('simulated failure')",
-                )
-            } else if ks.contains(&Knob::Incorrect)
-                || (ks.is_empty() && u < 0.12 && (i == "0" || jitter < 0.5))
-            {
-                (
-                    Status::IncorrectNumerical,
-                    "only 0.6200 within atol=0.01,rtol=0.01",
-                )
+            let n = i.to_string();
+            let jitter = unit(&[&seed, id.as_bytes(), content, n.as_bytes()]);
+            let (status, detail, speedup) = if t.self_test {
+                (Status::Passed, "self-test", 0.92 + 0.16 * jitter)
             } else {
-                (Status::Passed, "")
+                draw.case(i, jitter)
             };
-            let speedup = match (forced, ks.contains(&Knob::Pass)) {
-                (Some(s), _) => s,
-                _ => base * (0.95 + 0.1 * jitter),
-            };
-            out.push(row(&spec, outcome.0, speedup, outcome.1));
+            out.push(row(&spec, status, speedup, detail));
         }
     }
     out

@@ -294,3 +294,46 @@ fn a_winner_set_of_130_targets_is_never_empty() {
         round((1.1f64 * 1.3).sqrt(), 6)
     );
 }
+
+#[test]
+fn the_human_table_of_the_published_standalone_results() {
+    use fk_agentd::score::driver::CheckoutState;
+    use fk_agentd::score::pipeline::{ScoreMode, ScoreReport, StageReport};
+    let gate = WinnerGate::default();
+    let mut verdicts = Vec::new();
+    for target in [
+        "L1/allreduce",
+        "L1/gelu",
+        "L2/oasis_timestep_embedder",
+        "L3/yolov10_backbone",
+    ] {
+        verdicts.extend(gate.judge_result(&runs(target), &[t(target)]).verdicts);
+    }
+    let report = ScoreReport {
+        candidates_dir: "drkernel-fk-runs".into(),
+        generation: "/scores/x/results".into(),
+        mode: ScoreMode::Standalone,
+        simulated: false,
+        checkout: CheckoutState {
+            dir: None,
+            commit: "cdd992b".into(),
+            dirty: Some(false),
+        },
+        candidates: 4,
+        standalone: Some(StageReport {
+            gate: GateReport { gate, verdicts },
+            runs: Vec::new(),
+            simulated: false,
+            spreads: Default::default(),
+        }),
+        composed: None,
+        final_set: None,
+        repeats: 1,
+        noise_floor: None,
+        incomplete: Vec::new(),
+    };
+    insta::assert_snapshot!(
+        "score_table_published",
+        fk_agentd::score::render::score_table(&report)
+    );
+}
