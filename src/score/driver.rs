@@ -329,6 +329,12 @@ impl<L: BenchLauncher> BenchDriver<L> {
                 "fastkernels.command is empty: give an argv prefix".into(),
             ));
         }
+        if let Some(dir) = params.fastkernels_dir.as_deref().filter(|d| !d.is_dir()) {
+            return Err(ScoreError::Usage(format!(
+                "fastkernels.dir (FK_DIR) = {}: not a directory (expected a fastkernels checkout)",
+                dir.display()
+            )));
+        }
         let checkout = CheckoutState::read(params.fastkernels_dir.as_deref()).await;
         Ok(Self {
             params,

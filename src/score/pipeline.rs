@@ -356,24 +356,10 @@ async fn score_set<L: BenchLauncher>(
     let win_dir = gen_dir.join("ind/win_candidates");
     set.materialize(&pool, &win_dir)?;
     if params.mode != ScoreMode::Standalone && !pool.is_empty() {
-        let mut levels: Vec<u8> = pool.iter().map(TargetId::level).collect();
-        levels.dedup();
-        let comp = gen_dir.join("comp");
-        let mix = MixParams {
-            levels: &levels,
-            candidates: &win_dir,
-            work: &comp,
-            gate: &WinnerGate::correctness_only(),
-            expected: &pool,
-        };
-        let outcome = score_mix(driver, &mix, cancel).await;
-        write_json(&comp.join("bench.json"), &outcome.result)?;
-        write_json(&comp.join("gate.json"), &outcome.stage)?;
-        report
-            .incomplete
-            .extend(outcome.stage.infrastructure_failures());
-        report.simulated |= outcome.stage.simulated;
-        report.composed = Some(outcome.stage);
+        let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
+        report.incomplete.extend(stage.infrastructure_failures());
+        report.simulated |= stage.simulated;
+        report.composed = Some(stage);
     }
     if report.incomplete.is_empty() {
         let final_set = build_final_set(&set, &report, &params.set_name, &win_dir)?;
@@ -381,6 +367,31 @@ async fn score_set<L: BenchLauncher>(
     }
     write_json(&gen_dir.join("score.json"), &report)?;
     Ok(report)
+}
+
+/// The composed bench of exactly `pool` (materialized in `win_dir`), one mix per level,
+/// judged by correctness only; writes `<comp>/bench.json` and `<comp>/gate.json`.
+async fn compose<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    pool: &[TargetId],
+    win_dir: &Path,
+    comp: &Path,
+    cancel: &CancellationToken,
+) -> Result<StageReport, ScoreError> {
+    let mut levels: Vec<u8> = pool.iter().map(TargetId::level).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let mix = MixParams {
+        levels: &levels,
+        candidates: win_dir,
+        work: comp,
+        gate: &WinnerGate::correctness_only(),
+        expected: pool,
+    };
+    let outcome = score_mix(driver, &mix, cancel).await;
+    write_json(&comp.join("bench.json"), &outcome.result)?;
+    write_json(&comp.join("gate.json"), &outcome.stage)?;
+    Ok(outcome.stage)
 }
 
 /// Writes pretty JSON (indent 1, trailing newline, like the published files).
