@@ -293,3 +293,77 @@ async fn the_checkout_records_commit_and_dirty_state() {
         Some(true)
     );
 }
+
+fn shell(tmp: &Path, script: &str, deadline: Duration) -> fk_agentd::score::driver::Invocation {
+    fk_agentd::score::driver::Invocation {
+        program: "sh".into(),
+        args: vec!["-c".into(), script.into()],
+        env: vec![],
+        env_remove: vec![],
+        cwd: None,
+        stdout: tmp.join("out.log"),
+        stderr: tmp.join("err.log"),
+        deadline,
+    }
+}
+
+/// Alive means present in /proc and not a zombie waiting for a reaper.
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn the_deadline_kills_the_whole_process_group() {
+    use fk_agentd::score::driver::BenchLauncher;
+    let tmp = TempDir::new().unwrap();
+    let inv = shell(
+        tmp.path(),
+        "sleep 300 & echo $! > child.pid; wait",
+        Duration::from_millis(1500),
+    );
+    let inv = fk_agentd::score::driver::Invocation {
+        cwd: Some(tmp.path().to_path_buf()),
+        ..inv
+    };
+    let exit = DirectLauncher
+        .launch(inv, CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(exit.timed_out);
+    let pid = std::fs::read_to_string(tmp.path().join("child.pid")).unwrap();
+    let pid = pid.trim();
+    for _ in 0..50 {
+        if !alive(pid) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the bench's own child {pid} survived the deadline");
+}
+
+#[tokio::test]
+async fn cancelling_kills_the_bench_and_is_not_a_verdict() {
+    let b = bench(Duration::from_secs(60)).await;
+    let id = b.candidate("L1/gelu", "# sim: hang\n");
+    let cancel = CancellationToken::new();
+    let req = BenchRequest::target(
+        &id,
+        &b.tmp.path().join("cands"),
+        &b.tmp.path().join("work/gelu"),
+    );
+    let trigger = cancel.clone();
+    let (run, ()) = tokio::join!(b.driver.run(req, cancel), async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        trigger.cancel();
+    });
+    assert_eq!(run.result, Err(BenchFailure::Cancelled));
+    assert!(run.result.unwrap_err().is_infrastructure());
+}
