@@ -17,7 +17,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::score::result::{BenchResult, ScenarioRow, Status, op_string};
@@ -325,10 +324,13 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
         })
         .collect();
     if selected.is_empty() {
+        let level = params
+            .level
+            .map(|l| format!("L{l}"))
+            .unwrap_or("any level".into());
         return usage(format!(
-            "unknown target {:?} at level {:?}",
-            params.target.as_deref().unwrap_or("(all)"),
-            params.level
+            "unknown target {:?}: no module stem or class of that name at {level}",
+            params.target.as_deref().unwrap_or("(all)")
         ));
     }
     let mut rows = Vec::new();
@@ -400,21 +402,33 @@ fn process_knob(ks: &[Knob], target: &TargetId) -> Option<SimAction> {
     None
 }
 
+/// The file written: the real schema in the real field order, then `simulated` (set by
+/// every row too) and the seed.
+#[derive(serde::Serialize)]
+struct SimDoc<'a> {
+    #[serde(flatten)]
+    result: &'a BenchResult,
+    seed: u64,
+}
+
 fn finish(params: &SimBenchParams, rows: Vec<ScenarioRow>) -> SimAction {
     let mode = if params.self_test {
         "self-test"
     } else {
         "candidate"
     };
-    let result = BenchResult::from_rows(mode, rows);
+    let mut result = BenchResult::from_rows(mode, rows);
+    // Also when no row was produced (a level without candidate files).
+    result.simulated = true;
     let output = output_path(params);
-    let mut doc = match serde_json::to_value(&result) {
-        Ok(v) => v,
+    let doc = SimDoc {
+        result: &result,
+        seed: params.seed,
+    };
+    let text = match serde_json::to_string_pretty(&doc) {
+        Ok(t) => t,
         Err(e) => return io_failure(&output, &e.to_string()),
     };
-    doc["simulated"] = json!(true);
-    doc["seed"] = json!(params.seed);
-    let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
     if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
         if let Err(e) = std::fs::create_dir_all(parent) {
             return io_failure(&output, &e.to_string());
@@ -484,6 +498,29 @@ mod tests {
         // Length-prefixed parts: moving a byte between parts changes the value.
         assert_ne!(unit(&[b"ab", b"c"]), unit(&[b"a", b"bc"]));
         assert!((0.0..1.0).contains(&a));
+    }
+
+    #[test]
+    fn a_json_without_rows_still_says_simulated() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let params = SimBenchParams {
+            level: Some(2),
+            candidate_dir: Some(tmp.path().to_path_buf()),
+            output: Some(tmp.path().join("out.json")),
+            ..Default::default()
+        };
+        let action = run(&params, &Catalog::embedded());
+        assert!(
+            matches!(action, SimAction::Exit { code: 0, .. }),
+            "{action:?}"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(tmp.path().join("out.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            (doc["simulated"].clone(), doc["scenarios"].clone()),
+            (serde_json::json!(true), serde_json::json!([]))
+        );
     }
 
     #[test]
