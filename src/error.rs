@@ -9,6 +9,7 @@ use crate::control::ControlError;
 use crate::daemon::DaemonError;
 use crate::harness::HarnessError;
 use crate::run::RunError;
+use crate::score::ScoreError;
 use crate::store::StoreError;
 use crate::target::TargetError;
 use crate::tools::ToolError;
@@ -41,6 +42,8 @@ pub enum Error {
     Tool(#[from] ToolError),
     #[error(transparent)]
     Workspace(#[from] WorkspaceError),
+    #[error(transparent)]
+    Score(#[from] ScoreError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -62,6 +65,7 @@ impl Error {
             Error::Control(_) => EXIT_UNAVAILABLE,
             Error::Harness(e) => e.exit_code(),
             Error::Tool(_) | Error::Workspace(_) => EXIT_UNAVAILABLE,
+            Error::Score(e) => e.exit_code(),
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

@@ -19,6 +19,7 @@
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
 //! | [`harness`]   | a private, patched, verified copy of fastkernels; the host preflight     |
 //! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench      |
+//! | [`score`]     | fastkernels bench driver, winner gate, composed bench, exported sets      |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
 //! | [`error`]     | the crate [`Error`] and its exit codes                                    |
 //!
@@ -35,6 +36,7 @@ pub mod harness;
 pub mod report;
 pub mod run;
 pub mod scheduler;
+pub mod score;
 pub mod screen;
 pub mod sim;
 pub mod store;

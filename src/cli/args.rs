@@ -108,6 +108,43 @@ pub enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// The simulated fastkernels bench (tests and `--sim`); every output says it is simulated.
+    #[command(hide = true, name = "sim-bench")]
+    SimBench(SimBenchArgs),
+}
+
+/// `fk-agentd sim-bench [--seed N] bench …`: the argv prefix that stands in for
+/// `python3 -m fastkernels`.
+#[derive(Debug, Args)]
+pub struct SimBenchArgs {
+    /// Seed of the simulated outcomes.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[command(subcommand)]
+    pub command: SimBenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimBenchCommand {
+    /// Same flags as `fastkernels bench`.
+    Bench(SimBenchBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SimBenchBenchArgs {
+    #[arg(long)]
+    pub target: Option<String>,
+    #[arg(long)]
+    pub level: Option<u8>,
+    #[arg(long, value_name = "DIR")]
+    pub captures: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub self_test: bool,
+    /// Accepted for compatibility; the simulated bench prints the table only.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args, Clone, Default)]
@@ -181,6 +218,13 @@ pub struct ScoreArgs {
     /// Which benches to run.
     #[arg(long, value_enum, default_value = "all")]
     pub mode: ScoreMode,
+    /// Standalone benches per candidate; above 1, per-scenario medians are gated and each
+    /// winner gets a bootstrap 95% interval.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub repeats: u32,
+    /// Targets sampled for the self-test noise floor printed beside the speedups (0: none).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub noise_sample: u32,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,

@@ -2,6 +2,7 @@
 //! for humans (or JSON), and map errors to exit codes. The only module that prints.
 
 pub mod args;
+mod score;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,6 +32,10 @@ pub fn main() -> i32 {
                 0
             };
         }
+    };
+    let cli = match cli.command {
+        Command::SimBench(args) => return score::sim_bench(args),
+        _ => cli,
     };
     let env = Env::from_process();
     init_logging(matches!(cli.command, Command::Start(_)));
@@ -125,10 +130,11 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         }
         Command::Lease(_) => Err(not_yet("lease", "the GPU lease broker is not built yet")),
         Command::Gpus { .. } => Err(not_yet("gpus", "the GPU lease broker is not built yet")),
-        Command::Score(_) => Err(not_yet(
-            "score",
-            "the fastkernels scoring driver is not built yet",
-        )),
+        Command::Score(ref args) => {
+            let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
+            score::cmd_score(&config, &env, args).await
+        }
+        Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
         Command::Compare { .. } => Err(not_yet(
             "compare",
             "comparison needs scoring, which is not built yet",

@@ -1,0 +1,198 @@
+//! `fk-agentd score` and the hidden `fk-agentd sim-bench`: argument handling and printing;
+//! the work is in [`crate::score`] and [`crate::sim::bench`].
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use tokio_util::sync::CancellationToken;
+
+use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
+use crate::config::provider::{ProviderConfig, TokenSource};
+use crate::config::{Config, Env, GpuDevices};
+use crate::error::Error;
+use crate::score::driver::{BenchDriver, DirectLauncher, DriverParams};
+use crate::score::gate::WinnerGate;
+use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates, score_run};
+use crate::score::{ScoreError, render};
+use crate::sim::bench::{SimAction, SimBenchParams};
+use crate::target::Catalog;
+
+/// Runs the simulated bench as a process would; returns the exit code. Reads the two
+/// `FASTKERNELS_*` variables the real bench reads (this is the process edge).
+pub fn sim_bench(args: SimBenchArgs) -> i32 {
+    let SimBenchCommand::Bench(b) = args.command;
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let params = SimBenchParams {
+        seed: args.seed,
+        target: b.target,
+        level: b.level,
+        captures: b.captures,
+        output: b.output,
+        self_test: b.self_test,
+        candidate_dir: var("FASTKERNELS_CANDIDATE_DIR"),
+        results_dir: var("FASTKERNELS_RESULTS_DIR"),
+    };
+    match crate::sim::bench::run(&params, &Catalog::embedded()) {
+        SimAction::Exit {
+            code,
+            stdout,
+            stderr,
+        } => {
+            let _ = std::io::stdout().write_all(stdout.as_bytes());
+            let _ = std::io::stderr().write_all(stderr.as_bytes());
+            code
+        }
+        SimAction::Hang { stderr } => {
+            let _ = std::io::stderr().write_all(stderr.as_bytes());
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+        }
+    }
+}
+
+fn parallel_of(config: &Config) -> usize {
+    match &config.gpus {
+        GpuDevices::Fake { count } => *count as usize,
+        GpuDevices::Uuids { uuids } => uuids.len(),
+        // Without the lease broker the GPU count is unknown here: one bench at a time.
+        GpuDevices::Nvml => 1,
+    }
+}
+
+/// `score --candidates DIR` (into a new `<home>/scores/<id>/`) or `score [--run RUN]` (a new
+/// results generation of the run, newest run by default); prints the table or JSON.
+pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
+    let mode = match args.mode {
+        ScoreModeArg::Standalone => ScoreMode::Standalone,
+        ScoreModeArg::Composed => ScoreMode::Composed,
+        ScoreModeArg::All => ScoreMode::Both,
+        ScoreModeArg::Sequential => {
+            return Err(super::not_yet(
+                "score --mode sequential",
+                "the sequential campaign needs agent sessions",
+            ));
+        }
+    };
+    let (out, set_name, from_run) = match &args.candidates {
+        Some(dir) => {
+            let dir = crate::config::absolute(&env.cwd, dir);
+            let name = folder_name(&dir);
+            let out = config.home.join("scores").join(score_id(&name));
+            let note = format!(
+                "no run given: results go to {} (a new folder)\n",
+                out.display()
+            );
+            say(args.json, &note);
+            (out, format!("{name}-ind"), None)
+        }
+        None => {
+            let store = super::open_existing_store(&config.home)?;
+            let run = store.run(args.run.as_deref())?;
+            let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
+            say(
+                args.json,
+                &format!(
+                    "scoring run {}: a new results generation under {}\n",
+                    run.id,
+                    run_dir.display()
+                ),
+            );
+            (run_dir, format!("{}-ind", run.id), Some(run.id))
+        }
+    };
+    let mut env_remove = Vec::new();
+    if let Ok(p) = ProviderConfig::load(&config.provider, &config.home, env) {
+        if let TokenSource::Env { var } = p.token {
+            env_remove.push(var);
+        }
+    }
+    let params = DriverParams {
+        command: config.fastkernels_command.clone(),
+        fastkernels_dir: config.fastkernels_dir.clone(),
+        captures: config.captures.clone(),
+        deadline: config.lease_timeout,
+        parallel: parallel_of(config),
+        env_remove,
+    };
+    let driver = BenchDriver::new(params, DirectLauncher).await?;
+    let score = ScoreParams {
+        candidates: args.candidates.clone().unwrap_or_default(),
+        out,
+        mode,
+        gate: WinnerGate::default(),
+        set_name,
+        repeats: args.repeats as usize,
+        noise_sample: args.noise_sample as usize,
+    };
+    let cancel = CancellationToken::new();
+    let report = match from_run {
+        Some(_) => score_run(&driver, &score, &cancel).await?,
+        None => {
+            let score = ScoreParams {
+                candidates: crate::config::absolute(&env.cwd, &score.candidates),
+                ..score
+            };
+            score_candidates(&driver, &score, &cancel).await?
+        }
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", render::score_table(&report));
+    }
+    if !report.incomplete.is_empty() {
+        return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
+    }
+    Ok(0)
+}
+
+/// Status lines go to stdout with the table, to stderr when stdout is JSON.
+fn say(json: bool, line: &str) {
+    if json {
+        eprint!("{line}");
+    } else {
+        print!("{line}");
+    }
+}
+
+fn folder_name(p: &Path) -> String {
+    let raw = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let slug: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(32)
+        .collect();
+    let slug = slug.trim_matches('-').to_string();
+    if slug.is_empty() {
+        "candidates".into()
+    } else {
+        slug
+    }
+}
+
+fn score_id(name: &str) -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let fmt = time::macros::format_description!("[year][month][day]-[hour][minute][second]");
+    let stamp = now
+        .format(&fmt)
+        .unwrap_or_else(|_| now.unix_timestamp().to_string());
+    let suffix: u16 = rand::random();
+    format!("{stamp}-{name}-{suffix:04x}")
+}

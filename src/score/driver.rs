@@ -1,0 +1,476 @@
+//! The fastkernels driver: runs `<command> bench …` for a target (or a whole level) with
+//! private directories, and turns the process's end into a [`BenchRun`].
+//!
+//! Owns the bench argv and environment, the checkout record ([`CheckoutState`]), and the
+//! interpretation of how a bench ended. It does not judge rows (see [`crate::score::gate`])
+//! and does not decide where a process runs: that is a [`BenchLauncher`], so the lead can run
+//! benches under a GPU `bench` lease; [`DirectLauncher`] runs them here with its own deadline.
+//!
+//! Invariants (a bench's exit code is not its verdict):
+//! - exit 0 or 1 with a JSON file: the JSON is the data;
+//! - no JSON file (misspelled target, crash, watchdog or deadline kill): an error for that
+//!   target, never a pass;
+//! - exit 2: an infrastructure error (no GPU, argparse), whatever files exist.
+//!
+//! Every invocation gets its own `FASTKERNELS_CANDIDATE_DIR`, `FASTKERNELS_RESULTS_DIR`,
+//! `TORCH_EXTENSIONS_DIR` and `TRITON_CACHE_DIR`, because the real bench writes fixed log
+//! names under its results dir and concurrent runs sharing one would clobber each other.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::score::ScoreError;
+use crate::score::result::BenchResult;
+use crate::target::TargetId;
+
+/// One process to start: everything a launcher needs, nothing it must decide.
+#[derive(Clone, Debug)]
+pub struct Invocation {
+    pub program: String,
+    pub args: Vec<String>,
+    /// Variables set on top of the inherited environment.
+    pub env: Vec<(String, String)>,
+    /// Variables removed from the inherited environment (e.g. a provider token variable).
+    pub env_remove: Vec<String>,
+    pub cwd: Option<PathBuf>,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    /// Wall-clock limit; at the deadline the whole process group is killed.
+    pub deadline: Duration,
+}
+
+/// How a launched process ended.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProcessExit {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Killed at the deadline.
+    pub timed_out: bool,
+    /// Killed because the caller cancelled.
+    pub cancelled: bool,
+    pub wall_s: f64,
+}
+
+/// Starts a bench process and waits for it. Implementations must kill the process group at
+/// the invocation's deadline or on cancellation.
+pub trait BenchLauncher: Send + Sync {
+    fn launch(
+        &self,
+        inv: Invocation,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Result<ProcessExit, ScoreError>> + Send;
+}
+
+/// Runs the bench on this host, in its own process group.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DirectLauncher;
+
+impl BenchLauncher for DirectLauncher {
+    async fn launch(
+        &self,
+        inv: Invocation,
+        cancel: CancellationToken,
+    ) -> Result<ProcessExit, ScoreError> {
+        let open = |p: &Path| {
+            std::fs::File::create(p).map_err(|source| ScoreError::Io {
+                path: p.to_path_buf(),
+                source,
+            })
+        };
+        let mut cmd = tokio::process::Command::new(&inv.program);
+        cmd.args(&inv.args)
+            .stdin(Stdio::null())
+            .stdout(open(&inv.stdout)?)
+            .stderr(open(&inv.stderr)?)
+            .process_group(0)
+            .kill_on_drop(true);
+        for k in &inv.env_remove {
+            cmd.env_remove(k);
+        }
+        cmd.envs(inv.env.iter().map(|(k, v)| (k, v)));
+        if let Some(cwd) = &inv.cwd {
+            cmd.current_dir(cwd);
+        }
+        let started = Instant::now();
+        let mut child = cmd.spawn().map_err(|e| ScoreError::Launch {
+            program: inv.program.clone(),
+            why: e.to_string(),
+        })?;
+        let pid = child.id();
+        let (status, timed_out, cancelled) = tokio::select! {
+            s = child.wait() => (s, false, false),
+            _ = tokio::time::sleep(inv.deadline) => {
+                kill_group(pid);
+                (child.wait().await, true, false)
+            }
+            _ = cancel.cancelled() => {
+                kill_group(pid);
+                (child.wait().await, false, true)
+            }
+        };
+        // Workers the bench left behind die with their group, so a GPU is never left busy.
+        kill_group(pid);
+        let status = status.map_err(|e| ScoreError::Launch {
+            program: inv.program.clone(),
+            why: e.to_string(),
+        })?;
+        use std::os::unix::process::ExitStatusExt;
+        Ok(ProcessExit {
+            code: status.code(),
+            signal: status.signal(),
+            timed_out,
+            cancelled,
+            wall_s: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+fn kill_group(pid: Option<u32>) {
+    let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) else {
+        return;
+    };
+    // ESRCH (the group is already gone) is the normal case after a clean exit.
+    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+}
+
+/// The fastkernels checkout the bench runs from, as recorded beside every number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CheckoutState {
+    pub dir: Option<PathBuf>,
+    /// `git rev-parse HEAD`, or "unknown" (no dir configured, not a git checkout, no git).
+    pub commit: String,
+    /// `git status --porcelain` non-empty; `None` when unknown.
+    pub dirty: Option<bool>,
+}
+
+impl CheckoutState {
+    /// Reads the commit and dirty state of `dir` with git; anything missing reads "unknown".
+    pub async fn read(dir: Option<&Path>) -> Self {
+        let unknown = Self {
+            dir: dir.map(Path::to_path_buf),
+            commit: "unknown".into(),
+            dirty: None,
+        };
+        let Some(dir) = dir else { return unknown };
+        let Some(commit) = git(dir, &["rev-parse", "HEAD"]).await else {
+            return unknown;
+        };
+        let dirty = git(dir, &["status", "--porcelain"])
+            .await
+            .map(|s| !s.trim().is_empty());
+        Self {
+            dir: Some(dir.to_path_buf()),
+            commit: commit.trim().to_string(),
+            dirty,
+        }
+    }
+}
+
+async fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = tokio::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// How the driver runs benches.
+#[derive(Clone, Debug)]
+pub struct DriverParams {
+    /// argv prefix (`Config::fastkernels_command`); `bench …` is appended.
+    pub command: Vec<String>,
+    /// `Config::fastkernels_dir`: the working directory and the checkout recorded.
+    pub fastkernels_dir: Option<PathBuf>,
+    pub captures: PathBuf,
+    /// Per-invocation wall-clock limit.
+    pub deadline: Duration,
+    /// Benches running at once (one per GPU once leases exist).
+    pub parallel: usize,
+    /// Environment variables the bench must not inherit.
+    pub env_remove: Vec<String>,
+}
+
+/// One bench to run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchRequest {
+    /// `L1/gelu`, or `L2 (mix)` for a level-wide run.
+    pub label: String,
+    /// `--target <stem> --level <n>`; `None` with `level` set benches every candidate of a level.
+    pub target: Option<TargetId>,
+    pub level: Option<u8>,
+    pub self_test: bool,
+    pub candidate_dir: PathBuf,
+    /// Private folder: result JSON, stdout/stderr, results dir, compiler caches.
+    pub work_dir: PathBuf,
+}
+
+impl BenchRequest {
+    /// A standalone bench of one target.
+    pub fn target(target: &TargetId, candidate_dir: &Path, work_dir: &Path) -> Self {
+        Self {
+            label: target.to_string(),
+            target: Some(target.clone()),
+            level: Some(target.level()),
+            self_test: false,
+            candidate_dir: candidate_dir.to_path_buf(),
+            work_dir: work_dir.to_path_buf(),
+        }
+    }
+
+    /// A bench of every candidate file of one level (a mix).
+    pub fn level(level: u8, candidate_dir: &Path, work_dir: &Path) -> Self {
+        Self {
+            label: format!("L{level} (mix)"),
+            target: None,
+            level: Some(level),
+            self_test: false,
+            candidate_dir: candidate_dir.to_path_buf(),
+            work_dir: work_dir.to_path_buf(),
+        }
+    }
+
+    /// Where the bench writes its JSON.
+    pub fn output(&self) -> PathBuf {
+        self.work_dir.join("bench.json")
+    }
+}
+
+/// Why a bench gave no usable JSON.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum BenchFailure {
+    /// Exited (0 or 1, or by a signal) without writing its JSON.
+    NoJson {
+        code: Option<i32>,
+        stderr_tail: String,
+    },
+    /// Exit 2: no GPU, bad arguments; the harness could not run at all.
+    Infrastructure { stderr_tail: String },
+    /// Killed at the deadline.
+    Deadline { after_s: f64 },
+    /// Killed because scoring was cancelled.
+    Cancelled,
+    /// The JSON exists but cannot be read.
+    Unparsable { why: String },
+    /// The process could not be started.
+    Launch { why: String },
+}
+
+impl BenchFailure {
+    /// Infrastructure failures mean scoring itself could not complete.
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(
+            self,
+            Self::Infrastructure { .. } | Self::Launch { .. } | Self::Cancelled
+        )
+    }
+
+    /// One line for tables and reasons.
+    pub fn describe(&self) -> String {
+        let tail = |t: &str| {
+            let last = t.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+            if last.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", last.trim())
+            }
+        };
+        match self {
+            Self::NoJson { code, stderr_tail } => match code {
+                Some(c) => format!("bench exit {c} without JSON{}", tail(stderr_tail)),
+                None => format!("bench killed by a signal without JSON{}", tail(stderr_tail)),
+            },
+            Self::Infrastructure { stderr_tail } => {
+                format!("infrastructure error (bench exit 2){}", tail(stderr_tail))
+            }
+            Self::Deadline { after_s } => {
+                format!("bench killed at the deadline after {after_s:.0} s")
+            }
+            Self::Cancelled => "bench cancelled".into(),
+            Self::Unparsable { why } => format!("bench JSON unreadable: {why}"),
+            Self::Launch { why } => format!("bench could not start: {why}"),
+        }
+    }
+}
+
+/// A finished bench invocation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BenchRun {
+    pub request: BenchRequest,
+    pub exit: Option<ProcessExit>,
+    pub result: Result<BenchResult, BenchFailure>,
+}
+
+/// Runs benches through a launcher.
+#[derive(Debug)]
+pub struct BenchDriver<L> {
+    params: DriverParams,
+    launcher: L,
+    checkout: CheckoutState,
+}
+
+impl<L: BenchLauncher> BenchDriver<L> {
+    /// A driver; reads the checkout's commit and dirty state once.
+    pub async fn new(params: DriverParams, launcher: L) -> Result<Self, ScoreError> {
+        if params.command.is_empty() {
+            return Err(ScoreError::Usage(
+                "fastkernels.command is empty: give an argv prefix".into(),
+            ));
+        }
+        if let Some(dir) = params.fastkernels_dir.as_deref().filter(|d| !d.is_dir()) {
+            return Err(ScoreError::Usage(format!(
+                "fastkernels.dir (FK_DIR) = {}: not a directory (expected a fastkernels checkout)",
+                dir.display()
+            )));
+        }
+        let checkout = CheckoutState::read(params.fastkernels_dir.as_deref()).await;
+        Ok(Self {
+            params,
+            launcher,
+            checkout,
+        })
+    }
+
+    pub fn checkout(&self) -> &CheckoutState {
+        &self.checkout
+    }
+
+    pub fn params(&self) -> &DriverParams {
+        &self.params
+    }
+
+    /// The argv and environment of one request (exposed so callers can record it).
+    pub fn invocation(&self, req: &BenchRequest) -> Invocation {
+        let mut args: Vec<String> = self.params.command[1..].to_vec();
+        args.push("bench".into());
+        if let Some(t) = &req.target {
+            args.extend(["--target".into(), t.stem().to_string()]);
+        }
+        if let Some(l) = req.level {
+            args.extend(["--level".into(), l.to_string()]);
+        }
+        if req.self_test {
+            args.push("--self-test".into());
+        }
+        args.extend(["--captures".into(), path_arg(&self.params.captures)]);
+        args.extend(["--output".into(), path_arg(&req.output())]);
+        let w = &req.work_dir;
+        let env = [
+            ("FASTKERNELS_CANDIDATE_DIR", req.candidate_dir.clone()),
+            ("FASTKERNELS_RESULTS_DIR", w.join("results")),
+            ("TORCH_EXTENSIONS_DIR", w.join("torch_extensions")),
+            ("TRITON_CACHE_DIR", w.join("triton_cache")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), path_arg(&v)))
+        .collect();
+        Invocation {
+            program: self.params.command[0].clone(),
+            args,
+            env,
+            env_remove: self.params.env_remove.clone(),
+            cwd: self.params.fastkernels_dir.clone(),
+            stdout: w.join("stdout.log"),
+            stderr: w.join("stderr.log"),
+            deadline: self.params.deadline,
+        }
+    }
+
+    /// Runs one bench and interprets how it ended.
+    pub async fn run(&self, req: BenchRequest, cancel: CancellationToken) -> BenchRun {
+        let inv = self.invocation(&req);
+        for d in ["results", "torch_extensions", "triton_cache"] {
+            if let Err(e) = std::fs::create_dir_all(req.work_dir.join(d)) {
+                let why = format!("{}: {e}", req.work_dir.display());
+                return BenchRun {
+                    request: req,
+                    exit: None,
+                    result: Err(BenchFailure::Launch { why }),
+                };
+            }
+        }
+        // A JSON left by an earlier run in this folder must never be read as this run's.
+        let _ = std::fs::remove_file(req.output());
+        let stderr_path = inv.stderr.clone();
+        let exit = match self.launcher.launch(inv, cancel).await {
+            Ok(e) => e,
+            Err(e) => {
+                return BenchRun {
+                    request: req,
+                    exit: None,
+                    result: Err(BenchFailure::Launch { why: e.to_string() }),
+                };
+            }
+        };
+        let result = interpret(&exit, &req.output(), &stderr_path);
+        BenchRun {
+            request: req,
+            exit: Some(exit),
+            result,
+        }
+    }
+
+    /// Runs many benches, at most `parallel` at once; results come back in request order.
+    pub async fn run_many(
+        &self,
+        reqs: Vec<BenchRequest>,
+        cancel: &CancellationToken,
+    ) -> Vec<BenchRun> {
+        futures::stream::iter(reqs)
+            .map(|r| self.run(r, cancel.child_token()))
+            .buffered(self.params.parallel.max(1))
+            .collect()
+            .await
+    }
+}
+
+fn path_arg(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// Reads the end of a log (at most 4 KiB) for error messages.
+fn tail_of(path: &Path) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let start = text.len().saturating_sub(4096);
+    String::from_utf8_lossy(&text[start..]).into_owned()
+}
+
+/// The exit-code rules of the module docs.
+fn interpret(
+    exit: &ProcessExit,
+    output: &Path,
+    stderr: &Path,
+) -> Result<BenchResult, BenchFailure> {
+    if exit.cancelled {
+        return Err(BenchFailure::Cancelled);
+    }
+    if exit.timed_out {
+        return Err(BenchFailure::Deadline {
+            after_s: exit.wall_s,
+        });
+    }
+    if exit.code == Some(2) {
+        return Err(BenchFailure::Infrastructure {
+            stderr_tail: tail_of(stderr),
+        });
+    }
+    if !output.is_file() {
+        return Err(BenchFailure::NoJson {
+            code: exit.code,
+            stderr_tail: tail_of(stderr),
+        });
+    }
+    BenchResult::read(output).map_err(|e| BenchFailure::Unparsable { why: e.to_string() })
+}

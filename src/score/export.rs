@@ -1,0 +1,213 @@
+//! The final candidate set, exported in the form of the published
+//! `agent-candidates/<set>/manifest.json`: a drop-in `FASTKERNELS_CANDIDATE_DIR` holding the
+//! kept kernels and their helpers, and a manifest listing kernels (with `composed_speedup`),
+//! dropped winners (with the reason) and the sha256 of every file.
+//!
+//! Owns the manifest schema. Fields the published manifests carry but this step cannot derive
+//! (`scenarios`, static-check findings) are left out rather than filled with guesses.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::score::ScoreError;
+use crate::score::candidates::CandidateSet;
+use crate::score::gate::TargetVerdict;
+use crate::score::pipeline::{ScoreMode, ScoreReport, write_json};
+use crate::target::TargetId;
+
+/// A kept kernel.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KernelEntry {
+    pub level: u8,
+    pub stem: String,
+    pub classes: Vec<String>,
+    /// Geometric-mean speedup in the composed bench; `null` without one.
+    pub composed_speedup: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standalone_speedup: Option<f64>,
+}
+
+/// A winner that did not survive composition.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DroppedEntry {
+    pub level: u8,
+    pub stem: String,
+    pub reason: String,
+}
+
+/// Where the set came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestSource {
+    pub winners: String,
+    pub composed_bench: Option<String>,
+}
+
+/// `manifest.json` of an exported set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub set: String,
+    pub agent: Option<String>,
+    pub mode: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub simulated: bool,
+    pub source: ManifestSource,
+    pub selection: String,
+    pub kernels: Vec<KernelEntry>,
+    pub dropped: Vec<DroppedEntry>,
+    pub files: BTreeMap<String, String>,
+    pub unreferenced_sources: Vec<String>,
+    #[serde(default)]
+    pub fastkernels_commit: Option<String>,
+    #[serde(default)]
+    pub fastkernels_dirty: Option<bool>,
+}
+
+/// The exported set as reported.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FinalSet {
+    pub name: String,
+    pub dir: PathBuf,
+    pub manifest_path: PathBuf,
+    pub manifest: Manifest,
+}
+
+/// The reason a composed verdict drops a winner, in the published wording.
+pub fn dropped_reason(v: &TargetVerdict) -> String {
+    if !v.failing_statuses.is_empty() {
+        format!("failed composed bench: {}", v.failing_statuses.join(", "))
+    } else if v.rows + v.skipped == 0 {
+        match v.reason.as_deref() {
+            Some(r) if r != "no result" => {
+                format!(
+                    "not in composed bench ({})",
+                    r.trim_start_matches("no result: ")
+                )
+            }
+            _ => "not in composed bench".into(),
+        }
+    } else {
+        format!(
+            "failed composed bench: {}",
+            v.reason.clone().unwrap_or_default()
+        )
+    }
+}
+
+fn entry(v: &TargetVerdict, composed: Option<f64>, standalone: Option<f64>) -> KernelEntry {
+    KernelEntry {
+        level: v.target.level(),
+        stem: v.target.stem().to_string(),
+        classes: v.classes.clone(),
+        composed_speedup: composed,
+        standalone_speedup: standalone,
+    }
+}
+
+/// Decides the kept and dropped kernels from a report, copies the kept ones into
+/// `<generation>/sets/<name>/` and writes its manifest.
+pub fn build_final_set(
+    set: &CandidateSet,
+    report: &ScoreReport,
+    name: &str,
+    win_dir: &Path,
+) -> Result<FinalSet, ScoreError> {
+    let standalone = report.standalone.as_ref().map(|s| &s.gate);
+    let composed = report.composed.as_ref().map(|s| &s.gate);
+    let mut kernels = Vec::new();
+    let mut dropped = Vec::new();
+    let pool: Vec<TargetId> = match standalone {
+        Some(g) => g.winners().map(|v| v.target.clone()).collect(),
+        None => set.targets(),
+    };
+    for t in &pool {
+        let alone = standalone.and_then(|g| g.get(t));
+        let alone_speed = alone.and_then(|v| v.geomean);
+        match composed.map(|g| g.get(t)) {
+            None => {
+                if let Some(v) = alone {
+                    kernels.push(entry(v, None, alone_speed));
+                }
+            }
+            Some(Some(v)) if v.winner => kernels.push(entry(v, v.geomean, alone_speed)),
+            Some(Some(v)) => dropped.push(DroppedEntry {
+                level: t.level(),
+                stem: t.stem().to_string(),
+                reason: dropped_reason(v),
+            }),
+            Some(None) => dropped.push(DroppedEntry {
+                level: t.level(),
+                stem: t.stem().to_string(),
+                reason: "not in composed bench".into(),
+            }),
+        }
+    }
+    let dir = report.generation.join("sets").join(name);
+    let kept: Vec<TargetId> = kernels
+        .iter()
+        .filter_map(|k| TargetId::new(k.level, &k.stem).ok())
+        .collect();
+    let copied = set.materialize(&kept, &dir)?;
+    let mut files = BTreeMap::new();
+    for rel in &copied {
+        files.insert(slash(rel), sha256_file(&dir.join(rel))?);
+    }
+    let unreferenced_sources = set
+        .helpers
+        .iter()
+        .filter(|h| !copied.contains(h))
+        .map(|h| slash(h))
+        .collect();
+    let has_composed = report.composed.is_some();
+    let manifest = Manifest {
+        set: name.to_string(),
+        agent: None,
+        mode: "independent".into(),
+        simulated: report.simulated,
+        source: ManifestSource {
+            winners: win_dir.display().to_string(),
+            composed_bench: has_composed.then(|| {
+                report
+                    .generation
+                    .join("comp/bench.json")
+                    .display()
+                    .to_string()
+            }),
+        },
+        selection: match (report.mode, has_composed) {
+            (ScoreMode::Standalone, _) | (_, false) => {
+                "standalone winners (no composed bench)".into()
+            }
+            _ => "winners correct in the composed bench of this set".into(),
+        },
+        kernels,
+        dropped,
+        files,
+        unreferenced_sources,
+        fastkernels_commit: Some(report.checkout.commit.clone()),
+        fastkernels_dirty: report.checkout.dirty,
+    };
+    let manifest_path = dir.join("manifest.json");
+    write_json(&manifest_path, &manifest)?;
+    Ok(FinalSet {
+        name: name.to_string(),
+        dir,
+        manifest_path,
+        manifest,
+    })
+}
+
+fn slash(p: &Path) -> String {
+    p.components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Hex sha256 of a file.
+pub fn sha256_file(path: &Path) -> Result<String, ScoreError> {
+    let bytes = std::fs::read(path).map_err(ScoreError::io(path))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}

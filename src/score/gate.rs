@@ -1,0 +1,248 @@
+//! The winner gate: which targets of a bench result are winners, and why the others are not.
+//!
+//! Owns [`WinnerGate`], [`TargetVerdict`] and [`GateReport`]. The rule (the published freeze
+//! rule plus a speedup threshold): drop SKIPPED rows; a target wins iff at least one row is
+//! left, every row left is PASSED with speedup > 0, and the geometric mean of those speedups
+//! is ≥ the threshold. A threshold of 0 gives the correctness-only rule used to filter a
+//! composed bench. `all_passed` is never consulted.
+//!
+//! Invariants: every non-winner carries a reason a human can act on; a target with no rows at
+//! all is "no result", never a pass; speedups above [`REVIEW_SPEEDUP`] are flagged for review
+//! (they are more often a broken measurement than a real 10× win).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::score::result::{BenchResult, ScenarioRow, Status};
+use crate::target::TargetId;
+
+/// Speedups above this are flagged for a human to check.
+pub const REVIEW_SPEEDUP: f64 = 10.0;
+
+/// The gate's single parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct WinnerGate {
+    /// Minimum geometric-mean speedup of a winner (inclusive).
+    pub threshold: f64,
+}
+
+impl Default for WinnerGate {
+    fn default() -> Self {
+        Self { threshold: 1.0 }
+    }
+}
+
+/// The gate's answer for one target.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TargetVerdict {
+    pub target: TargetId,
+    pub winner: bool,
+    /// Geometric mean over the non-skipped rows, when they all passed with speedup > 0.
+    pub geomean: Option<f64>,
+    /// Non-skipped rows considered.
+    pub rows: usize,
+    pub skipped: usize,
+    /// Why this target is not a winner (`None` for winners).
+    pub reason: Option<String>,
+    /// Notes for a human (speedups above [`REVIEW_SPEEDUP`]).
+    pub review: Vec<String>,
+    /// Baseline classes seen in the rows, sorted.
+    pub classes: Vec<String>,
+    /// Distinct failing statuses, sorted (empty when none).
+    pub failing_statuses: Vec<String>,
+}
+
+impl TargetVerdict {
+    /// A target for which no rows exist: the bench gave nothing to judge.
+    pub fn no_result(target: TargetId, why: &str) -> Self {
+        let reason = if why.is_empty() {
+            "no result".to_string()
+        } else {
+            format!("no result: {why}")
+        };
+        Self {
+            target,
+            winner: false,
+            geomean: None,
+            rows: 0,
+            skipped: 0,
+            reason: Some(reason),
+            review: Vec::new(),
+            classes: Vec::new(),
+            failing_statuses: Vec::new(),
+        }
+    }
+}
+
+/// Verdicts for a set of targets, ordered by target.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GateReport {
+    pub gate: WinnerGate,
+    pub verdicts: Vec<TargetVerdict>,
+}
+
+impl GateReport {
+    pub fn winners(&self) -> impl Iterator<Item = &TargetVerdict> {
+        self.verdicts.iter().filter(|v| v.winner)
+    }
+
+    pub fn winner_count(&self) -> usize {
+        self.winners().count()
+    }
+
+    pub fn get(&self, target: &TargetId) -> Option<&TargetVerdict> {
+        self.verdicts.iter().find(|v| &v.target == target)
+    }
+}
+
+impl WinnerGate {
+    /// The correctness-only gate (no speedup threshold), as applied to a composed bench.
+    pub fn correctness_only() -> Self {
+        Self { threshold: 0.0 }
+    }
+
+    /// Judges one target from its rows (all classes of the stem pooled).
+    pub fn judge(&self, target: &TargetId, rows: &[&ScenarioRow]) -> TargetVerdict {
+        let mut classes: Vec<String> = rows
+            .iter()
+            .filter_map(|r| r.op_key().ok().map(|k| k.class))
+            .collect();
+        classes.sort();
+        classes.dedup();
+        let kept: Vec<&ScenarioRow> = rows
+            .iter()
+            .copied()
+            .filter(|r| r.status != Status::Skipped)
+            .collect();
+        let mut verdict = TargetVerdict {
+            target: target.clone(),
+            winner: false,
+            geomean: None,
+            rows: kept.len(),
+            skipped: rows.len() - kept.len(),
+            reason: None,
+            review: review_notes(&kept),
+            classes,
+            failing_statuses: Vec::new(),
+        };
+        if rows.is_empty() {
+            verdict.reason = Some("no result".into());
+            return verdict;
+        }
+        if kept.is_empty() {
+            verdict.reason = Some(format!("all skipped{}", first_detail(rows)));
+            return verdict;
+        }
+        let mut failing: BTreeMap<String, usize> = BTreeMap::new();
+        for r in kept.iter().filter(|r| r.status != Status::Passed) {
+            *failing.entry(r.status.to_string()).or_default() += 1;
+        }
+        if !failing.is_empty() {
+            verdict.failing_statuses = failing.keys().cloned().collect();
+            verdict.reason = Some(count_list(&failing));
+            return verdict;
+        }
+        let not_timed = kept
+            .iter()
+            .filter(|r| r.speedup <= 0.0 || r.speedup.is_nan())
+            .count();
+        if not_timed > 0 {
+            verdict.reason = Some(format!("PASSED without a speedup > 0 ×{not_timed}"));
+            return verdict;
+        }
+        let g = geomean(kept.iter().map(|r| r.speedup));
+        verdict.geomean = Some(g);
+        if g >= self.threshold {
+            verdict.winner = true;
+        } else {
+            verdict.reason = Some(format!(
+                "geomean {} < {}",
+                short(g),
+                fmt_threshold(self.threshold)
+            ));
+        }
+        verdict
+    }
+
+    /// Judges every target present in a result, plus `expected` targets that have no rows
+    /// (those are "no result"). Rows whose `op` cannot be read are ignored here; the caller
+    /// sees them through [`BenchResult::by_target`].
+    pub fn judge_result(&self, result: &BenchResult, expected: &[TargetId]) -> GateReport {
+        let (groups, _) = result.by_target();
+        let mut verdicts: Vec<TargetVerdict> =
+            groups.iter().map(|(t, rows)| self.judge(t, rows)).collect();
+        for t in expected {
+            if !groups.contains_key(t) {
+                verdicts.push(TargetVerdict::no_result(t.clone(), ""));
+            }
+        }
+        verdicts.sort_by(|a, b| a.target.cmp(&b.target));
+        GateReport {
+            gate: *self,
+            verdicts,
+        }
+    }
+}
+
+/// Geometric mean of positive numbers (computed in log space so 100+ rows cannot overflow).
+pub fn geomean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x.ln(), n + 1));
+    if n == 0 {
+        f64::NAN
+    } else {
+        (sum / n as f64).exp()
+    }
+}
+
+/// `INCORRECT_NUMERICAL ×2, RUNTIME_ERROR`.
+fn count_list(counts: &BTreeMap<String, usize>) -> String {
+    counts
+        .iter()
+        .map(|(s, n)| {
+            if *n > 1 {
+                format!("{s} ×{n}")
+            } else {
+                s.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn first_detail(rows: &[&ScenarioRow]) -> String {
+    rows.iter()
+        .map(|r| r.detail.trim())
+        .find(|d| !d.is_empty())
+        .map(|d| format!(" ({d})"))
+        .unwrap_or_default()
+}
+
+/// `0.970` → `0.97`, `0.9963` → `0.996`.
+fn short(x: f64) -> String {
+    let s = format!("{x:.3}");
+    let s = s.trim_end_matches('0');
+    s.strip_suffix('.')
+        .map(|t| format!("{t}.0"))
+        .unwrap_or_else(|| s.to_string())
+}
+
+fn fmt_threshold(t: f64) -> String {
+    if t.fract() == 0.0 {
+        format!("{t:.1}")
+    } else {
+        format!("{t}")
+    }
+}
+
+fn review_notes(rows: &[&ScenarioRow]) -> Vec<String> {
+    rows.iter()
+        .filter(|r| r.status == Status::Passed && r.speedup > REVIEW_SPEEDUP)
+        .map(|r| {
+            format!(
+                "speedup {:.1}× > {REVIEW_SPEEDUP}× on {} {}: review",
+                r.speedup, r.shape, r.dtype
+            )
+        })
+        .collect()
+}

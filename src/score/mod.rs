@@ -1,0 +1,68 @@
+//! Scoring: run the fastkernels bench on candidates, gate the winners, compose them, and
+//! export the final set.
+//!
+//! | module         | owns                                                                |
+//! |----------------|---------------------------------------------------------------------|
+//! | [`result`]     | the bench JSON model and the `op` → target grouping                 |
+//! | [`gate`]       | [`gate::WinnerGate`]: winners and the reason for every non-winner   |
+//! | [`driver`]     | the bench subprocess: argv, private dirs, exit-code rules, launcher |
+//! | [`candidates`] | candidate folders (`L<n>/<stem>.py` + helpers), result generations  |
+//! | [`noise`]      | self-test noise floor, repeats: medians and bootstrap intervals     |
+//! | [`pipeline`]   | standalone → winners → composed → final set; [`pipeline::score_mix`] |
+//! | [`export`]     | the final set as `agent-candidates/<set>/manifest.json`             |
+//! | [`render`]     | the human table of a score                                          |
+//!
+//! Not here: the sequential campaign and `compare` (they need agent sessions), GPU leases
+//! (the lead plugs a lease-backed [`driver::BenchLauncher`] in).
+
+pub mod candidates;
+pub mod driver;
+pub mod export;
+pub mod gate;
+pub mod noise;
+pub mod pipeline;
+pub mod render;
+pub mod result;
+
+use std::path::PathBuf;
+
+/// Errors of scoring. Per-target bench failures are not errors: they are verdicts.
+#[derive(Debug, thiserror::Error)]
+pub enum ScoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bench result {path}: {why}")]
+    BadResult { path: PathBuf, why: String },
+    #[error("cannot read op `{op}`: {why}")]
+    BadOp { op: String, why: String },
+    #[error("cannot start `{program}`: {why}")]
+    Launch { program: String, why: String },
+    /// Bad input: the message names the field or value.
+    #[error("{0}")]
+    Usage(String),
+    /// Scoring ran but could not complete (infrastructure errors); the report is still written.
+    #[error("scoring could not complete: {0}")]
+    Incomplete(String),
+}
+
+impl ScoreError {
+    /// The CLI exit code: 2 bad input, 1 scoring could not complete, 3 I/O or launch trouble.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ScoreError::Usage(_) => crate::error::EXIT_USAGE,
+            ScoreError::Incomplete(_) => crate::error::EXIT_FAILURES,
+            _ => crate::error::EXIT_UNAVAILABLE,
+        }
+    }
+
+    pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> ScoreError + '_ {
+        move |source| ScoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! The scoring pipeline of a candidate folder: standalone bench of every candidate → winner
+//! gate → winners copied to `ind/win_candidates/` → composed bench of exactly the winners →
+//! winners failing it dropped with their reason → final set exported.
+//!
+//! Owns the layout of a results generation:
+//!
+//! ```text
+//! <gen>/ind/standalone/L<n>_<stem>/{bench.json, stdout.log, stderr.log, candidate/, …}
+//! <gen>/ind/standalone/gate.json
+//! <gen>/ind/win_candidates/L<n>/…
+//! <gen>/comp/L<n>/…            one mix bench per level
+//! <gen>/comp/bench.json         the merged composed rows
+//! <gen>/comp/gate.json
+//! <gen>/sets/<set>/             the final set + manifest.json
+//! <gen>/score.json              the whole [`ScoreReport`]
+//! ```
+//!
+//! [`score_mix`] is the per-level "mix bench + gate" step, usable on its own (the sequential
+//! campaign calls it after each level). Scoring "could not complete" only when a bench hit an
+//! infrastructure error; candidates that fail are verdicts, not errors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::score::ScoreError;
+use crate::score::candidates::{CandidateSet, gather_sessions, new_generation, session_candidates};
+use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
+use crate::score::export::{FinalSet, build_final_set};
+use crate::score::gate::{GateReport, TargetVerdict, WinnerGate};
+use crate::score::noise::{NoiseFloor, Spread, merge_repeats, noise_floor, sample, spread};
+use crate::score::result::{BenchResult, ScenarioRow};
+use crate::target::TargetId;
+
+/// Which benches to run on a folder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScoreMode {
+    /// Standalone bench and gate only.
+    Standalone,
+    /// Composed bench of the whole folder (already a winner set), correctness gate only.
+    Composed,
+    /// Standalone, then composed of the standalone winners.
+    Both,
+}
+
+/// What to score and where.
+#[derive(Clone, Debug)]
+pub struct ScoreParams {
+    pub candidates: PathBuf,
+    /// Parent of the results generations (a run dir, or `<home>/scores/<id>`).
+    pub out: PathBuf,
+    pub mode: ScoreMode,
+    pub gate: WinnerGate,
+    /// Name of the exported set (`<set>-ind`).
+    pub set_name: String,
+    /// Standalone benches per candidate (≥ 1); above 1, per-scenario medians are gated and
+    /// each winner gets a bootstrap 95% interval.
+    pub repeats: usize,
+    /// Targets sampled for the self-test noise floor (0: none).
+    pub noise_sample: usize,
+}
+
+/// One bench invocation as reported.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    pub label: String,
+    pub exit_code: Option<i32>,
+    pub wall_s: Option<f64>,
+    /// Why it gave no usable JSON (`None` when it did).
+    pub failure: Option<String>,
+    pub infrastructure: bool,
+    pub json: Option<PathBuf>,
+}
+
+impl RunSummary {
+    fn of(run: &BenchRun) -> Self {
+        let failure = run.result.as_ref().err();
+        Self {
+            label: run.request.label.clone(),
+            exit_code: run.exit.as_ref().and_then(|e| e.code),
+            wall_s: run.exit.as_ref().map(|e| e.wall_s),
+            failure: failure.map(|f| f.describe()),
+            infrastructure: failure.is_some_and(|f| f.is_infrastructure()),
+            json: run.result.is_ok().then(|| run.request.output()),
+        }
+    }
+}
+
+/// A bench stage: its verdicts and its invocations.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageReport {
+    pub gate: GateReport,
+    pub runs: Vec<RunSummary>,
+    /// True when any row came from the simulated bench.
+    pub simulated: bool,
+    /// Bootstrap intervals by target (only with repeats).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub spreads: BTreeMap<String, Spread>,
+}
+
+impl StageReport {
+    fn infrastructure_failures(&self) -> Vec<String> {
+        self.runs
+            .iter()
+            .filter(|r| r.infrastructure)
+            .map(|r| format!("{}: {}", r.label, r.failure.clone().unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// Everything a score produced.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScoreReport {
+    pub candidates_dir: PathBuf,
+    pub generation: PathBuf,
+    pub mode: ScoreMode,
+    pub simulated: bool,
+    pub checkout: CheckoutState,
+    pub candidates: usize,
+    pub standalone: Option<StageReport>,
+    pub composed: Option<StageReport>,
+    pub final_set: Option<FinalSet>,
+    pub repeats: usize,
+    /// The self-test spread printed beside every speedup.
+    pub noise_floor: Option<NoiseFloor>,
+    /// Infrastructure failures: when non-empty, scoring did not complete.
+    pub incomplete: Vec<String>,
+}
+
+/// A mix bench (every candidate of `levels` in `candidates`, benched together) and its gate.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MixOutcome {
+    pub stage: StageReport,
+    /// The merged rows of every level.
+    pub result: BenchResult,
+}
+
+/// Benches each level of `levels` with the candidate folder as it stands (one invocation per
+/// level, run in parallel), merges the rows and gates `expected` on them. A target with no row
+/// gets "no result" with the level's failure, if any.
+pub async fn score_mix<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    mix: &MixParams<'_>,
+    cancel: &CancellationToken,
+) -> MixOutcome {
+    let reqs = mix
+        .levels
+        .iter()
+        .map(|l| BenchRequest::level(*l, mix.candidates, &mix.work.join(format!("L{l}"))))
+        .collect();
+    let runs = driver.run_many(reqs, cancel).await;
+    let mut rows: Vec<ScenarioRow> = Vec::new();
+    for run in &runs {
+        if let Ok(r) = &run.result {
+            rows.extend(r.scenarios.iter().cloned());
+        }
+    }
+    let result = BenchResult::from_rows("candidate", rows);
+    let mut gate = mix.gate.judge_result(&result, mix.expected);
+    gate.verdicts.retain(|v| mix.expected.contains(&v.target));
+    for v in gate.verdicts.iter_mut().filter(|v| v.rows + v.skipped == 0) {
+        let failed = runs
+            .iter()
+            .find(|r| r.request.level == Some(v.target.level()))
+            .and_then(|r| r.result.as_ref().err());
+        if let Some(f) = failed {
+            *v = TargetVerdict::no_result(v.target.clone(), &f.describe());
+        }
+    }
+    MixOutcome {
+        stage: StageReport {
+            simulated: result.simulated,
+            gate,
+            runs: runs.iter().map(RunSummary::of).collect(),
+            spreads: BTreeMap::new(),
+        },
+        result,
+    }
+}
+
+/// Inputs of [`score_mix`].
+#[derive(Clone, Debug)]
+pub struct MixParams<'a> {
+    pub levels: &'a [u8],
+    pub candidates: &'a Path,
+    /// Private folder for the level invocations (`<work>/L<n>/`).
+    pub work: &'a Path,
+    pub gate: &'a WinnerGate,
+    /// Targets to judge; the others in the rows are ignored.
+    pub expected: &'a [TargetId],
+}
+
+/// Benches every candidate alone (in a private folder holding only it and its helpers),
+/// `repeats` times each (`<dir>/L<n>_<stem>/` for one, `…/rep-<k>/` for more).
+pub async fn score_standalone<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    set: &CandidateSet,
+    dir: &Path,
+    gate: &WinnerGate,
+    repeats: usize,
+    cancel: &CancellationToken,
+) -> Result<StageReport, ScoreError> {
+    let repeats = repeats.max(1);
+    let mut reqs = Vec::new();
+    for c in &set.candidates {
+        let base = dir.join(format!("L{}_{}", c.target.level(), c.target.stem()));
+        let private = base.join("candidate");
+        set.materialize(std::slice::from_ref(&c.target), &private)?;
+        for k in 1..=repeats {
+            let work = if repeats == 1 {
+                base.clone()
+            } else {
+                base.join(format!("rep-{k}"))
+            };
+            reqs.push(BenchRequest::target(&c.target, &private, &work));
+        }
+    }
+    let runs = driver.run_many(reqs, cancel).await;
+    let mut stage = StageReport {
+        gate: GateReport {
+            gate: *gate,
+            verdicts: Vec::new(),
+        },
+        runs: runs.iter().map(RunSummary::of).collect(),
+        simulated: false,
+        spreads: BTreeMap::new(),
+    };
+    for (c, reps) in set.candidates.iter().zip(runs.chunks(repeats)) {
+        let verdict = judge_repeats(&c.target, reps, gate, dir, &mut stage)?;
+        stage.gate.verdicts.push(verdict);
+    }
+    stage.gate.verdicts.sort_by(|a, b| a.target.cmp(&b.target));
+    write_json(&dir.join("gate.json"), &stage)?;
+    Ok(stage)
+}
+
+/// One target's verdict from its repeats: any repeat without JSON makes it "no result".
+fn judge_repeats(
+    target: &TargetId,
+    reps: &[BenchRun],
+    gate: &WinnerGate,
+    dir: &Path,
+    stage: &mut StageReport,
+) -> Result<TargetVerdict, ScoreError> {
+    let mut results = Vec::new();
+    for (k, run) in reps.iter().enumerate() {
+        match &run.result {
+            Ok(r) => results.push(r.clone()),
+            Err(f) if reps.len() == 1 => {
+                return Ok(TargetVerdict::no_result(target.clone(), &f.describe()));
+            }
+            Err(f) => {
+                let why = format!("repeat {}: {}", k + 1, f.describe());
+                return Ok(TargetVerdict::no_result(target.clone(), &why));
+            }
+        }
+    }
+    stage.simulated |= results.iter().any(|r| r.simulated);
+    let merged = merge_repeats(&results);
+    if reps.len() > 1 {
+        let base = dir.join(format!("L{}_{}", target.level(), target.stem()));
+        write_json(&base.join("median.json"), &merged)?;
+        if let Some(s) = spread(&results, target, 2000) {
+            stage.spreads.insert(target.to_string(), s);
+        }
+    }
+    let (groups, _) = merged.by_target();
+    Ok(match groups.get(target) {
+        Some(rows) => gate.judge(target, rows),
+        None => TargetVerdict::no_result(target.clone(), "the bench wrote no row for it"),
+    })
+}
+
+/// Scores a candidate folder into a new results generation under `params.out`.
+pub async fn score_candidates<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    cancel: &CancellationToken,
+) -> Result<ScoreReport, ScoreError> {
+    let set = CandidateSet::scan(&params.candidates)?;
+    if set.candidates.is_empty() {
+        return Err(ScoreError::Usage(format!(
+            "--candidates {}: no L<n>/<stem>.py candidate files",
+            params.candidates.display()
+        )));
+    }
+    let gen_dir = new_generation(&params.out)?;
+    score_set(driver, params, set, gen_dir, cancel).await
+}
+
+/// Scores a run's session candidates: `params.out` is the run directory; the candidates are
+/// gathered into `<generation>/candidates/` first (`params.candidates` is ignored).
+pub async fn score_run<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    cancel: &CancellationToken,
+) -> Result<ScoreReport, ScoreError> {
+    let sessions = session_candidates(&params.out)?;
+    if sessions.is_empty() {
+        return Err(ScoreError::Usage(format!(
+            "run {}: no session has written a candidate (sessions/L<n>/<stem>/candidate/L<n>/<stem>.py)",
+            params.out.display()
+        )));
+    }
+    let gen_dir = new_generation(&params.out)?;
+    let dest = gen_dir.join("candidates");
+    gather_sessions(&sessions, &dest)?;
+    let set = CandidateSet::scan(&dest)?;
+    let params = ScoreParams {
+        candidates: dest,
+        ..params.clone()
+    };
+    score_set(driver, &params, set, gen_dir, cancel).await
+}
+
+async fn score_set<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    set: CandidateSet,
+    gen_dir: PathBuf,
+    cancel: &CancellationToken,
+) -> Result<ScoreReport, ScoreError> {
+    let mut report = ScoreReport {
+        candidates_dir: params.candidates.clone(),
+        generation: gen_dir.clone(),
+        mode: params.mode,
+        simulated: false,
+        checkout: driver.checkout().clone(),
+        candidates: set.candidates.len(),
+        standalone: None,
+        composed: None,
+        final_set: None,
+        repeats: params.repeats.max(1),
+        noise_floor: None,
+        incomplete: Vec::new(),
+    };
+    if params.noise_sample > 0 {
+        let picked = sample(&set.targets(), params.noise_sample);
+        let floor = noise_floor(driver, &picked, &gen_dir.join("noise"), cancel).await;
+        report.simulated |= floor.simulated;
+        report.noise_floor = Some(floor);
+    }
+    let mut pool: Vec<TargetId> = set.targets();
+    if params.mode != ScoreMode::Composed {
+        let dir = gen_dir.join("ind/standalone");
+        let stage =
+            score_standalone(driver, &set, &dir, &params.gate, params.repeats, cancel).await?;
+        pool = stage.gate.winners().map(|v| v.target.clone()).collect();
+        report.incomplete.extend(stage.infrastructure_failures());
+        report.simulated |= stage.simulated;
+        report.standalone = Some(stage);
+    }
+    let win_dir = gen_dir.join("ind/win_candidates");
+    set.materialize(&pool, &win_dir)?;
+    if params.mode != ScoreMode::Standalone && !pool.is_empty() {
+        let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
+        report.incomplete.extend(stage.infrastructure_failures());
+        report.simulated |= stage.simulated;
+        report.composed = Some(stage);
+    }
+    if report.incomplete.is_empty() {
+        let final_set = build_final_set(&set, &report, &params.set_name, &win_dir)?;
+        report.final_set = Some(final_set);
+    }
+    write_json(&gen_dir.join("score.json"), &report)?;
+    Ok(report)
+}
+
+/// The composed bench of exactly `pool` (materialized in `win_dir`), one mix per level,
+/// judged by correctness only; writes `<comp>/bench.json` and `<comp>/gate.json`.
+async fn compose<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    pool: &[TargetId],
+    win_dir: &Path,
+    comp: &Path,
+    cancel: &CancellationToken,
+) -> Result<StageReport, ScoreError> {
+    let mut levels: Vec<u8> = pool.iter().map(TargetId::level).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let mix = MixParams {
+        levels: &levels,
+        candidates: win_dir,
+        work: comp,
+        gate: &WinnerGate::correctness_only(),
+        expected: pool,
+    };
+    let outcome = score_mix(driver, &mix, cancel).await;
+    write_json(&comp.join("bench.json"), &outcome.result)?;
+    write_json(&comp.join("gate.json"), &outcome.stage)?;
+    Ok(outcome.stage)
+}
+
+/// Writes pretty JSON (indent 1, trailing newline, like the published files).
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ScoreError> {
+    let mut buf = Vec::new();
+    let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
+    value.serialize(&mut ser).map_err(|e| ScoreError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    buf.push(b'\n');
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(ScoreError::io(parent))?;
+    }
+    std::fs::write(path, buf).map_err(ScoreError::io(path))
+}

@@ -1,0 +1,264 @@
+//! The fastkernels bench result model: the JSON a `fastkernels bench --output FILE` run writes,
+//! parsed tolerantly, and its rows grouped per target.
+//!
+//! Owns [`BenchResult`], [`ScenarioRow`], [`Status`] and the `op` string grammar
+//! (`fastkernels.tasks.baseline.L<n>.<stem>:<Class>`). It does not judge rows: that is
+//! [`crate::score::gate`].
+//!
+//! Tolerance rules, from the real files: unknown fields are ignored; every numeric field may be
+//! missing (it reads as 0.0, the bench's own "not measured") and non-finite values arrive as
+//! ±1e30; an unknown status is kept verbatim in [`Status::Other`] and counts as a failure.
+//! The top-level `all_passed` is parsed but never trusted (an all-SKIPPED run says `true`).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::score::ScoreError;
+use crate::target::TargetId;
+
+/// A scenario status as fastkernels writes it. The catch-all keeps statuses a newer harness
+/// may add; the gate treats every status but `Passed` and `Skipped` as a failure.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Status {
+    Passed,
+    Skipped,
+    IncorrectNumerical,
+    IncorrectShape,
+    IncorrectDtype,
+    RuntimeError,
+    RewardHack,
+    CompileError,
+    Timeout,
+    Other(String),
+}
+
+impl Status {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Status::Passed => "PASSED",
+            Status::Skipped => "SKIPPED",
+            Status::IncorrectNumerical => "INCORRECT_NUMERICAL",
+            Status::IncorrectShape => "INCORRECT_SHAPE",
+            Status::IncorrectDtype => "INCORRECT_DTYPE",
+            Status::RuntimeError => "RUNTIME_ERROR",
+            Status::RewardHack => "REWARD_HACK",
+            Status::CompileError => "COMPILE_ERROR",
+            Status::Timeout => "TIMEOUT",
+            Status::Other(s) => s,
+        }
+    }
+
+    /// Whether the real bench would exit 1 for this status.
+    pub fn is_failure(&self) -> bool {
+        !matches!(self, Status::Passed | Status::Skipped)
+    }
+}
+
+impl From<&str> for Status {
+    fn from(s: &str) -> Self {
+        match s {
+            "PASSED" => Status::Passed,
+            "SKIPPED" => Status::Skipped,
+            "INCORRECT_NUMERICAL" => Status::IncorrectNumerical,
+            "INCORRECT_SHAPE" => Status::IncorrectShape,
+            "INCORRECT_DTYPE" => Status::IncorrectDtype,
+            "RUNTIME_ERROR" => Status::RuntimeError,
+            "REWARD_HACK" => Status::RewardHack,
+            "COMPILE_ERROR" => Status::CompileError,
+            "TIMEOUT" => Status::Timeout,
+            other => Status::Other(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Status {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Status {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(Status::from(s.as_str()))
+    }
+}
+
+/// A number that may be missing or `null` in the file; both read as 0.0 (the bench writes 0.0
+/// for "not measured"). ±1e30 (the bench's encoding of non-finite values) is kept as is.
+fn lenient_f64<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(0.0))
+}
+
+/// One (op, case) row of a bench result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScenarioRow {
+    /// The capture key `module:Class`, e.g. `fastkernels.tasks.baseline.L1.gelu:GELU`.
+    pub op: String,
+    #[serde(default)]
+    pub level: Option<u8>,
+    #[serde(default)]
+    pub shape: String,
+    #[serde(default)]
+    pub dtype: String,
+    pub status: Status,
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub max_abs_error: f64,
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub max_rel_error: f64,
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub matched_ratio: f64,
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub candidate_ms: f64,
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub baseline_ms: f64,
+    #[serde(default, deserialize_with = "lenient_f64")]
+    pub speedup: f64,
+    #[serde(default)]
+    pub detail: String,
+    /// Set by the simulated bench on every row it writes; absent in real results.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub simulated: bool,
+}
+
+impl ScenarioRow {
+    /// The target and class this row belongs to, read from `op`.
+    pub fn op_key(&self) -> Result<OpKey, ScoreError> {
+        OpKey::parse(&self.op)
+    }
+}
+
+/// A whole bench result file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BenchResult {
+    #[serde(default)]
+    pub mode: String,
+    #[serde(default)]
+    pub passed: u64,
+    #[serde(default)]
+    pub failed: u64,
+    #[serde(default)]
+    pub skipped: u64,
+    /// As written by the bench. Never used for a verdict.
+    #[serde(default)]
+    pub all_passed: Option<bool>,
+    #[serde(default)]
+    pub scenarios: Vec<ScenarioRow>,
+    /// True when the simulated bench wrote this file.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub simulated: bool,
+}
+
+impl BenchResult {
+    /// Parses a bench JSON document.
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// Reads and parses a bench JSON file.
+    pub fn read(path: &Path) -> Result<Self, ScoreError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScoreError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| ScoreError::BadResult {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        })
+    }
+
+    /// Rows of a `kernel_bench_logs/*.jsonl` file (one row per line; blank lines ignored),
+    /// wrapped as a result so the same gate applies.
+    pub fn from_jsonl(text: &str) -> Result<Self, serde_json::Error> {
+        let mut scenarios = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            scenarios.push(serde_json::from_str::<ScenarioRow>(line)?);
+        }
+        Ok(Self::from_rows("candidate", scenarios))
+    }
+
+    /// A result made of rows, with the counts recomputed from them.
+    pub fn from_rows(mode: &str, scenarios: Vec<ScenarioRow>) -> Self {
+        let count =
+            |f: &dyn Fn(&Status) -> bool| scenarios.iter().filter(|r| f(&r.status)).count() as u64;
+        let failed = count(&|s| s.is_failure());
+        Self {
+            mode: mode.to_string(),
+            passed: count(&|s| *s == Status::Passed),
+            failed,
+            skipped: count(&|s| *s == Status::Skipped),
+            all_passed: Some(failed == 0),
+            simulated: scenarios.iter().any(|r| r.simulated),
+            scenarios,
+        }
+    }
+
+    /// Rows grouped by target (level, stem); all classes of one stem are pooled. Rows whose
+    /// `op` cannot be read are returned apart, so a caller can report them.
+    pub fn by_target(&self) -> (BTreeMap<TargetId, Vec<&ScenarioRow>>, Vec<&ScenarioRow>) {
+        let mut groups: BTreeMap<TargetId, Vec<&ScenarioRow>> = BTreeMap::new();
+        let mut unreadable = Vec::new();
+        for row in &self.scenarios {
+            match row.op_key() {
+                Ok(key) => groups.entry(key.target).or_default().push(row),
+                Err(_) => unreadable.push(row),
+            }
+        }
+        (groups, unreadable)
+    }
+}
+
+/// What an `op` string names: the target and the class.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpKey {
+    pub target: TargetId,
+    pub class: String,
+}
+
+impl OpKey {
+    /// Reads `….L<n>.<stem>:<Class>`: the module path's last two components are the level and
+    /// the stem, whatever package prefix comes before them.
+    pub fn parse(op: &str) -> Result<Self, ScoreError> {
+        let bad = |why: &str| ScoreError::BadOp {
+            op: op.to_string(),
+            why: why.to_string(),
+        };
+        let (module, class) = op
+            .rsplit_once(':')
+            .ok_or_else(|| bad("no `:<Class>` suffix"))?;
+        let mut parts = module.rsplit('.');
+        let stem = parts.next().unwrap_or_default();
+        let level = parts
+            .next()
+            .and_then(|l| l.strip_prefix('L'))
+            .and_then(|n| n.parse::<u8>().ok())
+            .ok_or_else(|| bad("no `.L<n>.<stem>` module path"))?;
+        let target = TargetId::new(level, stem).map_err(|e| bad(&e.to_string()))?;
+        if class.is_empty() {
+            return Err(bad("empty class name"));
+        }
+        Ok(Self {
+            target,
+            class: class.to_string(),
+        })
+    }
+}
+
+/// The `op` string fastkernels uses for a baseline class.
+pub fn op_string(target: &TargetId, class: &str) -> String {
+    format!(
+        "fastkernels.tasks.baseline.L{}.{}:{}",
+        target.level(),
+        target.stem(),
+        class
+    )
+}

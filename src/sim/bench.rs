@@ -1,0 +1,542 @@
+//! A simulated `fastkernels bench`: same arguments, same JSON schema, same exit codes, with
+//! deterministic outcomes instead of GPU measurements.
+//!
+//! Owns the simulated outcome model. It does not parse argv or sleep: the CLI's hidden
+//! `fk-agentd sim-bench [--seed N] bench …` subcommand turns arguments into [`SimBenchParams`],
+//! calls [`run`], writes nothing itself beyond what [`run`] wrote, and acts on the returned
+//! [`SimAction`] (exit with a code, or hang until killed).
+//!
+//! Outcomes are a pure function of (seed, target, candidate file content): the same candidate
+//! always gets the same rows, a changed candidate may get different ones. Candidate files can
+//! force an outcome with a line `# sim: <knob>` (see [`Knob`]), so tests can ask for hangs,
+//! crashes, infrastructure errors or an exact speedup.
+//!
+//! Invariants: every JSON written carries `"simulated": true` at the top and on every row, and
+//! every row's `detail` says "simulated"; a usage error (unknown target, missing captures)
+//! writes no JSON and exits 2, like the real one.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::score::result::{BenchResult, ScenarioRow, Status, op_string};
+use crate::target::{Catalog, Target, TargetId};
+
+/// What the simulated bench is asked to do (the real bench's flags plus the environment it
+/// reads, collected by the CLI).
+#[derive(Clone, Debug, Default)]
+pub struct SimBenchParams {
+    pub seed: u64,
+    /// Module stem or class name, as the real `--target`.
+    pub target: Option<String>,
+    pub level: Option<u8>,
+    pub captures: Option<PathBuf>,
+    pub output: Option<PathBuf>,
+    pub self_test: bool,
+    /// `FASTKERNELS_CANDIDATE_DIR`.
+    pub candidate_dir: Option<PathBuf>,
+    /// `FASTKERNELS_RESULTS_DIR` (default output folder).
+    pub results_dir: Option<PathBuf>,
+}
+
+/// What the process should do once [`run`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimAction {
+    /// Print `stdout`/`stderr` and exit with `code`.
+    Exit {
+        code: i32,
+        stdout: String,
+        stderr: String,
+    },
+    /// Never finish (a `# sim: hang` candidate): the caller's deadline must kill it.
+    Hang { stderr: String },
+}
+
+/// The argv prefix that runs this simulated bench in place of `python3 -m fastkernels`
+/// (`exe` is the fk-agentd binary, e.g. `std::env::current_exe()` read by the CLI).
+pub fn command(exe: &Path, seed: u64) -> Vec<String> {
+    vec![
+        exe.to_string_lossy().into_owned(),
+        "sim-bench".into(),
+        "--seed".into(),
+        seed.to_string(),
+    ]
+}
+
+/// Outcomes a candidate file can force with a `# sim: <knob>` line.
+#[derive(Clone, Debug, PartialEq)]
+enum Knob {
+    Hang,
+    /// Exit 1 without writing JSON, like a Python traceback in the parent.
+    Crash,
+    /// Exit 2 without JSON, like "no GPU found".
+    Infra,
+    Pass,
+    Incorrect,
+    RuntimeError,
+    /// SKIPPED "no candidate class found", as a syntax error gives in the real bench.
+    Unloadable,
+    /// Every row PASSED with exactly this speedup.
+    Speedup(f64),
+    /// RUNTIME_ERROR when benched beside lower-level candidates (a composed bench). Without
+    /// a knob that happens by chance (1 in 4 for L2+ candidates); `pass`/`speedup=` prevent it.
+    ComposeBreak,
+}
+
+fn knobs(content: &str) -> Vec<Knob> {
+    let mut out = Vec::new();
+    for line in content.lines() {
+        let Some(rest) = line.trim().strip_prefix("# sim:") else {
+            continue;
+        };
+        let word = rest.trim();
+        let knob = match word {
+            "hang" => Knob::Hang,
+            "crash" => Knob::Crash,
+            "infra" => Knob::Infra,
+            "pass" => Knob::Pass,
+            "incorrect" => Knob::Incorrect,
+            "runtime-error" => Knob::RuntimeError,
+            "unloadable" => Knob::Unloadable,
+            "compose-break" => Knob::ComposeBreak,
+            w => match w
+                .strip_prefix("speedup=")
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                Some(s) if s > 0.0 => Knob::Speedup(s),
+                _ => continue,
+            },
+        };
+        out.push(knob);
+    }
+    out
+}
+
+/// A `pass` or `speedup=` knob: the candidate passes unless another knob says otherwise,
+/// composed or not.
+fn forces_pass(ks: &[Knob]) -> bool {
+    ks.iter()
+        .any(|k| matches!(k, Knob::Pass | Knob::Speedup(_)))
+}
+
+/// A number in [0, 1) derived from the parts (stable across builds and platforms).
+fn unit(parts: &[&[u8]]) -> f64 {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+const DTYPES: [&str; 3] = ["bfloat16", "float16", "float32"];
+
+/// The simulated cases of one class: 1–5 shapes, fixed per target (like fixed captures).
+fn cases(target: &TargetId, class: &str) -> Vec<(String, String)> {
+    let name = format!("{target}:{class}");
+    let n = 1 + (unit(&[name.as_bytes(), b"cases"]) * 5.0) as usize;
+    (0..n)
+        .map(|i| {
+            let i = i.to_string();
+            let rows = 1 << (unit(&[name.as_bytes(), i.as_bytes(), b"m"]) * 14.0) as u32;
+            let cols = 64 << (unit(&[name.as_bytes(), i.as_bytes(), b"n"]) * 7.0) as u32;
+            let dt = DTYPES[(unit(&[name.as_bytes(), i.as_bytes(), b"d"]) * 3.0) as usize % 3];
+            (format!("[{rows}, {cols}]"), dt.to_string())
+        })
+        .collect()
+}
+
+struct RowSpec<'a> {
+    target: &'a TargetId,
+    class: &'a str,
+    shape: String,
+    dtype: String,
+}
+
+fn row(spec: &RowSpec<'_>, status: Status, speedup: f64, detail: &str) -> ScenarioRow {
+    let timed = status == Status::Passed;
+    let base_ms = 0.01 + unit(&[spec.shape.as_bytes(), spec.class.as_bytes()]) * 0.2;
+    let (matched, abs) = match status {
+        Status::IncorrectNumerical => (0.62, 3.1),
+        Status::Passed => (1.0, 0.0078),
+        _ => (1.0, 0.0),
+    };
+    ScenarioRow {
+        op: op_string(spec.target, spec.class),
+        level: Some(spec.target.level()),
+        shape: spec.shape.clone(),
+        dtype: spec.dtype.clone(),
+        status,
+        max_abs_error: abs,
+        max_rel_error: abs / 10.0,
+        matched_ratio: matched,
+        candidate_ms: if timed { base_ms / speedup } else { 0.0 },
+        baseline_ms: if timed { base_ms } else { 0.0 },
+        speedup: if timed { speedup } else { 0.0 },
+        detail: if detail.is_empty() {
+            "simulated".into()
+        } else {
+            format!("simulated: {detail}")
+        },
+        simulated: true,
+    }
+}
+
+/// Context for one target's rows.
+struct TargetRun<'a> {
+    seed: u64,
+    target: &'a Target,
+    /// Candidate file content; `None` when the file is missing.
+    content: Option<&'a str>,
+    /// Benched beside lower-level candidates (no `--target`, a composed bench).
+    composed_with_lower: bool,
+    self_test: bool,
+}
+
+/// The draws that decide one target's outcome (a pure function of seed, target, content).
+struct Draw {
+    knobs: Vec<Knob>,
+    /// Picks the failure mode when no knob forces one.
+    u: f64,
+    /// The target's typical speedup, 0.8–1.6×.
+    base: f64,
+    /// Broken by composition with lower-level candidates.
+    broken: bool,
+}
+
+impl Draw {
+    fn new(t: &TargetRun<'_>) -> Self {
+        let seed = t.seed.to_le_bytes();
+        let id = t.target.id.to_string();
+        let content = t.content.unwrap_or("").as_bytes();
+        let knobs = knobs(t.content.unwrap_or(""));
+        let broken = t.composed_with_lower
+            && t.target.id.level() > 1
+            && (knobs.contains(&Knob::ComposeBreak)
+                || (!forces_pass(&knobs)
+                    && unit(&[&seed, id.as_bytes(), content, b"compose"]) < 0.25));
+        Self {
+            u: unit(&[&seed, id.as_bytes(), content]),
+            base: 0.8 + 0.8 * unit(&[&seed, id.as_bytes(), content, b"speed"]),
+            broken,
+            knobs,
+        }
+    }
+
+    /// No file, an unloadable knob, or (4 in 100 without knobs) a simulated syntax error.
+    fn unloadable(&self, t: &TargetRun<'_>) -> bool {
+        !t.self_test
+            && (t.content.is_none()
+                || self.knobs.contains(&Knob::Unloadable)
+                || (self.knobs.is_empty() && (0.2..0.24).contains(&self.u)))
+    }
+
+    /// Status, detail and speedup of case `i`; `jitter` in [0, 1) varies per case.
+    fn case(&self, i: usize, jitter: f64) -> (Status, &'static str, f64) {
+        let free = self.knobs.is_empty();
+        let forced = self.knobs.iter().find_map(|k| match k {
+            Knob::Speedup(s) => Some(*s),
+            _ => None,
+        });
+        let speedup = forced.unwrap_or(self.base * (0.95 + 0.1 * jitter));
+        if self.broken {
+            let why = "module construction failed: composition with lower-level candidates broke";
+            (Status::RuntimeError, why, speedup)
+        } else if self.knobs.contains(&Knob::RuntimeError)
+            || (free && (0.12..0.2).contains(&self.u))
+        {
+            let why = "candidate forward raised: RuntimeError('simulated failure')";
+            (Status::RuntimeError, why, speedup)
+        } else if self.knobs.contains(&Knob::Incorrect)
+            || (free && self.u < 0.12 && (i == 0 || jitter < 0.5))
+        {
+            let why = "only 0.6200 within atol=0.01,rtol=0.01";
+            (Status::IncorrectNumerical, why, speedup)
+        } else {
+            (Status::Passed, "", speedup)
+        }
+    }
+}
+
+fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
+    let draw = Draw::new(t);
+    let seed = t.seed.to_le_bytes();
+    let id = t.target.id.to_string();
+    let content = t.content.unwrap_or("").as_bytes();
+    let mut out = Vec::new();
+    for class in &t.target.classes {
+        if draw.unloadable(t) {
+            let spec = RowSpec {
+                target: &t.target.id,
+                class,
+                shape: "-".into(),
+                dtype: "-".into(),
+            };
+            out.push(row(&spec, Status::Skipped, 0.0, "no candidate class found"));
+            continue;
+        }
+        for (i, (shape, dtype)) in cases(&t.target.id, class).into_iter().enumerate() {
+            let spec = RowSpec {
+                target: &t.target.id,
+                class,
+                shape,
+                dtype,
+            };
+            let n = i.to_string();
+            let jitter = unit(&[&seed, id.as_bytes(), content, n.as_bytes()]);
+            let (status, detail, speedup) = if t.self_test {
+                (Status::Passed, "self-test", 0.92 + 0.16 * jitter)
+            } else {
+                draw.case(i, jitter)
+            };
+            out.push(row(&spec, status, speedup, detail));
+        }
+    }
+    out
+}
+
+/// Runs the simulated bench: selects targets, writes the result JSON, returns what to do.
+pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
+    let usage = |why: String| SimAction::Exit {
+        code: 2,
+        stdout: String::new(),
+        stderr: format!("fastkernels bench (simulated): error: {why}\n"),
+    };
+    match &params.captures {
+        Some(c) if !c.is_dir() => {
+            return usage(format!("--captures {}: no such directory", c.display()));
+        }
+        _ => {}
+    }
+    let selected: Vec<&Target> = catalog
+        .targets()
+        .iter()
+        .filter(|t| params.level.is_none_or(|l| t.id.level() == l))
+        .filter(|t| params.level.is_some() || params.target.is_some() || t.id.level() < 4)
+        .filter(|t| {
+            params
+                .target
+                .as_deref()
+                .is_none_or(|x| t.id.stem() == x || t.classes.iter().any(|c| c == x))
+        })
+        .collect();
+    if selected.is_empty() {
+        let level = params
+            .level
+            .map(|l| format!("L{l}"))
+            .unwrap_or("any level".into());
+        return usage(format!(
+            "unknown target {:?}: no module stem or class of that name at {level}",
+            params.target.as_deref().unwrap_or("(all)")
+        ));
+    }
+    let mut rows = Vec::new();
+    let mut contents = Vec::new();
+    for t in &selected {
+        let path = params
+            .candidate_dir
+            .as_ref()
+            .map(|d| d.join(t.id.candidate_path()));
+        let content = path.and_then(|p| std::fs::read_to_string(p).ok());
+        contents.push(content);
+    }
+    for (t, content) in selected.iter().zip(&contents) {
+        if params.target.is_none() && content.is_none() && !params.self_test {
+            continue;
+        }
+        let ks = knobs(content.as_deref().unwrap_or(""));
+        if !params.self_test {
+            if let Some(action) = process_knob(&ks, &t.id) {
+                return action;
+            }
+        }
+        let lower = (1..t.id.level()).any(|l| has_candidates(params.candidate_dir.as_deref(), l));
+        rows.extend(target_rows(&TargetRun {
+            seed: params.seed,
+            target: t,
+            content: content.as_deref(),
+            composed_with_lower: params.target.is_none() && lower,
+            self_test: params.self_test,
+        }));
+    }
+    finish(params, rows)
+}
+
+/// Whether the candidate folder holds any `L<level>/*.py`.
+fn has_candidates(dir: Option<&Path>, level: u8) -> bool {
+    let Some(dir) = dir else { return false };
+    std::fs::read_dir(dir.join(format!("L{level}")))
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().extension().is_some_and(|x| x == "py"))
+        })
+        .unwrap_or(false)
+}
+
+fn process_knob(ks: &[Knob], target: &TargetId) -> Option<SimAction> {
+    if ks.contains(&Knob::Hang) {
+        return Some(SimAction::Hang {
+            stderr: format!("fastkernels bench (simulated): {target} hangs (# sim: hang)\n"),
+        });
+    }
+    if ks.contains(&Knob::Crash) {
+        return Some(SimAction::Exit {
+            code: 1,
+            stdout: String::new(),
+            stderr: format!(
+                "Traceback (most recent call last):\n  simulated crash of the bench parent while benching {target} (# sim: crash)\n"
+            ),
+        });
+    }
+    if ks.contains(&Knob::Infra) {
+        return Some(SimAction::Exit {
+            code: 2,
+            stdout: String::new(),
+            stderr: "fastkernels bench (simulated): error: no GPU found (# sim: infra)\n".into(),
+        });
+    }
+    None
+}
+
+/// The file written: the real schema in the real field order, then `simulated` (set by
+/// every row too) and the seed.
+#[derive(serde::Serialize)]
+struct SimDoc<'a> {
+    #[serde(flatten)]
+    result: &'a BenchResult,
+    seed: u64,
+}
+
+fn finish(params: &SimBenchParams, rows: Vec<ScenarioRow>) -> SimAction {
+    let mode = if params.self_test {
+        "self-test"
+    } else {
+        "candidate"
+    };
+    let mut result = BenchResult::from_rows(mode, rows);
+    // Also when no row was produced (a level without candidate files).
+    result.simulated = true;
+    let output = output_path(params);
+    let doc = SimDoc {
+        result: &result,
+        seed: params.seed,
+    };
+    let text = match serde_json::to_string_pretty(&doc) {
+        Ok(t) => t,
+        Err(e) => return io_failure(&output, &e.to_string()),
+    };
+    if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if let Err(e) = std::fs::create_dir_all(parent) {
+            return io_failure(&output, &e.to_string());
+        }
+    }
+    if let Err(e) = std::fs::write(&output, text) {
+        return io_failure(&output, &e.to_string());
+    }
+    let mut stdout = String::from(
+        "SIMULATED fastkernels bench: outcomes are generated, nothing was measured.\n",
+    );
+    for r in &result.scenarios {
+        stdout.push_str(&format!(
+            "{:<20} {:<60} {:<16} {:>7.3}x  {}\n",
+            r.status, r.op, r.shape, r.speedup, r.detail
+        ));
+    }
+    stdout.push_str(&format!(
+        "passed {} failed {} skipped {}; results: {}\n",
+        result.passed,
+        result.failed,
+        result.skipped,
+        output.display()
+    ));
+    SimAction::Exit {
+        code: if result.failed > 0 { 1 } else { 0 },
+        stdout,
+        stderr: String::new(),
+    }
+}
+
+fn output_path(params: &SimBenchParams) -> PathBuf {
+    match (&params.output, &params.results_dir) {
+        (Some(o), _) => o.clone(),
+        (None, Some(d)) => d.join("bench_simulated.json"),
+        (None, None) => Path::new("bench_simulated.json").to_path_buf(),
+    }
+}
+
+fn io_failure(output: &Path, why: &str) -> SimAction {
+    SimAction::Exit {
+        code: 1,
+        stdout: String::new(),
+        stderr: format!(
+            "fastkernels bench (simulated): cannot write {}: {why}\n",
+            output.display()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_are_read_from_comment_lines() {
+        let ks =
+            knobs("x = 1\n  # sim: hang\n# sim: speedup=1.5\n# sim: speedup=-1\n# sim: nonsense\n");
+        assert_eq!(ks, vec![Knob::Hang, Knob::Speedup(1.5)]);
+    }
+
+    #[test]
+    fn unit_is_stable_and_in_range() {
+        let a = unit(&[b"seed", b"L1/gelu"]);
+        assert_eq!(a, unit(&[b"seed", b"L1/gelu"]));
+        assert_ne!(a, unit(&[b"seed", b"L1/gelu2"]));
+        // Length-prefixed parts: moving a byte between parts changes the value.
+        assert_ne!(unit(&[b"ab", b"c"]), unit(&[b"a", b"bc"]));
+        assert!((0.0..1.0).contains(&a));
+    }
+
+    #[test]
+    fn a_json_without_rows_still_says_simulated() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let params = SimBenchParams {
+            level: Some(2),
+            candidate_dir: Some(tmp.path().to_path_buf()),
+            output: Some(tmp.path().join("out.json")),
+            ..Default::default()
+        };
+        let action = run(&params, &Catalog::embedded());
+        assert!(
+            matches!(action, SimAction::Exit { code: 0, .. }),
+            "{action:?}"
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(tmp.path().join("out.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            (doc["simulated"].clone(), doc["scenarios"].clone()),
+            (serde_json::json!(true), serde_json::json!([]))
+        );
+    }
+
+    #[test]
+    fn a_missing_captures_folder_is_a_usage_error_without_json() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let params = SimBenchParams {
+            target: Some("gelu".into()),
+            captures: Some(tmp.path().join("nope")),
+            output: Some(tmp.path().join("out.json")),
+            ..Default::default()
+        };
+        let action = run(&params, &Catalog::embedded());
+        assert!(
+            matches!(action, SimAction::Exit { code: 2, .. }),
+            "{action:?}"
+        );
+        assert!(!tmp.path().join("out.json").exists());
+    }
+}

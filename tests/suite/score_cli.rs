@@ -1,0 +1,340 @@
+//! `fk-agentd score --candidates DIR` end to end, with the simulated bench configured as the
+//! fastkernels command.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use fk_agentd::score::export::{Manifest, sha256_file};
+use pretty_assertions::assert_eq;
+use tempfile::TempDir;
+
+const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
+
+struct Setup {
+    tmp: TempDir,
+}
+
+impl Setup {
+    fn new() -> Self {
+        let tmp = TempDir::new().unwrap();
+        std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+        let config = format!(
+            "[campaign]\ncaptures = {:?}\n[gpus]\ndevices = \"fake:4\"\n[fastkernels]\ncommand = [{BIN:?}, \"sim-bench\"]\n",
+            tmp.path().join("captures").display().to_string()
+        );
+        std::fs::write(tmp.path().join("fk-agentd.toml"), config).unwrap();
+        Self { tmp }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.tmp.path().join("home")
+    }
+
+    fn cands(&self) -> PathBuf {
+        self.tmp.path().join("my-set")
+    }
+
+    fn file(&self, rel: &str, content: &str) {
+        let p = self.cands().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    fn score(&self, extra: &[&str]) -> assert_cmd::assert::Assert {
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("FK_AGENTD_CONFIG")
+            .env_remove("FK_DIR")
+            .env_remove("FK_AGENTD_HOME")
+            .arg("--home")
+            .arg(self.home())
+            .arg("--config")
+            .arg(self.tmp.path().join("fk-agentd.toml"))
+            .arg("score")
+            .arg("--candidates")
+            .arg(self.cands())
+            .args(extra);
+        cmd.assert()
+    }
+
+    /// Replaces temporary paths and the score id so the text can be snapshotted.
+    fn redact(&self, text: &str) -> String {
+        let scores = format!("{}/scores/", self.home().display());
+        let id = text
+            .split(&scores)
+            .nth(1)
+            .and_then(|rest| rest.split(['/', ' ']).next())
+            .unwrap_or("")
+            .to_string();
+        text.replace(&scores, "[HOME]/scores/")
+            .replace(&id, "[ID]")
+            .replace(&self.cands().display().to_string(), "[CANDS]")
+    }
+
+    fn generation(&self) -> PathBuf {
+        let scores = self.home().join("scores");
+        let mut ids: Vec<_> = std::fs::read_dir(&scores)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        ids.sort();
+        ids.last().unwrap().join("results")
+    }
+}
+
+fn a_small_set(s: &Setup) {
+    s.file("L1/gelu.py", "class GELU: pass\n# sim: speedup=1.25\n");
+    s.file(
+        "L1/rms_norm.py",
+        "load_op('rms_norm_fk', 'rms_norm_fk.cu')\n# sim: speedup=1.5\n",
+    );
+    s.file("L1/rms_norm_fk.cu", "#include \"fk_common.h\"\n");
+    s.file("L1/fk_common.h", "// shared\n");
+    s.file("L1/unused.cu", "// nobody loads me\n");
+    s.file("L1/silu.py", "# sim: incorrect\n");
+    s.file("L1/quickgelu.py", "# sim: speedup=14\n");
+    s.file("L1/layer_norm.py", "# sim: crash\n");
+    s.file("L1/_notes.py", "not a candidate\n");
+    s.file(
+        "L2/yolov10_conv.py",
+        "# sim: speedup=1.1\n# sim: compose-break\n",
+    );
+    s.file("L2/oasis_timestep_embedder.py", "# sim: speedup=0.9\n");
+    s.file("L3/yolov10_backbone.py", "# sim: unloadable\n");
+}
+
+#[test]
+fn score_candidates_end_to_end_with_the_simulated_bench() {
+    let s = Setup::new();
+    a_small_set(&s);
+    let out = s.score(&[]).success();
+    let stdout = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    insta::assert_snapshot!("score_table_sim", s.redact(&stdout));
+
+    let gen_dir = s.generation();
+    for rel in [
+        "ind/standalone/L1_gelu/bench.json",
+        "ind/standalone/gate.json",
+        "ind/win_candidates/L1/rms_norm_fk.cu",
+        "ind/win_candidates/L1/fk_common.h",
+        "ind/win_candidates/L2/yolov10_conv.py",
+        "comp/bench.json",
+        "comp/gate.json",
+        "score.json",
+    ] {
+        assert!(gen_dir.join(rel).is_file(), "{rel}");
+    }
+    assert!(!gen_dir.join("ind/win_candidates/L1/silu.py").exists());
+    let comp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(gen_dir.join("comp/bench.json")).unwrap())
+            .unwrap();
+    assert_eq!(comp["simulated"], serde_json::json!(true));
+
+    let set_dir = gen_dir.join("sets/my-set-ind");
+    let manifest: Manifest =
+        serde_json::from_str(&std::fs::read_to_string(set_dir.join("manifest.json")).unwrap())
+            .unwrap();
+    let kept: Vec<(String, Option<f64>)> = manifest
+        .kernels
+        .iter()
+        .map(|k| {
+            let rounded = k.composed_speedup.map(|x| (x * 1e9).round() / 1e9);
+            (format!("L{}/{}", k.level, k.stem), rounded)
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        vec![
+            ("L1/gelu".into(), Some(1.25)),
+            ("L1/quickgelu".into(), Some(14.0)),
+            ("L1/rms_norm".into(), Some(1.5))
+        ]
+    );
+    assert_eq!(
+        serde_json::to_value(&manifest.dropped).unwrap(),
+        serde_json::json!([{"level": 2, "stem": "yolov10_conv", "reason": "failed composed bench: RUNTIME_ERROR"}])
+    );
+    let files: Vec<&String> = manifest.files.keys().collect();
+    assert_eq!(
+        files,
+        [
+            "L1/fk_common.h",
+            "L1/gelu.py",
+            "L1/quickgelu.py",
+            "L1/rms_norm.py",
+            "L1/rms_norm_fk.cu"
+        ]
+    );
+    for (rel, sha) in &manifest.files {
+        assert_eq!(&sha256_file(&set_dir.join(rel)).unwrap(), sha);
+    }
+    assert_eq!(manifest.unreferenced_sources, ["L1/unused.cu"]);
+    assert!(manifest.simulated);
+}
+
+#[test]
+fn score_json_and_a_second_score_never_overwrites_the_first() {
+    let s = Setup::new();
+    s.file("L1/gelu.py", "# sim: speedup=1.0\n");
+    let first = s
+        .score(&["--json", "--mode", "standalone", "--repeats", "3"])
+        .success();
+    let report: serde_json::Value = serde_json::from_slice(&first.get_output().stdout).unwrap();
+    assert_eq!(
+        report["standalone"]["spreads"]["L1/gelu"],
+        serde_json::json!({"repeats": 3, "ci95": [1.0, 1.0]})
+    );
+    assert_eq!(report["standalone"]["runs"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        report["standalone"]["gate"]["verdicts"][0]["winner"],
+        serde_json::json!(true)
+    );
+    assert_eq!(report["composed"], serde_json::Value::Null);
+    assert_eq!(
+        report["final_set"]["manifest"]["kernels"][0]["composed_speedup"],
+        serde_json::Value::Null
+    );
+    let stderr = String::from_utf8(first.get_output().stderr.clone()).unwrap();
+    assert!(stderr.contains("no run given: results go to"), "{stderr}");
+    s.score(&["--json"]).success();
+    let n = std::fs::read_dir(s.home().join("scores")).unwrap().count();
+    assert_eq!(n, 2);
+}
+
+#[test]
+fn a_generation_is_never_reused() {
+    let tmp = TempDir::new().unwrap();
+    let a = fk_agentd::score::candidates::new_generation(tmp.path()).unwrap();
+    let b = fk_agentd::score::candidates::new_generation(tmp.path()).unwrap();
+    assert_eq!(
+        (a.file_name().unwrap(), b.file_name().unwrap()),
+        (
+            Path::new("results").as_os_str(),
+            Path::new("results-2").as_os_str()
+        )
+    );
+}
+
+#[test]
+fn an_infrastructure_error_means_scoring_did_not_complete() {
+    let s = Setup::new();
+    s.file("L1/gelu.py", "# sim: infra\n");
+    let out = s.score(&[]).code(1);
+    let stderr = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    assert!(
+        stderr.contains("scoring could not complete: L1/gelu: infrastructure error (bench exit 2)"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_missing_candidates_folder_is_bad_input() {
+    let s = Setup::new();
+    let out = s.score(&[]).code(2);
+    let stderr = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    assert!(stderr.contains("--candidates"), "{stderr}");
+}
+
+#[test]
+fn sim_bench_is_hidden_from_help() {
+    let out = Command::new(BIN).arg("--help").assert().success();
+    let help = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert!(!help.contains("sim-bench"));
+    assert!(help.contains("score"));
+}
+
+/// A run in the store with sessions that wrote candidates; returns the run id.
+fn a_run_with_candidates(s: &Setup, files: &[(&str, &str)]) -> String {
+    use fk_agentd::config::Mode;
+    use fk_agentd::run::{NewRun, RunJournal};
+    let store = fk_agentd::daemon::open_store(&s.home()).unwrap();
+    let journal = RunJournal::create(
+        &store,
+        &s.home(),
+        &NewRun {
+            mode: Mode::Independent,
+            targets_spec: "L1",
+            targets: vec!["L1/gelu".into(), "L1/silu".into()],
+            simulated: true,
+        },
+    )
+    .unwrap();
+    for (rel, content) in files {
+        let p = journal.dir().join("sessions").join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    journal.run_id().to_string()
+}
+
+#[test]
+fn score_run_gathers_session_candidates_into_a_run_generation() {
+    let s = Setup::new();
+    let id = a_run_with_candidates(
+        &s,
+        &[
+            (
+                "L1/gelu/candidate/L1/gelu.py",
+                "load_op('g', 'gelu_k.cu')\n# sim: speedup=1.3\n",
+            ),
+            ("L1/gelu/candidate/L1/gelu_k.cu", "// kernel\n"),
+            ("L1/gelu/workspace/notes.txt", "not a candidate\n"),
+            ("L1/silu/candidate/L1/silu.py", "# sim: incorrect\n"),
+        ],
+    );
+    let mut cmd = Command::new(BIN);
+    let out = cmd
+        .env_remove("FK_AGENTD_CONFIG")
+        .env_remove("FK_DIR")
+        .arg("--home")
+        .arg(s.home())
+        .arg("--config")
+        .arg(s.tmp.path().join("fk-agentd.toml"))
+        .args(["score", "--json", "--noise-sample", "0", "--run", &id])
+        .assert()
+        .success();
+    let report: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let run_dir = s.home().join("runs").join(&id);
+    assert_eq!(
+        report["generation"],
+        serde_json::json!(run_dir.join("results").display().to_string())
+    );
+    let manifest = &report["final_set"]["manifest"];
+    assert_eq!(manifest["set"], serde_json::json!(format!("{id}-ind")));
+    assert_eq!(
+        manifest["files"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["L1/gelu.py", "L1/gelu_k.cu"]
+    );
+    assert!(run_dir.join("results/candidates/L1/silu.py").is_file());
+}
+
+#[test]
+fn two_sessions_writing_one_helper_name_is_refused() {
+    let s = Setup::new();
+    let id = a_run_with_candidates(
+        &s,
+        &[
+            ("L1/gelu/candidate/L1/gelu.py", "'k.cu'\n"),
+            ("L1/gelu/candidate/L1/k.cu", "// one\n"),
+            ("L1/silu/candidate/L1/silu.py", "'k.cu'\n"),
+            ("L1/silu/candidate/L1/k.cu", "// two\n"),
+        ],
+    );
+    let out = Command::new(BIN)
+        .env_remove("FK_AGENTD_CONFIG")
+        .arg("--home")
+        .arg(s.home())
+        .arg("--config")
+        .arg(s.tmp.path().join("fk-agentd.toml"))
+        .args(["score", "--run", &id])
+        .assert()
+        .code(2);
+    let stderr = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    assert!(
+        stderr.contains("sessions L1/gelu and L1/silu both wrote L1/k.cu"),
+        "{stderr}"
+    );
+}
