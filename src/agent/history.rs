@@ -1,0 +1,194 @@
+//! The model-visible history of a session, rebuilt from its stored events (resume) and kept
+//! small enough for the context window (compaction).
+//!
+//! Invariants: every function call is answered by exactly one `function_call_output`; a call
+//! that was recorded as started but never finished is answered "interrupted" and never run
+//! again; reasoning items stay right before the calls they came with (compaction only shortens
+//! old tool outputs, it never drops or reorders items).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{Value, json};
+
+use crate::llm::{FunctionCall, function_call_output, function_calls};
+use crate::store::Event;
+
+/// Event kinds a session writes and replays.
+pub mod kind {
+    pub const SESSION_STARTED: &str = "session_started";
+    pub const USER_MESSAGE: &str = "user_message";
+    pub const MODEL_ITEM: &str = "model_item";
+    pub const TURN_FINISHED: &str = "turn_finished";
+    pub const TOOL_STARTED: &str = "tool_started";
+    pub const TOOL_FINISHED: &str = "tool_finished";
+    pub const COMPACTED: &str = "compacted";
+    pub const SESSION_FINISHED: &str = "session_finished";
+}
+
+/// What the output of a call interrupted by a restart says to the model.
+pub const INTERRUPTED_OUTPUT: &str = "interrupted: this tool call was started before fk-agentd restarted and was \
+     not run again; check its effects (e.g. read the file) before repeating it";
+
+/// A session's state as its events tell it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Replay {
+    pub history: Vec<Value>,
+    pub turns: u32,
+    pub tokens: u64,
+    /// Calls without an output yet, in order, and whether each was started.
+    pub pending: Vec<(FunctionCall, bool)>,
+    /// The `session_finished` payload, when the session already ended.
+    pub finished: Option<Value>,
+    pub started: bool,
+}
+
+/// Rebuilds the history from a session's events (in order).
+pub fn replay(events: &[Event]) -> Replay {
+    let mut r = Replay::default();
+    let mut started_calls = BTreeSet::new();
+    for e in events {
+        let p = &e.payload;
+        match e.kind.as_str() {
+            kind::SESSION_STARTED => r.started = true,
+            kind::USER_MESSAGE => r.history.push(p["item"].clone()),
+            kind::MODEL_ITEM => r.history.push(p["item"].clone()),
+            kind::TURN_FINISHED => {
+                r.turns = r.turns.max(p["turn"].as_u64().unwrap_or(0) as u32);
+                r.tokens += p["usage"]["total"].as_u64().unwrap_or(0);
+            }
+            kind::TOOL_STARTED => {
+                started_calls.insert(p["call_id"].as_str().unwrap_or("").to_string());
+            }
+            kind::TOOL_FINISHED => {
+                let call_id = p["call_id"].as_str().unwrap_or("");
+                r.history.push(function_call_output(call_id, p["output"].as_str().unwrap_or("")));
+            }
+            kind::COMPACTED => {
+                if let Some(items) = p["history"].as_array() {
+                    r.history = items.clone();
+                }
+            }
+            kind::SESSION_FINISHED => r.finished = Some(p.clone()),
+            _ => {}
+        }
+    }
+    r.pending = unanswered(&r.history)
+        .into_iter()
+        .map(|c| {
+            let started = started_calls.contains(&c.call_id);
+            (c, started)
+        })
+        .collect();
+    r
+}
+
+/// Function calls in `history` that have no output yet, in order.
+pub fn unanswered(history: &[Value]) -> Vec<FunctionCall> {
+    let answered: BTreeSet<&str> = history
+        .iter()
+        .filter(|i| i["type"] == "function_call_output")
+        .filter_map(|i| i["call_id"].as_str())
+        .collect();
+    function_calls(history)
+        .into_iter()
+        .filter(|c| !answered.contains(c.call_id.as_str()))
+        .collect()
+}
+
+/// Shortens the outputs of all but the newest `keep_recent` tool calls. Returns the new history
+/// and how many bytes were elided.
+pub fn compact(history: &[Value], keep_recent: usize) -> (Vec<Value>, usize) {
+    let outputs: Vec<usize> = history
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| i["type"] == "function_call_output")
+        .map(|(n, _)| n)
+        .collect();
+    let old: BTreeMap<usize, ()> = outputs
+        .iter()
+        .take(outputs.len().saturating_sub(keep_recent))
+        .map(|n| (*n, ()))
+        .collect();
+    let mut elided = 0;
+    let items = history
+        .iter()
+        .enumerate()
+        .map(|(n, item)| {
+            let text = item["output"].as_str().unwrap_or("");
+            if old.contains_key(&n) && text.len() > 200 {
+                elided += text.len();
+                let mut short = item.clone();
+                short["output"] = json!(format!(
+                    "[output of {} bytes elided by compaction; run the tool again if you need it]",
+                    text.len()
+                ));
+                short
+            } else {
+                item.clone()
+            }
+        })
+        .collect();
+    (items, elided)
+}
+
+/// A rough token count of a history (4 bytes a token), for the compaction trigger.
+pub fn estimate_tokens(history: &[Value]) -> u64 {
+    history.iter().map(|i| i.to_string().len() as u64).sum::<u64>() / 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::user_message;
+
+    fn ev(seq: i64, kind: &str, payload: Value) -> Event {
+        Event {
+            run_id: "r".into(),
+            seq,
+            at: String::new(),
+            kind: kind.into(),
+            target: Some("L1/gelu".into()),
+            payload,
+        }
+    }
+
+    fn call(id: &str, name: &str) -> Value {
+        json!({"type": "function_call", "id": format!("fc_{id}"), "call_id": id, "name": name, "arguments": "{}"})
+    }
+
+    #[test]
+    fn replay_answers_finished_calls_and_marks_started_ones_as_pending_started() {
+        let events = vec![
+            ev(1, kind::SESSION_STARTED, json!({})),
+            ev(2, kind::USER_MESSAGE, json!({"item": user_message("go")})),
+            ev(3, kind::MODEL_ITEM, json!({"turn": 1, "item": call("a", "shell")})),
+            ev(4, kind::MODEL_ITEM, json!({"turn": 1, "item": call("b", "validate")})),
+            ev(5, kind::MODEL_ITEM, json!({"turn": 1, "item": call("c", "read_file")})),
+            ev(6, kind::TURN_FINISHED, json!({"turn": 1, "usage": {"total": 100}})),
+            ev(7, kind::TOOL_STARTED, json!({"call_id": "a"})),
+            ev(8, kind::TOOL_FINISHED, json!({"call_id": "a", "output": "ok"})),
+            ev(9, kind::TOOL_STARTED, json!({"call_id": "b"})),
+        ];
+        let r = replay(&events);
+        assert_eq!((r.turns, r.tokens, r.history.len()), (1, 100, 5));
+        let pending: Vec<(String, bool)> = r.pending.iter().map(|(c, s)| (c.call_id.clone(), *s)).collect();
+        assert_eq!(pending, vec![("b".to_string(), true), ("c".to_string(), false)]);
+    }
+
+    #[test]
+    fn compaction_shortens_old_outputs_and_keeps_every_item_in_place() {
+        let big = "x".repeat(1000);
+        let history = vec![
+            call("a", "shell"),
+            function_call_output("a", &big),
+            call("b", "shell"),
+            function_call_output("b", &big),
+        ];
+        let (out, elided) = compact(&history, 1);
+        assert_eq!(out.len(), 4);
+        assert_eq!(elided, 1000);
+        assert!(out[1]["output"].as_str().unwrap().contains("elided"));
+        assert_eq!(out[3], history[3]);
+        assert!(unanswered(&out).is_empty());
+    }
+}

@@ -1,0 +1,107 @@
+//! One session's record: every event goes to the store first (durable), then to the session's
+//! `transcript.jsonl` (one JSON object a line: `timestamp`, `type`, `payload`), and the derived
+//! `sessions` row is kept current for `fk-agentd sessions`.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::run::{RunError, RunJournal};
+use crate::scheduler::set_state;
+use crate::store::Event;
+use crate::target::TargetId;
+
+/// Counters shown in the `sessions` table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    pub turns: u32,
+    pub tokens: u64,
+    pub leases: u32,
+    pub gpu_s: f64,
+    pub best_speedup: Option<f64>,
+    pub last_event: String,
+}
+
+/// The journal of one target's session.
+pub struct SessionJournal {
+    run: Arc<RunJournal>,
+    target: TargetId,
+    name: String,
+    transcript: Mutex<File>,
+    started: Instant,
+    progress: Mutex<Progress>,
+}
+
+impl SessionJournal {
+    pub fn open(run: Arc<RunJournal>, target: &TargetId, session_dir: &Path) -> Result<Self, RunError> {
+        let path = session_dir.join("transcript.jsonl");
+        std::fs::create_dir_all(session_dir).map_err(|source| RunError::Io {
+            path: session_dir.to_path_buf(),
+            source,
+        })?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|source| RunError::Io { path, source })?;
+        Ok(Self {
+            run,
+            target: target.clone(),
+            name: target.to_string(),
+            transcript: Mutex::new(file),
+            started: Instant::now(),
+            progress: Mutex::new(Progress::default()),
+        })
+    }
+
+    pub fn run(&self) -> &Arc<RunJournal> {
+        &self.run
+    }
+
+    pub fn target(&self) -> &TargetId {
+        &self.target
+    }
+
+    /// Records an event (store, then transcript).
+    pub fn record(&self, kind: &str, payload: Value) -> Result<Event, RunError> {
+        let event = self.run.record(kind, Some(&self.name), payload)?;
+        let line = json!({"timestamp": event.at, "seq": event.seq, "type": kind, "payload": event.payload});
+        let mut file = self.transcript.lock().unwrap_or_else(|p| p.into_inner());
+        // The store holds the event already; a transcript write failure must not end the session.
+        if let Err(e) = writeln!(file, "{line}") {
+            tracing::warn!(target = %self.name, error = %e, "transcript write failed");
+        }
+        Ok(event)
+    }
+
+    /// Updates the counters with `f` and publishes the session row with `state`.
+    pub fn update(&self, state: &str, f: impl FnOnce(&mut Progress)) -> Result<(), RunError> {
+        let snapshot = {
+            let mut p = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut p);
+            p.clone()
+        };
+        let detail = json!({
+            "turns": snapshot.turns,
+            "tokens": snapshot.tokens,
+            "leases": snapshot.leases,
+            "gpu_s": (snapshot.gpu_s * 10.0).round() / 10.0,
+            "best_speedup": snapshot.best_speedup.map(|s| format!("{s:.3}x")),
+            "elapsed": format_elapsed(self.started.elapsed().as_secs()),
+            "last_event": snapshot.last_event,
+        });
+        set_state(&self.run, &self.target, state, detail)
+    }
+
+    pub fn progress(&self) -> Progress {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+fn format_elapsed(secs: u64) -> String {
+    format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
+}

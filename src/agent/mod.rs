@@ -1,0 +1,126 @@
+//! Agent sessions: one per target. [`AgentRunner`] is the [`SessionRunner`] the scheduler
+//! starts; it builds the target's workspace, toolbox and prompt, then runs the turn loop
+//! ([`session`]) against the shared Responses client.
+//!
+//! Owns nothing global: the LLM client, the GPU tools and the configuration are handed in, so
+//! the same runner serves real campaigns, the simulation and tests.
+
+pub mod gpu_tools;
+pub mod history;
+pub mod journal;
+pub mod session;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::llm::LlmClient;
+use crate::run::RunJournal;
+use crate::scheduler::{SessionFuture, SessionOutcome, SessionRunner, SessionStatus};
+use crate::target::{Catalog, TargetId};
+use crate::tools::gpu::GpuTools;
+use crate::tools::prompt::{PromptFacts, render_optimize};
+use crate::tools::{ToolLimits, Toolbox, ToolboxParams, tool_specs};
+use crate::workspace::exec::ShellEnv;
+use crate::workspace::{Workspace, WorkspaceParams, session_dir_for};
+
+use journal::SessionJournal;
+use session::{LoopParams, SessionSetup};
+
+/// Makes the GPU tools of one session (so they can record into its journal).
+pub trait GpuToolsFactory: Send + Sync {
+    fn make(&self, journal: Arc<SessionJournal>) -> Arc<dyn GpuTools>;
+}
+
+/// The system instructions sent with every turn; the task itself is the rendered prompt.
+pub const INSTRUCTIONS: &str = "You are a GPU kernel engineer working inside fk-agentd. Work only through the \
+tools. Keep the candidate correct first, then fast. Call `finish` when the candidate is final.";
+
+/// Everything the runner needs.
+pub struct AgentRunnerParams {
+    pub llm: Arc<LlmClient>,
+    pub catalog: Catalog,
+    /// Where baselines are: `<root>/L<n>/<stem>.py`.
+    pub baseline_root: PathBuf,
+    pub captures: PathBuf,
+    pub gpu: Arc<dyn GpuToolsFactory>,
+    pub shell_env: ShellEnv,
+    pub loop_params: LoopParams,
+}
+
+/// Starts agent sessions for the scheduler.
+pub struct AgentRunner {
+    p: Arc<AgentRunnerParams>,
+}
+
+impl AgentRunner {
+    pub fn new(params: AgentRunnerParams) -> Self {
+        Self { p: Arc::new(params) }
+    }
+}
+
+impl SessionRunner for AgentRunner {
+    fn run(&self, target: TargetId, run: Arc<RunJournal>, cancel: CancellationToken) -> SessionFuture {
+        let p = self.p.clone();
+        Box::pin(async move {
+            match prepare(&p, &target, &run) {
+                Ok(setup) => session::run(setup, cancel).await,
+                Err(reason) => {
+                    let _ = run.record("session_failed_to_start", Some(&target.to_string()), json!({"reason": reason}));
+                    SessionOutcome {
+                        status: SessionStatus::Failed,
+                        result: json!({"reason": reason, "infra": true}),
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn prepare(p: &AgentRunnerParams, target: &TargetId, run: &Arc<RunJournal>) -> Result<SessionSetup, String> {
+    let spec = p.catalog.get(target).ok_or_else(|| format!("{target} is not in the catalog"))?;
+    let session_dir = session_dir_for(run.dir(), target);
+    let baseline = p.baseline_root.join(format!("L{}", target.level())).join(format!("{}.py", target.stem()));
+    let ws = Workspace::create(&WorkspaceParams {
+        session_dir: session_dir.clone(),
+        target: target.clone(),
+        baseline,
+    })
+    .map_err(|e| format!("workspace: {e}"))?;
+    let journal = Arc::new(SessionJournal::open(run.clone(), target, &session_dir).map_err(|e| e.to_string())?);
+    let shapes = crate::tools::shapes::captured_shapes(&p.captures, spec, 12)
+        .unwrap_or_else(|e| format!("(no captured shapes available: {e})"));
+    let prompt = render_optimize(&PromptFacts {
+        target: spec.clone(),
+        baseline_path: ws.baseline_rel(),
+        captures: p.captures.display().to_string(),
+        candidate_path: ws.candidate_rel(),
+        shapes,
+    })
+    .map_err(|e| format!("prompt: {e}"))?;
+    let toolbox = Toolbox::new(ToolboxParams {
+        workspace: ws,
+        gpu: p.gpu.make(journal.clone()),
+        shell_env: p.shell_env.clone(),
+        limits: ToolLimits::default(),
+    });
+    Ok(SessionSetup {
+        journal,
+        toolbox,
+        llm: p.llm.clone(),
+        tools: tool_specs()
+            .into_iter()
+            .map(|t| crate::llm::ToolSpec {
+                name: t.name.to_string(),
+                description: t.description.to_string(),
+                parameters: t.parameters,
+            })
+            .collect(),
+        prompt_text: prompt.text,
+        prompt_sha256: prompt.sha256,
+        cache_key: format!("{}/{target}", run.run_id()),
+        params: p.loop_params.clone(),
+    })
+}

@@ -1,0 +1,354 @@
+//! The turn loop of one session: send the full history, record every output item, run the
+//! function calls in order, answer each with its output, and end on `finish`, the turn or
+//! token budget, a fatal provider error, or cancellation — each with its reason recorded.
+//!
+//! Invariants: a tool call is recorded as started before it runs and as finished after, so a
+//! resumed session never runs a call twice; an infrastructure failure of a tool is retried and
+//! then ends the session with an `infra` reason, never silently charged to the agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::history::{self, INTERRUPTED_OUTPUT, Replay, kind};
+use super::journal::SessionJournal;
+use crate::llm::{FunctionCall, LlmClient, LlmError, LlmEvent, ToolSpec, TurnRequest, function_call_output, user_message};
+use crate::run::RunError;
+use crate::scheduler::{SessionOutcome, SessionStatus};
+use crate::tools::{ToolError, Toolbox};
+
+/// Limits and texts of the loop.
+#[derive(Clone, Debug)]
+pub struct LoopParams {
+    pub instructions: String,
+    pub max_turns: u32,
+    pub max_tokens: Option<u64>,
+    /// Compact when the history is estimated above this many tokens.
+    pub compact_at_tokens: u64,
+    /// Retries of a tool's infrastructure failure before the session ends.
+    pub infra_retries: u32,
+    /// How many times a model that stops without `finish` is asked to go on.
+    pub nudges: u32,
+}
+
+impl LoopParams {
+    pub fn new(instructions: String, context_window: u64) -> Self {
+        Self {
+            instructions,
+            max_turns: 200,
+            max_tokens: None,
+            compact_at_tokens: context_window * 8 / 10,
+            infra_retries: 3,
+            nudges: 2,
+        }
+    }
+}
+
+/// What one session needs.
+pub struct SessionSetup {
+    pub journal: Arc<SessionJournal>,
+    pub toolbox: Toolbox,
+    pub llm: Arc<LlmClient>,
+    pub tools: Vec<ToolSpec>,
+    pub prompt_text: String,
+    pub prompt_sha256: String,
+    pub cache_key: String,
+    pub params: LoopParams,
+}
+
+/// How the loop ends, before it is recorded.
+struct End {
+    status: SessionStatus,
+    reason: String,
+    summary: Option<String>,
+    infra: bool,
+}
+
+impl End {
+    fn new(status: SessionStatus, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: reason.into(),
+            summary: None,
+            infra: false,
+        }
+    }
+}
+
+/// Runs (or resumes) a session to its end.
+pub async fn run(setup: SessionSetup, cancel: CancellationToken) -> SessionOutcome {
+    let journal = setup.journal.clone();
+    match drive(&setup, &cancel).await {
+        Ok(end) => finish(&journal, end),
+        Err(e) => {
+            let end = End {
+                infra: true,
+                ..End::new(SessionStatus::Failed, format!("recording failed: {e}"))
+            };
+            finish(&journal, end)
+        }
+    }
+}
+
+fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
+    let p = journal.progress();
+    let result = json!({
+        "reason": end.reason,
+        "summary": end.summary,
+        "infra": end.infra,
+        "turns": p.turns,
+        "tokens": p.tokens,
+        "leases": p.leases,
+        "best_speedup": p.best_speedup,
+    });
+    if end.status != SessionStatus::Interrupted {
+        let mut payload = result.clone();
+        payload["status"] = json!(end.status.word());
+        if let Err(e) = journal.record(kind::SESSION_FINISHED, payload) {
+            tracing::error!(error = %e, "cannot record the end of a session");
+        }
+    }
+    SessionOutcome {
+        status: end.status,
+        result,
+    }
+}
+
+async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunError> {
+    let j = &s.journal;
+    let run = j.run();
+    let events = run.store().events(run.run_id(), Some(&j.target().to_string()), 0)?;
+    let replay = history::replay(&events);
+    if let Some(done) = &replay.finished {
+        let status = if done["status"] == "PASS" { SessionStatus::Finished } else { SessionStatus::Failed };
+        return Ok(End::new(status, "finished before this resume; not run again"));
+    }
+    let mut history = start(s, &replay)?;
+    j.update("running", |p| {
+        p.turns = replay.turns;
+        p.tokens = replay.tokens;
+        p.last_event = if replay.started { "resumed".into() } else { "started".into() };
+    })?;
+    match s.llm.refresh_token().await {
+        Ok(status) => {
+            j.record("token_reloaded", json!({"source": status.source, "age_s": status.age.map(|a| a.as_secs()), "changed": status.changed, "why": "session start"}))?;
+        }
+        Err(e) => return Ok(End { infra: true, ..End::new(SessionStatus::Failed, format!("provider token: {e}")) }),
+    }
+    for (call, started) in replay.pending {
+        if started {
+            j.record(kind::TOOL_FINISHED, json!({"call_id": call.call_id, "name": call.name, "output": INTERRUPTED_OUTPUT, "is_error": true, "interrupted": true}))?;
+            history.push(function_call_output(&call.call_id, INTERRUPTED_OUTPUT));
+        } else if let Some(end) = run_call(s, &call, &mut history, cancel).await? {
+            return Ok(end);
+        }
+    }
+    turn_loop(s, history, replay.turns, cancel).await
+}
+
+/// A fresh session records its prompt; a resumed one continues from its replayed history.
+fn start(s: &SessionSetup, replay: &Replay) -> Result<Vec<Value>, RunError> {
+    if replay.started {
+        s.journal.record("session_resumed", json!({"turns": replay.turns, "pending_calls": replay.pending.len()}))?;
+        return Ok(replay.history.clone());
+    }
+    s.journal.record(kind::SESSION_STARTED, json!({"prompt_sha256": s.prompt_sha256, "cache_key": s.cache_key}))?;
+    let item = user_message(&s.prompt_text);
+    s.journal.record(kind::USER_MESSAGE, json!({"item": item}))?;
+    Ok(vec![item])
+}
+
+async fn turn_loop(s: &SessionSetup, mut history: Vec<Value>, mut turns: u32, cancel: &CancellationToken) -> Result<End, RunError> {
+    let j = &s.journal;
+    let mut nudges = 0;
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(End::new(SessionStatus::Interrupted, "stopped"));
+        }
+        if turns >= s.params.max_turns {
+            return Ok(End::new(SessionStatus::Failed, format!("turn budget of {} reached", s.params.max_turns)));
+        }
+        let tokens = j.progress().tokens;
+        if s.params.max_tokens.is_some_and(|max| tokens >= max) {
+            return Ok(End::new(SessionStatus::Failed, format!("token budget reached ({tokens} tokens)")));
+        }
+        if history::estimate_tokens(&history) > s.params.compact_at_tokens {
+            history = compact(j, &history, 4)?;
+        }
+        turns += 1;
+        let output = match model_turn(s, &history, turns, cancel).await? {
+            Ok(output) => output,
+            Err(LlmError::ContextLengthExceeded { message }) => {
+                let (smaller, elided) = history::compact(&history, 0);
+                if elided == 0 {
+                    return Ok(End::new(SessionStatus::Failed, format!("context window exceeded even after compaction: {message}")));
+                }
+                history = record_compaction(j, smaller, elided, "context_length_exceeded")?;
+                continue;
+            }
+            Err(LlmError::Cancelled) => return Ok(End::new(SessionStatus::Interrupted, "stopped during a model turn")),
+            Err(e) => {
+                return Ok(End {
+                    infra: e.is_retryable(),
+                    ..End::new(SessionStatus::Failed, format!("provider: {e}"))
+                });
+            }
+        };
+        history.extend(output.iter().cloned());
+        let calls = crate::llm::function_calls(&output);
+        if calls.is_empty() {
+            if nudges >= s.params.nudges {
+                return Ok(End::new(SessionStatus::Failed, "the model stopped without calling finish"));
+            }
+            nudges += 1;
+            let item = user_message("Continue with the tools. Call `finish` with a short summary when the candidate is final.");
+            j.record(kind::USER_MESSAGE, json!({"item": item, "nudge": nudges}))?;
+            history.push(item);
+            continue;
+        }
+        for call in calls {
+            if let Some(end) = run_call(s, &call, &mut history, cancel).await? {
+                return Ok(end);
+            }
+        }
+    }
+}
+
+fn compact(j: &SessionJournal, history: &[Value], keep: usize) -> Result<Vec<Value>, RunError> {
+    let (smaller, elided) = history::compact(history, keep);
+    if elided == 0 {
+        return Ok(history.to_vec());
+    }
+    record_compaction(j, smaller, elided, "history near the context window")
+}
+
+fn record_compaction(j: &SessionJournal, history: Vec<Value>, elided: usize, why: &str) -> Result<Vec<Value>, RunError> {
+    j.record(kind::COMPACTED, json!({"why": why, "elided_bytes": elided, "history": history}))?;
+    Ok(history)
+}
+
+/// One model turn; provider errors come back as the inner `Err` (the loop decides).
+async fn model_turn(
+    s: &SessionSetup,
+    history: &[Value],
+    turn: u32,
+    cancel: &CancellationToken,
+) -> Result<Result<Vec<Value>, LlmError>, RunError> {
+    let j = s.journal.clone();
+    let req = TurnRequest {
+        instructions: s.params.instructions.clone(),
+        input: history.to_vec(),
+        tools: s.tools.clone(),
+        prompt_cache_key: Some(s.cache_key.clone()),
+        parallel_tool_calls: false,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<LlmEvent>(64);
+    let recorder = {
+        let j = j.clone();
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                let kind = match &ev {
+                    LlmEvent::Retry { .. } => "llm_retry",
+                    LlmEvent::TokenReloaded { .. } => "token_reloaded",
+                    LlmEvent::RateLimitWait { .. } => "rate_limit_wait",
+                    _ => continue,
+                };
+                let payload = serde_json::to_value(&ev).unwrap_or(Value::Null);
+                if let Err(e) = j.record(kind, payload) {
+                    tracing::warn!(error = %e, "cannot record a provider event");
+                }
+            }
+        })
+    };
+    j.update("thinking", |p| p.last_event = format!("turn {turn}"))?;
+    let result = s.llm.turn(&req, &tx, cancel).await;
+    drop(tx);
+    let _ = recorder.await;
+    let resp = match result {
+        Ok(resp) => resp,
+        Err(e) => return Ok(Err(e)),
+    };
+    for item in &resp.output {
+        j.record(kind::MODEL_ITEM, json!({"turn": turn, "item": item}))?;
+    }
+    let u = &resp.usage;
+    let total = u.total_tokens();
+    j.record(
+        kind::TURN_FINISHED,
+        json!({"turn": turn, "response_id": resp.response_id, "attempts": resp.attempts,
+               "usage": {"input": u.input_tokens, "cached": u.cached_tokens, "output": u.output_tokens,
+                         "reasoning": u.reasoning_tokens, "total": total}}),
+    )?;
+    j.update("running", |p| {
+        p.turns = turn;
+        p.tokens += total;
+    })?;
+    Ok(Ok(resp.output))
+}
+
+fn state_for(tool: &str) -> &'static str {
+    match tool {
+        "validate" => "validating",
+        "profile_ncu" | "profile_nsys" => "profiling",
+        _ => "running",
+    }
+}
+
+/// Runs one call: recorded as started first, then run, then recorded as finished.
+async fn run_call(
+    s: &SessionSetup,
+    call: &FunctionCall,
+    history: &mut Vec<Value>,
+    cancel: &CancellationToken,
+) -> Result<Option<End>, RunError> {
+    let j = &s.journal;
+    j.record(kind::TOOL_STARTED, json!({"call_id": call.call_id, "name": call.name, "arguments": call.arguments}))?;
+    j.update(state_for(&call.name), |p| p.last_event = format!("{} started", call.name))?;
+    let mut attempt = 0;
+    let output = loop {
+        match s.toolbox.call(&call.name, &call.arguments, cancel.child_token()).await {
+            Ok(out) => break out,
+            Err(ToolError::Cancelled { .. }) => {
+                return Ok(Some(End::new(SessionStatus::Interrupted, format!("stopped during {}", call.name))));
+            }
+            Err(e) if e.is_retryable() && attempt < s.params.infra_retries => {
+                attempt += 1;
+                let delay = Duration::from_secs(5 * u64::from(attempt));
+                j.record("tool_infra_retry", json!({"call_id": call.call_id, "name": call.name, "attempt": attempt, "why": e.to_string(), "delay_s": delay.as_secs()}))?;
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = cancel.cancelled() => return Ok(Some(End::new(SessionStatus::Interrupted, "stopped"))),
+                }
+            }
+            Err(e) => {
+                // The call stays recorded as started: on resume the model is told it was interrupted.
+                j.record("tool_infra_error", json!({"call_id": call.call_id, "name": call.name, "why": e.to_string()}))?;
+                return Ok(Some(End {
+                    infra: true,
+                    ..End::new(SessionStatus::Failed, format!("infrastructure failure in {}: {e}", call.name))
+                }));
+            }
+        }
+    };
+    j.record(
+        kind::TOOL_FINISHED,
+        json!({"call_id": call.call_id, "name": call.name, "output": output.text, "is_error": output.is_error}),
+    )?;
+    j.update("running", |p| p.last_event = format!("{} {}", call.name, if output.is_error { "failed" } else { "done" }))?;
+    history.push(function_call_output(&call.call_id, &output.text));
+    if let Some(summary) = output.finished {
+        if !s.toolbox.workspace().candidate_file().is_file() {
+            return Ok(Some(End {
+                summary: Some(summary),
+                ..End::new(SessionStatus::Failed, "the agent finished without writing a candidate")
+            }));
+        }
+        return Ok(Some(End {
+            summary: Some(summary),
+            ..End::new(SessionStatus::Finished, "the agent called finish")
+        }));
+    }
+    Ok(None)
+}
