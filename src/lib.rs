@@ -11,6 +11,7 @@
 //! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
 //! | [`scheduler`] | the only spawner of sessions: cap, order, session timeout, run events     |
 //! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
+//! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
 //! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
@@ -26,6 +27,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod llm;
 pub mod report;
 pub mod run;
 pub mod scheduler;

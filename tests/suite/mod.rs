@@ -1,5 +1,9 @@
 mod cli;
 mod config;
 mod daemon;
+mod llm;
+mod llm_check;
+mod llm_fake;
+mod llm_secrets;
 mod store;
 mod targets;
