@@ -8,6 +8,7 @@ use crate::config::ConfigError;
 use crate::control::ControlError;
 use crate::daemon::DaemonError;
 use crate::harness::HarnessError;
+use crate::llm::LlmError;
 use crate::run::RunError;
 use crate::score::ScoreError;
 use crate::store::StoreError;
@@ -44,6 +45,8 @@ pub enum Error {
     Workspace(#[from] WorkspaceError),
     #[error(transparent)]
     Score(#[from] ScoreError),
+    #[error(transparent)]
+    Llm(#[from] LlmError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -66,6 +69,8 @@ impl Error {
             Error::Harness(e) => e.exit_code(),
             Error::Tool(_) | Error::Workspace(_) => EXIT_UNAVAILABLE,
             Error::Score(e) => e.exit_code(),
+            Error::Llm(e) if e.is_bad_config() => EXIT_USAGE,
+            Error::Llm(_) => EXIT_UNAVAILABLE,
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

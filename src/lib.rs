@@ -9,8 +9,10 @@
 //! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files |
 //! | [`target`]    | [`target::TargetId`] (`L2/rms_norm`), the catalog, selections (`L1-L3`)   |
 //! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
+//! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools |
 //! | [`scheduler`] | the only spawner of sessions: cap, order, session timeout, run events     |
 //! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
+//! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
 //! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
@@ -27,12 +29,14 @@
 //! never written anywhere; a bench's exit code is not its verdict; every simulated output says
 //! it is simulated.
 
+pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
 pub mod harness;
+pub mod llm;
 pub mod report;
 pub mod run;
 pub mod scheduler;

@@ -28,9 +28,18 @@ pub struct BenchGpuTools<L> {
 }
 
 impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
-    fn validate(&self, ws: &Workspace, cancel: CancellationToken) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn validate(
+        &self,
+        ws: &Workspace,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let n = self.validations.fetch_add(1, Ordering::SeqCst) + 1;
-        let (driver, journal, gate, ws) = (self.driver.clone(), self.journal.clone(), self.gate, ws.clone());
+        let (driver, journal, gate, ws) = (
+            self.driver.clone(),
+            self.journal.clone(),
+            self.gate,
+            ws.clone(),
+        );
         Box::pin(async move {
             let candidate = ws.candidate_file();
             if !candidate.is_file() {
@@ -51,11 +60,16 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             match run.result {
                 Ok(result) => {
                     let verdict = gate.judge_result(&result, std::slice::from_ref(ws.target()));
-                    let v = verdict.get(ws.target()).cloned().unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
+                    let v = verdict
+                        .get(ws.target())
+                        .cloned()
+                        .unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
                     record_validation(&journal, n, &v, gpu_s);
                     Ok(ToolOutput::ok(render(&result, &v, &screen)))
                 }
-                Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled { tool: "validate".into() }),
+                Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled {
+                    tool: "validate".into(),
+                }),
                 Err(f) if f.is_infrastructure() => Err(ToolError::Infra {
                     tool: "validate".into(),
                     why: f.describe(),
@@ -64,13 +78,22 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 Err(f) => {
                     let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
                     record_validation(&journal, n, &v, gpu_s);
-                    Ok(ToolOutput::error(format!("validation {n} failed: {}{screen}", f.describe())))
+                    Ok(ToolOutput::error(format!(
+                        "validation {n} failed: {}{screen}",
+                        f.describe()
+                    )))
                 }
             }
         })
     }
 
-    fn profile(&self, kind: ProfileKind, _args: Option<String>, ws: &Workspace, _cancel: CancellationToken) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn profile(
+        &self,
+        kind: ProfileKind,
+        _args: Option<String>,
+        ws: &Workspace,
+        _cancel: CancellationToken,
+    ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let simulated = self.simulated;
         let target = ws.target().to_string();
         Box::pin(async move {
@@ -139,7 +162,10 @@ fn render(result: &BenchResult, v: &TargetVerdict, screen: &str) -> String {
         ));
     }
     match (&v.reason, v.geomean) {
-        (None, Some(g)) => out.push_str(&format!("verdict: WINNER, geomean {g:.3}x over {} row(s)\n", v.rows)),
+        (None, Some(g)) => out.push_str(&format!(
+            "verdict: WINNER, geomean {g:.3}x over {} row(s)\n",
+            v.rows
+        )),
         (Some(r), _) => out.push_str(&format!("verdict: not a winner: {r}\n")),
         (None, None) => out.push_str("verdict: no rows\n"),
     }

@@ -61,7 +61,10 @@ pub fn replay(events: &[Event]) -> Replay {
             }
             kind::TOOL_FINISHED => {
                 let call_id = p["call_id"].as_str().unwrap_or("");
-                r.history.push(function_call_output(call_id, p["output"].as_str().unwrap_or("")));
+                r.history.push(function_call_output(
+                    call_id,
+                    p["output"].as_str().unwrap_or(""),
+                ));
             }
             kind::COMPACTED => {
                 if let Some(items) = p["history"].as_array() {
@@ -133,7 +136,11 @@ pub fn compact(history: &[Value], keep_recent: usize) -> (Vec<Value>, usize) {
 
 /// A rough token count of a history (4 bytes a token), for the compaction trigger.
 pub fn estimate_tokens(history: &[Value]) -> u64 {
-    history.iter().map(|i| i.to_string().len() as u64).sum::<u64>() / 4
+    history
+        .iter()
+        .map(|i| i.to_string().len() as u64)
+        .sum::<u64>()
+        / 4
 }
 
 #[cfg(test)]
@@ -161,18 +168,45 @@ mod tests {
         let events = vec![
             ev(1, kind::SESSION_STARTED, json!({})),
             ev(2, kind::USER_MESSAGE, json!({"item": user_message("go")})),
-            ev(3, kind::MODEL_ITEM, json!({"turn": 1, "item": call("a", "shell")})),
-            ev(4, kind::MODEL_ITEM, json!({"turn": 1, "item": call("b", "validate")})),
-            ev(5, kind::MODEL_ITEM, json!({"turn": 1, "item": call("c", "read_file")})),
-            ev(6, kind::TURN_FINISHED, json!({"turn": 1, "usage": {"total": 100}})),
+            ev(
+                3,
+                kind::MODEL_ITEM,
+                json!({"turn": 1, "item": call("a", "shell")}),
+            ),
+            ev(
+                4,
+                kind::MODEL_ITEM,
+                json!({"turn": 1, "item": call("b", "validate")}),
+            ),
+            ev(
+                5,
+                kind::MODEL_ITEM,
+                json!({"turn": 1, "item": call("c", "read_file")}),
+            ),
+            ev(
+                6,
+                kind::TURN_FINISHED,
+                json!({"turn": 1, "usage": {"total": 100}}),
+            ),
             ev(7, kind::TOOL_STARTED, json!({"call_id": "a"})),
-            ev(8, kind::TOOL_FINISHED, json!({"call_id": "a", "output": "ok"})),
+            ev(
+                8,
+                kind::TOOL_FINISHED,
+                json!({"call_id": "a", "output": "ok"}),
+            ),
             ev(9, kind::TOOL_STARTED, json!({"call_id": "b"})),
         ];
         let r = replay(&events);
         assert_eq!((r.turns, r.tokens, r.history.len()), (1, 100, 5));
-        let pending: Vec<(String, bool)> = r.pending.iter().map(|(c, s)| (c.call_id.clone(), *s)).collect();
-        assert_eq!(pending, vec![("b".to_string(), true), ("c".to_string(), false)]);
+        let pending: Vec<(String, bool)> = r
+            .pending
+            .iter()
+            .map(|(c, s)| (c.call_id.clone(), *s))
+            .collect();
+        assert_eq!(
+            pending,
+            vec![("b".to_string(), true), ("c".to_string(), false)]
+        );
     }
 
     #[test]

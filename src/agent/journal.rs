@@ -37,7 +37,11 @@ pub struct SessionJournal {
 }
 
 impl SessionJournal {
-    pub fn open(run: Arc<RunJournal>, target: &TargetId, session_dir: &Path) -> Result<Self, RunError> {
+    pub fn open(
+        run: Arc<RunJournal>,
+        target: &TargetId,
+        session_dir: &Path,
+    ) -> Result<Self, RunError> {
         let path = session_dir.join("transcript.jsonl");
         std::fs::create_dir_all(session_dir).map_err(|source| RunError::Io {
             path: session_dir.to_path_buf(),
@@ -98,7 +102,10 @@ impl SessionJournal {
     }
 
     pub fn progress(&self) -> Progress {
-        self.progress.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

@@ -57,18 +57,29 @@ pub struct AgentRunner {
 
 impl AgentRunner {
     pub fn new(params: AgentRunnerParams) -> Self {
-        Self { p: Arc::new(params) }
+        Self {
+            p: Arc::new(params),
+        }
     }
 }
 
 impl SessionRunner for AgentRunner {
-    fn run(&self, target: TargetId, run: Arc<RunJournal>, cancel: CancellationToken) -> SessionFuture {
+    fn run(
+        &self,
+        target: TargetId,
+        run: Arc<RunJournal>,
+        cancel: CancellationToken,
+    ) -> SessionFuture {
         let p = self.p.clone();
         Box::pin(async move {
             match prepare(&p, &target, &run) {
                 Ok(setup) => session::run(setup, cancel).await,
                 Err(reason) => {
-                    let _ = run.record("session_failed_to_start", Some(&target.to_string()), json!({"reason": reason}));
+                    let _ = run.record(
+                        "session_failed_to_start",
+                        Some(&target.to_string()),
+                        json!({"reason": reason}),
+                    );
                     SessionOutcome {
                         status: SessionStatus::Failed,
                         result: json!({"reason": reason, "infra": true}),
@@ -79,17 +90,29 @@ impl SessionRunner for AgentRunner {
     }
 }
 
-fn prepare(p: &AgentRunnerParams, target: &TargetId, run: &Arc<RunJournal>) -> Result<SessionSetup, String> {
-    let spec = p.catalog.get(target).ok_or_else(|| format!("{target} is not in the catalog"))?;
+fn prepare(
+    p: &AgentRunnerParams,
+    target: &TargetId,
+    run: &Arc<RunJournal>,
+) -> Result<SessionSetup, String> {
+    let spec = p
+        .catalog
+        .get(target)
+        .ok_or_else(|| format!("{target} is not in the catalog"))?;
     let session_dir = session_dir_for(run.dir(), target);
-    let baseline = p.baseline_root.join(format!("L{}", target.level())).join(format!("{}.py", target.stem()));
+    let baseline = p
+        .baseline_root
+        .join(format!("L{}", target.level()))
+        .join(format!("{}.py", target.stem()));
     let ws = Workspace::create(&WorkspaceParams {
         session_dir: session_dir.clone(),
         target: target.clone(),
         baseline,
     })
     .map_err(|e| format!("workspace: {e}"))?;
-    let journal = Arc::new(SessionJournal::open(run.clone(), target, &session_dir).map_err(|e| e.to_string())?);
+    let journal = Arc::new(
+        SessionJournal::open(run.clone(), target, &session_dir).map_err(|e| e.to_string())?,
+    );
     let shapes = crate::tools::shapes::captured_shapes(&p.captures, spec, 12)
         .unwrap_or_else(|e| format!("(no captured shapes available: {e})"));
     let prompt = render_optimize(&PromptFacts {

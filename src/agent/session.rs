@@ -14,7 +14,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::history::{self, INTERRUPTED_OUTPUT, Replay, kind};
 use super::journal::SessionJournal;
-use crate::llm::{FunctionCall, LlmClient, LlmError, LlmEvent, ToolSpec, TurnRequest, function_call_output, user_message};
+use crate::llm::{
+    FunctionCall, LlmClient, LlmError, LlmEvent, ToolSpec, TurnRequest, function_call_output,
+    user_message,
+};
 use crate::run::RunError;
 use crate::scheduler::{SessionOutcome, SessionStatus};
 use crate::tools::{ToolError, Toolbox};
@@ -119,23 +122,41 @@ fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
 async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunError> {
     let j = &s.journal;
     let run = j.run();
-    let events = run.store().events(run.run_id(), Some(&j.target().to_string()), 0)?;
+    let events = run
+        .store()
+        .events(run.run_id(), Some(&j.target().to_string()), 0)?;
     let replay = history::replay(&events);
     if let Some(done) = &replay.finished {
-        let status = if done["status"] == "PASS" { SessionStatus::Finished } else { SessionStatus::Failed };
-        return Ok(End::new(status, "finished before this resume; not run again"));
+        let status = if done["status"] == "PASS" {
+            SessionStatus::Finished
+        } else {
+            SessionStatus::Failed
+        };
+        return Ok(End::new(
+            status,
+            "finished before this resume; not run again",
+        ));
     }
     let mut history = start(s, &replay)?;
     j.update("running", |p| {
         p.turns = replay.turns;
         p.tokens = replay.tokens;
-        p.last_event = if replay.started { "resumed".into() } else { "started".into() };
+        p.last_event = if replay.started {
+            "resumed".into()
+        } else {
+            "started".into()
+        };
     })?;
     match s.llm.refresh_token().await {
         Ok(status) => {
             j.record("token_reloaded", json!({"source": status.source, "age_s": status.age.map(|a| a.as_secs()), "changed": status.changed, "why": "session start"}))?;
         }
-        Err(e) => return Ok(End { infra: true, ..End::new(SessionStatus::Failed, format!("provider token: {e}")) }),
+        Err(e) => {
+            return Ok(End {
+                infra: true,
+                ..End::new(SessionStatus::Failed, format!("provider token: {e}"))
+            });
+        }
     }
     for (call, started) in replay.pending {
         if started {
@@ -151,16 +172,28 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
 /// A fresh session records its prompt; a resumed one continues from its replayed history.
 fn start(s: &SessionSetup, replay: &Replay) -> Result<Vec<Value>, RunError> {
     if replay.started {
-        s.journal.record("session_resumed", json!({"turns": replay.turns, "pending_calls": replay.pending.len()}))?;
+        s.journal.record(
+            "session_resumed",
+            json!({"turns": replay.turns, "pending_calls": replay.pending.len()}),
+        )?;
         return Ok(replay.history.clone());
     }
-    s.journal.record(kind::SESSION_STARTED, json!({"prompt_sha256": s.prompt_sha256, "cache_key": s.cache_key}))?;
+    s.journal.record(
+        kind::SESSION_STARTED,
+        json!({"prompt_sha256": s.prompt_sha256, "cache_key": s.cache_key}),
+    )?;
     let item = user_message(&s.prompt_text);
-    s.journal.record(kind::USER_MESSAGE, json!({"item": item}))?;
+    s.journal
+        .record(kind::USER_MESSAGE, json!({"item": item}))?;
     Ok(vec![item])
 }
 
-async fn turn_loop(s: &SessionSetup, mut history: Vec<Value>, mut turns: u32, cancel: &CancellationToken) -> Result<End, RunError> {
+async fn turn_loop(
+    s: &SessionSetup,
+    mut history: Vec<Value>,
+    mut turns: u32,
+    cancel: &CancellationToken,
+) -> Result<End, RunError> {
     let j = &s.journal;
     let mut nudges = 0;
     loop {
@@ -168,11 +201,17 @@ async fn turn_loop(s: &SessionSetup, mut history: Vec<Value>, mut turns: u32, ca
             return Ok(End::new(SessionStatus::Interrupted, "stopped"));
         }
         if turns >= s.params.max_turns {
-            return Ok(End::new(SessionStatus::Failed, format!("turn budget of {} reached", s.params.max_turns)));
+            return Ok(End::new(
+                SessionStatus::Failed,
+                format!("turn budget of {} reached", s.params.max_turns),
+            ));
         }
         let tokens = j.progress().tokens;
         if s.params.max_tokens.is_some_and(|max| tokens >= max) {
-            return Ok(End::new(SessionStatus::Failed, format!("token budget reached ({tokens} tokens)")));
+            return Ok(End::new(
+                SessionStatus::Failed,
+                format!("token budget reached ({tokens} tokens)"),
+            ));
         }
         if history::estimate_tokens(&history) > s.params.compact_at_tokens {
             history = compact(j, &history, 4)?;
@@ -183,12 +222,20 @@ async fn turn_loop(s: &SessionSetup, mut history: Vec<Value>, mut turns: u32, ca
             Err(LlmError::ContextLengthExceeded { message }) => {
                 let (smaller, elided) = history::compact(&history, 0);
                 if elided == 0 {
-                    return Ok(End::new(SessionStatus::Failed, format!("context window exceeded even after compaction: {message}")));
+                    return Ok(End::new(
+                        SessionStatus::Failed,
+                        format!("context window exceeded even after compaction: {message}"),
+                    ));
                 }
                 history = record_compaction(j, smaller, elided, "context_length_exceeded")?;
                 continue;
             }
-            Err(LlmError::Cancelled) => return Ok(End::new(SessionStatus::Interrupted, "stopped during a model turn")),
+            Err(LlmError::Cancelled) => {
+                return Ok(End::new(
+                    SessionStatus::Interrupted,
+                    "stopped during a model turn",
+                ));
+            }
             Err(e) => {
                 return Ok(End {
                     infra: e.is_retryable(),
@@ -200,10 +247,15 @@ async fn turn_loop(s: &SessionSetup, mut history: Vec<Value>, mut turns: u32, ca
         let calls = crate::llm::function_calls(&output);
         if calls.is_empty() {
             if nudges >= s.params.nudges {
-                return Ok(End::new(SessionStatus::Failed, "the model stopped without calling finish"));
+                return Ok(End::new(
+                    SessionStatus::Failed,
+                    "the model stopped without calling finish",
+                ));
             }
             nudges += 1;
-            let item = user_message("Continue with the tools. Call `finish` with a short summary when the candidate is final.");
+            let item = user_message(
+                "Continue with the tools. Call `finish` with a short summary when the candidate is final.",
+            );
             j.record(kind::USER_MESSAGE, json!({"item": item, "nudge": nudges}))?;
             history.push(item);
             continue;
@@ -224,8 +276,16 @@ fn compact(j: &SessionJournal, history: &[Value], keep: usize) -> Result<Vec<Val
     record_compaction(j, smaller, elided, "history near the context window")
 }
 
-fn record_compaction(j: &SessionJournal, history: Vec<Value>, elided: usize, why: &str) -> Result<Vec<Value>, RunError> {
-    j.record(kind::COMPACTED, json!({"why": why, "elided_bytes": elided, "history": history}))?;
+fn record_compaction(
+    j: &SessionJournal,
+    history: Vec<Value>,
+    elided: usize,
+    why: &str,
+) -> Result<Vec<Value>, RunError> {
+    j.record(
+        kind::COMPACTED,
+        json!({"why": why, "elided_bytes": elided, "history": history}),
+    )?;
     Ok(history)
 }
 
@@ -304,14 +364,26 @@ async fn run_call(
     cancel: &CancellationToken,
 ) -> Result<Option<End>, RunError> {
     let j = &s.journal;
-    j.record(kind::TOOL_STARTED, json!({"call_id": call.call_id, "name": call.name, "arguments": call.arguments}))?;
-    j.update(state_for(&call.name), |p| p.last_event = format!("{} started", call.name))?;
+    j.record(
+        kind::TOOL_STARTED,
+        json!({"call_id": call.call_id, "name": call.name, "arguments": call.arguments}),
+    )?;
+    j.update(state_for(&call.name), |p| {
+        p.last_event = format!("{} started", call.name)
+    })?;
     let mut attempt = 0;
     let output = loop {
-        match s.toolbox.call(&call.name, &call.arguments, cancel.child_token()).await {
+        match s
+            .toolbox
+            .call(&call.name, &call.arguments, cancel.child_token())
+            .await
+        {
             Ok(out) => break out,
             Err(ToolError::Cancelled { .. }) => {
-                return Ok(Some(End::new(SessionStatus::Interrupted, format!("stopped during {}", call.name))));
+                return Ok(Some(End::new(
+                    SessionStatus::Interrupted,
+                    format!("stopped during {}", call.name),
+                )));
             }
             Err(e) if e.is_retryable() && attempt < s.params.infra_retries => {
                 attempt += 1;
@@ -324,10 +396,16 @@ async fn run_call(
             }
             Err(e) => {
                 // The call stays recorded as started: on resume the model is told it was interrupted.
-                j.record("tool_infra_error", json!({"call_id": call.call_id, "name": call.name, "why": e.to_string()}))?;
+                j.record(
+                    "tool_infra_error",
+                    json!({"call_id": call.call_id, "name": call.name, "why": e.to_string()}),
+                )?;
                 return Ok(Some(End {
                     infra: true,
-                    ..End::new(SessionStatus::Failed, format!("infrastructure failure in {}: {e}", call.name))
+                    ..End::new(
+                        SessionStatus::Failed,
+                        format!("infrastructure failure in {}: {e}", call.name),
+                    )
                 }));
             }
         }
@@ -336,13 +414,22 @@ async fn run_call(
         kind::TOOL_FINISHED,
         json!({"call_id": call.call_id, "name": call.name, "output": output.text, "is_error": output.is_error}),
     )?;
-    j.update("running", |p| p.last_event = format!("{} {}", call.name, if output.is_error { "failed" } else { "done" }))?;
+    j.update("running", |p| {
+        p.last_event = format!(
+            "{} {}",
+            call.name,
+            if output.is_error { "failed" } else { "done" }
+        )
+    })?;
     history.push(function_call_output(&call.call_id, &output.text));
     if let Some(summary) = output.finished {
         if !s.toolbox.workspace().candidate_file().is_file() {
             return Ok(Some(End {
                 summary: Some(summary),
-                ..End::new(SessionStatus::Failed, "the agent finished without writing a candidate")
+                ..End::new(
+                    SessionStatus::Failed,
+                    "the agent finished without writing a candidate",
+                )
             }));
         }
         return Ok(Some(End {

@@ -144,13 +144,13 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
             let choice = provider.unwrap_or(config.provider.clone());
             let p = ProviderConfig::load(&choice, &config.home, &env)?;
-            Err(not_yet(
-                "provider check",
-                &format!(
-                    "the Responses client is not built yet (provider `{}` at {} is valid)",
-                    p.name, p.base_url
-                ),
-            ))
+            let token = crate::llm::TokenProvider::from_source(&p.token, |var| {
+                std::env::var(var).ok().filter(|v| !v.is_empty())
+            })?;
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let report = crate::llm::check::check(p, token, &cancel).await;
+            print!("{}", crate::llm::check::render(&report));
+            Ok(report.exit_code())
         }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
