@@ -84,12 +84,17 @@ impl SessionJournal {
 
     /// Updates the counters with `f` and publishes the session row with `state`.
     pub fn update(&self, state: &str, f: impl FnOnce(&mut Progress)) -> Result<(), RunError> {
-        let snapshot = {
+        {
             let mut p = self.progress.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut p);
-            p.clone()
-        };
-        let detail = json!({
+        }
+        set_state(&self.run, &self.target, state, self.detail())
+    }
+
+    /// The counters as shown by `sessions` (also the base of `task_finished.result`).
+    pub fn detail(&self) -> Value {
+        let snapshot = self.progress();
+        json!({
             "turns": snapshot.turns,
             "tokens": snapshot.tokens,
             "leases": snapshot.leases,
@@ -97,8 +102,7 @@ impl SessionJournal {
             "best_speedup": snapshot.best_speedup.map(|s| format!("{s:.3}x")),
             "elapsed": format_elapsed(self.started.elapsed().as_secs()),
             "last_event": snapshot.last_event,
-        });
-        set_state(&self.run, &self.target, state, detail)
+        })
     }
 
     pub fn progress(&self) -> Progress {

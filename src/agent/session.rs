@@ -96,16 +96,11 @@ pub async fn run(setup: SessionSetup, cancel: CancellationToken) -> SessionOutco
 }
 
 fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
-    let p = journal.progress();
-    let result = json!({
-        "reason": end.reason,
-        "summary": end.summary,
-        "infra": end.infra,
-        "turns": p.turns,
-        "tokens": p.tokens,
-        "leases": p.leases,
-        "best_speedup": p.best_speedup,
-    });
+    let mut result = journal.detail();
+    result["reason"] = json!(end.reason);
+    result["summary"] = json!(end.summary);
+    result["infra"] = json!(end.infra);
+    result["last_event"] = json!(format!("{}: {}", end.status.word(), end.reason));
     if end.status != SessionStatus::Interrupted {
         let mut payload = result.clone();
         payload["status"] = json!(end.status.word());

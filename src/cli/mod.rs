@@ -3,6 +3,7 @@
 
 pub mod args;
 mod score;
+mod start;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -68,7 +69,7 @@ fn init_logging(daemon: bool) {
         .try_init();
 }
 
-fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
+pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
     let s = start.cloned().unwrap_or_default();
     Flags {
         home: global.home.clone(),
@@ -87,7 +88,7 @@ fn home(global: &GlobalArgs, env: &Env) -> Result<PathBuf, Error> {
     Ok(resolve_home(global.home.as_deref(), env)?)
 }
 
-fn not_yet(command: &str, why: &str) -> Error {
+pub(crate) fn not_yet(command: &str, why: &str) -> Error {
     Error::NotYet {
         command: command.to_string(),
         why: why.to_string(),
@@ -97,7 +98,7 @@ fn not_yet(command: &str, why: &str) -> Error {
 async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
     let catalog = Catalog::embedded();
     match cli.command {
-        Command::Start(ref start) => cmd_start(&cli.global, start, &env, &catalog).await,
+        Command::Start(ref start) => start::cmd_start(&cli.global, start, &env, &catalog).await,
         Command::Status => cmd_status(&home(&cli.global, &env)?).await,
         Command::Stop => cmd_stop(&home(&cli.global, &env)?).await,
         Command::Resume { .. } => Err(not_yet(
@@ -158,39 +159,6 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             Ok(0)
         }
     }
-}
-
-async fn cmd_start(
-    global: &GlobalArgs,
-    start: &StartArgs,
-    env: &Env,
-    catalog: &Catalog,
-) -> Result<i32, Error> {
-    let config = Config::load(&flags(global, Some(start)), env, catalog)?;
-    if !config.sim {
-        ProviderConfig::load(&config.provider, &config.home, env)?;
-    }
-    if let Some(pid) = daemon::lock::holder(&config.home) {
-        return Err(daemon::DaemonError::AlreadyRunning {
-            home: config.home.clone(),
-            pid: Some(pid),
-        }
-        .into());
-    }
-    Err(not_yet(
-        "start",
-        &format!(
-            "the configuration is valid ({} targets, mode {}, {} agents), but agent sessions{} are not built yet",
-            config.targets.len(),
-            config.mode.as_str(),
-            config.max_agents,
-            if config.sim {
-                " and the simulation"
-            } else {
-                ""
-            }
-        ),
-    ))
 }
 
 async fn cmd_status(home: &std::path::Path) -> Result<i32, Error> {
@@ -294,4 +262,23 @@ fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Er
         )));
     }
     daemon::open_store(home)
+}
+
+/// A private, patched, verified copy of the configured fastkernels checkout under the home.
+pub(crate) fn prepare_harness(
+    config: &Config,
+) -> Result<crate::harness::patches::PreparedHarness, Error> {
+    use crate::harness::patches::{PatchSeries, checkout_state, prepare};
+    let dir = config.fastkernels_dir.as_ref().ok_or_else(|| {
+        Error::Usage("fastkernels.dir = (not set): expected a clean fastkernels checkout; set FK_DIR or [fastkernels] dir".into())
+    })?;
+    let series_dir = crate::harness::write_shipped_series(&config.home)?;
+    let series = PatchSeries::load(&series_dir)?;
+    let (commit, _) = checkout_state(dir)?;
+    let stamp = time::OffsetDateTime::now_utc().unix_timestamp();
+    let dest = config
+        .home
+        .join("harness")
+        .join(format!("{}-{stamp}", &commit[..commit.len().min(12)]));
+    Ok(prepare(dir, &series, &dest)?)
 }

@@ -43,7 +43,34 @@ impl HarnessError {
     }
 }
 
-/// The patch series shipped with fk-agentd for the pinned fastkernels commit.
+/// The patch series shipped with fk-agentd for the pinned fastkernels commit, in the source
+/// tree (tests and developers).
 pub fn shipped_series_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("patches/fastkernels")
+}
+
+/// The shipped series, embedded in the binary so an installed fk-agentd carries it.
+pub const SHIPPED_SERIES: &[(&str, &str)] = &[
+    ("series", include_str!("../../patches/fastkernels/series")),
+    (
+        "0001-skip-fp8-reinit-without-deep-gemm.patch",
+        include_str!("../../patches/fastkernels/0001-skip-fp8-reinit-without-deep-gemm.patch"),
+    ),
+    (
+        "0001-skip-fp8-reinit-without-deep-gemm.check",
+        include_str!("../../patches/fastkernels/0001-skip-fp8-reinit-without-deep-gemm.check"),
+    ),
+];
+
+/// Writes the embedded series to `<home>/patches/fastkernels/` (replacing what is there, so
+/// the series always matches this binary) and returns that folder.
+pub fn write_shipped_series(home: &std::path::Path) -> Result<PathBuf, HarnessError> {
+    let dir = home.join("patches").join("fastkernels");
+    let io = |what: String| move |source| HarnessError::Io { what, source };
+    std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+    for (name, text) in SHIPPED_SERIES {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(io(format!("write {}", path.display())))?;
+    }
+    Ok(dir)
 }

@@ -284,7 +284,7 @@ fn candidate_text(target: &str, variant: u32, seed: u64) -> String {
         "# SIMULATED candidate for {target} (variant {variant}, seed {seed}); written by the scripted agent.\n\
          # The simulated bench derives its outcome from this file's hash; nothing here is executed.\n\
          import torch\n\n\
-         # sim: variant {variant}\n"
+         # variant {variant}\n"
     )
 }
 
