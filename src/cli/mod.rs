@@ -101,10 +101,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         Command::Start(ref start) => start::cmd_start(&cli.global, start, &env, &catalog).await,
         Command::Status => cmd_status(&home(&cli.global, &env)?).await,
         Command::Stop => cmd_stop(&home(&cli.global, &env)?).await,
-        Command::Resume { .. } => Err(not_yet(
-            "resume",
-            "resuming sessions needs the agent loop, which is not built yet",
-        )),
+        Command::Resume { run } => start::cmd_resume(&cli.global, run, &env, &catalog).await,
         Command::Sessions { run, json } => {
             cmd_sessions(&home(&cli.global, &env)?, run.as_deref(), json).await
         }

@@ -2,49 +2,22 @@
 //! provider, harness and GPUs), run it through the daemon, and print where everything went.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-use secrecy::SecretString;
-
 use super::args::{GlobalArgs, StartArgs};
-use crate::agent::gpu_tools::BenchGpuTools;
-use crate::agent::journal::SessionJournal;
 use crate::agent::session::LoopParams;
-use crate::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
-use crate::config::provider::{Limits, ProviderConfig, ReasoningEffort, TokenSource};
+use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS};
+use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env, Mode};
 use crate::daemon::{self, CampaignReport, DaemonParams};
 use crate::error::Error;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::score::driver::{BenchDriver, BenchLauncher, DirectLauncher, DriverParams};
-use crate::score::gate::WinnerGate;
-use crate::sim::server::{SIM_TOKEN, SimScript, SimServer};
+use crate::score::driver::{BenchDriver, DirectLauncher, DriverParams};
+use crate::sim::campaign::{BenchToolsFactory, SIM_SEED, SimParams};
 use crate::target::Catalog;
-use crate::tools::gpu::GpuTools;
 use crate::workspace::exec::ShellEnv;
-
-/// The seed of the embedded simulation (outcomes are a pure function of it).
-pub const SIM_SEED: u64 = 20261202;
-
-struct Factory<L> {
-    driver: Arc<BenchDriver<L>>,
-    simulated: bool,
-}
-
-impl<L: BenchLauncher + 'static> GpuToolsFactory for Factory<L> {
-    fn make(&self, journal: Arc<SessionJournal>) -> Arc<dyn GpuTools> {
-        Arc::new(BenchGpuTools {
-            driver: self.driver.clone(),
-            journal,
-            gate: WinnerGate::default(),
-            simulated: self.simulated,
-            validations: AtomicU32::new(0),
-        })
-    }
-}
 
 pub async fn cmd_start(
     global: &GlobalArgs,
@@ -70,10 +43,62 @@ pub async fn cmd_start(
     if start.detach {
         return detach(&config.home);
     }
+    if let Some(unfinished) = unfinished_run(&config.home)? {
+        eprintln!(
+            "note: run {unfinished} is unfinished; `fk-agentd resume {unfinished}` continues it. Starting a new run."
+        );
+    }
     let report = if config.sim {
-        run_sim(config, catalog).await?
+        run_sim(config, catalog, None).await?
     } else {
-        run_real(config, env, catalog).await?
+        run_real(config, env, catalog, None).await?
+    };
+    print_report(&report);
+    Ok(if report.status == "PASS" { 0 } else { 1 })
+}
+
+/// The newest run that did not finish (interrupted, or left `running` by a killed daemon).
+fn unfinished_run(home: &Path) -> Result<Option<String>, Error> {
+    if !home.join("fk-agentd.db").exists() {
+        return Ok(None);
+    }
+    let store = daemon::open_store(home)?;
+    Ok(store
+        .runs()?
+        .into_iter()
+        .find(|r| r.status == "interrupted" || r.status == "running")
+        .map(|r| r.id))
+}
+
+/// `fk-agentd resume [RUN]`: continues an unfinished run with the parts it was started with.
+pub async fn cmd_resume(
+    global: &GlobalArgs,
+    run: Option<String>,
+    env: &Env,
+    catalog: &Catalog,
+) -> Result<i32, Error> {
+    let home = crate::config::resolve_home(global.home.as_deref(), env)?;
+    if let Some(pid) = daemon::lock::holder(&home) {
+        return Err(daemon::DaemonError::AlreadyRunning {
+            home,
+            pid: Some(pid),
+        }
+        .into());
+    }
+    let run_id = match run {
+        Some(r) => r,
+        None => unfinished_run(&home)?
+            .ok_or_else(|| Error::Usage(format!("no unfinished run under {}", home.display())))?,
+    };
+    let row = daemon::open_store(&home)?.run(Some(&run_id))?;
+    let mut flags = super::flags(global, None);
+    flags.sim = row.simulated;
+    flags.mode = Some(row.mode.clone());
+    let config = Config::load(&flags, env, catalog)?;
+    let report = if row.simulated {
+        run_sim(config, catalog, Some(run_id)).await?
+    } else {
+        run_real(config, env, catalog, Some(run_id)).await?
     };
     print_report(&report);
     Ok(if report.status == "PASS" { 0 } else { 1 })
@@ -135,101 +160,25 @@ fn print_report(r: &CampaignReport) {
     }
 }
 
-fn sim_provider(base_url: &str) -> ProviderConfig {
-    ProviderConfig {
-        name: "simulation".into(),
-        origin: "embedded simulation".into(),
-        base_url: base_url.to_string(),
-        model: "simulated-agent".into(),
-        reasoning_effort: ReasoningEffort::High,
-        reasoning_summary: "auto".into(),
-        token: TokenSource::Sim,
-        headers: BTreeMap::new(),
-        limits: Limits {
-            requests_per_minute: 100_000,
-            tokens_per_minute: 4_000_000_000,
-            max_retries: 5,
-            stream_idle_timeout: Duration::from_secs(60),
-            context_window: 400_000,
-        },
-        prices: None,
-    }
-}
-
-/// Writes the simulated baselines (labelled as such) for every catalog target.
-fn sim_baselines(home: &Path, catalog: &Catalog) -> Result<PathBuf, Error> {
-    let root = home.join("sim-baselines");
-    for t in catalog.targets() {
-        let dir = root.join(format!("L{}", t.id.level()));
-        let path = dir.join(format!("{}.py", t.id.stem()));
-        if path.is_file() {
-            continue;
-        }
-        let mut text = format!(
-            "# SIMULATED baseline for {} written by fk-agentd's simulation; not fastkernels code.\nimport torch\n",
-            t.id
-        );
-        for class in &t.classes {
-            text.push_str(&format!(
-                "\n\nclass {class}(torch.nn.Module):\n    def forward(self, *args):\n        raise NotImplementedError(\"simulated baseline\")\n"
-            ));
-        }
-        std::fs::create_dir_all(&dir)
-            .and_then(|_| std::fs::write(&path, text))
-            .map_err(|e| {
-                Error::Usage(format!(
-                    "cannot write simulated baselines under {}: {e}",
-                    root.display()
-                ))
-            })?;
-    }
-    Ok(root)
-}
-
-async fn run_sim(config: Config, catalog: &Catalog) -> Result<CampaignReport, Error> {
-    let server = SimServer::start(SimScript {
-        seed: SIM_SEED,
-        max_think: Duration::from_millis(400),
-    })
-    .await
-    .map_err(|e| {
-        daemon::DaemonError::Control(format!("cannot start the simulated Responses server: {e}"))
-    })?;
-    let token = TokenProvider::literal(SecretString::from(SIM_TOKEN))?;
-    let llm = Arc::new(LlmClient::new(sim_provider(&server.base_url), token)?);
-    daemon::ensure_home(&config.home)?;
-    let baseline_root = sim_baselines(&config.home, catalog)?;
+async fn run_sim(
+    config: Config,
+    catalog: &Catalog,
+    resume: Option<String>,
+) -> Result<CampaignReport, Error> {
     let exe = std::env::current_exe()
         .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
-    let driver = BenchDriver::new(
-        DriverParams {
-            command: crate::sim::bench::command(&exe, SIM_SEED),
-            fastkernels_dir: None,
-            captures: config.captures.clone(),
-            deadline: config.lease_timeout,
-            parallel: 8,
-            env_remove: Vec::new(),
-        },
-        DirectLauncher,
-    )
-    .await?;
-    let runner = AgentRunner::new(AgentRunnerParams {
-        llm,
-        catalog: catalog.clone(),
-        baseline_root,
-        captures: config.captures.clone(),
-        gpu: Arc::new(Factory {
-            driver: Arc::new(driver),
-            simulated: true,
-        }),
-        shell_env: ShellEnv::from_parent(std::env::vars(), []),
-        loop_params: LoopParams::new(INSTRUCTIONS.to_string(), 400_000),
-    });
+    let params = SimParams {
+        exe,
+        seed: SIM_SEED,
+        max_think: Duration::from_millis(400),
+    };
+    let (runner, server) = crate::sim::campaign::build(&config, catalog, &params).await?;
     let report = daemon::run_campaign(
         DaemonParams {
             config,
             runner: Arc::new(runner),
             drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
+            resume,
         },
         daemon::signals(),
     )
@@ -238,7 +187,12 @@ async fn run_sim(config: Config, catalog: &Catalog) -> Result<CampaignReport, Er
     report
 }
 
-async fn run_real(config: Config, env: &Env, catalog: &Catalog) -> Result<CampaignReport, Error> {
+async fn run_real(
+    config: Config,
+    env: &Env,
+    catalog: &Catalog,
+    resume: Option<String>,
+) -> Result<CampaignReport, Error> {
     let provider = ProviderConfig::load(&config.provider, &config.home, env)?;
     let context_window = provider.limits.context_window;
     let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
@@ -262,7 +216,7 @@ async fn run_real(config: Config, env: &Env, catalog: &Catalog) -> Result<Campai
         catalog: catalog.clone(),
         baseline_root,
         captures: config.captures.clone(),
-        gpu: Arc::new(Factory {
+        gpu: Arc::new(BenchToolsFactory {
             driver: Arc::new(driver),
             simulated: false,
         }),
@@ -274,6 +228,7 @@ async fn run_real(config: Config, env: &Env, catalog: &Catalog) -> Result<Campai
             config,
             runner: Arc::new(runner),
             drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
+            resume,
         },
         daemon::signals(),
     )

@@ -10,7 +10,7 @@ pub mod lock;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -21,6 +21,7 @@ use crate::control::{self, ControlState, DaemonStatus};
 use crate::run::{NewRun, RunJournal};
 use crate::scheduler::{self, PhaseReport, SchedulerParams, SessionRunner};
 use crate::store::{Store, now_rfc3339};
+use crate::target::TargetId;
 
 pub use lock::DaemonLock;
 
@@ -54,6 +55,8 @@ pub struct DaemonParams {
     pub config: Config,
     pub runner: Arc<dyn SessionRunner>,
     pub drain_deadline: Duration,
+    /// Continue this unfinished run instead of creating a new one.
+    pub resume: Option<String>,
 }
 
 /// How a campaign ended.
@@ -97,34 +100,12 @@ pub async fn run_campaign(
     ensure_home(&config.home)?;
     let _lock = DaemonLock::acquire(&config.home)?;
     let store = open_store(&config.home)?;
-    let targets: Vec<String> = config.targets.iter().map(ToString::to_string).collect();
-    let journal = Arc::new(RunJournal::create(
-        &store,
-        &config.home,
-        &NewRun {
-            mode: config.mode,
-            targets_spec: &config.targets_spec,
-            targets: targets.clone(),
-            simulated: config.sim,
-        },
-    )?);
-    journal.record(
-        "run_started",
-        None,
-        json!({
-            "run_id": journal.run_id(),
-            "simulated": config.sim,
-            "mode": config.mode.as_str(),
-            "targets": targets,
-            "job_count": targets.len(),
-            "pid": std::process::id(),
-            "settings": config.settings,
-        }),
-    )?;
-
+    let (journal, targets) = match &params.resume {
+        Some(run_id) => reopen(&store, config, run_id)?,
+        None => (Arc::new(create(&store, config)?), config.targets.clone()),
+    };
     let root = CancellationToken::new();
     let started_at = now_rfc3339();
-    let stopping = Arc::new(Mutex::new(false));
     let listener = control::bind(&control::socket_path(&config.home))?;
     let control_state = ControlState {
         store: store.clone(),
@@ -134,8 +115,8 @@ pub async fn run_campaign(
             &store,
             &journal,
             config,
+            targets.len(),
             started_at,
-            stopping.clone(),
             root.clone(),
         ),
     };
@@ -168,7 +149,7 @@ pub async fn run_campaign(
     .await;
     signal_task.abort();
     let phase = phase?;
-    let finished = scheduler::run_finished_payload(&config.targets, &phase);
+    let finished = scheduler::run_finished_payload(&targets, &phase);
     let status = finished["status"].as_str().unwrap_or("FAIL").to_string();
     journal.record("run_finished", None, finished)?;
     store.set_run_status(journal.run_id(), &run_status_word(&status))?;
@@ -186,6 +167,60 @@ pub async fn run_campaign(
     })
 }
 
+fn create(store: &Store, config: &Config) -> Result<RunJournal, crate::Error> {
+    let targets: Vec<String> = config.targets.iter().map(ToString::to_string).collect();
+    let journal = RunJournal::create(
+        store,
+        &config.home,
+        &NewRun {
+            mode: config.mode,
+            targets_spec: &config.targets_spec,
+            targets: targets.clone(),
+            simulated: config.sim,
+        },
+    )?;
+    journal.record(
+        "run_started",
+        None,
+        json!({
+            "run_id": journal.run_id(),
+            "simulated": config.sim,
+            "mode": config.mode.as_str(),
+            "targets": targets,
+            "job_count": targets.len(),
+            "pid": std::process::id(),
+            "settings": config.settings,
+        }),
+    )?;
+    Ok(journal)
+}
+
+/// Reopens an unfinished run: its own targets, a `run_resumed` event, status back to running.
+fn reopen(
+    store: &Store,
+    config: &Config,
+    run_id: &str,
+) -> Result<(Arc<RunJournal>, Vec<TargetId>), crate::Error> {
+    let row = store.run(Some(run_id))?;
+    if row.status == "finished" {
+        return Err(crate::Error::Usage(format!(
+            "run {run_id} already finished; nothing to resume (start a new run with `fk-agentd start`)"
+        )));
+    }
+    let mut targets = Vec::new();
+    for t in &row.targets {
+        targets.push(t.parse::<TargetId>()?);
+    }
+    let journal = RunJournal::open(store, &config.home, run_id)?;
+    store.set_run_status(run_id, "running")?;
+    journal.record(
+        "run_resumed",
+        None,
+        json!({"pid": std::process::id(), "previous_status": row.status}),
+    )?;
+    Ok((Arc::new(journal), targets))
+}
+
 fn run_status_word(status: &str) -> String {
     match status {
         "PASS" => "finished",
@@ -199,8 +234,8 @@ fn status_fn(
     store: &Store,
     journal: &RunJournal,
     config: &Config,
+    count: usize,
     started_at: String,
-    stopping: Arc<Mutex<bool>>,
     root: CancellationToken,
 ) -> Arc<dyn Fn() -> DaemonStatus + Send + Sync> {
     let store = store.clone();
@@ -208,13 +243,12 @@ fn status_fn(
     let home = config.home.display().to_string();
     let mode = config.mode.as_str().to_string();
     let sim = config.sim;
-    let count = config.targets.len();
     Arc::new(move || {
         let mut states = BTreeMap::new();
         for row in store.sessions(&run_id).unwrap_or_default() {
             *states.entry(row.state).or_insert(0) += 1;
         }
-        let stop = root.is_cancelled() || *stopping.lock().unwrap_or_else(|p| p.into_inner());
+        let stop = root.is_cancelled();
         DaemonStatus {
             pid: std::process::id(),
             home: home.clone(),

@@ -4,4 +4,5 @@
 //! simulated run says SIMULATED.
 
 pub mod bench;
+pub mod campaign;
 pub mod server;

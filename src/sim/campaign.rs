@@ -1,0 +1,162 @@
+//! The simulated campaign, assembled from the real parts: the scripted server on loopback, the
+//! real Responses client, the real agent loop and tools, and the simulated bench run as a real
+//! subprocess (`fk-agentd sim-bench`). `start --sim` and the integration tests both use it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+use std::time::Duration;
+
+use secrecy::SecretString;
+
+use super::server::{SIM_TOKEN, SimScript, SimServer};
+use crate::agent::gpu_tools::BenchGpuTools;
+use crate::agent::journal::SessionJournal;
+use crate::agent::session::LoopParams;
+use crate::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
+use crate::config::Config;
+use crate::config::provider::{Limits, ProviderConfig, ReasoningEffort, TokenSource};
+use crate::error::Error;
+use crate::llm::{LlmClient, TokenProvider};
+use crate::score::driver::{BenchDriver, BenchLauncher, DirectLauncher, DriverParams};
+use crate::score::gate::WinnerGate;
+use crate::target::Catalog;
+use crate::tools::gpu::GpuTools;
+use crate::workspace::exec::ShellEnv;
+
+/// The seed of the embedded simulation (outcomes are a pure function of it).
+pub const SIM_SEED: u64 = 20261202;
+
+/// Makes a session's GPU tools around one shared bench driver.
+pub struct BenchToolsFactory<L> {
+    pub driver: Arc<BenchDriver<L>>,
+    pub simulated: bool,
+}
+
+impl<L: BenchLauncher + 'static> GpuToolsFactory for BenchToolsFactory<L> {
+    fn make(&self, journal: Arc<SessionJournal>) -> Arc<dyn GpuTools> {
+        Arc::new(BenchGpuTools {
+            driver: self.driver.clone(),
+            journal,
+            gate: WinnerGate::default(),
+            simulated: self.simulated,
+            validations: AtomicU32::new(0),
+        })
+    }
+}
+
+/// How to assemble a simulated campaign.
+#[derive(Clone, Debug)]
+pub struct SimParams {
+    /// The fk-agentd binary that serves `sim-bench`.
+    pub exe: PathBuf,
+    pub seed: u64,
+    pub max_think: Duration,
+}
+
+/// The provider the simulation's client talks to.
+pub fn sim_provider(base_url: &str) -> ProviderConfig {
+    ProviderConfig {
+        name: "simulation".into(),
+        origin: "embedded simulation".into(),
+        base_url: base_url.to_string(),
+        model: "simulated-agent".into(),
+        reasoning_effort: ReasoningEffort::High,
+        reasoning_summary: "auto".into(),
+        token: TokenSource::Sim,
+        headers: BTreeMap::new(),
+        limits: Limits {
+            requests_per_minute: 100_000,
+            tokens_per_minute: 4_000_000_000,
+            max_retries: 5,
+            stream_idle_timeout: Duration::from_secs(60),
+            context_window: 400_000,
+        },
+        prices: None,
+    }
+}
+
+/// Writes the simulated baselines (labelled as such) for every catalog target.
+pub fn sim_baselines(home: &Path, catalog: &Catalog) -> Result<PathBuf, Error> {
+    let root = home.join("sim-baselines");
+    for t in catalog.targets() {
+        let dir = root.join(format!("L{}", t.id.level()));
+        let path = dir.join(format!("{}.py", t.id.stem()));
+        if path.is_file() {
+            continue;
+        }
+        let mut text = format!(
+            "# SIMULATED baseline for {} written by fk-agentd's simulation; not fastkernels code.\nimport torch\n",
+            t.id
+        );
+        for class in &t.classes {
+            text.push_str(&format!(
+                "\n\nclass {class}(torch.nn.Module):\n    def forward(self, *args):\n        raise NotImplementedError(\"simulated baseline\")\n"
+            ));
+        }
+        std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::write(&path, text))
+            .map_err(|e| {
+                Error::Usage(format!(
+                    "cannot write simulated baselines under {}: {e}",
+                    root.display()
+                ))
+            })?;
+    }
+    Ok(root)
+}
+
+/// Starts the scripted server and builds the session runner. Keep the server alive for the
+/// campaign; shut it down afterwards.
+pub async fn build(
+    config: &Config,
+    catalog: &Catalog,
+    params: &SimParams,
+) -> Result<(AgentRunner, SimServer), Error> {
+    let server = SimServer::start(SimScript {
+        seed: params.seed,
+        max_think: params.max_think,
+    })
+    .await
+    .map_err(|e| {
+        crate::daemon::DaemonError::Control(format!(
+            "cannot start the simulated Responses server: {e}"
+        ))
+    })?;
+    let token = TokenProvider::literal(SecretString::from(SIM_TOKEN))?;
+    let llm = Arc::new(LlmClient::new(sim_provider(&server.base_url), token)?);
+    crate::daemon::ensure_home(&config.home)?;
+    let baseline_root = sim_baselines(&config.home, catalog)?;
+    let driver = BenchDriver::new(
+        DriverParams {
+            command: super::bench::command(&params.exe, params.seed),
+            fastkernels_dir: None,
+            captures: config.captures.clone(),
+            deadline: config.lease_timeout,
+            parallel: 8,
+            env_remove: Vec::new(),
+        },
+        DirectLauncher,
+    )
+    .await?;
+    let runner = AgentRunner::new(AgentRunnerParams {
+        llm,
+        catalog: catalog.clone(),
+        baseline_root,
+        captures: config.captures.clone(),
+        gpu: Arc::new(BenchToolsFactory {
+            driver: Arc::new(driver),
+            simulated: true,
+        }),
+        shell_env: ShellEnv::from_parent(
+            [(
+                "PATH".to_string(),
+                "/usr/local/bin:/usr/bin:/bin".to_string(),
+            )],
+            [],
+        ),
+        loop_params: LoopParams::new(INSTRUCTIONS.to_string(), 400_000),
+    });
+    Ok((runner, server))
+}
