@@ -67,6 +67,8 @@ struct End {
     reason: String,
     summary: Option<String>,
     infra: bool,
+    /// The `session_finished` payload of a session that ended before a resume.
+    recorded: Option<Value>,
 }
 
 impl End {
@@ -76,6 +78,7 @@ impl End {
             reason: reason.into(),
             summary: None,
             infra: false,
+            recorded: None,
         }
     }
 }
@@ -96,6 +99,12 @@ pub async fn run(setup: SessionSetup, cancel: CancellationToken) -> SessionOutco
 }
 
 fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
+    if let Some(result) = end.recorded {
+        return SessionOutcome {
+            status: end.status,
+            result,
+        };
+    }
     let mut result = journal.detail();
     result["reason"] = json!(end.reason);
     result["summary"] = json!(end.summary);

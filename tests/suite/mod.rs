@@ -1,3 +1,4 @@
+mod agent;
 mod cli;
 mod config;
 mod daemon;
@@ -6,6 +7,7 @@ mod llm;
 mod llm_check;
 mod llm_fake;
 mod llm_secrets;
+mod report;
 mod score;
 mod score_cli;
 mod score_sim;

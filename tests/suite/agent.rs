@@ -1,0 +1,377 @@
+//! Agent sessions run in-process by the daemon: against the scripted simulation server (real
+//! HTTP/SSE, real client, real tools, simulated bench as a subprocess) and against the fake
+//! Responses server for hand-written scripts.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use fk_agentd::agent::journal::SessionJournal;
+use fk_agentd::agent::session::LoopParams;
+use fk_agentd::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
+use fk_agentd::config::{Config, Env, Flags};
+use fk_agentd::daemon::{self, CampaignReport, DaemonParams};
+use fk_agentd::llm::{LlmClient, TokenProvider};
+use fk_agentd::run::RunJournal;
+use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionStatus};
+use fk_agentd::sim::campaign::{SimParams, sim_baselines, sim_provider};
+use fk_agentd::store::Event;
+use fk_agentd::target::{Catalog, TargetId};
+use fk_agentd::tools::{GpuTools, NoGpuTools};
+use fk_agentd::workspace::ShellEnv;
+use pretty_assertions::assert_eq;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::llm_fake::{FakeResponses, function_call_item, reasoning_item, sse_response};
+
+fn config(
+    home: &Path,
+    targets: &str,
+    max_agents: i64,
+    session_timeout: &str,
+    lease_timeout: &str,
+) -> Config {
+    let flags = Flags {
+        home: Some(home.to_path_buf()),
+        targets: Some(targets.into()),
+        max_agents: Some(max_agents),
+        session_timeout: Some(session_timeout.into()),
+        lease_timeout: Some(lease_timeout.into()),
+        sim: true,
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    Config::load(&flags, &env, &Catalog::embedded()).unwrap()
+}
+
+fn sim_params(max_think: Duration) -> SimParams {
+    SimParams {
+        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
+        seed: 7,
+        max_think,
+    }
+}
+
+/// Wraps a runner and counts how many of its sessions run at once.
+struct Counting {
+    inner: AgentRunner,
+    now: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl SessionRunner for Counting {
+    fn run(
+        &self,
+        target: TargetId,
+        journal: Arc<RunJournal>,
+        cancel: CancellationToken,
+    ) -> SessionFuture {
+        let (now, peak) = (self.now.clone(), self.peak.clone());
+        let fut = self.inner.run(target, journal, cancel);
+        Box::pin(async move {
+            peak.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            let out = fut.await;
+            now.fetch_sub(1, Ordering::SeqCst);
+            out
+        })
+    }
+}
+
+async fn campaign(
+    config: Config,
+    runner: Arc<dyn SessionRunner>,
+    resume: Option<String>,
+    stop_after: Option<Duration>,
+) -> CampaignReport {
+    let shutdown = async move {
+        match stop_after {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    daemon::run_campaign(
+        DaemonParams {
+            config,
+            runner,
+            drain_deadline: Duration::from_secs(30),
+            resume,
+        },
+        shutdown,
+    )
+    .await
+    .unwrap()
+}
+
+fn events(home: &Path, run: &str) -> Vec<Event> {
+    daemon::open_store(home)
+        .unwrap()
+        .events(run, None, 0)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fourteen_simulated_agents_with_a_cap_of_twelve_all_finish_and_never_exceed_it() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1", 12, "5h", "1m");
+    let targets: Vec<TargetId> = cfg.targets.iter().take(14).cloned().collect();
+    let cfg = Config { targets, ..cfg };
+    let (inner, server) = fk_agentd::sim::campaign::build(
+        &cfg,
+        &Catalog::embedded(),
+        &sim_params(Duration::from_millis(60)),
+    )
+    .await
+    .unwrap();
+    let peak = Arc::new(AtomicUsize::new(0));
+    let runner = Counting {
+        inner,
+        now: Arc::default(),
+        peak: peak.clone(),
+    };
+    let report = campaign(cfg, Arc::new(runner), None, None).await;
+    server.shutdown().await;
+    assert_eq!(report.status, "PASS", "{report:?}");
+    assert_eq!(report.phase.results.len(), 14);
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= 12 && peak >= 2, "peak {peak}");
+    let evs = events(home.path(), &report.run_id);
+    let validations = evs.iter().filter(|e| e.kind == "validation").count();
+    assert!(
+        validations >= 14,
+        "every agent validated at least once ({validations})"
+    );
+    for t in report.phase.results.keys() {
+        let candidate = report
+            .run_dir
+            .join("sessions")
+            .join(format!("L{}", t.level()))
+            .join(t.stem())
+            .join("candidate")
+            .join(t.candidate_path());
+        assert!(candidate.is_file(), "{} has no candidate", t);
+        let transcript = report
+            .run_dir
+            .join("sessions")
+            .join(format!("L{}", t.level()))
+            .join(t.stem())
+            .join("transcript.jsonl");
+        assert!(std::fs::read_to_string(transcript).unwrap().lines().count() > 5);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L2", 12, "5h", "1m");
+    let params = sim_params(Duration::from_millis(150));
+    let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
+        .await
+        .unwrap();
+    let first = campaign(
+        cfg.clone(),
+        Arc::new(runner),
+        None,
+        Some(Duration::from_millis(1500)),
+    )
+    .await;
+    server.shutdown().await;
+    assert_eq!(first.status, "INTERRUPTED");
+    let interrupted = first
+        .phase
+        .results
+        .values()
+        .filter(|s| **s == SessionStatus::Interrupted)
+        .count();
+    assert!(
+        interrupted > 0,
+        "the stop came too late to interrupt anything"
+    );
+
+    let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
+        .await
+        .unwrap();
+    let second = campaign(cfg, Arc::new(runner), Some(first.run_id.clone()), None).await;
+    server.shutdown().await;
+    assert_eq!(second.run_id, first.run_id);
+    assert_eq!(second.status, "PASS", "{second:?}");
+    assert!(
+        second
+            .phase
+            .results
+            .values()
+            .all(|s| *s == SessionStatus::Finished)
+    );
+
+    let evs = events(home.path(), &first.run_id);
+    let mut started: BTreeMap<String, usize> = BTreeMap::new();
+    let mut finished: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &evs {
+        let id = e.payload["call_id"].as_str().unwrap_or("").to_string();
+        match e.kind.as_str() {
+            "tool_started" => *started.entry(id).or_default() += 1,
+            "tool_finished" => *finished.entry(id).or_default() += 1,
+            _ => {}
+        }
+    }
+    assert!(started.values().all(|n| *n == 1), "a tool call ran twice");
+    assert!(
+        finished.values().all(|n| *n == 1),
+        "a tool call was answered twice"
+    );
+    assert_eq!(
+        started.keys().collect::<Vec<_>>(),
+        finished.keys().collect::<Vec<_>>()
+    );
+    let sessions_finished = evs.iter().filter(|e| e.kind == "session_finished").count();
+    assert_eq!(sessions_finished, 64, "each session finished exactly once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_session_timeout_ends_a_session_whose_model_never_answers() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu", 12, "30s", "10s");
+    // The scripted model "thinks" for ten hours; the 30 s session timeout comes first.
+    let (runner, server) = fk_agentd::sim::campaign::build(
+        &cfg,
+        &Catalog::embedded(),
+        &sim_params(Duration::from_secs(36_000)),
+    )
+    .await
+    .unwrap();
+    let t0 = tokio::time::Instant::now();
+    let report = campaign(cfg, Arc::new(runner), None, None).await;
+    server.shutdown().await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(30));
+    let gelu: TargetId = "L1/gelu".parse().unwrap();
+    assert_eq!(report.phase.results[&gelu], SessionStatus::TimedOut);
+    let evs = events(home.path(), &report.run_id);
+    let finished = evs.iter().find(|e| e.kind == "task_finished").unwrap();
+    assert_eq!(finished.payload["status"], "TIMEOUT");
+    assert!(
+        finished.payload["result"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("session timeout (30s)")
+    );
+}
+
+struct NoGpu;
+impl GpuToolsFactory for NoGpu {
+    fn make(&self, _journal: Arc<SessionJournal>) -> Arc<dyn GpuTools> {
+        Arc::new(NoGpuTools)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_tries_to_escape_its_workspace_is_refused() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
+    let outside = home.path().join("escaped.py");
+    let write = |call: &str, path: &str| {
+        function_call_item(
+            &format!("fc_{call}"),
+            call,
+            "write_file",
+            json!({"path": path, "content": "x = 1\n"}),
+        )
+    };
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[
+                reasoning_item("rs_1", "try", "enc1"),
+                write("c1", "../../../../escaped.py"),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r2",
+            &[
+                reasoning_item("rs_2", "try", "enc2"),
+                write("c2", outside.to_str().unwrap()),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r3",
+            &[
+                reasoning_item("rs_3", "ok", "enc3"),
+                write("c3", "candidate/L1/gelu.py"),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r4",
+            &[
+                reasoning_item("rs_4", "done", "enc4"),
+                function_call_item("fc_c4", "c4", "finish", json!({"summary": "done"})),
+            ],
+            [10, 0, 5, 1],
+        ),
+    ])
+    .await;
+    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-escape")).unwrap();
+    let llm = Arc::new(LlmClient::new(sim_provider(&fake.base_url), token).unwrap());
+    let runner = AgentRunner::new(AgentRunnerParams {
+        llm,
+        catalog: Catalog::embedded(),
+        baseline_root: sim_baselines(home.path(), &Catalog::embedded()).unwrap(),
+        captures: cfg.captures.clone(),
+        gpu: Arc::new(NoGpu),
+        shell_env: ShellEnv::from_parent([], []),
+        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
+    });
+    let report = campaign(cfg, Arc::new(runner), None, None).await;
+    assert_eq!(report.status, "PASS");
+    assert!(!outside.exists());
+    let evs = events(home.path(), &report.run_id);
+    let outputs: Vec<(String, bool)> = evs
+        .iter()
+        .filter(|e| e.kind == "tool_finished")
+        .map(|e| {
+            (
+                e.payload["call_id"].as_str().unwrap().to_string(),
+                e.payload["is_error"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outputs,
+        vec![
+            ("c1".into(), true),
+            ("c2".into(), true),
+            ("c3".into(), false),
+            ("c4".into(), false)
+        ]
+    );
+    // Every request carried the whole history, reasoning items included, in order.
+    let bodies = fake.answered_bodies();
+    assert_eq!(bodies.len(), 4);
+    let last_input = bodies[3]["input"].as_array().unwrap();
+    let types: Vec<&str> = last_input
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "message",
+            "reasoning",
+            "function_call",
+            "function_call_output",
+            "reasoning",
+            "function_call",
+            "function_call_output",
+            "reasoning",
+            "function_call",
+            "function_call_output"
+        ]
+    );
+    assert_eq!(last_input[1]["encrypted_content"], "enc1");
+}
