@@ -7,6 +7,7 @@
 use crate::config::ConfigError;
 use crate::control::ControlError;
 use crate::daemon::DaemonError;
+use crate::gpu::LeaseError;
 use crate::run::RunError;
 use crate::store::StoreError;
 use crate::target::TargetError;
@@ -32,6 +33,8 @@ pub enum Error {
     Daemon(#[from] DaemonError),
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -51,6 +54,7 @@ impl Error {
             Error::Store(_) | Error::Run(_) | Error::NotYet { .. } => EXIT_UNAVAILABLE,
             Error::Daemon(e) => e.exit_code(),
             Error::Control(_) => EXIT_UNAVAILABLE,
+            Error::Lease(e) => e.exit_code(),
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

@@ -12,6 +12,7 @@
 //! | [`scheduler`] | the only spawner of sessions: cap, order, session timeout, run events     |
 //! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
 //! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
+//! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, reclaim, health   |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
@@ -26,6 +27,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod gpu;
 pub mod report;
 pub mod run;
 pub mod scheduler;

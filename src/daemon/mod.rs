@@ -97,6 +97,7 @@ pub async fn run_campaign(
     ensure_home(&config.home)?;
     let _lock = DaemonLock::acquire(&config.home)?;
     let store = open_store(&config.home)?;
+    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
     let targets: Vec<String> = config.targets.iter().map(ToString::to_string).collect();
     let journal = Arc::new(RunJournal::create(
         &store,
@@ -138,6 +139,7 @@ pub async fn run_campaign(
             stopping.clone(),
             root.clone(),
         ),
+        broker: Some(broker.clone()),
     };
     let server_token = CancellationToken::new();
     let server = tokio::spawn(control::serve(
@@ -173,6 +175,7 @@ pub async fn run_campaign(
     journal.record("run_finished", None, finished)?;
     store.set_run_status(journal.run_id(), &run_status_word(&status))?;
 
+    broker.shutdown().await;
     server_token.cancel();
     if let Ok(Err(e)) = server.await {
         tracing::warn!(error = %e, "control API ended with an error");
