@@ -55,7 +55,7 @@ pub struct LeaseCall {
 pub enum LeaseFrame {
     Stdout { data: String },
     Stderr { data: String },
-    Outcome { outcome: LeaseOutcome },
+    Outcome { outcome: Box<LeaseOutcome> },
     Error { message: String, exit_code: i32 },
 }
 
@@ -251,7 +251,9 @@ async fn pump(
     };
     forward(&mut out, &mut err, &tx, true).await;
     let last = match result {
-        Ok(outcome) => LeaseFrame::Outcome { outcome },
+        Ok(outcome) => LeaseFrame::Outcome {
+            outcome: Box::new(outcome),
+        },
         Err(e) => LeaseFrame::Error {
             message: e.to_string(),
             exit_code: e.exit_code(),
@@ -283,7 +285,7 @@ async fn forward(
 /// How a `lease` call ended.
 #[derive(Debug)]
 pub enum LeaseEnd {
-    Finished(LeaseOutcome),
+    Finished(Box<LeaseOutcome>),
     /// The daemon refused or failed the request.
     Refused {
         message: String,

@@ -95,7 +95,7 @@ impl BrokerParams {
             search_path: Vec::new(),
             nvidia_params: PathBuf::from("/proc/driver/nvidia/params"),
             is_root: rustix::process::geteuid().is_root(),
-            spool_dir: std::env::temp_dir().join("fk-agentd-leases"),
+            spool_dir: PathBuf::from("/tmp/fk-agentd-leases"),
             sanity_after_failure: true,
         }
     }

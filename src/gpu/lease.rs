@@ -51,6 +51,7 @@ pub(crate) fn unix_ms() -> i64 {
 }
 
 fn child_env(
+    broker: &Broker,
     req: &LeaseRequest,
     cmd: &LeaseCommand,
     gpus: &[String],
@@ -66,7 +67,7 @@ fn child_env(
             .stdout
             .parent()
             .map(|p| p.join(format!("{lease_id}.tmp")))
-            .unwrap_or_else(|| std::env::temp_dir().join(format!("{lease_id}.tmp")));
+            .unwrap_or_else(|| broker.params().spool_dir.join(format!("{lease_id}.tmp")));
         let _ = std::fs::create_dir_all(&dir);
         env.push(("TMPDIR".to_string(), dir.display().to_string()));
     }
@@ -126,7 +127,7 @@ pub(crate) async fn execute(
         argv: &cmd.argv,
         cwd: &cmd.cwd,
         env_remove: &inner.params.env_remove,
-        env: child_env(&req, &cmd, &gpus, &lease_id),
+        env: child_env(broker, &req, &cmd, &gpus, &lease_id),
         stdout: &cmd.stdout,
         stderr: &cmd.stderr,
     };

@@ -3,8 +3,13 @@
 //! Rows move `granted` → `running` (process group known) → `finished`/`failed` (outcome
 //! stored). A restarted daemon reads the open ones ([`Store::open_leases`]) to adopt or reclaim
 //! them. The broker (`crate::gpu`) is the only writer.
+//!
+//! Lease rows are committed with `synchronous = NORMAL` (the rest of the store keeps `FULL`):
+//! in WAL mode a commit then survives a crash of the daemon, which is what adoption needs,
+//! but not of the OS. That is enough because a lease's processes cannot outlive the OS either,
+//! and it keeps the fsync off the path from grant to spawn.
 
-use rusqlite::{OptionalExtension, Row, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -58,14 +63,25 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<LeaseRow> {
     })
 }
 
+/// Runs one lease write with `synchronous = NORMAL`, then restores `FULL`.
+fn relaxed<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let result = f(conn);
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    result
+}
+
 impl Store {
-    /// Journals a grant; committed before this returns.
+    /// Journals a grant; committed (to the WAL) before this returns.
     pub fn insert_lease(&self, row: &LeaseRow) -> Result<(), StoreError> {
         let gpus = serde_json::to_string(&row.gpus).unwrap_or_default();
         let argv = serde_json::to_string(&row.argv).unwrap_or_default();
         let outcome = row.outcome.as_ref().map(Value::to_string);
-        self.lock()
-            .execute(
+        relaxed(&self.lock(), |c| {
+            c.execute(
                 &format!("INSERT INTO leases ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
                 params![
                     row.id,
@@ -84,29 +100,32 @@ impl Store {
                     outcome
                 ],
             )
-            .map_err(|e| self.sql_err(e))?;
+        })
+        .map_err(|e| self.sql_err(e))?;
         Ok(())
     }
 
     /// Records the process group of a spawned lease.
     pub fn set_lease_running(&self, id: &str, pgid: i64) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
+        relaxed(&self.lock(), |c| {
+            c.execute(
                 "UPDATE leases SET state = 'running', pgid = ?2 WHERE id = ?1",
                 params![id, pgid],
             )
-            .map_err(|e| self.sql_err(e))?;
+        })
+        .map_err(|e| self.sql_err(e))?;
         Ok(())
     }
 
     /// Closes a lease with its outcome (`state` is `finished` or `failed`).
     pub fn finish_lease(&self, id: &str, state: &str, outcome: &Value) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
+        relaxed(&self.lock(), |c| {
+            c.execute(
                 "UPDATE leases SET state = ?2, finished_at = ?3, outcome = ?4 WHERE id = ?1",
                 params![id, state, now_rfc3339(), outcome.to_string()],
             )
-            .map_err(|e| self.sql_err(e))?;
+        })
+        .map_err(|e| self.sql_err(e))?;
         Ok(())
     }
 
