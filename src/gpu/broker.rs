@@ -2,7 +2,7 @@
 //! and the control socket call. One lease's life after its grant lives in `lease.rs`.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -13,14 +13,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::backend::{LeaseBackend, LocalBackend};
-use super::health::{self, GpuEvent, XidDisposition, classify_xid};
-use super::inventory::{GpuMonitor, Inventory, InventorySource};
+use super::health::{self, GpuEvent};
+use super::inventory::{GpuMonitor, Inventory};
 use super::queue::{Decision, Queue, Scope, Waiter};
 use super::token::{LeaseToken, TokenBook};
-use super::types::{
-    GpuSnapshot, GpuState, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest,
-    PoolSnapshot, QueuedSnapshot, Snapshot,
-};
+use super::types::{LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest};
 use crate::config::Config;
 use crate::store::Store;
 
@@ -266,102 +263,6 @@ impl Broker {
         self.inner.tokens.revoke_session(session);
     }
 
-    /// Checks a request without queueing it: shape, limits, and the class preflights.
-    pub fn check(&self, req: &LeaseRequest, cmd: &LeaseCommand) -> Result<(), LeaseError> {
-        let p = &self.inner.params;
-        let total = self.inner.inventory.len();
-        if req.gpus == 0 {
-            return Err(LeaseError::bad("gpus", 0, "at least 1"));
-        }
-        if req.gpus as usize > total {
-            return Err(LeaseError::bad(
-                "gpus",
-                req.gpus,
-                format!("at most {total} (the GPUs of this node)"),
-            ));
-        }
-        if req.max_run.is_zero() || req.max_run > p.lease_timeout {
-            return Err(LeaseError::bad(
-                "timeout",
-                crate::config::format_duration(req.max_run),
-                format!(
-                    "more than 0 and at most the lease timeout ({})",
-                    crate::config::format_duration(p.lease_timeout)
-                ),
-            ));
-        }
-        if req.session.trim().is_empty() {
-            return Err(LeaseError::bad("session", "", "a session name"));
-        }
-        if cmd.argv.first().is_none_or(|a| a.is_empty()) {
-            return Err(LeaseError::bad(
-                "command",
-                format!("{:?}", cmd.argv),
-                "a command to run",
-            ));
-        }
-        match req.class {
-            LeaseClass::Ncu => {
-                self.require_tool(req.class, &cmd.argv[0], &cmd.cwd)?;
-                self.profiler_preflight()
-            }
-            LeaseClass::Nsys => self.require_tool(req.class, &cmd.argv[0], &cmd.cwd),
-            LeaseClass::Validate | LeaseClass::Bench => Ok(()),
-        }
-    }
-
-    fn require_tool(&self, class: LeaseClass, argv0: &str, cwd: &Path) -> Result<(), LeaseError> {
-        let found = if argv0.contains('/') {
-            cwd.join(argv0).is_file()
-        } else if self.inner.params.search_path.is_empty() {
-            // No search path was given (the caller did not pass PATH): nothing to check against.
-            true
-        } else {
-            self.inner
-                .params
-                .search_path
-                .iter()
-                .any(|d| d.join(argv0).is_file())
-        };
-        if found {
-            return Ok(());
-        }
-        let searched = self
-            .inner
-            .params
-            .search_path
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(":");
-        Err(LeaseError::ToolMissing {
-            class: class.as_str(),
-            tool: argv0.to_string(),
-            searched,
-        })
-    }
-
-    /// `ERR_NVGPUCTRPERM` before it happens: the driver restricts counters to admins.
-    fn profiler_preflight(&self) -> Result<(), LeaseError> {
-        let p = &self.inner.params;
-        if p.is_root || self.inner.inventory.source != InventorySource::Nvml {
-            return Ok(());
-        }
-        let Ok(text) = std::fs::read_to_string(&p.nvidia_params) else {
-            return Ok(());
-        };
-        let restricted = text.lines().any(|l| {
-            let l = l.replace(' ', "");
-            l == "RmProfilingAdminOnly:1"
-        });
-        if restricted {
-            return Err(LeaseError::ProfilerPermission {
-                detail: format!("{} has RmProfilingAdminOnly: 1", p.nvidia_params.display()),
-            });
-        }
-        Ok(())
-    }
-
     /// Queues a request; the receiver yields the granted slots.
     pub(crate) fn enqueue(
         &self,
@@ -511,126 +412,6 @@ impl Broker {
         Ok(row
             .and_then(|r| r.outcome)
             .and_then(|v| serde_json::from_value(v).ok()))
-    }
-
-    /// Takes a GPU out of the pool. A lease running on it finishes; nothing new starts there.
-    pub fn drain(&self, uuid: &str, reason: &str) -> Result<(), LeaseError> {
-        let i = self.slot_of(uuid)?;
-        let mut st = self.lock();
-        st.queue.slots[i].drained = Some(reason.to_string());
-        self.schedule_locked(&mut st);
-        Ok(())
-    }
-
-    /// Returns a drained GPU to the pool.
-    pub fn undrain(&self, uuid: &str) -> Result<(), LeaseError> {
-        let i = self.slot_of(uuid)?;
-        let mut st = self.lock();
-        st.queue.slots[i].drained = None;
-        self.schedule_locked(&mut st);
-        Ok(())
-    }
-
-    pub(crate) fn slot_of(&self, uuid: &str) -> Result<usize, LeaseError> {
-        self.inner
-            .inventory
-            .gpus
-            .iter()
-            .position(|g| g.uuid == uuid || g.index.to_string() == uuid)
-            .ok_or_else(|| LeaseError::UnknownGpu(uuid.to_string()))
-    }
-
-    /// A health event on a GPU: charged to the job holding it, or drains the GPU and fails
-    /// that lease as infra. Called by the NVML watcher (and by tests with fake GPUs).
-    pub fn report_gpu_event(&self, uuid: &str, event: GpuEvent) {
-        let Ok(i) = self.slot_of(uuid) else {
-            tracing::warn!(
-                gpu = uuid,
-                ?event,
-                "health event for a GPU outside the inventory"
-            );
-            return;
-        };
-        let disposition = classify_xid(&event);
-        let mut st = self.lock();
-        let holder = st.queue.slots[i].holder.clone();
-        let detail = match &event {
-            GpuEvent::Xid { xid } => format!("Xid {xid}"),
-            GpuEvent::DoubleBitEcc => "double-bit ECC error".into(),
-            GpuEvent::CheckFailed { detail } => detail.clone(),
-        };
-        tracing::warn!(gpu = uuid, %detail, lease = ?holder, "GPU health event");
-        if disposition == XidDisposition::DrainGpu {
-            st.queue.slots[i].drained = Some(detail.clone());
-        }
-        if let Some(live) = holder.and_then(|h| st.live.get_mut(&h)) {
-            match (disposition, &event) {
-                (XidDisposition::ChargeJob, GpuEvent::Xid { xid }) => live.xids.push(*xid),
-                _ => {
-                    live.fault = Some((uuid.to_string(), detail));
-                    live.fault_notify.notify_one();
-                }
-            }
-        }
-    }
-
-    /// What `fk-agentd gpus` shows.
-    pub fn snapshot(&self) -> Snapshot {
-        let st = self.lock();
-        let now = Instant::now();
-        let gpus = self
-            .inner
-            .inventory
-            .gpus
-            .iter()
-            .zip(&st.queue.slots)
-            .map(|(g, s)| {
-                let held = s.holder.as_ref().and_then(|h| st.queue.held.get(h));
-                let state = if s.holder.is_some() {
-                    GpuState::Leased
-                } else if s.drained.is_some() {
-                    GpuState::Drained
-                } else if s.pool.is_some() {
-                    GpuState::Reserved
-                } else {
-                    GpuState::Free
-                };
-                GpuSnapshot {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    name: g.name.clone(),
-                    memory_total_bytes: g.memory_total_bytes,
-                    state,
-                    lease_id: s.holder.clone(),
-                    session: held.map(|h| h.session.clone()),
-                    class: held.map(|h| h.class),
-                    drained_reason: s.drained.clone(),
-                }
-            })
-            .collect();
-        let queue = st
-            .queue
-            .waiting
-            .iter()
-            .map(|w| QueuedSnapshot {
-                lease_id: w.lease_id.clone(),
-                session: w.session.clone(),
-                class: w.class,
-                gpus: w.gpus,
-                waiting_ms: now.saturating_duration_since(w.enqueued).as_millis() as u64,
-            })
-            .collect();
-        let pool = st.queue.claim.as_ref().map(|c| PoolSnapshot {
-            id: format!("pool-{}", c.id),
-            reason: c.reason.clone(),
-            state: if c.held { "held" } else { "waiting" }.into(),
-        });
-        Snapshot {
-            source: self.inner.inventory.source.as_str().to_string(),
-            gpus,
-            queue,
-            pool,
-        }
     }
 
     /// Spawns a task the broker waits for on shutdown.

@@ -17,12 +17,14 @@
 //!   GPU rejoins the pool only once nothing the lease started is left on it.
 //! - NVML and libcuda are loaded at run time; their absence is an error value, never a panic.
 
+mod admin;
 mod backend;
 mod broker;
 mod health;
 mod inventory;
 mod lease;
 mod pool;
+mod preflight;
 mod queue;
 mod recover;
 mod sanity;

@@ -550,3 +550,45 @@ impl fk_agentd::gpu::GpuMonitor for ScriptedMonitor {
         Some(self.used)
     }
 }
+
+// tokio's `test-util` (paused time) is not enabled in this crate, so the hold is short and real.
+#[tokio::test]
+async fn a_held_pool_returns_its_gpus_to_the_agents_at_its_hold_limit() {
+    let rig = rig_with(2, params());
+    let hold = DrainPoolParams {
+        reason: "scoring run Y".into(),
+        max_hold: Duration::from_millis(300),
+    };
+    let guard = rig
+        .broker
+        .drain_pool(hold, &CancellationToken::new())
+        .await
+        .expect("held at once");
+    let s = rig.broker.snapshot();
+    assert_eq!(
+        (
+            count(&s, GpuState::Reserved),
+            s.pool.map(|p| (p.id, p.state, p.reason))
+        ),
+        (
+            2,
+            Some(("pool-1".into(), "held".into(), "scoring run Y".into()))
+        )
+    );
+    until("pool released", || rig.broker.snapshot().pool.is_none()).await;
+    let s = rig.broker.snapshot();
+    assert_eq!((count(&s, GpuState::Free), s.pool), (2, None));
+    let dir = rig.dir.path().to_path_buf();
+    let e = guard
+        .run(
+            req("scoring", LeaseClass::Bench, 1, Duration::from_secs(5)),
+            sh(&dir, "late", "true"),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect_err("expired");
+    assert_eq!(
+        e.to_string(),
+        "the scoring pool `pool-1` has expired or was released"
+    );
+}

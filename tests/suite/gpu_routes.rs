@@ -20,7 +20,15 @@ use super::gpu::{params, rig_with};
 const OWNER: u32 = 4242;
 
 fn router(broker: &Broker, store: &fk_agentd::store::Store) -> axum::Router {
-    let state = ControlState {
+    let state = router_state(broker, store);
+    app(state).layer(MockConnectInfo(Peer {
+        uid: Some(OWNER),
+        pid: None,
+    }))
+}
+
+fn router_state(broker: &Broker, store: &fk_agentd::store::Store) -> ControlState {
+    ControlState {
         store: store.clone(),
         owner_uid: OWNER,
         shutdown: CancellationToken::new(),
@@ -36,11 +44,7 @@ fn router(broker: &Broker, store: &fk_agentd::store::Store) -> axum::Router {
             stopping: false,
         }),
         broker: Some(broker.clone()),
-    };
-    app(state).layer(MockConnectInfo(Peer {
-        uid: Some(OWNER),
-        pid: None,
-    }))
+    }
 }
 
 fn call(argv: &[&str], session: Option<&str>, timeout_ms: Option<u64>) -> LeaseCall {
@@ -247,4 +251,76 @@ fn gpus_with_nvml_devices_on_a_host_without_nvml_exits_3_with_a_clear_error() {
         err.starts_with("fk-agentd: NVML is not available on this host ("),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fk_agentd_lease_streams_output_returns_the_exit_code_and_124_at_the_deadline() {
+    let rig = rig_with(2, params());
+    let socket = rig.dir.path().join("fk-agentd.sock");
+    let listener = fk_agentd::control::bind(&socket).expect("bind");
+    let state = ControlState {
+        owner_uid: rustix::process::geteuid().as_raw(),
+        ..router_state(&rig.broker, &rig.store)
+    };
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(fk_agentd::control::serve(listener, state, stop.clone()));
+    let token = rig
+        .broker
+        .issue_session_token("L1/gelu")
+        .expose()
+        .to_string();
+    let home = rig.dir.path().to_path_buf();
+    let lease = move |args: &[&str]| {
+        let (token, socket, home) = (token.clone(), socket.clone(), home.clone());
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("fk-agentd"))
+                .arg("--home")
+                .arg(&home)
+                .arg("lease")
+                .args(&args)
+                .env("FK_AGENTD_LEASE_TOKEN", token)
+                .env("FK_AGENTD_SOCKET", socket)
+                .output()
+                .expect("run fk-agentd");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        })
+    };
+    let (code, out, err) = lease(&["--", "sh", "-c", "echo hello; exit 7"])
+        .await
+        .expect("join");
+    assert_eq!((code, out.as_str(), err.as_str()), (Some(7), "hello\n", ""));
+
+    let (code, out, err) = lease(&[
+        "--timeout",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "echo started; exec sleep 60",
+    ])
+    .await
+    .expect("join");
+    assert_eq!((code, out.as_str()), (Some(124), "started\n"));
+    assert!(
+        err.contains("reached its deadline after 1s; its process group was killed"),
+        "{err}"
+    );
+
+    let (code, _, err) = lease(&["--timeout", "11m", "--", "true"])
+        .await
+        .expect("join");
+    assert_eq!(
+        (code, err.as_str()),
+        (
+            Some(2),
+            "fk-agentd: lease refused: invalid lease timeout = `11m`: more than 0 and at most the lease timeout (10m)\n"
+        )
+    );
+    stop.cancel();
+    server.await.expect("join").expect("serve");
 }
