@@ -21,16 +21,16 @@ const FILL_PTX: &str = r#"
 .address_size 64
 
 .visible .entry fk_fill(
-    .param .u64 out,
-    .param .u32 n
+    .param .u64 p_out,
+    .param .u32 p_n
 )
 {
     .reg .pred %p<2>;
     .reg .b32 %r<7>;
     .reg .b64 %rd<4>;
 
-    ld.param.u64 %rd1, [out];
-    ld.param.u32 %r1, [n];
+    ld.param.u64 %rd1, [p_out];
+    ld.param.u32 %r1, [p_n];
     mov.u32 %r2, %ctaid.x;
     mov.u32 %r3, %ntid.x;
     mov.u32 %r4, %tid.x;
@@ -129,7 +129,7 @@ pub fn run_sanity(uuid: &str) -> Result<SanityReport, LeaseError> {
                 (&mut n) as *mut _ as *mut c_void,
             ];
             let blocks = ELEMENTS.div_ceil(256);
-            // SAFETY: the parameters match the kernel's (.u64 out, .u32 n) and the buffer
+            // SAFETY: the parameters match the kernel's (.u64 p_out, .u32 p_n) and the buffer
             // holds `n` u32 values.
             unsafe {
                 result::launch_kernel(
