@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::backend::{LeaseBackend, LocalBackend};
 use super::health::{self, GpuEvent};
+use super::idempotency::{Claim, Key, await_twin};
 use super::inventory::{GpuMonitor, Inventory};
 use super::queue::{Decision, Queue, Scope, Waiter};
 use super::token::{LeaseToken, TokenBook};
@@ -112,6 +113,7 @@ pub(crate) struct State {
     pub grants: HashMap<String, GrantTx>,
     pub pools: HashMap<u64, GrantTx>,
     pub live: HashMap<String, LiveLease>,
+    pub inflight: HashMap<Key, watch::Sender<Option<LeaseOutcome>>>,
 }
 
 pub(crate) struct Inner {
@@ -199,6 +201,7 @@ impl Broker {
                 grants: HashMap::new(),
                 pools: HashMap::new(),
                 live: HashMap::new(),
+                inflight: HashMap::new(),
             }),
             tokens: TokenBook::default(),
             tracker: TaskTracker::new(),
@@ -370,9 +373,20 @@ impl Broker {
         cancel: &CancellationToken,
     ) -> Result<LeaseOutcome, LeaseError> {
         self.check(&req, &cmd)?;
-        if let Some(done) = self.finished_with_key(&req).await? {
-            return Ok(done);
-        }
+        let key = loop {
+            if let Some(done) = self.finished_with_key(&req).await? {
+                return Ok(done);
+            }
+            match self.claim_key(&req) {
+                Claim::Unkeyed => break None,
+                Claim::Fresh(guard) => break Some(guard),
+                Claim::Twin(rx) => {
+                    if let Some(outcome) = await_twin(rx, cancel).await? {
+                        return Ok(outcome);
+                    }
+                }
+            }
+        };
         let lease_id = self.new_lease_id();
         let queued_at = Instant::now();
         let rx = self.enqueue(&req, &lease_id, scope)?;
@@ -392,7 +406,12 @@ impl Broker {
             }
         };
         let queued_ms = queued_at.elapsed().as_millis() as u64;
-        super::lease::execute(self, lease_id, req, cmd, slots, queued_ms, cancel).await
+        let outcome =
+            super::lease::execute(self, lease_id, req, cmd, slots, queued_ms, cancel).await;
+        if let (Some(guard), Ok(o)) = (&key, &outcome) {
+            guard.publish(o);
+        }
+        outcome
     }
 
     /// The stored outcome of a finished lease with the same session and idempotency key.

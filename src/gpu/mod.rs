@@ -21,6 +21,7 @@ mod admin;
 mod backend;
 mod broker;
 mod health;
+mod idempotency;
 mod inventory;
 mod lease;
 mod pool;

@@ -592,3 +592,24 @@ async fn a_held_pool_returns_its_gpus_to_the_agents_at_its_hold_limit() {
         "the scoring pool `pool-1` has expired or was released"
     );
 }
+
+#[tokio::test]
+async fn two_concurrent_calls_with_one_idempotency_key_run_the_command_once() {
+    let rig = rig_with(2, params());
+    let dir = rig.dir.path().to_path_buf();
+    let mut r = req("s", LeaseClass::Validate, 1, Duration::from_secs(30));
+    r.idempotency_key = "validate-8".into();
+    let cmd = sh(&dir, "twin", "echo ran >> twins.txt; sleep 0.3");
+    let cancel = CancellationToken::new();
+    let a = spawn_run(&rig, r.clone(), cmd.clone(), &cancel);
+    let b = spawn_run(&rig, r, cmd, &cancel);
+    let (a, b) = (
+        a.await.expect("join").expect("a"),
+        b.await.expect("join").expect("b"),
+    );
+    assert_eq!(a, b);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("twins.txt")).expect("count"),
+        "ran\n"
+    );
+}
