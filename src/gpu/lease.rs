@@ -176,6 +176,12 @@ pub(crate) async fn execute(
         InventorySource::Nvml => {}
     }
     reclaim(broker, &slots, &mut notes).await;
+    if req.class == LeaseClass::Ncu && mentions_counter_permission(&cmd) {
+        notes.push(
+            "ncu reported ERR_NVGPUCTRPERM: GPU performance counters are restricted to admin users"
+                .into(),
+        );
+    }
     let (xids, fault) = {
         let st = broker.lock();
         st.live
@@ -225,6 +231,21 @@ pub(crate) async fn execute(
     guard.armed = false;
     broker.release(&lease_id);
     Ok(outcome)
+}
+
+/// True when the tail of the lease's output names `ERR_NVGPUCTRPERM`.
+fn mentions_counter_permission(cmd: &LeaseCommand) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    [&cmd.stdout, &cmd.stderr].iter().any(|path| {
+        let Ok(mut f) = std::fs::File::open(path) else {
+            return false;
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 << 10)));
+        let mut tail = Vec::new();
+        let _ = f.read_to_end(&mut tail);
+        tail.windows(16).any(|w| w == b"ERR_NVGPUCTRPERM")
+    })
 }
 
 /// Waits for the job to end on its own, or ends it at the deadline, on cancel, or on a GPU

@@ -613,3 +613,52 @@ async fn two_concurrent_calls_with_one_idempotency_key_run_the_command_once() {
         "ran\n"
     );
 }
+
+#[tokio::test]
+async fn ncu_without_counter_permission_is_refused_before_it_runs_and_named_when_it_happens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nv_params = dir.path().join("params");
+    std::fs::write(
+        &nv_params,
+        "EnableGpuFirmware: 18\nRmProfilingAdminOnly: 1\n",
+    )
+    .expect("params");
+    let mut p = params();
+    p.nvidia_params = nv_params.clone();
+    p.is_root = false;
+    p.sanity_after_failure = false;
+    let mut inv = Inventory::fake(1);
+    inv.source = fk_agentd::gpu::InventorySource::Nvml;
+    let rig = rig_inventory(inv, p);
+    let ncu = |script: &str| LeaseCommand {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        ..sh(rig.dir.path(), "ncu", "")
+    };
+    let r = req("s", LeaseClass::Ncu, 1, Duration::from_secs(10));
+    let refused = rig
+        .broker
+        .run(r.clone(), ncu("true"), &CancellationToken::new())
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        refused.to_string(),
+        format!(
+            "ERR_NVGPUCTRPERM: the driver restricts GPU performance counters to admin users ({} has RmProfilingAdminOnly: 1); run the daemon as root or set NVreg_RestrictProfilingToAdminUsers=0",
+            nv_params.display()
+        )
+    );
+    std::fs::write(&nv_params, "RmProfilingAdminOnly: 0\n").expect("params");
+    let o = rig
+        .broker
+        .run(
+            r,
+            ncu("echo '==ERROR== ERR_NVGPUCTRPERM - no permission' >&2; exit 1"),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("ran");
+    assert_eq!(
+        (o.exit_code, o.notes),
+        (Some(1), vec!["ncu reported ERR_NVGPUCTRPERM: GPU performance counters are restricted to admin users".to_string()])
+    );
+}
