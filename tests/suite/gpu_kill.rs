@@ -33,7 +33,7 @@ async fn the_deadline_kills_a_grandchild_that_ignores_sigterm() {
     let o = rig
         .broker
         .run(
-            req("s", LeaseClass::Validate, 1, Duration::from_secs(1)),
+            req("s", LeaseClass::Validate, 1, Duration::from_secs(2)),
             sh(&dir, "k", script),
             &CancellationToken::new(),
         )
@@ -49,7 +49,7 @@ async fn the_deadline_kills_a_grandchild_that_ignores_sigterm() {
         (Some(KilledReason::Deadline), None, Some(9))
     );
     assert!(
-        o.wall_ms >= 1000,
+        o.wall_ms >= 2000,
         "killed before its deadline: {} ms",
         o.wall_ms
     );
@@ -98,7 +98,7 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
         .spawn()
         .expect("spawn");
     let rows = [
-        row("a-live", &uuids[0], Some(live.id() as i64), now_ms() + 1500),
+        row("a-live", &uuids[0], Some(live.id() as i64), now_ms() + 3000),
         row(
             "b-dead",
             &uuids[1],
