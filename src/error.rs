@@ -7,6 +7,7 @@
 use crate::config::ConfigError;
 use crate::control::ControlError;
 use crate::daemon::DaemonError;
+use crate::gpu::LeaseError;
 use crate::harness::HarnessError;
 use crate::llm::LlmError;
 use crate::run::RunError;
@@ -47,6 +48,8 @@ pub enum Error {
     Score(#[from] ScoreError),
     #[error(transparent)]
     Llm(#[from] LlmError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -71,6 +74,7 @@ impl Error {
             Error::Score(e) => e.exit_code(),
             Error::Llm(e) if e.is_bad_config() => EXIT_USAGE,
             Error::Llm(_) => EXIT_UNAVAILABLE,
+            Error::Lease(e) => e.exit_code(),
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

@@ -14,6 +14,7 @@
 //! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
 //! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
+//! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, reclaim, health   |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
 //! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
@@ -35,6 +36,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod gpu;
 pub mod harness;
 pub mod llm;
 pub mod report;

@@ -136,10 +136,10 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
         } else {
             SessionStatus::Failed
         };
-        return Ok(End::new(
-            status,
-            "finished before this resume; not run again",
-        ));
+        return Ok(End {
+            recorded: Some(done.clone()),
+            ..End::new(status, "finished before this resume; not run again")
+        });
     }
     let mut history = start(s, &replay)?;
     j.update("running", |p| {

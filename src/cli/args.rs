@@ -75,11 +75,23 @@ pub enum Command {
     },
     /// Run a command of an agent's own under a GPU lease (inside a session's shell).
     Lease(LeaseArgs),
-    /// GPUs: state, holder, queue, drained reason.
+    /// GPUs: state, holder, queue, drained reason (works without a daemon too).
     Gpus {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Run the CUDA sanity kernel on every GPU of the inventory (needs a real GPU).
+        #[arg(long)]
+        sanity: bool,
+        /// Take a GPU (UUID or index) out of the running daemon's pool.
+        #[arg(long, value_name = "GPU", conflicts_with_all = ["undrain", "sanity"])]
+        drain: Option<String>,
+        /// Why the GPU is drained (with --drain).
+        #[arg(long, requires = "drain")]
+        reason: Option<String>,
+        /// Return a drained GPU (UUID or index) to the running daemon's pool.
+        #[arg(long, value_name = "GPU", conflicts_with = "sanity")]
+        undrain: Option<String>,
     },
     /// Score candidates with the real fastkernels bench and gate the winners.
     Score(ScoreArgs),

@@ -2,6 +2,7 @@
 //! for humans (or JSON), and map errors to exit codes. The only module that prints.
 
 pub mod args;
+pub mod gpu;
 mod score;
 mod start;
 
@@ -126,8 +127,23 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
                 &catalog,
             )
         }
-        Command::Lease(_) => Err(not_yet("lease", "the GPU lease broker is not built yet")),
-        Command::Gpus { .. } => Err(not_yet("gpus", "the GPU lease broker is not built yet")),
+        Command::Lease(ref args) => gpu::cmd_lease(&cli.global, &env, args).await,
+        Command::Gpus {
+            json,
+            sanity,
+            ref drain,
+            ref reason,
+            ref undrain,
+        } => {
+            let opts = gpu::GpusOpts {
+                json,
+                sanity,
+                drain: drain.clone(),
+                reason: reason.clone(),
+                undrain: undrain.clone(),
+            };
+            gpu::cmd_gpus(&cli.global, &env, &catalog, opts).await
+        }
         Command::Score(ref args) => {
             let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
             score::cmd_score(&config, &env, args).await

@@ -6,6 +6,7 @@
 //! read the [`ControlState`] the daemon hands in and the store.
 
 pub mod client;
+pub mod gpu_routes;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -85,6 +86,8 @@ pub struct ControlState {
     pub owner_uid: u32,
     pub shutdown: CancellationToken,
     pub status: Arc<dyn Fn() -> DaemonStatus + Send + Sync>,
+    /// The GPU lease broker, when the daemon runs one (`/v1/gpus`, `/v1/leases`).
+    pub broker: Option<crate::gpu::Broker>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,6 +101,7 @@ pub fn app(state: ControlState) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/stop", post(stop))
         .route("/v1/sessions", get(sessions))
+        .merge(gpu_routes::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_owner,

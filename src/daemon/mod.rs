@@ -100,6 +100,7 @@ pub async fn run_campaign(
     ensure_home(&config.home)?;
     let _lock = DaemonLock::acquire(&config.home)?;
     let store = open_store(&config.home)?;
+    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
     let (journal, targets) = match &params.resume {
         Some(run_id) => reopen(&store, config, run_id)?,
         None => (Arc::new(create(&store, config)?), config.targets.clone()),
@@ -119,6 +120,7 @@ pub async fn run_campaign(
             started_at,
             root.clone(),
         ),
+        broker: Some(broker.clone()),
     };
     let server_token = CancellationToken::new();
     let server = tokio::spawn(control::serve(
@@ -154,6 +156,7 @@ pub async fn run_campaign(
     journal.record("run_finished", None, finished)?;
     store.set_run_status(journal.run_id(), &run_status_word(&status))?;
 
+    broker.shutdown().await;
     server_token.cancel();
     if let Ok(Err(e)) = server.await {
         tracing::warn!(error = %e, "control API ended with an error");

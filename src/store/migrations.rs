@@ -41,6 +41,25 @@ const MIGRATIONS: &[&str] = &[
         updated_at TEXT NOT NULL,
         PRIMARY KEY (run_id, target)
     );",
+    // 2: the lease journal (crate::gpu): a row per grant, written before the spawn.
+    "CREATE TABLE leases (
+        id               TEXT PRIMARY KEY,
+        session          TEXT NOT NULL,
+        class            TEXT NOT NULL,
+        gpus             TEXT NOT NULL,
+        idempotency_key  TEXT NOT NULL,
+        state            TEXT NOT NULL,
+        pgid             INTEGER,
+        granted_at       TEXT NOT NULL,
+        deadline_unix_ms INTEGER NOT NULL,
+        argv             TEXT NOT NULL,
+        stdout           TEXT NOT NULL,
+        stderr           TEXT NOT NULL,
+        finished_at      TEXT,
+        outcome          TEXT
+    );
+    CREATE INDEX leases_open ON leases (state);
+    CREATE INDEX leases_by_key ON leases (session, idempotency_key);",
 ];
 
 /// The schema version this build writes.

@@ -8,6 +8,7 @@
 //! The store is synchronous (rusqlite); async callers use [`Store::blocking`] to move a call
 //! off the runtime's worker threads.
 
+pub mod leases;
 mod migrations;
 
 use std::path::{Path, PathBuf};

@@ -229,6 +229,11 @@ async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
         finished.keys().collect::<Vec<_>>()
     );
     let sessions_finished = evs.iter().filter(|e| e.kind == "session_finished").count();
+    if sessions_finished != 64 {
+        for e in evs.iter().filter(|e| e.kind == "session_finished") {
+            eprintln!("{} {:?} {}", e.seq, e.target, e.payload);
+        }
+    }
     assert_eq!(sessions_finished, 64, "each session finished exactly once");
 }
 

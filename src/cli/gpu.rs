@@ -1,0 +1,283 @@
+//! `fk-agentd lease` and `fk-agentd gpus`: the CLI side of the GPU broker.
+//!
+//! `lease` reads `FK_AGENTD_LEASE_TOKEN` and `FK_AGENTD_SOCKET` here, at the edge, streams the
+//! child's output and exits with the child's code (124 when the deadline killed it, like
+//! `timeout(1)`; 3 when the GPU failed under it). `gpus` asks the daemon, or without one shows
+//! the inventory from NVML or the config.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use super::args::{GlobalArgs, LeaseArgs, LeaseClassArg};
+use crate::config::{Config, Env, Flags, format_duration, parse_duration, resolve_home};
+use crate::control::ControlError;
+use crate::control::gpu_routes::{GpuClient, LeaseCall, LeaseEnd, LeaseFrame};
+use crate::error::Error;
+use crate::gpu::{
+    GpuState, Inventory, InventorySource, KilledReason, LeaseClass, LeaseError, LeaseOutcome,
+    SanityReport, Snapshot, run_sanity,
+};
+use crate::target::Catalog;
+
+/// Options of `fk-agentd gpus`.
+pub(super) struct GpusOpts {
+    pub json: bool,
+    pub sanity: bool,
+    pub drain: Option<String>,
+    pub reason: Option<String>,
+    pub undrain: Option<String>,
+}
+
+fn class(arg: LeaseClassArg) -> LeaseClass {
+    match arg {
+        LeaseClassArg::Validate => LeaseClass::Validate,
+        LeaseClassArg::Ncu => LeaseClass::Ncu,
+        LeaseClassArg::Nsys => LeaseClass::Nsys,
+        LeaseClassArg::Bench => LeaseClass::Bench,
+    }
+}
+
+pub(super) async fn cmd_lease(
+    global: &GlobalArgs,
+    env: &Env,
+    args: &LeaseArgs,
+) -> Result<i32, Error> {
+    let token = std::env::var("FK_AGENTD_LEASE_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .ok_or(LeaseError::InvalidToken)?;
+    let home = resolve_home(global.home.as_deref(), env)?;
+    let socket = std::env::var("FK_AGENTD_SOCKET")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::control::socket_path(&home));
+    let timeout = args
+        .timeout
+        .as_deref()
+        .map(|t| parse_duration("--timeout", t))
+        .transpose()?;
+    let call = LeaseCall {
+        class: class(args.class),
+        gpus: args.gpus,
+        timeout_ms: timeout.map(|d| d.as_millis() as u64),
+        argv: args.command.clone(),
+        cwd: env.cwd.clone(),
+        env: Vec::new(),
+        session: None,
+        idempotency_key: None,
+    };
+    let client = GpuClient::new(&home, &socket)?;
+    let end = client
+        .lease(&token, &call, |frame| match frame {
+            LeaseFrame::Stdout { data } => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(data.as_bytes());
+                let _ = o.flush();
+            }
+            LeaseFrame::Stderr { data } => {
+                let mut e = std::io::stderr().lock();
+                let _ = e.write_all(data.as_bytes());
+                let _ = e.flush();
+            }
+            _ => {}
+        })
+        .await?;
+    match end {
+        LeaseEnd::Finished(outcome) => Ok(lease_exit_code(&outcome)),
+        LeaseEnd::Refused { message, exit_code } => {
+            eprintln!("fk-agentd: lease refused: {message}");
+            Ok(exit_code)
+        }
+    }
+}
+
+/// The exit code of `fk-agentd lease`, with a line on stderr when the broker ended the child.
+fn lease_exit_code(o: &LeaseOutcome) -> i32 {
+    let gone = |what: String| eprintln!("fk-agentd: lease {} {what}", o.lease_id);
+    match &o.killed_reason {
+        Some(KilledReason::Deadline) => {
+            gone(format!(
+                "reached its deadline after {}; its process group was killed",
+                format_duration(std::time::Duration::from_millis(o.wall_ms))
+            ));
+            124
+        }
+        Some(KilledReason::GpuFault { uuid, detail }) => {
+            gone(format!(
+                "failed on GPU {uuid} ({detail}): infrastructure, not your command"
+            ));
+            crate::error::EXIT_UNAVAILABLE
+        }
+        Some(KilledReason::DaemonRestart) => {
+            gone("was ended by a daemon restart".into());
+            crate::error::EXIT_UNAVAILABLE
+        }
+        Some(KilledReason::Cancelled) => {
+            gone("was cancelled".into());
+            130
+        }
+        None => match (o.exit_code, o.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 1,
+        },
+    }
+}
+
+pub(super) async fn cmd_gpus(
+    global: &GlobalArgs,
+    env: &Env,
+    catalog: &Catalog,
+    opts: GpusOpts,
+) -> Result<i32, Error> {
+    let home = resolve_home(global.home.as_deref(), env)?;
+    let socket = crate::control::socket_path(&home);
+    if let Some(gpu) = &opts.drain {
+        let snap = GpuClient::new(&home, &socket)?
+            .drain(gpu, opts.reason.as_deref())
+            .await?;
+        print!("{}", render_gpus(&snap, true));
+        return Ok(0);
+    }
+    if let Some(gpu) = &opts.undrain {
+        let snap = GpuClient::new(&home, &socket)?.undrain(gpu).await?;
+        print!("{}", render_gpus(&snap, true));
+        return Ok(0);
+    }
+    let inventory = || -> Result<Inventory, Error> {
+        let flags = Flags {
+            home: global.home.clone(),
+            config: global.config.clone(),
+            ..Flags::default()
+        };
+        let config = Config::load(&flags, env, catalog)?;
+        Ok(Inventory::discover(&config.gpus)?)
+    };
+    if opts.sanity {
+        return cmd_sanity(inventory()?, opts.json).await;
+    }
+    let (snap, daemon) = match GpuClient::new(&home, &socket) {
+        Ok(client) => match client.snapshot().await {
+            Ok(s) => (s, true),
+            Err(e) => return Err(e.into()),
+        },
+        Err(ControlError::NoDaemon { .. }) => (inventory()?.offline_snapshot(), false),
+        Err(e) => return Err(e.into()),
+    };
+    if opts.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&snap).unwrap_or_default()
+        );
+    } else {
+        print!("{}", render_gpus(&snap, daemon));
+    }
+    Ok(0)
+}
+
+async fn cmd_sanity(inventory: Inventory, json: bool) -> Result<i32, Error> {
+    if inventory.source == InventorySource::Fake {
+        return Err(LeaseError::CudaUnavailable(
+            "the configured GPUs are simulated (fake:N); the sanity kernel needs real GPUs".into(),
+        )
+        .into());
+    }
+    let mut reports: Vec<SanityReport> = Vec::new();
+    for g in &inventory.gpus {
+        let uuid = g.uuid.clone();
+        let r = tokio::task::spawn_blocking(move || run_sanity(&uuid))
+            .await
+            .map_err(|e| LeaseError::CudaUnavailable(e.to_string()))??;
+        reports.push(r);
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reports).unwrap_or_default()
+        );
+    } else {
+        print!("{}", render_sanity(&reports));
+    }
+    Ok(if reports.iter().all(SanityReport::passed) {
+        0
+    } else {
+        1
+    })
+}
+
+/// The `fk-agentd gpus` table.
+pub fn render_gpus(s: &Snapshot, daemon: bool) -> String {
+    let mut out = String::new();
+    if s.source == "fake" {
+        out.push_str("SIMULATED GPUs (fake): no real device behind these rows.\n");
+    }
+    out.push_str(&format!(
+        "{} GPU(s) from {}{}\n",
+        s.gpus.len(),
+        s.source,
+        if daemon { "" } else { "; no daemon running" }
+    ));
+    out.push_str(&format!(
+        "{:<4} {:<42} {:<9} {:<9} {}\n",
+        "IDX", "UUID", "STATE", "CLASS", "HOLDER / REASON"
+    ));
+    for g in &s.gpus {
+        let state = match g.state {
+            GpuState::Free => "free",
+            GpuState::Leased => "leased",
+            GpuState::Reserved => "reserved",
+            GpuState::Drained => "drained",
+            GpuState::NoDaemon => "no daemon",
+        };
+        let who = match (&g.session, &g.lease_id, &g.drained_reason) {
+            (Some(s), Some(l), d) => {
+                let d = d
+                    .as_ref()
+                    .map(|d| format!("; draining: {d}"))
+                    .unwrap_or_default();
+                format!("{s} ({l}){d}")
+            }
+            (_, _, Some(d)) => d.clone(),
+            _ => "-".into(),
+        };
+        let class = g.class.map_or("-", LeaseClass::as_str);
+        out.push_str(&format!(
+            "{:<4} {:<42} {:<9} {:<9} {}\n",
+            g.index, g.uuid, state, class, who
+        ));
+    }
+    if !s.queue.is_empty() {
+        out.push_str(&format!("queue: {} waiting\n", s.queue.len()));
+        for q in &s.queue {
+            out.push_str(&format!(
+                "  {} {} {} x{} waiting {}s\n",
+                q.lease_id,
+                q.session,
+                q.class.as_str(),
+                q.gpus,
+                q.waiting_ms / 1000
+            ));
+        }
+    }
+    if let Some(p) = &s.pool {
+        out.push_str(&format!("pool: {} ({}) for {}\n", p.id, p.state, p.reason));
+    }
+    out
+}
+
+/// The `fk-agentd gpus --sanity` table.
+pub fn render_sanity(reports: &[SanityReport]) -> String {
+    let mut out = format!(
+        "{:<4} {:<42} {:<6} {:>8} {}\n",
+        "ORD", "UUID", "RESULT", "MS", "NAME"
+    );
+    for r in reports {
+        let result = if r.passed() { "pass" } else { "FAIL" };
+        out.push_str(&format!(
+            "{:<4} {:<42} {:<6} {:>8} {}\n",
+            r.ordinal, r.uuid, result, r.elapsed_ms, r.name
+        ));
+    }
+    out
+}

@@ -1,0 +1,130 @@
+//! Operating the pool: drain and undrain, health events, and the snapshot `fk-agentd gpus`
+//! shows.
+
+use tokio::time::Instant;
+
+use super::broker::Broker;
+use super::health::{GpuEvent, XidDisposition, classify_xid};
+use super::types::{GpuSnapshot, GpuState, LeaseError, PoolSnapshot, QueuedSnapshot, Snapshot};
+
+impl Broker {
+    /// Takes a GPU out of the pool. A lease running on it finishes; nothing new starts there.
+    pub fn drain(&self, uuid: &str, reason: &str) -> Result<(), LeaseError> {
+        let i = self.slot_of(uuid)?;
+        let mut st = self.lock();
+        st.queue.slots[i].drained = Some(reason.to_string());
+        self.schedule_locked(&mut st);
+        Ok(())
+    }
+
+    /// Returns a drained GPU to the pool.
+    pub fn undrain(&self, uuid: &str) -> Result<(), LeaseError> {
+        let i = self.slot_of(uuid)?;
+        let mut st = self.lock();
+        st.queue.slots[i].drained = None;
+        self.schedule_locked(&mut st);
+        Ok(())
+    }
+
+    pub(crate) fn slot_of(&self, uuid: &str) -> Result<usize, LeaseError> {
+        self.inner
+            .inventory
+            .gpus
+            .iter()
+            .position(|g| g.uuid == uuid || g.index.to_string() == uuid)
+            .ok_or_else(|| LeaseError::UnknownGpu(uuid.to_string()))
+    }
+
+    /// A health event on a GPU: charged to the job holding it, or drains the GPU and fails
+    /// that lease as infra. Called by the NVML watcher (and by tests with fake GPUs).
+    pub fn report_gpu_event(&self, uuid: &str, event: GpuEvent) {
+        let Ok(i) = self.slot_of(uuid) else {
+            tracing::warn!(
+                gpu = uuid,
+                ?event,
+                "health event for a GPU outside the inventory"
+            );
+            return;
+        };
+        let disposition = classify_xid(&event);
+        let mut st = self.lock();
+        let holder = st.queue.slots[i].holder.clone();
+        let detail = match &event {
+            GpuEvent::Xid { xid } => format!("Xid {xid}"),
+            GpuEvent::DoubleBitEcc => "double-bit ECC error".into(),
+            GpuEvent::CheckFailed { detail } => detail.clone(),
+        };
+        tracing::warn!(gpu = uuid, %detail, lease = ?holder, "GPU health event");
+        if disposition == XidDisposition::DrainGpu {
+            st.queue.slots[i].drained = Some(detail.clone());
+        }
+        if let Some(live) = holder.and_then(|h| st.live.get_mut(&h)) {
+            match (disposition, &event) {
+                (XidDisposition::ChargeJob, GpuEvent::Xid { xid }) => live.xids.push(*xid),
+                _ => {
+                    live.fault = Some((uuid.to_string(), detail));
+                    live.fault_notify.notify_one();
+                }
+            }
+        }
+    }
+
+    /// What `fk-agentd gpus` shows.
+    pub fn snapshot(&self) -> Snapshot {
+        let st = self.lock();
+        let now = Instant::now();
+        let gpus = self
+            .inner
+            .inventory
+            .gpus
+            .iter()
+            .zip(&st.queue.slots)
+            .map(|(g, s)| {
+                let held = s.holder.as_ref().and_then(|h| st.queue.held.get(h));
+                let state = if s.holder.is_some() {
+                    GpuState::Leased
+                } else if s.drained.is_some() {
+                    GpuState::Drained
+                } else if s.pool.is_some() {
+                    GpuState::Reserved
+                } else {
+                    GpuState::Free
+                };
+                GpuSnapshot {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total_bytes: g.memory_total_bytes,
+                    state,
+                    lease_id: s.holder.clone(),
+                    session: held.map(|h| h.session.clone()),
+                    class: held.map(|h| h.class),
+                    drained_reason: s.drained.clone(),
+                }
+            })
+            .collect();
+        let queue = st
+            .queue
+            .waiting
+            .iter()
+            .map(|w| QueuedSnapshot {
+                lease_id: w.lease_id.clone(),
+                session: w.session.clone(),
+                class: w.class,
+                gpus: w.gpus,
+                waiting_ms: now.saturating_duration_since(w.enqueued).as_millis() as u64,
+            })
+            .collect();
+        let pool = st.queue.claim.as_ref().map(|c| PoolSnapshot {
+            id: format!("pool-{}", c.id),
+            reason: c.reason.clone(),
+            state: if c.held { "held" } else { "waiting" }.into(),
+        });
+        Snapshot {
+            source: self.inner.inventory.source.as_str().to_string(),
+            gpus,
+            queue,
+            pool,
+        }
+    }
+}

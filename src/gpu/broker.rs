@@ -1,0 +1,455 @@
+//! [`Broker`]: the queue, the grants, and the public API the daemon, the agent tools, scoring
+//! and the control socket call. One lease's life after its grant lives in `lease.rs`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::backend::{LeaseBackend, LocalBackend};
+use super::health::{self, GpuEvent};
+use super::idempotency::{Claim, Key, await_twin};
+use super::inventory::{GpuMonitor, Inventory};
+use super::queue::{Decision, Queue, Scope, Waiter};
+use super::token::{LeaseToken, TokenBook};
+use super::types::{LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest};
+use crate::config::Config;
+use crate::store::Store;
+
+/// Per-session limits during a campaign.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    pub running: usize,
+    pub queued: usize,
+}
+
+/// How the broker behaves. [`BrokerParams::from_config`] fills it from the validated config.
+#[derive(Clone, Debug)]
+pub struct BrokerParams {
+    /// The longest `max_run` a request may ask for.
+    pub lease_timeout: Duration,
+    pub ncu_cap: usize,
+    pub nsys_cap: usize,
+    /// SIGTERM → SIGKILL grace at the deadline.
+    pub grace: Duration,
+    /// `None` lifts the limits (e.g. a scoring-only daemon).
+    pub session_limits: Option<SessionLimits>,
+    /// A request waiting this long goes ahead of round-robin order.
+    pub age_after: Duration,
+    /// How long reclaim waits for a GPU's memory to return to its baseline before draining it.
+    pub reclaim_wait: Duration,
+    /// Memory above the baseline that still counts as "back to baseline".
+    pub memory_slack_bytes: u64,
+    /// NVML sampling period for peak memory.
+    pub sample_every: Duration,
+    /// Variables never passed to leased commands (e.g. the provider token's `token_env`).
+    pub env_remove: Vec<String>,
+    /// Directories searched for `ncu`/`nsys` (the daemon's PATH, read by the CLI).
+    pub search_path: Vec<PathBuf>,
+    /// `/proc/driver/nvidia/params`, read by the `ncu` permission preflight.
+    pub nvidia_params: PathBuf,
+    /// The daemon runs as root (profiling counters are then allowed).
+    pub is_root: bool,
+    /// Where `fk-agentd lease` writes its children's output (`<home>/leases`).
+    pub spool_dir: PathBuf,
+    /// Run the cudarc sanity kernel on a lease's GPUs after it fails (NVML GPUs only).
+    pub sanity_after_failure: bool,
+}
+
+impl BrokerParams {
+    pub fn from_config(config: &Config, search_path: Vec<PathBuf>) -> Self {
+        Self {
+            lease_timeout: config.lease_timeout,
+            ncu_cap: config.ncu_cap,
+            nsys_cap: config.nsys_cap,
+            search_path,
+            spool_dir: config.home.join("leases"),
+            ..Self::defaults(config.lease_timeout)
+        }
+    }
+
+    /// Defaults around a lease timeout (used by tests and benches).
+    pub fn defaults(lease_timeout: Duration) -> Self {
+        Self {
+            lease_timeout,
+            ncu_cap: 1,
+            nsys_cap: 2,
+            grace: Duration::from_secs(10),
+            session_limits: Some(SessionLimits {
+                running: 1,
+                queued: 1,
+            }),
+            age_after: Duration::from_secs(120),
+            reclaim_wait: Duration::from_secs(60),
+            memory_slack_bytes: 256 << 20,
+            sample_every: Duration::from_secs(1),
+            env_remove: Vec::new(),
+            search_path: Vec::new(),
+            nvidia_params: PathBuf::from("/proc/driver/nvidia/params"),
+            is_root: rustix::process::geteuid().is_root(),
+            spool_dir: PathBuf::from("/tmp/fk-agentd-leases"),
+            sanity_after_failure: true,
+        }
+    }
+}
+
+/// A lease between its grant and its end: what health events need to reach it.
+pub(crate) struct LiveLease {
+    pub xids: Vec<u64>,
+    pub fault: Option<(String, String)>,
+    pub fault_notify: Arc<Notify>,
+}
+
+type GrantTx = oneshot::Sender<Result<Vec<usize>, LeaseError>>;
+
+pub(crate) struct State {
+    pub queue: Queue,
+    pub grants: HashMap<String, GrantTx>,
+    pub pools: HashMap<u64, GrantTx>,
+    pub live: HashMap<String, LiveLease>,
+    pub inflight: HashMap<Key, watch::Sender<Option<LeaseOutcome>>>,
+}
+
+pub(crate) struct Inner {
+    pub inventory: Inventory,
+    pub params: BrokerParams,
+    pub store: Store,
+    pub backend: Arc<dyn LeaseBackend>,
+    pub monitor: Arc<dyn GpuMonitor>,
+    pub state: Mutex<State>,
+    pub tokens: TokenBook,
+    pub tracker: TaskTracker,
+    pub shutdown: CancellationToken,
+    watcher_stop: Arc<AtomicBool>,
+    next_id: AtomicU64,
+    next_pool: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watcher_stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The lease broker. Cheap to clone; all clones share one queue.
+#[derive(Clone)]
+pub struct Broker {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("gpus", &self.inner.inventory.len())
+            .finish()
+    }
+}
+
+impl Broker {
+    /// A broker with the local backend. Starts the NVML Xid watcher when NVML is present.
+    pub fn new(inventory: Inventory, params: BrokerParams, store: Store) -> Self {
+        Self::with_backend(inventory, params, store, Arc::new(LocalBackend))
+    }
+
+    /// The daemon's broker: inventory from the config (a clear error when NVML is asked for
+    /// and absent), then recovery of the leases a previous daemon left open.
+    /// `search_path` is where `ncu`/`nsys` are looked for (the CLI passes `PATH`).
+    pub async fn start(
+        config: &Config,
+        store: &Store,
+        search_path: Vec<PathBuf>,
+    ) -> Result<Self, LeaseError> {
+        let inventory = Inventory::discover(&config.gpus)?;
+        let broker = Self::new(
+            inventory,
+            BrokerParams::from_config(config, search_path),
+            store.clone(),
+        );
+        let report = broker.recover().await?;
+        if !report.adopted.is_empty() || !report.reclaimed.is_empty() {
+            tracing::warn!(adopted = ?report.adopted, reclaimed = ?report.reclaimed, "recovered leases of a previous daemon");
+        }
+        Ok(broker)
+    }
+
+    pub fn with_backend(
+        inventory: Inventory,
+        params: BrokerParams,
+        store: Store,
+        backend: Arc<dyn LeaseBackend>,
+    ) -> Self {
+        let caps = HashMap::from([
+            (LeaseClass::Ncu, params.ncu_cap),
+            (LeaseClass::Nsys, params.nsys_cap),
+        ]);
+        let queue = Queue::new(inventory.len(), caps, params.age_after);
+        let monitor = inventory.monitor();
+        let inner = Arc::new(Inner {
+            monitor: monitor.clone(),
+            inventory,
+            params,
+            store,
+            backend,
+            state: Mutex::new(State {
+                queue,
+                grants: HashMap::new(),
+                pools: HashMap::new(),
+                live: HashMap::new(),
+                inflight: HashMap::new(),
+            }),
+            tokens: TokenBook::default(),
+            tracker: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+            watcher_stop: Arc::new(AtomicBool::new(false)),
+            next_id: AtomicU64::new(1),
+            next_pool: AtomicU64::new(1),
+        });
+        if let Some(nvml) = monitor.nvml() {
+            let weak: Weak<Inner> = Arc::downgrade(&inner);
+            let report = Arc::new(move |uuid: String, ev: GpuEvent| {
+                if let Some(inner) = weak.upgrade() {
+                    Broker { inner }.report_gpu_event(&uuid, ev);
+                }
+            });
+            let uuids = inner
+                .inventory
+                .gpus
+                .iter()
+                .map(|g| g.uuid.clone())
+                .collect();
+            // The thread ends on its own once `watcher_stop` is set (when the broker drops).
+            let _ = health::spawn_watcher(nvml, uuids, inner.watcher_stop.clone(), report);
+        }
+        Self { inner }
+    }
+
+    pub fn inventory(&self) -> &Inventory {
+        &self.inner.inventory
+    }
+
+    pub fn params(&self) -> &BrokerParams {
+        &self.inner.params
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // Every mutation of the state is a few field writes that cannot panic halfway.
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn new_lease_id(&self) -> String {
+        let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let ms = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+        format!("lease-{ms}-{n}")
+    }
+
+    /// Issues the token a session's tools use for `fk-agentd lease`.
+    pub fn issue_session_token(&self, session: &str) -> LeaseToken {
+        self.inner.tokens.issue(session)
+    }
+
+    /// The session a token belongs to.
+    pub fn session_for_token(&self, token: &str) -> Result<String, LeaseError> {
+        self.inner
+            .tokens
+            .session_of(token)
+            .ok_or(LeaseError::InvalidToken)
+    }
+
+    /// Forgets a session's tokens (when the session ends).
+    pub fn revoke_session_tokens(&self, session: &str) {
+        self.inner.tokens.revoke_session(session);
+    }
+
+    /// Queues a request; the receiver yields the granted slots.
+    pub(crate) fn enqueue(
+        &self,
+        req: &LeaseRequest,
+        lease_id: &str,
+        scope: Scope,
+    ) -> Result<oneshot::Receiver<Result<Vec<usize>, LeaseError>>, LeaseError> {
+        if self.inner.shutdown.is_cancelled() {
+            return Err(LeaseError::ShuttingDown);
+        }
+        let mut st = self.lock();
+        if scope.is_none()
+            && let Some(lim) = self.inner.params.session_limits
+        {
+            let outstanding = st.queue.outstanding(&req.session);
+            if outstanding >= lim.running + lim.queued {
+                return Err(LeaseError::SessionLimit {
+                    session: req.session.clone(),
+                    outstanding,
+                    running: lim.running,
+                    queued: lim.queued,
+                });
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        let now = Instant::now();
+        st.grants.insert(lease_id.to_string(), tx);
+        st.queue.enqueue(Waiter {
+            lease_id: lease_id.to_string(),
+            session: req.session.clone(),
+            class: req.class,
+            gpus: req.gpus,
+            scope,
+            seq: 0,
+            enqueued: now,
+        });
+        self.schedule_locked(&mut st);
+        Ok(rx)
+    }
+
+    /// Gives up a queued request, or the grant that raced with the give-up.
+    pub(crate) fn withdraw(&self, lease_id: &str) {
+        let mut st = self.lock();
+        st.grants.remove(lease_id);
+        if !st.queue.withdraw(lease_id) {
+            st.queue.release(lease_id);
+        }
+        self.schedule_locked(&mut st);
+    }
+
+    /// Returns a lease's GPUs to the pool and grants what now fits.
+    pub(crate) fn release(&self, lease_id: &str) {
+        let mut st = self.lock();
+        st.queue.release(lease_id);
+        st.live.remove(lease_id);
+        self.schedule_locked(&mut st);
+    }
+
+    pub(crate) fn schedule_locked(&self, st: &mut State) {
+        let limit = self.inner.params.session_limits.map(|l| l.running);
+        for d in st.queue.schedule(Instant::now(), limit) {
+            match d {
+                Decision::Grant { lease_id, slots } => {
+                    let sent = st
+                        .grants
+                        .remove(&lease_id)
+                        .is_some_and(|tx| tx.send(Ok(slots)).is_ok());
+                    if !sent {
+                        st.queue.release(&lease_id);
+                    }
+                }
+                Decision::Unsatisfiable {
+                    lease_id,
+                    wanted,
+                    healthy,
+                } => {
+                    if let Some(tx) = st.grants.remove(&lease_id) {
+                        let _ = tx.send(Err(LeaseError::Unsatisfiable { wanted, healthy }));
+                    }
+                }
+                Decision::PoolHeld { id, slots } => {
+                    if let Some(tx) = st.pools.remove(&id) {
+                        let _ = tx.send(Ok(slots));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `cmd` under a lease: queue, grant, journal, spawn, deadline, reclaim.
+    pub async fn run(
+        &self,
+        req: LeaseRequest,
+        cmd: LeaseCommand,
+        cancel: &CancellationToken,
+    ) -> Result<LeaseOutcome, LeaseError> {
+        self.run_scoped(req, cmd, None, cancel).await
+    }
+
+    pub(crate) async fn run_scoped(
+        &self,
+        req: LeaseRequest,
+        cmd: LeaseCommand,
+        scope: Scope,
+        cancel: &CancellationToken,
+    ) -> Result<LeaseOutcome, LeaseError> {
+        self.check(&req, &cmd)?;
+        let key = loop {
+            if let Some(done) = self.finished_with_key(&req).await? {
+                return Ok(done);
+            }
+            match self.claim_key(&req) {
+                Claim::Unkeyed => break None,
+                Claim::Fresh(guard) => break Some(guard),
+                Claim::Twin(rx) => {
+                    if let Some(outcome) = await_twin(rx, cancel).await? {
+                        return Ok(outcome);
+                    }
+                }
+            }
+        };
+        let lease_id = self.new_lease_id();
+        let queued_at = Instant::now();
+        let rx = self.enqueue(&req, &lease_id, scope)?;
+        let slots = tokio::select! {
+            granted = rx => match granted {
+                Ok(Ok(slots)) => slots,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(LeaseError::ShuttingDown),
+            },
+            _ = cancel.cancelled() => {
+                self.withdraw(&lease_id);
+                return Err(LeaseError::Cancelled);
+            }
+            _ = self.inner.shutdown.cancelled() => {
+                self.withdraw(&lease_id);
+                return Err(LeaseError::ShuttingDown);
+            }
+        };
+        let queued_ms = queued_at.elapsed().as_millis() as u64;
+        let outcome =
+            super::lease::execute(self, lease_id, req, cmd, slots, queued_ms, cancel).await;
+        if let (Some(guard), Ok(o)) = (&key, &outcome) {
+            guard.publish(o);
+        }
+        outcome
+    }
+
+    /// The stored outcome of a finished lease with the same session and idempotency key.
+    async fn finished_with_key(
+        &self,
+        req: &LeaseRequest,
+    ) -> Result<Option<LeaseOutcome>, LeaseError> {
+        if req.idempotency_key.is_empty() {
+            return Ok(None);
+        }
+        let (session, key) = (req.session.clone(), req.idempotency_key.clone());
+        let row = self
+            .inner
+            .store
+            .blocking(move |s| s.lease_by_key(&session, &key))
+            .await?;
+        Ok(row
+            .and_then(|r| r.outcome)
+            .and_then(|v| serde_json::from_value(v).ok()))
+    }
+
+    /// Spawns a task the broker waits for on shutdown.
+    pub(crate) fn track<F>(&self, fut: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.inner.tracker.spawn(fut);
+    }
+
+    pub(crate) fn next_pool_id(&self) -> u64 {
+        self.inner.next_pool.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Stops granting, cancels running leases (they are killed and reclaimed) and waits for
+    /// every lease task the broker tracks.
+    pub async fn shutdown(&self) {
+        self.inner.shutdown.cancel();
+        self.inner.tracker.close();
+        self.inner.tracker.wait().await;
+    }
+}

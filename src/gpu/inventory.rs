@@ -1,0 +1,271 @@
+//! The GPUs the broker may lend, and the NVML view of what runs on them.
+//!
+//! Owns discovery (NVML at run time, or a declared list for hosts without NVIDIA drivers) and
+//! the [`GpuMonitor`] seam through which the broker audits processes and memory. Declared and
+//! fake GPUs have no monitor facts: reclaim then relies on the process group alone, and
+//! every outcome says so.
+
+use std::sync::Arc;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::Brand;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use serde::{Deserialize, Serialize};
+
+use super::types::{GpuSnapshot, GpuState, LeaseError, Snapshot};
+use crate::config::GpuDevices;
+
+/// Where the inventory came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InventorySource {
+    Nvml,
+    /// UUIDs declared in the config, on a host without NVML.
+    Declared,
+    /// `fake:N`: simulated GPUs for CI and `--sim`.
+    Fake,
+}
+
+impl InventorySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Nvml => "nvml",
+            Self::Declared => "declared",
+            Self::Fake => "fake",
+        }
+    }
+}
+
+/// One GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// NVML index (or declaration order).
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub pci_bus_id: Option<String>,
+    pub memory_total_bytes: Option<u64>,
+    /// Memory in use when the broker started: reclaim waits for the GPU to come back near it.
+    pub baseline_used_bytes: Option<u64>,
+}
+
+/// A process NVML lists on a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
+}
+
+/// What the broker asks about the GPUs while leases run.
+pub trait GpuMonitor: Send + Sync + 'static {
+    /// Compute processes on a GPU. `Ok(vec![])` when the monitor cannot see processes.
+    fn processes(&self, uuid: &str) -> Result<Vec<GpuProcess>, String>;
+    /// Memory in use on a GPU, when known.
+    fn memory_used(&self, uuid: &str) -> Option<u64>;
+    /// The NVML handle, for the Xid event watcher.
+    fn nvml(&self) -> Option<Arc<Nvml>> {
+        None
+    }
+}
+
+/// Declared or fake GPUs: nothing is observable.
+#[derive(Debug, Default)]
+pub struct DeclaredMonitor;
+
+impl GpuMonitor for DeclaredMonitor {
+    fn processes(&self, _uuid: &str) -> Result<Vec<GpuProcess>, String> {
+        Ok(Vec::new())
+    }
+    fn memory_used(&self, _uuid: &str) -> Option<u64> {
+        None
+    }
+}
+
+/// NVML-backed monitor.
+pub struct NvmlMonitor {
+    nvml: Arc<Nvml>,
+}
+
+impl GpuMonitor for NvmlMonitor {
+    fn processes(&self, uuid: &str) -> Result<Vec<GpuProcess>, String> {
+        let dev = self.nvml.device_by_uuid(uuid).map_err(|e| e.to_string())?;
+        let procs = dev.running_compute_processes().map_err(|e| e.to_string())?;
+        Ok(procs
+            .into_iter()
+            .map(|p| GpuProcess {
+                pid: p.pid,
+                used_bytes: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => Some(b),
+                    UsedGpuMemory::Unavailable => None,
+                },
+            })
+            .collect())
+    }
+
+    fn memory_used(&self, uuid: &str) -> Option<u64> {
+        let dev = self.nvml.device_by_uuid(uuid).ok()?;
+        dev.memory_info().ok().map(|m| m.used)
+    }
+
+    fn nvml(&self) -> Option<Arc<Nvml>> {
+        Some(self.nvml.clone())
+    }
+}
+
+/// The GPUs and how to observe them.
+#[derive(Clone)]
+pub struct Inventory {
+    pub source: InventorySource,
+    pub gpus: Vec<GpuInfo>,
+    monitor: Arc<dyn GpuMonitor>,
+}
+
+impl std::fmt::Debug for Inventory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inventory")
+            .field("source", &self.source)
+            .field("gpus", &self.gpus)
+            .finish()
+    }
+}
+
+fn nvml_init() -> Result<Nvml, LeaseError> {
+    Nvml::init().map_err(|e| LeaseError::NvmlUnavailable { why: e.to_string() })
+}
+
+impl Inventory {
+    /// Discovers the GPUs the config names. `nvml` without a loadable NVML is an error.
+    pub fn discover(devices: &GpuDevices) -> Result<Self, LeaseError> {
+        match devices {
+            GpuDevices::Nvml => Self::from_nvml(Arc::new(nvml_init()?), None),
+            GpuDevices::Fake { count } => Ok(Self::fake(*count)),
+            GpuDevices::Uuids { uuids } => match nvml_init() {
+                Ok(nvml) => Self::from_nvml(Arc::new(nvml), Some(uuids)),
+                Err(_) => Ok(Self::declared(uuids)),
+            },
+        }
+    }
+
+    /// `count` simulated GPUs with stable fake UUIDs.
+    pub fn fake(count: u32) -> Self {
+        let gpus = (0..count)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-fa4e0000-0000-4000-8000-{i:012}"),
+                name: "simulated GPU (fake)".into(),
+                pci_bus_id: None,
+                memory_total_bytes: None,
+                baseline_used_bytes: None,
+            })
+            .collect();
+        Self {
+            source: InventorySource::Fake,
+            gpus,
+            monitor: Arc::new(DeclaredMonitor),
+        }
+    }
+
+    fn declared(uuids: &[String]) -> Self {
+        let gpus = uuids
+            .iter()
+            .enumerate()
+            .map(|(i, u)| GpuInfo {
+                index: i as u32,
+                uuid: u.clone(),
+                name: "declared GPU (no NVML)".into(),
+                pci_bus_id: None,
+                memory_total_bytes: None,
+                baseline_used_bytes: None,
+            })
+            .collect();
+        Self {
+            source: InventorySource::Declared,
+            gpus,
+            monitor: Arc::new(DeclaredMonitor),
+        }
+    }
+
+    fn from_nvml(nvml: Arc<Nvml>, only: Option<&Vec<String>>) -> Result<Self, LeaseError> {
+        let nv =
+            |e: nvml_wrapper::error::NvmlError| LeaseError::NvmlUnavailable { why: e.to_string() };
+        let count = nvml.device_count().map_err(nv)?;
+        let mut gpus = Vec::new();
+        for i in 0..count {
+            let dev = nvml.device_by_index(i).map_err(nv)?;
+            let uuid = dev.uuid().map_err(nv)?;
+            if only.is_some_and(|o| !o.contains(&uuid)) {
+                continue;
+            }
+            let mem = dev.memory_info().ok();
+            let name = dev.name().unwrap_or_else(|_| match dev.brand() {
+                Ok(Brand::Nvidia) => "NVIDIA GPU".into(),
+                _ => "GPU".into(),
+            });
+            gpus.push(GpuInfo {
+                index: i,
+                uuid,
+                name,
+                pci_bus_id: dev.pci_info().ok().map(|p| p.bus_id),
+                memory_total_bytes: mem.as_ref().map(|m| m.total),
+                baseline_used_bytes: mem.as_ref().map(|m| m.used),
+            });
+        }
+        if let Some(only) = only
+            && let Some(missing) = only.iter().find(|u| !gpus.iter().any(|g| &g.uuid == *u))
+        {
+            return Err(LeaseError::UnknownGpu(missing.clone()));
+        }
+        if gpus.is_empty() {
+            return Err(LeaseError::NvmlUnavailable {
+                why: "NVML loaded but lists no GPUs".into(),
+            });
+        }
+        Ok(Self {
+            source: InventorySource::Nvml,
+            gpus,
+            monitor: Arc::new(NvmlMonitor { nvml }),
+        })
+    }
+
+    /// Replaces the monitor (tests script GPU processes and memory with this).
+    pub fn with_monitor(mut self, monitor: Arc<dyn GpuMonitor>) -> Self {
+        self.monitor = monitor;
+        self
+    }
+
+    pub fn monitor(&self) -> Arc<dyn GpuMonitor> {
+        self.monitor.clone()
+    }
+
+    /// What `fk-agentd gpus` shows when no daemon runs: the inventory, state `no_daemon`.
+    pub fn offline_snapshot(&self) -> Snapshot {
+        Snapshot {
+            source: self.source.as_str().to_string(),
+            gpus: self
+                .gpus
+                .iter()
+                .map(|g| GpuSnapshot {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_total_bytes: g.memory_total_bytes,
+                    state: GpuState::NoDaemon,
+                    lease_id: None,
+                    session: None,
+                    class: None,
+                    drained_reason: None,
+                })
+                .collect(),
+            queue: Vec::new(),
+            pool: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.gpus.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+    }
+}

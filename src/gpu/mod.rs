@@ -1,0 +1,48 @@
+//! The GPU lease broker: who may run what on which GPU, for how long.
+//!
+//! Owns the inventory (NVML or a declared list), the queue and its fairness rules, the lease
+//! classes and their caps, deadlines and reclaim, GPU health (Xid events, the sanity kernel),
+//! the crash-safe journal of grants (through [`crate::store::Store`]) and the session tokens
+//! that let an agent's own shell run `fk-agentd lease`.
+//!
+//! It does not own what a lease runs (the caller's argv) nor how its output is judged: the
+//! broker reports exit status, wall time and GPU facts, and the caller decides.
+//!
+//! Invariants:
+//! - A lease is never a bare token: the broker spawns every leased command itself, in its own
+//!   process group, with `CUDA_VISIBLE_DEVICES=<uuid,…>` and `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+//! - A grant is journaled before its command is spawned, so a restarted daemon can adopt or
+//!   reclaim it.
+//! - At the deadline the whole process group gets SIGTERM, then SIGKILL after the grace; a
+//!   GPU rejoins the pool only once nothing the lease started is left on it.
+//! - NVML and libcuda are loaded at run time; their absence is an error value, never a panic.
+
+mod admin;
+mod backend;
+mod broker;
+mod health;
+mod idempotency;
+mod inventory;
+mod lease;
+mod pool;
+mod preflight;
+mod queue;
+mod recover;
+mod sanity;
+mod token;
+mod types;
+
+pub use backend::{ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend, LocalBackend};
+pub use broker::{Broker, BrokerParams, SessionLimits};
+pub use health::{GpuEvent, XidDisposition, classify_xid};
+pub use inventory::{
+    DeclaredMonitor, GpuInfo, GpuMonitor, GpuProcess, Inventory, InventorySource, NvmlMonitor,
+};
+pub use pool::{DrainPoolParams, PoolGuard};
+pub use recover::RecoveryReport;
+pub use sanity::{SanityReport, run_sanity};
+pub use token::LeaseToken;
+pub use types::{
+    GpuSnapshot, GpuState, KilledReason, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome,
+    LeaseRequest, PoolSnapshot, QueuedSnapshot, Snapshot,
+};

@@ -1,0 +1,538 @@
+//! The pure scheduling state: which GPU is free, held, reserved or drained, who waits, and who
+//! is granted next. No I/O, no clocks of its own (the caller passes `now`), so every fairness
+//! rule is unit-tested directly.
+//!
+//! Rules, in order of precedence:
+//! - A claimed scoring pool stops all agent grants until running agent leases end, then takes
+//!   every healthy GPU. Its own runs use only its GPUs.
+//! - Requests that waited longer than `age_after` go first, oldest first.
+//! - Otherwise per-session round robin: a session's first waiting request before anyone's
+//!   second; among firsts, the session granted longest ago; ties in arrival order.
+//! - A request that does not fit reserves the free GPUs it needs, so smaller requests behind it
+//!   cannot starve it; requests blocked by a class cap or a session limit reserve nothing.
+//! - Multi-GPU requests are granted atomically.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::types::LeaseClass;
+
+/// The scope a request draws GPUs from: the agents' pool, or one scoring pool.
+pub(crate) type Scope = Option<u64>;
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Slot {
+    pub holder: Option<String>,
+    pub drained: Option<String>,
+    pub pool: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Waiter {
+    pub lease_id: String,
+    pub session: String,
+    pub class: LeaseClass,
+    pub gpus: u32,
+    pub scope: Scope,
+    pub seq: u64,
+    pub enqueued: Instant,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Held {
+    pub session: String,
+    pub class: LeaseClass,
+    pub slots: Vec<usize>,
+    pub scope: Scope,
+}
+
+/// A pool claim waiting for running agent leases to end.
+#[derive(Clone, Debug)]
+pub(crate) struct PoolClaim {
+    pub id: u64,
+    pub reason: String,
+    pub held: bool,
+}
+
+/// What a scheduling pass decided.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    Grant {
+        lease_id: String,
+        slots: Vec<usize>,
+    },
+    /// The request can never be met by the healthy GPUs left.
+    Unsatisfiable {
+        lease_id: String,
+        wanted: u32,
+        healthy: usize,
+    },
+    /// The pool claim is granted: these slots are now its own.
+    PoolHeld {
+        id: u64,
+        slots: Vec<usize>,
+    },
+}
+
+#[derive(Clone, Debug, Default)]
+struct SessionStats {
+    running: usize,
+    waiting: usize,
+    last_grant: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Queue {
+    pub slots: Vec<Slot>,
+    pub waiting: Vec<Waiter>,
+    pub held: BTreeMap<String, Held>,
+    pub claim: Option<PoolClaim>,
+    sessions: HashMap<String, SessionStats>,
+    class_running: HashMap<LeaseClass, usize>,
+    caps: HashMap<LeaseClass, usize>,
+    age_after: Duration,
+    seq: u64,
+    grants: u64,
+}
+
+impl Queue {
+    pub fn new(gpus: usize, caps: HashMap<LeaseClass, usize>, age_after: Duration) -> Self {
+        Self {
+            slots: vec![Slot::default(); gpus],
+            waiting: Vec::new(),
+            held: BTreeMap::new(),
+            claim: None,
+            sessions: HashMap::new(),
+            class_running: HashMap::new(),
+            caps,
+            age_after,
+            seq: 0,
+            grants: 0,
+        }
+    }
+
+    /// Running + waiting leases of an (agent-scope) session.
+    pub fn outstanding(&self, session: &str) -> usize {
+        self.sessions
+            .get(session)
+            .map_or(0, |s| s.running + s.waiting)
+    }
+
+    pub fn enqueue(&mut self, w: Waiter) {
+        self.seq += 1;
+        let w = Waiter { seq: self.seq, ..w };
+        if w.scope.is_none() {
+            self.sessions.entry(w.session.clone()).or_default().waiting += 1;
+        }
+        self.waiting.push(w);
+    }
+
+    /// Removes a waiter (cancelled, rejected); true when it was still waiting.
+    pub fn withdraw(&mut self, lease_id: &str) -> bool {
+        let Some(pos) = self.waiting.iter().position(|w| w.lease_id == lease_id) else {
+            return false;
+        };
+        let w = self.waiting.remove(pos);
+        if w.scope.is_none()
+            && let Some(s) = self.sessions.get_mut(&w.session)
+        {
+            s.waiting = s.waiting.saturating_sub(1);
+        }
+        true
+    }
+
+    /// Marks slots as held by a lease that did not come through the queue (adopted on restart).
+    pub fn adopt(&mut self, lease_id: &str, session: &str, class: LeaseClass, slots: Vec<usize>) {
+        for &i in &slots {
+            self.slots[i].holder = Some(lease_id.to_string());
+        }
+        self.sessions
+            .entry(session.to_string())
+            .or_default()
+            .running += 1;
+        *self.class_running.entry(class).or_default() += 1;
+        self.held.insert(
+            lease_id.to_string(),
+            Held {
+                session: session.to_string(),
+                class,
+                slots,
+                scope: None,
+            },
+        );
+    }
+
+    /// Frees a lease's GPUs.
+    pub fn release(&mut self, lease_id: &str) -> Option<Held> {
+        let held = self.held.remove(lease_id)?;
+        for &i in &held.slots {
+            if self.slots[i].holder.as_deref() == Some(lease_id) {
+                self.slots[i].holder = None;
+            }
+        }
+        if held.scope.is_none()
+            && let Some(s) = self.sessions.get_mut(&held.session)
+        {
+            s.running = s.running.saturating_sub(1);
+        }
+        if let Some(n) = self.class_running.get_mut(&held.class) {
+            *n = n.saturating_sub(1);
+        }
+        Some(held)
+    }
+
+    /// Ends a scoring pool: its GPUs return to the agents as their leases end.
+    pub fn release_pool(&mut self, id: u64) {
+        for s in &mut self.slots {
+            if s.pool == Some(id) {
+                s.pool = None;
+            }
+        }
+        if self.claim.as_ref().is_some_and(|c| c.id == id) {
+            self.claim = None;
+        }
+    }
+
+    fn free_in(&self, scope: Scope) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| {
+                let s = &self.slots[i];
+                s.holder.is_none() && s.drained.is_none() && s.pool == scope
+            })
+            .collect()
+    }
+
+    fn healthy_in(&self, scope: Scope) -> usize {
+        match scope {
+            None => self.slots.iter().filter(|s| s.drained.is_none()).count(),
+            Some(_) => self
+                .slots
+                .iter()
+                .filter(|s| s.drained.is_none() && s.pool == scope)
+                .count(),
+        }
+    }
+
+    fn order(&self, now: Instant) -> Vec<usize> {
+        let mut rank: HashMap<&str, usize> = HashMap::new();
+        let mut keyed: Vec<(bool, usize, u64, u64, usize)> = self
+            .waiting
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let r = rank.entry(w.session.as_str()).or_default();
+                let my_rank = *r;
+                *r += 1;
+                let aged = now.saturating_duration_since(w.enqueued) >= self.age_after;
+                let last = self.sessions.get(&w.session).map_or(0, |s| s.last_grant);
+                if aged {
+                    (false, 0, 0, w.seq, i)
+                } else {
+                    (true, my_rank, last, w.seq, i)
+                }
+            })
+            .collect();
+        keyed.sort();
+        keyed.into_iter().map(|k| k.4).collect()
+    }
+
+    fn capped(&self, w: &Waiter, session_running_limit: Option<usize>) -> bool {
+        let class_full = self
+            .caps
+            .get(&w.class)
+            .is_some_and(|cap| self.class_running.get(&w.class).copied().unwrap_or(0) >= *cap);
+        let session_full = w.scope.is_none()
+            && session_running_limit
+                .is_some_and(|lim| self.sessions.get(&w.session).map_or(0, |s| s.running) >= lim);
+        class_full || session_full
+    }
+
+    /// One scheduling pass: grants what fits, in priority order.
+    pub fn schedule(
+        &mut self,
+        now: Instant,
+        session_running_limit: Option<usize>,
+    ) -> Vec<Decision> {
+        let mut out = Vec::new();
+        if let Some(d) = self.try_hold_pool() {
+            out.push(d);
+        }
+        let agents_blocked = self.claim.is_some();
+        let mut reserved: HashMap<Scope, usize> = HashMap::new();
+        let mut granted = Vec::new();
+        for i in self.order(now) {
+            let w = &self.waiting[i];
+            if w.scope.is_none() && agents_blocked {
+                continue;
+            }
+            let healthy = self.healthy_in(w.scope);
+            if w.gpus as usize > healthy {
+                out.push(Decision::Unsatisfiable {
+                    lease_id: w.lease_id.clone(),
+                    wanted: w.gpus,
+                    healthy,
+                });
+                granted.push(i);
+                continue;
+            }
+            if self.capped(w, session_running_limit) {
+                continue;
+            }
+            let free = self.free_in(w.scope);
+            let held_back = reserved.get(&w.scope).copied().unwrap_or(0);
+            if free.len() >= held_back + w.gpus as usize {
+                let slots: Vec<usize> = free[held_back..held_back + w.gpus as usize].to_vec();
+                self.grant(i, &slots);
+                granted.push(i);
+                out.push(Decision::Grant {
+                    lease_id: self.waiting[i].lease_id.clone(),
+                    slots,
+                });
+            } else {
+                let r = reserved.entry(w.scope).or_default();
+                *r = (*r + w.gpus as usize).min(free.len());
+            }
+        }
+        granted.sort_unstable();
+        for i in granted.into_iter().rev() {
+            let w = self.waiting.remove(i);
+            if w.scope.is_none()
+                && let Some(s) = self.sessions.get_mut(&w.session)
+            {
+                s.waiting = s.waiting.saturating_sub(1);
+            }
+        }
+        out
+    }
+
+    fn grant(&mut self, i: usize, slots: &[usize]) {
+        let w = self.waiting[i].clone();
+        for &s in slots {
+            self.slots[s].holder = Some(w.lease_id.clone());
+        }
+        self.grants += 1;
+        if w.scope.is_none() {
+            let st = self.sessions.entry(w.session.clone()).or_default();
+            st.running += 1;
+            st.last_grant = self.grants;
+        }
+        *self.class_running.entry(w.class).or_default() += 1;
+        self.held.insert(
+            w.lease_id.clone(),
+            Held {
+                session: w.session,
+                class: w.class,
+                slots: slots.to_vec(),
+                scope: w.scope,
+            },
+        );
+    }
+
+    fn try_hold_pool(&mut self) -> Option<Decision> {
+        let claim = self.claim.as_ref()?;
+        if claim.held || self.held.values().any(|h| h.scope.is_none()) {
+            return None;
+        }
+        let id = claim.id;
+        let slots: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| self.slots[i].drained.is_none())
+            .collect();
+        for &i in &slots {
+            self.slots[i].pool = Some(id);
+        }
+        if let Some(c) = self.claim.as_mut() {
+            c.held = true;
+        }
+        Some(Decision::PoolHeld { id, slots })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn queue(gpus: usize) -> Queue {
+        let caps = HashMap::from([(LeaseClass::Ncu, 1), (LeaseClass::Nsys, 2)]);
+        Queue::new(gpus, caps, Duration::from_secs(60))
+    }
+
+    fn ask(q: &mut Queue, id: &str, session: &str, class: LeaseClass, gpus: u32, now: Instant) {
+        q.enqueue(Waiter {
+            lease_id: id.into(),
+            session: session.into(),
+            class,
+            gpus,
+            scope: None,
+            seq: 0,
+            enqueued: now,
+        });
+    }
+
+    fn granted(ds: &[Decision]) -> Vec<(String, Vec<usize>)> {
+        ds.iter()
+            .filter_map(|d| match d {
+                Decision::Grant { lease_id, slots } => Some((lease_id.clone(), slots.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nine_requests_on_eight_gpus_leave_one_waiting() {
+        let now = Instant::now();
+        let mut q = queue(8);
+        for i in 0..9 {
+            ask(
+                &mut q,
+                &format!("l{i}"),
+                &format!("s{i}"),
+                LeaseClass::Validate,
+                1,
+                now,
+            );
+        }
+        let g = granted(&q.schedule(now, Some(1)));
+        let expected: Vec<(String, Vec<usize>)> =
+            (0..8).map(|i| (format!("l{i}"), vec![i])).collect();
+        assert_eq!(g, expected);
+        assert_eq!(q.waiting.len(), 1);
+        q.release("l3");
+        assert_eq!(
+            granted(&q.schedule(now, Some(1))),
+            vec![("l8".into(), vec![3])]
+        );
+    }
+
+    #[test]
+    fn ncu_cap_of_one_holds_even_with_free_gpus() {
+        let now = Instant::now();
+        let mut q = queue(8);
+        ask(&mut q, "a", "s1", LeaseClass::Ncu, 1, now);
+        ask(&mut q, "b", "s2", LeaseClass::Ncu, 1, now);
+        ask(&mut q, "c", "s3", LeaseClass::Validate, 1, now);
+        let g = granted(&q.schedule(now, Some(1)));
+        assert_eq!(g, vec![("a".into(), vec![0]), ("c".into(), vec![1])]);
+        q.release("a");
+        assert_eq!(
+            granted(&q.schedule(now, Some(1))),
+            vec![("b".into(), vec![0])]
+        );
+    }
+
+    #[test]
+    fn a_big_request_reserves_gpus_against_later_small_ones() {
+        let now = Instant::now();
+        let mut q = queue(4);
+        for i in 0..4 {
+            ask(
+                &mut q,
+                &format!("r{i}"),
+                &format!("s{i}"),
+                LeaseClass::Validate,
+                1,
+                now,
+            );
+        }
+        q.schedule(now, Some(1));
+        ask(&mut q, "big", "sb", LeaseClass::Validate, 2, now);
+        ask(&mut q, "small", "ss", LeaseClass::Validate, 1, now);
+        q.release("r0");
+        assert_eq!(granted(&q.schedule(now, Some(1))), vec![]);
+        q.release("r1");
+        assert_eq!(
+            granted(&q.schedule(now, Some(1))),
+            vec![("big".into(), vec![0, 1])]
+        );
+    }
+
+    #[test]
+    fn round_robin_puts_a_sessions_second_request_after_others_first() {
+        let now = Instant::now();
+        let mut q = queue(1);
+        ask(&mut q, "hold", "x", LeaseClass::Validate, 1, now);
+        q.schedule(now, None);
+        ask(&mut q, "a1", "a", LeaseClass::Validate, 1, now);
+        ask(&mut q, "a2", "a", LeaseClass::Validate, 1, now);
+        ask(&mut q, "b1", "b", LeaseClass::Validate, 1, now);
+        let mut order = Vec::new();
+        for held in ["hold", "a1", "b1"] {
+            q.release(held);
+            order.extend(granted(&q.schedule(now, None)).into_iter().map(|g| g.0));
+        }
+        assert_eq!(order, vec!["a1", "b1", "a2"]);
+    }
+
+    #[test]
+    fn aged_requests_go_first() {
+        let t0 = Instant::now();
+        let mut q = queue(1);
+        ask(&mut q, "hold", "x", LeaseClass::Validate, 1, t0);
+        q.schedule(t0, None);
+        ask(&mut q, "old2", "a", LeaseClass::Validate, 1, t0);
+        ask(
+            &mut q,
+            "new",
+            "b",
+            LeaseClass::Validate,
+            1,
+            t0 + Duration::from_secs(50),
+        );
+        // Without aging, b's first request would go before a's (a was granted more recently).
+        q.sessions.get_mut("a").unwrap().last_grant = 99;
+        q.release("hold");
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(
+            granted(&q.schedule(later, None)),
+            vec![("old2".into(), vec![0])]
+        );
+    }
+
+    #[test]
+    fn pool_claim_waits_for_running_leases_then_takes_every_healthy_gpu() {
+        let now = Instant::now();
+        let mut q = queue(3);
+        q.slots[2].drained = Some("xid 79".into());
+        ask(&mut q, "run", "s", LeaseClass::Validate, 1, now);
+        q.schedule(now, None);
+        q.claim = Some(PoolClaim {
+            id: 7,
+            reason: "scoring".into(),
+            held: false,
+        });
+        ask(&mut q, "late", "t", LeaseClass::Validate, 1, now);
+        assert_eq!(q.schedule(now, None), vec![]);
+        q.release("run");
+        assert_eq!(
+            q.schedule(now, None),
+            vec![Decision::PoolHeld {
+                id: 7,
+                slots: vec![0, 1]
+            }]
+        );
+        q.release_pool(7);
+        assert_eq!(
+            granted(&q.schedule(now, None)),
+            vec![("late".into(), vec![0])]
+        );
+    }
+
+    #[test]
+    fn a_request_larger_than_the_healthy_pool_is_unsatisfiable() {
+        let now = Instant::now();
+        let mut q = queue(2);
+        q.slots[0].drained = Some("unkillable".into());
+        ask(&mut q, "two", "s", LeaseClass::Validate, 2, now);
+        assert_eq!(
+            q.schedule(now, None),
+            vec![Decision::Unsatisfiable {
+                lease_id: "two".into(),
+                wanted: 2,
+                healthy: 1
+            }]
+        );
+        assert_eq!(q.outstanding("s"), 0);
+    }
+}

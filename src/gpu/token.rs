@@ -1,0 +1,66 @@
+//! Per-session lease tokens: what lets an agent's own shell run `fk-agentd lease` as its session.
+//!
+//! The daemon hands a token to each session's tool environment (`FK_AGENTD_LEASE_TOKEN`); the
+//! control API maps it back to the session, so a request can never name another session.
+//! Only a SHA-256 of each token is kept, and tokens are compared by that digest.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use rand::RngCore;
+use secrecy::{ExposeSecret, SecretString};
+use sha2::{Digest, Sha256};
+
+/// A session's lease token. Its `Debug` does not show the value.
+#[derive(Clone)]
+pub struct LeaseToken(SecretString);
+
+impl std::fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseToken(***)")
+    }
+}
+
+impl LeaseToken {
+    pub fn new(value: String) -> Self {
+        Self(SecretString::from(value))
+    }
+
+    /// The value to put in the session's tool environment.
+    pub fn expose(&self) -> &str {
+        self.0.expose_secret()
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// Digest → session.
+#[derive(Default)]
+pub(crate) struct TokenBook {
+    by_digest: Mutex<HashMap<[u8; 32], String>>,
+}
+
+impl TokenBook {
+    pub fn issue(&self, session: &str) -> LeaseToken {
+        let mut bytes = [0u8; 32];
+        rand::rng().fill_bytes(&mut bytes);
+        let value: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let value = format!("fkl_{value}");
+        self.lock().insert(digest(&value), session.to_string());
+        LeaseToken::new(value)
+    }
+
+    pub fn session_of(&self, token: &str) -> Option<String> {
+        self.lock().get(&digest(token)).cloned()
+    }
+
+    pub fn revoke_session(&self, session: &str) {
+        self.lock().retain(|_, s| s != session);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], String>> {
+        self.by_digest.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,170 @@
+//! Deadlines and crash safety with real processes: the deadline reaches a grandchild that
+//! ignores SIGTERM, and a restarted broker adopts live lease groups and reclaims dead ones.
+//! Real processes cannot use paused time, so these few tests use 1–2 s deadlines.
+
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+use fk_agentd::gpu::{Broker, GpuState, Inventory, KilledReason, LeaseClass, RecoveryReport};
+use fk_agentd::store::leases::LeaseRow;
+use pretty_assertions::assert_eq;
+use tokio_util::sync::CancellationToken;
+
+use super::gpu::{params, req, rig_with, sh, until};
+
+/// Alive and not a zombie.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].chars().next()))
+        .flatten()
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+fn now_ms() -> i64 {
+    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+#[tokio::test]
+async fn the_deadline_kills_a_grandchild_that_ignores_sigterm() {
+    let rig = rig_with(1, params());
+    let dir = rig.dir.path().to_path_buf();
+    let script = "trap '' TERM; sleep 60 & echo $! > grandchild.pid; wait; wait";
+    let o = rig
+        .broker
+        .run(
+            req("s", LeaseClass::Validate, 1, Duration::from_secs(2)),
+            sh(&dir, "k", script),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("outcome");
+    let pid: i32 = std::fs::read_to_string(dir.join("grandchild.pid"))
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert_eq!(
+        (o.killed_reason, o.exit_code, o.signal),
+        (Some(KilledReason::Deadline), None, Some(9))
+    );
+    assert!(
+        o.wall_ms >= 2000,
+        "killed before its deadline: {} ms",
+        o.wall_ms
+    );
+    assert!(!alive(pid), "grandchild {pid} survived the deadline");
+    assert_eq!(rig.broker.snapshot().gpus[0].state, GpuState::Free);
+}
+
+fn row(id: &str, uuid: &str, pgid: Option<i64>, deadline_unix_ms: i64) -> LeaseRow {
+    LeaseRow {
+        id: id.into(),
+        session: format!("session-{id}"),
+        class: "validate".into(),
+        gpus: vec![uuid.into()],
+        idempotency_key: String::new(),
+        state: if pgid.is_some() { "running" } else { "granted" }.into(),
+        pgid,
+        granted_at: fk_agentd::store::now_rfc3339(),
+        deadline_unix_ms,
+        argv: vec!["sleep".into(), "60".into()],
+        stdout: "/dev/null".into(),
+        stderr: "/dev/null".into(),
+        finished_at: None,
+        outcome: None,
+    }
+}
+
+fn group_of(cmd: &mut std::process::Command) -> std::process::Child {
+    cmd.process_group(0).spawn().expect("spawn")
+}
+
+#[tokio::test]
+async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
+    let rig = rig_with(4, params());
+    let uuids: Vec<String> = Inventory::fake(4)
+        .gpus
+        .into_iter()
+        .map(|g| g.uuid)
+        .collect();
+    let mut live = group_of(std::process::Command::new("sleep").arg("60"));
+    let mut overdue = group_of(std::process::Command::new("sleep").arg("60"));
+    let mut dead = group_of(&mut std::process::Command::new("true"));
+    dead.wait().expect("true exits");
+    let mut tagged = std::process::Command::new("sleep")
+        .arg("60")
+        .env("FK_AGENTD_LEASE_ID", "d-unspawned")
+        .spawn()
+        .expect("spawn");
+    let rows = [
+        row("a-live", &uuids[0], Some(live.id() as i64), now_ms() + 3000),
+        row(
+            "b-dead",
+            &uuids[1],
+            Some(dead.id() as i64),
+            now_ms() + 60_000,
+        ),
+        row(
+            "c-overdue",
+            &uuids[2],
+            Some(overdue.id() as i64),
+            now_ms() - 1,
+        ),
+        row("d-unspawned", &uuids[3], None, now_ms() + 60_000),
+    ];
+    for r in &rows {
+        rig.store.insert_lease(r).expect("journal");
+    }
+
+    let restarted = Broker::new(Inventory::fake(4), params(), rig.store.clone());
+    let report = restarted.recover().await.expect("recover");
+    assert_eq!(
+        report,
+        RecoveryReport {
+            adopted: vec!["a-live".into()],
+            reclaimed: vec!["b-dead".into(), "c-overdue".into(), "d-unspawned".into()],
+        }
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(overdue.wait().expect("wait").signal(), Some(9));
+    assert_eq!(tagged.wait().expect("wait").signal(), Some(9));
+    let snap = restarted.snapshot();
+    assert_eq!(
+        (
+            snap.gpus[0].state.clone(),
+            snap.gpus[0].lease_id.clone(),
+            snap.gpus[1].state.clone()
+        ),
+        (GpuState::Leased, Some("a-live".into()), GpuState::Free)
+    );
+    let outcome_of = |id: &str| {
+        rig.store
+            .lease(id)
+            .expect("store")
+            .and_then(|r| r.outcome)
+            .map(|o| o["killed_reason"].clone())
+    };
+    assert_eq!(outcome_of("b-dead"), Some(serde_json::Value::Null));
+    assert_eq!(
+        outcome_of("c-overdue"),
+        Some(serde_json::json!({"kind": "daemon_restart"}))
+    );
+    assert_eq!(
+        outcome_of("d-unspawned"),
+        Some(serde_json::json!({"kind": "daemon_restart"}))
+    );
+
+    // The adopted lease keeps its original deadline.
+    until("adopted lease killed at its deadline", || {
+        outcome_of("a-live").is_some()
+    })
+    .await;
+    assert_eq!(
+        outcome_of("a-live"),
+        Some(serde_json::json!({"kind": "deadline"}))
+    );
+    assert_eq!(live.wait().expect("wait").signal(), Some(15));
+    assert_eq!(restarted.snapshot().gpus[0].state, GpuState::Free);
+    assert_eq!(rig.store.open_leases().expect("open"), vec![]);
+}

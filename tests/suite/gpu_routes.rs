@@ -1,0 +1,326 @@
+//! The GPU routes of the control API (`/v1/gpus`, `/v1/leases`) through the router without a
+//! socket, and `fk-agentd gpus` without a daemon.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::{Request, StatusCode};
+use fk_agentd::control::gpu_routes::{LEASE_TOKEN_HEADER, LeaseCall, LeaseFrame};
+use fk_agentd::control::{ControlState, DaemonStatus, Peer, app};
+use fk_agentd::gpu::{Broker, LeaseClass, Snapshot};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use super::gpu::{params, rig_with};
+
+const OWNER: u32 = 4242;
+
+fn router(broker: &Broker, store: &fk_agentd::store::Store) -> axum::Router {
+    let state = router_state(broker, store);
+    app(state).layer(MockConnectInfo(Peer {
+        uid: Some(OWNER),
+        pid: None,
+    }))
+}
+
+fn router_state(broker: &Broker, store: &fk_agentd::store::Store) -> ControlState {
+    ControlState {
+        store: store.clone(),
+        owner_uid: OWNER,
+        shutdown: CancellationToken::new(),
+        status: Arc::new(|| DaemonStatus {
+            pid: 1,
+            home: "/nowhere".into(),
+            started_at: "now".into(),
+            run_id: None,
+            mode: None,
+            simulated: true,
+            targets: 0,
+            states: Default::default(),
+            stopping: false,
+        }),
+        broker: Some(broker.clone()),
+    }
+}
+
+fn call(argv: &[&str], session: Option<&str>, timeout_ms: Option<u64>) -> LeaseCall {
+    LeaseCall {
+        class: LeaseClass::Validate,
+        gpus: 1,
+        timeout_ms,
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        cwd: std::env::temp_dir(),
+        env: vec![],
+        session: session.map(str::to_string),
+        idempotency_key: None,
+    }
+}
+
+async fn post_lease(
+    r: &axum::Router,
+    token: Option<&str>,
+    body: &LeaseCall,
+) -> (StatusCode, Vec<u8>) {
+    let mut req = Request::post("/v1/leases").header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header(LEASE_TOKEN_HEADER, t);
+    }
+    let req = req
+        .body(Body::from(serde_json::to_vec(body).expect("json")))
+        .expect("request");
+    let resp = r.clone().oneshot(req).await.expect("response");
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    (status, bytes.to_vec())
+}
+
+#[tokio::test]
+async fn a_lease_token_of_session_a_cannot_run_as_session_b() {
+    let rig = rig_with(2, params());
+    let r = router(&rig.broker, &rig.store);
+    let token_a = rig.broker.issue_session_token("L1/a");
+    let (status, body) = post_lease(
+        &r,
+        Some(token_a.expose()),
+        &call(&["true"], Some("L1/b"), None),
+    )
+    .await;
+    let body: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(
+        (status, body),
+        (
+            StatusCode::FORBIDDEN,
+            json!({"error": "lease token belongs to another session than `L1/b`", "exit_code": 2})
+        )
+    );
+    let (status, _) = post_lease(&r, Some("fkl_forged"), &call(&["true"], None, None)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = post_lease(&r, None, &call(&["true"], None, None)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    rig.broker.revoke_session_tokens("L1/a");
+    let (status, _) = post_lease(&r, Some(token_a.expose()), &call(&["true"], None, None)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn a_token_holder_runs_a_command_and_gets_its_output_then_its_outcome() {
+    let rig = rig_with(2, params());
+    let r = router(&rig.broker, &rig.store);
+    let token = rig.broker.issue_session_token("L1/gelu");
+    let (status, body) = post_lease(
+        &r,
+        Some(token.expose()),
+        &call(
+            &["sh", "-c", "echo hi; echo oops >&2; exit 4"],
+            None,
+            Some(5000),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let frames: Vec<LeaseFrame> = body
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("frame"))
+        .collect();
+    let (output, last) = frames.split_at(frames.len() - 1);
+    assert_eq!(
+        output.to_vec(),
+        vec![
+            LeaseFrame::Stdout {
+                data: "hi\n".into()
+            },
+            LeaseFrame::Stderr {
+                data: "oops\n".into()
+            }
+        ]
+    );
+    let LeaseFrame::Outcome { outcome } = &last[0] else {
+        panic!("no outcome: {last:?}")
+    };
+    assert_eq!(
+        (outcome.session.as_str(), outcome.exit_code),
+        ("L1/gelu", Some(4))
+    );
+}
+
+#[tokio::test]
+async fn a_timeout_above_the_lease_timeout_is_refused_as_bad_input() {
+    let rig = rig_with(1, params());
+    let r = router(&rig.broker, &rig.store);
+    let token = rig.broker.issue_session_token("s");
+    let too_long = Duration::from_secs(601).as_millis() as u64;
+    let (status, body) = post_lease(
+        &r,
+        Some(token.expose()),
+        &call(&["true"], None, Some(too_long)),
+    )
+    .await;
+    let body: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(
+        (status, body),
+        (
+            StatusCode::BAD_REQUEST,
+            json!({"error": "invalid lease timeout = `10m 1s`: more than 0 and at most the lease timeout (10m)", "exit_code": 2})
+        )
+    );
+}
+
+#[tokio::test]
+async fn gpus_route_shows_state_and_drain_reason() {
+    let rig = rig_with(2, params());
+    let r = router(&rig.broker, &rig.store);
+    let drain = Request::post("/v1/gpus/drain")
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"gpu": "1", "reason": "fan noise"}"#))
+        .expect("request");
+    assert_eq!(
+        r.clone().oneshot(drain).await.expect("drain").status(),
+        StatusCode::OK
+    );
+    let resp = r
+        .clone()
+        .oneshot(Request::get("/v1/gpus").body(Body::empty()).expect("req"))
+        .await
+        .expect("resp");
+    let snap: Snapshot = serde_json::from_slice(
+        &axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .expect("body"),
+    )
+    .expect("json");
+    assert_eq!(snap, rig.broker.snapshot());
+    insta::assert_snapshot!(fk_agentd::cli::gpu::render_gpus(&snap, true), @r"
+    SIMULATED GPUs (fake): no real device behind these rows.
+    2 GPU(s) from fake
+    IDX  UUID                                       STATE     CLASS     HOLDER / REASON
+    0    GPU-fa4e0000-0000-4000-8000-000000000000   free      -         -
+    1    GPU-fa4e0000-0000-4000-8000-000000000001   drained   -         fan noise
+    ");
+}
+
+#[test]
+fn gpus_without_a_daemon_lists_the_declared_inventory() {
+    let home = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        home.path().join("fk-agentd.toml"),
+        "[gpus]\ndevices = \"fake:2\"\n",
+    )
+    .expect("config");
+    let out = assert_cmd::Command::cargo_bin("fk-agentd")
+        .expect("bin")
+        .args(["--home", &home.path().display().to_string(), "gpus"])
+        .env_remove("FK_AGENTD_CONFIG")
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    insta::assert_snapshot!(text, @r"
+    SIMULATED GPUs (fake): no real device behind these rows.
+    2 GPU(s) from fake; no daemon running
+    IDX  UUID                                       STATE     CLASS     HOLDER / REASON
+    0    GPU-fa4e0000-0000-4000-8000-000000000000   no daemon -         -
+    1    GPU-fa4e0000-0000-4000-8000-000000000001   no daemon -         -
+    ");
+}
+
+#[test]
+fn gpus_with_nvml_devices_on_a_host_without_nvml_exits_3_with_a_clear_error() {
+    if nvml_wrapper::Nvml::init().is_ok() {
+        return; // A GPU host: the other branch is what CI checks.
+    }
+    let home = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        home.path().join("fk-agentd.toml"),
+        "[gpus]\ndevices = \"nvml\"\n",
+    )
+    .expect("config");
+    let out = assert_cmd::Command::cargo_bin("fk-agentd")
+        .expect("bin")
+        .args(["--home", &home.path().display().to_string(), "gpus"])
+        .env_remove("FK_AGENTD_CONFIG")
+        .assert()
+        .code(3);
+    let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        err.starts_with("fk-agentd: NVML is not available on this host ("),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fk_agentd_lease_streams_output_returns_the_exit_code_and_124_at_the_deadline() {
+    let rig = rig_with(2, params());
+    let socket = rig.dir.path().join("fk-agentd.sock");
+    let listener = fk_agentd::control::bind(&socket).expect("bind");
+    let state = ControlState {
+        owner_uid: rustix::process::geteuid().as_raw(),
+        ..router_state(&rig.broker, &rig.store)
+    };
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(fk_agentd::control::serve(listener, state, stop.clone()));
+    let token = rig
+        .broker
+        .issue_session_token("L1/gelu")
+        .expose()
+        .to_string();
+    let home = rig.dir.path().to_path_buf();
+    let lease = move |args: &[&str]| {
+        let (token, socket, home) = (token.clone(), socket.clone(), home.clone());
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        tokio::task::spawn_blocking(move || {
+            let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("fk-agentd"))
+                .arg("--home")
+                .arg(&home)
+                .arg("lease")
+                .args(&args)
+                .env("FK_AGENTD_LEASE_TOKEN", token)
+                .env("FK_AGENTD_SOCKET", socket)
+                .output()
+                .expect("run fk-agentd");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).to_string(),
+                String::from_utf8_lossy(&out.stderr).to_string(),
+            )
+        })
+    };
+    let (code, out, err) = lease(&["--", "sh", "-c", "echo hello; exit 7"])
+        .await
+        .expect("join");
+    assert_eq!((code, out.as_str(), err.as_str()), (Some(7), "hello\n", ""));
+
+    let (code, out, err) = lease(&[
+        "--timeout",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "echo started; exec sleep 60",
+    ])
+    .await
+    .expect("join");
+    assert_eq!((code, out.as_str()), (Some(124), "started\n"));
+    assert!(
+        err.contains("reached its deadline after 1s; its process group was killed"),
+        "{err}"
+    );
+
+    let (code, _, err) = lease(&["--timeout", "11m", "--", "true"])
+        .await
+        .expect("join");
+    assert_eq!(
+        (code, err.as_str()),
+        (
+            Some(2),
+            "fk-agentd: lease refused: invalid lease timeout = `11m`: more than 0 and at most the lease timeout (10m)\n"
+        )
+    );
+    stop.cancel();
+    server.await.expect("join").expect("serve");
+}
