@@ -8,6 +8,8 @@ use crate::config::ConfigError;
 use crate::control::ControlError;
 use crate::daemon::DaemonError;
 use crate::harness::HarnessError;
+use crate::manifest::ManifestError;
+use crate::protect::ProtectError;
 use crate::run::RunError;
 use crate::score::ScoreError;
 use crate::store::StoreError;
@@ -44,6 +46,10 @@ pub enum Error {
     Workspace(#[from] WorkspaceError),
     #[error(transparent)]
     Score(#[from] ScoreError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Protect(#[from] ProtectError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -66,6 +72,9 @@ impl Error {
             Error::Harness(e) => e.exit_code(),
             Error::Tool(_) | Error::Workspace(_) => EXIT_UNAVAILABLE,
             Error::Score(e) => e.exit_code(),
+            Error::Manifest(e) => e.exit_code(),
+            Error::Protect(ProtectError::Io { .. }) => EXIT_UNAVAILABLE,
+            Error::Protect(_) => EXIT_FAILURES,
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

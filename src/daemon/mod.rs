@@ -54,6 +54,8 @@ pub struct DaemonParams {
     pub config: Config,
     pub runner: Arc<dyn SessionRunner>,
     pub drain_deadline: Duration,
+    /// Host facts recorded right after `run_started` (`None`: none recorded).
+    pub facts: Option<crate::facts::RunStartFacts>,
 }
 
 /// How a campaign ended.
@@ -121,6 +123,10 @@ pub async fn run_campaign(
             "settings": config.settings,
         }),
     )?;
+    if let Some(hook) = &params.facts {
+        let facts = crate::facts::gather(hook.source.as_ref(), &hook.params(config)).await;
+        crate::facts::record(&journal, &facts)?;
+    }
 
     let root = CancellationToken::new();
     let started_at = now_rfc3339();

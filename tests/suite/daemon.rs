@@ -95,6 +95,7 @@ fn params(config: Config, runner: Arc<dyn SessionRunner>) -> DaemonParams {
         config,
         runner,
         drain_deadline: Duration::from_secs(30),
+        facts: None,
     }
 }
 
