@@ -146,6 +146,8 @@ async fn probe_system(python: Vec<String>) -> Probed {
         .map(|t| {
             if t.found {
                 t.detail.clone()
+            } else if t.detail.starts_with("not found") {
+                "absent (nvcc not on PATH)".into()
             } else {
                 format!("absent ({})", t.detail)
             }
