@@ -8,27 +8,31 @@
 //! (`token_reloaded`), read by the manifest.
 //!
 //! External probes (host name, `nvidia-smi`, `nvcc`, Python imports) go through a
-//! [`FactsSource`], so tests inject a [`FixedFacts`] and stay deterministic.
+//! [`FactsSource`] (`probe`: [`SystemFacts`], [`FixedFacts`]), so tests stay deterministic;
+//! folder hashes and captures provenance are in `captures`.
 //!
 //! Invariants: no token value is ever part of the facts (only where the token is read from);
 //! a simulated run's facts say the GPUs are fake.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::config::Config;
 use crate::config::provider::{ProviderConfig, TokenSource};
 use crate::harness::patches::{AppliedPatch, PreparedHarness};
-use crate::harness::preflight;
 use crate::run::{RunError, RunJournal};
 use crate::store::{Event, now_rfc3339};
+
+mod captures;
+mod probe;
+
+pub use captures::{captures_facts, files_under, sha256_hex, tree_sha256};
+pub use probe::{FixedFacts, SystemFacts, parse_nvidia_smi};
 
 /// The store event kind that carries a [`HostFacts`] payload.
 pub const FACTS_EVENT: &str = "facts";
@@ -95,126 +99,6 @@ pub struct Probed {
 pub trait FactsSource: Send + Sync {
     /// Probes the host; `python` is the interpreter argv prefix (`["python3"]`).
     fn probe(&self, python: Vec<String>) -> Pin<Box<dyn Future<Output = Probed> + Send + '_>>;
-}
-
-/// The real host: `hostname`, `nvidia-smi`, and the preflight's Python and nvcc probes.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemFacts;
-
-/// Fixed probe answers (tests, and hosts where probing is unwanted).
-#[derive(Clone, Debug, Default)]
-pub struct FixedFacts(pub Probed);
-
-impl FactsSource for FixedFacts {
-    fn probe(&self, _python: Vec<String>) -> Pin<Box<dyn Future<Output = Probed> + Send + '_>> {
-        let probed = self.0.clone();
-        Box::pin(async move { probed })
-    }
-}
-
-impl FactsSource for SystemFacts {
-    fn probe(&self, python: Vec<String>) -> Pin<Box<dyn Future<Output = Probed> + Send + '_>> {
-        Box::pin(probe_system(python))
-    }
-}
-
-async fn probe_system(python: Vec<String>) -> Probed {
-    let pre = preflight::run(&python, None, &[]).await;
-    let host = match std::fs::read_to_string("/proc/sys/kernel/hostname") {
-        Ok(h) if !h.trim().is_empty() => h.trim().to_string(),
-        _ => command_line(&["hostname"])
-            .await
-            .unwrap_or_else(|| "unknown (no /proc/sys/kernel/hostname, hostname failed)".into()),
-    };
-    let smi = command_text(&[
-        "nvidia-smi",
-        "--query-gpu=name,memory.total,driver_version",
-        "--format=csv,noheader",
-    ])
-    .await;
-    let (visible_gpus, gpu_note) = match smi {
-        Some(text) => (parse_nvidia_smi(&text), String::new()),
-        None => (
-            Vec::new(),
-            "no NVIDIA GPU visible (nvidia-smi absent or failed)".into(),
-        ),
-    };
-    let cuda = pre
-        .tools
-        .iter()
-        .find(|t| t.name == "nvcc")
-        .map(|t| {
-            if t.found {
-                t.detail.clone()
-            } else if t.detail.starts_with("not found") {
-                "absent (nvcc not on PATH)".into()
-            } else {
-                format!("absent ({})", t.detail)
-            }
-        })
-        .unwrap_or_else(|| "absent".into());
-    let python_text = if pre.python.found {
-        pre.python.detail.clone()
-    } else {
-        format!("absent ({})", pre.python.detail)
-    };
-    let packages = STACK_PACKAGES
-        .iter()
-        .map(|name| {
-            let text = match pre.packages.get(*name) {
-                Some(p) if p.found => p.detail.clone(),
-                Some(p) => format!("absent ({})", p.detail),
-                None => "absent (not probed)".into(),
-            };
-            (name.to_string(), text)
-        })
-        .collect();
-    Probed {
-        host,
-        visible_gpus,
-        gpu_note,
-        cuda,
-        python: python_text,
-        packages,
-    }
-}
-
-async fn command_text(argv: &[&str]) -> Option<String> {
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        tokio::process::Command::new(argv[0])
-            .args(&argv[1..])
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-async fn command_line(argv: &[&str]) -> Option<String> {
-    let text = command_text(argv).await?;
-    let line = text.trim().to_string();
-    (!line.is_empty()).then_some(line)
-}
-
-/// Parses `nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader`.
-pub fn parse_nvidia_smi(text: &str) -> Vec<GpuDevice> {
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|line| {
-            let mut parts = line.split(',').map(str::trim);
-            GpuDevice {
-                name: parts.next().unwrap_or_default().to_string(),
-                memory: parts.next().unwrap_or_default().to_string(),
-                driver: parts.next().unwrap_or_default().to_string(),
-            }
-        })
-        .collect()
 }
 
 /// fk-agentd itself.
@@ -307,23 +191,6 @@ pub struct SettingFact {
     pub value: String,
     pub source: String,
 }
-
-/// The captured inputs the campaign read.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CapturesFacts {
-    pub dir: PathBuf,
-    /// sha256 over the sorted relative paths and contents; `None` when the folder is absent.
-    pub sha256: Option<String>,
-    pub files: usize,
-    pub bytes: u64,
-    /// Rows of the nearest `captures/README.md` table (path | what | source), verbatim.
-    pub readme_rows: Vec<Vec<String>>,
-    /// `_derived_from` of JSON files that carry one, by relative path.
-    pub derived_from: BTreeMap<String, String>,
-    /// Why the hash is missing, when it is.
-    pub note: String,
-}
-
 /// Everything recorded about the host and the campaign at one moment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostFacts {
@@ -485,121 +352,18 @@ fn gpu_facts(config: &Config, visible: Vec<GpuDevice>, note: &str) -> GpuFacts {
     }
 }
 
-/// Hex sha256 of bytes.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Every regular file under `root`, as sorted `/`-separated relative paths.
-pub fn files_under(root: &Path) -> std::io::Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            let path = entry.path();
-            if kind.is_dir() {
-                stack.push(path);
-            } else if kind.is_file()
-                && let Ok(rel) = path.strip_prefix(root)
-            {
-                out.push(rel.to_string_lossy().replace('\\', "/"));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// sha256 over the sorted relative paths and contents of every file under `root`; each file
-/// contributes its path, a NUL, its length and its bytes, so moving bytes between files or
-/// renaming a file changes the hash. Returns (hash, files, bytes).
-pub fn tree_sha256(root: &Path) -> std::io::Result<(String, usize, u64)> {
-    let files = files_under(root)?;
-    let mut hasher = Sha256::new();
-    let mut total = 0u64;
-    let mut buf = vec![0u8; 1 << 16];
-    for rel in &files {
-        let mut f = std::fs::File::open(root.join(rel))?;
-        let len = f.metadata()?.len();
-        hasher.update(rel.as_bytes());
-        hasher.update([0u8]);
-        hasher.update(len.to_le_bytes());
-        loop {
-            let n = f.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        total += len;
-    }
-    Ok((hex(&hasher.finalize()), files.len(), total))
-}
-
-/// The captures folder's hash, size, and provenance.
-pub fn captures_facts(dir: &Path) -> CapturesFacts {
-    let mut facts = CapturesFacts {
-        dir: dir.to_path_buf(),
-        ..CapturesFacts::default()
-    };
-    match tree_sha256(dir) {
-        Ok((sha, files, bytes)) => {
-            facts.sha256 = Some(sha);
-            facts.files = files;
-            facts.bytes = bytes;
-        }
-        Err(e) => facts.note = format!("cannot read {}: {e}", dir.display()),
-    }
-    facts.readme_rows = dir
-        .ancestors()
-        .take(3)
-        .map(|d| d.join("README.md"))
-        .find(|p| p.is_file())
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .map(|text| readme_table(&text))
-        .unwrap_or_default();
-    for rel in files_under(dir).unwrap_or_default() {
-        if let Some(from) = derived_from(&dir.join(&rel)) {
-            facts.derived_from.insert(rel, from);
-        }
-    }
-    facts
-}
-
-/// The body rows of the first Markdown table in `text` (header and rule dropped).
-fn readme_table(text: &str) -> Vec<Vec<String>> {
-    text.lines()
-        .map(str::trim)
-        .skip_while(|l| !l.starts_with('|'))
-        .take_while(|l| l.starts_with('|'))
-        .skip(2)
-        .map(|l| {
-            l.trim_matches('|')
-                .split('|')
-                .map(|c| c.trim().to_string())
-                .collect()
-        })
-        .collect()
-}
-
-/// `_derived_from` of a JSON file, read from its first 4 KiB (the field leads by convention),
-/// so multi-megabyte capture reports are not parsed whole.
-fn derived_from(path: &Path) -> Option<String> {
-    if path.extension().and_then(|e| e.to_str()) != Some("json") {
-        return None;
-    }
-    let mut head = vec![0u8; 4096];
-    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
-    let head = String::from_utf8_lossy(&head[..n]);
-    let at = head.find("\"_derived_from\"")?;
-    let rest = &head[at + "\"_derived_from\"".len()..];
-    let start = rest.find('"')? + 1;
-    let end = rest[start..].find('"')? + start;
-    Some(rest[start..end].to_string())
+/// The captured inputs the campaign read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapturesFacts {
+    pub dir: PathBuf,
+    /// sha256 over the sorted relative paths and contents; `None` when the folder is absent.
+    pub sha256: Option<String>,
+    pub files: usize,
+    pub bytes: u64,
+    /// Rows of the nearest `captures/README.md` table (path | what | source), verbatim.
+    pub readme_rows: Vec<Vec<String>>,
+    /// `_derived_from` of JSON files that carry one, by relative path.
+    pub derived_from: BTreeMap<String, String>,
+    /// Why the hash is missing, when it is.
+    pub note: String,
 }
