@@ -26,10 +26,10 @@ pub fn markdown(d: &ManifestData) -> String {
     for section in [
         node(&d.facts),
         runtime(&d.facts),
-        code(d.facts.last()),
+        code(&d.facts),
         agent(d),
         settings(d),
-        captures(d.facts.last()),
+        captures(&d.facts),
         credentials(d),
         results(d),
         archive(d),
@@ -148,10 +148,46 @@ pub fn runtime(facts: &[HostFacts]) -> String {
     out
 }
 
+/// Index of the facts a section describes: those of the run start (the campaign's own),
+/// else the latest (a run that was only scored).
+fn primary_index(facts: &[HostFacts]) -> Option<usize> {
+    facts
+        .iter()
+        .position(|f| f.stage == FactsStage::RunStart)
+        .or(facts.len().checked_sub(1))
+}
+
+fn primary(facts: &[HostFacts]) -> Option<&HostFacts> {
+    primary_index(facts).map(|i| &facts[i])
+}
+
+/// The records other than [`primary`], in order.
+fn others(facts: &[HostFacts]) -> impl Iterator<Item = &HostFacts> {
+    let skip = primary_index(facts);
+    facts
+        .iter()
+        .enumerate()
+        .filter(move |(i, _)| Some(*i) != skip)
+        .map(|(_, f)| f)
+}
+
+fn fastkernels_text(f: &HostFacts) -> String {
+    let k = &f.fastkernels;
+    let dirty = match k.dirty {
+        Some(true) => "uncommitted changes in the checkout (not carried into the copy)",
+        Some(false) => "clean checkout",
+        None => "local changes unknown",
+    };
+    match &k.checkout {
+        Some(dir) => format!("{} at commit {}: {dirty}", dir.display(), k.commit),
+        None => "checkout not configured (commit unknown)".into(),
+    }
+}
+
 /// fk-agentd and fastkernels: commits, local changes, and how the patches were verified.
-pub fn code(facts: Option<&HostFacts>) -> String {
+pub fn code(facts: &[HostFacts]) -> String {
     let mut out = String::from("## Code\n\n");
-    let Some(f) = facts else {
+    let Some(f) = primary(facts) else {
         out.push_str(NO_FACTS);
         return out;
     };
@@ -161,21 +197,8 @@ pub fn code(facts: Option<&HostFacts>) -> String {
         "- fk-agentd {} at commit {} ({})",
         b.version, b.commit, b.commit_source
     );
+    let _ = writeln!(out, "- fastkernels: {}", fastkernels_text(f));
     let k = &f.fastkernels;
-    let checkout = k
-        .checkout
-        .as_ref()
-        .map_or("not configured".into(), |p| p.display().to_string());
-    let dirty = match k.dirty {
-        Some(true) => "uncommitted changes in the checkout (not carried into the copy)",
-        Some(false) => "clean checkout",
-        None => "local changes unknown",
-    };
-    let _ = writeln!(
-        out,
-        "- fastkernels {checkout} at commit {}: {dirty}",
-        k.commit
-    );
     if let Some(copy) = &k.copy {
         let _ = writeln!(
             out,
@@ -184,23 +207,45 @@ pub fn code(facts: Option<&HostFacts>) -> String {
         );
     }
     if k.patches.is_empty() {
-        out.push_str("- patches: none recorded\n\n");
-        return out;
+        out.push_str("- patches: none recorded\n");
+    } else {
+        out.push('\n');
+        out.push_str(&patch_table(&k.patches));
     }
-    out.push_str("\n| patch | sha256 | checks |\n|---|---|---|\n");
-    for p in &k.patches {
+    let later: Vec<String> = others(facts)
+        .map(|o| {
+            format!(
+                "- at {}: fk-agentd {} at commit {}; fastkernels: {}\n",
+                stage_name(o),
+                o.fk_agentd.version,
+                o.fk_agentd.commit,
+                fastkernels_text(o)
+            )
+        })
+        .collect();
+    if !later.is_empty() {
+        out.push_str("\nRecorded again later:\n\n");
+        out.push_str(&later.concat());
+    }
+    out.push('\n');
+    out
+}
+
+/// Each patch, its hash, and the result of every check that proved it applied.
+fn patch_table(patches: &[crate::harness::patches::AppliedPatch]) -> String {
+    let mut out = String::from("| patch | sha256 | checks |\n|---|---|---|\n");
+    for p in patches {
         let checks: Vec<String> = p
             .checks
             .iter()
             .map(|c| {
                 format!(
-                    "{} `{}` in {}: expected {}, found {} ({})",
-                    if c.passed { "ok" } else { "FAILED" },
+                    "{} `{}` in {}: expected {}, found {}",
+                    if c.passed { "verified" } else { "FAILED" },
                     c.check.needle,
                     c.check.file,
                     c.check.count,
                     c.found,
-                    if c.passed { "verified" } else { "mismatch" }
                 )
             })
             .collect();
@@ -212,7 +257,6 @@ pub fn code(facts: Option<&HostFacts>) -> String {
             esc(&checks.join("; "))
         );
     }
-    out.push('\n');
     out
 }
 
@@ -254,9 +298,14 @@ pub fn agent(d: &ManifestData) -> String {
 /// Every setting, its value and where it came from.
 pub fn settings(d: &ManifestData) -> String {
     let mut out = String::from("## Harness settings\n\n");
-    let map = match d.facts.last() {
+    let run_start = d.facts.iter().find(|f| f.stage == FactsStage::RunStart);
+    let map = match run_start {
         Some(f) => &f.settings,
-        None => &d.run_started_settings,
+        None if !d.run_started_settings.is_empty() => &d.run_started_settings,
+        None => match d.facts.last() {
+            Some(f) => &f.settings,
+            None => &d.run_started_settings,
+        },
     };
     if map.is_empty() {
         out.push_str("No settings were recorded.\n\n");
@@ -264,6 +313,22 @@ pub fn settings(d: &ManifestData) -> String {
     }
     out.push_str(&settings_table(map.iter()));
     out.push('\n');
+    for o in d.facts.iter().filter(|f| f.stage == FactsStage::Scoring) {
+        let changed: Vec<(&String, &SettingFact)> = o
+            .settings
+            .iter()
+            .filter(|(k, v)| map.get(*k) != Some(*v))
+            .collect();
+        if !changed.is_empty() {
+            let _ = writeln!(
+                out,
+                "Settings of the scoring at {} that differ from the campaign's:\n",
+                o.gathered_at
+            );
+            out.push_str(&settings_table(changed.into_iter()));
+            out.push('\n');
+        }
+    }
     out
 }
 
@@ -276,9 +341,9 @@ fn settings_table<'a>(rows: impl Iterator<Item = (&'a String, &'a SettingFact)>)
 }
 
 /// The captures folder: content hash and where its files came from.
-pub fn captures(facts: Option<&HostFacts>) -> String {
+pub fn captures(facts: &[HostFacts]) -> String {
     let mut out = String::from("## Captured inputs\n\n");
-    let Some(c) = facts.map(|f| &f.captures) else {
+    let Some(c) = primary(facts).map(|f| &f.captures) else {
         out.push_str(NO_FACTS);
         return out;
     };
@@ -294,6 +359,20 @@ pub fn captures(facts: Option<&HostFacts>) -> String {
         None => {
             let _ = writeln!(out, "- content sha256: not computed ({})", c.note);
         }
+    }
+    for o in others(facts) {
+        let same = if o.captures.dir == c.dir && o.captures.sha256 == c.sha256 {
+            "the same folder and content"
+        } else {
+            "DIFFERENT from the above"
+        };
+        let _ = writeln!(
+            out,
+            "- at {}: {} sha256 {} ({same})",
+            stage_name(o),
+            o.captures.dir.display(),
+            o.captures.sha256.as_deref().unwrap_or("not computed")
+        );
     }
     if !c.readme_rows.is_empty() {
         out.push_str(

@@ -9,7 +9,9 @@ use std::time::Duration;
 use fk_agentd::config::provider::ProviderConfig;
 use fk_agentd::config::{Config, Env, Flags};
 use fk_agentd::daemon::{self, DaemonParams};
-use fk_agentd::facts::{self, FixedFacts, GpuDevice, Probed, RunStartFacts};
+use fk_agentd::facts::{
+    self, FactsStage, FixedFacts, GatherParams, GpuDevice, Probed, RunStartFacts,
+};
 use fk_agentd::harness::patches::{AppliedPatch, CheckResult, GrepCheck, PreparedHarness};
 use fk_agentd::manifest::{self, MANIFEST_JSON, MANIFEST_MD};
 use fk_agentd::run::RunJournal;
@@ -192,6 +194,31 @@ async fn a_simulated_run_manifest_is_rendered_from_recorded_facts() {
     let config = home_with_config(tmp.path());
     let (run_dir, run_id) = run(config.clone(), None).await;
     let store = daemon::open_store(&config.home).unwrap();
+    // Scored later on another node, whose GPUs are real.
+    let h200 = GpuDevice {
+        name: "NVIDIA H200".into(),
+        memory: "143771 MiB".into(),
+        driver: "570.124.06".into(),
+    };
+    let scoring_host = FixedFacts(Probed {
+        host: "node-b".into(),
+        visible_gpus: vec![h200.clone(), h200],
+        gpu_note: String::new(),
+        ..probed()
+    });
+    let mut scoring = facts::gather(
+        &scoring_host,
+        &GatherParams {
+            stage: FactsStage::Scoring,
+            config: &config,
+            provider: None,
+            harness: None,
+        },
+    )
+    .await;
+    scoring.fk_agentd.commit = "<COMMIT>".into();
+    let journal = RunJournal::open(&store, &config.home, &run_id).unwrap();
+    facts::record(&journal, &scoring).unwrap();
     fake_score(&run_dir);
 
     let mut data = manifest::collect(&store, &run_id, &run_dir, "<RENDERED>").unwrap();

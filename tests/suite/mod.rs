@@ -4,6 +4,7 @@ mod daemon;
 mod harness;
 mod manifest;
 mod manifest_events;
+mod manifest_score;
 mod protect;
 mod score;
 mod score_cli;
