@@ -10,6 +10,8 @@ use crate::daemon::DaemonError;
 use crate::gpu::LeaseError;
 use crate::harness::HarnessError;
 use crate::llm::LlmError;
+use crate::manifest::ManifestError;
+use crate::protect::ProtectError;
 use crate::run::RunError;
 use crate::score::ScoreError;
 use crate::store::StoreError;
@@ -50,6 +52,10 @@ pub enum Error {
     Llm(#[from] LlmError),
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Protect(#[from] ProtectError),
     /// A command whose machinery is not built yet. Never a silent success.
     #[error("`fk-agentd {command}` is not available yet: {why}")]
     NotYet { command: String, why: String },
@@ -75,6 +81,9 @@ impl Error {
             Error::Llm(e) if e.is_bad_config() => EXIT_USAGE,
             Error::Llm(_) => EXIT_UNAVAILABLE,
             Error::Lease(e) => e.exit_code(),
+            Error::Manifest(e) => e.exit_code(),
+            Error::Protect(ProtectError::Io { .. }) => EXIT_UNAVAILABLE,
+            Error::Protect(_) => EXIT_FAILURES,
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

@@ -23,6 +23,9 @@
 //! | [`harness`]   | a private, patched, verified copy of fastkernels; the host preflight     |
 //! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench      |
 //! | [`score`]     | fastkernels bench driver, winner gate, composed bench, exported sets      |
+//! | [`facts`]     | host/campaign facts (GPUs, stack, commits, provider, captures hash) as events |
+//! | [`manifest`]  | MANIFEST.md / manifest.json of a run, rendered from recorded facts only   |
+//! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
 //! | [`error`]     | the crate [`Error`] and its exit codes                                    |
 //!
@@ -36,9 +39,12 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod facts;
 pub mod gpu;
 pub mod harness;
 pub mod llm;
+pub mod manifest;
+pub mod protect;
 pub mod report;
 pub mod run;
 pub mod scheduler;

@@ -50,7 +50,8 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             }
             let screen = screen_text(&ws, &candidate);
             let work = ws.session_dir().join("validations").join(format!("{n:03}"));
-            let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work);
+            let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
+                .for_session(&ws.target().to_string(), &ws.cache_dir());
             let run = driver.run(req, cancel).await;
             let gpu_s = run.exit.as_ref().map(|e| e.wall_s).unwrap_or(0.0);
             let _ = journal.update("running", |p| {

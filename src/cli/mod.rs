@@ -153,7 +153,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             "compare",
             "comparison needs scoring, which is not built yet",
         )),
-        Command::Manifest { .. } => Err(not_yet("manifest", "run manifests are not built yet")),
+        Command::Manifest { run } => cmd_manifest(&home(&cli.global, &env)?, run.as_deref()),
         Command::Provider(ProviderCommand::Check { provider }) => {
             let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
             let choice = provider.unwrap_or(config.provider.clone());
@@ -294,4 +294,29 @@ pub(crate) fn prepare_harness(
         .join("harness")
         .join(format!("{}-{stamp}", &commit[..commit.len().min(12)]));
     Ok(prepare(dir, &series, &dest)?)
+}
+
+fn cmd_manifest(home: &std::path::Path, run: Option<&str>) -> Result<i32, Error> {
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    let run_dir = crate::run::runs_dir(home).join(&run_row.id);
+    let rendered_at = crate::store::now_rfc3339();
+    let data = crate::manifest::collect(&store, &run_row.id, &run_dir, &rendered_at)?;
+    let written = crate::manifest::write(&run_dir, &data)?;
+    if let Some(previous) = &written.replaced {
+        println!(
+            "replaced the manifest rendered at {previous} (manifests are derived from recorded facts)"
+        );
+    }
+    println!(
+        "wrote {} and {} (rendered at {rendered_at} from recorded facts{})",
+        written.markdown.display(),
+        written.json.display(),
+        if data.facts.is_empty() {
+            "; no facts event was recorded for this run"
+        } else {
+            ""
+        }
+    );
+    Ok(0)
 }

@@ -106,10 +106,9 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         }
     };
     let mut env_remove = Vec::new();
-    if let Ok(p) = ProviderConfig::load(&config.provider, &config.home, env) {
-        if let TokenSource::Env { var } = p.token {
-            env_remove.push(var);
-        }
+    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
+    if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
+        env_remove.push(var.clone());
     }
     let params = DriverParams {
         command: config.fastkernels_command.clone(),
@@ -130,8 +129,12 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         noise_sample: args.noise_sample as usize,
     };
     let cancel = CancellationToken::new();
-    let report = match from_run {
-        Some(_) => score_run(&driver, &score, &cancel).await?,
+    let report = match &from_run {
+        Some(run_id) => {
+            let report = score_run(&driver, &score, &cancel).await?;
+            record_scoring_facts(config, run_id, provider.as_ref()).await?;
+            report
+        }
         None => {
             let score = ScoreParams {
                 candidates: crate::config::absolute(&env.cwd, &score.candidates),
@@ -152,6 +155,27 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
     Ok(0)
+}
+
+/// Records the host facts of this scoring in the run's journal, so its manifest shows where
+/// the numbers were measured.
+async fn record_scoring_facts(
+    config: &Config,
+    run_id: &str,
+    provider: Option<&ProviderConfig>,
+) -> Result<(), Error> {
+    let store = super::open_existing_store(&config.home)?;
+    let journal = crate::run::RunJournal::open(&store, &config.home, run_id)?;
+    let params = crate::facts::GatherParams {
+        stage: crate::facts::FactsStage::Scoring,
+        config,
+        provider: provider.filter(|_| !config.sim),
+        harness: None,
+    };
+    let mut facts = crate::facts::gather(&crate::facts::SystemFacts, &params).await;
+    facts.simulated |= store.run(Some(run_id))?.simulated;
+    crate::facts::record(&journal, &facts)?;
+    Ok(())
 }
 
 /// Status lines go to stdout with the table, to stderr when stdout is JSON.

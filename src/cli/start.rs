@@ -10,11 +10,17 @@ use super::args::{GlobalArgs, StartArgs};
 use crate::agent::session::LoopParams;
 use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS};
 use crate::config::provider::ProviderConfig;
+use crate::config::provider::TokenSource;
 use crate::config::{Config, Env, Mode};
+use crate::daemon::RunnerSource;
 use crate::daemon::{self, CampaignReport, DaemonParams};
 use crate::error::Error;
+use crate::facts::{RunStartFacts, SystemFacts};
+use crate::gpu::LeaseClass;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::score::driver::{BenchDriver, DirectLauncher, DriverParams};
+use crate::scheduler::SessionRunner;
+use crate::score::driver::{BenchDriver, DriverParams};
+use crate::score::lease::LeaseLauncher;
 use crate::sim::campaign::{BenchToolsFactory, SIM_SEED, SimParams};
 use crate::target::Catalog;
 use crate::workspace::exec::ShellEnv;
@@ -173,12 +179,18 @@ async fn run_sim(
         max_think: Duration::from_millis(400),
     };
     let (runner, server) = crate::sim::campaign::build(&config, catalog, &params).await?;
+    let facts = RunStartFacts {
+        source: Arc::new(SystemFacts),
+        provider: Some(crate::sim::campaign::sim_provider(&server.base_url)),
+        harness: None,
+    };
     let report = daemon::run_campaign(
         DaemonParams {
             config,
-            runner: Arc::new(runner),
+            runner,
             drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
             resume,
+            facts: Some(facts),
         },
         daemon::signals(),
     )
@@ -196,39 +208,55 @@ async fn run_real(
     let provider = ProviderConfig::load(&config.provider, &config.home, env)?;
     let context_window = provider.limits.context_window;
     let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
+    let provider_token = provider.token.clone();
     let llm = Arc::new(LlmClient::new(provider, token)?);
     let prepared = super::prepare_harness(&config)?;
     let baseline_root = prepared.copy.join("fastkernels/tasks/baseline");
-    let driver = BenchDriver::new(
-        DriverParams {
-            command: config.fastkernels_command.clone(),
-            fastkernels_dir: Some(prepared.copy.clone()),
-            captures: config.captures.clone(),
-            deadline: config.lease_timeout,
-            parallel: 1,
-            env_remove: Vec::new(),
-        },
-        DirectLauncher,
-    )
-    .await?;
-    let runner = AgentRunner::new(AgentRunnerParams {
-        llm,
-        catalog: catalog.clone(),
-        baseline_root,
+    let env_remove: Vec<String> = match &provider_token {
+        TokenSource::Env { var } => vec![var.clone()],
+        _ => Vec::new(),
+    };
+    let driver_params = DriverParams {
+        command: config.fastkernels_command.clone(),
+        fastkernels_dir: Some(prepared.copy.clone()),
         captures: config.captures.clone(),
-        gpu: Arc::new(BenchToolsFactory {
-            driver: Arc::new(driver),
-            simulated: false,
-        }),
-        shell_env: ShellEnv::from_parent(std::env::vars(), []),
-        loop_params: LoopParams::new(INSTRUCTIONS.to_string(), context_window),
-    });
+        deadline: config.lease_timeout,
+        parallel: 1,
+        env_remove,
+    };
+    let (catalog, captures) = (catalog.clone(), config.captures.clone());
+    let agent_llm = llm.clone();
+    let runner = RunnerSource::WithBroker(Box::new(move |broker| {
+        Box::pin(async move {
+            let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
+            let driver = BenchDriver::new(driver_params, launcher).await?;
+            let runner = AgentRunner::new(AgentRunnerParams {
+                llm: agent_llm,
+                catalog,
+                baseline_root,
+                captures,
+                gpu: Arc::new(BenchToolsFactory {
+                    driver: Arc::new(driver),
+                    simulated: false,
+                }),
+                shell_env: ShellEnv::from_parent(std::env::vars(), []),
+                loop_params: LoopParams::new(INSTRUCTIONS.to_string(), context_window),
+            });
+            Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
+        })
+    }));
+    let facts = RunStartFacts {
+        source: Arc::new(SystemFacts),
+        provider: Some(llm.provider().clone()),
+        harness: Some(prepared),
+    };
     daemon::run_campaign(
         DaemonParams {
             config,
-            runner: Arc::new(runner),
+            runner,
             drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
             resume,
+            facts: Some(facts),
         },
         daemon::signals(),
     )

@@ -50,13 +50,37 @@ impl DaemonError {
 /// The default time running sessions get to end after a stop before they are aborted.
 pub const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
+/// Builds the session runner once the GPU broker is up (its GPU tools lease through it).
+pub type RunnerFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Arc<dyn SessionRunner>, crate::Error>> + Send>>;
+
+/// Where the campaign's session runner comes from.
+pub enum RunnerSource {
+    Ready(Arc<dyn SessionRunner>),
+    WithBroker(Box<dyn FnOnce(crate::gpu::Broker) -> RunnerFuture + Send>),
+}
+
+impl<R: SessionRunner> From<Arc<R>> for RunnerSource {
+    fn from(r: Arc<R>) -> Self {
+        RunnerSource::Ready(r)
+    }
+}
+
+impl From<Arc<dyn SessionRunner>> for RunnerSource {
+    fn from(r: Arc<dyn SessionRunner>) -> Self {
+        RunnerSource::Ready(r)
+    }
+}
+
 /// Everything a campaign needs.
 pub struct DaemonParams {
     pub config: Config,
-    pub runner: Arc<dyn SessionRunner>,
+    pub runner: RunnerSource,
     pub drain_deadline: Duration,
     /// Continue this unfinished run instead of creating a new one.
     pub resume: Option<String>,
+    /// Host facts recorded right after `run_started` (`None`: none recorded).
+    pub facts: Option<crate::facts::RunStartFacts>,
 }
 
 /// How a campaign ended.
@@ -105,6 +129,10 @@ pub async fn run_campaign(
         Some(run_id) => reopen(&store, config, run_id)?,
         None => (Arc::new(create(&store, config)?), config.targets.clone()),
     };
+    if let (Some(hook), None) = (&params.facts, &params.resume) {
+        let facts = crate::facts::gather(hook.source.as_ref(), &hook.params(config)).await;
+        crate::facts::record(&journal, &facts)?;
+    }
     let root = CancellationToken::new();
     let started_at = now_rfc3339();
     let listener = control::bind(&control::socket_path(&config.home))?;
@@ -141,14 +169,11 @@ pub async fn run_campaign(
         session_timeout: config.session_timeout,
         drain_deadline: params.drain_deadline,
     };
-    let phase = scheduler::run_phase(
-        journal.clone(),
-        params.runner.clone(),
-        &config.targets,
-        &sched,
-        root.clone(),
-    )
-    .await;
+    let runner = match params.runner {
+        RunnerSource::Ready(r) => r,
+        RunnerSource::WithBroker(make) => make(broker.clone()).await?,
+    };
+    let phase = scheduler::run_phase(journal.clone(), runner, &targets, &sched, root.clone()).await;
     signal_task.abort();
     let phase = phase?;
     let finished = scheduler::run_finished_payload(&targets, &phase);

@@ -19,6 +19,7 @@ pub mod candidates;
 pub mod driver;
 pub mod export;
 pub mod gate;
+pub mod lease;
 pub mod noise;
 pub mod pipeline;
 pub mod render;

@@ -17,10 +17,14 @@ use crate::agent::session::LoopParams;
 use crate::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
 use crate::config::Config;
 use crate::config::provider::{Limits, ProviderConfig, ReasoningEffort, TokenSource};
+use crate::daemon::RunnerSource;
 use crate::error::Error;
+use crate::gpu::LeaseClass;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::score::driver::{BenchDriver, BenchLauncher, DirectLauncher, DriverParams};
+use crate::scheduler::SessionRunner;
+use crate::score::driver::{BenchDriver, BenchLauncher, DriverParams};
 use crate::score::gate::WinnerGate;
+use crate::score::lease::LeaseLauncher;
 use crate::target::Catalog;
 use crate::tools::gpu::GpuTools;
 use crate::workspace::exec::ShellEnv;
@@ -107,14 +111,9 @@ pub fn sim_baselines(home: &Path, catalog: &Catalog) -> Result<PathBuf, Error> {
     Ok(root)
 }
 
-/// Starts the scripted server and builds the session runner. Keep the server alive for the
-/// campaign; shut it down afterwards.
-pub async fn build(
-    config: &Config,
-    catalog: &Catalog,
-    params: &SimParams,
-) -> Result<(AgentRunner, SimServer), Error> {
-    let server = SimServer::start(SimScript {
+/// Starts the scripted server on loopback.
+pub async fn start_server(params: &SimParams) -> Result<SimServer, Error> {
+    SimServer::start(SimScript {
         seed: params.seed,
         max_think: params.max_think,
     })
@@ -123,9 +122,30 @@ pub async fn build(
         crate::daemon::DaemonError::Control(format!(
             "cannot start the simulated Responses server: {e}"
         ))
-    })?;
+        .into()
+    })
+}
+
+/// The session runner of a simulated campaign whose benches go through `launcher`.
+pub async fn runner<L: BenchLauncher + 'static>(
+    config: &Config,
+    catalog: &Catalog,
+    server: &SimServer,
+    params: &SimParams,
+    launcher: L,
+) -> Result<AgentRunner, Error> {
+    runner_with_url(config, catalog, &server.base_url, params, launcher).await
+}
+
+pub async fn runner_with_url<L: BenchLauncher + 'static>(
+    config: &Config,
+    catalog: &Catalog,
+    base_url: &str,
+    params: &SimParams,
+    launcher: L,
+) -> Result<AgentRunner, Error> {
     let token = TokenProvider::literal(SecretString::from(SIM_TOKEN))?;
-    let llm = Arc::new(LlmClient::new(sim_provider(&server.base_url), token)?);
+    let llm = Arc::new(LlmClient::new(sim_provider(base_url), token)?);
     crate::daemon::ensure_home(&config.home)?;
     let baseline_root = sim_baselines(&config.home, catalog)?;
     let driver = BenchDriver::new(
@@ -137,10 +157,10 @@ pub async fn build(
             parallel: 8,
             env_remove: Vec::new(),
         },
-        DirectLauncher,
+        launcher,
     )
     .await?;
-    let runner = AgentRunner::new(AgentRunnerParams {
+    Ok(AgentRunner::new(AgentRunnerParams {
         llm,
         catalog: catalog.clone(),
         baseline_root,
@@ -157,6 +177,30 @@ pub async fn build(
             [],
         ),
         loop_params: LoopParams::new(INSTRUCTIONS.to_string(), 400_000),
-    });
-    Ok((runner, server))
+    }))
+}
+
+/// Starts the scripted server and returns the runner source of a simulated campaign: every
+/// `validate` is a `validate` lease on the broker's fake GPUs. Keep the server alive for the
+/// campaign; shut it down afterwards.
+pub async fn build(
+    config: &Config,
+    catalog: &Catalog,
+    params: &SimParams,
+) -> Result<(RunnerSource, SimServer), Error> {
+    let server = start_server(params).await?;
+    let (config, catalog, params, base_url) = (
+        config.clone(),
+        catalog.clone(),
+        params.clone(),
+        server.base_url.clone(),
+    );
+    let source = RunnerSource::WithBroker(Box::new(move |broker| {
+        Box::pin(async move {
+            let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
+            let runner = runner_with_url(&config, &catalog, &base_url, &params, launcher).await?;
+            Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
+        })
+    }));
+    Ok((source, server))
 }

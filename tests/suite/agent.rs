@@ -12,10 +12,12 @@ use fk_agentd::agent::journal::SessionJournal;
 use fk_agentd::agent::session::LoopParams;
 use fk_agentd::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
 use fk_agentd::config::{Config, Env, Flags};
-use fk_agentd::daemon::{self, CampaignReport, DaemonParams};
+use fk_agentd::daemon::{self, CampaignReport, DaemonParams, RunnerSource};
+use fk_agentd::gpu::LeaseClass;
 use fk_agentd::llm::{LlmClient, TokenProvider};
 use fk_agentd::run::RunJournal;
 use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionStatus};
+use fk_agentd::score::lease::LeaseLauncher;
 use fk_agentd::sim::campaign::{SimParams, sim_baselines, sim_provider};
 use fk_agentd::store::Event;
 use fk_agentd::target::{Catalog, TargetId};
@@ -85,7 +87,7 @@ impl SessionRunner for Counting {
 
 async fn campaign(
     config: Config,
-    runner: Arc<dyn SessionRunner>,
+    runner: RunnerSource,
     resume: Option<String>,
     stop_after: Option<Duration>,
 ) -> CampaignReport {
@@ -101,6 +103,7 @@ async fn campaign(
             runner,
             drain_deadline: Duration::from_secs(30),
             resume,
+            facts: None,
         },
         shutdown,
     )
@@ -121,25 +124,38 @@ async fn fourteen_simulated_agents_with_a_cap_of_twelve_all_finish_and_never_exc
     let cfg = config(home.path(), "L1", 12, "5h", "1m");
     let targets: Vec<TargetId> = cfg.targets.iter().take(14).cloned().collect();
     let cfg = Config { targets, ..cfg };
-    let (inner, server) = fk_agentd::sim::campaign::build(
-        &cfg,
-        &Catalog::embedded(),
-        &sim_params(Duration::from_millis(60)),
-    )
-    .await
-    .unwrap();
+    let params = sim_params(Duration::from_millis(60));
+    let server = fk_agentd::sim::campaign::start_server(&params)
+        .await
+        .unwrap();
     let peak = Arc::new(AtomicUsize::new(0));
-    let runner = Counting {
-        inner,
-        now: Arc::default(),
-        peak: peak.clone(),
-    };
-    let report = campaign(cfg, Arc::new(runner), None, None).await;
+    let (cfg2, base, peak2) = (cfg.clone(), server.base_url.clone(), peak.clone());
+    // The same runner `start --sim` builds, wrapped to count; its benches are `validate` leases.
+    let runner = RunnerSource::WithBroker(Box::new(move |broker| {
+        Box::pin(async move {
+            let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
+            let inner = fk_agentd::sim::campaign::runner_with_url(
+                &cfg2,
+                &Catalog::embedded(),
+                &base,
+                &params,
+                launcher,
+            )
+            .await?;
+            let counting = Counting {
+                inner,
+                now: Arc::default(),
+                peak: peak2,
+            };
+            Ok(Arc::new(counting) as Arc<dyn SessionRunner>)
+        })
+    }));
+    let report = campaign(cfg, runner, None, None).await;
     server.shutdown().await;
     assert_eq!(report.status, "PASS", "{report:?}");
     assert_eq!(report.phase.results.len(), 14);
     let peak = peak.load(Ordering::SeqCst);
-    assert!(peak <= 12 && peak >= 2, "peak {peak}");
+    assert!((2..=12).contains(&peak), "peak {peak}");
     let evs = events(home.path(), &report.run_id);
     let validations = evs.iter().filter(|e| e.kind == "validation").count();
     assert!(
@@ -173,13 +189,7 @@ async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
     let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
         .await
         .unwrap();
-    let first = campaign(
-        cfg.clone(),
-        Arc::new(runner),
-        None,
-        Some(Duration::from_millis(1500)),
-    )
-    .await;
+    let first = campaign(cfg.clone(), runner, None, Some(Duration::from_millis(1500))).await;
     server.shutdown().await;
     assert_eq!(first.status, "INTERRUPTED");
     let interrupted = first
@@ -196,7 +206,7 @@ async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
     let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
         .await
         .unwrap();
-    let second = campaign(cfg, Arc::new(runner), Some(first.run_id.clone()), None).await;
+    let second = campaign(cfg, runner, Some(first.run_id.clone()), None).await;
     server.shutdown().await;
     assert_eq!(second.run_id, first.run_id);
     assert_eq!(second.status, "PASS", "{second:?}");
@@ -250,7 +260,7 @@ async fn the_session_timeout_ends_a_session_whose_model_never_answers() {
     .await
     .unwrap();
     let t0 = tokio::time::Instant::now();
-    let report = campaign(cfg, Arc::new(runner), None, None).await;
+    let report = campaign(cfg, runner, None, None).await;
     server.shutdown().await;
     assert_eq!(t0.elapsed(), Duration::from_secs(30));
     let gelu: TargetId = "L1/gelu".parse().unwrap();
@@ -332,7 +342,8 @@ async fn a_session_that_tries_to_escape_its_workspace_is_refused() {
         shell_env: ShellEnv::from_parent([], []),
         loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
     });
-    let report = campaign(cfg, Arc::new(runner), None, None).await;
+    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
+    let report = campaign(cfg, runner.into(), None, None).await;
     assert_eq!(report.status, "PASS");
     assert!(!outside.exists());
     let evs = events(home.path(), &report.run_id);

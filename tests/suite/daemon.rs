@@ -93,9 +93,10 @@ impl SessionRunner for Sleeper {
 fn params(config: Config, runner: Arc<dyn SessionRunner>) -> DaemonParams {
     DaemonParams {
         config,
-        runner,
+        runner: runner.into(),
         drain_deadline: Duration::from_secs(30),
         resume: None,
+        facts: None,
     }
 }
 

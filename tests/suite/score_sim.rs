@@ -251,9 +251,18 @@ async fn the_invocation_has_private_directories_and_the_real_flags() {
             ("FASTKERNELS_RESULTS_DIR", "/w/results"),
             ("TORCH_EXTENSIONS_DIR", "/w/torch_extensions"),
             ("TRITON_CACHE_DIR", "/w/triton_cache"),
+            ("PYTHONDONTWRITEBYTECODE", "1"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()))
     );
+    // An agent's validation keeps its compiler caches across benches and names its session.
+    let inv = b
+        .driver
+        .invocation(&req.for_session("L1/gelu", Path::new("/ws/cache")));
+    let env: std::collections::BTreeMap<_, _> = inv.env.into_iter().collect();
+    assert_eq!(env["TORCH_EXTENSIONS_DIR"], "/ws/cache/torch_extensions");
+    assert_eq!(env["TRITON_CACHE_DIR"], "/ws/cache/triton_cache");
+    assert_eq!(env["FK_AGENTD_SESSION"], "L1/gelu");
 }
 
 #[tokio::test]

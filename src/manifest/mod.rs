@@ -1,0 +1,333 @@
+//! Run manifests: `MANIFEST.md` and `manifest.json` in a run directory, rendered from what was
+//! recorded (the run row, the `facts` / `token_reloaded` / `task_finished` events, the result
+//! generations and the files of the run directory), never from the host the command runs on.
+//!
+//! Owns [`ManifestData`] (the collected facts), [`collect`] and [`write`]. The text itself is
+//! [`render`] (pure). Both files are derived: re-rendering replaces them, and says so, and the
+//! Markdown states when it was rendered and that it was rendered from recorded facts.
+//!
+//! Invariants: no token value can reach a manifest (facts never hold one; a rotation event's
+//! fields other than time and age are not copied); a simulated run says so on the first line.
+
+pub mod render;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::facts::{FACTS_EVENT, HostFacts, SettingFact};
+use crate::store::{Event, RunRow, Store, StoreError};
+
+/// The Markdown manifest's file name.
+pub const MANIFEST_MD: &str = "MANIFEST.md";
+/// The JSON manifest's file name.
+pub const MANIFEST_JSON: &str = "manifest.json";
+
+/// Errors writing a manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("run directory {path}: {why}")]
+    Io { path: PathBuf, why: String },
+}
+
+impl ManifestError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ManifestError::Store(StoreError::UnknownRun(_)) => crate::error::EXIT_USAGE,
+            _ => crate::error::EXIT_UNAVAILABLE,
+        }
+    }
+}
+
+/// One token re-read: when, and how old the token was (never its value).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rotation {
+    pub at: String,
+    pub age: String,
+    pub reason: String,
+}
+
+/// How sessions ended, from `task_finished` events.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    /// Status word (`PASS`, `FAIL`, `SKIP(…)`) → count.
+    pub counts: BTreeMap<String, usize>,
+    /// Overall status of `run_finished`, when the run finished.
+    pub run_status: Option<String>,
+}
+
+/// Verdict counts of one stage of a results generation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageCount {
+    /// `ind`, `comp` or `seq`.
+    pub stage: String,
+    pub judged: usize,
+    pub winners: usize,
+}
+
+/// One results generation (`results/`, `results-2/`, …) of the run directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationSummary {
+    /// Relative to the run directory.
+    pub dir: String,
+    pub scored: bool,
+    pub simulated: bool,
+    pub mode: Option<String>,
+    pub stages: Vec<StageCount>,
+    /// Final set: name, kernels kept, dropped.
+    pub final_set: Option<(String, usize, usize)>,
+    /// `compare.json` beside the generation: its size in bytes.
+    pub compare_bytes: Option<u64>,
+    pub incomplete: Vec<String>,
+}
+
+/// One file of the run directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveEntry {
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// Everything a manifest shows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ManifestData {
+    pub run: RunRow,
+    pub rendered_at: String,
+    /// Every `facts` event of the run, in order (run start, then each scoring).
+    pub facts: Vec<HostFacts>,
+    /// Settings of `run_started`, used when no facts were recorded.
+    pub run_started_settings: BTreeMap<String, SettingFact>,
+    pub sessions: SessionSummary,
+    /// Target → sha256 of the prompt its session sent (events carrying `prompt_sha256`).
+    pub prompt_hashes: BTreeMap<String, String>,
+    pub rotations: Vec<Rotation>,
+    pub results: Vec<GenerationSummary>,
+    pub archive: Vec<ArchiveEntry>,
+}
+
+/// Collects the recorded facts of `run_id` whose directory is `run_dir`.
+pub fn collect(
+    store: &Store,
+    run_id: &str,
+    run_dir: &Path,
+    rendered_at: &str,
+) -> Result<ManifestData, ManifestError> {
+    let run = store.run(Some(run_id))?;
+    let events = store.events(run_id, None, 0)?;
+    let mut data = ManifestData {
+        run,
+        rendered_at: rendered_at.to_string(),
+        facts: Vec::new(),
+        run_started_settings: BTreeMap::new(),
+        sessions: SessionSummary::default(),
+        prompt_hashes: BTreeMap::new(),
+        rotations: Vec::new(),
+        results: results(run_dir),
+        archive: archive(run_dir)?,
+    };
+    for event in &events {
+        absorb(&mut data, event);
+    }
+    Ok(data)
+}
+
+fn absorb(data: &mut ManifestData, event: &Event) {
+    let p = &event.payload;
+    match event.kind.as_str() {
+        FACTS_EVENT => {
+            if let Ok(f) = serde_json::from_value::<HostFacts>(p.clone()) {
+                data.facts.push(f);
+            }
+        }
+        "run_started" => data.run_started_settings = settings_of_run_started(&p["settings"]),
+        "task_finished" => {
+            let word = p["status"].as_str().unwrap_or("?").to_string();
+            *data.sessions.counts.entry(word).or_default() += 1;
+        }
+        "run_finished" => data.sessions.run_status = p["status"].as_str().map(str::to_string),
+        "token_reloaded" => data.rotations.push(Rotation {
+            at: event.at.clone(),
+            age: token_age(p),
+            reason: p["reason"].as_str().unwrap_or("").to_string(),
+        }),
+        _ => {}
+    }
+    if let (Some(target), Some(sha)) = (&event.target, p["prompt_sha256"].as_str()) {
+        data.prompt_hashes.insert(target.clone(), sha.to_string());
+    }
+}
+
+/// `settings` of `run_started`: `{key: [value, source]}` as the config serializes it.
+fn settings_of_run_started(v: &Value) -> BTreeMap<String, SettingFact> {
+    let Some(map) = v.as_object() else {
+        return BTreeMap::new();
+    };
+    map.iter()
+        .map(|(k, pair)| {
+            let text = |i: usize| match &pair[i] {
+                Value::String(s) => s.clone(),
+                Value::Null => String::new(),
+                other => other.to_string(),
+            };
+            (
+                k.clone(),
+                SettingFact {
+                    value: text(0),
+                    source: text(1),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The token's age from a rotation event: `age_s` / `token_age_s` (seconds) or `age` (text).
+fn token_age(p: &Value) -> String {
+    let secs = p["token_age_s"].as_f64().or_else(|| p["age_s"].as_f64());
+    match (secs, p["age"].as_str()) {
+        (Some(s), _) => {
+            crate::config::format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))
+        }
+        (None, Some(text)) => text.to_string(),
+        (None, None) => "unknown".into(),
+    }
+}
+
+fn results(run_dir: &Path) -> Vec<GenerationSummary> {
+    let Ok(entries) = std::fs::read_dir(run_dir) else {
+        return Vec::new();
+    };
+    let mut dirs: Vec<(u32, String)> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n = match name.strip_prefix("results") {
+                Some("") => 1,
+                Some(rest) => rest.strip_prefix('-')?.parse().ok()?,
+                None => return None,
+            };
+            Some((n, name))
+        })
+        .collect();
+    dirs.sort();
+    dirs.into_iter()
+        .map(|(_, name)| generation(&run_dir.join(&name), &name))
+        .collect()
+}
+
+fn read_json(path: &Path) -> Option<Value> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+fn count_verdicts(stage: &str, gate: &Value) -> Option<StageCount> {
+    let verdicts = gate["verdicts"].as_array()?;
+    Some(StageCount {
+        stage: stage.to_string(),
+        judged: verdicts.len(),
+        winners: verdicts.iter().filter(|v| v["winner"] == true).count(),
+    })
+}
+
+fn generation(dir: &Path, name: &str) -> GenerationSummary {
+    let mut g = GenerationSummary {
+        dir: name.to_string(),
+        ..GenerationSummary::default()
+    };
+    if let Some(score) = read_json(&dir.join("score.json")) {
+        g.scored = true;
+        g.simulated = score["simulated"] == true;
+        g.mode = score["mode"].as_str().map(str::to_string);
+        g.stages
+            .extend(count_verdicts("ind", &score["standalone"]["gate"]));
+        g.stages
+            .extend(count_verdicts("comp", &score["composed"]["gate"]));
+        let set = &score["final_set"];
+        if let Some(set_name) = set["name"].as_str() {
+            let len = |k: &str| set["manifest"][k].as_array().map_or(0, Vec::len);
+            g.final_set = Some((set_name.to_string(), len("kernels"), len("dropped")));
+        }
+        g.incomplete = score["incomplete"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+    if let Some(seq) = read_json(&dir.join("seq").join("gate.json")) {
+        g.stages.extend(count_verdicts("seq", &seq));
+    }
+    g.compare_bytes = std::fs::metadata(dir.join("compare.json"))
+        .ok()
+        .map(|m| m.len());
+    g
+}
+
+fn archive(run_dir: &Path) -> Result<Vec<ArchiveEntry>, ManifestError> {
+    let files = crate::facts::files_under(run_dir).map_err(|e| ManifestError::Io {
+        path: run_dir.to_path_buf(),
+        why: e.to_string(),
+    })?;
+    Ok(files
+        .into_iter()
+        .filter(|f| f != MANIFEST_MD && f != MANIFEST_JSON && !f.starts_with(".manifest-"))
+        .map(|f| ArchiveEntry {
+            bytes: std::fs::metadata(run_dir.join(&f)).map_or(0, |m| m.len()),
+            path: f,
+        })
+        .collect())
+}
+
+/// What [`write`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub markdown: PathBuf,
+    pub json: PathBuf,
+    /// `rendered_at` of the manifest this one replaced, when there was one.
+    pub replaced: Option<String>,
+}
+
+/// Renders and writes `MANIFEST.md` and `manifest.json` into `run_dir` (each through a
+/// temporary file and a rename, so a reader never sees half a manifest).
+pub fn write(run_dir: &Path, data: &ManifestData) -> Result<Written, ManifestError> {
+    let md_path = run_dir.join(MANIFEST_MD);
+    let json_path = run_dir.join(MANIFEST_JSON);
+    let replaced = if md_path.exists() || json_path.exists() {
+        Some(
+            read_json(&json_path)
+                .and_then(|v| v["rendered_at"].as_str().map(str::to_string))
+                .unwrap_or_else(|| "an unknown time".into()),
+        )
+    } else {
+        None
+    };
+    let json = serde_json::to_string_pretty(data).map_err(|e| ManifestError::Io {
+        path: json_path.clone(),
+        why: e.to_string(),
+    })? + "\n";
+    replace_file(&md_path, &render::markdown(data))?;
+    replace_file(&json_path, &json)?;
+    Ok(Written {
+        markdown: md_path,
+        json: json_path,
+        replaced,
+    })
+}
+
+fn replace_file(path: &Path, text: &str) -> Result<(), ManifestError> {
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".manifest-{name}.tmp"));
+    let err = |e: std::io::Error| ManifestError::Io {
+        path: path.to_path_buf(),
+        why: e.to_string(),
+    };
+    std::fs::write(&tmp, text).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}

@@ -1,0 +1,484 @@
+//! The Markdown manifest: pure functions from [`ManifestData`] to text, one per section, so
+//! each can be snapshot-tested. No I/O, no clock: the render time is part of the data.
+
+use std::fmt::Write as _;
+
+use crate::facts::{FactsStage, HostFacts, SettingFact};
+use crate::manifest::{ManifestData, StageCount};
+
+/// The whole `MANIFEST.md`. A simulated run says so on the first line.
+pub fn markdown(d: &ManifestData) -> String {
+    let mut out = String::new();
+    if d.run.simulated {
+        out.push_str(
+            "> **SIMULATED RUN**: scripted model, fake GPUs and simulated bench; no number below \
+             measures a real kernel.\n\n",
+        );
+    }
+    let _ = writeln!(out, "# Manifest of run {}\n", d.run.id);
+    let _ = writeln!(
+        out,
+        "Rendered at {} from recorded facts (the store's events and the run directory); \
+         re-rendering replaces this file.\n",
+        d.rendered_at
+    );
+    out.push_str(&campaign(d));
+    for section in [
+        node(&d.facts),
+        runtime(&d.facts),
+        code(&d.facts),
+        agent(d),
+        settings(d),
+        captures(&d.facts),
+        credentials(d),
+        results(d),
+        archive(d),
+    ] {
+        out.push_str(&section);
+    }
+    out
+}
+
+fn esc(s: &str) -> String {
+    s.replace('|', "\\|").replace('\n', " ")
+}
+
+fn stage_name(f: &HostFacts) -> String {
+    let stage = match f.stage {
+        FactsStage::RunStart => "run start",
+        FactsStage::Scoring => "scoring",
+    };
+    format!("{stage} ({})", f.gathered_at)
+}
+
+/// Run id, mode, times, status and session outcomes.
+pub fn campaign(d: &ManifestData) -> String {
+    let r = &d.run;
+    let mut out = String::from("## Campaign\n\n");
+    let _ = writeln!(out, "- mode: {}", r.mode);
+    let _ = writeln!(out, "- targets: {}", r.targets.len());
+    let _ = writeln!(
+        out,
+        "- started: {}; finished: {}",
+        r.started_at,
+        r.finished_at.as_deref().unwrap_or("not finished")
+    );
+    let _ = writeln!(
+        out,
+        "- status: {} (run_finished: {})",
+        r.status,
+        d.sessions.run_status.as_deref().unwrap_or("not recorded")
+    );
+    let counts: Vec<String> = d
+        .sessions
+        .counts
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "- sessions: {}\n",
+        if counts.is_empty() {
+            "none finished".into()
+        } else {
+            counts.join(", ")
+        }
+    );
+    out
+}
+
+const NO_FACTS: &str = "No facts were recorded for this run.\n\n";
+
+/// Host and GPUs, for each time facts were gathered.
+pub fn node(facts: &[HostFacts]) -> String {
+    let mut out = String::from("## Node\n\n");
+    if facts.is_empty() {
+        out.push_str(NO_FACTS);
+        return out;
+    }
+    for f in facts {
+        let _ = writeln!(out, "At {}:\n", stage_name(f));
+        let _ = writeln!(out, "- host: {}", f.host);
+        let _ = writeln!(out, "- GPUs: {}", f.gpus.summary);
+        if !f.gpus.visible.is_empty() {
+            out.push_str("\n| # | GPU | memory | driver |\n|---|---|---|---|\n");
+            for (i, g) in f.gpus.visible.iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "| {i} | {} | {} | {} |",
+                    esc(&g.name),
+                    esc(&g.memory),
+                    esc(&g.driver)
+                );
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// CUDA, Python and package versions: one column per facts record.
+pub fn runtime(facts: &[HostFacts]) -> String {
+    let mut out = String::from("## Runtime stack\n\n");
+    if facts.is_empty() {
+        out.push_str(NO_FACTS);
+        return out;
+    }
+    let header: Vec<String> = facts.iter().map(stage_name).collect();
+    let _ = writeln!(out, "| component | {} |", header.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(facts.len()));
+    let mut row = |name: &str, get: &dyn Fn(&HostFacts) -> String| {
+        let cells: Vec<String> = facts.iter().map(|f| esc(&get(f))).collect();
+        let _ = writeln!(out, "| {name} | {} |", cells.join(" | "));
+    };
+    row("CUDA (nvcc)", &|f| f.cuda.clone());
+    row("Python", &|f| f.python.clone());
+    let mut names: Vec<&String> = facts.iter().flat_map(|f| f.packages.keys()).collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        row(name, &|f| {
+            f.packages
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| "not probed".into())
+        });
+    }
+    out.push('\n');
+    out
+}
+
+/// Index of the facts a section describes: those of the run start (the campaign's own),
+/// else the latest (a run that was only scored).
+fn primary_index(facts: &[HostFacts]) -> Option<usize> {
+    facts
+        .iter()
+        .position(|f| f.stage == FactsStage::RunStart)
+        .or(facts.len().checked_sub(1))
+}
+
+fn primary(facts: &[HostFacts]) -> Option<&HostFacts> {
+    primary_index(facts).map(|i| &facts[i])
+}
+
+/// The records other than [`primary`], in order.
+fn others(facts: &[HostFacts]) -> impl Iterator<Item = &HostFacts> {
+    let skip = primary_index(facts);
+    facts
+        .iter()
+        .enumerate()
+        .filter(move |(i, _)| Some(*i) != skip)
+        .map(|(_, f)| f)
+}
+
+fn fastkernels_text(f: &HostFacts) -> String {
+    let k = &f.fastkernels;
+    let dirty = match k.dirty {
+        Some(true) => "uncommitted changes in the checkout (not carried into the copy)",
+        Some(false) => "clean checkout",
+        None => "local changes unknown",
+    };
+    match &k.checkout {
+        Some(dir) => format!("{} at commit {}: {dirty}", dir.display(), k.commit),
+        None => "checkout not configured (commit unknown)".into(),
+    }
+}
+
+/// fk-agentd and fastkernels: commits, local changes, and how the patches were verified.
+pub fn code(facts: &[HostFacts]) -> String {
+    let mut out = String::from("## Code\n\n");
+    let Some(f) = primary(facts) else {
+        out.push_str(NO_FACTS);
+        return out;
+    };
+    let b = &f.fk_agentd;
+    let _ = writeln!(
+        out,
+        "- fk-agentd {} at commit {} ({})",
+        b.version, b.commit, b.commit_source
+    );
+    let _ = writeln!(out, "- fastkernels: {}", fastkernels_text(f));
+    let k = &f.fastkernels;
+    if let Some(copy) = &k.copy {
+        let _ = writeln!(
+            out,
+            "- benches ran from a private copy at {} (`git archive` of that commit, then the patches below)",
+            copy.display()
+        );
+    }
+    if k.patches.is_empty() {
+        out.push_str("- patches: none recorded\n");
+    } else {
+        out.push('\n');
+        out.push_str(&patch_table(&k.patches));
+    }
+    let later: Vec<String> = others(facts)
+        .map(|o| {
+            format!(
+                "- at {}: fk-agentd {} at commit {}; fastkernels: {}\n",
+                stage_name(o),
+                o.fk_agentd.version,
+                o.fk_agentd.commit,
+                fastkernels_text(o)
+            )
+        })
+        .collect();
+    if !later.is_empty() {
+        out.push_str("\nRecorded again later:\n\n");
+        out.push_str(&later.concat());
+    }
+    out.push('\n');
+    out
+}
+
+/// Each patch, its hash, and the result of every check that proved it applied.
+fn patch_table(patches: &[crate::harness::patches::AppliedPatch]) -> String {
+    let mut out = String::from("| patch | sha256 | checks |\n|---|---|---|\n");
+    for p in patches {
+        let checks: Vec<String> = p
+            .checks
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} `{}` in {}: expected {}, found {}",
+                    if c.passed { "verified" } else { "FAILED" },
+                    c.check.needle,
+                    c.check.file,
+                    c.check.count,
+                    c.found,
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} |",
+            esc(&p.name),
+            p.sha256,
+            esc(&checks.join("; "))
+        );
+    }
+    out
+}
+
+/// The model provider and the prompt.
+pub fn agent(d: &ManifestData) -> String {
+    let mut out = String::from("## Agent\n\n");
+    match d.facts.last() {
+        None => out.push_str(NO_FACTS),
+        Some(f) => {
+            match &f.provider {
+                Some(p) => {
+                    let _ = writeln!(out, "- backend: {} ({})", p.name, p.origin);
+                    let _ = writeln!(out, "- model: {}", p.model);
+                    let _ = writeln!(out, "- reasoning effort: {}", p.reasoning_effort);
+                    let _ = writeln!(out, "- API: {}", p.api);
+                }
+                None if f.simulated => {
+                    out.push_str("- backend: the embedded simulation (scripted Responses server)\n")
+                }
+                None => out.push_str("- backend: not recorded\n"),
+            }
+            let _ = writeln!(
+                out,
+                "- optimize prompt template sha256: {}",
+                f.prompt_template_sha256
+            );
+        }
+    }
+    if !d.prompt_hashes.is_empty() {
+        out.push_str("\n| target | prompt sha256 |\n|---|---|\n");
+        for (t, h) in &d.prompt_hashes {
+            let _ = writeln!(out, "| {t} | {h} |");
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// Every setting, its value and where it came from.
+pub fn settings(d: &ManifestData) -> String {
+    let mut out = String::from("## Harness settings\n\n");
+    let run_start = d.facts.iter().find(|f| f.stage == FactsStage::RunStart);
+    let map = match run_start {
+        Some(f) => &f.settings,
+        None if !d.run_started_settings.is_empty() => &d.run_started_settings,
+        None => match d.facts.last() {
+            Some(f) => &f.settings,
+            None => &d.run_started_settings,
+        },
+    };
+    if map.is_empty() {
+        out.push_str("No settings were recorded.\n\n");
+        return out;
+    }
+    out.push_str(&settings_table(map.iter()));
+    out.push('\n');
+    for o in d.facts.iter().filter(|f| f.stage == FactsStage::Scoring) {
+        let changed: Vec<(&String, &SettingFact)> = o
+            .settings
+            .iter()
+            .filter(|(k, v)| map.get(*k) != Some(*v))
+            .collect();
+        if !changed.is_empty() {
+            let _ = writeln!(
+                out,
+                "Settings of the scoring at {} that differ from the campaign's:\n",
+                o.gathered_at
+            );
+            out.push_str(&settings_table(changed.into_iter()));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn settings_table<'a>(rows: impl Iterator<Item = (&'a String, &'a SettingFact)>) -> String {
+    let mut out = String::from("| setting | value | source |\n|---|---|---|\n");
+    for (k, s) in rows {
+        let _ = writeln!(out, "| {k} | {} | {} |", esc(&s.value), esc(&s.source));
+    }
+    out
+}
+
+/// The captures folder: content hash and where its files came from.
+pub fn captures(facts: &[HostFacts]) -> String {
+    let mut out = String::from("## Captured inputs\n\n");
+    let Some(c) = primary(facts).map(|f| &f.captures) else {
+        out.push_str(NO_FACTS);
+        return out;
+    };
+    let _ = writeln!(out, "- folder: {}", c.dir.display());
+    match &c.sha256 {
+        Some(h) => {
+            let _ = writeln!(
+                out,
+                "- content sha256: {h} ({} files, {} bytes; sorted relative paths + contents)",
+                c.files, c.bytes
+            );
+        }
+        None => {
+            let _ = writeln!(out, "- content sha256: not computed ({})", c.note);
+        }
+    }
+    for o in others(facts) {
+        let same = if o.captures.dir == c.dir && o.captures.sha256 == c.sha256 {
+            "the same folder and content"
+        } else {
+            "DIFFERENT from the above"
+        };
+        let _ = writeln!(
+            out,
+            "- at {}: {} sha256 {} ({same})",
+            stage_name(o),
+            o.captures.dir.display(),
+            o.captures.sha256.as_deref().unwrap_or("not computed")
+        );
+    }
+    if !c.readme_rows.is_empty() {
+        out.push_str(
+            "\nProvenance (captures/README.md):\n\n| path | what | source |\n|---|---|---|\n",
+        );
+        for row in &c.readme_rows {
+            let cells: Vec<String> = row.iter().map(|c| esc(c)).collect();
+            let _ = writeln!(out, "| {} |", cells.join(" | "));
+        }
+    }
+    if !c.derived_from.is_empty() {
+        out.push_str("\nDerived files (`_derived_from`):\n\n");
+        for (file, from) in &c.derived_from {
+            let _ = writeln!(out, "- {file} ← {from}");
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// Where the token came from and when it was re-read; never its value.
+pub fn credentials(d: &ManifestData) -> String {
+    let mut out = String::from("## Credentials\n\n");
+    match d.facts.last().and_then(|f| f.provider.as_ref()) {
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "- token read from: {} (value never recorded)",
+                p.token_source
+            );
+        }
+        None if d.run.simulated => out.push_str("- token: none (the simulation needs no token)\n"),
+        None => out.push_str("- token: none (no provider recorded)\n"),
+    }
+    if d.rotations.is_empty() {
+        out.push_str("- token rotations: none recorded\n\n");
+        return out;
+    }
+    out.push_str("\n| re-read at | token age | reason |\n|---|---|---|\n");
+    for r in &d.rotations {
+        let _ = writeln!(out, "| {} | {} | {} |", r.at, esc(&r.age), esc(&r.reason));
+    }
+    out.push('\n');
+    out
+}
+
+fn stage_text(s: &StageCount) -> String {
+    let what = match s.stage.as_str() {
+        "ind" => "standalone (ind)",
+        "comp" => "composed (comp)",
+        "seq" => "sequential (seq)",
+        other => other,
+    };
+    format!("{what}: {} winners of {} judged", s.winners, s.judged)
+}
+
+/// Result generations with their verdict counts.
+pub fn results(d: &ManifestData) -> String {
+    let mut out = String::from("## Results\n\n");
+    if d.results.iter().all(|g| !g.scored && g.stages.is_empty()) {
+        out.push_str("Not scored yet.\n\n");
+        return out;
+    }
+    for g in &d.results {
+        let sim = if g.simulated {
+            " — SIMULATED bench"
+        } else {
+            ""
+        };
+        let mode = g.mode.as_deref().unwrap_or("unknown mode");
+        let _ = writeln!(out, "### {}/ ({mode}){sim}\n", g.dir);
+        if !g.scored {
+            out.push_str("- no score.json (scoring did not finish)\n");
+        }
+        for s in &g.stages {
+            let _ = writeln!(out, "- {}", stage_text(s));
+        }
+        if let Some((name, kept, dropped)) = &g.final_set {
+            let _ = writeln!(out, "- final set {name}: {kept} kernels, {dropped} dropped");
+        }
+        match g.compare_bytes {
+            Some(n) => {
+                let _ = writeln!(out, "- compare.json: {n} bytes");
+            }
+            None => out.push_str("- compare: not run\n"),
+        }
+        for i in &g.incomplete {
+            let _ = writeln!(out, "- INCOMPLETE: {}", esc(i));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Every file of the run directory (the manifests themselves excluded).
+pub fn archive(d: &ManifestData) -> String {
+    let mut out = String::from("## Archive contents\n\n");
+    let total: u64 = d.archive.iter().map(|a| a.bytes).sum();
+    let _ = writeln!(
+        out,
+        "{} files, {total} bytes (MANIFEST.md and manifest.json not counted).\n",
+        d.archive.len()
+    );
+    out.push_str("| file | bytes |\n|---|---|\n");
+    for a in &d.archive {
+        let _ = writeln!(out, "| {} | {} |", esc(&a.path), a.bytes);
+    }
+    out
+}

@@ -1,0 +1,92 @@
+//! Benches under GPU leases: a [`BenchLauncher`] that hands each invocation to the broker as a
+//! lease of one class (`validate` for agents, `bench` for scoring), so no bench runs outside a
+//! lease and never two on one GPU. The broker spawns, enforces the deadline and reclaims.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use super::ScoreError;
+use super::driver::{BenchLauncher, Invocation, ProcessExit};
+use crate::gpu::{Broker, KilledReason, LeaseClass, LeaseCommand, LeaseRequest};
+
+/// Runs every bench as a lease of `class` on one GPU.
+pub struct LeaseLauncher {
+    pub broker: Broker,
+    pub class: LeaseClass,
+    /// Who the leases are charged to when the invocation does not say (e.g. `scoring`).
+    pub session: String,
+    next: AtomicU64,
+}
+
+impl LeaseLauncher {
+    pub fn new(broker: Broker, class: LeaseClass, session: impl Into<String>) -> Self {
+        Self {
+            broker,
+            class,
+            session: session.into(),
+            next: AtomicU64::new(0),
+        }
+    }
+}
+
+impl BenchLauncher for LeaseLauncher {
+    async fn launch(
+        &self,
+        inv: Invocation,
+        cancel: CancellationToken,
+    ) -> Result<ProcessExit, ScoreError> {
+        let n = self.next.fetch_add(1, Ordering::SeqCst);
+        // The work dir (where the outputs go) is unique per bench, so it keys the lease.
+        let key = format!("{}#{n}", inv.stdout.display());
+        let session = inv
+            .env
+            .iter()
+            .find(|(k, _)| k == "FK_AGENTD_SESSION")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| self.session.clone());
+        let req = LeaseRequest {
+            class: self.class,
+            gpus: 1,
+            max_run: inv.deadline,
+            session,
+            idempotency_key: key,
+        };
+        let mut argv = vec![inv.program.clone()];
+        argv.extend(inv.args.iter().cloned());
+        let cmd = LeaseCommand {
+            argv,
+            cwd: inv
+                .cwd
+                .clone()
+                .unwrap_or_else(|| std::path::PathBuf::from("/")),
+            env: inv.env.clone(),
+            stdout: inv.stdout.clone(),
+            stderr: inv.stderr.clone(),
+        };
+        let out = self
+            .broker
+            .run(req, cmd, &cancel)
+            .await
+            .map_err(|e| ScoreError::Launch {
+                program: inv.program.clone(),
+                why: format!("lease refused: {e}"),
+            })?;
+        if out.infra {
+            return Err(ScoreError::Launch {
+                program: inv.program,
+                why: format!(
+                    "lease {} failed for infrastructure reasons: {:?}",
+                    out.lease_id, out.killed_reason
+                ),
+            });
+        }
+        Ok(ProcessExit {
+            code: out.exit_code,
+            signal: out.signal,
+            timed_out: matches!(out.killed_reason, Some(KilledReason::Deadline)),
+            cancelled: matches!(out.killed_reason, Some(KilledReason::Cancelled)),
+            wall_s: out.wall_ms as f64 / 1000.0,
+        })
+    }
+}
