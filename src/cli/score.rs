@@ -8,9 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
 use crate::config::provider::{ProviderConfig, TokenSource};
-use crate::config::{Config, Env, GpuDevices};
+use crate::config::{Config, Env};
 use crate::error::Error;
-use crate::score::driver::{BenchDriver, DirectLauncher, DriverParams};
+use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::gate::WinnerGate;
 use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates, score_run};
 use crate::score::{ScoreError, render};
@@ -52,15 +52,6 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
-    }
-}
-
-fn parallel_of(config: &Config) -> usize {
-    match &config.gpus {
-        GpuDevices::Fake { count } => *count as usize,
-        GpuDevices::Uuids { uuids } => uuids.len(),
-        // Without the lease broker the GPU count is unknown here: one bench at a time.
-        GpuDevices::Nvml => 1,
     }
 }
 
@@ -110,15 +101,51 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
         env_remove.push(var.clone());
     }
+    // Scoring takes every GPU through its own broker: a running daemon's agents would race it.
+    if let Some(pid) = crate::daemon::lock::holder(&config.home) {
+        return Err(crate::daemon::DaemonError::AlreadyRunning {
+            home: config.home.clone(),
+            pid: Some(pid),
+        }
+        .into());
+    }
+    let fastkernels_dir = match &config.fastkernels_dir {
+        Some(_) if !is_sim_bench(&config.fastkernels_command) => {
+            let prepared = super::prepare_harness(config)?;
+            say(
+                args.json,
+                &format!(
+                    "fastkernels {}{}: private copy {} with {} patch(es) applied and verified\n",
+                    prepared.commit,
+                    if prepared.checkout_dirty {
+                        " (checkout dirty: uncommitted changes are not in the copy)"
+                    } else {
+                        ""
+                    },
+                    prepared.copy.display(),
+                    prepared.patches.len()
+                ),
+            );
+            Some(prepared.copy)
+        }
+        other => other.clone(),
+    };
+    let store = crate::daemon::open_store(&config.home)?;
+    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
     let params = DriverParams {
         command: config.fastkernels_command.clone(),
-        fastkernels_dir: config.fastkernels_dir.clone(),
+        fastkernels_dir,
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
-        parallel: parallel_of(config),
+        parallel: broker.inventory().len().max(1),
         env_remove,
     };
-    let driver = BenchDriver::new(params, DirectLauncher).await?;
+    let launcher = crate::score::lease::LeaseLauncher::new(
+        broker.clone(),
+        crate::gpu::LeaseClass::Bench,
+        "scoring",
+    );
+    let driver = BenchDriver::new(params, launcher).await?;
     let score = ScoreParams {
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
@@ -143,6 +170,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             score_candidates(&driver, &score, &cancel).await?
         }
     };
+    broker.shutdown().await;
     if args.json {
         println!(
             "{}",
@@ -176,6 +204,11 @@ async fn record_scoring_facts(
     facts.simulated |= store.run(Some(run_id))?.simulated;
     crate::facts::record(&journal, &facts)?;
     Ok(())
+}
+
+/// Whether the configured bench is fk-agentd's own simulated bench (no harness copy needed).
+fn is_sim_bench(command: &[String]) -> bool {
+    command.get(1).is_some_and(|w| w == "sim-bench")
 }
 
 /// Status lines go to stdout with the table, to stderr when stdout is JSON.
