@@ -287,19 +287,15 @@ fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Er
 pub(crate) fn prepare_harness(
     config: &Config,
 ) -> Result<crate::harness::patches::PreparedHarness, Error> {
-    use crate::harness::patches::{PatchSeries, checkout_state, prepare};
+    use crate::harness::patches::{PatchSeries, checkout_state, copy_name, prepare_cached};
     let dir = config.fastkernels_dir.as_ref().ok_or_else(|| {
         Error::Usage("fastkernels.dir = (not set): expected a clean fastkernels checkout; set FK_DIR or [fastkernels] dir".into())
     })?;
     let series_dir = crate::harness::write_shipped_series(&config.home)?;
     let series = PatchSeries::load(&series_dir)?;
     let (commit, _) = checkout_state(dir)?;
-    let stamp = time::OffsetDateTime::now_utc().unix_timestamp();
-    let dest = config
-        .home
-        .join("harness")
-        .join(format!("{}-{stamp}", &commit[..commit.len().min(12)]));
-    Ok(prepare(dir, &series, &dest)?)
+    let dest = config.home.join("harness").join(copy_name(&commit, &series));
+    Ok(prepare_cached(dir, &series, &dest)?)
 }
 
 fn cmd_manifest(home: &std::path::Path, run: Option<&str>) -> Result<i32, Error> {

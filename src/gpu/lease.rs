@@ -391,7 +391,7 @@ pub(crate) async fn reclaim(broker: &Broker, slots: &[usize], notes: &mut Vec<St
                     let _ = broker.drain(&gpu.uuid, &why);
                     break;
                 }
-                Some(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
     }

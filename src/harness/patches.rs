@@ -71,6 +71,12 @@ pub struct PreparedHarness {
     /// Whether the user's checkout had uncommitted changes (they are not in the copy).
     pub checkout_dirty: bool,
     pub patches: Vec<AppliedPatch>,
+    /// sha256 over every path and byte of the copy once patched (see [`crate::facts::tree_sha256`]).
+    #[serde(default)]
+    pub tree_sha256: String,
+    /// Whether this copy was made earlier and found intact (same commit, series and content).
+    #[serde(default)]
+    pub reused: bool,
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -263,13 +269,77 @@ pub fn prepare(
             checks,
         });
     }
-    Ok(PreparedHarness {
+    let tree = crate::facts::tree_sha256(dest).map_err(|source| HarnessError::Io {
+        what: format!("hash {}", dest.display()),
+        source,
+    })?;
+    let prepared = PreparedHarness {
         checkout: checkout.to_path_buf(),
         copy: dest.to_path_buf(),
         commit,
         checkout_dirty,
         patches: applied,
-    })
+        tree_sha256: tree.0,
+        reused: false,
+    };
+    // The copy is no git repository: this record beside it is how later readers learn what
+    // it is (beside, not inside, so the tree hash does not cover it).
+    let marker = marker_path(dest);
+    let text = serde_json::to_string_pretty(&prepared).unwrap_or_default();
+    std::fs::write(&marker, text).map_err(|source| HarnessError::Io {
+        what: format!("write {}", marker.display()),
+        source,
+    })?;
+    Ok(prepared)
+}
+
+/// The record of a prepared copy `<copy>`: the file `<copy>.harness.json` beside it.
+pub fn marker_path(copy: &Path) -> PathBuf {
+    let mut name = copy.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".harness.json");
+    copy.with_file_name(name)
+}
+
+/// The record of a prepared copy, if `dir` is one.
+pub fn read_marker(dir: &Path) -> Option<PreparedHarness> {
+    let text = std::fs::read_to_string(marker_path(dir)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The folder name of a copy of `commit` patched by `series`: same inputs, same folder.
+pub fn copy_name(commit: &str, series: &PatchSeries) -> String {
+    let joined: String = series.patches.iter().map(|p| p.sha256.as_str()).collect::<Vec<_>>().join("+");
+    let key = sha256_hex(joined.as_bytes());
+    format!("{}-{}", &commit[..commit.len().min(12)], &key[..12])
+}
+
+/// Reuses the copy at `dest` when it was made from the same commit and series and its content
+/// is unchanged (every check passes and the tree hash matches); otherwise makes it anew, moving
+/// a stale copy aside (never deleting what someone may want to inspect).
+pub fn prepare_cached(checkout: &Path, series: &PatchSeries, dest: &Path) -> Result<PreparedHarness, HarnessError> {
+    let (commit, dirty) = checkout_state(checkout)?;
+    if let Some(mut m) = read_marker(dest) {
+        let same_series = m.patches.iter().map(|p| &p.sha256).eq(series.patches.iter().map(|p| &p.sha256));
+        let intact = crate::facts::tree_sha256(dest).map(|t| t.0 == m.tree_sha256).unwrap_or(false);
+        let checks: Vec<Vec<CheckResult>> = series.patches.iter().map(|p| run_checks(dest, p)).collect();
+        if m.commit == commit && same_series && intact && checks.iter().flatten().all(|c| c.passed) {
+            m.checkout_dirty = dirty;
+            m.reused = true;
+            for (applied, results) in m.patches.iter_mut().zip(checks) {
+                applied.checks = results;
+            }
+            return Ok(m);
+        }
+    }
+    if dest.exists() {
+        let stale = dest.with_extension(format!("stale-{}", time::OffsetDateTime::now_utc().unix_timestamp()));
+        std::fs::rename(dest, &stale).map_err(|source| HarnessError::Io {
+            what: format!("move the stale copy {} aside", dest.display()),
+            source,
+        })?;
+        let _ = std::fs::remove_file(marker_path(dest));
+    }
+    prepare(checkout, series, dest)
 }
 
 fn apply_one(dest: &Path, patch: &Patch, commit: &str) -> Result<(), HarnessError> {

@@ -158,6 +158,16 @@ impl CheckoutState {
             dirty: None,
         };
         let Some(dir) = dir else { return unknown };
+        // A patched private copy says what it was made from (it has no .git of its own, and
+        // git would otherwise answer for whatever repository encloses it).
+        if let Some(prepared) = crate::harness::patches::read_marker(dir) {
+            let patches: Vec<&str> = prepared.patches.iter().map(|p| p.name.as_str()).collect();
+            return Self {
+                dir: Some(dir.to_path_buf()),
+                commit: format!("{} + patches [{}]", prepared.commit, patches.join(", ")),
+                dirty: Some(prepared.checkout_dirty),
+            };
+        }
         let Some(commit) = git(dir, &["rev-parse", "HEAD"]).await else {
             return unknown;
         };

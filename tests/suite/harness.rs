@@ -158,3 +158,25 @@ fn a_dirty_checkout_is_recorded_and_its_changes_stay_out_of_the_copy() {
             .contains("local edit")
     );
 }
+
+#[test]
+fn an_intact_copy_is_reused_and_a_touched_one_is_made_anew() {
+    use fk_agentd::harness::patches::{copy_name, prepare_cached};
+    let root = tempfile::tempdir().unwrap();
+    let repo = checkout(root.path());
+    let s = series(root.path(), 2, 1);
+    let (commit, _) = fk_agentd::harness::patches::checkout_state(&repo).unwrap();
+    let dest = root.path().join("harness").join(copy_name(&commit, &s));
+    let first = prepare_cached(&repo, &s, &dest).unwrap();
+    assert!(!first.reused);
+    let second = prepare_cached(&repo, &s, &dest).unwrap();
+    assert!(second.reused);
+    assert_eq!(second.tree_sha256, first.tree_sha256);
+    // Someone edits the copy: it is not trusted again.
+    std::fs::write(dest.join("pkg/bench.py"), "tampered\n# our line\n").unwrap();
+    let third = prepare_cached(&repo, &s, &dest).unwrap();
+    assert!(!third.reused);
+    assert!(std::fs::read_to_string(dest.join("pkg/bench.py")).unwrap().starts_with("line 1"));
+    let stale = std::fs::read_dir(dest.parent().unwrap()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains("stale")).count();
+    assert_eq!(stale, 1, "the tampered copy is kept aside for inspection");
+}

@@ -147,6 +147,8 @@ fn harness() -> PreparedHarness {
                 passed: true,
             }],
         }],
+        tree_sha256: "cd".repeat(32),
+        reused: false,
     }
 }
 
