@@ -2,6 +2,7 @@
 //! for humans (or JSON), and map errors to exit codes. The only module that prints.
 
 pub mod args;
+mod compare;
 pub mod gpu;
 mod score;
 mod start;
@@ -149,10 +150,11 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             score::cmd_score(&config, &env, args).await
         }
         Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
-        Command::Compare { .. } => Err(not_yet(
-            "compare",
-            "comparison needs scoring, which is not built yet",
-        )),
+        Command::Compare {
+            ref runs,
+            ref run,
+            json,
+        } => compare::cmd_compare(&home(&cli.global, &env)?, runs, run.as_deref(), json),
         Command::Manifest { run } => cmd_manifest(&home(&cli.global, &env)?, run.as_deref()),
         Command::Provider(ProviderCommand::Check { provider }) => {
             let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::score::driver::{BenchDriver, DirectLauncher, DriverParams};
 use crate::score::gate::WinnerGate;
 use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates, score_run};
-use crate::score::{ScoreError, render};
+use crate::score::{ScoreError, render, sequential};
 use crate::sim::bench::{SimAction, SimBenchParams};
 use crate::target::Catalog;
 
@@ -71,13 +71,16 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,
         ScoreModeArg::All => ScoreMode::Both,
-        ScoreModeArg::Sequential => {
-            return Err(super::not_yet(
-                "score --mode sequential",
-                "the sequential campaign needs agent sessions",
-            ));
-        }
+        ScoreModeArg::Sequential => return score_sequential(config, env, args).await,
     };
+    if args.candidates.is_none() {
+        let store = super::open_existing_store(&config.home)?;
+        if store.run(args.run.as_deref())?.mode == "sequential"
+            && matches!(args.mode, ScoreModeArg::All)
+        {
+            return score_sequential(config, env, args).await;
+        }
+    }
     let (out, set_name, from_run) = match &args.candidates {
         Some(dir) => {
             let dir = crate::config::absolute(&env.cwd, dir);
@@ -102,23 +105,16 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
                     run_dir.display()
                 ),
             );
-            (run_dir, format!("{}-ind", run.id), Some(run.id))
+            (
+                run_dir,
+                format!("{}-ind", run.id),
+                Some((run.id, run.simulated)),
+            )
         }
     };
-    let mut env_remove = Vec::new();
-    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
-    if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
-        env_remove.push(var.clone());
-    }
-    let params = DriverParams {
-        command: config.fastkernels_command.clone(),
-        fastkernels_dir: config.fastkernels_dir.clone(),
-        captures: config.captures.clone(),
-        deadline: config.lease_timeout,
-        parallel: parallel_of(config),
-        env_remove,
-    };
-    let driver = BenchDriver::new(params, DirectLauncher).await?;
+    let simulated = from_run.as_ref().is_some_and(|(_, sim)| *sim);
+    let from_run = from_run.map(|(id, _)| id);
+    let (driver, provider) = direct_driver(config, env, simulated).await?;
     let score = ScoreParams {
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
@@ -153,6 +149,89 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     }
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
+    }
+    Ok(0)
+}
+
+/// The bench driver of `score` (benches run here, one per GPU) and the provider, if any.
+/// A simulated run is scored with the simulated bench it was campaigned with.
+async fn direct_driver(
+    config: &Config,
+    env: &Env,
+    simulated: bool,
+) -> Result<(BenchDriver<DirectLauncher>, Option<ProviderConfig>), Error> {
+    let mut env_remove = Vec::new();
+    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
+    if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
+        env_remove.push(var.clone());
+    }
+    let command = if simulated {
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
+        crate::sim::bench::command(&exe, crate::sim::campaign::SIM_SEED)
+    } else {
+        config.fastkernels_command.clone()
+    };
+    let params = DriverParams {
+        command,
+        fastkernels_dir: config.fastkernels_dir.clone().filter(|_| !simulated),
+        captures: config.captures.clone(),
+        deadline: config.lease_timeout,
+        parallel: parallel_of(config),
+        env_remove,
+    };
+    Ok((BenchDriver::new(params, DirectLauncher).await?, provider))
+}
+
+/// `score --mode sequential [--run RUN]` (and plain `score` of a sequential run): the level
+/// mix benches and gates of the run's sessions, then the final composed bench, into a new
+/// generation's `seq/`.
+async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
+    if args.candidates.is_some() {
+        return Err(Error::Usage(
+            "score --mode sequential scores a sequential run's sessions; it takes --run, not --candidates".into(),
+        ));
+    }
+    let store = super::open_existing_store(&config.home)?;
+    let run = store.run(args.run.as_deref())?;
+    if run.mode != "sequential" {
+        return Err(Error::Usage(format!(
+            "run {} is an {} campaign: --mode sequential needs a sequential run (sessions built level by level)",
+            run.id, run.mode
+        )));
+    }
+    let mut targets = Vec::new();
+    for t in &run.targets {
+        targets.push(t.parse::<crate::target::TargetId>()?);
+    }
+    let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
+    let seq_dir = crate::score::candidates::new_generation(&run_dir)?.join("seq");
+    say(
+        args.json,
+        &format!(
+            "scoring sequential run {} level by level into {}\n",
+            run.id,
+            seq_dir.display()
+        ),
+    );
+    let (driver, provider) = direct_driver(config, env, run.simulated).await?;
+    let cancel = CancellationToken::new();
+    let (levels, gate) =
+        sequential::score_levels(&driver, &run_dir, &seq_dir, &targets, &cancel).await?;
+    record_scoring_facts(config, &run.id, provider.as_ref()).await?;
+    let report = sequential::SeqReport {
+        run_id: run.id,
+        seq_dir,
+        levels,
+        gate,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", sequential::seq_table(&report));
     }
     Ok(0)
 }
