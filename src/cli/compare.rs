@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::daemon::phases::pair_of;
+use crate::daemon::plan::pair_of;
 use crate::error::Error;
 use crate::score::compare;
 use crate::store::Store;

@@ -5,10 +5,11 @@
 //! or `stop` cancel everything through one cancellation tree and drain with a deadline.
 //! Shutdown is a future passed in, so tests can fire it; the binary passes the signals.
 //! The shape of the campaign (independent, sequential level by level, or both as a linked
-//! pair of runs) is [`phases`].
+//! pair of runs) is [`plan`] and [`phases`].
 
 pub mod lock;
 pub mod phases;
+pub mod plan;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -155,8 +156,8 @@ pub async fn run_campaign_with(
     let store = open_store(&config.home)?;
     let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
     let plan = match &params.resume {
-        Some(run_id) => phases::plan_resume(&store, config, run_id)?,
-        None => phases::plan_new(&store, config)?,
+        Some(run_id) => plan::plan_resume(&store, config, run_id)?,
+        None => plan::plan_new(&store, config)?,
     };
     if let (Some(hook), None) = (&params.facts, &params.resume) {
         let facts = crate::facts::gather(hook.source.as_ref(), &hook.params(config)).await;
@@ -192,7 +193,7 @@ pub async fn run_campaign_with(
     };
     let driver = match (campaign.bench, plan.needs_bench()) {
         (Some(p), true) => {
-            let launcher = phases::ScoringLauncher::new(broker.clone());
+            let launcher = plan::ScoringLauncher::new(broker.clone());
             Some(Arc::new(BenchDriver::new(p, launcher).await?))
         }
         _ => None,

@@ -99,12 +99,12 @@ fn stable_table(c: &Comparison, home: &Path) -> String {
 async fn mode_all_runs_a_linked_pair_and_writes_compare_json() {
     let home = tempfile::tempdir().unwrap();
     let config = sim_config(home.path(), "L1/gelu,L1/bmm,L2/ada_layer_norm", "all");
-    let report = run_sim(config, None).await;
+    let report = run_sim(config, Default::default()).await;
     let ind = report.pair.clone().expect("an all campaign names its pair");
     assert!(ind.contains("-ind-") && report.run_id.contains("-seq-"));
     let store = fk_agentd::daemon::open_store(home.path()).unwrap();
     assert_eq!(
-        fk_agentd::daemon::phases::pair_of(&store, &ind).unwrap(),
+        fk_agentd::daemon::plan::pair_of(&store, &ind).unwrap(),
         Some(report.run_id.clone())
     );
     let ind_dir = home.path().join("runs").join(&ind);

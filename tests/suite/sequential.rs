@@ -70,6 +70,8 @@ pub type Seen = Arc<Mutex<BTreeMap<TargetId, Vec<String>>>>;
 struct Observing {
     inner: Arc<dyn SessionRunner>,
     seen: Seen,
+    /// Stops the daemon when the first session of this level starts.
+    stop: Option<(u8, CancellationToken)>,
 }
 
 impl SessionRunner for Observing {
@@ -91,17 +93,34 @@ impl SessionRunner for Observing {
         }
         files.sort();
         self.seen.lock().unwrap().insert(target.clone(), files);
+        if let Some((level, stop)) = &self.stop {
+            if target.level() == *level {
+                stop.cancel();
+            }
+        }
         self.inner.run(target, journal, cancel)
     }
 }
 
-pub async fn run_sim(config: Config, observe: Option<Seen>) -> CampaignReport {
+/// How a test drives a simulated campaign.
+#[derive(Default)]
+pub struct Drive {
+    pub seen: Seen,
+    pub resume: Option<String>,
+    /// Stop the daemon as the first session of this level starts.
+    pub stop_at_level: Option<u8>,
+}
+
+pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
     let params = sim_params();
     let server = fk_agentd::sim::campaign::start_server(&params)
         .await
         .unwrap();
     let campaign = sim_bench(&config, &params);
     let (cfg, base) = (config.clone(), server.base_url.clone());
+    let stop = CancellationToken::new();
+    let stop_at = drive.stop_at_level.map(|l| (l, stop.clone()));
+    let seen = drive.seen.clone();
     let runner = RunnerSource::WithBroker(Box::new(move |broker| {
         Box::pin(async move {
             let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
@@ -114,10 +133,12 @@ pub async fn run_sim(config: Config, observe: Option<Seen>) -> CampaignReport {
             )
             .await?;
             let inner: Arc<dyn SessionRunner> = Arc::new(inner);
-            Ok(match observe {
-                Some(seen) => Arc::new(Observing { inner, seen }) as Arc<dyn SessionRunner>,
-                None => inner,
-            })
+            let observing = Observing {
+                inner,
+                seen,
+                stop: stop_at,
+            };
+            Ok(Arc::new(observing) as Arc<dyn SessionRunner>)
         })
     }));
     let report = daemon::run_campaign_with(
@@ -125,11 +146,11 @@ pub async fn run_sim(config: Config, observe: Option<Seen>) -> CampaignReport {
             config,
             runner,
             drain_deadline: Duration::from_secs(30),
-            resume: None,
+            resume: drive.resume,
             facts: None,
         },
         campaign,
-        std::future::pending(),
+        stop.cancelled_owned(),
     )
     .await
     .unwrap();
@@ -144,12 +165,12 @@ fn read_gate(path: &Path) -> LevelGate {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequential_campaign_gates_each_level_and_builds_the_next_on_its_winners() {
     let home = tempfile::tempdir().unwrap();
-    let seen = Arc::new(Mutex::new(BTreeMap::new()));
-    let report = run_sim(
-        sim_config(home.path(), TARGETS, "sequential"),
-        Some(seen.clone()),
-    )
-    .await;
+    let seen = Seen::default();
+    let drive = Drive {
+        seen: seen.clone(),
+        ..Drive::default()
+    };
+    let report = run_sim(sim_config(home.path(), TARGETS, "sequential"), drive).await;
     assert!(report.run_id.contains("-seq-"), "{}", report.run_id);
     assert_ne!(report.status, "INTERRUPTED", "{report:?}");
 
@@ -226,6 +247,57 @@ async fn a_sequential_campaign_gates_each_level_and_builds_the_next_on_its_winne
     let winners: Vec<String> = l1.winners.iter().map(ToString::to_string).collect();
     assert_eq!(finished_l1.payload["winners"], serde_json::json!(winners));
     assert!(evs.iter().any(|e| e.kind == "sequential_finished"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_run_stopped_in_level_two_resumes_there_without_redoing_level_one() {
+    let home = tempfile::tempdir().unwrap();
+    let config = sim_config(home.path(), TARGETS, "sequential");
+    let stop = Drive {
+        stop_at_level: Some(2),
+        ..Drive::default()
+    };
+    let first = run_sim(config.clone(), stop).await;
+    assert_eq!(first.status, "INTERRUPTED", "{first:?}");
+    let seq = first.run_dir.join("results/seq");
+    let l1_before = std::fs::read(seq.join("L1/gate.json")).unwrap();
+    assert!(!seq.join("L2/gate.json").exists());
+
+    let again = Drive {
+        resume: Some(first.run_id.clone()),
+        ..Drive::default()
+    };
+    let second = run_sim(config, again).await;
+    assert_eq!(second.run_id, first.run_id);
+    assert_ne!(second.status, "INTERRUPTED", "{second:?}");
+    assert_eq!(std::fs::read(seq.join("L1/gate.json")).unwrap(), l1_before);
+    assert!(seq.join("L2/gate.json").is_file() && seq.join("gate.json").is_file());
+    let evs = daemon::open_store(home.path())
+        .unwrap()
+        .events(&first.run_id, None, 0)
+        .unwrap();
+    let phases: Vec<(String, u64)> = evs
+        .iter()
+        .filter(|e| e.kind.starts_with("phase_"))
+        .map(|e| (e.kind.clone(), e.payload["level"].as_u64().unwrap()))
+        .collect();
+    let p = |k: &str, l| (k.to_string(), l);
+    assert_eq!(
+        phases,
+        vec![
+            p("phase_started", 1),
+            p("phase_finished", 1),
+            p("phase_started", 2),
+            p("phase_started", 2),
+            p("phase_finished", 2)
+        ]
+    );
+    let l1_tasks = evs
+        .iter()
+        .filter(|e| e.kind == "task_submitted")
+        .filter(|e| e.target.as_deref().is_some_and(|t| t.starts_with("L1/")))
+        .count();
+    assert_eq!(l1_tasks, 3, "level 1 sessions are not submitted again");
 }
 
 /// Counts bench invocations; never starts a process.
