@@ -220,9 +220,13 @@ async fn cmd_sessions(home: &std::path::Path, run: Option<&str>, json: bool) -> 
         },
         Err(_) => store.sessions(&run_row.id)?,
     };
+    let events = store.events(&run_row.id, None, 0)?;
+    let phases = daemon::phases::phase_states(&events);
+    let pair = daemon::plan::pair_of(&store, &run_row.id)?;
     let mut out = std::io::stdout().lock();
     if json {
-        let value = serde_json::json!({"run": run_row, "sessions": rows});
+        let value =
+            serde_json::json!({"run": run_row, "pair": pair, "phases": phases, "sessions": rows});
         let _ = writeln!(
             out,
             "{}",
@@ -230,6 +234,13 @@ async fn cmd_sessions(home: &std::path::Path, run: Option<&str>, json: bool) -> 
         );
     } else {
         let _ = write!(out, "{}", report::sessions_table(&run_row, &rows));
+        if let Some(p) = pair {
+            let _ = writeln!(
+                out,
+                "pair: {p} (the other half of this --mode all campaign)"
+            );
+        }
+        let _ = write!(out, "{}", daemon::phases::phase_line(&phases));
     }
     Ok(0)
 }

@@ -366,3 +366,54 @@ async fn all(
     end.pair = Some(ind.run_id().to_string());
     Ok(end)
 }
+
+/// Where one level of a sequential run stands, from its events (for `sessions`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PhaseState {
+    pub level: u64,
+    /// `running`, `gated` or `failed`.
+    pub state: String,
+    /// Winners of every level so far, once gated.
+    pub winners: Option<usize>,
+}
+
+/// The phases of a run in the order they started (the latest attempt of each level wins).
+pub fn phase_states(events: &[crate::store::Event]) -> Vec<PhaseState> {
+    let mut out: Vec<PhaseState> = Vec::new();
+    for e in events {
+        let Some(level) = e.payload["level"].as_u64() else {
+            continue;
+        };
+        let (state, winners) = match e.kind.as_str() {
+            "phase_started" => ("running", None),
+            "phase_finished" => ("gated", e.payload["winners"].as_array().map(Vec::len)),
+            "phase_failed" => ("failed", None),
+            _ => continue,
+        };
+        let s = PhaseState {
+            level,
+            state: state.into(),
+            winners,
+        };
+        match out.iter_mut().find(|p| p.level == level) {
+            Some(p) => *p = s,
+            None => out.push(s),
+        }
+    }
+    out
+}
+
+/// `phases: L1 gated (37 winners), L2 running` — empty when the run has no phases.
+pub fn phase_line(phases: &[PhaseState]) -> String {
+    if phases.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = phases
+        .iter()
+        .map(|p| match p.winners {
+            Some(n) => format!("L{} {} ({n} winners so far)", p.level, p.state),
+            None => format!("L{} {}", p.level, p.state),
+        })
+        .collect();
+    format!("phases: {}\n", parts.join(", "))
+}

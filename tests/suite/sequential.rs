@@ -247,6 +247,15 @@ async fn a_sequential_campaign_gates_each_level_and_builds_the_next_on_its_winne
     let winners: Vec<String> = l1.winners.iter().map(ToString::to_string).collect();
     assert_eq!(finished_l1.payload["winners"], serde_json::json!(winners));
     assert!(evs.iter().any(|e| e.kind == "sequential_finished"));
+    let gated = |level, n| daemon::phases::PhaseState {
+        level,
+        state: "gated".into(),
+        winners: Some(n),
+    };
+    assert_eq!(
+        daemon::phases::phase_states(&evs),
+        vec![gated(1, l1.winners.len()), gated(2, l2.winners.len())]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
