@@ -11,20 +11,73 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::journal::SessionJournal;
+use crate::gpu::Broker;
+use crate::harness::import_check::{ImportCheck, ImportVerdict};
+use crate::protect::ProtectedSet;
 use crate::score::driver::{BenchDriver, BenchFailure, BenchLauncher, BenchRequest};
 use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::result::BenchResult;
+use crate::target::Catalog;
 use crate::tools::gpu::{GpuTools, ProfileKind};
 use crate::tools::{ToolError, ToolOutput};
 use crate::workspace::Workspace;
 
-/// `validate` through a bench driver; profiling is reported unavailable or simulated.
+/// What a real (not simulated) campaign checks around each bench.
+#[derive(Clone)]
+pub struct RealChecks {
+    /// The classes each target's candidate must define.
+    pub catalog: Catalog,
+    pub import_check: ImportCheck,
+    /// Hashes of the baselines and harness in the copy, taken before the campaign.
+    pub protected: Arc<ProtectedSet>,
+    /// The broker, for profiling leases.
+    pub broker: Broker,
+}
+
+/// `validate` through a bench driver; profiling through the broker (or simulated).
 pub struct BenchGpuTools<L> {
     pub driver: Arc<BenchDriver<L>>,
     pub journal: Arc<SessionJournal>,
     pub gate: WinnerGate,
     pub simulated: bool,
     pub validations: AtomicU32,
+    pub real: Option<RealChecks>,
+}
+
+/// Checks before a real bench: protected files unchanged, then the candidate imports.
+async fn preflight(
+    real: &RealChecks,
+    ws: &Workspace,
+    candidate: &std::path::Path,
+) -> Result<Option<ToolOutput>, ToolError> {
+    if let Err(e) = real.protected.verify(&real.import_check.harness) {
+        return Err(ToolError::Infra {
+            tool: "validate".into(),
+            why: format!("a protected harness file changed, so no result can be trusted: {e}"),
+            retryable: false,
+        });
+    }
+    let classes = real
+        .catalog
+        .get(ws.target())
+        .map(|t| t.classes.clone())
+        .unwrap_or_default();
+    match real
+        .import_check
+        .run(ws.target(), candidate, &classes)
+        .await
+    {
+        ImportVerdict::Ok => Ok(None),
+        ImportVerdict::Candidate(text) => Ok(Some(ToolOutput::error(format!(
+            "validation not run: {}\n{text}",
+            ws.candidate_rel()
+        )))),
+        ImportVerdict::Infrastructure(text) => Err(ToolError::Infra {
+            tool: "validate".into(),
+            why: format!("the import check could not run: {text}"),
+            retryable: false,
+        }),
+    }
 }
 
 impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
@@ -40,6 +93,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             self.gate,
             ws.clone(),
         );
+        let real = self.real.clone();
         Box::pin(async move {
             let candidate = ws.candidate_file();
             if !candidate.is_file() {
@@ -47,6 +101,11 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     "no candidate yet: write {} first, then validate",
                     ws.candidate_rel()
                 )));
+            }
+            if let Some(real) = &real {
+                if let Some(refused) = preflight(real, &ws, &candidate).await? {
+                    return Ok(refused);
+                }
             }
             let screen = screen_text(&ws, &candidate);
             let work = ws.session_dir().join("validations").join(format!("{n:03}"));
@@ -91,24 +150,36 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
     fn profile(
         &self,
         kind: ProfileKind,
-        _args: Option<String>,
+        args: Option<String>,
         ws: &Workspace,
-        _cancel: CancellationToken,
+        cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let simulated = self.simulated;
-        let target = ws.target().to_string();
+        let (driver, real, ws) = (self.driver.clone(), self.real.clone(), ws.clone());
+        let n = self.validations.fetch_add(1, Ordering::SeqCst) + 1;
         Box::pin(async move {
             if simulated {
                 return Ok(ToolOutput::ok(format!(
-                    "SIMULATED {} profile of {target}: no profiler ran; this is placeholder text from the simulation.",
-                    kind.tool_name()
+                    "SIMULATED {} profile of {}: no profiler ran; this is placeholder text from the simulation.",
+                    kind.tool_name(),
+                    ws.target()
                 )));
             }
-            Err(ToolError::Infra {
-                tool: kind.tool_name().into(),
-                why: "profiling leases are not wired into agent sessions yet".into(),
-                retryable: false,
-            })
+            let Some(real) = real else {
+                return Err(ToolError::Infra {
+                    tool: kind.tool_name().into(),
+                    why: "no GPU broker is attached to this session".into(),
+                    retryable: false,
+                });
+            };
+            match kind {
+                ProfileKind::Ncu => {
+                    super::profile::ncu(&driver, &real.broker, &ws, args, n, &cancel).await
+                }
+                ProfileKind::Nsys => {
+                    super::profile::nsys(&driver, &real.broker, &ws, args, n, &cancel).await
+                }
+            }
         })
     }
 }

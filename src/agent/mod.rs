@@ -8,6 +8,7 @@
 pub mod gpu_tools;
 pub mod history;
 pub mod journal;
+pub mod profile;
 pub mod session;
 
 use std::path::PathBuf;

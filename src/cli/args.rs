@@ -112,6 +112,16 @@ pub enum Command {
         #[arg(long)]
         run: Option<String>,
     },
+    /// Check this host before spending tokens: Python and packages, nvcc/ninja, ncu/nsys, GPUs,
+    /// the patched fastkernels copy, and which selected targets' baselines import here.
+    Doctor {
+        /// Targets whose baselines to import (default: the configured campaign targets).
+        #[arg(long, value_name = "SET")]
+        targets: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Provider utilities.
     #[command(subcommand)]
     Provider(ProviderCommand),
@@ -206,6 +216,10 @@ pub struct LeaseArgs {
     /// Run limit (at most the lease timeout), e.g. 10m.
     #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
+    /// Without a daemon: run the lease through a broker in this process (an operator's tool;
+    /// takes the home's lock, so it refuses while a daemon runs). Prints the lease's outcome.
+    #[arg(long)]
+    pub local: bool,
     /// The command to run.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -42,6 +42,9 @@ pub(super) async fn cmd_lease(
     env: &Env,
     args: &LeaseArgs,
 ) -> Result<i32, Error> {
+    if args.local {
+        return cmd_lease_local(global, env, args).await;
+    }
     let token = std::env::var("FK_AGENTD_LEASE_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
@@ -90,6 +93,55 @@ pub(super) async fn cmd_lease(
             Ok(exit_code)
         }
     }
+}
+
+/// `fk-agentd lease --local`: one lease through an in-process broker on the configured GPUs.
+async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Result<i32, Error> {
+    let flags = crate::cli::flags(global, None);
+    let config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
+    crate::daemon::ensure_home(&config.home)?;
+    let _lock = crate::daemon::DaemonLock::acquire(&config.home)?;
+    let store = crate::daemon::open_store(&config.home)?;
+    let broker = crate::gpu::Broker::start(&config, &store, Vec::new()).await?;
+    let timeout = match args.timeout.as_deref() {
+        Some(t) => parse_duration("--timeout", t)?,
+        None => config.lease_timeout,
+    };
+    let stamp = crate::store::now_rfc3339().replace([':', '.'], "-");
+    let spool = config.home.join("leases").join(format!("local-{stamp}"));
+    std::fs::create_dir_all(&spool)
+        .map_err(|e| Error::Usage(format!("cannot create {}: {e}", spool.display())))?;
+    let req = crate::gpu::LeaseRequest {
+        class: class(args.class),
+        gpus: args.gpus,
+        max_run: timeout,
+        session: "operator".into(),
+        idempotency_key: stamp.clone(),
+    };
+    let cmd = crate::gpu::LeaseCommand {
+        argv: args.command.clone(),
+        cwd: env.cwd.clone(),
+        env: Vec::new(),
+        stdout: spool.join("stdout.log"),
+        stderr: spool.join("stderr.log"),
+    };
+    let outcome = broker
+        .run(req, cmd, &tokio_util::sync::CancellationToken::new())
+        .await;
+    let snapshot = broker.snapshot();
+    broker.shutdown().await;
+    let outcome = outcome?;
+    let _ = std::io::stdout().write_all(&std::fs::read(&outcome.stdout).unwrap_or_default());
+    let _ = std::io::stderr().write_all(&std::fs::read(&outcome.stderr).unwrap_or_default());
+    eprintln!(
+        "fk-agentd: lease outcome {}",
+        serde_json::to_string(&outcome).unwrap_or_default()
+    );
+    eprintln!(
+        "fk-agentd: GPUs after the lease {}",
+        serde_json::to_string(&snapshot).unwrap_or_default()
+    );
+    Ok(lease_exit_code(&outcome))
 }
 
 /// The exit code of `fk-agentd lease`, with a line on stderr when the broker ended the child.

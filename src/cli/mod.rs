@@ -168,6 +168,12 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             print!("{}", crate::llm::check::render(&report));
             Ok(report.exit_code())
         }
+        Command::Doctor { ref targets, json } => {
+            let mut f = flags(&cli.global, None);
+            f.targets = targets.clone();
+            let config = Config::load(&f, &env, &catalog)?;
+            cmd_doctor(&config, json).await
+        }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "fk-agentd", &mut std::io::stdout());
@@ -332,4 +338,57 @@ fn cmd_manifest(home: &std::path::Path, run: Option<&str>) -> Result<i32, Error>
         }
     );
     Ok(0)
+}
+
+/// `fk-agentd doctor`: the preflight, on the patched copy when a checkout is configured.
+async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
+    let harness = match &config.fastkernels_dir {
+        Some(_) => Some(prepare_harness(config)?),
+        None => None,
+    };
+    let python: Vec<String> = config.fastkernels_command.iter().take(1).cloned().collect();
+    let report = crate::harness::preflight::run(
+        &python,
+        harness.as_ref().map(|h| h.copy.as_path()),
+        &config.targets,
+    )
+    .await;
+    if json {
+        let value = serde_json::json!({"harness": harness, "preflight": report});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    } else {
+        match &harness {
+            Some(h) => println!(
+                "fastkernels {}{} → private copy {} ({} patch(es) applied and verified)",
+                h.commit,
+                if h.checkout_dirty {
+                    " (dirty checkout)"
+                } else {
+                    ""
+                },
+                h.copy.display(),
+                h.patches.len()
+            ),
+            None => println!(
+                "fastkernels: no checkout configured (set FK_DIR or [fastkernels] dir); skipping the import sweep"
+            ),
+        }
+        print!("{}", crate::harness::preflight::render(&report));
+        match crate::gpu::Inventory::discover(&config.gpus) {
+            Ok(inv) => println!(
+                "GPUs: {} ({})",
+                inv.len(),
+                crate::config::describe_devices(&config.gpus)
+            ),
+            Err(e) => println!("GPUs: {e}"),
+        }
+    }
+    Ok(if report.python.found {
+        0
+    } else {
+        crate::error::EXIT_UNAVAILABLE
+    })
 }

@@ -8,9 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
 use crate::config::provider::{ProviderConfig, TokenSource};
-use crate::config::{Config, Env, GpuDevices};
+use crate::config::{Config, Env};
 use crate::error::Error;
-use crate::score::driver::{BenchDriver, DirectLauncher, DriverParams};
+use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::gate::WinnerGate;
 use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates, score_run};
 use crate::score::{ScoreError, render, sequential};
@@ -52,15 +52,6 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
                 std::thread::sleep(std::time::Duration::from_secs(3600));
             }
         }
-    }
-}
-
-fn parallel_of(config: &Config) -> usize {
-    match &config.gpus {
-        GpuDevices::Fake { count } => *count as usize,
-        GpuDevices::Uuids { uuids } => uuids.len(),
-        // Without the lease broker the GPU count is unknown here: one bench at a time.
-        GpuDevices::Nvml => 1,
     }
 }
 
@@ -114,7 +105,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     };
     let simulated = from_run.as_ref().is_some_and(|(_, sim)| *sim);
     let from_run = from_run.map(|(id, _)| id);
-    let (driver, provider) = direct_driver(config, env, simulated).await?;
+    let (driver, broker, provider) = scoring_driver(config, env, args.json, simulated).await?;
     let score = ScoreParams {
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
@@ -139,6 +130,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             score_candidates(&driver, &score, &cancel).await?
         }
     };
+    broker.shutdown().await;
     if args.json {
         println!(
             "{}",
@@ -153,18 +145,62 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     Ok(0)
 }
 
-/// The bench driver of `score` (benches run here, one per GPU) and the provider, if any.
-/// A simulated run is scored with the simulated bench it was campaigned with.
-async fn direct_driver(
+/// The bench driver of `score`: every bench a `bench` lease of this process's own broker
+/// (refused while a daemon runs). A simulated run is scored with the simulated bench it was
+/// campaigned with. Shut the broker down when done.
+async fn scoring_driver(
     config: &Config,
     env: &Env,
+    json: bool,
     simulated: bool,
-) -> Result<(BenchDriver<DirectLauncher>, Option<ProviderConfig>), Error> {
+) -> Result<(ScoringDriver, crate::gpu::Broker, Option<ProviderConfig>), Error> {
     let mut env_remove = Vec::new();
     let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
     if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
         env_remove.push(var.clone());
     }
+    // Scoring takes every GPU through its own broker: a running daemon's agents would race it.
+    if let Some(pid) = crate::daemon::lock::holder(&config.home) {
+        return Err(crate::daemon::DaemonError::AlreadyRunning {
+            home: config.home.clone(),
+            pid: Some(pid),
+        }
+        .into());
+    }
+    let fastkernels_dir = match &config.fastkernels_dir {
+        Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {
+            let prepared = super::prepare_harness(config)?;
+            say(
+                json,
+                &format!(
+                    "fastkernels {}{}: private copy {} with {} patch(es) applied and verified\n",
+                    prepared.commit,
+                    if prepared.checkout_dirty {
+                        " (checkout dirty: uncommitted changes are not in the copy)"
+                    } else {
+                        ""
+                    },
+                    prepared.copy.display(),
+                    prepared.patches.len()
+                ),
+            );
+            Some(prepared.copy)
+        }
+        other => other.clone(),
+    };
+    let store = crate::daemon::open_store(&config.home)?;
+    // A simulated run is scored on the simulation's fake GPUs, like its campaign.
+    let sim_config;
+    let config = if simulated {
+        sim_config = Config {
+            gpus: crate::config::GpuDevices::Fake { count: 8 },
+            ..config.clone()
+        };
+        &sim_config
+    } else {
+        config
+    };
+    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
     let command = if simulated {
         let exe = std::env::current_exe()
             .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
@@ -174,14 +210,22 @@ async fn direct_driver(
     };
     let params = DriverParams {
         command,
-        fastkernels_dir: config.fastkernels_dir.clone().filter(|_| !simulated),
+        fastkernels_dir: fastkernels_dir.filter(|_| !simulated),
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
-        parallel: parallel_of(config),
+        parallel: broker.inventory().len().max(1),
         env_remove,
     };
-    Ok((BenchDriver::new(params, DirectLauncher).await?, provider))
+    let launcher = crate::score::lease::LeaseLauncher::new(
+        broker.clone(),
+        crate::gpu::LeaseClass::Bench,
+        "scoring",
+    );
+    let driver = BenchDriver::new(params, launcher).await?;
+    Ok((driver, broker, provider))
 }
+
+type ScoringDriver = BenchDriver<crate::score::lease::LeaseLauncher>;
 
 /// `score --mode sequential [--run RUN]` (and plain `score` of a sequential run): the level
 /// mix benches and gates of the run's sessions, then the final composed bench, into a new
@@ -214,10 +258,11 @@ async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Resul
             seq_dir.display()
         ),
     );
-    let (driver, provider) = direct_driver(config, env, run.simulated).await?;
+    let (driver, broker, provider) = scoring_driver(config, env, args.json, run.simulated).await?;
     let cancel = CancellationToken::new();
-    let (levels, gate) =
-        sequential::score_levels(&driver, &run_dir, &seq_dir, &targets, &cancel).await?;
+    let scored = sequential::score_levels(&driver, &run_dir, &seq_dir, &targets, &cancel).await;
+    broker.shutdown().await;
+    let (levels, gate) = scored?;
     record_scoring_facts(config, &run.id, provider.as_ref()).await?;
     let report = sequential::SeqReport {
         run_id: run.id,
@@ -255,6 +300,11 @@ async fn record_scoring_facts(
     facts.simulated |= store.run(Some(run_id))?.simulated;
     crate::facts::record(&journal, &facts)?;
     Ok(())
+}
+
+/// Whether the configured bench is fk-agentd's own simulated bench (no harness copy needed).
+fn is_sim_bench(command: &[String]) -> bool {
+    command.get(1).is_some_and(|w| w == "sim-bench")
 }
 
 /// Status lines go to stdout with the table, to stderr when stdout is JSON.

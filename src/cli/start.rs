@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::args::{GlobalArgs, StartArgs};
+use crate::agent::gpu_tools::RealChecks;
 use crate::agent::session::LoopParams;
 use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS};
 use crate::config::provider::ProviderConfig;
@@ -17,6 +18,7 @@ use crate::daemon::{self, CampaignParams, CampaignReport, DaemonParams};
 use crate::error::Error;
 use crate::facts::{RunStartFacts, SystemFacts};
 use crate::gpu::LeaseClass;
+use crate::harness::import_check::ImportCheck;
 use crate::llm::{LlmClient, TokenProvider};
 use crate::scheduler::SessionRunner;
 use crate::score::driver::{BenchDriver, DriverParams};
@@ -223,6 +225,12 @@ async fn run_real(
     let llm = Arc::new(LlmClient::new(provider, token)?);
     let prepared = super::prepare_harness(&config)?;
     let baseline_root = prepared.copy.join("fastkernels/tasks/baseline");
+    let protected = Arc::new(crate::protect::ProtectedSet::take(&prepared.copy)?);
+    let import_check = ImportCheck {
+        python: config.fastkernels_command.iter().take(1).cloned().collect(),
+        harness: prepared.copy.clone(),
+        timeout: Duration::from_secs(300),
+    };
     let env_remove: Vec<String> = match &provider_token {
         TokenSource::Env { var } => vec![var.clone()],
         _ => Vec::new(),
@@ -245,16 +253,22 @@ async fn run_real(
     let agent_llm = llm.clone();
     let runner = RunnerSource::WithBroker(Box::new(move |broker| {
         Box::pin(async move {
-            let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
+            let launcher = LeaseLauncher::new(broker.clone(), LeaseClass::Validate, "agents");
             let driver = BenchDriver::new(driver_params, launcher).await?;
             let runner = AgentRunner::new(AgentRunnerParams {
                 llm: agent_llm,
-                catalog,
+                catalog: catalog.clone(),
                 baseline_root,
                 captures,
                 gpu: Arc::new(BenchToolsFactory {
                     driver: Arc::new(driver),
                     simulated: false,
+                    real: Some(RealChecks {
+                        catalog: catalog.clone(),
+                        import_check,
+                        protected,
+                        broker,
+                    }),
                 }),
                 shell_env: ShellEnv::from_parent(std::env::vars(), []),
                 loop_params: LoopParams::new(INSTRUCTIONS.to_string(), context_window),

@@ -65,6 +65,13 @@ impl DaemonLock {
     }
 }
 
+impl Drop for DaemonLock {
+    fn drop(&mut self) {
+        // A clean exit leaves an empty file, so only a killed daemon's pid is ever found there.
+        let _ = self._file.set_len(0);
+    }
+}
+
 /// The pid recorded in a home's lock file while a daemon holds it; `None` when no live
 /// daemon holds the lock.
 pub fn holder(home: &Path) -> Option<u32> {

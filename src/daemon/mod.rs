@@ -21,8 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Mode};
 use crate::control::{self, ControlState, DaemonStatus};
+use crate::gpu::LeaseClass;
 use crate::scheduler::{PhaseReport, SchedulerParams, SessionRunner};
 use crate::score::driver::{BenchDriver, DriverParams};
+use crate::score::lease::LeaseLauncher;
 use crate::store::{Store, now_rfc3339};
 
 pub use lock::DaemonLock;
@@ -193,7 +195,8 @@ pub async fn run_campaign_with(
     };
     let driver = match (campaign.bench, plan.needs_bench()) {
         (Some(p), true) => {
-            let launcher = plan::ScoringLauncher::new(broker.clone());
+            // Each scoring bench is its own lease holder (see `LeaseLauncher`).
+            let launcher = LeaseLauncher::new(broker.clone(), LeaseClass::Bench, "scoring");
             Some(Arc::new(BenchDriver::new(p, launcher).await?))
         }
         _ => None,

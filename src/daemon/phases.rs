@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::plan::{Plan, ScoringLauncher};
+use super::plan::Plan;
 use crate::error::Error;
 use crate::run::RunJournal;
 use crate::scheduler::{self, PhaseReport, SchedulerParams, SessionRunner, SessionStatus};
@@ -36,6 +36,7 @@ use crate::score::ScoreError;
 use crate::score::candidates::new_generation;
 use crate::score::driver::BenchDriver;
 use crate::score::gate::WinnerGate;
+use crate::score::lease::LeaseLauncher;
 use crate::score::pipeline::{ScoreMode, ScoreParams, score_run};
 use crate::score::sequential::{self, LevelParams, by_level, install_winners};
 use crate::store::Store;
@@ -47,7 +48,7 @@ pub(super) struct Ctx {
     pub runner: Arc<dyn SessionRunner>,
     pub sched: SchedulerParams,
     pub root: CancellationToken,
-    pub driver: Option<Arc<BenchDriver<ScoringLauncher>>>,
+    pub driver: Option<Arc<BenchDriver<LeaseLauncher>>>,
     /// The run `status` shows.
     pub current: Arc<Mutex<String>>,
 }

@@ -1,54 +1,15 @@
 //! The runs a campaign drives ([`Plan`]): a new one's runs (one, or an `all` pair that
-//! records each other in `run_started.pair`), or a resumed one's, and the launcher of the
-//! campaign's own scoring benches.
+//! records each other in `run_started.pair`), or a resumed one's.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Mode};
 use crate::error::Error;
-use crate::gpu::LeaseClass;
 use crate::run::{NewRun, RunJournal};
-use crate::score::ScoreError;
-use crate::score::driver::{BenchLauncher, Invocation, ProcessExit};
-use crate::score::lease::LeaseLauncher;
 use crate::store::Store;
 use crate::target::TargetId;
-
-/// The launcher of the campaign's scoring benches: `bench` leases, each charged to its own
-/// lease session (`scoring#<n>`), because the broker's per-session cap (one running, one
-/// queued) is meant for an agent and would serialize scoring; the driver's `parallel` bounds
-/// how many run at once.
-pub struct ScoringLauncher {
-    inner: LeaseLauncher,
-    next: AtomicU64,
-}
-
-impl ScoringLauncher {
-    pub fn new(broker: crate::gpu::Broker) -> Self {
-        Self {
-            inner: LeaseLauncher::new(broker, LeaseClass::Bench, "scoring"),
-            next: AtomicU64::new(0),
-        }
-    }
-}
-
-impl BenchLauncher for ScoringLauncher {
-    async fn launch(
-        &self,
-        mut inv: Invocation,
-        cancel: CancellationToken,
-    ) -> Result<ProcessExit, ScoreError> {
-        let n = self.next.fetch_add(1, Ordering::SeqCst);
-        inv.env.retain(|(k, _)| k != "FK_AGENTD_SESSION");
-        inv.env
-            .push(("FK_AGENTD_SESSION".into(), format!("scoring#{n}")));
-        self.inner.launch(inv, cancel).await
-    }
-}
 
 /// The runs a campaign drives.
 pub enum Plan {

@@ -5,6 +5,7 @@
 //! Owns the patch series format, the copy, the checks that prove each patch applied, and the
 //! Python probes. It never modifies the user's checkout.
 
+pub mod import_check;
 pub mod patches;
 pub mod preflight;
 

@@ -14,7 +14,7 @@ use crate::gpu::{Broker, KilledReason, LeaseClass, LeaseCommand, LeaseRequest};
 pub struct LeaseLauncher {
     pub broker: Broker,
     pub class: LeaseClass,
-    /// Who the leases are charged to when the invocation does not say (e.g. `scoring`).
+    /// The prefix of lease holders when the invocation names no session (e.g. `scoring`).
     pub session: String,
     next: AtomicU64,
 }
@@ -44,7 +44,9 @@ impl BenchLauncher for LeaseLauncher {
             .iter()
             .find(|(k, _)| k == "FK_AGENTD_SESSION")
             .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| self.session.clone());
+            // Benches without an agent session (scoring) are each their own lease holder, so
+            // the per-session cap of agent campaigns does not serialise them.
+            .unwrap_or_else(|| format!("{}/{n}", self.session));
         let req = LeaseRequest {
             class: self.class,
             gpus: 1,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use secrecy::SecretString;
 
 use super::server::{SIM_TOKEN, SimScript, SimServer};
-use crate::agent::gpu_tools::BenchGpuTools;
+use crate::agent::gpu_tools::{BenchGpuTools, RealChecks};
 use crate::agent::journal::SessionJournal;
 use crate::agent::session::LoopParams;
 use crate::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
@@ -36,6 +36,8 @@ pub const SIM_SEED: u64 = 20261202;
 pub struct BenchToolsFactory<L> {
     pub driver: Arc<BenchDriver<L>>,
     pub simulated: bool,
+    /// Import check, protected files and profiling of a real campaign.
+    pub real: Option<RealChecks>,
 }
 
 impl<L: BenchLauncher + 'static> GpuToolsFactory for BenchToolsFactory<L> {
@@ -46,6 +48,7 @@ impl<L: BenchLauncher + 'static> GpuToolsFactory for BenchToolsFactory<L> {
             gate: WinnerGate::default(),
             simulated: self.simulated,
             validations: AtomicU32::new(0),
+            real: self.real.clone(),
         })
     }
 }
@@ -168,6 +171,7 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
         gpu: Arc::new(BenchToolsFactory {
             driver: Arc::new(driver),
             simulated: true,
+            real: None,
         }),
         shell_env: ShellEnv::from_parent(
             [(

@@ -1,0 +1,267 @@
+//! The profiling tools of a real session: `ncu` and `nsys` around this target's bench, each
+//! under its own lease class (caps and profiler checks are the broker's). An ncu run that
+//! profiled nothing is an error the agent sees, with the names of the kernels that did run,
+//! because a filter that matches nothing otherwise looks like a quiet success.
+
+use std::path::Path;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::gpu::{Broker, LeaseClass, LeaseCommand, LeaseRequest};
+use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, Invocation};
+use crate::tools::{ToolError, ToolOutput};
+use crate::workspace::Workspace;
+use crate::workspace::truncate_output;
+
+const NOTHING_PROFILED: &str = "No kernels were profiled";
+
+fn infra(tool: &str, why: String) -> ToolError {
+    ToolError::Infra {
+        tool: tool.into(),
+        why,
+        retryable: true,
+    }
+}
+
+/// Runs `argv` (a profiler wrapping the bench) under a lease of `class`; returns its output.
+async fn leased<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    broker: &Broker,
+    inv: &Invocation,
+    class: LeaseClass,
+    argv: Vec<String>,
+    work: &Path,
+    cancel: &CancellationToken,
+) -> Result<(Option<i32>, String), ToolError> {
+    let tool = class.as_str();
+    std::fs::create_dir_all(work)
+        .map_err(|e| infra(tool, format!("cannot create {}: {e}", work.display())))?;
+    let tag = work
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let req = LeaseRequest {
+        class,
+        gpus: 1,
+        max_run: driver.params().deadline,
+        session: inv
+            .env
+            .iter()
+            .find(|(k, _)| k == "FK_AGENTD_SESSION")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default(),
+        idempotency_key: format!("{tool}-{tag}-{}", argv.len()),
+    };
+    let cmd = LeaseCommand {
+        argv,
+        cwd: inv.cwd.clone().unwrap_or_else(|| work.to_path_buf()),
+        env: inv.env.clone(),
+        stdout: work.join(format!("{tool}.stdout")),
+        stderr: work.join(format!("{tool}.stderr")),
+    };
+    let out = broker
+        .run(req, cmd, cancel)
+        .await
+        .map_err(|e| infra(tool, e.to_string()))?;
+    if out.infra {
+        return Err(infra(
+            tool,
+            format!("lease {} failed for infrastructure reasons", out.lease_id),
+        ));
+    }
+    let text = std::fs::read_to_string(&out.stdout).unwrap_or_default()
+        + &std::fs::read_to_string(&out.stderr).unwrap_or_default();
+    Ok((out.exit_code, text))
+}
+
+fn bench_invocation<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    ws: &Workspace,
+    work: &Path,
+) -> Invocation {
+    let req = BenchRequest::target(ws.target(), ws.candidate_root(), work)
+        .for_session(&ws.target().to_string(), &ws.cache_dir());
+    driver.invocation(&req)
+}
+
+fn with_bench(mut argv: Vec<String>, inv: &Invocation) -> Vec<String> {
+    argv.push(inv.program.clone());
+    argv.extend(inv.args.iter().cloned());
+    argv
+}
+
+/// Kernel names in ncu's per-kernel headers (`name(args) (grid)x(block), Context …`).
+pub fn kernel_names(ncu_output: &str) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for line in ncu_output.lines() {
+        if !line.contains(", Context ") || !line.contains(", Device ") {
+            continue;
+        }
+        // The header is `<name>(<args>) (<grid>)x(<block>), Context …`: cut at the grid.
+        let head = line.trim();
+        let head = match head.find(")x(") {
+            Some(x) => head[..x].rfind(" (").map_or(head, |g| &head[..g]),
+            None => head,
+        };
+        let head = head.strip_prefix("void ").unwrap_or(head);
+        let name = head.split('(').next().unwrap_or("").trim().to_string();
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
+/// `profile_ncu {args}`: Nsight Compute around the bench, the report kept in the session.
+pub async fn ncu<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    broker: &Broker,
+    ws: &Workspace,
+    args: Option<String>,
+    n: u32,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let work = ws
+        .session_dir()
+        .join("profiles")
+        .join(format!("{n:03}-ncu"));
+    let inv = bench_invocation(driver, ws, &work);
+    let user: Vec<String> = args
+        .unwrap_or_else(|| "-c 5".into())
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if user
+        .iter()
+        .any(|a| a == "-o" || a == "--export" || a.starts_with("--export="))
+    {
+        return Ok(ToolOutput::error(
+            "profile_ncu: do not pass -o/--export; the report path is chosen for you",
+        ));
+    }
+    let report = work.join("report");
+    let base: Vec<String> = [
+        "ncu",
+        "--target-processes",
+        "all",
+        "--clock-control",
+        "none",
+        "-f",
+        "-o",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut argv = base.clone();
+    argv.push(report.display().to_string());
+    argv.extend(user);
+    let (code, text) = leased(
+        driver,
+        broker,
+        &inv,
+        LeaseClass::Ncu,
+        with_bench(argv, &inv),
+        &work,
+        cancel,
+    )
+    .await?;
+    if text.contains(NOTHING_PROFILED) {
+        let mut list = base[..5].to_vec();
+        list.extend(["-c", "40", "--metrics", "gpu__time_duration.sum"].map(String::from));
+        let (_, listing) = leased(
+            driver,
+            broker,
+            &inv,
+            LeaseClass::Ncu,
+            with_bench(list, &inv),
+            &work.join("kernels"),
+            cancel,
+        )
+        .await?;
+        let names = kernel_names(&listing);
+        return Ok(ToolOutput::error(format!(
+            "ncu profiled no kernel: your filter matched nothing (ncu's -k matches the short kernel name). \\
+             Kernels that ran in this bench: {}",
+            if names.is_empty() {
+                "(none seen)".to_string()
+            } else {
+                names.join(", ")
+            }
+        )));
+    }
+    let body = truncate_output(&text, Default::default());
+    let verdict = if code == Some(0) {
+        "ok"
+    } else {
+        "ncu exited with an error"
+    };
+    Ok(ToolOutput {
+        text: format!(
+            "ncu {verdict}; report {}.ncu-rep (timings under ncu are several times too high: never compare them with bench speedups)\\n{body}",
+            report.display()
+        ),
+        is_error: code != Some(0),
+        finished: None,
+    })
+}
+
+/// `profile_nsys {args}`: Nsight Systems around the bench, when installed.
+pub async fn nsys<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    broker: &Broker,
+    ws: &Workspace,
+    args: Option<String>,
+    n: u32,
+    cancel: &CancellationToken,
+) -> Result<ToolOutput, ToolError> {
+    let work = ws
+        .session_dir()
+        .join("profiles")
+        .join(format!("{n:03}-nsys"));
+    let inv = bench_invocation(driver, ws, &work);
+    let mut argv: Vec<String> = ["nsys", "profile", "--stats=true", "-f", "true", "-o"]
+        .map(String::from)
+        .to_vec();
+    argv.push(work.join("report").display().to_string());
+    argv.extend(
+        args.unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string),
+    );
+    match leased(
+        driver,
+        broker,
+        &inv,
+        LeaseClass::Nsys,
+        with_bench(argv, &inv),
+        &work,
+        cancel,
+    )
+    .await
+    {
+        Ok((code, text)) => Ok(ToolOutput {
+            text: truncate_output(&text, Default::default()),
+            is_error: code != Some(0),
+            finished: None,
+        }),
+        Err(ToolError::Infra { why, .. }) if why.contains("nsys") => Ok(ToolOutput::error(
+            format!("profile_nsys is not available on this host: {why}"),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernel_names_are_read_from_ncu_headers() {
+        let out = "==PROF== Connected to process 1\n  void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>(int, T2, T3) (128, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n    Section: Command line profiler metrics\n  _fk_l1_l2_norm_rows (4096, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n";
+        assert_eq!(
+            super::kernel_names(out),
+            vec![
+                "at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"
+                    .to_string(),
+                "_fk_l1_l2_norm_rows".to_string()
+            ]
+        );
+    }
+}
