@@ -2,6 +2,7 @@
 //! for humans (or JSON), and map errors to exit codes. The only module that prints.
 
 pub mod args;
+mod compare;
 pub mod gpu;
 mod score;
 mod start;
@@ -149,10 +150,11 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             score::cmd_score(&config, &env, args).await
         }
         Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
-        Command::Compare { .. } => Err(not_yet(
-            "compare",
-            "comparison needs scoring, which is not built yet",
-        )),
+        Command::Compare {
+            ref runs,
+            ref run,
+            json,
+        } => compare::cmd_compare(&home(&cli.global, &env)?, runs, run.as_deref(), json),
         Command::Manifest { run } => cmd_manifest(&home(&cli.global, &env)?, run.as_deref()),
         Command::Provider(ProviderCommand::Check { provider }) => {
             let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
@@ -224,9 +226,13 @@ async fn cmd_sessions(home: &std::path::Path, run: Option<&str>, json: bool) -> 
         },
         Err(_) => store.sessions(&run_row.id)?,
     };
+    let events = store.events(&run_row.id, None, 0)?;
+    let phases = daemon::phases::phase_states(&events);
+    let pair = daemon::plan::pair_of(&store, &run_row.id)?;
     let mut out = std::io::stdout().lock();
     if json {
-        let value = serde_json::json!({"run": run_row, "sessions": rows});
+        let value =
+            serde_json::json!({"run": run_row, "pair": pair, "phases": phases, "sessions": rows});
         let _ = writeln!(
             out,
             "{}",
@@ -234,6 +240,13 @@ async fn cmd_sessions(home: &std::path::Path, run: Option<&str>, json: bool) -> 
         );
     } else {
         let _ = write!(out, "{}", report::sessions_table(&run_row, &rows));
+        if let Some(p) = pair {
+            let _ = writeln!(
+                out,
+                "pair: {p} (the other half of this --mode all campaign)"
+            );
+        }
+        let _ = write!(out, "{}", daemon::phases::phase_line(&phases));
     }
     Ok(0)
 }

@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::gate::WinnerGate;
 use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates, score_run};
-use crate::score::{ScoreError, render};
+use crate::score::{ScoreError, render, sequential};
 use crate::sim::bench::{SimAction, SimBenchParams};
 use crate::target::Catalog;
 
@@ -62,13 +62,16 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,
         ScoreModeArg::All => ScoreMode::Both,
-        ScoreModeArg::Sequential => {
-            return Err(super::not_yet(
-                "score --mode sequential",
-                "the sequential campaign needs agent sessions",
-            ));
-        }
+        ScoreModeArg::Sequential => return score_sequential(config, env, args).await,
     };
+    if args.candidates.is_none() {
+        let store = super::open_existing_store(&config.home)?;
+        if store.run(args.run.as_deref())?.mode == "sequential"
+            && matches!(args.mode, ScoreModeArg::All)
+        {
+            return score_sequential(config, env, args).await;
+        }
+    }
     let (out, set_name, from_run) = match &args.candidates {
         Some(dir) => {
             let dir = crate::config::absolute(&env.cwd, dir);
@@ -93,59 +96,16 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
                     run_dir.display()
                 ),
             );
-            (run_dir, format!("{}-ind", run.id), Some(run.id))
+            (
+                run_dir,
+                format!("{}-ind", run.id),
+                Some((run.id, run.simulated)),
+            )
         }
     };
-    let mut env_remove = Vec::new();
-    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
-    if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
-        env_remove.push(var.clone());
-    }
-    // Scoring takes every GPU through its own broker: a running daemon's agents would race it.
-    if let Some(pid) = crate::daemon::lock::holder(&config.home) {
-        return Err(crate::daemon::DaemonError::AlreadyRunning {
-            home: config.home.clone(),
-            pid: Some(pid),
-        }
-        .into());
-    }
-    let fastkernels_dir = match &config.fastkernels_dir {
-        Some(_) if !is_sim_bench(&config.fastkernels_command) => {
-            let prepared = super::prepare_harness(config)?;
-            say(
-                args.json,
-                &format!(
-                    "fastkernels {}{}: private copy {} with {} patch(es) applied and verified\n",
-                    prepared.commit,
-                    if prepared.checkout_dirty {
-                        " (checkout dirty: uncommitted changes are not in the copy)"
-                    } else {
-                        ""
-                    },
-                    prepared.copy.display(),
-                    prepared.patches.len()
-                ),
-            );
-            Some(prepared.copy)
-        }
-        other => other.clone(),
-    };
-    let store = crate::daemon::open_store(&config.home)?;
-    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
-    let params = DriverParams {
-        command: config.fastkernels_command.clone(),
-        fastkernels_dir,
-        captures: config.captures.clone(),
-        deadline: config.lease_timeout,
-        parallel: broker.inventory().len().max(1),
-        env_remove,
-    };
-    let launcher = crate::score::lease::LeaseLauncher::new(
-        broker.clone(),
-        crate::gpu::LeaseClass::Bench,
-        "scoring",
-    );
-    let driver = BenchDriver::new(params, launcher).await?;
+    let simulated = from_run.as_ref().is_some_and(|(_, sim)| *sim);
+    let from_run = from_run.map(|(id, _)| id);
+    let (driver, broker, provider) = scoring_driver(config, env, args.json, simulated).await?;
     let score = ScoreParams {
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
@@ -181,6 +141,142 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     }
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
+    }
+    Ok(0)
+}
+
+/// The bench driver of `score`: every bench a `bench` lease of this process's own broker
+/// (refused while a daemon runs). A simulated run is scored with the simulated bench it was
+/// campaigned with. Shut the broker down when done.
+async fn scoring_driver(
+    config: &Config,
+    env: &Env,
+    json: bool,
+    simulated: bool,
+) -> Result<(ScoringDriver, crate::gpu::Broker, Option<ProviderConfig>), Error> {
+    let mut env_remove = Vec::new();
+    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
+    if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
+        env_remove.push(var.clone());
+    }
+    // Scoring takes every GPU through its own broker: a running daemon's agents would race it.
+    if let Some(pid) = crate::daemon::lock::holder(&config.home) {
+        return Err(crate::daemon::DaemonError::AlreadyRunning {
+            home: config.home.clone(),
+            pid: Some(pid),
+        }
+        .into());
+    }
+    let fastkernels_dir = match &config.fastkernels_dir {
+        Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {
+            let prepared = super::prepare_harness(config)?;
+            say(
+                json,
+                &format!(
+                    "fastkernels {}{}: private copy {} with {} patch(es) applied and verified\n",
+                    prepared.commit,
+                    if prepared.checkout_dirty {
+                        " (checkout dirty: uncommitted changes are not in the copy)"
+                    } else {
+                        ""
+                    },
+                    prepared.copy.display(),
+                    prepared.patches.len()
+                ),
+            );
+            Some(prepared.copy)
+        }
+        other => other.clone(),
+    };
+    let store = crate::daemon::open_store(&config.home)?;
+    // A simulated run is scored on the simulation's fake GPUs, like its campaign.
+    let sim_config;
+    let config = if simulated {
+        sim_config = Config {
+            gpus: crate::config::GpuDevices::Fake { count: 8 },
+            ..config.clone()
+        };
+        &sim_config
+    } else {
+        config
+    };
+    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
+    let command = if simulated {
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
+        crate::sim::bench::command(&exe, crate::sim::campaign::SIM_SEED)
+    } else {
+        config.fastkernels_command.clone()
+    };
+    let params = DriverParams {
+        command,
+        fastkernels_dir: fastkernels_dir.filter(|_| !simulated),
+        captures: config.captures.clone(),
+        deadline: config.lease_timeout,
+        parallel: broker.inventory().len().max(1),
+        env_remove,
+    };
+    let launcher = crate::score::lease::LeaseLauncher::new(
+        broker.clone(),
+        crate::gpu::LeaseClass::Bench,
+        "scoring",
+    );
+    let driver = BenchDriver::new(params, launcher).await?;
+    Ok((driver, broker, provider))
+}
+
+type ScoringDriver = BenchDriver<crate::score::lease::LeaseLauncher>;
+
+/// `score --mode sequential [--run RUN]` (and plain `score` of a sequential run): the level
+/// mix benches and gates of the run's sessions, then the final composed bench, into a new
+/// generation's `seq/`.
+async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
+    if args.candidates.is_some() {
+        return Err(Error::Usage(
+            "score --mode sequential scores a sequential run's sessions; it takes --run, not --candidates".into(),
+        ));
+    }
+    let store = super::open_existing_store(&config.home)?;
+    let run = store.run(args.run.as_deref())?;
+    if run.mode != "sequential" {
+        return Err(Error::Usage(format!(
+            "run {} is an {} campaign: --mode sequential needs a sequential run (sessions built level by level)",
+            run.id, run.mode
+        )));
+    }
+    let mut targets = Vec::new();
+    for t in &run.targets {
+        targets.push(t.parse::<crate::target::TargetId>()?);
+    }
+    let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
+    let seq_dir = crate::score::candidates::new_generation(&run_dir)?.join("seq");
+    say(
+        args.json,
+        &format!(
+            "scoring sequential run {} level by level into {}\n",
+            run.id,
+            seq_dir.display()
+        ),
+    );
+    let (driver, broker, provider) = scoring_driver(config, env, args.json, run.simulated).await?;
+    let cancel = CancellationToken::new();
+    let scored = sequential::score_levels(&driver, &run_dir, &seq_dir, &targets, &cancel).await;
+    broker.shutdown().await;
+    let (levels, gate) = scored?;
+    record_scoring_facts(config, &run.id, provider.as_ref()).await?;
+    let report = sequential::SeqReport {
+        run_id: run.id,
+        seq_dir,
+        levels,
+        gate,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", sequential::seq_table(&report));
     }
     Ok(0)
 }

@@ -12,9 +12,9 @@ use crate::agent::session::LoopParams;
 use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS};
 use crate::config::provider::ProviderConfig;
 use crate::config::provider::TokenSource;
-use crate::config::{Config, Env, Mode};
+use crate::config::{Config, Env};
 use crate::daemon::RunnerSource;
-use crate::daemon::{self, CampaignReport, DaemonParams};
+use crate::daemon::{self, CampaignParams, CampaignReport, DaemonParams};
 use crate::error::Error;
 use crate::facts::{RunStartFacts, SystemFacts};
 use crate::gpu::LeaseClass;
@@ -35,12 +35,6 @@ pub async fn cmd_start(
 ) -> Result<i32, Error> {
     let flags = super::flags(global, Some(start));
     let config = Config::load(&flags, env, catalog)?;
-    if config.mode != Mode::Independent {
-        return Err(super::not_yet(
-            "start --mode sequential|all",
-            "level-by-level campaigns are not built yet; run --mode independent",
-        ));
-    }
     if let Some(pid) = daemon::lock::holder(&config.home) {
         return Err(daemon::DaemonError::AlreadyRunning {
             home: config.home.clone(),
@@ -156,6 +150,12 @@ fn print_report(r: &CampaignReport) {
     let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
     println!("sessions  {}", counts.join(", "));
     println!("run dir   {}", r.run_dir.display());
+    if let Some(pair) = &r.pair {
+        println!("pair      {pair} (the other half of this --mode all campaign)");
+    }
+    for note in &r.notes {
+        println!("          {note}");
+    }
     println!(
         "\nnext: `fk-agentd sessions`, `fk-agentd session L1/gelu`, `fk-agentd score --run {}`",
         r.run_id
@@ -180,13 +180,23 @@ async fn run_sim(
         seed: SIM_SEED,
         max_think: Duration::from_millis(400),
     };
+    let campaign = CampaignParams {
+        bench: Some(DriverParams {
+            command: crate::sim::bench::command(&params.exe, params.seed),
+            fastkernels_dir: None,
+            captures: config.captures.clone(),
+            deadline: config.lease_timeout,
+            parallel: 8,
+            env_remove: Vec::new(),
+        }),
+    };
     let (runner, server) = crate::sim::campaign::build(&config, catalog, &params).await?;
     let facts = RunStartFacts {
         source: Arc::new(SystemFacts),
         provider: Some(crate::sim::campaign::sim_provider(&server.base_url)),
         harness: None,
     };
-    let report = daemon::run_campaign(
+    let report = daemon::run_campaign_with(
         DaemonParams {
             config,
             runner,
@@ -194,6 +204,7 @@ async fn run_sim(
             resume,
             facts: Some(facts),
         },
+        campaign,
         daemon::signals(),
     )
     .await;
@@ -232,6 +243,12 @@ async fn run_real(
         parallel: 1,
         env_remove,
     };
+    let campaign = CampaignParams {
+        bench: Some(DriverParams {
+            parallel: 8,
+            ..driver_params.clone()
+        }),
+    };
     let (catalog, captures) = (catalog.clone(), config.captures.clone());
     let agent_llm = llm.clone();
     let runner = RunnerSource::WithBroker(Box::new(move |broker| {
@@ -264,7 +281,7 @@ async fn run_real(
         provider: Some(llm.provider().clone()),
         harness: Some(prepared),
     };
-    daemon::run_campaign(
+    daemon::run_campaign_with(
         DaemonParams {
             config,
             runner,
@@ -272,6 +289,7 @@ async fn run_real(
             resume,
             facts: Some(facts),
         },
+        campaign,
         daemon::signals(),
     )
     .await

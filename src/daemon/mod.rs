@@ -4,24 +4,28 @@
 //! create the run, bind the control socket (0600), run the scheduler, and on SIGINT/SIGTERM
 //! or `stop` cancel everything through one cancellation tree and drain with a deadline.
 //! Shutdown is a future passed in, so tests can fire it; the binary passes the signals.
+//! The shape of the campaign (independent, sequential level by level, or both as a linked
+//! pair of runs) is [`plan`] and [`phases`].
 
 pub mod lock;
+pub mod phases;
+pub mod plan;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, Mode};
 use crate::control::{self, ControlState, DaemonStatus};
-use crate::run::{NewRun, RunJournal};
-use crate::scheduler::{self, PhaseReport, SchedulerParams, SessionRunner};
+use crate::gpu::LeaseClass;
+use crate::scheduler::{PhaseReport, SchedulerParams, SessionRunner};
+use crate::score::driver::{BenchDriver, DriverParams};
+use crate::score::lease::LeaseLauncher;
 use crate::store::{Store, now_rfc3339};
-use crate::target::TargetId;
 
 pub use lock::DaemonLock;
 
@@ -83,14 +87,27 @@ pub struct DaemonParams {
     pub facts: Option<crate::facts::RunStartFacts>,
 }
 
+/// What a campaign needs beyond its sessions.
+#[derive(Clone, Debug, Default)]
+pub struct CampaignParams {
+    /// The bench of the campaign's own scoring (sequential level gates, the independent score
+    /// of `--mode all`), each invocation a `bench` lease. Required unless `independent`.
+    pub bench: Option<DriverParams>,
+}
+
 /// How a campaign ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CampaignReport {
+    /// The last run driven (the sequential half of an `all` pair).
     pub run_id: String,
     pub run_dir: PathBuf,
     pub phase: PhaseReport,
-    /// `PASS`, `FAIL` or `INTERRUPTED`.
+    /// `PASS`, `FAIL` or `INTERRUPTED` (for a pair, the worse of the two).
     pub status: String,
+    /// The other run of an `all` pair.
+    pub pair: Option<String>,
+    /// Where results and the comparison went, and what did not complete.
+    pub notes: Vec<String>,
 }
 
 /// Creates the home directory (0700) if needed.
@@ -115,39 +132,49 @@ pub fn open_store(home: &Path) -> Result<Store, crate::Error> {
     Ok(Store::open(&home.join("fk-agentd.db"))?)
 }
 
-/// Runs one campaign in the foreground until it ends or `shutdown` resolves.
+/// Runs one independent campaign in the foreground until it ends or `shutdown` resolves.
 pub async fn run_campaign(
     params: DaemonParams,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<CampaignReport, crate::Error> {
+    run_campaign_with(params, CampaignParams::default(), shutdown).await
+}
+
+/// Runs one campaign of any mode in the foreground until it ends or `shutdown` resolves.
+pub async fn run_campaign_with(
+    params: DaemonParams,
+    campaign: CampaignParams,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<CampaignReport, crate::Error> {
     let config = &params.config;
+    if config.mode != Mode::Independent && campaign.bench.is_none() {
+        return Err(crate::Error::Usage(format!(
+            "--mode {} needs a bench for its level gates (the fastkernels command or the simulation)",
+            config.mode.as_str()
+        )));
+    }
     ensure_home(&config.home)?;
     let _lock = DaemonLock::acquire(&config.home)?;
     let store = open_store(&config.home)?;
     let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
-    let (journal, targets) = match &params.resume {
-        Some(run_id) => reopen(&store, config, run_id)?,
-        None => (Arc::new(create(&store, config)?), config.targets.clone()),
+    let plan = match &params.resume {
+        Some(run_id) => plan::plan_resume(&store, config, run_id)?,
+        None => plan::plan_new(&store, config)?,
     };
     if let (Some(hook), None) = (&params.facts, &params.resume) {
         let facts = crate::facts::gather(hook.source.as_ref(), &hook.params(config)).await;
-        crate::facts::record(&journal, &facts)?;
+        for j in plan.journals() {
+            crate::facts::record(&j, &facts)?;
+        }
     }
     let root = CancellationToken::new();
-    let started_at = now_rfc3339();
+    let current = Arc::new(Mutex::new(plan.journals()[0].run_id().to_string()));
     let listener = control::bind(&control::socket_path(&config.home))?;
     let control_state = ControlState {
         store: store.clone(),
         owner_uid: rustix::process::geteuid().as_raw(),
         shutdown: root.clone(),
-        status: status_fn(
-            &store,
-            &journal,
-            config,
-            targets.len(),
-            started_at,
-            root.clone(),
-        ),
+        status: status_fn(&store, current.clone(), config, now_rfc3339(), root.clone()),
         broker: Some(broker.clone()),
     };
     let server_token = CancellationToken::new();
@@ -156,97 +183,53 @@ pub async fn run_campaign(
         control_state,
         server_token.clone(),
     ));
-
     let signal_token = root.clone();
     let signal_task = tokio::spawn(async move {
         shutdown.await;
         tracing::info!("shutdown requested; cancelling sessions");
         signal_token.cancel();
     });
-
-    let sched = SchedulerParams {
-        max_agents: config.max_agents,
-        session_timeout: config.session_timeout,
-        drain_deadline: params.drain_deadline,
-    };
     let runner = match params.runner {
         RunnerSource::Ready(r) => r,
         RunnerSource::WithBroker(make) => make(broker.clone()).await?,
     };
-    let phase = scheduler::run_phase(journal.clone(), runner, &targets, &sched, root.clone()).await;
+    let driver = match (campaign.bench, plan.needs_bench()) {
+        (Some(p), true) => {
+            // Each scoring bench is its own lease holder (see `LeaseLauncher`).
+            let launcher = LeaseLauncher::new(broker.clone(), LeaseClass::Bench, "scoring");
+            Some(Arc::new(BenchDriver::new(p, launcher).await?))
+        }
+        _ => None,
+    };
+    let ctx = phases::Ctx {
+        store: store.clone(),
+        runner,
+        sched: SchedulerParams {
+            max_agents: config.max_agents,
+            session_timeout: config.session_timeout,
+            drain_deadline: params.drain_deadline,
+        },
+        root: root.clone(),
+        driver,
+        current,
+    };
+    let end = phases::drive(&ctx, plan).await;
     signal_task.abort();
-    let phase = phase?;
-    let finished = scheduler::run_finished_payload(&targets, &phase);
-    let status = finished["status"].as_str().unwrap_or("FAIL").to_string();
-    journal.record("run_finished", None, finished)?;
-    store.set_run_status(journal.run_id(), &run_status_word(&status))?;
-
     broker.shutdown().await;
     server_token.cancel();
     if let Ok(Err(e)) = server.await {
         tracing::warn!(error = %e, "control API ended with an error");
     }
     let _ = std::fs::remove_file(control::socket_path(&config.home));
+    let end = end?;
     Ok(CampaignReport {
-        run_id: journal.run_id().to_string(),
-        run_dir: journal.dir().to_path_buf(),
-        phase,
-        status,
+        run_id: end.journal.run_id().to_string(),
+        run_dir: end.journal.dir().to_path_buf(),
+        phase: end.phase,
+        status: end.status,
+        pair: end.pair,
+        notes: end.notes,
     })
-}
-
-fn create(store: &Store, config: &Config) -> Result<RunJournal, crate::Error> {
-    let targets: Vec<String> = config.targets.iter().map(ToString::to_string).collect();
-    let journal = RunJournal::create(
-        store,
-        &config.home,
-        &NewRun {
-            mode: config.mode,
-            targets_spec: &config.targets_spec,
-            targets: targets.clone(),
-            simulated: config.sim,
-        },
-    )?;
-    journal.record(
-        "run_started",
-        None,
-        json!({
-            "run_id": journal.run_id(),
-            "simulated": config.sim,
-            "mode": config.mode.as_str(),
-            "targets": targets,
-            "job_count": targets.len(),
-            "pid": std::process::id(),
-            "settings": config.settings,
-        }),
-    )?;
-    Ok(journal)
-}
-
-/// Reopens an unfinished run: its own targets, a `run_resumed` event, status back to running.
-fn reopen(
-    store: &Store,
-    config: &Config,
-    run_id: &str,
-) -> Result<(Arc<RunJournal>, Vec<TargetId>), crate::Error> {
-    let row = store.run(Some(run_id))?;
-    if row.status == "finished" {
-        return Err(crate::Error::Usage(format!(
-            "run {run_id} already finished; nothing to resume (start a new run with `fk-agentd start`)"
-        )));
-    }
-    let mut targets = Vec::new();
-    for t in &row.targets {
-        targets.push(t.parse::<TargetId>()?);
-    }
-    let journal = RunJournal::open(store, &config.home, run_id)?;
-    store.set_run_status(run_id, "running")?;
-    journal.record(
-        "run_resumed",
-        None,
-        json!({"pid": std::process::id(), "previous_status": row.status}),
-    )?;
-    Ok((Arc::new(journal), targets))
 }
 
 fn run_status_word(status: &str) -> String {
@@ -260,33 +243,37 @@ fn run_status_word(status: &str) -> String {
 
 fn status_fn(
     store: &Store,
-    journal: &RunJournal,
+    current: Arc<Mutex<String>>,
     config: &Config,
-    count: usize,
     started_at: String,
     root: CancellationToken,
 ) -> Arc<dyn Fn() -> DaemonStatus + Send + Sync> {
     let store = store.clone();
-    let run_id = journal.run_id().to_string();
     let home = config.home.display().to_string();
     let mode = config.mode.as_str().to_string();
     let sim = config.sim;
     Arc::new(move || {
+        let run_id = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut states = BTreeMap::new();
+        let mut count = 0;
         for row in store.sessions(&run_id).unwrap_or_default() {
             *states.entry(row.state).or_insert(0) += 1;
+            count += 1;
         }
-        let stop = root.is_cancelled();
+        let targets = store
+            .run(Some(&run_id))
+            .map(|r| r.targets.len())
+            .unwrap_or(count);
         DaemonStatus {
             pid: std::process::id(),
             home: home.clone(),
             started_at: started_at.clone(),
-            run_id: Some(run_id.clone()),
+            run_id: Some(run_id),
             mode: Some(mode.clone()),
             simulated: sim,
-            targets: count,
+            targets,
             states,
-            stopping: stop,
+            stopping: root.is_cancelled(),
         }
     })
 }

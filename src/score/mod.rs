@@ -11,11 +11,14 @@
 //! | [`pipeline`]   | standalone → winners → composed → final set; [`pipeline::score_mix`] |
 //! | [`export`]     | the final set as `agent-candidates/<set>/manifest.json`             |
 //! | [`render`]     | the human table of a score                                          |
+//! | [`sequential`] | per-level mix benches and gates of a sequential campaign, `seq/`    |
+//! | [`compare`]    | independent vs sequential: `compare.json` and its table             |
 //!
-//! Not here: the sequential campaign and `compare` (they need agent sessions), GPU leases
-//! (the lead plugs a lease-backed [`driver::BenchLauncher`] in).
+//! Not here: running the sequential campaign's sessions (the daemon), GPU leases (a
+//! lease-backed [`driver::BenchLauncher`] is plugged in).
 
 pub mod candidates;
+pub mod compare;
 pub mod driver;
 pub mod export;
 pub mod gate;
@@ -24,6 +27,7 @@ pub mod noise;
 pub mod pipeline;
 pub mod render;
 pub mod result;
+pub mod sequential;
 
 use std::path::PathBuf;
 

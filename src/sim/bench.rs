@@ -191,7 +191,8 @@ struct TargetRun<'a> {
     target: &'a Target,
     /// Candidate file content; `None` when the file is missing.
     content: Option<&'a str>,
-    /// Benched beside lower-level candidates (no `--target`, a composed bench).
+    /// Benched beside lower-level candidates (a level mix, or a target whose candidate folder
+    /// holds lower-level candidates, as in a sequential campaign's sessions).
     composed_with_lower: bool,
     self_test: bool,
 }
@@ -358,7 +359,7 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             seed: params.seed,
             target: t,
             content: content.as_deref(),
-            composed_with_lower: params.target.is_none() && lower,
+            composed_with_lower: lower,
             self_test: params.self_test,
         }));
     }

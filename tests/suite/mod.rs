@@ -1,5 +1,6 @@
 mod agent;
 mod cli;
+mod compare;
 mod config;
 mod daemon;
 mod gpu;
@@ -18,6 +19,7 @@ mod report;
 mod score;
 mod score_cli;
 mod score_sim;
+mod sequential;
 mod store;
 mod targets;
 mod tools;

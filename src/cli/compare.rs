@@ -1,0 +1,71 @@
+//! `fk-agentd compare [RUN_A RUN_B | --run RUN] [--json]`: which runs to compare, then the
+//! table or JSON; the work is in [`crate::score::compare`].
+
+use std::path::Path;
+
+use crate::daemon::plan::pair_of;
+use crate::error::Error;
+use crate::score::compare;
+use crate::store::Store;
+
+/// The (independent, sequential) pair to compare.
+fn resolve(store: &Store, runs: &[String], run: Option<&str>) -> Result<(String, String), Error> {
+    let (a, b) = match (runs, run) {
+        ([], None) => newest_pair(store)?,
+        ([], Some(r)) => {
+            let other = pair_of(store, r)?.ok_or_else(|| {
+                Error::Usage(format!(
+                    "--run {r}: not half of a `start --mode all` pair; give two runs: `fk-agentd compare IND_RUN SEQ_RUN`"
+                ))
+            })?;
+            (r.to_string(), other)
+        }
+        ([a, b], None) => (a.clone(), b.clone()),
+        _ => {
+            return Err(Error::Usage(
+                "compare takes two runs (RUN_A RUN_B), or --run RUN, or nothing (the newest pair)"
+                    .into(),
+            ));
+        }
+    };
+    let (ma, mb) = (store.run(Some(&a))?.mode, store.run(Some(&b))?.mode);
+    match (ma.as_str(), mb.as_str()) {
+        ("independent", "sequential") => Ok((a, b)),
+        ("sequential", "independent") => Ok((b, a)),
+        _ => Err(Error::Usage(format!(
+            "compare needs one independent and one sequential run; {a} is {ma}, {b} is {mb}"
+        ))),
+    }
+}
+
+fn newest_pair(store: &Store) -> Result<(String, String), Error> {
+    for r in store.runs()? {
+        if let Some(other) = pair_of(store, &r.id)? {
+            return Ok((r.id, other));
+        }
+    }
+    Err(Error::Usage(
+        "no `start --mode all` pair of runs in this home: run one, or give two runs (`fk-agentd compare IND_RUN SEQ_RUN`)".into(),
+    ))
+}
+
+/// Compares, writes `compare.json` beside the sequential results, prints.
+pub fn cmd_compare(
+    home: &Path,
+    runs: &[String],
+    run: Option<&str>,
+    json: bool,
+) -> Result<i32, Error> {
+    let store = super::open_existing_store(home)?;
+    let (ind, seq) = resolve(&store, runs, run)?;
+    let c = compare::load(&store, &crate::run::runs_dir(home), &ind, &seq)?;
+    let path = compare::write(&c)?;
+    if json {
+        eprintln!("wrote {}", path.display());
+        println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
+    } else {
+        print!("{}", compare::compare_table(&c));
+        println!("\nwrote {}", path.display());
+    }
+    Ok(0)
+}

@@ -1,0 +1,420 @@
+//! The campaign's shape: which runs it drives and in which phases.
+//!
+//! - `independent`: one run, one scheduler phase over every target.
+//! - `sequential`: one run, one phase per level, ascending. Before level n starts, the winners
+//!   of the levels below are copied into each level-n session's `candidate/L<k>/`, so the agent
+//!   builds on them and its `validate` loads them; after the phase, the level's mix bench and
+//!   gate ([`crate::score::sequential::gate_level`]) decide its winners; after the last level the
+//!   final composed bench filters them. Results go to the run's `results*/seq/` generation
+//!   (named by the `sequential_results` event). Events: `phase_started {level, targets,
+//!   installed}`, `phase_finished {level, winners, new_winners, gate}`, `phase_failed`,
+//!   `sequential_finished`.
+//! - `all`: two linked runs created together, an `-ind-` run and a `-seq-` run, each recording
+//!   the other in `run_started.pair` (and `campaign: "all"`), so `sessions`, `score --run` and
+//!   `manifest` work on each as on any run. The independent run goes first and is scored
+//!   (`results/ind`, `results/comp`), then the sequential run, then the comparison is written
+//!   beside the sequential results (`compare.json`). `compare` with no argument finds the
+//!   newest pair.
+//!
+//! Resume continues where the campaign stopped: finished sessions are not rerun (the agent
+//! skips them), a level whose `gate.json` exists is neither rerun nor re-benched, an `all`
+//! pair resumes its unfinished half (and scores the independent run if no complete score
+//! exists).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::Plan;
+use crate::error::Error;
+use crate::run::RunJournal;
+use crate::scheduler::{self, PhaseReport, SchedulerParams, SessionRunner, SessionStatus};
+use crate::score::ScoreError;
+use crate::score::candidates::new_generation;
+use crate::score::driver::BenchDriver;
+use crate::score::gate::WinnerGate;
+use crate::score::lease::LeaseLauncher;
+use crate::score::pipeline::{ScoreMode, ScoreParams, score_run};
+use crate::score::sequential::{self, LevelParams, by_level, install_winners};
+use crate::store::Store;
+use crate::target::TargetId;
+
+/// What the phases share.
+pub(super) struct Ctx {
+    pub store: Store,
+    pub runner: Arc<dyn SessionRunner>,
+    pub sched: SchedulerParams,
+    pub root: CancellationToken,
+    pub driver: Option<Arc<BenchDriver<LeaseLauncher>>>,
+    /// The run `status` shows.
+    pub current: Arc<Mutex<String>>,
+}
+
+/// How one run ended.
+pub(super) struct RunEnd {
+    pub journal: Arc<RunJournal>,
+    pub phase: PhaseReport,
+    pub status: String,
+    pub pair: Option<String>,
+    pub notes: Vec<String>,
+}
+
+/// Drives the plan to its end (or to a shutdown).
+pub(super) async fn drive(ctx: &Ctx, plan: Plan) -> Result<RunEnd, Error> {
+    match plan {
+        Plan::Independent(j, targets) => independent(ctx, &j, &targets).await,
+        Plan::Sequential(j, targets) => sequential(ctx, &j, &targets).await,
+        Plan::All {
+            ind,
+            seq,
+            targets,
+            ind_done,
+        } => all(ctx, &ind, &seq, &targets, ind_done).await,
+    }
+}
+
+fn show(ctx: &Ctx, j: &RunJournal) {
+    *ctx.current.lock().unwrap_or_else(|p| p.into_inner()) = j.run_id().to_string();
+}
+
+async fn independent(
+    ctx: &Ctx,
+    j: &Arc<RunJournal>,
+    targets: &[TargetId],
+) -> Result<RunEnd, Error> {
+    show(ctx, j);
+    let phase = scheduler::run_phase(
+        j.clone(),
+        ctx.runner.clone(),
+        targets,
+        &ctx.sched,
+        ctx.root.clone(),
+    )
+    .await?;
+    end_run(ctx, j, targets, phase, None)
+}
+
+/// Records `run_finished` and the run's status; `failure` forces FAIL with a reason.
+fn end_run(
+    ctx: &Ctx,
+    j: &Arc<RunJournal>,
+    targets: &[TargetId],
+    phase: PhaseReport,
+    failure: Option<String>,
+) -> Result<RunEnd, Error> {
+    let mut finished = scheduler::run_finished_payload(targets, &phase);
+    if let (Some(why), false) = (&failure, phase.interrupted) {
+        finished["status"] = json!("FAIL");
+        finished["reason"] = json!(why);
+    }
+    let status = finished["status"].as_str().unwrap_or("FAIL").to_string();
+    j.record("run_finished", None, finished)?;
+    ctx.store
+        .set_run_status(j.run_id(), &super::run_status_word(&status))?;
+    Ok(RunEnd {
+        journal: j.clone(),
+        phase,
+        status,
+        pair: None,
+        notes: failure.into_iter().collect(),
+    })
+}
+
+/// The statuses of sessions that ended in an earlier attempt, from the store.
+fn stored_statuses(
+    store: &Store,
+    run_id: &str,
+    targets: &[TargetId],
+) -> Result<BTreeMap<TargetId, SessionStatus>, Error> {
+    let mut out = BTreeMap::new();
+    for row in store.sessions(run_id)? {
+        let Ok(t) = row.target.parse::<TargetId>() else {
+            continue;
+        };
+        if !targets.contains(&t) {
+            continue;
+        }
+        let status = match row.state.as_str() {
+            "finished" => SessionStatus::Finished,
+            "failed" => SessionStatus::Failed,
+            "timed out" => SessionStatus::TimedOut,
+            "skipped" => SessionStatus::Skipped(row.detail["reason"].as_str().unwrap_or("").into()),
+            _ => SessionStatus::Interrupted,
+        };
+        out.insert(t, status);
+    }
+    Ok(out)
+}
+
+/// The generation holding this run's sequential results: the one named by its
+/// `sequential_results` event, else a new one (recorded).
+fn seq_dir(ctx: &Ctx, j: &RunJournal) -> Result<PathBuf, Error> {
+    let named = ctx
+        .store
+        .events(j.run_id(), None, 0)?
+        .into_iter()
+        .rev()
+        .find(|e| e.kind == "sequential_results")
+        .and_then(|e| e.payload["dir"].as_str().map(PathBuf::from));
+    if let Some(dir) = named {
+        return Ok(dir);
+    }
+    let dir = new_generation(j.dir())?.join("seq");
+    std::fs::create_dir_all(&dir).map_err(|e| ScoreError::io(&dir)(e))?;
+    j.record("sequential_results", None, json!({"dir": dir}))?;
+    Ok(dir)
+}
+
+async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Result<RunEnd, Error> {
+    show(ctx, j);
+    let driver = ctx.driver.clone().ok_or_else(|| {
+        Error::Usage("a sequential campaign needs a bench to gate its levels".into())
+    })?;
+    let dir = seq_dir(ctx, j)?;
+    let (mut results, mut gates) = (BTreeMap::new(), Vec::new());
+    let (mut interrupted, mut failure) = (false, None);
+    for (level, of_level) in by_level(targets) {
+        if let Some(g) = sequential::read_level_gate(&dir, level)? {
+            results.extend(stored_statuses(&ctx.store, j.run_id(), &of_level)?);
+            gates.push(g);
+            continue;
+        }
+        if ctx.root.is_cancelled() {
+            interrupted = true;
+            break;
+        }
+        let phase = level_phase(ctx, j, level, &of_level, gates.last()).await?;
+        results.extend(phase.results.clone());
+        if phase.interrupted {
+            interrupted = true;
+            break;
+        }
+        let p = LevelParams {
+            run_dir: j.dir(),
+            seq_dir: &dir,
+            level,
+            targets: &of_level,
+            previous: gates.last(),
+            gate: WinnerGate::default(),
+        };
+        match sequential::gate_level(&driver, &p, &ctx.root).await {
+            Ok(g) => {
+                let path = dir.join(format!("L{level}/gate.json"));
+                j.record(
+                    "phase_finished",
+                    None,
+                    json!({"level": level, "winners": g.winners, "new_winners": g.new_winners, "gate": path}),
+                )?;
+                gates.push(g);
+            }
+            Err(e) => {
+                j.record(
+                    "phase_failed",
+                    None,
+                    json!({"level": level, "reason": e.to_string()}),
+                )?;
+                interrupted = ctx.root.is_cancelled();
+                failure = Some(format!("L{level} gate: {e}"));
+                break;
+            }
+        }
+    }
+    let mut notes = Vec::new();
+    if !interrupted && failure.is_none() {
+        match sequential::finish(&driver, &dir, &gates, &ctx.root).await {
+            Ok(g) => {
+                j.record(
+                    "sequential_finished",
+                    None,
+                    json!({"winners": g.winners.iter().map(|d| &d.target).collect::<Vec<_>>(),
+                           "dropped": g.dropped.iter().map(|d| &d.target).collect::<Vec<_>>(),
+                           "gate": dir.join("gate.json")}),
+                )?;
+                notes.push(format!(
+                    "sequential results {} ({} winners kept, {} dropped in composition)",
+                    dir.display(),
+                    g.winners.len(),
+                    g.dropped.len()
+                ));
+            }
+            Err(e) => {
+                interrupted = ctx.root.is_cancelled();
+                failure = Some(format!("final composed bench: {e}"));
+            }
+        }
+    }
+    let phase = PhaseReport {
+        results,
+        interrupted,
+    };
+    let mut end = end_run(ctx, j, targets, phase, failure)?;
+    end.notes.extend(notes);
+    Ok(end)
+}
+
+/// One level's sessions, with the lower winners installed first.
+async fn level_phase(
+    ctx: &Ctx,
+    j: &Arc<RunJournal>,
+    level: u8,
+    targets: &[TargetId],
+    previous: Option<&sequential::LevelGate>,
+) -> Result<PhaseReport, Error> {
+    let installed: Vec<TargetId> = previous.map(|g| g.winners.clone()).unwrap_or_default();
+    if let Some(prev) = previous {
+        install_winners(&prev.win_candidates, j.dir(), targets)?;
+    }
+    j.record(
+        "phase_started",
+        None,
+        json!({"level": level, "targets": targets, "installed": installed}),
+    )?;
+    Ok(scheduler::run_phase(
+        j.clone(),
+        ctx.runner.clone(),
+        targets,
+        &ctx.sched,
+        ctx.root.clone(),
+    )
+    .await?)
+}
+
+/// Scores the independent half unless it has a complete score already.
+async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error> {
+    if crate::score::compare::independent_outcome(ind.run_id(), ind.dir()).is_ok() {
+        return Ok(format!(
+            "independent run {} was scored before",
+            ind.run_id()
+        ));
+    }
+    let driver = ctx
+        .driver
+        .clone()
+        .ok_or_else(|| Error::Usage("--mode all needs a bench to score".into()))?;
+    let params = ScoreParams {
+        candidates: PathBuf::new(),
+        out: ind.dir().to_path_buf(),
+        mode: ScoreMode::Both,
+        gate: WinnerGate::default(),
+        set_name: format!("{}-ind", ind.run_id()),
+        repeats: 1,
+        noise_sample: 3,
+    };
+    let report = score_run(&driver, &params, &ctx.root).await?;
+    if !report.incomplete.is_empty() {
+        return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
+    }
+    ind.record(
+        "scored",
+        None,
+        json!({"generation": report.generation, "simulated": report.simulated}),
+    )?;
+    Ok(format!(
+        "independent results {} (ind/, comp/)",
+        report.generation.display()
+    ))
+}
+
+async fn all(
+    ctx: &Ctx,
+    ind: &Arc<RunJournal>,
+    seq: &Arc<RunJournal>,
+    targets: &[TargetId],
+    ind_done: bool,
+) -> Result<RunEnd, Error> {
+    let mut notes = Vec::new();
+    let mut ind_status = "PASS".to_string();
+    if !ind_done {
+        let end = independent(ctx, ind, targets).await?;
+        ind_status = end.status.clone();
+        if end.status == "INTERRUPTED" {
+            ctx.store.set_run_status(seq.run_id(), "interrupted")?;
+            return Ok(RunEnd {
+                pair: Some(seq.run_id().to_string()),
+                ..end
+            });
+        }
+    }
+    notes.push(format!("independent run {}: {ind_status}", ind.run_id()));
+    match score_independent(ctx, ind).await {
+        Ok(note) => notes.push(note),
+        Err(e) => notes.push(format!("independent scoring did not complete: {e}")),
+    }
+    let mut end = sequential(ctx, seq, targets).await?;
+    notes.extend(std::mem::take(&mut end.notes));
+    if end.status != "INTERRUPTED" {
+        let runs = seq.dir().parent().unwrap_or(seq.dir()).to_path_buf();
+        match crate::score::compare::load(&ctx.store, &runs, ind.run_id(), seq.run_id()) {
+            Ok(c) => {
+                let path = crate::score::compare::write(&c)?;
+                seq.record(
+                    "compared",
+                    None,
+                    json!({"pair": ind.run_id(), "compare": path}),
+                )?;
+                notes.push(format!("comparison {}", path.display()));
+            }
+            Err(e) => notes.push(format!("no comparison: {e}")),
+        }
+        if ind_status != "PASS" && end.status == "PASS" {
+            end.status = ind_status;
+        }
+    }
+    end.notes = notes;
+    end.pair = Some(ind.run_id().to_string());
+    Ok(end)
+}
+
+/// Where one level of a sequential run stands, from its events (for `sessions`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PhaseState {
+    pub level: u64,
+    /// `running`, `gated` or `failed`.
+    pub state: String,
+    /// Winners of every level so far, once gated.
+    pub winners: Option<usize>,
+}
+
+/// The phases of a run in the order they started (the latest attempt of each level wins).
+pub fn phase_states(events: &[crate::store::Event]) -> Vec<PhaseState> {
+    let mut out: Vec<PhaseState> = Vec::new();
+    for e in events {
+        let Some(level) = e.payload["level"].as_u64() else {
+            continue;
+        };
+        let (state, winners) = match e.kind.as_str() {
+            "phase_started" => ("running", None),
+            "phase_finished" => ("gated", e.payload["winners"].as_array().map(Vec::len)),
+            "phase_failed" => ("failed", None),
+            _ => continue,
+        };
+        let s = PhaseState {
+            level,
+            state: state.into(),
+            winners,
+        };
+        match out.iter_mut().find(|p| p.level == level) {
+            Some(p) => *p = s,
+            None => out.push(s),
+        }
+    }
+    out
+}
+
+/// `phases: L1 gated (37 winners), L2 running` — empty when the run has no phases.
+pub fn phase_line(phases: &[PhaseState]) -> String {
+    if phases.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = phases
+        .iter()
+        .map(|p| match p.winners {
+            Some(n) => format!("L{} {} ({n} winners so far)", p.level, p.state),
+            None => format!("L{} {}", p.level, p.state),
+        })
+        .collect();
+    format!("phases: {}\n", parts.join(", "))
+}

@@ -1,0 +1,185 @@
+//! The runs a campaign drives ([`Plan`]): a new one's runs (one, or an `all` pair that
+//! records each other in `run_started.pair`), or a resumed one's.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use crate::config::{Config, Mode};
+use crate::error::Error;
+use crate::run::{NewRun, RunJournal};
+use crate::store::Store;
+use crate::target::TargetId;
+
+/// The runs a campaign drives.
+pub enum Plan {
+    Independent(Arc<RunJournal>, Vec<TargetId>),
+    Sequential(Arc<RunJournal>, Vec<TargetId>),
+    All {
+        ind: Arc<RunJournal>,
+        seq: Arc<RunJournal>,
+        targets: Vec<TargetId>,
+        /// The independent half ended before (resume).
+        ind_done: bool,
+    },
+}
+
+impl Plan {
+    pub fn journals(&self) -> Vec<Arc<RunJournal>> {
+        match self {
+            Plan::Independent(j, _) | Plan::Sequential(j, _) => vec![j.clone()],
+            Plan::All { ind, seq, .. } => vec![ind.clone(), seq.clone()],
+        }
+    }
+
+    pub fn needs_bench(&self) -> bool {
+        !matches!(self, Plan::Independent(..))
+    }
+}
+
+fn new_journal(store: &Store, config: &Config, mode: Mode) -> Result<RunJournal, Error> {
+    let targets: Vec<String> = config.targets.iter().map(ToString::to_string).collect();
+    Ok(RunJournal::create(
+        store,
+        &config.home,
+        &NewRun {
+            mode,
+            targets_spec: &config.targets_spec,
+            targets,
+            simulated: config.sim,
+        },
+    )?)
+}
+
+fn record_started(
+    j: &RunJournal,
+    config: &Config,
+    mode: Mode,
+    pair: Option<&str>,
+) -> Result<(), Error> {
+    let targets: Vec<String> = config.targets.iter().map(ToString::to_string).collect();
+    let mut payload = json!({
+        "run_id": j.run_id(),
+        "simulated": config.sim,
+        "mode": mode.as_str(),
+        "targets": targets,
+        "job_count": targets.len(),
+        "pid": std::process::id(),
+        "settings": config.settings,
+    });
+    if let Some(p) = pair {
+        payload["campaign"] = json!("all");
+        payload["pair"] = json!(p);
+    }
+    j.record("run_started", None, payload)?;
+    Ok(())
+}
+
+/// The runs of a new campaign.
+pub(super) fn plan_new(store: &Store, config: &Config) -> Result<Plan, Error> {
+    let targets = config.targets.clone();
+    Ok(match config.mode {
+        Mode::Independent | Mode::Sequential => {
+            let j = new_journal(store, config, config.mode)?;
+            record_started(&j, config, config.mode, None)?;
+            if config.mode == Mode::Sequential {
+                Plan::Sequential(Arc::new(j), targets)
+            } else {
+                Plan::Independent(Arc::new(j), targets)
+            }
+        }
+        Mode::All => {
+            let ind = new_journal(store, config, Mode::Independent)?;
+            let seq = new_journal(store, config, Mode::Sequential)?;
+            record_started(&ind, config, Mode::Independent, Some(seq.run_id()))?;
+            record_started(&seq, config, Mode::Sequential, Some(ind.run_id()))?;
+            Plan::All {
+                ind: Arc::new(ind),
+                seq: Arc::new(seq),
+                targets,
+                ind_done: false,
+            }
+        }
+    })
+}
+
+/// `run_started` of a run (its first event).
+pub fn run_started(store: &Store, run_id: &str) -> Result<Value, Error> {
+    Ok(store
+        .events(run_id, None, 0)?
+        .into_iter()
+        .find(|e| e.kind == "run_started")
+        .map(|e| e.payload)
+        .unwrap_or(Value::Null))
+}
+
+/// The other half of an `all` pair, if `run_id` is one.
+pub fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, Error> {
+    Ok(run_started(store, run_id)?["pair"]
+        .as_str()
+        .map(str::to_string))
+}
+
+fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal>, Error> {
+    let row = store.run(Some(run_id))?;
+    let journal = RunJournal::open(store, &config.home, run_id)?;
+    store.set_run_status(run_id, "running")?;
+    journal.record(
+        "run_resumed",
+        None,
+        json!({"pid": std::process::id(), "previous_status": row.status}),
+    )?;
+    Ok(Arc::new(journal))
+}
+
+fn ended(status: &str) -> bool {
+    status != "running" && status != "interrupted"
+}
+
+/// The runs of a resumed campaign: the run itself, or both halves of an `all` pair.
+pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Result<Plan, Error> {
+    let row = store.run(Some(run_id))?;
+    let mut targets = Vec::new();
+    for t in &row.targets {
+        targets.push(t.parse::<TargetId>()?);
+    }
+    if let Some(pair) = pair_of(store, run_id)? {
+        let (ind_id, seq_id) = if row.mode == "sequential" {
+            (pair, run_id.to_string())
+        } else {
+            (run_id.to_string(), pair)
+        };
+        let (ind_row, seq_row) = (store.run(Some(&ind_id))?, store.run(Some(&seq_id))?);
+        if ended(&ind_row.status) && ended(&seq_row.status) {
+            return Err(finished_error(run_id));
+        }
+        let ind_done = ended(&ind_row.status);
+        let ind = if ind_done {
+            Arc::new(RunJournal::open(store, &config.home, &ind_id)?)
+        } else {
+            reopen(store, config, &ind_id)?
+        };
+        let seq = reopen(store, config, &seq_id)?;
+        return Ok(Plan::All {
+            ind,
+            seq,
+            targets,
+            ind_done,
+        });
+    }
+    if row.status == "finished" {
+        return Err(finished_error(run_id));
+    }
+    let j = reopen(store, config, run_id)?;
+    Ok(if row.mode == "sequential" {
+        Plan::Sequential(j, targets)
+    } else {
+        Plan::Independent(j, targets)
+    })
+}
+
+fn finished_error(run_id: &str) -> Error {
+    Error::Usage(format!(
+        "run {run_id} already finished; nothing to resume (start a new run with `fk-agentd start`)"
+    ))
+}

@@ -1,0 +1,426 @@
+//! The comparison of an independent campaign with a sequential one (`fk-agentd compare`).
+//!
+//! Owns [`Comparison`] (`compare.json`) and its table. Inputs, all read, nothing re-benched:
+//! the independent run's newest scored generation (`results*/score.json`: kept kernels with
+//! their composed speedup, winners dropped in composition); the sequential run's newest
+//! `results*/seq/gate.json` (kept winners with their speedup in the final composed bench,
+//! dropped ones); and both runs' events for what was spent: tokens are the sum of
+//! `turn_finished.usage.total`, agent GPU time the sum of `validation.gpu_s` (each validate is
+//! one lease), bench GPU time the wall time of the scoring benches.
+//!
+//! An independent run never scored is an error naming the command that scores it: comparing
+//! is an inspection and must not start GPU work on its own (`start --mode all` scores it).
+//!
+//! Speedups: "over winners" is the geometric mean of the kept kernels' composed speedups;
+//! "over all" counts every other target of the level as 1.0 (the baseline runs there).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::report::{sim_banner, table};
+use crate::score::ScoreError;
+use crate::score::export::Manifest;
+use crate::score::gate::geomean;
+use crate::score::sequential::{SeqGate, read_seq_gate};
+use crate::store::{Event, Store};
+use crate::target::TargetId;
+
+/// One campaign's outcome at one level (or overall).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Side {
+    pub winners: usize,
+    pub dropped: usize,
+    pub geomean_winners: Option<f64>,
+    pub geomean_all: Option<f64>,
+}
+
+/// One row of the comparison: a level, or `all`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelRow {
+    /// `L1`, `L2`, … or `all`.
+    pub level: String,
+    pub targets: usize,
+    pub independent: Side,
+    pub sequential: Side,
+    pub only_independent: Vec<TargetId>,
+    pub only_sequential: Vec<TargetId>,
+}
+
+/// What a campaign spent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Spend {
+    pub tokens: u64,
+    /// Sum of the agents' validate leases.
+    pub agent_gpu_s: f64,
+    /// Sum of the scoring benches (standalone + composed, or the level mixes + final).
+    pub bench_gpu_s: f64,
+    pub gpu_hours: f64,
+}
+
+/// `compare.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub simulated: bool,
+    pub independent_run: String,
+    pub sequential_run: String,
+    /// The `score.json` the independent numbers come from.
+    pub independent_results: PathBuf,
+    /// The `seq/gate.json` the sequential numbers come from.
+    pub sequential_results: PathBuf,
+    pub levels: Vec<LevelRow>,
+    pub overall: LevelRow,
+    pub spent: BTreeMap<String, Spend>,
+}
+
+/// One campaign's kept kernels and dropped winners.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Kept kernel → its composed speedup (standalone when there was no composed bench).
+    pub kept: BTreeMap<TargetId, f64>,
+    pub dropped: BTreeSet<TargetId>,
+    pub simulated: bool,
+    pub bench_gpu_s: f64,
+}
+
+/// Everything [`compare`] needs (pure inputs, so it is tested without files).
+#[derive(Clone, Debug)]
+pub struct CompareInput {
+    pub ind_run: String,
+    pub seq_run: String,
+    pub targets: Vec<TargetId>,
+    pub ind: Outcome,
+    pub seq: Outcome,
+    pub ind_results: PathBuf,
+    pub seq_results: PathBuf,
+    pub ind_events: Vec<Event>,
+    pub seq_events: Vec<Event>,
+}
+
+fn side(o: &Outcome, targets: &[&TargetId]) -> Side {
+    let won: Vec<f64> = targets
+        .iter()
+        .filter_map(|t| o.kept.get(*t))
+        .copied()
+        .collect();
+    let all = targets
+        .iter()
+        .map(|t| o.kept.get(*t).copied().unwrap_or(1.0));
+    Side {
+        winners: won.len(),
+        dropped: targets.iter().filter(|t| o.dropped.contains(**t)).count(),
+        geomean_winners: (!won.is_empty()).then(|| geomean(won.iter().copied())),
+        geomean_all: (!targets.is_empty()).then(|| geomean(all)),
+    }
+}
+
+fn row(label: String, input: &CompareInput, targets: &[&TargetId]) -> LevelRow {
+    let only = |a: &Outcome, b: &Outcome| {
+        targets
+            .iter()
+            .filter(|t| a.kept.contains_key(**t) && !b.kept.contains_key(**t))
+            .map(|t| (*t).clone())
+            .collect()
+    };
+    LevelRow {
+        level: label,
+        targets: targets.len(),
+        independent: side(&input.ind, targets),
+        sequential: side(&input.seq, targets),
+        only_independent: only(&input.ind, &input.seq),
+        only_sequential: only(&input.seq, &input.ind),
+    }
+}
+
+/// Tokens and agent GPU seconds from a run's events.
+pub fn spent(events: &[Event], bench_gpu_s: f64) -> Spend {
+    let tokens = events
+        .iter()
+        .filter(|e| e.kind == "turn_finished")
+        .filter_map(|e| e.payload["usage"]["total"].as_u64())
+        .sum();
+    let agent_gpu_s: f64 = events
+        .iter()
+        .filter(|e| e.kind == "validation")
+        .filter_map(|e| e.payload["gpu_s"].as_f64())
+        .sum();
+    Spend {
+        tokens,
+        agent_gpu_s,
+        bench_gpu_s,
+        gpu_hours: (agent_gpu_s + bench_gpu_s) / 3600.0,
+    }
+}
+
+/// The comparison of two outcomes.
+pub fn compare(input: &CompareInput) -> Comparison {
+    let mut levels = Vec::new();
+    let mut by_level: BTreeMap<u8, Vec<&TargetId>> = BTreeMap::new();
+    for t in &input.targets {
+        by_level.entry(t.level()).or_default().push(t);
+    }
+    for (l, ts) in &by_level {
+        levels.push(row(format!("L{l}"), input, ts));
+    }
+    let all: Vec<&TargetId> = input.targets.iter().collect();
+    let mut spent_map = BTreeMap::new();
+    spent_map.insert(
+        "independent".to_string(),
+        spent(&input.ind_events, input.ind.bench_gpu_s),
+    );
+    spent_map.insert(
+        "sequential".to_string(),
+        spent(&input.seq_events, input.seq.bench_gpu_s),
+    );
+    Comparison {
+        simulated: input.ind.simulated || input.seq.simulated,
+        independent_run: input.ind_run.clone(),
+        sequential_run: input.seq_run.clone(),
+        independent_results: input.ind_results.clone(),
+        sequential_results: input.seq_results.clone(),
+        levels,
+        overall: row("all".into(), input, &all),
+        spent: spent_map,
+    }
+}
+
+/// Result generations of a run, newest first (`results-3`, `results-2`, `results`).
+pub fn generations(run_dir: &Path) -> Vec<PathBuf> {
+    let mut gens: Vec<(u32, PathBuf)> = std::fs::read_dir(run_dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n = match name.strip_prefix("results") {
+                Some("") => 1,
+                Some(rest) => rest.strip_prefix('-')?.parse().ok()?,
+                None => return None,
+            };
+            Some((n, e.path()))
+        })
+        .collect();
+    gens.sort_by_key(|g| std::cmp::Reverse(g.0));
+    gens.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The independent outcome from a run's newest `score.json`.
+pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, PathBuf), ScoreError> {
+    let path = generations(run_dir)
+        .into_iter()
+        .map(|g| g.join("score.json"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            ScoreError::Usage(format!(
+                "run {run_id} has no score yet: score it first with `fk-agentd score --run {run_id}`"
+            ))
+        })?;
+    let bad = |why: String| ScoreError::BadResult {
+        path: path.clone(),
+        why,
+    };
+    let bytes = std::fs::read(&path).map_err(ScoreError::io(&path))?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    let manifest: Manifest =
+        serde_json::from_value(v["final_set"]["manifest"].clone()).map_err(|_| {
+            bad(format!(
+                "no final set (scoring did not complete); score run {run_id} again"
+            ))
+        })?;
+    let mut out = Outcome {
+        simulated: v["simulated"].as_bool().unwrap_or(false),
+        ..Outcome::default()
+    };
+    for k in &manifest.kernels {
+        let speed = k.composed_speedup.or(k.standalone_speedup).unwrap_or(1.0);
+        if let Ok(t) = TargetId::new(k.level, &k.stem) {
+            out.kept.insert(t, speed);
+        }
+    }
+    for d in &manifest.dropped {
+        if let Ok(t) = TargetId::new(d.level, &d.stem) {
+            out.dropped.insert(t);
+        }
+    }
+    for stage in ["standalone", "composed"] {
+        for r in v[stage]["runs"].as_array().into_iter().flatten() {
+            out.bench_gpu_s += r["wall_s"].as_f64().unwrap_or(0.0);
+        }
+    }
+    Ok((out, path))
+}
+
+/// The sequential outcome from a run's newest `results*/seq/gate.json`.
+pub fn sequential_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, PathBuf), ScoreError> {
+    for g in generations(run_dir) {
+        let seq = g.join("seq");
+        if let Some(gate) = read_seq_gate(&seq)? {
+            return Ok((seq_outcome(&gate), seq.join("gate.json")));
+        }
+    }
+    Err(ScoreError::Usage(format!(
+        "run {run_id} has no sequential results (results*/seq/gate.json): finish it with \
+         `fk-agentd resume {run_id}` or score it with `fk-agentd score --run {run_id} --mode sequential`"
+    )))
+}
+
+fn seq_outcome(g: &SeqGate) -> Outcome {
+    Outcome {
+        kept: g
+            .winners
+            .iter()
+            .map(|d| (d.target.clone(), d.geomean.unwrap_or(1.0)))
+            .collect(),
+        dropped: g.dropped.iter().map(|d| d.target.clone()).collect(),
+        simulated: g.simulated,
+        bench_gpu_s: g.bench_wall_s,
+    }
+}
+
+/// Loads both runs and compares them (`home`'s `runs/`).
+pub fn load(
+    store: &Store,
+    runs_dir: &Path,
+    ind_run: &str,
+    seq_run: &str,
+) -> Result<Comparison, crate::Error> {
+    let (ind, ind_results) = independent_outcome(ind_run, &runs_dir.join(ind_run))?;
+    let (seq, seq_results) = sequential_outcome(seq_run, &runs_dir.join(seq_run))?;
+    let mut targets: BTreeSet<TargetId> = BTreeSet::new();
+    for id in [ind_run, seq_run] {
+        for t in store.run(Some(id))?.targets {
+            targets.insert(t.parse()?);
+        }
+    }
+    let input = CompareInput {
+        ind_run: ind_run.to_string(),
+        seq_run: seq_run.to_string(),
+        targets: targets.into_iter().collect(),
+        ind,
+        seq,
+        ind_results,
+        seq_results,
+        ind_events: store.events(ind_run, None, 0)?,
+        seq_events: store.events(seq_run, None, 0)?,
+    };
+    Ok(compare(&input))
+}
+
+/// Writes `compare.json` beside the sequential gate's generation (`compare-<n>.json` when one
+/// exists: nothing is overwritten). Returns its path.
+pub fn write(c: &Comparison) -> Result<PathBuf, ScoreError> {
+    let generation = c
+        .sequential_results
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let mut path = generation.join("compare.json");
+    let mut n = 2;
+    while path.exists() {
+        path = generation.join(format!("compare-{n}.json"));
+        n += 1;
+    }
+    crate::score::pipeline::write_json(&path, c)?;
+    Ok(path)
+}
+
+fn speed(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.3}×")).unwrap_or_else(|| "-".into())
+}
+
+fn names(ts: &[TargetId]) -> String {
+    if ts.is_empty() {
+        "-".into()
+    } else {
+        ts.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The comparison as text.
+pub fn compare_table(c: &Comparison) -> String {
+    let mut out = String::from(sim_banner(c.simulated));
+    let _ = writeln!(
+        out,
+        "independent  {}  ({})",
+        c.independent_run,
+        c.independent_results.display()
+    );
+    let _ = writeln!(
+        out,
+        "sequential   {}  ({})",
+        c.sequential_run,
+        c.sequential_results.display()
+    );
+    let mut rows = Vec::new();
+    for r in c.levels.iter().chain(std::iter::once(&c.overall)) {
+        for (mode, s) in [("ind", &r.independent), ("seq", &r.sequential)] {
+            rows.push(vec![
+                if mode == "ind" {
+                    r.level.clone()
+                } else {
+                    String::new()
+                },
+                if mode == "ind" {
+                    r.targets.to_string()
+                } else {
+                    String::new()
+                },
+                mode.to_string(),
+                s.winners.to_string(),
+                s.dropped.to_string(),
+                speed(s.geomean_winners),
+                speed(s.geomean_all),
+            ]);
+        }
+    }
+    out.push('\n');
+    out.push_str(&table(
+        &[
+            "level",
+            "targets",
+            "mode",
+            "winners",
+            "dropped",
+            "geomean (winners)",
+            "geomean (all)",
+        ],
+        &rows,
+    ));
+    let _ = writeln!(
+        out,
+        "\nwon by independent only: {}",
+        names(&c.overall.only_independent)
+    );
+    let _ = writeln!(
+        out,
+        "won by sequential only:  {}",
+        names(&c.overall.only_sequential)
+    );
+    let spent: Vec<Vec<String>> = c
+        .spent
+        .iter()
+        .map(|(mode, s)| {
+            vec![
+                mode.clone(),
+                s.tokens.to_string(),
+                format!("{:.2}", s.agent_gpu_s),
+                format!("{:.2}", s.bench_gpu_s),
+                format!("{:.4}", s.gpu_hours),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table(
+        &["spent", "tokens", "agent GPU-s", "bench GPU-s", "GPU-hours"],
+        &spent,
+    ));
+    out.push_str("geomean (all) counts every non-winner as 1.0×; speedups are from each mode's composed bench\n");
+    out
+}

@@ -1,0 +1,435 @@
+//! Scoring of a sequential campaign: one mix bench and gate per level, then the final composed
+//! bench of the surviving winners.
+//!
+//! Owns the `seq/` layout of a results generation:
+//!
+//! ```text
+//! <seq>/L<n>/candidates/       winners of the levels below (cumulative) + level n's candidates
+//! <seq>/L<n>/L<n>/bench.json   the level-n mix bench (one invocation, lower winners loaded)
+//! <seq>/L<n>/bench.json        its rows;  <seq>/L<n>/mix.json  verdicts and invocations
+//! <seq>/L<n>/win_candidates/   winners of every level ≤ n (installed into level n+1's sessions)
+//! <seq>/L<n>/gate.json         [`LevelGate`], written last: its presence means "level n done"
+//! <seq>/final/L<n>/…           the final composed bench of the winners, one invocation per level
+//! <seq>/win_candidates/        the final winners
+//! <seq>/bench.json, composed.json, gate.json ([`SeqGate`], written last)
+//! ```
+//!
+//! Level n's gate judges only level n's candidates (with lower winners in place, so a candidate
+//! that breaks beside them loses); lower winners stand. The final composed bench (correctness
+//! only) drops the winners that break when everything is loaded together — the published
+//! `seq/bench_results` filter. A gate file is never rewritten: a level whose `gate.json`
+//! exists is read back, not re-benched (resume). A level's scratch folders without a
+//! `gate.json` are from an attempt that did not finish and are rebuilt.
+//!
+//! Not here: running the sessions of a level (the daemon does, between the gates).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::report::{sim_banner, table};
+use crate::score::ScoreError;
+use crate::score::candidates::{CandidateSet, gather_sessions, session_candidates};
+use crate::score::driver::{BenchDriver, BenchLauncher};
+use crate::score::export::dropped_reason;
+use crate::score::gate::WinnerGate;
+use crate::score::pipeline::{MixParams, RunSummary, StageReport, score_mix, write_json};
+use crate::target::TargetId;
+use crate::workspace::session_dir_for;
+
+/// The gate's answer for one target, as kept in the gate files.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub target: TargetId,
+    pub winner: bool,
+    /// Geometric-mean speedup in the bench that decided (the mix, or the final composed bench).
+    pub geomean: Option<f64>,
+    pub reason: Option<String>,
+}
+
+/// The gating decision of one level (`<seq>/L<n>/gate.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelGate {
+    pub level: u8,
+    pub simulated: bool,
+    pub threshold: f64,
+    /// Every target of this level, winners or not ("no candidate" when its session wrote none).
+    pub decisions: Vec<Decision>,
+    pub new_winners: Vec<TargetId>,
+    /// Winners of every level so far.
+    pub winners: Vec<TargetId>,
+    pub win_candidates: PathBuf,
+    /// Wall time of the level's bench invocations (GPU time under a one-GPU lease).
+    pub bench_wall_s: f64,
+}
+
+/// The final decision of a sequential campaign (`<seq>/gate.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeqGate {
+    pub simulated: bool,
+    pub levels: Vec<u8>,
+    /// Kept winners, with their speedup in the final composed bench.
+    pub winners: Vec<Decision>,
+    /// Level winners that failed the final composed bench, with the reason.
+    pub dropped: Vec<Decision>,
+    pub win_candidates: PathBuf,
+    pub composed_bench: Option<PathBuf>,
+    /// Wall time of every bench of the sequential scoring (levels and final).
+    pub bench_wall_s: f64,
+}
+
+/// One level to gate.
+#[derive(Clone, Debug)]
+pub struct LevelParams<'a> {
+    /// The run whose `sessions/` hold the level's candidates.
+    pub run_dir: &'a Path,
+    /// `<generation>/seq`.
+    pub seq_dir: &'a Path,
+    pub level: u8,
+    /// The campaign's targets of this level.
+    pub targets: &'a [TargetId],
+    /// The gate of the level below (its winners are loaded in the mix).
+    pub previous: Option<&'a LevelGate>,
+    pub gate: WinnerGate,
+}
+
+/// A whole sequential scoring, for printing.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SeqReport {
+    pub run_id: String,
+    pub seq_dir: PathBuf,
+    pub levels: Vec<LevelGate>,
+    pub gate: SeqGate,
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, ScoreError> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ScoreError::BadResult {
+                path: path.to_path_buf(),
+                why: e.to_string(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ScoreError::io(path)(e)),
+    }
+}
+
+/// The gate of a level already decided, if any.
+pub fn read_level_gate(seq_dir: &Path, level: u8) -> Result<Option<LevelGate>, ScoreError> {
+    read_json(&seq_dir.join(format!("L{level}")).join("gate.json"))
+}
+
+/// The final gate, if the sequential scoring finished.
+pub fn read_seq_gate(seq_dir: &Path) -> Result<Option<SeqGate>, ScoreError> {
+    read_json(&seq_dir.join("gate.json"))
+}
+
+/// Copies every file under `src` into `dst` (same relative paths); returns them, sorted.
+pub fn copy_tree(src: &Path, dst: &Path) -> Result<Vec<PathBuf>, ScoreError> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = src.join(&rel);
+        for e in std::fs::read_dir(&dir).map_err(ScoreError::io(&dir))? {
+            let e = e.map_err(ScoreError::io(&dir))?;
+            let (kind, name) = (e.file_type().map_err(ScoreError::io(&dir))?, e.file_name());
+            if kind.is_dir() && name != "__pycache__" {
+                stack.push(rel.join(&name));
+            } else if kind.is_file() {
+                let to = dst.join(&rel).join(&name);
+                std::fs::create_dir_all(dst.join(&rel)).map_err(ScoreError::io(dst))?;
+                std::fs::copy(e.path(), &to).map_err(ScoreError::io(&to))?;
+                out.push(rel.join(&name));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Installs the winners in `win_dir` into the candidate folder of each target's session
+/// (`sessions/L<n>/<stem>/candidate/L<k>/` for every level k below the target's), so the agent
+/// builds on them and its `validate` benches them together. Returns the files copied per target.
+pub fn install_winners(
+    win_dir: &Path,
+    run_dir: &Path,
+    targets: &[TargetId],
+) -> Result<usize, ScoreError> {
+    let mut copied = 0;
+    for t in targets {
+        let dest = session_dir_for(run_dir, t).join("candidate");
+        for k in 1..t.level() {
+            let src = win_dir.join(format!("L{k}"));
+            if src.is_dir() {
+                copied += copy_tree(&src, &dest.join(format!("L{k}")))?.len();
+            }
+        }
+    }
+    Ok(copied)
+}
+
+fn fresh_dir(dir: &Path) -> Result<(), ScoreError> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(ScoreError::io(dir))?;
+    }
+    std::fs::create_dir_all(dir).map_err(ScoreError::io(dir))
+}
+
+fn wall(runs: &[RunSummary]) -> f64 {
+    runs.iter().filter_map(|r| r.wall_s).sum()
+}
+
+/// Scoring cannot go on: an infrastructure failure, or a cancellation.
+fn check_complete(stage: &StageReport, cancel: &CancellationToken) -> Result<(), ScoreError> {
+    let infra: Vec<String> = stage
+        .runs
+        .iter()
+        .filter(|r| r.infrastructure)
+        .map(|r| format!("{}: {}", r.label, r.failure.clone().unwrap_or_default()))
+        .collect();
+    if cancel.is_cancelled() {
+        return Err(ScoreError::Incomplete("cancelled".into()));
+    }
+    if !infra.is_empty() {
+        return Err(ScoreError::Incomplete(infra.join("; ")));
+    }
+    Ok(())
+}
+
+/// Mix-benches level `p.level` (lower winners loaded) and gates its candidates; returns the
+/// existing gate untouched when the level was decided before.
+pub async fn gate_level<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    p: &LevelParams<'_>,
+    cancel: &CancellationToken,
+) -> Result<LevelGate, ScoreError> {
+    if let Some(done) = read_level_gate(p.seq_dir, p.level)? {
+        return Ok(done);
+    }
+    let dir = p.seq_dir.join(format!("L{}", p.level));
+    let cand = dir.join("candidates");
+    fresh_dir(&dir)?;
+    std::fs::create_dir_all(&cand).map_err(ScoreError::io(&cand))?;
+    if let Some(prev) = p.previous {
+        copy_tree(&prev.win_candidates, &cand)?;
+    }
+    let sessions: Vec<(TargetId, PathBuf)> = session_candidates(p.run_dir)?
+        .into_iter()
+        .filter(|(t, _)| p.targets.contains(t))
+        .collect();
+    gather_sessions(&sessions, &cand)?;
+    let expected: Vec<TargetId> = sessions.iter().map(|(t, _)| t.clone()).collect();
+    let mut decisions = Vec::new();
+    let (mut simulated, mut bench_wall_s) = (false, 0.0);
+    let mut stage_gate = None;
+    if !expected.is_empty() {
+        let mix = MixParams {
+            levels: &[p.level],
+            candidates: &cand,
+            work: &dir,
+            gate: &p.gate,
+            expected: &expected,
+        };
+        let outcome = score_mix(driver, &mix, cancel).await;
+        write_json(&dir.join("mix.json"), &outcome.stage)?;
+        check_complete(&outcome.stage, cancel)?;
+        write_json(&dir.join("bench.json"), &outcome.result)?;
+        simulated = outcome.stage.simulated;
+        bench_wall_s = wall(&outcome.stage.runs);
+        stage_gate = Some(outcome.stage.gate);
+    }
+    for t in p.targets {
+        let d = match stage_gate.as_ref().and_then(|g| g.get(t)) {
+            Some(v) => Decision {
+                target: t.clone(),
+                winner: v.winner,
+                geomean: v.geomean,
+                reason: v.reason.clone(),
+            },
+            None => Decision {
+                target: t.clone(),
+                winner: false,
+                geomean: None,
+                reason: Some("no candidate: the session wrote none".into()),
+            },
+        };
+        decisions.push(d);
+    }
+    let new_winners: Vec<TargetId> = decisions
+        .iter()
+        .filter(|d| d.winner)
+        .map(|d| d.target.clone())
+        .collect();
+    let mut winners: Vec<TargetId> = p.previous.map(|g| g.winners.clone()).unwrap_or_default();
+    winners.extend(new_winners.iter().cloned());
+    let win_candidates = dir.join("win_candidates");
+    CandidateSet::scan(&cand)?.materialize(&winners, &win_candidates)?;
+    let gate = LevelGate {
+        level: p.level,
+        simulated,
+        threshold: p.gate.threshold,
+        decisions,
+        new_winners,
+        winners,
+        win_candidates,
+        bench_wall_s,
+    };
+    write_json(&dir.join("gate.json"), &gate)?;
+    Ok(gate)
+}
+
+/// The final composed bench (correctness only) of the last level's winners; returns the
+/// existing final gate when there is one.
+pub async fn finish<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    seq_dir: &Path,
+    levels: &[LevelGate],
+    cancel: &CancellationToken,
+) -> Result<SeqGate, ScoreError> {
+    if let Some(done) = read_seq_gate(seq_dir)? {
+        return Ok(done);
+    }
+    let win = seq_dir.join("win_candidates");
+    fresh_dir(&win)?;
+    let work = seq_dir.join("final");
+    fresh_dir(&work)?;
+    let mut gate = SeqGate {
+        simulated: levels.iter().any(|l| l.simulated),
+        levels: levels.iter().map(|l| l.level).collect(),
+        winners: Vec::new(),
+        dropped: Vec::new(),
+        win_candidates: win.clone(),
+        composed_bench: None,
+        bench_wall_s: levels.iter().map(|l| l.bench_wall_s).sum(),
+    };
+    let winners = levels.last().map(|l| l.winners.clone()).unwrap_or_default();
+    if let (Some(last), false) = (levels.last(), winners.is_empty()) {
+        copy_tree(&last.win_candidates, &win)?;
+        let mut lv: Vec<u8> = winners.iter().map(TargetId::level).collect();
+        lv.sort_unstable();
+        lv.dedup();
+        let mix = MixParams {
+            levels: &lv,
+            candidates: &win,
+            work: &work,
+            gate: &WinnerGate::correctness_only(),
+            expected: &winners,
+        };
+        let outcome = score_mix(driver, &mix, cancel).await;
+        write_json(&seq_dir.join("composed.json"), &outcome.stage)?;
+        check_complete(&outcome.stage, cancel)?;
+        write_json(&seq_dir.join("bench.json"), &outcome.result)?;
+        gate.simulated |= outcome.stage.simulated;
+        gate.bench_wall_s += wall(&outcome.stage.runs);
+        gate.composed_bench = Some(seq_dir.join("bench.json"));
+        for v in &outcome.stage.gate.verdicts {
+            let d = Decision {
+                target: v.target.clone(),
+                winner: v.winner,
+                geomean: v.geomean,
+                reason: (!v.winner).then(|| dropped_reason(v)),
+            };
+            if v.winner {
+                gate.winners.push(d);
+            } else {
+                gate.dropped.push(d);
+            }
+        }
+    }
+    write_json(&seq_dir.join("gate.json"), &gate)?;
+    Ok(gate)
+}
+
+/// Scores a sequential run's sessions level by level into `seq_dir` (the campaign's own
+/// scoring, or `score --mode sequential` into a new generation). Levels already decided there
+/// are read back.
+pub async fn score_levels<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    run_dir: &Path,
+    seq_dir: &Path,
+    targets: &[TargetId],
+    cancel: &CancellationToken,
+) -> Result<(Vec<LevelGate>, SeqGate), ScoreError> {
+    let mut gates: Vec<LevelGate> = Vec::new();
+    for (level, of_level) in by_level(targets) {
+        let p = LevelParams {
+            run_dir,
+            seq_dir,
+            level,
+            targets: &of_level,
+            previous: gates.last(),
+            gate: WinnerGate::default(),
+        };
+        let g = gate_level(driver, &p, cancel).await?;
+        gates.push(g);
+    }
+    let fin = finish(driver, seq_dir, &gates, cancel).await?;
+    Ok((gates, fin))
+}
+
+/// Targets grouped by level, ascending (the order a sequential campaign runs them in).
+pub fn by_level(targets: &[TargetId]) -> BTreeMap<u8, Vec<TargetId>> {
+    let mut out: BTreeMap<u8, Vec<TargetId>> = BTreeMap::new();
+    for t in targets {
+        out.entry(t.level()).or_default().push(t.clone());
+    }
+    out
+}
+
+fn speed(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.3}×")).unwrap_or_else(|| "-".into())
+}
+
+/// The sequential scoring as text.
+pub fn seq_table(r: &SeqReport) -> String {
+    let mut out = String::from(sim_banner(r.gate.simulated));
+    let _ = writeln!(out, "run          {}", r.run_id);
+    let _ = writeln!(out, "results      {}", r.seq_dir.display());
+    for g in &r.levels {
+        let _ = writeln!(
+            out,
+            "\nL{} mix bench (lower winners loaded; correct and geomean ≥ {:.2}): {} of {} winners",
+            g.level,
+            g.threshold,
+            g.new_winners.len(),
+            g.decisions.len()
+        );
+        let rows: Vec<Vec<String>> = g
+            .decisions
+            .iter()
+            .map(|d| {
+                vec![
+                    d.target.to_string(),
+                    if d.winner { "WIN" } else { "no" }.into(),
+                    speed(d.geomean),
+                    d.reason.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["target", "verdict", "mix", "reason"], &rows));
+    }
+    let _ = writeln!(
+        out,
+        "\nfinal composed bench: {} kept, {} dropped",
+        r.gate.winners.len(),
+        r.gate.dropped.len()
+    );
+    for d in &r.gate.dropped {
+        let _ = writeln!(
+            out,
+            "  dropped {}: {}",
+            d.target,
+            d.reason.clone().unwrap_or_default()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "gate         {}",
+        r.seq_dir.join("gate.json").display()
+    );
+    out
+}

@@ -1,0 +1,213 @@
+//! `compare`: the numbers from two outcomes, `--mode all` writing `compare.json`, and the
+//! command line doing `start --sim --mode all`, `score`, `compare` end to end.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use fk_agentd::score::compare::{self, CompareInput, Comparison, Outcome, Side};
+use fk_agentd::store::Event;
+use fk_agentd::target::TargetId;
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::sequential::{run_sim, sim_config};
+
+fn t(s: &str) -> TargetId {
+    s.parse().unwrap()
+}
+
+fn ev(kind: &str, payload: serde_json::Value) -> Event {
+    Event {
+        run_id: "r".into(),
+        seq: 0,
+        at: String::new(),
+        kind: kind.into(),
+        target: None,
+        payload,
+    }
+}
+
+#[test]
+fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
+    let ind = Outcome {
+        kept: BTreeMap::from([(t("L1/gelu"), 2.0), (t("L1/bmm"), 1.5)]),
+        dropped: BTreeSet::from([t("L2/ada_layer_norm")]),
+        simulated: true,
+        bench_gpu_s: 1800.0,
+    };
+    let seq = Outcome {
+        kept: BTreeMap::from([(t("L1/gelu"), 2.0), (t("L2/ada_layer_norm"), 1.25)]),
+        dropped: BTreeSet::new(),
+        simulated: true,
+        bench_gpu_s: 900.0,
+    };
+    let input = CompareInput {
+        ind_run: "ind".into(),
+        seq_run: "seq".into(),
+        targets: vec![
+            t("L1/gelu"),
+            t("L1/bmm"),
+            t("L2/ada_layer_norm"),
+            t("L2/rms_norm"),
+        ],
+        ind,
+        seq,
+        ind_results: "i/score.json".into(),
+        seq_results: "s/seq/gate.json".into(),
+        ind_events: vec![
+            ev("turn_finished", json!({"usage": {"total": 100}})),
+            ev("validation", json!({"gpu_s": 1800.0})),
+        ],
+        seq_events: vec![ev("turn_finished", json!({"usage": {"total": 40}}))],
+    };
+    let c = compare::compare(&input);
+    let side = |w, d, gw: Option<f64>, ga: f64| Side {
+        winners: w,
+        dropped: d,
+        geomean_winners: gw,
+        geomean_all: Some(ga),
+    };
+    let l2 = &c.levels[1];
+    assert_eq!(l2.independent, side(0, 1, None, 1.0));
+    assert_eq!(l2.sequential.winners, 1);
+    assert!((l2.sequential.geomean_all.unwrap() - 1.25f64.sqrt()).abs() < 1e-12);
+    assert_eq!(c.overall.only_independent, vec![t("L1/bmm")]);
+    assert_eq!(c.overall.only_sequential, vec![t("L2/ada_layer_norm")]);
+    assert!((c.overall.independent.geomean_all.unwrap() - 3.0f64.powf(0.25)).abs() < 1e-12);
+    assert_eq!(c.spent["independent"].tokens, 100);
+    assert_eq!(c.spent["independent"].gpu_hours, 1.0);
+    assert_eq!(c.spent["sequential"].gpu_hours, 0.25);
+    assert!(compare::compare_table(&c).starts_with("SIMULATED RUN"));
+}
+
+/// The table with run ids, paths and measured times replaced.
+fn stable_table(c: &Comparison, home: &Path) -> String {
+    let mut c = c.clone();
+    for s in c.spent.values_mut() {
+        s.agent_gpu_s = 0.0;
+        s.bench_gpu_s = 0.0;
+        s.gpu_hours = 0.0;
+    }
+    compare::compare_table(&c)
+        .replace(&home.display().to_string(), "[HOME]")
+        .replace(&c.independent_run, "[IND]")
+        .replace(&c.sequential_run, "[SEQ]")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mode_all_runs_a_linked_pair_and_writes_compare_json() {
+    let home = tempfile::tempdir().unwrap();
+    let config = sim_config(home.path(), "L1/gelu,L1/bmm,L2/ada_layer_norm", "all");
+    let report = run_sim(config, Default::default()).await;
+    let ind = report.pair.clone().expect("an all campaign names its pair");
+    assert!(ind.contains("-ind-") && report.run_id.contains("-seq-"));
+    let store = fk_agentd::daemon::open_store(home.path()).unwrap();
+    assert_eq!(
+        fk_agentd::daemon::plan::pair_of(&store, &ind).unwrap(),
+        Some(report.run_id.clone())
+    );
+    let ind_dir = home.path().join("runs").join(&ind);
+    assert!(ind_dir.join("results/ind").is_dir() && ind_dir.join("results/comp").is_dir());
+    let path = report.run_dir.join("results/compare.json");
+    let c: Comparison = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(
+        (c.independent_run.as_str(), c.sequential_run.as_str()),
+        (ind.as_str(), report.run_id.as_str())
+    );
+    assert!(c.simulated);
+    let levels: Vec<(String, usize)> = c
+        .levels
+        .iter()
+        .map(|r| (r.level.clone(), r.targets))
+        .collect();
+    assert_eq!(levels, vec![("L1".to_string(), 2), ("L2".to_string(), 1)]);
+    assert_eq!(c.overall.targets, 3);
+    assert!(c.spent["independent"].tokens > 0 && c.spent["sequential"].tokens > 0);
+    insta::assert_snapshot!("compare_table_sim", stable_table(&c, home.path()));
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
+
+fn fk(tmp: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .env_remove("FK_AGENTD_CONFIG")
+        .env_remove("FK_DIR")
+        .env("FK_AGENTD_HOME", tmp.join("home"))
+        .arg("--config")
+        .arg(tmp.join("fk-agentd.toml"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn run_dirs(home: &Path, kind: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(home.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().contains(kind))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn start_mode_all_then_score_then_compare_from_the_command_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+    let config = format!(
+        "[campaign]\ncaptures = {:?}\n",
+        tmp.path().join("captures").display().to_string()
+    );
+    std::fs::write(tmp.path().join("fk-agentd.toml"), config).unwrap();
+    let targets = "L1/gelu,L1/bmm,L2/ada_layer_norm";
+    let start = fk(
+        tmp.path(),
+        &[
+            "start",
+            "--sim",
+            "--mode",
+            "all",
+            "--targets",
+            targets,
+            "--max-agents",
+            "3",
+        ],
+    );
+    let out = String::from_utf8_lossy(&start.stdout);
+    assert!(start.status.code().is_some_and(|c| c <= 1), "{start:?}");
+    assert!(out.starts_with("SIMULATED RUN"), "{out}");
+    assert!(out.contains("comparison "), "{out}");
+    let score = fk(tmp.path(), &["score"]);
+    assert_eq!(score.status.code(), Some(0), "{score:?}");
+    assert!(String::from_utf8_lossy(&score.stdout).contains("SIMULATED RUN"));
+    let cmp = fk(tmp.path(), &["compare"]);
+    assert_eq!(cmp.status.code(), Some(0), "{cmp:?}");
+    let text = String::from_utf8_lossy(&cmp.stdout);
+    assert!(
+        text.starts_with("SIMULATED RUN") && text.contains("geomean (all)"),
+        "{text}"
+    );
+
+    let home = tmp.path().join("home");
+    let (ind, seq) = (run_dirs(&home, "-ind-"), run_dirs(&home, "-seq-"));
+    assert_eq!((ind.len(), seq.len()), (1, 1));
+    assert!(ind[0].join("results/ind").is_dir());
+    assert!(ind[0].join("results/comp").is_dir());
+    assert!(seq[0].join("results/seq/gate.json").is_file());
+    assert!(seq[0].join("results/compare.json").is_file());
+    // `score` of the sequential run re-scores it level by level; `compare` uses that.
+    assert!(seq[0].join("results-2/seq/gate.json").is_file());
+    assert!(seq[0].join("results-2/compare.json").is_file());
+    let json = fk(
+        tmp.path(),
+        &[
+            "compare",
+            "--json",
+            "--run",
+            &seq[0].file_name().unwrap().to_string_lossy(),
+        ],
+    );
+    let c: Comparison = serde_json::from_slice(&json.stdout).unwrap();
+    assert!(c.simulated);
+}

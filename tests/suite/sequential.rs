@@ -1,0 +1,399 @@
+//! The sequential campaign, in process against the simulation: level by level, the lower
+//! winners installed in the next level's sessions before they start, one gate file per level,
+//! phase events in order; and a decided level is never re-benched.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fk_agentd::config::{Config, Env, Flags};
+use fk_agentd::daemon::{self, CampaignParams, CampaignReport, DaemonParams, RunnerSource};
+use fk_agentd::gpu::LeaseClass;
+use fk_agentd::run::RunJournal;
+use fk_agentd::scheduler::{SessionFuture, SessionRunner};
+use fk_agentd::score::ScoreError;
+use fk_agentd::score::driver::{BenchDriver, BenchLauncher, DriverParams, Invocation, ProcessExit};
+use fk_agentd::score::lease::LeaseLauncher;
+use fk_agentd::score::sequential::{self, LevelGate};
+use fk_agentd::sim::campaign::SimParams;
+use fk_agentd::target::{Catalog, TargetId};
+use pretty_assertions::assert_eq;
+use tokio_util::sync::CancellationToken;
+
+const TARGETS: &str = "L1/gelu,L1/bmm,L1/quickgelu,L2/ada_layer_norm,L2/ada_layer_norm_continuous";
+
+pub fn sim_config(home: &Path, targets: &str, mode: &str) -> Config {
+    let flags = Flags {
+        home: Some(home.to_path_buf()),
+        targets: Some(targets.into()),
+        mode: Some(mode.into()),
+        max_agents: Some(4),
+        sim: true,
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    Config::load(&flags, &env, &Catalog::embedded()).unwrap()
+}
+
+pub fn sim_params() -> SimParams {
+    SimParams {
+        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
+        seed: fk_agentd::sim::campaign::SIM_SEED,
+        max_think: Duration::from_millis(20),
+    }
+}
+
+/// The simulated bench for the campaign's own scoring.
+pub fn sim_bench(config: &Config, params: &SimParams) -> CampaignParams {
+    CampaignParams {
+        bench: Some(DriverParams {
+            command: fk_agentd::sim::bench::command(&params.exe, params.seed),
+            fastkernels_dir: None,
+            captures: config.captures.clone(),
+            deadline: Duration::from_secs(60),
+            parallel: 4,
+            env_remove: Vec::new(),
+        }),
+    }
+}
+
+/// What each session found in its candidate folder when it started.
+pub type Seen = Arc<Mutex<BTreeMap<TargetId, Vec<String>>>>;
+
+/// Wraps the simulated agent and notes, as each session starts, the lower-level candidate
+/// files already in its candidate folder.
+struct Observing {
+    inner: Arc<dyn SessionRunner>,
+    seen: Seen,
+    /// Stops the daemon when the first session of this level starts.
+    stop: Option<(u8, CancellationToken)>,
+}
+
+impl SessionRunner for Observing {
+    fn run(
+        &self,
+        target: TargetId,
+        journal: Arc<RunJournal>,
+        cancel: CancellationToken,
+    ) -> SessionFuture {
+        let cand = fk_agentd::workspace::session_dir_for(journal.dir(), &target).join("candidate");
+        let mut files = Vec::new();
+        for k in 1..target.level() {
+            for e in std::fs::read_dir(cand.join(format!("L{k}")))
+                .into_iter()
+                .flatten()
+            {
+                files.push(format!("L{k}/{}", e.unwrap().file_name().to_string_lossy()));
+            }
+        }
+        files.sort();
+        self.seen.lock().unwrap().insert(target.clone(), files);
+        if let Some((level, stop)) = &self.stop {
+            if target.level() == *level {
+                stop.cancel();
+            }
+        }
+        self.inner.run(target, journal, cancel)
+    }
+}
+
+/// How a test drives a simulated campaign.
+#[derive(Default)]
+pub struct Drive {
+    pub seen: Seen,
+    pub resume: Option<String>,
+    /// Stop the daemon as the first session of this level starts.
+    pub stop_at_level: Option<u8>,
+}
+
+pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
+    let params = sim_params();
+    let server = fk_agentd::sim::campaign::start_server(&params)
+        .await
+        .unwrap();
+    let campaign = sim_bench(&config, &params);
+    let (cfg, base) = (config.clone(), server.base_url.clone());
+    let stop = CancellationToken::new();
+    let stop_at = drive.stop_at_level.map(|l| (l, stop.clone()));
+    let seen = drive.seen.clone();
+    let runner = RunnerSource::WithBroker(Box::new(move |broker| {
+        Box::pin(async move {
+            let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
+            let inner = fk_agentd::sim::campaign::runner_with_url(
+                &cfg,
+                &Catalog::embedded(),
+                &base,
+                &params,
+                launcher,
+            )
+            .await?;
+            let inner: Arc<dyn SessionRunner> = Arc::new(inner);
+            let observing = Observing {
+                inner,
+                seen,
+                stop: stop_at,
+            };
+            Ok(Arc::new(observing) as Arc<dyn SessionRunner>)
+        })
+    }));
+    let report = daemon::run_campaign_with(
+        DaemonParams {
+            config,
+            runner,
+            drain_deadline: Duration::from_secs(30),
+            resume: drive.resume,
+            facts: None,
+        },
+        campaign,
+        stop.cancelled_owned(),
+    )
+    .await
+    .unwrap();
+    server.shutdown().await;
+    report
+}
+
+fn read_gate(path: &Path) -> LevelGate {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_campaign_gates_each_level_and_builds_the_next_on_its_winners() {
+    let home = tempfile::tempdir().unwrap();
+    let seen = Seen::default();
+    let drive = Drive {
+        seen: seen.clone(),
+        ..Drive::default()
+    };
+    let report = run_sim(sim_config(home.path(), TARGETS, "sequential"), drive).await;
+    assert!(report.run_id.contains("-seq-"), "{}", report.run_id);
+    assert_ne!(report.status, "INTERRUPTED", "{report:?}");
+
+    let seq = report.run_dir.join("results/seq");
+    let l1 = read_gate(&seq.join("L1/gate.json"));
+    let l2 = read_gate(&seq.join("L2/gate.json"));
+    assert!(seq.join("gate.json").is_file());
+    assert!(seq.join("L1/bench.json").is_file() && seq.join("L2/bench.json").is_file());
+    assert_eq!(l1.decisions.len(), 3);
+    assert_eq!(l2.decisions.len(), 2);
+    assert!(
+        !l1.new_winners.is_empty(),
+        "the seeded L1 sessions produce winners: {l1:?}"
+    );
+    // Every L2 session started with exactly the L1 winners in its candidate folder.
+    let expected: Vec<String> = l1
+        .winners
+        .iter()
+        .map(|t| format!("L1/{}.py", t.stem()))
+        .collect();
+    let seen = seen.lock().unwrap().clone();
+    for t in ["L2/ada_layer_norm", "L2/ada_layer_norm_continuous"] {
+        assert_eq!(seen[&t.parse::<TargetId>().unwrap()], expected, "{t}");
+    }
+    for t in ["L1/gelu", "L1/bmm", "L1/quickgelu"] {
+        assert_eq!(
+            seen[&t.parse::<TargetId>().unwrap()],
+            Vec::<String>::new(),
+            "{t}"
+        );
+    }
+    let mut cumulative = l1.winners.clone();
+    cumulative.extend(l2.new_winners.iter().cloned());
+    assert_eq!(l2.winners, cumulative);
+
+    // Phase events, in order, with no L2 session before the L1 gate.
+    let evs = daemon::open_store(home.path())
+        .unwrap()
+        .events(&report.run_id, None, 0)
+        .unwrap();
+    let phases: Vec<(String, u64)> = evs
+        .iter()
+        .filter(|e| e.kind.starts_with("phase_"))
+        .map(|e| (e.kind.clone(), e.payload["level"].as_u64().unwrap()))
+        .collect();
+    let p = |k: &str, l| (k.to_string(), l);
+    assert_eq!(
+        phases,
+        vec![
+            p("phase_started", 1),
+            p("phase_finished", 1),
+            p("phase_started", 2),
+            p("phase_finished", 2)
+        ]
+    );
+    let seq_of = |kind: &str, level: u64| {
+        evs.iter()
+            .find(|e| e.kind == kind && e.payload["level"] == level)
+            .unwrap()
+            .seq
+    };
+    let first_l2_task = evs
+        .iter()
+        .find(|e| {
+            e.kind == "task_submitted" && e.target.as_deref().is_some_and(|t| t.starts_with("L2/"))
+        })
+        .unwrap()
+        .seq;
+    assert!(seq_of("phase_finished", 1) < first_l2_task);
+    let finished_l1 = evs
+        .iter()
+        .find(|e| e.kind == "phase_finished" && e.payload["level"] == 1)
+        .unwrap();
+    let winners: Vec<String> = l1.winners.iter().map(ToString::to_string).collect();
+    assert_eq!(finished_l1.payload["winners"], serde_json::json!(winners));
+    assert!(evs.iter().any(|e| e.kind == "sequential_finished"));
+    let gated = |level, n| daemon::phases::PhaseState {
+        level,
+        state: "gated".into(),
+        winners: Some(n),
+    };
+    assert_eq!(
+        daemon::phases::phase_states(&evs),
+        vec![gated(1, l1.winners.len()), gated(2, l2.winners.len())]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequential_run_stopped_in_level_two_resumes_there_without_redoing_level_one() {
+    let home = tempfile::tempdir().unwrap();
+    let config = sim_config(home.path(), TARGETS, "sequential");
+    let stop = Drive {
+        stop_at_level: Some(2),
+        ..Drive::default()
+    };
+    let first = run_sim(config.clone(), stop).await;
+    assert_eq!(first.status, "INTERRUPTED", "{first:?}");
+    let seq = first.run_dir.join("results/seq");
+    let l1_before = std::fs::read(seq.join("L1/gate.json")).unwrap();
+    assert!(!seq.join("L2/gate.json").exists());
+
+    let again = Drive {
+        resume: Some(first.run_id.clone()),
+        ..Drive::default()
+    };
+    let second = run_sim(config, again).await;
+    assert_eq!(second.run_id, first.run_id);
+    assert_ne!(second.status, "INTERRUPTED", "{second:?}");
+    assert_eq!(std::fs::read(seq.join("L1/gate.json")).unwrap(), l1_before);
+    assert!(seq.join("L2/gate.json").is_file() && seq.join("gate.json").is_file());
+    let evs = daemon::open_store(home.path())
+        .unwrap()
+        .events(&first.run_id, None, 0)
+        .unwrap();
+    let phases: Vec<(String, u64)> = evs
+        .iter()
+        .filter(|e| e.kind.starts_with("phase_"))
+        .map(|e| (e.kind.clone(), e.payload["level"].as_u64().unwrap()))
+        .collect();
+    let p = |k: &str, l| (k.to_string(), l);
+    assert_eq!(
+        phases,
+        vec![
+            p("phase_started", 1),
+            p("phase_finished", 1),
+            p("phase_started", 2),
+            p("phase_started", 2),
+            p("phase_finished", 2)
+        ]
+    );
+    let l1_tasks = evs
+        .iter()
+        .filter(|e| e.kind == "task_submitted")
+        .filter(|e| e.target.as_deref().is_some_and(|t| t.starts_with("L1/")))
+        .count();
+    assert_eq!(l1_tasks, 3, "level 1 sessions are not submitted again");
+}
+
+/// Counts bench invocations; never starts a process.
+#[derive(Default)]
+struct Refusing(AtomicUsize);
+
+impl BenchLauncher for Refusing {
+    async fn launch(
+        &self,
+        _inv: Invocation,
+        _cancel: CancellationToken,
+    ) -> Result<ProcessExit, ScoreError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(ScoreError::Launch {
+            program: "bench".into(),
+            why: "this test allows no bench".into(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_level_whose_gate_file_exists_is_read_back_not_rebenched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let seq = tmp.path().join("results/seq");
+    let gate = LevelGate {
+        level: 1,
+        simulated: true,
+        threshold: 1.0,
+        decisions: Vec::new(),
+        new_winners: vec!["L1/gelu".parse().unwrap()],
+        winners: vec!["L1/gelu".parse().unwrap()],
+        win_candidates: seq.join("L1/win_candidates"),
+        bench_wall_s: 1.5,
+    };
+    fk_agentd::score::pipeline::write_json(&seq.join("L1/gate.json"), &gate).unwrap();
+    let driver = BenchDriver::new(
+        DriverParams {
+            command: vec!["bench".into()],
+            fastkernels_dir: None,
+            captures: tmp.path().to_path_buf(),
+            deadline: Duration::from_secs(5),
+            parallel: 1,
+            env_remove: Vec::new(),
+        },
+        Refusing::default(),
+    )
+    .await
+    .unwrap();
+    let targets: Vec<TargetId> = vec!["L1/gelu".parse().unwrap()];
+    let p = sequential::LevelParams {
+        run_dir: tmp.path(),
+        seq_dir: &seq,
+        level: 1,
+        targets: &targets,
+        previous: None,
+        gate: Default::default(),
+    };
+    let again = sequential::gate_level(&driver, &p, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(again, gate);
+}
+
+#[test]
+fn winners_are_installed_only_into_higher_levels_sessions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let win = tmp.path().join("win");
+    for (rel, text) in [
+        ("L1/gelu.py", "g"),
+        ("L1/gelu_k.cu", "k"),
+        ("L2/rms_norm.py", "r"),
+    ] {
+        std::fs::create_dir_all(win.join(rel).parent().unwrap()).unwrap();
+        std::fs::write(win.join(rel), text).unwrap();
+    }
+    let run = tmp.path().join("run");
+    let targets: Vec<TargetId> = ["L2/ada_layer_norm", "L3/flux_transformer"]
+        .iter()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let copied = sequential::install_winners(&win, &run, &targets).unwrap();
+    assert_eq!(copied, 5);
+    let cand = |t: &str| run.join("sessions").join(t).join("candidate");
+    assert!(cand("L2/ada_layer_norm").join("L1/gelu_k.cu").is_file());
+    assert!(
+        !cand("L2/ada_layer_norm").join("L2/rms_norm.py").exists(),
+        "same level is never installed"
+    );
+    assert!(cand("L3/flux_transformer").join("L2/rms_norm.py").is_file());
+}
