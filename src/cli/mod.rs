@@ -41,6 +41,12 @@ pub fn main() -> i32 {
         _ => cli,
     };
     let env = Env::from_process();
+    if !matches!(
+        cli.command,
+        Command::Start(_) | Command::Resume { .. } | Command::Lease(_)
+    ) {
+        restore_sigpipe();
+    }
     init_logging(matches!(cli.command, Command::Start(_)));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -307,7 +313,10 @@ pub(crate) fn prepare_harness(
     let series_dir = crate::harness::write_shipped_series(&config.home)?;
     let series = PatchSeries::load(&series_dir)?;
     let (commit, _) = checkout_state(dir)?;
-    let dest = config.home.join("harness").join(copy_name(&commit, &series));
+    let dest = config
+        .home
+        .join("harness")
+        .join(copy_name(&commit, &series));
     Ok(prepare_cached(dir, &series, &dest)?)
 }
 
@@ -387,4 +396,14 @@ async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
     } else {
         crate::error::EXIT_UNAVAILABLE
     })
+}
+
+/// Lets a printing command end quietly when its reader goes away (`fk-agentd sessions | head`),
+/// as Unix tools do. Not for the daemon or `lease`: they write to sockets and must see EPIPE
+/// as an error instead of dying.
+fn restore_sigpipe() {
+    // SAFETY: called once at start-up, before any thread is spawned; SIG_DFL is always valid.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }

@@ -295,7 +295,10 @@ pub fn prepare(
 
 /// The record of a prepared copy `<copy>`: the file `<copy>.harness.json` beside it.
 pub fn marker_path(copy: &Path) -> PathBuf {
-    let mut name = copy.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = copy
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(".harness.json");
     copy.with_file_name(name)
 }
@@ -308,7 +311,12 @@ pub fn read_marker(dir: &Path) -> Option<PreparedHarness> {
 
 /// The folder name of a copy of `commit` patched by `series`: same inputs, same folder.
 pub fn copy_name(commit: &str, series: &PatchSeries) -> String {
-    let joined: String = series.patches.iter().map(|p| p.sha256.as_str()).collect::<Vec<_>>().join("+");
+    let joined: String = series
+        .patches
+        .iter()
+        .map(|p| p.sha256.as_str())
+        .collect::<Vec<_>>()
+        .join("+");
     let key = sha256_hex(joined.as_bytes());
     format!("{}-{}", &commit[..commit.len().min(12)], &key[..12])
 }
@@ -316,13 +324,25 @@ pub fn copy_name(commit: &str, series: &PatchSeries) -> String {
 /// Reuses the copy at `dest` when it was made from the same commit and series and its content
 /// is unchanged (every check passes and the tree hash matches); otherwise makes it anew, moving
 /// a stale copy aside (never deleting what someone may want to inspect).
-pub fn prepare_cached(checkout: &Path, series: &PatchSeries, dest: &Path) -> Result<PreparedHarness, HarnessError> {
+pub fn prepare_cached(
+    checkout: &Path,
+    series: &PatchSeries,
+    dest: &Path,
+) -> Result<PreparedHarness, HarnessError> {
     let (commit, dirty) = checkout_state(checkout)?;
     if let Some(mut m) = read_marker(dest) {
-        let same_series = m.patches.iter().map(|p| &p.sha256).eq(series.patches.iter().map(|p| &p.sha256));
-        let intact = crate::facts::tree_sha256(dest).map(|t| t.0 == m.tree_sha256).unwrap_or(false);
-        let checks: Vec<Vec<CheckResult>> = series.patches.iter().map(|p| run_checks(dest, p)).collect();
-        if m.commit == commit && same_series && intact && checks.iter().flatten().all(|c| c.passed) {
+        let same_series = m
+            .patches
+            .iter()
+            .map(|p| &p.sha256)
+            .eq(series.patches.iter().map(|p| &p.sha256));
+        let intact = crate::facts::tree_sha256(dest)
+            .map(|t| t.0 == m.tree_sha256)
+            .unwrap_or(false);
+        let checks: Vec<Vec<CheckResult>> =
+            series.patches.iter().map(|p| run_checks(dest, p)).collect();
+        if m.commit == commit && same_series && intact && checks.iter().flatten().all(|c| c.passed)
+        {
             m.checkout_dirty = dirty;
             m.reused = true;
             for (applied, results) in m.patches.iter_mut().zip(checks) {
@@ -332,7 +352,10 @@ pub fn prepare_cached(checkout: &Path, series: &PatchSeries, dest: &Path) -> Res
         }
     }
     if dest.exists() {
-        let stale = dest.with_extension(format!("stale-{}", time::OffsetDateTime::now_utc().unix_timestamp()));
+        let stale = dest.with_extension(format!(
+            "stale-{}",
+            time::OffsetDateTime::now_utc().unix_timestamp()
+        ));
         std::fs::rename(dest, &stale).map_err(|source| HarnessError::Io {
             what: format!("move the stale copy {} aside", dest.display()),
             source,

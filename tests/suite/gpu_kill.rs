@@ -98,7 +98,7 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
         .spawn()
         .expect("spawn");
     let rows = [
-        row("a-live", &uuids[0], Some(live.id() as i64), now_ms() + 3000),
+        row("a-live", &uuids[0], Some(live.id() as i64), now_ms() + 6000),
         row(
             "b-dead",
             &uuids[1],

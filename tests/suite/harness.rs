@@ -176,7 +176,20 @@ fn an_intact_copy_is_reused_and_a_touched_one_is_made_anew() {
     std::fs::write(dest.join("pkg/bench.py"), "tampered\n# our line\n").unwrap();
     let third = prepare_cached(&repo, &s, &dest).unwrap();
     assert!(!third.reused);
-    assert!(std::fs::read_to_string(dest.join("pkg/bench.py")).unwrap().starts_with("line 1"));
-    let stale = std::fs::read_dir(dest.parent().unwrap()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains("stale")).count();
+    assert!(
+        std::fs::read_to_string(dest.join("pkg/bench.py"))
+            .unwrap()
+            .starts_with("line 1")
+    );
+    let stale = std::fs::read_dir(dest.parent().unwrap())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains("stale")
+        })
+        .count();
     assert_eq!(stale, 1, "the tampered copy is kept aside for inspection");
 }
