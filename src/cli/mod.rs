@@ -96,13 +96,6 @@ fn home(global: &GlobalArgs, env: &Env) -> Result<PathBuf, Error> {
     Ok(resolve_home(global.home.as_deref(), env)?)
 }
 
-pub(crate) fn not_yet(command: &str, why: &str) -> Error {
-    Error::NotYet {
-        command: command.to_string(),
-        why: why.to_string(),
-    }
-}
-
 async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
     let catalog = Catalog::embedded();
     match cli.command {
@@ -120,19 +113,14 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             transcript,
             json,
         } => {
-            if follow || transcript {
-                return Err(not_yet(
-                    "session --follow/--transcript",
-                    "live events and transcripts come with agent sessions",
-                ));
+            let home = home(&cli.global, &env)?;
+            if transcript {
+                return cmd_transcript(&home, &target, run.as_deref(), &catalog);
             }
-            cmd_session(
-                &home(&cli.global, &env)?,
-                &target,
-                run.as_deref(),
-                json,
-                &catalog,
-            )
+            if follow {
+                return cmd_follow(&home, &target, run.as_deref(), json, &catalog).await;
+            }
+            cmd_session(&home, &target, run.as_deref(), json, &catalog)
         }
         Command::Lease(ref args) => gpu::cmd_lease(&cli.global, &env, args).await,
         Command::Gpus {
@@ -405,5 +393,94 @@ fn restore_sigpipe() {
     // SAFETY: called once at start-up, before any thread is spawned; SIG_DFL is always valid.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// A target named on the command line, checked against the catalog.
+fn known_target(target: &str, catalog: &Catalog) -> Result<TargetId, Error> {
+    let id: TargetId = target.parse()?;
+    if catalog.get(&id).is_none() {
+        catalog.select(target)?;
+    }
+    Ok(id)
+}
+
+/// `session TARGET --transcript`: the session's `transcript.jsonl`, every line in full.
+fn cmd_transcript(
+    home: &std::path::Path,
+    target: &str,
+    run: Option<&str>,
+    catalog: &Catalog,
+) -> Result<i32, Error> {
+    let id = known_target(target, catalog)?;
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    let path =
+        crate::workspace::session_dir_for(&crate::run::runs_dir(home).join(&run_row.id), &id)
+            .join("transcript.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Error::Usage(format!(
+            "no transcript for {id} in run {} ({}: {e})",
+            run_row.id,
+            path.display()
+        ))
+    })?;
+    print!("{}", report::sim_banner(run_row.simulated));
+    for line in text.lines() {
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(v) => println!(
+                "{}  {:<16}  {}",
+                v["timestamp"].as_str().unwrap_or(""),
+                v["type"].as_str().unwrap_or(""),
+                serde_json::to_string_pretty(&v["payload"]).unwrap_or_default()
+            ),
+            Err(_) => println!("{line}"),
+        }
+    }
+    Ok(0)
+}
+
+/// `session TARGET --follow`: prints the session's events as they are stored, until it ends
+/// (or the run ends). Reads the store, so it works while a daemon writes it.
+async fn cmd_follow(
+    home: &std::path::Path,
+    target: &str,
+    run: Option<&str>,
+    json: bool,
+    catalog: &Catalog,
+) -> Result<i32, Error> {
+    let id = known_target(target, catalog)?;
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    let name = id.to_string();
+    print!("{}", report::sim_banner(run_row.simulated));
+    let mut after = 0;
+    loop {
+        for e in store.events(&run_row.id, Some(&name), after)? {
+            after = e.seq;
+            if json {
+                println!("{}", serde_json::to_string(&e).unwrap_or_default());
+            } else {
+                println!(
+                    "{:>5}  {}  {:<16}  {}",
+                    e.seq,
+                    e.at,
+                    e.kind,
+                    report::summarize_payload(&e.payload)
+                );
+            }
+            if e.kind == "task_finished" {
+                return Ok(0);
+            }
+        }
+        let row = store.run(Some(&run_row.id))?;
+        if row.status != "running" {
+            println!(
+                "run {} is {}; the session has no more events",
+                row.id, row.status
+            );
+            return Ok(0);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }

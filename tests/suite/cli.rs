@@ -90,3 +90,38 @@ fn status_without_a_daemon_reads_the_store_and_stop_exits_3() {
         .code(3)
         .stderr(predicate::str::contains("no fk-agentd daemon"));
 }
+
+#[test]
+fn a_simulated_start_then_sessions_session_transcript_and_follow() {
+    let home = tempfile::tempdir().unwrap();
+    fk(home.path())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["start", "--sim", "--targets", "L1/gelu,L1/bmm"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("SIMULATED RUN").and(predicate::str::contains("PASS 2")));
+    fk(home.path())
+        .arg("sessions")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("L1/bmm").and(predicate::str::contains("finished")));
+    fk(home.path())
+        .args(["session", "L1/gelu", "--transcript"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::contains("session_started")
+                .and(predicate::str::contains("encrypted_content")),
+        );
+    // The session already ended: --follow prints its events and stops at task_finished.
+    fk(home.path())
+        .args(["session", "L1/gelu", "--follow"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("task_finished"));
+    fk(home.path())
+        .args(["session", "L1/gleu"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("L1/gelu"));
+}

@@ -193,3 +193,63 @@ fn an_intact_copy_is_reused_and_a_touched_one_is_made_anew() {
         .count();
     assert_eq!(stale, 1, "the tampered copy is kept aside for inspection");
 }
+
+/// A stand-in "fastkernels" package whose L1/gelu baseline imports without torch.
+fn fake_package(root: &Path) {
+    let base = root.join("fastkernels/tasks/baseline/L1");
+    std::fs::create_dir_all(&base).unwrap();
+    for dir in [
+        "fastkernels",
+        "fastkernels/tasks",
+        "fastkernels/tasks/baseline",
+        "fastkernels/tasks/baseline/L1",
+    ] {
+        std::fs::write(root.join(dir).join("__init__.py"), "").unwrap();
+    }
+    std::fs::write(base.join("gelu.py"), "class GELU:\n    pass\n").unwrap();
+    std::fs::write(base.join("needs_vllm.py"), "import vllm_that_is_not_here\n").unwrap();
+}
+
+#[tokio::test]
+async fn the_import_check_returns_the_traceback_a_bench_would_swallow() {
+    use fk_agentd::harness::import_check::{ImportCheck, ImportVerdict};
+    let root = tempfile::tempdir().unwrap();
+    fake_package(root.path());
+    let check = ImportCheck {
+        python: vec!["python3".into()],
+        harness: root.path().to_path_buf(),
+        timeout: std::time::Duration::from_secs(60),
+    };
+    let gelu: fk_agentd::target::TargetId = "L1/gelu".parse().unwrap();
+    let classes = vec!["GELU".to_string()];
+    let write = |name: &str, text: &str| {
+        let p = root.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let good = write(
+        "good.py",
+        "class GELU:\n    def forward(self, x):\n        return x\n",
+    );
+    assert_eq!(check.run(&gelu, &good, &classes).await, ImportVerdict::Ok);
+    let syntax = write(
+        "syntax.py",
+        "class GELU(\n    def forward(self, x): return x\n",
+    );
+    match check.run(&gelu, &syntax, &classes).await {
+        ImportVerdict::Candidate(text) => assert!(text.contains("SyntaxError"), "{text}"),
+        other => panic!("{other:?}"),
+    }
+    let renamed = write("renamed.py", "class Gelu:\n    pass\n");
+    match check.run(&gelu, &renamed, &classes).await {
+        ImportVerdict::Candidate(text) => {
+            assert!(text.contains("no candidate class found"), "{text}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let missing_baseline: fk_agentd::target::TargetId = "L1/needs_vllm".parse().unwrap();
+    assert!(matches!(
+        check.run(&missing_baseline, &good, &classes).await,
+        ImportVerdict::Infrastructure(_)
+    ));
+}
