@@ -25,6 +25,19 @@ use std::collections::BTreeSet;
 
 use crate::target::TargetId;
 
+/// Every rule id the screen can report (for config waivers).
+pub const RULES: &[&str] = &[
+    "timer-patch",
+    "harness-access",
+    "baseline-fallback",
+    "library-fallback",
+    "result-cache",
+    "stream-or-thread",
+    "hardcoded-shape",
+    "silent-except",
+    "sys-modules",
+];
+
 /// One finding.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Finding {

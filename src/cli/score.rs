@@ -114,6 +114,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         set_name,
         repeats: args.repeats as usize,
         noise_sample: args.noise_sample as usize,
+        screen_waive: config.screen_waive.clone(),
     };
     let cancel = CancellationToken::new();
     let report = match &from_run {
@@ -221,8 +222,29 @@ async fn scoring_driver(
         crate::gpu::LeaseClass::Bench,
         "scoring",
     );
-    let driver = BenchDriver::new(params, launcher).await?;
+    let driver = BenchDriver::new(params, launcher)
+        .await?
+        .with_progress(progress_bar());
     Ok((driver, broker, provider))
+}
+
+/// A spinner on stderr counting finished benches (hidden when stderr is not a terminal).
+fn progress_bar() -> crate::score::driver::ProgressFn {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {pos} bench(es) done; {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    std::sync::Arc::new(move |label: &str, wall_s: f64, ok: bool| {
+        bar.inc(1);
+        bar.set_message(format!(
+            "last: {label} ({wall_s:.1} s{})",
+            if ok { "" } else { ", no result" }
+        ));
+    })
 }
 
 type ScoringDriver = BenchDriver<crate::score::lease::LeaseLauncher>;

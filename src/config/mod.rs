@@ -194,6 +194,14 @@ struct RawFile {
     gpus: RawGpus,
     #[serde(default)]
     fastkernels: RawFastkernels,
+    #[serde(default)]
+    screen: RawScreen,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScreen {
+    waive: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -251,6 +259,8 @@ pub struct Config {
     pub fastkernels_dir: Option<PathBuf>,
     pub fastkernels_command: Vec<String>,
     pub sim: bool,
+    /// Reward-hack screen rules that do not block a winner (recorded in the manifest).
+    pub screen_waive: Vec<String>,
     /// Every setting with its value (as text) and where it came from.
     pub settings: BTreeMap<String, (String, SettingSource)>,
 }
@@ -399,6 +409,25 @@ impl Config {
         if flags.sim {
             settings.insert("sim".into(), ("true".into(), SettingSource::Flag));
         }
+        let screen_waive = raw.screen.waive.unwrap_or_default();
+        for rule in &screen_waive {
+            if !crate::screen::RULES.contains(&rule.as_str()) {
+                return Err(ConfigError::new(
+                    "screen.waive",
+                    rule,
+                    format!("rule ids among {}", crate::screen::RULES.join(", ")),
+                ));
+            }
+        }
+        let source = if screen_waive.is_empty() {
+            SettingSource::Default
+        } else {
+            SettingSource::File
+        };
+        settings.insert(
+            "screen.waive".into(),
+            (format!("[{}]", screen_waive.join(", ")), source),
+        );
         Ok(Self {
             home,
             config_file,
@@ -416,6 +445,7 @@ impl Config {
             fastkernels_dir,
             fastkernels_command,
             sim: flags.sim,
+            screen_waive,
             settings,
         })
     }

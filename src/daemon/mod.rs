@@ -210,6 +210,7 @@ pub async fn run_campaign_with(
             drain_deadline: params.drain_deadline,
         },
         root: root.clone(),
+        screen_waive: config.screen_waive.clone(),
         driver,
         current,
     };

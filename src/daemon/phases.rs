@@ -49,6 +49,8 @@ pub(super) struct Ctx {
     pub sched: SchedulerParams,
     pub root: CancellationToken,
     pub driver: Option<Arc<BenchDriver<LeaseLauncher>>>,
+    /// Reward-hack screen rules that do not block a winner.
+    pub screen_waive: Vec<String>,
     /// The run `status` shows.
     pub current: Arc<Mutex<String>>,
 }
@@ -302,6 +304,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         set_name: format!("{}-ind", ind.run_id()),
         repeats: 1,
         noise_sample: 3,
+        screen_waive: ctx.screen_waive.clone(),
     };
     let report = score_run(&driver, &params, &ctx.root).await?;
     if !report.incomplete.is_empty() {

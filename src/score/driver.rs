@@ -339,12 +339,25 @@ pub struct BenchRun {
     pub result: Result<BenchResult, BenchFailure>,
 }
 
+/// Called after every bench with its label, wall time and whether it gave a result (progress
+/// display; must not block).
+pub type ProgressFn = std::sync::Arc<dyn Fn(&str, f64, bool) + Send + Sync>;
+
 /// Runs benches through a launcher.
-#[derive(Debug)]
 pub struct BenchDriver<L> {
     params: DriverParams,
     launcher: L,
     checkout: CheckoutState,
+    progress: Option<ProgressFn>,
+}
+
+impl<L> std::fmt::Debug for BenchDriver<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BenchDriver")
+            .field("params", &self.params)
+            .field("checkout", &self.checkout)
+            .finish()
+    }
 }
 
 impl<L: BenchLauncher> BenchDriver<L> {
@@ -366,7 +379,14 @@ impl<L: BenchLauncher> BenchDriver<L> {
             params,
             launcher,
             checkout,
+            progress: None,
         })
+    }
+
+    /// Reports every finished bench to `f` (e.g. a progress bar).
+    pub fn with_progress(mut self, f: ProgressFn) -> Self {
+        self.progress = Some(f);
+        self
     }
 
     pub fn checkout(&self) -> &CheckoutState {
@@ -447,6 +467,9 @@ impl<L: BenchLauncher> BenchDriver<L> {
             }
         };
         let result = interpret(&exit, &req.output(), &stderr_path);
+        if let Some(progress) = &self.progress {
+            progress(&req.label, exit.wall_s, result.is_ok());
+        }
         BenchRun {
             request: req,
             exit: Some(exit),

@@ -61,6 +61,8 @@ pub struct ScoreParams {
     pub repeats: usize,
     /// Targets sampled for the self-test noise floor (0: none).
     pub noise_sample: usize,
+    /// Reward-hack screen rules that do not block a winner.
+    pub screen_waive: Vec<String>,
 }
 
 /// One bench invocation as reported.
@@ -346,8 +348,10 @@ async fn score_set<L: BenchLauncher>(
     let mut pool: Vec<TargetId> = set.targets();
     if params.mode != ScoreMode::Composed {
         let dir = gen_dir.join("ind/standalone");
-        let stage =
+        let mut stage =
             score_standalone(driver, &set, &dir, &params.gate, params.repeats, cancel).await?;
+        screen_winners(&set, &mut stage, &params.screen_waive);
+        write_json(&dir.join("gate.json"), &stage)?;
         pool = stage.gate.winners().map(|v| v.target.clone()).collect();
         report.incomplete.extend(stage.infrastructure_failures());
         report.simulated |= stage.simulated;
@@ -367,6 +371,33 @@ async fn score_set<L: BenchLauncher>(
     }
     write_json(&gen_dir.join("score.json"), &report)?;
     Ok(report)
+}
+
+/// Runs the static reward-hack screen on every winner's file: a finding of a rule that is not
+/// waived takes the win away, with the finding as its reason.
+fn screen_winners(set: &CandidateSet, stage: &mut StageReport, waive: &[String]) {
+    for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
+        let Some(c) = set.candidates.iter().find(|c| c.target == v.target) else {
+            continue;
+        };
+        let Ok(source) = std::fs::read_to_string(set.root.join(&c.file)) else {
+            continue;
+        };
+        let ctx = crate::screen::ScreenContext {
+            target: v.target.clone(),
+            classes: v.classes.clone(),
+            captured_dims: Default::default(),
+        };
+        let findings: Vec<String> = crate::screen::screen(&source, &ctx)
+            .into_iter()
+            .filter(|f| !waive.iter().any(|w| w == f.rule))
+            .map(|f| format!("{} (line {}): {}", f.rule, f.line, f.message))
+            .collect();
+        if !findings.is_empty() {
+            v.winner = false;
+            v.reason = Some(format!("reward-hack screen: {}", findings.join("; ")));
+        }
+    }
 }
 
 /// The composed bench of exactly `pool` (materialized in `win_dir`), one mix per level,

@@ -338,3 +338,69 @@ fn two_sessions_writing_one_helper_name_is_refused() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_winner_with_a_reward_hack_finding_is_dropped_unless_the_rule_is_waived() {
+    let s = Setup::new();
+    let hack = "# sim: speedup=1.5\nimport sys\n\nclass GELU:\n    def __init__(self):\n        sys.modules[\"fastkernels.bench\"] = None\n";
+    s.file("L1/gelu.py", hack);
+    s.file(
+        "L1/bmm.py",
+        "# sim: speedup=1.5\nclass BatchMatMul:\n    pass\n",
+    );
+    let out = s
+        .score(&["--mode", "standalone", "--noise-sample", "0", "--json"])
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let verdicts = report["standalone"]["gate"]["verdicts"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let of = |t: &str| verdicts.iter().find(|v| v["target"] == t).unwrap().clone();
+    assert_eq!(of("L1/bmm")["winner"], true);
+    assert_eq!(of("L1/gelu")["winner"], false);
+    assert!(
+        of("L1/gelu")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("reward-hack screen: sys-modules"),
+        "{}",
+        of("L1/gelu")
+    );
+
+    // Waived in the config (and so recorded with the settings), the rule no longer blocks.
+    let config = s.tmp.path().join("fk-agentd.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("[screen]\nwaive = [\"sys-modules\"]\n");
+    std::fs::write(&config, text).unwrap();
+    let out = s
+        .score(&["--mode", "standalone", "--noise-sample", "0", "--json"])
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let gelu = report["standalone"]["gate"]["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["target"] == "L1/gelu")
+        .unwrap()
+        .clone();
+    assert_eq!(gelu["winner"], true, "{gelu}");
+
+    // An unknown rule id is bad input naming the key.
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("sys-modules", "sys-modulez"),
+    )
+    .unwrap();
+    s.score(&["--mode", "standalone"])
+        .code(2)
+        .stderr(predicates::str::contains("screen.waive"));
+}
