@@ -172,13 +172,16 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     retryable: false,
                 });
             };
+            let params = super::profile::ProfileParams {
+                driver: &driver,
+                broker: &real.broker,
+                ws: &ws,
+                n,
+                cancel: &cancel,
+            };
             match kind {
-                ProfileKind::Ncu => {
-                    super::profile::ncu(&driver, &real.broker, &ws, args, n, &cancel).await
-                }
-                ProfileKind::Nsys => {
-                    super::profile::nsys(&driver, &real.broker, &ws, args, n, &cancel).await
-                }
+                ProfileKind::Ncu => super::profile::ncu(&params, args).await,
+                ProfileKind::Nsys => super::profile::nsys(&params, args).await,
             }
         })
     }

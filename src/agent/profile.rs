@@ -25,14 +25,13 @@ fn infra(tool: &str, why: String) -> ToolError {
 
 /// Runs `argv` (a profiler wrapping the bench) under a lease of `class`; returns its output.
 async fn leased<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    broker: &Broker,
+    p: &ProfileParams<'_, L>,
     inv: &Invocation,
     class: LeaseClass,
     argv: Vec<String>,
     work: &Path,
-    cancel: &CancellationToken,
 ) -> Result<(Option<i32>, String), ToolError> {
+    let (driver, broker, cancel) = (p.driver, p.broker, p.cancel);
     let tool = class.as_str();
     std::fs::create_dir_all(work)
         .map_err(|e| infra(tool, format!("cannot create {}: {e}", work.display())))?;
@@ -90,6 +89,29 @@ fn with_bench(mut argv: Vec<String>, inv: &Invocation) -> Vec<String> {
     argv
 }
 
+/// What a profiling call needs: the session's bench driver, the broker and the workspace.
+pub struct ProfileParams<'a, L> {
+    pub driver: &'a BenchDriver<L>,
+    pub broker: &'a Broker,
+    pub ws: &'a Workspace,
+    /// Numbers the profile folder (`profiles/<n>-<tool>/`).
+    pub n: u32,
+    pub cancel: &'a CancellationToken,
+}
+
+impl<L: BenchLauncher> ProfileParams<'_, L> {
+    /// The profile's private folder and the bench invocation it wraps.
+    fn prepare(&self, tool: &str) -> (std::path::PathBuf, Invocation) {
+        let work = self
+            .ws
+            .session_dir()
+            .join("profiles")
+            .join(format!("{:03}-{tool}", self.n));
+        let inv = bench_invocation(self.driver, self.ws, &work);
+        (work, inv)
+    }
+}
+
 /// Kernel names in ncu's per-kernel headers (`name(args) (grid)x(block), Context …`).
 pub fn kernel_names(ncu_output: &str) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
@@ -114,18 +136,10 @@ pub fn kernel_names(ncu_output: &str) -> Vec<String> {
 
 /// `profile_ncu {args}`: Nsight Compute around the bench, the report kept in the session.
 pub async fn ncu<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    broker: &Broker,
-    ws: &Workspace,
+    p: &ProfileParams<'_, L>,
     args: Option<String>,
-    n: u32,
-    cancel: &CancellationToken,
 ) -> Result<ToolOutput, ToolError> {
-    let work = ws
-        .session_dir()
-        .join("profiles")
-        .join(format!("{n:03}-ncu"));
-    let inv = bench_invocation(driver, ws, &work);
+    let (work, inv) = p.prepare("ncu");
     let user: Vec<String> = args
         .unwrap_or_else(|| "-c 5".into())
         .split_whitespace()
@@ -154,32 +168,21 @@ pub async fn ncu<L: BenchLauncher>(
     let mut argv = base.clone();
     argv.push(report.display().to_string());
     argv.extend(user);
-    let (code, text) = leased(
-        driver,
-        broker,
-        &inv,
-        LeaseClass::Ncu,
-        with_bench(argv, &inv),
-        &work,
-        cancel,
-    )
-    .await?;
+    let (code, text) = leased(p, &inv, LeaseClass::Ncu, with_bench(argv, &inv), &work).await?;
     if text.contains(NOTHING_PROFILED) {
         let mut list = base[..5].to_vec();
         list.extend(["-c", "40", "--metrics", "gpu__time_duration.sum"].map(String::from));
         let (_, listing) = leased(
-            driver,
-            broker,
+            p,
             &inv,
             LeaseClass::Ncu,
             with_bench(list, &inv),
             &work.join("kernels"),
-            cancel,
         )
         .await?;
         let names = kernel_names(&listing);
         return Ok(ToolOutput::error(format!(
-            "ncu profiled no kernel: your filter matched nothing (ncu's -k matches the short kernel name). \\
+            "ncu profiled no kernel: your filter matched nothing (ncu's -k matches the short kernel name). \
              Kernels that ran in this bench: {}",
             if names.is_empty() {
                 "(none seen)".to_string()
@@ -206,18 +209,10 @@ pub async fn ncu<L: BenchLauncher>(
 
 /// `profile_nsys {args}`: Nsight Systems around the bench, when installed.
 pub async fn nsys<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    broker: &Broker,
-    ws: &Workspace,
+    p: &ProfileParams<'_, L>,
     args: Option<String>,
-    n: u32,
-    cancel: &CancellationToken,
 ) -> Result<ToolOutput, ToolError> {
-    let work = ws
-        .session_dir()
-        .join("profiles")
-        .join(format!("{n:03}-nsys"));
-    let inv = bench_invocation(driver, ws, &work);
+    let (work, inv) = p.prepare("nsys");
     let mut argv: Vec<String> = ["nsys", "profile", "--stats=true", "-f", "true", "-o"]
         .map(String::from)
         .to_vec();
@@ -227,17 +222,7 @@ pub async fn nsys<L: BenchLauncher>(
             .split_whitespace()
             .map(str::to_string),
     );
-    match leased(
-        driver,
-        broker,
-        &inv,
-        LeaseClass::Nsys,
-        with_bench(argv, &inv),
-        &work,
-        cancel,
-    )
-    .await
-    {
+    match leased(p, &inv, LeaseClass::Nsys, with_bench(argv, &inv), &work).await {
         Ok((code, text)) => Ok(ToolOutput {
             text: truncate_output(&text, Default::default()),
             is_error: code != Some(0),

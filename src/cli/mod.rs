@@ -252,10 +252,7 @@ fn cmd_session(
     json: bool,
     catalog: &Catalog,
 ) -> Result<i32, Error> {
-    let id: TargetId = target.parse()?;
-    if catalog.get(&id).is_none() {
-        catalog.select(target)?;
-    }
+    let id = known_target(target, catalog)?;
     let store = open_existing_store(home)?;
     let run_row = store.run(run)?;
     let name = id.to_string();

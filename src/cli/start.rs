@@ -196,20 +196,27 @@ async fn run_sim(
         provider: Some(crate::sim::campaign::sim_provider(&server.base_url)),
         harness: None,
     };
-    let report = daemon::run_campaign_with(
-        DaemonParams {
-            config,
-            runner,
-            drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
-            resume,
-            facts: Some(facts),
-        },
-        campaign,
-        daemon::signals(),
-    )
-    .await;
+    let report = run_daemon(config, runner, resume, facts, campaign).await;
     server.shutdown().await;
     report
+}
+
+/// Runs the campaign in the foreground until it ends or SIGINT/SIGTERM.
+async fn run_daemon(
+    config: Config,
+    runner: RunnerSource,
+    resume: Option<String>,
+    facts: RunStartFacts,
+    campaign: daemon::CampaignParams,
+) -> Result<CampaignReport, Error> {
+    let params = DaemonParams {
+        config,
+        runner,
+        drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
+        resume,
+        facts: Some(facts),
+    };
+    daemon::run_campaign_with(params, campaign, daemon::signals()).await
 }
 
 async fn run_real(
@@ -281,16 +288,5 @@ async fn run_real(
         provider: Some(llm.provider().clone()),
         harness: Some(prepared),
     };
-    daemon::run_campaign_with(
-        DaemonParams {
-            config,
-            runner,
-            drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
-            resume,
-            facts: Some(facts),
-        },
-        campaign,
-        daemon::signals(),
-    )
-    .await
+    run_daemon(config, runner, resume, facts, campaign).await
 }
