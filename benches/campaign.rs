@@ -283,6 +283,17 @@ fn idle_while_queued(events: &[(Duration, i64, i64)]) -> (Duration, Duration) {
     (span, idle)
 }
 
+/// The idle integral on a hand-made timeline: one lease queued for 10 s with all GPUs free
+/// (80 GPU-seconds idle), then one queued for 5 s while 6 GPUs are busy (10 more).
+fn check_idle_integral() {
+    let s = Duration::from_secs;
+    let mut events = vec![(s(0), 1, 0), (s(10), -1, 1)];
+    events.extend((0..5).map(|_| (s(20), -1, 1)));
+    events.extend([(s(20), 6, 0), (s(25), -1, 1), (s(30), 0, -7)]);
+    events.sort_by_key(|e| e.0);
+    assert_eq!(idle_while_queued(&events), (s(15), s(90)));
+}
+
 fn pct(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -341,6 +352,7 @@ fn row(w: &Workload, seed: u64, c: &Campaign) {
 }
 
 fn main() {
+    check_idle_integral();
     println!(
         "SIMULATED campaign: real scheduler and broker, synthetic sessions, {GPUS} fake GPUs whose jobs are tokio timers; paused clock, times in virtual seconds."
     );
