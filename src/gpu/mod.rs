@@ -29,6 +29,7 @@ mod preflight;
 mod queue;
 mod recover;
 mod sanity;
+pub mod sim_backend;
 mod token;
 mod types;
 
