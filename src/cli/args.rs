@@ -225,6 +225,12 @@ pub struct LeaseArgs {
     pub command: Vec<String>,
 }
 
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum GateArg {
+    Published,
+    LowerBound,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ScoreMode {
     Standalone,
@@ -251,6 +257,10 @@ pub struct ScoreArgs {
     /// Targets sampled for the self-test noise floor printed beside the speedups (0: none).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub noise_sample: u32,
+    /// `published`: geomean ≥ 1.0 (the default). `lower-bound`: the lower end of the bootstrap
+    /// 95% interval must reach 1.0 too (needs `--repeats` ≥ 2).
+    #[arg(long, value_enum, default_value = "published")]
+    pub gate: GateArg,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,

@@ -58,6 +58,12 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
 /// `score --candidates DIR` (into a new `<home>/scores/<id>/`) or `score [--run RUN]` (a new
 /// results generation of the run, newest run by default); prints the table or JSON.
 pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
+    if args.gate == super::args::GateArg::LowerBound && args.repeats < 2 {
+        return Err(Error::Usage(format!(
+            "--gate lower-bound with --repeats {}: the interval needs at least 2 repeats",
+            args.repeats
+        )));
+    }
     let mode = match args.mode {
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,
@@ -110,7 +116,10 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
         mode,
-        gate: WinnerGate::default(),
+        gate: WinnerGate {
+            lower_bound: args.gate == super::args::GateArg::LowerBound,
+            ..WinnerGate::default()
+        },
         set_name,
         repeats: args.repeats as usize,
         noise_sample: args.noise_sample as usize,

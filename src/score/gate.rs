@@ -25,11 +25,18 @@ pub const REVIEW_SPEEDUP: f64 = 10.0;
 pub struct WinnerGate {
     /// Minimum geometric-mean speedup of a winner (inclusive).
     pub threshold: f64,
+    /// Also require the lower end of the bootstrap 95% interval (from `--repeats`) to reach the
+    /// threshold (`--gate lower-bound`); the published gate leaves this off.
+    #[serde(default)]
+    pub lower_bound: bool,
 }
 
 impl Default for WinnerGate {
     fn default() -> Self {
-        Self { threshold: 1.0 }
+        Self {
+            threshold: 1.0,
+            lower_bound: false,
+        }
     }
 }
 
@@ -99,7 +106,10 @@ impl GateReport {
 impl WinnerGate {
     /// The correctness-only gate (no speedup threshold), as applied to a composed bench.
     pub fn correctness_only() -> Self {
-        Self { threshold: 0.0 }
+        Self {
+            threshold: 0.0,
+            lower_bound: false,
+        }
     }
 
     /// Judges one target from its rows (all classes of the stem pooled).

@@ -351,6 +351,9 @@ async fn score_set<L: BenchLauncher>(
         let mut stage =
             score_standalone(driver, &set, &dir, &params.gate, params.repeats, cancel).await?;
         screen_winners(&set, &mut stage, &params.screen_waive);
+        if params.gate.lower_bound {
+            gate_on_lower_bound(&mut stage, params.gate.threshold);
+        }
         write_json(&dir.join("gate.json"), &stage)?;
         pool = stage.gate.winners().map(|v| v.target.clone()).collect();
         report.incomplete.extend(stage.infrastructure_failures());
@@ -371,6 +374,30 @@ async fn score_set<L: BenchLauncher>(
     }
     write_json(&gen_dir.join("score.json"), &report)?;
     Ok(report)
+}
+
+/// `--gate lower-bound`: a winner whose bootstrap interval reaches below the threshold (or that
+/// has no interval) is not one.
+fn gate_on_lower_bound(stage: &mut StageReport, threshold: f64) {
+    for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
+        match stage.spreads.get(&v.target.to_string()) {
+            Some(s) if s.ci95.0 >= threshold => {}
+            Some(s) => {
+                v.winner = false;
+                v.reason = Some(format!(
+                    "95% interval lower end {:.3} < {threshold:.1} (geomean {:.3})",
+                    s.ci95.0,
+                    v.geomean.unwrap_or(0.0)
+                ));
+            }
+            None => {
+                v.winner = false;
+                v.reason = Some(
+                    "no bootstrap interval (needs --repeats ≥ 2 and every repeat passing)".into(),
+                );
+            }
+        }
+    }
 }
 
 /// Runs the static reward-hack screen on every winner's file: a finding of a rule that is not
@@ -439,4 +466,74 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ScoreError
         std::fs::create_dir_all(parent).map_err(ScoreError::io(parent))?;
     }
     std::fs::write(path, buf).map_err(ScoreError::io(path))
+}
+
+#[cfg(test)]
+mod lower_bound_tests {
+    use super::*;
+    use crate::score::noise::Spread;
+
+    fn winner(t: &str, geomean: f64) -> TargetVerdict {
+        let mut v = TargetVerdict::no_result(t.parse().unwrap(), "");
+        v.winner = true;
+        v.reason = None;
+        v.geomean = Some(geomean);
+        v
+    }
+
+    #[test]
+    fn only_winners_whose_interval_clears_the_threshold_stay_winners() {
+        let mut stage = StageReport {
+            gate: GateReport {
+                gate: WinnerGate::default(),
+                verdicts: vec![
+                    winner("L1/gelu", 1.2),
+                    winner("L1/bmm", 1.05),
+                    winner("L1/embedding", 1.3),
+                ],
+            },
+            runs: Vec::new(),
+            simulated: false,
+            spreads: BTreeMap::new(),
+        };
+        stage.spreads.insert(
+            "L1/gelu".into(),
+            Spread {
+                repeats: 3,
+                ci95: (1.1, 1.3),
+            },
+        );
+        stage.spreads.insert(
+            "L1/bmm".into(),
+            Spread {
+                repeats: 3,
+                ci95: (0.97, 1.12),
+            },
+        );
+        gate_on_lower_bound(&mut stage, 1.0);
+        let won: Vec<String> = stage.gate.winners().map(|v| v.target.to_string()).collect();
+        assert_eq!(won, vec!["L1/gelu".to_string()]);
+        let bmm = stage
+            .gate
+            .verdicts
+            .iter()
+            .find(|v| v.target.stem() == "bmm")
+            .unwrap();
+        assert_eq!(
+            bmm.reason.as_deref(),
+            Some("95% interval lower end 0.970 < 1.0 (geomean 1.050)")
+        );
+        let emb = stage
+            .gate
+            .verdicts
+            .iter()
+            .find(|v| v.target.stem() == "embedding")
+            .unwrap();
+        assert!(
+            emb.reason
+                .as_deref()
+                .unwrap()
+                .starts_with("no bootstrap interval")
+        );
+    }
 }

@@ -404,3 +404,34 @@ fn a_winner_with_a_reward_hack_finding_is_dropped_unless_the_rule_is_waived() {
         .code(2)
         .stderr(predicates::str::contains("screen.waive"));
 }
+
+#[test]
+fn the_lower_bound_gate_needs_repeats_and_keeps_a_clear_winner() {
+    let s = Setup::new();
+    s.file(
+        "L1/bmm.py",
+        "# sim: speedup=1.5\nclass BatchMatMul:\n    pass\n",
+    );
+    s.score(&["--mode", "standalone", "--gate", "lower-bound"])
+        .code(2)
+        .stderr(predicates::str::contains("--repeats"));
+    let out = s
+        .score(&[
+            "--mode",
+            "standalone",
+            "--gate",
+            "lower-bound",
+            "--repeats",
+            "2",
+            "--noise-sample",
+            "0",
+            "--json",
+        ])
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let bmm = report["standalone"]["gate"]["verdicts"][0].clone();
+    assert_eq!(bmm["winner"], true, "{bmm}");
+}
