@@ -49,6 +49,9 @@ pub struct Rotation {
     pub at: String,
     pub age: String,
     pub reason: String,
+    /// Whether the value differed from the one held before (a rotation).
+    #[serde(default)]
+    pub changed: bool,
 }
 
 /// How sessions ended, from `task_finished` events.
@@ -152,7 +155,12 @@ fn absorb(data: &mut ManifestData, event: &Event) {
         "token_reloaded" => data.rotations.push(Rotation {
             at: event.at.clone(),
             age: token_age(p),
-            reason: p["reason"].as_str().unwrap_or("").to_string(),
+            reason: p["reason"]
+                .as_str()
+                .or_else(|| p["why"].as_str())
+                .unwrap_or("")
+                .to_string(),
+            changed: p["changed"].as_bool().unwrap_or(false),
         }),
         _ => {}
     }
@@ -260,7 +268,19 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
             .unwrap_or_default();
     }
     if let Some(seq) = read_json(&dir.join("seq").join("gate.json")) {
-        g.stages.extend(count_verdicts("seq", &seq));
+        // The sequential gate lists the kept winners and the ones composition dropped.
+        let kept = seq["winners"].as_array().map_or(0, Vec::len);
+        let dropped = seq["dropped"].as_array().map_or(0, Vec::len);
+        match count_verdicts("seq", &seq) {
+            Some(c) => g.stages.push(c),
+            None if seq["winners"].is_array() => g.stages.push(StageCount {
+                stage: "seq".into(),
+                judged: kept + dropped,
+                winners: kept,
+            }),
+            None => {}
+        }
+        g.simulated |= seq["simulated"] == true;
     }
     g.compare_bytes = std::fs::metadata(dir.join("compare.json"))
         .ok()

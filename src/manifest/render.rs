@@ -411,9 +411,36 @@ pub fn credentials(d: &ManifestData) -> String {
         out.push_str("- token rotations: none recorded\n\n");
         return out;
     }
-    out.push_str("\n| re-read at | token age | reason |\n|---|---|---|\n");
-    for r in &d.rotations {
-        let _ = writeln!(out, "| {} | {} | {} |", r.at, esc(&r.age), esc(&r.reason));
+    // Sessions re-read the token at every start: list the rotations (value changed) and the
+    // first and last read, and count the rest.
+    let changed = d.rotations.iter().filter(|r| r.changed).count();
+    let _ = writeln!(
+        out,
+        "- token re-read {} time(s); {changed} of them found a new value (a rotation)",
+        d.rotations.len()
+    );
+    out.push_str("\n| re-read at | token age | reason | rotated |\n|---|---|---|---|\n");
+    let last = d.rotations.len().saturating_sub(1);
+    for (i, r) in d
+        .rotations
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| r.changed || *i == 0 || *i == last)
+    {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            r.at,
+            esc(&r.age),
+            esc(&r.reason),
+            if r.changed {
+                "yes"
+            } else if i == 0 {
+                "first read"
+            } else {
+                "last read"
+            }
+        );
     }
     out.push('\n');
     out
@@ -442,9 +469,14 @@ pub fn results(d: &ManifestData) -> String {
         } else {
             ""
         };
-        let mode = g.mode.as_deref().unwrap_or("unknown mode");
+        let sequential = g.stages.iter().any(|s| s.stage == "seq");
+        let mode = g.mode.as_deref().unwrap_or(if sequential {
+            "sequential"
+        } else {
+            "unknown mode"
+        });
         let _ = writeln!(out, "### {}/ ({mode}){sim}\n", g.dir);
-        if !g.scored {
+        if !g.scored && !sequential {
             out.push_str("- no score.json (scoring did not finish)\n");
         }
         for s in &g.stages {
