@@ -230,6 +230,8 @@ async fn run_real(
     let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
     let provider_token = provider.token.clone();
     let llm = Arc::new(LlmClient::new(provider, token)?);
+    // A missing or empty token file should stop the start, not fail all 133 sessions one by one.
+    llm.refresh_token().await?;
     let prepared = super::prepare_harness(&config)?;
     let baseline_root = prepared.copy.join("fastkernels/tasks/baseline");
     let protected = Arc::new(crate::protect::ProtectedSet::take(&prepared.copy)?);
