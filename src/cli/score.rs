@@ -210,7 +210,10 @@ async fn scoring_driver(
     } else {
         config
     };
-    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
+    // The provider's token variable never reaches a bench child.
+    let mut broker_config = config.clone();
+    broker_config.secret_env.extend(env_remove.iter().cloned());
+    let broker = crate::gpu::Broker::start(&broker_config, &store, Vec::new()).await?;
     let command = if simulated {
         let exe = std::env::current_exe()
             .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;

@@ -220,7 +220,7 @@ async fn run_daemon(
 }
 
 async fn run_real(
-    config: Config,
+    mut config: Config,
     env: &Env,
     catalog: &Catalog,
     resume: Option<String>,
@@ -229,6 +229,9 @@ async fn run_real(
     let context_window = provider.limits.context_window;
     let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
     let provider_token = provider.token.clone();
+    if let TokenSource::Env { var } = &provider_token {
+        config.secret_env.push(var.clone());
+    }
     let llm = Arc::new(LlmClient::new(provider, token)?);
     // A missing or empty token file should stop the start, not fail all 133 sessions one by one.
     llm.refresh_token().await?;

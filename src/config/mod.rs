@@ -261,6 +261,10 @@ pub struct Config {
     pub sim: bool,
     /// Reward-hack screen rules that do not block a winner (recorded in the manifest).
     pub screen_waive: Vec<String>,
+    /// Environment variables that hold secrets (the provider's `token_env`): removed from every
+    /// child the broker or a bench starts. Filled by whoever loads the provider.
+    #[serde(skip)]
+    pub secret_env: Vec<String>,
     /// Every setting with its value (as text) and where it came from.
     pub settings: BTreeMap<String, (String, SettingSource)>,
 }
@@ -446,6 +450,7 @@ impl Config {
             fastkernels_command,
             sim: flags.sim,
             screen_waive,
+            secret_env: Vec::new(),
             settings,
         })
     }

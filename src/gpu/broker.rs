@@ -70,6 +70,7 @@ impl BrokerParams {
             nsys_cap: config.nsys_cap,
             search_path,
             spool_dir: config.home.join("leases"),
+            env_remove: config.secret_env.clone(),
             ..Self::defaults(config.lease_timeout)
         }
     }

@@ -662,3 +662,45 @@ async fn ncu_without_counter_permission_is_refused_before_it_runs_and_named_when
         (Some(1), vec!["ncu reported ERR_NVGPUCTRPERM: GPU performance counters are restricted to admin users".to_string()])
     );
 }
+
+#[tokio::test]
+async fn a_secret_variable_named_in_the_config_never_reaches_a_lease_child() {
+    // The test process's HOME stands in for a provider's token variable (`token_env`).
+    assert!(
+        std::env::var_os("HOME").is_some(),
+        "this test needs HOME set in its environment"
+    );
+    let home = tempfile::tempdir().unwrap();
+    let flags = fk_agentd::config::Flags {
+        home: Some(home.path().to_path_buf()),
+        sim: true,
+        ..Default::default()
+    };
+    let env = fk_agentd::config::Env {
+        cwd: home.path().to_path_buf(),
+        ..Default::default()
+    };
+    let mut config =
+        fk_agentd::config::Config::load(&flags, &env, &fk_agentd::target::Catalog::embedded())
+            .unwrap();
+    config.secret_env.push("HOME".into());
+    let mut p = BrokerParams::from_config(
+        &config,
+        vec![PathBuf::from("/bin"), PathBuf::from("/usr/bin")],
+    );
+    p.session_limits = None;
+    assert_eq!(p.env_remove, vec!["HOME".to_string()]);
+    let rig = rig_with(1, p);
+    let cmd = sh(rig.dir.path(), "env", "echo \"secret=${HOME-absent}\"");
+    let out = rig
+        .broker
+        .run(
+            req("s", LeaseClass::Validate, 1, Duration::from_secs(30)),
+            cmd,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(&out.stdout).unwrap();
+    assert_eq!(text.trim(), "secret=absent");
+}
