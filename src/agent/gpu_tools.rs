@@ -80,13 +80,30 @@ async fn preflight(
     }
 }
 
+impl<L> BenchGpuTools<L> {
+    /// The next unused number of `<session>/<folder>/<NNN><suffix>`: a resumed session counts
+    /// on from what an earlier daemon left, so no earlier result is reused or overwritten.
+    fn next_number(&self, ws: &Workspace, folder: &str, suffix: &str) -> u32 {
+        loop {
+            let n = self.validations.fetch_add(1, Ordering::SeqCst) + 1;
+            let dir = ws
+                .session_dir()
+                .join(folder)
+                .join(format!("{n:03}{suffix}"));
+            if !dir.exists() {
+                return n;
+            }
+        }
+    }
+}
+
 impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
     fn validate(
         &self,
         ws: &Workspace,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let n = self.validations.fetch_add(1, Ordering::SeqCst) + 1;
+        let n = self.next_number(ws, "validations", "");
         let (driver, journal, gate, ws) = (
             self.driver.clone(),
             self.journal.clone(),
@@ -156,7 +173,14 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let simulated = self.simulated;
         let (driver, real, ws) = (self.driver.clone(), self.real.clone(), ws.clone());
-        let n = self.validations.fetch_add(1, Ordering::SeqCst) + 1;
+        let n = self.next_number(
+            &ws,
+            "profiles",
+            match kind {
+                ProfileKind::Ncu => "-ncu",
+                ProfileKind::Nsys => "-nsys",
+            },
+        );
         Box::pin(async move {
             if simulated {
                 return Ok(ToolOutput::ok(format!(

@@ -49,6 +49,16 @@ pub struct AgentRunnerParams {
     pub gpu: Arc<dyn GpuToolsFactory>,
     pub shell_env: ShellEnv,
     pub loop_params: LoopParams,
+    /// The broker and control socket that `fk-agentd lease -- CMD` in a session's shell uses;
+    /// each session gets its own lease token in `FK_AGENTD_LEASE_TOKEN`.
+    pub lease_access: Option<LeaseAccess>,
+}
+
+/// What a session's shell needs to run its own commands under leases.
+#[derive(Clone)]
+pub struct LeaseAccess {
+    pub broker: crate::gpu::Broker,
+    pub socket: PathBuf,
 }
 
 /// Starts agent sessions for the scheduler.
@@ -124,10 +134,17 @@ fn prepare(
         shapes,
     })
     .map_err(|e| format!("prompt: {e}"))?;
+    let mut shell_env = p.shell_env.clone();
+    if let Some(access) = &p.lease_access {
+        let token = access.broker.issue_session_token(&target.to_string());
+        shell_env = shell_env
+            .with_extra("FK_AGENTD_LEASE_TOKEN", token.expose())
+            .with_extra("FK_AGENTD_SOCKET", &access.socket.display().to_string());
+    }
     let toolbox = Toolbox::new(ToolboxParams {
         workspace: ws,
         gpu: p.gpu.make(journal.clone()),
-        shell_env: p.shell_env.clone(),
+        shell_env,
         limits: ToolLimits::default(),
     });
     Ok(SessionSetup {

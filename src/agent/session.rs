@@ -382,7 +382,12 @@ async fn run_call(
             .call(&call.name, &call.arguments, cancel.child_token())
             .await
         {
-            Ok(out) => break out,
+            // The shell is not jailed: whatever it printed is scrubbed of the provider token
+            // before it is stored or sent.
+            Ok(mut out) => {
+                out.text = s.llm.token().scrub(&out.text);
+                break out;
+            }
             Err(ToolError::Cancelled { .. }) => {
                 return Ok(Some(End::new(
                     SessionStatus::Interrupted,

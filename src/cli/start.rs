@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::args::{GlobalArgs, StartArgs};
 use crate::agent::gpu_tools::RealChecks;
 use crate::agent::session::LoopParams;
-use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS};
+use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS, LeaseAccess};
 use crate::config::provider::ProviderConfig;
 use crate::config::provider::TokenSource;
 use crate::config::{Config, Env};
@@ -242,6 +242,10 @@ async fn run_real(
         python: config.fastkernels_command.iter().take(1).cloned().collect(),
         harness: prepared.copy.clone(),
         timeout: Duration::from_secs(300),
+        env: crate::harness::import_check::INHERITED
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+            .collect(),
     };
     let env_remove: Vec<String> = match &provider_token {
         TokenSource::Env { var } => vec![var.clone()],
@@ -262,6 +266,15 @@ async fn run_real(
         }),
     };
     let (catalog, captures) = (catalog.clone(), config.captures.clone());
+    let socket = crate::control::socket_path(&config.home);
+    // The agents' shells find this binary first on PATH, for `fk-agentd lease -- CMD`.
+    let mut shell_env = ShellEnv::from_parent(std::env::vars(), []);
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        shell_env = shell_env.with_path_first(&dir);
+    }
     let agent_llm = llm.clone();
     let runner = RunnerSource::WithBroker(Box::new(move |broker| {
         Box::pin(async move {
@@ -279,11 +292,15 @@ async fn run_real(
                         catalog: catalog.clone(),
                         import_check,
                         protected,
-                        broker,
+                        broker: broker.clone(),
                     }),
                 }),
-                shell_env: ShellEnv::from_parent(std::env::vars(), []),
+                shell_env: shell_env.clone(),
                 loop_params: LoopParams::new(INSTRUCTIONS.to_string(), context_window),
+                lease_access: Some(LeaseAccess {
+                    broker: broker.clone(),
+                    socket: socket.clone(),
+                }),
             });
             Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
         })

@@ -19,7 +19,21 @@ pub struct ImportCheck {
     /// The patched fastkernels copy (its folder holds the `fastkernels` package).
     pub harness: PathBuf,
     pub timeout: Duration,
+    /// The whole environment of the check (an allowlist built at the edge: `PATH`, `LANG`,
+    /// `HOME`, library paths). Nothing else of the daemon's environment, no provider token.
+    pub env: Vec<(String, String)>,
 }
+
+/// The variables an import check may inherit from the daemon, by name.
+pub const INHERITED: &[&str] = &[
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "HOME",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+];
 
 const SCRIPT: &str = r#"
 import importlib, importlib.util, sys, traceback

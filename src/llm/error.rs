@@ -229,7 +229,10 @@ fn try_again_in(message: &str) -> Option<Duration> {
     } else {
         return None;
     };
-    Duration::try_from_secs_f64(secs).ok()
+    // A server's number is not trusted beyond the retry layer's own cap.
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .map(|d| d.min(Duration::from_secs(15 * 60)))
 }
 
 fn clip(s: &str) -> String {

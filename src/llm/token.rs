@@ -121,7 +121,13 @@ impl TokenProvider {
         match &self.source {
             Source::File(p) => format!("file {}", p.display()),
             Source::Env { var, .. } => format!("environment variable {var}"),
-            Source::Command { argv, .. } => format!("command `{}`", argv.join(" ")),
+            // Only the program: its arguments may carry a path or a secret.
+            Source::Command { argv, .. } => {
+                format!(
+                    "command `{}`",
+                    argv.first().map(String::as_str).unwrap_or("")
+                )
+            }
             Source::Literal => "a literal token".into(),
         }
     }
@@ -161,7 +167,7 @@ impl TokenProvider {
 
     /// Replaces every occurrence of the current token in `text` (server messages may echo
     /// what they were sent).
-    pub(crate) fn scrub(&self, text: &str) -> String {
+    pub fn scrub(&self, text: &str) -> String {
         let state = self.lock();
         match state.as_ref() {
             Some(l) if !l.token.expose_secret().is_empty() => {

@@ -14,7 +14,7 @@ use super::server::{SIM_TOKEN, SimScript, SimServer};
 use crate::agent::gpu_tools::{BenchGpuTools, RealChecks};
 use crate::agent::journal::SessionJournal;
 use crate::agent::session::LoopParams;
-use crate::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
+use crate::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS, LeaseAccess};
 use crate::config::Config;
 use crate::config::provider::{Limits, ProviderConfig, ReasoningEffort, TokenSource};
 use crate::daemon::RunnerSource;
@@ -84,6 +84,21 @@ pub fn sim_provider(base_url: &str) -> ProviderConfig {
     }
 }
 
+/// The simulation's shell environment: a plain `PATH` with the fk-agentd binary's folder first.
+pub fn sim_shell_env(exe: &Path) -> ShellEnv {
+    let env = ShellEnv::from_parent(
+        [(
+            "PATH".to_string(),
+            "/usr/local/bin:/usr/bin:/bin".to_string(),
+        )],
+        [],
+    );
+    match exe.parent() {
+        Some(dir) => env.with_path_first(dir),
+        None => env,
+    }
+}
+
 /// Writes the simulated baselines (labelled as such) for every catalog target.
 pub fn sim_baselines(home: &Path, catalog: &Catalog) -> Result<PathBuf, Error> {
     let root = home.join("sim-baselines");
@@ -137,7 +152,7 @@ pub async fn runner<L: BenchLauncher + 'static>(
     params: &SimParams,
     launcher: L,
 ) -> Result<AgentRunner, Error> {
-    runner_with_url(config, catalog, &server.base_url, params, launcher).await
+    runner_with_url(config, catalog, &server.base_url, params, launcher, None).await
 }
 
 pub async fn runner_with_url<L: BenchLauncher + 'static>(
@@ -146,6 +161,7 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
     base_url: &str,
     params: &SimParams,
     launcher: L,
+    lease_access: Option<LeaseAccess>,
 ) -> Result<AgentRunner, Error> {
     let token = TokenProvider::literal(SecretString::from(SIM_TOKEN))?;
     let llm = Arc::new(LlmClient::new(sim_provider(base_url), token)?);
@@ -173,14 +189,9 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
             simulated: true,
             real: None,
         }),
-        shell_env: ShellEnv::from_parent(
-            [(
-                "PATH".to_string(),
-                "/usr/local/bin:/usr/bin:/bin".to_string(),
-            )],
-            [],
-        ),
+        shell_env: sim_shell_env(&params.exe),
         loop_params: LoopParams::new(INSTRUCTIONS.to_string(), 400_000),
+        lease_access,
     }))
 }
 
@@ -201,8 +212,20 @@ pub async fn build(
     );
     let source = RunnerSource::WithBroker(Box::new(move |broker| {
         Box::pin(async move {
+            let access = LeaseAccess {
+                broker: broker.clone(),
+                socket: crate::control::socket_path(&config.home),
+            };
             let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
-            let runner = runner_with_url(&config, &catalog, &base_url, &params, launcher).await?;
+            let runner = runner_with_url(
+                &config,
+                &catalog,
+                &base_url,
+                &params,
+                launcher,
+                Some(access),
+            )
+            .await?;
             Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
         })
     }));

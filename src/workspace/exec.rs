@@ -37,6 +37,18 @@ pub struct ShellEnv {
 }
 
 impl ShellEnv {
+    /// The same environment plus one more explicit variable (a session's lease token).
+    pub fn with_extra(mut self, key: &str, value: &str) -> Self {
+        self.extras.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// `dir` put first on `PATH` (so the agent's shell finds the `fk-agentd` binary).
+    pub fn with_path_first(mut self, dir: &std::path::Path) -> Self {
+        self.path = format!("{}:{}", dir.display(), self.path);
+        self
+    }
+
     /// `parent` is the daemon's environment (the caller passes `std::env::vars()`); only `PATH`
     /// and `LANG` are read from it. `extras` are passed through as given.
     pub fn from_parent(

@@ -140,6 +140,7 @@ async fn fourteen_simulated_agents_with_a_cap_of_twelve_all_finish_and_never_exc
                 &base,
                 &params,
                 launcher,
+                None,
             )
             .await?;
             let counting = Counting {
@@ -341,6 +342,7 @@ async fn a_session_that_tries_to_escape_its_workspace_is_refused() {
         gpu: Arc::new(NoGpu),
         shell_env: ShellEnv::from_parent([], []),
         loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
+        lease_access: None,
     });
     let runner: Arc<dyn SessionRunner> = Arc::new(runner);
     let report = campaign(cfg, runner.into(), None, None).await;
@@ -390,4 +392,108 @@ async fn a_session_that_tries_to_escape_its_workspace_is_refused() {
         ]
     );
     assert_eq!(last_input[1]["encrypted_content"], "enc1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_shell_runs_its_own_command_under_a_lease() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
+    let shell = |call: &str, cmd: &str| {
+        function_call_item(&format!("fc_{call}"), call, "shell", json!({"cmd": cmd}))
+    };
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[
+                reasoning_item("rs_1", "lease", "enc1"),
+                shell(
+                    "c1",
+                    "fk-agentd lease -- sh -c 'echo leased-on-$CUDA_VISIBLE_DEVICES'",
+                ),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r2",
+            &[
+                reasoning_item("rs_2", "no token", "enc2"),
+                shell("c2", "FK_AGENTD_LEASE_TOKEN=forged fk-agentd lease -- true"),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r3",
+            &[
+                reasoning_item("rs_3", "write", "enc3"),
+                function_call_item(
+                    "fc_c3",
+                    "c3",
+                    "write_file",
+                    json!({"path": "candidate/L1/gelu.py", "content": "x = 1\n"}),
+                ),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r4",
+            &[
+                reasoning_item("rs_4", "done", "enc4"),
+                function_call_item("fc_c4", "c4", "finish", json!({"summary": "done"})),
+            ],
+            [10, 0, 5, 1],
+        ),
+    ])
+    .await;
+    let (cfg2, url) = (cfg.clone(), fake.base_url.clone());
+    let runner = RunnerSource::WithBroker(Box::new(move |broker| {
+        Box::pin(async move {
+            let token =
+                TokenProvider::literal(secrecy::SecretString::from("test-token-lease")).unwrap();
+            let llm = Arc::new(LlmClient::new(sim_provider(&url), token).unwrap());
+            let runner = AgentRunner::new(AgentRunnerParams {
+                llm,
+                catalog: Catalog::embedded(),
+                baseline_root: sim_baselines(&cfg2.home, &Catalog::embedded()).unwrap(),
+                captures: cfg2.captures.clone(),
+                gpu: Arc::new(NoGpu),
+                shell_env: fk_agentd::sim::campaign::sim_shell_env(Path::new(env!(
+                    "CARGO_BIN_EXE_fk-agentd"
+                ))),
+                loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
+                lease_access: Some(fk_agentd::agent::LeaseAccess {
+                    broker,
+                    socket: fk_agentd::control::socket_path(&cfg2.home),
+                }),
+            });
+            Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
+        })
+    }));
+    let report = campaign(cfg, runner, None, None).await;
+    assert_eq!(report.status, "PASS", "{report:?}");
+    let evs = events(home.path(), &report.run_id);
+    let output = |id: &str| {
+        evs.iter()
+            .find(|e| e.kind == "tool_finished" && e.payload["call_id"] == id)
+            .map(|e| e.payload["output"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert!(output("c1").contains("leased-on-GPU-"), "{}", output("c1"));
+    assert!(
+        output("c2").contains("Exit code: 2") || output("c2").contains("exit code 2"),
+        "{}",
+        output("c2")
+    );
+    let db = rusqlite::Connection::open(home.path().join("fk-agentd.db")).unwrap();
+    let sessions: Vec<String> = db
+        .prepare("SELECT session FROM leases")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        sessions,
+        vec!["L1/gelu".to_string()],
+        "the lease was charged to the session"
+    );
 }

@@ -130,6 +130,7 @@ pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
                 &base,
                 &params,
                 launcher,
+                None,
             )
             .await?;
             let inner: Arc<dyn SessionRunner> = Arc::new(inner);
