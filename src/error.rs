@@ -74,6 +74,7 @@ impl Error {
             Error::Store(StoreError::UnknownRun(_)) => EXIT_USAGE,
             Error::Store(_) | Error::Run(_) | Error::NotYet { .. } => EXIT_UNAVAILABLE,
             Error::Daemon(e) => e.exit_code(),
+            Error::Control(ControlError::Refused { .. }) => EXIT_USAGE,
             Error::Control(_) => EXIT_UNAVAILABLE,
             Error::Harness(e) => e.exit_code(),
             Error::Tool(_) | Error::Workspace(_) => EXIT_UNAVAILABLE,

@@ -331,6 +331,16 @@ impl GpuClient {
         let resp = req.send().await.map_err(|e| request_err(what, e))?;
         let status = resp.status();
         let body = resp.text().await.map_err(|e| request_err(what, e))?;
+        if status.is_client_error() {
+            let message = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or(body);
+            return Err(ControlError::Refused {
+                what: what.to_string(),
+                message,
+            });
+        }
         if !status.is_success() {
             return Err(request_err(what, format!("{status}: {body}")));
         }

@@ -40,6 +40,9 @@ pub enum ControlError {
     },
     #[error("control request {what} failed: {why}")]
     Request { what: String, why: String },
+    /// The daemon refused the request as bad input (HTTP 4xx); the message names the value.
+    #[error("{what} refused by the daemon: {message}")]
+    Refused { what: String, message: String },
 }
 
 /// The socket path under a home.
