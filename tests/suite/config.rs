@@ -201,12 +201,12 @@ fn home_comes_from_the_flag_then_env_then_xdg_state() {
         fk_agentd_home: Some("/srv/fk".into()),
         xdg_state_home: Some("/xdg".into()),
         home: Some("/home/u".into()),
-        cwd: PathBuf::from("/work"),
+        cwd: PathBuf::from("/srv/cwd"),
         ..Env::default()
     };
     assert_eq!(
         resolve_home(Some(Path::new("rel")), &env).unwrap(),
-        PathBuf::from("/work/rel")
+        PathBuf::from("/srv/cwd/rel")
     );
     assert_eq!(resolve_home(None, &env).unwrap(), PathBuf::from("/srv/fk"));
     let env = Env {
@@ -250,7 +250,7 @@ fn cortex_env() -> Env {
     Env {
         snowflake_account: Some("MyOrg-Acct1".into()),
         home: Some("/home/tester".into()),
-        cwd: PathBuf::from("/work"),
+        cwd: PathBuf::from("/srv/cwd"),
         ..Env::default()
     }
 }
