@@ -252,9 +252,7 @@ fn cmd_session(
     json: bool,
     catalog: &Catalog,
 ) -> Result<i32, Error> {
-    let id = known_target(target, catalog)?;
-    let store = open_existing_store(home)?;
-    let run_row = store.run(run)?;
+    let (id, store, run_row) = open_session(home, target, run, catalog)?;
     let name = id.to_string();
     let events = store.events(&run_row.id, Some(&name), 0)?;
     let state = store
@@ -393,6 +391,19 @@ fn restore_sigpipe() {
     }
 }
 
+/// The target, the store and the run a `session` command reads.
+fn open_session(
+    home: &std::path::Path,
+    target: &str,
+    run: Option<&str>,
+    catalog: &Catalog,
+) -> Result<(TargetId, crate::store::Store, crate::store::RunRow), Error> {
+    let id = known_target(target, catalog)?;
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    Ok((id, store, run_row))
+}
+
 /// A target named on the command line, checked against the catalog.
 fn known_target(target: &str, catalog: &Catalog) -> Result<TargetId, Error> {
     let id: TargetId = target.parse()?;
@@ -409,9 +420,7 @@ fn cmd_transcript(
     run: Option<&str>,
     catalog: &Catalog,
 ) -> Result<i32, Error> {
-    let id = known_target(target, catalog)?;
-    let store = open_existing_store(home)?;
-    let run_row = store.run(run)?;
+    let (id, _, run_row) = open_session(home, target, run, catalog)?;
     let path =
         crate::workspace::session_dir_for(&crate::run::runs_dir(home).join(&run_row.id), &id)
             .join("transcript.jsonl");
@@ -446,9 +455,7 @@ async fn cmd_follow(
     json: bool,
     catalog: &Catalog,
 ) -> Result<i32, Error> {
-    let id = known_target(target, catalog)?;
-    let store = open_existing_store(home)?;
-    let run_row = store.run(run)?;
+    let (id, store, run_row) = open_session(home, target, run, catalog)?;
     let name = id.to_string();
     print!("{}", report::sim_banner(run_row.simulated));
     let mut after = 0;

@@ -213,12 +213,7 @@ fn results(run_dir: &Path) -> Vec<GenerationSummary> {
         .filter(|e| e.path().is_dir())
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let n = match name.strip_prefix("results") {
-                Some("") => 1,
-                Some(rest) => rest.strip_prefix('-')?.parse().ok()?,
-                None => return None,
-            };
-            Some((n, name))
+            Some((crate::score::candidates::generation_number(&name)?, name))
         })
         .collect();
     dirs.sort();

@@ -55,14 +55,7 @@ impl CandidateSet {
             if !dir.is_dir() {
                 continue;
             }
-            let mut names: Vec<String> = std::fs::read_dir(&dir)
-                .map_err(ScoreError::io(&dir))?
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            for name in names {
+            for name in file_names(&dir)? {
                 let rel = PathBuf::from(format!("L{level}")).join(&name);
                 let ext = Path::new(&name).extension().and_then(|e| e.to_str());
                 match ext {
@@ -156,6 +149,26 @@ fn helper_closure(
 
 /// Creates a new results generation under `out`: `results`, else `results-2`, `results-3`, …
 /// (never an existing one).
+/// The names of the plain files in `dir`, sorted.
+fn file_names(dir: &Path) -> Result<Vec<String>, ScoreError> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(ScoreError::io(dir))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The number of a results generation folder: `results` is 1, `results-<n>` is n.
+pub fn generation_number(name: &str) -> Option<u32> {
+    match name.strip_prefix("results")? {
+        "" => Some(1),
+        rest => rest.strip_prefix('-')?.parse().ok(),
+    }
+}
+
 pub fn new_generation(out: &Path) -> Result<PathBuf, ScoreError> {
     std::fs::create_dir_all(out).map_err(ScoreError::io(out))?;
     for n in 1..10_000u32 {
@@ -208,14 +221,7 @@ pub fn gather_sessions(sessions: &[(TargetId, PathBuf)], dest: &Path) -> Result<
     for (target, cand) in sessions {
         let level_dir = format!("L{}", target.level());
         let src = cand.join(&level_dir);
-        let mut names: Vec<String> = std::fs::read_dir(&src)
-            .map_err(ScoreError::io(&src))?
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        for name in names {
+        for name in file_names(&src)? {
             let ext = Path::new(&name).extension().and_then(|e| e.to_str());
             let is_own_py = name == format!("{}.py", target.stem());
             if !is_own_py && !ext.is_some_and(|e| HELPER_EXTENSIONS.contains(&e)) {

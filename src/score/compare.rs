@@ -195,12 +195,7 @@ pub fn generations(run_dir: &Path) -> Vec<PathBuf> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let n = match name.strip_prefix("results") {
-                Some("") => 1,
-                Some(rest) => rest.strip_prefix('-')?.parse().ok()?,
-                None => return None,
-            };
-            Some((n, e.path()))
+            Some((super::candidates::generation_number(&name)?, e.path()))
         })
         .collect();
     gens.sort_by_key(|g| std::cmp::Reverse(g.0));
