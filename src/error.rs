@@ -65,6 +65,12 @@ pub enum Error {
     /// The work ran and found failures.
     #[error("{0}")]
     Failed(String),
+    /// A file or folder fk-agentd needs could not be read or written (disk, permissions).
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 impl Error {
@@ -86,6 +92,7 @@ impl Error {
             Error::Protect(ProtectError::Io { .. }) => EXIT_UNAVAILABLE,
             Error::Protect(_) => EXIT_FAILURES,
             Error::Failed(_) => EXIT_FAILURES,
+            Error::Io { .. } => EXIT_UNAVAILABLE,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! |---------------|--------------------------------------------------------------------------|
 //! | [`cli`]       | argument parsing, printing for humans, exit codes (the only printer)     |
 //! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files |
-//! | [`target`]    | [`target::TargetId`] (`L2/rms_norm`), the catalog, selections (`L1-L3`)   |
+//! | [`target`]    | [`target::TargetId`] (`L1/rms_norm`), the catalog, selections (`L1-L3`)   |
+//! | [`captures`]  | the capture folder: checked, or the embedded default written under the home |
 //! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
 //! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools |
 //! | [`scheduler`] | the only spawner of sessions: cap, order, session timeout, run events     |
@@ -34,6 +35,7 @@
 //! it is simulated.
 
 pub mod agent;
+pub mod captures;
 pub mod cli;
 pub mod config;
 pub mod control;

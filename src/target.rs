@@ -1,8 +1,8 @@
 //! Targets: which fastkernels operators a campaign works on.
 //!
-//! Owns [`TargetId`] (`L2/rms_norm`), the [`Catalog`] of known targets (the default list of
+//! Owns [`TargetId`] (`L1/rms_norm`), the [`Catalog`] of known targets (the default list of
 //! 133 L1–L3 targets ships in `captures/targets_default.txt` and is embedded in the binary) and
-//! the parsing of target selections (`L1-L3`, `L2`, `L1,L3`, `L2/rms_norm,L1/gelu`, `all`).
+//! the parsing of target selections (`L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu`, `all`).
 //!
 //! Invariants: a stem is `[a-z0-9_]+` (it becomes a path component, so nothing else gets in);
 //! a selection is deduplicated and ordered by level, then stem; an unknown id or level is an
@@ -199,7 +199,7 @@ impl Catalog {
         levels
     }
 
-    /// Resolves a selection such as `L1-L3`, `L2`, `L1,L3`, `L2/rms_norm,L1/gelu` or `all`.
+    /// Resolves a selection such as `L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu` or `all`.
     pub fn select(&self, spec: &str) -> Result<Vec<TargetId>, TargetError> {
         let mut out: Vec<TargetId> = Vec::new();
         let items: Vec<&str> = spec

@@ -112,26 +112,45 @@ impl<L: BenchLauncher> ProfileParams<'_, L> {
     }
 }
 
-/// Kernel names in ncu's per-kernel headers (`name(args) (grid)x(block), Context …`).
+/// The short names (what ncu's `-k` matches by default) of the kernels in ncu's per-kernel
+/// headers (`name(args) (grid)x(block), Context …`), in order of first appearance.
 pub fn kernel_names(ncu_output: &str) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for line in ncu_output.lines() {
         if !line.contains(", Context ") || !line.contains(", Device ") {
             continue;
         }
-        // The header is `<name>(<args>) (<grid>)x(<block>), Context …`: cut at the grid.
-        let head = line.trim();
-        let head = match head.find(")x(") {
-            Some(x) => head[..x].rfind(" (").map_or(head, |g| &head[..g]),
-            None => head,
-        };
-        let head = head.strip_prefix("void ").unwrap_or(head);
-        let name = head.split('(').next().unwrap_or("").trim().to_string();
+        let name = short_name(line.trim());
         if !name.is_empty() && !names.contains(&name) {
             names.push(name);
         }
     }
     names
+}
+
+/// `void at::native::vectorized_elementwise_kernel<4, F(…)::{lambda(float)#1}>(int, T2) (…)x(…)`
+/// → `vectorized_elementwise_kernel`: drop the return type, template arguments, parameters and
+/// namespaces. Brackets nest, and `<unnamed>` namespaces count as brackets (then dropped too).
+fn short_name(header: &str) -> String {
+    let head = header.strip_prefix("void ").unwrap_or(header);
+    // A space at depth 0 ends a return type, unless the parameter list or grid follows it.
+    let (mut angle, mut out, mut after_space) = (0usize, String::new(), false);
+    for c in head.chars() {
+        match c {
+            '<' => angle += 1,
+            '>' => angle = angle.saturating_sub(1),
+            '(' if angle == 0 => break,
+            ' ' if angle == 0 => after_space = true,
+            _ if angle == 0 => {
+                if std::mem::take(&mut after_space) {
+                    out.clear();
+                }
+                out.push(c);
+            }
+            _ => {}
+        }
+    }
+    out.rsplit("::").next().unwrap_or("").to_string()
 }
 
 /// `profile_ncu {args}`: Nsight Compute around the bench, the report kept in the session.
@@ -199,7 +218,7 @@ pub async fn ncu<L: BenchLauncher>(
     };
     Ok(ToolOutput {
         text: format!(
-            "ncu {verdict}; report {}.ncu-rep (timings under ncu are several times too high: never compare them with bench speedups)\\n{body}",
+            "ncu {verdict}; report {}.ncu-rep (timings under ncu are several times too high: never compare them with bench speedups)\n{body}",
             report.display()
         ),
         is_error: code != Some(0),
@@ -238,14 +257,21 @@ pub async fn nsys<L: BenchLauncher>(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn kernel_names_are_read_from_ncu_headers() {
-        let out = "==PROF== Connected to process 1\n  void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>(int, T2, T3) (128, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n    Section: Command line profiler metrics\n  _fk_l1_l2_norm_rows (4096, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n";
+    fn kernel_names_are_the_short_names_ncu_matches() {
+        let out = "==PROF== Connected to process 1\n  \
+            void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase &, at::native::GeluType)::[lambda() (instance 1)]::operator ()() const::[lambda(float) (instance 1)], std::array<char *, 2>>(int, T2, T3) (128, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n    \
+            Section: Command line profiler metrics\n  \
+            void at::<unnamed>::distribution_elementwise_grid_stride_kernel<float, 4, void at::native::templates::cuda::normal_and_transform<float, float>(at::TensorIteratorBase &)>(long, T3) (528, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n  \
+            void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::NormTwoOps<float, float, float, 1>, unsigned int, float, 4, 4>>(T3) (64, 1, 1)x(16, 32, 1), Context 1, Stream 7, Device 0, CC 9.0\n  \
+            _fk_l1_l2_norm_rows (64, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n  \
+            void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char *, 3>>(int, T2, T3) (8, 1, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n";
         assert_eq!(
             super::kernel_names(out),
             vec![
-                "at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>"
-                    .to_string(),
-                "_fk_l1_l2_norm_rows".to_string()
+                "vectorized_elementwise_kernel",
+                "distribution_elementwise_grid_stride_kernel",
+                "reduce_kernel",
+                "_fk_l1_l2_norm_rows",
             ]
         );
     }

@@ -42,7 +42,8 @@ pub enum Command {
     Status,
     /// Ask the running daemon to stop: sessions are cancelled and can be resumed.
     Stop,
-    /// Continue an unfinished run from its stored history.
+    /// Continue an unfinished run from its stored history, with the targets, agent cap,
+    /// timeouts and provider it was started with.
     Resume {
         /// Run id (default: the newest unfinished run).
         run: Option<String>,
@@ -171,7 +172,7 @@ pub struct SimBenchBenchArgs {
 
 #[derive(Debug, Args, Clone, Default)]
 pub struct StartArgs {
-    /// Targets: `L1-L3`, `L2`, `L1,L3`, `L2/rms_norm,L1/gelu` or `all`. Default: L1-L3.
+    /// Targets: `L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu` or `all`. Default: L1-L3.
     #[arg(long, value_name = "SET")]
     pub targets: Option<String>,
     /// independent | sequential | all. Default: independent.

@@ -161,6 +161,12 @@ fn lease_exit_code(o: &LeaseOutcome) -> i32 {
             ));
             crate::error::EXIT_UNAVAILABLE
         }
+        Some(KilledReason::GpuViolation { uuid, pid }) => {
+            gone(format!(
+                "was killed: its process {pid} used GPU {uuid}, which the lease does not hold; the result is invalid"
+            ));
+            crate::error::EXIT_FAILURES
+        }
         Some(KilledReason::DaemonRestart) => {
             gone("was ended by a daemon restart".into());
             crate::error::EXIT_UNAVAILABLE
@@ -209,11 +215,11 @@ pub(super) async fn cmd_gpus(
     if opts.sanity {
         return cmd_sanity(inventory()?, opts.json).await;
     }
+    // A socket file left by a killed daemon refuses connections: that is "no daemon" too.
+    let refused = socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_err();
     let (snap, daemon) = match GpuClient::new(&home, &socket) {
-        Ok(client) => match client.snapshot().await {
-            Ok(s) => (s, true),
-            Err(e) => return Err(e.into()),
-        },
+        _ if refused => (inventory()?.offline_snapshot(), false),
+        Ok(client) => (client.snapshot().await?, true),
         Err(ControlError::NoDaemon { .. }) => (inventory()?.offline_snapshot(), false),
         Err(e) => return Err(e.into()),
     };

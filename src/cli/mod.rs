@@ -140,7 +140,8 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             gpu::cmd_gpus(&cli.global, &env, &catalog, opts).await
         }
         Command::Score(ref args) => {
-            let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
+            let mut config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
+            crate::captures::settle(&mut config)?;
             score::cmd_score(&config, &env, args).await
         }
         Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
@@ -165,7 +166,8 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         Command::Doctor { ref targets, json } => {
             let mut f = flags(&cli.global, None);
             f.targets = targets.clone();
-            let config = Config::load(&f, &env, &catalog)?;
+            let mut config = Config::load(&f, &env, &catalog)?;
+            crate::captures::settle(&mut config)?;
             cmd_doctor(&config, json).await
         }
         Command::Completions { shell } => {

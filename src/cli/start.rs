@@ -20,7 +20,7 @@ use crate::facts::{RunStartFacts, SystemFacts};
 use crate::gpu::LeaseClass;
 use crate::harness::import_check::ImportCheck;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::scheduler::SessionRunner;
+use crate::scheduler::{SessionRunner, SessionStatus};
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::lease::LeaseLauncher;
 use crate::sim::campaign::{BenchToolsFactory, SIM_SEED, SimParams};
@@ -34,7 +34,8 @@ pub async fn cmd_start(
     catalog: &Catalog,
 ) -> Result<i32, Error> {
     let flags = super::flags(global, Some(start));
-    let config = Config::load(&flags, env, catalog)?;
+    let mut config = Config::load(&flags, env, catalog)?;
+    crate::captures::settle(&mut config)?;
     if let Some(pid) = daemon::lock::holder(&config.home) {
         return Err(daemon::DaemonError::AlreadyRunning {
             home: config.home.clone(),
@@ -92,11 +93,15 @@ pub async fn cmd_resume(
         None => unfinished_run(&home)?
             .ok_or_else(|| Error::Usage(format!("no unfinished run under {}", home.display())))?,
     };
-    let row = daemon::open_store(&home)?.run(Some(&run_id))?;
-    let mut flags = super::flags(global, None);
+    let store = daemon::open_store(&home)?;
+    let row = store.run(Some(&run_id))?;
+    let started = daemon::plan::run_started(&store, &run_id)?;
+    drop(store);
+    let mut flags = daemon::plan::resume_flags(super::flags(global, None), &started);
     flags.sim = row.simulated;
     flags.mode = Some(row.mode.clone());
-    let config = Config::load(&flags, env, catalog)?;
+    let mut config = Config::load(&flags, env, catalog)?;
+    crate::captures::settle(&mut config)?;
     let report = if row.simulated {
         run_sim(config, catalog, Some(run_id)).await?
     } else {
@@ -156,8 +161,17 @@ fn print_report(r: &CampaignReport) {
     for note in &r.notes {
         println!("          {note}");
     }
+    // Point at a session of this run (a failed one first: that is the one worth reading).
+    let example = r
+        .phase
+        .results
+        .iter()
+        .find(|(_, s)| !matches!(s, SessionStatus::Finished | SessionStatus::Skipped(_)))
+        .or_else(|| r.phase.results.iter().next())
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_else(|| "L1/gelu".into());
     println!(
-        "\nnext: `fk-agentd sessions`, `fk-agentd session L1/gelu`, `fk-agentd score --run {}`",
+        "\nnext: `fk-agentd sessions`, `fk-agentd session {example}`, `fk-agentd score --run {}`",
         r.run_id
     );
     if r.status == "INTERRUPTED" {

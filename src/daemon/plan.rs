@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use crate::config::{Config, Mode};
+use crate::config::{Config, Flags, Mode};
 use crate::error::Error;
 use crate::run::{NewRun, RunJournal};
 use crate::store::Store;
@@ -111,6 +111,21 @@ pub fn run_started(store: &Store, run_id: &str) -> Result<Value, Error> {
         .find(|e| e.kind == "run_started")
         .map(|e| e.payload)
         .unwrap_or(Value::Null))
+}
+
+/// The campaign settings a run was started with (`run_started.settings`), as flags for its
+/// resume: a resumed run keeps its targets, cap, timeouts and provider even when they came from
+/// flags that `resume` does not take, or from a config file edited since.
+pub fn resume_flags(mut flags: Flags, run_started: &Value) -> Flags {
+    let recorded = |key: &str| run_started["settings"][key][0].as_str().map(str::to_string);
+    flags.targets = recorded("campaign.targets").or(flags.targets);
+    flags.max_agents = recorded("campaign.max_agents")
+        .and_then(|v| v.parse().ok())
+        .or(flags.max_agents);
+    flags.session_timeout = recorded("campaign.session_timeout").or(flags.session_timeout);
+    flags.lease_timeout = recorded("campaign.lease_timeout").or(flags.lease_timeout);
+    flags.provider = recorded("provider.use").or(flags.provider);
+    flags
 }
 
 /// The other half of an `all` pair, if `run_id` is one.

@@ -125,3 +125,62 @@ fn a_simulated_start_then_sessions_session_transcript_and_follow() {
         .code(2)
         .stderr(predicate::str::contains("L1/gelu"));
 }
+
+#[test]
+fn gpus_next_to_a_socket_left_by_a_killed_daemon_falls_back_to_the_inventory() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("fk-agentd.toml"),
+        "[gpus]\ndevices = \"fake:2\"\n",
+    )
+    .unwrap();
+    // Binding and dropping a listener leaves the socket file behind, refusing connections.
+    drop(std::os::unix::net::UnixListener::bind(home.path().join("fk-agentd.sock")).unwrap());
+    fk(home.path())
+        .arg("gpus")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "2 GPU(s) from fake; no daemon running",
+        ));
+}
+
+#[test]
+fn a_simulated_start_outside_a_checkout_uses_the_embedded_default_captures() {
+    let home = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    fk(home.path())
+        .current_dir(elsewhere.path())
+        .args(["start", "--sim", "--targets", "L1/gelu,L1/bmm"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("PASS 2"));
+    let written = home.path().join("captures/default/b200/summary.json");
+    assert_eq!(
+        std::fs::read(&written).unwrap(),
+        std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("captures/default/b200/summary.json")
+        )
+        .unwrap()
+    );
+}
+
+#[test]
+fn a_configured_capture_folder_that_does_not_exist_exits_2_before_any_session() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("fk-agentd.toml"),
+        "[campaign]\ncaptures = \"/nonexistent/captures/h200\"\n",
+    )
+    .unwrap();
+    fk(home.path())
+        .args(["start", "--sim", "--targets", "L1/gelu"])
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("campaign.captures")
+                .and(predicate::str::contains("/nonexistent/captures/h200")),
+        );
+    assert!(!home.path().join("runs").exists(), "no run was created");
+}

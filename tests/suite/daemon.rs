@@ -344,3 +344,53 @@ async fn the_control_socket_is_private_and_answers_status_and_stop() {
     assert_eq!(report.status, "INTERRUPTED");
     assert!(!socket.exists(), "the socket is removed on exit");
 }
+
+#[test]
+fn a_resumed_run_keeps_the_settings_it_was_started_with() {
+    let home = tempfile::tempdir().unwrap();
+    let started = config(home.path(), "L1/gelu,L2/ada_layer_norm", 3, "2h");
+    let run_started = json!({"settings": started.settings});
+    // The config file changed since the start; `resume` takes no campaign flags.
+    std::fs::write(
+        home.path().join("fk-agentd.toml"),
+        "[campaign]\nmax_agents = 9\nsession_timeout = \"7h\"\n",
+    )
+    .unwrap();
+    let base = Flags {
+        home: Some(home.path().to_path_buf()),
+        sim: true,
+        ..Flags::default()
+    };
+    let flags = daemon::plan::resume_flags(base, &run_started);
+    let env = Env {
+        cwd: home.path().to_path_buf(),
+        ..Env::default()
+    };
+    let resumed = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
+    assert_eq!(
+        (
+            resumed.targets.clone(),
+            resumed.max_agents,
+            resumed.session_timeout,
+            resumed.lease_timeout
+        ),
+        (
+            started.targets.clone(),
+            3,
+            Duration::from_secs(2 * 3600),
+            Duration::from_secs(60)
+        )
+    );
+    // A run recorded before settings were kept falls back to the usual precedence.
+    let old = daemon::plan::resume_flags(flags_for(home.path()), &json!({}));
+    let fallback = Config::load(&old, &env, &Catalog::embedded()).unwrap();
+    assert_eq!(fallback.max_agents, 9);
+}
+
+fn flags_for(home: &Path) -> Flags {
+    Flags {
+        home: Some(home.to_path_buf()),
+        sim: true,
+        ..Flags::default()
+    }
+}
