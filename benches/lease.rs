@@ -5,6 +5,10 @@
 //!   once with 8 GPUs (the figure then includes waiting for a GPU).
 //! - Deadline lateness: deadline → the lease's process group gone, for a child that honours
 //!   SIGTERM and for one that ignores it (then the grace dominates, by design).
+//! - Both with each containment: process groups only and, where a cgroup hierarchy under
+//!   `/sys/fs/cgroup` is writable, a cgroup per lease (the daemon `posix_spawn`s a shell that
+//!   enters the cgroup and then execs the command). The table names which ran; "spawned" is
+//!   when the daemon's spawn returns, before that shell's exec of the command.
 //!
 //! Fake GPUs: the commands are real processes, the GPUs are simulated.
 
@@ -13,42 +17,54 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fk_agentd::gpu::{
-    Broker, BrokerParams, Inventory, JobRef, LaunchSpec, Launched, LeaseBackend, LeaseClass,
-    LeaseCommand, LeaseError, LeaseRequest, LocalBackend,
+    Broker, BrokerParams, Containment, Inventory, JobRef, LaunchSpec, Launched, LeaseBackend,
+    LeaseClass, LeaseCommand, LeaseError, LeaseRequest, LocalBackend,
 };
 use fk_agentd::store::Store;
 use tokio_util::sync::CancellationToken;
 
-/// The local backend, noting when each lease's child was spawned.
-#[derive(Default)]
+/// The local backend, noting when each lease's child was spawned and what contained it.
 struct Timed {
-    /// lease id → (launch called, child spawned).
-    spawned: Mutex<HashMap<String, (Instant, Instant)>>,
+    local: LocalBackend,
+    /// lease id → (launch called, child spawned, containment).
+    spawned: Mutex<HashMap<String, (Instant, Instant, Containment)>>,
 }
 
 impl LeaseBackend for Timed {
     fn name(&self) -> &'static str {
         "local (timed)"
     }
+    fn cgroup_for(&self, lease_id: &str) -> Option<std::path::PathBuf> {
+        self.local.cgroup_for(lease_id)
+    }
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
         let id = spec.lease_id.to_string();
         let called = Instant::now();
-        let launched = LocalBackend.launch(spec)?;
+        let launched = self.local.launch(spec)?;
         let now = Instant::now();
         self.spawned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, (called, now));
+            .insert(id, (called, now, launched.containment));
         Ok(launched)
     }
-    fn signal(&self, job: JobRef, hard: bool) {
-        LocalBackend.signal(job, hard)
+    fn signal(&self, job: &JobRef, hard: bool) {
+        self.local.signal(job, hard)
     }
-    fn alive(&self, job: JobRef) -> bool {
-        LocalBackend.alive(job)
+    fn alive(&self, job: &JobRef) -> bool {
+        self.local.alive(job)
     }
     fn kill_tagged(&self, lease_id: &str) -> Vec<i32> {
-        LocalBackend.kill_tagged(lease_id)
+        self.local.kill_tagged(lease_id)
+    }
+    fn owns(&self, job: &JobRef, lease_id: &str, pid: u32) -> bool {
+        self.local.owns(job, lease_id, pid)
+    }
+    fn release(&self, job: &JobRef) -> Result<(), String> {
+        self.local.release(job)
+    }
+    fn leftovers(&self) -> Vec<(String, JobRef)> {
+        self.local.leftovers()
     }
 }
 
@@ -59,14 +75,23 @@ struct Rig {
     out: std::path::PathBuf,
 }
 
-fn rig(gpus: u32, grace: Duration) -> Rig {
+fn rig(gpus: u32, grace: Duration, cgroups: bool) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
     let mut params = BrokerParams::defaults(Duration::from_secs(600));
     params.grace = grace;
     params.session_limits = None;
     params.spool_dir = dir.path().join("leases");
-    let timed = Arc::new(Timed::default());
+    let local = if cgroups {
+        let scope = fk_agentd::gpu::cgroup::scope_for(store.path());
+        LocalBackend::detect(params.cgroup_root.as_deref(), &scope)
+    } else {
+        LocalBackend::process_groups()
+    };
+    let timed = Arc::new(Timed {
+        local,
+        spawned: Mutex::default(),
+    });
     let broker = Broker::with_backend(Inventory::fake(gpus), params, store, timed.clone());
     let out = dir.path().join("out");
     Rig {
@@ -92,14 +117,16 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// Per lease: (request → child spawned, of which fork/exec).
+/// Per lease: (request → child spawned, of which the backend's launch: cgroup set-up,
+/// fork/exec).
 async fn grant_latency(
     gpus: u32,
     sessions: usize,
     per_session: usize,
     pace: Duration,
+    cgroups: bool,
 ) -> (Vec<Duration>, Vec<Duration>) {
-    let rig = Arc::new(rig(gpus, Duration::from_secs(10)));
+    let rig = Arc::new(rig(gpus, Duration::from_secs(10), cgroups));
     let mut tasks = tokio::task::JoinSet::new();
     for s in 0..sessions {
         let rig = rig.clone();
@@ -120,7 +147,7 @@ async fn grant_latency(
                     .run(req, cmd, &CancellationToken::new())
                     .await
                     .expect("lease");
-                let (called, spawned) =
+                let (called, spawned, _) =
                     rig.timed.spawned.lock().unwrap_or_else(|p| p.into_inner())[&o.lease_id];
                 lat.push((spawned - t0, spawned - called));
                 tokio::time::sleep(pace).await;
@@ -140,8 +167,8 @@ async fn grant_latency(
     (total, spawn)
 }
 
-async fn lateness(script: &str, grace: Duration, runs: usize) -> Vec<Duration> {
-    let rig = rig(8, grace);
+async fn lateness(script: &str, grace: Duration, runs: usize, cgroups: bool) -> Vec<Duration> {
+    let rig = rig(8, grace, cgroups);
     let max_run = Duration::from_millis(300);
     let mut late = Vec::new();
     for i in 0..runs {
@@ -175,51 +202,77 @@ fn row(name: &str, v: &[Duration]) {
     );
 }
 
+/// What the cgroup-enabled rig really uses on this host.
+fn host_containment() -> Containment {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("fk-agentd.db");
+    let scope = fk_agentd::gpu::cgroup::scope_for(&store);
+    let root = BrokerParams::defaults(Duration::from_secs(1)).cgroup_root;
+    LocalBackend::detect(root.as_deref(), &scope).containment()
+}
+
+async fn table(cgroups: bool) {
+    let none = Duration::ZERO;
+    // Warm up the journal and the process table once.
+    let _ = grant_latency(16, 1, 3, none, cgroups).await;
+    let alone = grant_latency(16, 1, 100, none, cgroups).await;
+    let paced = grant_latency(16, 12, 40, Duration::from_millis(50), cgroups).await;
+    let free = grant_latency(16, 12, 40, none, cgroups).await;
+    let busy = grant_latency(8, 12, 40, none, cgroups).await;
+    let term = lateness("exec sleep 60", Duration::from_secs(10), 10, cgroups).await;
+    let ignore = lateness(
+        "trap '' TERM; sleep 60 & wait; wait",
+        Duration::from_secs(1),
+        3,
+        cgroups,
+    )
+    .await;
+    let containment = if cgroups {
+        host_containment()
+    } else {
+        Containment::ProcessGroup
+    };
+    println!();
+    println!("containment: {containment:?}");
+    println!(
+        "{:<58} {:>5} {:>10} {:>10} {:>10}",
+        "figure", "n", "p50 ms", "p99 ms", "max ms"
+    );
+    row("grant: request -> spawned, 1 session", &alone.0);
+    row("  of which launch (cgroup set-up, fork/exec)", &alone.1);
+    row(
+        "grant: request -> spawned, 12 sessions, 50 ms between leases",
+        &paced.0,
+    );
+    row("  of which launch", &paced.1);
+    row(
+        "grant: request -> spawned, 12 sessions back to back",
+        &free.0,
+    );
+    row("  of which launch", &free.1);
+    row(
+        "grant: request -> spawned, 12 sessions, 8 GPUs (+GPU wait)",
+        &busy.0,
+    );
+    row("deadline -> job gone, child honours SIGTERM", &term);
+    row(
+        "deadline -> job gone, child ignores SIGTERM (grace 1 s)",
+        &ignore,
+    );
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        // Warm up the journal and the process table once.
-        let none = Duration::ZERO;
-        let _ = grant_latency(16, 1, 3, none).await;
-        let alone = grant_latency(16, 1, 100, none).await;
-        let paced = grant_latency(16, 12, 40, Duration::from_millis(50)).await;
-        let free = grant_latency(16, 12, 40, none).await;
-        let busy = grant_latency(8, 12, 40, none).await;
-        let term = lateness("exec sleep 60", Duration::from_secs(10), 10).await;
-        let ignore = lateness(
-            "trap '' TERM; sleep 60 & wait; wait",
-            Duration::from_secs(1),
-            3,
-        )
-        .await;
         println!("SIMULATED GPUs (fake): real processes, no real device.");
-        println!(
-            "{:<58} {:>5} {:>10} {:>10} {:>10}",
-            "figure", "n", "p50 ms", "p99 ms", "max ms"
-        );
-        row("grant: request -> spawned, 1 session", &alone.0);
-        row("  of which fork/exec", &alone.1);
-        row(
-            "grant: request -> spawned, 12 sessions, 50 ms between leases",
-            &paced.0,
-        );
-        row("  of which fork/exec", &paced.1);
-        row(
-            "grant: request -> spawned, 12 sessions back to back",
-            &free.0,
-        );
-        row("  of which fork/exec", &free.1);
-        row(
-            "grant: request -> spawned, 12 sessions, 8 GPUs (+GPU wait)",
-            &busy.0,
-        );
-        row("deadline -> group gone, child honours SIGTERM", &term);
-        row(
-            "deadline -> group gone, child ignores SIGTERM (grace 1 s)",
-            &ignore,
-        );
+        table(false).await;
+        if host_containment() == Containment::ProcessGroup {
+            println!("\nno writable cgroup hierarchy on this host: cgroup figures skipped");
+        } else {
+            table(true).await;
+        }
     });
 }

@@ -41,10 +41,7 @@ pub fn settle(config: &mut Config) -> Result<(), Error> {
     if config.captures.is_dir() {
         return Ok(());
     }
-    let source = config
-        .settings
-        .get("campaign.captures")
-        .map(|(_, s)| s.clone());
+    let source = config.settings.get("campaign.captures").map(|(_, s)| *s);
     if source != Some(SettingSource::Default) {
         return Err(ConfigError::because(
             "campaign.captures",

@@ -150,7 +150,7 @@ fn lease_exit_code(o: &LeaseOutcome) -> i32 {
     match &o.killed_reason {
         Some(KilledReason::Deadline) => {
             gone(format!(
-                "reached its deadline after {}; its process group was killed",
+                "reached its deadline after {}; its processes were killed",
                 format_duration(std::time::Duration::from_millis(o.wall_ms))
             ));
             124

@@ -99,9 +99,9 @@ async fn drain(State(state): State<ControlState>, Json(body): Json<DrainBody>) -
     let reason = body
         .reason
         .unwrap_or_else(|| "drained by an operator".into());
-    match b.drain(&body.gpu, &reason) {
+    match b.drain(&body.gpu, &reason).await {
         Ok(()) => Json(b.snapshot()).into_response(),
-        Err(e) => refuse(StatusCode::BAD_REQUEST, &e),
+        Err(e) => refuse(drain_status(&e), &e),
     }
 }
 
@@ -109,9 +109,17 @@ async fn undrain(State(state): State<ControlState>, Json(body): Json<DrainBody>)
     let Some(b) = &state.broker else {
         return no_broker();
     };
-    match b.undrain(&body.gpu) {
+    match b.undrain(&body.gpu).await {
         Ok(()) => Json(b.snapshot()).into_response(),
-        Err(e) => refuse(StatusCode::BAD_REQUEST, &e),
+        Err(e) => refuse(drain_status(&e), &e),
+    }
+}
+
+/// An unknown GPU is the caller's mistake; a drain the store could not journal is not.
+fn drain_status(e: &LeaseError) -> StatusCode {
+    match e {
+        LeaseError::UnknownGpu(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 

@@ -1,29 +1,74 @@
 //! Operating the pool: drain and undrain, health events, and the snapshot `fk-agentd gpus`
 //! shows.
+//!
+//! Invariant: a drain, whoever made it (an operator, a health event, reclaim, the sanity
+//! kernel), is journaled in the store and outlives the daemon; only an undrain ends it. A
+//! drain takes effect in memory before it is journaled, an undrain only after, so a store
+//! failure can leave a GPU drained too long, never in the pool too early.
 
 use tokio::time::Instant;
 
 use super::broker::Broker;
 use super::health::{GpuEvent, XidDisposition, classify_xid};
+use super::inventory::Inventory;
+use super::queue::Queue;
 use super::types::{GpuSnapshot, GpuState, LeaseError, PoolSnapshot, QueuedSnapshot, Snapshot};
+use crate::store::Store;
+
+/// Marks the GPUs the store says are drained (at broker construction).
+pub(crate) fn restore_drains(inventory: &Inventory, store: &Store, queue: &mut Queue) {
+    let rows = match store.drains() {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the journaled GPU drains; starting with none");
+            return;
+        }
+    };
+    for row in rows {
+        match inventory.gpus.iter().position(|g| g.uuid == row.uuid) {
+            Some(i) => {
+                tracing::info!(gpu = %row.uuid, reason = %row.reason, since = %row.since, "GPU still drained");
+                queue.slots[i].drained = Some(row.reason);
+            }
+            None => tracing::info!(gpu = %row.uuid, "a drained GPU is not in the inventory"),
+        }
+    }
+}
 
 impl Broker {
-    /// Takes a GPU out of the pool. A lease running on it finishes; nothing new starts there.
-    pub fn drain(&self, uuid: &str, reason: &str) -> Result<(), LeaseError> {
-        let i = self.slot_of(uuid)?;
-        let mut st = self.lock();
-        st.queue.slots[i].drained = Some(reason.to_string());
-        self.schedule_locked(&mut st);
+    /// Takes a GPU out of the pool until an undrain, across daemon restarts. A lease running
+    /// on it finishes; nothing new starts there.
+    pub async fn drain(&self, uuid: &str, reason: &str) -> Result<(), LeaseError> {
+        let uuid = self.mark_drained(uuid, reason)?;
+        let reason = reason.to_string();
+        self.inner
+            .store
+            .blocking(move |s| s.set_drain(&uuid, &reason))
+            .await?;
         Ok(())
     }
 
-    /// Returns a drained GPU to the pool.
-    pub fn undrain(&self, uuid: &str) -> Result<(), LeaseError> {
+    /// Returns a drained GPU to the pool (and forgets the journaled drain).
+    pub async fn undrain(&self, uuid: &str) -> Result<(), LeaseError> {
         let i = self.slot_of(uuid)?;
+        let id = self.inner.inventory.gpus[i].uuid.clone();
+        self.inner
+            .store
+            .blocking(move |s| s.clear_drain(&id))
+            .await?;
         let mut st = self.lock();
         st.queue.slots[i].drained = None;
         self.schedule_locked(&mut st);
         Ok(())
+    }
+
+    /// The in-memory half of a drain; returns the GPU's UUID.
+    fn mark_drained(&self, uuid: &str, reason: &str) -> Result<String, LeaseError> {
+        let i = self.slot_of(uuid)?;
+        let mut st = self.lock();
+        st.queue.slots[i].drained = Some(reason.to_string());
+        self.schedule_locked(&mut st);
+        Ok(self.inner.inventory.gpus[i].uuid.clone())
     }
 
     pub(crate) fn slot_of(&self, uuid: &str) -> Result<usize, LeaseError> {
@@ -35,8 +80,9 @@ impl Broker {
             .ok_or_else(|| LeaseError::UnknownGpu(uuid.to_string()))
     }
 
-    /// A health event on a GPU: charged to the job holding it, or drains the GPU and fails
-    /// that lease as infra. Called by the NVML watcher (and by tests with fake GPUs).
+    /// A health event on a GPU: charged to the job holding it, or drains the GPU (journaled)
+    /// and fails that lease as infra. Called by the NVML watcher's own thread, so the journal
+    /// write blocks here (and by tests with fake GPUs).
     pub fn report_gpu_event(&self, uuid: &str, event: GpuEvent) {
         let Ok(i) = self.slot_of(uuid) else {
             tracing::warn!(
@@ -62,9 +108,16 @@ impl Broker {
             match (disposition, &event) {
                 (XidDisposition::ChargeJob, GpuEvent::Xid { xid }) => live.xids.push(*xid),
                 _ => {
-                    live.fault = Some((uuid.to_string(), detail));
+                    live.fault = Some((uuid.to_string(), detail.clone()));
                     live.fault_notify.notify_one();
                 }
+            }
+        }
+        drop(st);
+        if disposition == XidDisposition::DrainGpu {
+            let id = &self.inner.inventory.gpus[i].uuid;
+            if let Err(e) = self.inner.store.set_drain(id, &detail) {
+                tracing::error!(gpu = %id, error = %e, "cannot journal a GPU drain");
             }
         }
     }

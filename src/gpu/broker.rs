@@ -12,11 +12,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::audit::GpuProcesses;
 use super::backend::{LeaseBackend, LocalBackend};
 use super::health::{self, GpuEvent};
 use super::idempotency::{Claim, Key, await_twin};
 use super::inventory::{GpuMonitor, Inventory};
 use super::queue::{Decision, Queue, Scope, Waiter};
+use super::recover::RecoveryReport;
 use super::token::{LeaseToken, TokenBook};
 use super::types::{LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest};
 use crate::config::Config;
@@ -60,6 +62,10 @@ pub struct BrokerParams {
     pub spool_dir: PathBuf,
     /// Run the cudarc sanity kernel on a lease's GPUs after it fails (NVML GPUs only).
     pub sanity_after_failure: bool,
+    /// The cgroup filesystem (usually `/sys/fs/cgroup`) in which [`Broker::new`] gives each
+    /// lease its own cgroup, when a hierarchy there is writable. `None`, or a path holding no
+    /// writable hierarchy (a test's temp dir), leaves leases in their process group only.
+    pub cgroup_root: Option<PathBuf>,
 }
 
 impl BrokerParams {
@@ -96,15 +102,31 @@ impl BrokerParams {
             is_root: rustix::process::geteuid().is_root(),
             spool_dir: PathBuf::from("/tmp/fk-agentd-leases"),
             sanity_after_failure: true,
+            cgroup_root: Some(PathBuf::from("/sys/fs/cgroup")),
         }
     }
 }
 
-/// A lease between its grant and its end: what health events need to reach it.
+/// A lease between its grant and its end: what health events and the GPU audit need to
+/// reach it.
 pub(crate) struct LiveLease {
     pub xids: Vec<u64>,
     pub fault: Option<(String, String)>,
+    /// A GPU outside the lease and the lease's pid NVML listed on it.
+    pub violation: Option<(String, u32)>,
+    /// Wakes the lease's supervisor to end it (fault or violation).
     pub fault_notify: Arc<Notify>,
+}
+
+impl LiveLease {
+    pub fn new(fault_notify: Arc<Notify>) -> Self {
+        Self {
+            xids: Vec::new(),
+            fault: None,
+            violation: None,
+            fault_notify,
+        }
+    }
 }
 
 type GrantTx = oneshot::Sender<Result<Vec<usize>, LeaseError>>;
@@ -127,8 +149,11 @@ pub(crate) struct Inner {
     pub tokens: TokenBook,
     pub tracker: TaskTracker,
     pub shutdown: CancellationToken,
+    pub samples: Mutex<Option<(Instant, GpuProcesses)>>,
     watcher_stop: Arc<AtomicBool>,
     next_id: AtomicU64,
+    /// Makes lease ids unique across brokers on one host (their lease-id tags must not meet).
+    id_salt: u32,
     next_pool: AtomicU64,
 }
 
@@ -153,9 +178,13 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// A broker with the local backend. Starts the NVML Xid watcher when NVML is present.
+    /// A broker with the local backend: a cgroup per lease under `params.cgroup_root` when
+    /// writable (scoped to this store), else process groups. Starts the NVML Xid watcher when
+    /// NVML is present.
     pub fn new(inventory: Inventory, params: BrokerParams, store: Store) -> Self {
-        Self::with_backend(inventory, params, store, Arc::new(LocalBackend))
+        let scope = super::cgroup::scope_for(store.path());
+        let backend = LocalBackend::detect(params.cgroup_root.as_deref(), &scope);
+        Self::with_backend(inventory, params, store, Arc::new(backend))
     }
 
     /// The daemon's broker: inventory from the config (a clear error when NVML is asked for
@@ -173,8 +202,8 @@ impl Broker {
             store.clone(),
         );
         let report = broker.recover().await?;
-        if !report.adopted.is_empty() || !report.reclaimed.is_empty() {
-            tracing::warn!(adopted = ?report.adopted, reclaimed = ?report.reclaimed, "recovered leases of a previous daemon");
+        if report != RecoveryReport::default() {
+            tracing::warn!(adopted = ?report.adopted, reclaimed = ?report.reclaimed, swept = ?report.swept, "recovered leases of a previous daemon");
         }
         Ok(broker)
     }
@@ -189,7 +218,8 @@ impl Broker {
             (LeaseClass::Ncu, params.ncu_cap),
             (LeaseClass::Nsys, params.nsys_cap),
         ]);
-        let queue = Queue::new(inventory.len(), caps, params.age_after);
+        let mut queue = Queue::new(inventory.len(), caps, params.age_after);
+        super::admin::restore_drains(&inventory, &store, &mut queue);
         let monitor = inventory.monitor();
         let inner = Arc::new(Inner {
             monitor: monitor.clone(),
@@ -207,8 +237,10 @@ impl Broker {
             tokens: TokenBook::default(),
             tracker: TaskTracker::new(),
             shutdown: CancellationToken::new(),
+            samples: Mutex::new(None),
             watcher_stop: Arc::new(AtomicBool::new(false)),
             next_id: AtomicU64::new(1),
+            id_salt: rand::random(),
             next_pool: AtomicU64::new(1),
         });
         if let Some(nvml) = monitor.nvml() {
@@ -246,7 +278,7 @@ impl Broker {
     pub(crate) fn new_lease_id(&self) -> String {
         let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let ms = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
-        format!("lease-{ms}-{n}")
+        format!("lease-{ms}-{n}-{:08x}", self.inner.id_salt)
     }
 
     /// Issues the token a session's tools use for `fk-agentd lease`.

@@ -1,9 +1,10 @@
 //! One lease from its grant to its end: journal, spawn, deadline, kill, reclaim, health.
 //!
-//! The order is the crash-safety contract: the grant row is committed before the spawn, the
-//! process group id right after it, and the outcome only once the group is gone and the GPUs
-//! were reclaimed. If this future is dropped midway, the group is SIGKILLed and the GPUs are
-//! released; the journal row stays open and a restart reclaims it.
+//! The order is the crash-safety contract: the grant row (naming the cgroup the lease will run
+//! in) is committed before the spawn, the process group id right after it, and the outcome
+//! only once the job is gone (group, cgroup and tagged stragglers), its cgroup removed and its
+//! GPUs reclaimed. If this future is dropped midway, the job is SIGKILLed and the GPUs are
+//! released; the journal row stays open and a restart reclaims it and sweeps its cgroup.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,11 +13,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend};
+use super::audit::{Watched, spawn_sampler};
+use super::backend::{ExitFuture, ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend};
 use super::broker::{Broker, LiveLease};
 use super::inventory::InventorySource;
 use super::types::{
-    KilledReason, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest,
+    Containment, KilledReason, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest,
 };
 use crate::store::leases::LeaseRow;
 use crate::store::now_rfc3339;
@@ -26,7 +28,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// How long a SIGKILLed group may take to disappear before the broker moves on.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// Kills the group and frees the GPUs if the lease future is dropped before it ends.
+/// Kills the job and frees the GPUs if the lease future is dropped before it ends.
 struct LeaseGuard {
     broker: Broker,
     lease_id: String,
@@ -39,8 +41,17 @@ impl Drop for LeaseGuard {
         if !self.armed {
             return;
         }
-        if let Some(job) = self.job {
-            self.broker.inner.backend.signal(job, true);
+        if let Some(job) = self.job.take() {
+            let backend = self.broker.inner.backend.clone();
+            backend.signal(&job, true);
+            let _ = backend.settle(&job);
+            // The cgroup can only go once its members are dead; a restart sweeps it otherwise.
+            if job.cgroup.is_some() && tokio::runtime::Handle::try_current().is_ok() {
+                self.broker.track(async move {
+                    wait_gone(backend.as_ref(), &job, KILL_WAIT).await;
+                    let _ = backend.release(&job);
+                });
+            }
         }
         self.broker.release(&self.lease_id);
     }
@@ -50,28 +61,44 @@ pub(crate) fn unix_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-fn child_env(
-    broker: &Broker,
-    req: &LeaseRequest,
-    cmd: &LeaseCommand,
-    gpus: &[String],
-    lease_id: &str,
-) -> Vec<(String, String)> {
+/// A granted lease: what it asked for and where it runs.
+struct Grant {
+    lease_id: String,
+    req: LeaseRequest,
+    cmd: LeaseCommand,
+    slots: Vec<usize>,
+    gpus: Vec<String>,
+    queued_ms: u64,
+}
+
+/// How the job ended, as supervision saw it.
+struct Ended {
+    job: JobRef,
+    containment: Containment,
+    exit: Option<ExitInfo>,
+    why: Option<KilledReason>,
+    wall_ms: u64,
+    peak: Option<u64>,
+}
+
+fn child_env(broker: &Broker, g: &Grant) -> Vec<(String, String)> {
     let mut env = vec![
-        ("CUDA_VISIBLE_DEVICES".to_string(), gpus.join(",")),
+        ("CUDA_VISIBLE_DEVICES".to_string(), g.gpus.join(",")),
         ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
     ];
-    if req.class == LeaseClass::Ncu {
+    if g.req.class == LeaseClass::Ncu {
         // ncu serialises on a lock file in $TMPDIR; a private one makes the lock the lease's.
-        let dir = cmd
+        let name = format!("{}.tmp", g.lease_id);
+        let dir = g
+            .cmd
             .stdout
             .parent()
-            .map(|p| p.join(format!("{lease_id}.tmp")))
-            .unwrap_or_else(|| broker.params().spool_dir.join(format!("{lease_id}.tmp")));
+            .map(|p| p.join(&name))
+            .unwrap_or_else(|| broker.params().spool_dir.join(&name));
         let _ = std::fs::create_dir_all(&dir);
         env.push(("TMPDIR".to_string(), dir.display().to_string()));
     }
-    env.extend(cmd.env.iter().cloned());
+    env.extend(g.cmd.env.iter().cloned());
     env
 }
 
@@ -84,57 +111,105 @@ pub(crate) async fn execute(
     queued_ms: u64,
     cancel: &CancellationToken,
 ) -> Result<LeaseOutcome, LeaseError> {
-    let inner = &broker.inner;
     let mut guard = LeaseGuard {
         broker: broker.clone(),
         lease_id: lease_id.clone(),
         job: None,
         armed: true,
     };
-    let gpus: Vec<String> = slots
+    let gpus = slots
         .iter()
-        .map(|&i| inner.inventory.gpus[i].uuid.clone())
+        .map(|&i| broker.inner.inventory.gpus[i].uuid.clone())
         .collect();
+    let g = Grant {
+        lease_id,
+        req,
+        cmd,
+        slots,
+        gpus,
+        queued_ms,
+    };
     let fault_notify = Arc::new(Notify::new());
-    broker.lock().live.insert(
-        lease_id.clone(),
-        LiveLease {
-            xids: Vec::new(),
-            fault: None,
-            fault_notify: fault_notify.clone(),
-        },
-    );
+    let live = LiveLease::new(fault_notify.clone());
+    broker.lock().live.insert(g.lease_id.clone(), live);
+    journal_grant(broker, &g).await?;
+    let Launched {
+        job,
+        containment,
+        exit,
+    } = launch(broker, &g).await?;
+    let spawned = Instant::now();
+    guard.job = Some(job.clone());
+
+    let stop_sampling = CancellationToken::new();
+    let watched = Watched {
+        lease_id: g.lease_id.clone(),
+        job: job.clone(),
+        gpus: g.gpus.clone(),
+    };
+    let sampler = spawn_sampler(broker, watched, stop_sampling.clone());
+    let deadline = spawned + g.req.max_run;
+    let (exit, why) = supervise(broker, &job, exit, deadline, cancel, &fault_notify).await;
+    let wall_ms = spawned.elapsed().as_millis() as u64;
+    stop_sampling.cancel();
+    let peak = sampler.await.ok().flatten();
+    let ended = Ended {
+        job,
+        containment,
+        exit,
+        why,
+        wall_ms,
+        peak,
+    };
+    let outcome = conclude(broker, &g, ended).await;
+    guard.armed = false;
+    broker.release(&g.lease_id);
+    Ok(outcome)
+}
+
+async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
+    let inner = &broker.inner;
     let row = LeaseRow {
-        id: lease_id.clone(),
-        session: req.session.clone(),
-        class: req.class.as_str().to_string(),
-        gpus: gpus.clone(),
-        idempotency_key: req.idempotency_key.clone(),
+        id: g.lease_id.clone(),
+        session: g.req.session.clone(),
+        class: g.req.class.as_str().to_string(),
+        gpus: g.gpus.clone(),
+        idempotency_key: g.req.idempotency_key.clone(),
         state: "granted".into(),
         pgid: None,
         granted_at: now_rfc3339(),
-        deadline_unix_ms: unix_ms() + req.max_run.as_millis() as i64,
-        argv: cmd.argv.clone(),
-        stdout: cmd.stdout.display().to_string(),
-        stderr: cmd.stderr.display().to_string(),
+        deadline_unix_ms: unix_ms() + g.req.max_run.as_millis() as i64,
+        argv: g.cmd.argv.clone(),
+        stdout: g.cmd.stdout.display().to_string(),
+        stderr: g.cmd.stderr.display().to_string(),
         finished_at: None,
         outcome: None,
+        cgroup: inner
+            .backend
+            .cgroup_for(&g.lease_id)
+            .map(|p| p.display().to_string()),
     };
     inner.store.blocking(move |s| s.insert_lease(&row)).await?;
+    Ok(())
+}
 
+/// Spawns the job and journals its process group and real cgroup; a failed spawn closes the
+/// journal row.
+async fn launch(broker: &Broker, g: &Grant) -> Result<Launched, LeaseError> {
+    let inner = &broker.inner;
     let spec = LaunchSpec {
-        lease_id: &lease_id,
-        argv: &cmd.argv,
-        cwd: &cmd.cwd,
+        lease_id: &g.lease_id,
+        argv: &g.cmd.argv,
+        cwd: &g.cmd.cwd,
         env_remove: &inner.params.env_remove,
-        env: child_env(broker, &req, &cmd, &gpus, &lease_id),
-        stdout: &cmd.stdout,
-        stderr: &cmd.stderr,
+        env: child_env(broker, g),
+        stdout: &g.cmd.stdout,
+        stderr: &g.cmd.stderr,
     };
     let launched = match inner.backend.launch(spec) {
         Ok(l) => l,
         Err(e) => {
-            let (id, why) = (lease_id.clone(), e.to_string());
+            let (id, why) = (g.lease_id.clone(), e.to_string());
             let _ = inner
                 .store
                 .blocking(move |s| {
@@ -144,93 +219,163 @@ pub(crate) async fn execute(
             return Err(e);
         }
     };
-    let spawned = Instant::now();
-    guard.job = Some(launched.job);
-    let (id, pgid) = (lease_id.clone(), launched.job.0);
+    let id = g.lease_id.clone();
+    let pgid = launched.job.pgid;
+    let cgroup = launched
+        .job
+        .cgroup
+        .as_ref()
+        .map(|p| p.display().to_string());
     if let Err(e) = inner
         .store
-        .blocking(move |s| s.set_lease_running(&id, pgid))
+        .blocking(move |s| s.set_lease_running(&id, pgid, cgroup.as_deref()))
         .await
     {
-        tracing::error!(lease = %lease_id, error = %e, "cannot journal the process group");
+        tracing::error!(lease = %g.lease_id, error = %e, "cannot journal the process group");
     }
+    Ok(launched)
+}
 
-    let stop_sampling = CancellationToken::new();
-    let sampler = spawn_sampler(broker, gpus.clone(), stop_sampling.clone());
-    let (exit, why) = supervise(
-        broker,
-        launched,
-        spawned + req.max_run,
-        cancel,
-        &fault_notify,
-    )
-    .await;
-    let wall_ms = spawned.elapsed().as_millis() as u64;
-    stop_sampling.cancel();
-    let peak = sampler.await.ok().flatten();
-
+/// Everything after the job is gone: stragglers, reclaim, health, the journaled outcome.
+async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
+    let inner = &broker.inner;
     let mut notes = Vec::new();
     match inner.inventory.source {
         InventorySource::Fake => notes.push("simulated GPUs: no NVML process audit".to_string()),
         InventorySource::Declared => notes.push("declared GPUs: no NVML process audit".to_string()),
         InventorySource::Nvml => {}
     }
-    reclaim(broker, &slots, &mut notes).await;
-    if req.class == LeaseClass::Ncu && mentions_counter_permission(&cmd) {
+    let containment = inner.backend.settle(&e.job).unwrap_or(e.containment);
+    if e.job.cgroup.is_some() && !containment.is_cgroup() {
+        notes.push("the child did not enter its cgroup: it ran in its process group only".into());
+    }
+    end_job(broker, &g.lease_id, &e.job, containment, &mut notes).await;
+    super::reclaim::reclaim(broker, &g.slots, &mut notes).await;
+    if g.req.class == LeaseClass::Ncu && mentions_counter_permission(&g.cmd) {
         notes.push(
             "ncu reported ERR_NVGPUCTRPERM: GPU performance counters are restricted to admin users"
                 .into(),
         );
     }
-    let (xids, fault) = {
-        let st = broker.lock();
-        st.live
-            .get(&lease_id)
-            .map(|l| (l.xids.clone(), l.fault.clone()))
-            .unwrap_or_default()
-    };
-    let killed_reason = match (fault.clone(), why) {
-        (Some((uuid, detail)), _) => Some(KilledReason::GpuFault { uuid, detail }),
-        (None, w) => w,
-    };
+    let (killed_reason, infra, xids) = verdict(broker, &g.lease_id, e.why, &mut notes);
     let mut outcome = LeaseOutcome {
-        lease_id: lease_id.clone(),
-        session: req.session.clone(),
-        class: req.class,
-        exit_code: exit.and_then(|e| e.code),
-        signal: exit.and_then(|e| e.signal),
-        wall_ms,
-        queued_ms,
-        gpus,
-        stdout: cmd.stdout.clone(),
-        stderr: cmd.stderr.clone(),
-        peak_gpu_memory_bytes: peak,
+        lease_id: g.lease_id.clone(),
+        session: g.req.session.clone(),
+        class: g.req.class,
+        exit_code: e.exit.and_then(|x| x.code),
+        signal: e.exit.and_then(|x| x.signal),
+        wall_ms: e.wall_ms,
+        queued_ms: g.queued_ms,
+        gpus: g.gpus.clone(),
+        stdout: g.cmd.stdout.clone(),
+        stderr: g.cmd.stderr.clone(),
+        peak_gpu_memory_bytes: e.peak,
         killed_reason,
-        infra: fault.is_some(),
+        infra,
         xids,
         notes,
+        containment,
     };
     if !outcome.succeeded()
         && !outcome.infra
         && inner.params.sanity_after_failure
         && inner.inventory.source == InventorySource::Nvml
     {
-        sanity_check(broker, &mut outcome).await;
+        super::reclaim::sanity_check(broker, &mut outcome).await;
     }
+    journal_outcome(broker, &outcome).await;
+    outcome
+}
+
+/// Why the lease ended, whether that is the infrastructure's fault, and its application Xids.
+/// A violation is the job's doing and voids its result, so it wins over a GPU fault.
+fn verdict(
+    broker: &Broker,
+    lease_id: &str,
+    why: Option<KilledReason>,
+    notes: &mut Vec<String>,
+) -> (Option<KilledReason>, bool, Vec<u64>) {
+    let (xids, fault, violation) = {
+        let st = broker.lock();
+        st.live
+            .get(lease_id)
+            .map(|l| (l.xids.clone(), l.fault.clone(), l.violation.clone()))
+            .unwrap_or_default()
+    };
+    let reason = match (violation, fault) {
+        (Some((uuid, pid)), _) => {
+            notes.push(format!(
+                "pid {pid} of this lease ran on {uuid}, a GPU outside the lease: result invalid"
+            ));
+            Some(KilledReason::GpuViolation { uuid, pid })
+        }
+        (None, Some((uuid, detail))) => {
+            return (Some(KilledReason::GpuFault { uuid, detail }), true, xids);
+        }
+        (None, None) => why,
+    };
+    (reason, false, xids)
+}
+
+async fn journal_outcome(broker: &Broker, outcome: &LeaseOutcome) {
     let (id, value) = (
-        lease_id.clone(),
-        serde_json::to_value(&outcome).unwrap_or_default(),
+        outcome.lease_id.clone(),
+        serde_json::to_value(outcome).unwrap_or_default(),
     );
-    if let Err(e) = inner
+    if let Err(err) = broker
+        .inner
         .store
         .blocking(move |s| s.finish_lease(&id, "finished", &value))
         .await
     {
-        tracing::error!(lease = %lease_id, error = %e, "cannot journal the lease outcome");
+        tracing::error!(lease = %outcome.lease_id, error = %err, "cannot journal the lease outcome");
     }
-    guard.armed = false;
-    broker.release(&lease_id);
-    Ok(outcome)
+}
+
+/// Once the job is gone: without a cgroup, kills processes tagged with the lease that are
+/// alive elsewhere (a descendant that left the process group); then removes the cgroup. A
+/// cgroup lease skips the `/proc` walk: its descendants cannot leave the cgroup, which is
+/// already empty.
+pub(crate) async fn end_job(
+    broker: &Broker,
+    lease_id: &str,
+    job: &JobRef,
+    containment: Containment,
+    notes: &mut Vec<String>,
+) {
+    let backend = broker.inner.backend.clone();
+    if !containment.is_cgroup() {
+        let (b, id) = (backend.clone(), lease_id.to_string());
+        // A /proc walk: off the runtime's worker threads.
+        let tagged = tokio::task::spawn_blocking(move || b.kill_tagged(&id))
+            .await
+            .unwrap_or_default();
+        if !tagged.is_empty() {
+            notes.push(format!(
+                "killed processes tagged with this lease outside its process group: {tagged:?}"
+            ));
+            let until = Instant::now() + KILL_WAIT;
+            while tagged.iter().any(|&p| super::procfs::live(p)) && Instant::now() < until {
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+    let until = Instant::now() + KILL_WAIT;
+    loop {
+        match backend.release(job) {
+            Ok(()) => break,
+            Err(e) if Instant::now() >= until => {
+                notes.push(format!(
+                    "cgroup not removed ({e}); the next daemon start sweeps it"
+                ));
+                break;
+            }
+            Err(_) => {
+                backend.signal(job, true);
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
 }
 
 /// True when the tail of the lease's output names `ERR_NVGPUCTRPERM`.
@@ -249,19 +394,21 @@ fn mentions_counter_permission(cmd: &LeaseCommand) -> bool {
 }
 
 /// Waits for the job to end on its own, or ends it at the deadline, on cancel, or on a GPU
-/// fault: SIGTERM to the group, the grace, then SIGKILL to whatever is left of the group.
+/// fault or violation: SIGTERM to the group and cgroup, the grace, then SIGKILL to whatever
+/// is left of either.
 pub(crate) async fn supervise(
     broker: &Broker,
-    launched: Launched,
+    job: &JobRef,
+    mut exit: ExitFuture,
     deadline: Instant,
     cancel: &CancellationToken,
     fault: &Notify,
 ) -> (Option<ExitInfo>, Option<KilledReason>) {
     let backend = broker.inner.backend.clone();
-    let Launched { job, mut exit } = launched;
     let reason = tokio::select! {
         r = &mut exit => {
-            // The lead process is done; anything it left in its group dies with the lease.
+            // The lead process is done; anything it left in its group or cgroup dies with the
+            // lease.
             if backend.alive(job) {
                 backend.signal(job, true);
                 wait_gone(backend.as_ref(), job, KILL_WAIT).await;
@@ -273,7 +420,7 @@ pub(crate) async fn supervise(
         _ = broker.inner.shutdown.cancelled() => KilledReason::Cancelled,
         _ = fault.notified() => KilledReason::Cancelled,
     };
-    tracing::info!(job = job.0, ?reason, "ending a lease's process group");
+    tracing::info!(pgid = job.pgid, cgroup = ?job.cgroup, ?reason, "ending a lease's processes");
     backend.signal(job, false);
     let grace_end = Instant::now() + broker.inner.params.grace;
     let mut info = None;
@@ -302,124 +449,12 @@ pub(crate) async fn supervise(
     (info, Some(reason))
 }
 
-pub(crate) async fn wait_gone(backend: &dyn LeaseBackend, job: JobRef, limit: Duration) {
+/// Repeats SIGKILL at the job until nothing of it is alive (a cgroup's `cgroup.procs` is
+/// empty), or `limit` passes.
+pub(crate) async fn wait_gone(backend: &dyn LeaseBackend, job: &JobRef, limit: Duration) {
     let until = Instant::now() + limit;
     while backend.alive(job) && Instant::now() < until {
         backend.signal(job, true);
         tokio::time::sleep(POLL).await;
-    }
-}
-
-fn spawn_sampler(
-    broker: &Broker,
-    gpus: Vec<String>,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<Option<u64>> {
-    let monitor = broker.inner.monitor.clone();
-    let every = broker.inner.params.sample_every;
-    broker.inner.tracker.spawn(async move {
-        let mut peak: Option<u64> = None;
-        loop {
-            let mut seen = None;
-            for uuid in &gpus {
-                for p in monitor.processes(uuid).unwrap_or_default() {
-                    if let Some(b) = p.used_bytes {
-                        seen = Some(seen.unwrap_or(0) + b);
-                    }
-                }
-            }
-            if let Some(s) = seen {
-                peak = Some(peak.map_or(s, |p| p.max(s)));
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return peak,
-                _ = tokio::time::sleep(every) => {}
-            }
-        }
-    })
-}
-
-/// Kills every process NVML still lists on the GPUs, then waits for their memory to return
-/// near the baseline; a GPU that does not is drained as unkillable.
-pub(crate) async fn reclaim(broker: &Broker, slots: &[usize], notes: &mut Vec<String>) {
-    let inner = &broker.inner;
-    let me = std::process::id();
-    for &i in slots {
-        let gpu = &inner.inventory.gpus[i];
-        match inner.monitor.processes(&gpu.uuid) {
-            Ok(procs) => {
-                for p in procs.into_iter().filter(|p| p.pid != me) {
-                    let killed = i32::try_from(p.pid)
-                        .ok()
-                        .and_then(rustix::process::Pid::from_raw)
-                        .is_some_and(|pid| {
-                            rustix::process::kill_process(pid, rustix::process::Signal::KILL)
-                                .is_ok()
-                        });
-                    notes.push(format!(
-                        "reclaim: pid {} was still on {} ({})",
-                        p.pid,
-                        gpu.uuid,
-                        if killed { "killed" } else { "could not kill" }
-                    ));
-                }
-            }
-            Err(e) => notes.push(format!(
-                "reclaim: cannot list processes on {}: {e}",
-                gpu.uuid
-            )),
-        }
-    }
-    for &i in slots {
-        let gpu = &inner.inventory.gpus[i];
-        let Some(base) = gpu.baseline_used_bytes else {
-            continue;
-        };
-        let limit = base + inner.params.memory_slack_bytes;
-        let until = Instant::now() + inner.params.reclaim_wait;
-        loop {
-            match inner.monitor.memory_used(&gpu.uuid) {
-                None => break,
-                Some(used) if used <= limit => break,
-                Some(used) if Instant::now() >= until => {
-                    let why = format!(
-                        "unkillable: {} MiB still in use after reclaim (baseline {} MiB)",
-                        used >> 20,
-                        base >> 20
-                    );
-                    notes.push(format!("{}: {why}", gpu.uuid));
-                    let _ = broker.drain(&gpu.uuid, &why);
-                    break;
-                }
-                Some(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        }
-    }
-}
-
-/// After a failed lease on real GPUs: the sanity kernel on each of its GPUs. A GPU that fails
-/// it is drained and the lease becomes infra (the GPU, not the job, is broken).
-async fn sanity_check(broker: &Broker, outcome: &mut LeaseOutcome) {
-    for uuid in outcome.gpus.clone() {
-        let u = uuid.clone();
-        let result = tokio::task::spawn_blocking(move || super::sanity::run_sanity(&u)).await;
-        match result {
-            Ok(Ok(rep)) if rep.passed() => outcome.notes.push(format!(
-                "sanity kernel passed on {uuid} ({} ms)",
-                rep.elapsed_ms
-            )),
-            Ok(Ok(rep)) => {
-                let why = format!("sanity kernel: {} wrong values", rep.mismatches);
-                let _ = broker.drain(&uuid, &why);
-                outcome.notes.push(format!("{uuid}: {why}; drained"));
-                outcome.infra = true;
-            }
-            Ok(Err(e)) => outcome
-                .notes
-                .push(format!("sanity kernel not run on {uuid}: {e}")),
-            Err(e) => outcome
-                .notes
-                .push(format!("sanity kernel task failed on {uuid}: {e}")),
-        }
     }
 }

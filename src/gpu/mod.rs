@@ -10,31 +10,42 @@
 //!
 //! Invariants:
 //! - A lease is never a bare token: the broker spawns every leased command itself, in its own
-//!   process group, with `CUDA_VISIBLE_DEVICES=<uuid,…>` and `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+//!   process group (and its own cgroup where the host allows), with
+//!   `CUDA_VISIBLE_DEVICES=<uuid,…>` and `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
 //! - A grant is journaled before its command is spawned, so a restarted daemon can adopt or
 //!   reclaim it.
-//! - At the deadline the whole process group gets SIGTERM, then SIGKILL after the grace; a
+//! - At the deadline the whole process group and cgroup get SIGTERM, then SIGKILL after the
+//!   grace, until the cgroup is empty; processes tagged with the lease id are killed too. A
 //!   GPU rejoins the pool only once nothing the lease started is left on it.
+//! - A lease process that NVML lists on a GPU outside its lease ends the lease as a
+//!   `gpu_violation`; drains are journaled and survive restarts until an undrain.
 //! - NVML and libcuda are loaded at run time; their absence is an error value, never a panic.
 
 mod admin;
+mod audit;
 mod backend;
 mod broker;
+pub mod cgroup;
 mod health;
 mod idempotency;
 mod inventory;
 mod lease;
 mod pool;
 mod preflight;
+mod procfs;
 mod queue;
+mod reclaim;
 mod recover;
 mod sanity;
 pub mod sim_backend;
 mod token;
 mod types;
 
-pub use backend::{ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend, LocalBackend};
+pub use backend::{
+    ExitFuture, ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, LocalBackend,
+};
 pub use broker::{Broker, BrokerParams, SessionLimits};
+pub use cgroup::Cgroups;
 pub use health::{GpuEvent, XidDisposition, classify_xid};
 pub use inventory::{
     DeclaredMonitor, GpuInfo, GpuMonitor, GpuProcess, Inventory, InventorySource, NvmlMonitor,
@@ -44,6 +55,6 @@ pub use recover::RecoveryReport;
 pub use sanity::{SanityReport, run_sanity};
 pub use token::LeaseToken;
 pub use types::{
-    GpuSnapshot, GpuState, KilledReason, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome,
-    LeaseRequest, PoolSnapshot, QueuedSnapshot, Snapshot,
+    Containment, GpuSnapshot, GpuState, KilledReason, LeaseClass, LeaseCommand, LeaseError,
+    LeaseOutcome, LeaseRequest, PoolSnapshot, QueuedSnapshot, Snapshot,
 };

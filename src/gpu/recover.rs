@@ -1,9 +1,11 @@
 //! Crash safety on restart: open journal rows become adopted leases or reclaimed ones.
 //!
-//! A lease whose process group still lives and whose wall-clock deadline is ahead is adopted:
-//! its GPUs are held again and a tracked task enforces the original deadline. Every other open
-//! row is ended: its group (or, without a journaled group, every process tagged with its lease
-//! id) is killed, its GPUs are reclaimed, and its row is closed with an outcome saying so.
+//! A lease whose process group or cgroup still holds a live process and whose wall-clock
+//! deadline is ahead is adopted: its GPUs are held again and a tracked task enforces the
+//! original deadline. Every other open row is ended: its group and cgroup (and every process
+//! tagged with its lease id) are killed, its cgroup removed, its GPUs reclaimed, and its row is
+//! closed with an outcome saying so. Last, every lease cgroup of this daemon's scope that no
+//! adopted lease owns is emptied and removed, so nothing a previous daemon started outlives it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,10 +15,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::backend::{JobRef, Launched};
-use super::broker::Broker;
-use super::lease::{reclaim, supervise, unix_ms, wait_gone};
-use super::types::{KilledReason, LeaseClass, LeaseError, LeaseOutcome};
+use super::backend::JobRef;
+use super::broker::{Broker, LiveLease};
+use super::cgroup;
+use super::lease::{end_job, supervise, unix_ms, wait_gone};
+use super::reclaim::reclaim;
+use super::types::{Containment, KilledReason, LeaseClass, LeaseError, LeaseOutcome};
 use crate::store::leases::LeaseRow;
 
 /// What a restart found.
@@ -26,18 +30,28 @@ pub struct RecoveryReport {
     pub adopted: Vec<String>,
     /// Leases ended (killed or found dead) and their GPUs reclaimed.
     pub reclaimed: Vec<String>,
+    /// Lease cgroups that no open lease claimed, emptied (SIGKILL) and removed.
+    #[serde(default)]
+    pub swept: Vec<String>,
+}
+
+fn job_of(row: &LeaseRow) -> JobRef {
+    JobRef {
+        pgid: row.pgid.unwrap_or(0),
+        cgroup: row.cgroup.as_ref().map(PathBuf::from),
+    }
 }
 
 impl Broker {
-    /// Adopts or reclaims the leases a previous daemon left open. Call once, before serving.
+    /// Adopts or reclaims the leases a previous daemon left open, then sweeps the lease
+    /// cgroups nothing claims. Call once, before serving.
     pub async fn recover(&self) -> Result<RecoveryReport, LeaseError> {
         let rows = self.inner.store.blocking(|s| s.open_leases()).await?;
         let mut report = RecoveryReport::default();
         for row in rows {
             let slots: Option<Vec<usize>> = row.gpus.iter().map(|u| self.slot_of(u).ok()).collect();
-            let alive = row
-                .pgid
-                .is_some_and(|p| self.inner.backend.alive(JobRef(p)));
+            let job = job_of(&row);
+            let alive = (job.pgid > 0 || job.cgroup.is_some()) && self.inner.backend.alive(&job);
             let left_ms = row.deadline_unix_ms - unix_ms();
             match (slots, alive && left_ms > 0) {
                 (Some(slots), true) => {
@@ -52,7 +66,34 @@ impl Broker {
                 }
             }
         }
+        report.swept = self.sweep_cgroups(&report.adopted).await;
         Ok(report)
+    }
+
+    /// Kills whatever is left in lease cgroups of this daemon's scope that no adopted lease
+    /// owns (a crash after the outcome but before the removal, or a lost journal row).
+    async fn sweep_cgroups(&self, adopted: &[String]) -> Vec<String> {
+        let backend = self.inner.backend.clone();
+        let mut swept = Vec::new();
+        for (id, job) in backend.leftovers() {
+            if adopted.contains(&id) {
+                continue;
+            }
+            let held = job
+                .cgroup
+                .as_deref()
+                .map(cgroup::members)
+                .unwrap_or_default();
+            if !held.is_empty() {
+                tracing::warn!(lease = %id, pids = ?held, "killing processes left in a lease cgroup");
+            }
+            wait_gone(backend.as_ref(), &job, Duration::from_secs(5)).await;
+            if let Err(e) = backend.release(&job) {
+                tracing::warn!(lease = %id, error = %e, "cannot remove a leftover lease cgroup");
+            }
+            swept.push(id);
+        }
+        swept
     }
 
     fn adopt(&self, row: LeaseRow, slots: Vec<usize>, left: Duration) {
@@ -61,35 +102,31 @@ impl Broker {
         {
             let mut st = self.lock();
             st.queue.adopt(&row.id, &row.session, class, slots.clone());
-            st.live.insert(
-                row.id.clone(),
-                super::broker::LiveLease {
-                    xids: Vec::new(),
-                    fault: None,
-                    fault_notify: fault_notify.clone(),
-                },
-            );
+            st.live
+                .insert(row.id.clone(), LiveLease::new(fault_notify.clone()));
         }
         let broker = self.clone();
-        let job = JobRef(row.pgid.unwrap_or_default());
-        tracing::info!(lease = %row.id, pgid = job.0, left_s = left.as_secs(), "adopting a running lease");
+        let job = job_of(&row);
+        tracing::info!(lease = %row.id, pgid = job.pgid, cgroup = ?job.cgroup, left_s = left.as_secs(), "adopting a running lease");
         self.inner.tracker.spawn(async move {
             let started = Instant::now();
             let backend = broker.inner.backend.clone();
-            // Not our child: its exit is observed by polling the group.
+            let containment = containment_of(&row);
+            // Not our child: its exit is observed by polling the group and cgroup.
+            let polled = job.clone();
             let exit = Box::pin(async move {
-                while backend.alive(job) {
+                while backend.alive(&polled) {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 None
             });
-            let launched = Launched { job, exit };
             let cancel = CancellationToken::new();
             let (_, why) =
-                supervise(&broker, launched, started + left, &cancel, &fault_notify).await;
+                supervise(&broker, &job, exit, started + left, &cancel, &fault_notify).await;
             let mut notes = vec!["adopted after a daemon restart: exit code unknown".to_string()];
+            end_job(&broker, &row.id, &job, containment, &mut notes).await;
             reclaim(&broker, &slots, &mut notes).await;
-            let outcome = orphan_outcome(&row, why, started.elapsed(), notes);
+            let outcome = orphan_outcome(&row, why, started.elapsed(), notes, containment);
             broker.close_row(&row.id, &outcome).await;
             broker.release(&row.id);
         });
@@ -102,15 +139,22 @@ impl Broker {
         alive: bool,
     ) -> Result<(), LeaseError> {
         let backend = self.inner.backend.clone();
+        let containment = containment_of(&row);
+        let job = job_of(&row);
         let mut notes = Vec::new();
         let mut killed = false;
-        if let Some(p) = row.pgid
-            && alive
-        {
-            backend.signal(JobRef(p), true);
-            wait_gone(backend.as_ref(), JobRef(p), Duration::from_secs(5)).await;
+        if alive {
+            backend.signal(&job, true);
+            wait_gone(backend.as_ref(), &job, Duration::from_secs(5)).await;
             killed = true;
-            notes.push(format!("process group {p} killed after a daemon restart"));
+            notes.push(match &job.cgroup {
+                Some(dir) => format!(
+                    "process group {} and cgroup {} killed after a daemon restart",
+                    job.pgid,
+                    dir.display()
+                ),
+                None => format!("process group {} killed after a daemon restart", job.pgid),
+            });
         }
         let tagged = backend.kill_tagged(&row.id);
         if !tagged.is_empty() {
@@ -120,9 +164,12 @@ impl Broker {
         if !killed {
             notes.push("ended while the daemon was down: result unknown".into());
         }
+        if let Err(e) = backend.release(&job) {
+            notes.push(format!("cgroup not removed: {e}"));
+        }
         reclaim(self, &slots, &mut notes).await;
         let why = killed.then_some(KilledReason::DaemonRestart);
-        let outcome = orphan_outcome(&row, why, Duration::ZERO, notes);
+        let outcome = orphan_outcome(&row, why, Duration::ZERO, notes, containment);
         self.close_row(&row.id, &outcome).await;
         Ok(())
     }
@@ -143,6 +190,14 @@ impl Broker {
     }
 }
 
+/// What held a journaled lease: its cgroup's flavour while the cgroup exists.
+fn containment_of(row: &LeaseRow) -> Containment {
+    row.cgroup
+        .as_ref()
+        .and_then(|d| cgroup::kind_of(std::path::Path::new(d)))
+        .unwrap_or(Containment::ProcessGroup)
+}
+
 /// The outcome of a lease whose lead process was not ours to wait on: exit code unknown, and
 /// infra, since the job's result was lost with the old daemon.
 fn orphan_outcome(
@@ -150,6 +205,7 @@ fn orphan_outcome(
     why: Option<KilledReason>,
     wall: Duration,
     notes: Vec<String>,
+    containment: Containment,
 ) -> LeaseOutcome {
     LeaseOutcome {
         lease_id: row.id.clone(),
@@ -167,5 +223,6 @@ fn orphan_outcome(
         infra: true,
         xids: Vec::new(),
         notes,
+        containment,
     }
 }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::{ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend};
-use super::types::LeaseError;
+use super::types::{Containment, LeaseError};
 
 /// The first word of every simulated job's argv.
 pub const SIM_ARGV0: &str = "sim-gpu-work";
@@ -113,8 +113,9 @@ impl LeaseBackend for SimBackend {
             });
             jobs.running
                 .insert(id, (index, kill.clone(), signal.clone()));
-            JobRef(id)
+            JobRef::group(id)
         };
+        let job_id = job.pgid;
         let (tx, rx) = tokio::sync::oneshot::channel();
         let jobs = self.jobs.clone();
         tokio::spawn(async move {
@@ -127,7 +128,7 @@ impl LeaseBackend for SimBackend {
             };
             {
                 let mut jobs = lock(&jobs);
-                if let Some((index, ..)) = jobs.running.remove(&job.0) {
+                if let Some((index, ..)) = jobs.running.remove(&job_id) {
                     jobs.spans[index].ended = Some(Instant::now());
                     jobs.spans[index].exit = Some(exit);
                 }
@@ -136,20 +137,21 @@ impl LeaseBackend for SimBackend {
         });
         Ok(Launched {
             job,
+            containment: Containment::Simulated,
             exit: Box::pin(async move { rx.await.ok() }),
         })
     }
 
-    fn signal(&self, job: JobRef, hard: bool) {
+    fn signal(&self, job: &JobRef, hard: bool) {
         let jobs = lock(&self.jobs);
-        if let Some((_, kill, signal)) = jobs.running.get(&job.0) {
+        if let Some((_, kill, signal)) = jobs.running.get(&job.pgid) {
             *signal.lock().unwrap_or_else(|p| p.into_inner()) = if hard { 9 } else { 15 };
             kill.cancel();
         }
     }
 
-    fn alive(&self, job: JobRef) -> bool {
-        lock(&self.jobs).running.contains_key(&job.0)
+    fn alive(&self, job: &JobRef) -> bool {
+        lock(&self.jobs).running.contains_key(&job.pgid)
     }
 
     fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {

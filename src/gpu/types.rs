@@ -82,6 +82,36 @@ pub enum KilledReason {
     DaemonRestart,
     /// A GPU fault that is not the job's doing (Xid, ECC): the lease is failed as infra.
     GpuFault { uuid: String, detail: String },
+    /// A process of the lease (`pid`) ran on GPU `uuid`, which the lease does not hold: the
+    /// job is killed and its result is not to be trusted.
+    GpuViolation { uuid: String, pid: u32 },
+}
+
+/// What held a lease's processes together, so that its kill reached all of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Containment {
+    /// Its own process group, plus a sweep for processes tagged with its lease id: a
+    /// descendant that leaves the group (`setsid`) and clears its environment escapes both.
+    #[default]
+    ProcessGroup,
+    /// Its own cgroup v2 (`cgroup.kill`); every descendant stays in it.
+    CgroupV2,
+    /// Its own cgroup in the v1 `pids` hierarchy (forks refused while it is killed).
+    CgroupV1Pids,
+    /// Its own cgroup in the v1 `freezer` hierarchy (frozen while it is killed).
+    CgroupV1Freezer,
+    /// No process at all: the simulated backend.
+    Simulated,
+}
+
+impl Containment {
+    pub fn is_cgroup(self) -> bool {
+        matches!(
+            self,
+            Self::CgroupV2 | Self::CgroupV1Pids | Self::CgroupV1Freezer
+        )
+    }
 }
 
 /// How a lease ended.
@@ -111,6 +141,10 @@ pub struct LeaseOutcome {
     pub xids: Vec<u64>,
     /// Facts worth showing (e.g. "declared GPUs: no NVML process audit").
     pub notes: Vec<String>,
+    /// How its processes were held together (outcomes stored before this existed read as
+    /// `process_group`, which is what they had).
+    #[serde(default)]
+    pub containment: Containment,
 }
 
 impl LeaseOutcome {

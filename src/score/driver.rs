@@ -54,6 +54,9 @@ pub struct ProcessExit {
     pub timed_out: bool,
     /// Killed because the caller cancelled.
     pub cancelled: bool,
+    /// Killed because a process of the job used a GPU outside its lease: whatever the job
+    /// wrote is not to be trusted.
+    pub violation: Option<String>,
     pub wall_s: f64,
 }
 
@@ -126,6 +129,7 @@ impl BenchLauncher for DirectLauncher {
             signal: status.signal(),
             timed_out,
             cancelled,
+            violation: None,
             wall_s: started.elapsed().as_secs_f64(),
         })
     }
@@ -292,6 +296,8 @@ pub enum BenchFailure {
     Unparsable { why: String },
     /// The process could not be started.
     Launch { why: String },
+    /// Killed for using a GPU outside its lease; its JSON, if any, is ignored.
+    GpuViolation { why: String },
 }
 
 impl BenchFailure {
@@ -327,6 +333,7 @@ impl BenchFailure {
             Self::Cancelled => "bench cancelled".into(),
             Self::Unparsable { why } => format!("bench JSON unreadable: {why}"),
             Self::Launch { why } => format!("bench could not start: {why}"),
+            Self::GpuViolation { why } => format!("bench killed, result invalid: {why}"),
         }
     }
 }
@@ -510,6 +517,9 @@ fn interpret(
 ) -> Result<BenchResult, BenchFailure> {
     if exit.cancelled {
         return Err(BenchFailure::Cancelled);
+    }
+    if let Some(why) = &exit.violation {
+        return Err(BenchFailure::GpuViolation { why: why.clone() });
     }
     if exit.timed_out {
         return Err(BenchFailure::Deadline {

@@ -88,6 +88,13 @@ impl BenchLauncher for LeaseLauncher {
             signal: out.signal,
             timed_out: matches!(out.killed_reason, Some(KilledReason::Deadline)),
             cancelled: matches!(out.killed_reason, Some(KilledReason::Cancelled)),
+            violation: match &out.killed_reason {
+                Some(KilledReason::GpuViolation { uuid, pid }) => Some(format!(
+                    "process {pid} of lease {} ran on GPU {uuid}, outside the lease",
+                    out.lease_id
+                )),
+                _ => None,
+            },
             wall_s: out.wall_ms as f64 / 1000.0,
         })
     }

@@ -1,7 +1,8 @@
 //! The lease journal: one row per granted lease, written before its command is spawned.
 //!
 //! Rows move `granted` → `running` (process group known) → `finished`/`failed` (outcome
-//! stored). A restarted daemon reads the open ones ([`Store::open_leases`]) to adopt or reclaim
+//! stored). The grant names the cgroup the lease will run in; `running` keeps it only if the
+//! child really entered it. A restarted daemon reads the open ones ([`Store::open_leases`]) to adopt or reclaim
 //! them. The broker (`crate::gpu`) is the only writer.
 //!
 //! Lease rows are committed with `synchronous = NORMAL` (the rest of the store keeps `FULL`):
@@ -36,10 +37,12 @@ pub struct LeaseRow {
     pub stderr: String,
     pub finished_at: Option<String>,
     pub outcome: Option<Value>,
+    /// The lease's cgroup directory, when it runs in one.
+    pub cgroup: Option<String>,
 }
 
 const COLUMNS: &str = "id, session, class, gpus, idempotency_key, state, pgid, granted_at, \
-     deadline_unix_ms, argv, stdout, stderr, finished_at, outcome";
+     deadline_unix_ms, argv, stdout, stderr, finished_at, outcome, cgroup";
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<LeaseRow> {
     let gpus: String = r.get(3)?;
@@ -60,6 +63,7 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<LeaseRow> {
         stderr: r.get(11)?,
         finished_at: r.get(12)?,
         outcome: outcome.and_then(|o| serde_json::from_str(&o).ok()),
+        cgroup: r.get(14)?,
     })
 }
 
@@ -82,7 +86,7 @@ impl Store {
         let outcome = row.outcome.as_ref().map(Value::to_string);
         relaxed(&self.lock(), |c| {
             c.execute(
-                &format!("INSERT INTO leases ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
+                &format!("INSERT INTO leases ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"),
                 params![
                     row.id,
                     row.session,
@@ -97,7 +101,8 @@ impl Store {
                     row.stdout,
                     row.stderr,
                     row.finished_at,
-                    outcome
+                    outcome,
+                    row.cgroup
                 ],
             )
         })
@@ -105,12 +110,17 @@ impl Store {
         Ok(())
     }
 
-    /// Records the process group of a spawned lease.
-    pub fn set_lease_running(&self, id: &str, pgid: i64) -> Result<(), StoreError> {
+    /// Records the process group of a spawned lease, and the cgroup it really runs in.
+    pub fn set_lease_running(
+        &self,
+        id: &str,
+        pgid: i64,
+        cgroup: Option<&str>,
+    ) -> Result<(), StoreError> {
         relaxed(&self.lock(), |c| {
             c.execute(
-                "UPDATE leases SET state = 'running', pgid = ?2 WHERE id = ?1",
-                params![id, pgid],
+                "UPDATE leases SET state = 'running', pgid = ?2, cgroup = ?3 WHERE id = ?1",
+                params![id, pgid, cgroup],
             )
         })
         .map_err(|e| self.sql_err(e))?;

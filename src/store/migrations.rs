@@ -60,6 +60,13 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX leases_open ON leases (state);
     CREATE INDEX leases_by_key ON leases (session, idempotency_key);",
+    // 3: the cgroup a lease runs in (crate::gpu), and GPU drains that outlive the daemon.
+    "ALTER TABLE leases ADD COLUMN cgroup TEXT;
+    CREATE TABLE gpu_drains (
+        uuid   TEXT PRIMARY KEY,
+        reason TEXT NOT NULL,
+        since  TEXT NOT NULL
+    );",
 ];
 
 /// The schema version this build writes.

@@ -7,7 +7,11 @@
 //!
 //! The store is synchronous (rusqlite); async callers use [`Store::blocking`] to move a call
 //! off the runtime's worker threads.
+//!
+//! The GPU broker's tables, the lease journal ([`leases`]) and the GPU drains ([`drains`]),
+//! are written only by `crate::gpu`.
 
+pub mod drains;
 pub mod leases;
 mod migrations;
 

@@ -394,7 +394,7 @@ async fn a_gpu_fault_drains_the_gpu_and_fails_the_lease_as_infra_but_app_xids_ar
         (g.state.clone(), g.drained_reason.clone()),
         (GpuState::Drained, Some("Xid 79".into()))
     );
-    rig.broker.undrain(&uuid).expect("undrain");
+    rig.broker.undrain(&uuid).await.expect("undrain");
     assert_eq!(count(&rig.broker.snapshot(), GpuState::Free), 2);
 }
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::gpu::{params, req, rig_with, sh, until};
 
 /// Alive and not a zombie.
-fn alive(pid: i32) -> bool {
+pub(crate) fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rfind(')').map(|i| s[i + 2..].chars().next()))
@@ -73,6 +73,7 @@ fn row(id: &str, uuid: &str, pgid: Option<i64>, deadline_unix_ms: i64) -> LeaseR
         stderr: "/dev/null".into(),
         finished_at: None,
         outcome: None,
+        cgroup: None,
     }
 }
 
@@ -124,6 +125,7 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
         RecoveryReport {
             adopted: vec!["a-live".into()],
             reclaimed: vec!["b-dead".into(), "c-overdue".into(), "d-unspawned".into()],
+            swept: vec![],
         }
     );
     use std::os::unix::process::ExitStatusExt;

@@ -307,7 +307,7 @@ async fn fk_agentd_lease_streams_output_returns_the_exit_code_and_124_at_the_dea
     .expect("join");
     assert_eq!((code, out.as_str()), (Some(124), "started\n"));
     assert!(
-        err.contains("reached its deadline after 1s; its process group was killed"),
+        err.contains("reached its deadline after 1s; its processes were killed"),
         "{err}"
     );
 

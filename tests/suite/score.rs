@@ -337,3 +337,70 @@ fn the_human_table_of_the_published_standalone_results() {
         fk_agentd::score::render::score_table(&report)
     );
 }
+
+/// Writes the published passing `L1/gelu` result where the bench would, then reports how the
+/// lease ended.
+struct Writes(Option<String>);
+
+impl fk_agentd::score::driver::BenchLauncher for Writes {
+    async fn launch(
+        &self,
+        inv: fk_agentd::score::driver::Invocation,
+        _cancel: tokio_util::sync::CancellationToken,
+    ) -> Result<fk_agentd::score::driver::ProcessExit, fk_agentd::score::ScoreError> {
+        let at = inv.args.iter().position(|a| a == "--output").unwrap() + 1;
+        std::fs::copy(
+            fixture("fastkernels-results/drkernel-fk-runs/L1/gelu/runs/bench.json"),
+            &inv.args[at],
+        )
+        .unwrap();
+        Ok(fk_agentd::score::driver::ProcessExit {
+            code: Some(0),
+            signal: None,
+            timed_out: false,
+            cancelled: false,
+            violation: self.0.clone(),
+            wall_s: 1.0,
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_bench_killed_for_using_another_gpu_is_invalid_whatever_its_json_says() {
+    use fk_agentd::score::driver::{BenchDriver, BenchFailure, BenchRequest, DriverParams};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut outcomes = Vec::new();
+    for violation in [
+        None,
+        Some("process 7 ran on GPU-b, outside the lease".to_string()),
+    ] {
+        let driver = BenchDriver::new(
+            DriverParams {
+                command: vec!["bench".into()],
+                fastkernels_dir: None,
+                captures: tmp.path().to_path_buf(),
+                deadline: std::time::Duration::from_secs(5),
+                parallel: 1,
+                env_remove: Vec::new(),
+            },
+            Writes(violation.clone()),
+        )
+        .await
+        .unwrap();
+        let work = tmp.path().join(format!("w{}", outcomes.len()));
+        let req = BenchRequest::target(&t("L1/gelu"), tmp.path(), &work);
+        let run = driver.run(req, Default::default()).await;
+        outcomes.push(match run.result {
+            Ok(r) => format!("ok, {} passed", r.passed),
+            Err(BenchFailure::GpuViolation { why }) => format!("invalid: {why}"),
+            Err(other) => format!("other: {}", other.describe()),
+        });
+    }
+    assert_eq!(
+        outcomes,
+        vec![
+            "ok, 5 passed".to_string(),
+            "invalid: process 7 ran on GPU-b, outside the lease".to_string()
+        ]
+    );
+}

@@ -1,0 +1,119 @@
+//! Verifying use: the broker samples what the GPU monitor lists on every GPU while a lease
+//! runs; a process of the lease found on a GPU outside it ends the lease as `gpu_violation`
+//! (not infra: the job did it), while a stranger's process on another GPU is nobody's
+//! violation. The monitor is scripted (fake GPUs); the processes are real.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fk_agentd::gpu::{GpuMonitor, GpuProcess, GpuState, Inventory, KilledReason, LeaseClass};
+use pretty_assertions::assert_eq;
+use tokio_util::sync::CancellationToken;
+
+use super::gpu::{params, req, rig_inventory, sh, until};
+
+/// A monitor that lists whatever pids the test puts on each GPU.
+#[derive(Default)]
+struct ListedMonitor {
+    listed: Mutex<HashMap<String, Vec<u32>>>,
+}
+
+impl ListedMonitor {
+    fn put(&self, uuid: &str, pid: u32) {
+        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        listed.entry(uuid.to_string()).or_default().push(pid);
+    }
+}
+
+impl GpuMonitor for ListedMonitor {
+    fn processes(&self, uuid: &str) -> Result<Vec<GpuProcess>, String> {
+        let listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(listed
+            .get(uuid)
+            .into_iter()
+            .flatten()
+            .map(|&pid| GpuProcess {
+                pid,
+                used_bytes: None,
+            })
+            .collect())
+    }
+    fn memory_used(&self, _uuid: &str) -> Option<u64> {
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_lease_process_on_a_gpu_outside_its_lease_ends_the_lease_as_a_violation() {
+    let monitor = Arc::new(ListedMonitor::default());
+    let mut p = params();
+    p.sample_every = Duration::from_millis(20);
+    let rig = rig_inventory(Inventory::fake(3).with_monitor(monitor.clone()), p);
+    let dir = rig.dir.path().to_path_buf();
+    let (b, d) = (rig.broker.clone(), dir.clone());
+    let run = tokio::spawn(async move {
+        let r = req("s", LeaseClass::Validate, 1, Duration::from_secs(60));
+        let c = sh(
+            &d,
+            "v",
+            "echo $$ > lead.tmp; mv lead.tmp lead.pid; exec sleep 60",
+        );
+        b.run(r, c, &CancellationToken::new()).await
+    });
+    until("the lead wrote its pid", || dir.join("lead.pid").exists()).await;
+    let lead: u32 = std::fs::read_to_string(dir.join("lead.pid"))
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    let others: Vec<String> = rig
+        .broker
+        .snapshot()
+        .gpus
+        .into_iter()
+        .filter(|g| g.state == GpuState::Free)
+        .map(|g| g.uuid)
+        .collect();
+    let mut stranger = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .expect("sleep");
+    monitor.put(&others[0], stranger.id());
+    monitor.put(&others[1], lead);
+
+    let o = run.await.expect("join").expect("outcome");
+    assert_eq!(
+        (
+            o.killed_reason.clone(),
+            o.infra,
+            o.succeeded(),
+            o.notes.clone()
+        ),
+        (
+            Some(KilledReason::GpuViolation {
+                uuid: others[1].clone(),
+                pid: lead
+            }),
+            false,
+            false,
+            vec![
+                "simulated GPUs: no NVML process audit".to_string(),
+                format!(
+                    "pid {lead} of this lease ran on {}, a GPU outside the lease: result invalid",
+                    others[1]
+                ),
+            ]
+        )
+    );
+    assert_eq!(
+        serde_json::to_value(&o.killed_reason).expect("json"),
+        serde_json::json!({"kind": "gpu_violation", "uuid": others[1], "pid": lead})
+    );
+    assert!(
+        stranger.try_wait().expect("try_wait").is_none(),
+        "a process of no lease was killed"
+    );
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+}

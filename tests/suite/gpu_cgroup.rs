@@ -1,0 +1,330 @@
+//! Per-lease cgroups: a descendant that double-forks into a new session (leaving the lease's
+//! process group) and ignores SIGTERM still dies at the deadline, through the lease's cgroup
+//! where one is writable and through the lease-id tag sweep where none is; a restart sweeps
+//! lease cgroups a previous daemon left.
+//!
+//! Tests that need a writable cgroup hierarchy under `/sys/fs/cgroup` run on every one found
+//! (v2, v1 `pids`, v1 `freezer`, hybrid `unified`). Without any they say they skipped, unless
+//! `FK_CGROUP_IT=1` demands one, and then they fail. Real processes: 1–2 s deadlines.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fk_agentd::gpu::cgroup::scope_for;
+use fk_agentd::gpu::{
+    Broker, Cgroups, Containment, GpuState, Inventory, KilledReason, LeaseClass, LocalBackend,
+    RecoveryReport,
+};
+use fk_agentd::store::Store;
+use fk_agentd::store::leases::LeaseRow;
+use pretty_assertions::assert_eq;
+use tokio_util::sync::CancellationToken;
+
+use super::gpu::{params, req, rig_with, sh, until};
+use super::gpu_kill::alive;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// How many cgroup hierarchies of this host are writable. None: the test says it skipped, or
+/// fails when `FK_CGROUP_IT=1`.
+fn writable_hierarchies() -> usize {
+    let probe = tempfile::tempdir().expect("tempdir");
+    let found = Cgroups::available(Path::new(CGROUP_ROOT), &scope_for(probe.path()));
+    if found.is_empty() {
+        assert_ne!(
+            std::env::var("FK_CGROUP_IT").as_deref(),
+            Ok("1"),
+            "FK_CGROUP_IT=1 but no cgroup hierarchy under {CGROUP_ROOT} is writable"
+        );
+        eprintln!(
+            "skipped: no writable cgroup hierarchy under {CGROUP_ROOT} (FK_CGROUP_IT=1 makes this a failure)"
+        );
+    }
+    found.len()
+}
+
+/// A broker over a fresh store whose leases run in the `k`-th writable hierarchy.
+fn cgroup_rig(k: usize) -> Option<(tempfile::TempDir, Broker, Store, Containment)> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+    let mut found = Cgroups::available(Path::new(CGROUP_ROOT), &scope_for(store.path()));
+    if k >= found.len() {
+        return None;
+    }
+    let cgroups = found.swap_remove(k);
+    let kind = cgroups.kind();
+    let mut p = params();
+    p.spool_dir = dir.path().join("leases");
+    let backend = Arc::new(LocalBackend::with_cgroups(cgroups));
+    let broker = Broker::with_backend(Inventory::fake(1), p, store.clone(), backend);
+    Some((dir, broker, store, kind))
+}
+
+/// The lead sleeps; before that a subshell starts a process that calls `setsid` (new session,
+/// new process group, reparented to init once the subshell exits), ignores SIGTERM and writes
+/// its pid. With `clear_tag` it also drops the lease-id tag, so only a cgroup can find it.
+fn escaping_script(clear_tag: bool) -> String {
+    let env = if clear_tag {
+        "env -u FK_AGENTD_LEASE_ID "
+    } else {
+        ""
+    };
+    format!(
+        "( setsid {env}sh -c 'trap \"\" TERM; echo $$ > escaped.tmp; mv escaped.tmp escaped.pid; exec sleep 60' & ); exec sleep 60"
+    )
+}
+
+/// `(pgrp, session)` from `/proc/<pid>/stat`.
+fn group_and_session(pid: i32) -> (i64, i64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat[stat.rfind(')').expect(")") + 2..]
+        .split_whitespace()
+        .collect();
+    (
+        fields[2].parse().expect("pgrp"),
+        fields[3].parse().expect("session"),
+    )
+}
+
+/// What a deadline run of the escaping script showed.
+#[derive(Debug, PartialEq)]
+struct Escape {
+    killed_reason: Option<KilledReason>,
+    containment: Containment,
+    /// The escapee had left the lease's process group and session.
+    left_group: bool,
+    escapee_alive_after: bool,
+    /// The journal row's cgroup, and whether that directory is gone afterwards.
+    cgroup_journaled: bool,
+    cgroup_removed: bool,
+    pid: i32,
+}
+
+async fn run_escape(broker: &Broker, store: &Store, dir: &Path, clear_tag: bool) -> Escape {
+    let (b, d) = (broker.clone(), dir.to_path_buf());
+    let run = tokio::spawn(async move {
+        let r = req("s", LeaseClass::Validate, 1, Duration::from_millis(1500));
+        let c = sh(&d, "esc", &escaping_script(clear_tag));
+        b.run(r, c, &CancellationToken::new()).await
+    });
+    let pid_file = dir.join("escaped.pid");
+    until("the escapee wrote its pid", || pid_file.exists()).await;
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    let lease_id = broker.snapshot().gpus[0].lease_id.clone().expect("leased");
+    let row = store.lease(&lease_id).expect("store").expect("row");
+    let (pgrp, session) = group_and_session(pid);
+    let lead = row.pgid.expect("journaled pgid");
+    let in_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .expect("cgroup")
+        .contains(&format!("/{lease_id}\n"));
+    let o = run.await.expect("join").expect("outcome");
+    let row_cgroup = store.lease(&lease_id).expect("store").expect("row").cgroup;
+    Escape {
+        killed_reason: o.killed_reason,
+        containment: o.containment,
+        left_group: pgrp != lead && session != lead,
+        escapee_alive_after: alive(pid),
+        cgroup_journaled: row_cgroup.is_some() && in_cgroup,
+        cgroup_removed: row_cgroup.is_none_or(|d| !Path::new(&d).exists()),
+        pid,
+    }
+}
+
+#[tokio::test]
+async fn a_setsid_double_forked_descendant_is_killed_through_the_lease_cgroup_at_the_deadline() {
+    let runs = (0..writable_hierarchies()).map(|k| async move {
+        let (dir, broker, store, kind) = cgroup_rig(k).expect("hierarchy still writable");
+        let got = run_escape(&broker, &store, dir.path(), true).await;
+        let want = Escape {
+            killed_reason: Some(KilledReason::Deadline),
+            containment: kind,
+            left_group: true,
+            escapee_alive_after: false,
+            cgroup_journaled: true,
+            cgroup_removed: true,
+            pid: got.pid,
+        };
+        (got, want)
+    });
+    let results = futures::future::join_all(runs).await;
+    let kinds: Vec<Containment> = results.iter().map(|(_, w)| w.containment).collect();
+    eprintln!("cgroup hierarchies exercised: {kinds:?}");
+    for (got, want) in results {
+        assert_eq!(got, want);
+    }
+}
+
+#[tokio::test]
+async fn without_a_writable_cgroup_the_lease_id_tag_sweep_kills_the_escaped_descendant() {
+    let not_cgroupfs = tempfile::tempdir().expect("tempdir");
+    let mut p = params();
+    p.cgroup_root = Some(not_cgroupfs.path().to_path_buf());
+    let rig = rig_with(1, p);
+    let got = run_escape(&rig.broker, &rig.store, rig.dir.path(), false).await;
+    assert_eq!(
+        got,
+        Escape {
+            killed_reason: Some(KilledReason::Deadline),
+            containment: Containment::ProcessGroup,
+            left_group: true,
+            escapee_alive_after: false,
+            cgroup_journaled: false,
+            cgroup_removed: true,
+            pid: got.pid,
+        }
+    );
+    assert_eq!(rig.broker.snapshot().gpus[0].state, GpuState::Free);
+}
+
+fn open_row(id: &str, cgroup: &Path) -> LeaseRow {
+    LeaseRow {
+        id: id.into(),
+        session: "s".into(),
+        class: "validate".into(),
+        gpus: vec![Inventory::fake(1).gpus[0].uuid.clone()],
+        idempotency_key: String::new(),
+        state: "granted".into(),
+        pgid: None,
+        granted_at: fk_agentd::store::now_rfc3339(),
+        deadline_unix_ms: 0,
+        argv: vec!["sleep".into(), "60".into()],
+        stdout: "/dev/null".into(),
+        stderr: "/dev/null".into(),
+        finished_at: None,
+        outcome: None,
+        cgroup: Some(cgroup.display().to_string()),
+    }
+}
+
+/// A process that moved itself into `cgroup`, left the caller's session, and sleeps.
+fn sleeper_in(cgroup: &Path) -> std::process::Child {
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec setsid sleep 60",
+        cgroup.display()
+    );
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("spawn");
+    let procs = cgroup.join("cgroup.procs");
+    let pid = child.id().to_string();
+    for _ in 0..500 {
+        if std::fs::read_to_string(&procs).is_ok_and(|t| t.lines().any(|l| l == pid)) {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("{pid} never entered {}", cgroup.display());
+}
+
+#[tokio::test]
+async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+    let scope = scope_for(store.path());
+    if writable_hierarchies() == 0 {
+        return;
+    }
+    let old = Cgroups::detect(Path::new(CGROUP_ROOT), &scope).expect("writable");
+    // One lease journaled before its spawn was recorded; one cgroup with no open row at all.
+    let (open_dir, left_dir) = (
+        old.create("lease-open").expect("cgroup"),
+        old.create("lease-left").expect("cgroup"),
+    );
+    let mut open_child = sleeper_in(&open_dir);
+    let mut left_child = sleeper_in(&left_dir);
+    store
+        .insert_lease(&open_row("lease-open", &open_dir))
+        .expect("journal");
+
+    let mut found = Cgroups::available(Path::new(CGROUP_ROOT), &scope);
+    let same = found
+        .iter()
+        .position(|c| c.kind() == old.kind())
+        .expect("same hierarchy");
+    let backend = Arc::new(LocalBackend::with_cgroups(found.swap_remove(same)));
+    let restarted = Broker::with_backend(Inventory::fake(1), params(), store.clone(), backend);
+    let report = restarted.recover().await.expect("recover");
+    assert_eq!(
+        report,
+        RecoveryReport {
+            adopted: vec![],
+            reclaimed: vec!["lease-open".into()],
+            swept: vec!["lease-left".into()],
+        }
+    );
+    use std::os::unix::process::ExitStatusExt;
+    let signals = (
+        open_child.wait().expect("wait").signal(),
+        left_child.wait().expect("wait").signal(),
+    );
+    assert_eq!(signals, (Some(9), Some(9)));
+    assert_eq!((open_dir.exists(), left_dir.exists()), (false, false));
+    let outcome = store
+        .lease("lease-open")
+        .expect("store")
+        .and_then(|r| r.outcome);
+    let outcome = outcome.expect("closed");
+    assert_eq!(
+        (&outcome["killed_reason"], &outcome["containment"]),
+        (
+            &serde_json::json!({"kind": "daemon_restart"}),
+            &serde_json::to_value(old.kind()).expect("json")
+        )
+    );
+    drop(old);
+}
+
+/// Runs `cmd` on a process-group broker and on a cgroup broker; their outputs (or errors).
+async fn on_both(argv: &[&str]) -> Option<(String, String)> {
+    let run = |broker: Broker, dir: std::path::PathBuf| async move {
+        let cmd = fk_agentd::gpu::LeaseCommand {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            ..sh(&dir, "both", "")
+        };
+        let r = req("s", LeaseClass::Validate, 1, Duration::from_secs(30));
+        match broker.run(r, cmd, &CancellationToken::new()).await {
+            Ok(o) => std::fs::read_to_string(&o.stdout).expect("stdout"),
+            Err(e) => format!("error (exit {}): {e}", e.exit_code()),
+        }
+    };
+    if writable_hierarchies() == 0 {
+        return None;
+    }
+    let mut p = params();
+    p.cgroup_root = None;
+    let plain = rig_with(1, p);
+    let (dir, broker, _store, _) = cgroup_rig(0).expect("writable");
+    let a = run(plain.broker.clone(), plain.dir.path().to_path_buf()).await;
+    let b = run(broker, dir.path().to_path_buf()).await;
+    Some((a, b))
+}
+
+#[tokio::test]
+async fn a_cgroup_lease_sees_the_argv_stdin_and_tag_a_process_group_lease_sees() {
+    let script = "printf '%s|' \"$0\" \"$@\"; cat; echo \"[${FK_AGENTD_LEASE_ID%%-*}]\"; readlink /proc/self/fd/0";
+    let Some((plain, contained)) = on_both(&["sh", "-c", script, "zero", "a b", "-c"]).await else {
+        return;
+    };
+    assert_eq!(contained, plain);
+    assert_eq!(plain, "zero|a b|-c|[lease]\n/dev/null\n");
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_is_the_same_spawn_error_in_a_cgroup_lease() {
+    let Some((plain, contained)) = on_both(&["no-such-command-for-fk-agentd"]).await else {
+        return;
+    };
+    assert_eq!(contained, plain);
+    assert_eq!(
+        plain,
+        "error (exit 3): cannot start `no-such-command-for-fk-agentd`: No such file or directory (os error 2)"
+    );
+}
