@@ -10,28 +10,26 @@
 //! Invariant: an embedded file is written only when it is missing or differs, and never over a
 //! directory the user configured.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::config::{Config, ConfigError, DEFAULT_CAPTURES, SettingSource};
 use crate::error::Error;
 
-/// The shipped default captures: (path below `captures/default/`, contents).
+/// One shipped file: its path below the repository's `captures/` (and the home's), and contents.
+macro_rules! shipped {
+    ($rel:literal) => {
+        ($rel, include_bytes!(concat!("../captures/", $rel)) as &[u8])
+    };
+}
+
+/// The shipped default captures (everything below `captures/default/`).
 const EMBEDDED: &[(&str, &[u8])] = &[
-    (
-        "b200/summary.json",
-        include_bytes!("../captures/default/b200/summary.json"),
+    shipped!("default/b200/summary.json"),
+    shipped!(
+        "default/b200/09_BAAI__bge-m3_tp1_float16/report_BAAI__bge-m3_tp1_float16_single-request_req1000000_seqsauto_eager.json"
     ),
-    (
-        "b200/09_BAAI__bge-m3_tp1_float16/report_BAAI__bge-m3_tp1_float16_single-request_req1000000_seqsauto_eager.json",
-        include_bytes!(
-            "../captures/default/b200/09_BAAI__bge-m3_tp1_float16/report_BAAI__bge-m3_tp1_float16_single-request_req1000000_seqsauto_eager.json"
-        ),
-    ),
-    (
-        "h200/09_BAAI__bge-m3_tp1_float16/report_BAAI__bge-m3_tp1_float16_single-request_req1000000_seqsauto_eager.json",
-        include_bytes!(
-            "../captures/default/h200/09_BAAI__bge-m3_tp1_float16/report_BAAI__bge-m3_tp1_float16_single-request_req1000000_seqsauto_eager.json"
-        ),
+    shipped!(
+        "default/h200/09_BAAI__bge-m3_tp1_float16/report_BAAI__bge-m3_tp1_float16_single-request_req1000000_seqsauto_eager.json"
     ),
 ];
 
@@ -50,13 +48,9 @@ pub fn settle(config: &mut Config) -> Result<(), Error> {
         )
         .into());
     }
-    let root = config.home.join("captures").join("default");
-    write_embedded(&root)?;
-    let gpu = Path::new(DEFAULT_CAPTURES)
-        .file_name()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("b200"));
-    config.captures = root.join(gpu);
+    // The home mirrors the repository's layout, so the default's relative path works there.
+    write_embedded(&config.home)?;
+    config.captures = config.home.join(DEFAULT_CAPTURES);
     config.settings.insert(
         "campaign.captures".into(),
         (
@@ -67,10 +61,10 @@ pub fn settle(config: &mut Config) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes the embedded captures below `root`, leaving identical files untouched.
+/// Writes the embedded captures below `<root>/captures/`, leaving identical files untouched.
 pub fn write_embedded(root: &Path) -> Result<(), Error> {
     for (rel, bytes) in EMBEDDED {
-        let path = root.join(rel);
+        let path = root.join("captures").join(rel);
         if std::fs::read(&path).is_ok_and(|have| have == *bytes) {
             continue;
         }

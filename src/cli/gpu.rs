@@ -215,11 +215,12 @@ pub(super) async fn cmd_gpus(
     if opts.sanity {
         return cmd_sanity(inventory()?, opts.json).await;
     }
-    // A socket file left by a killed daemon refuses connections: that is "no daemon" too.
-    let refused = socket.exists() && std::os::unix::net::UnixStream::connect(&socket).is_err();
-    let (snap, daemon) = match GpuClient::new(&home, &socket) {
-        _ if refused => (inventory()?.offline_snapshot(), false),
-        Ok(client) => (client.snapshot().await?, true),
+    let live = match GpuClient::new(&home, &socket) {
+        Ok(client) => client.snapshot().await,
+        Err(e) => Err(e),
+    };
+    let (snap, daemon) = match live {
+        Ok(s) => (s, true),
         Err(ControlError::NoDaemon { .. }) => (inventory()?.offline_snapshot(), false),
         Err(e) => return Err(e.into()),
     };

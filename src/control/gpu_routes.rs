@@ -304,6 +304,8 @@ pub enum LeaseEnd {
 /// The CLI's client for the GPU routes (no overall timeout: a lease may run for minutes).
 pub struct GpuClient {
     http: reqwest::Client,
+    home: PathBuf,
+    socket: PathBuf,
 }
 
 fn request_err(what: &str, e: impl ToString) -> ControlError {
@@ -328,7 +330,29 @@ impl GpuClient {
             .connect_timeout(Duration::from_secs(5))
             .build()
             .map_err(|e| request_err("client", e))?;
-        Ok(Self { http })
+        Ok(Self {
+            http,
+            home: home.to_path_buf(),
+            socket: socket.to_path_buf(),
+        })
+    }
+
+    /// Sends `req`; a socket that refuses connections (left by a killed daemon) is no daemon.
+    async fn send(
+        &self,
+        req: reqwest::RequestBuilder,
+        what: &str,
+    ) -> Result<reqwest::Response, ControlError> {
+        req.send().await.map_err(|e| {
+            if e.is_connect() {
+                ControlError::NoDaemon {
+                    home: self.home.clone(),
+                    socket: self.socket.clone(),
+                }
+            } else {
+                request_err(what, e)
+            }
+        })
     }
 
     async fn json<T: serde::de::DeserializeOwned>(
@@ -336,7 +360,7 @@ impl GpuClient {
         req: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<T, ControlError> {
-        let resp = req.send().await.map_err(|e| request_err(what, e))?;
+        let resp = self.send(req, what).await?;
         let status = resp.status();
         let body = resp.text().await.map_err(|e| request_err(what, e))?;
         if status.is_client_error() {
@@ -387,14 +411,12 @@ impl GpuClient {
         call: &LeaseCall,
         mut on_output: impl FnMut(&LeaseFrame),
     ) -> Result<LeaseEnd, ControlError> {
-        let resp = self
+        let req = self
             .http
             .post("http://fk-agentd/v1/leases")
             .header(LEASE_TOKEN_HEADER, token)
-            .json(call)
-            .send()
-            .await
-            .map_err(|e| request_err("lease", e))?;
+            .json(call);
+        let resp = self.send(req, "lease").await?;
         if !resp.status().is_success() {
             let body: serde_json::Value = resp.json().await.unwrap_or_default();
             return Ok(LeaseEnd::Refused {

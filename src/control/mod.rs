@@ -30,7 +30,7 @@ use crate::store::{SessionRow, Store};
 /// Errors of the control boundary (serving or calling).
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("no fk-agentd daemon is running on {home} (no socket at {socket})")]
+    #[error("no fk-agentd daemon is running on {home} (nothing answers at {socket})")]
     NoDaemon { home: PathBuf, socket: PathBuf },
     #[error("control socket {path}: {source}")]
     Socket {

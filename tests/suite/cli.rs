@@ -143,6 +143,12 @@ fn gpus_next_to_a_socket_left_by_a_killed_daemon_falls_back_to_the_inventory() {
         .stdout(predicate::str::contains(
             "2 GPU(s) from fake; no daemon running",
         ));
+    // Commands that need the daemon say there is none (exit 3), not a transport error.
+    fk(home.path())
+        .args(["gpus", "--drain", "0"])
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains("no fk-agentd daemon is running"));
 }
 
 #[test]

@@ -356,12 +356,7 @@ fn a_resumed_run_keeps_the_settings_it_was_started_with() {
         "[campaign]\nmax_agents = 9\nsession_timeout = \"7h\"\n",
     )
     .unwrap();
-    let base = Flags {
-        home: Some(home.path().to_path_buf()),
-        sim: true,
-        ..Flags::default()
-    };
-    let flags = daemon::plan::resume_flags(base, &run_started);
+    let flags = daemon::plan::resume_flags(flags_for(home.path()), &run_started);
     let env = Env {
         cwd: home.path().to_path_buf(),
         ..Env::default()

@@ -130,17 +130,16 @@ async fn a_token_holder_runs_a_command_and_gets_its_output_then_its_outcome() {
         .map(|l| serde_json::from_slice(l).expect("frame"))
         .collect();
     let (output, last) = frames.split_at(frames.len() - 1);
-    assert_eq!(
-        output.to_vec(),
-        vec![
-            LeaseFrame::Stdout {
-                data: "hi\n".into()
-            },
-            LeaseFrame::Stderr {
-                data: "oops\n".into()
-            }
-        ]
-    );
+    // Each stream arrives in order; how the two interleave depends on when each file is read.
+    let (mut out, mut err) = (String::new(), String::new());
+    for f in output {
+        match f {
+            LeaseFrame::Stdout { data } => out += data,
+            LeaseFrame::Stderr { data } => err += data,
+            other => panic!("unexpected frame before the outcome: {other:?}"),
+        }
+    }
+    assert_eq!((out.as_str(), err.as_str()), ("hi\n", "oops\n"));
     let LeaseFrame::Outcome { outcome } = &last[0] else {
         panic!("no outcome: {last:?}")
     };
