@@ -11,10 +11,10 @@
 //! | [`captures`]  | the capture folder: checked, or the embedded default written under the home |
 //! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
 //! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools |
-//! | [`scheduler`] | the only spawner of sessions: cap, order, session timeout, run events     |
+//! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, run events |
 //! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
-//! | [`store`]     | SQLite (WAL): append-only events, runs, sessions; migrations              |
+//! | [`store`]     | SQLite (WAL): append-only events, runs, sessions, lease journal; migrations |
 //! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, reclaim, health   |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |

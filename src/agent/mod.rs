@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::llm::LlmClient;
 use crate::run::RunJournal;
-use crate::scheduler::{SessionFuture, SessionOutcome, SessionRunner, SessionStatus};
+use crate::scheduler::{SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus};
 use crate::target::{Catalog, TargetId};
 use crate::tools::gpu::GpuTools;
 use crate::tools::prompt::{PromptFacts, render_optimize};
@@ -79,11 +79,12 @@ impl SessionRunner for AgentRunner {
         &self,
         target: TargetId,
         run: Arc<RunJournal>,
+        slot: Arc<SessionSlot>,
         cancel: CancellationToken,
     ) -> SessionFuture {
         let p = self.p.clone();
         Box::pin(async move {
-            match prepare(&p, &target, &run) {
+            match prepare(&p, &target, &run, slot) {
                 Ok(setup) => session::run(setup, cancel).await,
                 Err(reason) => {
                     let _ = run.record(
@@ -105,6 +106,7 @@ fn prepare(
     p: &AgentRunnerParams,
     target: &TargetId,
     run: &Arc<RunJournal>,
+    slot: Arc<SessionSlot>,
 ) -> Result<SessionSetup, String> {
     let spec = p
         .catalog
@@ -163,5 +165,6 @@ fn prepare(
         prompt_sha256: prompt.sha256,
         cache_key: format!("{}/{target}", run.run_id()),
         params: p.loop_params.clone(),
+        slot,
     })
 }

@@ -19,7 +19,7 @@ use crate::llm::{
     user_message,
 };
 use crate::run::RunError;
-use crate::scheduler::{SessionOutcome, SessionStatus};
+use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
 use crate::tools::{ToolError, Toolbox};
 
 /// Limits and texts of the loop.
@@ -59,6 +59,8 @@ pub struct SessionSetup {
     pub prompt_sha256: String,
     pub cache_key: String,
     pub params: LoopParams,
+    /// The session's agent slot; its GPU tools run off it ([`SessionSlot::off_slot`]).
+    pub slot: Arc<SessionSlot>,
 }
 
 /// How the loop ends, before it is recorded.
@@ -352,6 +354,11 @@ async fn model_turn(
     Ok(Ok(resp.output))
 }
 
+/// The tools whose call is mostly a wait for, and the run of, a GPU lease.
+fn leases_a_gpu(tool: &str) -> bool {
+    matches!(tool, "validate" | "profile_ncu" | "profile_nsys")
+}
+
 fn state_for(tool: &str) -> &'static str {
     match tool {
         "validate" => "validating",
@@ -377,11 +384,15 @@ async fn run_call(
     })?;
     let mut attempt = 0;
     let output = loop {
-        match s
+        let call_fut = s
             .toolbox
-            .call(&call.name, &call.arguments, cancel.child_token())
-            .await
-        {
+            .call(&call.name, &call.arguments, cancel.child_token());
+        let result = if leases_a_gpu(&call.name) {
+            s.slot.off_slot(call_fut).await
+        } else {
+            call_fut.await
+        };
+        match result {
             // The shell is not jailed: whatever it printed is scrubbed of the provider token
             // before it is stored or sent.
             Ok(mut out) => {

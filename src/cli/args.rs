@@ -178,9 +178,20 @@ pub struct StartArgs {
     /// independent | sequential | all. Default: independent.
     #[arg(long, value_name = "MODE")]
     pub mode: Option<String>,
-    /// Sessions running at once. Default: 12.
+    /// Agent slots: sessions running at once (see --agent-slot). Default: 12.
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub max_agents: Option<i64>,
+    /// What a slot holds. `session`: a session keeps its slot from start to end, so at most
+    /// N sessions exist. `thinking`: a session gives its slot back while its validate or
+    /// profile lease waits and runs, so at most N sessions think at once and at most
+    /// N + 2 × GPUs exist (GPUs stay busier; more sessions are in flight). Default: session.
+    #[arg(long, value_name = "session|thinking")]
+    pub agent_slot: Option<String>,
+    /// Which sessions start first. `longest-first`: by how long each target's session took
+    /// in earlier runs of this home (never-run targets first, then catalog order for ties);
+    /// `catalog`: catalog order. Default: longest-first.
+    #[arg(long, value_name = "longest-first|catalog")]
+    pub order: Option<String>,
     /// Per-session wall-clock limit, e.g. 5h. Default: 5h.
     #[arg(long, value_name = "DURATION")]
     pub session_timeout: Option<String>,

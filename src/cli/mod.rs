@@ -85,6 +85,8 @@ pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
         targets: s.targets,
         mode: s.mode,
         max_agents: s.max_agents,
+        agent_slot: s.agent_slot,
+        order: s.order,
         session_timeout: s.session_timeout,
         lease_timeout: s.lease_timeout,
         provider: s.provider,

@@ -7,6 +7,7 @@
 //!
 //! Every rejection is a [`ConfigError`] naming the key, the value and what was expected.
 
+mod gpus;
 pub mod provider;
 
 use std::collections::BTreeMap;
@@ -16,6 +17,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::target::{Catalog, TargetId};
+
+pub use gpus::{DEFAULT_CGROUP_ROOT, GpuDevices, describe_devices};
+use gpus::{GpuSettings, RawGpus};
 
 /// A setting that was rejected: which key, what value, what was expected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -103,6 +107,71 @@ pub fn format_duration(d: Duration) -> String {
     humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
 }
 
+/// What one of the `max_agents` slots holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentSlot {
+    /// A session holds its slot from start to end: at most `max_agents` sessions exist.
+    #[default]
+    Session,
+    /// A session gives its slot back while it waits for and runs a GPU lease of its
+    /// `validate`/`profile_*` tools: at most `max_agents` sessions think (call the model, run
+    /// their other tools) at once, and at most `max_agents` + 2 × the GPU count exist (a
+    /// running and a queued lease per GPU).
+    Thinking,
+}
+
+impl AgentSlot {
+    pub fn parse(key: &str, value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "session" => Ok(Self::Session),
+            "thinking" => Ok(Self::Thinking),
+            _ => Err(ConfigError::new(key, value, "one of session, thinking")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Thinking => "thinking",
+        }
+    }
+}
+
+/// The order in which a phase starts its sessions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueOrder {
+    /// The longest expected session first: each target's latest ended session in earlier
+    /// runs of this home (real runs for a real one, simulated for a simulated one); targets
+    /// never run before go first, in catalog order, and ties keep catalog order.
+    #[default]
+    LongestFirst,
+    /// Catalog order.
+    Catalog,
+}
+
+impl QueueOrder {
+    pub fn parse(key: &str, value: &str) -> Result<Self, ConfigError> {
+        match value {
+            "longest-first" => Ok(Self::LongestFirst),
+            "catalog" => Ok(Self::Catalog),
+            _ => Err(ConfigError::new(
+                key,
+                value,
+                "one of longest-first, catalog",
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LongestFirst => "longest-first",
+            Self::Catalog => "catalog",
+        }
+    }
+}
+
 /// How the campaign schedules its targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -147,18 +216,6 @@ impl Mode {
     }
 }
 
-/// Where the GPUs come from.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum GpuDevices {
-    /// Discover with NVML at start.
-    Nvml,
-    /// `n` declared fake GPUs (for machines without NVIDIA drivers, and the simulation).
-    Fake { count: u32 },
-    /// An explicit list of GPU UUIDs.
-    Uuids { uuids: Vec<String> },
-}
-
 /// Where a setting's value came from, for the manifest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -177,6 +234,8 @@ pub struct Flags {
     pub targets: Option<String>,
     pub mode: Option<String>,
     pub max_agents: Option<i64>,
+    pub agent_slot: Option<String>,
+    pub order: Option<String>,
     pub session_timeout: Option<String>,
     pub lease_timeout: Option<String>,
     pub provider: Option<String>,
@@ -210,6 +269,8 @@ struct RawCampaign {
     targets: Option<String>,
     mode: Option<String>,
     max_agents: Option<i64>,
+    agent_slot: Option<String>,
+    order: Option<String>,
     session_timeout: Option<String>,
     lease_timeout: Option<String>,
     captures: Option<String>,
@@ -220,14 +281,6 @@ struct RawCampaign {
 struct RawProvider {
     #[serde(rename = "use")]
     use_: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawGpus {
-    devices: Option<toml::Value>,
-    ncu_cap: Option<i64>,
-    nsys_cap: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -247,6 +300,8 @@ pub struct Config {
     pub targets: Vec<TargetId>,
     pub mode: Mode,
     pub max_agents: usize,
+    pub agent_slot: AgentSlot,
+    pub order: QueueOrder,
     #[serde(serialize_with = "ser_duration")]
     pub session_timeout: Duration,
     #[serde(serialize_with = "ser_duration")]
@@ -256,6 +311,9 @@ pub struct Config {
     pub gpus: GpuDevices,
     pub ncu_cap: usize,
     pub nsys_cap: usize,
+    /// The cgroup filesystem in which each lease gets its own cgroup where writable;
+    /// `None` (`gpus.cgroup_root = "off"`) keeps leases in process groups.
+    pub cgroup_root: Option<PathBuf>,
     pub fastkernels_dir: Option<PathBuf>,
     pub fastkernels_command: Vec<String>,
     pub sim: bool,
@@ -360,6 +418,18 @@ impl Config {
             c.max_agents.map(|n| n.to_string()),
             &DEFAULT_MAX_AGENTS.to_string(),
         );
+        let agent_slot = pick(
+            "campaign.agent_slot",
+            flags.agent_slot.clone(),
+            c.agent_slot,
+            AgentSlot::default().as_str(),
+        );
+        let order = pick(
+            "campaign.order",
+            flags.order.clone(),
+            c.order,
+            QueueOrder::default().as_str(),
+        );
         let session_timeout = pick(
             "campaign.session_timeout",
             flags.session_timeout.clone(),
@@ -390,6 +460,8 @@ impl Config {
             1,
             MAX_AGENTS_LIMIT,
         )?;
+        let agent_slot = AgentSlot::parse("campaign.agent_slot (--agent-slot)", &agent_slot)?;
+        let order = QueueOrder::parse("campaign.order (--order)", &order)?;
         let session_timeout = parse_duration(
             "campaign.session_timeout (--session-timeout)",
             &session_timeout,
@@ -407,7 +479,12 @@ impl Config {
             ));
         }
 
-        let (gpus, ncu_cap, nsys_cap) = validate_gpus(raw.gpus, flags.sim, &mut settings)?;
+        let GpuSettings {
+            devices: gpus,
+            ncu_cap,
+            nsys_cap,
+            cgroup_root,
+        } = gpus::validate(raw.gpus, flags.sim, &mut settings)?;
         let (fastkernels_dir, fastkernels_command) =
             validate_fastkernels(raw.fastkernels, env, &mut settings)?;
         if flags.sim {
@@ -439,6 +516,8 @@ impl Config {
             targets,
             mode,
             max_agents,
+            agent_slot,
+            order,
             session_timeout,
             lease_timeout,
             captures: expand_tilde(&captures, env),
@@ -446,6 +525,7 @@ impl Config {
             gpus,
             ncu_cap,
             nsys_cap,
+            cgroup_root,
             fastkernels_dir,
             fastkernels_command,
             sim: flags.sim,
@@ -508,7 +588,7 @@ pub(crate) fn toml_error(path: &Path, text: &str, e: &toml::de::Error) -> Config
     )
 }
 
-fn parse_count(key: &str, value: &str, lo: i64, hi: i64) -> Result<usize, ConfigError> {
+pub(crate) fn parse_count(key: &str, value: &str, lo: i64, hi: i64) -> Result<usize, ConfigError> {
     match value.trim().parse::<i64>() {
         Ok(n) if (lo..=hi).contains(&n) => Ok(n as usize),
         _ => Err(ConfigError::new(
@@ -519,88 +599,7 @@ fn parse_count(key: &str, value: &str, lo: i64, hi: i64) -> Result<usize, Config
     }
 }
 
-type SettingMap = BTreeMap<String, (String, SettingSource)>;
-
-fn validate_gpus(
-    raw: RawGpus,
-    sim: bool,
-    settings: &mut SettingMap,
-) -> Result<(GpuDevices, usize, usize), ConfigError> {
-    let key = "gpus.devices";
-    let (devices, source) = match raw.devices {
-        _ if sim => (GpuDevices::Fake { count: 8 }, SettingSource::Flag),
-        None => (GpuDevices::Nvml, SettingSource::Default),
-        Some(toml::Value::String(s)) => (parse_devices(key, &s)?, SettingSource::File),
-        Some(toml::Value::Array(items)) => {
-            let mut uuids = Vec::new();
-            for item in items {
-                match item.as_str() {
-                    Some(u) if u.starts_with("GPU-") || u.starts_with("MIG-") => {
-                        uuids.push(u.to_string())
-                    }
-                    _ => {
-                        return Err(ConfigError::new(
-                            key,
-                            item.to_string(),
-                            "GPU UUIDs such as \"GPU-8f2c…\"",
-                        ));
-                    }
-                }
-            }
-            if uuids.is_empty() {
-                return Err(ConfigError::new(key, "[]", "at least one GPU UUID"));
-            }
-            (GpuDevices::Uuids { uuids }, SettingSource::File)
-        }
-        Some(other) => {
-            return Err(ConfigError::new(
-                key,
-                other.to_string(),
-                "\"nvml\", \"fake:N\" or a list of GPU UUIDs",
-            ));
-        }
-    };
-    settings.insert(key.into(), (describe_devices(&devices), source));
-    let mut cap = |k: &str, v: Option<i64>, default: i64| {
-        let source = if v.is_some() {
-            SettingSource::File
-        } else {
-            SettingSource::Default
-        };
-        let v = v.unwrap_or(default);
-        settings.insert(k.to_string(), (v.to_string(), source));
-        parse_count(k, &v.to_string(), 1, 64)
-    };
-    let ncu = cap("gpus.ncu_cap", raw.ncu_cap, 1)?;
-    let nsys = cap("gpus.nsys_cap", raw.nsys_cap, 2)?;
-    Ok((devices, ncu, nsys))
-}
-
-fn parse_devices(key: &str, s: &str) -> Result<GpuDevices, ConfigError> {
-    if s == "nvml" {
-        return Ok(GpuDevices::Nvml);
-    }
-    if let Some(n) = s.strip_prefix("fake:") {
-        return match n.parse::<u32>() {
-            Ok(count) if (1..=64).contains(&count) => Ok(GpuDevices::Fake { count }),
-            _ => Err(ConfigError::new(key, s, "\"fake:N\" with N from 1 to 64")),
-        };
-    }
-    Err(ConfigError::new(
-        key,
-        s,
-        "\"nvml\", \"fake:N\" or a list of GPU UUIDs",
-    ))
-}
-
-/// A one-line description of a device setting, e.g. `fake:8`.
-pub fn describe_devices(d: &GpuDevices) -> String {
-    match d {
-        GpuDevices::Nvml => "nvml".into(),
-        GpuDevices::Fake { count } => format!("fake:{count}"),
-        GpuDevices::Uuids { uuids } => uuids.join(","),
-    }
-}
+pub(crate) type SettingMap = BTreeMap<String, (String, SettingSource)>;
 
 fn validate_fastkernels(
     raw: RawFastkernels,

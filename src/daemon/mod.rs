@@ -206,6 +206,9 @@ pub async fn run_campaign_with(
         runner,
         sched: SchedulerParams {
             max_agents: config.max_agents,
+            agent_slot: config.agent_slot,
+            gpus: broker.inventory().len(),
+            order: config.order,
             session_timeout: config.session_timeout,
             drain_deadline: params.drain_deadline,
         },

@@ -122,6 +122,8 @@ pub fn resume_flags(mut flags: Flags, run_started: &Value) -> Flags {
     flags.max_agents = recorded("campaign.max_agents")
         .and_then(|v| v.parse().ok())
         .or(flags.max_agents);
+    flags.agent_slot = recorded("campaign.agent_slot").or(flags.agent_slot);
+    flags.order = recorded("campaign.order").or(flags.order);
     flags.session_timeout = recorded("campaign.session_timeout").or(flags.session_timeout);
     flags.lease_timeout = recorded("campaign.lease_timeout").or(flags.lease_timeout);
     flags.provider = recorded("provider.use").or(flags.provider);

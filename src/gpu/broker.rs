@@ -77,6 +77,7 @@ impl BrokerParams {
             search_path,
             spool_dir: config.home.join("leases"),
             env_remove: config.secret_env.clone(),
+            cgroup_root: config.cgroup_root.clone(),
             ..Self::defaults(config.lease_timeout)
         }
     }
@@ -102,7 +103,7 @@ impl BrokerParams {
             is_root: rustix::process::geteuid().is_root(),
             spool_dir: PathBuf::from("/tmp/fk-agentd-leases"),
             sanity_after_failure: true,
-            cgroup_root: Some(PathBuf::from("/sys/fs/cgroup")),
+            cgroup_root: Some(PathBuf::from(crate::config::DEFAULT_CGROUP_ROOT)),
         }
     }
 }

@@ -289,7 +289,7 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
 
 /// Why the lease ended, whether that is the infrastructure's fault, and its application Xids.
 /// A violation is the job's doing and voids its result, so it wins over a GPU fault.
-fn verdict(
+pub(crate) fn verdict(
     broker: &Broker,
     lease_id: &str,
     why: Option<KilledReason>,

@@ -1,8 +1,8 @@
 //! Crash safety on restart: open journal rows become adopted leases or reclaimed ones.
 //!
 //! A lease whose process group or cgroup still holds a live process and whose wall-clock
-//! deadline is ahead is adopted: its GPUs are held again and a tracked task enforces the
-//! original deadline. Every other open row is ended: its group and cgroup (and every process
+//! deadline is ahead is adopted: its GPUs are held again, a tracked task enforces the
+//! original deadline, and its GPU use is audited as for any lease (`audit.rs`). Every other open row is ended: its group and cgroup (and every process
 //! tagged with its lease id) are killed, its cgroup removed, its GPUs reclaimed, and its row is
 //! closed with an outcome saying so. Last, every lease cgroup of this daemon's scope that no
 //! adopted lease owns is emptied and removed, so nothing a previous daemon started outlives it.
@@ -15,10 +15,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::audit::{Watched, spawn_sampler};
 use super::backend::JobRef;
 use super::broker::{Broker, LiveLease};
 use super::cgroup;
-use super::lease::{end_job, supervise, unix_ms, wait_gone};
+use super::lease::{end_job, supervise, unix_ms, verdict, wait_gone};
 use super::reclaim::reclaim;
 use super::types::{Containment, KilledReason, LeaseClass, LeaseError, LeaseOutcome};
 use crate::store::leases::LeaseRow;
@@ -121,12 +122,25 @@ impl Broker {
                 None
             });
             let cancel = CancellationToken::new();
+            // Audited like a lease of ours: a process of it on another GPU ends it.
+            let stop_sampling = CancellationToken::new();
+            let watched = Watched {
+                lease_id: row.id.clone(),
+                job: job.clone(),
+                gpus: row.gpus.clone(),
+            };
+            let sampler = spawn_sampler(&broker, watched, stop_sampling.clone());
             let (_, why) =
                 supervise(&broker, &job, exit, started + left, &cancel, &fault_notify).await;
+            stop_sampling.cancel();
+            let peak = sampler.await.ok().flatten();
             let mut notes = vec!["adopted after a daemon restart: exit code unknown".to_string()];
             end_job(&broker, &row.id, &job, containment, &mut notes).await;
             reclaim(&broker, &slots, &mut notes).await;
-            let outcome = orphan_outcome(&row, why, started.elapsed(), notes, containment);
+            let (why, _, xids) = verdict(&broker, &row.id, why, &mut notes);
+            let mut outcome = orphan_outcome(&row, why, started.elapsed(), notes, containment);
+            outcome.peak_gpu_memory_bytes = peak;
+            outcome.xids = xids;
             broker.close_row(&row.id, &outcome).await;
             broker.release(&row.id);
         });

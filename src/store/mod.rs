@@ -39,6 +39,10 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
+    /// A lease journal write that failed (its SQLite error, as text: a group commit reports
+    /// one failure to every write it held).
+    #[error("store {path}: lease journal: {detail}")]
+    Lease { path: PathBuf, detail: String },
     #[error("unknown run `{0}`")]
     UnknownRun(String),
     #[error("store task failed: {0}")]
@@ -86,6 +90,8 @@ pub struct SessionRow {
 #[derive(Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
+    /// Lease writes waiting for a group commit on `conn`.
+    leases: Arc<leases::LeaseBatch>,
     path: PathBuf,
 }
 
@@ -124,6 +130,7 @@ impl Store {
         migrations::apply(&mut conn, path)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            leases: Arc::default(),
             path: path.to_path_buf(),
         })
     }
@@ -320,6 +327,35 @@ impl Store {
             )
             .map_err(|e| self.sql_err(e))?;
         Ok(())
+    }
+
+    /// How long each target's latest ended session lasted (`task_finished.result.session_s`),
+    /// over the runs other than `except_run` whose `simulated` flag is `simulated` (a
+    /// simulated run says nothing about a real one). Interrupted sessions do not count: they
+    /// did not run to their end.
+    pub fn session_seconds(
+        &self,
+        simulated: bool,
+        except_run: &str,
+    ) -> Result<std::collections::HashMap<String, f64>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(
+                "SELECT e.target, json_extract(e.payload, '$.result.session_s')
+                 FROM events e JOIN runs r ON r.id = e.run_id
+                 WHERE e.kind = 'task_finished' AND r.simulated = ?1 AND r.id != ?2
+                   AND json_extract(e.payload, '$.status') != 'INTERRUPTED'
+                   AND json_extract(e.payload, '$.result.session_s') IS NOT NULL
+                 ORDER BY e.run_id, e.seq",
+            )
+            .map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map(params![simulated, except_run], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
+            })
+            .map_err(|e| self.sql_err(e))?;
+        // Oldest first, so the latest session of each target is the one kept.
+        rows.collect::<Result<_, _>>().map_err(|e| self.sql_err(e))
     }
 
     /// The sessions of a run, ordered by target.

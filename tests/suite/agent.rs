@@ -16,7 +16,7 @@ use fk_agentd::daemon::{self, CampaignReport, DaemonParams, RunnerSource};
 use fk_agentd::gpu::LeaseClass;
 use fk_agentd::llm::{LlmClient, TokenProvider};
 use fk_agentd::run::RunJournal;
-use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionStatus};
+use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionSlot, SessionStatus};
 use fk_agentd::score::lease::LeaseLauncher;
 use fk_agentd::sim::campaign::{SimParams, sim_baselines, sim_provider};
 use fk_agentd::store::Event;
@@ -72,10 +72,11 @@ impl SessionRunner for Counting {
         &self,
         target: TargetId,
         journal: Arc<RunJournal>,
+        slot: Arc<SessionSlot>,
         cancel: CancellationToken,
     ) -> SessionFuture {
         let (now, peak) = (self.now.clone(), self.peak.clone());
-        let fut = self.inner.run(target, journal, cancel);
+        let fut = self.inner.run(target, journal, slot, cancel);
         Box::pin(async move {
             peak.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
             let out = fut.await;

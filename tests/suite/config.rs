@@ -336,3 +336,57 @@ fn an_unknown_provider_name_lists_the_known_ones() {
         ProviderConfig::load("cortx", Path::new("/nonexistent-home"), &cortex_env()).unwrap_err();
     assert!(err.to_string().contains("cortex, openai"), "{err}");
 }
+
+#[test]
+fn agent_slot_defaults_to_session_and_is_checked() {
+    use fk_agentd::config::AgentSlot;
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), Flags::default()).unwrap();
+    assert_eq!(c.agent_slot, AgentSlot::Session);
+    let c = load(
+        dir.path(),
+        Flags {
+            agent_slot: Some("thinking".into()),
+            ..Flags::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (c.agent_slot, c.settings["campaign.agent_slot"].clone()),
+        (
+            AgentSlot::Thinking,
+            ("thinking".to_string(), SettingSource::Flag)
+        )
+    );
+    let err = load_file("[campaign]\nagent_slot = \"gpu\"\n").unwrap_err();
+    assert_eq!(
+        (err.key.as_str(), err.value.as_str()),
+        ("campaign.agent_slot (--agent-slot)", "gpu")
+    );
+}
+
+#[test]
+fn cgroup_root_defaults_to_sys_fs_cgroup_and_a_configured_one_must_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = load(dir.path(), Flags::default()).unwrap();
+    assert_eq!(c.cgroup_root, Some(PathBuf::from("/sys/fs/cgroup")));
+    assert_eq!(
+        load_file("[gpus]\ncgroup_root = \"off\"\n")
+            .unwrap()
+            .cgroup_root,
+        None
+    );
+    let err = load_file("[gpus]\ncgroup_root = \"sys/fs/cgroup\"\n").unwrap_err();
+    assert_eq!(
+        (err.key.as_str(), err.value.as_str()),
+        ("gpus.cgroup_root", "sys/fs/cgroup")
+    );
+    let err = load_file("[gpus]\ncgroup_root = \"/no/such/cgroupfs\"\n").unwrap_err();
+    assert!(
+        err.key == "gpus.cgroup_root" && err.reason.contains("no such directory"),
+        "{err}"
+    );
+    let there = dir.path().display().to_string();
+    let c = load_file(&format!("[gpus]\ncgroup_root = \"{there}\"\n")).unwrap();
+    assert_eq!(c.cgroup_root, Some(dir.path().to_path_buf()));
+}

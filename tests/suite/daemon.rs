@@ -12,7 +12,9 @@ use fk_agentd::control::client::ControlClient;
 use fk_agentd::daemon::{self, DaemonError, DaemonLock, DaemonParams};
 use fk_agentd::run::RunJournal;
 use fk_agentd::run::{RunIdParts, new_run_id};
-use fk_agentd::scheduler::{SessionFuture, SessionOutcome, SessionRunner, SessionStatus};
+use fk_agentd::scheduler::{
+    SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
+};
 use fk_agentd::target::{Catalog, TargetId};
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -59,6 +61,7 @@ impl SessionRunner for Sleeper {
         &self,
         _target: TargetId,
         _journal: Arc<RunJournal>,
+        _slot: Arc<SessionSlot>,
         cancel: CancellationToken,
     ) -> SessionFuture {
         let (work, honour, running, peak) = (

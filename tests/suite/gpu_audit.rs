@@ -117,3 +117,61 @@ async fn a_lease_process_on_a_gpu_outside_its_lease_ends_the_lease_as_a_violatio
     let _ = stranger.kill();
     let _ = stranger.wait();
 }
+
+/// A lease adopted after a restart is audited too: its process listed on a GPU it does not
+/// hold ends it as a violation, well before its deadline.
+#[tokio::test]
+async fn an_adopted_lease_is_audited_like_any_other() {
+    use std::os::unix::process::CommandExt;
+
+    use fk_agentd::gpu::{Broker, RecoveryReport};
+
+    use super::gpu_kill::{now_ms, row};
+
+    let monitor = Arc::new(ListedMonitor::default());
+    let inventory = Inventory::fake(2).with_monitor(monitor.clone());
+    let uuids: Vec<String> = inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
+    let mut lead = std::process::Command::new("sleep")
+        .arg("60")
+        .process_group(0)
+        .spawn()
+        .expect("spawn");
+    let pid = lead.id();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = fk_agentd::store::Store::open(&dir.path().join("fk.db")).expect("store");
+    store
+        .insert_lease(&row(
+            "a-live",
+            &uuids[0],
+            Some(i64::from(pid)),
+            now_ms() + 60_000,
+        ))
+        .expect("journal");
+    monitor.put(&uuids[1], pid);
+
+    let mut p = params();
+    p.sample_every = Duration::from_millis(20);
+    let restarted = Broker::new(inventory, p, store.clone());
+    let report = restarted.recover().await.expect("recover");
+    assert_eq!(
+        report,
+        RecoveryReport {
+            adopted: vec!["a-live".into()],
+            reclaimed: vec![],
+            swept: vec![],
+        }
+    );
+    let outcome = || {
+        store
+            .lease("a-live")
+            .expect("store")
+            .and_then(|r| r.outcome)
+    };
+    until("the adopted lease ended", || outcome().is_some()).await;
+    assert_eq!(
+        outcome().map(|o| o["killed_reason"].clone()),
+        Some(serde_json::json!({"kind": "gpu_violation", "uuid": uuids[1], "pid": pid}))
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(lead.wait().expect("wait").signal(), Some(15));
+}

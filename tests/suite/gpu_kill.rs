@@ -21,7 +21,7 @@ pub(crate) fn alive(pid: i32) -> bool {
         .is_some_and(|state| state != 'Z' && state != 'X')
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
 
@@ -57,7 +57,7 @@ async fn the_deadline_kills_a_grandchild_that_ignores_sigterm() {
     assert_eq!(rig.broker.snapshot().gpus[0].state, GpuState::Free);
 }
 
-fn row(id: &str, uuid: &str, pgid: Option<i64>, deadline_unix_ms: i64) -> LeaseRow {
+pub(crate) fn row(id: &str, uuid: &str, pgid: Option<i64>, deadline_unix_ms: i64) -> LeaseRow {
     LeaseRow {
         id: id.into(),
         session: format!("session-{id}"),

@@ -15,7 +15,9 @@ use fk_agentd::facts::{
 use fk_agentd::harness::patches::{AppliedPatch, CheckResult, GrepCheck, PreparedHarness};
 use fk_agentd::manifest::{self, MANIFEST_JSON, MANIFEST_MD};
 use fk_agentd::run::RunJournal;
-use fk_agentd::scheduler::{SessionFuture, SessionOutcome, SessionRunner, SessionStatus};
+use fk_agentd::scheduler::{
+    SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
+};
 use fk_agentd::target::{Catalog, TargetId};
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -27,7 +29,13 @@ const FAKE_TOKEN: &str = "pat-FAKE-0123456789-never-to-be-written";
 struct Scripted;
 
 impl SessionRunner for Scripted {
-    fn run(&self, target: TargetId, _j: Arc<RunJournal>, _c: CancellationToken) -> SessionFuture {
+    fn run(
+        &self,
+        target: TargetId,
+        _j: Arc<RunJournal>,
+        _s: Arc<SessionSlot>,
+        _c: CancellationToken,
+    ) -> SessionFuture {
         Box::pin(async move {
             let status = match target.to_string().as_str() {
                 "L1/gelu" => SessionStatus::Finished,

@@ -10,7 +10,9 @@ use std::time::Duration;
 use fk_agentd::config::{Config, Env, Flags};
 use fk_agentd::daemon::{self, DaemonParams};
 use fk_agentd::run::RunJournal;
-use fk_agentd::scheduler::{SessionFuture, SessionOutcome, SessionRunner, SessionStatus};
+use fk_agentd::scheduler::{
+    SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
+};
 use fk_agentd::target::{Catalog, TargetId};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -19,7 +21,13 @@ use tokio_util::sync::CancellationToken;
 struct Mixed;
 
 impl SessionRunner for Mixed {
-    fn run(&self, target: TargetId, _j: Arc<RunJournal>, _c: CancellationToken) -> SessionFuture {
+    fn run(
+        &self,
+        target: TargetId,
+        _j: Arc<RunJournal>,
+        _s: Arc<SessionSlot>,
+        _c: CancellationToken,
+    ) -> SessionFuture {
         Box::pin(async move {
             let status = match target.to_string().as_str() {
                 "L1/gelu" => SessionStatus::Finished,

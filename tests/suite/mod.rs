@@ -19,6 +19,7 @@ mod manifest_events;
 mod manifest_score;
 mod protect;
 mod report;
+mod scheduling;
 mod score;
 mod score_cli;
 mod score_sim;

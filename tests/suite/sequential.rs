@@ -12,7 +12,7 @@ use fk_agentd::config::{Config, Env, Flags};
 use fk_agentd::daemon::{self, CampaignParams, CampaignReport, DaemonParams, RunnerSource};
 use fk_agentd::gpu::LeaseClass;
 use fk_agentd::run::RunJournal;
-use fk_agentd::scheduler::{SessionFuture, SessionRunner};
+use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionSlot};
 use fk_agentd::score::ScoreError;
 use fk_agentd::score::driver::{BenchDriver, BenchLauncher, DriverParams, Invocation, ProcessExit};
 use fk_agentd::score::lease::LeaseLauncher;
@@ -79,6 +79,7 @@ impl SessionRunner for Observing {
         &self,
         target: TargetId,
         journal: Arc<RunJournal>,
+        slot: Arc<SessionSlot>,
         cancel: CancellationToken,
     ) -> SessionFuture {
         let cand = fk_agentd::workspace::session_dir_for(journal.dir(), &target).join("candidate");
@@ -98,7 +99,7 @@ impl SessionRunner for Observing {
                 stop.cancel();
             }
         }
-        self.inner.run(target, journal, cancel)
+        self.inner.run(target, journal, slot, cancel)
     }
 }
 

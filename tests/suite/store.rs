@@ -1,5 +1,6 @@
 //! The store: durability across reopen, append-only events, migrations.
 
+use fk_agentd::store::leases::{LeaseRow, LeaseWrite};
 use fk_agentd::store::{RunRow, SessionRow, Store, StoreError};
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -116,4 +117,76 @@ fn reopening_applies_no_migration_twice_and_keeps_sessions() {
     );
     store.set_run_status("r1", "finished").unwrap();
     assert!(store.run(Some("r1")).unwrap().finished_at.is_some());
+}
+
+fn lease_row(id: &str) -> LeaseRow {
+    LeaseRow {
+        id: id.into(),
+        session: "L1/gelu".into(),
+        class: "validate".into(),
+        gpus: vec!["GPU-fake-0".into()],
+        idempotency_key: String::new(),
+        state: "granted".into(),
+        pgid: None,
+        granted_at: fk_agentd::store::now_rfc3339(),
+        deadline_unix_ms: 0,
+        argv: vec!["true".into()],
+        stdout: "out".into(),
+        stderr: "err".into(),
+        finished_at: None,
+        outcome: None,
+        cgroup: None,
+    }
+}
+
+/// Many threads journaling at once (their writes share commits): every grant, spawn and
+/// end lands, in each lease's own order.
+#[test]
+fn concurrent_lease_writes_all_land_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("fk.db")).unwrap();
+    std::thread::scope(|scope| {
+        for t in 0..12 {
+            let store = store.clone();
+            scope.spawn(move || {
+                for k in 0..20 {
+                    let id = format!("lease-{t}-{k}");
+                    store.insert_lease(&lease_row(&id)).unwrap();
+                    store.set_lease_running(&id, 1000 + k, None).unwrap();
+                    store
+                        .finish_lease(&id, "finished", &json!({"exit_code": t}))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(store.open_leases().unwrap(), vec![]);
+    let row = store.lease("lease-7-19").unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.pgid, row.outcome),
+        ("finished", Some(1019), Some(json!({"exit_code": 7})))
+    );
+}
+
+/// A write that cannot be applied fails alone, naming the store; the writes committed with
+/// it stay.
+#[test]
+fn a_bad_lease_write_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("fk.db")).unwrap();
+    store.insert_lease(&lease_row("lease-1")).unwrap();
+    let err = store.insert_lease(&lease_row("lease-1")).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Lease { detail, .. } if detail.contains("UNIQUE")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("fk.db"), "{err}");
+    store
+        .write_lease(LeaseWrite::Running {
+            id: "lease-1".into(),
+            pgid: 7,
+            cgroup: None,
+        })
+        .unwrap();
+    assert_eq!(store.lease("lease-1").unwrap().unwrap().pgid, Some(7));
 }

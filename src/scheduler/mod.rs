@@ -1,6 +1,6 @@
 //! The scheduler: the only spawner of agent sessions.
 //!
-//! Owns the concurrency cap (a semaphore of `max_agents`), the stable order in which targets
+//! Owns the concurrency cap (`max_agents` slots, [`slot`]), the stable order in which targets
 //! are queued, the per-session timeout, and the run-level events that describe the campaign
 //! (`task_submitted`, `task_finished`, `run_finished`) in the fastkernels `run.jsonl` shape.
 //! It does not know what a session does: a [`SessionRunner`] supplies that.
@@ -8,6 +8,9 @@
 //! Cancellation flows down one tree: the daemon's token → one child per session. On shutdown
 //! the scheduler stops starting sessions, cancels the running ones, waits up to the drain
 //! deadline and then aborts what is left; every session still gets its `task_finished`.
+
+pub mod order;
+pub mod slot;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -17,10 +20,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{AgentSlot, QueueOrder};
 use crate::run::{RunError, RunJournal};
 use crate::store::{SessionRow, now_rfc3339};
 use crate::target::TargetId;
@@ -75,12 +78,19 @@ pub struct SessionOutcome {
 
 pub type SessionFuture = Pin<Box<dyn Future<Output = SessionOutcome> + Send>>;
 
+pub use slot::{SessionSlot, Slots};
+
 /// Runs one target's session. Implemented by the agent (and by test doubles).
+///
+/// The scheduler holds `slot` until the session's future ends; a session that waits on a
+/// GPU runs that wait through [`SessionSlot::off_slot`], which gives the slot back meanwhile
+/// when the campaign's `agent_slot` is `thinking`.
 pub trait SessionRunner: Send + Sync + 'static {
     fn run(
         &self,
         target: TargetId,
         journal: Arc<RunJournal>,
+        slot: Arc<SessionSlot>,
         cancel: CancellationToken,
     ) -> SessionFuture;
 }
@@ -89,6 +99,11 @@ pub trait SessionRunner: Send + Sync + 'static {
 #[derive(Clone, Debug)]
 pub struct SchedulerParams {
     pub max_agents: usize,
+    pub agent_slot: AgentSlot,
+    /// The broker's GPUs: under `agent_slot = thinking`, up to twice this many sessions
+    /// beyond `max_agents` may be alive (waiting for or holding a lease).
+    pub gpus: usize,
+    pub order: QueueOrder,
     pub session_timeout: Duration,
     /// How long running sessions get to end after a shutdown before they are aborted.
     pub drain_deadline: Duration,
@@ -110,7 +125,7 @@ pub async fn run_phase(
     params: &SchedulerParams,
     shutdown: CancellationToken,
 ) -> Result<PhaseReport, RunError> {
-    let permits = Arc::new(Semaphore::new(params.max_agents.max(1)));
+    let slots = Slots::new(params.agent_slot, params.max_agents, params.gpus);
     let mut tasks: JoinSet<(TargetId, SessionStatus, Value)> = JoinSet::new();
     let mut index_of = BTreeMap::new();
     for (index, target) in targets.iter().enumerate() {
@@ -122,33 +137,38 @@ pub async fn run_phase(
         )?;
         set_state(&journal, target, "queued", json!({}))?;
     }
-    let mut queue = targets
-        .iter()
-        .cloned()
-        .collect::<std::collections::VecDeque<_>>();
+    let mut queue: std::collections::VecDeque<TargetId> =
+        start_order(&journal, targets, params.order)?.into();
     let mut results = BTreeMap::new();
     let mut interrupted = false;
     // One loop both starts queued sessions (as permits free up) and records the ones that end,
     // so `task_finished` is written the moment a session ends.
     while !interrupted && (!queue.is_empty() || !tasks.is_empty()) {
         tokio::select! {
-            permit = permits.clone().acquire_owned(), if !queue.is_empty() => {
-                let permit = permit.expect("the semaphore is never closed");
+            slot = slots.admit(), if !queue.is_empty() => {
+                let slot = Arc::new(slot);
                 let target = queue.pop_front().expect("checked non-empty");
                 set_state(&journal, &target, "running", json!({"started_at": now_rfc3339()}))?;
                 let cancel = shutdown.child_token();
-                let fut = runner.run(target.clone(), journal.clone(), cancel.clone());
+                let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
                 let timeout = params.session_timeout;
                 tasks.spawn(async move {
-                    let _permit = permit;
-                    match tokio::time::timeout(timeout, fut).await {
-                        Ok(outcome) => (target, outcome.status, outcome.result),
+                    let _slot = slot;
+                    let started = tokio::time::Instant::now();
+                    let (status, mut result) = match tokio::time::timeout(timeout, fut).await {
+                        Ok(outcome) => (outcome.status, outcome.result),
                         Err(_) => {
                             cancel.cancel();
                             let why = format!("session timeout ({}) reached", crate::config::format_duration(timeout));
-                            (target, SessionStatus::TimedOut, json!({"reason": why}))
+                            (SessionStatus::TimedOut, json!({"reason": why}))
                         }
+                    };
+                    if let Value::Object(m) = &mut result {
+                        // What `campaign.order = "longest-first"` reads in later runs.
+                        let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
+                        m.insert("session_s".into(), json!(secs));
                     }
+                    (target, status, result)
                 });
             }
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
@@ -190,6 +210,37 @@ pub async fn run_phase(
         results,
         interrupted,
     })
+}
+
+/// The order sessions start in; recorded as `queue_ordered`.
+fn start_order(
+    journal: &RunJournal,
+    targets: &[TargetId],
+    order: QueueOrder,
+) -> Result<Vec<TargetId>, RunError> {
+    let (ordered, known) = match order {
+        QueueOrder::Catalog => (targets.to_vec(), 0),
+        QueueOrder::LongestFirst => {
+            let store = journal.store();
+            let simulated = store
+                .run(Some(journal.run_id()))
+                .map(|r| r.simulated)
+                .unwrap_or(false);
+            let seconds = store.session_seconds(simulated, journal.run_id())?;
+            let known = targets
+                .iter()
+                .filter(|t| seconds.contains_key(&t.to_string()))
+                .count();
+            (order::longest_first(targets, &seconds), known)
+        }
+    };
+    let first: Vec<String> = ordered.iter().take(12).map(ToString::to_string).collect();
+    journal.record(
+        "queue_ordered",
+        None,
+        json!({"order": order.as_str(), "targets": targets.len(), "with_history": known, "first": first}),
+    )?;
+    Ok(ordered)
 }
 
 async fn drain(

@@ -1,0 +1,288 @@
+//! The real scheduler under a paused clock: what `campaign.agent_slot` caps, that a session
+//! parked on its GPU lease lets another think only under `thinking`, and the start order
+//! `campaign.order = "longest-first"` takes from earlier runs.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fk_agentd::config::{AgentSlot, Mode, QueueOrder};
+use fk_agentd::run::{NewRun, RunJournal};
+use fk_agentd::scheduler::{
+    SchedulerParams, SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
+    run_phase,
+};
+use fk_agentd::target::TargetId;
+use pretty_assertions::assert_eq;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// (now, most at once) for sessions alive and sessions thinking.
+#[derive(Default)]
+struct Gauges {
+    live: (usize, usize),
+    thinking: (usize, usize),
+}
+
+fn bump(g: &mut (usize, usize), up: bool) {
+    if up {
+        g.0 += 1;
+        g.1 = g.1.max(g.0);
+    } else {
+        g.0 -= 1;
+    }
+}
+
+/// Each session thinks `think`, waits `lease` for a GPU (through its slot), thinks `think`.
+struct ThinkLeaseThink {
+    think: Duration,
+    lease: Duration,
+    gauges: Arc<Mutex<Gauges>>,
+}
+
+impl SessionRunner for ThinkLeaseThink {
+    fn run(
+        &self,
+        _target: TargetId,
+        _journal: Arc<fk_agentd::run::RunJournal>,
+        slot: Arc<SessionSlot>,
+        _cancel: CancellationToken,
+    ) -> SessionFuture {
+        let (think, lease, g) = (self.think, self.lease, self.gauges.clone());
+        let gauge = move |f: fn(&mut Gauges) -> &mut (usize, usize), up: bool| {
+            bump(f(&mut g.lock().unwrap()), up)
+        };
+        Box::pin(async move {
+            gauge(|g| &mut g.live, true);
+            for last in [false, true] {
+                gauge(|g| &mut g.thinking, true);
+                tokio::time::sleep(think).await;
+                gauge(|g| &mut g.thinking, false);
+                if !last {
+                    slot.off_slot(tokio::time::sleep(lease)).await;
+                }
+            }
+            gauge(|g| &mut g.live, false);
+            SessionOutcome {
+                status: SessionStatus::Finished,
+                result: json!({"simulated": true}),
+            }
+        })
+    }
+}
+
+struct Outcome {
+    makespan: Duration,
+    max_live: usize,
+    max_thinking: usize,
+    finished: usize,
+}
+
+async fn campaign(policy: AgentSlot, max_agents: usize, gpus: usize, targets: usize) -> Outcome {
+    let dir = tempfile::tempdir().unwrap();
+    let store = fk_agentd::daemon::open_store(dir.path()).unwrap();
+    let ids: Vec<TargetId> = fk_agentd::target::Catalog::embedded()
+        .select("L1")
+        .unwrap()
+        .into_iter()
+        .take(targets)
+        .collect();
+    let journal = RunJournal::create(
+        &store,
+        dir.path(),
+        &NewRun {
+            mode: Mode::Independent,
+            targets_spec: "L1",
+            targets: ids.iter().map(ToString::to_string).collect(),
+            simulated: true,
+        },
+    )
+    .unwrap();
+    let gauges = Arc::new(Mutex::new(Gauges::default()));
+    let runner = Arc::new(ThinkLeaseThink {
+        think: Duration::from_secs(10),
+        lease: Duration::from_secs(100),
+        gauges: gauges.clone(),
+    });
+    let params = SchedulerParams {
+        max_agents,
+        agent_slot: policy,
+        gpus,
+        order: QueueOrder::Catalog,
+        session_timeout: Duration::from_secs(5 * 3600),
+        drain_deadline: Duration::from_secs(30),
+    };
+    let t0 = tokio::time::Instant::now();
+    let report = run_phase(
+        Arc::new(journal),
+        runner,
+        &ids,
+        &params,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let g = gauges.lock().unwrap();
+    Outcome {
+        makespan: t0.elapsed(),
+        max_live: g.live.1,
+        max_thinking: g.thinking.1,
+        finished: report
+            .results
+            .values()
+            .filter(|s| **s == SessionStatus::Finished)
+            .count(),
+    }
+}
+
+/// One slot, two sessions. Holding the slot through the lease, they run one after the other
+/// (2 × 120 s); giving it back, B thinks while A's lease runs and the campaign takes 130 s.
+#[tokio::test(start_paused = true)]
+async fn a_session_on_its_lease_lets_another_think_only_under_thinking() {
+    let held = campaign(AgentSlot::Session, 1, 1, 2).await;
+    assert_eq!(
+        (held.makespan.as_secs(), held.max_live, held.finished),
+        (240, 1, 2)
+    );
+    let given = campaign(AgentSlot::Thinking, 1, 1, 2).await;
+    assert_eq!(
+        (
+            given.makespan.as_secs(),
+            given.max_live,
+            given.max_thinking,
+            given.finished
+        ),
+        (130, 2, 1, 2)
+    );
+}
+
+/// Twelve sessions, two slots, three GPUs: under `thinking` at most 2 think and at most
+/// 2 + 2 × 3 are alive; under `session` at most 2 are alive at all.
+#[tokio::test(start_paused = true)]
+async fn the_caps_hold_under_both_policies() {
+    let thinking = campaign(AgentSlot::Thinking, 2, 3, 12).await;
+    assert_eq!(
+        (thinking.max_thinking, thinking.max_live, thinking.finished),
+        (2, 8, 12)
+    );
+    let session = campaign(AgentSlot::Session, 2, 3, 12).await;
+    assert_eq!(
+        (session.max_thinking, session.max_live, session.finished),
+        (2, 2, 12)
+    );
+}
+
+/// Sleeps a per-target time and notes the order in which sessions start.
+struct Sized {
+    secs: std::collections::HashMap<TargetId, u64>,
+    started: Arc<Mutex<Vec<TargetId>>>,
+}
+
+impl SessionRunner for Sized {
+    fn run(
+        &self,
+        target: TargetId,
+        _journal: Arc<RunJournal>,
+        _slot: Arc<SessionSlot>,
+        _cancel: CancellationToken,
+    ) -> SessionFuture {
+        let secs = self.secs[&target];
+        self.started.lock().unwrap().push(target);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            SessionOutcome {
+                status: SessionStatus::Finished,
+                result: json!({"simulated": true}),
+            }
+        })
+    }
+}
+
+async fn ordered_run(
+    home: &std::path::Path,
+    runner: Arc<Sized>,
+    ids: &[TargetId],
+    order: QueueOrder,
+    simulated: bool,
+) -> Vec<TargetId> {
+    let store = fk_agentd::daemon::open_store(home).unwrap();
+    let journal = RunJournal::create(
+        &store,
+        home,
+        &NewRun {
+            mode: Mode::Independent,
+            targets_spec: "L1",
+            targets: ids.iter().map(ToString::to_string).collect(),
+            simulated,
+        },
+    )
+    .unwrap();
+    let params = SchedulerParams {
+        max_agents: 1,
+        agent_slot: AgentSlot::Session,
+        gpus: 1,
+        order,
+        session_timeout: Duration::from_secs(3600),
+        drain_deadline: Duration::from_secs(30),
+    };
+    runner.started.lock().unwrap().clear();
+    run_phase(
+        Arc::new(journal),
+        runner.clone(),
+        ids,
+        &params,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    runner.started.lock().unwrap().clone()
+}
+
+/// A first run (no history) starts in catalog order; the next starts the target whose
+/// session took longest first, and a target new to this home before any known one. A real
+/// run does not learn from simulated ones.
+#[tokio::test(start_paused = true)]
+async fn longest_first_orders_by_the_last_run_of_each_target() {
+    let home = tempfile::tempdir().unwrap();
+    let all: Vec<TargetId> = fk_agentd::target::Catalog::embedded()
+        .select("L1")
+        .unwrap()
+        .into_iter()
+        .take(4)
+        .collect();
+    let secs = all.iter().cloned().zip([10, 40, 20, 30]).collect();
+    let runner = Arc::new(Sized {
+        secs,
+        started: Arc::default(),
+    });
+    let first = &all[..3];
+    let started = ordered_run(
+        home.path(),
+        runner.clone(),
+        first,
+        QueueOrder::LongestFirst,
+        true,
+    )
+    .await;
+    assert_eq!(started, first.to_vec());
+    let started = ordered_run(
+        home.path(),
+        runner.clone(),
+        &all,
+        QueueOrder::LongestFirst,
+        true,
+    )
+    .await;
+    assert_eq!(
+        started,
+        vec![
+            all[3].clone(),
+            all[1].clone(),
+            all[2].clone(),
+            all[0].clone()
+        ]
+    );
+    let started = ordered_run(home.path(), runner.clone(), &all, QueueOrder::Catalog, true).await;
+    assert_eq!(started, all);
+    let started = ordered_run(home.path(), runner, &all, QueueOrder::LongestFirst, false).await;
+    assert_eq!(started, all);
+}
