@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use fk_agentd::config::{Config, Env, Flags};
+use fk_agentd::config::{AgentSlot, Config, Env, Flags, QueueOrder, SettingSource};
 use fk_agentd::control::client::ControlClient;
 use fk_agentd::daemon::{self, DaemonError, DaemonLock, DaemonParams};
 use fk_agentd::run::RunJournal;
@@ -352,11 +352,18 @@ async fn the_control_socket_is_private_and_answers_status_and_stop() {
 fn a_resumed_run_keeps_the_settings_it_was_started_with() {
     let home = tempfile::tempdir().unwrap();
     let started = config(home.path(), "L1/gelu,L2/ada_layer_norm", 3, "2h");
-    let run_started = json!({"settings": started.settings});
+    let mut settings = started.settings.clone();
+    for (key, value) in [
+        ("campaign.agent_slot", "thinking"),
+        ("campaign.order", "catalog"),
+    ] {
+        settings.insert(key.into(), (value.into(), SettingSource::Flag));
+    }
+    let run_started = json!({ "settings": settings });
     // The config file changed since the start; `resume` takes no campaign flags.
     std::fs::write(
         home.path().join("fk-agentd.toml"),
-        "[campaign]\nmax_agents = 9\nsession_timeout = \"7h\"\n",
+        "[campaign]\nmax_agents = 9\nsession_timeout = \"7h\"\nagent_slot = \"session\"\norder = \"longest-first\"\n",
     )
     .unwrap();
     let flags = daemon::plan::resume_flags(flags_for(home.path()), &run_started);
@@ -370,13 +377,17 @@ fn a_resumed_run_keeps_the_settings_it_was_started_with() {
             resumed.targets.clone(),
             resumed.max_agents,
             resumed.session_timeout,
-            resumed.lease_timeout
+            resumed.lease_timeout,
+            resumed.agent_slot,
+            resumed.order
         ),
         (
             started.targets.clone(),
             3,
             Duration::from_secs(2 * 3600),
-            Duration::from_secs(60)
+            Duration::from_secs(60),
+            AgentSlot::Thinking,
+            QueueOrder::Catalog
         )
     );
     // A run recorded before settings were kept falls back to the usual precedence.
