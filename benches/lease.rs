@@ -5,10 +5,13 @@
 //!   once with 8 GPUs (the figure then includes waiting for a GPU).
 //! - Deadline lateness: deadline → the lease's process group gone, for a child that honours
 //!   SIGTERM and for one that ignores it (then the grace dominates, by design).
-//! - Both with each containment: process groups only and, where a cgroup hierarchy under
-//!   `/sys/fs/cgroup` is writable, a cgroup per lease (the daemon `posix_spawn`s a shell that
-//!   enters the cgroup and then execs the command). The table names which ran; "spawned" is
-//!   when the daemon's spawn returns, before that shell's exec of the command.
+//! - With each containment: process groups only; where a cgroup hierarchy under
+//!   `/sys/fs/cgroup` is writable, a cgroup per lease as the daemon would pick it (a v2 child
+//!   started straight in its cgroup with `clone3`, else a v1 child through a shell that moves
+//!   itself in); and, where a v2 hierarchy is writable, v2 through that shell, as on a kernel
+//!   that refuses the clone. Each table names what ran. "Spawned" is when the daemon's spawn
+//!   returns: after the command's exec for `clone3` (like `posix_spawn`), before the shell's
+//!   exec of the command for the trampoline.
 //!
 //! Fake GPUs: the commands are real processes, the GPUs are simulated.
 
@@ -17,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fk_agentd::gpu::{
-    Broker, BrokerParams, Containment, Inventory, JobRef, LaunchSpec, Launched, LeaseBackend,
-    LeaseClass, LeaseCommand, LeaseError, LeaseRequest, LocalBackend,
+    Broker, BrokerParams, Cgroups, Containment, Inventory, JobRef, LaunchSpec, Launched,
+    LeaseBackend, LeaseClass, LeaseCommand, LeaseError, LeaseRequest, LocalBackend,
 };
 use fk_agentd::store::Store;
 use tokio_util::sync::CancellationToken;
@@ -75,19 +78,44 @@ struct Rig {
     out: std::path::PathBuf,
 }
 
-fn rig(gpus: u32, grace: Duration, cgroups: bool) -> Rig {
+/// What contains each lease of a rig.
+#[derive(Clone, Copy, Debug)]
+enum How {
+    ProcessGroups,
+    /// What the daemon picks on this host.
+    Detected,
+    /// A cgroup v2, each child moving itself in through the shell trampoline.
+    V2ThroughShell,
+}
+
+fn v2_hierarchy(scope: &str) -> Option<Cgroups> {
+    let root = BrokerParams::defaults(Duration::from_secs(1)).cgroup_root?;
+    Cgroups::available(&root, scope)
+        .into_iter()
+        .find(|c| c.kind() == Containment::CgroupV2)
+}
+
+fn backend(how: How, scope: &str) -> LocalBackend {
+    match how {
+        How::ProcessGroups => LocalBackend::process_groups(),
+        How::Detected => {
+            let root = BrokerParams::defaults(Duration::from_secs(1)).cgroup_root;
+            LocalBackend::detect(root.as_deref(), scope)
+        }
+        How::V2ThroughShell => v2_hierarchy(scope)
+            .map(LocalBackend::with_cgroups_through_shell)
+            .unwrap_or_else(LocalBackend::process_groups),
+    }
+}
+
+fn rig(gpus: u32, grace: Duration, how: How) -> Rig {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
     let mut params = BrokerParams::defaults(Duration::from_secs(600));
     params.grace = grace;
     params.session_limits = None;
     params.spool_dir = dir.path().join("leases");
-    let local = if cgroups {
-        let scope = fk_agentd::gpu::cgroup::scope_for(store.path());
-        LocalBackend::detect(params.cgroup_root.as_deref(), &scope)
-    } else {
-        LocalBackend::process_groups()
-    };
+    let local = backend(how, &fk_agentd::gpu::cgroup::scope_for(store.path()));
     let timed = Arc::new(Timed {
         local,
         spawned: Mutex::default(),
@@ -124,9 +152,9 @@ async fn grant_latency(
     sessions: usize,
     per_session: usize,
     pace: Duration,
-    cgroups: bool,
+    how: How,
 ) -> (Vec<Duration>, Vec<Duration>) {
-    let rig = Arc::new(rig(gpus, Duration::from_secs(10), cgroups));
+    let rig = Arc::new(rig(gpus, Duration::from_secs(10), how));
     let mut tasks = tokio::task::JoinSet::new();
     for s in 0..sessions {
         let rig = rig.clone();
@@ -167,8 +195,8 @@ async fn grant_latency(
     (total, spawn)
 }
 
-async fn lateness(script: &str, grace: Duration, runs: usize, cgroups: bool) -> Vec<Duration> {
-    let rig = rig(8, grace, cgroups);
+async fn lateness(script: &str, grace: Duration, runs: usize, how: How) -> Vec<Duration> {
+    let rig = rig(8, grace, how);
     let max_run = Duration::from_millis(300);
     let mut late = Vec::new();
     for i in 0..runs {
@@ -202,38 +230,32 @@ fn row(name: &str, v: &[Duration]) {
     );
 }
 
-/// What the cgroup-enabled rig really uses on this host.
-fn host_containment() -> Containment {
+/// What a rig of `how` really uses on this host.
+fn containment(how: How) -> Containment {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = dir.path().join("fk-agentd.db");
-    let scope = fk_agentd::gpu::cgroup::scope_for(&store);
-    let root = BrokerParams::defaults(Duration::from_secs(1)).cgroup_root;
-    LocalBackend::detect(root.as_deref(), &scope).containment()
+    let scope = fk_agentd::gpu::cgroup::scope_for(&dir.path().join("fk-agentd.db"));
+    backend(how, &scope).containment()
 }
 
-async fn table(cgroups: bool) {
+async fn table(how: How) {
     let none = Duration::ZERO;
     // Warm up the journal and the process table once.
-    let _ = grant_latency(16, 1, 3, none, cgroups).await;
-    let alone = grant_latency(16, 1, 100, none, cgroups).await;
-    let paced = grant_latency(16, 12, 40, Duration::from_millis(50), cgroups).await;
-    let free = grant_latency(16, 12, 40, none, cgroups).await;
-    let busy = grant_latency(8, 12, 40, none, cgroups).await;
-    let term = lateness("exec sleep 60", Duration::from_secs(10), 10, cgroups).await;
+    let _ = grant_latency(16, 1, 3, none, how).await;
+    let alone = grant_latency(16, 1, 100, none, how).await;
+    let paced = grant_latency(16, 12, 40, Duration::from_millis(50), how).await;
+    let free = grant_latency(16, 12, 40, none, how).await;
+    let busy = grant_latency(8, 12, 40, none, how).await;
+    let term = lateness("exec sleep 60", Duration::from_secs(10), 10, how).await;
     let ignore = lateness(
         "trap '' TERM; sleep 60 & wait; wait",
         Duration::from_secs(1),
         3,
-        cgroups,
+        how,
     )
     .await;
-    let containment = if cgroups {
-        host_containment()
-    } else {
-        Containment::ProcessGroup
-    };
+    let containment = containment(how);
     println!();
-    println!("containment: {containment:?}");
+    println!("{how:?}: containment {containment:?}");
     println!(
         "{:<58} {:>5} {:>10} {:>10} {:>10}",
         "figure", "n", "p50 ms", "p99 ms", "max ms"
@@ -268,11 +290,15 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         println!("SIMULATED GPUs (fake): real processes, no real device.");
-        table(false).await;
-        if host_containment() == Containment::ProcessGroup {
-            println!("\nno writable cgroup hierarchy on this host: cgroup figures skipped");
-        } else {
-            table(true).await;
+        table(How::ProcessGroups).await;
+        match containment(How::Detected) {
+            Containment::ProcessGroup => {
+                println!("\nno writable cgroup hierarchy on this host: cgroup figures skipped")
+            }
+            _ => table(How::Detected).await,
+        }
+        if containment(How::V2ThroughShell) == Containment::CgroupV2 {
+            table(How::V2ThroughShell).await;
         }
     });
 }

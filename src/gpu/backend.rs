@@ -21,11 +21,13 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use rustix::process::{Pid, Signal};
 
 use super::cgroup::{self, Cgroups};
+use super::cgroup_spawn;
 use super::procfs;
 use super::types::{Containment, LeaseError};
 
@@ -118,8 +120,11 @@ pub trait LeaseBackend: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct LocalBackend {
     cgroups: Option<Cgroups>,
-    /// Per cgroup lease (by pgid), the socket on which its child reports entering the cgroup.
+    /// Per trampoline lease (by pgid), the socket on which its child reports entering the
+    /// cgroup.
     reports: Mutex<HashMap<i64, UnixStream>>,
+    /// Set once `clone3(CLONE_INTO_CGROUP)` was refused: later v2 leases use the trampoline.
+    clone_refused: AtomicBool,
 }
 
 impl LocalBackend {
@@ -136,6 +141,14 @@ impl LocalBackend {
         }
     }
 
+    /// A cgroup per lease in `cgroups`, every child moving itself in through the shell
+    /// trampoline, as on a host whose kernel refuses `clone3` into a cgroup v2.
+    pub fn with_cgroups_through_shell(cgroups: Cgroups) -> Self {
+        let backend = Self::with_cgroups(cgroups);
+        backend.clone_refused.store(true, Ordering::Relaxed);
+        backend
+    }
+
     /// A cgroup per lease in the first writable hierarchy under `root` (`None`: cgroups off);
     /// without one, says so once and keeps to process groups.
     pub fn detect(root: Option<&Path>, scope: &str) -> Self {
@@ -144,7 +157,7 @@ impl LocalBackend {
             return Self::default();
         };
         let cgroups = if Path::new(SHELL).is_file() {
-            Cgroups::detect(root, scope)
+            Cgroups::choose(root, scope, cgroup_spawn::enters_directly)
         } else {
             // Without the trampoline's shell a cgroup lease could not start.
             None
@@ -181,6 +194,42 @@ impl LocalBackend {
         self.reports.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A v2 lease started straight in its cgroup (see [`cgroup_spawn`]); `None` when this
+    /// host cannot, and the trampoline is to start it instead.
+    fn launch_direct(
+        &self,
+        spec: &LaunchSpec<'_>,
+        dir: &Path,
+    ) -> Result<Option<Launched>, LeaseError> {
+        if self.containment() != Containment::CgroupV2
+            || !cgroup_spawn::SUPPORTED
+            || self.clone_refused.load(Ordering::Relaxed)
+        {
+            return Ok(None);
+        }
+        let child = match cgroup_spawn::launch_in(spec, Some(dir)) {
+            Ok(Ok(child)) => child,
+            Ok(Err(refused)) => {
+                self.clone_refused.store(true, Ordering::Relaxed);
+                tracing::warn!(error = %refused, "clone3 into a cgroup was refused; cgroup leases now start through a shell that moves itself in, which stalls concurrent forks on this host");
+                return Ok(None);
+            }
+            Err(e) => {
+                let _ = cgroup::remove(dir);
+                return Err(e);
+            }
+        };
+        let pgid = i64::from(child.pid);
+        Ok(Some(Launched {
+            job: JobRef {
+                pgid,
+                cgroup: Some(dir.to_path_buf()),
+            },
+            containment: Containment::CgroupV2,
+            exit: Box::pin(async move { child.wait().await.ok() }),
+        }))
+    }
+
     fn make_cgroup(&self, lease_id: &str) -> Option<PathBuf> {
         let c = self.cgroups.as_ref()?;
         c.create(lease_id)
@@ -191,7 +240,7 @@ impl LocalBackend {
     }
 }
 
-fn open_output(path: &Path) -> Result<File, LeaseError> {
+pub(super) fn open_output(path: &Path) -> Result<File, LeaseError> {
     let io = |source| LeaseError::Io {
         path: path.to_path_buf(),
         source,
@@ -225,7 +274,7 @@ fn entry_file(kind: Containment, dir: &Path) -> PathBuf {
 /// The checks `execvp` makes, so that a command that cannot start is still a spawn error when
 /// the trampoline (whose shell would exit 127) starts it. The PATH is the one the child gets:
 /// the lease's own, else the one it inherits from the daemon.
-fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<()> {
+pub(super) fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     if argv0.starts_with('-') {
         // A shell's `exec` would read it as an option.
@@ -248,7 +297,7 @@ fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<()> {
     let mut denied = false;
     for c in candidates {
         match std::fs::metadata(&c) {
-            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(()),
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return Ok(c),
             Ok(m) if m.is_file() => denied = true,
             _ => {}
         }
@@ -340,6 +389,11 @@ impl LeaseBackend for LocalBackend {
 
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
         let dir = self.make_cgroup(spec.lease_id);
+        if let Some(d) = &dir
+            && let Some(launched) = self.launch_direct(&spec, d)?
+        {
+            return Ok(launched);
+        }
         let entry = dir.as_deref().map(|d| entry_file(self.containment(), d));
         let (mut child, report) = match spawn(&spec, entry.as_deref()) {
             Ok(spawned) => spawned,

@@ -5,7 +5,8 @@
 //!
 //! Tests that need a writable cgroup hierarchy under `/sys/fs/cgroup` run on every one found
 //! (v2, v1 `pids`, v1 `freezer`, hybrid `unified`). Without any they say they skipped, unless
-//! `FK_CGROUP_IT=1` demands one, and then they fail. Real processes: 1–2 s deadlines.
+//! `FK_CGROUP_IT=1` (or `v2`, which also demands a v2 one in `gpu_spawn`) demands one, and then
+//! they fail. Real processes: 1–2 s deadlines.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -32,10 +33,11 @@ fn writable_hierarchies() -> usize {
     let probe = tempfile::tempdir().expect("tempdir");
     let found = Cgroups::available(Path::new(CGROUP_ROOT), &scope_for(probe.path()));
     if found.is_empty() {
-        assert_ne!(
-            std::env::var("FK_CGROUP_IT").as_deref(),
-            Ok("1"),
-            "FK_CGROUP_IT=1 but no cgroup hierarchy under {CGROUP_ROOT} is writable"
+        let demanded = std::env::var("FK_CGROUP_IT");
+        assert!(
+            !matches!(demanded.as_deref(), Ok("1" | "v2")),
+            "FK_CGROUP_IT={} but no cgroup hierarchy under {CGROUP_ROOT} is writable",
+            demanded.as_deref().unwrap_or_default()
         );
         eprintln!(
             "skipped: no writable cgroup hierarchy under {CGROUP_ROOT} (FK_CGROUP_IT=1 makes this a failure)"
@@ -46,6 +48,14 @@ fn writable_hierarchies() -> usize {
 
 /// A broker over a fresh store whose leases run in the `k`-th writable hierarchy.
 fn cgroup_rig(k: usize) -> Option<(tempfile::TempDir, Broker, Store, Containment)> {
+    cgroup_rig_with(k, LocalBackend::with_cgroups)
+}
+
+/// [`cgroup_rig`] with the backend made by `backend`.
+fn cgroup_rig_with(
+    k: usize,
+    backend: fn(Cgroups) -> LocalBackend,
+) -> Option<(tempfile::TempDir, Broker, Store, Containment)> {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
     let mut found = Cgroups::available(Path::new(CGROUP_ROOT), &scope_for(store.path()));
@@ -56,7 +66,7 @@ fn cgroup_rig(k: usize) -> Option<(tempfile::TempDir, Broker, Store, Containment
     let kind = cgroups.kind();
     let mut p = params();
     p.spool_dir = dir.path().join("leases");
-    let backend = Arc::new(LocalBackend::with_cgroups(cgroups));
+    let backend = Arc::new(backend(cgroups));
     let broker = Broker::with_backend(Inventory::fake(1), p, store.clone(), backend);
     Some((dir, broker, store, kind))
 }
@@ -282,8 +292,10 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
     drop(old);
 }
 
-/// Runs `cmd` on a process-group broker and on a cgroup broker; their outputs (or errors).
-async fn on_both(argv: &[&str]) -> Option<(String, String)> {
+/// Runs `cmd` on a process-group broker and on a broker of each writable cgroup hierarchy
+/// (a v2 one starts its child with `clone3`, and once more through the shell trampoline; a v1
+/// one through the trampoline): the process-group output (or error) and each contained one.
+async fn on_all(argv: &[&str]) -> Option<(String, Vec<(Containment, String)>)> {
     let run = |broker: Broker, dir: std::path::PathBuf| async move {
         let cmd = fk_agentd::gpu::LeaseCommand {
             argv: argv.iter().map(|a| a.to_string()).collect(),
@@ -295,36 +307,76 @@ async fn on_both(argv: &[&str]) -> Option<(String, String)> {
             Err(e) => format!("error (exit {}): {e}", e.exit_code()),
         }
     };
-    if writable_hierarchies() == 0 {
+    let n = writable_hierarchies();
+    if n == 0 {
         return None;
     }
     let mut p = params();
     p.cgroup_root = None;
     let plain = rig_with(1, p);
-    let (dir, broker, _store, _) = cgroup_rig(0).expect("writable");
     let a = run(plain.broker.clone(), plain.dir.path().to_path_buf()).await;
-    let b = run(broker, dir.path().to_path_buf()).await;
-    Some((a, b))
+    let mut contained = Vec::new();
+    for k in 0..n {
+        let (dir, broker, _store, kind) = cgroup_rig(k).expect("writable");
+        contained.push((kind, run(broker, dir.path().to_path_buf()).await));
+        if kind == Containment::CgroupV2 {
+            let shell = LocalBackend::with_cgroups_through_shell;
+            let (dir, broker, _store, kind) = cgroup_rig_with(k, shell).expect("writable");
+            contained.push((kind, run(broker, dir.path().to_path_buf()).await));
+        }
+    }
+    Some((a, contained))
+}
+
+/// Each hierarchy's output, with the process-group one expected of all.
+fn expected(plain: &str, contained: &[(Containment, String)]) -> Vec<(Containment, String)> {
+    contained
+        .iter()
+        .map(|(k, _)| (*k, plain.to_string()))
+        .collect()
 }
 
 #[tokio::test]
 async fn a_cgroup_lease_sees_the_argv_stdin_and_tag_a_process_group_lease_sees() {
     let script = "printf '%s|' \"$0\" \"$@\"; cat; echo \"[${FK_AGENTD_LEASE_ID%%-*}]\"; readlink /proc/self/fd/0";
-    let Some((plain, contained)) = on_both(&["sh", "-c", script, "zero", "a b", "-c"]).await else {
+    let Some((plain, contained)) = on_all(&["sh", "-c", script, "zero", "a b", "-c"]).await else {
         return;
     };
-    assert_eq!(contained, plain);
+    assert_eq!(contained, expected(&plain, &contained));
     assert_eq!(plain, "zero|a b|-c|[lease]\n/dev/null\n");
 }
 
 #[tokio::test]
 async fn a_command_that_cannot_start_is_the_same_spawn_error_in_a_cgroup_lease() {
-    let Some((plain, contained)) = on_both(&["no-such-command-for-fk-agentd"]).await else {
+    let Some((plain, contained)) = on_all(&["no-such-command-for-fk-agentd"]).await else {
         return;
     };
-    assert_eq!(contained, plain);
+    assert_eq!(contained, expected(&plain, &contained));
     assert_eq!(
         plain,
         "error (exit 3): cannot start `no-such-command-for-fk-agentd`: No such file or directory (os error 2)"
+    );
+}
+
+#[test]
+fn a_v2_hierarchy_that_takes_children_directly_is_chosen_before_v1() {
+    let probe = tempfile::tempdir().expect("tempdir");
+    let scope = scope_for(probe.path());
+    let root = Path::new(CGROUP_ROOT);
+    let kinds: Vec<Containment> = Cgroups::available(root, &scope)
+        .iter()
+        .map(Cgroups::kind)
+        .collect();
+    if kinds.is_empty() {
+        writable_hierarchies();
+        return;
+    }
+    let is_v2 = |k: &Containment| *k == Containment::CgroupV2;
+    let first_v2 = kinds.iter().copied().find(is_v2);
+    let first_v1 = kinds.iter().copied().find(|k| !is_v2(k));
+    let chosen = |direct: bool| Cgroups::choose(root, &scope, |_| direct).map(|c| c.kind());
+    assert_eq!(
+        (chosen(true), chosen(false)),
+        (first_v2.or(first_v1), first_v1.or(first_v2))
     );
 }

@@ -9,6 +9,7 @@ mod gpu_cgroup;
 mod gpu_drain;
 mod gpu_kill;
 mod gpu_routes;
+mod gpu_spawn;
 mod harness;
 mod llm;
 mod llm_check;
