@@ -10,8 +10,10 @@
 //!   reported back ([`LeaseBackend::settle`]); if not, the lease is a process-group lease.
 //! - A job is alive while its group or its cgroup holds a live (non-zombie) process.
 //!
-//! A cgroup lease's child starts as a shell that moves itself into the cgroup and then execs
-//! the command; `spawn`'s comment says why this and not a `pre_exec` hook.
+//! A cgroup v2 lease's child is started inside its cgroup (`cgroup_spawn`, `clone3`). A v1
+//! lease's child, or a v2 one where the kernel refuses that clone, starts as a shell that moves
+//! itself into the cgroup and then execs the command; `spawn`'s comment says why this and not
+//! a `pre_exec` hook.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -320,8 +322,8 @@ pub(super) fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<PathBuf>
 /// 11.4 ms (12 sessions), and a 200 MiB process forks in about 14 ms against 0.13 ms for
 /// `posix_spawn`, so it grows with the daemon. Moving the pid from the daemon after
 /// `posix_spawn` races with the command's first fork and waits on the kernel's global lock (see
-/// [`entry_file`]) on a runtime thread; `clone3(CLONE_INTO_CGROUP)` is v2-only and needs a
-/// hand-written exec path. The trampoline keeps `posix_spawn`: with v1 (`tasks`), interleaved
+/// [`entry_file`]) on a runtime thread; `clone3(CLONE_INTO_CGROUP)` is v2-only (the local
+/// backend uses it there, see `cgroup_spawn`). The trampoline keeps `posix_spawn`: with v1 (`tasks`), interleaved
 /// bench runs put cgroup leases within run-to-run noise of process-group ones. With v2 the
 /// child's own move still takes the global lock, which stalls concurrent forks and cgroup
 /// mkdirs for a grace period: on a 16-core v2 host the 12-session launch p99 went from 1.4–6.8
