@@ -20,7 +20,8 @@
 //! - The child starts in a new process group with stdin, stdout and stderr from the caller, an
 //!   empty signal mask and `SIGPIPE` at its default, as `std::process::Command` does.
 //! - A failure before `execve` succeeds comes back as [`SpawnError::Exec`] with its errno and
-//!   the child reaped; a refused clone is [`SpawnError::Clone`], so the caller can fall back.
+//!   the child reaped; a refused clone is [`SpawnError::Clone`], so the caller can fall back;
+//!   a lack of descriptors or memory before the clone is [`SpawnError::Resources`].
 //! - The exit status is read through the child's pidfd, never `waitpid(-1)`, so other children
 //!   of the daemon (tokio's) are not disturbed.
 //!
@@ -50,6 +51,9 @@ pub enum SpawnError {
     Clone(io::Error),
     /// The child could not become the command (`chdir`, `execve`…); it has been reaped.
     Exec(io::Error),
+    /// What the spawn needs could not be had (descriptors, the child's stack); nothing ran.
+    /// Unlike [`SpawnError::Clone`] this says nothing about whether the host allows the clone.
+    Resources(io::Error),
 }
 
 /// What to start: every string already a C string, every path already resolved.
@@ -104,7 +108,7 @@ pub fn enters_directly(dir: &Path) -> bool {
         Ok(child) => reap(child.pidfd.as_fd()).is_ok(),
         // The child was in the cgroup when exec failed: the clone itself works.
         Err(SpawnError::Exec(_)) => true,
-        Err(SpawnError::Clone(e)) => {
+        Err(SpawnError::Clone(e) | SpawnError::Resources(e)) => {
             tracing::info!(dir = %dir.display(), error = %e, "a child cannot be started straight into this cgroup v2");
             false
         }
@@ -157,7 +161,7 @@ pub fn launch_in(
     match spawned {
         Ok(child) => Ok(Ok(child)),
         Err(SpawnError::Clone(e)) => Ok(Err(e)),
-        Err(SpawnError::Exec(source)) => Err(spawn_err(source)),
+        Err(SpawnError::Exec(source) | SpawnError::Resources(source)) => Err(spawn_err(source)),
     }
 }
 
@@ -193,15 +197,26 @@ impl Child {
     /// Waits for the child to exit and reaps it.
     pub async fn wait(self) -> io::Result<ExitInfo> {
         // SAFETY: the AsyncFd owns the pidfd, which stays open and the same until it drops.
-        let fd = unsafe {
+        let registered = unsafe {
             tokio::io::unix::AsyncFd::register_with_interest(
                 self.pidfd,
                 tokio::io::Interest::READABLE,
             )
-        }?;
-        // A pidfd becomes readable once its process has exited.
-        let _ready = fd.readable().await?;
-        reap(fd.get_ref().as_fd())
+        };
+        match registered {
+            Ok(fd) => {
+                // A pidfd becomes readable once its process has exited.
+                let _ready = fd.readable().await?;
+                reap(fd.get_ref().as_fd())
+            }
+            // Without the reactor, wait on a blocking thread: the child must still be reaped.
+            Err(e) => {
+                let (fd, _) = e.into_parts();
+                tokio::task::spawn_blocking(move || reap(fd.as_fd()))
+                    .await
+                    .map_err(io::Error::other)?
+            }
+        }
     }
 }
 
@@ -349,11 +364,11 @@ mod imp {
     }
 
     pub(super) fn spawn(spec: &SpawnSpec<'_>) -> Result<Child, SpawnError> {
-        let clone_err = SpawnError::Clone;
+        let lacking = SpawnError::Resources;
         let stdio = [
-            above_stdio(spec.stdin).map_err(clone_err)?,
-            above_stdio(spec.stdout).map_err(clone_err)?,
-            above_stdio(spec.stderr).map_err(clone_err)?,
+            above_stdio(spec.stdin).map_err(lacking)?,
+            above_stdio(spec.stdout).map_err(lacking)?,
+            above_stdio(spec.stderr).map_err(lacking)?,
         ];
         let argv = pointers(spec.argv);
         let envp = pointers(spec.envp);
@@ -365,7 +380,7 @@ mod imp {
             stdio: stdio.each_ref().map(|fd| fd.as_raw_fd()),
             errno: AtomicI32::new(0),
         };
-        let stack = Stack::map().map_err(clone_err)?;
+        let stack = Stack::map().map_err(lacking)?;
         let mut pidfd: RawFd = -1;
         let mut args = CloneArgs {
             flags: CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_CLEAR_SIGHAND,
