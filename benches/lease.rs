@@ -6,10 +6,10 @@
 //! - Deadline lateness: deadline → the lease's process group gone, for a child that honours
 //!   SIGTERM and for one that ignores it (then the grace dominates, by design).
 //! - With each containment: process groups only; where a cgroup hierarchy under
-//!   `/sys/fs/cgroup` is writable, a cgroup per lease as the daemon would pick it (a v2 child
-//!   started straight in its cgroup with `clone3`, else a v1 child through a shell that moves
-//!   itself in); and, where a v2 hierarchy is writable, v2 through that shell, as on a kernel
-//!   that refuses the clone. Each table names what ran. "Spawned" is when the daemon's spawn
+//!   `/sys/fs/cgroup` is writable, each lease in its GPU's reusable cgroup as the daemon would
+//!   pick it (a v2 child started straight in its cgroup with `clone3`, else a v1 child through
+//!   a shell that moves itself in); and, where a v2 hierarchy is writable, v2 through that
+//!   shell, as on a kernel that refuses the clone. Each table names what ran. "Spawned" is when the daemon's spawn
 //!   returns: after the command's exec for `clone3` (like `posix_spawn`), before the shell's
 //!   exec of the command for the trampoline.
 //!
@@ -37,8 +37,8 @@ impl LeaseBackend for Timed {
     fn name(&self) -> &'static str {
         "local (timed)"
     }
-    fn cgroup_for(&self, lease_id: &str) -> Option<std::path::PathBuf> {
-        self.local.cgroup_for(lease_id)
+    fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<std::path::PathBuf> {
+        self.local.cgroup_for(lease_id, slots)
     }
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
         let id = spec.lease_id.to_string();

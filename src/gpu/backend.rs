@@ -8,6 +8,8 @@
 //!   before the command is exec'd, so no descendant is ever outside it; a signal then goes to
 //!   the process group *and* to every process in the cgroup. Whether the child got in is
 //!   reported back ([`LeaseBackend::settle`]); if not, the lease is a process-group lease.
+//! - A lease's cgroup is its first GPU's reusable one unless that still holds a process of an
+//!   earlier lease; it is chosen before the grant is journaled, and the launch uses that one.
 //! - A job is alive while its group or its cgroup holds a live (non-zombie) process.
 //!
 //! A cgroup v2 lease's child is started inside its cgroup (`cgroup_spawn`, `clone3`). A v1
@@ -15,7 +17,7 @@
 //! itself into the cgroup and then execs the command; `spawn`'s comment says why this and not
 //! a `pre_exec` hook.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::future::Future;
 use std::io::{self, Read};
@@ -70,6 +72,8 @@ pub struct LaunchSpec<'a> {
     pub env: Vec<(String, String)>,
     pub stdout: &'a Path,
     pub stderr: &'a Path,
+    /// The cgroup [`LeaseBackend::cgroup_for`] chose (and the journal names); `None`: none.
+    pub cgroup: Option<&'a Path>,
 }
 
 /// Resolves when a job's lead process exits (`None` when its status cannot be known).
@@ -86,9 +90,10 @@ pub struct Launched {
 /// Runs leased commands. Signals go to the whole job (process group, cgroup or Slurm step).
 pub trait LeaseBackend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
-    /// The cgroup `lease_id` will run in, known before the launch so the grant's journal row
-    /// can name it. `None` when the backend uses none.
-    fn cgroup_for(&self, _lease_id: &str) -> Option<PathBuf> {
+    /// The cgroup `lease_id`, granted the GPU slots `slots`, is to run in: chosen before the
+    /// launch so the grant's journal row can name it, and handed to the launch in
+    /// [`LaunchSpec::cgroup`]. `None` when the backend uses none.
+    fn cgroup_for(&self, _lease_id: &str, _slots: &[usize]) -> Option<PathBuf> {
         None
     }
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError>;
@@ -107,12 +112,14 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn settle(&self, _job: &JobRef) -> Option<Containment> {
         None
     }
-    /// Frees what the launch set up (the cgroup) once the job is gone.
+    /// Frees what the launch set up once the job is gone: a lease's own cgroup is removed, a
+    /// GPU's reusable one is left empty for the next lease.
     fn release(&self, _job: &JobRef) -> Result<(), String> {
         Ok(())
     }
-    /// The lease cgroups (or other containers) present now under this daemon's scope, as
-    /// `(lease id, job)`: after a restart, the ones no open lease claims are swept.
+    /// The cgroups (or other containers) under this daemon's scope that may hold a previous
+    /// daemon's processes, as `(name, job)`: each lease's own, and each GPU's that is not
+    /// empty. After a restart, the ones no adopted lease runs in are swept.
     fn leftovers(&self) -> Vec<(String, JobRef)> {
         Vec::new()
     }
@@ -127,6 +134,8 @@ pub struct LocalBackend {
     reports: Mutex<HashMap<i64, UnixStream>>,
     /// Set once `clone3(CLONE_INTO_CGROUP)` was refused: later v2 leases use the trampoline.
     clone_refused: AtomicBool,
+    /// GPU cgroups that `cgroup.kill` emptied: removed, not reused, once empty.
+    killed: Mutex<HashSet<PathBuf>>,
 }
 
 impl LocalBackend {
@@ -196,6 +205,11 @@ impl LocalBackend {
         self.reports.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn killed(&self) -> MutexGuard<'_, HashSet<PathBuf>> {
+        // As for `reports`.
+        self.killed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A v2 lease started straight in its cgroup (see [`cgroup_spawn`]); `None` when this
     /// host cannot, and the trampoline is to start it instead.
     fn launch_direct(
@@ -217,7 +231,7 @@ impl LocalBackend {
                 return Ok(None);
             }
             Err(e) => {
-                let _ = cgroup::remove(dir);
+                let _ = cgroup::retire(dir, true);
                 return Err(e);
             }
         };
@@ -232,11 +246,14 @@ impl LocalBackend {
         }))
     }
 
-    fn make_cgroup(&self, lease_id: &str) -> Option<PathBuf> {
+    /// The chosen cgroup, made if it does not exist yet; `None` (a process-group lease) when
+    /// it cannot be made.
+    fn make_cgroup(&self, spec: &LaunchSpec<'_>) -> Option<PathBuf> {
         let c = self.cgroups.as_ref()?;
-        c.create(lease_id)
+        let name = spec.cgroup?.file_name()?.to_str()?;
+        c.create(name)
             .inspect_err(|e| {
-                tracing::warn!(lease = lease_id, error = %e, "cannot make the lease's cgroup; it runs in its process group only");
+                tracing::warn!(lease = spec.lease_id, error = %e, "cannot make the lease's cgroup; it runs in its process group only");
             })
             .ok()
     }
@@ -385,12 +402,26 @@ impl LeaseBackend for LocalBackend {
         "local"
     }
 
-    fn cgroup_for(&self, lease_id: &str) -> Option<PathBuf> {
-        self.cgroups.as_ref().map(|c| c.lease_dir(lease_id))
+    fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<PathBuf> {
+        let c = self.cgroups.as_ref()?;
+        let Some(&slot) = slots.iter().min() else {
+            return Some(c.lease_dir(lease_id));
+        };
+        let shared = c.slot_dir(slot);
+        let held = cgroup::members(&shared);
+        if held.is_empty() {
+            // One that `cgroup.kill` emptied since is made afresh (see `cgroup::retire`).
+            if self.killed().contains(&shared) && cgroup::remove(&shared).is_ok() {
+                self.killed().remove(&shared);
+            }
+            return Some(shared);
+        }
+        tracing::warn!(lease = lease_id, cgroup = %shared.display(), pids = ?held, "the GPU's cgroup still holds processes of an earlier lease; this lease gets a cgroup of its own");
+        Some(c.lease_dir(lease_id))
     }
 
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
-        let dir = self.make_cgroup(spec.lease_id);
+        let dir = self.make_cgroup(&spec);
         if let Some(d) = &dir
             && let Some(launched) = self.launch_direct(&spec, d)?
         {
@@ -401,7 +432,7 @@ impl LeaseBackend for LocalBackend {
             Ok(spawned) => spawned,
             Err(e) => {
                 if let Some(d) = &dir {
-                    let _ = cgroup::remove(d);
+                    let _ = cgroup::retire(d, true);
                 }
                 return Err(e);
             }
@@ -413,7 +444,7 @@ impl LeaseBackend for LocalBackend {
                 (Some(d), self.containment())
             }
             (Some(d), None) => {
-                let _ = cgroup::remove(&d);
+                let _ = cgroup::retire(&d, true);
                 (None, Containment::ProcessGroup)
             }
             _ => (None, Containment::ProcessGroup),
@@ -451,8 +482,10 @@ impl LeaseBackend for LocalBackend {
             // ESRCH means the group is already gone, which is what we want.
             let _ = rustix::process::kill_process_group(pid, sig);
         }
-        if let Some(dir) = &job.cgroup {
-            cgroup::signal_all(dir, hard);
+        if let Some(dir) = &job.cgroup
+            && cgroup::signal_all(dir, hard)
+        {
+            self.killed().insert(dir.clone());
         }
     }
 
@@ -499,7 +532,8 @@ impl LeaseBackend for LocalBackend {
         if !left.is_empty() {
             return Err(format!("{} still holds {left:?}", dir.display()));
         }
-        cgroup::remove(dir).map_err(|e| format!("{}: {e}", dir.display()))
+        let reuse = !self.killed().remove(dir);
+        cgroup::retire(dir, reuse).map_err(|e| format!("{}: {e}", dir.display()))
     }
 
     fn leftovers(&self) -> Vec<(String, JobRef)> {
@@ -508,6 +542,8 @@ impl LeaseBackend for LocalBackend {
         };
         c.leftovers()
             .into_iter()
+            // An idle GPU cgroup is no leftover; one still holding processes is.
+            .filter(|(name, dir)| !cgroup::is_slot(name) || !cgroup::members(dir).is_empty())
             .map(|(id, dir)| {
                 let job = JobRef {
                     pgid: 0,

@@ -69,6 +69,8 @@ struct Grant {
     slots: Vec<usize>,
     gpus: Vec<String>,
     queued_ms: u64,
+    /// The cgroup the backend chose for it, journaled before the spawn.
+    cgroup: Option<std::path::PathBuf>,
 }
 
 /// How the job ended, as supervision saw it.
@@ -121,6 +123,7 @@ pub(crate) async fn execute(
         .iter()
         .map(|&i| broker.inner.inventory.gpus[i].uuid.clone())
         .collect();
+    let cgroup = broker.inner.backend.cgroup_for(&lease_id, &slots);
     let g = Grant {
         lease_id,
         req,
@@ -128,6 +131,7 @@ pub(crate) async fn execute(
         slots,
         gpus,
         queued_ms,
+        cgroup,
     };
     let fault_notify = Arc::new(Notify::new());
     let live = LiveLease::new(fault_notify.clone());
@@ -184,10 +188,7 @@ async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
         stderr: g.cmd.stderr.display().to_string(),
         finished_at: None,
         outcome: None,
-        cgroup: inner
-            .backend
-            .cgroup_for(&g.lease_id)
-            .map(|p| p.display().to_string()),
+        cgroup: g.cgroup.as_ref().map(|p| p.display().to_string()),
     };
     inner.store.blocking(move |s| s.insert_lease(&row)).await?;
     Ok(())
@@ -205,6 +206,7 @@ async fn launch(broker: &Broker, g: &Grant) -> Result<Launched, LeaseError> {
         env: child_env(broker, g),
         stdout: &g.cmd.stdout,
         stderr: &g.cmd.stderr,
+        cgroup: g.cgroup.as_deref(),
     };
     let launched = match inner.backend.launch(spec) {
         Ok(l) => l,

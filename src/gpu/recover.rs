@@ -3,9 +3,11 @@
 //! A lease whose process group or cgroup still holds a live process and whose wall-clock
 //! deadline is ahead is adopted: its GPUs are held again, a tracked task enforces the
 //! original deadline, and its GPU use is audited as for any lease (`audit.rs`). Every other open row is ended: its group and cgroup (and every process
-//! tagged with its lease id) are killed, its cgroup removed, its GPUs reclaimed, and its row is
-//! closed with an outcome saying so. Last, every lease cgroup of this daemon's scope that no
-//! adopted lease owns is emptied and removed, so nothing a previous daemon started outlives it.
+//! tagged with its lease id) are killed, its cgroup emptied (and removed, unless it is a GPU's
+//! reusable one), its GPUs reclaimed, and its row is closed with an outcome saying so. Last,
+//! every cgroup of this daemon's scope that holds processes (or belonged to one lease) and no
+//! adopted lease runs in is emptied the same way, so nothing a previous daemon started outlives
+//! it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,7 +33,8 @@ pub struct RecoveryReport {
     pub adopted: Vec<String>,
     /// Leases ended (killed or found dead) and their GPUs reclaimed.
     pub reclaimed: Vec<String>,
-    /// Lease cgroups that no open lease claimed, emptied (SIGKILL) and removed.
+    /// Cgroups (by name) that no adopted lease ran in, emptied (SIGKILL) and removed or, for
+    /// a GPU's reusable one, left empty.
     #[serde(default)]
     pub swept: Vec<String>,
 }
@@ -49,6 +52,7 @@ impl Broker {
     pub async fn recover(&self) -> Result<RecoveryReport, LeaseError> {
         let rows = self.inner.store.blocking(|s| s.open_leases()).await?;
         let mut report = RecoveryReport::default();
+        let mut kept = Vec::new();
         for row in rows {
             let slots: Option<Vec<usize>> = row.gpus.iter().map(|u| self.slot_of(u).ok()).collect();
             let job = job_of(&row);
@@ -57,6 +61,7 @@ impl Broker {
             match (slots, alive && left_ms > 0) {
                 (Some(slots), true) => {
                     report.adopted.push(row.id.clone());
+                    kept.extend(job.cgroup.clone());
                     self.adopt(row, slots, Duration::from_millis(left_ms as u64));
                 }
                 (slots, _) => {
@@ -67,17 +72,18 @@ impl Broker {
                 }
             }
         }
-        report.swept = self.sweep_cgroups(&report.adopted).await;
+        report.swept = self.sweep_cgroups(&kept).await;
         Ok(report)
     }
 
     /// Kills whatever is left in lease cgroups of this daemon's scope that no adopted lease
-    /// owns (a crash after the outcome but before the removal, or a lost journal row).
-    async fn sweep_cgroups(&self, adopted: &[String]) -> Vec<String> {
+    /// runs in (`kept`): a crash after the outcome but before the removal, or a lost journal
+    /// row. Returns the swept cgroups' names.
+    async fn sweep_cgroups(&self, kept: &[PathBuf]) -> Vec<String> {
         let backend = self.inner.backend.clone();
         let mut swept = Vec::new();
         for (id, job) in backend.leftovers() {
-            if adopted.contains(&id) {
+            if job.cgroup.as_ref().is_some_and(|d| kept.contains(d)) {
                 continue;
             }
             let held = job

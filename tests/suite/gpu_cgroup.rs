@@ -105,9 +105,9 @@ struct Escape {
     /// The escapee had left the lease's process group and session.
     left_group: bool,
     escapee_alive_after: bool,
-    /// The journal row's cgroup, and whether that directory is gone afterwards.
+    /// The journal row's cgroup held the escapee, and is empty afterwards.
     cgroup_journaled: bool,
-    cgroup_removed: bool,
+    cgroup_emptied: bool,
     pid: i32,
 }
 
@@ -129,9 +129,16 @@ async fn run_escape(broker: &Broker, store: &Store, dir: &Path, clear_tag: bool)
     let row = store.lease(&lease_id).expect("store").expect("row");
     let (pgrp, session) = group_and_session(pid);
     let lead = row.pgid.expect("journaled pgid");
-    let in_cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .expect("cgroup")
-        .contains(&format!("/{lease_id}\n"));
+    let in_cgroup = |cgroup: &str| {
+        let name = Path::new(cgroup)
+            .file_name()
+            .expect("name")
+            .to_string_lossy();
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .expect("cgroup")
+            .contains(&format!("/{name}\n"))
+    };
+    let journaled = row.cgroup.as_deref().is_some_and(in_cgroup);
     let o = run.await.expect("join").expect("outcome");
     let row_cgroup = store.lease(&lease_id).expect("store").expect("row").cgroup;
     Escape {
@@ -139,8 +146,10 @@ async fn run_escape(broker: &Broker, store: &Store, dir: &Path, clear_tag: bool)
         containment: o.containment,
         left_group: pgrp != lead && session != lead,
         escapee_alive_after: alive(pid),
-        cgroup_journaled: row_cgroup.is_some() && in_cgroup,
-        cgroup_removed: row_cgroup.is_none_or(|d| !Path::new(&d).exists()),
+        cgroup_journaled: row_cgroup.is_some() && journaled,
+        cgroup_emptied: row_cgroup.is_none_or(|d| {
+            std::fs::read_to_string(Path::new(&d).join("cgroup.procs")).unwrap_or_default() == ""
+        }),
         pid,
     }
 }
@@ -156,7 +165,7 @@ async fn a_setsid_double_forked_descendant_is_killed_through_the_lease_cgroup_at
             left_group: true,
             escapee_alive_after: false,
             cgroup_journaled: true,
-            cgroup_removed: true,
+            cgroup_emptied: true,
             pid: got.pid,
         };
         (got, want)
@@ -166,6 +175,117 @@ async fn a_setsid_double_forked_descendant_is_killed_through_the_lease_cgroup_at
     eprintln!("cgroup hierarchies exercised: {kinds:?}");
     for (got, want) in results {
         assert_eq!(got, want);
+    }
+}
+
+/// Runs `script` as one lease on `broker`: (its journaled cgroup, its stdout).
+async fn cgroup_and_output(
+    broker: &Broker,
+    store: &Store,
+    dir: &Path,
+    name: &str,
+    script: &str,
+) -> (String, String) {
+    let r = req("s", LeaseClass::Validate, 1, Duration::from_secs(30));
+    let o = broker
+        .run(r, sh(dir, name, script), &CancellationToken::new())
+        .await
+        .expect("lease");
+    let row = store.lease(&o.lease_id).expect("store").expect("row");
+    let out = std::fs::read_to_string(&o.stdout).expect("stdout");
+    (row.cgroup.expect("journaled cgroup"), out)
+}
+
+/// The cgroup a process's `/proc/<pid>/cgroup` line for `kind` names (its last component).
+fn named_in(proc_cgroup: &str, cgroup: &str) -> bool {
+    let name = Path::new(cgroup)
+        .file_name()
+        .expect("name")
+        .to_string_lossy();
+    proc_cgroup
+        .lines()
+        .any(|l| l.ends_with(&format!("/{name}")))
+}
+
+#[tokio::test]
+async fn leases_on_one_gpu_reuse_its_cgroup_which_is_empty_between_them_and_gone_after_the_daemon()
+{
+    for k in 0..writable_hierarchies() {
+        let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
+        let d = dir.path();
+        let first = cgroup_and_output(&broker, &store, d, "a", "cat /proc/self/cgroup").await;
+        let procs = Path::new(&first.0).join("cgroup.procs");
+        let between = std::fs::read_to_string(&procs).expect("kept for the next lease");
+        let second = cgroup_and_output(&broker, &store, d, "b", "cat /proc/self/cgroup").await;
+        let scope = Path::new(&first.0).parent().expect("scope").to_path_buf();
+        drop(broker);
+        let got = (
+            first.0.ends_with("/gpu-0"),
+            first.0 == second.0,
+            named_in(&first.1, &first.0) && named_in(&second.1, &second.0),
+            between,
+            scope.exists(),
+        );
+        assert_eq!(got, (true, true, true, String::new(), false), "{kind:?}");
+    }
+}
+
+#[tokio::test]
+async fn after_a_lease_killed_at_its_deadline_the_next_lease_on_its_gpu_runs_normally() {
+    let runs = (0..writable_hierarchies()).map(|k| async move {
+        let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
+        let mut seen = Vec::new();
+        for (name, script, max_run_ms) in [
+            ("killed", "trap '' TERM; sleep 60 & wait; wait", 100),
+            ("next", "sleep 0.2; echo ran", 10_000),
+            ("after", "echo ran", 10_000),
+        ] {
+            let r = req(
+                "s",
+                LeaseClass::Validate,
+                1,
+                Duration::from_millis(max_run_ms),
+            );
+            let c = sh(dir.path(), name, script);
+            let o = broker
+                .run(r, c, &CancellationToken::new())
+                .await
+                .expect("lease");
+            let row = store.lease(&o.lease_id).expect("store").expect("row");
+            let out = std::fs::read_to_string(&o.stdout).expect("stdout");
+            seen.push((o.killed_reason, o.signal, out, row.cgroup.is_some()));
+        }
+        (kind, seen)
+    });
+    for (kind, seen) in futures::future::join_all(runs).await {
+        let normal = (None, None, "ran\n".to_string(), true);
+        let killed = (Some(KilledReason::Deadline), Some(9), String::new(), true);
+        assert_eq!(seen, [killed, normal.clone(), normal], "{kind:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_gpu_cgroup_still_holding_a_process_sends_the_next_lease_to_a_cgroup_of_its_own() {
+    for k in 0..writable_hierarchies() {
+        let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
+        let d = dir.path();
+        let (shared, _) = cgroup_and_output(&broker, &store, d, "a", "true").await;
+        // What a lease stuck in the kernel would leave: a process its kill did not end.
+        let mut stuck = sleeper_in(Path::new(&shared));
+        let (own, out) = cgroup_and_output(&broker, &store, d, "b", "cat /proc/self/cgroup").await;
+        let stuck_alive = alive(stuck.id() as i32);
+        let _ = stuck.kill();
+        let _ = stuck.wait();
+        let got = (
+            own != shared
+                && Path::new(&own)
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("lease-")),
+            named_in(&out, &own),
+            Path::new(&own).exists(),
+            stuck_alive,
+        );
+        assert_eq!(got, (true, true, false, true), "{kind:?}");
     }
 }
 
@@ -184,7 +304,7 @@ async fn without_a_writable_cgroup_the_lease_id_tag_sweep_kills_the_escaped_desc
             left_group: true,
             escapee_alive_after: false,
             cgroup_journaled: false,
-            cgroup_removed: true,
+            cgroup_emptied: true,
             pid: got.pid,
         }
     );
@@ -243,16 +363,25 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
         return;
     }
     let old = Cgroups::detect(Path::new(CGROUP_ROOT), &scope).expect("writable");
-    // One lease journaled before its spawn was recorded; one cgroup with no open row at all.
-    let (open_dir, left_dir) = (
-        old.create("lease-open").expect("cgroup"),
-        old.create("lease-left").expect("cgroup"),
-    );
+    // One lease journaled before its spawn was recorded; one cgroup with no open row at all;
+    // a GPU's cgroup holding a process of no open lease, and an idle one (made afresh by the
+    // next daemon); a live lease in a GPU's cgroup, still within its deadline.
+    let [open_dir, left_dir, busy_gpu, idle_gpu, live_gpu] =
+        ["lease-open", "lease-left", "gpu-0", "gpu-1", "gpu-2"]
+            .map(|name| old.create(name).expect("cgroup"));
     let mut open_child = sleeper_in(&open_dir);
     let mut left_child = sleeper_in(&left_dir);
+    let mut busy_child = sleeper_in(&busy_gpu);
+    let mut live_child = sleeper_in(&live_gpu);
     store
         .insert_lease(&open_row("lease-open", &open_dir))
         .expect("journal");
+    let mut live = open_row("lease-live", &live_gpu);
+    live.gpus = vec![Inventory::fake(2).gpus[1].uuid.clone()];
+    live.pgid = Some(i64::from(live_child.id()));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    live.deadline_unix_ms = now.expect("clock").as_millis() as i64 + 60_000;
+    store.insert_lease(&live).expect("journal");
 
     let mut found = Cgroups::available(Path::new(CGROUP_ROOT), &scope);
     let same = found
@@ -260,23 +389,36 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
         .position(|c| c.kind() == old.kind())
         .expect("same hierarchy");
     let backend = Arc::new(LocalBackend::with_cgroups(found.swap_remove(same)));
-    let restarted = Broker::with_backend(Inventory::fake(1), params(), store.clone(), backend);
+    let restarted = Broker::with_backend(Inventory::fake(2), params(), store.clone(), backend);
     let report = restarted.recover().await.expect("recover");
+    let live_alive = alive(live_child.id() as i32);
+    let _ = live_child.kill();
+    let _ = live_child.wait();
     assert_eq!(
         report,
         RecoveryReport {
-            adopted: vec![],
+            adopted: vec!["lease-live".into()],
             reclaimed: vec!["lease-open".into()],
-            swept: vec!["lease-left".into()],
+            swept: vec!["gpu-0".into(), "lease-left".into()],
         }
     );
     use std::os::unix::process::ExitStatusExt;
     let signals = (
         open_child.wait().expect("wait").signal(),
         left_child.wait().expect("wait").signal(),
+        busy_child.wait().expect("wait").signal(),
     );
-    assert_eq!(signals, (Some(9), Some(9)));
-    assert_eq!((open_dir.exists(), left_dir.exists()), (false, false));
+    assert_eq!((signals, live_alive), ((Some(9), Some(9), Some(9)), true));
+    let procs = |d: &Path| std::fs::read_to_string(d.join("cgroup.procs")).ok();
+    assert_eq!(
+        (
+            open_dir.exists(),
+            left_dir.exists(),
+            procs(&busy_gpu),
+            idle_gpu.exists()
+        ),
+        (false, false, Some(String::new()), false)
+    );
     let outcome = store
         .lease("lease-open")
         .expect("store")

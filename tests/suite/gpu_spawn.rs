@@ -180,6 +180,7 @@ async fn a_lease_launched_this_way_gets_the_daemon_environment_less_the_removed_
         env: vec![("FOO".into(), "x".into())],
         stdout: &out,
         stderr: &err,
+        cgroup: None,
     };
     let child = cgroup_spawn::launch_in(&spec, None)
         .expect("launch")
