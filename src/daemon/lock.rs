@@ -10,6 +10,10 @@ use rustix::fs::{FlockOperation, flock};
 
 use super::DaemonError;
 
+/// How long, at most, a lock whose file names no other live daemon is waited for.
+const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+const SETTLE_TRIES: u32 = 100;
+
 /// Held for the daemon's lifetime; dropping it releases the lock.
 #[derive(Debug)]
 pub struct DaemonLock {
@@ -25,6 +29,17 @@ pub fn lock_path(home: &Path) -> PathBuf {
 impl DaemonLock {
     /// Takes the lock or says which pid holds it.
     pub fn acquire(home: &Path) -> Result<Self, DaemonError> {
+        let mut tries = 0;
+        Self::acquire_settling(home, || {
+            tries += 1;
+            std::thread::sleep(SETTLE_POLL);
+            tries <= SETTLE_TRIES
+        })
+    }
+
+    /// [`DaemonLock::acquire`], calling `wait` before each retry while the lock is held but its
+    /// file names no pid; `wait` returning false gives up.
+    fn acquire_settling(home: &Path, mut wait: impl FnMut() -> bool) -> Result<Self, DaemonError> {
         let path = lock_path(home);
         let io = |source| DaemonError::Io {
             path: path.clone(),
@@ -37,16 +52,25 @@ impl DaemonLock {
             .truncate(false)
             .open(&path)
             .map_err(io)?;
-        if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+        while flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
             let mut text = String::new();
+            let _ = file.seek(SeekFrom::Start(0));
             let _ = file.read_to_string(&mut text);
-            return Err(DaemonError::AlreadyRunning {
-                home: home.to_path_buf(),
-                pid: text.trim().parse().ok(),
-            });
+            let pid: Option<u32> = text.trim().parse().ok();
+            // No pid in the file: its daemon has let go (a clean exit empties it) while a child
+            // forked just before, by any thread of its process, holds a copy of the
+            // descriptor until it execs; or a daemon is between taking the lock and writing its
+            // pid. Either settles within milliseconds.
+            if pid.is_some() || !wait() {
+                return Err(DaemonError::AlreadyRunning {
+                    home: home.to_path_buf(),
+                    pid,
+                });
+            }
         }
         let previous = {
             let mut text = String::new();
+            let _ = file.seek(SeekFrom::Start(0));
             let _ = file.read_to_string(&mut text);
             text.trim().parse::<u32>().ok()
         };
@@ -83,4 +107,72 @@ pub fn holder(home: &Path) -> Option<u32> {
     let mut text = String::new();
     file.read_to_string(&mut text).ok()?;
     text.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Another open of the lock file, holding the lock, with `contents` in the file.
+    fn held_elsewhere(home: &Path, contents: &str) -> File {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(lock_path(home))
+            .expect("open");
+        flock(&file, FlockOperation::NonBlockingLockExclusive).expect("lock");
+        std::fs::write(lock_path(home), contents).expect("write");
+        file
+    }
+
+    #[test]
+    fn a_lock_held_with_no_pid_is_waited_for_and_then_taken() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let mut holder = Some(held_elsewhere(home.path(), ""));
+        let mut waits = 0;
+        let lock = DaemonLock::acquire_settling(home.path(), || {
+            waits += 1;
+            holder.take();
+            true
+        });
+        assert!(lock.is_ok(), "{lock:?}");
+        assert_eq!(waits, 1);
+        let text = std::fs::read_to_string(lock_path(home.path())).expect("read");
+        assert_eq!(text.trim(), std::process::id().to_string());
+    }
+
+    #[test]
+    fn a_lock_whose_file_names_its_holder_is_refused_at_once_and_one_never_freed_in_the_end() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let named = held_elsewhere(home.path(), "4242\n");
+        let mut waits = 0;
+        let got = DaemonLock::acquire_settling(home.path(), || {
+            waits += 1;
+            true
+        });
+        assert!(
+            matches!(
+                got,
+                Err(DaemonError::AlreadyRunning {
+                    pid: Some(4242),
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
+        assert_eq!(waits, 0);
+        drop(named);
+        let _silent = held_elsewhere(home.path(), "");
+        let got = DaemonLock::acquire_settling(home.path(), || {
+            waits += 1;
+            waits < 3
+        });
+        assert!(
+            matches!(got, Err(DaemonError::AlreadyRunning { pid: None, .. })),
+            "{got:?}"
+        );
+        assert_eq!(waits, 3);
+    }
 }
