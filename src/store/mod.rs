@@ -6,11 +6,13 @@
 //! event that was shown or acted on survives a crash. Events are never updated or deleted.
 //!
 //! The store is synchronous (rusqlite); async callers use [`Store::blocking`] to move a call
-//! off the runtime's worker threads.
+//! off the runtime's worker threads. WAL checkpoints run on a thread of their own
+//! ([`checkpoint`]), not inside a commit.
 //!
 //! The GPU broker's tables, the lease journal ([`leases`]) and the GPU drains ([`drains`]),
 //! are written only by `crate::gpu`.
 
+mod checkpoint;
 pub mod drains;
 pub mod leases;
 mod migrations;
@@ -128,6 +130,7 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(err)?;
         migrations::apply(&mut conn, path)?;
+        checkpoint::start(&mut conn, path);
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             leases: Arc::default(),
