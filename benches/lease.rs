@@ -13,6 +13,9 @@
 //!   returns: after the command's exec for `clone3` (like `posix_spawn`), before the shell's
 //!   exec of the command for the trampoline.
 //!
+//! Each figure is measured for every containment before the next figure, so that a host
+//! whose speed drifts during the run does not favour the containment measured first.
+//!
 //! Fake GPUs: the commands are real processes, the GPUs are simulated.
 
 use std::collections::HashMap;
@@ -237,49 +240,80 @@ fn containment(how: How) -> Containment {
     backend(how, &scope).containment()
 }
 
-async fn table(how: How) {
+/// What one containment measured.
+#[derive(Default)]
+struct Figures {
+    alone: (Vec<Duration>, Vec<Duration>),
+    paced: (Vec<Duration>, Vec<Duration>),
+    free: (Vec<Duration>, Vec<Duration>),
+    busy: (Vec<Duration>, Vec<Duration>),
+    term: Vec<Duration>,
+    ignore: Vec<Duration>,
+}
+
+/// Runs every figure for each of `hows`, one figure at a time across the containments (so a
+/// drift of the host during the run affects them alike), then prints a table per containment.
+async fn tables(hows: &[How]) {
     let none = Duration::ZERO;
-    // Warm up the journal and the process table once.
-    let _ = grant_latency(16, 1, 3, none, how).await;
-    let alone = grant_latency(16, 1, 100, none, how).await;
-    let paced = grant_latency(16, 12, 40, Duration::from_millis(50), how).await;
-    let free = grant_latency(16, 12, 40, none, how).await;
-    let busy = grant_latency(8, 12, 40, none, how).await;
-    let term = lateness("exec sleep 60", Duration::from_secs(10), 10, how).await;
-    let ignore = lateness(
-        "trap '' TERM; sleep 60 & wait; wait",
-        Duration::from_secs(1),
-        3,
-        how,
-    )
-    .await;
-    let containment = containment(how);
+    let mut figures: Vec<Figures> = hows.iter().map(|_| Figures::default()).collect();
+    for &how in hows {
+        // Warm up the journal and the process table once.
+        let _ = grant_latency(16, 1, 3, none, how).await;
+    }
+    for (f, &how) in figures.iter_mut().zip(hows) {
+        f.alone = grant_latency(16, 1, 100, none, how).await;
+    }
+    for (f, &how) in figures.iter_mut().zip(hows) {
+        f.paced = grant_latency(16, 12, 40, Duration::from_millis(50), how).await;
+    }
+    for (f, &how) in figures.iter_mut().zip(hows) {
+        f.free = grant_latency(16, 12, 40, none, how).await;
+    }
+    for (f, &how) in figures.iter_mut().zip(hows) {
+        f.busy = grant_latency(8, 12, 40, none, how).await;
+    }
+    for (f, &how) in figures.iter_mut().zip(hows) {
+        f.term = lateness("exec sleep 60", Duration::from_secs(10), 10, how).await;
+        f.ignore = lateness(
+            "trap '' TERM; sleep 60 & wait; wait",
+            Duration::from_secs(1),
+            3,
+            how,
+        )
+        .await;
+    }
+    for (f, &how) in figures.iter().zip(hows) {
+        print_table(how, f);
+    }
+}
+
+fn print_table(how: How, f: &Figures) {
     println!();
-    println!("{how:?}: containment {containment:?}");
+    println!("{how:?}: containment {:?}", containment(how));
     println!(
         "{:<58} {:>5} {:>10} {:>10} {:>10}",
         "figure", "n", "p50 ms", "p99 ms", "max ms"
     );
-    row("grant: request -> spawned, 1 session", &alone.0);
-    row("  of which launch (cgroup set-up, fork/exec)", &alone.1);
+    row("grant: request -> spawned, 1 session", &f.alone.0);
+    row("  of which launch (cgroup set-up, fork/exec)", &f.alone.1);
     row(
         "grant: request -> spawned, 12 sessions, 50 ms between leases",
-        &paced.0,
+        &f.paced.0,
     );
-    row("  of which launch", &paced.1);
+    row("  of which launch", &f.paced.1);
     row(
         "grant: request -> spawned, 12 sessions back to back",
-        &free.0,
+        &f.free.0,
     );
-    row("  of which launch", &free.1);
+    row("  of which launch", &f.free.1);
     row(
         "grant: request -> spawned, 12 sessions, 8 GPUs (+GPU wait)",
-        &busy.0,
+        &f.busy.0,
     );
-    row("deadline -> job gone, child honours SIGTERM", &term);
+    row("deadline -> job gone, child honours SIGTERM", &f.term);
     row(
         "deadline -> job gone, child ignores SIGTERM (grace 1 s)",
-        &ignore,
+        &f.ignore,
     );
 }
 
@@ -290,15 +324,16 @@ fn main() {
         .expect("runtime");
     rt.block_on(async {
         println!("SIMULATED GPUs (fake): real processes, no real device.");
-        table(How::ProcessGroups).await;
+        let mut hows = vec![How::ProcessGroups];
         match containment(How::Detected) {
             Containment::ProcessGroup => {
-                println!("\nno writable cgroup hierarchy on this host: cgroup figures skipped")
+                println!("no writable cgroup hierarchy on this host: cgroup figures skipped")
             }
-            _ => table(How::Detected).await,
+            _ => hows.push(How::Detected),
         }
         if containment(How::V2ThroughShell) == Containment::CgroupV2 {
-            table(How::V2ThroughShell).await;
+            hows.push(How::V2ThroughShell);
         }
+        tables(&hows).await;
     });
 }
