@@ -410,13 +410,16 @@ impl LeaseBackend for LocalBackend {
         let shared = c.slot_dir(slot);
         let held = cgroup::members(&shared);
         if held.is_empty() {
-            // One that `cgroup.kill` emptied since is made afresh (see `cgroup::retire`).
-            if self.killed().contains(&shared) && cgroup::remove(&shared).is_ok() {
-                self.killed().remove(&shared);
+            if !self.killed().contains(&shared) {
+                return Some(shared);
             }
-            return Some(shared);
+            // One that `cgroup.kill` emptied is made afresh (see `cgroup::retire`).
+            if cgroup::remove(&shared).is_ok() {
+                self.killed().remove(&shared);
+                return Some(shared);
+            }
         }
-        tracing::warn!(lease = lease_id, cgroup = %shared.display(), pids = ?held, "the GPU's cgroup still holds processes of an earlier lease; this lease gets a cgroup of its own");
+        tracing::warn!(lease = lease_id, cgroup = %shared.display(), pids = ?held, "the GPU's cgroup cannot take this lease (it holds processes of an earlier lease, or cannot be made afresh); this lease gets a cgroup of its own");
         Some(c.lease_dir(lease_id))
     }
 

@@ -46,11 +46,16 @@ impl Drop for LeaseGuard {
             backend.signal(&job, true);
             let _ = backend.settle(&job);
             // The cgroup can only go once its members are dead; a restart sweeps it otherwise.
+            // The GPUs wait for that too: the next lease on them may reuse this cgroup, and
+            // must not be hit by this cleanup's kills.
             if job.cgroup.is_some() && tokio::runtime::Handle::try_current().is_ok() {
+                let (broker, lease_id) = (self.broker.clone(), self.lease_id.clone());
                 self.broker.track(async move {
                     wait_gone(backend.as_ref(), &job, KILL_WAIT).await;
                     let _ = backend.release(&job);
+                    broker.release(&lease_id);
                 });
+                return;
             }
         }
         self.broker.release(&self.lease_id);

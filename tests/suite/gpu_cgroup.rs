@@ -265,6 +265,36 @@ async fn after_a_lease_killed_at_its_deadline_the_next_lease_on_its_gpu_runs_nor
 }
 
 #[tokio::test]
+async fn a_dropped_lease_keeps_its_gpu_until_its_cgroup_is_empty_and_the_next_lease_runs_normally()
+{
+    for k in 0..writable_hierarchies() {
+        let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
+        let started = dir.path().join("started");
+        let cancel = CancellationToken::new();
+        let r = req("s", LeaseClass::Validate, 1, Duration::from_secs(30));
+        let c = sh(
+            dir.path(),
+            "dropped",
+            "trap '' TERM; touch started; sleep 60",
+        );
+        let mut lease = Box::pin(broker.run(r, c, &cancel));
+        tokio::select! {
+            o = &mut lease => panic!("the lease ended early: {o:?}"),
+            _ = until("the lease started", || started.exists()) => {}
+        }
+        drop(lease);
+        let held_at_drop = broker.snapshot().gpus[0].state != GpuState::Free;
+        until("the GPU is free again", || {
+            broker.snapshot().gpus[0].state == GpuState::Free
+        })
+        .await;
+        let (_, out) =
+            cgroup_and_output(&broker, &store, dir.path(), "next", "sleep 0.2; echo ran").await;
+        assert_eq!((held_at_drop, out.as_str()), (true, "ran\n"), "{kind:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_gpu_cgroup_still_holding_a_process_sends_the_next_lease_to_a_cgroup_of_its_own() {
     for k in 0..writable_hierarchies() {
         let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
