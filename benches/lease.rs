@@ -75,10 +75,23 @@ impl LeaseBackend for Timed {
 }
 
 struct Rig {
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
     broker: Broker,
     timed: Arc<Timed>,
     out: std::path::PathBuf,
+}
+
+/// The directories of finished rigs, removed only once every figure is taken: deleting a
+/// rig's thousands of files while the next figure runs slowed that figure's file creation on
+/// an ext4 disk, which a daemon (that keeps its lease outputs) would not see.
+static FINISHED: Mutex<Vec<tempfile::TempDir>> = Mutex::new(Vec::new());
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            FINISHED.lock().unwrap_or_else(|p| p.into_inner()).push(dir);
+        }
+    }
 }
 
 /// What contains each lease of a rig.
@@ -126,7 +139,7 @@ fn rig(gpus: u32, grace: Duration, how: How) -> Rig {
     let broker = Broker::with_backend(Inventory::fake(gpus), params, store, timed.clone());
     let out = dir.path().join("out");
     Rig {
-        _dir: dir,
+        dir: Some(dir),
         broker,
         timed,
         out,
@@ -336,4 +349,5 @@ fn main() {
         }
         tables(&hows).await;
     });
+    FINISHED.lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
