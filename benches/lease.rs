@@ -43,6 +43,9 @@ impl LeaseBackend for Timed {
     fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<std::path::PathBuf> {
         self.local.cgroup_for(lease_id, slots)
     }
+    fn prepare(&self, slots: usize) {
+        self.local.prepare(slots)
+    }
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
         let id = spec.lease_id.to_string();
         let called = Instant::now();

@@ -96,6 +96,9 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn cgroup_for(&self, _lease_id: &str, _slots: &[usize]) -> Option<PathBuf> {
         None
     }
+    /// Sets up, before any grant, what leases on GPU slots `0..slots` will run in (the local
+    /// backend makes each GPU's cgroup, so the first lease on a GPU does not).
+    fn prepare(&self, _slots: usize) {}
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError>;
     /// Sends SIGTERM (`hard == false`) or SIGKILL to every process of the job.
     fn signal(&self, job: &JobRef, hard: bool);
@@ -421,6 +424,20 @@ impl LeaseBackend for LocalBackend {
         }
         tracing::warn!(lease = lease_id, cgroup = %shared.display(), pids = ?held, "the GPU's cgroup cannot take this lease (it holds processes of an earlier lease, or cannot be made afresh); this lease gets a cgroup of its own");
         Some(c.lease_dir(lease_id))
+    }
+
+    fn prepare(&self, slots: usize) {
+        let Some(c) = &self.cgroups else {
+            return;
+        };
+        // Made one at a time here, rather than by the first 12 grants at once, where their
+        // mkdirs and first children queue on the kernel's cgroup lock. One that cannot be made
+        // now is tried again at its first lease.
+        for slot in 0..slots {
+            if let Err(e) = std::fs::create_dir_all(c.slot_dir(slot)) {
+                tracing::debug!(slot, error = %e, "cannot make a GPU's cgroup ahead of its first lease");
+            }
+        }
     }
 
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {

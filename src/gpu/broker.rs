@@ -220,6 +220,7 @@ impl Broker {
             (LeaseClass::Nsys, params.nsys_cap),
         ]);
         let mut queue = Queue::new(inventory.len(), caps, params.age_after);
+        backend.prepare(inventory.len());
         super::admin::restore_drains(&inventory, &store, &mut queue);
         let monitor = inventory.monitor();
         let inner = Arc::new(Inner {

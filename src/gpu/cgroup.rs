@@ -32,8 +32,9 @@
 //! - A lease cgroup is emptied or removed only once `cgroup.procs` lists no live process; an
 //!   emptied GPU cgroup has its fork limit lifted again before the next lease uses it.
 //! - A GPU cgroup emptied by `cgroup.kill` is removed rather than reused (see [`retire`]).
-//! - The daemon removes its idle GPU cgroups when it starts and, with its scope directory,
-//!   when it stops.
+//! - The daemon removes a previous daemon's idle GPU cgroups when it starts, makes each GPU's
+//!   afresh before its first grant (`LeaseBackend::prepare`), and removes them, with its scope
+//!   directory, when it stops.
 
 use std::io;
 use std::path::{Path, PathBuf};

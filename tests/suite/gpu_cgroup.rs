@@ -231,6 +231,35 @@ async fn leases_on_one_gpu_reuse_its_cgroup_which_is_empty_between_them_and_gone
 }
 
 #[tokio::test]
+async fn each_gpu_s_cgroup_is_made_when_the_broker_starts_and_removed_when_it_stops() {
+    for k in 0..writable_hierarchies() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+        let mut found = Cgroups::available(Path::new(CGROUP_ROOT), &scope_for(store.path()));
+        let cgroups = found.swap_remove(k);
+        let (kind, scope) = (cgroups.kind(), cgroups.scope_dir().to_path_buf());
+        let backend = Arc::new(LocalBackend::with_cgroups(cgroups));
+        let broker = Broker::with_backend(Inventory::fake(3), params(), store, backend);
+        let mut made: Vec<String> = std::fs::read_dir(&scope)
+            .expect("scope")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        made.sort();
+        drop(broker);
+        assert_eq!(
+            (made, scope.exists()),
+            (
+                vec!["gpu-0".to_string(), "gpu-1".into(), "gpu-2".into()],
+                false
+            ),
+            "{kind:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn after_a_lease_killed_at_its_deadline_the_next_lease_on_its_gpu_runs_normally() {
     let runs = (0..writable_hierarchies()).map(|k| async move {
         let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
@@ -395,7 +424,7 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
     let old = Cgroups::detect(Path::new(CGROUP_ROOT), &scope).expect("writable");
     // One lease journaled before its spawn was recorded; one cgroup with no open row at all;
     // a GPU's cgroup holding a process of no open lease, and an idle one (made afresh by the
-    // next daemon); a live lease in a GPU's cgroup, still within its deadline.
+    // next daemon, not swept); a live lease in a GPU's cgroup, still within its deadline.
     let [open_dir, left_dir, busy_gpu, idle_gpu, live_gpu] =
         ["lease-open", "lease-left", "gpu-0", "gpu-1", "gpu-2"]
             .map(|name| old.create(name).expect("cgroup"));
@@ -446,9 +475,9 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
             open_dir.exists(),
             left_dir.exists(),
             procs(&busy_gpu),
-            idle_gpu.exists()
+            procs(&idle_gpu)
         ),
-        (false, false, String::new(), false)
+        (false, false, String::new(), String::new())
     );
     let outcome = store
         .lease("lease-open")
