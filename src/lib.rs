@@ -14,8 +14,8 @@
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, run events |
 //! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
-//! | [`store`]     | SQLite (WAL): append-only events, runs, sessions, lease journal; migrations |
-//! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, reclaim, health   |
+//! | [`store`]     | SQLite (WAL, checkpointed off the commit path): events, runs, sessions, lease journal; migrations |
+//! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, GPU cgroups, reclaim, health |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
 //! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
