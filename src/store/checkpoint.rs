@@ -20,15 +20,15 @@ use rusqlite::Connection;
 use rusqlite::wal::CheckpointMode;
 
 /// WAL pages after which the thread is asked to checkpoint (SQLite's own default threshold).
-pub(crate) const ASK_AT_PAGES: i32 = 1000;
+const ASK_AT_PAGES: i32 = 1000;
 /// WAL pages after which the writing connection checkpoints itself.
-pub(crate) const BACKSTOP_PAGES: i32 = 20 * ASK_AT_PAGES;
+const BACKSTOP_PAGES: i32 = 20 * ASK_AT_PAGES;
 
 /// Moves `conn`'s checkpoints to a thread with its own connection to `path`. Without that
 /// connection (or thread), `conn` keeps SQLite's automatic checkpoint and this says why.
 pub(crate) fn start(conn: &mut Connection, path: &Path) {
     match spawn(path) {
-        Ok(ask) => install(conn, Some(ask)),
+        Ok(ask) => install(conn, ask),
         Err(e) => {
             tracing::warn!(store = %path.display(), error = %e, "no checkpoint thread: the store checkpoints inside its commits")
         }
@@ -60,18 +60,13 @@ fn spawn(path: &Path) -> Result<SyncSender<()>, String> {
     Ok(ask)
 }
 
-/// Sets `conn`'s WAL hook: ask `ask` past [`ASK_AT_PAGES`], checkpoint in place past
-/// [`BACKSTOP_PAGES`] (or, with no `ask`, past [`ASK_AT_PAGES`], as SQLite would).
-pub(crate) fn install(conn: &mut Connection, ask: Option<SyncSender<()>>) {
+/// Sets `conn`'s WAL hook: ask `ask` past [`ASK_AT_PAGES`]; checkpoint in place past
+/// [`BACKSTOP_PAGES`], or past [`ASK_AT_PAGES`] once the thread is gone.
+fn install(conn: &mut Connection, ask: SyncSender<()>) {
     let hooked = conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, pages: i32| {
-        let alone = match &ask {
-            Some(_) if pages >= BACKSTOP_PAGES => true,
-            Some(ask) if pages >= ASK_AT_PAGES => {
-                matches!(ask.try_send(()), Err(TrySendError::Disconnected(_)))
-            }
-            Some(_) => false,
-            None => pages >= ASK_AT_PAGES,
-        };
+        let alone = pages >= BACKSTOP_PAGES
+            || pages >= ASK_AT_PAGES
+                && matches!(ask.try_send(()), Err(TrySendError::Disconnected(_)));
         if alone {
             // A failed checkpoint is not a failed commit; the next commit tries again.
             let _ = wal.checkpoint();
@@ -119,7 +114,7 @@ mod tests {
     fn past_the_threshold_the_writer_asks_once_and_does_not_checkpoint_itself() {
         let (mut conn, dir) = db();
         let (ask, asked) = mpsc::sync_channel::<()>(1);
-        install(&mut conn, Some(ask));
+        install(&mut conn, ask);
         write(&conn, ASK_AT_PAGES / 10);
         let before = asked.try_recv().is_ok();
         write(&conn, ASK_AT_PAGES);
@@ -133,16 +128,32 @@ mod tests {
         let (mut conn, dir) = db();
         let (ask, asked) = mpsc::sync_channel::<()>(1);
         drop(asked);
-        install(&mut conn, Some(ask));
+        install(&mut conn, ask);
         write(&conn, ASK_AT_PAGES + 100);
         assert!(main_file(&dir) > 900 * PAGE, "{} bytes", main_file(&dir));
+    }
+
+    #[test]
+    fn with_its_thread_stuck_the_writer_checkpoints_itself_past_the_backstop() {
+        let (mut conn, dir) = db();
+        // The thread never takes the request: the channel stays full.
+        let (ask, _stuck) = mpsc::sync_channel::<()>(1);
+        install(&mut conn, ask);
+        write(&conn, ASK_AT_PAGES);
+        let early = main_file(&dir);
+        write(&conn, BACKSTOP_PAGES);
+        let late = main_file(&dir);
+        assert!(
+            early < 10 * PAGE && late > 900 * PAGE,
+            "{early} → {late} bytes"
+        );
     }
 
     #[test]
     fn the_thread_checkpoints_what_the_writer_asks_for() {
         let (mut conn, dir) = db();
         let ask = spawn(&dir.path().join("t.db")).expect("thread");
-        install(&mut conn, Some(ask.clone()));
+        install(&mut conn, ask.clone());
         write(&conn, 200);
         let before = main_file(&dir);
         // The channel holds one request, so the second send returns once the thread took the
