@@ -13,6 +13,12 @@
 //!   returns: after the command's exec for `clone3` (like `posix_spawn`), before the shell's
 //!   exec of the command for the trampoline.
 //!
+//! Each grant is split into its phases: queue (request → the broker picks its GPUs and
+//! cgroup), journal (→ the backend's launch is called; the grant's journal write) and launch
+//! (→ the child spawned). The three slowest grants of each figure are printed with their
+//! phases, and the host's steal time during the figure (a virtual machine's CPUs waiting for
+//! their host), so that a tail can be traced to its part.
+//!
 //! Each figure is measured for every containment before the next figure, so that a host
 //! whose speed drifts during the run does not favour the containment measured first.
 //!
@@ -29,9 +35,12 @@ use fk_agentd::gpu::{
 use fk_agentd::store::Store;
 use tokio_util::sync::CancellationToken;
 
-/// The local backend, noting when each lease's child was spawned and what contained it.
+/// The local backend, noting when each lease's cgroup was chosen (the grant, before its
+/// journal write), when its child was spawned, and what contained it.
 struct Timed {
     local: LocalBackend,
+    /// lease id → when the broker asked for its cgroup.
+    chosen: Mutex<HashMap<String, Instant>>,
     /// lease id → (launch called, child spawned, containment).
     spawned: Mutex<HashMap<String, (Instant, Instant, Containment)>>,
 }
@@ -41,6 +50,12 @@ impl LeaseBackend for Timed {
         "local (timed)"
     }
     fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<std::path::PathBuf> {
+        let now = Instant::now();
+        self.chosen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(lease_id.to_string())
+            .or_insert(now);
         self.local.cgroup_for(lease_id, slots)
     }
     fn prepare(&self, slots: usize) {
@@ -137,6 +152,7 @@ fn rig(gpus: u32, grace: Duration, how: How) -> Rig {
     let local = backend(how, &fk_agentd::gpu::cgroup::scope_for(store.path()));
     let timed = Arc::new(Timed {
         local,
+        chosen: Mutex::default(),
         spawned: Mutex::default(),
     });
     let broker = Broker::with_backend(Inventory::fake(gpus), params, store, timed.clone());
@@ -164,16 +180,57 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// Per lease: (request → child spawned, of which the backend's launch: cgroup set-up,
-/// fork/exec).
+/// One grant's phases: request → the broker's choice of cgroup (queue, GPU pick), → launch
+/// called (the grant's journal write), → the child spawned (the backend's launch).
+#[derive(Clone, Copy, Default)]
+struct Phases {
+    total: Duration,
+    queue: Duration,
+    journal: Duration,
+    launch: Duration,
+}
+
+/// The grants of one figure, and the host's steal time meanwhile (a virtual machine's vCPUs
+/// waiting for the host).
+#[derive(Default)]
+struct Grants {
+    each: Vec<Phases>,
+    steal_ms: Option<u64>,
+}
+
+impl Grants {
+    fn sorted(&self, f: impl Fn(&Phases) -> Duration) -> Vec<Duration> {
+        let mut v: Vec<Duration> = self.each.iter().map(f).collect();
+        v.sort();
+        v
+    }
+
+    /// The slowest `n` grants, slowest first.
+    fn worst(&self, n: usize) -> Vec<Phases> {
+        let mut v = self.each.clone();
+        v.sort_by_key(|p| std::cmp::Reverse(p.total));
+        v.truncate(n);
+        v
+    }
+}
+
+/// Steal time of all CPUs so far, in ms (`/proc/stat`, USER_HZ = 100); `None` off Linux.
+fn steal_ms() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu = stat.lines().next()?;
+    let ticks: u64 = cpu.split_whitespace().nth(8)?.parse().ok()?;
+    Some(ticks * 10)
+}
+
 async fn grant_latency(
     gpus: u32,
     sessions: usize,
     per_session: usize,
     pace: Duration,
     how: How,
-) -> (Vec<Duration>, Vec<Duration>) {
+) -> Grants {
     let rig = Arc::new(rig(gpus, Duration::from_secs(10), how));
+    let steal_before = steal_ms();
     let mut tasks = tokio::task::JoinSet::new();
     for s in 0..sessions {
         let rig = rig.clone();
@@ -196,22 +253,27 @@ async fn grant_latency(
                     .expect("lease");
                 let (called, spawned, _) =
                     rig.timed.spawned.lock().unwrap_or_else(|p| p.into_inner())[&o.lease_id];
-                lat.push((spawned - t0, spawned - called));
+                let chosen =
+                    rig.timed.chosen.lock().unwrap_or_else(|p| p.into_inner())[&o.lease_id];
+                lat.push(Phases {
+                    total: spawned - t0,
+                    queue: chosen.saturating_duration_since(t0),
+                    journal: called.saturating_duration_since(chosen),
+                    launch: spawned - called,
+                });
                 tokio::time::sleep(pace).await;
             }
             lat
         });
     }
-    let (mut total, mut spawn) = (Vec::new(), Vec::new());
+    let mut grants = Grants::default();
     while let Some(r) = tasks.join_next().await {
-        for (t, s) in r.expect("session task") {
-            total.push(t);
-            spawn.push(s);
-        }
+        grants.each.extend(r.expect("session task"));
     }
-    total.sort();
-    spawn.sort();
-    (total, spawn)
+    grants.steal_ms = steal_ms()
+        .zip(steal_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    grants
 }
 
 async fn lateness(script: &str, grace: Duration, runs: usize, how: How) -> Vec<Duration> {
@@ -259,10 +321,10 @@ fn containment(how: How) -> Containment {
 /// What one containment measured.
 #[derive(Default)]
 struct Figures {
-    alone: (Vec<Duration>, Vec<Duration>),
-    paced: (Vec<Duration>, Vec<Duration>),
-    free: (Vec<Duration>, Vec<Duration>),
-    busy: (Vec<Duration>, Vec<Duration>),
+    alone: Grants,
+    paced: Grants,
+    free: Grants,
+    busy: Grants,
     term: Vec<Duration>,
     ignore: Vec<Duration>,
 }
@@ -310,27 +372,52 @@ fn print_table(how: How, f: &Figures) {
         "{:<58} {:>5} {:>10} {:>10} {:>10}",
         "figure", "n", "p50 ms", "p99 ms", "max ms"
     );
-    row("grant: request -> spawned, 1 session", &f.alone.0);
-    row("  of which launch (cgroup set-up, fork/exec)", &f.alone.1);
-    row(
-        "grant: request -> spawned, 12 sessions, 50 ms between leases",
-        &f.paced.0,
-    );
-    row("  of which launch", &f.paced.1);
-    row(
-        "grant: request -> spawned, 12 sessions back to back",
-        &f.free.0,
-    );
-    row("  of which launch", &f.free.1);
-    row(
-        "grant: request -> spawned, 12 sessions, 8 GPUs (+GPU wait)",
-        &f.busy.0,
-    );
+    let figures = [
+        ("1 session", &f.alone),
+        ("12 sessions, 50 ms between leases", &f.paced),
+        ("12 sessions back to back", &f.free),
+        ("12 sessions, 8 GPUs (+GPU wait)", &f.busy),
+    ];
+    for (name, g) in figures {
+        row(
+            &format!("grant: request -> spawned, {name}"),
+            &g.sorted(|p| p.total),
+        );
+        row("  queue: request -> GPUs picked", &g.sorted(|p| p.queue));
+        row("  journal: GPUs picked -> launch", &g.sorted(|p| p.journal));
+        row(
+            "  launch (cgroup set-up, fork/exec)",
+            &g.sorted(|p| p.launch),
+        );
+    }
     row("deadline -> job gone, child honours SIGTERM", &f.term);
     row(
         "deadline -> job gone, child ignores SIGTERM (grace 1 s)",
         &f.ignore,
     );
+    for (name, g) in figures {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let worst: Vec<String> = g
+            .worst(3)
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:.1} = {:.1} + {:.1} + {:.1}",
+                    ms(p.total),
+                    ms(p.queue),
+                    ms(p.journal),
+                    ms(p.launch)
+                )
+            })
+            .collect();
+        let steal = g
+            .steal_ms
+            .map_or("unknown".to_string(), |s| format!("{s} ms"));
+        println!(
+            "slowest grants, {name} (total = queue + journal + launch, ms): {}; steal time {steal}",
+            worst.join(", ")
+        );
+    }
 }
 
 fn main() {
