@@ -64,6 +64,14 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             args.repeats
         )));
     }
+    if args.candidates.is_none() && !config.home.join("fk-agentd.db").exists() {
+        // The usual "no runs" error, before the lock would make the home.
+        super::open_existing_store(&config.home)?;
+    }
+    // Scoring takes every GPU through its own broker. Held until the score ends, the home's
+    // lock keeps a daemon, and a second score, off those GPUs.
+    crate::daemon::ensure_home(&config.home)?;
+    let _lock = crate::daemon::DaemonLock::acquire(&config.home)?;
     let mode = match args.mode {
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,
@@ -156,7 +164,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
 }
 
 /// The bench driver of `score`: every bench a `bench` lease of this process's own broker
-/// (refused while a daemon runs). A simulated run is scored with the simulated bench it was
+/// (the caller holds the home's lock). A simulated run is scored with the simulated bench it was
 /// campaigned with. Shut the broker down when done.
 async fn scoring_driver(
     config: &Config,
@@ -168,14 +176,6 @@ async fn scoring_driver(
     let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
     if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
         env_remove.push(var.clone());
-    }
-    // Scoring takes every GPU through its own broker: a running daemon's agents would race it.
-    if let Some(pid) = crate::daemon::lock::holder(&config.home) {
-        return Err(crate::daemon::DaemonError::AlreadyRunning {
-            home: config.home.clone(),
-            pid: Some(pid),
-        }
-        .into());
     }
     let fastkernels_dir = match &config.fastkernels_dir {
         Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {

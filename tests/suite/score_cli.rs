@@ -41,6 +41,10 @@ impl Setup {
     }
 
     fn score(&self, extra: &[&str]) -> assert_cmd::assert::Assert {
+        self.score_command(extra).assert()
+    }
+
+    fn score_command(&self, extra: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.env_remove("FK_AGENTD_CONFIG")
             .env_remove("FK_DIR")
@@ -53,7 +57,7 @@ impl Setup {
             .arg("--candidates")
             .arg(self.cands())
             .args(extra);
-        cmd.assert()
+        cmd
     }
 
     /// Replaces temporary paths and the score id so the text can be snapshotted.
@@ -434,4 +438,53 @@ fn the_lower_bound_gate_needs_repeats_and_keeps_a_clear_winner() {
     let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let bmm = report["standalone"]["gate"]["verdicts"][0].clone();
     assert_eq!(bmm["winner"], true, "{bmm}");
+}
+
+#[test]
+fn score_is_refused_while_another_fk_agentd_holds_the_home() {
+    let s = Setup::new();
+    a_small_set(&s);
+    fk_agentd::daemon::ensure_home(&s.home()).unwrap();
+    let held = fk_agentd::daemon::DaemonLock::acquire(&s.home()).unwrap();
+    s.score(&[])
+        .code(fk_agentd::error::EXIT_UNAVAILABLE)
+        .stderr(predicates::str::contains("already runs on"));
+    assert!(!s.home().join("scores").exists(), "nothing is made");
+    drop(held);
+    s.score(&[]).success();
+}
+
+#[test]
+fn a_running_score_holds_the_home_against_a_second_score() {
+    let s = Setup::new();
+    a_small_set(&s);
+    let config = s.tmp.path().join("fk-agentd.toml");
+    let (inner_err, inner_code) = (
+        s.tmp.path().join("inner.err"),
+        s.tmp.path().join("inner.code"),
+    );
+    // Each bench first tries a second score of the same home (once: should it run, its own
+    // benches do not try again), then runs the simulated bench.
+    let script = format!(
+        "[ -n \"$FK_TEST_INNER\" ] || {{ FK_TEST_INNER=1 {BIN:?} --home {:?} --config {:?} score --candidates {:?} >/dev/null 2>{:?}; echo $? >{:?}; }}; exec {BIN:?} sim-bench \"$@\"",
+        s.home(),
+        config,
+        s.cands(),
+        inner_err,
+        inner_code,
+    );
+    let text = format!(
+        "[campaign]\ncaptures = {:?}\n[gpus]\ndevices = \"fake:4\"\n[fastkernels]\ncommand = [\"sh\", \"-c\", {script:?}, \"sh\"]\n",
+        s.tmp.path().join("captures").display().to_string()
+    );
+    std::fs::write(&config, text).unwrap();
+    // Two brokers on one home's GPUs and journal can wedge each other: fail, not hang.
+    s.score_command(&[])
+        .timeout(std::time::Duration::from_secs(120))
+        .assert()
+        .success();
+    let code = std::fs::read_to_string(&inner_code).expect("a bench ran the second score");
+    assert_eq!(code.trim(), fk_agentd::error::EXIT_UNAVAILABLE.to_string());
+    let err = std::fs::read_to_string(&inner_err).unwrap();
+    assert!(err.contains("already runs on"), "{err}");
 }
