@@ -95,6 +95,9 @@ pub enum Command {
         undrain: Option<String>,
     },
     /// Score candidates with the real fastkernels bench and gate the winners.
+    ///
+    /// Takes every GPU through its own broker, so it holds the home like a daemon: refused
+    /// while a daemon or another score runs there.
     Score(ScoreArgs),
     /// Compare the independent campaign with the sequential one.
     Compare {
