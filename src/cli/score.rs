@@ -64,6 +64,10 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             args.repeats
         )));
     }
+    if let Some(dir) = &args.candidates {
+        // Bad input is told before any GPU or folder is touched.
+        crate::score::candidates::CandidateSet::scan(&crate::config::absolute(&env.cwd, dir))?;
+    }
     if args.candidates.is_none() && !config.home.join("fk-agentd.db").exists() {
         // The usual "no runs" error, before the lock would make the home.
         super::open_existing_store(&config.home)?;

@@ -488,3 +488,18 @@ fn a_running_score_holds_the_home_against_a_second_score() {
     let err = std::fs::read_to_string(&inner_err).unwrap();
     assert!(err.contains("already runs on"), "{err}");
 }
+
+#[test]
+fn a_missing_candidates_folder_is_told_before_the_gpus_are_looked_for() {
+    let s = Setup::new();
+    // No [gpus] section: on a host without NVML the broker could not start.
+    let config = s.tmp.path().join("fk-agentd.toml");
+    std::fs::write(&config, "").unwrap();
+    let out = s.score(&[]).code(2);
+    let stderr = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    assert!(
+        stderr.contains("--candidates") && stderr.contains("not a directory"),
+        "{stderr}"
+    );
+    assert!(!s.home().join("scores").exists(), "nothing is made");
+}
