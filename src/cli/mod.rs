@@ -280,13 +280,19 @@ fn cmd_session(
 }
 
 fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {
+    require_store(home)?;
+    daemon::open_store(home)
+}
+
+/// A clear error when `home` has no store yet (no run was ever started there).
+fn require_store(home: &std::path::Path) -> Result<(), Error> {
     if !home.join("fk-agentd.db").exists() {
         return Err(Error::Usage(format!(
             "no runs under {}: start one with `fk-agentd start --sim --targets L1-L3`",
             home.display()
         )));
     }
-    daemon::open_store(home)
+    Ok(())
 }
 
 /// A private, patched, verified copy of the configured fastkernels checkout under the home.

@@ -68,9 +68,9 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         // Bad input is told before any GPU or folder is touched.
         crate::score::candidates::CandidateSet::scan(&crate::config::absolute(&env.cwd, dir))?;
     }
-    if args.candidates.is_none() && !config.home.join("fk-agentd.db").exists() {
-        // The usual "no runs" error, before the lock would make the home.
-        super::open_existing_store(&config.home)?;
+    if args.candidates.is_none() {
+        // Before the lock would make the home.
+        super::require_store(&config.home)?;
     }
     // Scoring takes every GPU through its own broker. Held until the score ends, the home's
     // lock keeps a daemon, and a second score, off those GPUs.
