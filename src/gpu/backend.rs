@@ -61,6 +61,28 @@ pub struct ExitInfo {
     pub signal: Option<i32>,
 }
 
+/// A lease's stdout and stderr files, created (or emptied) before its launch. The broker opens
+/// them while the grant's journal row commits, so that creating two files, which 12 leases
+/// granted at once do in one directory, is not added to the spawn.
+#[derive(Debug)]
+pub struct LeaseOutput {
+    pub stdout: File,
+    pub stderr: File,
+    /// Where `stdout` is, for errors.
+    pub stdout_path: PathBuf,
+}
+
+impl LeaseOutput {
+    /// Creates both files (and their folders), or empties them if they exist.
+    pub fn open(stdout: &Path, stderr: &Path) -> Result<Self, LeaseError> {
+        Ok(Self {
+            stdout: open_output(stdout)?,
+            stderr: open_output(stderr)?,
+            stdout_path: stdout.to_path_buf(),
+        })
+    }
+}
+
 /// What to start.
 #[derive(Clone, Debug)]
 pub struct LaunchSpec<'a> {
@@ -70,8 +92,8 @@ pub struct LaunchSpec<'a> {
     /// Variables removed from the inherited environment (e.g. the provider token's).
     pub env_remove: &'a [String],
     pub env: Vec<(String, String)>,
-    pub stdout: &'a Path,
-    pub stderr: &'a Path,
+    /// Where the command's stdout and stderr go.
+    pub output: &'a LeaseOutput,
     /// The cgroup [`LeaseBackend::cgroup_for`] chose (and the journal names); `None`: none.
     pub cgroup: Option<&'a Path>,
 }
@@ -262,7 +284,7 @@ impl LocalBackend {
     }
 }
 
-pub(super) fn open_output(path: &Path) -> Result<File, LeaseError> {
+fn open_output(path: &Path) -> Result<File, LeaseError> {
     let io = |source| LeaseError::Io {
         path: path.to_path_buf(),
         source,
@@ -366,8 +388,13 @@ fn spawn(
         }
         None => None,
     };
-    let out = open_output(spec.stdout)?;
-    let err = open_output(spec.stderr)?;
+    let copy = |f: &File| {
+        f.try_clone().map_err(|source| LeaseError::Spawn {
+            argv0: argv0.clone(),
+            source,
+        })
+    };
+    let (out, err) = (copy(&spec.output.stdout)?, copy(&spec.output.stderr)?);
     let (mut cmd, report) = match report {
         Some((entry, (ours, theirs))) => {
             let mut cmd = tokio::process::Command::new(SHELL);

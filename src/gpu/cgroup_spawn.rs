@@ -37,7 +37,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
-use super::backend::{ExitInfo, LEASE_ID_ENV, LaunchSpec, open_output, resolve};
+use super::backend::{ExitInfo, LEASE_ID_ENV, LaunchSpec, resolve};
 use super::types::LeaseError;
 
 /// Whether this build has the clone path.
@@ -117,7 +117,7 @@ pub fn enters_directly(dir: &Path) -> bool {
 
 /// Starts a lease's command in the cgroup v2 `dir` (`None`: the daemon's own), with what a
 /// process-group lease gets: the daemon's environment less `env_remove`, plus `env` and the
-/// lease-id tag; stdin from `/dev/null`; stdout and stderr to the lease's files.
+/// lease-id tag; stdin from `/dev/null`; stdout and stderr to the lease's opened files.
 /// `Ok(Err(_))`: the clone was refused and nothing ran.
 pub fn launch_in(
     spec: &LaunchSpec<'_>,
@@ -143,8 +143,6 @@ pub fn launch_in(
         move |source| LeaseError::Io { path, source }
     };
     let stdin = std::fs::File::open("/dev/null").map_err(io_err(Path::new("/dev/null")))?;
-    let stdout = open_output(spec.stdout)?;
-    let stderr = open_output(spec.stderr)?;
     let cgroup = dir
         .map(|d| std::fs::File::open(d).map_err(io_err(d)))
         .transpose()?;
@@ -154,8 +152,8 @@ pub fn launch_in(
         envp: &envp,
         cwd: &cwd,
         stdin: stdin.as_fd(),
-        stdout: stdout.as_fd(),
-        stderr: stderr.as_fd(),
+        stdout: spec.output.stdout.as_fd(),
+        stderr: spec.output.stderr.as_fd(),
         cgroup: cgroup.as_ref().map(|c| c.as_fd()),
     });
     match spawned {
@@ -256,6 +254,7 @@ mod imp {
     use std::io;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
     use std::ptr;
+    use std::sync::Mutex;
     use std::sync::atomic::{AtomicI32, Ordering};
 
     use super::{Child, SpawnError, SpawnSpec, above_stdio, reap};
@@ -296,13 +295,36 @@ mod imp {
         errno: AtomicI32,
     }
 
-    /// A mapped stack for the child, unmapped when the spawn returns (the child has exec'd or
-    /// exited by then, so nothing runs on it any more).
+    /// A mapped stack for the child. It is free again once the spawn returns (the child has
+    /// exec'd or exited by then, so nothing runs on it any more) and goes back to [`STACKS`]
+    /// rather than being unmapped: an `munmap` in the many-threaded daemon flushes the TLB of
+    /// every CPU running one of its threads, once per spawn.
     struct Stack {
         base: *mut libc::c_void,
     }
 
+    // SAFETY: a Stack is an exclusively owned mapping; only its owner's spawn uses it.
+    unsafe impl Send for Stack {}
+
+    /// Free child stacks, at most [`KEPT_STACKS`] (more than the leases that start at once).
+    static STACKS: Mutex<Vec<Stack>> = Mutex::new(Vec::new());
+    const KEPT_STACKS: usize = 32;
+
     impl Stack {
+        /// A free stack from the pool, else a new mapping.
+        fn take() -> io::Result<Self> {
+            let kept = STACKS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            kept.map_or_else(Self::map, Ok)
+        }
+
+        /// Puts a stack whose child has exec'd or exited back in the pool.
+        fn give_back(self) {
+            let mut free = STACKS.lock().unwrap_or_else(|p| p.into_inner());
+            if free.len() < KEPT_STACKS {
+                free.push(self);
+            }
+        }
+
         fn map() -> io::Result<Self> {
             // SAFETY: an anonymous private mapping; failure is MAP_FAILED, checked below.
             let base = unsafe {
@@ -380,7 +402,7 @@ mod imp {
             stdio: stdio.each_ref().map(|fd| fd.as_raw_fd()),
             errno: AtomicI32::new(0),
         };
-        let stack = Stack::map().map_err(lacking)?;
+        let stack = Stack::take().map_err(lacking)?;
         let mut pidfd: RawFd = -1;
         let mut args = CloneArgs {
             flags: CLONE_VM | CLONE_VFORK | CLONE_PIDFD | CLONE_CLEAR_SIGHAND,
@@ -401,7 +423,7 @@ mod imp {
             // `child_main` on `stack` and never returns into this frame.
             unsafe { clone3_vfork(&mut args, &ctx) }
         };
-        drop(stack);
+        stack.give_back();
         if ret < 0 {
             return Err(SpawnError::Clone(io::Error::from_raw_os_error(-ret as i32)));
         }

@@ -14,7 +14,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::audit::{Watched, spawn_sampler};
-use super::backend::{ExitFuture, ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend};
+use super::backend::{
+    ExitFuture, ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend, LeaseOutput,
+};
 use super::broker::{Broker, LiveLease};
 use super::inventory::InventorySource;
 use super::types::{
@@ -141,12 +143,16 @@ pub(crate) async fn execute(
     let fault_notify = Arc::new(Notify::new());
     let live = LiveLease::new(fault_notify.clone());
     broker.lock().live.insert(g.lease_id.clone(), live);
-    journal_grant(broker, &g).await?;
+    // The output files are made while the grant commits (the spawn still waits for both).
+    let (journaled, output) = tokio::join!(journal_grant(broker, &g), async {
+        LeaseOutput::open(&g.cmd.stdout, &g.cmd.stderr)
+    });
+    journaled?;
     let Launched {
         job,
         containment,
         exit,
-    } = launch(broker, &g).await?;
+    } = launch(broker, &g, output).await?;
     let spawned = Instant::now();
     guard.job = Some(job.clone());
 
@@ -199,21 +205,26 @@ async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
     Ok(())
 }
 
-/// Spawns the job and journals its process group and real cgroup; a failed spawn closes the
-/// journal row.
-async fn launch(broker: &Broker, g: &Grant) -> Result<Launched, LeaseError> {
+/// Spawns the job into `output` and journals its process group and real cgroup; a failed
+/// spawn (or output files that could not be made) closes the journal row.
+async fn launch(
+    broker: &Broker,
+    g: &Grant,
+    output: Result<LeaseOutput, LeaseError>,
+) -> Result<Launched, LeaseError> {
     let inner = &broker.inner;
-    let spec = LaunchSpec {
-        lease_id: &g.lease_id,
-        argv: &g.cmd.argv,
-        cwd: &g.cmd.cwd,
-        env_remove: &inner.params.env_remove,
-        env: child_env(broker, g),
-        stdout: &g.cmd.stdout,
-        stderr: &g.cmd.stderr,
-        cgroup: g.cgroup.as_deref(),
-    };
-    let launched = match inner.backend.launch(spec) {
+    let spawned = output.and_then(|output| {
+        inner.backend.launch(LaunchSpec {
+            lease_id: &g.lease_id,
+            argv: &g.cmd.argv,
+            cwd: &g.cmd.cwd,
+            env_remove: &inner.params.env_remove,
+            env: child_env(broker, g),
+            output: &output,
+            cgroup: g.cgroup.as_deref(),
+        })
+    });
+    let launched = match spawned {
         Ok(l) => l,
         Err(e) => {
             let (id, why) = (g.lease_id.clone(), e.to_string());

@@ -43,7 +43,8 @@ mod token;
 mod types;
 
 pub use backend::{
-    ExitFuture, ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, LocalBackend,
+    ExitFuture, ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, LeaseOutput,
+    LocalBackend,
 };
 pub use broker::{Broker, BrokerParams, SessionLimits};
 pub use cgroup::Cgroups;

@@ -13,6 +13,7 @@
 //! end, so the broker's "group gone" checks behave as for a real process group.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -91,13 +92,12 @@ impl LeaseBackend for SimBackend {
             "SIMULATED GPU job: {} ms of tokio time, no process, no device\n",
             work.as_millis()
         );
-        if let Some(dir) = spec.stdout.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        std::fs::write(spec.stdout, note).map_err(|source| LeaseError::Io {
-            path: spec.stdout.to_path_buf(),
-            source,
-        })?;
+        (&spec.output.stdout)
+            .write_all(note.as_bytes())
+            .map_err(|source| LeaseError::Io {
+                path: spec.output.stdout_path.clone(),
+                source,
+            })?;
         let launched = Instant::now();
         let kill = CancellationToken::new();
         let signal = Arc::new(Mutex::new(0));

@@ -187,6 +187,45 @@ async fn a_finished_lease_reports_its_exit_code_gpus_and_output_files() {
 }
 
 #[tokio::test]
+async fn output_files_that_cannot_be_made_fail_the_lease_by_path_and_close_its_grant() {
+    let rig = rig_with(1, params());
+    let dir = rig.dir.path().to_path_buf();
+    std::fs::write(dir.join("a-file"), "").expect("file");
+    let mut c = sh(&dir, "x", "touch ran");
+    c.stdout = dir.join("a-file").join("x.out");
+    let err = rig
+        .broker
+        .run(
+            req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
+            c,
+            &CancellationToken::new(),
+        )
+        .await
+        .expect_err("no place for stdout");
+    assert!(
+        err.to_string()
+            .contains(&dir.join("a-file").display().to_string()),
+        "{err}"
+    );
+    assert!(
+        !dir.join("ran").exists(),
+        "the command ran without its output"
+    );
+    assert_eq!(rig.store.open_leases().expect("store"), vec![]);
+    // The lone GPU went back to the pool.
+    let o = rig
+        .broker
+        .run(
+            req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
+            sh(&dir, "y", "exit 0"),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("next lease");
+    assert_eq!(o.exit_code, Some(0));
+}
+
+#[tokio::test]
 async fn ncu_cap_of_one_holds_while_other_classes_still_run() {
     let rig = rig_with(8, params());
     let dir = rig.dir.path().to_path_buf();

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use fk_agentd::gpu::cgroup::scope_for;
 use fk_agentd::gpu::cgroup_spawn::{self, SpawnError, SpawnSpec};
-use fk_agentd::gpu::{Cgroups, Containment, ExitInfo, LEASE_ID_ENV, LaunchSpec};
+use fk_agentd::gpu::{Cgroups, Containment, ExitInfo, LEASE_ID_ENV, LaunchSpec, LeaseOutput};
 use pretty_assertions::assert_eq;
 
 fn c(s: &str) -> CString {
@@ -172,14 +172,14 @@ async fn a_lease_launched_this_way_gets_the_daemon_environment_less_the_removed_
         format!(r#"printf '%s|%s|%s' "${{HOME-unset}}" "$FOO" "${LEASE_ID_ENV}""#),
     ];
     let (out, err) = (dir.path().join("o"), dir.path().join("e"));
+    let output = LeaseOutput::open(&out, &err).expect("outputs");
     let spec = LaunchSpec {
         lease_id: "lease-7",
         argv: &argv,
         cwd: dir.path(),
         env_remove: &["HOME".to_string()],
         env: vec![("FOO".into(), "x".into())],
-        stdout: &out,
-        stderr: &err,
+        output: &output,
         cgroup: None,
     };
     let child = cgroup_spawn::launch_in(&spec, None)
@@ -227,4 +227,71 @@ async fn in_a_cgroup_v2_the_command_runs_in_the_lease_cgroup_from_its_start() {
             ours_before
         )
     );
+}
+
+#[test]
+fn many_spawns_at_once_each_run_their_own_command_or_report_their_own_failure() {
+    // Child stacks are reused across spawns: threads spawning together must never share one,
+    // and a child whose exec fails must report to its own caller only.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gone = dir.path().join("gone");
+    let results: Vec<Vec<Result<String, Option<i32>>>> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let (dir, gone) = (dir.path(), gone.as_path());
+                s.spawn(move || {
+                    let null = std::fs::File::open("/dev/null").expect("null");
+                    (0..25)
+                        .map(|k| {
+                            let name = format!("t{t}-{k}");
+                            let out = std::fs::File::create(dir.join(&name)).expect("out");
+                            let argv = [c("sh"), c("-c"), c("printf %s \"$0\""), c(&name)];
+                            // Every third child is sent to a missing directory.
+                            let cwd = if k % 3 == 0 { gone } else { dir };
+                            let spawned = cgroup_spawn::spawn(&SpawnSpec {
+                                program: &c("/bin/sh"),
+                                argv: &argv,
+                                envp: &[],
+                                cwd: &c(cwd.to_str().expect("utf-8")),
+                                stdin: null.as_fd(),
+                                stdout: out.as_fd(),
+                                stderr: null.as_fd(),
+                                cgroup: None,
+                            });
+                            match spawned {
+                                Ok(child) => {
+                                    let rt = tokio::runtime::Builder::new_current_thread()
+                                        .enable_all()
+                                        .build()
+                                        .expect("runtime");
+                                    rt.block_on(child.wait()).expect("wait");
+                                    Ok(read(dir, &name))
+                                }
+                                Err(SpawnError::Exec(e)) => Err(e.raw_os_error()),
+                                Err(other) => panic!("{other:?}"),
+                            }
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    let expected: Vec<Vec<Result<String, Option<i32>>>> = (0..8)
+        .map(|t| {
+            (0..25)
+                .map(|k| {
+                    if k % 3 == 0 {
+                        Err(Some(libc::ENOENT))
+                    } else {
+                        Ok(format!("t{t}-{k}"))
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(results, expected);
 }
