@@ -1,8 +1,12 @@
 //! Lease broker figures (run: `cargo bench --bench lease`).
 //!
-//! - Grant latency: request → child spawned, p50/p99, with 12 sessions contending; once with
-//!   more fake GPUs than sessions (broker overhead: queue lock, journal fsync, fork/exec) and
-//!   once with 8 GPUs (the figure then includes waiting for a GPU).
+//! - Grant latency: request → child spawned, p50/p99, with 12 sessions contending; with more
+//!   fake GPUs than sessions (broker overhead: queue lock, journal commit, fork/exec) back to
+//!   back, paced and at random times, and with 8 GPUs (the figure then includes waiting for a
+//!   GPU). Paced, the 12 sessions start together and stay in step: every 50 ms all 12 ask at
+//!   once, the worst coincidence there can be. At random (0–100 ms between a session's leases,
+//!   seeded, each session starting at a random offset), requests meet only as often as chance
+//!   makes them, as agents that think for minutes do.
 //! - Deadline lateness: deadline → the lease's process group gone, for a child that honours
 //!   SIGTERM and for one that ignores it (then the grace dominates, by design).
 //! - With each containment: process groups only; where a cgroup hierarchy under
@@ -222,11 +226,36 @@ fn steal_ms() -> Option<u64> {
     Some(ticks * 10)
 }
 
+/// How a session waits between its leases.
+#[derive(Clone, Copy)]
+enum Pace {
+    BackToBack,
+    /// The same wait every time: sessions started together stay in step.
+    Every(Duration),
+    /// A wait drawn uniformly from `0..max` (and a first one from the same range), from a
+    /// generator seeded by the session's number.
+    Random(Duration),
+}
+
+impl Pace {
+    fn waits(self, session: usize) -> impl FnMut() -> Duration {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(session as u64);
+        move || match self {
+            Pace::BackToBack => Duration::ZERO,
+            Pace::Every(d) => d,
+            Pace::Random(max) => {
+                Duration::from_micros(rng.random_range(0..max.as_micros().max(1) as u64))
+            }
+        }
+    }
+}
+
 async fn grant_latency(
     gpus: u32,
     sessions: usize,
     per_session: usize,
-    pace: Duration,
+    pace: Pace,
     how: How,
 ) -> Grants {
     let rig = Arc::new(rig(gpus, Duration::from_secs(10), how));
@@ -236,6 +265,10 @@ async fn grant_latency(
         let rig = rig.clone();
         tasks.spawn(async move {
             let mut lat = Vec::new();
+            let mut wait = pace.waits(s);
+            if let Pace::Random(_) = pace {
+                tokio::time::sleep(wait()).await;
+            }
             for k in 0..per_session {
                 let req = LeaseRequest {
                     class: LeaseClass::Validate,
@@ -261,7 +294,10 @@ async fn grant_latency(
                     journal: called.saturating_duration_since(chosen),
                     launch: spawned - called,
                 });
-                tokio::time::sleep(pace).await;
+                let w = wait();
+                if !w.is_zero() {
+                    tokio::time::sleep(w).await;
+                }
             }
             lat
         });
@@ -302,7 +338,7 @@ async fn lateness(script: &str, grace: Duration, runs: usize, how: How) -> Vec<D
 
 fn row(name: &str, v: &[Duration]) {
     println!(
-        "{:<58} {:>5} {:>10.3} {:>10.3} {:>10.3}",
+        "{:<64} {:>5} {:>10.3} {:>10.3} {:>10.3}",
         name,
         v.len(),
         pct(v, 0.5).as_secs_f64() * 1e3,
@@ -323,6 +359,7 @@ fn containment(how: How) -> Containment {
 struct Figures {
     alone: Grants,
     paced: Grants,
+    random: Grants,
     free: Grants,
     busy: Grants,
     term: Vec<Duration>,
@@ -332,7 +369,7 @@ struct Figures {
 /// Runs every figure for each of `hows`, one figure at a time across the containments (so a
 /// drift of the host during the run affects them alike), then prints a table per containment.
 async fn tables(hows: &[How]) {
-    let none = Duration::ZERO;
+    let none = Pace::BackToBack;
     let mut figures: Vec<Figures> = hows.iter().map(|_| Figures::default()).collect();
     for &how in hows {
         // Warm up the journal and the process table once.
@@ -342,7 +379,10 @@ async fn tables(hows: &[How]) {
         f.alone = grant_latency(16, 1, 100, none, how).await;
     }
     for (f, &how) in figures.iter_mut().zip(hows) {
-        f.paced = grant_latency(16, 12, 40, Duration::from_millis(50), how).await;
+        f.paced = grant_latency(16, 12, 40, Pace::Every(Duration::from_millis(50)), how).await;
+    }
+    for (f, &how) in figures.iter_mut().zip(hows) {
+        f.random = grant_latency(16, 12, 40, Pace::Random(Duration::from_millis(100)), how).await;
     }
     for (f, &how) in figures.iter_mut().zip(hows) {
         f.free = grant_latency(16, 12, 40, none, how).await;
@@ -369,12 +409,13 @@ fn print_table(how: How, f: &Figures) {
     println!();
     println!("{how:?}: containment {:?}", containment(how));
     println!(
-        "{:<58} {:>5} {:>10} {:>10} {:>10}",
+        "{:<64} {:>5} {:>10} {:>10} {:>10}",
         "figure", "n", "p50 ms", "p99 ms", "max ms"
     );
     let figures = [
         ("1 session", &f.alone),
-        ("12 sessions, 50 ms between leases", &f.paced),
+        ("12 sessions in step, 50 ms apart", &f.paced),
+        ("12 sessions at random, 0-100 ms apart", &f.random),
         ("12 sessions back to back", &f.free),
         ("12 sessions, 8 GPUs (+GPU wait)", &f.busy),
     ];
