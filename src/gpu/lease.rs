@@ -22,7 +22,7 @@ use super::inventory::InventorySource;
 use super::types::{
     Containment, KilledReason, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest,
 };
-use crate::store::leases::LeaseRow;
+use crate::store::leases::{LeaseRow, LeaseWrite};
 use crate::store::now_rfc3339;
 
 /// How often a dying group is polled.
@@ -201,7 +201,10 @@ async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
         outcome: None,
         cgroup: g.cgroup.as_ref().map(|p| p.display().to_string()),
     };
-    inner.store.blocking(move |s| s.insert_lease(&row)).await?;
+    inner
+        .store
+        .write_lease_async(LeaseWrite::Grant(Box::new(row)))
+        .await?;
     Ok(())
 }
 
@@ -227,28 +230,25 @@ async fn launch(
     let launched = match spawned {
         Ok(l) => l,
         Err(e) => {
-            let (id, why) = (g.lease_id.clone(), e.to_string());
-            let _ = inner
-                .store
-                .blocking(move |s| {
-                    s.finish_lease(&id, "failed", &serde_json::json!({"error": why}))
-                })
-                .await;
+            let failed = LeaseWrite::Finish {
+                id: g.lease_id.clone(),
+                state: "failed".into(),
+                outcome: serde_json::json!({"error": e.to_string()}),
+            };
+            let _ = inner.store.write_lease_async(failed).await;
             return Err(e);
         }
     };
-    let id = g.lease_id.clone();
-    let pgid = launched.job.pgid;
-    let cgroup = launched
-        .job
-        .cgroup
-        .as_ref()
-        .map(|p| p.display().to_string());
-    if let Err(e) = inner
-        .store
-        .blocking(move |s| s.set_lease_running(&id, pgid, cgroup.as_deref()))
-        .await
-    {
+    let running = LeaseWrite::Running {
+        id: g.lease_id.clone(),
+        pgid: launched.job.pgid,
+        cgroup: launched
+            .job
+            .cgroup
+            .as_ref()
+            .map(|p| p.display().to_string()),
+    };
+    if let Err(e) = inner.store.write_lease_async(running).await {
         tracing::error!(lease = %g.lease_id, error = %e, "cannot journal the process group");
     }
     Ok(launched)
@@ -336,16 +336,12 @@ pub(crate) fn verdict(
 }
 
 async fn journal_outcome(broker: &Broker, outcome: &LeaseOutcome) {
-    let (id, value) = (
-        outcome.lease_id.clone(),
-        serde_json::to_value(outcome).unwrap_or_default(),
-    );
-    if let Err(err) = broker
-        .inner
-        .store
-        .blocking(move |s| s.finish_lease(&id, "finished", &value))
-        .await
-    {
+    let finished = LeaseWrite::Finish {
+        id: outcome.lease_id.clone(),
+        state: "finished".into(),
+        outcome: serde_json::to_value(outcome).unwrap_or_default(),
+    };
+    if let Err(err) = broker.inner.store.write_lease_async(finished).await {
         tracing::error!(lease = %outcome.lease_id, error = %err, "cannot journal the lease outcome");
     }
 }

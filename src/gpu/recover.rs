@@ -24,7 +24,7 @@ use super::cgroup;
 use super::lease::{end_job, supervise, unix_ms, verdict, wait_gone};
 use super::reclaim::reclaim;
 use super::types::{Containment, KilledReason, LeaseClass, LeaseError, LeaseOutcome};
-use crate::store::leases::LeaseRow;
+use crate::store::leases::{LeaseRow, LeaseWrite};
 
 /// What a restart found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,16 +195,12 @@ impl Broker {
     }
 
     async fn close_row(&self, id: &str, outcome: &LeaseOutcome) {
-        let (id, value) = (
-            id.to_string(),
-            serde_json::to_value(outcome).unwrap_or_default(),
-        );
-        if let Err(e) = self
-            .inner
-            .store
-            .blocking(move |s| s.finish_lease(&id, "finished", &value))
-            .await
-        {
+        let finished = LeaseWrite::Finish {
+            id: id.to_string(),
+            state: "finished".into(),
+            outcome: serde_json::to_value(outcome).unwrap_or_default(),
+        };
+        if let Err(e) = self.inner.store.write_lease_async(finished).await {
             tracing::error!(error = %e, "cannot close a recovered lease in the journal");
         }
     }

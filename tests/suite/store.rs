@@ -168,6 +168,59 @@ fn concurrent_lease_writes_all_land_in_order() {
     );
 }
 
+/// Async writers (which wait without a thread) and blocking ones share commits: every write
+/// of both lands, in each lease's own order, and no writer is left waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn async_and_blocking_lease_writes_at_once_all_land_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("fk.db")).unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..12i64 {
+        let store = store.clone();
+        tasks.spawn(async move {
+            for k in 0..20 {
+                let id = format!("lease-{t}-{k}");
+                let writes = [
+                    LeaseWrite::Grant(Box::new(lease_row(&id))),
+                    LeaseWrite::Running {
+                        id: id.clone(),
+                        pgid: 1000 + k,
+                        cgroup: None,
+                    },
+                    LeaseWrite::Finish {
+                        id: id.clone(),
+                        state: "finished".into(),
+                        outcome: json!({"exit_code": t}),
+                    },
+                ];
+                for w in writes {
+                    if t % 2 == 0 {
+                        store.write_lease_async(w).await.unwrap();
+                    } else {
+                        let store = store.clone();
+                        tokio::task::spawn_blocking(move || store.write_lease(w))
+                            .await
+                            .unwrap()
+                            .unwrap();
+                    }
+                }
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    assert_eq!(store.open_leases().unwrap(), vec![]);
+    for id in ["lease-6-19", "lease-7-19"] {
+        let row = store.lease(id).unwrap().unwrap();
+        assert_eq!(
+            (row.state.as_str(), row.pgid),
+            ("finished", Some(1019)),
+            "{id}"
+        );
+    }
+}
+
 /// A write that cannot be applied fails alone, naming the store; the writes committed with
 /// it stay.
 #[test]
