@@ -380,25 +380,11 @@ mod tests {
             *guard(&results),
             vec![(1, Err(STOPPED.to_string())), (2, Err(STOPPED.to_string()))]
         );
-        // A later write is committed by a new leader.
-        let row = LeaseRow {
-            id: "c".into(),
-            session: "L1/x".into(),
-            class: "validate".into(),
-            gpus: vec![],
-            idempotency_key: String::new(),
-            state: "granted".into(),
-            pgid: None,
-            granted_at: now_rfc3339(),
-            deadline_unix_ms: 0,
-            argv: vec!["true".into()],
-            stdout: "out".into(),
-            stderr: "err".into(),
-            finished_at: None,
-            outcome: None,
-            cgroup: None,
-        };
-        store.insert_lease(&row).unwrap();
-        assert_eq!(store.open_leases().unwrap(), vec![row]);
+        // The next writer leads again, and its write is committed.
+        let mut again = store
+            .queue_lease(running("c"), reply(3))
+            .expect("a new leader");
+        again.run();
+        assert_eq!(guard(&results).last(), Some(&(3, Ok(()))));
     }
 }
