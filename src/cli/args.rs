@@ -225,8 +225,8 @@ pub struct LeaseArgs {
     /// Lease class.
     #[arg(long, value_enum, default_value = "validate")]
     pub class: LeaseClassArg,
-    /// GPUs to lease.
-    #[arg(long, default_value_t = 1)]
+    /// GPUs to lease (at least 1, at most the node's).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpus: u32,
     /// Run limit (at most the lease timeout), e.g. 10m.
     #[arg(long, value_name = "DURATION")]

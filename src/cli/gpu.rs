@@ -99,14 +99,15 @@ pub(super) async fn cmd_lease(
 async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Result<i32, Error> {
     let flags = crate::cli::flags(global, None);
     let config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
-    crate::daemon::ensure_home(&config.home)?;
-    let _lock = crate::daemon::DaemonLock::acquire(&config.home)?;
-    let store = crate::daemon::open_store(&config.home)?;
-    let broker = crate::gpu::Broker::start(&config, &store, Vec::new()).await?;
+    // Bad flags are told before GPUs are looked for or the home is touched.
     let timeout = match args.timeout.as_deref() {
         Some(t) => parse_duration("--timeout", t)?,
         None => config.lease_timeout,
     };
+    crate::daemon::ensure_home(&config.home)?;
+    let _lock = crate::daemon::DaemonLock::acquire(&config.home)?;
+    let store = crate::daemon::open_store(&config.home)?;
+    let broker = crate::gpu::Broker::start(&config, &store, Vec::new()).await?;
     let stamp = crate::store::now_rfc3339().replace([':', '.'], "-");
     let spool = config.home.join("leases").join(format!("local-{stamp}"));
     std::fs::create_dir_all(&spool)

@@ -252,6 +252,30 @@ fn gpus_with_nvml_devices_on_a_host_without_nvml_exits_3_with_a_clear_error() {
     );
 }
 
+/// `--gpus 0` and a bad `--timeout` are bad input: exit 2 naming the flag, before GPUs are
+/// looked for (on a host without NVML that would be exit 3) and before the home is made.
+#[test]
+fn lease_local_with_zero_gpus_or_a_bad_timeout_is_bad_input_before_gpus_are_looked_for() {
+    let parent = tempfile::tempdir().expect("tempdir");
+    let home = parent.path().join("home");
+    for (flags, names) in [
+        (&["--gpus", "0"][..], "'--gpus <GPUS>'"),
+        (&["--timeout", "5x"][..], "--timeout = `5x`"),
+    ] {
+        let out = assert_cmd::Command::cargo_bin("fk-agentd")
+            .expect("bin")
+            .args(["--home", &home.display().to_string(), "lease", "--local"])
+            .args(flags)
+            .args(["--", "true"])
+            .env_remove("FK_AGENTD_CONFIG")
+            .assert()
+            .code(2);
+        let err = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+        assert!(err.contains(names), "{flags:?}: {err}");
+        assert!(!home.exists(), "{flags:?} made the home");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fk_agentd_lease_streams_output_returns_the_exit_code_and_124_at_the_deadline() {
     let rig = rig_with(2, params());
