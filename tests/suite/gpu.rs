@@ -211,16 +211,29 @@ async fn output_files_that_cannot_be_made_fail_the_lease_by_path_and_close_its_g
         !dir.join("ran").exists(),
         "the command ran without its output"
     );
-    assert_eq!(rig.store.open_leases().expect("store"), vec![]);
+    // The grant was journaled, then closed as failed with the error.
+    let db = rusqlite::Connection::open(dir.join("fk-agentd.db")).expect("db");
+    let rows: Vec<(String, String)> = db
+        .prepare("SELECT state, outcome FROM leases")
+        .expect("query")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(
+        matches!(&rows[..], [(state, outcome)] if state == "failed" && outcome.contains("a-file")),
+        "{rows:?}"
+    );
     // The lone GPU went back to the pool.
-    let o = rig
-        .broker
-        .run(
-            req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
-            sh(&dir, "y", "exit 0"),
-            &CancellationToken::new(),
-        )
+    let cancel = CancellationToken::new();
+    let next = rig.broker.run(
+        req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
+        sh(&dir, "y", "exit 0"),
+        &cancel,
+    );
+    let o = tokio::time::timeout(Duration::from_secs(20), next)
         .await
+        .expect("the GPU was not given back")
         .expect("next lease");
     assert_eq!(o.exit_code, Some(0));
 }

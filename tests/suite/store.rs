@@ -207,17 +207,25 @@ async fn async_and_blocking_lease_writes_at_once_all_land_in_order() {
             }
         });
     }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap();
-    }
+    let all = async {
+        while let Some(done) = tasks.join_next().await {
+            done.unwrap();
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), all)
+        .await
+        .expect("a writer was left waiting");
     assert_eq!(store.open_leases().unwrap(), vec![]);
-    for id in ["lease-6-19", "lease-7-19"] {
-        let row = store.lease(id).unwrap().unwrap();
-        assert_eq!(
-            (row.state.as_str(), row.pgid),
-            ("finished", Some(1019)),
-            "{id}"
-        );
+    for t in 0..12i64 {
+        for k in 0..20 {
+            let id = format!("lease-{t}-{k}");
+            let row = store.lease(&id).unwrap().expect(&id);
+            assert_eq!(
+                (row.state.as_str(), row.pgid, row.outcome),
+                ("finished", Some(1000 + k), Some(json!({"exit_code": t}))),
+                "{id}"
+            );
+        }
     }
 }
 
