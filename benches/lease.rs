@@ -1,4 +1,5 @@
-//! Lease broker figures (run: `cargo bench --bench lease`).
+//! Lease broker figures (run: `cargo bench --bench lease`, or `cargo bench --bench lease --
+//! step random` for some figures only: `alone`, `step`, `random`, `free`, `busy`, `late`).
 //!
 //! - Grant latency: request → child spawned, p50/p99, with 12 sessions contending; with more
 //!   fake GPUs than sessions (broker overhead: queue lock, journal commit, fork/exec) back to
@@ -295,7 +296,7 @@ async fn grant_latency(
                     launch: spawned - called,
                 });
                 let w = wait();
-                if !w.is_zero() {
+                if !w.is_zero() && k + 1 < per_session {
                     tokio::time::sleep(w).await;
                 }
             }
@@ -366,29 +367,59 @@ struct Figures {
     ignore: Vec<Duration>,
 }
 
+/// A grant figure: its name, fake GPUs, sessions, leases per session, pace, and where it goes.
+type Figure = (
+    &'static str,
+    u32,
+    usize,
+    usize,
+    Pace,
+    fn(&mut Figures) -> &mut Grants,
+);
+
 /// Runs every figure for each of `hows`, one figure at a time across the containments (so a
 /// drift of the host during the run affects them alike), then prints a table per containment.
-async fn tables(hows: &[How]) {
+async fn tables(hows: &[How], only: &Only) {
     let none = Pace::BackToBack;
     let mut figures: Vec<Figures> = hows.iter().map(|_| Figures::default()).collect();
     for &how in hows {
         // Warm up the journal and the process table once.
         let _ = grant_latency(16, 1, 3, none, how).await;
     }
-    for (f, &how) in figures.iter_mut().zip(hows) {
-        f.alone = grant_latency(16, 1, 100, none, how).await;
+    let grants: [Figure; 5] = [
+        ("alone", 16, 1, 100, none, |f| &mut f.alone),
+        (
+            "step",
+            16,
+            12,
+            40,
+            Pace::Every(Duration::from_millis(50)),
+            |f| &mut f.paced,
+        ),
+        (
+            "random",
+            16,
+            12,
+            40,
+            Pace::Random(Duration::from_millis(100)),
+            |f| &mut f.random,
+        ),
+        ("free", 16, 12, 40, none, |f| &mut f.free),
+        ("busy", 8, 12, 40, none, |f| &mut f.busy),
+    ];
+    for (name, gpus, sessions, per_session, pace, slot) in grants {
+        if !only.wants(name) {
+            continue;
+        }
+        for (f, &how) in figures.iter_mut().zip(hows) {
+            *slot(f) = grant_latency(gpus, sessions, per_session, pace, how).await;
+        }
     }
-    for (f, &how) in figures.iter_mut().zip(hows) {
-        f.paced = grant_latency(16, 12, 40, Pace::Every(Duration::from_millis(50)), how).await;
-    }
-    for (f, &how) in figures.iter_mut().zip(hows) {
-        f.random = grant_latency(16, 12, 40, Pace::Random(Duration::from_millis(100)), how).await;
-    }
-    for (f, &how) in figures.iter_mut().zip(hows) {
-        f.free = grant_latency(16, 12, 40, none, how).await;
-    }
-    for (f, &how) in figures.iter_mut().zip(hows) {
-        f.busy = grant_latency(8, 12, 40, none, how).await;
+    if !only.wants("late") {
+        for (f, &how) in figures.iter().zip(hows) {
+            print_table(how, f);
+        }
+        return;
     }
     for (f, &how) in figures.iter_mut().zip(hows) {
         f.term = lateness("exec sleep 60", Duration::from_secs(10), 10, how).await;
@@ -419,7 +450,11 @@ fn print_table(how: How, f: &Figures) {
         ("12 sessions back to back", &f.free),
         ("12 sessions, 8 GPUs (+GPU wait)", &f.busy),
     ];
-    for (name, g) in figures {
+    let figures: Vec<_> = figures
+        .into_iter()
+        .filter(|(_, g)| !g.each.is_empty())
+        .collect();
+    for &(name, g) in &figures {
         row(
             &format!("grant: request -> spawned, {name}"),
             &g.sorted(|p| p.total),
@@ -431,11 +466,13 @@ fn print_table(how: How, f: &Figures) {
             &g.sorted(|p| p.launch),
         );
     }
-    row("deadline -> job gone, child honours SIGTERM", &f.term);
-    row(
-        "deadline -> job gone, child ignores SIGTERM (grace 1 s)",
-        &f.ignore,
-    );
+    if !f.term.is_empty() {
+        row("deadline -> job gone, child honours SIGTERM", &f.term);
+        row(
+            "deadline -> job gone, child ignores SIGTERM (grace 1 s)",
+            &f.ignore,
+        );
+    }
     for (name, g) in figures {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let worst: Vec<String> = g
@@ -461,7 +498,36 @@ fn print_table(how: How, f: &Figures) {
     }
 }
 
+/// The figures named on the command line (all when none is).
+struct Only(Vec<String>);
+
+impl Only {
+    const NAMES: [&str; 6] = ["alone", "step", "random", "free", "busy", "late"];
+
+    /// From the arguments, skipping the flags cargo passes (`--bench`); exits 2 on an unknown
+    /// figure.
+    fn from_args() -> Self {
+        let names: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| !a.starts_with("--"))
+            .collect();
+        if let Some(bad) = names.iter().find(|n| !Self::NAMES.contains(&n.as_str())) {
+            eprintln!(
+                "unknown figure {bad:?}; the figures are {}",
+                Self::NAMES.join(", ")
+            );
+            std::process::exit(2);
+        }
+        Self(names)
+    }
+
+    fn wants(&self, name: &str) -> bool {
+        self.0.is_empty() || self.0.iter().any(|n| n == name)
+    }
+}
+
 fn main() {
+    let only = Only::from_args();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -478,7 +544,7 @@ fn main() {
         if containment(How::V2ThroughShell) == Containment::CgroupV2 {
             hows.push(How::V2ThroughShell);
         }
-        tables(&hows).await;
+        tables(&hows, &only).await;
     });
     FINISHED.lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
