@@ -105,7 +105,8 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
         None => config.lease_timeout,
     };
     crate::daemon::ensure_home(&config.home)?;
-    let _lock = crate::daemon::DaemonLock::acquire(&config.home)?;
+    let _lock =
+        crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::LocalLease)?;
     let store = crate::daemon::open_store(&config.home)?;
     let broker = crate::gpu::Broker::start(&config, &store, Vec::new()).await?;
     let stamp = crate::store::now_rfc3339().replace([':', '.'], "-");

@@ -75,7 +75,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     // Scoring takes every GPU through its own broker. Held until the score ends, the home's
     // lock keeps a daemon, and a second score, off those GPUs.
     crate::daemon::ensure_home(&config.home)?;
-    let _lock = crate::daemon::DaemonLock::acquire(&config.home)?;
+    let _lock = crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::Score)?;
     let mode = match args.mode {
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,

@@ -36,10 +36,10 @@ pub async fn cmd_start(
     let flags = super::flags(global, Some(start));
     let mut config = Config::load(&flags, env, catalog)?;
     crate::captures::settle(&mut config)?;
-    if let Some(pid) = daemon::lock::holder(&config.home) {
+    if let Some(held) = daemon::lock::holder(&config.home) {
         return Err(daemon::DaemonError::AlreadyRunning {
             home: config.home.clone(),
-            pid: Some(pid),
+            held,
         }
         .into());
     }
@@ -81,12 +81,8 @@ pub async fn cmd_resume(
     catalog: &Catalog,
 ) -> Result<i32, Error> {
     let home = crate::config::resolve_home(global.home.as_deref(), env)?;
-    if let Some(pid) = daemon::lock::holder(&home) {
-        return Err(daemon::DaemonError::AlreadyRunning {
-            home,
-            pid: Some(pid),
-        }
-        .into());
+    if let Some(held) = daemon::lock::holder(&home) {
+        return Err(daemon::DaemonError::AlreadyRunning { home, held }.into());
     }
     let run_id = match run {
         Some(r) => r,

@@ -1,5 +1,6 @@
 //! The single-instance lock: an exclusive `flock` on `<home>/fk-agentd.lock`, holding the
-//! owner's pid. The kernel drops the lock when the process dies, so a lock file left by a
+//! owner's pid and what it is ([`Holder`]: a daemon, a score, a local lease), so that a refusal
+//! can say how to get the home back. The kernel drops the lock when the process dies, so a lock file left by a
 //! killed daemon is stale by construction and is simply taken over.
 
 use std::fs::{File, OpenOptions};
@@ -14,6 +15,69 @@ use super::DaemonError;
 const SETTLE_POLL: std::time::Duration = std::time::Duration::from_millis(10);
 const SETTLE_TRIES: u32 = 100;
 
+/// What holds a home's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// `fk-agentd start`/`resume`: `fk-agentd stop` ends it.
+    Daemon,
+    /// `fk-agentd score`: holds every GPU until its benches end.
+    Score,
+    /// `fk-agentd lease --local`: holds the home until its command ends.
+    LocalLease,
+}
+
+impl Holder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Holder::Daemon => "daemon",
+            Holder::Score => "score",
+            Holder::LocalLease => "lease --local",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [Holder::Daemon, Holder::Score, Holder::LocalLease]
+            .into_iter()
+            .find(|h| h.as_str() == s)
+    }
+}
+
+/// Who holds a home's lock: its pid, and what it is when the file says (a lock file of an
+/// older build names the pid only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub pid: Option<u32>,
+    pub holder: Option<Holder>,
+}
+
+impl Held {
+    fn parse(text: &str) -> Self {
+        let mut lines = text.lines().map(str::trim);
+        Self {
+            pid: lines.next().and_then(|l| l.parse().ok()),
+            holder: lines.next().and_then(Holder::parse),
+        }
+    }
+}
+
+/// The refusal's text: who holds `home`, and how to get it back.
+pub(super) fn refusal(home: &Path, held: &Held) -> String {
+    let home = home.display();
+    let pid = held.pid.map(|p| format!(" (pid {p})")).unwrap_or_default();
+    match held.holder {
+        Some(Holder::Score) => format!(
+            "`fk-agentd score`{pid} holds {home}: it leases every GPU until its benches end; \
+             wait for it to finish (`fk-agentd stop` cannot stop a score)"
+        ),
+        Some(Holder::LocalLease) => format!(
+            "`fk-agentd lease --local`{pid} holds {home} until its command ends; wait for it"
+        ),
+        Some(Holder::Daemon) | None => format!(
+            "another fk-agentd{pid} already runs on {home}; stop it with `fk-agentd stop --home {home}`"
+        ),
+    }
+}
+
 /// Held for the daemon's lifetime; dropping it releases the lock.
 #[derive(Debug)]
 pub struct DaemonLock {
@@ -27,10 +91,10 @@ pub fn lock_path(home: &Path) -> PathBuf {
 }
 
 impl DaemonLock {
-    /// Takes the lock or says which pid holds it.
-    pub fn acquire(home: &Path) -> Result<Self, DaemonError> {
+    /// Takes the lock for `holder`, or says who holds it.
+    pub fn acquire(home: &Path, holder: Holder) -> Result<Self, DaemonError> {
         let mut tries = 0;
-        Self::acquire_settling(home, || {
+        Self::acquire_settling(home, holder, || {
             tries += 1;
             std::thread::sleep(SETTLE_POLL);
             tries <= SETTLE_TRIES
@@ -39,7 +103,11 @@ impl DaemonLock {
 
     /// [`DaemonLock::acquire`], calling `wait` before each retry while the lock is held but its
     /// file names no pid; `wait` returning false gives up.
-    fn acquire_settling(home: &Path, mut wait: impl FnMut() -> bool) -> Result<Self, DaemonError> {
+    fn acquire_settling(
+        home: &Path,
+        holder: Holder,
+        mut wait: impl FnMut() -> bool,
+    ) -> Result<Self, DaemonError> {
         let path = lock_path(home);
         let io = |source| DaemonError::Io {
             path: path.clone(),
@@ -56,15 +124,15 @@ impl DaemonLock {
             let mut text = String::new();
             let _ = file.seek(SeekFrom::Start(0));
             let _ = file.read_to_string(&mut text);
-            let pid: Option<u32> = text.trim().parse().ok();
+            let held = Held::parse(&text);
             // No pid in the file: its daemon has let go (a clean exit empties it) while a child
             // forked just before, by any thread of its process, holds a copy of the
             // descriptor until it execs; or a daemon is between taking the lock and writing its
             // pid. Either settles within milliseconds.
-            if pid.is_some() || !wait() {
+            if held.pid.is_some() || !wait() {
                 return Err(DaemonError::AlreadyRunning {
                     home: home.to_path_buf(),
-                    pid,
+                    held,
                 });
             }
         }
@@ -72,14 +140,14 @@ impl DaemonLock {
             let mut text = String::new();
             let _ = file.seek(SeekFrom::Start(0));
             let _ = file.read_to_string(&mut text);
-            text.trim().parse::<u32>().ok()
+            Held::parse(&text).pid
         };
         if let Some(pid) = previous.filter(|p| *p != std::process::id()) {
             tracing::warn!(pid, lock = %path.display(), "took over a stale lock left by a daemon that is gone");
         }
         file.set_len(0).map_err(io)?;
         file.seek(SeekFrom::Start(0)).map_err(io)?;
-        writeln!(file, "{}", std::process::id()).map_err(io)?;
+        writeln!(file, "{}\n{}", std::process::id(), holder.as_str()).map_err(io)?;
         file.sync_all().map_err(io)?;
         Ok(Self { _file: file, path })
     }
@@ -96,9 +164,9 @@ impl Drop for DaemonLock {
     }
 }
 
-/// The pid recorded in a home's lock file while a daemon holds it; `None` when no live
-/// daemon holds the lock.
-pub fn holder(home: &Path) -> Option<u32> {
+/// Who a home's lock file names while it is held; `None` when nothing holds the lock (or
+/// the file names no pid).
+pub fn holder(home: &Path) -> Option<Held> {
     let path = lock_path(home);
     let mut file = OpenOptions::new().read(true).write(true).open(path).ok()?;
     if flock(&file, FlockOperation::NonBlockingLockShared).is_ok() {
@@ -106,7 +174,8 @@ pub fn holder(home: &Path) -> Option<u32> {
     }
     let mut text = String::new();
     file.read_to_string(&mut text).ok()?;
-    text.trim().parse().ok()
+    let held = Held::parse(&text);
+    held.pid.map(|_| held)
 }
 
 #[cfg(test)]
@@ -132,7 +201,7 @@ mod tests {
         let home = tempfile::tempdir().expect("tempdir");
         let mut holder = Some(held_elsewhere(home.path(), ""));
         let mut waits = 0;
-        let lock = DaemonLock::acquire_settling(home.path(), || {
+        let lock = DaemonLock::acquire_settling(home.path(), Holder::Score, || {
             waits += 1;
             holder.take();
             true
@@ -140,7 +209,7 @@ mod tests {
         assert!(lock.is_ok(), "{lock:?}");
         assert_eq!(waits, 1);
         let text = std::fs::read_to_string(lock_path(home.path())).expect("read");
-        assert_eq!(text.trim(), std::process::id().to_string());
+        assert_eq!(text, format!("{}\nscore\n", std::process::id()));
     }
 
     #[test]
@@ -148,31 +217,73 @@ mod tests {
         let home = tempfile::tempdir().expect("tempdir");
         let named = held_elsewhere(home.path(), "4242\n");
         let mut waits = 0;
-        let got = DaemonLock::acquire_settling(home.path(), || {
+        let got = DaemonLock::acquire_settling(home.path(), Holder::Daemon, || {
             waits += 1;
             true
         });
+        let held = Held {
+            pid: Some(4242),
+            holder: None,
+        };
         assert!(
-            matches!(
-                got,
-                Err(DaemonError::AlreadyRunning {
-                    pid: Some(4242),
-                    ..
-                })
-            ),
+            matches!(&got, Err(DaemonError::AlreadyRunning { held: h, .. }) if *h == held),
             "{got:?}"
         );
         assert_eq!(waits, 0);
         drop(named);
         let _silent = held_elsewhere(home.path(), "");
-        let got = DaemonLock::acquire_settling(home.path(), || {
+        let got = DaemonLock::acquire_settling(home.path(), Holder::Daemon, || {
             waits += 1;
             waits < 3
         });
         assert!(
-            matches!(got, Err(DaemonError::AlreadyRunning { pid: None, .. })),
+            matches!(&got, Err(DaemonError::AlreadyRunning { held, .. }) if held.pid.is_none()),
             "{got:?}"
         );
         assert_eq!(waits, 3);
+    }
+
+    /// A refusal names what holds the home, and only a daemon's suggests `fk-agentd stop`.
+    #[test]
+    fn a_refusal_says_what_holds_the_home_and_how_to_get_it_back() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let _score = held_elsewhere(home.path(), "4242\nscore\n");
+        let got = DaemonLock::acquire(home.path(), Holder::Daemon).expect_err("held");
+        let text = got.to_string();
+        assert!(
+            text.contains("`fk-agentd score` (pid 4242) holds"),
+            "{text}"
+        );
+        assert!(text.contains("cannot stop a score"), "{text}");
+        assert_eq!(
+            holder(home.path()),
+            Some(Held {
+                pid: Some(4242),
+                holder: Some(Holder::Score)
+            })
+        );
+        let daemon = refusal(
+            home.path(),
+            &Held {
+                pid: Some(7),
+                holder: Some(Holder::Daemon),
+            },
+        );
+        assert!(
+            daemon.contains("stop it with `fk-agentd stop --home"),
+            "{daemon}"
+        );
+        let lease = refusal(
+            home.path(),
+            &Held {
+                pid: Some(7),
+                holder: Some(Holder::LocalLease),
+            },
+        );
+        assert!(
+            lease.contains("`fk-agentd lease --local` (pid 7)"),
+            "{lease}"
+        );
+        assert!(!lease.contains("fk-agentd stop"), "{lease}");
     }
 }

@@ -27,14 +27,13 @@ use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::lease::LeaseLauncher;
 use crate::store::{Store, now_rfc3339};
 
-pub use lock::DaemonLock;
+pub use lock::{DaemonLock, Held, Holder};
 
 /// Errors of the daemon boundary.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
-    #[error("another fk-agentd{} already runs on {home}; stop it with `fk-agentd stop --home {home}`",
-        .pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
-    AlreadyRunning { home: PathBuf, pid: Option<u32> },
+    #[error("{}", lock::refusal(home, held))]
+    AlreadyRunning { home: PathBuf, held: lock::Held },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -154,7 +153,7 @@ pub async fn run_campaign_with(
         )));
     }
     ensure_home(&config.home)?;
-    let _lock = DaemonLock::acquire(&config.home)?;
+    let _lock = DaemonLock::acquire(&config.home, Holder::Daemon)?;
     let store = open_store(&config.home)?;
     let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
     let plan = match &params.resume {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fk_agentd::config::{AgentSlot, Config, Env, Flags, QueueOrder, SettingSource};
 use fk_agentd::control::client::ControlClient;
-use fk_agentd::daemon::{self, DaemonError, DaemonLock, DaemonParams};
+use fk_agentd::daemon::{self, DaemonError, DaemonLock, DaemonParams, Holder};
 use fk_agentd::run::RunJournal;
 use fk_agentd::run::{RunIdParts, new_run_id};
 use fk_agentd::scheduler::{
@@ -136,13 +136,18 @@ fn run_ids_sort_by_start_time_and_say_when_they_are_simulated() {
 #[test]
 fn a_second_lock_on_the_same_home_names_the_holder() {
     let dir = tempfile::tempdir().unwrap();
-    let _held = DaemonLock::acquire(dir.path()).unwrap();
-    let err = DaemonLock::acquire(dir.path()).unwrap_err();
-    match err {
-        DaemonError::AlreadyRunning { pid, .. } => assert_eq!(pid, Some(std::process::id())),
+    let _held = DaemonLock::acquire(dir.path(), Holder::Daemon).unwrap();
+    let err = DaemonLock::acquire(dir.path(), Holder::Score).unwrap_err();
+    let me = daemon::Held {
+        pid: Some(std::process::id()),
+        holder: Some(Holder::Daemon),
+    };
+    match &err {
+        DaemonError::AlreadyRunning { held, .. } => assert_eq!(*held, me),
         other => panic!("unexpected {other}"),
     }
-    assert_eq!(daemon::lock::holder(dir.path()), Some(std::process::id()));
+    assert!(err.to_string().contains("fk-agentd stop --home"), "{err}");
+    assert_eq!(daemon::lock::holder(dir.path()), Some(me));
 }
 
 #[test]
@@ -171,7 +176,7 @@ fn a_lock_left_by_a_killed_daemon_is_reclaimed() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(matches!(
-        DaemonLock::acquire(dir.path()),
+        DaemonLock::acquire(dir.path(), Holder::Daemon),
         Err(DaemonError::AlreadyRunning { .. })
     ));
     let group = rustix::process::Pid::from_raw(holder.id() as i32).unwrap();
@@ -179,7 +184,7 @@ fn a_lock_left_by_a_killed_daemon_is_reclaimed() {
     holder.wait().unwrap();
     // SIGKILL is delivered asynchronously to the group's other member (flock's sleep).
     let lock = loop {
-        match DaemonLock::acquire(dir.path()) {
+        match DaemonLock::acquire(dir.path(), Holder::Daemon) {
             Ok(lock) => break lock,
             Err(e) if started.elapsed() > Duration::from_secs(10) => {
                 panic!("a stale lock is never taken over: {e}")
@@ -188,7 +193,7 @@ fn a_lock_left_by_a_killed_daemon_is_reclaimed() {
         }
     };
     let text = std::fs::read_to_string(lock.path()).unwrap();
-    assert_eq!(text.trim(), std::process::id().to_string());
+    assert_eq!(text, format!("{}\ndaemon\n", std::process::id()));
 }
 
 #[tokio::test(start_paused = true)]

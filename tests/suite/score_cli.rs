@@ -445,13 +445,39 @@ fn score_is_refused_while_another_fk_agentd_holds_the_home() {
     let s = Setup::new();
     a_small_set(&s);
     fk_agentd::daemon::ensure_home(&s.home()).unwrap();
-    let held = fk_agentd::daemon::DaemonLock::acquire(&s.home()).unwrap();
+    let held = fk_agentd::daemon::DaemonLock::acquire(&s.home(), fk_agentd::daemon::Holder::Daemon)
+        .unwrap();
     s.score(&[])
         .code(fk_agentd::error::EXIT_UNAVAILABLE)
         .stderr(predicates::str::contains("already runs on"));
     assert!(!s.home().join("scores").exists(), "nothing is made");
     drop(held);
     s.score(&[]).success();
+}
+
+/// A `start` refused because a score holds the home says so, and does not offer
+/// `fk-agentd stop`, which cannot end a score.
+#[test]
+fn start_while_a_score_holds_the_home_names_the_score_not_stop() {
+    let s = Setup::new();
+    fk_agentd::daemon::ensure_home(&s.home()).unwrap();
+    let held = fk_agentd::daemon::DaemonLock::acquire(&s.home(), fk_agentd::daemon::Holder::Score)
+        .unwrap();
+    let out = Command::new(BIN)
+        .env_remove("FK_AGENTD_CONFIG")
+        .env_remove("FK_AGENTD_HOME")
+        .arg("--home")
+        .arg(s.home())
+        .args(["start", "--sim", "--targets", "L1/rms_norm"])
+        .assert()
+        .code(fk_agentd::error::EXIT_UNAVAILABLE);
+    let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    let me = format!("`fk-agentd score` (pid {}) holds", std::process::id());
+    assert!(err.contains(&me), "{err}");
+    assert!(err.contains("cannot stop a score"), "{err}");
+    assert!(!err.contains("stop it with"), "{err}");
+    assert!(!s.home().join("runs").exists(), "no run is made");
+    drop(held);
 }
 
 #[test]
@@ -486,7 +512,8 @@ fn a_running_score_holds_the_home_against_a_second_score() {
     let code = std::fs::read_to_string(&inner_code).expect("a bench ran the second score");
     assert_eq!(code.trim(), fk_agentd::error::EXIT_UNAVAILABLE.to_string());
     let err = std::fs::read_to_string(&inner_err).unwrap();
-    assert!(err.contains("already runs on"), "{err}");
+    assert!(err.contains("`fk-agentd score` (pid "), "{err}");
+    assert!(err.contains("cannot stop a score"), "{err}");
 }
 
 #[test]
