@@ -166,6 +166,15 @@ impl Drop for Leader {
     }
 }
 
+/// What a panic said, when it said it with a string.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
 const STOPPED: &str = "the lease journal's commit stopped before this write was committed";
 
 fn apply(c: &Connection, w: &LeaseWrite) -> rusqlite::Result<()> {
@@ -277,8 +286,20 @@ impl Store {
         });
         if let Some(mut leader) = self.queue_lease(write, reply) {
             // Not awaited: this writer's reply comes like the others'. A task the runtime
-            // never runs drops the leader, which fails the queue.
-            drop(tokio::task::spawn_blocking(move || leader.run()));
+            // never runs drops the leader, which fails the queue. Should no blocking thread
+            // be had at all, `spawn_blocking` panics in this writer with the task still
+            // queued, and writes wait for the runtime's next blocking thread to run it.
+            drop(tokio::task::spawn_blocking(move || {
+                let run = std::panic::AssertUnwindSafe(|| leader.run());
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    // Nobody awaits this task: without this the panic would be seen only
+                    // as the writers' STOPPED.
+                    tracing::error!(
+                        panic = panic_text(panic.as_ref()),
+                        "the lease journal's commit panicked; the writes it held failed"
+                    );
+                }
+            }));
         }
         self.lease_result(rx.await.unwrap_or_else(|_| Err(STOPPED.into())))
     }
@@ -389,5 +410,15 @@ mod tests {
             .expect("a new leader");
         again.run();
         assert_eq!(guard(&results).last(), Some(&(3, Ok(()))));
+    }
+
+    #[test]
+    fn a_panic_is_told_by_its_message_of_either_kind() {
+        let text: Box<dyn std::any::Any + Send> = Box::new("static");
+        let owned: Box<dyn std::any::Any + Send> = Box::new(String::from("owned"));
+        let other: Box<dyn std::any::Any + Send> = Box::new(7_u8);
+        assert_eq!(panic_text(text.as_ref()), "static");
+        assert_eq!(panic_text(owned.as_ref()), "owned");
+        assert_eq!(panic_text(other.as_ref()), "(no message)");
     }
 }
