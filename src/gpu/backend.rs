@@ -61,25 +61,44 @@ pub struct ExitInfo {
     pub signal: Option<i32>,
 }
 
-/// A lease's stdout and stderr files, created (or emptied) before its launch. The broker opens
-/// them while the grant's journal row commits, so that creating two files, which 12 leases
-/// granted at once do in one directory, is not added to the spawn.
+/// A lease's stdout and stderr files, made before its launch. The broker opens them while the
+/// grant's journal row commits, so that creating two files, which 12 leases granted at once do
+/// in one directory, is not added to the spawn; it empties what an earlier run left at the
+/// paths only once the grant is journaled ([`LeaseOutput::emptied`]), so a lease that never
+/// got its row destroys nothing.
 #[derive(Debug)]
 pub struct LeaseOutput {
     pub stdout: File,
     pub stderr: File,
     /// Where `stdout` is, for errors.
     pub stdout_path: PathBuf,
+    stderr_path: PathBuf,
 }
 
 impl LeaseOutput {
-    /// Creates both files (and their folders), or empties them if they exist.
+    /// Opens both files for writing from their start, creating them (and their folders) if
+    /// they do not exist; what an existing file holds stays until [`LeaseOutput::emptied`].
     pub fn open(stdout: &Path, stderr: &Path) -> Result<Self, LeaseError> {
         Ok(Self {
             stdout: open_output(stdout)?,
             stderr: open_output(stderr)?,
             stdout_path: stdout.to_path_buf(),
+            stderr_path: stderr.to_path_buf(),
         })
+    }
+
+    /// Empties both files (a new file is empty already).
+    pub fn emptied(self) -> Result<Self, LeaseError> {
+        for (file, path) in [
+            (&self.stdout, &self.stdout_path),
+            (&self.stderr, &self.stderr_path),
+        ] {
+            file.set_len(0).map_err(|source| LeaseError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(self)
     }
 }
 
@@ -292,7 +311,12 @@ fn open_output(path: &Path) -> Result<File, LeaseError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    File::create(path).map_err(io)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io)
 }
 
 /// The shell that puts a cgroup lease's child into its cgroup before the command runs.
@@ -599,5 +623,35 @@ impl LeaseBackend for LocalBackend {
                 (id, job)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opening keeps what an earlier run left at the paths; emptying clears it.
+    #[test]
+    fn outputs_keep_an_earlier_runs_text_until_emptied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (out, err) = (dir.path().join("a/x.stdout"), dir.path().join("a/x.stderr"));
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        std::fs::write(&out, "earlier run").unwrap();
+        let output = LeaseOutput::open(&out, &err).unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "earlier run");
+        assert_eq!(std::fs::read_to_string(&err).unwrap(), "");
+        let mut output = output.emptied().unwrap();
+        std::io::Write::write_all(&mut output.stdout, b"this run").unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "this run");
+    }
+
+    /// A path whose folder cannot be made is an error naming the path.
+    #[test]
+    fn outputs_under_a_file_fail_by_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let e = LeaseOutput::open(&file.join("x.stdout"), &file.join("x.stderr")).unwrap_err();
+        assert!(e.to_string().contains("x.stdout"), "{e}");
     }
 }

@@ -143,11 +143,13 @@ pub(crate) async fn execute(
     let fault_notify = Arc::new(Notify::new());
     let live = LiveLease::new(fault_notify.clone());
     broker.lock().live.insert(g.lease_id.clone(), live);
-    // The output files are made while the grant commits (the spawn still waits for both).
+    // The output files are made while the grant commits (the spawn still waits for both);
+    // what an earlier run left at their paths is emptied only once the grant is journaled.
     let (journaled, output) = tokio::join!(journal_grant(broker, &g), async {
         LeaseOutput::open(&g.cmd.stdout, &g.cmd.stderr)
     });
     journaled?;
+    let output = output.and_then(LeaseOutput::emptied);
     let Launched {
         job,
         containment,

@@ -238,6 +238,37 @@ async fn output_files_that_cannot_be_made_fail_the_lease_by_path_and_close_its_g
     assert_eq!(o.exit_code, Some(0));
 }
 
+/// A grant whose journal row cannot be written fails, runs nothing, and leaves what an
+/// earlier run wrote at its output paths.
+#[tokio::test]
+async fn a_grant_that_cannot_be_journaled_runs_nothing_and_keeps_earlier_output() {
+    let rig = rig_with(1, params());
+    let dir = rig.dir.path().to_path_buf();
+    let c = sh(&dir, "x", "touch ran");
+    std::fs::write(&c.stdout, "an earlier run's output").expect("old output");
+    // The journal's table goes, so the grant's insert fails.
+    let db = rusqlite::Connection::open(dir.join("fk-agentd.db")).expect("db");
+    db.execute_batch("DROP TABLE leases").expect("drop");
+    let err = rig
+        .broker
+        .run(
+            req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
+            c.clone(),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect_err("no journal row");
+    assert!(err.to_string().contains("leases"), "{err}");
+    assert!(
+        !dir.join("ran").exists(),
+        "a lease ran without its grant row"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&c.stdout).expect("old output"),
+        "an earlier run's output"
+    );
+}
+
 #[tokio::test]
 async fn ncu_cap_of_one_holds_while_other_classes_still_run() {
     let rig = rig_with(8, params());
