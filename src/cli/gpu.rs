@@ -98,7 +98,12 @@ pub(super) async fn cmd_lease(
 /// `fk-agentd lease --local`: one lease through an in-process broker on the configured GPUs.
 async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Result<i32, Error> {
     let flags = crate::cli::flags(global, None);
-    let config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
+    let mut config =
+        crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
+    // The provider's token variable never reaches the leased command.
+    config
+        .secret_env
+        .extend(crate::cli::provider_token_var(&config, env));
     // Bad flags are told before GPUs are looked for or the home is touched.
     let timeout = match args.timeout.as_deref() {
         Some(t) => parse_duration("--timeout", t)?,

@@ -279,6 +279,17 @@ fn cmd_session(
     Ok(0)
 }
 
+/// The variable holding the configured provider's token, when it comes from one: stripped
+/// from every child the broker starts. A provider config that does not load names none (the
+/// command that needs the provider reports that itself).
+pub(crate) fn provider_token_var(config: &crate::config::Config, env: &Env) -> Option<String> {
+    use crate::config::provider::{ProviderConfig, TokenSource};
+    match ProviderConfig::load(&config.provider, &config.home, env).ok()?.token {
+        TokenSource::Env { var } => Some(var),
+        _ => None,
+    }
+}
+
 fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {
     require_store(home)?;
     daemon::open_store(home)

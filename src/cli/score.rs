@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
-use crate::config::provider::{ProviderConfig, TokenSource};
+use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
 use crate::error::Error;
 use crate::score::driver::{BenchDriver, DriverParams};
@@ -176,11 +176,8 @@ async fn scoring_driver(
     json: bool,
     simulated: bool,
 ) -> Result<(ScoringDriver, crate::gpu::Broker, Option<ProviderConfig>), Error> {
-    let mut env_remove = Vec::new();
     let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
-    if let Some(TokenSource::Env { var }) = provider.as_ref().map(|p| &p.token) {
-        env_remove.push(var.clone());
-    }
+    let env_remove: Vec<String> = super::provider_token_var(config, env).into_iter().collect();
     let fastkernels_dir = match &config.fastkernels_dir {
         Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {
             let prepared = super::prepare_harness(config)?;
