@@ -291,7 +291,7 @@ async fn run_once(
     let journal = Arc::new(RunJournal::create(&store, &config.home, &new).expect("run"));
     let params = BrokerParams {
         spool_dir: dir.join("leases"),
-        ..BrokerParams::from_config(config, Vec::new())
+        ..BrokerParams::from_config(config)
     };
     let sim = Arc::new(SimBackend::new());
     let broker = Broker::with_backend(Inventory::fake(GPUS), params, store, sim.clone());

@@ -98,8 +98,7 @@ pub(super) async fn cmd_lease(
 /// `fk-agentd lease --local`: one lease through an in-process broker on the configured GPUs.
 async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Result<i32, Error> {
     let flags = crate::cli::flags(global, None);
-    let mut config =
-        crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
+    let mut config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
     // The provider's token variable never reaches the leased command.
     config
         .secret_env
@@ -113,7 +112,7 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
     let _lock =
         crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::LocalLease)?;
     let store = crate::daemon::open_store(&config.home)?;
-    let broker = crate::gpu::Broker::start(&config, &store, Vec::new()).await?;
+    let broker = crate::gpu::Broker::start(&config, &store).await?;
     let stamp = crate::store::now_rfc3339().replace([':', '.'], "-");
     let spool = config.home.join("leases").join(format!("local-{stamp}"));
     std::fs::create_dir_all(&spool)

@@ -284,7 +284,10 @@ fn cmd_session(
 /// command that needs the provider reports that itself).
 pub(crate) fn provider_token_var(config: &crate::config::Config, env: &Env) -> Option<String> {
     use crate::config::provider::{ProviderConfig, TokenSource};
-    match ProviderConfig::load(&config.provider, &config.home, env).ok()?.token {
+    match ProviderConfig::load(&config.provider, &config.home, env)
+        .ok()?
+        .token
+    {
         TokenSource::Env { var } => Some(var),
         _ => None,
     }

@@ -214,7 +214,7 @@ async fn scoring_driver(
     // The provider's token variable never reaches a bench child.
     let mut broker_config = config.clone();
     broker_config.secret_env.extend(env_remove.iter().cloned());
-    let broker = crate::gpu::Broker::start(&broker_config, &store, Vec::new()).await?;
+    let broker = crate::gpu::Broker::start(&broker_config, &store).await?;
     let command = if simulated {
         let exe = std::env::current_exe()
             .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;

@@ -155,7 +155,7 @@ pub async fn run_campaign_with(
     ensure_home(&config.home)?;
     let _lock = DaemonLock::acquire(&config.home, Holder::Daemon)?;
     let store = open_store(&config.home)?;
-    let broker = crate::gpu::Broker::start(config, &store, Vec::new()).await?;
+    let broker = crate::gpu::Broker::start(config, &store).await?;
     let plan = match &params.resume {
         Some(run_id) => plan::plan_resume(&store, config, run_id)?,
         None => plan::plan_new(&store, config)?,

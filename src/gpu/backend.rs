@@ -140,6 +140,18 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// Sets up, before any grant, what leases on GPU slots `0..slots` will run in (the local
     /// backend makes each GPU's cgroup, so the first lease on a GPU does not).
     fn prepare(&self, _slots: usize) {}
+    /// Why `argv0` would not start for a lease in `cwd` with `env` (its own variables) and
+    /// `env_remove` (the daemon's variables it does not get), checked before the request is
+    /// queued; `Ok` when it would, or when the backend cannot tell.
+    fn check_program(
+        &self,
+        _argv0: &str,
+        _cwd: &Path,
+        _env: &[(String, String)],
+        _env_remove: &[String],
+    ) -> Result<(), String> {
+        Ok(())
+    }
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError>;
     /// Sends SIGTERM (`hard == false`) or SIGKILL to every process of the job.
     fn signal(&self, job: &JobRef, hard: bool);
@@ -340,26 +352,40 @@ fn entry_file(kind: Containment, dir: &Path) -> PathBuf {
 }
 
 /// The checks `execvp` makes, so that a command that cannot start is still a spawn error when
-/// the trampoline (whose shell would exit 127) starts it. The PATH is the one the child gets:
-/// the lease's own, else the one it inherits from the daemon.
+/// the trampoline (whose shell would exit 127) starts it.
 pub(super) fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<PathBuf> {
+    resolve_in(argv0, spec.cwd, &spec.env, spec.env_remove)
+}
+
+/// The PATH a child with `env` (its own variables) and `env_remove` (variables taken from the
+/// daemon's) gets: its own, else the daemon's, else `/bin:/usr/bin`.
+fn child_path(env: &[(String, String)], env_remove: &[String]) -> std::ffi::OsString {
+    let set = env.iter().rev().find(|(k, _)| k == "PATH");
+    match set {
+        Some((_, v)) => Some(std::ffi::OsString::from(v)),
+        None if env_remove.iter().any(|k| k == "PATH") => None,
+        None => std::env::var_os("PATH"),
+    }
+    .unwrap_or_else(|| "/bin:/usr/bin".into())
+}
+
+/// Where `execvp` would find `argv0` for a child in `cwd` with that environment.
+fn resolve_in(
+    argv0: &str,
+    cwd: &Path,
+    env: &[(String, String)],
+    env_remove: &[String],
+) -> io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     if argv0.starts_with('-') {
         // A shell's `exec` would read it as an option.
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     let candidates: Vec<PathBuf> = if argv0.contains('/') {
-        vec![spec.cwd.join(argv0)]
+        vec![cwd.join(argv0)]
     } else {
-        let set = spec.env.iter().rev().find(|(k, _)| k == "PATH");
-        let path = match set {
-            Some((_, v)) => Some(std::ffi::OsString::from(v)),
-            None if spec.env_remove.iter().any(|k| k == "PATH") => None,
-            None => std::env::var_os("PATH"),
-        }
-        .unwrap_or_else(|| "/bin:/usr/bin".into());
-        std::env::split_paths(&path)
-            .map(|d| spec.cwd.join(d).join(argv0))
+        std::env::split_paths(&child_path(env, env_remove))
+            .map(|d| cwd.join(d).join(argv0))
             .collect()
     };
     let mut denied = false;
@@ -376,6 +402,27 @@ pub(super) fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<PathBuf>
     } else {
         libc::ENOENT
     }))
+}
+
+/// [`LeaseBackend::check_program`] for a process on this host: why `argv0` would not start.
+fn local_program_check(
+    argv0: &str,
+    cwd: &Path,
+    env: &[(String, String)],
+    env_remove: &[String],
+) -> Result<(), String> {
+    match resolve_in(argv0, cwd, env, env_remove) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(match e.raw_os_error() {
+            Some(libc::EACCES) => "is not executable".to_string(),
+            Some(libc::EINVAL) => "starts with `-`".to_string(),
+            _ if argv0.contains('/') => format!("is not found (in {})", cwd.display()),
+            _ => format!(
+                "is not found (searched {})",
+                child_path(env, env_remove).to_string_lossy()
+            ),
+        }),
+    }
 }
 
 /// Spawns the command; with `cgroup` (its entry file), through the trampoline, which reports
@@ -454,6 +501,16 @@ fn spawn(
 impl LeaseBackend for LocalBackend {
     fn name(&self) -> &'static str {
         "local"
+    }
+
+    fn check_program(
+        &self,
+        argv0: &str,
+        cwd: &Path,
+        env: &[(String, String)],
+        env_remove: &[String],
+    ) -> Result<(), String> {
+        local_program_check(argv0, cwd, env, env_remove)
     }
 
     fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<PathBuf> {

@@ -52,8 +52,6 @@ pub struct BrokerParams {
     pub sample_every: Duration,
     /// Variables never passed to leased commands (e.g. the provider token's `token_env`).
     pub env_remove: Vec<String>,
-    /// Directories searched for `ncu`/`nsys` (the daemon's PATH, read by the CLI).
-    pub search_path: Vec<PathBuf>,
     /// `/proc/driver/nvidia/params`, read by the `ncu` permission preflight.
     pub nvidia_params: PathBuf,
     /// The daemon runs as root (profiling counters are then allowed).
@@ -69,12 +67,11 @@ pub struct BrokerParams {
 }
 
 impl BrokerParams {
-    pub fn from_config(config: &Config, search_path: Vec<PathBuf>) -> Self {
+    pub fn from_config(config: &Config) -> Self {
         Self {
             lease_timeout: config.lease_timeout,
             ncu_cap: config.ncu_cap,
             nsys_cap: config.nsys_cap,
-            search_path,
             spool_dir: config.home.join("leases"),
             env_remove: config.secret_env.clone(),
             cgroup_root: config.cgroup_root.clone(),
@@ -98,7 +95,6 @@ impl BrokerParams {
             memory_slack_bytes: 256 << 20,
             sample_every: Duration::from_secs(1),
             env_remove: Vec::new(),
-            search_path: Vec::new(),
             nvidia_params: PathBuf::from("/proc/driver/nvidia/params"),
             is_root: rustix::process::geteuid().is_root(),
             spool_dir: PathBuf::from("/tmp/fk-agentd-leases"),
@@ -190,18 +186,9 @@ impl Broker {
 
     /// The daemon's broker: inventory from the config (a clear error when NVML is asked for
     /// and absent), then recovery of the leases a previous daemon left open.
-    /// `search_path` is where `ncu`/`nsys` are looked for (the CLI passes `PATH`).
-    pub async fn start(
-        config: &Config,
-        store: &Store,
-        search_path: Vec<PathBuf>,
-    ) -> Result<Self, LeaseError> {
+    pub async fn start(config: &Config, store: &Store) -> Result<Self, LeaseError> {
         let inventory = Inventory::discover(&config.gpus)?;
-        let broker = Self::new(
-            inventory,
-            BrokerParams::from_config(config, search_path),
-            store.clone(),
-        );
+        let broker = Self::new(inventory, BrokerParams::from_config(config), store.clone());
         let report = broker.recover().await?;
         if report != RecoveryReport::default() {
             tracing::warn!(adopted = ?report.adopted, reclaimed = ?report.reclaimed, swept = ?report.swept, "recovered leases of a previous daemon");

@@ -1,11 +1,18 @@
-//! Request checks before anything is queued: shape, limits, and the class preflights (`ncu`
-//! needs profiler permission and its binary, `nsys` its binary).
-
-use std::path::Path;
+//! Request checks before anything is queued: shape, limits, the environment it asks for, that
+//! its program would start (a missing `ncu` or `nsys` is the host's lack, exit 3; any other
+//! missing program is bad input, exit 2), and `ncu`'s profiler permission.
 
 use super::broker::Broker;
 use super::inventory::InventorySource;
 use super::types::{LeaseClass, LeaseCommand, LeaseError, LeaseRequest};
+
+/// Variables the broker sets in every lease's environment: a request may not set them (one
+/// naming other GPUs than the lease's would escape it until the NVML audit saw it).
+const RESERVED_ENV: [&str; 3] = [
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    super::backend::LEASE_ID_ENV,
+];
 
 impl Broker {
     /// Checks a request without queueing it: shape, limits, and the class preflights.
@@ -42,45 +49,37 @@ impl Broker {
                 "a command to run",
             ));
         }
-        match req.class {
-            LeaseClass::Ncu => {
-                self.require_tool(req.class, &cmd.argv[0], &cmd.cwd)?;
-                self.profiler_preflight()
-            }
-            LeaseClass::Nsys => self.require_tool(req.class, &cmd.argv[0], &cmd.cwd),
-            LeaseClass::Validate | LeaseClass::Bench => Ok(()),
+        if let Some((name, _)) = cmd.env.iter().find(|(k, _)| {
+            RESERVED_ENV.contains(&k.as_str()) || p.env_remove.iter().any(|r| r == k)
+        }) {
+            return Err(LeaseError::bad(
+                "env",
+                name,
+                format!(
+                    "a variable the broker leaves alone (it sets {} itself, and keeps secrets out)",
+                    RESERVED_ENV.join(", ")
+                ),
+            ));
         }
-    }
-
-    fn require_tool(&self, class: LeaseClass, argv0: &str, cwd: &Path) -> Result<(), LeaseError> {
-        let found = if argv0.contains('/') {
-            cwd.join(argv0).is_file()
-        } else if self.inner.params.search_path.is_empty() {
-            // No search path was given (the caller did not pass PATH): nothing to check against.
-            true
-        } else {
-            self.inner
-                .params
-                .search_path
-                .iter()
-                .any(|d| d.join(argv0).is_file())
-        };
-        if found {
-            return Ok(());
-        }
-        let searched = self
+        let argv0 = &cmd.argv[0];
+        let program = self
             .inner
-            .params
-            .search_path
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(":");
-        Err(LeaseError::ToolMissing {
-            class: class.as_str(),
-            tool: argv0.to_string(),
-            searched,
-        })
+            .backend
+            .check_program(argv0, &cmd.cwd, &cmd.env, &p.env_remove);
+        match (req.class, program) {
+            (LeaseClass::Ncu | LeaseClass::Nsys, Err(why)) => Err(LeaseError::ToolMissing {
+                class: req.class.as_str(),
+                tool: argv0.clone(),
+                why,
+            }),
+            (_, Err(why)) => Err(LeaseError::bad(
+                "command",
+                argv0,
+                format!("a program that can be run; it {why}"),
+            )),
+            (LeaseClass::Ncu, Ok(())) => self.profiler_preflight(),
+            (_, Ok(())) => Ok(()),
+        }
     }
 
     /// `ERR_NVGPUCTRPERM` before it happens: the driver restricts counters to admins.

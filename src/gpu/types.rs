@@ -175,11 +175,12 @@ pub enum LeaseError {
         "ERR_NVGPUCTRPERM: the driver restricts GPU performance counters to admin users ({detail}); run the daemon as root or set NVreg_RestrictProfilingToAdminUsers=0"
     )]
     ProfilerPermission { detail: String },
-    #[error("the {class} lease needs `{tool}`, which is not found{}", if .searched.is_empty() { String::new() } else { format!(" (searched {})", .searched) })]
+    #[error("the {class} lease needs `{tool}`, which {why}")]
     ToolMissing {
         class: &'static str,
         tool: String,
-        searched: String,
+        /// Why it cannot run, e.g. "is not found (searched /bin:/usr/bin)".
+        why: String,
     },
     #[error(
         "session `{session}` already holds {outstanding} lease(s) (limit: {running} running + {queued} queued)"

@@ -1,7 +1,7 @@
 //! GPU lease broker: grants, fairness, classes, bad requests, health, idempotency, pool.
 //! Fake GPUs (`fake:N`) and real short-lived processes; no GPU needed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,7 +24,6 @@ pub(crate) fn params() -> BrokerParams {
     let mut p = BrokerParams::defaults(Duration::from_secs(600));
     p.grace = Duration::from_secs(1);
     p.session_limits = None;
-    p.search_path = vec![PathBuf::from("/bin"), PathBuf::from("/usr/bin")];
     p
 }
 
@@ -333,6 +332,14 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
             Duration::from_secs(max_run),
         )
     };
+    let no_program = LeaseCommand {
+        argv: vec!["no-such-program-here".into()],
+        ..ok.clone()
+    };
+    let other_gpus = LeaseCommand {
+        env: vec![("CUDA_VISIBLE_DEVICES".into(), "0,1,2,3,4,5,6,7".into())],
+        ..ok.clone()
+    };
     let cases = [
         (r(0, 10), ok.clone()),
         (r(9, 10), ok.clone()),
@@ -342,7 +349,10 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
             req("s", LeaseClass::Nsys, 1, Duration::from_secs(10)),
             no_tool,
         ),
+        (r(1, 10), no_program),
+        (r(1, 10), other_gpus),
     ];
+    let path = std::env::var("PATH").unwrap_or_else(|_| "/bin:/usr/bin".into());
     let mut got = Vec::new();
     for (rq, cmd) in cases {
         let e = rig
@@ -359,7 +369,9 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
             ("invalid lease gpus = `9`: at most 8 (the GPUs of this node)".to_string(), 2),
             ("invalid lease timeout = `10m 1s`: more than 0 and at most the lease timeout (10m)".to_string(), 2),
             ("invalid lease command = `[]`: a command to run".to_string(), 2),
-            ("the nsys lease needs `nsys-not-installed`, which is not found (searched /bin:/usr/bin)".to_string(), 3),
+            (format!("the nsys lease needs `nsys-not-installed`, which is not found (searched {path})"), 3),
+            (format!("invalid lease command = `no-such-program-here`: a program that can be run; it is not found (searched {path})"), 2),
+            ("invalid lease env = `CUDA_VISIBLE_DEVICES`: a variable the broker leaves alone (it sets CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, FK_AGENTD_LEASE_ID itself, and keeps secrets out)".to_string(), 2),
         ]
     );
 }
@@ -767,10 +779,7 @@ async fn a_secret_variable_named_in_the_config_never_reaches_a_lease_child() {
         fk_agentd::config::Config::load(&flags, &env, &fk_agentd::target::Catalog::embedded())
             .unwrap();
     config.secret_env.push("HOME".into());
-    let mut p = BrokerParams::from_config(
-        &config,
-        vec![PathBuf::from("/bin"), PathBuf::from("/usr/bin")],
-    );
+    let mut p = BrokerParams::from_config(&config);
     p.session_limits = None;
     assert_eq!(p.env_remove, vec!["HOME".to_string()]);
     let rig = rig_with(1, p);

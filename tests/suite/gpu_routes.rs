@@ -298,7 +298,10 @@ fn lease_local_keeps_the_provider_token_from_the_command() {
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
     assert!(stdout.contains("done"), "{stdout}");
     assert!(stdout.contains("CUDA_VISIBLE_DEVICES="), "{stdout}");
-    assert!(!stdout.contains(secret), "the token reached the command: {stdout}");
+    assert!(
+        !stdout.contains(secret),
+        "the token reached the command: {stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
