@@ -163,6 +163,12 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn owns(&self, _job: &JobRef, _lease_id: &str, _pid: u32) -> bool {
         false
     }
+    /// After a restart: true unless process group `pgid` is alive with none of its processes
+    /// tagged with `lease_id`, i.e. the id now belongs to someone else (a reboot or a wrap of
+    /// pids). Such a group is neither adopted nor killed.
+    fn group_is_lease(&self, _pgid: i64, _lease_id: &str) -> bool {
+        true
+    }
     /// What really contained the job, known once it is gone (a cgroup lease's child reports
     /// whether it entered its cgroup); `None` keeps what the launch said.
     fn settle(&self, _job: &JobRef) -> Option<Containment> {
@@ -511,6 +517,11 @@ impl LeaseBackend for LocalBackend {
         env_remove: &[String],
     ) -> Result<(), String> {
         local_program_check(argv0, cwd, env, env_remove)
+    }
+
+    fn group_is_lease(&self, pgid: i64, lease_id: &str) -> bool {
+        !procfs::group_alive(pgid)
+            || procfs::group_has_env(pgid, &format!("{LEASE_ID_ENV}={lease_id}"))
     }
 
     fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<PathBuf> {

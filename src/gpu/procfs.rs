@@ -57,3 +57,12 @@ pub(crate) fn has_env(pid: i32, tag: &str) -> bool {
     std::fs::read(format!("/proc/{pid}/environ"))
         .is_ok_and(|environ| environ.split(|b| *b == 0).any(|kv| kv == tag.as_bytes()))
 }
+
+/// True when a live process of group `pgid` carries `tag`: the group is still the one that
+/// was journaled, not a later one that got the same id.
+pub(crate) fn group_has_env(pgid: i64, tag: &str) -> bool {
+    all_pids().into_iter().any(|p| {
+        matches!(proc_stat(p), Some((state, pgrp)) if pgrp == pgid && state != 'Z' && state != 'X')
+            && has_env(p, tag)
+    })
+}

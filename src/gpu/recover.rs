@@ -1,7 +1,9 @@
 //! Crash safety on restart: open journal rows become adopted leases or reclaimed ones.
 //!
-//! A lease whose process group or cgroup still holds a live process and whose wall-clock
-//! deadline is ahead is adopted: its GPUs are held again, a tracked task enforces the
+//! A journaled process group counts only while one of its live processes carries the lease's
+//! tag: after a reboot or a wrap of pids the id may name someone else's group, which is then
+//! left alone. A lease whose process group or cgroup still holds a live process and whose
+//! wall-clock deadline is ahead is adopted: its GPUs are held again, a tracked task enforces the
 //! original deadline, and its GPU use is audited as for any lease (`audit.rs`). Every other open row is ended: its group and cgroup (and every process
 //! tagged with its lease id) are killed, its cgroup emptied (and removed, unless it is a GPU's
 //! reusable one), its GPUs reclaimed, and its row is closed with an outcome saying so. Last,
@@ -53,8 +55,18 @@ impl Broker {
         let rows = self.inner.store.blocking(|s| s.open_leases()).await?;
         let mut report = RecoveryReport::default();
         let mut kept = Vec::new();
-        for row in rows {
+        for mut row in rows {
             let slots: Option<Vec<usize>> = row.gpus.iter().map(|u| self.slot_of(u).ok()).collect();
+            let mut reused = None;
+            if let Some(pgid) = row.pgid.filter(|&p| p > 0)
+                && !self.inner.backend.group_is_lease(pgid, &row.id)
+            {
+                tracing::warn!(lease = %row.id, pgid, "the lease's process group id now belongs to other processes; left alone");
+                reused = Some(format!(
+                    "process group {pgid} now holds processes without this lease's tag (its id was reused): left alone"
+                ));
+                row.pgid = None;
+            }
             let job = job_of(&row);
             let alive = (job.pgid > 0 || job.cgroup.is_some()) && self.inner.backend.alive(&job);
             let left_ms = row.deadline_unix_ms - unix_ms();
@@ -66,7 +78,7 @@ impl Broker {
                 }
                 (slots, _) => {
                     let id = row.id.clone();
-                    self.end_orphan(row, slots.unwrap_or_default(), alive)
+                    self.end_orphan(row, slots.unwrap_or_default(), alive, reused)
                         .await?;
                     report.reclaimed.push(id);
                 }
@@ -157,11 +169,12 @@ impl Broker {
         row: LeaseRow,
         slots: Vec<usize>,
         alive: bool,
+        reused: Option<String>,
     ) -> Result<(), LeaseError> {
         let backend = self.inner.backend.clone();
         let containment = containment_of(&row);
         let job = job_of(&row);
-        let mut notes = Vec::new();
+        let mut notes: Vec<String> = reused.into_iter().collect();
         let mut killed = false;
         if alive {
             backend.signal(&job, true);

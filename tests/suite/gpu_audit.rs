@@ -133,6 +133,7 @@ async fn an_adopted_lease_is_audited_like_any_other() {
     let uuids: Vec<String> = inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
     let mut lead = std::process::Command::new("sleep")
         .arg("60")
+        .env("FK_AGENTD_LEASE_ID", "a-live")
         .process_group(0)
         .spawn()
         .expect("spawn");

@@ -89,8 +89,15 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
         .into_iter()
         .map(|g| g.uuid)
         .collect();
-    let mut live = group_of(std::process::Command::new("sleep").arg("60"));
-    let mut overdue = group_of(std::process::Command::new("sleep").arg("60"));
+    let tag = |id: &str| {
+        let mut c = std::process::Command::new("sleep");
+        c.arg("60").env("FK_AGENTD_LEASE_ID", id);
+        c
+    };
+    let mut live = group_of(&mut tag("a-live"));
+    let mut overdue = group_of(&mut tag("c-overdue"));
+    // A group whose id the journal names, but not the lease's: its pid was reused.
+    let mut stranger = group_of(std::process::Command::new("sleep").arg("60"));
     let mut dead = group_of(&mut std::process::Command::new("true"));
     dead.wait().expect("true exits");
     let mut tagged = std::process::Command::new("sleep")
@@ -113,6 +120,12 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
             now_ms() - 1,
         ),
         row("d-unspawned", &uuids[3], None, now_ms() + 60_000),
+        row(
+            "e-reused",
+            &uuids[3],
+            Some(stranger.id() as i64),
+            now_ms() + 60_000,
+        ),
     ];
     for r in &rows {
         rig.store.insert_lease(r).expect("journal");
@@ -124,13 +137,30 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
         report,
         RecoveryReport {
             adopted: vec!["a-live".into()],
-            reclaimed: vec!["b-dead".into(), "c-overdue".into(), "d-unspawned".into()],
+            reclaimed: vec![
+                "b-dead".into(),
+                "c-overdue".into(),
+                "d-unspawned".into(),
+                "e-reused".into()
+            ],
             swept: vec![],
         }
     );
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(overdue.wait().expect("wait").signal(), Some(9));
     assert_eq!(tagged.wait().expect("wait").signal(), Some(9));
+    // The stranger lives on; its row says why it was left alone.
+    assert_eq!(stranger.try_wait().expect("try_wait"), None);
+    let notes = rig
+        .store
+        .lease("e-reused")
+        .expect("store")
+        .and_then(|r| r.outcome)
+        .map(|o| o["notes"].to_string())
+        .unwrap_or_default();
+    assert!(notes.contains("its id was reused"), "{notes}");
+    let _ = stranger.kill();
+    let _ = stranger.wait();
     let snap = restarted.snapshot();
     assert_eq!(
         (
