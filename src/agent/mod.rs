@@ -137,11 +137,13 @@ fn prepare(
     })
     .map_err(|e| format!("prompt: {e}"))?;
     let mut shell_env = p.shell_env.clone();
+    let mut lease_token = None;
     if let Some(access) = &p.lease_access {
         let token = access.broker.issue_session_token(&target.to_string());
         shell_env = shell_env
             .with_extra("FK_AGENTD_LEASE_TOKEN", token.expose())
             .with_extra("FK_AGENTD_SOCKET", &access.socket.display().to_string());
+        lease_token = Some(token);
     }
     let toolbox = Toolbox::new(ToolboxParams {
         workspace: ws,
@@ -166,5 +168,6 @@ fn prepare(
         cache_key: format!("{}/{target}", run.run_id()),
         params: p.loop_params.clone(),
         slot,
+        lease_token,
     })
 }

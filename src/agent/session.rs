@@ -61,6 +61,8 @@ pub struct SessionSetup {
     pub params: LoopParams,
     /// The session's agent slot; its GPU tools run off it ([`SessionSlot::off_slot`]).
     pub slot: Arc<SessionSlot>,
+    /// The lease token in the session's shell environment, revoked when the session ends.
+    pub lease_token: Option<crate::gpu::SessionToken>,
 }
 
 /// How the loop ends, before it is recorded.

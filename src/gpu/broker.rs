@@ -31,6 +31,32 @@ pub struct SessionLimits {
     pub queued: usize,
 }
 
+/// A session's lease token, valid while this is held: dropping it (at the session's end)
+/// revokes the token, so a shell the session left behind cannot lease as it.
+pub struct SessionToken {
+    token: LeaseToken,
+    broker: Broker,
+}
+
+impl SessionToken {
+    /// The value to put in the session's tool environment.
+    pub fn expose(&self) -> &str {
+        self.token.expose()
+    }
+}
+
+impl std::fmt::Debug for SessionToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionToken(***)")
+    }
+}
+
+impl Drop for SessionToken {
+    fn drop(&mut self) {
+        self.broker.inner.tokens.revoke(&self.token);
+    }
+}
+
 /// How the broker behaves. [`BrokerParams::from_config`] fills it from the validated config.
 #[derive(Clone, Debug)]
 pub struct BrokerParams {
@@ -270,9 +296,13 @@ impl Broker {
         format!("lease-{ms}-{n}-{:08x}", self.inner.id_salt)
     }
 
-    /// Issues the token a session's tools use for `fk-agentd lease`.
-    pub fn issue_session_token(&self, session: &str) -> LeaseToken {
-        self.inner.tokens.issue(session)
+    /// Issues the token a session's tools use for `fk-agentd lease`; valid until the returned
+    /// [`SessionToken`] is dropped.
+    pub fn issue_session_token(&self, session: &str) -> SessionToken {
+        SessionToken {
+            token: self.inner.tokens.issue(session),
+            broker: self.clone(),
+        }
     }
 
     /// The session a token belongs to.
@@ -281,11 +311,6 @@ impl Broker {
             .tokens
             .session_of(token)
             .ok_or(LeaseError::InvalidToken)
-    }
-
-    /// Forgets a session's tokens (when the session ends).
-    pub fn revoke_session_tokens(&self, session: &str) {
-        self.inner.tokens.revoke_session(session);
     }
 
     /// Queues a request; the receiver yields the granted slots.

@@ -46,7 +46,7 @@ pub use backend::{
     ExitFuture, ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, LeaseOutput,
     LocalBackend,
 };
-pub use broker::{Broker, BrokerParams, SessionLimits};
+pub use broker::{Broker, BrokerParams, SessionLimits, SessionToken};
 pub use cgroup::Cgroups;
 pub use health::{GpuEvent, XidDisposition, classify_xid};
 pub use inventory::{

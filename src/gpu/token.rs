@@ -1,7 +1,9 @@
 //! Per-session lease tokens: what lets an agent's own shell run `fk-agentd lease` as its session.
 //!
 //! The daemon hands a token to each session's tool environment (`FK_AGENTD_LEASE_TOKEN`); the
-//! control API maps it back to the session, so a request can never name another session.
+//! control API maps it back to the session, so a request can never name another session. A
+//! token is valid while its session holds it ([`crate::gpu::SessionToken`]): it is revoked when
+//! dropped, at the session's end.
 //! Only a SHA-256 of each token is kept, and tokens are compared by that digest.
 
 use std::collections::HashMap;
@@ -56,8 +58,8 @@ impl TokenBook {
         self.lock().get(&digest(token)).cloned()
     }
 
-    pub fn revoke_session(&self, session: &str) {
-        self.lock().retain(|_, s| s != session);
+    pub fn revoke(&self, token: &LeaseToken) {
+        self.lock().remove(&digest(token.expose()));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], String>> {

@@ -402,6 +402,7 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
     let shell = |call: &str, cmd: &str| {
         function_call_item(&format!("fc_{call}"), call, "shell", json!({"cmd": cmd}))
     };
+    let token_file = home.path().join("session-token");
     let fake = FakeResponses::start(vec![
         sse_response(
             "r1",
@@ -409,7 +410,10 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
                 reasoning_item("rs_1", "lease", "enc1"),
                 shell(
                     "c1",
-                    "fk-agentd lease -- sh -c 'echo leased-on-$CUDA_VISIBLE_DEVICES'",
+                    &format!(
+                        "printenv FK_AGENTD_LEASE_TOKEN > {:?}; fk-agentd lease -- sh -c 'echo leased-on-$CUDA_VISIBLE_DEVICES'",
+                        token_file
+                    ),
                 ),
             ],
             [10, 0, 5, 1],
@@ -446,7 +450,10 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
     ])
     .await;
     let (cfg2, url) = (cfg.clone(), fake.base_url.clone());
+    let kept: Arc<std::sync::Mutex<Option<fk_agentd::gpu::Broker>>> = Arc::default();
+    let keep = kept.clone();
     let runner = RunnerSource::WithBroker(Box::new(move |broker| {
+        *keep.lock().unwrap() = Some(broker.clone());
         Box::pin(async move {
             let token =
                 TokenProvider::literal(secrecy::SecretString::from("test-token-lease")).unwrap();
@@ -496,5 +503,13 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
         sessions,
         vec!["L1/gelu".to_string()],
         "the lease was charged to the session"
+    );
+    // The session's token worked while it ran, and was revoked when it ended.
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    assert!(token.trim().starts_with("fkl_"), "{token}");
+    let broker = kept.lock().unwrap().clone().expect("the broker");
+    assert!(
+        broker.session_for_token(token.trim()).is_err(),
+        "the token outlived its session"
     );
 }

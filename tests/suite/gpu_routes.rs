@@ -103,8 +103,12 @@ async fn a_lease_token_of_session_a_cannot_run_as_session_b() {
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = post_lease(&r, None, &call(&["true"], None, None)).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    rig.broker.revoke_session_tokens("L1/a");
-    let (status, _) = post_lease(&r, Some(token_a.expose()), &call(&["true"], None, None)).await;
+    // The token is valid while its session holds it, and not after.
+    let value = token_a.expose().to_string();
+    let (status, _) = post_lease(&r, Some(&value), &call(&["true"], None, None)).await;
+    assert_eq!(status, StatusCode::OK);
+    drop(token_a);
+    let (status, _) = post_lease(&r, Some(&value), &call(&["true"], None, None)).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 }
 
@@ -315,11 +319,8 @@ async fn fk_agentd_lease_streams_output_returns_the_exit_code_and_124_at_the_dea
     };
     let stop = CancellationToken::new();
     let server = tokio::spawn(fk_agentd::control::serve(listener, state, stop.clone()));
-    let token = rig
-        .broker
-        .issue_session_token("L1/gelu")
-        .expose()
-        .to_string();
+    let session_token = rig.broker.issue_session_token("L1/gelu");
+    let token = session_token.expose().to_string();
     let home = rig.dir.path().to_path_buf();
     let lease = move |args: &[&str]| {
         let (token, socket, home) = (token.clone(), socket.clone(), home.clone());
