@@ -53,6 +53,13 @@ pub(super) fn validate(
             let mut uuids = Vec::new();
             for item in items {
                 match item.as_str() {
+                    Some(u) if uuids.iter().any(|seen| seen == u) => {
+                        return Err(ConfigError::new(
+                            key,
+                            u,
+                            "each GPU UUID once (a GPU listed twice would be leased twice)",
+                        ));
+                    }
                     Some(u) if u.starts_with("GPU-") || u.starts_with("MIG-") => {
                         uuids.push(u.to_string())
                     }

@@ -417,12 +417,10 @@ impl GpuClient {
             .header(LEASE_TOKEN_HEADER, token)
             .json(call);
         let resp = self.send(req, "lease").await?;
-        if !resp.status().is_success() {
-            let body: serde_json::Value = resp.json().await.unwrap_or_default();
-            return Ok(LeaseEnd::Refused {
-                message: body["error"].as_str().unwrap_or("refused").to_string(),
-                exit_code: body["exit_code"].as_i64().unwrap_or(3) as i32,
-            });
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.text().await.unwrap_or_default();
+            return Ok(refusal(status, &text));
         }
         let mut stream = resp.bytes_stream();
         let mut buf = Vec::new();
@@ -445,5 +443,55 @@ impl GpuClient {
             "lease",
             "the daemon closed the stream before the outcome",
         ))
+    }
+}
+
+/// A refused lease call: the daemon's own `{error, exit_code}` body, or, for a body the
+/// daemon's request parser rejected (a 4xx in plain text naming the field), that text as bad
+/// input (exit 2); anything else is the daemon being unavailable (exit 3).
+fn refusal(status: reqwest::StatusCode, text: &str) -> LeaseEnd {
+    let body: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+    if let Some(message) = body["error"].as_str() {
+        return LeaseEnd::Refused {
+            message: message.to_string(),
+            exit_code: body["exit_code"].as_i64().unwrap_or(3) as i32,
+        };
+    }
+    let detail = text.trim();
+    let detail = if detail.is_empty() {
+        status.to_string()
+    } else {
+        format!("{status}: {detail}")
+    };
+    LeaseEnd::Refused {
+        message: format!("the daemon refused the lease request ({detail})"),
+        exit_code: if status.is_client_error() { 2 } else { 3 },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_text_rejection_is_bad_input_naming_what_the_parser_said() {
+        let rejected = refusal(
+            reqwest::StatusCode::UNPROCESSABLE_ENTITY,
+            "Failed to deserialize the JSON body into the target type: gpus: invalid type",
+        );
+        let LeaseEnd::Refused { message, exit_code } = rejected else {
+            panic!("not refused");
+        };
+        assert_eq!(exit_code, 2);
+        assert!(message.contains("gpus: invalid type"), "{message}");
+        let ours = refusal(
+            reqwest::StatusCode::FORBIDDEN,
+            r#"{"error": "invalid lease token", "exit_code": 2}"#,
+        );
+        assert!(
+            matches!(ours, LeaseEnd::Refused { ref message, exit_code: 2 } if message == "invalid lease token")
+        );
+        let down = refusal(reqwest::StatusCode::BAD_GATEWAY, "");
+        assert!(matches!(down, LeaseEnd::Refused { exit_code: 3, .. }));
     }
 }

@@ -30,9 +30,16 @@ impl Broker {
             ));
         }
         if req.max_run.is_zero() || req.max_run > p.lease_timeout {
+            // Whole seconds read as the config writes them; anything finer exactly, so that
+            // 600.5 s against a 10m limit does not read as `10m`.
+            let asked = if req.max_run.subsec_nanos() == 0 {
+                crate::config::format_duration(req.max_run)
+            } else {
+                format!("{}ms", req.max_run.as_millis())
+            };
             return Err(LeaseError::bad(
                 "timeout",
-                crate::config::format_duration(req.max_run),
+                asked,
                 format!(
                     "more than 0 and at most the lease timeout ({})",
                     crate::config::format_duration(p.lease_timeout)

@@ -175,6 +175,12 @@ fn file_errors_name_the_key() {
     );
     let err = load_file("[gpus]\ndevices = [\"not-a-uuid\"]\n").unwrap_err();
     assert_eq!(err.key, "gpus.devices");
+    let err = load_file("[gpus]\ndevices = [\"GPU-a\", \"GPU-b\", \"GPU-a\"]\n").unwrap_err();
+    assert_eq!(
+        (err.key.as_str(), err.value.as_str()),
+        ("gpus.devices", "GPU-a")
+    );
+    assert!(err.to_string().contains("each GPU UUID once"), "{err}");
     let err = load_file("[fastkernels]\ncommand = []\n").unwrap_err();
     assert_eq!(err.key, "fastkernels.command");
     let err = load_file("[campaign]\nmax_agents = \"twelve\"\n").unwrap_err();

@@ -351,6 +351,10 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
         ),
         (r(1, 10), no_program),
         (r(1, 10), other_gpus),
+        (
+            req("s", LeaseClass::Validate, 1, Duration::from_millis(600_500)),
+            ok.clone(),
+        ),
     ];
     let path = std::env::var("PATH").unwrap_or_else(|_| "/bin:/usr/bin".into());
     let mut got = Vec::new();
@@ -372,6 +376,7 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
             (format!("the nsys lease needs `nsys-not-installed`, which is not found (searched {path})"), 3),
             (format!("invalid lease command = `no-such-program-here`: a program that can be run; it is not found (searched {path})"), 2),
             ("invalid lease env = `CUDA_VISIBLE_DEVICES`: a variable the broker leaves alone (it sets CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, FK_AGENTD_LEASE_ID itself, and keeps secrets out)".to_string(), 2),
+            ("invalid lease timeout = `600500ms`: more than 0 and at most the lease timeout (10m)".to_string(), 2),
         ]
     );
 }
