@@ -163,10 +163,10 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn owns(&self, _job: &JobRef, _lease_id: &str, _pid: u32) -> bool {
         false
     }
-    /// After a restart: true unless process group `pgid` is alive with none of its processes
-    /// tagged with `lease_id`, i.e. the id now belongs to someone else (a reboot or a wrap of
-    /// pids). Such a group is neither adopted nor killed.
-    fn group_is_lease(&self, _pgid: i64, _lease_id: &str) -> bool {
+    /// After a restart: false when process group `pgid`, journaled for a lease granted at
+    /// `granted_unix_ms`, now belongs to someone else (the host rebooted, or the id was freed
+    /// and reused). Such a group is neither adopted nor killed. True when unsure.
+    fn group_is_lease(&self, _pgid: i64, _granted_unix_ms: i64) -> bool {
         true
     }
     /// What really contained the job, known once it is gone (a cgroup lease's child reports
@@ -519,9 +519,8 @@ impl LeaseBackend for LocalBackend {
         local_program_check(argv0, cwd, env, env_remove)
     }
 
-    fn group_is_lease(&self, pgid: i64, lease_id: &str) -> bool {
-        !procfs::group_alive(pgid)
-            || procfs::group_has_env(pgid, &format!("{LEASE_ID_ENV}={lease_id}"))
+    fn group_is_lease(&self, pgid: i64, granted_unix_ms: i64) -> bool {
+        !procfs::group_reused(pgid, granted_unix_ms)
     }
 
     fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<PathBuf> {

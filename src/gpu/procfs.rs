@@ -58,11 +58,41 @@ pub(crate) fn has_env(pid: i32, tag: &str) -> bool {
         .is_ok_and(|environ| environ.split(|b| *b == 0).any(|kv| kv == tag.as_bytes()))
 }
 
-/// True when a live process of group `pgid` carries `tag`: the group is still the one that
-/// was journaled, not a later one that got the same id.
-pub(crate) fn group_has_env(pgid: i64, tag: &str) -> bool {
-    all_pids().into_iter().any(|p| {
-        matches!(proc_stat(p), Some((state, pgrp)) if pgrp == pgid && state != 'Z' && state != 'X')
-            && has_env(p, tag)
-    })
+/// When this host booted, in Unix seconds (`btime` of `/proc/stat`).
+fn boot_unix_s() -> Option<i64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// When `pid` started, in Unix milliseconds (field 22 of its stat, in clock ticks since boot).
+fn start_unix_ms(pid: i32) -> Option<i64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    // After the `)`: state is field 3, so starttime (22) is the 20th.
+    let ticks: i64 = rest.split_whitespace().nth(19)?.parse().ok()?;
+    let hz = rustix::param::clock_ticks_per_second() as i64;
+    Some(boot_unix_s()? * 1000 + ticks * 1000 / hz.max(1))
+}
+
+/// How far a lease's lead may have started after its grant was journaled (the spawn follows
+/// the commit within milliseconds; this allows for the wall clock being stepped).
+const START_SLACK_MS: i64 = 60_000;
+
+/// True when process group `pgid`, journaled for a lease granted at `granted_unix_ms`, cannot
+/// be that lease's any more: the host booted since the grant, or the group's leader (the
+/// process whose pid is `pgid`) started well after it, so the id was freed and given to a
+/// later process. A group whose leader is gone is still the lease's: an id in use as a group
+/// is never handed out again. Unreadable facts count as "still the lease's".
+pub(crate) fn group_reused(pgid: i64, granted_unix_ms: i64) -> bool {
+    if boot_unix_s().is_some_and(|boot| boot * 1000 > granted_unix_ms + START_SLACK_MS) {
+        return true;
+    }
+    let Ok(pid) = i32::try_from(pgid) else {
+        return false;
+    };
+    live(pid) && start_unix_ms(pid).is_some_and(|start| start > granted_unix_ms + START_SLACK_MS)
 }

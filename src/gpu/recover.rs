@@ -1,8 +1,8 @@
 //! Crash safety on restart: open journal rows become adopted leases or reclaimed ones.
 //!
-//! A journaled process group counts only while one of its live processes carries the lease's
-//! tag: after a reboot or a wrap of pids the id may name someone else's group, which is then
-//! left alone. A lease whose process group or cgroup still holds a live process and whose
+//! A journaled process group counts only while it can still be the lease's: after a reboot, or
+//! once its leader is a process that started well after the grant (the id was freed and
+//! reused), it is someone else's group and is left alone. A lease whose process group or cgroup still holds a live process and whose
 //! wall-clock deadline is ahead is adopted: its GPUs are held again, a tracked task enforces the
 //! original deadline, and its GPU use is audited as for any lease (`audit.rs`). Every other open row is ended: its group and cgroup (and every process
 //! tagged with its lease id) are killed, its cgroup emptied (and removed, unless it is a GPU's
@@ -41,6 +41,16 @@ pub struct RecoveryReport {
     pub swept: Vec<String>,
 }
 
+/// When the lease was granted, from its journaled `granted_at`.
+fn granted_unix_ms(row: &LeaseRow) -> Option<i64> {
+    let at = time::OffsetDateTime::parse(
+        &row.granted_at,
+        &time::format_description::well_known::Rfc3339,
+    )
+    .ok()?;
+    Some((at.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
 fn job_of(row: &LeaseRow) -> JobRef {
     JobRef {
         pgid: row.pgid.unwrap_or(0),
@@ -59,11 +69,12 @@ impl Broker {
             let slots: Option<Vec<usize>> = row.gpus.iter().map(|u| self.slot_of(u).ok()).collect();
             let mut reused = None;
             if let Some(pgid) = row.pgid.filter(|&p| p > 0)
-                && !self.inner.backend.group_is_lease(pgid, &row.id)
+                && let Some(granted) = granted_unix_ms(&row)
+                && !self.inner.backend.group_is_lease(pgid, granted)
             {
                 tracing::warn!(lease = %row.id, pgid, "the lease's process group id now belongs to other processes; left alone");
                 reused = Some(format!(
-                    "process group {pgid} now holds processes without this lease's tag (its id was reused): left alone"
+                    "process group {pgid} is no longer this lease's (the host rebooted or the id was reused): left alone"
                 ));
                 row.pgid = None;
             }
@@ -74,7 +85,7 @@ impl Broker {
                 (Some(slots), true) => {
                     report.adopted.push(row.id.clone());
                     kept.extend(job.cgroup.clone());
-                    self.adopt(row, slots, Duration::from_millis(left_ms as u64));
+                    self.adopt(row, slots, Duration::from_millis(left_ms as u64), reused);
                 }
                 (slots, _) => {
                     let id = row.id.clone();
@@ -115,7 +126,7 @@ impl Broker {
         swept
     }
 
-    fn adopt(&self, row: LeaseRow, slots: Vec<usize>, left: Duration) {
+    fn adopt(&self, row: LeaseRow, slots: Vec<usize>, left: Duration, reused: Option<String>) {
         let class = LeaseClass::parse(&row.class).unwrap_or(LeaseClass::Validate);
         let fault_notify = std::sync::Arc::new(Notify::new());
         {
@@ -153,6 +164,7 @@ impl Broker {
             stop_sampling.cancel();
             let peak = sampler.await.ok().flatten();
             let mut notes = vec!["adopted after a daemon restart: exit code unknown".to_string()];
+            notes.extend(reused);
             end_job(&broker, &row.id, &job, containment, &mut notes).await;
             reclaim(&broker, &slots, &mut notes).await;
             let (why, _, xids) = verdict(&broker, &row.id, why, &mut notes);

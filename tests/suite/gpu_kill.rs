@@ -96,8 +96,15 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
     };
     let mut live = group_of(&mut tag("a-live"));
     let mut overdue = group_of(&mut tag("c-overdue"));
-    // A group whose id the journal names, but not the lease's: its pid was reused.
+    // Groups whose ids the journal names, but not the leases': one started ten minutes after
+    // its lease's grant (the id was freed and reused), one names a lease from before the boot.
     let mut stranger = group_of(std::process::Command::new("sleep").arg("60"));
+    let mut before_boot = group_of(std::process::Command::new("sleep").arg("60"));
+    let ago = |min: i64| {
+        (time::OffsetDateTime::now_utc() - time::Duration::minutes(min))
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("rfc3339")
+    };
     let mut dead = group_of(&mut std::process::Command::new("true"));
     dead.wait().expect("true exits");
     let mut tagged = std::process::Command::new("sleep")
@@ -120,12 +127,24 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
             now_ms() - 1,
         ),
         row("d-unspawned", &uuids[3], None, now_ms() + 60_000),
-        row(
-            "e-reused",
-            &uuids[3],
-            Some(stranger.id() as i64),
-            now_ms() + 60_000,
-        ),
+        LeaseRow {
+            granted_at: ago(10),
+            ..row(
+                "e-reused",
+                &uuids[3],
+                Some(stranger.id() as i64),
+                now_ms() + 60_000,
+            )
+        },
+        LeaseRow {
+            granted_at: "1970-01-02T00:00:00Z".into(),
+            ..row(
+                "f-before-boot",
+                &uuids[3],
+                Some(before_boot.id() as i64),
+                now_ms() + 60_000,
+            )
+        },
     ];
     for r in &rows {
         rig.store.insert_lease(r).expect("journal");
@@ -137,11 +156,13 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
         report,
         RecoveryReport {
             adopted: vec!["a-live".into()],
+            // Oldest grant first.
             reclaimed: vec![
+                "f-before-boot".into(),
+                "e-reused".into(),
                 "b-dead".into(),
                 "c-overdue".into(),
                 "d-unspawned".into(),
-                "e-reused".into()
             ],
             swept: vec![],
         }
@@ -149,18 +170,23 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(overdue.wait().expect("wait").signal(), Some(9));
     assert_eq!(tagged.wait().expect("wait").signal(), Some(9));
-    // The stranger lives on; its row says why it was left alone.
-    assert_eq!(stranger.try_wait().expect("try_wait"), None);
-    let notes = rig
-        .store
-        .lease("e-reused")
-        .expect("store")
-        .and_then(|r| r.outcome)
-        .map(|o| o["notes"].to_string())
-        .unwrap_or_default();
-    assert!(notes.contains("its id was reused"), "{notes}");
-    let _ = stranger.kill();
-    let _ = stranger.wait();
+    // The strangers live on; their rows say why they were left alone.
+    for (id, child) in [
+        ("e-reused", &mut stranger),
+        ("f-before-boot", &mut before_boot),
+    ] {
+        assert_eq!(child.try_wait().expect("try_wait"), None, "{id} was killed");
+        let notes = rig
+            .store
+            .lease(id)
+            .expect("store")
+            .and_then(|r| r.outcome)
+            .map(|o| o["notes"].to_string())
+            .unwrap_or_default();
+        assert!(notes.contains("is no longer this lease's"), "{id}: {notes}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     let snap = restarted.snapshot();
     assert_eq!(
         (
