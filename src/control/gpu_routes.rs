@@ -447,8 +447,9 @@ impl GpuClient {
 }
 
 /// A refused lease call: the daemon's own `{error, exit_code}` body, or, for a body the
-/// daemon's request parser rejected (a 4xx in plain text naming the field), that text as bad
-/// input (exit 2); anything else is the daemon being unavailable (exit 3).
+/// daemon's request parser rejected (400, 413, 415 or 422 in plain text naming the field),
+/// that text as bad input (exit 2); anything else (a 404 from a daemon without this route, a
+/// 5xx) is the daemon being unavailable (exit 3).
 fn refusal(status: reqwest::StatusCode, text: &str) -> LeaseEnd {
     let body: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
     if let Some(message) = body["error"].as_str() {
@@ -465,7 +466,10 @@ fn refusal(status: reqwest::StatusCode, text: &str) -> LeaseEnd {
     };
     LeaseEnd::Refused {
         message: format!("the daemon refused the lease request ({detail})"),
-        exit_code: if status.is_client_error() { 2 } else { 3 },
+        exit_code: match status.as_u16() {
+            400 | 413 | 415 | 422 => 2,
+            _ => 3,
+        },
     }
 }
 
@@ -493,5 +497,7 @@ mod tests {
         );
         let down = refusal(reqwest::StatusCode::BAD_GATEWAY, "");
         assert!(matches!(down, LeaseEnd::Refused { exit_code: 3, .. }));
+        let no_route = refusal(reqwest::StatusCode::NOT_FOUND, "");
+        assert!(matches!(no_route, LeaseEnd::Refused { exit_code: 3, .. }));
     }
 }

@@ -149,7 +149,7 @@ pub trait LeaseBackend: Send + Sync + 'static {
         _cwd: &Path,
         _env: &[(String, String)],
         _env_remove: &[String],
-    ) -> Result<(), String> {
+    ) -> Result<(), Unrunnable> {
         Ok(())
     }
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError>;
@@ -358,7 +358,9 @@ fn entry_file(kind: Containment, dir: &Path) -> PathBuf {
 }
 
 /// The checks `execvp` makes, so that a command that cannot start is still a spawn error when
-/// the trampoline (whose shell would exit 127) starts it.
+/// the trampoline (whose shell would exit 127) starts it. What only the exec itself finds
+/// (a script whose interpreter is missing) is a spawn error where the daemon execs the command
+/// (process groups, `clone3`) and the shell's exit 127 under the trampoline.
 pub(super) fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<PathBuf> {
     resolve_in(argv0, spec.cwd, &spec.env, spec.env_remove)
 }
@@ -410,25 +412,38 @@ fn resolve_in(
     }))
 }
 
+/// Why a lease's program would not start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unrunnable {
+    /// Nothing by that name was found (rather than found but not runnable).
+    pub missing: bool,
+    /// E.g. "is not found (searched /bin:/usr/bin)".
+    pub why: String,
+}
+
 /// [`LeaseBackend::check_program`] for a process on this host: why `argv0` would not start.
 fn local_program_check(
     argv0: &str,
     cwd: &Path,
     env: &[(String, String)],
     env_remove: &[String],
-) -> Result<(), String> {
-    match resolve_in(argv0, cwd, env, env_remove) {
-        Ok(_) => Ok(()),
-        Err(e) => Err(match e.raw_os_error() {
-            Some(libc::EACCES) => "is not executable".to_string(),
-            Some(libc::EINVAL) => "starts with `-`".to_string(),
-            _ if argv0.contains('/') => format!("is not found (in {})", cwd.display()),
-            _ => format!(
+) -> Result<(), Unrunnable> {
+    let Err(e) = resolve_in(argv0, cwd, env, env_remove) else {
+        return Ok(());
+    };
+    let (missing, why) = match e.raw_os_error() {
+        Some(libc::EACCES) => (false, "is not executable".to_string()),
+        Some(libc::EINVAL) => (false, "starts with `-`".to_string()),
+        _ if argv0.contains('/') => (true, format!("is not found (in {})", cwd.display())),
+        _ => (
+            true,
+            format!(
                 "is not found (searched {})",
                 child_path(env, env_remove).to_string_lossy()
             ),
-        }),
-    }
+        ),
+    };
+    Err(Unrunnable { missing, why })
 }
 
 /// Spawns the command; with `cgroup` (its entry file), through the trampoline, which reports
@@ -515,7 +530,7 @@ impl LeaseBackend for LocalBackend {
         cwd: &Path,
         env: &[(String, String)],
         env_remove: &[String],
-    ) -> Result<(), String> {
+    ) -> Result<(), Unrunnable> {
         local_program_check(argv0, cwd, env, env_remove)
     }
 

@@ -44,7 +44,7 @@ mod types;
 
 pub use backend::{
     ExitFuture, ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, LeaseOutput,
-    LocalBackend,
+    LocalBackend, Unrunnable,
 };
 pub use broker::{Broker, BrokerParams, SessionLimits, SessionToken};
 pub use cgroup::Cgroups;

@@ -14,6 +14,18 @@ const RESERVED_ENV: [&str; 3] = [
     super::backend::LEASE_ID_ENV,
 ];
 
+/// True when `argv0` names the profiler of an `ncu` or `nsys` lease (by its file name).
+fn is_profiler(class: LeaseClass, argv0: &str) -> bool {
+    let name = std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(argv0);
+    matches!(
+        (class, name),
+        (LeaseClass::Ncu, "ncu") | (LeaseClass::Nsys, "nsys")
+    )
+}
+
 impl Broker {
     /// Checks a request without queueing it: shape, limits, and the class preflights.
     pub fn check(&self, req: &LeaseRequest, cmd: &LeaseCommand) -> Result<(), LeaseError> {
@@ -30,19 +42,14 @@ impl Broker {
             ));
         }
         if req.max_run.is_zero() || req.max_run > p.lease_timeout {
-            // Whole seconds read as the config writes them; anything finer exactly, so that
-            // 600.5 s against a 10m limit does not read as `10m`.
-            let asked = if req.max_run.subsec_nanos() == 0 {
-                crate::config::format_duration(req.max_run)
-            } else {
-                format!("{}ms", req.max_run.as_millis())
-            };
+            // Exact, so that 600.5 s against a 10m limit does not read as `10m`.
+            let exact = |d: std::time::Duration| humantime::format_duration(d).to_string();
             return Err(LeaseError::bad(
                 "timeout",
-                asked,
+                exact(req.max_run),
                 format!(
                     "more than 0 and at most the lease timeout ({})",
-                    crate::config::format_duration(p.lease_timeout)
+                    exact(p.lease_timeout)
                 ),
             ));
         }
@@ -73,19 +80,21 @@ impl Broker {
             .inner
             .backend
             .check_program(argv0, &cmd.cwd, &cmd.env, &p.env_remove);
-        match (req.class, program) {
-            (LeaseClass::Ncu | LeaseClass::Nsys, Err(why)) => Err(LeaseError::ToolMissing {
+        match program {
+            // The profiler itself missing is the host's lack; any other program is the
+            // request's.
+            Err(u) if u.missing && is_profiler(req.class, argv0) => Err(LeaseError::ToolMissing {
                 class: req.class.as_str(),
                 tool: argv0.clone(),
-                why,
+                why: u.why,
             }),
-            (_, Err(why)) => Err(LeaseError::bad(
+            Err(u) => Err(LeaseError::bad(
                 "command",
                 argv0,
-                format!("a program that can be run; it {why}"),
+                format!("a program that can be run; it {}", u.why),
             )),
-            (LeaseClass::Ncu, Ok(())) => self.profiler_preflight(),
-            (_, Ok(())) => Ok(()),
+            Ok(()) if req.class == LeaseClass::Ncu => self.profiler_preflight(),
+            Ok(()) => Ok(()),
         }
     }
 

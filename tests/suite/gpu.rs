@@ -321,7 +321,12 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
         ..ok.clone()
     };
     let no_tool = LeaseCommand {
-        argv: vec!["nsys-not-installed".into()],
+        argv: vec!["nsys".into(), "profile".into()],
+        env: vec![("PATH".into(), "/no-profilers-here".into())],
+        ..ok.clone()
+    };
+    let ncu_of_a_missing_script = LeaseCommand {
+        argv: vec!["./missing.sh".into()],
         ..ok.clone()
     };
     let r = |gpus, max_run: u64| {
@@ -349,6 +354,10 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
             req("s", LeaseClass::Nsys, 1, Duration::from_secs(10)),
             no_tool,
         ),
+        (
+            req("s", LeaseClass::Ncu, 1, Duration::from_secs(10)),
+            ncu_of_a_missing_script,
+        ),
         (r(1, 10), no_program),
         (r(1, 10), other_gpus),
         (
@@ -373,10 +382,11 @@ async fn bad_requests_are_refused_with_the_field_and_value() {
             ("invalid lease gpus = `9`: at most 8 (the GPUs of this node)".to_string(), 2),
             ("invalid lease timeout = `10m 1s`: more than 0 and at most the lease timeout (10m)".to_string(), 2),
             ("invalid lease command = `[]`: a command to run".to_string(), 2),
-            (format!("the nsys lease needs `nsys-not-installed`, which is not found (searched {path})"), 3),
+            ("the nsys lease needs `nsys`, which is not found (searched /no-profilers-here)".to_string(), 3),
+            (format!("invalid lease command = `./missing.sh`: a program that can be run; it is not found (in {})", dir.display()), 2),
             (format!("invalid lease command = `no-such-program-here`: a program that can be run; it is not found (searched {path})"), 2),
             ("invalid lease env = `CUDA_VISIBLE_DEVICES`: a variable the broker leaves alone (it sets CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, FK_AGENTD_LEASE_ID itself, and keeps secrets out)".to_string(), 2),
-            ("invalid lease timeout = `600500ms`: more than 0 and at most the lease timeout (10m)".to_string(), 2),
+            ("invalid lease timeout = `10m 500ms`: more than 0 and at most the lease timeout (10m)".to_string(), 2),
         ]
     );
 }

@@ -548,13 +548,14 @@ async fn a_cgroup_lease_sees_the_argv_stdin_and_tag_a_process_group_lease_sees()
     assert_eq!(plain, "zero|a b|-c|[lease]\n/dev/null\n");
 }
 
+/// A program that is not there is refused before the grant, as bad input, whatever the
+/// containment.
 #[tokio::test]
-async fn a_command_that_cannot_start_is_the_same_spawn_error_in_a_cgroup_lease() {
+async fn a_command_that_is_not_there_is_refused_before_the_grant_in_every_containment() {
     let Some((plain, contained)) = on_all(&["no-such-command-for-fk-agentd"]).await else {
         return;
     };
     assert_eq!(contained, expected(&plain, &contained));
-    // Told before the grant, as bad input, whatever the containment.
     assert!(
         plain.starts_with(
             "error (exit 2): invalid lease command = `no-such-command-for-fk-agentd`: a program that can be run; it is not found (searched "
