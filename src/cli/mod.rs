@@ -280,17 +280,10 @@ fn cmd_session(
 }
 
 /// The variable holding the configured provider's token, when it comes from one: stripped
-/// from every child the broker starts. A provider config that does not load names none (the
-/// command that needs the provider reports that itself).
+/// from every child the broker starts. Read from the provider file even when the rest of it
+/// does not validate (the command that needs the provider reports that itself).
 pub(crate) fn provider_token_var(config: &crate::config::Config, env: &Env) -> Option<String> {
-    use crate::config::provider::{ProviderConfig, TokenSource};
-    match ProviderConfig::load(&config.provider, &config.home, env)
-        .ok()?
-        .token
-    {
-        TokenSource::Env { var } => Some(var),
-        _ => None,
-    }
+    crate::config::provider::ProviderConfig::token_env_of(&config.provider, &config.home, env)
 }
 
 fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {

@@ -128,6 +128,24 @@ impl ProviderConfig {
     /// Loads a provider by name or path. A name is looked up in `<home>/provider-config/`
     /// first, then among the shipped files.
     pub fn load(choice: &str, home: &Path, env: &Env) -> Result<Self, ConfigError> {
+        let (name, origin, text) = Self::locate(choice, home, env)?;
+        Self::parse(&name, &origin, &text, env)
+    }
+
+    /// The `token_env` a provider names, read without validating the rest, so that a
+    /// provider file with a bad setting still keeps its token variable out of children.
+    pub fn token_env_of(choice: &str, home: &Path, env: &Env) -> Option<String> {
+        let (_, _, text) = Self::locate(choice, home, env).ok()?;
+        let table: toml::Table = toml::from_str(&text).ok()?;
+        table.get("token_env")?.as_str().map(str::to_string)
+    }
+
+    /// `(name, origin, text)` of a provider chosen by name or path.
+    fn locate(
+        choice: &str,
+        home: &Path,
+        env: &Env,
+    ) -> Result<(String, String, String), ConfigError> {
         let looks_like_path = choice.contains('/') || choice.ends_with(".toml");
         let (name, origin, text) = if looks_like_path {
             let path = super::absolute(&env.cwd, Path::new(choice));
@@ -174,7 +192,7 @@ impl ProviderConfig {
                 ));
             }
         };
-        Self::parse(&name, &origin, &text, env)
+        Ok((name, origin, text))
     }
 
     /// Parses and validates provider TOML text.

@@ -280,32 +280,44 @@ fn lease_local_with_zero_gpus_or_a_bad_timeout_is_bad_input_before_gpus_are_look
     }
 }
 
-/// The provider's token variable is not in the environment of a `lease --local` command.
+/// The provider's token variable is not in the environment of a `lease --local` command,
+/// also when the provider file has another setting that does not validate.
 #[test]
 fn lease_local_keeps_the_provider_token_from_the_command() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("fk-agentd.toml");
+    let bad = dir.path().join("bad-provider.toml");
     std::fs::write(
-        &config,
-        "[provider]\nuse = \"openai\"\n[gpus]\ndevices = \"fake:1\"\n",
+        &bad,
+        "base_url = \"https://x.example/v1\"\nmodel = \"m:high\"\ntoken_env = \"FK_TEST_PROVIDER_TOKEN\"\n",
     )
-    .expect("config");
+    .expect("provider");
     let secret = "sk-lease-local-test-0123456789";
-    let out = assert_cmd::Command::cargo_bin("fk-agentd")
-        .expect("bin")
-        .args(["--home", &dir.path().join("home").display().to_string()])
-        .args(["--config", &config.display().to_string()])
-        .args(["lease", "--local", "--", "sh", "-c", "env; echo done"])
-        .env("OPENAI_API_KEY", secret)
-        .assert()
-        .success();
-    let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
-    assert!(stdout.contains("done"), "{stdout}");
-    assert!(stdout.contains("CUDA_VISIBLE_DEVICES="), "{stdout}");
-    assert!(
-        !stdout.contains(secret),
-        "the token reached the command: {stdout}"
-    );
+    for (provider, var) in [
+        ("openai".to_string(), "OPENAI_API_KEY"),
+        (bad.display().to_string(), "FK_TEST_PROVIDER_TOKEN"),
+    ] {
+        let config = dir.path().join("fk-agentd.toml");
+        std::fs::write(
+            &config,
+            format!("[provider]\nuse = {provider:?}\n[gpus]\ndevices = \"fake:1\"\n"),
+        )
+        .expect("config");
+        let out = assert_cmd::Command::cargo_bin("fk-agentd")
+            .expect("bin")
+            .args(["--home", &dir.path().join("home").display().to_string()])
+            .args(["--config", &config.display().to_string()])
+            .args(["lease", "--local", "--", "sh", "-c", "env; echo done"])
+            .env(var, secret)
+            .assert()
+            .success();
+        let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+        assert!(stdout.contains("done"), "{stdout}");
+        assert!(stdout.contains("CUDA_VISIBLE_DEVICES="), "{stdout}");
+        assert!(
+            !stdout.contains(secret),
+            "{provider}: the token reached the command: {stdout}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
