@@ -320,6 +320,99 @@ fn lease_local_keeps_the_provider_token_from_the_command() {
     }
 }
 
+/// A `lease --local` killed with SIGKILL leaves its command running; the next one adopts it,
+/// waits for its original deadline, and the command is gone afterwards.
+#[test]
+fn a_killed_lease_local_is_adopted_by_the_next_one_until_its_deadline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("fk-agentd.toml");
+    std::fs::write(&config, "[gpus]\ndevices = \"fake:1\"\n").expect("config");
+    let home = dir.path().join("home");
+    let pid_file = dir.path().join("pid");
+    let base = |cmd: &mut std::process::Command| {
+        cmd.args(["--home", &home.display().to_string()])
+            .args(["--config", &config.display().to_string()])
+            .env_remove("FK_AGENTD_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    };
+    let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"));
+    base(&mut first);
+    let mut first = first
+        .args(["lease", "--local", "--timeout", "3s", "--"])
+        .args([
+            "sh",
+            "-c",
+            &format!("echo $$ > {:?}; exec sleep 100", pid_file),
+        ])
+        .spawn()
+        .expect("first");
+    let started = std::time::Instant::now();
+    let pid: i32 = loop {
+        if let Some(p) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            break p;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // The process group is journaled right after the spawn: kill once it is.
+    let db = home.join("fk-agentd.db");
+    let running = || {
+        rusqlite::Connection::open(&db)
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM leases WHERE state = 'running'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|n| n == 1)
+    };
+    while !running() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never journaled"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
+    };
+    assert!(alive(pid), "the command died with its lease --local");
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"));
+    base(&mut second);
+    let status = second
+        .args(["lease", "--local", "--", "true"])
+        .status()
+        .expect("second");
+    assert!(status.success(), "{status:?}");
+    assert!(!alive(pid), "the adopted command outlived its deadline");
+    // It waited for the adopted lease's own deadline (3 s from its start), not a new one.
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(3) && elapsed < Duration::from_secs(30),
+        "{elapsed:?}"
+    );
+    let outcome: String = rusqlite::Connection::open(&db)
+        .expect("db")
+        .query_row(
+            "SELECT outcome FROM leases WHERE argv LIKE '%sleep 100%'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("the first lease's row");
+    assert!(
+        outcome.contains("adopted after a daemon restart"),
+        "{outcome}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fk_agentd_lease_streams_output_returns_the_exit_code_and_124_at_the_deadline() {
     let rig = rig_with(2, params());
