@@ -11,7 +11,8 @@
 //! Invariants:
 //! - A lease is never a bare token: the broker spawns every leased command itself, in its own
 //!   process group (and its own cgroup where the host allows), with
-//!   `CUDA_VISIBLE_DEVICES=<uuid,…>` and `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+//!   `CUDA_VISIBLE_DEVICES=<uuid,…>` and `CUDA_DEVICE_ORDER=PCI_BUS_ID`, which a request may
+//!   not set. A session's lease token is valid only while the session runs.
 //! - A grant is journaled before its command is spawned, so a restarted daemon can adopt or
 //!   reclaim it.
 //! - At the deadline the whole process group and cgroup get SIGTERM, then SIGKILL after the
