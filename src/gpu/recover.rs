@@ -1,15 +1,15 @@
 //! Crash safety on restart: open journal rows become adopted leases or reclaimed ones.
 //!
-//! A journaled process group counts only while it can still be the lease's: after a reboot, or
-//! once its leader is a process that started well after the grant (the id was freed and
-//! reused), it is someone else's group and is left alone. A lease whose process group or
-//! cgroup still holds a live process and whose wall-clock deadline is ahead is adopted: its GPUs are held again, a tracked task enforces the
-//! original deadline, and its GPU use is audited as for any lease (`audit.rs`). Every other open row is ended: its group and cgroup (and every process
-//! tagged with its lease id) are killed, its cgroup emptied (and removed, unless it is a GPU's
-//! reusable one), its GPUs reclaimed, and its row is closed with an outcome saying so. Last,
-//! every cgroup of this daemon's scope that holds processes (or belonged to one lease) and no
-//! adopted lease runs in is emptied the same way, so nothing a previous daemon started outlives
-//! it.
+//! A journaled process group counts only while it can still be the lease's: after a reboot, or once
+//! its leader is a process that started well after the grant (the id was freed and reused), it is
+//! someone else's group and is left alone. A lease whose process group or cgroup still holds a live
+//! process and whose wall-clock deadline is ahead is adopted: its GPUs are held again, a tracked
+//! task enforces the original deadline, and its GPU use is audited as for any lease (`audit.rs`).
+//! Every other open row is ended: its group and cgroup (and every process tagged with its lease id)
+//! are killed, its cgroup emptied (and removed, unless it is a GPU's reusable one), its GPUs
+//! reclaimed, and its row is closed with an outcome saying so. Last, every cgroup of this daemon's
+//! scope that holds processes (or belonged to one lease) and no adopted lease runs in is emptied
+//! the same way, so nothing a previous daemon started outlives it.
 
 use std::path::PathBuf;
 use std::time::Duration;
