@@ -1,7 +1,7 @@
 //! The single-instance lock: an exclusive `flock` on `<home>/fk-agentd.lock`, holding the
 //! owner's pid and what it is ([`Holder`]: a daemon, a score, a local lease), so that a refusal
-//! can say how to get the home back. The kernel drops the lock when the process dies, so a lock file left by a
-//! killed daemon is stale by construction and is simply taken over.
+//! can say how to get the home back. The kernel drops the lock when the process dies, so a
+//! lock file left by a killed daemon is stale by construction and is simply taken over.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -51,6 +51,14 @@ pub struct Held {
 }
 
 impl Held {
+    /// What the lock file open as `file` says, read from its start.
+    fn read(file: &mut File) -> Self {
+        let mut text = String::new();
+        let _ = file.seek(SeekFrom::Start(0));
+        let _ = file.read_to_string(&mut text);
+        Self::parse(&text)
+    }
+
     fn parse(text: &str) -> Self {
         let mut lines = text.lines().map(str::trim);
         Self {
@@ -121,10 +129,7 @@ impl DaemonLock {
             .open(&path)
             .map_err(io)?;
         while flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
-            let mut text = String::new();
-            let _ = file.seek(SeekFrom::Start(0));
-            let _ = file.read_to_string(&mut text);
-            let held = Held::parse(&text);
+            let held = Held::read(&mut file);
             // No pid in the file: its daemon has let go (a clean exit empties it) while a child
             // forked just before, by any thread of its process, holds a copy of the
             // descriptor until it execs; or a daemon is between taking the lock and writing its
@@ -136,12 +141,7 @@ impl DaemonLock {
                 });
             }
         }
-        let previous = {
-            let mut text = String::new();
-            let _ = file.seek(SeekFrom::Start(0));
-            let _ = file.read_to_string(&mut text);
-            Held::parse(&text).pid
-        };
+        let previous = Held::read(&mut file).pid;
         if let Some(pid) = previous.filter(|p| *p != std::process::id()) {
             tracing::warn!(pid, lock = %path.display(), "took over a stale lock left by a daemon that is gone");
         }
@@ -172,9 +172,7 @@ pub fn holder(home: &Path) -> Option<Held> {
     if flock(&file, FlockOperation::NonBlockingLockShared).is_ok() {
         return None;
     }
-    let mut text = String::new();
-    file.read_to_string(&mut text).ok()?;
-    let held = Held::parse(&text);
+    let held = Held::read(&mut file);
     held.pid.map(|_| held)
 }
 

@@ -421,31 +421,6 @@ pub struct Unrunnable {
     pub why: String,
 }
 
-/// [`LeaseBackend::check_program`] for a process on this host: why `argv0` would not start.
-fn local_program_check(
-    argv0: &str,
-    cwd: &Path,
-    env: &[(String, String)],
-    env_remove: &[String],
-) -> Result<(), Unrunnable> {
-    let Err(e) = resolve_in(argv0, cwd, env, env_remove) else {
-        return Ok(());
-    };
-    let (missing, why) = match e.raw_os_error() {
-        Some(libc::EACCES) => (false, "is not executable".to_string()),
-        Some(libc::EINVAL) => (false, "starts with `-`".to_string()),
-        _ if argv0.contains('/') => (true, format!("is not found (in {})", cwd.display())),
-        _ => (
-            true,
-            format!(
-                "is not found (searched {})",
-                child_path(env, env_remove).to_string_lossy()
-            ),
-        ),
-    };
-    Err(Unrunnable { missing, why })
-}
-
 /// Spawns the command; with `cgroup` (its entry file), through the trampoline, which reports
 /// on the returned socket whether it got in.
 ///
@@ -531,7 +506,22 @@ impl LeaseBackend for LocalBackend {
         env: &[(String, String)],
         env_remove: &[String],
     ) -> Result<(), Unrunnable> {
-        local_program_check(argv0, cwd, env, env_remove)
+        let Err(e) = resolve_in(argv0, cwd, env, env_remove) else {
+            return Ok(());
+        };
+        let (missing, why) = match e.raw_os_error() {
+            Some(libc::EACCES) => (false, "is not executable".to_string()),
+            Some(libc::EINVAL) => (false, "starts with `-`".to_string()),
+            _ if argv0.contains('/') => (true, format!("is not found (in {})", cwd.display())),
+            _ => (
+                true,
+                format!(
+                    "is not found (searched {})",
+                    child_path(env, env_remove).to_string_lossy()
+                ),
+            ),
+        };
+        Err(Unrunnable { missing, why })
     }
 
     fn group_is_lease(&self, pgid: i64, granted_unix_ms: i64) -> bool {
