@@ -309,6 +309,7 @@ async fn run_once(
         order: setup.order,
         session_timeout: config.session_timeout,
         drain_deadline: Duration::from_secs(30),
+        budget: Default::default(),
     };
     let t0 = Instant::now();
     let report = run_phase(

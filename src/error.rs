@@ -77,7 +77,7 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) | Error::Target(_) | Error::Usage(_) => EXIT_USAGE,
-            Error::Store(StoreError::UnknownRun(_)) => EXIT_USAGE,
+            Error::Store(StoreError::UnknownRun(_) | StoreError::RunId(_)) => EXIT_USAGE,
             Error::Store(_) | Error::Run(_) | Error::NotYet { .. } => EXIT_UNAVAILABLE,
             Error::Daemon(e) => e.exit_code(),
             Error::Control(ControlError::Refused { .. }) => EXIT_USAGE,

@@ -11,13 +11,15 @@
 //! | [`captures`]  | the capture folder: checked, or the embedded default written under the home |
 //! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
 //! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools |
-//! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, run events |
-//! | [`run`]       | run ids, run directories, the journal (store first, then `run.jsonl`)     |
+//! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |
+//! | [`run`]       | run ids (and unique prefixes), run directories, the journal (store first, then `run.jsonl`) |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
 //! | [`store`]     | SQLite (WAL, checkpointed off the commit path): events, runs, sessions, lease journal; migrations |
 //! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, GPU cgroups, reclaim, health |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
+//! | [`dashboard`] | the web dashboard and `/metrics` on loopback: token, pages, SVG, SSE  |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
+//! | [`inspect`]   | one session's events → a readable view; outcome words (end, verdict)      |
 //! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
 //! | [`tools`]     | tool specs the model sees, dispatch, apply_patch, the optimize prompt    |
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
@@ -40,10 +42,12 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod dashboard;
 pub mod error;
 pub mod facts;
 pub mod gpu;
 pub mod harness;
+pub mod inspect;
 pub mod llm;
 pub mod manifest;
 pub mod protect;

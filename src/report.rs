@@ -3,8 +3,11 @@
 
 use std::fmt::Write;
 
+use std::collections::BTreeMap;
+
 use crate::control::DaemonStatus;
-use crate::store::{Event, RunRow, SessionRow};
+use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
+use crate::store::{RunRow, SessionRow};
 
 /// A plain text table with left-aligned columns separated by two spaces.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -95,16 +98,31 @@ pub fn offline_status(home: &str, last: Option<&RunRow>) -> String {
     out
 }
 
-fn detail_str(row: &SessionRow, key: &str) -> String {
-    match row.detail.get(key) {
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(serde_json::Value::Null) | None => "-".into(),
-        Some(v) => v.to_string(),
+/// How `sessions` lays out its table.
+#[derive(Clone, Copy, Debug)]
+pub struct TableOptions {
+    /// Columns available (the terminal's width, or 120 when not known).
+    pub width: usize,
+    /// Colour the verdicts (a TTY without `NO_COLOR`).
+    pub color: bool,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        Self {
+            width: 120,
+            color: false,
+        }
     }
 }
 
-/// `fk-agentd sessions`: one row per target.
-pub fn sessions_table(run: &RunRow, rows: &[SessionRow]) -> String {
+/// `fk-agentd sessions`: one row per target, its end and its verdict kept apart.
+pub fn sessions_table(
+    run: &RunRow,
+    rows: &[SessionRow],
+    outcomes: &BTreeMap<String, Outcome>,
+    opts: TableOptions,
+) -> String {
     let mut out = String::new();
     out.push_str(sim_banner(run.simulated));
     let _ = writeln!(
@@ -115,71 +133,230 @@ pub fn sessions_table(run: &RunRow, rows: &[SessionRow]) -> String {
         run.status,
         run.targets.len()
     );
+    let wide = opts.width >= 110;
+    let mut header = vec![
+        "TARGET", "STATE", "VERDICT", "TURNS", "TOKENS", "BEST", "ELAPSED",
+    ];
+    if wide {
+        header.extend(["LEASES", "GPU_S", "NOTE"]);
+    }
+    let mut colours = Vec::new();
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
-                r.target.clone(),
-                r.state.clone(),
-                detail_str(r, "turns"),
-                detail_str(r, "tokens"),
-                detail_str(r, "leases"),
-                detail_str(r, "gpu_s"),
-                detail_str(r, "best_speedup"),
-                detail_str(r, "elapsed"),
-                detail_str(r, "last_event"),
-            ]
+            let outcome = outcomes.get(&r.target);
+            colours.push(outcome.map(|o| verdict_colour(&o.verdict)));
+            session_cells(r, outcome, wide)
         })
         .collect();
-    out.push_str(&table(
-        &[
-            "TARGET",
-            "STATE",
-            "TURNS",
-            "TOKENS",
-            "LEASES",
-            "GPU_S",
-            "BEST",
-            "ELAPSED",
-            "LAST EVENT",
-        ],
-        &body,
-    ));
-    out
-}
-
-/// `fk-agentd session TARGET`: header and the timeline of its events.
-pub fn session_timeline(
-    run: &RunRow,
-    target: &str,
-    state: Option<&SessionRow>,
-    events: &[Event],
-) -> String {
-    let mut out = String::new();
-    out.push_str(sim_banner(run.simulated));
-    let _ = writeln!(out, "session {target} in run {}", run.id);
-    let _ = writeln!(
-        out,
-        "state   {}",
-        state.map(|s| s.state.as_str()).unwrap_or("unknown")
-    );
-    let _ = writeln!(out, "events  {}\n", events.len());
-    for e in events {
-        let summary = summarize_payload(&e.payload);
-        let _ = writeln!(out, "{:>5}  {}  {:<16}  {}", e.seq, e.at, e.kind, summary);
-    }
-    out
-}
-
-/// A one-line summary of an event payload, at most 120 characters.
-pub fn summarize_payload(payload: &serde_json::Value) -> String {
-    let text = match payload.get("status").or_else(|| payload.get("summary")) {
-        Some(serde_json::Value::String(s)) => s.clone(),
-        _ => payload.to_string(),
+    // TARGET, VERDICT and NOTE give way, in that order from the last, when the width is short.
+    let shrink: &[(usize, usize)] = if wide {
+        &[(9, 8), (0, 14), (2, 12)]
+    } else {
+        &[(0, 14), (2, 12)]
     };
-    let mut short: String = text.chars().take(120).collect();
-    if text.chars().count() > 120 {
-        short.push('…');
+    let lines = fit_table(&header, &body, opts.width, shrink);
+    let mut lines = lines.into_iter();
+    if let Some(h) = lines.next() {
+        out.push_str(&h);
+        out.push('\n');
     }
-    short
+    for (line, colour) in lines.zip(colours) {
+        out.push_str(&paint_column(&line, &header, colour, opts.color));
+        out.push('\n');
+    }
+    let mut tally = OutcomeTally::of(rows.iter().filter_map(|r| outcomes.get(&r.target)));
+    tally.add_queued(
+        rows.iter()
+            .filter(|r| !outcomes.contains_key(&r.target))
+            .count(),
+    );
+    let _ = writeln!(out, "\n{}", tally.line());
+    out
+}
+
+fn session_cells(r: &SessionRow, outcome: Option<&Outcome>, wide: bool) -> Vec<String> {
+    let state = match outcome.map(|o| &o.end) {
+        Some(SessionEnd::Running) | None => r.state.clone(),
+        Some(end) => end.word().to_string(),
+    };
+    let verdict = outcome
+        .map(|o| o.verdict.short())
+        .unwrap_or_else(|| "-".into());
+    let mut cells = vec![
+        r.target.clone(),
+        state,
+        verdict,
+        detail_str(r, "turns"),
+        detail_u64(r, "tokens")
+            .map(group)
+            .unwrap_or_else(|| "-".into()),
+        best(r),
+        elapsed(r),
+    ];
+    if wide {
+        cells.push(detail_str(r, "leases"));
+        cells.push(match r.detail.get("gpu_s").and_then(|v| v.as_f64()) {
+            Some(g) => format!("{g:.1}"),
+            None => "-".into(),
+        });
+        cells.push(note(r, outcome));
+    }
+    cells
+}
+
+/// What is worth a glance beyond the verdict: why it failed, or what a running session does.
+fn note(r: &SessionRow, outcome: Option<&Outcome>) -> String {
+    match outcome {
+        Some(Outcome {
+            end: SessionEnd::Failed(why) | SessionEnd::Skipped(why),
+            ..
+        }) => why.clone(),
+        Some(Outcome {
+            end: SessionEnd::Running,
+            ..
+        })
+        | None => {
+            let last = detail_str(r, "last_event");
+            if last == "-" || last == r.state {
+                String::new()
+            } else {
+                last
+            }
+        }
+        Some(Outcome {
+            verdict: Verdict::NotWinner { detail, .. } | Verdict::NoValidCandidate { detail },
+            ..
+        }) => detail.clone(),
+        Some(_) => String::new(),
+    }
+}
+
+fn verdict_colour(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Winner { .. } => "32",
+        Verdict::NotWinner { .. } => "33",
+        Verdict::NoValidCandidate { .. } => "31",
+        Verdict::Pending => "36",
+    }
+}
+
+/// Colours the VERDICT cell of a rendered row (found by its position, padding untouched).
+fn paint_column(line: &str, header: &[&str], colour: Option<&'static str>, on: bool) -> String {
+    let (Some(colour), true) = (colour, on) else {
+        return line.to_string();
+    };
+    let Some(col) = header.iter().position(|h| *h == "VERDICT") else {
+        return line.to_string();
+    };
+    // Columns are separated by two or more spaces; the VERDICT cell is the third run of text.
+    let starts = cell_starts(line);
+    let (Some(&from), to) = (starts.get(col), starts.get(col + 1).copied()) else {
+        return line.to_string();
+    };
+    let chars: Vec<char> = line.chars().collect();
+    let end = to.unwrap_or(chars.len());
+    let cell: String = chars[from..end].iter().collect();
+    let text = cell.trim_end();
+    let pad = &cell[text.len()..];
+    let before: String = chars[..from].iter().collect();
+    let after: String = chars[end..].iter().collect();
+    format!("{before}\x1b[{colour}m{text}\x1b[0m{pad}{after}")
+}
+
+/// Where each cell of a rendered row starts (after a run of two or more spaces).
+fn cell_starts(line: &str) -> Vec<usize> {
+    let chars: Vec<char> = line.chars().collect();
+    let mut starts = vec![0];
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] == ' ' && chars.get(i + 1) == Some(&' ') {
+            let mut j = i;
+            while j < chars.len() && chars[j] == ' ' {
+                j += 1;
+            }
+            if j < chars.len() {
+                starts.push(j);
+            }
+            i = j;
+        } else {
+            i += 1;
+        }
+    }
+    starts
+}
+
+/// A table that fits `width`: the `shrink` columns (index, narrowest) are cut with `…`, the
+/// later-listed first, until it fits or they are at their narrowest.
+pub fn fit_table(
+    header: &[&str],
+    rows: &[Vec<String>],
+    width: usize,
+    shrink: &[(usize, usize)],
+) -> Vec<String> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate().take(widths.len()) {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
+    for &(col, min) in shrink.iter().rev() {
+        let over = total(&widths).saturating_sub(width);
+        if over == 0 {
+            break;
+        }
+        if col < widths.len() {
+            let floor = min.max(header[col].chars().count()).min(widths[col]);
+            widths[col] = widths[col].saturating_sub(over).max(floor);
+        }
+    }
+    let clipped: Vec<Vec<String>> = std::iter::once(header.iter().map(|h| h.to_string()).collect())
+        .chain(rows.iter().cloned())
+        .map(|row: Vec<String>| {
+            row.iter()
+                .enumerate()
+                .map(|(i, c)| crate::inspect::clip(c, widths.get(i).copied().unwrap_or(usize::MAX)))
+                .collect()
+        })
+        .collect();
+    let head: Vec<&str> = clipped[0].iter().map(String::as_str).collect();
+    table(&head, &clipped[1..])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn detail_str(row: &SessionRow, key: &str) -> String {
+    match row.detail.get(key) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Null) | None => "-".into(),
+        Some(v) => v.to_string(),
+    }
+}
+
+fn detail_u64(row: &SessionRow, key: &str) -> Option<u64> {
+    row.detail.get(key).and_then(|v| v.as_u64())
+}
+
+/// The best validated speedup, stored as a number (`1.014`) or, by older daemons, `"1.014x"`.
+fn best(r: &SessionRow) -> String {
+    match r.detail.get("best_speedup") {
+        Some(serde_json::Value::Number(n)) => n
+            .as_f64()
+            .map(|g| format!("{g:.3}x"))
+            .unwrap_or_else(|| "-".into()),
+        _ => detail_str(r, "best_speedup"),
+    }
+}
+
+/// Elapsed time, stored as seconds or, by older daemons, as `"0:01:20"`.
+fn elapsed(r: &SessionRow) -> String {
+    match r.detail.get("elapsed") {
+        Some(serde_json::Value::Number(n)) => {
+            let s = n.as_f64().unwrap_or(0.0).round() as u64;
+            format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+        }
+        _ => detail_str(r, "elapsed"),
+    }
 }

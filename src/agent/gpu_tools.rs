@@ -2,12 +2,18 @@
 //! harness (or the simulated bench) through a [`BenchLauncher`] — under a GPU lease when the
 //! launcher is the broker's — and answers with a compact table of scenario rows and the gate's
 //! verdict. Profilers answer what they can on this host.
+//!
+//! `validate` also says whether the geomean lies inside the target's noise band: the largest
+//! row deviation of a self-test (the baseline benched against itself) of that target, taken
+//! on its first validate and cached for the campaign in
+//! `<run>/noise/<captures key>/L<n>_<stem>.json`, so agents stop chasing noise.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures::future::BoxFuture;
 use serde_json::json;
+use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
 use super::journal::SessionJournal;
@@ -128,7 +134,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             let work = ws.session_dir().join("validations").join(format!("{n:03}"));
             let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
                 .for_session(&ws.target().to_string(), &ws.cache_dir());
-            let run = driver.run(req, cancel).await;
+            let run = driver.run(req, cancel.clone()).await;
             let gpu_s = run.exit.as_ref().map(|e| e.wall_s).unwrap_or(0.0);
             let _ = journal.update("running", |p| {
                 p.leases += 1;
@@ -142,7 +148,16 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                         .cloned()
                         .unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
                     record_validation(&journal, n, &v, gpu_s);
-                    Ok(ToolOutput::ok(render(&result, &v, &screen)))
+                    let band = match v.geomean {
+                        Some(_) => noise_band(&driver, &ws, &cancel).await,
+                        None => Err(String::new()),
+                    };
+                    let noise = noise_text(v.geomean, &band);
+                    Ok(ToolOutput::ok(render(
+                        &result,
+                        &v,
+                        &format!("{noise}{screen}"),
+                    )))
                 }
                 Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled {
                     tool: "validate".into(),
@@ -208,6 +223,76 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 ProfileKind::Nsys => super::profile::nsys(&params, args).await,
             }
         })
+    }
+}
+
+/// The target's noise band: `h` such that a geomean within `[e^-h, e^h]` is no measurable
+/// change (the self-test's largest row deviation, at least 1 %), cached per run, target and
+/// captures. `Err` says why it is unknown.
+async fn noise_band<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    ws: &Workspace,
+    cancel: &CancellationToken,
+) -> Result<f64, String> {
+    let captures = driver.params().captures.to_string_lossy().into_owned();
+    let key = format!("{:x}", sha2::Sha256::digest(captures.as_bytes()));
+    let t = ws.target();
+    let run_dir = ws
+        .session_dir()
+        .ancestors()
+        .nth(3)
+        .unwrap_or(ws.session_dir());
+    let dir = run_dir.join("noise").join(&key[..12]);
+    let file = dir.join(format!("L{}_{}.json", t.level(), t.stem()));
+    if let Some(h) = std::fs::read(&file)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["band"].as_f64())
+    {
+        return Ok(h);
+    }
+    let empty = dir.join("no-candidates");
+    std::fs::create_dir_all(&empty).map_err(|e| e.to_string())?;
+    let mut req =
+        BenchRequest::target(t, &empty, &dir.join(format!("L{}_{}", t.level(), t.stem())))
+            .for_session(&t.to_string(), &ws.cache_dir());
+    req.self_test = true;
+    req.label = format!("{t} (self-test)");
+    let run = driver.run(req, cancel.clone()).await;
+    let result = run
+        .result
+        .map_err(|f| format!("self-test: {}", f.describe()))?;
+    let worst = result
+        .scenarios
+        .iter()
+        .filter(|r| r.status == crate::score::result::Status::Passed && r.speedup > 0.0)
+        .map(|r| r.speedup.ln().abs())
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        .ok_or("self-test: no timed row")?;
+    let band = worst.max(0.01);
+    let record = json!({"target": t, "captures": captures, "band": band, "rows": result.scenarios.len(), "simulated": result.simulated});
+    let _ = crate::score::pipeline::write_json(&file, &record);
+    Ok(band)
+}
+
+/// `noise: 0.960x is within noise of the baseline (±8 %) …`, or why the band is unknown.
+fn noise_text(geomean: Option<f64>, band: &Result<f64, String>) -> String {
+    let Some(g) = geomean else {
+        return String::new();
+    };
+    match band {
+        Ok(h) => {
+            let pct = (h.exp() - 1.0) * 100.0;
+            if g.ln().abs() <= *h {
+                format!(
+                    "noise: {g:.3}x is within noise of the baseline (±{pct:.0} %, from a self-test of the baseline against itself): not a measurable change\n"
+                )
+            } else {
+                format!("noise: {g:.3}x is outside the baseline's noise band (±{pct:.0} %)\n")
+            }
+        }
+        Err(why) if why.is_empty() => String::new(),
+        Err(why) => format!("noise band unknown ({why})\n"),
     }
 }
 
@@ -277,5 +362,71 @@ fn truncate(s: &str, n: usize) -> String {
         s.to_string()
     } else {
         s.chars().take(n - 1).collect::<String>() + "…"
+    }
+}
+
+#[cfg(test)]
+mod noise_tests {
+    use super::*;
+    use crate::score::driver::DriverParams;
+    use crate::sim::in_process::InProcessLauncher;
+    use crate::workspace::WorkspaceParams;
+
+    #[test]
+    fn a_geomean_inside_the_band_is_called_noise() {
+        let band = Ok(0.077);
+        assert_eq!(
+            noise_text(Some(0.96), &band),
+            "noise: 0.960x is within noise of the baseline (±8 %, from a self-test of the baseline against itself): not a measurable change\n"
+        );
+        assert_eq!(
+            noise_text(Some(1.2), &band),
+            "noise: 1.200x is outside the baseline's noise band (±8 %)\n"
+        );
+        assert_eq!(
+            noise_text(
+                Some(1.2),
+                &Err("self-test: bench exit 1 without JSON".into())
+            ),
+            "noise band unknown (self-test: bench exit 1 without JSON)\n"
+        );
+        assert_eq!(noise_text(None, &band), "");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_band_comes_from_one_self_test_per_target_and_is_cached() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("baselines/L1");
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::write(base.join("gelu.py"), "class GELU: pass\n").unwrap();
+        std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+        let ws = Workspace::create(&WorkspaceParams {
+            session_dir: tmp.path().join("run/sessions/L1/gelu"),
+            target: "L1/gelu".parse().unwrap(),
+            baseline: base.join("gelu.py"),
+        })
+        .unwrap();
+        let params = DriverParams {
+            command: vec!["sim-bench".into()],
+            fastkernels_dir: None,
+            captures: tmp.path().join("captures"),
+            deadline: std::time::Duration::from_secs(60),
+            parallel: 1,
+            env_remove: Vec::new(),
+        };
+        let driver = BenchDriver::new(params, InProcessLauncher::new(7))
+            .await
+            .unwrap();
+        let cancel = CancellationToken::new();
+        let first = noise_band(&driver, &ws, &cancel).await.unwrap();
+        let again = noise_band(&driver, &ws, &cancel).await.unwrap();
+        // The simulated self-test rows lie within ±8 %.
+        assert!((0.01..=1.08f64.ln()).contains(&first), "{first}");
+        assert_eq!(
+            (again, driver.launcher().outputs().len()),
+            (first, 1),
+            "the second validate reads the cached band"
+        );
+        assert!(tmp.path().join("run/noise").is_dir());
     }
 }

@@ -99,8 +99,9 @@ impl SessionJournal {
             "tokens": snapshot.tokens,
             "leases": snapshot.leases,
             "gpu_s": (snapshot.gpu_s * 10.0).round() / 10.0,
-            "best_speedup": snapshot.best_speedup.map(|s| format!("{s:.3}x")),
-            "elapsed": format_elapsed(self.started.elapsed().as_secs()),
+            // Numbers, not text: `--json` readers compute with them; renderers add the `x`.
+            "best_speedup": snapshot.best_speedup.map(|s| (s * 1e3).round() / 1e3),
+            "elapsed": self.started.elapsed().as_secs(),
             "last_event": snapshot.last_event,
         })
     }
@@ -111,8 +112,4 @@ impl SessionJournal {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
-}
-
-fn format_elapsed(secs: u64) -> String {
-    format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
 }

@@ -39,7 +39,18 @@ pub enum Command {
     /// Run a campaign in the foreground: one agent session per target.
     Start(StartArgs),
     /// Show the running daemon and its sessions (or the last run when none runs).
-    Status,
+    Status {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the runs of this home: id, mode, pair, status, targets, start, winners.
+    /// Anywhere a run id is taken, a unique prefix of it will do.
+    Runs {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Ask the running daemon to stop: sessions are cancelled and can be resumed.
     Stop,
     /// Continue an unfinished run from its stored history, with the targets, agent cap,
@@ -64,15 +75,19 @@ pub enum Command {
         /// Run id (default: the newest run).
         #[arg(long)]
         run: Option<String>,
-        /// Stream live events until the session ends.
+        /// Print the readable lines live until the session ends (with --json: one event
+        /// per line, NDJSON).
         #[arg(long)]
         follow: bool,
-        /// Print the full transcript.
+        /// The readable view with every line: full tool outputs, the prompt, written files.
         #[arg(long)]
         transcript: bool,
-        /// Machine-readable output.
+        /// The raw events as JSON (reasoning's encrypted content withheld).
         #[arg(long)]
         json: bool,
+        /// The candidate against the baseline it started from, as a unified diff.
+        #[arg(long, conflicts_with_all = ["follow", "transcript", "json"])]
+        diff: bool,
     },
     /// Run a command of an agent's own under a GPU lease (inside a session's shell).
     Lease(LeaseArgs),
@@ -109,12 +124,29 @@ pub enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Also write `compare.json` beside the sequential results (replacing the one a
+        /// previous `--save` wrote). Without it, compare only reads.
+        #[arg(long)]
+        save: bool,
+    },
+    /// Serve the web dashboard and /metrics of a run from the store (loopback, with an
+    /// access token in the URL; the URL is printed and written to <home>/dashboard.url).
+    Dashboard {
+        /// Run id (default: the newest run).
+        #[arg(long)]
+        run: Option<String>,
+        /// Address to listen on (default: `[dashboard] listen`, else 127.0.0.1:0).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
     },
     /// Render MANIFEST.md and manifest.json for a run from recorded facts.
     Manifest {
         /// Run id (default: the newest run).
         #[arg(long)]
         run: Option<String>,
+        /// Print manifest.json on stdout (the files are written all the same).
+        #[arg(long)]
+        json: bool,
     },
     /// Check this host before spending tokens: Python and packages, nvcc/ninja, ncu/nsys, GPUs,
     /// the patched fastkernels copy, and which selected targets' baselines import here.
@@ -210,6 +242,13 @@ pub struct StartArgs {
     /// Run in the background; the daemon's log goes to <home>/fk-agentd.log.
     #[arg(long)]
     pub detach: bool,
+    /// Winner gate of the campaign's scoring: confirmed | published | lower-bound.
+    /// Default: `[score] gate` (confirmed).
+    #[arg(long, value_enum)]
+    pub gate: Option<GateArg>,
+    /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (4).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
+    pub confirm: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -235,6 +274,10 @@ pub struct LeaseArgs {
     /// takes the home's lock, so it refuses while a daemon runs). Prints the lease's outcome.
     #[arg(long)]
     pub local: bool,
+    /// With --local: print the lease's outcome as one JSON object on stdout (the command's
+    /// own output goes to stderr, so stdout stays valid JSON).
+    #[arg(long, requires = "local")]
+    pub json: bool,
     /// The command to run.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -242,8 +285,20 @@ pub struct LeaseArgs {
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum GateArg {
+    Confirmed,
     Published,
     LowerBound,
+}
+
+impl GateArg {
+    pub fn kind(self) -> crate::score::gate::GateKind {
+        use crate::score::gate::GateKind;
+        match self {
+            GateArg::Confirmed => GateKind::Confirmed,
+            GateArg::Published => GateKind::Published,
+            GateArg::LowerBound => GateKind::LowerBound,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -272,13 +327,29 @@ pub struct ScoreArgs {
     /// Targets sampled for the self-test noise floor printed beside the speedups (0: none).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub noise_sample: u32,
-    /// `published`: geomean ≥ 1.0 (the default). `lower-bound`: the lower end of the bootstrap
-    /// 95% interval must reach 1.0 too (needs `--repeats` ≥ 2).
-    #[arg(long, value_enum, default_value = "published")]
-    pub gate: GateArg,
+    /// `confirmed`: the published gate on a first bench, then up to `--confirm` more benches
+    /// of its winners; confirmed when the bootstrap 95% interval's lower end reaches 1.0.
+    /// `published`: geomean ≥ 1.0 on one bench. `lower-bound`: every candidate benched
+    /// `--repeats` times (≥ 2), the interval's lower end must reach 1.0. Default: `[score] gate`
+    /// (confirmed).
+    #[arg(long, value_enum)]
+    pub gate: Option<GateArg>,
+    /// Benches after the first at most, for `--gate confirmed`. Default: `[score] confirm` (4).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
+    pub confirm: Option<u32>,
+    /// Show only the winners, or only the losers, in the gate tables (and `--json`).
+    #[arg(long, value_enum, value_name = "winners|losers")]
+    pub only: Option<OnlyArg>,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `score --only`: which verdicts to show.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum OnlyArg {
+    Winners,
+    Losers,
 }
 
 #[derive(Debug, Subcommand)]
@@ -287,5 +358,8 @@ pub enum ProviderCommand {
     Check {
         /// Provider name or path to a provider TOML (default: the configured one).
         provider: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
 }

@@ -1,7 +1,11 @@
-//! `fk-agentd compare [RUN_A RUN_B | --run RUN] [--json]`: which runs to compare, then the
-//! table or JSON; the work is in [`crate::score::compare`].
+//! `fk-agentd compare [RUN_A RUN_B | --run RUN] [--json] [--save]`: which runs to compare,
+//! then the table or JSON; the work is in [`crate::score::compare`].
+//!
+//! Compare only reads: it writes nothing unless `--save` asks for `compare.json`, and a saved
+//! comparison replaces the one saved before (it is derived from the stored results, so an
+//! older copy holds nothing the newer one lacks).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::daemon::plan::pair_of;
 use crate::error::Error;
@@ -13,6 +17,8 @@ fn resolve(store: &Store, runs: &[String], run: Option<&str>) -> Result<(String,
     let (a, b) = match (runs, run) {
         ([], None) => newest_pair(store)?,
         ([], Some(r)) => {
+            let r = store.run(Some(r))?.id;
+            let r = r.as_str();
             let other = pair_of(store, r)?.ok_or_else(|| {
                 Error::Usage(format!(
                     "--run {r}: not half of a `start --mode all` pair; give two runs: `fk-agentd compare IND_RUN SEQ_RUN`"
@@ -20,7 +26,7 @@ fn resolve(store: &Store, runs: &[String], run: Option<&str>) -> Result<(String,
             })?;
             (r.to_string(), other)
         }
-        ([a, b], None) => (a.clone(), b.clone()),
+        ([a, b], None) => (store.run(Some(a))?.id, store.run(Some(b))?.id),
         _ => {
             return Err(Error::Usage(
                 "compare takes two runs (RUN_A RUN_B), or --run RUN, or nothing (the newest pair)"
@@ -49,23 +55,46 @@ fn newest_pair(store: &Store) -> Result<(String, String), Error> {
     ))
 }
 
-/// Compares, writes `compare.json` beside the sequential results, prints.
+/// How `compare` prints and whether it saves.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CompareOpts {
+    pub json: bool,
+    pub save: bool,
+}
+
+/// Compares and prints; with `--save`, (re)writes `compare.json` beside the sequential results.
 pub fn cmd_compare(
     home: &Path,
     runs: &[String],
     run: Option<&str>,
-    json: bool,
+    opts: CompareOpts,
 ) -> Result<i32, Error> {
     let store = super::open_existing_store(home)?;
     let (ind, seq) = resolve(&store, runs, run)?;
     let c = compare::load(&store, &crate::run::runs_dir(home), &ind, &seq)?;
-    let path = compare::write(&c)?;
-    if json {
-        eprintln!("wrote {}", path.display());
+    let saved = if opts.save { Some(save(&c)?) } else { None };
+    if opts.json {
+        if let Some(path) = &saved {
+            eprintln!("wrote {}", path.display());
+        }
         println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
     } else {
         print!("{}", compare::compare_table(&c));
-        println!("\nwrote {}", path.display());
+        if let Some(path) = &saved {
+            println!("\nwrote {}", path.display());
+        }
     }
     Ok(0)
+}
+
+/// Writes `compare.json` in the sequential gate's generation, replacing an earlier one.
+fn save(c: &compare::Comparison) -> Result<PathBuf, Error> {
+    let generation = c
+        .sequential_results
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("."));
+    let path = generation.join("compare.json");
+    crate::score::pipeline::write_json(&path, c)?;
+    Ok(path)
 }

@@ -137,8 +137,22 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
     let snapshot = broker.snapshot();
     broker.shutdown().await;
     let outcome = outcome?;
-    let _ = std::io::stdout().write_all(&std::fs::read(&outcome.stdout).unwrap_or_default());
-    let _ = std::io::stderr().write_all(&std::fs::read(&outcome.stderr).unwrap_or_default());
+    let child_stdout = std::fs::read(&outcome.stdout).unwrap_or_default();
+    let child_stderr = std::fs::read(&outcome.stderr).unwrap_or_default();
+    if args.json {
+        // stdout holds the one JSON object; the command's own output goes to stderr.
+        let _ = std::io::stderr().write_all(&child_stdout);
+        let _ = std::io::stderr().write_all(&child_stderr);
+        let code = lease_exit_code(&outcome);
+        let value = serde_json::json!({"outcome": outcome, "gpus": snapshot, "exit_code": code});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+        return Ok(code);
+    }
+    let _ = std::io::stdout().write_all(&child_stdout);
+    let _ = std::io::stderr().write_all(&child_stderr);
     eprintln!(
         "fk-agentd: lease outcome {}",
         serde_json::to_string(&outcome).unwrap_or_default()

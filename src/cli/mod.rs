@@ -3,11 +3,17 @@
 
 pub mod args;
 mod compare;
+mod dashboard;
+mod doctor;
 pub mod gpu;
+mod progress;
+mod runs;
 mod score;
+mod score_view;
+mod session;
 mod start;
+mod term;
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{CommandFactory, Parser};
@@ -20,7 +26,7 @@ use crate::config::{Config, Env, Flags, resolve_home};
 use crate::control::ControlError;
 use crate::control::client::ControlClient;
 use crate::error::Error;
-use crate::target::{Catalog, TargetId};
+use crate::target::Catalog;
 use crate::{daemon, report};
 
 /// Runs the CLI with the process arguments and environment; returns the exit code.
@@ -43,7 +49,7 @@ pub fn main() -> i32 {
     let env = Env::from_process();
     if !matches!(
         cli.command,
-        Command::Start(_) | Command::Resume { .. } | Command::Lease(_)
+        Command::Start(_) | Command::Resume { .. } | Command::Lease(_) | Command::Dashboard { .. }
     ) {
         restore_sigpipe();
     }
@@ -67,12 +73,18 @@ pub fn main() -> i32 {
     }
 }
 
+/// Logs go to stderr, filtered by `FK_AGENTD_LOG` (tracing's `EnvFilter` syntax, e.g.
+/// `FK_AGENTD_LOG=fk_agentd::gpu=debug,info`). Colour only on a terminal and without
+/// `NO_COLOR`, so a piped stderr and the detached daemon's log file hold plain text.
 fn init_logging(daemon: bool) {
+    use std::io::IsTerminal;
     let default = if daemon { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("FK_AGENTD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal() && !no_color)
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -91,6 +103,8 @@ pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
         lease_timeout: s.lease_timeout,
         provider: s.provider,
         sim: s.sim,
+        gate: s.gate.map(|g| g.kind().as_str().to_string()),
+        confirm: s.confirm.map(i64::from),
     }
 }
 
@@ -102,11 +116,12 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
     let catalog = Catalog::embedded();
     match cli.command {
         Command::Start(ref start) => start::cmd_start(&cli.global, start, &env, &catalog).await,
-        Command::Status => cmd_status(&home(&cli.global, &env)?).await,
+        Command::Status { json } => cmd_status(&home(&cli.global, &env)?, json).await,
+        Command::Runs { json } => runs::cmd_runs(&home(&cli.global, &env)?, json),
         Command::Stop => cmd_stop(&home(&cli.global, &env)?).await,
         Command::Resume { run } => start::cmd_resume(&cli.global, run, &env, &catalog).await,
         Command::Sessions { run, json } => {
-            cmd_sessions(&home(&cli.global, &env)?, run.as_deref(), json).await
+            session::cmd_sessions(&home(&cli.global, &env)?, run.as_deref(), json).await
         }
         Command::Session {
             target,
@@ -114,15 +129,16 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             follow,
             transcript,
             json,
+            diff,
         } => {
+            let opts = session::SessionOpts {
+                follow,
+                transcript,
+                json,
+                diff,
+            };
             let home = home(&cli.global, &env)?;
-            if transcript {
-                return cmd_transcript(&home, &target, run.as_deref(), &catalog);
-            }
-            if follow {
-                return cmd_follow(&home, &target, run.as_deref(), json, &catalog).await;
-            }
-            cmd_session(&home, &target, run.as_deref(), json, &catalog)
+            session::cmd_session(&home, &target, run.as_deref(), opts, &catalog).await
         }
         Command::Lease(ref args) => gpu::cmd_lease(&cli.global, &env, args).await,
         Command::Gpus {
@@ -151,9 +167,28 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             ref runs,
             ref run,
             json,
-        } => compare::cmd_compare(&home(&cli.global, &env)?, runs, run.as_deref(), json),
-        Command::Manifest { run } => cmd_manifest(&home(&cli.global, &env)?, run.as_deref()),
-        Command::Provider(ProviderCommand::Check { provider }) => {
+            save,
+        } => {
+            let opts = compare::CompareOpts { json, save };
+            compare::cmd_compare(&home(&cli.global, &env)?, runs, run.as_deref(), opts)
+        }
+        Command::Dashboard {
+            ref run,
+            ref listen,
+        } => {
+            dashboard::cmd_dashboard(
+                &cli.global,
+                &env,
+                &catalog,
+                run.as_deref(),
+                listen.as_deref(),
+            )
+            .await
+        }
+        Command::Manifest { run, json } => {
+            cmd_manifest(&home(&cli.global, &env)?, run.as_deref(), json)
+        }
+        Command::Provider(ProviderCommand::Check { provider, json }) => {
             let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
             let choice = provider.unwrap_or(config.provider.clone());
             let p = ProviderConfig::load(&choice, &config.home, &env)?;
@@ -162,7 +197,11 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             })?;
             let cancel = tokio_util::sync::CancellationToken::new();
             let report = crate::llm::check::check(p, token, &cancel).await;
-            print!("{}", crate::llm::check::render(&report));
+            if json {
+                println!("{}", check_json(&report));
+            } else {
+                print!("{}", crate::llm::check::render(&report));
+            }
             Ok(report.exit_code())
         }
         Command::Doctor { ref targets, json } => {
@@ -170,7 +209,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             f.targets = targets.clone();
             let mut config = Config::load(&f, &env, &catalog)?;
             crate::captures::settle(&mut config)?;
-            cmd_doctor(&config, json).await
+            doctor::cmd_doctor(&config, json).await
         }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
@@ -180,11 +219,57 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
     }
 }
 
-async fn cmd_status(home: &std::path::Path) -> Result<i32, Error> {
+/// `provider check --json`: the report, with durations in seconds (numbers, not text).
+fn check_json(report: &crate::llm::check::CheckReport) -> String {
+    let mut value = serde_json::to_value(report).unwrap_or_default();
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("latency");
+        obj.insert(
+            "latency_s".into(),
+            serde_json::json!(report.latency.as_secs_f64()),
+        );
+        if let Some(token) = obj.get_mut("token").and_then(|t| t.as_object_mut()) {
+            token.remove("age");
+            let age = report.token.as_ref().and_then(|t| t.age);
+            token.insert(
+                "age_s".into(),
+                serde_json::json!(age.map(|a| a.as_secs_f64())),
+            );
+        }
+    }
+    serde_json::to_string_pretty(&value).unwrap_or_default()
+}
+
+/// What a run's agents spent (with its pair), when the store can say.
+fn spent_of(home: &std::path::Path, run_id: &str) -> Option<crate::scheduler::budget::Spent> {
+    if !home.join("fk-agentd.db").exists() {
+        return None;
+    }
+    let store = daemon::open_store(home).ok()?;
+    crate::scheduler::budget::recorded_spend(&store, run_id, true).ok()
+}
+
+async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
     match ControlClient::new(home) {
         Ok(client) => match client.status().await {
             Ok(s) => {
-                print!("{}", report::daemon_status(&s));
+                let spent = s.run_id.as_deref().and_then(|r| spent_of(home, r));
+                if json {
+                    let value = serde_json::json!({"running": true, "daemon": s, "spent": spent});
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&value).unwrap_or_default()
+                    );
+                } else {
+                    print!("{}", report::daemon_status(&s));
+                    let run = s.run_id.as_deref();
+                    if let Some(line) = run.and_then(|r| session::outcome_line(home, r)) {
+                        println!("outcome   {line}");
+                    }
+                    if let Some(spent) = spent {
+                        println!("spent     {}", spent.describe());
+                    }
+                }
                 return Ok(0);
             }
             Err(ControlError::NoDaemon { .. }) => {}
@@ -198,10 +283,26 @@ async fn cmd_status(home: &std::path::Path) -> Result<i32, Error> {
     } else {
         None
     };
+    let spent = last.as_ref().and_then(|r| spent_of(home, &r.id));
+    if json {
+        let value = serde_json::json!({"running": false, "home": home, "last_run": last,
+                                       "spent": spent});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+        return Ok(0);
+    }
     print!(
         "{}",
         report::offline_status(&home.display().to_string(), last.as_ref())
     );
+    if let Some(line) = last.and_then(|r| session::outcome_line(home, &r.id)) {
+        println!("outcome   {line}");
+    }
+    if let Some(spent) = spent {
+        println!("spent     {}", spent.describe());
+    }
     Ok(0)
 }
 
@@ -211,71 +312,6 @@ async fn cmd_stop(home: &std::path::Path) -> Result<i32, Error> {
     println!(
         "stop requested: running sessions are being cancelled (resume later with `fk-agentd resume`)"
     );
-    Ok(0)
-}
-
-async fn cmd_sessions(home: &std::path::Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
-    let store = open_existing_store(home)?;
-    let run_row = store.run(run)?;
-    let rows = match ControlClient::new(home) {
-        Ok(client) => match client.sessions(Some(&run_row.id)).await {
-            Ok(reply) => reply.sessions,
-            Err(_) => store.sessions(&run_row.id)?,
-        },
-        Err(_) => store.sessions(&run_row.id)?,
-    };
-    let events = store.events(&run_row.id, None, 0)?;
-    let phases = daemon::phases::phase_states(&events);
-    let pair = daemon::plan::pair_of(&store, &run_row.id)?;
-    let mut out = std::io::stdout().lock();
-    if json {
-        let value =
-            serde_json::json!({"run": run_row, "pair": pair, "phases": phases, "sessions": rows});
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
-    } else {
-        let _ = write!(out, "{}", report::sessions_table(&run_row, &rows));
-        if let Some(p) = pair {
-            let _ = writeln!(
-                out,
-                "pair: {p} (the other half of this --mode all campaign)"
-            );
-        }
-        let _ = write!(out, "{}", daemon::phases::phase_line(&phases));
-    }
-    Ok(0)
-}
-
-fn cmd_session(
-    home: &std::path::Path,
-    target: &str,
-    run: Option<&str>,
-    json: bool,
-    catalog: &Catalog,
-) -> Result<i32, Error> {
-    let (id, store, run_row) = open_session(home, target, run, catalog)?;
-    let name = id.to_string();
-    let events = store.events(&run_row.id, Some(&name), 0)?;
-    let state = store
-        .sessions(&run_row.id)?
-        .into_iter()
-        .find(|s| s.target == name);
-    if json {
-        let value =
-            serde_json::json!({"run": run_row, "target": name, "state": state, "events": events});
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
-    } else {
-        print!(
-            "{}",
-            report::session_timeline(&run_row, &name, state.as_ref(), &events)
-        );
-    }
     Ok(0)
 }
 
@@ -320,13 +356,30 @@ pub(crate) fn prepare_harness(
     Ok(prepare_cached(dir, &series, &dest)?)
 }
 
-fn cmd_manifest(home: &std::path::Path, run: Option<&str>) -> Result<i32, Error> {
+fn cmd_manifest(home: &std::path::Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
     let store = open_existing_store(home)?;
     let run_row = store.run(run)?;
     let run_dir = crate::run::runs_dir(home).join(&run_row.id);
     let rendered_at = crate::store::now_rfc3339();
     let data = crate::manifest::collect(&store, &run_row.id, &run_dir, &rendered_at)?;
     let written = crate::manifest::write(&run_dir, &data)?;
+    if json {
+        // stdout holds manifest.json alone; what was written is said on stderr.
+        let text = std::fs::read_to_string(&written.json).map_err(|e| Error::Io {
+            what: format!("reading {}", written.json.display()),
+            source: e,
+        })?;
+        print!("{text}");
+        if !text.ends_with('\n') {
+            println!();
+        }
+        eprintln!(
+            "wrote {} and {}",
+            written.markdown.display(),
+            written.json.display()
+        );
+        return Ok(0);
+    }
     if let Some(previous) = &written.replaced {
         println!(
             "replaced the manifest rendered at {previous} (manifests are derived from recorded facts)"
@@ -345,59 +398,6 @@ fn cmd_manifest(home: &std::path::Path, run: Option<&str>) -> Result<i32, Error>
     Ok(0)
 }
 
-/// `fk-agentd doctor`: the preflight, on the patched copy when a checkout is configured.
-async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
-    let harness = match &config.fastkernels_dir {
-        Some(_) => Some(prepare_harness(config)?),
-        None => None,
-    };
-    let python: Vec<String> = config.fastkernels_command.iter().take(1).cloned().collect();
-    let report = crate::harness::preflight::run(
-        &python,
-        harness.as_ref().map(|h| h.copy.as_path()),
-        &config.targets,
-    )
-    .await;
-    if json {
-        let value = serde_json::json!({"harness": harness, "preflight": report});
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
-    } else {
-        match &harness {
-            Some(h) => println!(
-                "fastkernels {}{} → private copy {} ({} patch(es) applied and verified)",
-                h.commit,
-                if h.checkout_dirty {
-                    " (dirty checkout)"
-                } else {
-                    ""
-                },
-                h.copy.display(),
-                h.patches.len()
-            ),
-            None => println!(
-                "fastkernels: no checkout configured (set FK_DIR or [fastkernels] dir); skipping the import sweep"
-            ),
-        }
-        print!("{}", crate::harness::preflight::render(&report));
-        match crate::gpu::Inventory::discover(&config.gpus) {
-            Ok(inv) => println!(
-                "GPUs: {} ({})",
-                inv.len(),
-                crate::config::describe_devices(&config.gpus)
-            ),
-            Err(e) => println!("GPUs: {e}"),
-        }
-    }
-    Ok(if report.python.found {
-        0
-    } else {
-        crate::error::EXIT_UNAVAILABLE
-    })
-}
-
 /// Lets a printing command end quietly when its reader goes away (`fk-agentd sessions | head`),
 /// as Unix tools do. Not for the daemon or `lease`: they write to sockets and must see EPIPE
 /// as an error instead of dying.
@@ -405,103 +405,5 @@ fn restore_sigpipe() {
     // SAFETY: called once at start-up, before any thread is spawned; SIG_DFL is always valid.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
-/// The target, the store and the run a `session` command reads.
-fn open_session(
-    home: &std::path::Path,
-    target: &str,
-    run: Option<&str>,
-    catalog: &Catalog,
-) -> Result<(TargetId, crate::store::Store, crate::store::RunRow), Error> {
-    let id = known_target(target, catalog)?;
-    let store = open_existing_store(home)?;
-    let run_row = store.run(run)?;
-    Ok((id, store, run_row))
-}
-
-/// A target named on the command line, checked against the catalog.
-fn known_target(target: &str, catalog: &Catalog) -> Result<TargetId, Error> {
-    let id: TargetId = target.parse()?;
-    if catalog.get(&id).is_none() {
-        catalog.select(target)?;
-    }
-    Ok(id)
-}
-
-/// `session TARGET --transcript`: the session's `transcript.jsonl`, every line in full.
-fn cmd_transcript(
-    home: &std::path::Path,
-    target: &str,
-    run: Option<&str>,
-    catalog: &Catalog,
-) -> Result<i32, Error> {
-    let (id, _, run_row) = open_session(home, target, run, catalog)?;
-    let path =
-        crate::workspace::session_dir_for(&crate::run::runs_dir(home).join(&run_row.id), &id)
-            .join("transcript.jsonl");
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        Error::Usage(format!(
-            "no transcript for {id} in run {} ({}: {e})",
-            run_row.id,
-            path.display()
-        ))
-    })?;
-    print!("{}", report::sim_banner(run_row.simulated));
-    for line in text.lines() {
-        match serde_json::from_str::<serde_json::Value>(line) {
-            Ok(v) => println!(
-                "{}  {:<16}  {}",
-                v["timestamp"].as_str().unwrap_or(""),
-                v["type"].as_str().unwrap_or(""),
-                serde_json::to_string_pretty(&v["payload"]).unwrap_or_default()
-            ),
-            Err(_) => println!("{line}"),
-        }
-    }
-    Ok(0)
-}
-
-/// `session TARGET --follow`: prints the session's events as they are stored, until it ends
-/// (or the run ends). Reads the store, so it works while a daemon writes it.
-async fn cmd_follow(
-    home: &std::path::Path,
-    target: &str,
-    run: Option<&str>,
-    json: bool,
-    catalog: &Catalog,
-) -> Result<i32, Error> {
-    let (id, store, run_row) = open_session(home, target, run, catalog)?;
-    let name = id.to_string();
-    print!("{}", report::sim_banner(run_row.simulated));
-    let mut after = 0;
-    loop {
-        for e in store.events(&run_row.id, Some(&name), after)? {
-            after = e.seq;
-            if json {
-                println!("{}", serde_json::to_string(&e).unwrap_or_default());
-            } else {
-                println!(
-                    "{:>5}  {}  {:<16}  {}",
-                    e.seq,
-                    e.at,
-                    e.kind,
-                    report::summarize_payload(&e.payload)
-                );
-            }
-            if e.kind == "task_finished" {
-                return Ok(0);
-            }
-        }
-        let row = store.run(Some(&run_row.id))?;
-        if row.status != "running" {
-            println!(
-                "run {} is {}; the session has no more events",
-                row.id, row.status
-            );
-            return Ok(0);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }

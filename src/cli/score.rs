@@ -58,7 +58,8 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
 /// `score --candidates DIR` (into a new `<home>/scores/<id>/`) or `score [--run RUN]` (a new
 /// results generation of the run, newest run by default); prints the table or JSON.
 pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
-    if args.gate == super::args::GateArg::LowerBound && args.repeats < 2 {
+    let gate = score_gate(config, args);
+    if gate.lower_bound() && args.repeats < 2 {
         return Err(Error::Usage(format!(
             "--gate lower-bound with --repeats {}: the interval needs at least 2 repeats",
             args.repeats
@@ -128,10 +129,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
         mode,
-        gate: WinnerGate {
-            lower_bound: args.gate == super::args::GateArg::LowerBound,
-            ..WinnerGate::default()
-        },
+        gate,
         set_name,
         repeats: args.repeats as usize,
         noise_sample: args.noise_sample as usize,
@@ -154,17 +152,31 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     };
     broker.shutdown().await;
     if args.json {
+        let shown = super::score_view::only(&report, args.only);
         println!(
             "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
+            serde_json::to_string_pretty(&shown).unwrap_or_default()
         );
     } else {
-        print!("{}", render::score_table(&report));
+        let text = render::score_table(&report);
+        print!(
+            "{}",
+            super::score_view::only_text(&text, &report, args.only)
+        );
     }
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
-    Ok(0)
+    Ok(super::score_view::exit_code(&report))
+}
+
+/// The gate of this score: `--gate`/`--confirm` over `[score]`.
+fn score_gate(config: &Config, args: &ScoreArgs) -> WinnerGate {
+    WinnerGate {
+        kind: args.gate.map(|g| g.kind()).unwrap_or(config.gate.kind),
+        confirm: args.confirm.map_or(config.gate.confirm, |c| c as usize),
+        ..config.gate
+    }
 }
 
 /// The bench driver of `score`: every bench a `bench` lease of this process's own broker
@@ -295,7 +307,15 @@ async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Resul
     );
     let (driver, broker, provider) = scoring_driver(config, env, args.json, run.simulated).await?;
     let cancel = CancellationToken::new();
-    let scored = sequential::score_levels(&driver, &run_dir, &seq_dir, &targets, &cancel).await;
+    let scored = sequential::score_levels(
+        &driver,
+        &run_dir,
+        &seq_dir,
+        &targets,
+        score_gate(config, args),
+        &cancel,
+    )
+    .await;
     broker.shutdown().await;
     let (levels, gate) = scored?;
     record_scoring_facts(config, &run.id, provider.as_ref()).await?;

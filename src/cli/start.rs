@@ -44,7 +44,7 @@ pub async fn cmd_start(
         .into());
     }
     if start.detach {
-        return detach(&config.home);
+        return detach(&config.home, global);
     }
     if let Some(unfinished) = unfinished_run(&config.home)? {
         eprintln!(
@@ -56,7 +56,7 @@ pub async fn cmd_start(
     } else {
         run_real(config, env, catalog, None).await?
     };
-    print_report(&report);
+    print_report(&report, global);
     Ok(if report.status == "PASS" { 0 } else { 1 })
 }
 
@@ -91,6 +91,8 @@ pub async fn cmd_resume(
     };
     let store = daemon::open_store(&home)?;
     let row = store.run(Some(&run_id))?;
+    // A prefix names the run; from here on, its full id.
+    let run_id = row.id.clone();
     let started = daemon::plan::run_started(&store, &run_id)?;
     drop(store);
     let mut flags = daemon::plan::resume_flags(super::flags(global, None), &started);
@@ -103,12 +105,12 @@ pub async fn cmd_resume(
     } else {
         run_real(config, env, catalog, Some(run_id)).await?
     };
-    print_report(&report);
+    print_report(&report, global);
     Ok(if report.status == "PASS" { 0 } else { 1 })
 }
 
 /// Re-executes `start` without `--detach` in a new session, with output to `<home>/fk-agentd.log`.
-fn detach(home: &Path) -> Result<i32, Error> {
+fn detach(home: &Path, global: &GlobalArgs) -> Result<i32, Error> {
     use std::os::unix::process::CommandExt;
     daemon::ensure_home(home)?;
     let log_path = home.join("fk-agentd.log");
@@ -131,15 +133,16 @@ fn detach(home: &Path) -> Result<i32, Error> {
         .process_group(0)
         .spawn()
         .map_err(io)?;
+    let fk = invocation(global);
     println!(
-        "fk-agentd started in the background (pid {}); log: {}\nwatch it with `fk-agentd status` and `fk-agentd sessions`",
+        "fk-agentd started in the background (pid {}); log: {}\nwatch it with `{fk} status` and `{fk} sessions`",
         child.id(),
         log_path.display()
     );
     Ok(0)
 }
 
-fn print_report(r: &CampaignReport) {
+fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for s in r.phase.results.values() {
         *counts.entry(s.word()).or_default() += 1;
@@ -148,15 +151,27 @@ fn print_report(r: &CampaignReport) {
     print!("{}", crate::report::sim_banner(sim));
     println!("run       {}", r.run_id);
     println!("status    {}", r.status);
-    let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-    println!("sessions  {}", counts.join(", "));
+    // The sessions' ends and their candidates' verdicts, as recorded; the status words only
+    // when the store cannot be read.
+    let home = r.run_dir.parent().and_then(Path::parent);
+    match home.and_then(|h| super::session::outcome_line(h, &r.run_id)) {
+        Some(line) => println!("outcome   {line}"),
+        None => {
+            let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("sessions  {}", counts.join(", "));
+        }
+    }
     println!("run dir   {}", r.run_dir.display());
     if let Some(pair) = &r.pair {
         println!("pair      {pair} (the other half of this --mode all campaign)");
+        if let Some(line) = home.and_then(|h| super::session::outcome_line(h, pair)) {
+            println!("          its outcome: {line}");
+        }
     }
     for note in &r.notes {
         println!("          {note}");
     }
+    print_spent(&home_of(r), &r.run_id);
     // Point at a session of this run (a failed one first: that is the one worth reading).
     let example = r
         .phase
@@ -166,15 +181,99 @@ fn print_report(r: &CampaignReport) {
         .or_else(|| r.phase.results.iter().next())
         .map(|(t, _)| t.to_string())
         .unwrap_or_else(|| "L1/gelu".into());
-    println!(
-        "\nnext: `fk-agentd sessions`, `fk-agentd session {example}`, `fk-agentd score --run {}`",
-        r.run_id
-    );
+    println!("\n{}", next_hint(global, r, &example));
     if r.status == "INTERRUPTED" {
         println!(
-            "this run was interrupted: continue it with `fk-agentd resume {}`",
+            "this run was interrupted: continue it with `{} resume {}`",
+            invocation(global),
             r.run_id
         );
+    }
+}
+
+/// The home a report's run lives in (`<home>/runs/<id>`).
+fn home_of(r: &CampaignReport) -> std::path::PathBuf {
+    r.run_dir
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// What the campaign's agents spent (both halves of a `--mode all` pair), from the store.
+fn print_spent(home: &Path, run_id: &str) {
+    let Ok(store) = daemon::open_store(home) else {
+        return;
+    };
+    if let Ok(spent) = crate::scheduler::budget::recorded_spend(&store, run_id, true) {
+        println!("spent     {}", spent.describe());
+    }
+    if let Some(e) = store.events(run_id, None, 0).ok().and_then(|events| {
+        events
+            .into_iter()
+            .rev()
+            .find(|e| e.kind == "budget_reached")
+    }) {
+        println!(
+            "stopped   {} (raise the cap and `resume` to continue)",
+            e.payload["reason"]
+                .as_str()
+                .unwrap_or("campaign budget reached")
+        );
+    }
+}
+
+/// `fk-agentd` with the `--home`/`--config` the user gave, so a suggested command reads the
+/// same home.
+pub(crate) fn invocation(global: &GlobalArgs) -> String {
+    let mut out = String::from("fk-agentd");
+    for (flag, value) in [("--home", &global.home), ("--config", &global.config)] {
+        if let Some(path) = value {
+            out.push_str(&format!(
+                " {flag} {}",
+                shell_word(&path.display().to_string())
+            ));
+        }
+    }
+    out
+}
+
+/// A path as one shell word: bare when it is plain, single-quoted otherwise.
+fn shell_word(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The commands worth running next. A `--mode all` campaign already scored and compared
+/// both halves, so it points at the comparison instead of scoring again.
+fn next_hint(global: &GlobalArgs, r: &CampaignReport, example: &str) -> String {
+    let fk = invocation(global);
+    let run = &r.run_id;
+    let last = if r.pair.is_some() {
+        format!("`{fk} compare --run {run}`")
+    } else {
+        format!("`{fk} score --run {run}`")
+    };
+    format!("next: `{fk} sessions --run {run}`, `{fk} session {example} --run {run}`, {last}")
+}
+
+/// `max_cost_usd` is enforced with the provider's prices: refuse the cap without them rather
+/// than run a campaign whose cap can never fire.
+fn require_prices(config: &Config) -> Result<(), Error> {
+    match (config.limits.max_cost_usd, &config.prices) {
+        (Some(max), None) => Err(Error::Usage(format!(
+            "campaign.max_cost_usd = {max}: provider `{}` has no [prices] (USD per million tokens: input, cached_input, output) to price the campaign with; add them to its file or use campaign.max_tokens",
+            if config.sim {
+                "simulated"
+            } else {
+                config.provider.as_str()
+            }
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -200,6 +299,7 @@ async fn run_sim(
             env_remove: Vec::new(),
         }),
     };
+    require_prices(&config)?;
     let (runner, server) = crate::sim::campaign::build(&config, catalog, &params).await?;
     let facts = RunStartFacts {
         source: Arc::new(SystemFacts),
@@ -219,6 +319,12 @@ async fn run_daemon(
     facts: RunStartFacts,
     campaign: daemon::CampaignParams,
 ) -> Result<CampaignReport, Error> {
+    let gpus_total = match &config.gpus {
+        crate::config::GpuDevices::Fake { count } => Some(*count as usize),
+        crate::config::GpuDevices::Uuids { uuids } => Some(uuids.len()),
+        crate::config::GpuDevices::Nvml => None,
+    };
+    let progress = super::progress::Progress::start(&config.home, gpus_total);
     let params = DaemonParams {
         config,
         runner,
@@ -226,7 +332,9 @@ async fn run_daemon(
         resume,
         facts: Some(facts),
     };
-    daemon::run_campaign_with(params, campaign, daemon::signals()).await
+    let report = daemon::run_campaign_with(params, campaign, daemon::signals()).await;
+    progress.finish().await;
+    report
 }
 
 async fn run_real(
@@ -236,7 +344,20 @@ async fn run_real(
     resume: Option<String>,
 ) -> Result<CampaignReport, Error> {
     let provider = ProviderConfig::load(&config.provider, &config.home, env)?;
+    config.prices = provider.prices.clone();
+    require_prices(&config)?;
+    if let Some(prices) = &config.prices {
+        // Recorded with the run, so its cost can be shown without the provider file.
+        config.settings.insert(
+            crate::scheduler::budget::PRICES_SETTING.into(),
+            (
+                serde_json::to_string(prices).unwrap_or_default(),
+                crate::config::SettingSource::File,
+            ),
+        );
+    }
     let context_window = provider.limits.context_window;
+    let max_turns = config.limits.max_turns;
     let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
     let provider_token = provider.token.clone();
     if let TokenSource::Env { var } = &provider_token {
@@ -306,7 +427,10 @@ async fn run_real(
                     }),
                 }),
                 shell_env: shell_env.clone(),
-                loop_params: LoopParams::new(INSTRUCTIONS.to_string(), context_window),
+                loop_params: LoopParams {
+                    max_turns,
+                    ..LoopParams::new(INSTRUCTIONS.to_string(), context_window)
+                },
                 lease_access: Some(LeaseAccess {
                     broker: broker.clone(),
                     socket: socket.clone(),

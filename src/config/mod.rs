@@ -8,6 +8,7 @@
 //! Every rejection is a [`ConfigError`] naming the key, the value and what was expected.
 
 mod gpus;
+pub mod limits;
 pub mod provider;
 
 use std::collections::BTreeMap;
@@ -240,6 +241,10 @@ pub struct Flags {
     pub lease_timeout: Option<String>,
     pub provider: Option<String>,
     pub sim: bool,
+    /// `--gate` (`score`, `start`).
+    pub gate: Option<String>,
+    /// `--confirm` (`score`, `start`).
+    pub confirm: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -255,6 +260,43 @@ struct RawFile {
     fastkernels: RawFastkernels,
     #[serde(default)]
     screen: RawScreen,
+    #[serde(default)]
+    dashboard: RawDashboard,
+    #[serde(default)]
+    score: RawScore,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScore {
+    gate: Option<String>,
+    confirm: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDashboard {
+    listen: Option<String>,
+}
+
+/// The dashboard's default address: loopback, a free port.
+pub const DEFAULT_DASHBOARD_LISTEN: &str = "127.0.0.1:0";
+
+/// `[dashboard] listen`: `"off"` → `None`, else a socket address.
+pub fn parse_dashboard_listen(
+    key: &str,
+    value: &str,
+) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    if value == "off" {
+        return Ok(None);
+    }
+    value.parse().map(Some).map_err(|_| {
+        ConfigError::new(
+            key,
+            value,
+            "an address and port such as \"127.0.0.1:0\", or \"off\"",
+        )
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -274,6 +316,9 @@ struct RawCampaign {
     session_timeout: Option<String>,
     lease_timeout: Option<String>,
     captures: Option<String>,
+    max_tokens: Option<i64>,
+    max_cost_usd: Option<f64>,
+    max_turns: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -319,6 +364,16 @@ pub struct Config {
     pub sim: bool,
     /// Reward-hack screen rules that do not block a winner (recorded in the manifest).
     pub screen_waive: Vec<String>,
+    /// `[campaign] max_tokens`, `max_cost_usd`, `max_turns`.
+    pub limits: limits::CampaignLimits,
+    /// The provider's `[prices]`, which price `max_cost_usd`. Filled by whoever loads the
+    /// provider (like `secret_env`).
+    #[serde(skip)]
+    pub prices: Option<provider::Prices>,
+    /// The winner gate of every scoring (`[score] gate`, `[score] confirm`).
+    pub gate: crate::score::gate::WinnerGate,
+    /// Where the dashboard listens while a campaign runs (`None`: `[dashboard] listen = "off"`).
+    pub dashboard_listen: Option<std::net::SocketAddr>,
     /// Environment variables that hold secrets (the provider's `token_env`): removed from every
     /// child the broker or a bench starts. Filled by whoever loads the provider.
     #[serde(skip)]
@@ -405,6 +460,11 @@ impl Config {
             value
         };
         let c = raw.campaign;
+        let raw_limits = limits::RawLimits {
+            max_tokens: c.max_tokens,
+            max_cost_usd: c.max_cost_usd,
+            max_turns: c.max_turns,
+        };
         let targets_spec = pick(
             "campaign.targets",
             flags.targets.clone(),
@@ -490,6 +550,12 @@ impl Config {
         if flags.sim {
             settings.insert("sim".into(), ("true".into(), SettingSource::Flag));
         }
+        // Not in `settings`: where a viewer listens is no fact of the campaign's results.
+        let listen = raw.dashboard.listen;
+        let dashboard_listen = parse_dashboard_listen(
+            "dashboard.listen",
+            listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN),
+        )?;
         let screen_waive = raw.screen.waive.unwrap_or_default();
         for rule in &screen_waive {
             if !crate::screen::RULES.contains(&rule.as_str()) {
@@ -509,6 +575,8 @@ impl Config {
             "screen.waive".into(),
             (format!("[{}]", screen_waive.join(", ")), source),
         );
+        let gate = score_gate(flags, &raw.score, &mut settings)?;
+        let limits = limits::parse(raw_limits, &mut settings)?;
         Ok(Self {
             home,
             config_file,
@@ -530,10 +598,56 @@ impl Config {
             fastkernels_command,
             sim: flags.sim,
             screen_waive,
+            limits,
+            prices: None,
+            gate,
+            dashboard_listen,
             secret_env: Vec::new(),
             settings,
         })
     }
+}
+
+/// `[score] gate` / `--gate` and `[score] confirm` / `--confirm` (2–20 benches).
+fn score_gate(
+    flags: &Flags,
+    raw: &RawScore,
+    settings: &mut BTreeMap<String, (String, SettingSource)>,
+) -> Result<crate::score::gate::WinnerGate, ConfigError> {
+    use crate::score::gate::{DEFAULT_CONFIRM, GateKind, WinnerGate};
+    let pick = |flag: Option<String>, file: Option<String>| match (flag, file) {
+        (Some(v), _) => Some((v, SettingSource::Flag)),
+        (None, Some(v)) => Some((v, SettingSource::File)),
+        (None, None) => None,
+    };
+    let (kind_text, kind_src) = pick(flags.gate.clone(), raw.gate.clone())
+        .unwrap_or_else(|| ("confirmed".into(), SettingSource::Default));
+    let kind: GateKind = kind_text.parse().map_err(|_| {
+        ConfigError::new(
+            "score.gate",
+            &kind_text,
+            "\"confirmed\", \"published\" or \"lower-bound\"",
+        )
+    })?;
+    let (confirm, confirm_src) = match (flags.confirm, raw.confirm) {
+        (Some(v), _) => (v, SettingSource::Flag),
+        (None, Some(v)) => (v, SettingSource::File),
+        (None, None) => (DEFAULT_CONFIRM as i64, SettingSource::Default),
+    };
+    if !(2..=20).contains(&confirm) {
+        return Err(ConfigError::new(
+            "score.confirm",
+            confirm.to_string(),
+            "a number of benches from 2 to 20",
+        ));
+    }
+    settings.insert("score.gate".into(), (kind_text, kind_src));
+    settings.insert("score.confirm".into(), (confirm.to_string(), confirm_src));
+    Ok(WinnerGate {
+        kind,
+        confirm: confirm as usize,
+        ..WinnerGate::default()
+    })
 }
 
 fn read_config_file(

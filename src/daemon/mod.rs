@@ -182,6 +182,18 @@ pub async fn run_campaign_with(
         control_state,
         server_token.clone(),
     ));
+    let dashboard = {
+        let current = current.clone();
+        let run: crate::dashboard::DefaultRun =
+            Arc::new(move || Some(current.lock().unwrap_or_else(|p| p.into_inner()).clone()));
+        crate::dashboard::spawn_for_daemon(
+            &config.home,
+            config.dashboard_listen,
+            run,
+            server_token.clone(),
+        )
+        .await
+    };
     let signal_token = root.clone();
     let signal_task = tokio::spawn(async move {
         shutdown.await;
@@ -210,9 +222,11 @@ pub async fn run_campaign_with(
             order: config.order,
             session_timeout: config.session_timeout,
             drain_deadline: params.drain_deadline,
+            budget: crate::scheduler::budget::Budget::new(&config.limits, config.prices.clone()),
         },
         root: root.clone(),
         screen_waive: config.screen_waive.clone(),
+        gate: config.gate,
         driver,
         current,
     };
@@ -222,6 +236,9 @@ pub async fn run_campaign_with(
     server_token.cancel();
     if let Ok(Err(e)) = server.await {
         tracing::warn!(error = %e, "control API ended with an error");
+    }
+    if let Some(d) = dashboard {
+        let _ = d.await;
     }
     let _ = std::fs::remove_file(control::socket_path(&config.home));
     let end = end?;

@@ -51,6 +51,8 @@ pub(super) struct Ctx {
     pub driver: Option<Arc<BenchDriver<LeaseLauncher>>>,
     /// Reward-hack screen rules that do not block a winner.
     pub screen_waive: Vec<String>,
+    /// The winner gate of the campaign's scoring (`[score]`, `--gate`, `--confirm`).
+    pub gate: WinnerGate,
     /// The run `status` shows.
     pub current: Arc<Mutex<String>>,
 }
@@ -200,7 +202,7 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
             level,
             targets: &of_level,
             previous: gates.last(),
-            gate: WinnerGate::default(),
+            gate: ctx.gate,
         };
         match sequential::gate_level(&driver, &p, &ctx.root).await {
             Ok(g) => {
@@ -208,7 +210,8 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
                 j.record(
                     "phase_finished",
                     None,
-                    json!({"level": level, "winners": g.winners, "new_winners": g.new_winners, "gate": path}),
+                    json!({"level": level, "winners": g.winners, "new_winners": g.new_winners,
+                           "dropped": g.dropped, "gate": path}),
                 )?;
                 gates.push(g);
             }
@@ -224,7 +227,7 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
             }
         }
     }
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = gates.iter().filter_map(level_losses).collect();
     if !interrupted && failure.is_none() {
         match sequential::finish(&driver, &dir, &gates, &ctx.root).await {
             Ok(g) => {
@@ -255,6 +258,24 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
     let mut end = end_run(ctx, j, targets, phase, failure)?;
     end.notes.extend(notes);
     Ok(end)
+}
+
+/// `L1 dropped 2 candidate(s): L1/embedding (…); …`, when it dropped any.
+fn level_losses(g: &sequential::LevelGate) -> Option<String> {
+    if g.dropped.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = g
+        .dropped
+        .iter()
+        .map(|d| format!("{} ({})", d.target, d.reason.as_deref().unwrap_or("")))
+        .collect();
+    Some(format!(
+        "L{} dropped {} candidate(s): {}",
+        g.level,
+        g.dropped.len(),
+        each.join("; ")
+    ))
 }
 
 /// One level's sessions, with the lower winners installed first.
@@ -300,7 +321,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         candidates: PathBuf::new(),
         out: ind.dir().to_path_buf(),
         mode: ScoreMode::Both,
-        gate: WinnerGate::default(),
+        gate: ctx.gate,
         set_name: format!("{}-ind", ind.run_id()),
         repeats: 1,
         noise_sample: 3,

@@ -127,6 +127,10 @@ pub fn resume_flags(mut flags: Flags, run_started: &Value) -> Flags {
     flags.session_timeout = recorded("campaign.session_timeout").or(flags.session_timeout);
     flags.lease_timeout = recorded("campaign.lease_timeout").or(flags.lease_timeout);
     flags.provider = recorded("provider.use").or(flags.provider);
+    flags.gate = recorded("score.gate").or(flags.gate);
+    flags.confirm = recorded("score.confirm")
+        .and_then(|v| v.parse().ok())
+        .or(flags.confirm);
     flags
 }
 

@@ -2,6 +2,10 @@
 //! agent token is spent. Python and its packages, nvcc and ninja, ncu/nsys, and an import
 //! sweep of the selected targets' baselines in the patched copy, so a target whose baseline
 //! needs a missing package is reported as `SKIP(missing: vllm)` instead of failing an agent.
+//!
+//! Ends in a [`Verdict`]: a host lacking something every bench needs (Python, torch, triton,
+//! PyYAML, numpy, nvcc, ninja, a GPU, a fastkernels checkout) cannot run a campaign; a missing
+//! optional package or profiler only skips the targets or tools that need it.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,6 +15,12 @@ use serde::{Deserialize, Serialize};
 use tokio::process::Command;
 
 use crate::target::TargetId;
+
+/// Python packages every bench imports: without one, no target can be scored.
+pub const REQUIRED_PACKAGES: &[&str] = &["torch", "triton", "yaml", "numpy"];
+
+/// Host tools every bench needs: baselines JIT-compile their CUDA extensions.
+pub const REQUIRED_TOOLS: &[&str] = &["nvcc", "ninja"];
 
 /// Python packages the bench needs, or that baselines may need.
 pub const PACKAGES: &[&str] = &[
@@ -232,23 +242,35 @@ fn parse_packages(value: &serde_json::Value) -> BTreeMap<String, Probe> {
 pub fn render(p: &Preflight) -> String {
     use std::fmt::Write;
     let mark = |found: bool| if found { "ok " } else { "-- " };
+    let kind = |required: bool| if required { "required" } else { "optional" };
     let mut out = String::new();
-    let _ = writeln!(out, "{}python   {}", mark(p.python.found), p.python.detail);
+    let _ = writeln!(
+        out,
+        "{}{:<16} {:<9}{}",
+        mark(p.python.found),
+        "python",
+        kind(true),
+        p.python.detail
+    );
     for probe in p.packages.values() {
+        let required = REQUIRED_PACKAGES.contains(&probe.name.as_str());
         let _ = writeln!(
             out,
-            "{}{:<16} {}",
+            "{}{:<16} {:<9}{}",
             mark(probe.found),
             probe.name,
+            kind(required),
             probe.detail
         );
     }
     for probe in &p.tools {
+        let required = REQUIRED_TOOLS.contains(&probe.name.as_str());
         let _ = writeln!(
             out,
-            "{}{:<16} {}",
+            "{}{:<16} {:<9}{}",
             mark(probe.found),
             probe.name,
+            kind(required),
             probe.detail
         );
     }
@@ -268,4 +290,154 @@ pub fn render(p: &Preflight) -> String {
         }
     }
     out
+}
+
+/// What doctor found outside the Python probes: the checkout and the GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostChecks {
+    /// Whether a fastkernels checkout is configured (`FK_DIR` or `[fastkernels] dir`).
+    pub checkout: bool,
+    /// The GPUs found, or why none could be listed.
+    pub gpus: Result<usize, String>,
+}
+
+/// Whether this host can run a campaign, and why not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub ready: bool,
+    /// What stops a campaign: each one must be fixed first.
+    pub blockers: Vec<String>,
+    /// What only skips some targets or tools.
+    pub warnings: Vec<String>,
+}
+
+/// Sorts what is missing into blockers (required) and warnings (optional).
+pub fn verdict(p: &Preflight, host: &HostChecks) -> Verdict {
+    let mut blockers = Vec::new();
+    let mut warnings = Vec::new();
+    if !p.python.found {
+        blockers.push(format!("python: {}", p.python.detail));
+    }
+    for probe in p.packages.values().filter(|probe| !probe.found) {
+        let line = format!("python package {}: {}", probe.name, probe.detail);
+        if REQUIRED_PACKAGES.contains(&probe.name.as_str()) {
+            blockers.push(line);
+        } else {
+            warnings.push(line + " (targets that need it are skipped)");
+        }
+    }
+    for probe in p.tools.iter().filter(|probe| !probe.found) {
+        let line = format!("{}: {}", probe.name, probe.detail);
+        if REQUIRED_TOOLS.contains(&probe.name.as_str()) {
+            blockers.push(line);
+        } else {
+            warnings.push(line);
+        }
+    }
+    match &host.gpus {
+        Ok(0) => blockers.push("GPUs: none found".into()),
+        Ok(_) => {}
+        Err(why) => blockers.push(format!("GPUs: {why}")),
+    }
+    if !host.checkout {
+        blockers
+            .push("fastkernels: no checkout configured (set FK_DIR or [fastkernels] dir)".into());
+    }
+    Verdict {
+        ready: blockers.is_empty(),
+        blockers,
+        warnings,
+    }
+}
+
+/// The verdict's closing lines.
+pub fn render_verdict(v: &Verdict) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if v.ready {
+        let _ = writeln!(
+            out,
+            "verdict: this host can run a campaign ({} optional item(s) missing)",
+            v.warnings.len()
+        );
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "verdict: this host cannot run a campaign; fix {} required item(s):",
+        v.blockers.len()
+    );
+    for b in &v.blockers {
+        let _ = writeln!(out, "  - {b}");
+    }
+    let _ = writeln!(
+        out,
+        "(`fk-agentd start --sim` needs none of these: it runs the labelled simulation)"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn probe(name: &str, found: bool) -> Probe {
+        Probe {
+            name: name.into(),
+            found,
+            detail: if found {
+                "1.0".into()
+            } else {
+                "missing".into()
+            },
+        }
+    }
+
+    fn host(torch: bool, ncu: bool) -> Preflight {
+        Preflight {
+            python: probe("python", true),
+            packages: [("torch", torch), ("vllm", false)]
+                .into_iter()
+                .map(|(n, f)| (n.to_string(), probe(n, f)))
+                .collect(),
+            tools: vec![probe("nvcc", true), probe("ncu", ncu)],
+            targets: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn required_items_block_a_campaign_and_optional_ones_only_warn() {
+        let ready = HostChecks {
+            checkout: true,
+            gpus: Ok(8),
+        };
+        let v = verdict(&host(true, false), &ready);
+        assert_eq!(
+            v,
+            Verdict {
+                ready: true,
+                blockers: vec![],
+                warnings: vec![
+                    "python package vllm: missing (targets that need it are skipped)".into(),
+                    "ncu: missing".into()
+                ],
+            }
+        );
+        let bare = HostChecks {
+            checkout: false,
+            gpus: Err("NVML is not available".into()),
+        };
+        let v = verdict(&host(false, true), &bare);
+        assert_eq!(
+            v.blockers,
+            vec![
+                "python package torch: missing".to_string(),
+                "GPUs: NVML is not available".into(),
+                "fastkernels: no checkout configured (set FK_DIR or [fastkernels] dir)".into(),
+            ]
+        );
+        assert!(!v.ready);
+        assert!(render_verdict(&v).starts_with("verdict: this host cannot run a campaign"));
+    }
 }

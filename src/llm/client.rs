@@ -153,7 +153,9 @@ impl LlmClient {
             }
             retries += 1;
             let delay = err.retry_after().unwrap_or_else(|| backoff_delay(retries));
-            tracing::warn!(
+            // A retry that is still within budget is routine (429s, idle streams): info, not
+            // warn. Running out of retries is the error the caller sees.
+            tracing::info!(
                 provider = %self.provider.name,
                 attempt = retries,
                 max_retries,

@@ -37,7 +37,9 @@ pub enum ManifestError {
 impl ManifestError {
     pub fn exit_code(&self) -> i32 {
         match self {
-            ManifestError::Store(StoreError::UnknownRun(_)) => crate::error::EXIT_USAGE,
+            ManifestError::Store(StoreError::UnknownRun(_) | StoreError::RunId(_)) => {
+                crate::error::EXIT_USAGE
+            }
             _ => crate::error::EXIT_UNAVAILABLE,
         }
     }
@@ -61,6 +63,11 @@ pub struct SessionSummary {
     pub counts: BTreeMap<String, usize>,
     /// Overall status of `run_finished`, when the run finished.
     pub run_status: Option<String>,
+    /// The outcome words (`6 sessions finished, 0 winners (…)`), from
+    /// [`crate::inspect::OutcomeTally`]; what the Markdown shows, since `PASS` only says a
+    /// session ended by `finish`, not that its candidate won.
+    #[serde(default)]
+    pub outcome: String,
 }
 
 /// Verdict counts of one stage of a results generation.
@@ -70,6 +77,9 @@ pub struct StageCount {
     pub stage: String,
     pub judged: usize,
     pub winners: usize,
+    /// Winners of the published gate (one bench), when the confirmed gate decided `winners`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<usize>,
 }
 
 /// One results generation (`results/`, `results-2/`, …) of the run directory.
@@ -135,6 +145,8 @@ pub fn collect(
     for event in &events {
         absorb(&mut data, event);
     }
+    data.sessions.outcome =
+        crate::inspect::OutcomeTally::of(crate::inspect::outcomes(&events).values()).line();
     Ok(data)
 }
 
@@ -232,6 +244,9 @@ fn count_verdicts(stage: &str, gate: &Value) -> Option<StageCount> {
         stage: stage.to_string(),
         judged: verdicts.len(),
         winners: verdicts.iter().filter(|v| v["winner"] == true).count(),
+        published: (gate["gate"]["kind"] == "confirmed"
+            && gate["gate"]["threshold"].as_f64() > Some(0.0))
+        .then(|| verdicts.iter().filter(|v| v["published"] == true).count()),
     })
 }
 
@@ -272,6 +287,7 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
                 stage: "seq".into(),
                 judged: kept + dropped,
                 winners: kept,
+                published: None,
             }),
             None => {}
         }

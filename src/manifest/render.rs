@@ -69,21 +69,19 @@ pub fn campaign(d: &ManifestData) -> String {
         r.status,
         d.sessions.run_status.as_deref().unwrap_or("not recorded")
     );
-    let counts: Vec<String> = d
-        .sessions
-        .counts
-        .iter()
-        .map(|(k, n)| format!("{k} {n}"))
-        .collect();
-    let _ = writeln!(
-        out,
-        "- sessions: {}\n",
-        if counts.is_empty() {
-            "none finished".into()
-        } else {
-            counts.join(", ")
-        }
-    );
+    let sessions = match d.sessions.outcome.as_str() {
+        // A manifest.json written before the outcome words were kept.
+        "" if d.sessions.counts.is_empty() => "none finished".to_string(),
+        "" => d
+            .sessions
+            .counts
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        words => words.to_string(),
+    };
+    let _ = writeln!(out, "- sessions: {sessions}\n");
     out
 }
 
@@ -453,7 +451,13 @@ fn stage_text(s: &StageCount) -> String {
         "seq" => "sequential (seq)",
         other => other,
     };
-    format!("{what}: {} winners of {} judged", s.winners, s.judged)
+    match s.published {
+        Some(p) => format!(
+            "{what}: {} confirmed winners of {} judged (published gate, one bench: {p})",
+            s.winners, s.judged
+        ),
+        None => format!("{what}: {} winners of {} judged", s.winners, s.judged),
+    }
 }
 
 /// Result generations with their verdict counts.

@@ -8,7 +8,13 @@
 //! Cancellation flows down one tree: the daemon's token → one child per session. On shutdown
 //! the scheduler stops starting sessions, cancels the running ones, waits up to the drain
 //! deadline and then aborts what is left; every session still gets its `task_finished`.
+//!
+//! A campaign-wide cap ([`budget`]) stops the phase the same way, without a shutdown: when the
+//! recorded spending reaches it, `budget_reached` is recorded, queued sessions never start
+//! and running ones are cancelled; each ends `INTERRUPTED` with the cap as its reason, so a
+//! raised cap and `resume` continue them.
 
+pub mod budget;
 pub mod order;
 pub mod slot;
 
@@ -107,7 +113,12 @@ pub struct SchedulerParams {
     pub session_timeout: Duration,
     /// How long running sessions get to end after a shutdown before they are aborted.
     pub drain_deadline: Duration,
+    /// The campaign-wide token and cost caps.
+    pub budget: budget::Budget,
 }
+
+/// How often the spending is read while a capped campaign runs.
+const BUDGET_POLL: Duration = Duration::from_secs(2);
 
 /// The result of one phase.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,15 +152,29 @@ pub async fn run_phase(
         start_order(&journal, targets, params.order)?.into();
     let mut results = BTreeMap::new();
     let mut interrupted = false;
+    // Sessions are cancelled through `stop`: by a shutdown, or by the budget.
+    let stop = shutdown.child_token();
+    let mut meter = budget::Meter::new(params.budget.clone());
+    let mut poll = tokio::time::interval(BUDGET_POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut over_budget: Option<String> = None;
     // One loop both starts queued sessions (as permits free up) and records the ones that end,
     // so `task_finished` is written the moment a session ends.
     while !interrupted && (!queue.is_empty() || !tasks.is_empty()) {
         tokio::select! {
+            _ = poll.tick(), if meter.budget().is_capped() && over_budget.is_none() => {
+                if let Some(why) = meter.poll(journal.store(), journal.run_id())? {
+                    stop_for_budget(&journal, &meter, &why)?;
+                    queue.clear();
+                    stop.cancel();
+                    over_budget = Some(why);
+                }
+            }
             slot = slots.admit(), if !queue.is_empty() => {
                 let slot = Arc::new(slot);
                 let target = queue.pop_front().expect("checked non-empty");
                 set_state(&journal, &target, "running", json!({"started_at": now_rfc3339()}))?;
-                let cancel = shutdown.child_token();
+                let cancel = stop.child_token();
                 let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
                 let timeout = params.session_timeout;
                 tasks.spawn(async move {
@@ -172,7 +197,10 @@ pub async fn run_phase(
                 });
             }
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                if let Ok((target, status, result)) = joined {
+                if let Ok((target, status, mut result)) = joined {
+                    if let (Some(why), SessionStatus::Interrupted) = (&over_budget, &status) {
+                        result["reason"] = json!(why);
+                    }
                     finish(&journal, &index_of, &target, &status, result)?;
                     results.insert(target, status);
                 }
@@ -192,7 +220,12 @@ pub async fn run_phase(
         )
         .await?;
     }
-    // Sessions never started (shutdown while queued) end as interrupted, so resume finds them.
+    // Sessions never started (shutdown or budget while queued) end as interrupted, so resume
+    // finds them.
+    let never_started = match &over_budget {
+        Some(why) => format!("not started: {why}"),
+        None => "not started before shutdown".into(),
+    };
     for target in targets {
         if !results.contains_key(target) {
             let status = SessionStatus::Interrupted;
@@ -201,15 +234,33 @@ pub async fn run_phase(
                 &index_of,
                 target,
                 &status,
-                json!({"reason": "not started before shutdown"}),
+                json!({"reason": never_started}),
             )?;
             results.insert(target.clone(), status);
         }
     }
     Ok(PhaseReport {
         results,
-        interrupted,
+        // A phase stopped by the budget is over early: later phases must not start.
+        interrupted: interrupted || over_budget.is_some(),
     })
+}
+
+/// Records `budget_reached` with what was spent and the caps.
+fn stop_for_budget(journal: &RunJournal, meter: &budget::Meter, why: &str) -> Result<(), RunError> {
+    let spent = meter.spent();
+    let b = meter.budget();
+    tracing::info!(
+        reason = why,
+        "campaign budget reached; cancelling the running sessions"
+    );
+    journal.record(
+        "budget_reached",
+        None,
+        json!({"reason": why, "tokens": spent.tokens, "cost_usd": spent.cost_usd,
+               "max_tokens": b.max_tokens, "max_cost_usd": b.max_cost_usd}),
+    )?;
+    Ok(())
 }
 
 /// The order sessions start in; recorded as `queue_ordered`.

@@ -33,6 +33,9 @@ use crate::target::TargetId;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Side {
     pub winners: usize,
+    /// Winners of the published gate (one bench each), for comparison with published results.
+    #[serde(default)]
+    pub published: usize,
     pub dropped: usize,
     pub geomean_winners: Option<f64>,
     pub geomean_all: Option<f64>,
@@ -74,6 +77,16 @@ pub struct Comparison {
     pub levels: Vec<LevelRow>,
     pub overall: LevelRow,
     pub spent: BTreeMap<String, Spend>,
+    /// Candidates the sequential levels dropped (no result alone, or breaking a level mix).
+    #[serde(default)]
+    pub sequential_lost: Vec<Lost>,
+}
+
+/// A candidate a sequential level dropped, with why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Lost {
+    pub target: TargetId,
+    pub reason: String,
 }
 
 /// One campaign's kept kernels and dropped winners.
@@ -82,6 +95,10 @@ pub struct Outcome {
     /// Kept kernel → its composed speedup (standalone when there was no composed bench).
     pub kept: BTreeMap<TargetId, f64>,
     pub dropped: BTreeSet<TargetId>,
+    /// Winners of the published gate on their first bench.
+    pub published: BTreeSet<TargetId>,
+    /// Candidates a sequential level dropped, with why.
+    pub lost: BTreeMap<TargetId, String>,
     pub simulated: bool,
     pub bench_gpu_s: f64,
 }
@@ -112,6 +129,7 @@ fn side(o: &Outcome, targets: &[&TargetId]) -> Side {
     Side {
         winners: won.len(),
         dropped: targets.iter().filter(|t| o.dropped.contains(**t)).count(),
+        published: targets.iter().filter(|t| o.published.contains(**t)).count(),
         geomean_winners: (!won.is_empty()).then(|| geomean(won.iter().copied())),
         geomean_all: (!targets.is_empty()).then(|| geomean(all)),
     }
@@ -184,6 +202,15 @@ pub fn compare(input: &CompareInput) -> Comparison {
         levels,
         overall: row("all".into(), input, &all),
         spent: spent_map,
+        sequential_lost: input
+            .seq
+            .lost
+            .iter()
+            .map(|(t, r)| Lost {
+                target: t.clone(),
+                reason: r.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -240,6 +267,16 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
             out.dropped.insert(t);
         }
     }
+    for v in v["standalone"]["gate"]["verdicts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let won = v["published"].as_bool().unwrap_or(false);
+        if let (true, Some(Ok(t))) = (won, v["target"].as_str().map(str::parse::<TargetId>)) {
+            out.published.insert(t);
+        }
+    }
     for stage in ["standalone", "composed"] {
         for r in v[stage]["runs"].as_array().into_iter().flatten() {
             out.bench_gpu_s += r["wall_s"].as_f64().unwrap_or(0.0);
@@ -253,7 +290,11 @@ pub fn sequential_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Path
     for g in generations(run_dir) {
         let seq = g.join("seq");
         if let Some(gate) = read_seq_gate(&seq)? {
-            return Ok((seq_outcome(&gate), seq.join("gate.json")));
+            let mut levels = Vec::new();
+            for l in &gate.levels {
+                levels.extend(crate::score::sequential::read_level_gate(&seq, *l)?);
+            }
+            return Ok((seq_outcome(&gate, &levels), seq.join("gate.json")));
         }
     }
     Err(ScoreError::Usage(format!(
@@ -262,8 +303,19 @@ pub fn sequential_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Path
     )))
 }
 
-fn seq_outcome(g: &SeqGate) -> Outcome {
+fn seq_outcome(g: &SeqGate, levels: &[crate::score::sequential::LevelGate]) -> Outcome {
     Outcome {
+        published: levels
+            .iter()
+            .flat_map(|l| &l.decisions)
+            .filter(|d| d.published)
+            .map(|d| d.target.clone())
+            .collect(),
+        lost: g
+            .lost
+            .iter()
+            .map(|d| (d.target.clone(), d.reason.clone().unwrap_or_default()))
+            .collect(),
         kept: g
             .winners
             .iter()
@@ -368,6 +420,7 @@ pub fn compare_table(c: &Comparison) -> String {
                     String::new()
                 },
                 mode.to_string(),
+                s.published.to_string(),
                 s.winners.to_string(),
                 s.dropped.to_string(),
                 speed(s.geomean_winners),
@@ -381,6 +434,7 @@ pub fn compare_table(c: &Comparison) -> String {
             "level",
             "targets",
             "mode",
+            "published",
             "winners",
             "dropped",
             "geomean (winners)",
@@ -398,6 +452,9 @@ pub fn compare_table(c: &Comparison) -> String {
         "won by sequential only:  {}",
         names(&c.overall.only_sequential)
     );
+    for l in &c.sequential_lost {
+        let _ = writeln!(out, "sequential level dropped {}: {}", l.target, l.reason);
+    }
     let spent: Vec<Vec<String>> = c
         .spent
         .iter()
@@ -417,5 +474,6 @@ pub fn compare_table(c: &Comparison) -> String {
         &spent,
     ));
     out.push_str("geomean (all) counts every non-winner as 1.0×; speedups are from each mode's composed bench\n");
+    out.push_str("published: winners of the published gate (one bench); winners: the scoring's own gate (confirmed by default)\n");
     out
 }

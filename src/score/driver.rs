@@ -404,6 +404,10 @@ impl<L: BenchLauncher> BenchDriver<L> {
         &self.params
     }
 
+    pub fn launcher(&self) -> &L {
+        &self.launcher
+    }
+
     /// The argv and environment of one request (exposed so callers can record it).
     pub fn invocation(&self, req: &BenchRequest) -> Invocation {
         let mut args: Vec<String> = self.params.command[1..].to_vec();

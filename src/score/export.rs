@@ -57,6 +57,13 @@ pub struct Manifest {
     pub selection: String,
     pub kernels: Vec<KernelEntry>,
     pub dropped: Vec<DroppedEntry>,
+    /// The gate that chose the winners (`confirmed`, `published`, `lower-bound`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
+    /// Published-gate winners that the confirmed gate did not confirm, with why: kept so the
+    /// set compares with published results (their sets hold these).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unconfirmed: Vec<DroppedEntry>,
     pub files: BTreeMap<String, String>,
     pub unreferenced_sources: Vec<String>,
     #[serde(default)]
@@ -184,6 +191,8 @@ pub fn build_final_set(
         },
         kernels,
         dropped,
+        gate: standalone.map(|g| g.gate.kind.as_str().to_string()),
+        unconfirmed: unconfirmed(standalone),
         files,
         unreferenced_sources,
         fastkernels_commit: Some(report.checkout.commit.clone()),
@@ -197,6 +206,20 @@ pub fn build_final_set(
         manifest_path,
         manifest,
     })
+}
+
+/// Published winners that their confirmation took the win from.
+fn unconfirmed(standalone: Option<&crate::score::gate::GateReport>) -> Vec<DroppedEntry> {
+    standalone
+        .into_iter()
+        .flat_map(|g| g.verdicts.iter())
+        .filter(|v| v.published && !v.winner && v.confirmation.is_some())
+        .map(|v| DroppedEntry {
+            level: v.target.level(),
+            stem: v.target.stem().to_string(),
+            reason: v.reason.clone().unwrap_or_default(),
+        })
+        .collect()
 }
 
 fn slash(p: &Path) -> String {

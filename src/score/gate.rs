@@ -6,13 +6,17 @@
 //! is ≥ the threshold. A threshold of 0 gives the correctness-only rule used to filter a
 //! composed bench. `all_passed` is never consulted.
 //!
+//! [`WinnerGate::judge`] is the published gate on one bench; its answer is kept in
+//! [`TargetVerdict::published`] whatever [`GateKind`] then decides `winner` (the confirmed gate
+//! re-benches published winners, see [`crate::score::confirmation`]).
+//!
 //! Invariants: every non-winner carries a reason a human can act on; a target with no rows at
 //! all is "no result", never a pass; speedups above [`REVIEW_SPEEDUP`] are flagged for review
 //! (they are more often a broken measurement than a real 10× win).
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::score::result::{BenchResult, ScenarioRow, Status};
 use crate::target::TargetId;
@@ -20,23 +24,80 @@ use crate::target::TargetId;
 /// Speedups above this are flagged for a human to check.
 pub const REVIEW_SPEEDUP: f64 = 10.0;
 
-/// The gate's single parameter.
+/// Which verdict decides a winner (`[score] gate`, `--gate`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GateKind {
+    /// The published gate on the first bench, then confirmation (see [`crate::score::confirm`]).
+    #[default]
+    Confirmed,
+    /// The published gate alone: one bench, geomean ≥ threshold.
+    Published,
+    /// Every candidate benched `--repeats` times; the bootstrap interval's lower end decides.
+    LowerBound,
+}
+
+impl GateKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GateKind::Confirmed => "confirmed",
+            GateKind::Published => "published",
+            GateKind::LowerBound => "lower-bound",
+        }
+    }
+}
+
+impl std::str::FromStr for GateKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "confirmed" => Ok(GateKind::Confirmed),
+            "published" => Ok(GateKind::Published),
+            "lower-bound" => Ok(GateKind::LowerBound),
+            other => Err(format!(
+                "gate = {other:?}: expected \"confirmed\", \"published\" or \"lower-bound\""
+            )),
+        }
+    }
+}
+
+/// Default benches after the first for a confirmation (`[score] confirm`).
+pub const DEFAULT_CONFIRM: usize = 4;
+
+/// The gate's parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct WinnerGate {
     /// Minimum geometric-mean speedup of a winner (inclusive).
     pub threshold: f64,
-    /// Also require the lower end of the bootstrap 95% interval (from `--repeats`) to reach the
-    /// threshold (`--gate lower-bound`); the published gate leaves this off.
-    #[serde(default)]
-    pub lower_bound: bool,
+    /// Which verdict decides (the published one is always computed and kept).
+    pub kind: GateKind,
+    /// Benches after the first at most, for [`GateKind::Confirmed`].
+    pub confirm: usize,
 }
 
 impl Default for WinnerGate {
     fn default() -> Self {
         Self {
             threshold: 1.0,
-            lower_bound: false,
+            kind: GateKind::Confirmed,
+            confirm: DEFAULT_CONFIRM,
         }
+    }
+}
+
+impl WinnerGate {
+    /// The published gate: one bench decides.
+    pub fn published() -> Self {
+        Self {
+            kind: GateKind::Published,
+            ..Self::default()
+        }
+    }
+
+    /// `--gate lower-bound`: the interval of `--repeats` benches decides.
+    pub fn lower_bound(&self) -> bool {
+        self.kind == GateKind::LowerBound
     }
 }
 
@@ -58,6 +119,12 @@ pub struct TargetVerdict {
     pub classes: Vec<String>,
     /// Distinct failing statuses, sorted (empty when none).
     pub failing_statuses: Vec<String>,
+    /// The published gate's verdict on the first bench, kept whatever gate decides `winner`.
+    #[serde(default)]
+    pub published: bool,
+    /// The confirmation benches of a published winner under the confirmed gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<crate::score::confirm::Confirmation>,
 }
 
 impl TargetVerdict {
@@ -78,6 +145,8 @@ impl TargetVerdict {
             review: Vec::new(),
             classes: Vec::new(),
             failing_statuses: Vec::new(),
+            published: false,
+            confirmation: None,
         }
     }
 }
@@ -108,7 +177,8 @@ impl WinnerGate {
     pub fn correctness_only() -> Self {
         Self {
             threshold: 0.0,
-            lower_bound: false,
+            kind: GateKind::Published,
+            confirm: 0,
         }
     }
 
@@ -135,6 +205,8 @@ impl WinnerGate {
             review: review_notes(&kept),
             classes,
             failing_statuses: Vec::new(),
+            published: false,
+            confirmation: None,
         };
         if rows.is_empty() {
             verdict.reason = Some("no result".into());
@@ -165,6 +237,7 @@ impl WinnerGate {
         verdict.geomean = Some(g);
         if g >= self.threshold {
             verdict.winner = true;
+            verdict.published = true;
         } else {
             verdict.reason = Some(format!(
                 "geomean {} < {}",

@@ -8,10 +8,13 @@
 //! | [`driver`]     | the bench subprocess: argv, private dirs, exit-code rules, launcher |
 //! | [`candidates`] | candidate folders (`L<n>/<stem>.py` + helpers), result generations  |
 //! | [`noise`]      | self-test noise floor, repeats: medians and bootstrap intervals     |
+//! | [`confirm`]    | confirmation of a one-shot winner: adaptive repeats, outliers       |
+//! | [`confirmation`] | the confirmation benches, round by round                          |
 //! | [`pipeline`]   | standalone → winners → composed → final set; [`pipeline::score_mix`] |
 //! | [`export`]     | the final set as `agent-candidates/<set>/manifest.json`             |
 //! | [`render`]     | the human table of a score                                          |
-//! | [`sequential`] | per-level mix benches and gates of a sequential campaign, `seq/`    |
+//! | [`sequential`] | per-level gates of a sequential campaign, `seq/`                    |
+//! | [`level`]      | one level: standalone gate, mix of its winners, breakers bisected   |
 //! | [`compare`]    | independent vs sequential: `compare.json` and its table             |
 //!
 //! Not here: running the sequential campaign's sessions (the daemon), GPU leases (a
@@ -19,10 +22,13 @@
 
 pub mod candidates;
 pub mod compare;
+pub mod confirm;
+pub mod confirmation;
 pub mod driver;
 pub mod export;
 pub mod gate;
 pub mod lease;
+pub mod level;
 pub mod noise;
 pub mod pipeline;
 pub mod render;

@@ -1,11 +1,13 @@
 //! The scoring pipeline of a candidate folder: standalone bench of every candidate → winner
-//! gate → winners copied to `ind/win_candidates/` → composed bench of exactly the winners →
+//! gate (by default the published gate, then confirmation benches of its winners) → winners
+//! copied to `ind/win_candidates/` → composed bench of exactly the winners →
 //! winners failing it dropped with their reason → final set exported.
 //!
 //! Owns the layout of a results generation:
 //!
 //! ```text
 //! <gen>/ind/standalone/L<n>_<stem>/{bench.json, stdout.log, stderr.log, candidate/, …}
+//! <gen>/ind/standalone/L<n>_<stem>/confirm-<k>/   confirmation benches (confirmed gate)
 //! <gen>/ind/standalone/gate.json
 //! <gen>/ind/win_candidates/L<n>/…
 //! <gen>/comp/L<n>/…            one mix bench per level
@@ -29,7 +31,7 @@ use crate::score::ScoreError;
 use crate::score::candidates::{CandidateSet, gather_sessions, new_generation, session_candidates};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, build_final_set};
-use crate::score::gate::{GateReport, TargetVerdict, WinnerGate};
+use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
 use crate::score::noise::{NoiseFloor, Spread, merge_repeats, noise_floor, sample, spread};
 use crate::score::result::{BenchResult, ScenarioRow};
 use crate::target::TargetId;
@@ -78,7 +80,7 @@ pub struct RunSummary {
 }
 
 impl RunSummary {
-    fn of(run: &BenchRun) -> Self {
+    pub(crate) fn of(run: &BenchRun) -> Self {
         let failure = run.result.as_ref().err();
         Self {
             label: run.request.label.clone(),
@@ -351,8 +353,19 @@ async fn score_set<L: BenchLauncher>(
         let mut stage =
             score_standalone(driver, &set, &dir, &params.gate, params.repeats, cancel).await?;
         screen_winners(&set, &mut stage, &params.screen_waive);
-        if params.gate.lower_bound {
-            gate_on_lower_bound(&mut stage, params.gate.threshold);
+        match params.gate.kind {
+            GateKind::LowerBound => gate_on_lower_bound(&mut stage, params.gate.threshold),
+            GateKind::Confirmed => {
+                crate::score::confirmation::confirm_winners(
+                    driver,
+                    &dir,
+                    &mut stage,
+                    &params.gate,
+                    cancel,
+                )
+                .await;
+            }
+            GateKind::Published => {}
         }
         write_json(&dir.join("gate.json"), &stage)?;
         pool = stage.gate.winners().map(|v| v.target.clone()).collect();

@@ -4,7 +4,8 @@
 use std::fmt::Write;
 
 use crate::report::{sim_banner, table};
-use crate::score::gate::REVIEW_SPEEDUP;
+use crate::score::confirm::Confirmation;
+use crate::score::gate::{GateKind, REVIEW_SPEEDUP, TargetVerdict};
 use crate::score::pipeline::{ScoreReport, StageReport};
 
 fn speed(x: Option<f64>) -> String {
@@ -32,13 +33,7 @@ fn gate_table(s: &StageReport, geomean_header: &str) -> String {
                 format!("{}{ci}", speed(v.geomean)),
                 v.rows.to_string(),
                 v.skipped.to_string(),
-                match (&v.reason, v.review.is_empty()) {
-                    (Some(r), _) => r.clone(),
-                    (None, false) => {
-                        format!("review: {} row(s) > {REVIEW_SPEEDUP}×", v.review.len())
-                    }
-                    (None, true) => String::new(),
-                },
+                reason(v),
             ]
         })
         .collect();
@@ -55,7 +50,96 @@ fn gate_table(s: &StageReport, geomean_header: &str) -> String {
     )
 }
 
+fn reason(v: &TargetVerdict) -> String {
+    match (&v.reason, v.review.is_empty()) {
+        (Some(r), _) => r.clone(),
+        (None, false) => format!("review: {} row(s) > {REVIEW_SPEEDUP}×", v.review.len()),
+        (None, true) => String::new(),
+    }
+}
+
+/// `1.038 0.248* 0.968` (`*`: an outlier, left out of the interval).
+fn benches(c: &Confirmation) -> String {
+    c.benches
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let mark = if c.outliers.contains(&i) { "*" } else { "" };
+            format!("{g:.3}{mark}")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The standalone stage under the confirmed gate: both verdicts side by side.
+fn confirmed_stage(out: &mut String, s: &StageReport) {
+    let g = &s.gate.gate;
+    let published = s.gate.verdicts.iter().filter(|v| v.published).count();
+    let _ = writeln!(
+        out,
+        "\nstandalone: {} of {} confirmed winners; published gate: {published} of {} (correct and geomean ≥ {:.2} on one bench)",
+        s.gate.winner_count(),
+        s.gate.verdicts.len(),
+        s.gate.verdicts.len(),
+        g.threshold,
+    );
+    let _ = writeln!(
+        out,
+        "confirmed: a published winner benched up to {} more times is confirmed when the bootstrap 95% interval of its geomean starts at ≥ {:.2}",
+        g.confirm, g.threshold
+    );
+    let rows: Vec<Vec<String>> = s
+        .gate
+        .verdicts
+        .iter()
+        .map(|v| {
+            let c = v.confirmation.as_ref();
+            let interval = c
+                .and_then(|c| Some((c.geomean?, c.ci95?)))
+                .map(|(m, (lo, hi))| format!("{m:.3}× [{lo:.3}–{hi:.3}]"))
+                .unwrap_or_else(|| "-".into());
+            vec![
+                v.target.to_string(),
+                if v.published { "WIN" } else { "no" }.into(),
+                if v.winner { "WIN" } else { "no" }.into(),
+                speed(v.geomean),
+                interval,
+                c.map(benches).unwrap_or_else(|| "-".into()),
+                v.rows.to_string(),
+                reason(v),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &[
+            "target",
+            "published",
+            "confirmed",
+            "1st bench",
+            "confirmed geomean [95%]",
+            "benches",
+            "rows",
+            "reason",
+        ],
+        &rows,
+    ));
+    if s.gate.verdicts.iter().any(|v| {
+        v.confirmation
+            .as_ref()
+            .is_some_and(|c| !c.outliers.is_empty())
+    }) {
+        let _ = writeln!(
+            out,
+            "* outlier (robust rule: far from the candidate's other benches): left out, it decides nothing alone"
+        );
+    }
+}
+
 fn stage(out: &mut String, title: &str, s: &StageReport, header: &str) {
+    if s.gate.gate.kind == GateKind::Confirmed && s.gate.gate.threshold > 0.0 {
+        confirmed_stage(out, s);
+        return;
+    }
     let rule = if s.gate.gate.threshold > 0.0 {
         format!("correct and geomean ≥ {:.2}", s.gate.gate.threshold)
     } else {

@@ -1,12 +1,14 @@
-//! Scoring of a sequential campaign: one mix bench and gate per level, then the final composed
-//! bench of the surviving winners.
+//! Scoring of a sequential campaign: per level a standalone gate of each candidate and a mix
+//! of the level's winners ([`crate::score::level`]), then the final composed bench of the
+//! surviving winners.
 //!
 //! Owns the `seq/` layout of a results generation:
 //!
 //! ```text
 //! <seq>/L<n>/candidates/       winners of the levels below (cumulative) + level n's candidates
-//! <seq>/L<n>/L<n>/bench.json   the level-n mix bench (one invocation, lower winners loaded)
-//! <seq>/L<n>/bench.json        its rows;  <seq>/L<n>/mix.json  verdicts and invocations
+//! <seq>/L<n>/standalone/       each candidate alone beside the lower winners, its confirmation
+//! <seq>/L<n>/mix-<k>/          the k-th mix bench of level n's winners (lower winners loaded)
+//! <seq>/L<n>/bench.json        the rows of the mix that decided
 //! <seq>/L<n>/win_candidates/   winners of every level ≤ n (installed into level n+1's sessions)
 //! <seq>/L<n>/gate.json         [`LevelGate`], written last: its presence means "level n done"
 //! <seq>/final/L<n>/…           the final composed bench of the winners, one invocation per level
@@ -15,7 +17,9 @@
 //! ```
 //!
 //! Level n's gate judges only level n's candidates (with lower winners in place, so a candidate
-//! that breaks beside them loses); lower winners stand. The final composed bench (correctness
+//! that breaks beside them loses); lower winners stand. One crashing or hanging candidate
+//! loses alone: it fails its own standalone bench, and a mix that still gives no result is
+//! bisected to the candidates that break it, each dropped with its reason (`dropped`). The final composed bench (correctness
 //! only) drops the winners that break when everything is loaded together — the published
 //! `seq/bench_results` filter. A gate file is never rewritten: a level whose `gate.json`
 //! exists is read back, not re-benched (resume). A level's scratch folders without a
@@ -35,7 +39,8 @@ use crate::score::ScoreError;
 use crate::score::candidates::{CandidateSet, gather_sessions, session_candidates};
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::export::dropped_reason;
-use crate::score::gate::WinnerGate;
+use crate::score::gate::{TargetVerdict, WinnerGate};
+use crate::score::level::LevelBench;
 use crate::score::pipeline::{MixParams, RunSummary, StageReport, score_mix, write_json};
 use crate::target::TargetId;
 use crate::workspace::session_dir_for;
@@ -48,6 +53,22 @@ pub struct Decision {
     /// Geometric-mean speedup in the bench that decided (the mix, or the final composed bench).
     pub geomean: Option<f64>,
     pub reason: Option<String>,
+    /// The published gate's verdict on the candidate's first bench alone.
+    #[serde(default)]
+    pub published: bool,
+}
+
+impl Decision {
+    /// The decision a standalone verdict gives.
+    pub fn of(v: &TargetVerdict) -> Self {
+        Self {
+            target: v.target.clone(),
+            winner: v.winner,
+            geomean: v.geomean,
+            reason: v.reason.clone(),
+            published: v.published,
+        }
+    }
 }
 
 /// The gating decision of one level (`<seq>/L<n>/gate.json`).
@@ -64,6 +85,10 @@ pub struct LevelGate {
     pub win_candidates: PathBuf,
     /// Wall time of the level's bench invocations (GPU time under a one-GPU lease).
     pub bench_wall_s: f64,
+    /// Candidates the level dropped, with why: no result of their own (a crash, a hang), or
+    /// a standalone winner that broke the level mix or failed beside the others.
+    #[serde(default)]
+    pub dropped: Vec<Decision>,
 }
 
 /// The final decision of a sequential campaign (`<seq>/gate.json`).
@@ -79,6 +104,9 @@ pub struct SeqGate {
     pub composed_bench: Option<PathBuf>,
     /// Wall time of every bench of the sequential scoring (levels and final).
     pub bench_wall_s: f64,
+    /// Standalone winners the levels lost in their mixes, with why.
+    #[serde(default)]
+    pub lost: Vec<Decision>,
 }
 
 /// One level to gate.
@@ -200,8 +228,9 @@ fn check_complete(stage: &StageReport, cancel: &CancellationToken) -> Result<(),
     Ok(())
 }
 
-/// Mix-benches level `p.level` (lower winners loaded) and gates its candidates; returns the
-/// existing gate untouched when the level was decided before.
+/// Gates level `p.level` (see [`crate::score::level`]): each candidate alone with the
+/// configured gate, then a mix of the level's winners with the lower winners loaded, dropping
+/// what breaks it. Returns the existing gate untouched when the level was decided before.
 pub async fn gate_level<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     p: &LevelParams<'_>,
@@ -223,42 +252,69 @@ pub async fn gate_level<L: BenchLauncher>(
         .collect();
     gather_sessions(&sessions, &cand)?;
     let expected: Vec<TargetId> = sessions.iter().map(|(t, _)| t.clone()).collect();
-    let mut decisions = Vec::new();
+    let set = CandidateSet::scan(&cand)?;
+    let bench = LevelBench {
+        driver,
+        set: &set,
+        lower: p.previous.map(|g| g.win_candidates.as_path()),
+        dir: &dir,
+        level: p.level,
+        gate: p.gate,
+        cancel,
+    };
+    let mut decisions: BTreeMap<TargetId, Decision> = BTreeMap::new();
     let (mut simulated, mut bench_wall_s) = (false, 0.0);
-    let mut stage_gate = None;
+    let mut dropped = Vec::new();
     if !expected.is_empty() {
-        let mix = MixParams {
-            levels: &[p.level],
-            candidates: &cand,
-            work: &dir,
-            gate: &p.gate,
-            expected: &expected,
-        };
-        let outcome = score_mix(driver, &mix, cancel).await;
-        write_json(&dir.join("mix.json"), &outcome.stage)?;
-        check_complete(&outcome.stage, cancel)?;
-        write_json(&dir.join("bench.json"), &outcome.result)?;
-        simulated = outcome.stage.simulated;
-        bench_wall_s = wall(&outcome.stage.runs);
-        stage_gate = Some(outcome.stage.gate);
+        let stage = bench.standalone(&expected).await?;
+        check_complete(&stage, cancel)?;
+        simulated |= stage.simulated;
+        bench_wall_s += wall(&stage.runs);
+        for v in &stage.gate.verdicts {
+            decisions.insert(v.target.clone(), Decision::of(v));
+            if v.rows + v.skipped == 0 {
+                dropped.push(Decision::of(v));
+            }
+        }
+        let winners: Vec<TargetId> = stage.gate.winners().map(|v| v.target.clone()).collect();
+        let mix = bench.mix(&winners).await?;
+        if cancel.is_cancelled() {
+            return Err(ScoreError::Incomplete("cancelled".into()));
+        }
+        simulated |= mix.simulated;
+        bench_wall_s += wall(&mix.runs);
+        if let Some(result) = &mix.result {
+            write_json(&dir.join("bench.json"), result)?;
+        }
+        for v in mix.verdicts.iter().filter(|v| !v.winner) {
+            let d = decisions.get_mut(&v.target);
+            if let Some(d) = d {
+                d.winner = false;
+                d.reason = Some(format!("failed the level mix: {}", dropped_reason(v)));
+                dropped.push(d.clone());
+            }
+        }
+        for b in &mix.breakers {
+            if let Some(d) = decisions.get_mut(&b.target) {
+                d.winner = false;
+                d.reason = Some(b.reason.clone());
+                dropped.push(d.clone());
+            }
+        }
     }
-    for t in p.targets {
-        let d = match stage_gate.as_ref().and_then(|g| g.get(t)) {
-            Some(v) => Decision {
-                target: t.clone(),
-                winner: v.winner,
-                geomean: v.geomean,
-                reason: v.reason.clone(),
-            },
-            None => Decision {
+    let decisions: Vec<Decision> = p
+        .targets
+        .iter()
+        .map(|t| {
+            decisions.remove(t).unwrap_or_else(|| Decision {
                 target: t.clone(),
                 winner: false,
+                published: false,
                 geomean: None,
                 reason: Some("no candidate: the session wrote none".into()),
-            },
-        };
-        decisions.push(d);
-    }
+            })
+        })
+        .collect();
     let new_winners: Vec<TargetId> = decisions
         .iter()
         .filter(|d| d.winner)
@@ -267,7 +323,7 @@ pub async fn gate_level<L: BenchLauncher>(
     let mut winners: Vec<TargetId> = p.previous.map(|g| g.winners.clone()).unwrap_or_default();
     winners.extend(new_winners.iter().cloned());
     let win_candidates = dir.join("win_candidates");
-    CandidateSet::scan(&cand)?.materialize(&winners, &win_candidates)?;
+    set.materialize(&winners, &win_candidates)?;
     let gate = LevelGate {
         level: p.level,
         simulated,
@@ -277,6 +333,7 @@ pub async fn gate_level<L: BenchLauncher>(
         winners,
         win_candidates,
         bench_wall_s,
+        dropped,
     };
     write_json(&dir.join("gate.json"), &gate)?;
     Ok(gate)
@@ -305,6 +362,10 @@ pub async fn finish<L: BenchLauncher>(
         win_candidates: win.clone(),
         composed_bench: None,
         bench_wall_s: levels.iter().map(|l| l.bench_wall_s).sum(),
+        lost: levels
+            .iter()
+            .flat_map(|l| l.dropped.iter().cloned())
+            .collect(),
     };
     let winners = levels.last().map(|l| l.winners.clone()).unwrap_or_default();
     if let (Some(last), false) = (levels.last(), winners.is_empty()) {
@@ -327,11 +388,16 @@ pub async fn finish<L: BenchLauncher>(
         gate.bench_wall_s += wall(&outcome.stage.runs);
         gate.composed_bench = Some(seq_dir.join("bench.json"));
         for v in &outcome.stage.gate.verdicts {
+            let published = levels
+                .iter()
+                .flat_map(|l| &l.decisions)
+                .any(|d| d.target == v.target && d.published);
             let d = Decision {
                 target: v.target.clone(),
                 winner: v.winner,
                 geomean: v.geomean,
                 reason: (!v.winner).then(|| dropped_reason(v)),
+                published,
             };
             if v.winner {
                 gate.winners.push(d);
@@ -352,6 +418,7 @@ pub async fn score_levels<L: BenchLauncher>(
     run_dir: &Path,
     seq_dir: &Path,
     targets: &[TargetId],
+    gate: WinnerGate,
     cancel: &CancellationToken,
 ) -> Result<(Vec<LevelGate>, SeqGate), ScoreError> {
     let mut gates: Vec<LevelGate> = Vec::new();
@@ -362,7 +429,7 @@ pub async fn score_levels<L: BenchLauncher>(
             level,
             targets: &of_level,
             previous: gates.last(),
-            gate: WinnerGate::default(),
+            gate,
         };
         let g = gate_level(driver, &p, cancel).await?;
         gates.push(g);
@@ -392,11 +459,11 @@ pub fn seq_table(r: &SeqReport) -> String {
     for g in &r.levels {
         let _ = writeln!(
             out,
-            "\nL{} mix bench (lower winners loaded; correct and geomean ≥ {:.2}): {} of {} winners",
+            "\nL{}: {} of {} winners (each alone beside the lower winners, geomean ≥ {:.2}; then the level's winners mixed)",
             g.level,
-            g.threshold,
             g.new_winners.len(),
-            g.decisions.len()
+            g.decisions.len(),
+            g.threshold,
         );
         let rows: Vec<Vec<String>> = g
             .decisions
@@ -404,13 +471,25 @@ pub fn seq_table(r: &SeqReport) -> String {
             .map(|d| {
                 vec![
                     d.target.to_string(),
+                    if d.published { "WIN" } else { "no" }.into(),
                     if d.winner { "WIN" } else { "no" }.into(),
                     speed(d.geomean),
                     d.reason.clone().unwrap_or_default(),
                 ]
             })
             .collect();
-        out.push_str(&table(&["target", "verdict", "mix", "reason"], &rows));
+        out.push_str(&table(
+            &["target", "published", "verdict", "geomean", "reason"],
+            &rows,
+        ));
+        for d in &g.dropped {
+            let _ = writeln!(
+                out,
+                "  dropped {}: {}",
+                d.target,
+                d.reason.clone().unwrap_or_default()
+            );
+        }
     }
     let _ = writeln!(
         out,

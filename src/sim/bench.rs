@@ -11,6 +11,10 @@
 //! force an outcome with a line `# sim: <knob>` (see [`Knob`]), so tests can ask for hangs,
 //! crashes, infrastructure errors or an exact speedup.
 //!
+//! Repeated benches of one candidate differ only through [`NoiseModel`] (a `# sim: true=S`
+//! candidate): its draws depend on the invocation's private folder, so a confirmation bench
+//! (`…/confirm-<k>/`) measures anew while the same folder always gives the same numbers.
+//!
 //! Invariants: every JSON written carries `"simulated": true` at the top and on every row, and
 //! every row's `detail` says "simulated"; a usage error (unknown target, missing captures)
 //! writes no JSON and exits 2, like the real one.
@@ -21,6 +25,8 @@ use sha2::{Digest, Sha256};
 
 use crate::score::result::{BenchResult, ScenarioRow, Status, op_string};
 use crate::target::{Catalog, Target, TargetId};
+
+use super::noise::NoiseModel;
 
 /// What the simulated bench is asked to do (the real bench's flags plus the environment it
 /// reads, collected by the CLI).
@@ -69,6 +75,8 @@ enum Knob {
     Hang,
     /// Exit 1 without writing JSON, like a Python traceback in the parent.
     Crash,
+    /// Like `crash`, but only in a level mix (fine when benched alone).
+    MixCrash,
     /// Exit 2 without JSON, like "no GPU found".
     Infra,
     Pass,
@@ -78,6 +86,11 @@ enum Knob {
     Unloadable,
     /// Every row PASSED with exactly this speedup.
     Speedup(f64),
+    /// Every row PASSED with this true speedup times one [`NoiseModel`] draw per invocation.
+    True(f64),
+    /// Every row PASSED; bench k of a confirmation (`confirm-<k>` in the output path, 0 for
+    /// the first) measures the k-th of these speedups (the last one repeats).
+    Runs(Vec<f64>),
     /// RUNTIME_ERROR when benched beside lower-level candidates (a composed bench). Without
     /// a knob that happens by chance (1 in 4 for L2+ candidates); `pass`/`speedup=` prevent it.
     ComposeBreak,
@@ -93,18 +106,16 @@ fn knobs(content: &str) -> Vec<Knob> {
         let knob = match word {
             "hang" => Knob::Hang,
             "crash" => Knob::Crash,
+            "mix-crash" => Knob::MixCrash,
             "infra" => Knob::Infra,
             "pass" => Knob::Pass,
             "incorrect" => Knob::Incorrect,
             "runtime-error" => Knob::RuntimeError,
             "unloadable" => Knob::Unloadable,
             "compose-break" => Knob::ComposeBreak,
-            w => match w
-                .strip_prefix("speedup=")
-                .and_then(|v| v.parse::<f64>().ok())
-            {
-                Some(s) if s > 0.0 => Knob::Speedup(s),
-                _ => continue,
+            w => match knob_value(w) {
+                Some(k) => k,
+                None => continue,
             },
         };
         out.push(knob);
@@ -112,15 +123,60 @@ fn knobs(content: &str) -> Vec<Knob> {
     out
 }
 
+/// `speedup=S`, `true=S`, `runs=A,B,C` (every number > 0).
+fn knob_value(word: &str) -> Option<Knob> {
+    let positive = |v: &str| v.trim().parse::<f64>().ok().filter(|x| *x > 0.0);
+    if let Some(v) = word.strip_prefix("speedup=") {
+        return positive(v).map(Knob::Speedup);
+    }
+    if let Some(v) = word.strip_prefix("true=") {
+        return positive(v).map(Knob::True);
+    }
+    let v = word.strip_prefix("runs=")?;
+    let runs: Option<Vec<f64>> = v.split(',').map(positive).collect();
+    runs.filter(|r| !r.is_empty()).map(Knob::Runs)
+}
+
+/// Which bench of a confirmation an output path is (`…/confirm-<k>/…` → k, else 0).
+fn confirm_index(output: Option<&Path>) -> usize {
+    let index = |c: std::path::Component<'_>| -> Option<usize> {
+        c.as_os_str()
+            .to_str()?
+            .strip_prefix("confirm-")?
+            .parse()
+            .ok()
+    };
+    output
+        .and_then(|p| p.components().rev().find_map(index))
+        .unwrap_or(0)
+}
+
+/// The last three components of the output path: what tells one invocation from another
+/// (stable for the same layout, whatever the temporary folder above it).
+fn invocation_nonce(output: Option<&Path>) -> String {
+    let Some(p) = output else {
+        return String::new();
+    };
+    let parts: Vec<String> = p
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    parts[parts.len().saturating_sub(3)..].join("/")
+}
+
 /// A `pass` or `speedup=` knob: the candidate passes unless another knob says otherwise,
 /// composed or not.
 fn forces_pass(ks: &[Knob]) -> bool {
-    ks.iter()
-        .any(|k| matches!(k, Knob::Pass | Knob::Speedup(_)))
+    ks.iter().any(|k| {
+        matches!(
+            k,
+            Knob::Pass | Knob::Speedup(_) | Knob::True(_) | Knob::Runs(_)
+        )
+    })
 }
 
 /// A number in [0, 1) derived from the parts (stable across builds and platforms).
-fn unit(parts: &[&[u8]]) -> f64 {
+pub(crate) fn unit(parts: &[&[u8]]) -> f64 {
     let mut h = Sha256::new();
     for p in parts {
         h.update((p.len() as u64).to_le_bytes());
@@ -195,6 +251,8 @@ struct TargetRun<'a> {
     /// holds lower-level candidates, as in a sequential campaign's sessions).
     composed_with_lower: bool,
     self_test: bool,
+    /// Where this invocation writes its JSON (tells repeated benches apart).
+    output: Option<&'a Path>,
 }
 
 /// The draws that decide one target's outcome (a pure function of seed, target, content).
@@ -206,6 +264,8 @@ struct Draw {
     base: f64,
     /// Broken by composition with lower-level candidates.
     broken: bool,
+    /// The speedup a knob forces on every row of this invocation.
+    forced: Option<f64>,
 }
 
 impl Draw {
@@ -219,11 +279,22 @@ impl Draw {
             && (knobs.contains(&Knob::ComposeBreak)
                 || (!forces_pass(&knobs)
                     && unit(&[&seed, id.as_bytes(), content, b"compose"]) < 0.25));
+        let nonce = invocation_nonce(t.output);
+        let forced = knobs.iter().find_map(|k| match k {
+            Knob::Speedup(s) => Some(*s),
+            Knob::True(s) => {
+                let u = |i: u8| unit(&[&seed, id.as_bytes(), content, nonce.as_bytes(), &[i]]);
+                Some(s * NoiseModel::default().factor([u(0), u(1), u(2), u(3)]))
+            }
+            Knob::Runs(r) => Some(r[confirm_index(t.output).min(r.len() - 1)]),
+            _ => None,
+        });
         Self {
             u: unit(&[&seed, id.as_bytes(), content]),
             base: 0.8 + 0.8 * unit(&[&seed, id.as_bytes(), content, b"speed"]),
             broken,
             knobs,
+            forced,
         }
     }
 
@@ -238,11 +309,7 @@ impl Draw {
     /// Status, detail and speedup of case `i`; `jitter` in [0, 1) varies per case.
     fn case(&self, i: usize, jitter: f64) -> (Status, &'static str, f64) {
         let free = self.knobs.is_empty();
-        let forced = self.knobs.iter().find_map(|k| match k {
-            Knob::Speedup(s) => Some(*s),
-            _ => None,
-        });
-        let speedup = forced.unwrap_or(self.base * (0.95 + 0.1 * jitter));
+        let speedup = self.forced.unwrap_or(self.base * (0.95 + 0.1 * jitter));
         if self.broken {
             let why = "module construction failed: composition with lower-level candidates broke";
             (Status::RuntimeError, why, speedup)
@@ -350,7 +417,7 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
         }
         let ks = knobs(content.as_deref().unwrap_or(""));
         if !params.self_test {
-            if let Some(action) = process_knob(&ks, &t.id) {
+            if let Some(action) = process_knob(&ks, &t.id, params.target.is_none()) {
                 return action;
             }
         }
@@ -361,6 +428,7 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             content: content.as_deref(),
             composed_with_lower: lower,
             self_test: params.self_test,
+            output: Some(output_path(params).as_path()),
         }));
     }
     finish(params, rows)
@@ -378,13 +446,13 @@ fn has_candidates(dir: Option<&Path>, level: u8) -> bool {
         .unwrap_or(false)
 }
 
-fn process_knob(ks: &[Knob], target: &TargetId) -> Option<SimAction> {
+fn process_knob(ks: &[Knob], target: &TargetId, mix: bool) -> Option<SimAction> {
     if ks.contains(&Knob::Hang) {
         return Some(SimAction::Hang {
             stderr: format!("fastkernels bench (simulated): {target} hangs (# sim: hang)\n"),
         });
     }
-    if ks.contains(&Knob::Crash) {
+    if ks.contains(&Knob::Crash) || (mix && ks.contains(&Knob::MixCrash)) {
         return Some(SimAction::Exit {
             code: 1,
             stdout: String::new(),
@@ -489,6 +557,24 @@ mod tests {
         let ks =
             knobs("x = 1\n  # sim: hang\n# sim: speedup=1.5\n# sim: speedup=-1\n# sim: nonsense\n");
         assert_eq!(ks, vec![Knob::Hang, Knob::Speedup(1.5)]);
+    }
+
+    #[test]
+    fn noise_knobs_and_the_confirmation_index_are_read() {
+        let ks =
+            knobs("# sim: true=1.05\n# sim: runs=1.1,0.25\n# sim: runs=1,x\n# sim: mix-crash\n");
+        assert_eq!(
+            ks,
+            vec![
+                Knob::True(1.05),
+                Knob::Runs(vec![1.1, 0.25]),
+                Knob::MixCrash
+            ]
+        );
+        let p = Path::new("gen/ind/standalone/L1_gelu/confirm-3/bench.json");
+        assert_eq!(confirm_index(Some(p)), 3);
+        assert_eq!(confirm_index(Some(Path::new("a/L1_gelu/bench.json"))), 0);
+        assert_eq!(invocation_nonce(Some(p)), "L1_gelu/confirm-3/bench.json");
     }
 
     #[test]

@@ -190,7 +190,10 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
             real: None,
         }),
         shell_env: sim_shell_env(&params.exe),
-        loop_params: LoopParams::new(INSTRUCTIONS.to_string(), 400_000),
+        loop_params: LoopParams {
+            max_turns: config.limits.max_turns,
+            ..LoopParams::new(INSTRUCTIONS.to_string(), 400_000)
+        },
         lease_access,
     }))
 }

@@ -371,6 +371,50 @@ impl Store {
         .optional()
         .map_err(|e| self.sql_err(e))
     }
+
+    /// Leases granted at or after `from` (and before `until`, when given), oldest first: the
+    /// leases of one run's time window, for read-only views (the dashboard).
+    pub fn leases_granted_between(
+        &self,
+        from: &str,
+        until: Option<&str>,
+    ) -> Result<Vec<LeaseRow>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM leases WHERE granted_at >= ?1 \
+                 AND (?2 IS NULL OR granted_at <= ?2) ORDER BY granted_at, id"
+            ))
+            .map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map(params![from, until], from_row)
+            .map_err(|e| self.sql_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.sql_err(e))
+    }
+
+    /// The leases held by `session` (a target id) granted at or after `from` (and before
+    /// `until`, when given), oldest first: one session's leases, its time window telling
+    /// apart the runs that had a session of the same name.
+    pub fn session_leases(
+        &self,
+        session: &str,
+        from: &str,
+        until: Option<&str>,
+    ) -> Result<Vec<LeaseRow>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM leases WHERE session = ?1 AND granted_at >= ?2 \
+                 AND (?3 IS NULL OR granted_at <= ?3) ORDER BY granted_at, id"
+            ))
+            .map_err(|e| self.sql_err(e))?;
+        let rows = stmt
+            .query_map(params![session, from, until], from_row)
+            .map_err(|e| self.sql_err(e))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.sql_err(e))
+    }
 }
 
 #[cfg(test)]

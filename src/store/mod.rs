@@ -47,6 +47,9 @@ pub enum StoreError {
     Lease { path: PathBuf, detail: String },
     #[error("unknown run `{0}`")]
     UnknownRun(String),
+    /// A run id typed by the user that names no run, or several (a prefix).
+    #[error(transparent)]
+    RunId(#[from] crate::run::RunIdError),
     #[error("store task failed: {0}")]
     Join(String),
 }
@@ -131,6 +134,28 @@ impl Store {
             .map_err(err)?;
         migrations::apply(&mut conn, path)?;
         checkpoint::start(&mut conn, path);
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+            leases: Arc::default(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// A read-only handle on an existing store, for viewers (the dashboard): a connection of
+    /// its own, so its reads never wait on the writer's lock; no migrations and no checkpoint
+    /// thread (the writer owns both).
+    pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
+        let err = |source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(err)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             leases: Arc::default(),
@@ -305,14 +330,17 @@ impl Store {
             .map_err(|e| self.sql_err(e))
     }
 
-    /// One run by id, or the newest when `id` is `None`.
+    /// One run by id or unique id prefix, or the newest when `id` is `None`.
     pub fn run(&self, id: Option<&str>) -> Result<RunRow, StoreError> {
         let runs = self.runs()?;
         match id {
-            Some(id) => runs
-                .into_iter()
-                .find(|r| r.id == id)
-                .ok_or_else(|| StoreError::UnknownRun(id.to_string())),
+            Some(id) => {
+                let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+                let found = crate::run::resolve_run_id(&ids, id)?.to_string();
+                runs.into_iter()
+                    .find(|r| r.id == found)
+                    .ok_or(StoreError::UnknownRun(found))
+            }
             None => runs
                 .into_iter()
                 .next()

@@ -33,14 +33,21 @@ fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
     let ind = Outcome {
         kept: BTreeMap::from([(t("L1/gelu"), 2.0), (t("L1/bmm"), 1.5)]),
         dropped: BTreeSet::from([t("L2/ada_layer_norm")]),
+        published: BTreeSet::from([t("L1/gelu"), t("L1/bmm"), t("L2/rms_norm")]),
         simulated: true,
         bench_gpu_s: 1800.0,
+        ..Outcome::default()
     };
     let seq = Outcome {
         kept: BTreeMap::from([(t("L1/gelu"), 2.0), (t("L2/ada_layer_norm"), 1.25)]),
         dropped: BTreeSet::new(),
+        lost: BTreeMap::from([(
+            t("L2/rms_norm"),
+            "no result: bench exit 1 without JSON".to_string(),
+        )]),
         simulated: true,
         bench_gpu_s: 900.0,
+        ..Outcome::default()
     };
     let input = CompareInput {
         ind_run: "ind".into(),
@@ -64,6 +71,7 @@ fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
     let c = compare::compare(&input);
     let side = |w, d, gw: Option<f64>, ga: f64| Side {
         winners: w,
+        published: 1,
         dropped: d,
         geomean_winners: gw,
         geomean_all: Some(ga),
@@ -73,6 +81,14 @@ fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
     assert_eq!(l2.sequential.winners, 1);
     assert!((l2.sequential.geomean_all.unwrap() - 1.25f64.sqrt()).abs() < 1e-12);
     assert_eq!(c.overall.only_independent, vec![t("L1/bmm")]);
+    assert_eq!(c.overall.independent.published, 3);
+    assert_eq!(
+        c.sequential_lost,
+        vec![compare::Lost {
+            target: t("L2/rms_norm"),
+            reason: "no result: bench exit 1 without JSON".into(),
+        }]
+    );
     assert_eq!(c.overall.only_sequential, vec![t("L2/ada_layer_norm")]);
     assert!((c.overall.independent.geomean_all.unwrap() - 3.0f64.powf(0.25)).abs() < 1e-12);
     assert_eq!(c.spent["independent"].tokens, 100);
@@ -183,7 +199,8 @@ fn start_mode_all_then_score_then_compare_from_the_command_line() {
     let score = fk(tmp.path(), &["score"]);
     assert_eq!(score.status.code(), Some(0), "{score:?}");
     assert!(String::from_utf8_lossy(&score.stdout).contains("SIMULATED RUN"));
-    let cmp = fk(tmp.path(), &["compare"]);
+    // `compare` only reads; `--save` writes `compare.json` into the newest generation.
+    let cmp = fk(tmp.path(), &["compare", "--save"]);
     assert_eq!(cmp.status.code(), Some(0), "{cmp:?}");
     let text = String::from_utf8_lossy(&cmp.stdout);
     assert!(

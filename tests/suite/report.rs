@@ -27,13 +27,25 @@ fn row(target: &str, state: &str, detail: serde_json::Value) -> SessionRow {
     }
 }
 
+fn ev(seq: i64, kind: &str, target: &str, payload: serde_json::Value) -> Event {
+    Event {
+        run_id: "20261202-140305-ind-l1-sim-7f3a".into(),
+        seq,
+        at: format!("2026-12-02T14:0{}:00.000Z", seq % 10),
+        kind: kind.into(),
+        target: Some(target.into()),
+        payload,
+    }
+}
+
+/// A winner, a running session and a queued one; the verdict and the end stay apart.
 #[test]
 fn sessions_table() {
     let rows = vec![
         row(
             "L1/bmm",
             "finished",
-            json!({"turns": 6, "tokens": 16934, "leases": 2, "gpu_s": 31.5, "best_speedup": "1.014x", "elapsed": "0:12:01", "last_event": "PASS: the agent called finish"}),
+            json!({"turns": 6, "tokens": 16934, "leases": 2, "gpu_s": 31.5, "best_speedup": 1.014, "elapsed": 721, "last_event": "PASS: the agent called finish"}),
         ),
         row(
             "L1/gelu",
@@ -42,51 +54,37 @@ fn sessions_table() {
         ),
         row("L1/rms_norm", "queued", json!({})),
     ];
-    insta::assert_snapshot!(report::sessions_table(&run(true), &rows));
-}
-
-#[test]
-fn session_timeline() {
-    let ev = |seq: i64, kind: &str, payload: serde_json::Value| Event {
-        run_id: "20261202-140305-ind-l1-sim-7f3a".into(),
-        seq,
-        at: format!("2026-12-02T14:0{}:00.000Z", seq % 10),
-        kind: kind.into(),
-        target: Some("L1/gelu".into()),
-        payload,
-    };
     let events = vec![
+        ev(1, "tool_started", "L1/bmm", json!({"name": "validate"})),
+        ev(
+            2,
+            "validation",
+            "L1/bmm",
+            json!({"winner": true, "geomean": 1.014, "reason": null}),
+        ),
         ev(
             3,
-            "session_started",
-            json!({"prompt_sha256": "7b1b1f5e", "cache_key": "run/L1/gelu"}),
-        ),
-        ev(
-            5,
-            "tool_started",
-            json!({"call_id": "call_1", "name": "validate", "arguments": "{}"}),
-        ),
-        ev(
-            6,
-            "validation",
-            json!({"n": 1, "winner": true, "geomean": 1.21, "rows": 4}),
-        ),
-        ev(
-            7,
             "tool_finished",
-            json!({"call_id": "call_1", "name": "validate", "output": "PASSED ...", "is_error": false}),
+            "L1/bmm",
+            json!({"name": "validate", "output": "verdict: WINNER"}),
         ),
         ev(
-            9,
+            4,
             "session_finished",
+            "L1/bmm",
             json!({"status": "PASS", "reason": "the agent called finish"}),
         ),
+        ev(5, "session_started", "L1/gelu", json!({})),
     ];
-    let state = row("L1/gelu", "finished", json!({}));
-    insta::assert_snapshot!(report::session_timeline(
-        &run(false),
-        "L1/gelu",
-        Some(&state),
-        &events
-    ));
+    let outcomes = fk_agentd::inspect::outcomes(&events);
+    for width in [80, 120] {
+        let opts = report::TableOptions {
+            width,
+            color: false,
+        };
+        insta::assert_snapshot!(
+            format!("sessions_table_{width}"),
+            report::sessions_table(&run(true), &rows, &outcomes, opts)
+        );
+    }
 }

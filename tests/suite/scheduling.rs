@@ -110,6 +110,7 @@ async fn campaign(policy: AgentSlot, max_agents: usize, gpus: usize, targets: us
         order: QueueOrder::Catalog,
         session_timeout: Duration::from_secs(5 * 3600),
         drain_deadline: Duration::from_secs(30),
+        budget: Default::default(),
     };
     let t0 = tokio::time::Instant::now();
     let report = run_phase(
@@ -223,6 +224,7 @@ async fn ordered_run(
         order,
         session_timeout: Duration::from_secs(3600),
         drain_deadline: Duration::from_secs(30),
+        budget: Default::default(),
     };
     runner.started.lock().unwrap().clear();
     run_phase(

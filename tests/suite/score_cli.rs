@@ -110,7 +110,8 @@ fn a_small_set(s: &Setup) {
 fn score_candidates_end_to_end_with_the_simulated_bench() {
     let s = Setup::new();
     a_small_set(&s);
-    let out = s.score(&[]).success();
+    // The set holds incorrect and crashing candidates: exit 1, the work found failures.
+    let out = s.score(&[]).code(1);
     let stdout = String::from_utf8(out.get_output().stdout.clone()).unwrap();
     insta::assert_snapshot!("score_table_sim", s.redact(&stdout));
 
@@ -180,7 +181,15 @@ fn score_json_and_a_second_score_never_overwrites_the_first() {
     let s = Setup::new();
     s.file("L1/gelu.py", "# sim: speedup=1.0\n");
     let first = s
-        .score(&["--json", "--mode", "standalone", "--repeats", "3"])
+        .score(&[
+            "--json",
+            "--mode",
+            "standalone",
+            "--repeats",
+            "3",
+            "--gate",
+            "published",
+        ])
         .success();
     let report: serde_json::Value = serde_json::from_slice(&first.get_output().stdout).unwrap();
     assert_eq!(
@@ -295,7 +304,7 @@ fn score_run_gathers_session_candidates_into_a_run_generation() {
         .arg(s.tmp.path().join("fk-agentd.toml"))
         .args(["score", "--json", "--noise-sample", "0", "--run", &id])
         .assert()
-        .success();
+        .code(1); // L1/silu is incorrect
     let report: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
     let run_dir = s.home().join("runs").join(&id);
     assert_eq!(
@@ -452,7 +461,7 @@ fn score_is_refused_while_another_fk_agentd_holds_the_home() {
         .stderr(predicates::str::contains("already runs on"));
     assert!(!s.home().join("scores").exists(), "nothing is made");
     drop(held);
-    s.score(&[]).success();
+    s.score(&[]).code(1); // it runs: exit 1 for the set's failing candidates
 }
 
 /// A `start` refused because a score holds the home says so, and does not offer
@@ -508,7 +517,7 @@ fn a_running_score_holds_the_home_against_a_second_score() {
     s.score_command(&[])
         .timeout(std::time::Duration::from_secs(120))
         .assert()
-        .success();
+        .code(1); // ran to the end; the set's failing candidates make it 1
     let code = std::fs::read_to_string(&inner_code).expect("a bench ran the second score");
     assert_eq!(code.trim(), fk_agentd::error::EXIT_UNAVAILABLE.to_string());
     let err = std::fs::read_to_string(&inner_err).unwrap();
@@ -529,4 +538,62 @@ fn a_missing_candidates_folder_is_told_before_the_gpus_are_looked_for() {
         "{stderr}"
     );
     assert!(!s.home().join("scores").exists(), "nothing is made");
+}
+
+#[test]
+fn the_gate_comes_from_the_file_a_flag_overrides_it_and_a_bad_value_is_named() {
+    let s = Setup::new();
+    s.file("L1/gelu.py", "# sim: runs=1.03,0.97,0.98\n");
+    // `[score] gate = "published"` in the file: one bench, the noise winner stands.
+    let config = std::fs::read_to_string(s.tmp.path().join("fk-agentd.toml")).unwrap();
+    std::fs::write(
+        s.tmp.path().join("fk-agentd.toml"),
+        format!("{config}[score]\ngate = \"published\"\n"),
+    )
+    .unwrap();
+    let out = s
+        .score(&["--mode", "standalone", "--noise-sample", "0", "--json"])
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        (
+            report["standalone"]["gate"]["gate"]["kind"].clone(),
+            report["standalone"]["runs"].as_array().unwrap().len(),
+            report["standalone"]["gate"]["verdicts"][0]["winner"].clone()
+        ),
+        (serde_json::json!("published"), 1, serde_json::json!(true))
+    );
+    // The flag wins over the file: confirmed, and the noise winner is not confirmed.
+    let out = s
+        .score(&[
+            "--mode",
+            "standalone",
+            "--noise-sample",
+            "0",
+            "--gate",
+            "confirmed",
+            "--confirm",
+            "3",
+        ])
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("standalone: 0 of 1 confirmed winners; published gate: 1 of 1"),
+        "{text}"
+    );
+    std::fs::write(
+        s.tmp.path().join("fk-agentd.toml"),
+        format!("{config}[score]\ngate = \"fast\"\nconfirm = 4\n"),
+    )
+    .unwrap();
+    s.score(&["--mode", "standalone"])
+        .code(2)
+        .stderr(predicates::str::contains("score.gate = `fast`"));
+    s.score(&["--mode", "standalone", "--confirm", "1"]).code(2);
 }

@@ -342,6 +342,7 @@ async fn a_level_whose_gate_file_exists_is_read_back_not_rebenched() {
         winners: vec!["L1/gelu".parse().unwrap()],
         win_candidates: seq.join("L1/win_candidates"),
         bench_wall_s: 1.5,
+        dropped: Vec::new(),
     };
     fk_agentd::score::pipeline::write_json(&seq.join("L1/gate.json"), &gate).unwrap();
     let driver = BenchDriver::new(
@@ -398,4 +399,133 @@ fn winners_are_installed_only_into_higher_levels_sessions() {
         "same level is never installed"
     );
     assert!(cand("L3/flux_transformer").join("L2/rms_norm.py").is_file());
+}
+
+/// A level's sessions with these candidate files, gated in process on a paused clock.
+async fn gate_one_level(
+    candidates: &[(&str, &str)],
+) -> (tempfile::TempDir, LevelGate, Vec<PathBuf>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    let mut targets: Vec<TargetId> = Vec::new();
+    for (target, content) in candidates {
+        let t: TargetId = target.parse().unwrap();
+        let file = run
+            .join("sessions")
+            .join(target)
+            .join("candidate")
+            .join(t.candidate_path());
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, content).unwrap();
+        targets.push(t);
+    }
+    std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+    let driver = BenchDriver::new(
+        DriverParams {
+            command: vec!["sim-bench".into()],
+            fastkernels_dir: None,
+            captures: tmp.path().join("captures"),
+            deadline: Duration::from_secs(900),
+            parallel: 2,
+            env_remove: Vec::new(),
+        },
+        fk_agentd::sim::in_process::InProcessLauncher::new(7),
+    )
+    .await
+    .unwrap();
+    let seq = tmp.path().join("results/seq");
+    let p = sequential::LevelParams {
+        run_dir: &run,
+        seq_dir: &seq,
+        level: 1,
+        targets: &targets,
+        previous: None,
+        gate: Default::default(),
+    };
+    let gate = sequential::gate_level(&driver, &p, &CancellationToken::new())
+        .await
+        .unwrap();
+    let outputs = driver.launcher().outputs();
+    (tmp, gate, outputs)
+}
+
+fn decided(g: &LevelGate) -> Vec<(String, bool, String)> {
+    g.decisions
+        .iter()
+        .map(|d| {
+            (
+                d.target.to_string(),
+                d.winner,
+                d.reason.clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crashing_and_a_hanging_candidate_lose_alone_and_the_good_ones_stay_winners() {
+    let (_tmp, g, _) = gate_one_level(&[
+        ("L1/gelu", "# sim: speedup=1.2\n"),
+        ("L1/bmm", "# sim: speedup=1.3\n"),
+        ("L1/embedding", "# sim: crash\n"),
+        ("L1/quickgelu", "# sim: hang\n"),
+    ])
+    .await;
+    let crash = "no result: bench exit 1 without JSON: simulated crash of the bench parent while benching L1/embedding (# sim: crash)";
+    let hang = "no result: bench killed at the deadline after 900 s";
+    assert_eq!(
+        decided(&g),
+        vec![
+            ("L1/gelu".into(), true, String::new()),
+            ("L1/bmm".into(), true, String::new()),
+            ("L1/embedding".into(), false, crash.into()),
+            ("L1/quickgelu".into(), false, hang.into()),
+        ]
+    );
+    let dropped: Vec<(String, String)> = g
+        .dropped
+        .iter()
+        .map(|d| (d.target.to_string(), d.reason.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        dropped,
+        vec![
+            ("L1/embedding".into(), crash.into()),
+            ("L1/quickgelu".into(), hang.into()),
+        ]
+    );
+    assert!(g.win_candidates.join("L1/gelu.py").is_file());
+    assert!(!g.win_candidates.join("L1/embedding.py").exists());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_candidate_that_breaks_only_the_mix_is_found_by_bisection_and_dropped() {
+    let (_tmp, g, outputs) = gate_one_level(&[
+        ("L1/gelu", "# sim: speedup=1.2\n"),
+        ("L1/bmm", "# sim: speedup=1.3\n# sim: mix-crash\n"),
+        ("L1/embedding", "# sim: speedup=1.25\n"),
+        ("L1/quickgelu", "# sim: speedup=1.1\n"),
+    ])
+    .await;
+    let winners: Vec<String> = g.new_winners.iter().map(ToString::to_string).collect();
+    assert_eq!(winners, ["L1/gelu", "L1/embedding", "L1/quickgelu"]);
+    let dropped: Vec<(String, bool, String)> = g
+        .dropped
+        .iter()
+        .map(|d| (d.target.to_string(), d.published, d.reason.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        dropped,
+        vec![(
+            "L1/bmm".into(),
+            true,
+            "breaks the level mix: bench exit 1 without JSON: simulated crash of the bench parent while benching L1/bmm (# sim: crash)".into()
+        )]
+    );
+    // The whole mix, its two halves, the failing half's two members, the survivors again.
+    let mixes = outputs
+        .iter()
+        .filter(|o| o.to_string_lossy().contains("/mix-"))
+        .count();
+    assert_eq!(mixes, 6);
 }

@@ -1,0 +1,215 @@
+//! The live status line of `start`: sessions done of total, running, winners so far, GPUs
+//! busy, elapsed time and an ETA. Drawn with indicatif on stderr when stderr is a terminal;
+//! otherwise a plain `progress:` line whenever the count of finished sessions changes (at most
+//! one per [`PLAIN_EVERY`]), which suits a pipe or the detached daemon's log.
+//!
+//! It reads the store the daemon writes through a read-only connection of its own (WAL lets a
+//! reader in beside the writer), so it needs nothing from the daemon but its files. "Winners so far" counts finished sessions whose best
+//! validated speedup reached 1.0: the scoring after the campaign has the final word.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::Store;
+
+/// How often the store is read.
+const TICK: Duration = Duration::from_secs(1);
+/// The least time between two plain lines.
+const PLAIN_EVERY: Duration = Duration::from_secs(30);
+
+/// One reading of the campaign.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub run_id: String,
+    pub total: usize,
+    pub done: usize,
+    pub running: usize,
+    pub winners: usize,
+    pub gpus_busy: usize,
+    pub gpus_total: Option<usize>,
+    pub elapsed: Duration,
+}
+
+/// The status line, e.g. `12/133 sessions done · 12 running · 3 winners · GPUs 5/8 busy ·
+/// 0:42:10 elapsed · ETA 7:23:00`.
+pub fn render(s: &Snapshot) -> String {
+    let gpus = match s.gpus_total {
+        Some(t) => format!("GPUs {}/{t} busy", s.gpus_busy),
+        None => format!("{} GPU(s) busy", s.gpus_busy),
+    };
+    let eta = match (s.done, s.total.saturating_sub(s.done)) {
+        (_, 0) => "ETA -".to_string(),
+        (0, _) => "ETA after the first session ends".to_string(),
+        (done, left) => format!(
+            "ETA {}",
+            clock(s.elapsed.mul_f64(left as f64 / done as f64))
+        ),
+    };
+    format!(
+        "{}/{} sessions done · {} running · {} winner{} · {gpus} · {} elapsed · {eta}",
+        s.done,
+        s.total,
+        s.running,
+        s.winners,
+        if s.winners == 1 { "" } else { "s" },
+        clock(s.elapsed)
+    )
+}
+
+fn clock(d: Duration) -> String {
+    let s = d.as_secs();
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// Reads the run this process is running: the newest `running` run it created, else the
+/// newest `running` one (a resumed run keeps the pid of the daemon that created it; the
+/// home's lock means no other daemon runs here).
+fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
+    let pid = i64::from(std::process::id());
+    let running: Vec<_> = store
+        .runs()
+        .ok()?
+        .into_iter()
+        .filter(|r| r.status == "running")
+        .collect();
+    let run = running
+        .iter()
+        .find(|r| r.pid == Some(pid))
+        .or_else(|| running.first())?
+        .clone();
+    let sessions = store.sessions(&run.id).ok()?;
+    // A live session's state names what it does (`thinking`, `validating`, …); an ended one's
+    // is one of the scheduler's end words.
+    let ended = |state: &str| {
+        matches!(
+            state,
+            "finished" | "failed" | "timed out" | "interrupted" | "skipped"
+        )
+    };
+    let winner = |d: &serde_json::Value| d["best_speedup"].as_f64().is_some_and(|g| g >= 1.0);
+    let gpus_busy = store
+        .open_leases()
+        .map(|ls| ls.iter().map(|l| l.gpus.len()).sum())
+        .unwrap_or(0);
+    Some(Snapshot {
+        total: run.targets.len(),
+        done: sessions.iter().filter(|s| ended(&s.state)).count(),
+        running: sessions
+            .iter()
+            .filter(|s| s.state != "queued" && !ended(&s.state))
+            .count(),
+        winners: sessions
+            .iter()
+            .filter(|s| s.state == "finished" && winner(&s.detail))
+            .count(),
+        run_id: run.id,
+        gpus_busy,
+        gpus_total: None,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// The running status line; [`Progress::finish`] clears it.
+pub struct Progress {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Progress {
+    /// Starts watching the campaign of `home`; `gpus_total` is the inventory's size, if known.
+    pub fn start(home: &Path, gpus_total: Option<usize>) -> Self {
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(watch(home.to_path_buf(), gpus_total, cancel.clone()));
+        Self { cancel, task }
+    }
+
+    pub async fn finish(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationToken) {
+    let tty = std::io::stderr().is_terminal();
+    let bar = tty.then(|| {
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar
+    });
+    let started = tokio::time::Instant::now();
+    let mut store: Option<Store> = None;
+    let mut last_plain: Option<(usize, tokio::time::Instant)> = None;
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        // The daemon creates (and migrates) the store, then `runs/`: open it read-only after.
+        if store.is_none() && crate::run::runs_dir(&home).is_dir() {
+            store = Store::open_read_only(&home.join("fk-agentd.db")).ok();
+        }
+        let Some(snap) = store.as_ref().and_then(|s| read(s, started)) else {
+            continue;
+        };
+        let snap = Snapshot { gpus_total, ..snap };
+        let line = render(&snap);
+        match &bar {
+            Some(bar) => {
+                bar.set_message(line);
+                bar.tick();
+            }
+            None => {
+                let due = last_plain
+                    .is_none_or(|(done, at)| done != snap.done && at.elapsed() >= PLAIN_EVERY);
+                if due {
+                    eprintln!("progress: {} {line}", snap.run_id);
+                    last_plain = Some((snap.done, tokio::time::Instant::now()));
+                }
+            }
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_status_line_counts_and_estimates() {
+        let mut s = Snapshot {
+            run_id: "r".into(),
+            total: 133,
+            done: 0,
+            running: 12,
+            winners: 0,
+            gpus_busy: 3,
+            gpus_total: Some(8),
+            elapsed: Duration::from_secs(600),
+        };
+        assert_eq!(
+            render(&s),
+            "0/133 sessions done · 12 running · 0 winners · GPUs 3/8 busy · 0:10:00 elapsed · ETA after the first session ends"
+        );
+        s.done = 19;
+        s.winners = 1;
+        s.gpus_total = None;
+        assert_eq!(
+            render(&s),
+            "19/133 sessions done · 12 running · 1 winner · 3 GPU(s) busy · 0:10:00 elapsed · ETA 1:00:00"
+        );
+        s.done = 133;
+        assert!(render(&s).ends_with("ETA -"));
+    }
+}

@@ -1,0 +1,275 @@
+//! `fk-agentd runs [--json]`: every run of the home, newest first, with its mode, the other
+//! half of a `--mode all` pair, status, targets, start time and winners. Reads only.
+//!
+//! Winners come from what was recorded: the newest scoring generation's `score.json` (its
+//! exported set, else its standalone gate), else the sequential campaign's
+//! `sequential_finished` event; a run never scored shows none.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::scheduler::budget::{group_digits, recorded_spend};
+use crate::store::{RunRow, Store};
+
+/// One line of `runs`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunLine {
+    pub id: String,
+    pub mode: String,
+    pub pair: Option<String>,
+    pub status: String,
+    pub simulated: bool,
+    pub targets: usize,
+    pub started_at: String,
+    /// `None` when the run was never scored.
+    pub winners: Option<usize>,
+    /// Tokens the run's agents spent.
+    pub tokens: u64,
+    /// Their cost in USD, when the run recorded its provider's prices.
+    pub cost_usd: Option<f64>,
+}
+
+/// Lists the runs; `Ok(0)` even when there are none (an empty list is an answer).
+pub fn cmd_runs(home: &Path, json: bool) -> Result<i32, Error> {
+    let lines = if home.join("fk-agentd.db").exists() {
+        let store = super::open_existing_store(home)?;
+        collect(&store, &crate::run::runs_dir(home))?
+    } else {
+        Vec::new()
+    };
+    let mut out = std::io::stdout().lock();
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&lines).unwrap_or_default()
+        );
+    } else {
+        let _ = write!(out, "{}", render(&lines, super::term::stdout_width()));
+    }
+    Ok(0)
+}
+
+fn collect(store: &Store, runs_dir: &Path) -> Result<Vec<RunLine>, Error> {
+    let mut lines = Vec::new();
+    for row in store.runs()? {
+        let pair = crate::daemon::plan::pair_of(store, &row.id).unwrap_or(None);
+        let winners = winners(store, &row, &runs_dir.join(&row.id));
+        let spent = recorded_spend(store, &row.id, false)?;
+        lines.push(RunLine {
+            id: row.id,
+            mode: row.mode,
+            pair,
+            status: row.status,
+            simulated: row.simulated,
+            targets: row.targets.len(),
+            started_at: row.started_at,
+            winners,
+            tokens: spent.tokens,
+            cost_usd: spent.cost_usd,
+        });
+    }
+    Ok(lines)
+}
+
+fn winners(store: &Store, row: &RunRow, run_dir: &Path) -> Option<usize> {
+    if let Some(n) = newest_score(run_dir).as_ref().and_then(score_winners) {
+        return Some(n);
+    }
+    let events = store.events(&row.id, None, 0).ok()?;
+    events
+        .iter()
+        .rev()
+        .find(|e| e.kind == "sequential_finished")
+        .and_then(|e| e.payload["winners"].as_array().map(Vec::len))
+}
+
+/// The `score.json` of the newest results generation (`results`, `results-2`, …).
+fn newest_score(run_dir: &Path) -> Option<serde_json::Value> {
+    let generation = |name: &str| -> Option<u32> {
+        match name.strip_prefix("results") {
+            Some("") => Some(1),
+            Some(rest) => rest.strip_prefix('-')?.parse().ok(),
+            None => None,
+        }
+    };
+    let newest = std::fs::read_dir(run_dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let n = generation(e.file_name().to_str()?)?;
+            Some((n, e.path()))
+        })
+        .filter(|(_, p)| p.join("score.json").is_file())
+        .max_by_key(|(n, _)| *n)?;
+    let text = std::fs::read_to_string(newest.1.join("score.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn score_winners(score: &serde_json::Value) -> Option<usize> {
+    if let Some(kernels) = score["final_set"]["manifest"]["kernels"].as_array() {
+        return Some(kernels.len());
+    }
+    let verdicts = score["standalone"]["gate"]["verdicts"].as_array()?;
+    Some(verdicts.iter().filter(|v| v["winner"] == true).count())
+}
+
+/// The table, fitted to `width` columns: the run id is cut to what is left, never shorter
+/// than its shortest unique prefix (which every command accepts); the pair is shown by the
+/// other run's random suffix; times are `MM-DD HH:MM` UTC.
+pub fn render(lines: &[RunLine], width: usize) -> String {
+    if lines.is_empty() {
+        return "no runs yet: start one with `fk-agentd start --sim --targets L1-L3`\n".into();
+    }
+    let rest: Vec<Vec<String>> = lines
+        .iter()
+        .map(|l| {
+            vec![
+                short_mode(&l.mode).to_string(),
+                l.status.clone(),
+                l.targets.to_string(),
+                short_time(&l.started_at),
+                l.winners.map_or("-".into(), |n| group_digits(n as u64)),
+                l.pair.as_deref().map_or("-".into(), pair_tail),
+            ]
+        })
+        .collect();
+    let header = [
+        "RUN", "MODE", "STATUS", "TARGETS", "STARTED", "WINNERS", "PAIR",
+    ];
+    let rest_width: usize = (1..header.len())
+        .map(|c| {
+            rest.iter()
+                .map(|r| r[c - 1].chars().count())
+                .chain([header[c].len()])
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .sum();
+    let ids: Vec<&str> = lines.iter().map(|l| l.id.as_str()).collect();
+    let room = width.saturating_sub(rest_width + 2);
+    let rows: Vec<Vec<String>> = lines
+        .iter()
+        .zip(rest)
+        .map(|(l, rest)| {
+            let mut row = vec![fit_id(&l.id, &ids, room)];
+            row.extend(rest);
+            row
+        })
+        .collect();
+    crate::report::table(&header, &rows)
+}
+
+/// `id` in `room` characters: whole when it fits, else cut with `…` but kept a unique prefix.
+fn fit_id(id: &str, ids: &[&str], room: usize) -> String {
+    let len = id.chars().count();
+    if len <= room {
+        return id.to_string();
+    }
+    let unique = (1..=len)
+        .find(|&n| {
+            let prefix: String = id.chars().take(n).collect();
+            ids.iter()
+                .filter(|other| other.starts_with(&prefix))
+                .count()
+                == 1
+        })
+        .unwrap_or(len);
+    let keep = room.saturating_sub(1).max(unique);
+    if keep >= len {
+        return id.to_string();
+    }
+    let mut out: String = id.chars().take(keep).collect();
+    out.push('…');
+    out
+}
+
+fn short_mode(mode: &str) -> &str {
+    match mode {
+        "independent" => "ind",
+        "sequential" => "seq",
+        other => other,
+    }
+}
+
+/// `2026-12-02T14:03:05.123Z` → `12-02 14:03`.
+fn short_time(rfc3339: &str) -> String {
+    match (rfc3339.get(5..10), rfc3339.get(11..16)) {
+        (Some(day), Some(time)) => format!("{day} {time}"),
+        _ => rfc3339.to_string(),
+    }
+}
+
+/// `20261202-140305-seq-l1-l3-7f3a` → `7f3a`: the random suffix tells the pair apart.
+fn pair_tail(id: &str) -> String {
+    id.rsplit('-').next().unwrap_or(id).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(
+        id: &str,
+        mode: &str,
+        status: &str,
+        pair: Option<&str>,
+        winners: Option<usize>,
+    ) -> RunLine {
+        RunLine {
+            id: id.into(),
+            mode: mode.into(),
+            pair: pair.map(str::to_string),
+            status: status.into(),
+            simulated: id.contains("-sim-"),
+            targets: 133,
+            started_at: "2026-12-02T14:03:05.123Z".into(),
+            winners,
+            tokens: 0,
+            cost_usd: None,
+        }
+    }
+
+    fn sample() -> Vec<RunLine> {
+        let (seq, ind) = (
+            "20261202-140305-seq-l1-l3-sim-7f3b",
+            "20261202-140305-ind-l1-l3-sim-7f3a",
+        );
+        vec![
+            line(seq, "sequential", "finished", Some(ind), Some(12)),
+            line(ind, "independent", "finished", Some(seq), Some(1_234)),
+            line(
+                "20261130-090000-ind-l2-rms-norm-l1-gelu-0c1d",
+                "independent",
+                "interrupted",
+                None,
+                None,
+            ),
+        ]
+    }
+
+    #[test]
+    fn runs_table_at_80_columns_cuts_ids_to_unique_prefixes() {
+        let text = render(&sample(), 80);
+        insta::assert_snapshot!(text);
+        assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+    }
+
+    #[test]
+    fn grouped_digits() {
+        let cases = [0, 12, 999, 1_000, 21_607, 1_234_567];
+        let shown: Vec<String> = cases.iter().map(|n| group_digits(*n)).collect();
+        assert_eq!(shown, ["0", "12", "999", "1,000", "21,607", "1,234,567"]);
+    }
+
+    #[test]
+    fn runs_table_at_120_columns_shows_whole_ids() {
+        let text = render(&sample(), 120);
+        insta::assert_snapshot!(text);
+        assert!(text.contains("20261130-090000-ind-l2-rms-norm-l1-gelu-0c1d"));
+    }
+}

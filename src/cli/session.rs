@@ -1,0 +1,321 @@
+//! `fk-agentd sessions` and `fk-agentd session TARGET` (readable, `--transcript`, `--json`,
+//! `--follow`, `--diff`): read the store (and the run directory for `--diff`), fold events
+//! through [`crate::inspect`], print. Nothing here writes.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+
+use super::open_existing_store;
+use crate::control::client::ControlClient;
+use crate::error::Error;
+use crate::inspect::{self, RenderOptions, SessionView};
+use crate::report::{self, TableOptions};
+use crate::store::leases::LeaseRow;
+use crate::store::{Event, RunRow, Store};
+use crate::target::{Catalog, TargetId};
+
+/// What `session TARGET` prints.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionOpts {
+    pub follow: bool,
+    pub transcript: bool,
+    pub json: bool,
+    pub diff: bool,
+}
+
+/// Whether stdout gets colour: a terminal, and `NO_COLOR` unset or empty.
+fn stdout_color() -> bool {
+    let no_color = std::env::var("NO_COLOR").ok();
+    inspect::use_color(std::io::stdout().is_terminal(), no_color.as_deref())
+}
+
+/// The width tables fit: the terminal's, else `COLUMNS`, else 120.
+fn stdout_width() -> usize {
+    if std::io::stdout().is_terminal() {
+        if let Ok(size) = rustix::termios::tcgetwinsize(std::io::stdout()) {
+            if size.ws_col > 0 {
+                return usize::from(size.ws_col);
+            }
+        }
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .filter(|c: &usize| *c >= 40)
+        .unwrap_or(120)
+}
+
+pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    let rows = match ControlClient::new(home) {
+        Ok(client) => match client.sessions(Some(&run_row.id)).await {
+            Ok(reply) => reply.sessions,
+            Err(_) => store.sessions(&run_row.id)?,
+        },
+        Err(_) => store.sessions(&run_row.id)?,
+    };
+    let events = store.events(&run_row.id, None, 0)?;
+    let outcomes = inspect::outcomes(&events);
+    let phases = crate::daemon::phases::phase_states(&events);
+    let pair = crate::daemon::plan::pair_of(&store, &run_row.id)?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let tally = inspect::OutcomeTally::of(outcomes.values());
+        let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
+            "sessions": rows, "outcomes": outcomes, "summary": tally.line()});
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+        return Ok(0);
+    }
+    let opts = TableOptions {
+        width: stdout_width(),
+        color: stdout_color(),
+    };
+    let _ = write!(
+        out,
+        "{}",
+        report::sessions_table(&run_row, &rows, &outcomes, opts)
+    );
+    if let Some(p) = pair {
+        let _ = writeln!(
+            out,
+            "pair: {p} (the other half of this --mode all campaign)"
+        );
+    }
+    let _ = write!(out, "{}", crate::daemon::phases::phase_line(&phases));
+    Ok(0)
+}
+
+/// `6 sessions finished, 0 winners (…)` for a run, from its recorded events; `None` when the
+/// store cannot be read.
+pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {
+    let store = crate::daemon::open_store(home).ok()?;
+    let events = store.events(run_id, None, 0).ok()?;
+    let outcomes = inspect::outcomes(&events);
+    Some(inspect::OutcomeTally::of(outcomes.values()).line())
+}
+
+/// `session TARGET` in all its forms.
+pub async fn cmd_session(
+    home: &Path,
+    target: &str,
+    run: Option<&str>,
+    opts: SessionOpts,
+    catalog: &Catalog,
+) -> Result<i32, Error> {
+    let (id, store, run_row) = open_session(home, target, run, catalog)?;
+    if opts.diff {
+        return cmd_diff(home, &id, &run_row);
+    }
+    if opts.follow {
+        return cmd_follow(&store, &id, &run_row, opts.json).await;
+    }
+    let name = id.to_string();
+    let events = store.events(&run_row.id, Some(&name), 0)?;
+    if opts.json {
+        let state = store
+            .sessions(&run_row.id)?
+            .into_iter()
+            .find(|s| s.target == name);
+        let leases: Vec<inspect::LeaseView> = session_leases(&store, &name, &events)?
+            .iter()
+            .map(inspect::LeaseView::from_row)
+            .collect();
+        let events: Vec<Event> = events.into_iter().map(withheld).collect();
+        let value = serde_json::json!({"run": run_row, "target": name, "state": state,
+            "leases": leases, "events": events});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+        return Ok(0);
+    }
+    if events.is_empty() {
+        println!(
+            "{}session {name} in run {}: no events yet (queued, or not in this run)",
+            report::sim_banner(run_row.simulated),
+            run_row.id
+        );
+        return Ok(0);
+    }
+    let leases = session_leases(&store, &name, &events)?;
+    let view = SessionView::from_events(&events).with_leases(&leases);
+    let render = RenderOptions {
+        color: stdout_color(),
+        full: opts.transcript,
+        settled_only: false,
+        run_id: Some(run_row.id.clone()),
+        simulated: run_row.simulated,
+    };
+    print!("{}", inspect::render_text(&view, &render));
+    Ok(0)
+}
+
+/// The leases of the session these events are of: held by the target, granted from its first
+/// event on (until its last, once it has ended).
+fn session_leases(store: &Store, name: &str, events: &[Event]) -> Result<Vec<LeaseRow>, Error> {
+    let Some(first) = events.first() else {
+        return Ok(Vec::new());
+    };
+    let ended = events.iter().any(|e| e.kind == "task_finished");
+    let until = events.last().filter(|_| ended).map(|e| e.at.as_str());
+    Ok(store.session_leases(name, &first.at, until)?)
+}
+
+/// An event as `--json` prints it: reasoning's encrypted content replaced by a marker.
+fn withheld(mut e: Event) -> Event {
+    inspect::strip_encrypted(&mut e.payload);
+    e
+}
+
+/// `session TARGET --follow`: the readable lines as they settle (or, with `--json`, each event
+/// as one JSON line), until the session or the run ends. Reads the store, so it works while a
+/// daemon writes it.
+async fn cmd_follow(
+    store: &Store,
+    id: &TargetId,
+    run_row: &RunRow,
+    json: bool,
+) -> Result<i32, Error> {
+    let name = id.to_string();
+    if json {
+        eprint!("{}", report::sim_banner(run_row.simulated));
+    }
+    let mut render = RenderOptions {
+        color: stdout_color(),
+        full: false,
+        settled_only: true,
+        run_id: Some(run_row.id.clone()),
+        simulated: run_row.simulated,
+    };
+    let mut events: Vec<Event> = Vec::new();
+    let mut printed = 0;
+    let mut out = std::io::stdout();
+    loop {
+        let after = events.last().map_or(0, |e| e.seq);
+        let fresh = store.events(&run_row.id, Some(&name), after)?;
+        let ended = fresh.iter().any(|e| e.kind == "task_finished");
+        for e in fresh {
+            if json {
+                let line = serde_json::to_string(&withheld(e.clone())).unwrap_or_default();
+                let _ = writeln!(out, "{line}");
+            }
+            events.push(e);
+        }
+        let run_over = !ended && store.run(Some(&run_row.id))?.status != "running";
+        if !json {
+            render.settled_only = !(ended || run_over);
+            let leases = session_leases(store, &name, &events)?;
+            let view = SessionView::from_events(&events).with_leases(&leases);
+            // Nothing until the first turn settles: the header is complete by then.
+            let ready = !render.settled_only || view.turns.iter().any(|t| t.settled);
+            if ready {
+                let lines = inspect::render_lines(&view, &render);
+                for line in lines.iter().skip(printed) {
+                    let _ = writeln!(out, "{line}");
+                }
+                printed = printed.max(lines.len());
+            }
+        }
+        let _ = out.flush();
+        if ended {
+            return Ok(0);
+        }
+        if run_over {
+            let row = store.run(Some(&run_row.id))?;
+            eprintln!(
+                "run {} is {}; the session has no more events",
+                row.id, row.status
+            );
+            return Ok(if row.status == "interrupted" { 1 } else { 0 });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// `session TARGET --diff`: the candidate against the baseline it started from.
+fn cmd_diff(home: &Path, id: &TargetId, run_row: &RunRow) -> Result<i32, Error> {
+    let dir = crate::workspace::session_dir_for(&crate::run::runs_dir(home).join(&run_row.id), id);
+    let rel = Path::new(&format!("L{}", id.level())).join(format!("{}.py", id.stem()));
+    let baseline = dir.join("workspace").join("baseline").join(&rel);
+    let candidate = dir.join("candidate").join(&rel);
+    let read = |p: &Path, what: &str| {
+        std::fs::read_to_string(p).map_err(|e| {
+            Error::Usage(format!(
+                "no {what} for {id} in run {} ({}: {e})",
+                run_row.id,
+                p.display()
+            ))
+        })
+    };
+    let base = read(&baseline, "baseline copy")?;
+    let cand = read(&candidate, "candidate")?;
+    print!("{}", report::sim_banner(run_row.simulated));
+    let text = unified_diff(
+        &base,
+        &cand,
+        &format!("baseline/{}", rel.display()),
+        &format!("candidate/{}", rel.display()),
+    );
+    if text.is_empty() {
+        println!("the candidate of {id} is identical to the baseline");
+    } else {
+        print!("{}", paint_diff(&text, stdout_color()));
+    }
+    Ok(0)
+}
+
+/// A unified diff with three lines of context; empty when the texts are equal.
+pub fn unified_diff(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
+    if old == new {
+        return String::new();
+    }
+    similar::TextDiff::from_lines(old, new)
+        .unified_diff()
+        .context_radius(3)
+        .header(old_name, new_name)
+        .to_string()
+}
+
+fn paint_diff(text: &str, color: bool) -> String {
+    if !color {
+        return text.to_string();
+    }
+    text.lines()
+        .map(|l| {
+            let code = match l.chars().next() {
+                Some('+') if !l.starts_with("+++") => "32",
+                Some('-') if !l.starts_with("---") => "31",
+                Some('@') => "36",
+                _ => return format!("{l}\n"),
+            };
+            format!("\x1b[{code}m{l}\x1b[0m\n")
+        })
+        .collect()
+}
+
+/// The target, the store and the run a `session` command reads.
+fn open_session(
+    home: &Path,
+    target: &str,
+    run: Option<&str>,
+    catalog: &Catalog,
+) -> Result<(TargetId, Store, RunRow), Error> {
+    let id = known_target(target, catalog)?;
+    let store = open_existing_store(home)?;
+    let run_row = store.run(run)?;
+    Ok((id, store, run_row))
+}
+
+/// A target named on the command line, checked against the catalog.
+fn known_target(target: &str, catalog: &Catalog) -> Result<TargetId, Error> {
+    let id: TargetId = target.parse()?;
+    if catalog.get(&id).is_none() {
+        catalog.select(target)?;
+    }
+    Ok(id)
+}

@@ -1,0 +1,19 @@
+//! What the CLI asks of the terminal: its width, and whether to draw live progress.
+
+use std::io::IsTerminal;
+
+/// The width tables fit: the terminal's, else `COLUMNS`, else 120.
+pub fn stdout_width() -> usize {
+    if std::io::stdout().is_terminal() {
+        if let Ok(size) = rustix::termios::tcgetwinsize(std::io::stdout()) {
+            if size.ws_col > 0 {
+                return usize::from(size.ws_col);
+            }
+        }
+    }
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .filter(|c: &usize| *c >= 40)
+        .unwrap_or(120)
+}

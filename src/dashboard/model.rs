@@ -1,0 +1,510 @@
+//! The numbers the dashboard shows, derived from the store: a run's sessions, its events
+//! folded into a [`Tally`] (tokens, retries, turn latencies, validations), and the leases the
+//! broker journaled while the run was running.
+//!
+//! Pure where it can be: [`Tally::fold`] and the [`RunView`] methods take data, not a store,
+//! so they are tested without one. [`load`] is the one place that reads the store.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::DashboardState;
+use crate::inspect::{Outcome, Verdict};
+use crate::store::drains::DrainRow;
+use crate::store::leases::LeaseRow;
+use crate::store::{Event, RunRow, SessionRow, StoreError};
+
+/// Parses a stored RFC 3339 time.
+pub fn parse_at(s: &str) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(s, &Rfc3339).ok()
+}
+
+fn seconds_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
+    (b - a).as_seconds_f64().max(0.0)
+}
+
+/// Token counts of a run's turns.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Tokens {
+    pub input: u64,
+    pub cached: u64,
+    pub output: u64,
+    pub reasoning: u64,
+    pub total: u64,
+}
+
+/// A run's events folded, in order. Events are append-only, so a tally is extended with the
+/// events after [`Tally::last_seq`] and never recomputed.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub last_seq: i64,
+    pub tokens: Tokens,
+    /// Sum of `usage.cost_usd` where turns recorded one (`None`: no turn was priced).
+    pub cost_usd: Option<f64>,
+    pub turns: u64,
+    /// Provider retries (`llm_retry`), and those of them that were 429s.
+    pub retries: u64,
+    pub rate_limited: u64,
+    pub token_reloads: u64,
+    /// Seconds from a turn's input (session start, user message, tool result) to its end.
+    pub turn_latency_s: Vec<f64>,
+    /// Each session's end and verdict (`crate::inspect`), by target.
+    pub outcomes: BTreeMap<String, Outcome>,
+    /// Targets with events folded since their outcome was derived.
+    dirty: BTreeSet<String>,
+    /// GPUs of the campaign, from its `facts` event.
+    pub gpu_count: Option<usize>,
+    /// When each target's current turn got its input.
+    turn_start: HashMap<String, OffsetDateTime>,
+}
+
+impl Tally {
+    /// Folds one event (of this tally's run, after `last_seq`).
+    pub fn fold(&mut self, e: &Event) {
+        self.last_seq = self.last_seq.max(e.seq);
+        let target = e.target.clone().unwrap_or_default();
+        if e.target.is_some() {
+            self.dirty.insert(target.clone());
+        }
+        let p = &e.payload;
+        match e.kind.as_str() {
+            "session_started" | "user_message" | "tool_finished" => {
+                if let Some(at) = parse_at(&e.at) {
+                    self.turn_start.insert(target, at);
+                }
+            }
+            "turn_finished" => self.fold_turn(&target, &e.at, p),
+            "llm_retry" => {
+                self.retries += 1;
+                let reason = p["reason"].as_str().unwrap_or_default();
+                if reason.contains("429") || reason.to_lowercase().contains("rate limit") {
+                    self.rate_limited += 1;
+                }
+            }
+            "token_reloaded" => self.token_reloads += 1,
+            // Later facts (a score's) may not name the campaign's GPUs: keep what was known.
+            "facts" => self.gpu_count = gpu_count_of(&p["gpus"]).or(self.gpu_count),
+            _ => {}
+        }
+    }
+
+    fn fold_turn(&mut self, target: &str, at: &str, p: &Value) {
+        self.turns += 1;
+        let u = &p["usage"];
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        self.tokens.input += n("input");
+        self.tokens.cached += n("cached");
+        self.tokens.output += n("output");
+        self.tokens.reasoning += n("reasoning");
+        self.tokens.total += n("total");
+        if let Some(c) = u["cost_usd"].as_f64().or(p["cost_usd"].as_f64()) {
+            self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + c);
+        }
+        if let (Some(start), Some(end)) = (self.turn_start.get(target).copied(), parse_at(at)) {
+            self.turn_latency_s.push(seconds_between(start, end));
+        }
+    }
+
+    /// Sessions whose candidate is a winner so far.
+    pub fn winners(&self) -> usize {
+        self.outcomes
+            .values()
+            .filter(|o| o.verdict.is_winner())
+            .count()
+    }
+
+    /// Derives again the outcome of every target with new events; `events_of` reads one
+    /// target's events.
+    pub fn settle<E>(
+        &mut self,
+        mut events_of: impl FnMut(&str) -> Result<Vec<Event>, E>,
+    ) -> Result<(), E> {
+        for t in std::mem::take(&mut self.dirty) {
+            let events = events_of(&t)?;
+            self.outcomes.insert(t, Outcome::from_events(&events));
+        }
+        Ok(())
+    }
+}
+
+/// The GPU count in a `facts.gpus` object: `fake:N`, or the visible GPUs.
+fn gpu_count_of(gpus: &Value) -> Option<usize> {
+    let declared = gpus["configured"]
+        .as_str()
+        .and_then(|c| c.strip_prefix("fake:"))
+        .and_then(|n| n.parse().ok());
+    let visible = gpus["visible"].as_array().map(Vec::len).filter(|n| *n > 0);
+    declared.or(visible)
+}
+
+/// Tallies by run id.
+#[derive(Default)]
+pub struct TallyCache(HashMap<String, Tally>);
+
+/// The key of the sessions page's verdict filter.
+pub fn verdict_key(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Winner { .. } => "winner",
+        Verdict::NotWinner { .. } => "not-winner",
+        Verdict::NoValidCandidate { .. } => "none",
+        Verdict::Pending => "pending",
+    }
+}
+
+/// The three groups the overview counts a session state in.
+pub fn state_group(state: &str) -> &'static str {
+    match state {
+        "queued" => "queued",
+        "finished" | "failed" | "timed out" | "interrupted" | "skipped" => "ended",
+        _ => "running",
+    }
+}
+
+/// One row of the sessions table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionLine {
+    pub target: String,
+    pub state: String,
+    pub verdict: Verdict,
+    pub best_speedup: Option<f64>,
+    pub turns: u64,
+    pub tokens: u64,
+    pub leases: u64,
+    pub reason: String,
+    pub updated_at: String,
+}
+
+/// One lease on the timeline.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseSpan {
+    pub id: String,
+    pub session: String,
+    pub class: String,
+    pub gpus: Vec<String>,
+    pub start: OffsetDateTime,
+    pub end: OffsetDateTime,
+    pub open: bool,
+    pub state: String,
+    pub queued_s: Option<f64>,
+    pub wall_s: Option<f64>,
+    /// Why the broker killed it (a deadline, a drain…), when it did.
+    pub killed: Option<String>,
+    pub exit_code: Option<i64>,
+}
+
+impl LeaseSpan {
+    fn of(row: &LeaseRow, now: OffsetDateTime) -> Option<Self> {
+        let start = parse_at(&row.granted_at)?;
+        let end = row.finished_at.as_deref().and_then(parse_at);
+        let o = row.outcome.clone().unwrap_or(Value::Null);
+        let killed = match &o["killed_reason"] {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            other => Some(other.to_string()),
+        };
+        Some(Self {
+            id: row.id.clone(),
+            session: row.session.clone(),
+            class: row.class.clone(),
+            gpus: row.gpus.clone(),
+            start,
+            end: end.unwrap_or(now).max(start),
+            open: end.is_none(),
+            state: row.state.clone(),
+            queued_s: o["queued_ms"].as_f64().map(|ms| ms / 1000.0),
+            wall_s: o["wall_ms"].as_f64().map(|ms| ms / 1000.0),
+            killed,
+            exit_code: o["exit_code"].as_i64(),
+        })
+    }
+
+    /// From the grant to the spawn: the lease's span less its wall time.
+    pub fn grant_latency_s(&self) -> Option<f64> {
+        let wall = self.wall_s?;
+        (!self.open).then(|| (seconds_between(self.start, self.end) - wall).max(0.0))
+    }
+}
+
+/// Everything a page needs about one run.
+#[derive(Clone, Debug)]
+pub struct RunView {
+    pub run: RunRow,
+    pub sessions: Vec<SessionRow>,
+    pub tally: Tally,
+    pub leases: Vec<LeaseSpan>,
+    pub drains: Vec<DrainRow>,
+    pub now: OffsetDateTime,
+}
+
+/// Overview counts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Counts {
+    pub targets: usize,
+    pub queued: usize,
+    pub running: usize,
+    pub ended: usize,
+    pub winners: usize,
+}
+
+impl RunView {
+    pub fn start(&self) -> OffsetDateTime {
+        parse_at(&self.run.started_at).unwrap_or(self.now)
+    }
+
+    /// The end of the run, or now while it runs.
+    pub fn end(&self) -> OffsetDateTime {
+        self.run
+            .finished_at
+            .as_deref()
+            .and_then(parse_at)
+            .unwrap_or(self.now)
+            .max(self.start())
+    }
+
+    pub fn elapsed_s(&self) -> f64 {
+        seconds_between(self.start(), self.end())
+    }
+
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts {
+            targets: self.run.targets.len().max(self.sessions.len()),
+            winners: self.tally.winners(),
+            ..Counts::default()
+        };
+        for s in &self.sessions {
+            match state_group(&s.state) {
+                "queued" => c.queued += 1,
+                "ended" => c.ended += 1,
+                _ => c.running += 1,
+            }
+        }
+        // Targets not submitted yet wait too.
+        c.queued += c.targets.saturating_sub(self.sessions.len());
+        c
+    }
+
+    /// Seconds left at the pace so far; `None` before a session ended or after the run.
+    pub fn eta_s(&self) -> Option<f64> {
+        let c = self.counts();
+        if self.run.status != "running" || c.ended == 0 {
+            return None;
+        }
+        Some(self.elapsed_s() / c.ended as f64 * (c.targets - c.ended) as f64)
+    }
+
+    /// The GPU lanes of the timeline: every GPU a lease or a drain named, sorted.
+    pub fn gpu_lanes(&self) -> Vec<String> {
+        let mut lanes: BTreeSet<String> = self
+            .leases
+            .iter()
+            .flat_map(|l| l.gpus.iter().cloned())
+            .collect();
+        lanes.extend(self.drains.iter().map(|d| d.uuid.clone()));
+        lanes.into_iter().collect()
+    }
+
+    /// GPUs of the campaign: the recorded count, or the lanes seen.
+    pub fn gpu_count(&self) -> usize {
+        self.tally
+            .gpu_count
+            .unwrap_or(0)
+            .max(self.gpu_lanes().len())
+    }
+
+    /// Leased GPU-seconds over available GPU-seconds since the run started.
+    pub fn gpu_busy(&self) -> Option<f64> {
+        let window = self.elapsed_s() * self.gpu_count() as f64;
+        if window <= 0.0 {
+            return None;
+        }
+        let used: f64 = self
+            .leases
+            .iter()
+            .map(|l| seconds_between(l.start, l.end) * l.gpus.len() as f64)
+            .sum();
+        Some((used / window).min(1.0))
+    }
+
+    /// A session's verdict so far.
+    pub fn verdict(&self, target: &str) -> Verdict {
+        self.tally
+            .outcomes
+            .get(target)
+            .map_or(Verdict::Pending, |o| o.verdict.clone())
+    }
+
+    /// One line per target of the run, in target order.
+    pub fn session_lines(&self) -> Vec<SessionLine> {
+        let by_target: HashMap<&str, &SessionRow> = self
+            .sessions
+            .iter()
+            .map(|s| (s.target.as_str(), s))
+            .collect();
+        let mut targets: BTreeSet<&str> = self.run.targets.iter().map(String::as_str).collect();
+        targets.extend(by_target.keys());
+        targets
+            .into_iter()
+            .map(|t| {
+                let row = by_target.get(t);
+                let state = row.map_or("queued", |r| r.state.as_str()).to_string();
+                let d = row.map(|r| &r.detail).cloned().unwrap_or(Value::Null);
+                SessionLine {
+                    target: t.to_string(),
+                    verdict: self.verdict(t),
+                    state,
+                    best_speedup: d["best_speedup"]
+                        .as_str()
+                        .and_then(|s| s.trim_end_matches('x').parse().ok())
+                        .or_else(|| d["best_speedup"].as_f64()),
+                    turns: d["turns"].as_u64().unwrap_or(0),
+                    tokens: d["tokens"].as_u64().unwrap_or(0),
+                    leases: d["leases"].as_u64().unwrap_or(0),
+                    reason: d["reason"].as_str().unwrap_or_default().to_string(),
+                    updated_at: row.map(|r| r.updated_at.clone()).unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The run a request names, else the default run, else the newest.
+pub fn pick_run(state: &DashboardState, asked: Option<&str>) -> Result<RunRow, StoreError> {
+    let default = (state.default_run)();
+    state.store.run(asked.or(default.as_deref()))
+}
+
+/// The run's tally, extended with the events stored since the last call.
+fn tally(state: &DashboardState, run_id: &str) -> Result<Tally, StoreError> {
+    let cached = state
+        .tallies
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .0
+        .get(run_id)
+        .cloned();
+    let mut t = cached.unwrap_or_default();
+    for e in state.store.events(run_id, None, t.last_seq)? {
+        t.fold(&e);
+    }
+    t.settle(|target| state.store.events(run_id, Some(target), 0))?;
+    let mut cache = state.tallies.lock().unwrap_or_else(|p| p.into_inner());
+    let keep = cache.0.get(run_id).is_none_or(|c| c.last_seq < t.last_seq);
+    if keep {
+        cache.0.insert(run_id.to_string(), t.clone());
+    }
+    Ok(t)
+}
+
+/// The run's latest event number and its status (blocking).
+pub fn run_progress(
+    state: &DashboardState,
+    asked: Option<&str>,
+) -> Result<(i64, String), StoreError> {
+    let run = pick_run(state, asked)?;
+    Ok((tally(state, &run.id)?.last_seq, run.status))
+}
+
+/// Reads everything about one run (blocking: call it through `spawn_blocking`).
+pub fn load(state: &DashboardState, asked: Option<&str>) -> Result<RunView, StoreError> {
+    let run = pick_run(state, asked)?;
+    let now = OffsetDateTime::now_utc();
+    let leases = state
+        .store
+        .leases_granted_between(&run.started_at, run.finished_at.as_deref())?
+        .iter()
+        .filter_map(|r| LeaseSpan::of(r, now))
+        .collect();
+    Ok(RunView {
+        sessions: state.store.sessions(&run.id)?,
+        tally: tally(state, &run.id)?,
+        drains: state.store.drains()?,
+        leases,
+        run,
+        now,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(seq: i64, at: &str, kind: &str, target: &str, payload: Value) -> Event {
+        Event {
+            run_id: "r".into(),
+            seq,
+            at: at.into(),
+            kind: kind.into(),
+            target: Some(target.into()),
+            payload,
+        }
+    }
+
+    #[test]
+    fn a_tally_counts_tokens_latency_retries_and_verdicts() {
+        let mut t = Tally::default();
+        let events = [
+            ev(
+                1,
+                "2026-01-01T00:00:00.000Z",
+                "session_started",
+                "L1/a",
+                json!({}),
+            ),
+            ev(
+                2,
+                "2026-01-01T00:00:01.000Z",
+                "llm_retry",
+                "L1/a",
+                json!({"reason": "429 Too Many Requests"}),
+            ),
+            ev(
+                3,
+                "2026-01-01T00:00:02.500Z",
+                "turn_finished",
+                "L1/a",
+                json!({"attempts": 2, "usage": {"input": 10, "output": 5, "total": 15, "cost_usd": 0.25}}),
+            ),
+            ev(
+                4,
+                "2026-01-01T00:00:03.000Z",
+                "token_reloaded",
+                "L1/b",
+                json!({}),
+            ),
+        ];
+        for e in &events {
+            t.fold(e);
+        }
+        assert_eq!(t.last_seq, 4);
+        assert_eq!(
+            (t.tokens.input, t.tokens.output, t.tokens.total),
+            (10, 5, 15)
+        );
+        assert_eq!(t.cost_usd, Some(0.25));
+        assert_eq!((t.retries, t.rate_limited), (1, 1));
+        assert_eq!(t.turn_latency_s, vec![2.5]);
+        assert_eq!(t.token_reloads, 1);
+        let mut asked = Vec::new();
+        t.settle(|target| {
+            asked.push(target.to_string());
+            Ok::<_, ()>(Vec::new())
+        })
+        .unwrap();
+        assert_eq!(asked, ["L1/a", "L1/b"]);
+        assert_eq!(t.outcomes.len(), 2);
+    }
+
+    #[test]
+    fn gpu_count_comes_from_declared_or_visible_gpus() {
+        assert_eq!(gpu_count_of(&json!({"configured": "fake:8"})), Some(8));
+        assert_eq!(
+            gpu_count_of(&json!({"configured": "nvml", "visible": [{}, {}]})),
+            Some(2)
+        );
+        assert_eq!(gpu_count_of(&json!({})), None);
+    }
+}

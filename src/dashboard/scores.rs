@@ -1,0 +1,189 @@
+//! The scores page's body: the newest result generation's standalone and composed verdicts
+//! (`score.json`), the sequential gates level by level (`seq/L<n>/gate.json`, `seq/gate.json`),
+//! and, for a `--mode all` pair, the independent-vs-sequential comparison as a chart.
+//! Reads the files `crate::score` wrote; computes nothing of its own but per-level sums.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use maud::{Markup, html};
+use serde_json::Value;
+
+use super::DashboardState;
+use super::svg::{self, Series};
+use crate::score::compare::{self, Comparison};
+use crate::score::sequential::{Decision, read_level_gate, read_seq_gate};
+use crate::store::RunRow;
+
+/// One verdict row of `score.json`.
+struct Row {
+    target: String,
+    winner: bool,
+    geomean: Option<f64>,
+    reason: String,
+}
+
+fn rows_of(stage: &Value) -> Vec<Row> {
+    stage["gate"]["verdicts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| Row {
+            target: v["target"].as_str().unwrap_or_default().to_string(),
+            winner: v["winner"].as_bool().unwrap_or(false),
+            geomean: v["geomean"].as_f64(),
+            reason: v["reason"].as_str().unwrap_or_default().to_string(),
+        })
+        .collect()
+}
+
+fn level_of(target: &str) -> String {
+    target.split('/').next().unwrap_or("?").to_string()
+}
+
+fn geomean(xs: &[f64]) -> Option<f64> {
+    (!xs.is_empty()).then(|| (xs.iter().map(|x| x.ln()).sum::<f64>() / xs.len() as f64).exp())
+}
+
+fn speed(g: Option<f64>) -> String {
+    g.map_or("—".into(), |g| format!("{g:.3}×"))
+}
+
+fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
+    let mut levels: BTreeMap<String, (usize, Vec<f64>)> = BTreeMap::new();
+    for r in rows {
+        let e = levels.entry(level_of(&r.target)).or_default();
+        e.0 += 1;
+        if r.winner {
+            e.1.extend(r.geomean);
+        }
+    }
+    html! {
+        h2 { (name) }
+        table.small id=(format!("{id}-levels")) {
+            thead { tr { th { "level" } th { "targets" } th { "winners" } th { "geomean of winners" } } }
+            tbody { @for (l, (n, w)) in &levels { tr { td { (l) } td.num { (n) } td.num { (w.len()) } td.num { (speed(geomean(w))) } } } }
+        }
+        details {
+            summary { "every target (" (rows.len()) ")" }
+            table.sortable id=(id) {
+                thead { tr { th data-type="text" { "target" } th data-type="text" { "verdict" } th data-type="num" { "geomean" } th data-type="text" { "reason" } } }
+                tbody { @for r in rows { tr {
+                    td { (r.target) }
+                    td { span class={"verdict " @if r.winner { "v-winner" } @else { "v-not-winner" }} { @if r.winner { "winner" } @else { "not a winner" } } }
+                    td.num data-v=(r.geomean.unwrap_or(0.0)) { (speed(r.geomean)) }
+                    td { (r.reason) }
+                } } }
+            }
+        }
+    }
+}
+
+fn decisions_table(title: &str, decisions: &[Decision]) -> Markup {
+    html! {
+        details { summary { (title) }
+        table.small {
+            thead { tr { th { "target" } th { "verdict" } th { "geomean" } th { "reason" } } }
+            tbody { @for d in decisions { tr {
+                td { (d.target.to_string()) }
+                td { span class={"verdict " @if d.winner { "v-winner" } @else { "v-not-winner" }} { @if d.winner { "winner" } @else { "not a winner" } } }
+                td.num { (speed(d.geomean)) }
+                td { (d.reason.clone().unwrap_or_default()) }
+            } } }
+        } }
+    }
+}
+
+fn sequential(generation: &Path) -> Option<Markup> {
+    let seq = generation.join("seq");
+    let levels: Vec<_> = (1..=3u8)
+        .filter_map(|l| read_level_gate(&seq, l).ok().flatten())
+        .collect();
+    let fin = read_seq_gate(&seq).ok().flatten();
+    if levels.is_empty() && fin.is_none() {
+        return None;
+    }
+    Some(html! {
+        h2 { "Sequential, level by level" }
+        @for g in &levels {
+            (decisions_table(&format!("L{}: {} targets, {} new winner(s), {} winners so far", g.level, g.decisions.len(), g.new_winners.len(), g.winners.len()), &g.decisions))
+        }
+        @if let Some(f) = &fin {
+            (decisions_table(&format!("final composed bench: {} kept, {} dropped", f.winners.len(), f.dropped.len()),
+                &f.winners.iter().chain(&f.dropped).cloned().collect::<Vec<_>>()))
+        }
+    })
+}
+
+fn comparison_chart(c: &Comparison) -> Markup {
+    let rows: Vec<_> = c.levels.iter().chain(std::iter::once(&c.overall)).collect();
+    let labels: Vec<String> = rows.iter().map(|r| r.level.clone()).collect();
+    let wins = |f: fn(&compare::LevelRow) -> &compare::Side| -> Vec<Option<f64>> {
+        rows.iter().map(|r| Some(f(r).winners as f64)).collect()
+    };
+    let gm = |f: fn(&compare::LevelRow) -> &compare::Side| -> Vec<Option<f64>> {
+        rows.iter().map(|r| f(r).geomean_all).collect()
+    };
+    html! {
+        h2 { "Independent vs sequential" }
+        p.meta { "independent " code { (c.independent_run) } " · sequential " code { (c.sequential_run) }
+            @if c.simulated { " · SIMULATED numbers" } }
+        div.charts id="comparison" {
+            (svg::bars("winners kept", &labels, &[
+                Series { name: "independent", css: "s-ind", values: wins(|r| &r.independent) },
+                Series { name: "sequential", css: "s-seq", values: wins(|r| &r.sequential) },
+            ], |v| format!("{v:.0}")))
+            (svg::bars("geomean speedup over all targets", &labels, &[
+                Series { name: "independent", css: "s-ind", values: gm(|r| &r.independent) },
+                Series { name: "sequential", css: "s-seq", values: gm(|r| &r.sequential) },
+            ], |v| format!("{v:.3}×")))
+        }
+    }
+}
+
+/// The comparison of this run's `--mode all` pair, when both halves are scored.
+fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>, String> {
+    let Some(pair) =
+        crate::daemon::plan::pair_of(&state.store, &run.id).map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
+    };
+    let (ind, seq) = if run.mode == "sequential" {
+        (pair, run.id.clone())
+    } else {
+        (run.id.clone(), pair)
+    };
+    let runs = crate::run::runs_dir(&state.home);
+    compare::load(&state.store, &runs, &ind, &seq)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// The scores page's body (blocking: reads files and the store).
+pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
+    let run_dir = crate::run::runs_dir(&state.home).join(&run.id);
+    let generation = compare::generations(&run_dir).into_iter().next();
+    let score: Option<Value> = generation
+        .as_ref()
+        .and_then(|g| std::fs::read(g.join("score.json")).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let seq = generation.as_deref().and_then(sequential);
+    let cmp = comparison(state, run);
+    html! {
+        @if let Some(g) = &generation { p.meta { "results generation " code { (g.file_name().unwrap_or_default().to_string_lossy()) } } }
+        @match &cmp {
+            Ok(Some(c)) => { (comparison_chart(c)) }
+            Ok(None) => { p.meta { "Not a --mode all pair: no independent-vs-sequential comparison." } }
+            Err(e) => { h2 { "Independent vs sequential" } p.meta { "not available yet: " (e) } }
+        }
+        @if let Some(s) = &score {
+            @if s["simulated"].as_bool() == Some(true) { p.simulated-note { "SIMULATED bench: these speedups are not measurements." } }
+            (stage_table("Standalone", "standalone", &rows_of(&s["standalone"])))
+            @if s["composed"].is_object() { (stage_table("Composed", "composed", &rows_of(&s["composed"]))) }
+        }
+        @if let Some(m) = &seq { (m) }
+        @if score.is_none() && seq.is_none() {
+            p id="no-score" { "No score for this run yet: run " code { "fk-agentd score --run " (run.id) } "." }
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! Charts drawn on the server as SVG: the GPU lease timeline (one lane per GPU, a bar per
+//! lease coloured by class, deadline kills and drains marked) and grouped bar charts (the
+//! independent-vs-sequential comparison). Markup out, no script needed to read them.
+
+use maud::{Markup, PreEscaped, html};
+use time::OffsetDateTime;
+
+use super::model::{LeaseSpan, RunView};
+
+const WIDTH: f64 = 1100.0;
+const LABEL_W: f64 = 150.0;
+const LANE_H: f64 = 26.0;
+const AXIS_H: f64 = 26.0;
+
+/// The CSS class (and so the colour) of a lease class.
+pub fn class_css(class: &str) -> &'static str {
+    match class {
+        "validate" => "c-validate",
+        "ncu" => "c-ncu",
+        "nsys" => "c-nsys",
+        "bench" => "c-bench",
+        _ => "c-other",
+    }
+}
+
+/// A GPU lane's label: its lane number and the end of its UUID (where fake UUIDs differ).
+fn lane_label(i: usize, uuid: &str) -> String {
+    let chars: Vec<char> = uuid.chars().collect();
+    let tail: String = chars[chars.len().saturating_sub(6)..].iter().collect();
+    format!("GPU {i} …{tail}")
+}
+
+struct Scale {
+    start: OffsetDateTime,
+    span_s: f64,
+}
+
+impl Scale {
+    fn x(&self, t: OffsetDateTime) -> f64 {
+        let s = (t - self.start).as_seconds_f64().clamp(0.0, self.span_s);
+        round1(LABEL_W + s / self.span_s * (WIDTH - LABEL_W - 10.0))
+    }
+}
+
+/// One decimal is finer than a pixel, and keeps the markup short.
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn lease_title(l: &LeaseSpan) -> String {
+    let mut t = format!("{} · {} · {}", l.session, l.class, l.id);
+    if let Some(q) = l.queued_s {
+        t.push_str(&format!(" · waited {q:.1} s"));
+    }
+    if let Some(w) = l.wall_s {
+        t.push_str(&format!(" · ran {w:.1} s"));
+    }
+    match (&l.killed, l.exit_code, l.open) {
+        (Some(k), _, _) => t.push_str(&format!(" · killed: {k}")),
+        (None, _, true) => t.push_str(" · running"),
+        (None, Some(c), _) => t.push_str(&format!(" · exit {c}")),
+        (None, None, _) => t.push_str(&format!(" · {}", l.state)),
+    }
+    t
+}
+
+fn axis(scale: &Scale, height: f64) -> Markup {
+    let ticks = 6;
+    html! {
+        @for i in 0..=ticks {
+            @let s = scale.span_s * i as f64 / ticks as f64;
+            @let x = round1(LABEL_W + s / scale.span_s * (WIDTH - LABEL_W - 10.0));
+            line.grid x1=(x) x2=(x) y1=(AXIS_H - 6.0) y2=(height) {}
+            text.tick x=(x) y=(AXIS_H - 10.0) text-anchor="middle" { (super::pages::fmt_secs(s)) }
+        }
+    }
+}
+
+/// The lease timeline of a run.
+pub fn timeline(view: &RunView) -> Markup {
+    let lanes = view.gpu_lanes();
+    let scale = Scale {
+        start: view.start(),
+        span_s: view.elapsed_s().max(1.0),
+    };
+    let height = AXIS_H + LANE_H * lanes.len().max(1) as f64 + 8.0;
+    let lane_y = |uuid: &str| {
+        lanes
+            .iter()
+            .position(|l| l == uuid)
+            .map(|i| AXIS_H + LANE_H * i as f64)
+    };
+    html! {
+        svg.timeline viewBox={"0 0 " (WIDTH) " " (height)} width=(WIDTH) height=(height)
+            role="img" aria-label="GPU lease timeline" xmlns="http://www.w3.org/2000/svg" {
+            (axis(&scale, height))
+            @for (i, lane) in lanes.iter().enumerate() {
+                @let y = AXIS_H + LANE_H * i as f64;
+                rect.lane x=(LABEL_W) y=(y + 2.0) width=(WIDTH - LABEL_W - 10.0) height=(LANE_H - 4.0) {}
+                text.lane-label x="4" y=(y + LANE_H / 2.0 + 4.0) { title { (lane) } (lane_label(i, lane)) }
+            }
+            @if lanes.is_empty() {
+                text.tick x=(LABEL_W) y=(AXIS_H + 16.0) { "no lease yet" }
+            }
+            @for l in &view.leases {
+                @for gpu in &l.gpus {
+                    @if let Some(y) = lane_y(gpu) {
+                        @let x0 = scale.x(l.start);
+                        @let w = (scale.x(l.end) - x0).max(1.5);
+                        rect class={"lease " (class_css(&l.class)) @if l.open { " open" } @if l.state == "failed" { " failed" }}
+                            x=(x0) y=(y + 4.0) width=(w) height=(LANE_H - 8.0) data-lease=(l.id) {
+                            title { (lease_title(l)) }
+                        }
+                        @if l.killed.is_some() {
+                            @let xk = x0 + w;
+                            path.kill d=(format!("M{:.1},{:.1} l6,-6 m-6,0 l6,6", xk - 3.0, y + LANE_H / 2.0 + 3.0)) {
+                                title { "killed: " (l.killed.clone().unwrap_or_default()) " (" (l.id) ")" }
+                            }
+                        }
+                    }
+                }
+            }
+            @for d in &view.drains {
+                @if let (Some(y), Some(at)) = (lane_y(&d.uuid), super::model::parse_at(&d.since)) {
+                    @let x = scale.x(at);
+                    path.drain d=(format!("M{x:.1},{:.1} l-6,-9 l12,0 z", y + 12.0)) {
+                        title { "drained since " (d.since) ": " (d.reason) }
+                    }
+                    line.drain x1=(x) x2=(WIDTH - 10.0) y1=(y + LANE_H - 3.0) y2=(y + LANE_H - 3.0) {}
+                }
+            }
+        }
+    }
+}
+
+/// One series of a bar chart.
+pub struct Series<'a> {
+    pub name: &'a str,
+    pub css: &'a str,
+    pub values: Vec<Option<f64>>,
+}
+
+/// A grouped bar chart: one group per label, one bar per series; `fmt` writes a bar's value.
+pub fn bars(
+    title: &str,
+    labels: &[String],
+    series: &[Series<'_>],
+    fmt: fn(f64) -> String,
+) -> Markup {
+    let (w, h, top, bottom, left) = (520.0, 250.0, 44.0, 40.0, 40.0);
+    let max = series
+        .iter()
+        .flat_map(|s| s.values.iter().flatten())
+        .fold(0.0f64, |a, b| a.max(*b))
+        .max(1e-9);
+    let group_w = (w - left - 10.0) / labels.len().max(1) as f64;
+    let bar_w = (group_w - 16.0) / series.len().max(1) as f64;
+    let plot_h = h - top - bottom;
+    html! {
+        svg.chart viewBox={"0 0 " (w) " " (h)} width=(w) height=(h) role="img" aria-label=(title)
+            xmlns="http://www.w3.org/2000/svg" {
+            text.chart-title x=(left) y="18" { (title) }
+            line.axis x1=(left) x2=(w - 10.0) y1=(h - bottom) y2=(h - bottom) {}
+            @for (g, label) in labels.iter().enumerate() {
+                @let gx = left + group_w * g as f64 + 8.0;
+                text.tick x=(gx + (group_w - 16.0) / 2.0) y=(h - bottom + 16.0) text-anchor="middle" { (label) }
+                @for (i, s) in series.iter().enumerate() {
+                    @if let Some(v) = s.values.get(g).copied().flatten() {
+                        @let bh = v / max * plot_h;
+                        @let x = gx + bar_w * i as f64;
+                        rect class={"bar " (s.css)} x=(x) y=(h - bottom - bh) width=(bar_w - 2.0) height=(bh) {
+                            title { (s.name) " " (label) ": " (fmt(v)) }
+                        }
+                        text.value x=(x + (bar_w - 2.0) / 2.0) y=(h - bottom - bh - 3.0) text-anchor="middle" { (fmt(v)) }
+                    }
+                }
+            }
+            @for (i, s) in series.iter().enumerate() {
+                @let lx = left + 150.0 * i as f64;
+                rect class={"bar " (s.css)} x=(lx) y=(h - 14.0) width="10" height="10" {}
+                text.tick x=(lx + 14.0) y=(h - 5.0) { (s.name) }
+            }
+        }
+    }
+}
+
+/// The legend of lease classes and marks.
+pub fn legend() -> Markup {
+    html! {
+        div.legend {
+            @for class in ["validate", "ncu", "nsys", "bench"] {
+                span { svg width="12" height="12" { rect class={"lease " (class_css(class))} width="12" height="12" {} } " " (class) }
+            }
+            span { svg width="12" height="12" { (PreEscaped("<path class=\"kill\" d=\"M3,9 l6,-6 m-6,0 l6,6\"/>")) } " killed (deadline or drain)" }
+            span { svg width="12" height="12" { (PreEscaped("<path class=\"drain\" d=\"M6,10 l-6,-9 l12,0 z\"/>")) } " GPU drained" }
+        }
+    }
+}

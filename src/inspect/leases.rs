@@ -1,0 +1,241 @@
+//! Leases in a session view: the lease journal's rows of one session ([`LeaseRow`]) in the
+//! words a person reads — class, GPUs, time queued, time run, how the lease ended — each placed
+//! by time into the turn where it was granted, right after the tool call that took it
+//! (`validate`, `profile_ncu`, a `shell` running `fk-agentd lease -- CMD`).
+//!
+//! Invariants: pure (rows in, view out); no row is dropped — a lease granted before the first
+//! turn (or in a view with no turns) is kept in [`SessionView::leases`]; a row the broker has
+//! not closed yet reads as running, never as a success.
+
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::view::{Entry, SessionView, Turn};
+use crate::store::leases::LeaseRow;
+
+/// One lease, as a session view shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LeaseView {
+    pub id: String,
+    /// `validate`, `ncu`, `nsys` or `bench`.
+    pub class: String,
+    /// GPU UUIDs in `CUDA_VISIBLE_DEVICES` order.
+    pub gpus: Vec<String>,
+    pub granted_at: String,
+    pub finished_at: Option<String>,
+    /// Waiting in the broker's queue before the grant.
+    pub queued_s: Option<f64>,
+    /// From spawn to the last process gone (or grant to close when the broker did not say).
+    pub ran_s: Option<f64>,
+    /// The wall-clock limit the lease was granted with.
+    pub limit_s: Option<f64>,
+    pub end: LeaseEnd,
+    /// The failure is the infrastructure's, not the agent's.
+    pub infra: bool,
+    /// The tool call it was granted during (`validate`, `shell`, …), when one was running.
+    pub during: Option<String>,
+    /// The command the lease ran.
+    pub argv: Vec<String>,
+    /// What the broker noted (no NVML audit, Xids, a sanity check).
+    pub notes: Vec<String>,
+}
+
+/// How a lease ended, from its journal row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "end", rename_all = "snake_case")]
+pub enum LeaseEnd {
+    /// Granted or running: the broker has not closed it (yet).
+    Running,
+    /// The command exited on its own.
+    Exited { code: i32 },
+    /// The command died of a signal nobody in the broker sent.
+    Signalled { signal: i32 },
+    /// The broker killed it when its wall-clock limit passed.
+    KilledAtDeadline,
+    /// The session or the daemon stopped it.
+    Cancelled,
+    /// Found by a restarted daemon and reclaimed; its result was lost.
+    Reclaimed,
+    /// A GPU fault (Xid, ECC) not of the job's doing.
+    GpuFault { gpu: String, detail: String },
+    /// A process of the lease used a GPU outside it: killed, its result void.
+    GpuViolation { gpu: String, pid: u64 },
+    /// The command could not be spawned.
+    NotStarted { error: String },
+    /// Closed without an exit code or a reason the journal kept.
+    Unknown,
+}
+
+impl LeaseEnd {
+    /// `exit 0`, `killed at its deadline`, `reclaimed after a daemon restart`, …
+    pub fn words(&self) -> String {
+        match self {
+            Self::Running => "running".into(),
+            Self::Exited { code } => format!("exit {code}"),
+            Self::Signalled { signal } => format!("killed by signal {signal}"),
+            Self::KilledAtDeadline => "killed at its deadline".into(),
+            Self::Cancelled => "cancelled".into(),
+            Self::Reclaimed => "reclaimed after a daemon restart".into(),
+            Self::GpuFault { gpu, detail } => format!("GPU fault on {gpu}: {detail}"),
+            Self::GpuViolation { gpu, pid } => {
+                format!("killed: pid {pid} used {gpu}, outside the lease")
+            }
+            Self::NotStarted { error } => format!("not started: {error}"),
+            Self::Unknown => "ended, exit code unknown".into(),
+        }
+    }
+
+    /// Exited 0 on its own.
+    pub fn succeeded(&self) -> bool {
+        *self == Self::Exited { code: 0 }
+    }
+}
+
+impl LeaseView {
+    /// The view of one journal row (its `outcome` is the broker's `LeaseOutcome`, or
+    /// `{"error": …}` when the spawn failed).
+    pub fn from_row(row: &LeaseRow) -> Self {
+        let o = row.outcome.as_ref().unwrap_or(&Value::Null);
+        let ran_s = o["wall_ms"].as_f64().map(|ms| ms / 1000.0).or_else(|| {
+            let until = row.finished_at.as_deref()?;
+            super::view::seconds_between(&row.granted_at, until)
+        });
+        let limit_s = parse(&row.granted_at).map(|t| {
+            let granted_ms = (t.unix_timestamp_nanos() / 1_000_000) as i64;
+            (row.deadline_unix_ms - granted_ms) as f64 / 1000.0
+        });
+        Self {
+            id: row.id.clone(),
+            class: row.class.clone(),
+            gpus: row.gpus.clone(),
+            granted_at: row.granted_at.clone(),
+            finished_at: row.finished_at.clone(),
+            queued_s: o["queued_ms"].as_f64().map(|ms| ms / 1000.0),
+            ran_s,
+            limit_s,
+            end: end_of(row, o),
+            infra: o["infra"].as_bool().unwrap_or(false),
+            during: None,
+            argv: row.argv.clone(),
+            notes: o["notes"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|n| n.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn end_of(row: &LeaseRow, o: &Value) -> LeaseEnd {
+    if matches!(row.state.as_str(), "granted" | "running") {
+        return LeaseEnd::Running;
+    }
+    if let Some(error) = o["error"].as_str() {
+        return LeaseEnd::NotStarted {
+            error: error.to_string(),
+        };
+    }
+    let killed = &o["killed_reason"];
+    let text = |k: &str| killed[k].as_str().unwrap_or("?").to_string();
+    match killed["kind"].as_str() {
+        Some("deadline") => return LeaseEnd::KilledAtDeadline,
+        Some("cancelled") => return LeaseEnd::Cancelled,
+        Some("daemon_restart") => return LeaseEnd::Reclaimed,
+        Some("gpu_fault") => {
+            return LeaseEnd::GpuFault {
+                gpu: text("uuid"),
+                detail: text("detail"),
+            };
+        }
+        Some("gpu_violation") => {
+            return LeaseEnd::GpuViolation {
+                gpu: text("uuid"),
+                pid: killed["pid"].as_u64().unwrap_or(0),
+            };
+        }
+        _ => {}
+    }
+    match (o["exit_code"].as_i64(), o["signal"].as_i64()) {
+        (Some(code), _) => LeaseEnd::Exited { code: code as i32 },
+        (None, Some(signal)) => LeaseEnd::Signalled {
+            signal: signal as i32,
+        },
+        (None, None) => LeaseEnd::Unknown,
+    }
+}
+
+fn parse(at: &str) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(at, &Rfc3339).ok()
+}
+
+/// When an entry happened, for ordering leases among entries.
+fn entry_time(e: &Entry) -> Option<OffsetDateTime> {
+    match e {
+        Entry::Tool(c) => c.started_at.as_deref().and_then(parse),
+        Entry::Lease(l) => parse(&l.granted_at),
+        Entry::Note(n) => parse(&n.at),
+        Entry::Reasoning { .. } | Entry::Message { .. } => None,
+    }
+}
+
+/// The turn and entry of the last tool call running at `t` (started, and not finished before).
+fn call_at(turns: &[Turn], t: OffsetDateTime) -> Option<(usize, usize)> {
+    let mut found = None;
+    for (ti, turn) in turns.iter().enumerate() {
+        for (ei, e) in turn.entries.iter().enumerate() {
+            let Entry::Tool(c) = e else { continue };
+            let started = c.started_at.as_deref().and_then(parse);
+            let finished = c.finished_at.as_deref().and_then(parse);
+            if started.is_some_and(|s| s <= t) && finished.is_none_or(|f| f >= t) {
+                found = Some((ti, ei));
+            }
+        }
+    }
+    found
+}
+
+impl SessionView {
+    /// The view with this session's leases placed where they were granted: after the tool
+    /// call running at the grant, else after the last entry before it in the last turn
+    /// answered before it, else (before the first turn) in [`SessionView::leases`].
+    pub fn with_leases(mut self, rows: &[LeaseRow]) -> Self {
+        let mut views: Vec<LeaseView> = rows.iter().map(LeaseView::from_row).collect();
+        views.sort_by(|a, b| a.granted_at.cmp(&b.granted_at));
+        for mut lease in views {
+            let Some(t) = parse(&lease.granted_at) else {
+                self.leases.push(lease);
+                continue;
+            };
+            let (ti, from) = match call_at(&self.turns, t) {
+                Some((ti, ei)) => {
+                    if let Entry::Tool(c) = &self.turns[ti].entries[ei] {
+                        lease.during = Some(c.name.clone());
+                    }
+                    (ti, ei + 1)
+                }
+                None => {
+                    let answered = |turn: &Turn| turn.at.as_deref().and_then(parse) <= Some(t);
+                    let Some(ti) = self.turns.iter().rposition(answered) else {
+                        self.leases.push(lease);
+                        continue;
+                    };
+                    (ti, 0)
+                }
+            };
+            let entries = &mut self.turns[ti].entries;
+            // After what was recorded before the grant (the model's answer has no time of its
+            // own: it came before the calls).
+            let mut at = from;
+            while at < entries.len() && entry_time(&entries[at]).is_none_or(|e| e <= t) {
+                at += 1;
+            }
+            entries.insert(at, Entry::Lease(Box::new(lease)));
+        }
+        self
+    }
+}

@@ -1,0 +1,614 @@
+//! [`SessionView`] as text lines: a header, one block per turn (tokens, latency, reasoning as a
+//! token count, each tool call in its own words), and the end with its verdict.
+//!
+//! Invariants: pure (options in, text out); colour codes only when [`RenderOptions::color`]
+//! says so; the default view shows heads and tails of long outputs, `full` shows every line.
+
+use serde_json::Value;
+
+use super::leases::{LeaseEnd, LeaseView};
+use super::outcome::{SessionEnd, Verdict};
+use super::tools::ToolDetail;
+use super::view::{Entry, Note, SessionView, ToolCall, Turn};
+
+/// How to render a view.
+#[derive(Clone, Debug, Default)]
+pub struct RenderOptions {
+    /// ANSI colour (the CLI sets it on a TTY without `NO_COLOR`).
+    pub color: bool,
+    /// Every line of every output, the prompt and written files (`--transcript`).
+    pub full: bool,
+    /// Leave out what may still change (a turn still streaming, a call still running, the
+    /// end), so lines printed by `--follow` stay true.
+    pub settled_only: bool,
+    /// The run, for the header.
+    pub run_id: Option<String>,
+    pub simulated: bool,
+}
+
+/// Lines kept from the start and the end of a long output in the default view.
+const HEAD: usize = 6;
+const TAIL: usize = 4;
+/// Scenario rows shown before the rest are counted.
+const ROWS: usize = 12;
+/// Characters of one output line in the default view.
+const LINE: usize = 300;
+
+#[derive(Clone, Copy)]
+enum Style {
+    Bold,
+    Dim,
+    Red,
+    Green,
+    Yellow,
+    Cyan,
+}
+
+impl Style {
+    fn code(self) -> &'static str {
+        match self {
+            Style::Bold => "1",
+            Style::Dim => "2",
+            Style::Red => "31",
+            Style::Green => "32",
+            Style::Yellow => "33",
+            Style::Cyan => "36",
+        }
+    }
+}
+
+struct Out<'a> {
+    o: &'a RenderOptions,
+    lines: Vec<String>,
+}
+
+impl Out<'_> {
+    fn paint(&self, text: &str, style: Style) -> String {
+        if self.o.color && !text.is_empty() {
+            format!("\x1b[{}m{text}\x1b[0m", style.code())
+        } else {
+            text.to_string()
+        }
+    }
+
+    fn push(&mut self, line: String) {
+        self.lines.push(line);
+    }
+
+    /// Output text indented under its call: all of it, or its head and tail.
+    fn body(&mut self, text: &str, indent: &str) {
+        let lines: Vec<&str> = text.lines().collect();
+        let bar = self.paint("│", Style::Dim);
+        let show = |l: &str, out: &mut Self| {
+            let l = if out.o.full {
+                l.to_string()
+            } else {
+                clip(l, LINE)
+            };
+            out.push(format!("{indent}{bar} {l}").trim_end().to_string());
+        };
+        if self.o.full || lines.len() <= HEAD + TAIL + 1 {
+            lines.iter().for_each(|l| show(l, self));
+            return;
+        }
+        lines[..HEAD].iter().for_each(|l| show(l, self));
+        let skipped = format!(
+            "… {} more lines (--transcript shows them) …",
+            lines.len() - HEAD - TAIL
+        );
+        let skipped = self.paint(&skipped, Style::Dim);
+        self.push(format!("{indent}{bar} {skipped}"));
+        lines[lines.len() - TAIL..]
+            .iter()
+            .for_each(|l| show(l, self));
+    }
+}
+
+/// Renders a view as text (lines joined, each ending in a newline).
+pub fn render_text(view: &SessionView, opts: &RenderOptions) -> String {
+    let mut s = render_lines(view, opts).join("\n");
+    s.push('\n');
+    s
+}
+
+/// Renders a view as lines (what `--follow` prints as they appear).
+pub fn render_lines(view: &SessionView, opts: &RenderOptions) -> Vec<String> {
+    let mut out = Out {
+        o: opts,
+        lines: Vec::new(),
+    };
+    header(&mut out, view);
+    for turn in &view.turns {
+        if opts.settled_only && !turn.settled {
+            break;
+        }
+        out.push(String::new());
+        turn_block(&mut out, turn);
+    }
+    let ended = !matches!(view.outcome.end, SessionEnd::Running);
+    if !opts.settled_only || ended {
+        for n in &view.epilogue {
+            note(&mut out, n, "");
+        }
+        out.push(String::new());
+        footer(&mut out, view);
+    }
+    out.lines
+}
+
+fn header(out: &mut Out<'_>, view: &SessionView) {
+    if out.o.simulated {
+        out.push(
+            "SIMULATED RUN: scripted agent, simulated bench; no number here is a measurement."
+                .into(),
+        );
+    }
+    let target = view.target.as_deref().unwrap_or("?");
+    let title = match &out.o.run_id {
+        Some(run) => format!("session {target} in run {run}"),
+        None => format!("session {target}"),
+    };
+    let title = out.paint(&title, Style::Bold);
+    out.push(title);
+    let started = view.started_at.as_deref().unwrap_or("not started");
+    let prompt = match (&view.prompt_sha256, &view.prompt) {
+        (Some(sha), Some(p)) => format!(
+            "prompt {} lines, sha256 {}",
+            p.lines().count(),
+            &sha[..sha.len().min(12)]
+        ),
+        (Some(sha), None) => format!("prompt sha256 {}", &sha[..sha.len().min(12)]),
+        _ => "no prompt recorded".into(),
+    };
+    out.push(format!("started {started} · {prompt}"));
+    for n in &view.prelude {
+        note(out, n, "");
+    }
+    for l in &view.leases {
+        lease(out, l);
+    }
+    if out.o.full {
+        if let Some(p) = &view.prompt {
+            out.push(String::new());
+            out.push(out.paint("prompt:", Style::Bold));
+            out.body(p, "  ");
+        }
+    }
+}
+
+fn turn_block(out: &mut Out<'_>, turn: &Turn) {
+    let mut head = format!("turn {}", turn.n);
+    if let Some(at) = &turn.at {
+        head.push_str(&format!(" · {}", time_of_day(at)));
+    }
+    let head = out.paint(&head, Style::Bold);
+    let mut parts = vec![head];
+    if let Some(u) = &turn.usage {
+        let mut tokens = format!("{} in", group(u.input));
+        if u.cached > 0 {
+            tokens.push_str(&format!(" ({} cached)", group(u.cached)));
+        }
+        tokens.push_str(&format!(" / {} out tokens", group(u.output)));
+        parts.push(tokens);
+    }
+    if let Some(l) = turn.latency_s {
+        parts.push(format!("{l:.1} s"));
+    }
+    if turn.attempts > 1 {
+        parts.push(out.paint(&format!("{} attempts", turn.attempts), Style::Yellow));
+    }
+    out.push(parts.join(" · "));
+    let mut reasoning_told = false;
+    for entry in &turn.entries {
+        match entry {
+            Entry::Reasoning { summary } => {
+                let tokens = turn.usage.as_ref().map(|u| u.reasoning);
+                let tag = match tokens {
+                    Some(n) if !reasoning_told => format!("[reasoning: {} tokens]", group(n)),
+                    _ => "[reasoning]".to_string(),
+                };
+                reasoning_told = true;
+                let tag = out.paint(&tag, Style::Dim);
+                let text = summary.join(" ");
+                out.push(format!("  {tag} {text}").trim_end().to_string());
+            }
+            Entry::Message { text } => {
+                out.push("  model says:".into());
+                out.body(text, "    ");
+            }
+            Entry::Tool(call) => {
+                if out.o.settled_only && call.output.is_none() {
+                    break;
+                }
+                tool(out, call);
+            }
+            Entry::Lease(l) => {
+                if out.o.settled_only && l.end == LeaseEnd::Running {
+                    break;
+                }
+                lease(out, l);
+            }
+            Entry::Note(n) => note(out, n, "  "),
+        }
+    }
+}
+
+/// `lease validate · GPU-… · queued 0.2 s · ran 3.1 s · exit 0`, under the call that took it.
+fn lease(out: &mut Out<'_>, l: &LeaseView) {
+    let indent = if l.during.is_some() { "    " } else { "  " };
+    let mut head = format!("{} {}", out.paint("lease", Style::Cyan), l.class);
+    if l.during.as_deref() == Some("shell") && !l.argv.is_empty() {
+        head.push_str(&format!(
+            " from the shell ({})",
+            clip(&l.argv.join(" "), 60)
+        ));
+    }
+    match l.gpus.as_slice() {
+        [] => head.push_str(" (no GPU)"),
+        gpus => {
+            let short: Vec<String> = gpus.iter().map(|g| short_gpu(g)).collect();
+            head.push_str(&format!(" on {}", short.join(", ")));
+        }
+    }
+    let mut parts = vec![head];
+    if let Some(q) = l.queued_s {
+        parts.push(format!("queued {}", short_secs(q)));
+    }
+    if let Some(r) = l.ran_s {
+        parts.push(format!("ran {}", short_secs(r)));
+    }
+    let mut end = match (&l.end, l.limit_s) {
+        (LeaseEnd::KilledAtDeadline, Some(limit)) => format!("killed at its {limit:.0} s deadline"),
+        (e, _) => e.words(),
+    };
+    if l.infra {
+        end.push_str(" · infrastructure");
+    }
+    let style = match &l.end {
+        LeaseEnd::Running => Style::Cyan,
+        e if e.succeeded() => Style::Green,
+        _ => Style::Red,
+    };
+    parts.push(out.paint(&end, style));
+    out.push(format!("{indent}{}", parts.join(" · ")));
+}
+
+fn note(out: &mut Out<'_>, n: &Note, indent: &str) {
+    let style = match n.kind.as_str() {
+        "llm_retry" | "rate_limit_wait" | "tool_infra_retry" | "nudge" => Style::Yellow,
+        "tool_infra_error" | "session_failed_to_start" => Style::Red,
+        _ => Style::Dim,
+    };
+    let text = out.paint(&format!("· {}", n.text), style);
+    out.push(format!("{indent}{text}"));
+}
+
+/// The status part of a call's line: `exit 0 · 0.0 s`, `error · 1.2 s`, `running`.
+fn status(out: &Out<'_>, call: &ToolCall, end: Option<&str>) -> String {
+    if call.output.is_none() {
+        return out.paint("running…", Style::Cyan);
+    }
+    let mut parts = Vec::new();
+    match end {
+        Some(e) if call.is_error => parts.push(out.paint(e, Style::Red)),
+        Some(e) => parts.push(e.to_string()),
+        None if call.is_error => parts.push(out.paint("error", Style::Red)),
+        None => {}
+    }
+    if let Some(s) = call.elapsed_s {
+        parts.push(format!("{s:.1} s"));
+    }
+    parts.join(" · ")
+}
+
+fn tool(out: &mut Out<'_>, call: &ToolCall) {
+    match &call.detail {
+        ToolDetail::Shell {
+            cmd,
+            end,
+            wall_s,
+            output,
+            ..
+        } => {
+            let dollar = out.paint("$", Style::Cyan);
+            if out.o.full {
+                out.push(format!("  {dollar} {cmd}"));
+            } else {
+                out.push(format!("  {dollar} {}", first_line_and_more(cmd)));
+            }
+            // The shell's own wall time, not the recording's, when the shell reported one.
+            let timed = ToolCall {
+                elapsed_s: wall_s.or(call.elapsed_s),
+                ..call.clone()
+            };
+            let mut st = status(out, &timed, end.as_deref());
+            if cmd.contains("fk-agentd lease") {
+                st.push_str(" · ran under a GPU lease from the shell");
+            }
+            out.push(format!("    {st}"));
+            if let Some(text) = output {
+                out.body(text, "    ");
+            }
+        }
+        ToolDetail::WriteFile { path, lines, .. } => {
+            let st = status(out, call, None);
+            out.push(join_status(
+                format!("  write_file {path} ({lines} lines)"),
+                st,
+            ));
+            if out.o.full {
+                if let Some(content) = call.arguments["content"].as_str() {
+                    out.body(content, "    ");
+                }
+            }
+            error_output(out, call);
+        }
+        ToolDetail::ReadFile {
+            path,
+            offset,
+            limit,
+        } => {
+            let range = match (offset, limit) {
+                (Some(o), Some(l)) => format!(" (lines {o}..{})", o + l - 1),
+                (Some(o), None) => format!(" (from line {o})"),
+                (None, Some(l)) => format!(" (first {l} lines)"),
+                (None, None) => String::new(),
+            };
+            let st = status(out, call, None);
+            out.push(join_status(format!("  read_file {path}{range}"), st));
+            if out.o.full || call.is_error {
+                output(out, call);
+            }
+        }
+        ToolDetail::ApplyPatch { files } => {
+            let list: Vec<String> = files.iter().map(|(op, p)| format!("{op} {p}")).collect();
+            let st = status(out, call, None);
+            out.push(join_status(
+                format!("  apply_patch: {}", list.join(", ")),
+                st,
+            ));
+            if out.o.full {
+                if let Some(p) = call.arguments["patch"].as_str() {
+                    out.body(p, "    ");
+                }
+            }
+            error_output(out, call);
+        }
+        ToolDetail::Validate {
+            rows,
+            verdict,
+            screen,
+            notes,
+        } => validate(out, call, rows, verdict.as_deref(), screen, notes),
+        ToolDetail::Profile {
+            profiler,
+            args,
+            report,
+            summary,
+        } => {
+            let st = status(out, call, None);
+            let args = args.as_deref().map(|a| format!(" {a}")).unwrap_or_default();
+            out.push(join_status(format!("  profile_{profiler}{args}"), st));
+            if let Some(r) = report {
+                out.push(format!("    report {r}"));
+            }
+            if out.o.full {
+                output(out, call);
+            } else if let Some(s) = summary {
+                if report.is_none() {
+                    out.body(s, "    ");
+                } else {
+                    let rest: String = call
+                        .output
+                        .as_deref()
+                        .unwrap_or("")
+                        .lines()
+                        .skip(1)
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    out.body(&rest, "    ");
+                }
+            }
+        }
+        ToolDetail::Finish { summary } => {
+            out.push(format!("  finish: {summary}"));
+            error_output(out, call);
+        }
+        ToolDetail::Other => {
+            let st = status(out, call, None);
+            let args = compact_args(&call.arguments);
+            out.push(join_status(format!("  {} {args}", call.name), st));
+            output(out, call);
+        }
+    }
+}
+
+fn validate(
+    out: &mut Out<'_>,
+    call: &ToolCall,
+    rows: &[String],
+    verdict: Option<&str>,
+    screen: &[String],
+    notes: &[String],
+) {
+    let mut head = String::from("  validate");
+    if let Some(n) = call.validation.as_ref().and_then(|v| v["n"].as_u64()) {
+        head.push_str(&format!(" #{n}"));
+    }
+    let mut st = status(out, call, None);
+    if let Some(g) = call.validation.as_ref().and_then(|v| v["gpu_s"].as_f64()) {
+        st = format!("{st} · GPU {g:.1} s");
+    }
+    out.push(join_status(head, st));
+    for n in notes {
+        out.push(format!("    {n}"));
+    }
+    let shown = if out.o.full { rows.len() } else { ROWS };
+    for r in rows.iter().take(shown) {
+        let style = if r.starts_with("PASSED") {
+            Style::Green
+        } else {
+            Style::Red
+        };
+        let word = r.split_whitespace().next().unwrap_or("");
+        let painted = out.paint(word, style);
+        let line = clip(r, LINE).replacen(word, &painted, 1);
+        out.push(format!("    {line}"));
+    }
+    if rows.len() > shown {
+        let more = format!(
+            "… {} more rows (--transcript shows them)",
+            rows.len() - shown
+        );
+        out.push(format!("    {}", out.paint(&more, Style::Dim)));
+    }
+    if let Some(v) = verdict {
+        let style = if v.starts_with("WINNER") {
+            Style::Green
+        } else {
+            Style::Yellow
+        };
+        out.push(format!("    verdict: {}", out.paint(v, style)));
+    }
+    for f in screen {
+        out.push(format!("    {} {f}", out.paint("screen:", Style::Red)));
+    }
+}
+
+fn output(out: &mut Out<'_>, call: &ToolCall) {
+    if let Some(text) = &call.output {
+        out.body(text, "    ");
+    }
+}
+
+fn error_output(out: &mut Out<'_>, call: &ToolCall) {
+    if call.is_error || out.o.full {
+        output(out, call);
+    }
+}
+
+fn join_status(line: String, status: String) -> String {
+    if status.is_empty() {
+        line
+    } else {
+        format!("{line} · {status}")
+    }
+}
+
+fn footer(out: &mut Out<'_>, view: &SessionView) {
+    let end = &view.outcome.end;
+    let style = match end {
+        SessionEnd::Finished => Style::Green,
+        SessionEnd::Running | SessionEnd::Skipped(_) => Style::Cyan,
+        _ => Style::Red,
+    };
+    let mut line = out.paint(end.word(), style);
+    let reason = match (end, &view.end) {
+        (SessionEnd::Failed(r) | SessionEnd::Skipped(r), _) if !r.is_empty() => Some(r.clone()),
+        (_, Some(d)) if !d.reason.is_empty() => Some(d.reason.clone()),
+        _ => None,
+    };
+    if let Some(r) = reason {
+        line.push_str(&format!(": {r}"));
+    }
+    if let Some(d) = &view.end {
+        let mut stats = Vec::new();
+        if let Some(t) = d.turns {
+            stats.push(format!("{t} turns"));
+        }
+        if let Some(t) = d.tokens {
+            stats.push(format!("{} tokens", group(t)));
+        }
+        if let Some(l) = d.leases {
+            stats.push(format!("{l} {}", if l == 1 { "lease" } else { "leases" }));
+        }
+        if let Some(g) = d.gpu_s {
+            stats.push(format!("{g:.1} GPU-s"));
+        }
+        if let Some(e) = &d.elapsed {
+            stats.push(e.clone());
+        }
+        if d.infra {
+            stats.push(out.paint("infrastructure", Style::Red));
+        }
+        if !stats.is_empty() {
+            line.push_str(&format!(" ({})", stats.join(", ")));
+        }
+    }
+    out.push(format!("end      {line}"));
+    if let Some(s) = view.end.as_ref().and_then(|d| d.summary.as_deref()) {
+        out.push(format!("summary  {s}"));
+    }
+    let v = &view.outcome.verdict;
+    let style = match v {
+        Verdict::Winner { .. } => Style::Green,
+        Verdict::Pending => Style::Cyan,
+        Verdict::NotWinner { .. } => Style::Yellow,
+        Verdict::NoValidCandidate { .. } => Style::Red,
+    };
+    out.push(format!("verdict  {}", out.paint(&v.to_string(), style)));
+}
+
+/// `GPU-3c1b5ee1…41620c`: a UUID's head, which `nvidia-smi -L` users know, and its tail, which
+/// tells apart the declared and fake GPUs that share a head (the JSON keeps it whole).
+fn short_gpu(uuid: &str) -> String {
+    let chars: Vec<char> = uuid.chars().collect();
+    if chars.len() <= 20 {
+        return uuid.to_string();
+    }
+    let head: String = chars[..12].iter().collect();
+    let tail: String = chars[chars.len() - 6..].iter().collect();
+    format!("{head}…{tail}")
+}
+
+/// `25 ms` under a second, else `60.0 s`.
+fn short_secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1000.0)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// `12:42:31` of an RFC 3339 time.
+fn time_of_day(at: &str) -> &str {
+    at.get(11..19).unwrap_or(at)
+}
+
+/// A command on one line: its first line, and how many more it has.
+fn first_line_and_more(cmd: &str) -> String {
+    let mut lines = cmd.lines();
+    let first = lines.next().unwrap_or("");
+    let more = lines.count();
+    if more == 0 {
+        first.to_string()
+    } else {
+        format!("{first}  [+{more} lines]")
+    }
+}
+
+fn compact_args(args: &Value) -> String {
+    clip(&args.to_string(), 120)
+}
+
+/// At most `n` characters, with `…` when cut.
+pub fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n.saturating_sub(1)).collect::<String>() + "…"
+    }
+}
+
+/// `13885` → `13,885`.
+pub fn group(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

@@ -1,0 +1,287 @@
+//! Each tool call in its own words: what the arguments and the recorded output of `shell`,
+//! `write_file`, `apply_patch`, `validate`, `profile_ncu`/`profile_nsys` and `finish` mean,
+//! parsed from the texts the tools write (`src/tools`, `src/agent/gpu_tools.rs`).
+//!
+//! Invariant: parsing is lenient — an output in an unexpected shape leaves fields empty and the
+//! raw text is still shown; nothing here fails.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::outcome::screen_findings;
+
+/// What a tool call did, by tool.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "tool", rename_all = "snake_case")]
+pub enum ToolDetail {
+    Shell {
+        cmd: String,
+        /// `exit 0`, `exit 2`, `killed by signal 9`, `timed out after 120 s`.
+        end: Option<String>,
+        exit_code: Option<i32>,
+        /// The wall time the shell measured.
+        wall_s: Option<f64>,
+        /// What the command printed (stdout and stderr, as the tool truncated it).
+        output: Option<String>,
+    },
+    ReadFile {
+        path: String,
+        offset: Option<u64>,
+        limit: Option<u64>,
+    },
+    WriteFile {
+        path: String,
+        lines: usize,
+        bytes: usize,
+    },
+    ApplyPatch {
+        /// `add`/`update`/`delete`/`move` and the path.
+        files: Vec<(String, String)>,
+    },
+    Validate {
+        /// Scenario rows as the tool printed them.
+        rows: Vec<String>,
+        /// The tool's `verdict:` line, without the word.
+        verdict: Option<String>,
+        screen: Vec<String>,
+        /// Lines that are neither rows nor the verdict (a refusal, a simulated banner).
+        notes: Vec<String>,
+    },
+    Profile {
+        profiler: String,
+        args: Option<String>,
+        report: Option<String>,
+        /// The first line of the answer (`ncu ok; …`, or why nothing was profiled).
+        summary: Option<String>,
+    },
+    Finish {
+        summary: String,
+    },
+    Other,
+}
+
+/// Reads a call's arguments and (once finished) its output.
+pub fn detail_of(name: &str, args: &Value, output: Option<&str>) -> ToolDetail {
+    let arg = |k: &str| args[k].as_str().unwrap_or("").to_string();
+    match name {
+        "shell" => shell(arg("cmd"), output),
+        "read_file" => ToolDetail::ReadFile {
+            path: arg("path"),
+            offset: args["offset"].as_u64(),
+            limit: args["limit"].as_u64(),
+        },
+        "write_file" => {
+            let content = arg("content");
+            ToolDetail::WriteFile {
+                path: arg("path"),
+                lines: content.lines().count(),
+                bytes: content.len(),
+            }
+        }
+        "apply_patch" => ToolDetail::ApplyPatch {
+            files: patch_files(&arg("patch")),
+        },
+        "validate" => validate(output.unwrap_or("")),
+        "profile_ncu" | "profile_nsys" => profile(name, args["args"].as_str(), output),
+        "finish" => ToolDetail::Finish {
+            summary: arg("summary"),
+        },
+        _ => ToolDetail::Other,
+    }
+}
+
+fn shell(cmd: String, output: Option<&str>) -> ToolDetail {
+    let Some(out) = output else {
+        return ToolDetail::Shell {
+            cmd,
+            end: None,
+            exit_code: None,
+            wall_s: None,
+            output: None,
+        };
+    };
+    let mut lines = out.splitn(3, '\n');
+    let head = lines.next().unwrap_or("");
+    let wall = lines.next().unwrap_or("");
+    let rest = lines.next().unwrap_or("");
+    let wall_s = wall
+        .strip_prefix("Wall time: ")
+        .and_then(|w| w.trim_end_matches(" s").parse().ok());
+    let Some(body) = rest
+        .strip_prefix("Output:\n")
+        .or(rest.strip_prefix("Output:"))
+    else {
+        // Not the shell's own format (a refusal): show it as output.
+        return ToolDetail::Shell {
+            cmd,
+            end: None,
+            exit_code: None,
+            wall_s: None,
+            output: Some(out.to_string()),
+        };
+    };
+    let exit_code = head
+        .strip_prefix("Exit code: ")
+        .and_then(|c| c.trim().parse().ok());
+    let end = match exit_code {
+        Some(c) => format!("exit {c}"),
+        None => head
+            .replace("Killed by signal", "killed by signal")
+            .replace("Timed out after", "timed out after"),
+    };
+    ToolDetail::Shell {
+        cmd,
+        end: Some(end),
+        exit_code,
+        wall_s,
+        output: Some(body.to_string()),
+    }
+}
+
+fn patch_files(patch: &str) -> Vec<(String, String)> {
+    let ops = [
+        ("*** Add File: ", "add"),
+        ("*** Update File: ", "update"),
+        ("*** Delete File: ", "delete"),
+        ("*** Move to: ", "move to"),
+    ];
+    patch
+        .lines()
+        .filter_map(|l| {
+            ops.iter().find_map(|(prefix, op)| {
+                l.strip_prefix(prefix)
+                    .map(|p| (op.to_string(), p.trim().to_string()))
+            })
+        })
+        .collect()
+}
+
+fn validate(out: &str) -> ToolDetail {
+    let body = out
+        .split_once("\n\n\nreward-hack screen findings")
+        .map(|(b, _)| b)
+        .unwrap_or(out);
+    let (mut rows, mut notes, mut verdict) = (Vec::new(), Vec::new(), None);
+    for line in body.lines().filter(|l| !l.trim().is_empty()) {
+        if let Some(v) = line.strip_prefix("verdict: ") {
+            verdict = Some(v.to_string());
+        } else if is_row(line) {
+            rows.push(line.trim_end().to_string());
+        } else {
+            notes.push(line.to_string());
+        }
+    }
+    ToolDetail::Validate {
+        rows,
+        verdict,
+        screen: screen_findings(out),
+        notes,
+    }
+}
+
+/// A scenario row starts with a status word (`PASSED`, `INCORRECT_NUMERICAL`, …).
+fn is_row(line: &str) -> bool {
+    let word = line.split_whitespace().next().unwrap_or("");
+    word.len() >= 4 && word.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+}
+
+fn profile(name: &str, args: Option<&str>, output: Option<&str>) -> ToolDetail {
+    let out = output.unwrap_or("");
+    let report = out
+        .split_whitespace()
+        .find(|w| w.ends_with(".ncu-rep") || w.ends_with(".nsys-rep"))
+        .map(|w| {
+            w.trim_matches(|c| c == '(' || c == ')' || c == ',')
+                .to_string()
+        });
+    ToolDetail::Profile {
+        profiler: name.trim_start_matches("profile_").to_string(),
+        args: args.map(str::to_string),
+        report,
+        summary: output.and_then(|o| o.lines().next()).map(str::to_string),
+    }
+}
+
+/// Removes every `encrypted_content` field, at any depth.
+pub fn strip_encrypted(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if map.remove("encrypted_content").is_some() {
+                map.insert("encrypted_content".into(), Value::String("…".into()));
+            }
+            for (_, child) in map.iter_mut() {
+                strip_encrypted(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_encrypted),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_shell_output_gives_its_end_wall_time_and_text() {
+        let d = detail_of(
+            "shell",
+            &json!({"cmd": "ls"}),
+            Some("Exit code: 2\nWall time: 1.5 s\nOutput:\na\nb\n"),
+        );
+        assert_eq!(
+            d,
+            ToolDetail::Shell {
+                cmd: "ls".into(),
+                end: Some("exit 2".into()),
+                exit_code: Some(2),
+                wall_s: Some(1.5),
+                output: Some("a\nb\n".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_patch_names_the_files_it_touches() {
+        let d = detail_of(
+            "apply_patch",
+            &json!({"patch": "*** Begin Patch\n*** Update File: candidate/L1/gelu.py\n@@\n-a\n+b\n*** Add File: notes.txt\n+x\n*** End Patch"}),
+            None,
+        );
+        assert_eq!(
+            d,
+            ToolDetail::ApplyPatch {
+                files: vec![
+                    ("update".into(), "candidate/L1/gelu.py".into()),
+                    ("add".into(), "notes.txt".into())
+                ]
+            }
+        );
+    }
+
+    #[test]
+    fn an_ncu_answer_gives_its_report_path() {
+        let d = detail_of(
+            "profile_ncu",
+            &json!({"args": "-c 1"}),
+            Some("ncu ok; report /w/profiles/001-ncu/report.ncu-rep (timings under ncu …)\nbody"),
+        );
+        let ToolDetail::Profile { report, .. } = d else {
+            panic!("not a profile: {d:?}")
+        };
+        assert_eq!(
+            report.as_deref(),
+            Some("/w/profiles/001-ncu/report.ncu-rep")
+        );
+    }
+
+    #[test]
+    fn encrypted_content_is_removed_at_any_depth() {
+        let mut v =
+            json!({"item": {"encrypted_content": "gAAAA", "x": [{"encrypted_content": "b"}]}});
+        strip_encrypted(&mut v);
+        assert!(!v.to_string().contains("gAAAA"));
+        assert!(!v.to_string().contains("\"b\""));
+    }
+}

@@ -1,0 +1,532 @@
+//! [`SessionView`]: one session's events (store rows or `transcript.jsonl` lines) folded into
+//! what a person reads — turns, tool calls in their own words, provider retries and waits, token
+//! reloads, compactions, and how the session ended.
+//!
+//! Invariants: the view never holds a reasoning item's `encrypted_content` (only its token count
+//! and any summary the provider sent); building it never fails — an event it does not know
+//! becomes a note, so a newer daemon's store still renders.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::leases::LeaseView;
+use super::outcome::Outcome;
+use super::tools::{ToolDetail, detail_of};
+use crate::store::Event;
+
+/// One session, ready to render as text or HTML.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SessionView {
+    pub target: Option<String>,
+    pub started_at: Option<String>,
+    pub prompt_sha256: Option<String>,
+    /// The prompt the session started with (shown in full by `--transcript`).
+    pub prompt: Option<String>,
+    /// Notes before the first turn (the token reload at session start, a resume).
+    pub prelude: Vec<Note>,
+    pub turns: Vec<Turn>,
+    /// Notes after the last turn (a nudge that was never answered, an infra error).
+    pub epilogue: Vec<Note>,
+    /// Leases granted before the first turn; the others are [`Entry::Lease`]s of their turn.
+    /// Empty until [`SessionView::with_leases`] is given the session's lease journal.
+    pub leases: Vec<LeaseView>,
+    pub end: Option<EndDetail>,
+    pub outcome: Outcome,
+    /// How many events the view was built from.
+    pub events: usize,
+}
+
+/// One model turn and what followed it (its tool calls).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Turn {
+    pub n: u32,
+    /// When the model's answer was recorded.
+    pub at: Option<String>,
+    /// From the previous recorded event to the turn's answer.
+    pub latency_s: Option<f64>,
+    pub usage: Option<Usage>,
+    /// Requests it took (1 when nothing was retried).
+    pub attempts: u32,
+    pub entries: Vec<Entry>,
+    /// Whether `turn_finished` was seen (a turn still streaming is not settled).
+    pub settled: bool,
+}
+
+/// Token counts of one turn.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Usage {
+    pub input: u64,
+    pub cached: u64,
+    pub output: u64,
+    pub reasoning: u64,
+    pub total: u64,
+}
+
+/// What happened inside a turn, in order.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Entry {
+    /// A reasoning item: its summary when the provider sent one, never its encrypted content.
+    Reasoning {
+        summary: Vec<String>,
+    },
+    /// Text the model wrote.
+    Message {
+        text: String,
+    },
+    Tool(Box<ToolCall>),
+    /// A GPU lease granted at this point (after the call that took it).
+    Lease(Box<LeaseView>),
+    Note(Note),
+}
+
+/// One tool call, from the model's request to its recorded output.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolCall {
+    pub call_id: String,
+    pub name: String,
+    /// The arguments as the model sent them (parsed when they are JSON).
+    pub arguments: Value,
+    pub started_at: Option<String>,
+    pub finished_at: Option<String>,
+    /// Recorded start to recorded finish.
+    pub elapsed_s: Option<f64>,
+    /// `None` while the call runs.
+    pub output: Option<String>,
+    pub is_error: bool,
+    /// The validation event recorded during a `validate` call.
+    pub validation: Option<Value>,
+    pub detail: ToolDetail,
+}
+
+/// Something the daemon or the provider did around the model's work.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Note {
+    pub at: String,
+    pub kind: String,
+    pub text: String,
+}
+
+/// The recorded end of the session.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EndDetail {
+    pub at: String,
+    pub status: String,
+    pub reason: String,
+    pub summary: Option<String>,
+    pub turns: Option<u64>,
+    pub tokens: Option<u64>,
+    pub leases: Option<u64>,
+    pub gpu_s: Option<f64>,
+    pub elapsed: Option<String>,
+    pub infra: bool,
+}
+
+impl SessionView {
+    /// Builds the view from one session's events, in order.
+    pub fn from_events(events: &[Event]) -> Self {
+        let mut b = Builder::default();
+        for e in events {
+            b.add(e);
+        }
+        b.finish(events)
+    }
+
+    /// Builds the view from the lines of a `transcript.jsonl` (`{type, seq, timestamp,
+    /// payload}` per line); unreadable lines are skipped.
+    pub fn from_transcript(text: &str, target: Option<&str>) -> Self {
+        Self::from_events(&transcript_events(text, target))
+    }
+
+    /// Every tool call, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
+        self.turns.iter().flat_map(|t| {
+            t.entries.iter().filter_map(|e| match e {
+                Entry::Tool(c) => Some(c.as_ref()),
+                _ => None,
+            })
+        })
+    }
+}
+
+/// The events of a `transcript.jsonl`, as the store holds them.
+pub fn transcript_events(text: &str, target: Option<&str>) -> Vec<Event> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| Event {
+            run_id: String::new(),
+            seq: v["seq"].as_i64().unwrap_or(0),
+            at: v["timestamp"].as_str().unwrap_or("").to_string(),
+            kind: v["type"].as_str().unwrap_or("").to_string(),
+            target: target.map(str::to_string),
+            payload: v["payload"].clone(),
+        })
+        .collect()
+}
+
+/// Seconds between two RFC 3339 times, when both parse.
+pub(crate) fn seconds_between(from: &str, to: &str) -> Option<f64> {
+    use time::OffsetDateTime;
+    use time::format_description::well_known::Rfc3339;
+    let a = OffsetDateTime::parse(from, &Rfc3339).ok()?;
+    let b = OffsetDateTime::parse(to, &Rfc3339).ok()?;
+    Some((b - a).as_seconds_f64())
+}
+
+#[derive(Default)]
+struct Builder {
+    target: Option<String>,
+    started_at: Option<String>,
+    prompt_sha256: Option<String>,
+    prompt: Option<String>,
+    prelude: Vec<Note>,
+    turns: Vec<Turn>,
+    /// Notes waiting for the turn they came before.
+    pending: Vec<Note>,
+    end: Option<EndDetail>,
+    /// When the last event before the current turn's answer was recorded.
+    last_at: Option<String>,
+    /// Where the current turn's answer began (the event before its first item).
+    turn_from: Option<String>,
+}
+
+impl Builder {
+    fn add(&mut self, e: &Event) {
+        if self.target.is_none() {
+            self.target = e.target.clone();
+        }
+        let p = &e.payload;
+        match e.kind.as_str() {
+            "session_started" => {
+                self.started_at = Some(e.at.clone());
+                self.prompt_sha256 = p["prompt_sha256"].as_str().map(str::to_string);
+            }
+            "user_message" => self.user_message(e),
+            "model_item" => self.model_item(e),
+            "turn_finished" => self.turn_finished(e),
+            "tool_started" => self.tool_started(e),
+            "tool_finished" => self.tool_finished(e),
+            "validation" => {
+                if let Some(call) = self.open_call(None) {
+                    call.validation = Some(p.clone());
+                }
+            }
+            "session_finished" => self.end = Some(end_detail(&e.at, p)),
+            "task_finished" => self.task_finished(e),
+            // The scheduler's bookkeeping says nothing the session's own events do not.
+            "task_submitted" => {}
+            _ => {
+                if let Some(note) = note_of(e) {
+                    self.note(note);
+                }
+            }
+        }
+        if e.kind != "model_item" {
+            self.last_at = Some(e.at.clone());
+        }
+    }
+
+    fn note(&mut self, note: Note) {
+        let settled = self.turns.last().is_none_or(|t| t.settled);
+        if self.turns.is_empty() && self.started_at.is_some() && note.kind == "token_reloaded" {
+            self.prelude.push(note);
+        } else if self.turns.is_empty() || settled {
+            self.pending.push(note);
+        } else if let Some(t) = self.turns.last_mut() {
+            t.entries.push(Entry::Note(note));
+        }
+    }
+
+    fn user_message(&mut self, e: &Event) {
+        let text = item_text(&e.payload["item"]);
+        if self.prompt.is_none() && e.payload.get("nudge").is_none() {
+            self.prompt = Some(text);
+            return;
+        }
+        self.note(Note {
+            at: e.at.clone(),
+            kind: "nudge".into(),
+            text: format!("the model stopped without a tool call; it was told: {text}"),
+        });
+    }
+
+    fn current_turn(&mut self, n: u32, at: &str) -> &mut Turn {
+        let is_new = self.turns.last().is_none_or(|t| t.n != n);
+        if is_new {
+            let mut turn = Turn {
+                n,
+                at: Some(at.to_string()),
+                attempts: 1,
+                ..Turn::default()
+            };
+            turn.entries.extend(self.pending.drain(..).map(Entry::Note));
+            self.turn_from = self.last_at.clone();
+            self.turns.push(turn);
+        }
+        self.turns.last_mut().expect("pushed above")
+    }
+
+    fn model_item(&mut self, e: &Event) {
+        let n = e.payload["turn"].as_u64().unwrap_or(0) as u32;
+        let item = &e.payload["item"];
+        let entry = match item["type"].as_str().unwrap_or("") {
+            "reasoning" => Entry::Reasoning {
+                summary: item["summary"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| s["text"].as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            "function_call" => Entry::Tool(Box::new(new_call(item, None))),
+            "message" => Entry::Message {
+                text: item_text(item),
+            },
+            other => Entry::Note(Note {
+                at: e.at.clone(),
+                kind: "model_item".into(),
+                text: format!("a `{other}` item"),
+            }),
+        };
+        self.current_turn(n, &e.at).entries.push(entry);
+    }
+
+    fn turn_finished(&mut self, e: &Event) {
+        let p = &e.payload;
+        let n = p["turn"].as_u64().unwrap_or(0) as u32;
+        let turn = self.current_turn(n, &e.at);
+        let u = &p["usage"];
+        turn.usage = Some(Usage {
+            input: u["input"].as_u64().unwrap_or(0),
+            cached: u["cached"].as_u64().unwrap_or(0),
+            output: u["output"].as_u64().unwrap_or(0),
+            reasoning: u["reasoning"].as_u64().unwrap_or(0),
+            total: u["total"].as_u64().unwrap_or(0),
+        });
+        turn.attempts = p["attempts"].as_u64().unwrap_or(1) as u32;
+        turn.at = Some(e.at.clone());
+        turn.settled = true;
+        let begin = self.turn_from.clone();
+        if let (Some(t), Some(b)) = (self.turns.last_mut(), begin) {
+            t.latency_s = seconds_between(&b, &e.at);
+        }
+    }
+
+    /// The call with this id (or the last unfinished one) in the current turn.
+    fn open_call(&mut self, id: Option<&str>) -> Option<&mut ToolCall> {
+        let turn = self.turns.last_mut()?;
+        turn.entries.iter_mut().rev().find_map(|e| match e {
+            Entry::Tool(c) if id.is_none_or(|id| c.call_id == id) => {
+                if id.is_some() || c.output.is_none() {
+                    Some(c.as_mut())
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        })
+    }
+
+    fn tool_started(&mut self, e: &Event) {
+        let id = e.payload["call_id"].as_str().unwrap_or("").to_string();
+        let at = e.at.clone();
+        match self.open_call(Some(&id)) {
+            Some(call) => call.started_at = Some(at),
+            None => {
+                // A resumed session runs calls of a turn recorded before the restart.
+                let call = new_call(&e.payload, Some(at));
+                let n = self.turns.last().map(|t| t.n).unwrap_or(0);
+                self.current_turn(n, &e.at)
+                    .entries
+                    .push(Entry::Tool(Box::new(call)));
+            }
+        }
+    }
+
+    fn tool_finished(&mut self, e: &Event) {
+        let p = &e.payload;
+        let id = p["call_id"].as_str().unwrap_or("").to_string();
+        let Some(call) = self.open_call(Some(&id)) else {
+            return;
+        };
+        let output = p["output"].as_str().unwrap_or("").to_string();
+        call.finished_at = Some(e.at.clone());
+        call.elapsed_s = call
+            .started_at
+            .as_deref()
+            .and_then(|s| seconds_between(s, &e.at));
+        call.is_error = p["is_error"].as_bool().unwrap_or(false);
+        call.detail = detail_of(&call.name, &call.arguments, Some(&output));
+        call.output = Some(output);
+    }
+
+    fn task_finished(&mut self, e: &Event) {
+        let p = &e.payload;
+        let status = p["status"].as_str().unwrap_or("").to_string();
+        match &mut self.end {
+            // The scheduler's status is the final word (a timeout is only known there).
+            Some(end) => end.status = status,
+            None => {
+                let mut detail = end_detail(&e.at, &p["result"]);
+                detail.status = status;
+                self.end = Some(detail);
+            }
+        }
+    }
+
+    fn finish(mut self, events: &[Event]) -> SessionView {
+        let epilogue = std::mem::take(&mut self.pending);
+        SessionView {
+            target: self.target,
+            started_at: self.started_at,
+            prompt_sha256: self.prompt_sha256,
+            prompt: self.prompt,
+            prelude: self.prelude,
+            turns: self.turns,
+            epilogue,
+            leases: Vec::new(),
+            end: self.end,
+            outcome: Outcome::from_events(events),
+            events: events.len(),
+        }
+    }
+}
+
+fn new_call(item: &Value, started_at: Option<String>) -> ToolCall {
+    let name = item["name"].as_str().unwrap_or("?").to_string();
+    let raw = item["arguments"].as_str().unwrap_or("");
+    let arguments = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()));
+    let detail = detail_of(&name, &arguments, None);
+    ToolCall {
+        call_id: item["call_id"].as_str().unwrap_or("").to_string(),
+        name,
+        arguments,
+        started_at,
+        finished_at: None,
+        elapsed_s: None,
+        output: None,
+        is_error: false,
+        validation: None,
+        detail,
+    }
+}
+
+/// The text parts of a message item.
+fn item_text(item: &Value) -> String {
+    match &item["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn end_detail(at: &str, p: &Value) -> EndDetail {
+    EndDetail {
+        at: at.to_string(),
+        status: p["status"].as_str().unwrap_or("").to_string(),
+        reason: p["reason"].as_str().unwrap_or("").to_string(),
+        summary: p["summary"].as_str().map(str::to_string),
+        turns: p["turns"].as_u64(),
+        tokens: p["tokens"].as_u64(),
+        leases: p["leases"].as_u64(),
+        gpu_s: p["gpu_s"].as_f64(),
+        elapsed: match &p["elapsed"] {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => n.as_f64().map(|secs| {
+                let s = secs.round() as u64;
+                format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+            }),
+            _ => None,
+        },
+        infra: p["infra"].as_bool().unwrap_or(false),
+    }
+}
+
+fn secs_of_ms(v: &Value) -> String {
+    v.as_f64()
+        .map(|ms| format!("{:.1} s", ms / 1000.0))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The note for an event the session records around its turns.
+fn note_of(e: &Event) -> Option<Note> {
+    let p = &e.payload;
+    let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
+    let text = match e.kind.as_str() {
+        "token_reloaded" => {
+            let age = match (p["age_s"].as_u64(), p["age"].as_f64()) {
+                (Some(s), _) => format!("{s} s old"),
+                (None, Some(ms)) => format!("{:.0} s old", ms / 1000.0),
+                _ => "age unknown".into(),
+            };
+            let changed = if p["changed"].as_bool().unwrap_or(false) {
+                "changed"
+            } else {
+                "unchanged"
+            };
+            format!(
+                "token reloaded ({}): {}, {age}, {changed}",
+                s("why"),
+                s("source")
+            )
+        }
+        "llm_retry" => format!(
+            "provider retry {}/{} in {}: {}",
+            p["attempt"],
+            p["max_retries"],
+            secs_of_ms(&p["delay"]),
+            s("reason")
+        ),
+        "rate_limit_wait" => format!(
+            "rate limit: waited {} ({})",
+            secs_of_ms(&p["delay"]),
+            s("reason").replace('_', " ")
+        ),
+        "compacted" => format!(
+            "history compacted ({}): {} bytes of old tool output elided",
+            s("why"),
+            p["elided_bytes"]
+        ),
+        "session_resumed" => format!(
+            "resumed after a restart at turn {} ({} call(s) pending)",
+            p["turns"], p["pending_calls"]
+        ),
+        "tool_infra_retry" => format!(
+            "{} failed for infrastructure reasons; retry {} in {} s: {}",
+            s("name"),
+            p["attempt"],
+            p["delay_s"],
+            s("why")
+        ),
+        "tool_infra_error" => format!(
+            "{} failed for infrastructure reasons: {}",
+            s("name"),
+            s("why")
+        ),
+        "session_failed_to_start" => format!("the session could not start: {}", s("reason")),
+        other => format!("{other} {}", short_json(p)),
+    };
+    Some(Note {
+        at: e.at.clone(),
+        kind: e.kind.clone(),
+        text,
+    })
+}
+
+/// An unknown event's payload on one line, without any reasoning content.
+fn short_json(p: &Value) -> String {
+    let mut v = p.clone();
+    super::tools::strip_encrypted(&mut v);
+    let text = v.to_string();
+    if text.chars().count() > 160 {
+        text.chars().take(159).collect::<String>() + "…"
+    } else {
+        text
+    }
+}

@@ -1,0 +1,255 @@
+//! The campaign-wide spending cap (`[campaign] max_tokens`, `max_cost_usd`).
+//!
+//! The scheduler polls a [`Meter`] while sessions run. The meter reads the `turn_finished`
+//! events of the run (and of its `--mode all` pair, named in `run_started.pair`) from the
+//! store, incrementally, and sums their usage; cost is priced with the provider's `[prices]`.
+//! Reading the store, not counters held by sessions, keeps the cap right across resumes and
+//! across the two halves of a pair: what was spent is what was recorded.
+//!
+//! The prices a run was started with are recorded among its settings (`provider.prices`, a
+//! JSON object), so [`recorded_spend`] can price a finished run without its provider file.
+
+/// The setting that records the provider's prices in `run_started.settings`.
+pub const PRICES_SETTING: &str = "provider.prices";
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::config::limits::CampaignLimits;
+use crate::config::provider::Prices;
+use crate::llm::Usage;
+use crate::store::{Store, StoreError};
+
+/// The caps and the prices to hold spending to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Budget {
+    pub max_tokens: Option<u64>,
+    pub max_cost_usd: Option<f64>,
+    /// Needed to enforce `max_cost_usd`; the CLI refuses that cap without them.
+    pub prices: Option<Prices>,
+}
+
+impl Budget {
+    pub fn new(limits: &CampaignLimits, prices: Option<Prices>) -> Self {
+        Self {
+            max_tokens: limits.max_tokens,
+            max_cost_usd: limits.max_cost_usd,
+            prices,
+        }
+    }
+
+    /// Whether there is anything to enforce.
+    pub fn is_capped(&self) -> bool {
+        self.max_tokens.is_some() || self.max_cost_usd.is_some()
+    }
+}
+
+/// What the campaign spent so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Spent {
+    pub tokens: u64,
+    /// `None` without prices.
+    pub cost_usd: Option<f64>,
+}
+
+/// What a run (with its `--mode all` pair when `with_pair`) spent, priced with the prices it
+/// recorded when it started.
+pub fn recorded_spend(store: &Store, run_id: &str, with_pair: bool) -> Result<Spent, StoreError> {
+    let started = run_started(store, run_id)?;
+    let prices = prices_of(&started);
+    let mut meter = Meter::new(Budget {
+        prices,
+        ..Budget::default()
+    });
+    meter.after.insert(run_id.to_string(), 0);
+    if with_pair {
+        if let Some(pair) = started["pair"].as_str() {
+            meter.after.insert(pair.to_string(), 0);
+        }
+    }
+    meter.poll(store, run_id)?;
+    Ok(meter.spent())
+}
+
+/// The prices a run recorded when it started (`None`: its provider had none), so a viewer can
+/// put a cost beside any token count of the run.
+pub fn recorded_prices(store: &Store, run_id: &str) -> Result<Option<Prices>, StoreError> {
+    Ok(prices_of(&run_started(store, run_id)?))
+}
+
+fn prices_of(run_started: &Value) -> Option<Prices> {
+    run_started["settings"][PRICES_SETTING][0]
+        .as_str()
+        .and_then(|text| serde_json::from_str(text).ok())
+}
+
+/// Sums the recorded usage of a run (and its pair) and says when a cap is reached.
+#[derive(Debug)]
+pub struct Meter {
+    budget: Budget,
+    /// The last event read, per run.
+    after: BTreeMap<String, i64>,
+    usage: Usage,
+}
+
+impl Meter {
+    pub fn new(budget: Budget) -> Self {
+        Self {
+            budget,
+            after: BTreeMap::new(),
+            usage: Usage::default(),
+        }
+    }
+
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    pub fn spent(&self) -> Spent {
+        Spent {
+            tokens: self.usage.total_tokens(),
+            cost_usd: self.budget.prices.as_ref().map(|p| self.usage.cost_usd(p)),
+        }
+    }
+
+    /// Reads the events recorded since the last poll; returns why the campaign must stop,
+    /// when a cap is reached.
+    pub fn poll(&mut self, store: &Store, run_id: &str) -> Result<Option<String>, StoreError> {
+        if self.after.is_empty() {
+            self.after.insert(run_id.to_string(), 0);
+            if let Some(pair) = pair_of(store, run_id)? {
+                self.after.insert(pair, 0);
+            }
+        }
+        for (run, after) in self.after.iter_mut() {
+            for e in store.events(run, None, *after)? {
+                *after = e.seq;
+                if e.kind == "turn_finished" {
+                    self.usage.add(&usage_of(&e.payload["usage"]));
+                }
+            }
+        }
+        Ok(self.reached())
+    }
+
+    /// Why spending must stop, if a cap is reached.
+    pub fn reached(&self) -> Option<String> {
+        let spent = self.spent();
+        if let Some(max) = self.budget.max_tokens {
+            if spent.tokens >= max {
+                return Some(format!(
+                    "campaign token cap reached: {} tokens spent, campaign.max_tokens = {max}",
+                    spent.tokens
+                ));
+            }
+        }
+        match (self.budget.max_cost_usd, spent.cost_usd) {
+            (Some(max), Some(cost)) if cost >= max => Some(format!(
+                "campaign cost cap reached: ${cost:.2} spent, campaign.max_cost_usd = {max}"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// `turn_finished.usage` as the agent records it (`input`, `cached`, `output`, `reasoning`).
+fn usage_of(u: &Value) -> Usage {
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    Usage {
+        input_tokens: n("input"),
+        cached_tokens: n("cached"),
+        output_tokens: n("output"),
+        reasoning_tokens: n("reasoning"),
+    }
+}
+
+/// The other half of a `--mode all` pair, from `run_started.pair`.
+fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, StoreError> {
+    Ok(run_started(store, run_id)?["pair"]
+        .as_str()
+        .map(str::to_string))
+}
+
+fn run_started(store: &Store, run_id: &str) -> Result<Value, StoreError> {
+    Ok(store
+        .events(run_id, None, 0)?
+        .into_iter()
+        .find(|e| e.kind == "run_started")
+        .map(|e| e.payload)
+        .unwrap_or(Value::Null))
+}
+
+impl Spent {
+    /// `21,607 tokens, $0.43` (or `cost unknown: no [prices]` without prices).
+    pub fn describe(&self) -> String {
+        let tokens = group_digits(self.tokens);
+        match self.cost_usd {
+            Some(c) => format!("{tokens} tokens, ${c:.2}"),
+            None => format!("{tokens} tokens (cost unknown: the provider file has no [prices])"),
+        }
+    }
+}
+
+/// `1234567` → `1,234,567`.
+pub fn group_digits(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn spending_is_described_with_grouped_tokens_and_dollars() {
+        let priced = Spent {
+            tokens: 1_234_567,
+            cost_usd: Some(12.345),
+        };
+        assert_eq!(priced.describe(), "1,234,567 tokens, $12.35");
+        let unpriced = Spent {
+            tokens: 999,
+            cost_usd: None,
+        };
+        assert_eq!(
+            unpriced.describe(),
+            "999 tokens (cost unknown: the provider file has no [prices])"
+        );
+    }
+
+    #[test]
+    fn the_cost_cap_fires_at_its_price() {
+        let mut meter = Meter::new(Budget {
+            max_tokens: None,
+            max_cost_usd: Some(1.0),
+            prices: Some(Prices {
+                input: 1.0,
+                cached_input: None,
+                output: 10.0,
+            }),
+        });
+        meter.usage.add(&Usage {
+            input_tokens: 500_000,
+            output_tokens: 40_000,
+            ..Usage::default()
+        });
+        assert_eq!(meter.reached(), None, "$0.90 is under the cap");
+        meter.usage.add(&Usage {
+            output_tokens: 10_000,
+            ..Usage::default()
+        });
+        assert_eq!(
+            meter.reached().as_deref(),
+            Some("campaign cost cap reached: $1.00 spent, campaign.max_cost_usd = 1")
+        );
+    }
+}

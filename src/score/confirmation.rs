@@ -1,0 +1,115 @@
+//! The confirmation stage of the confirmed gate: the benches that [`crate::score::confirm`]
+//! asks for, run as fresh processes, round by round.
+//!
+//! Owns the `confirm-<k>/` folders beside a candidate's first bench
+//! (`<stage dir>/L<n>_<stem>/confirm-<k>/`). A round benches every candidate still undecided
+//! once; the order of a round is reversed every other round, so no candidate is always benched
+//! first. The confirmed verdict becomes the verdict's `winner`; the published one stays in
+//! `published`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::score::confirm::{ConfirmRule, Confirmation, Step, step};
+use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
+use crate::score::gate::WinnerGate;
+use crate::score::pipeline::{RunSummary, StageReport};
+use crate::target::TargetId;
+
+/// The confirmation stage of the confirmed gate: every published winner of `stage` is benched
+/// again (fresh processes in `<dir>/L<n>_<stem>/confirm-<k>/`, one round at a time, the order
+/// of the round reversed every other round) until [`crate::score::confirm::step`] decides;
+/// its verdict becomes the winner flag, the published verdict stays in `published`. A
+/// candidate that lost the first bench is never benched again.
+pub async fn confirm_winners<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    dir: &Path,
+    stage: &mut StageReport,
+    gate: &WinnerGate,
+    cancel: &CancellationToken,
+) {
+    let rule = ConfirmRule::new(gate.threshold, gate.confirm);
+    let mut pending: Vec<(TargetId, Vec<f64>)> = stage
+        .gate
+        .verdicts
+        .iter()
+        .filter(|v| v.winner)
+        .filter_map(|v| Some((v.target.clone(), vec![v.geomean?])))
+        .collect();
+    let mut done: BTreeMap<TargetId, Confirmation> = BTreeMap::new();
+    let mut round = 1;
+    while !pending.is_empty() && !cancel.is_cancelled() {
+        if round % 2 == 0 {
+            pending.reverse();
+        }
+        let reqs = pending
+            .iter()
+            .map(|(t, _)| {
+                let base = dir.join(format!("L{}_{}", t.level(), t.stem()));
+                let work = base.join(format!("confirm-{round}"));
+                BenchRequest::target(t, &base.join("candidate"), &work)
+            })
+            .collect();
+        let runs = driver.run_many(reqs, cancel).await;
+        stage.runs.extend(runs.iter().map(RunSummary::of));
+        let mut next = Vec::new();
+        for ((target, mut benches), run) in pending.into_iter().zip(&runs) {
+            match confirmation_geomean(&target, run) {
+                Ok(g) => benches.push(g),
+                Err(why) => {
+                    let why = format!("confirmation bench {round}: {why}");
+                    done.insert(target, Confirmation::failed(benches, why));
+                    continue;
+                }
+            }
+            match step(&benches, &rule) {
+                Step::More => next.push((target, benches)),
+                Step::Done(c) => {
+                    done.insert(target, c);
+                }
+            }
+        }
+        // Back in target order before the next round's reversal.
+        next.sort_by(|a, b| a.0.cmp(&b.0));
+        pending = next;
+        round += 1;
+    }
+    for (target, benches) in pending {
+        done.insert(
+            target,
+            Confirmation::failed(benches, "confirmation cancelled".into()),
+        );
+    }
+    apply_confirmations(stage, done);
+}
+
+/// The geomean of one confirmation bench, or why it has none.
+fn confirmation_geomean(target: &TargetId, run: &BenchRun) -> Result<f64, String> {
+    let result = run.result.as_ref().map_err(|f| f.describe())?;
+    let (groups, _) = result.by_target();
+    let rows = groups
+        .get(target)
+        .ok_or_else(|| "the bench wrote no row for it".to_string())?;
+    let v = WinnerGate::correctness_only().judge(target, rows);
+    v.geomean
+        .ok_or_else(|| v.reason.unwrap_or_else(|| "no geomean".into()))
+}
+
+/// Confirmed winners stay winners; the others lose the win, with the reason.
+fn apply_confirmations(stage: &mut StageReport, mut done: BTreeMap<TargetId, Confirmation>) {
+    for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
+        let Some(c) = done.remove(&v.target) else {
+            continue;
+        };
+        if !c.confirmed {
+            v.winner = false;
+            v.reason = Some(format!(
+                "not confirmed: {}",
+                c.reason.clone().unwrap_or_default()
+            ));
+        }
+        v.confirmation = Some(c);
+    }
+}

@@ -1,0 +1,222 @@
+//! One level of a sequential campaign, decided so that its worst candidate cannot take the
+//! others down: each candidate is gated alone first (beside the lower levels' winners, with the
+//! configured gate and its confirmation), then only the level's winners are mixed; when the
+//! mix gives no result at all (a crash or a hang of the whole bench), the candidates that break
+//! it are found by bisection and dropped, each with its reason, and the rest mixed again.
+//!
+//! Owns the scratch layout under `<seq>/L<n>/`:
+//!
+//! ```text
+//! standalone/L<n>_<stem>/candidate/   lower winners + this candidate alone
+//! standalone/L<n>_<stem>/bench.json   its first bench; confirm-<k>/ its confirmation benches
+//! standalone/gate.json                the standalone stage (both verdicts)
+//! mix-<k>/candidates/, mix-<k>/L<n>/  the k-th mix bench (lower winners + the members)
+//! ```
+//!
+//! Not here: the level's `gate.json` and winner folders ([`crate::score::sequential`]).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::score::ScoreError;
+use crate::score::candidates::CandidateSet;
+use crate::score::confirmation::confirm_winners;
+use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest};
+use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
+use crate::score::pipeline::{MixParams, RunSummary, StageReport, score_mix, write_json};
+use crate::score::sequential::copy_tree;
+use crate::target::TargetId;
+
+/// What a level's benches need.
+pub struct LevelBench<'a, L> {
+    pub driver: &'a BenchDriver<L>,
+    /// Every candidate of the level (and the lower winners) gathered in one folder.
+    pub set: &'a CandidateSet,
+    /// The lower levels' winners (`None` for the first level).
+    pub lower: Option<&'a Path>,
+    /// `<seq>/L<n>`.
+    pub dir: &'a Path,
+    pub level: u8,
+    pub gate: WinnerGate,
+    pub cancel: &'a CancellationToken,
+}
+
+/// A level's candidate dropped from the mix because it breaks it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Breaker {
+    pub target: TargetId,
+    pub reason: String,
+}
+
+/// The outcome of the level's mix benches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MixResult {
+    /// Verdicts of the members in the last mix that gave a result (correctness only).
+    pub verdicts: Vec<TargetVerdict>,
+    pub breakers: Vec<Breaker>,
+    pub runs: Vec<RunSummary>,
+    pub simulated: bool,
+    /// Rows of the last mix that gave a result.
+    pub result: Option<crate::score::result::BenchResult>,
+}
+
+impl<L: BenchLauncher> LevelBench<'_, L> {
+    fn private(&self, t: &TargetId) -> PathBuf {
+        self.dir
+            .join("standalone")
+            .join(format!("L{}_{}", t.level(), t.stem()))
+    }
+
+    /// A folder holding the lower winners and exactly `members`.
+    fn folder(&self, dest: &Path, members: &[TargetId]) -> Result<(), ScoreError> {
+        self.set.materialize(members, dest)?;
+        if let Some(lower) = self.lower {
+            copy_tree(lower, dest)?;
+        }
+        Ok(())
+    }
+
+    /// Benches each of `targets` alone (lower winners beside it), gates it with the level's
+    /// gate and confirms the published winners when the gate is the confirmed one.
+    pub async fn standalone(&self, targets: &[TargetId]) -> Result<StageReport, ScoreError> {
+        let mut reqs = Vec::new();
+        for t in targets {
+            let base = self.private(t);
+            self.folder(&base.join("candidate"), std::slice::from_ref(t))?;
+            reqs.push(BenchRequest::target(t, &base.join("candidate"), &base));
+        }
+        let runs = self.driver.run_many(reqs, self.cancel).await;
+        let mut stage = StageReport {
+            gate: GateReport {
+                gate: self.gate,
+                verdicts: Vec::new(),
+            },
+            runs: runs.iter().map(RunSummary::of).collect(),
+            simulated: false,
+            spreads: BTreeMap::new(),
+        };
+        for (t, run) in targets.iter().zip(&runs) {
+            let v = match &run.result {
+                Ok(r) => {
+                    stage.simulated |= r.simulated;
+                    let (groups, _) = r.by_target();
+                    match groups.get(t) {
+                        Some(rows) => self.gate.judge(t, rows),
+                        None => {
+                            TargetVerdict::no_result(t.clone(), "the bench wrote no row for it")
+                        }
+                    }
+                }
+                Err(f) => TargetVerdict::no_result(t.clone(), &f.describe()),
+            };
+            stage.gate.verdicts.push(v);
+        }
+        if self.gate.kind == GateKind::Confirmed {
+            let dir = self.dir.join("standalone");
+            confirm_winners(self.driver, &dir, &mut stage, &self.gate, self.cancel).await;
+        }
+        write_json(&self.dir.join("standalone/gate.json"), &stage)?;
+        Ok(stage)
+    }
+
+    /// Mixes `winners` (lower winners loaded) until a mix gives a result, dropping the
+    /// candidates that break it.
+    pub async fn mix(&self, winners: &[TargetId]) -> Result<MixResult, ScoreError> {
+        let mut out = MixResult {
+            verdicts: Vec::new(),
+            breakers: Vec::new(),
+            runs: Vec::new(),
+            simulated: false,
+            result: None,
+        };
+        let mut members = winners.to_vec();
+        let mut attempt = 0;
+        while !members.is_empty() && !self.cancel.is_cancelled() {
+            let (failure, outcome) = self.mix_once(&members, &mut attempt, &mut out).await?;
+            let Some(why) = failure else {
+                out.verdicts = outcome.stage.gate.verdicts;
+                out.result = Some(outcome.result);
+                break;
+            };
+            let found = self.bisect(&members, &why, &mut attempt, &mut out).await?;
+            if found.is_empty() {
+                // Every part works alone but not all together: no single breaker to blame.
+                for t in members.drain(..) {
+                    out.breakers.push(Breaker {
+                        target: t,
+                        reason: format!("the level mix failed, no single breaker found: {why}"),
+                    });
+                }
+                break;
+            }
+            members.retain(|t| !found.iter().any(|b| &b.target == t));
+            out.breakers.extend(found);
+        }
+        Ok(out)
+    }
+
+    /// One mix bench of `members`; `Some(why)` when it gave no result at all.
+    async fn mix_once(
+        &self,
+        members: &[TargetId],
+        attempt: &mut usize,
+        out: &mut MixResult,
+    ) -> Result<(Option<String>, crate::score::pipeline::MixOutcome), ScoreError> {
+        *attempt += 1;
+        let work = self.dir.join(format!("mix-{attempt}"));
+        let cand = work.join("candidates");
+        self.folder(&cand, members)?;
+        let mix = MixParams {
+            levels: &[self.level],
+            candidates: &cand,
+            work: &work,
+            gate: &WinnerGate::correctness_only(),
+            expected: members,
+        };
+        let outcome = score_mix(self.driver, &mix, self.cancel).await;
+        write_json(&work.join("mix.json"), &outcome.stage)?;
+        out.runs.extend(outcome.stage.runs.iter().cloned());
+        out.simulated |= outcome.stage.simulated;
+        if let Some(r) = outcome.stage.runs.iter().find(|r| r.infrastructure) {
+            let why = r.failure.clone().unwrap_or_default();
+            return Err(ScoreError::Incomplete(format!("{}: {why}", r.label)));
+        }
+        let failure = outcome.stage.runs.iter().find_map(|r| r.failure.clone());
+        Ok((failure, outcome))
+    }
+
+    /// The members that make a mix give no result, found by halving.
+    async fn bisect(
+        &self,
+        members: &[TargetId],
+        why: &str,
+        attempt: &mut usize,
+        out: &mut MixResult,
+    ) -> Result<Vec<Breaker>, ScoreError> {
+        let mut found = Vec::new();
+        // (members known to fail together, why they failed)
+        let mut failing = vec![(members.to_vec(), why.to_string())];
+        while let Some((group, why)) = failing.pop() {
+            if self.cancel.is_cancelled() {
+                break;
+            }
+            if group.len() == 1 {
+                found.push(Breaker {
+                    target: group[0].clone(),
+                    reason: format!("breaks the level mix: {why}"),
+                });
+                continue;
+            }
+            let (a, b) = group.split_at(group.len() / 2);
+            for half in [a, b] {
+                if let (Some(why), _) = self.mix_once(half, attempt, out).await? {
+                    failing.push((half.to_vec(), why));
+                }
+            }
+        }
+        found.sort_by(|x, y| x.target.cmp(&y.target));
+        Ok(found)
+    }
+}

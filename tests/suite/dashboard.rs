@@ -1,0 +1,490 @@
+//! The dashboard's router without a socket (`tower::ServiceExt::oneshot`): the token, the
+//! pages over a small recorded run, `/metrics` read back by a Prometheus text parser, and the
+//! lease timeline's SVG as a snapshot.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use fk_agentd::dashboard::model::{LeaseSpan, RunView, Tally};
+use fk_agentd::dashboard::{DashboardState, app, svg};
+use fk_agentd::store::drains::DrainRow;
+use fk_agentd::store::leases::LeaseRow;
+use fk_agentd::store::{RunRow, SessionRow, Store};
+use serde_json::json;
+use tower::ServiceExt;
+
+const RUN: &str = "20261204-1200-ind-l1-sim-abcd";
+
+fn lease(
+    id: &str,
+    session: &str,
+    class: &str,
+    gpu: &str,
+    at: (&str, &str),
+    outcome: serde_json::Value,
+) -> LeaseRow {
+    LeaseRow {
+        id: id.into(),
+        session: session.into(),
+        class: class.into(),
+        gpus: vec![gpu.into()],
+        idempotency_key: id.into(),
+        state: "finished".into(),
+        pgid: None,
+        granted_at: at.0.into(),
+        deadline_unix_ms: 0,
+        argv: vec!["true".into()],
+        stdout: String::new(),
+        stderr: String::new(),
+        finished_at: Some(at.1.into()),
+        outcome: Some(outcome),
+        cgroup: None,
+    }
+}
+
+/// A simulated run of three targets: one winner, one loser still running, one queued.
+fn recorded_store(home: &Path) -> Store {
+    let store = Store::open(&home.join("fk-agentd.db")).unwrap();
+    store
+        .create_run(&RunRow {
+            id: RUN.into(),
+            started_at: "2000-01-01T00:00:00.000Z".into(),
+            finished_at: None,
+            status: "running".into(),
+            mode: "independent".into(),
+            targets: vec!["L1/gelu".into(), "L1/relu".into(), "L1/silu".into()],
+            simulated: true,
+            pid: None,
+        })
+        .unwrap();
+    let ev = |kind: &str, target: &str, payload: serde_json::Value| {
+        store.append(RUN, kind, Some(target), &payload).unwrap();
+    };
+    store
+        .append(
+            RUN,
+            "facts",
+            None,
+            &json!({"gpus": {"configured": "fake:2", "fake": true}}),
+        )
+        .unwrap();
+    for t in ["L1/gelu", "L1/relu"] {
+        ev("session_started", t, json!({}));
+        ev(
+            "llm_retry",
+            t,
+            json!({"reason": "429 Too Many Requests", "attempt": 1}),
+        );
+        ev(
+            "turn_finished",
+            t,
+            json!({"turn": 1, "attempts": 2,
+            "usage": {"input": 1000, "cached": 10, "output": 200, "reasoning": 50, "total": 1200}}),
+        );
+    }
+    ev(
+        "tool_started",
+        "L1/gelu",
+        json!({"name": "validate", "call_id": "c1", "arguments": "{}"}),
+    );
+    ev(
+        "validation",
+        "L1/gelu",
+        json!({"winner": true, "geomean": 1.25, "reason": null, "rows": 3, "skipped": 0, "n": 1}),
+    );
+    ev(
+        "tool_finished",
+        "L1/gelu",
+        json!({"name": "validate", "call_id": "c1", "is_error": false, "output": "PASSED float16 1.25x"}),
+    );
+    ev(
+        "session_finished",
+        "L1/gelu",
+        json!({"status": "PASS", "reason": "the agent called finish", "turns": 1, "tokens": 1200}),
+    );
+    ev(
+        "task_finished",
+        "L1/gelu",
+        json!({"status": "PASS", "result": {"status": "PASS", "turns": 1, "tokens": 1200}}),
+    );
+    let state = |t: &str, s: &str| SessionRow {
+        run_id: RUN.into(),
+        target: t.into(),
+        state: s.into(),
+        detail: json!({"turns": 1, "tokens": 1200, "best_speedup": "1.250x", "leases": 1}),
+        updated_at: "2000-01-01T00:00:05.000Z".into(),
+    };
+    store.upsert_session(&state("L1/gelu", "finished")).unwrap();
+    store.upsert_session(&state("L1/relu", "running")).unwrap();
+    store
+        .upsert_session(&SessionRow {
+            detail: json!({}),
+            ..state("L1/silu", "queued")
+        })
+        .unwrap();
+    let gpu = "GPU-00000000-0000-4000-8000-000000000001";
+    store
+        .insert_lease(&lease(
+            "lease-1",
+            "L1/gelu",
+            "validate",
+            gpu,
+            ("2000-01-01T00:00:01.000Z", "2000-01-01T00:00:03.000Z"),
+            json!({"queued_ms": 500, "wall_ms": 1500, "exit_code": 0, "killed_reason": null}),
+        ))
+        .unwrap();
+    store
+        .insert_lease(&lease("lease-2", "L1/relu", "ncu", gpu,
+            ("2000-01-01T00:00:04.000Z", "2000-01-01T00:00:09.000Z"),
+            json!({"queued_ms": 2000, "wall_ms": 4800, "exit_code": null, "killed_reason": "deadline"})))
+        .unwrap();
+    store
+}
+
+fn state_for(home: &Path) -> DashboardState {
+    let store = recorded_store(home);
+    DashboardState::new(store, home, Arc::new(|| None))
+}
+
+async fn get(
+    state: &DashboardState,
+    uri: &str,
+    auth: Option<&str>,
+) -> (StatusCode, String, Option<String>) {
+    let mut req = Request::get(uri);
+    if let Some(a) = auth {
+        req = req.header(header::AUTHORIZATION, a);
+    }
+    let resp = app(state.clone())
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let cookie = resp
+        .headers()
+        .get(header::SET_COOKIE)
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+        .await
+        .unwrap();
+    (status, String::from_utf8_lossy(&bytes).into_owned(), cookie)
+}
+
+#[tokio::test]
+async fn every_route_answers_401_without_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_for(dir.path());
+    for uri in [
+        "/",
+        "/sessions",
+        "/session?target=L1/gelu",
+        "/leases",
+        "/scores",
+        "/metrics",
+        "/live/run",
+        "/assets/dashboard.js",
+        "/?token=wrong",
+    ] {
+        let (status, body, _) = get(&state, uri, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{uri}");
+        assert!(body.contains("access token"), "{uri}: {body}");
+    }
+    let (status, _, _) = get(&state, "/", Some("Bearer nope")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn the_token_works_in_the_query_as_a_cookie_and_as_bearer() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_for(dir.path());
+    let token = state.token.expose().to_string();
+    let (status, _, cookie) = get(&state, &format!("/?token={token}"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let cookie = cookie.expect("a first visit with ?token= sets the cookie");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap().to_string();
+    let req = Request::get("/sessions")
+        .header(header::COOKIE, pair)
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        app(state.clone()).oneshot(req).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let (status, _, _) = get(&state, "/metrics", Some(&format!("Bearer {token}"))).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn pages_show_the_run_and_say_simulated() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_for(dir.path());
+    let bearer = format!("Bearer {}", state.token.expose());
+    for uri in [
+        "/",
+        "/sessions",
+        "/session?target=L1/gelu",
+        "/leases",
+        "/scores",
+    ] {
+        let (status, body, _) = get(&state, uri, Some(&bearer)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}");
+        assert!(body.contains("SIMULATED RUN"), "{uri} lacks the label");
+        assert!(body.contains(RUN), "{uri} lacks the run id");
+    }
+    let (_, overview, _) = get(&state, "/", Some(&bearer)).await;
+    assert!(overview.contains("1 / 3"), "{overview}");
+    assert!(overview.contains("1 winner"), "{overview}");
+    assert!(overview.contains("1 running · 1 queued"), "{overview}");
+    assert!(overview.contains("2,400"), "tokens are grouped: {overview}");
+    assert!(overview.contains("2 retries (2 of them 429)"), "{overview}");
+    let (_, session, _) = get(&state, "/session?target=L1/gelu", Some(&bearer)).await;
+    assert!(session.contains("winner, geomean 1.250x"), "{session}");
+    assert!(session.contains("id=\"session-view\""), "{session}");
+    let (_, scores, _) = get(&state, "/scores", Some(&bearer)).await;
+    assert!(scores.contains("No score for this run yet"), "{scores}");
+    let (status, _, _) = get(&state, "/?run=no-such-run", Some(&bearer)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+fn rows(body: &str) -> usize {
+    body.matches("<tr data-state=").count()
+}
+
+#[tokio::test]
+async fn the_sessions_table_filters_by_state_and_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_for(dir.path());
+    let bearer = format!("Bearer {}", state.token.expose());
+    let count = |uri: &'static str| {
+        let (state, bearer) = (state.clone(), bearer.clone());
+        async move { rows(&get(&state, uri, Some(&bearer)).await.1) }
+    };
+    assert_eq!(count("/sessions").await, 3);
+    assert_eq!(count("/sessions?state=running").await, 1);
+    assert_eq!(count("/sessions?state=ended").await, 1);
+    assert_eq!(count("/sessions?state=queued").await, 1);
+    assert_eq!(count("/sessions?verdict=winner").await, 1);
+    assert_eq!(count("/sessions?verdict=pending").await, 2);
+    assert_eq!(count("/sessions?state=running&verdict=winner").await, 0);
+}
+
+#[tokio::test]
+async fn metrics_parse_as_prometheus_text_with_the_documented_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_for(dir.path());
+    let (status, body, _) = get(
+        &state,
+        "/metrics",
+        Some(&format!("Bearer {}", state.token.expose())),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
+    let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        let s = scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .unwrap_or_else(|| panic!("no sample {name} {labels:?} in\n{body}"));
+        match &s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            prometheus_parse::Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+            other => panic!("{name}: unexpected {other:?}"),
+        }
+    };
+    assert_eq!(
+        value("fk_agentd_run_info", &[("run", RUN), ("simulated", "true")]),
+        1.0
+    );
+    assert_eq!(value("fk_agentd_session_targets", &[]), 3.0);
+    assert_eq!(value("fk_agentd_sessions", &[("state", "running")]), 1.0);
+    assert_eq!(value("fk_agentd_sessions", &[("state", "queued")]), 1.0);
+    assert_eq!(value("fk_agentd_session_queue_depth", &[]), 1.0);
+    assert_eq!(value("fk_agentd_winners", &[]), 1.0);
+    assert_eq!(
+        value(
+            "fk_agentd_leases",
+            &[("class", "validate"), ("state", "finished")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "fk_agentd_leases",
+            &[("class", "ncu"), ("state", "finished")]
+        ),
+        1.0
+    );
+    assert_eq!(value("fk_agentd_gpus", &[]), 2.0);
+    assert_eq!(
+        value("fk_agentd_tokens_total", &[("kind", "input")]),
+        2000.0
+    );
+    assert_eq!(
+        value("fk_agentd_tokens_total", &[("kind", "output")]),
+        400.0
+    );
+    assert_eq!(value("fk_agentd_llm_retries_total", &[]), 2.0);
+    assert_eq!(value("fk_agentd_llm_rate_limited_total", &[]), 2.0);
+    assert_eq!(value("fk_agentd_turns_total", &[]), 2.0);
+    assert_eq!(
+        value("fk_agentd_lease_wait_seconds", &[("class", "ncu")]),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "fk_agentd_lease_grant_latency_seconds",
+            &[("class", "validate")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value("fk_agentd_bench_wall_seconds", &[("class", "validate")]),
+        1.0
+    );
+    assert_eq!(value("fk_agentd_turn_latency_seconds", &[]), 2.0);
+    let busy = value("fk_agentd_gpu_busy_ratio", &[]);
+    assert!((0.0..=1.0).contains(&busy), "{busy}");
+    // The ncu lease waited 2 s in the queue.
+    assert!(
+        body.contains("fk_agentd_lease_wait_seconds_sum{class=\"ncu\"} 2.0"),
+        "{body}"
+    );
+}
+
+fn at(s: &str) -> time::OffsetDateTime {
+    fk_agentd::dashboard::model::parse_at(s).unwrap()
+}
+
+#[test]
+fn the_lease_timeline_draws_lanes_bars_kills_and_drains() {
+    let span =
+        |id: &str, class: &str, gpu: &str, from: &str, to: &str, killed: Option<&str>| LeaseSpan {
+            id: id.into(),
+            session: "L1/gelu".into(),
+            class: class.into(),
+            gpus: vec![gpu.into()],
+            start: at(from),
+            end: at(to),
+            open: false,
+            state: "finished".into(),
+            queued_s: Some(0.5),
+            wall_s: Some(2.0),
+            killed: killed.map(str::to_string),
+            exit_code: Some(0),
+        };
+    let view = RunView {
+        run: RunRow {
+            id: RUN.into(),
+            started_at: "2000-01-01T00:00:00.000Z".into(),
+            finished_at: Some("2000-01-01T00:01:00.000Z".into()),
+            status: "finished".into(),
+            mode: "independent".into(),
+            targets: vec!["L1/gelu".into()],
+            simulated: true,
+            pid: None,
+        },
+        sessions: Vec::new(),
+        tally: Tally::default(),
+        leases: vec![
+            span(
+                "lease-a",
+                "validate",
+                "GPU-aaaaaa-000001",
+                "2000-01-01T00:00:06.000Z",
+                "2000-01-01T00:00:18.000Z",
+                None,
+            ),
+            span(
+                "lease-b",
+                "nsys",
+                "GPU-aaaaaa-000002",
+                "2000-01-01T00:00:30.000Z",
+                "2000-01-01T00:00:45.000Z",
+                Some("deadline"),
+            ),
+        ],
+        drains: vec![DrainRow {
+            uuid: "GPU-aaaaaa-000002".into(),
+            reason: "Xid 79".into(),
+            since: "2000-01-01T00:00:50.000Z".into(),
+        }],
+        now: at("2000-01-01T00:02:00.000Z"),
+    };
+    insta::assert_snapshot!(svg::timeline(&view).into_string().replace("><", ">\n<"));
+}
+
+fn env_in(dir: &Path) -> fk_agentd::config::Env {
+    fk_agentd::config::Env {
+        fk_agentd_home: None,
+        fk_agentd_config: None,
+        fk_dir: None,
+        xdg_state_home: None,
+        home: None,
+        snowflake_account: None,
+        cwd: dir.to_path_buf(),
+    }
+}
+
+fn load_with(dir: &Path, toml: &str) -> Result<fk_agentd::config::Config, String> {
+    std::fs::write(dir.join("fk-agentd.toml"), toml).unwrap();
+    let flags = fk_agentd::config::Flags {
+        home: Some(dir.join("home")),
+        ..Default::default()
+    };
+    fk_agentd::config::Config::load(
+        &flags,
+        &env_in(dir),
+        &fk_agentd::target::Catalog::embedded(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn dashboard_listen_is_loopback_by_default_off_or_an_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let default = load_with(dir.path(), "").unwrap();
+    assert_eq!(
+        default.dashboard_listen,
+        Some("127.0.0.1:0".parse().unwrap())
+    );
+    let off = load_with(dir.path(), "[dashboard]\nlisten = \"off\"\n").unwrap();
+    assert_eq!(off.dashboard_listen, None);
+    let set = load_with(dir.path(), "[dashboard]\nlisten = \"127.0.0.1:8787\"\n").unwrap();
+    assert_eq!(
+        set.dashboard_listen,
+        Some("127.0.0.1:8787".parse().unwrap())
+    );
+    let bad = load_with(dir.path(), "[dashboard]\nlisten = \"localhost\"\n").unwrap_err();
+    assert!(
+        bad.contains("dashboard.listen") && bad.contains("localhost"),
+        "{bad}"
+    );
+}
+
+#[test]
+fn the_dashboard_command_refuses_a_bad_address_with_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    recorded_store(dir.path());
+    for (listen, says) in [("nope", "--listen"), ("off", "--listen off")] {
+        let out = assert_cmd::Command::cargo_bin("fk-agentd")
+            .unwrap()
+            .args(["dashboard", "--listen", listen, "--home"])
+            .arg(dir.path())
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+}

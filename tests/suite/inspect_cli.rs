@@ -1,0 +1,160 @@
+//! `fk-agentd session` and `sessions` on a simulated campaign, as a script or a pipe sees them:
+//! readable text without colour, `--transcript` in full, `--json` and `--follow --json` that
+//! parse, `--diff`, and never the encrypted reasoning.
+
+use assert_cmd::Command;
+
+fn fk(home: &std::path::Path) -> Command {
+    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("FK_AGENTD_HOME", home)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd
+}
+
+fn stdout(cmd: &mut Command) -> String {
+    let out = cmd.assert().success().get_output().stdout.clone();
+    String::from_utf8(out).unwrap()
+}
+
+/// A finished two-target simulated campaign.
+fn campaign() -> tempfile::TempDir {
+    let home = tempfile::tempdir().unwrap();
+    let start = stdout(fk(home.path()).args(["start", "--sim", "--targets", "L1/gelu,L1/bmm"]));
+    assert!(
+        start.contains("outcome   2 sessions finished, 2 winners"),
+        "{start}"
+    );
+    assert!(!start.contains("PASS 2"), "{start}");
+    home
+}
+
+#[test]
+fn the_session_commands_read_well_and_parse() {
+    let home = campaign();
+    let h = home.path();
+
+    let text = stdout(fk(h).args(["session", "L1/gelu"]));
+    assert!(!text.contains('\x1b'), "colour on a pipe:\n{text}");
+    for want in ["turn 1 ·", "[reasoning: ", "validate #1", "verdict  winner"] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+    assert!(!text.contains("encrypted_content"));
+    // The validate lease, under the call that took it: class, GPU, queued, ran, end.
+    let lease = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("lease "))
+        .unwrap_or_else(|| panic!("no lease in:\n{text}"));
+    assert!(
+        lease.starts_with("    lease validate on GPU-fa4e0000…00000"),
+        "{lease}"
+    );
+    assert!(
+        lease.contains(" · ran ") && lease.ends_with(" · exit 0"),
+        "{lease}"
+    );
+
+    let full = stdout(fk(h).args(["session", "L1/gelu", "--transcript"]));
+    assert!(full.contains("# Task: make `L1/gelu` faster"), "{full}");
+    assert!(full.lines().count() > text.lines().count());
+
+    let json = stdout(fk(h).args(["session", "L1/gelu", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&json).expect("--json is JSON");
+    assert!(v["events"].as_array().unwrap().len() > 10);
+    assert!(!json.contains("gAAAA"), "encrypted reasoning printed");
+    let leases = v["leases"].as_array().expect("--json lists the leases");
+    assert_eq!(leases.len(), 1, "{json}");
+    assert_eq!(leases[0]["class"], "validate");
+    assert_eq!(
+        leases[0]["end"],
+        serde_json::json!({"end": "exited", "code": 0})
+    );
+
+    let follow = fk(h)
+        .args(["session", "L1/gelu", "--follow", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let ndjson = String::from_utf8(follow.stdout).unwrap();
+    let kinds: Vec<String> = ndjson
+        .lines()
+        .map(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).expect("each line is JSON");
+            e["kind"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(kinds.last().map(String::as_str), Some("task_finished"));
+    assert!(
+        String::from_utf8(follow.stderr)
+            .unwrap()
+            .contains("SIMULATED")
+    );
+
+    let diff = stdout(fk(h).args(["session", "L1/gelu", "--diff"]));
+    assert!(diff.contains("--- baseline/L1/gelu.py"), "{diff}");
+    assert!(diff.contains("+++ candidate/L1/gelu.py"), "{diff}");
+}
+
+#[test]
+fn sessions_says_the_end_and_the_verdict_and_no_color_stays_plain() {
+    let home = campaign();
+    let table = stdout(
+        fk(home.path())
+            .env("NO_COLOR", "1")
+            .env("COLUMNS", "80")
+            .arg("sessions"),
+    );
+    assert!(!table.contains('\x1b'));
+    assert!(table.contains("finished  winner"), "{table}");
+    assert!(table.contains("2 sessions finished, 2 winners"), "{table}");
+    for line in table
+        .lines()
+        .filter(|l| !l.starts_with("run ") && !l.starts_with("SIMULATED"))
+    {
+        assert!(line.chars().count() <= 80, "{line}");
+    }
+    let json = stdout(fk(home.path()).args(["sessions", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["outcomes"]["L1/gelu"]["verdict"]["verdict"], "winner");
+    assert_eq!(v["outcomes"]["L1/gelu"]["end"]["end"], "finished");
+}
+
+/// `session` as a person at a terminal runs it: under a pseudo-terminal (util-linux
+/// `script`, which `.ci/run`'s Debian image has), coloured; with `NO_COLOR=1`, plain.
+#[test]
+fn session_on_a_terminal_is_coloured_unless_no_color_is_set() {
+    let home = campaign();
+    let on_a_tty = |no_color: bool| -> String {
+        let mut cmd = std::process::Command::new("script");
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("FK_AGENTD_HOME", home.path())
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(std::process::Stdio::null());
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        }
+        let inner = format!("'{}' session L1/gelu", env!("CARGO_BIN_EXE_fk-agentd"));
+        let out = cmd
+            .args(["-qec", &inner, "/dev/null"])
+            .output()
+            .expect("`script` (util-linux) runs the command under a pseudo-terminal");
+        let text = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let coloured = on_a_tty(false);
+    assert!(
+        coloured.contains("\x1b[1msession L1/gelu in run "),
+        "no bold title on a terminal:\n{coloured}"
+    );
+    assert!(
+        coloured.contains("verdict  \x1b[32mwinner"),
+        "no green verdict on a terminal:\n{coloured}"
+    );
+    let plain = on_a_tty(true);
+    assert!(!plain.contains('\x1b'), "colour despite NO_COLOR:\n{plain}");
+    assert!(plain.contains("verdict  winner"), "{plain}");
+}

@@ -1,0 +1,220 @@
+//! The confirmed gate on the simulated bench, run in process on a paused clock: a noise winner
+//! loses its win, a true winner keeps it, a loser is benched once, an outlier is named and
+//! decides nothing; both verdicts reach the table, the results JSON and the exported set.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fk_agentd::score::driver::{BenchDriver, DriverParams};
+use fk_agentd::score::gate::{GateKind, WinnerGate};
+use fk_agentd::score::pipeline::{ScoreMode, ScoreParams, ScoreReport, score_candidates};
+use fk_agentd::score::render::score_table;
+use fk_agentd::sim::in_process::InProcessLauncher;
+use pretty_assertions::assert_eq;
+use tokio_util::sync::CancellationToken;
+
+struct Scored {
+    tmp: tempfile::TempDir,
+    report: ScoreReport,
+    /// The `--output` of every bench, in launch order.
+    outputs: Vec<PathBuf>,
+}
+
+async fn score(candidates: &[(&str, &str)], gate: WinnerGate) -> Scored {
+    let tmp = tempfile::tempdir().unwrap();
+    let cands = tmp.path().join("cands");
+    for (target, content) in candidates {
+        let path = cands.join(format!("{target}.py"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+    let params = DriverParams {
+        command: vec!["sim-bench".into()],
+        fastkernels_dir: None,
+        captures: tmp.path().join("captures"),
+        deadline: Duration::from_secs(600),
+        parallel: 2,
+        env_remove: Vec::new(),
+    };
+    let launcher = InProcessLauncher::new(7);
+    let driver = BenchDriver::new(params, launcher).await.unwrap();
+    let score = ScoreParams {
+        candidates: cands,
+        out: tmp.path().join("out"),
+        mode: ScoreMode::Standalone,
+        gate,
+        set_name: "cands-ind".into(),
+        repeats: 1,
+        noise_sample: 0,
+        screen_waive: Vec::new(),
+    };
+    let report = score_candidates(&driver, &score, &CancellationToken::new())
+        .await
+        .unwrap();
+    let outputs = driver.launcher().outputs();
+    Scored {
+        tmp,
+        report,
+        outputs,
+    }
+}
+
+impl Scored {
+    /// How many benches each target got.
+    fn benches(&self, stem: &str) -> usize {
+        let dir = format!("L1_{stem}");
+        self.outputs
+            .iter()
+            .filter(|o| o.components().any(|c| c.as_os_str() == dir.as_str()))
+            .count()
+    }
+
+    fn verdict(&self, stem: &str) -> (bool, bool) {
+        let v = self
+            .report
+            .standalone
+            .as_ref()
+            .unwrap()
+            .gate
+            .verdicts
+            .iter()
+            .find(|v| v.target.stem() == stem)
+            .unwrap();
+        (v.published, v.winner)
+    }
+
+    fn table(&self) -> String {
+        redact(&score_table(&self.report), self.tmp.path())
+    }
+}
+
+fn redact(text: &str, tmp: &Path) -> String {
+    text.replace(&tmp.display().to_string(), "<tmp>")
+}
+
+const NOISE_WINNER: &str = "# sim: runs=1.03,0.97,0.98\n";
+const TRUE_WINNER: &str = "# sim: runs=1.12,1.10,1.11\n";
+const LOSER: &str = "# sim: speedup=0.9\n";
+const OUTLIER: &str = "# sim: runs=1.12,0.25,1.10,1.11\n";
+
+fn campaign() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("L1/gelu", NOISE_WINNER),
+        ("L1/bmm", TRUE_WINNER),
+        ("L1/quickgelu", LOSER),
+        ("L1/embedding", OUTLIER),
+    ]
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_confirmed_gate_drops_noise_keeps_a_true_winner_and_never_rebenches_a_loser() {
+    let s = score(&campaign(), WinnerGate::default()).await;
+    let got: Vec<(&str, (bool, bool), usize)> = ["gelu", "bmm", "quickgelu", "embedding"]
+        .into_iter()
+        .map(|stem| (stem, s.verdict(stem), s.benches(stem)))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            // (published, confirmed), benches
+            ("gelu", (true, false), 3),
+            ("bmm", (true, true), 3),
+            ("quickgelu", (false, false), 1),
+            ("embedding", (true, true), 4),
+        ]
+    );
+    insta::assert_snapshot!("confirmed_gate_table", s.table());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_outlier_is_flagged_and_left_out_of_the_interval() {
+    let s = score(&[("L1/embedding", OUTLIER)], WinnerGate::default()).await;
+    let v = &s.report.standalone.as_ref().unwrap().gate.verdicts[0];
+    let c = v.confirmation.as_ref().unwrap();
+    assert_eq!(
+        (c.benches.clone(), c.outliers.clone(), c.confirmed),
+        (vec![1.12, 0.25, 1.10, 1.11], vec![1], true)
+    );
+    let (lo, hi) = c.ci95.unwrap();
+    assert!(
+        lo >= 1.0 && hi < 1.2,
+        "interval {lo}–{hi} ignores the 0.25× bench"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn confirmation_rounds_alternate_their_order() {
+    let s = score(&campaign(), WinnerGate::default()).await;
+    let round = |k: usize| -> Vec<String> {
+        let dir = format!("confirm-{k}");
+        s.outputs
+            .iter()
+            .filter(|o| o.components().any(|c| c.as_os_str() == dir.as_str()))
+            .map(|o| {
+                let name = o.parent().unwrap().parent().unwrap().file_name().unwrap();
+                name.to_string_lossy().into_owned()
+            })
+            .collect()
+    };
+    assert_eq!(round(1), ["L1_bmm", "L1_embedding", "L1_gelu"]);
+    assert_eq!(round(2), ["L1_gelu", "L1_embedding", "L1_bmm"]);
+    assert_eq!(round(3), ["L1_embedding"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_published_gate_benches_once_and_keeps_the_noise_winner() {
+    let gate = WinnerGate {
+        kind: GateKind::Published,
+        ..WinnerGate::default()
+    };
+    let s = score(&campaign(), gate).await;
+    assert_eq!(s.outputs.len(), 4, "one bench per candidate");
+    assert_eq!(s.verdict("gelu"), (true, true));
+}
+
+#[tokio::test(start_paused = true)]
+async fn both_verdicts_reach_the_results_json_and_the_exported_set() {
+    let s = score(&campaign(), WinnerGate::default()).await;
+    let generation = &s.report.generation;
+    let score: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(generation.join("score.json")).unwrap())
+            .unwrap();
+    let gelu = score["standalone"]["gate"]["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["target"] == "L1/gelu")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            gelu["published"].clone(),
+            gelu["winner"].clone(),
+            gelu["confirmation"]["benches"].clone()
+        ),
+        (
+            serde_json::json!(true),
+            serde_json::json!(false),
+            serde_json::json!([1.03, 0.97, 0.98])
+        )
+    );
+    let set = &s.report.final_set.as_ref().unwrap().manifest;
+    let kept: Vec<String> = set.kernels.iter().map(|k| k.stem.clone()).collect();
+    let unconfirmed: Vec<(String, String)> = set
+        .unconfirmed
+        .iter()
+        .map(|d| (d.stem.clone(), d.reason.clone()))
+        .collect();
+    assert_eq!(
+        (set.gate.as_deref(), kept, unconfirmed),
+        (
+            Some("confirmed"),
+            vec!["bmm".to_string(), "embedding".to_string()],
+            vec![(
+                "gelu".to_string(),
+                "not confirmed: geomean of 3 benches 0.993 < 1".to_string()
+            )]
+        )
+    );
+}
