@@ -82,18 +82,27 @@ pub fn offline_status(home: &str, last: Option<&RunRow>) -> String {
     let mut out = format!("daemon    not running\nhome      {home}\n");
     match last {
         Some(r) => {
+            // No daemon, yet the run never recorded its end: it was killed (SIGKILL, power).
+            let status = if r.status == "running" {
+                "interrupted: its daemon is gone"
+            } else {
+                r.status.as_str()
+            };
             let _ = writeln!(
                 out,
                 "last run  {}{} ({}, {}, {} targets, started {})",
                 r.id,
                 if r.simulated { " [SIMULATED]" } else { "" },
-                r.status,
+                status,
                 r.mode,
                 r.targets.len(),
                 r.started_at
             );
         }
         None => out.push_str("last run  none yet\n"),
+    }
+    if let Some(r) = last.filter(|r| r.status == "running") {
+        let _ = writeln!(out, "next      fk-agentd resume {}", r.id);
     }
     out
 }

@@ -201,10 +201,25 @@ impl RunJournal {
         Self::open(store, home, &run_id)
     }
 
-    /// Opens an existing run for appending (resume).
+    /// Opens an existing run for appending (resume). `run.jsonl` is first rewritten from the
+    /// store, which is the source of truth: a line lost to a kill between the two writes, a
+    /// line cut by a full disk, or a deleted run directory are all repaired here.
     pub fn open(store: &Store, home: &Path, run_id: &str) -> Result<Self, RunError> {
         let dir = runs_dir(home).join(run_id);
         let path = dir.join("run.jsonl");
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| RunError::Io { path, source }
+        };
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let mirror: String = store
+            .events(run_id, None, 0)?
+            .iter()
+            .map(jsonl_line)
+            .collect();
+        let tmp = dir.join("run.jsonl.tmp");
+        std::fs::write(&tmp, mirror).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
         let file = OpenOptions::new()
             .create(true)
             .append(true)
@@ -237,14 +252,22 @@ impl RunJournal {
         target: Option<&str>,
         payload: Value,
     ) -> Result<Event, RunError> {
+        // The file's lock is taken before the store assigns `seq`, so concurrent writers land
+        // in `run.jsonl` in the store's order.
+        let mut file = self.jsonl.lock().unwrap_or_else(|p| p.into_inner());
         let event = self.store.append(&self.run_id, kind, target, &payload)?;
         let line = jsonl_line(&event);
-        let mut file = self.jsonl.lock().unwrap_or_else(|p| p.into_inner());
-        file.write_all(line.as_bytes())
-            .map_err(|source| RunError::Io {
-                path: self.dir.join("run.jsonl"),
-                source,
-            })?;
+        let io = |source| RunError::Io {
+            path: self.dir.join("run.jsonl"),
+            source,
+        };
+        let end = file.metadata().map_err(io)?.len();
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            // A short write (disk full) must not leave half a line for the next event to be
+            // glued to; the store keeps the event and resume rewrites the mirror.
+            let _ = file.set_len(end);
+            return Err(io(e));
+        }
         Ok(event)
     }
 }

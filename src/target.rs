@@ -202,13 +202,24 @@ impl Catalog {
     /// Resolves a selection such as `L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu` or `all`.
     pub fn select(&self, spec: &str) -> Result<Vec<TargetId>, TargetError> {
         let mut out: Vec<TargetId> = Vec::new();
-        let items: Vec<&str> = spec
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .collect();
-        if items.is_empty() {
+        if spec.trim().is_empty() {
             return Err(TargetError::Empty);
+        }
+        // A stray space or an empty item is more often a shell-quoting slip than intent, and
+        // quietly dropping it would start a campaign over a selection nobody wrote.
+        if spec.chars().any(char::is_whitespace) {
+            return Err(TargetError::Malformed {
+                value: spec.to_string(),
+                why: "whitespace is not allowed in a target selection (write `L1,L2/gelu`)"
+                    .to_string(),
+            });
+        }
+        let items: Vec<&str> = spec.split(',').collect();
+        if items.iter().any(|s| s.is_empty()) {
+            return Err(TargetError::Malformed {
+                value: spec.to_string(),
+                why: "an empty item between commas".to_string(),
+            });
         }
         for item in items {
             out.extend(self.select_item(item)?);

@@ -134,7 +134,9 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
         .store()
         .events(run.run_id(), Some(&j.target().to_string()), 0)?;
     let replay = history::replay(&events);
-    if let Some(done) = &replay.finished {
+    // A session that ended for the infrastructure's sake (endpoint, token, GPU) goes on from
+    // its history on resume; any other recorded end is final.
+    if let Some(done) = replay.finished.as_ref().filter(|d| d["infra"] != true) {
         let status = if done["status"] == "PASS" {
             SessionStatus::Finished
         } else {
@@ -246,7 +248,7 @@ async fn turn_loop(
             }
             Err(e) => {
                 return Ok(End {
-                    infra: e.is_retryable(),
+                    infra: e.is_infrastructure(),
                     ..End::new(SessionStatus::Failed, format!("provider: {e}"))
                 });
             }

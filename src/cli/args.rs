@@ -228,10 +228,10 @@ pub struct StartArgs {
     #[arg(long, value_name = "longest-first|catalog")]
     pub order: Option<String>,
     /// Per-session wall-clock limit, e.g. 5h. Default: 5h.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub session_timeout: Option<String>,
     /// Per-lease limit, e.g. 15m. Default: 15m.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub lease_timeout: Option<String>,
     /// Provider name (in provider-config/) or path to a provider TOML. Default: cortex.
     #[arg(long, value_name = "NAME|PATH")]
@@ -328,7 +328,8 @@ pub struct ScoreArgs {
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub noise_sample: u32,
     /// `confirmed`: the published gate on a first bench, then up to `--confirm` more benches
-    /// of its winners; confirmed when the bootstrap 95% interval's lower end reaches 1.0.
+    /// of its winners until a sequential test decides (a first bench far below 1.0 gets one
+    /// more bench, which decides instead).
     /// `published`: geomean ≥ 1.0 on one bench. `lower-bound`: every candidate benched
     /// `--repeats` times (≥ 2), the interval's lower end must reach 1.0. Default: `[score] gate`
     /// (confirmed).

@@ -79,7 +79,10 @@ pub fn cmd_compare(
         }
         println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
     } else {
-        print!("{}", compare::compare_table(&c));
+        print!(
+            "{}",
+            compare::compare_table(&c, super::term::stdout_width())
+        );
         if let Some(path) = &saved {
             println!("\nwrote {}", path.display());
         }

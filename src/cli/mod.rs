@@ -46,6 +46,9 @@ pub fn main() -> i32 {
         Command::SimBench(args) => return score::sim_bench(args),
         _ => cli,
     };
+    // Everything fk-agentd writes (store, transcripts, run files, candidates) is private to
+    // this user, as the socket already is: other users of a shared node must not read runs.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let env = Env::from_process();
     if !matches!(
         cli.command,
@@ -53,7 +56,10 @@ pub fn main() -> i32 {
     ) {
         restore_sigpipe();
     }
-    init_logging(matches!(cli.command, Command::Start(_)));
+    init_logging(matches!(
+        cli.command,
+        Command::Start(_) | Command::Resume { .. }
+    ));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -12,7 +12,9 @@ use crate::config::{Config, Env};
 use crate::error::Error;
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::gate::WinnerGate;
-use crate::score::pipeline::{ScoreMode, ScoreParams, score_candidates, score_run};
+use crate::score::pipeline::{
+    ScoreMode, ScoreParams, ScoreProgress, Stage, score_candidates_with, score_run_with,
+};
 use crate::score::{ScoreError, render, sequential};
 use crate::sim::bench::{SimAction, SimBenchParams};
 use crate::target::Catalog;
@@ -136,9 +138,10 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         screen_waive: config.screen_waive.clone(),
     };
     let cancel = CancellationToken::new();
+    let progress = StageProgress::new(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let report = match &from_run {
         Some(run_id) => {
-            let report = score_run(&driver, &score, &cancel).await?;
+            let report = score_run_with(&driver, &score, &progress, &cancel).await?;
             record_scoring_facts(config, run_id, provider.as_ref()).await?;
             report
         }
@@ -147,7 +150,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
                 candidates: crate::config::absolute(&env.cwd, &score.candidates),
                 ..score
             };
-            score_candidates(&driver, &score, &cancel).await?
+            score_candidates_with(&driver, &score, &progress, &cancel).await?
         }
     };
     broker.shutdown().await;
@@ -158,7 +161,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             serde_json::to_string_pretty(&shown).unwrap_or_default()
         );
     } else {
-        let text = render::score_table(&report);
+        let text = render::score_table_width(&report, super::term::stdout_width());
         print!(
             "{}",
             super::score_view::only_text(&text, &report, args.only)
@@ -403,4 +406,105 @@ fn score_id(name: &str) -> String {
         .unwrap_or_else(|_| now.unix_timestamp().to_string());
     let suffix: u16 = rand::random();
     format!("{stamp}-{name}-{suffix:04x}")
+}
+
+/// `score`'s progress on stderr, one stage at a time: on a terminal a spinner with the
+/// stage's bench count and elapsed time, replaced by the stage's result when it ends;
+/// otherwise one plain line when a stage starts and one when it ends.
+struct StageProgress {
+    tty: bool,
+    current: std::sync::Mutex<Option<(indicatif::ProgressBar, std::time::Instant)>>,
+}
+
+impl StageProgress {
+    fn new(tty: bool) -> Self {
+        Self {
+            tty,
+            current: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// `standalone: 8 benches`, `composed: 1 bench (one per level)`.
+fn stage_start_words(stage: Stage, benches: usize) -> String {
+    let plural = if benches == 1 { "" } else { "es" };
+    let what = match stage {
+        Stage::NoiseFloor => " (self-tests of the baseline)",
+        Stage::Confirmation => " at most (repeats of the published winners)",
+        Stage::Composed => " (one per level)",
+        Stage::Standalone => "",
+    };
+    format!("{}: {benches} bench{plural}{what}", stage.name())
+}
+
+/// `standalone: 4 of 8 winners`, `confirmation: 3 of 4 published winners confirmed`.
+fn stage_end_words(stage: Stage, winners: usize, judged: usize) -> String {
+    match stage {
+        Stage::NoiseFloor => format!("noise floor: {judged} rows"),
+        Stage::Confirmation => {
+            format!("confirmation: {winners} of {judged} published winners confirmed")
+        }
+        Stage::Standalone | Stage::Composed => {
+            format!("{}: {winners} of {judged} winners", stage.name())
+        }
+    }
+}
+
+impl ScoreProgress for StageProgress {
+    fn started(&self, stage: Stage, benches: usize) {
+        let words = stage_start_words(stage, benches);
+        let bar = self.tty.then(|| {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {msg} · {elapsed}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            bar.set_message(words.clone());
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            bar
+        });
+        if bar.is_none() {
+            eprintln!("score: {words} …");
+        }
+        if let Ok(mut current) = self.current.lock() {
+            *current = bar.map(|b| (b, std::time::Instant::now()));
+        }
+    }
+
+    fn finished(&self, stage: Stage, winners: usize, judged: usize) {
+        let words = stage_end_words(stage, winners, judged);
+        let current = self.current.lock().ok().and_then(|mut c| c.take());
+        match current {
+            Some((bar, since)) => {
+                bar.finish_and_clear();
+                eprintln!("✓ {words} · {:.1} s", since.elapsed().as_secs_f64());
+            }
+            None => eprintln!("score: {words}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    #[test]
+    fn each_stage_says_what_it_runs_and_what_it_found() {
+        assert_eq!(
+            stage_start_words(Stage::Standalone, 8),
+            "standalone: 8 benches"
+        );
+        assert_eq!(
+            stage_start_words(Stage::Composed, 1),
+            "composed: 1 bench (one per level)"
+        );
+        assert_eq!(
+            stage_end_words(Stage::Confirmation, 3, 4),
+            "confirmation: 3 of 4 published winners confirmed"
+        );
+        assert_eq!(
+            stage_end_words(Stage::NoiseFloor, 0, 10),
+            "noise floor: 10 rows"
+        );
+    }
 }

@@ -14,7 +14,16 @@ pub fn only_text(text: &str, report: &ScoreReport, only: Option<OnlyArg>) -> Str
     let keep = |winner: bool| winner == (only == OnlyArg::Winners);
     let mut stage: Option<&StageReport> = None;
     let mut out = String::new();
+    // A row's reason wrapped onto indented lines under it goes with the row.
+    let mut row_hidden = false;
     for line in text.lines() {
+        if stage.is_some() && line.starts_with("    ") {
+            if !row_hidden {
+                out.push_str(line);
+                out.push('\n');
+            }
+            continue;
+        }
         if line.starts_with("standalone") {
             stage = report.standalone.as_ref();
         } else if line.starts_with("composed") {
@@ -31,6 +40,7 @@ pub fn only_text(text: &str, report: &ScoreReport, only: Option<OnlyArg>) -> Str
                     .find(|v| v.target.to_string() == first)
             })
             .is_some_and(|v| !keep(v.winner));
+        row_hidden = hidden;
         if !hidden {
             out.push_str(line);
             out.push('\n');

@@ -2,10 +2,11 @@
 //! `--follow`, `--diff`): read the store (and the run directory for `--diff`), fold events
 //! through [`crate::inspect`], print. Nothing here writes.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::Path;
 
 use super::open_existing_store;
+use super::term::{stdout_color, stdout_width};
 use crate::control::client::ControlClient;
 use crate::error::Error;
 use crate::inspect::{self, RenderOptions, SessionView};
@@ -21,28 +22,6 @@ pub struct SessionOpts {
     pub transcript: bool,
     pub json: bool,
     pub diff: bool,
-}
-
-/// Whether stdout gets colour: a terminal, and `NO_COLOR` unset or empty.
-fn stdout_color() -> bool {
-    let no_color = std::env::var("NO_COLOR").ok();
-    inspect::use_color(std::io::stdout().is_terminal(), no_color.as_deref())
-}
-
-/// The width tables fit: the terminal's, else `COLUMNS`, else 120.
-fn stdout_width() -> usize {
-    if std::io::stdout().is_terminal() {
-        if let Ok(size) = rustix::termios::tcgetwinsize(std::io::stdout()) {
-            if size.ws_col > 0 {
-                return usize::from(size.ws_col);
-            }
-        }
-    }
-    std::env::var("COLUMNS")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .filter(|c: &usize| *c >= 40)
-        .unwrap_or(120)
 }
 
 pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
@@ -121,10 +100,10 @@ pub async fn cmd_session(
             .sessions(&run_row.id)?
             .into_iter()
             .find(|s| s.target == name);
-        let leases: Vec<inspect::LeaseView> = session_leases(&store, &name, &events)?
-            .iter()
-            .map(inspect::LeaseView::from_row)
-            .collect();
+        // Placed as the readable view places them, so each says the call it was granted during.
+        let rows = session_leases(&store, &name, &events)?;
+        let view = SessionView::from_events(&events).with_leases(&rows);
+        let leases = view.all_leases();
         let events: Vec<Event> = events.into_iter().map(withheld).collect();
         let value = serde_json::json!({"run": run_row, "target": name, "state": state,
             "leases": leases, "events": events});

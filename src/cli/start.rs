@@ -57,7 +57,7 @@ pub async fn cmd_start(
         run_real(config, env, catalog, None).await?
     };
     print_report(&report, global);
-    Ok(if report.status == "PASS" { 0 } else { 1 })
+    Ok(exit_code(&report, &home_of(&report)))
 }
 
 /// The newest run that did not finish (interrupted, or left `running` by a killed daemon).
@@ -66,10 +66,22 @@ fn unfinished_run(home: &Path) -> Result<Option<String>, Error> {
         return Ok(None);
     }
     let store = daemon::open_store(home)?;
+    // A failed run whose failures include the infrastructure's (endpoint, token, GPU) has
+    // sessions that `resume` runs again.
+    let infra_failed = |id: &str| {
+        store.sessions(id).is_ok_and(|rows| {
+            rows.iter()
+                .any(|s| s.state == "failed" && s.detail["infra"] == true)
+        })
+    };
     Ok(store
         .runs()?
         .into_iter()
-        .find(|r| r.status == "interrupted" || r.status == "running")
+        .find(|r| {
+            r.status == "interrupted"
+                || r.status == "running"
+                || (r.status == "failed" && infra_failed(&r.id))
+        })
         .map(|r| r.id))
 }
 
@@ -106,7 +118,7 @@ pub async fn cmd_resume(
         run_real(config, env, catalog, Some(run_id)).await?
     };
     print_report(&report, global);
-    Ok(if report.status == "PASS" { 0 } else { 1 })
+    Ok(exit_code(&report, &home_of(&report)))
 }
 
 /// Re-executes `start` without `--detach` in a new session, with output to `<home>/fk-agentd.log`.
@@ -254,11 +266,17 @@ fn next_hint(global: &GlobalArgs, r: &CampaignReport, example: &str) -> String {
     let fk = invocation(global);
     let run = &r.run_id;
     let last = if r.pair.is_some() {
-        format!("`{fk} compare --run {run}`")
+        format!("{fk} compare --run {run}")
     } else {
-        format!("`{fk} score --run {run}`")
+        format!("{fk} score --run {run}")
     };
-    format!("next: `{fk} sessions --run {run}`, `{fk} session {example} --run {run}`, {last}")
+    let lines = [
+        format!("{fk} sessions --run {run}"),
+        format!("{fk} session {example} --run {run}"),
+        last,
+        format!("{fk} dashboard --run {run}"),
+    ];
+    format!("next:\n  {}", lines.join("\n  "))
 }
 
 /// `max_cost_usd` is enforced with the provider's prices: refuse the cap without them rather
@@ -445,4 +463,35 @@ async fn run_real(
         harness: Some(prepared),
     };
     run_daemon(config, runner, resume, facts, campaign).await
+}
+
+/// 0 when the campaign passed; 3 when it failed only because of infrastructure (every failed
+/// session says `infra`: the endpoint, the token, the GPUs), so scripts can tell "fix the host
+/// and `resume`" from "the agents failed" (1).
+fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
+    if report.status == "PASS" {
+        return 0;
+    }
+    let only_infra = daemon::open_store(home)
+        .ok()
+        .and_then(|store| store.events(&report.run_id, None, 0).ok())
+        .map(|events| {
+            let failed: Vec<bool> = events
+                .iter()
+                .filter(|e| e.kind == "task_finished" && e.payload["status"] == "FAIL")
+                .map(|e| e.payload["result"]["infra"] == true)
+                .collect();
+            !failed.is_empty() && failed.iter().all(|infra| *infra)
+        })
+        .unwrap_or(false);
+    if only_infra {
+        eprintln!(
+            "fk-agentd: every failed session failed for infrastructure reasons (see `outcome`); \
+             fix the cause and `fk-agentd resume {}`",
+            report.run_id
+        );
+        crate::error::EXIT_UNAVAILABLE
+    } else {
+        1
+    }
 }

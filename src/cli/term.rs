@@ -1,4 +1,4 @@
-//! What the CLI asks of the terminal: its width, and whether to draw live progress.
+//! What the CLI asks of the terminal: its width, and whether stdout gets colour.
 
 use std::io::IsTerminal;
 
@@ -16,4 +16,10 @@ pub fn stdout_width() -> usize {
         .and_then(|c| c.parse().ok())
         .filter(|c: &usize| *c >= 40)
         .unwrap_or(120)
+}
+
+/// Whether stdout gets colour: a terminal, and `NO_COLOR` unset or empty.
+pub fn stdout_color() -> bool {
+    let no_color = std::env::var("NO_COLOR").ok();
+    crate::inspect::use_color(std::io::stdout().is_terminal(), no_color.as_deref())
 }

@@ -412,7 +412,15 @@ pub fn resolve_home(flag: Option<&Path>, env: &Env) -> Result<PathBuf, ConfigErr
             "a home directory: pass --home DIR or set FK_AGENTD_HOME",
         ));
     };
-    Ok(absolute(&env.cwd, &chosen))
+    let home = absolute(&env.cwd, &chosen);
+    if home.exists() && !home.is_dir() {
+        return Err(ConfigError::new(
+            "home (--home, FK_AGENTD_HOME)",
+            home.display().to_string(),
+            "a directory (this path is a file)",
+        ));
+    }
+    Ok(home)
 }
 
 /// `path` made absolute against `cwd`, with a leading `~/` expanded from `HOME`.

@@ -17,11 +17,21 @@ impl ControlClient {
     /// Connects lazily; fails with [`ControlError::NoDaemon`] when there is no socket.
     pub fn new(home: &Path) -> Result<Self, ControlError> {
         let socket = socket_path(home);
-        if !socket.exists() {
-            return Err(ControlError::NoDaemon {
-                home: home.to_path_buf(),
-                socket,
-            });
+        match std::fs::metadata(&socket) {
+            Ok(_) => {}
+            // Another user's home (0700) or socket (0600): not "no daemon".
+            Err(source) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(ControlError::Socket {
+                    path: socket,
+                    source,
+                });
+            }
+            Err(_) => {
+                return Err(ControlError::NoDaemon {
+                    home: home.to_path_buf(),
+                    socket,
+                });
+            }
         }
         crate::tls::install_crypto_provider();
         let http = reqwest::Client::builder()
@@ -48,7 +58,14 @@ impl ControlClient {
             why,
         };
         let resp = req.send().await.map_err(|e| {
-            if e.is_connect() {
+            if let Some(source) = permission_denied(&e) {
+                // Another user's daemon: its socket is 0600. Saying "not running" would be
+                // false and would invite a second daemon on the same home.
+                ControlError::Socket {
+                    path: socket_path(&self.home),
+                    source,
+                }
+            } else if e.is_connect() {
                 ControlError::NoDaemon {
                     home: self.home.clone(),
                     socket: socket_path(&self.home),
@@ -82,4 +99,19 @@ impl ControlClient {
         }
         self.call(req, "sessions").await
     }
+}
+
+/// The permission error under a failed connection, if that is what it was.
+fn permission_denied(e: &reqwest::Error) -> Option<std::io::Error> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let denied = c
+            .downcast_ref::<std::io::Error>()
+            .filter(|io| io.kind() == std::io::ErrorKind::PermissionDenied);
+        if let Some(io) = denied {
+            return Some(std::io::Error::new(io.kind(), io.to_string()));
+        }
+        cause = c.source();
+    }
+    None
 }

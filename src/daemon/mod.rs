@@ -109,10 +109,23 @@ pub struct CampaignReport {
     pub notes: Vec<String>,
 }
 
-/// Creates the home directory (0700) if needed.
+/// Creates the home directory (0700) if needed; an existing home that others may read is made
+/// private (it holds every run's transcripts and the store).
 pub fn ensure_home(home: &Path) -> Result<(), DaemonError> {
-    use std::os::unix::fs::DirBuilderExt;
-    if home.is_dir() {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if let Some(meta) = std::fs::metadata(home).ok().filter(|m| m.is_dir()) {
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            // A home we cannot tighten (another owner, a read-only mount) still works; the
+            // warning says what is exposed.
+            match std::fs::set_permissions(home, std::fs::Permissions::from_mode(mode & 0o700)) {
+                Ok(()) => tracing::info!(home = %home.display(), "home made private (0700)"),
+                Err(e) => tracing::warn!(
+                    home = %home.display(),
+                    "home is readable by other users and could not be made private: {e}"
+                ),
+            }
+        }
         return Ok(());
     }
     std::fs::DirBuilder::new()

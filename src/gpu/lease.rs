@@ -154,9 +154,8 @@ pub(crate) async fn execute(
         job,
         containment,
         exit,
-    } = launch(broker, &g, output).await?;
+    } = launch(broker, &g, output, &mut guard.job).await?;
     let spawned = Instant::now();
-    guard.job = Some(job.clone());
 
     let stop_sampling = CancellationToken::new();
     let watched = Watched {
@@ -212,10 +211,13 @@ async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
 
 /// Spawns the job into `output` and journals its process group and real cgroup; a failed
 /// spawn (or output files that could not be made) closes the journal row.
+/// Spawns the job; `job` learns it at once, before the `running` journal write is awaited, so
+/// a lease future dropped during that write still kills what it started.
 async fn launch(
     broker: &Broker,
     g: &Grant,
     output: Result<LeaseOutput, LeaseError>,
+    job: &mut Option<JobRef>,
 ) -> Result<Launched, LeaseError> {
     let inner = &broker.inner;
     let spawned = output.and_then(|output| {
@@ -241,6 +243,7 @@ async fn launch(
             return Err(e);
         }
     };
+    *job = Some(launched.job.clone());
     let running = LeaseWrite::Running {
         id: g.lease_id.clone(),
         pgid: launched.job.pgid,

@@ -38,6 +38,9 @@ pub struct LeaseView {
     pub during: Option<String>,
     /// The command the lease ran.
     pub argv: Vec<String>,
+    /// A `bench --self-test` (the baseline against itself): the noise band a `validate`
+    /// measures on a target's first validation, not the candidate's bench.
+    pub self_test: bool,
     /// What the broker noted (no NVML audit, Xids, a sanity check).
     pub notes: Vec<String>,
 }
@@ -119,6 +122,7 @@ impl LeaseView {
             infra: o["infra"].as_bool().unwrap_or(false),
             during: None,
             argv: row.argv.clone(),
+            self_test: row.argv.iter().any(|a| a == "--self-test"),
             notes: o["notes"]
                 .as_array()
                 .map(|a| {
@@ -200,6 +204,21 @@ fn call_at(turns: &[Turn], t: OffsetDateTime) -> Option<(usize, usize)> {
 }
 
 impl SessionView {
+    /// Every lease of the view, placed ones (with the call they were granted during) in
+    /// order of grant, then those before the first turn.
+    pub fn all_leases(&self) -> Vec<&LeaseView> {
+        let placed = self.turns.iter().flat_map(|t| &t.entries);
+        let mut all: Vec<&LeaseView> = placed
+            .filter_map(|e| match e {
+                Entry::Lease(l) => Some(l.as_ref()),
+                _ => None,
+            })
+            .chain(&self.leases)
+            .collect();
+        all.sort_by(|a, b| a.granted_at.cmp(&b.granted_at));
+        all
+    }
+
     /// The view with this session's leases placed where they were granted: after the tool
     /// call running at the grant, else after the last entry before it in the last turn
     /// answered before it, else (before the first turn) in [`SessionView::leases`].
@@ -237,5 +256,113 @@ impl SessionView {
             entries.insert(at, Entry::Lease(Box::new(lease)));
         }
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::Event;
+
+    fn event(seq: i64, at: &str, kind: &str, payload: Value) -> Event {
+        Event {
+            run_id: "r".into(),
+            seq,
+            at: at.into(),
+            kind: kind.into(),
+            target: Some("L1/gelu".into()),
+            payload,
+        }
+    }
+
+    /// One turn whose `validate` starts and finishes within the same millisecond as its leases.
+    fn validate_turn() -> Vec<Event> {
+        let call = json!({"type": "function_call", "name": "validate", "call_id": "c1",
+            "arguments": "{}"});
+        vec![
+            event(
+                1,
+                "2026-12-04T17:48:25.790Z",
+                "model_item",
+                json!({"turn": 1, "item": call}),
+            ),
+            event(
+                2,
+                "2026-12-04T17:48:25.791Z",
+                "turn_finished",
+                json!({"turn": 1}),
+            ),
+            event(
+                3,
+                "2026-12-04T17:48:25.792Z",
+                "tool_started",
+                json!({"call_id": "c1", "name": "validate", "arguments": "{}"}),
+            ),
+            event(
+                4,
+                "2026-12-04T17:48:25.804Z",
+                "tool_finished",
+                json!({"call_id": "c1", "name": "validate", "output": "PASSED"}),
+            ),
+        ]
+    }
+
+    fn row(id: &str, granted_at: &str, argv: &[&str]) -> LeaseRow {
+        LeaseRow {
+            id: id.into(),
+            session: "L1/gelu".into(),
+            class: "validate".into(),
+            gpus: vec!["GPU-0".into()],
+            idempotency_key: String::new(),
+            state: "finished".into(),
+            pgid: None,
+            granted_at: granted_at.into(),
+            deadline_unix_ms: 0,
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            stdout: String::new(),
+            stderr: String::new(),
+            finished_at: None,
+            outcome: Some(json!({"exit_code": 0})),
+            cgroup: None,
+        }
+    }
+
+    #[test]
+    fn leases_granted_in_the_same_millisecond_as_the_call_are_placed_under_it() {
+        let rows = [
+            // The noise self-test, granted the millisecond the call finished.
+            row("l2", "2026-12-04T17:48:25.804Z", &["bench", "--self-test"]),
+            // The candidate's bench, granted the millisecond the call started.
+            row(
+                "l1",
+                "2026-12-04T17:48:25.792Z",
+                &["bench", "--target", "gelu"],
+            ),
+        ];
+        let view = SessionView::from_events(&validate_turn()).with_leases(&rows);
+        let placed: Vec<(&str, Option<&str>, bool)> = view
+            .all_leases()
+            .iter()
+            .map(|l| (l.id.as_str(), l.during.as_deref(), l.self_test))
+            .collect();
+        assert_eq!(
+            placed,
+            [
+                ("l1", Some("validate"), false),
+                ("l2", Some("validate"), true)
+            ]
+        );
+        assert!(view.leases.is_empty(), "none left before the first turn");
+    }
+
+    #[test]
+    fn a_lease_after_every_call_has_no_call_it_ran_during() {
+        let rows = [row("l3", "2026-12-04T17:48:25.805Z", &["nvidia-smi"])];
+        let view = SessionView::from_events(&validate_turn()).with_leases(&rows);
+        let all = view.all_leases();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].during, None);
     }
 }

@@ -18,6 +18,7 @@
 mod leases;
 pub mod outcome;
 mod render;
+mod render_end;
 mod tools;
 mod view;
 

@@ -142,11 +142,12 @@ impl Verdict {
         matches!(self, Self::Winner { .. })
     }
 
-    /// A short word for a table cell: `winner 1.21x`, `slower than baseline`, …
+    /// A short word for a table cell (`winner`, `slower than baseline`, …); the speedup has a
+    /// column of its own.
     pub fn short(&self) -> String {
         match self {
             Self::Pending => "-".into(),
-            Self::Winner { geomean } => format!("winner {geomean:.3}x"),
+            Self::Winner { .. } => "winner".into(),
             Self::NotWinner { reason, .. } => reason.words().into(),
             Self::NoValidCandidate { .. } => "no valid candidate".into(),
         }

@@ -118,7 +118,8 @@ pub struct EndDetail {
     pub tokens: Option<u64>,
     pub leases: Option<u64>,
     pub gpu_s: Option<f64>,
-    pub elapsed: Option<String>,
+    /// The session's wall time: recorded as a number of seconds (older runs wrote `H:MM:SS`).
+    pub elapsed_s: Option<f64>,
     pub infra: bool,
 }
 
@@ -436,15 +437,19 @@ fn end_detail(at: &str, p: &Value) -> EndDetail {
         tokens: p["tokens"].as_u64(),
         leases: p["leases"].as_u64(),
         gpu_s: p["gpu_s"].as_f64(),
-        elapsed: match &p["elapsed"] {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => n.as_f64().map(|secs| {
-                let s = secs.round() as u64;
-                format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
-            }),
-            _ => None,
-        },
+        elapsed_s: elapsed_secs(&p["elapsed"]),
         infra: p["infra"].as_bool().unwrap_or(false),
+    }
+}
+
+/// Seconds of a recorded `elapsed`: a number, or the `H:MM:SS` text of older runs.
+fn elapsed_secs(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.split(':').try_fold(0.0, |acc, part| {
+            Some(acc * 60.0 + part.trim().parse::<f64>().ok()?)
+        }),
+        _ => None,
     }
 }
 
@@ -528,5 +533,19 @@ fn short_json(p: &Value) -> String {
         text.chars().take(159).collect::<String>() + "…"
     } else {
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn elapsed_is_read_as_seconds_whether_a_number_or_older_text() {
+        let of = |v| super::end_detail("t", &json!({ "elapsed": v })).elapsed_s;
+        assert_eq!(of(json!(61)), Some(61.0));
+        assert_eq!(of(json!(1.5)), Some(1.5));
+        assert_eq!(of(json!("1:02:03")), Some(3723.0));
+        assert_eq!(of(json!("soon")), None);
     }
 }

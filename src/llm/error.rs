@@ -108,6 +108,19 @@ impl LlmError {
         }
     }
 
+    /// Whether a session that ends on this error ended for the provider's or the network's
+    /// sake rather than the agent's: an endpoint that is down, overloaded, out of quota or
+    /// refusing the token. Such a session is an infrastructure failure (exit 3, resumable).
+    pub fn is_infrastructure(&self) -> bool {
+        match self {
+            LlmError::RetriesExhausted { last, .. } => last.is_infrastructure(),
+            LlmError::Token { .. }
+            | LlmError::Unauthorized { .. }
+            | LlmError::QuotaExceeded { .. } => true,
+            other => other.is_retryable(),
+        }
+    }
+
     /// The wait the server asked for, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

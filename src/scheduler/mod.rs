@@ -139,8 +139,14 @@ pub async fn run_phase(
     let slots = Slots::new(params.agent_slot, params.max_agents, params.gpus);
     let mut tasks: JoinSet<(TargetId, SessionStatus, Value)> = JoinSet::new();
     let mut index_of = BTreeMap::new();
+    // On resume, sessions that already ended for good keep their end: they are neither
+    // submitted nor finished a second time (counters read `run.jsonl`).
+    let mut results = ended_before(&journal, targets)?;
     for (index, target) in targets.iter().enumerate() {
         index_of.insert(target.clone(), index);
+        if results.contains_key(target) {
+            continue;
+        }
         journal.record(
             "task_submitted",
             Some(&target.to_string()),
@@ -148,9 +154,13 @@ pub async fn run_phase(
         )?;
         set_state(&journal, target, "queued", json!({}))?;
     }
+    let pending: Vec<TargetId> = targets
+        .iter()
+        .filter(|t| !results.contains_key(*t))
+        .cloned()
+        .collect();
     let mut queue: std::collections::VecDeque<TargetId> =
-        start_order(&journal, targets, params.order)?.into();
-    let mut results = BTreeMap::new();
+        start_order(&journal, &pending, params.order)?.into();
     let mut interrupted = false;
     // Sessions are cancelled through `stop`: by a shutdown, or by the budget.
     let stop = shutdown.child_token();
@@ -244,6 +254,32 @@ pub async fn run_phase(
         // A phase stopped by the budget is over early: later phases must not start.
         interrupted: interrupted || over_budget.is_some(),
     })
+}
+
+/// The sessions of this run that ended before (an earlier attempt of a resumed run) and stay
+/// ended: finished, failed by the agent, timed out or skipped. Interrupted sessions and
+/// failures of the infrastructure (`infra`) run again.
+fn ended_before(
+    journal: &RunJournal,
+    targets: &[TargetId],
+) -> Result<BTreeMap<TargetId, SessionStatus>, RunError> {
+    let mut out = BTreeMap::new();
+    for row in journal.store().sessions(journal.run_id())? {
+        let Some(target) = targets.iter().find(|t| t.to_string() == row.target) else {
+            continue;
+        };
+        let status = match row.state.as_str() {
+            "finished" => SessionStatus::Finished,
+            "failed" if row.detail["infra"] != true => SessionStatus::Failed,
+            "timed out" => SessionStatus::TimedOut,
+            "skipped" => {
+                SessionStatus::Skipped(row.detail["reason"].as_str().unwrap_or("").to_string())
+            }
+            _ => continue,
+        };
+        out.insert(target.clone(), status);
+    }
+    Ok(out)
 }
 
 /// Records `budget_reached` with what was spent and the caps.

@@ -21,10 +21,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::report::{sim_banner, table};
+use crate::inspect::group;
+use crate::report::table;
 use crate::score::ScoreError;
 use crate::score::export::Manifest;
 use crate::score::gate::geomean;
+use crate::score::render::{banner, group_f, wrap};
 use crate::score::sequential::{SeqGate, read_seq_gate};
 use crate::store::{Event, Store};
 use crate::target::TargetId;
@@ -390,20 +392,32 @@ fn names(ts: &[TargetId]) -> String {
     }
 }
 
-/// The comparison as text.
-pub fn compare_table(c: &Comparison) -> String {
-    let mut out = String::from(sim_banner(c.simulated));
-    let _ = writeln!(
-        out,
-        "independent  {}  ({})",
-        c.independent_run,
-        c.independent_results.display()
+/// `independent  RUN  (results)`, the results on their own line when both do not fit.
+fn source_line(out: &mut String, label: &str, run: &str, results: &Path, width: usize) {
+    let line = format!("{label:<12} {run}  ({})", results.display());
+    if line.chars().count() <= width {
+        let _ = writeln!(out, "{line}");
+    } else {
+        let _ = writeln!(out, "{label:<12} {run}\n             {}", results.display());
+    }
+}
+
+/// The comparison as text that fits `width` columns (headers shortened, notes wrapped).
+pub fn compare_table(c: &Comparison, width: usize) -> String {
+    let mut out = banner(c.simulated, width);
+    source_line(
+        &mut out,
+        "independent",
+        &c.independent_run,
+        &c.independent_results,
+        width,
     );
-    let _ = writeln!(
-        out,
-        "sequential   {}  ({})",
-        c.sequential_run,
-        c.sequential_results.display()
+    source_line(
+        &mut out,
+        "sequential",
+        &c.sequential_run,
+        &c.sequential_results,
+        width,
     );
     let mut rows = Vec::new();
     for r in c.levels.iter().chain(std::iter::once(&c.overall)) {
@@ -429,19 +443,23 @@ pub fn compare_table(c: &Comparison) -> String {
         }
     }
     out.push('\n');
-    out.push_str(&table(
-        &[
-            "level",
-            "targets",
-            "mode",
-            "published",
-            "winners",
-            "dropped",
-            "geomean (winners)",
-            "geomean (all)",
-        ],
-        &rows,
-    ));
+    let mut header = [
+        "level",
+        "targets",
+        "mode",
+        "published",
+        "winners",
+        "dropped",
+        "geomean (winners)",
+        "geomean (all)",
+    ];
+    let mut levels = table(&header, &rows);
+    if levels.lines().any(|l| l.chars().count() > width) {
+        header[6] = "geomean won";
+        header[7] = "geomean all";
+        levels = table(&header, &rows);
+    }
+    out.push_str(&levels);
     let _ = writeln!(
         out,
         "\nwon by independent only: {}",
@@ -453,7 +471,8 @@ pub fn compare_table(c: &Comparison) -> String {
         names(&c.overall.only_sequential)
     );
     for l in &c.sequential_lost {
-        let _ = writeln!(out, "sequential level dropped {}: {}", l.target, l.reason);
+        let line = format!("sequential level dropped {}: {}", l.target, l.reason);
+        out.push_str(&wrap(&line, width, 2));
     }
     let spent: Vec<Vec<String>> = c
         .spent
@@ -461,10 +480,10 @@ pub fn compare_table(c: &Comparison) -> String {
         .map(|(mode, s)| {
             vec![
                 mode.clone(),
-                s.tokens.to_string(),
-                format!("{:.2}", s.agent_gpu_s),
-                format!("{:.2}", s.bench_gpu_s),
-                format!("{:.4}", s.gpu_hours),
+                group(s.tokens),
+                group_f(s.agent_gpu_s, 2),
+                group_f(s.bench_gpu_s, 2),
+                group_f(s.gpu_hours, 4),
             ]
         })
         .collect();
@@ -473,7 +492,18 @@ pub fn compare_table(c: &Comparison) -> String {
         &["spent", "tokens", "agent GPU-s", "bench GPU-s", "GPU-hours"],
         &spent,
     ));
-    out.push_str("geomean (all) counts every non-winner as 1.0×; speedups are from each mode's composed bench\n");
-    out.push_str("published: winners of the published gate (one bench); winners: the scoring's own gate (confirmed by default)\n");
+    let all = header[7];
+    out.push_str(&wrap(
+        &format!(
+            "{all} counts every non-winner as 1.0×; speedups are from each mode's composed bench"
+        ),
+        width,
+        2,
+    ));
+    out.push_str(&wrap(
+        "published: winners of the published gate (one bench); winners: the scoring's own gate (confirmed by default)",
+        width,
+        2,
+    ));
     out
 }

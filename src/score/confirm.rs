@@ -1,51 +1,66 @@
 //! Confirmation of a winner: the rule that turns a one-shot win into a confirmed one, or not.
 //!
-//! Owns [`ConfirmRule`], the outlier rule ([`flag_outliers`]) and the per-candidate decision
-//! after each bench ([`step`]). It is pure: benches are the caller's (the scoring pipeline
-//! benches real or simulated processes; `cargo bench --bench gate` feeds it drawn numbers), so
-//! both measure the very same rule.
+//! Owns [`ConfirmRule`], the outlier rule ([`flag_outliers`]), the rescue of a first bench that
+//! is a slow outlier ([`first_bench_is_outlier`]) and the per-candidate decision after each
+//! bench ([`step`]). It is pure: benches are the caller's (the scoring pipeline benches real
+//! or simulated processes; `cargo bench --bench gate` feeds it drawn numbers), so both measure
+//! the very same rule.
 //!
-//! The rule, on the geomean of each bench of one candidate (the first bench is the one the
-//! published gate judged and already passed):
+//! The rule works on the log geomean of each bench of one candidate. It is a sequential
+//! probability ratio test (Wald's SPRT, the stopping rule chess engines are tested with)
+//! between "no speedup" (true geomean = threshold) and "a win worth having" (true geomean =
+//! threshold × [`ConfirmRule::worth`]), after every fresh bench:
 //!
-//! - benches whose log geomean lies more than [`ConfirmRule::outlier_mads`] robust spreads
-//!   (1.4826 × median absolute deviation, at least [`ConfirmRule::scale_floor`]) from the
-//!   median are outliers: named, and left out of the interval, so one wild bench never decides;
-//! - from [`ConfirmRule::min_benches`] kept benches on, the bootstrap 95 % interval of the
-//!   geomean (resampling benches) is computed: lower end ≥ threshold → confirmed; the geomean
-//!   itself below the threshold → not confirmed (it cannot be "clearly above"), stop;
-//! - otherwise one more bench, up to `1 + max_extra` benches; then not confirmed.
+//! - **Outliers.** Benches whose log geomean lies more than [`ConfirmRule::outlier_spreads`]
+//!   spreads from the median of the candidate's benches are outliers: named, and left out. The
+//!   spread is the robust one (1.4826 × median absolute deviation), never below the prior
+//!   [`ConfirmRule::sigma`]. Two benches that disagree that much cannot tell which one is wild:
+//!   neither decides, a third bench is taken.
+//! - **The spread** of one bench is not estimated from 2–5 points alone (a bootstrap of three
+//!   values is degenerate): it is the prior [`ConfirmRule::sigma`], fitted to the H200 baseline
+//!   copies, pooled with the kept benches' own spread as if the prior were
+//!   [`ConfirmRule::prior_weight`] earlier observations; a noisier target widens it.
+//! - **Selection.** The bench that passed the published gate was chosen *because* it passed,
+//!   so it counts with the likelihood of a bench given that it passed: its log likelihood
+//!   ratio minus ln(P(pass | win) / P(pass | no speedup)). This keeps the false-winner rate
+//!   honest while the first bench still counts.
+//! - **Decision.** Log likelihood ratio ≥ ln((1 − β) / α) → confirmed; ≤ ln(β / (1 − α)) → not
+//!   confirmed (futility: a win is unlikely), stop; otherwise one more bench, up to
+//!   `1 + max_extra` benches, after which it is confirmed only when the ratio is ≥ 0 and the
+//!   95 % interval of the geomean starts at ≥ threshold. At least two kept benches stand behind
+//!   every confirmation, so no single bench decides alone.
 //!
-//! Three benches that happen to agree say little about the spread of a fourth, and a plain
-//! bootstrap of three values is far too narrow (its lower end is about their minimum: a
-//! do-nothing candidate passes three benches in a row one time in eight). So the bootstrap is
-//! smoothed: each resampled mean gets a normal kick that brings the per-bench spread up to
-//! [`ConfirmRule::spread_floor`] when the benches themselves spread less. The floor, 0.06 in
-//! log terms, lies between the robust (0.051) and plain (0.070) spread of the H200 baseline
-//! copies; `cargo bench --bench gate` shows what it buys.
-//!
-//! Resampling uses a fixed seed so the same benches always give the same decision.
+//! A first bench below the published threshold normally ends a candidate (one bench). When it
+//! lies far below it ([`first_bench_is_outlier`]: more than `outlier_spreads` prior spreads),
+//! it may be one of the rare wild benches, so the candidate gets one more bench and that
+//! decides whether it passed the first-bench gate.
 
-use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
+
+/// The prior spread of one bench's log geomean: 1.4826 × the median absolute deviation of the
+/// 20 one-shot benches of five H200 baseline copies from each target's median (0.051); their
+/// plain standard deviation without the one wild bench is 0.070.
+pub const BENCH_SIGMA: f64 = 0.051;
 
 /// The parameters of a confirmation.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConfirmRule {
-    /// The published gate's threshold; confirmed iff the interval's lower end reaches it.
+    /// The published gate's threshold (a geomean).
     pub threshold: f64,
     /// Benches after the first at most (`[score] confirm`, `--confirm`).
     pub max_extra: usize,
-    /// Kept (non-outlier) benches before any decision.
-    pub min_benches: usize,
-    /// Distance from the median, in robust spreads, beyond which a bench is an outlier.
-    pub outlier_mads: f64,
-    /// Smallest robust spread (log scale): with 3–5 benches the MAD can be near 0, and
-    /// ordinary 2 % noise must not read as an outlier then.
-    pub scale_floor: f64,
-    /// Smallest per-bench spread (log scale) the interval assumes (see the module docs).
-    pub spread_floor: f64,
-    pub resamples: usize,
+    /// The win the test is built to tell from no speedup, as a factor over the threshold.
+    pub worth: f64,
+    /// Largest chance of confirming a candidate with no speedup, given it passed the first bench.
+    pub alpha: f64,
+    /// Largest chance of dropping a candidate at `worth`, given it passed the first bench.
+    pub beta: f64,
+    /// Prior spread (standard deviation) of one bench's log geomean.
+    pub sigma: f64,
+    /// How many benches' worth of evidence the prior spread carries against the observed one.
+    pub prior_weight: f64,
+    /// Distance from the median, in spreads, beyond which a bench is an outlier.
+    pub outlier_spreads: f64,
 }
 
 impl ConfirmRule {
@@ -54,11 +69,12 @@ impl ConfirmRule {
         Self {
             threshold,
             max_extra,
-            min_benches: 3,
-            outlier_mads: 4.0,
-            scale_floor: 0.02,
-            spread_floor: 0.06,
-            resamples: 2000,
+            worth: 1.10,
+            alpha: 0.04,
+            beta: 0.02,
+            sigma: BENCH_SIGMA,
+            prior_weight: 4.0,
+            outlier_spreads: 4.0,
         }
     }
 }
@@ -68,15 +84,22 @@ impl ConfirmRule {
 pub struct Confirmation {
     /// Geomean of every bench, in order; the first is the published gate's bench.
     pub benches: Vec<f64>,
-    /// Indexes into `benches` of the outliers (left out of the interval).
+    /// Indexes into `benches` of the outliers (left out of the decision).
     pub outliers: Vec<usize>,
     /// Geomean over the kept benches.
     pub geomean: Option<f64>,
-    /// Bootstrap 95 % interval of that geomean.
+    /// 95 % interval of that geomean (from the pooled spread).
     pub ci95: Option<(f64, f64)>,
     pub confirmed: bool,
     /// Why it is not confirmed (`None` when it is).
     pub reason: Option<String>,
+    /// Log likelihood ratio of "a win of `worth`" over "no speedup" when the test stopped.
+    #[serde(default)]
+    pub evidence: Option<f64>,
+    /// The first bench lost far below the threshold and a second bench decided the first-bench
+    /// verdict instead ([`first_bench_is_outlier`]).
+    #[serde(default)]
+    pub rescued: bool,
 }
 
 impl Confirmation {
@@ -89,6 +112,8 @@ impl Confirmation {
             ci95: None,
             confirmed: false,
             reason: Some(why),
+            evidence: None,
+            rescued: false,
         }
     }
 
@@ -106,7 +131,13 @@ pub enum Step {
     Done(Confirmation),
 }
 
-/// Which of the log values are outliers by the robust rule.
+/// Whether a first bench that lost is so far below the threshold that it may be a wild bench:
+/// then one more bench decides the first-bench verdict.
+pub fn first_bench_is_outlier(geomean: f64, rule: &ConfirmRule) -> bool {
+    geomean > 0.0 && geomean.ln() < rule.threshold.ln() - rule.outlier_spreads * rule.sigma
+}
+
+/// Which of the log values are outliers by the robust rule (see the module docs).
 pub fn flag_outliers(logs: &[f64], rule: &ConfirmRule) -> Vec<bool> {
     if logs.len() < 3 {
         // With two values, each is as far from the median as the other: no rule can tell.
@@ -114,38 +145,43 @@ pub fn flag_outliers(logs: &[f64], rule: &ConfirmRule) -> Vec<bool> {
     }
     let med = median(logs);
     let deviations: Vec<f64> = logs.iter().map(|x| (x - med).abs()).collect();
-    let scale = (1.4826 * median(&deviations)).max(rule.scale_floor);
     deviations
         .iter()
-        .map(|d| *d > rule.outlier_mads * scale)
+        .map(|d| *d > rule.outlier_spreads * rule.sigma)
         .collect()
 }
 
-/// The decision after the benches so far (`geomeans`, first bench first, all > 0).
+/// The decision after the benches so far (`geomeans`, first bench first, all > 0). The first
+/// bench at or above the threshold is the one the published gate selected.
 pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     let n = geomeans.len();
     let last_chance = n > rule.max_extra;
-    if n < rule.min_benches && !last_chance {
-        return Step::More;
-    }
     let logs: Vec<f64> = geomeans.iter().map(|g| g.ln()).collect();
     let flags = flag_outliers(&logs, rule);
-    let kept: Vec<f64> = logs
-        .iter()
-        .zip(&flags)
-        .filter(|(_, f)| !**f)
-        .map(|(x, _)| *x)
-        .collect();
-    let outliers: Vec<usize> = (0..n).filter(|i| flags[*i]).collect();
     let mut c = Confirmation {
         benches: geomeans.to_vec(),
-        outliers,
-        geomean: None,
-        ci95: None,
-        confirmed: false,
-        reason: None,
+        outliers: (0..n).filter(|i| flags[*i]).collect(),
+        ..Confirmation::failed(Vec::new(), String::new())
     };
-    if kept.len() < rule.min_benches {
+    c.reason = None;
+    c.rescued = geomeans.first().is_some_and(|g| *g < rule.threshold);
+    let kept: Vec<(usize, f64)> = (0..n)
+        .filter(|i| !flags[*i])
+        .map(|i| (i, logs[i]))
+        .collect();
+    if n == 2 && disagree(logs[0], logs[1], rule) {
+        // Neither of two benches this far apart may decide: a third tells which is wild.
+        if !last_chance {
+            return Step::More;
+        }
+        c.reason = Some(format!(
+            "2 benches disagree ({} and {}): too few to confirm",
+            ratio(geomeans[0], rule.threshold),
+            ratio(geomeans[1], rule.threshold)
+        ));
+        return Step::Done(c);
+    }
+    if kept.len() < 2 {
         if !last_chance {
             return Step::More;
         }
@@ -155,34 +191,111 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
         ));
         return Step::Done(c);
     }
-    let mean = kept.iter().sum::<f64>() / kept.len() as f64;
-    let (lo, hi) = bootstrap_mean(&kept, rule);
-    let t = rule.threshold.ln();
-    c.geomean = Some(mean.exp());
-    c.ci95 = Some((lo.exp(), hi.exp()));
-    if lo >= t {
+    let selected = logs.iter().position(|x| *x >= rule.threshold.ln());
+    let test = Test::of(&kept, selected, rule);
+    c.geomean = Some(test.mean.exp());
+    c.ci95 = Some(test.interval());
+    c.evidence = Some(test.llr);
+    let (accept, reject) = (
+        ((1.0 - rule.beta) / rule.alpha).ln(),
+        (rule.beta / (1.0 - rule.alpha)).ln(),
+    );
+    let g = ratio(test.mean.exp(), rule.threshold);
+    let m = kept.len();
+    if test.llr >= accept {
         c.confirmed = true;
-        return Step::Done(c);
-    }
-    if mean < t {
-        c.reason = Some(format!(
-            "geomean of {} benches {:.3} < {}",
-            kept.len(),
-            mean.exp(),
-            rule.threshold
-        ));
-        return Step::Done(c);
-    }
-    if !last_chance {
+    } else if test.llr <= reject || (last_chance && test.mean < rule.threshold.ln()) {
+        c.reason = Some(if test.mean < rule.threshold.ln() {
+            format!(
+                "geomean of {m} benches {g}, below {}",
+                plain(rule.threshold)
+            )
+        } else {
+            format!(
+                "geomean of {m} benches {g}: too close to {} for a {} win (sequential test stopped)",
+                plain(rule.threshold),
+                plain(rule.threshold * rule.worth)
+            )
+        });
+    } else if !last_chance {
         return Step::More;
+    } else if test.llr >= 0.0 && c.ci95.is_some_and(|(lo, _)| lo >= rule.threshold) {
+        c.confirmed = true;
+    } else {
+        let (lo, hi) = test.interval();
+        c.reason = Some(format!(
+            "undecided after {n} benches: geomean {g}, 95% interval {}–{}",
+            ratio(lo, rule.threshold),
+            ratio(hi, rule.threshold)
+        ));
     }
-    c.reason = Some(format!(
-        "95% interval lower end {:.3} < {} after {n} benches (geomean {:.3})",
-        lo.exp(),
-        rule.threshold,
-        mean.exp()
-    ));
     Step::Done(c)
+}
+
+/// The evidence of the kept benches.
+struct Test {
+    mean: f64,
+    /// Pooled spread of one bench.
+    sigma: f64,
+    n: usize,
+    llr: f64,
+}
+
+impl Test {
+    fn of(kept: &[(usize, f64)], selected: Option<usize>, rule: &ConfirmRule) -> Self {
+        let n = kept.len();
+        let mean = kept.iter().map(|(_, x)| x).sum::<f64>() / n as f64;
+        let ss: f64 = kept.iter().map(|(_, x)| (x - mean).powi(2)).sum();
+        let w = rule.prior_weight;
+        let sigma = ((w * rule.sigma.powi(2) + ss) / (w + n as f64 - 1.0)).sqrt();
+        let (t, d) = (rule.threshold.ln(), rule.worth.ln());
+        let mut llr: f64 = kept
+            .iter()
+            .map(|(_, x)| d / sigma.powi(2) * (x - t - d / 2.0))
+            .sum();
+        if selected.is_some_and(|s| kept.iter().any(|(i, _)| *i == s)) {
+            // P(pass | no speedup) = 1/2; P(pass | win) = Φ(d / σ).
+            llr -= (2.0 * normal_cdf(d / sigma)).ln();
+        }
+        Self {
+            mean,
+            sigma,
+            n,
+            llr,
+        }
+    }
+
+    fn interval(&self) -> (f64, f64) {
+        let h = 1.96 * self.sigma / (self.n as f64).sqrt();
+        ((self.mean - h).exp(), (self.mean + h).exp())
+    }
+}
+
+fn disagree(a: f64, b: f64, rule: &ConfirmRule) -> bool {
+    (a - b).abs() > rule.outlier_spreads * rule.sigma * std::f64::consts::SQRT_2
+}
+
+/// `0.993×`, with more digits when three would print the threshold itself (a value just below
+/// 1.0 never reads `1.000×`).
+pub fn ratio(x: f64, threshold: f64) -> String {
+    let mut digits = 3;
+    while digits < 6 && x != threshold && format!("{x:.digits$}") == format!("{threshold:.digits$}")
+    {
+        digits += 1;
+    }
+    format!("{x:.digits$}×")
+}
+
+/// `1.0×`, `1.1×`, `1.05×`.
+fn plain(x: f64) -> String {
+    let s = format!("{x:.3}");
+    let s = s.trim_end_matches('0');
+    let s = if s.ends_with('.') {
+        format!("{s}0")
+    } else {
+        s.to_string()
+    };
+    format!("{s}×")
 }
 
 fn median(xs: &[f64]) -> f64 {
@@ -196,29 +309,20 @@ fn median(xs: &[f64]) -> f64 {
     }
 }
 
-/// Smoothed percentile bootstrap 95 % interval of the mean of `xs`: resampled means, each
-/// plus a normal draw that lifts the per-value spread to `rule.spread_floor` where the values
-/// spread less.
-fn bootstrap_mean(xs: &[f64], rule: &ConfirmRule) -> (f64, f64) {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0xC0F1);
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    let own = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-    let kick = (rule.spread_floor.powi(2) - own).max(0.0).sqrt() / n.sqrt();
-    let mut means: Vec<f64> = (0..rule.resamples.max(1))
-        .map(|_| {
-            let pick = (0..xs.len()).map(|_| xs[rng.random_range(0..xs.len())]);
-            pick.sum::<f64>() / n + kick * standard_normal(&mut rng)
-        })
-        .collect();
-    means.sort_by(f64::total_cmp);
-    let at = |q: f64| means[((means.len() - 1) as f64 * q).round() as usize];
-    (at(0.025), at(0.975))
-}
-
-fn standard_normal(rng: &mut impl Rng) -> f64 {
-    let (u, v): (f64, f64) = (rng.random(), rng.random());
-    (-2.0 * (1.0 - u).ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+/// Standard normal distribution function (Abramowitz–Stegun 7.1.26, error < 2e-7).
+fn normal_cdf(z: f64) -> f64 {
+    let x = z.abs() / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.327_591_1 * x);
+    let poly = t
+        * (0.254_829_592
+            + t * (-0.284_496_736
+                + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let erfc = poly * (-x * x).exp();
+    if z >= 0.0 {
+        1.0 - erfc / 2.0
+    } else {
+        erfc / 2.0
+    }
 }
 
 #[cfg(test)]
@@ -245,39 +349,64 @@ mod tests {
     }
 
     #[test]
-    fn a_clear_winner_is_confirmed_after_three_benches() {
-        let c = done(&[1.11, 1.09, 1.12]);
+    fn a_clear_winner_is_confirmed_after_one_agreeing_fresh_bench() {
+        let rule = ConfirmRule::new(1.0, 4);
+        assert!(matches!(step(&[1.11], &rule), Step::More));
+        let c = done(&[1.11, 1.09]);
         assert!(c.confirmed, "{c:?}");
-        assert_eq!(c.extra(), 2);
+        assert_eq!(c.extra(), 1);
     }
 
     #[test]
-    fn a_noise_winner_stops_once_its_geomean_falls_below_one() {
-        let c = done(&[1.03, 0.97, 0.98]);
+    fn a_noise_winner_stops_after_one_fresh_bench() {
+        let c = done(&[1.03, 0.97]);
         assert_eq!(
             (c.confirmed, c.reason.as_deref()),
-            (false, Some("geomean of 3 benches 0.993 < 1"))
+            (false, Some("geomean of 2 benches 0.9995×, below 1.0×"))
         );
+    }
+
+    #[test]
+    fn a_value_just_below_the_threshold_never_prints_as_the_threshold() {
+        assert_eq!(ratio(0.99996, 1.0), "0.99996×");
+        assert_eq!(ratio(0.993, 1.0), "0.993×");
+        assert_eq!(ratio(1.0, 1.0), "1.000×");
     }
 
     #[test]
     fn an_undecided_candidate_gets_more_benches_up_to_the_limit() {
         let rule = ConfirmRule::new(1.0, 4);
-        assert_eq!(step(&[1.05, 0.99, 1.04], &rule), Step::More);
-        let c = done(&[1.05, 0.99, 1.04, 0.98, 1.02]);
+        assert_eq!(step(&[1.06, 1.03, 1.07], &rule), Step::More);
+        let c = done(&[1.06, 1.03, 1.07, 1.02, 1.04]);
         assert!(!c.confirmed);
         assert!(
             c.reason
                 .as_deref()
                 .unwrap()
-                .starts_with("95% interval lower end"),
+                .starts_with("undecided after 5"),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn two_benches_far_apart_ask_for_a_third() {
+        let rule = ConfirmRule::new(1.0, 4);
+        assert_eq!(step(&[1.12, 0.25], &rule), Step::More);
     }
 
     #[test]
     fn an_outlier_alone_cannot_take_a_win_away() {
         let c = done(&[1.12, 0.25, 1.10, 1.11]);
         assert_eq!((c.confirmed, c.outliers.clone()), (true, vec![1]));
+    }
+
+    #[test]
+    fn only_a_first_bench_far_below_the_band_is_rescued() {
+        let rule = ConfirmRule::new(1.0, 4);
+        let got: Vec<bool> = [0.25, 0.80, 0.90, 0.99]
+            .iter()
+            .map(|g| first_bench_is_outlier(*g, &rule))
+            .collect();
+        assert_eq!(got, [true, true, false, false]);
     }
 }

@@ -6,17 +6,101 @@
 //! once; the order of a round is reversed every other round, so no candidate is always benched
 //! first. The confirmed verdict becomes the verdict's `winner`; the published one stays in
 //! `published`.
+//!
+//! Before it, [`rescue_outliers`]: a correct candidate whose first bench lost far below the
+//! threshold ([`crate::score::confirm::first_bench_is_outlier`]) gets one more bench in
+//! `rescue/`, because a wild bench may not decide a verdict alone. When that bench passes, the
+//! candidate goes on to confirmation like a first-bench winner (its published verdict stays
+//! the first bench's "no"); the pipeline runs the reward-hack screen after the rescue, so a
+//! rescued candidate is screened like every other.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::score::confirm::{ConfirmRule, Confirmation, Step, step};
+use crate::score::confirm::{ConfirmRule, Confirmation, Step, first_bench_is_outlier, step};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::WinnerGate;
 use crate::score::pipeline::{RunSummary, StageReport};
 use crate::target::TargetId;
+
+/// Re-benches each correct first-bench loser of `stage` whose geomean lies so far below the
+/// threshold that it may be a wild bench (in `<dir>/L<n>_<stem>/rescue/`). The second bench
+/// decides the first-bench verdict: a pass makes the target a winner for [`confirm_winners`]
+/// (not for the published gate), a loss keeps it a loser with both numbers in its reason.
+/// Returns the rescued targets with the outlier they started from.
+pub async fn rescue_outliers<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    dir: &Path,
+    stage: &mut StageReport,
+    gate: &WinnerGate,
+    cancel: &CancellationToken,
+) -> BTreeMap<TargetId, f64> {
+    let rule = ConfirmRule::new(gate.threshold, gate.confirm);
+    let picked: Vec<(TargetId, f64)> = stage
+        .gate
+        .verdicts
+        .iter()
+        .filter(|v| !v.winner && v.failing_statuses.is_empty())
+        .filter_map(|v| Some((v.target.clone(), v.geomean?)))
+        .filter(|(_, g)| first_bench_is_outlier(*g, &rule))
+        .collect();
+    let mut rescued = BTreeMap::new();
+    if picked.is_empty() || cancel.is_cancelled() {
+        return rescued;
+    }
+    let reqs = picked
+        .iter()
+        .map(|(t, _)| {
+            let base = dir.join(format!("L{}_{}", t.level(), t.stem()));
+            BenchRequest::target(t, &base.join("candidate"), &base.join("rescue"))
+        })
+        .collect();
+    let runs = driver.run_many(reqs, cancel).await;
+    stage.runs.extend(runs.iter().map(RunSummary::of));
+    for ((target, first), run) in picked.into_iter().zip(&runs) {
+        let Some(v) = stage.gate.verdicts.iter_mut().find(|v| v.target == target) else {
+            continue;
+        };
+        let was = crate::score::confirm::ratio(first, gate.threshold);
+        match confirmation_geomean(&target, run) {
+            Ok(g) if g >= gate.threshold => {
+                v.winner = true;
+                v.geomean = Some(g);
+                v.reason = None;
+                v.review.push(format!(
+                    "first bench {was} looked wild; a second bench gave {} and decided",
+                    crate::score::confirm::ratio(g, gate.threshold)
+                ));
+                rescued.insert(target, first);
+            }
+            Ok(g) => {
+                v.reason = Some(format!(
+                    "{} (a second bench, since the first looked wild: {})",
+                    v.reason.clone().unwrap_or_default(),
+                    crate::score::confirm::ratio(g, gate.threshold)
+                ));
+            }
+            Err(why) => {
+                v.reason = Some(format!(
+                    "{} (a second bench, since the first looked wild: {why})",
+                    v.reason.clone().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    rescued
+}
+
+/// Marks the confirmations of rescued targets (their first bench was an outlier).
+pub fn mark_rescued(stage: &mut StageReport, rescued: &BTreeMap<TargetId, f64>) {
+    for v in &mut stage.gate.verdicts {
+        if let (Some(c), true) = (&mut v.confirmation, rescued.contains_key(&v.target)) {
+            c.rescued = true;
+        }
+    }
+}
 
 /// The confirmation stage of the confirmed gate: every published winner of `stage` is benched
 /// again (fresh processes in `<dir>/L<n>_<stem>/confirm-<k>/`, one round at a time, the order

@@ -278,10 +278,54 @@ fn judge_repeats(
     })
 }
 
+/// A scoring stage, as a progress display names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    NoiseFloor,
+    Standalone,
+    Confirmation,
+    Composed,
+}
+
+impl Stage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::NoiseFloor => "noise floor",
+            Stage::Standalone => "standalone",
+            Stage::Confirmation => "confirmation",
+            Stage::Composed => "composed",
+        }
+    }
+}
+
+/// Told when each stage starts and ends, so the CLI can draw progress; the library itself
+/// prints nothing. Both methods default to doing nothing.
+pub trait ScoreProgress: Send + Sync {
+    /// `stage` starts, with this many benches to run.
+    fn started(&self, _stage: Stage, _benches: usize) {}
+    /// `stage` ended: `winners` of `judged` targets won (for the noise floor, rows of benches).
+    fn finished(&self, _stage: Stage, _winners: usize, _judged: usize) {}
+}
+
+/// No progress display.
+pub struct NoProgress;
+
+impl ScoreProgress for NoProgress {}
+
 /// Scores a candidate folder into a new results generation under `params.out`.
 pub async fn score_candidates<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     params: &ScoreParams,
+    cancel: &CancellationToken,
+) -> Result<ScoreReport, ScoreError> {
+    score_candidates_with(driver, params, &NoProgress, cancel).await
+}
+
+/// [`score_candidates`], telling `progress` about each stage.
+pub async fn score_candidates_with<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    progress: &dyn ScoreProgress,
     cancel: &CancellationToken,
 ) -> Result<ScoreReport, ScoreError> {
     let set = CandidateSet::scan(&params.candidates)?;
@@ -292,7 +336,7 @@ pub async fn score_candidates<L: BenchLauncher>(
         )));
     }
     let gen_dir = new_generation(&params.out)?;
-    score_set(driver, params, set, gen_dir, cancel).await
+    score_set(driver, params, set, gen_dir, progress, cancel).await
 }
 
 /// Scores a run's session candidates: `params.out` is the run directory; the candidates are
@@ -300,6 +344,16 @@ pub async fn score_candidates<L: BenchLauncher>(
 pub async fn score_run<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     params: &ScoreParams,
+    cancel: &CancellationToken,
+) -> Result<ScoreReport, ScoreError> {
+    score_run_with(driver, params, &NoProgress, cancel).await
+}
+
+/// [`score_run`], telling `progress` about each stage.
+pub async fn score_run_with<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    progress: &dyn ScoreProgress,
     cancel: &CancellationToken,
 ) -> Result<ScoreReport, ScoreError> {
     let sessions = session_candidates(&params.out)?;
@@ -317,7 +371,7 @@ pub async fn score_run<L: BenchLauncher>(
         candidates: dest,
         ..params.clone()
     };
-    score_set(driver, &params, set, gen_dir, cancel).await
+    score_set(driver, &params, set, gen_dir, progress, cancel).await
 }
 
 async fn score_set<L: BenchLauncher>(
@@ -325,6 +379,7 @@ async fn score_set<L: BenchLauncher>(
     params: &ScoreParams,
     set: CandidateSet,
     gen_dir: PathBuf,
+    progress: &dyn ScoreProgress,
     cancel: &CancellationToken,
 ) -> Result<ScoreReport, ScoreError> {
     let mut report = ScoreReport {
@@ -343,19 +398,40 @@ async fn score_set<L: BenchLauncher>(
     };
     if params.noise_sample > 0 {
         let picked = sample(&set.targets(), params.noise_sample);
+        progress.started(Stage::NoiseFloor, picked.len());
         let floor = noise_floor(driver, &picked, &gen_dir.join("noise"), cancel).await;
+        progress.finished(Stage::NoiseFloor, 0, floor.rows);
         report.simulated |= floor.simulated;
         report.noise_floor = Some(floor);
     }
     let mut pool: Vec<TargetId> = set.targets();
     if params.mode != ScoreMode::Composed {
         let dir = gen_dir.join("ind/standalone");
+        let benches = set.candidates.len() * params.repeats.max(1);
+        progress.started(Stage::Standalone, benches);
         let mut stage =
             score_standalone(driver, &set, &dir, &params.gate, params.repeats, cancel).await?;
+        let rescued = match params.gate.kind {
+            GateKind::Confirmed => {
+                crate::score::confirmation::rescue_outliers(
+                    driver,
+                    &dir,
+                    &mut stage,
+                    &params.gate,
+                    cancel,
+                )
+                .await
+            }
+            _ => Default::default(),
+        };
         screen_winners(&set, &mut stage, &params.screen_waive);
+        let judged = stage.gate.verdicts.len();
+        progress.finished(Stage::Standalone, stage.gate.winner_count(), judged);
         match params.gate.kind {
             GateKind::LowerBound => gate_on_lower_bound(&mut stage, params.gate.threshold),
             GateKind::Confirmed => {
+                let published = stage.gate.winner_count();
+                progress.started(Stage::Confirmation, published * params.gate.confirm);
                 crate::score::confirmation::confirm_winners(
                     driver,
                     &dir,
@@ -364,6 +440,8 @@ async fn score_set<L: BenchLauncher>(
                     cancel,
                 )
                 .await;
+                crate::score::confirmation::mark_rescued(&mut stage, &rescued);
+                progress.finished(Stage::Confirmation, stage.gate.winner_count(), published);
             }
             GateKind::Published => {}
         }
@@ -376,7 +454,12 @@ async fn score_set<L: BenchLauncher>(
     let win_dir = gen_dir.join("ind/win_candidates");
     set.materialize(&pool, &win_dir)?;
     if params.mode != ScoreMode::Standalone && !pool.is_empty() {
+        let mut levels: Vec<u8> = pool.iter().map(TargetId::level).collect();
+        levels.sort_unstable();
+        levels.dedup();
+        progress.started(Stage::Composed, levels.len());
         let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
+        progress.finished(Stage::Composed, stage.gate.winner_count(), pool.len());
         report.incomplete.extend(stage.infrastructure_failures());
         report.simulated |= stage.simulated;
         report.composed = Some(stage);

@@ -1,8 +1,14 @@
 //! The human view of a score: data in, text out (no files, clock or environment), so it is
 //! snapshot-tested. JSON output is the [`ScoreReport`] serialized as is.
+//!
+//! Tables fit the width they are given (the CLI passes the terminal's): a table too wide drops
+//! its free-text last column onto an indented line under each row, the confirmed gate first
+//! merges its columns, and prose wraps. Invariant: at a width of 80 or more no line is wider,
+//! except for the length of a path.
 
 use std::fmt::Write;
 
+use crate::inspect::{clip, group};
 use crate::report::{sim_banner, table};
 use crate::score::confirm::Confirmation;
 use crate::score::gate::{GateKind, REVIEW_SPEEDUP, TargetVerdict};
@@ -16,7 +22,7 @@ fn speed(x: Option<f64>) -> String {
     }
 }
 
-fn gate_table(s: &StageReport, geomean_header: &str) -> String {
+fn gate_table(s: &StageReport, geomean_header: &str, width: usize) -> String {
     let gate = &s.gate;
     let rows: Vec<Vec<String>> = gate
         .verdicts
@@ -37,7 +43,7 @@ fn gate_table(s: &StageReport, geomean_header: &str) -> String {
             ]
         })
         .collect();
-    table(
+    fit_table(
         &[
             "target",
             "verdict",
@@ -47,6 +53,7 @@ fn gate_table(s: &StageReport, geomean_header: &str) -> String {
             "reason",
         ],
         &rows,
+        width,
     )
 }
 
@@ -71,73 +78,136 @@ fn benches(c: &Confirmation) -> String {
         .join(" ")
 }
 
-/// The standalone stage under the confirmed gate: both verdicts side by side.
-fn confirmed_stage(out: &mut String, s: &StageReport) {
-    let g = &s.gate.gate;
-    let published = s.gate.verdicts.iter().filter(|v| v.published).count();
-    let _ = writeln!(
-        out,
-        "\nstandalone: {} of {} confirmed winners; published gate: {published} of {} (correct and geomean ≥ {:.2} on one bench)",
-        s.gate.winner_count(),
-        s.gate.verdicts.len(),
-        s.gate.verdicts.len(),
-        g.threshold,
-    );
-    let _ = writeln!(
-        out,
-        "confirmed: a published winner benched up to {} more times is confirmed when the bootstrap 95% interval of its geomean starts at ≥ {:.2}",
-        g.confirm, g.threshold
-    );
-    let rows: Vec<Vec<String>> = s
+/// The confirmed gate's rows: both verdicts side by side, every column when they fit; else the
+/// reason on its own line; else (80 columns) one gate column and the benches beside the reason.
+fn confirmed_table(s: &StageReport, width: usize) -> String {
+    let cells = |v: &TargetVerdict| {
+        let c = v.confirmation.as_ref();
+        let interval = c
+            .and_then(|c| Some((c.geomean?, c.ci95?)))
+            .map(|(m, (lo, hi))| format!("{m:.3}× [{lo:.3}–{hi:.3}]"))
+            .unwrap_or_else(|| "-".into());
+        let benches = c.map(benches).unwrap_or_else(|| "-".into());
+        (interval, benches)
+    };
+    let wide: Vec<Vec<String>> = s
         .gate
         .verdicts
         .iter()
         .map(|v| {
-            let c = v.confirmation.as_ref();
-            let interval = c
-                .and_then(|c| Some((c.geomean?, c.ci95?)))
-                .map(|(m, (lo, hi))| format!("{m:.3}× [{lo:.3}–{hi:.3}]"))
-                .unwrap_or_else(|| "-".into());
+            let (interval, benches) = cells(v);
             vec![
                 v.target.to_string(),
                 if v.published { "WIN" } else { "no" }.into(),
                 if v.winner { "WIN" } else { "no" }.into(),
                 speed(v.geomean),
                 interval,
-                c.map(benches).unwrap_or_else(|| "-".into()),
+                benches,
                 v.rows.to_string(),
                 reason(v),
             ]
         })
         .collect();
-    out.push_str(&table(
-        &[
-            "target",
-            "published",
-            "confirmed",
-            "1st bench",
-            "confirmed geomean [95%]",
-            "benches",
-            "rows",
-            "reason",
-        ],
-        &rows,
+    let header = [
+        "target",
+        "published",
+        "confirmed",
+        "1st bench",
+        "confirmed geomean [95%]",
+        "benches",
+        "rows",
+        "reason",
+    ];
+    let without_reason: Vec<Vec<String>> = wide.iter().map(|r| r[..7].to_vec()).collect();
+    if widest(&table(&header[..7], &without_reason)) <= width {
+        return fit_table(&header, &wide, width);
+    }
+    let mut narrow: Vec<Vec<String>> = s
+        .gate
+        .verdicts
+        .iter()
+        .map(|v| {
+            let (interval, benches) = cells(v);
+            let gate = match (v.published, v.winner) {
+                (_, true) => "confirmed",
+                (true, false) => "published",
+                (false, false) => "no",
+            };
+            let detail = [
+                Some(format!(
+                    "{} row{}",
+                    v.rows,
+                    if v.rows == 1 { "" } else { "s" }
+                )),
+                (benches != "-").then(|| format!("benches {benches}")),
+                Some(reason(v)).filter(|r| !r.is_empty()),
+            ];
+            let detail: Vec<String> = detail.into_iter().flatten().collect();
+            vec![
+                v.target.to_string(),
+                gate.into(),
+                speed(v.geomean),
+                interval,
+                detail.join(" · "),
+            ]
+        })
+        .collect();
+    let header = ["target", "winner", "1st bench", "confirmed [95%]", "detail"];
+    // Long target names give way first (cut with `…`), the numbers stay whole.
+    let others: usize = (1..4)
+        .map(|i| {
+            let cells = narrow.iter().map(|r| r[i].chars().count());
+            cells.chain([header[i].chars().count()]).max().unwrap_or(0) + 2
+        })
+        .sum();
+    let budget = width.saturating_sub(others).max(12);
+    for row in &mut narrow {
+        row[0] = clip(&row[0], budget);
+    }
+    fit_table(&header, &narrow, width)
+}
+
+/// The standalone stage under the confirmed gate: both verdicts side by side.
+fn confirmed_stage(out: &mut String, s: &StageReport, width: usize) {
+    let g = &s.gate.gate;
+    let published = s.gate.verdicts.iter().filter(|v| v.published).count();
+    out.push('\n');
+    out.push_str(&wrap(
+        &format!(
+            "standalone: {} of {} confirmed winners; published gate: {published} of {} (correct and geomean ≥ {:.2} on one bench)",
+            s.gate.winner_count(),
+            s.gate.verdicts.len(),
+            s.gate.verdicts.len(),
+            g.threshold,
+        ),
+        width,
+        2,
     ));
+    out.push_str(&wrap(
+        &format!(
+            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a first bench that lost far below {:.2} gets one more bench, which decides (rescued)",
+            g.confirm, g.threshold
+        ),
+        width,
+        2,
+    ));
+    out.push_str(&confirmed_table(s, width));
     if s.gate.verdicts.iter().any(|v| {
         v.confirmation
             .as_ref()
             .is_some_and(|c| !c.outliers.is_empty())
     }) {
-        let _ = writeln!(
-            out,
-            "* outlier (robust rule: far from the candidate's other benches): left out, it decides nothing alone"
-        );
+        out.push_str(&wrap(
+            "* outlier (robust rule: far from the candidate's other benches): left out, it decides nothing alone",
+            width,
+            2,
+        ));
     }
 }
 
-fn stage(out: &mut String, title: &str, s: &StageReport, header: &str) {
+fn stage(out: &mut String, title: &str, s: &StageReport, header: &str, width: usize) {
     if s.gate.gate.kind == GateKind::Confirmed && s.gate.gate.threshold > 0.0 {
-        confirmed_stage(out, s);
+        confirmed_stage(out, s, width);
         return;
     }
     let rule = if s.gate.gate.threshold > 0.0 {
@@ -145,16 +215,16 @@ fn stage(out: &mut String, title: &str, s: &StageReport, header: &str) {
     } else {
         "correct, any speedup".to_string()
     };
-    let _ = writeln!(
-        out,
+    let line = format!(
         "\n{title}: {} of {} winners ({rule}; SKIPPED rows ignored)",
         s.gate.winner_count(),
         s.gate.verdicts.len(),
     );
-    out.push_str(&gate_table(s, header));
+    out.push_str(&wrap(&line, width, 2));
+    out.push_str(&gate_table(s, header, width));
 }
 
-fn noise_line(out: &mut String, r: &ScoreReport) {
+fn noise_line(out: &mut String, r: &ScoreReport, width: usize) {
     let Some(n) = &r.noise_floor else {
         let _ = writeln!(out, "noise floor  not measured (--noise-sample 0)");
         return;
@@ -162,12 +232,12 @@ fn noise_line(out: &mut String, r: &ScoreReport) {
     let names: Vec<String> = n.targets.iter().map(|t| t.to_string()).collect();
     match (n.geomean, n.p05, n.p95) {
         (Some(g), Some(lo), Some(hi)) => {
-            let _ = writeln!(
-                out,
+            let line = format!(
                 "noise floor  self-test of {} ({} rows): geomean {g:.3}×, 90% of rows in [{lo:.3}×, {hi:.3}×]",
                 names.join(", "),
                 n.rows
             );
+            out.push_str(&wrap(&line, width, 13));
         }
         _ => {
             let _ = writeln!(
@@ -182,10 +252,16 @@ fn noise_line(out: &mut String, r: &ScoreReport) {
     }
 }
 
-/// The score as a text report.
+/// The score as a text report, its lines as long as they need.
 pub fn score_table(r: &ScoreReport) -> String {
+    score_table_width(r, usize::MAX)
+}
+
+/// The score as a text report that fits `width` columns.
+pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
     let mut out = String::new();
-    out.push_str(sim_banner(r.simulated));
+    out.push_str(&banner(r.simulated, width));
+    // Paths stay on their line whole: a terminal wraps them better than we can.
     let _ = writeln!(
         out,
         "candidates   {} ({} candidates)",
@@ -210,12 +286,18 @@ pub fn score_table(r: &ScoreReport) -> String {
             r.repeats
         );
     }
-    noise_line(&mut out, r);
+    noise_line(&mut out, r, width);
     if let Some(s) = &r.standalone {
-        stage(&mut out, "standalone", s, "geomean");
+        stage(&mut out, "standalone", s, "geomean", width);
     }
     if let Some(s) = &r.composed {
-        stage(&mut out, "composed (correctness gate)", s, "composed");
+        stage(
+            &mut out,
+            "composed (correctness gate)",
+            s,
+            "composed",
+            width,
+        );
     }
     let reviews: Vec<String> = [("standalone", &r.standalone), ("composed", &r.composed)]
         .into_iter()
@@ -233,7 +315,7 @@ pub fn score_table(r: &ScoreReport) -> String {
             "\nflagged for review (! = speedup > {REVIEW_SPEEDUP}×):"
         );
         for line in reviews {
-            let _ = writeln!(out, "{line}");
+            out.push_str(&wrap(&line, width, 4));
         }
     }
     if let Some(f) = &r.final_set {
@@ -243,8 +325,7 @@ pub fn score_table(r: &ScoreReport) -> String {
             .filter(|(_, n)| *n > 0)
             .map(|(l, n)| format!("L{l} {n}"))
             .collect();
-        let _ = writeln!(
-            out,
+        let line = format!(
             "\nfinal set {}: {} kernels{}, {} dropped",
             f.name,
             m.kernels.len(),
@@ -255,16 +336,100 @@ pub fn score_table(r: &ScoreReport) -> String {
             },
             m.dropped.len()
         );
+        out.push_str(&wrap(&line, width, 2));
         for d in &m.dropped {
-            let _ = writeln!(out, "  dropped L{}/{}: {}", d.level, d.stem, d.reason);
+            let line = format!("  dropped L{}/{}: {}", d.level, d.stem, d.reason);
+            out.push_str(&wrap(&line, width, 4));
         }
         let _ = writeln!(out, "manifest     {}", f.manifest_path.display());
     }
     if !r.incomplete.is_empty() {
         let _ = writeln!(out, "\nscoring did not complete (infrastructure errors):");
         for line in &r.incomplete {
-            let _ = writeln!(out, "  {line}");
+            out.push_str(&wrap(&format!("  {line}"), width, 4));
         }
     }
     out
+}
+
+/// The `SIMULATED` banner, wrapped to the width.
+pub(crate) fn banner(simulated: bool, width: usize) -> String {
+    match sim_banner(simulated).trim_end() {
+        "" => String::new(),
+        text => wrap(text, width, 0),
+    }
+}
+
+/// The widest line of a text, in characters.
+fn widest(text: &str) -> usize {
+    text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
+}
+
+/// `text` wrapped at spaces to `width`, continuation lines indented by `indent` spaces (a
+/// word longer than the width stays whole); each line ends in a newline.
+pub(crate) fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let lead = text.len() - text.trim_start().len();
+    let mut line = text[..lead].to_string();
+    let mut fresh = true;
+    let mut out = String::new();
+    for word in text[lead..].split(' ') {
+        if !fresh && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = " ".repeat(indent);
+            fresh = true;
+        }
+        if !fresh {
+            line.push(' ');
+        }
+        line.push_str(word);
+        fresh = fresh && word.is_empty();
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
+/// A table in `width` columns: as is when it fits, else with its last column (free text) on
+/// an indented line under each row that has one; lines still too wide are cut with `…`.
+pub(crate) fn fit_table(header: &[&str], rows: &[Vec<String>], width: usize) -> String {
+    let whole = table(header, rows);
+    if widest(&whole) <= width || header.len() < 2 {
+        return whole;
+    }
+    let n = header.len() - 1;
+    let short: Vec<Vec<String>> = rows.iter().map(|r| r[..n.min(r.len())].to_vec()).collect();
+    let text = table(&header[..n], &short);
+    let mut lines = text.lines();
+    let mut out = String::new();
+    let push = |line: &str, out: &mut String| {
+        out.push_str(&clip(line, width));
+        out.push('\n');
+    };
+    if let Some(h) = lines.next() {
+        push(h, &mut out);
+    }
+    for (line, row) in lines.zip(rows) {
+        push(line, &mut out);
+        match row.get(n) {
+            Some(last) if !last.is_empty() => {
+                out.push_str(&wrap(&format!("    {last}"), width, 6));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `12345.678` with 2 decimals → `12,345.68`.
+pub(crate) fn group_f(x: f64, decimals: usize) -> String {
+    let text = format!("{:.*}", decimals, x.abs());
+    let (int, frac) = text.split_once('.').unwrap_or((&text, ""));
+    let sign = if x < 0.0 { "-" } else { "" };
+    let int = group(int.parse().unwrap_or(0));
+    if frac.is_empty() {
+        format!("{sign}{int}")
+    } else {
+        format!("{sign}{int}.{frac}")
+    }
 }

@@ -88,8 +88,9 @@ enum Knob {
     Speedup(f64),
     /// Every row PASSED with this true speedup times one [`NoiseModel`] draw per invocation.
     True(f64),
-    /// Every row PASSED; bench k of a confirmation (`confirm-<k>` in the output path, 0 for
-    /// the first) measures the k-th of these speedups (the last one repeats).
+    /// Every row PASSED; bench k of a candidate (see [`confirm_index`]: 0 for the first,
+    /// `confirm-<k>` in the output path) measures the k-th of these speedups (the last one
+    /// repeats).
     Runs(Vec<f64>),
     /// RUNTIME_ERROR when benched beside lower-level candidates (a composed bench). Without
     /// a knob that happens by chance (1 in 4 for L2+ candidates); `pass`/`speedup=` prevent it.
@@ -137,18 +138,36 @@ fn knob_value(word: &str) -> Option<Knob> {
     runs.filter(|r| !r.is_empty()).map(Knob::Runs)
 }
 
-/// Which bench of a confirmation an output path is (`…/confirm-<k>/…` → k, else 0).
+/// Which bench of a candidate an output path is: 0 for the first, `…/confirm-<k>/…` → k. A
+/// candidate whose wild first bench was re-benched (`…/rescue/…` beside its confirmations)
+/// numbers its benches first (0), rescue (1), then the confirmations from 2 on.
 fn confirm_index(output: Option<&Path>) -> usize {
-    let index = |c: std::path::Component<'_>| -> Option<usize> {
-        c.as_os_str()
-            .to_str()?
-            .strip_prefix("confirm-")?
-            .parse()
-            .ok()
+    let Some(p) = output else {
+        return 0;
     };
-    output
-        .and_then(|p| p.components().rev().find_map(index))
-        .unwrap_or(0)
+    let comps: Vec<&str> = p
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .collect();
+    let Some(at) = comps
+        .iter()
+        .rposition(|c| *c == "rescue" || c.starts_with("confirm-"))
+    else {
+        return 0;
+    };
+    if comps[at] == "rescue" {
+        return 1;
+    }
+    let k: usize = comps[at]
+        .strip_prefix("confirm-")
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(0);
+    let candidate_dir: std::path::PathBuf = comps[..at].iter().collect();
+    if candidate_dir.join("rescue").is_dir() {
+        k + 1
+    } else {
+        k
+    }
 }
 
 /// The last three components of the output path: what tells one invocation from another

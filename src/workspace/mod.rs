@@ -154,7 +154,7 @@ impl Workspace {
             };
             let dest = dest_dir.join(name);
             fs::copy(&src, &dest).map_err(io_err("copy", &src))?;
-            set_mode(&dest, 0o444)?;
+            set_mode(&dest, 0o400)?;
         }
         Ok(())
     }

@@ -247,6 +247,23 @@ async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
         }
     }
     assert_eq!(sessions_finished, 64, "each session finished exactly once");
+
+    // A target that ended before the stop is neither submitted nor finished again on resume;
+    // one the stop interrupted is submitted once more and finishes once for good.
+    let count = |kind: &str, target: &str| {
+        evs.iter()
+            .filter(|e| e.kind == kind && e.target.as_deref() == Some(target))
+            .count()
+    };
+    for (target, status) in &first.phase.results {
+        let t = target.to_string();
+        let (submitted, ended) = (count("task_submitted", &t), count("task_finished", &t));
+        if *status == SessionStatus::Interrupted {
+            assert_eq!((submitted, ended), (2, 2), "{t} (interrupted)");
+        } else {
+            assert_eq!((submitted, ended), (1, 1), "{t} ended before the stop");
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -512,4 +529,79 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
         broker.session_for_token(token.trim()).is_err(),
         "the token outlived its session"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_that_cannot_be_reached_fails_the_session_as_infrastructure() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
+    // A port nothing listens on: every request is refused, every retry too.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-closed")).unwrap();
+    let llm = Arc::new(LlmClient::new(sim_provider(&url), token).unwrap());
+    let runner = AgentRunner::new(AgentRunnerParams {
+        llm,
+        catalog: Catalog::embedded(),
+        baseline_root: sim_baselines(home.path(), &Catalog::embedded()).unwrap(),
+        captures: cfg.captures.clone(),
+        gpu: Arc::new(NoGpu),
+        shell_env: ShellEnv::from_parent([], []),
+        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
+        lease_access: None,
+    });
+    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
+    let report = campaign(cfg, runner.into(), None, None).await;
+    assert_eq!(report.status, "FAIL");
+    let evs = events(home.path(), &report.run_id);
+    let finished = evs.iter().find(|e| e.kind == "task_finished").unwrap();
+    assert_eq!(finished.payload["status"], "FAIL");
+    assert_eq!(finished.payload["result"]["infra"], true, "{finished:?}");
+
+    // The endpoint is back: `resume` runs the session again instead of keeping the failure.
+    let write = json!({"path": "candidate/L1/gelu.py", "content": "x = 1\n"});
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[
+                reasoning_item("rs_1", "write", "enc1"),
+                function_call_item("fc_c1", "c1", "write_file", write),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r2",
+            &[
+                reasoning_item("rs_2", "done", "enc2"),
+                function_call_item("fc_c2", "c2", "finish", json!({"summary": "done"})),
+            ],
+            [10, 0, 5, 1],
+        ),
+    ])
+    .await;
+    let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
+    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-back")).unwrap();
+    let llm = Arc::new(LlmClient::new(sim_provider(&fake.base_url), token).unwrap());
+    let runner = AgentRunner::new(AgentRunnerParams {
+        llm,
+        catalog: Catalog::embedded(),
+        baseline_root: sim_baselines(home.path(), &Catalog::embedded()).unwrap(),
+        captures: cfg.captures.clone(),
+        gpu: Arc::new(NoGpu),
+        shell_env: ShellEnv::from_parent([], []),
+        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
+        lease_access: None,
+    });
+    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
+    let resumed = campaign(cfg, runner.into(), Some(report.run_id.clone()), None).await;
+    assert_eq!(resumed.run_id, report.run_id);
+    let evs = events(home.path(), &report.run_id);
+    let last = evs
+        .iter()
+        .rev()
+        .find(|e| e.kind == "task_finished")
+        .unwrap();
+    assert_eq!(resumed.status, "PASS", "{last:?}");
+    assert_eq!(fake.answered_bodies().len(), 2);
 }

@@ -389,7 +389,8 @@ fn start_summary_shows_the_spending_and_hints_that_repeat_the_home() {
     assert!(log.contains("INFO"), "{log}");
     assert!(!log.contains('\x1b'), "ANSI codes in a piped log: {log:?}");
     let text = String::from_utf8(out.stdout).unwrap();
-    let next = text.lines().find(|l| l.starts_with("next:")).unwrap();
+    let next = text.split("next:\n").nth(1).expect("a next: block");
+    let next = next.split("\n\n").next().unwrap();
     assert!(
         next.contains(&format!(
             "fk-agentd --home {} sessions",

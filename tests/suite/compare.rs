@@ -94,23 +94,37 @@ fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
     assert_eq!(c.spent["independent"].tokens, 100);
     assert_eq!(c.spent["independent"].gpu_hours, 1.0);
     assert_eq!(c.spent["sequential"].gpu_hours, 0.25);
-    assert!(compare::compare_table(&c).starts_with("SIMULATED RUN"));
+    assert!(compare::compare_table(&c, 120).starts_with("SIMULATED RUN"));
 }
 
-/// The table with run ids, paths and measured times replaced.
+/// The table at 80 columns with run ids, paths and measured times replaced (before rendering,
+/// so where a line breaks does not depend on this machine's temporary path). The spend is
+/// made large to show the digit grouping.
 fn stable_table(c: &Comparison, home: &Path) -> String {
     let mut c = c.clone();
-    for s in c.spent.values_mut() {
-        // Token counts follow prompt bytes, which include this checkout's path.
-        s.tokens = 0;
-        s.agent_gpu_s = 0.0;
-        s.bench_gpu_s = 0.0;
-        s.gpu_hours = 0.0;
+    for (s, n) in c.spent.values_mut().zip([1_234_567, 89_012]) {
+        s.tokens = n;
+        s.agent_gpu_s = n as f64 / 100.0;
+        s.bench_gpu_s = 12_345.678;
+        s.gpu_hours = 3.5;
     }
-    compare::compare_table(&c)
-        .replace(&home.display().to_string(), "[HOME]")
-        .replace(&c.independent_run, "[IND]")
-        .replace(&c.sequential_run, "[SEQ]")
+    let stable = |p: &Path, run: &str| {
+        let rel = p
+            .strip_prefix(home)
+            .unwrap()
+            .to_string_lossy()
+            .replace(run, "[RUN]");
+        Path::new("[HOME]").join(rel)
+    };
+    c.independent_results = stable(&c.independent_results, &c.independent_run);
+    c.sequential_results = stable(&c.sequential_results, &c.sequential_run);
+    c.independent_run = "[IND]".into();
+    c.sequential_run = "[SEQ]".into();
+    let text = compare::compare_table(&c, 80);
+    for line in text.lines() {
+        assert!(line.chars().count() <= 80, "wider than 80: {line}\n{text}");
+    }
+    text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

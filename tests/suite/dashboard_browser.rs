@@ -3,8 +3,9 @@
 //! daemon runs it (watched in real time over the DevTools protocol), then (from `fk-agentd dashboard` after the run) the overview, the sessions
 //! table with 133 rows, the lease timeline and the scores.
 //!
-//! Chromium is required: without it this test fails and says how to install it (CI installs
-//! Debian's `chromium` in `.ci/run`). `FK_AGENTD_DASHBOARD_SHOTS=DIR` also writes a PNG of
+//! Where Chromium is missing the test says so and skips, so `cargo test` on a fresh machine
+//! stays green; `.ci/run` installs Debian's `chromium` and sets `FK_AGENTD_REQUIRE_BROWSER=1`,
+//! under which a missing browser fails the test instead. `FK_AGENTD_DASHBOARD_SHOTS=DIR` also writes a PNG of
 //! each page there (how `docs/dashboard/` was made).
 
 use std::io::{Read, Write};
@@ -15,19 +16,22 @@ use std::time::{Duration, Instant};
 use assert_cmd::cargo::CommandCargoExt;
 use fk_agentd::store::Store;
 
-fn chromium() -> PathBuf {
+fn find_chromium() -> Option<PathBuf> {
     let from_env = std::env::var_os("CHROMIUM").map(PathBuf::from);
     let on_path = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
             .flat_map(|d| [d.join("chromium"), d.join("chromium-browser")])
             .find(|c| c.is_file())
     });
-    from_env.or(on_path).unwrap_or_else(|| {
-        panic!(
-            "this test needs headless Chromium and none was found (not on PATH, CHROMIUM unset): \
-             install Debian's `chromium` (`apt-get install -y chromium`, as .ci/run does)"
-        )
-    })
+    from_env.or(on_path)
+}
+
+const NO_BROWSER: &str = "this test needs headless Chromium and none was found (not on PATH, \
+                          CHROMIUM unset): install Debian's `chromium` \
+                          (`apt-get install -y chromium`, as .ci/run does)";
+
+fn chromium() -> PathBuf {
+    find_chromium().expect(NO_BROWSER)
 }
 
 /// Runs Chromium headless on `url` with `extra` flags; returns its stdout.
@@ -321,7 +325,14 @@ fn after_the_run(base: &str, token: &str, shots: Option<&Path>) {
 
 #[test]
 fn a_simulated_campaign_in_headless_chromium() {
-    let _ = chromium();
+    if find_chromium().is_none() {
+        assert!(
+            std::env::var_os("FK_AGENTD_REQUIRE_BROWSER").is_none(),
+            "{NO_BROWSER}"
+        );
+        eprintln!("SKIPPED a_simulated_campaign_in_headless_chromium: {NO_BROWSER}");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
     let mut daemon = fk(

@@ -41,19 +41,30 @@ fn the_session_commands_read_well_and_parse() {
         assert!(text.contains(want), "no {want:?} in:\n{text}");
     }
     assert!(!text.contains("encrypted_content"));
-    // The validate lease, under the call that took it: class, GPU, queued, ran, end.
-    let lease = text
+    // A target's first validate takes two leases, both under the call: the candidate's bench,
+    // then the baseline's self-test for the noise band, which says what it is.
+    let leases: Vec<&str> = text
         .lines()
-        .find(|l| l.trim_start().starts_with("lease "))
-        .unwrap_or_else(|| panic!("no lease in:\n{text}"));
+        .filter(|l| l.trim_start().starts_with("lease "))
+        .collect();
+    assert_eq!(leases.len(), 2, "{text}");
     assert!(
-        lease.starts_with("    lease validate on GPU-fa4e0000…00000"),
-        "{lease}"
+        leases[0].starts_with("    lease validate on GPU-fa4e0000…000000 · "),
+        "{}",
+        leases[0]
     );
     assert!(
-        lease.contains(" · ran ") && lease.ends_with(" · exit 0"),
-        "{lease}"
+        leases[1].starts_with("    lease validate (noise self-test) on GPU-fa4e0000…000000 · "),
+        "{}",
+        leases[1]
     );
+    for lease in &leases {
+        assert!(
+            lease.contains(" · ran ") && lease.ends_with(" · exit 0"),
+            "{lease}"
+        );
+    }
+    assert!(text.contains(", 2 leases, "), "{text}");
 
     let full = stdout(fk(h).args(["session", "L1/gelu", "--transcript"]));
     assert!(full.contains("# Task: make `L1/gelu` faster"), "{full}");
@@ -64,12 +75,27 @@ fn the_session_commands_read_well_and_parse() {
     assert!(v["events"].as_array().unwrap().len() > 10);
     assert!(!json.contains("gAAAA"), "encrypted reasoning printed");
     let leases = v["leases"].as_array().expect("--json lists the leases");
-    assert_eq!(leases.len(), 1, "{json}");
-    assert_eq!(leases[0]["class"], "validate");
+    let seen: Vec<(&str, &str, bool)> = leases
+        .iter()
+        .map(|l| {
+            let s = |k: &str| l[k].as_str().unwrap_or("?");
+            (s("class"), s("during"), l["self_test"].as_bool().unwrap())
+        })
+        .collect();
     assert_eq!(
-        leases[0]["end"],
-        serde_json::json!({"end": "exited", "code": 0})
+        seen,
+        [
+            ("validate", "validate", false),
+            ("validate", "validate", true)
+        ],
+        "{json}"
     );
+    for lease in leases {
+        assert_eq!(
+            lease["end"],
+            serde_json::json!({"end": "exited", "code": 0})
+        );
+    }
 
     let follow = fk(h)
         .args(["session", "L1/gelu", "--follow", "--json"])
@@ -157,4 +183,35 @@ fn session_on_a_terminal_is_coloured_unless_no_color_is_set() {
     let plain = on_a_tty(true);
     assert!(!plain.contains('\x1b'), "colour despite NO_COLOR:\n{plain}");
     assert!(plain.contains("verdict  winner"), "{plain}");
+}
+
+/// `session --follow` on a session the run left unfinished: it stops when the run is over
+/// and exits 1 when the run was interrupted (the README's "ended interrupted"), 0 otherwise.
+#[test]
+fn follow_exits_1_when_the_run_was_interrupted() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    stdout(fk(h).args(["start", "--sim", "--targets", "L1/gelu"]));
+    // L1/bmm is in the catalog but was never started: its session has no end event.
+    let follow = |h: &std::path::Path| {
+        fk(h)
+            .args(["session", "L1/bmm", "--follow"])
+            .timeout(std::time::Duration::from_secs(60))
+            .assert()
+            .get_output()
+            .clone()
+    };
+    let done = follow(h);
+    assert_eq!(done.status.code(), Some(0), "{done:?}");
+    let store = fk_agentd::daemon::open_store(h).unwrap();
+    let run = store.run(None).unwrap();
+    store.set_run_status(&run.id, "interrupted").unwrap();
+    drop(store);
+    let cut = follow(h);
+    assert_eq!(cut.status.code(), Some(1), "{cut:?}");
+    let err = String::from_utf8(cut.stderr).unwrap();
+    assert!(
+        err.contains(&format!("run {} is interrupted", run.id)),
+        "{err}"
+    );
 }

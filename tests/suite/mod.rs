@@ -14,6 +14,7 @@ mod gpu_drain;
 mod gpu_kill;
 mod gpu_routes;
 mod gpu_spawn;
+mod hardening;
 mod harness;
 mod inspect;
 mod inspect_cli;

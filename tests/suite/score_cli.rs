@@ -66,7 +66,7 @@ impl Setup {
         let id = text
             .split(&scores)
             .nth(1)
-            .and_then(|rest| rest.split(['/', ' ']).next())
+            .and_then(|rest| rest.split(['/', ' ', '\n']).next())
             .unwrap_or("")
             .to_string();
         text.replace(&scores, "[HOME]/scores/")
@@ -83,6 +83,38 @@ impl Setup {
         ids.sort();
         ids.last().unwrap().join("results")
     }
+}
+
+/// Every line of `text` fits `width` columns, not counting its absolute paths (this test's
+/// temporary ones are longer than a user's).
+fn fits(text: &str, width: usize) {
+    for line in text.lines() {
+        let n: usize = line
+            .split(' ')
+            .filter(|w| !w.starts_with('/'))
+            .map(|w| w.chars().count() + 1)
+            .sum();
+        assert!(n <= width + 1, "{n} > {width} columns: {line}\n{text}");
+    }
+}
+
+/// The same score at 120 columns: the confirmed gate keeps every column, the long reasons go
+/// on their own lines.
+#[test]
+fn the_score_table_fits_120_columns() {
+    let s = Setup::new();
+    a_small_set(&s);
+    let out = s.score_command(&[]).env("COLUMNS", "120").assert().code(1);
+    let stdout = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    fits(&stdout, 120);
+    assert!(
+        stdout.contains("target                      published  confirmed  1st bench"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n    no result: bench exit 1 without JSON"),
+        "{stdout}"
+    );
 }
 
 fn a_small_set(s: &Setup) {
@@ -111,9 +143,30 @@ fn score_candidates_end_to_end_with_the_simulated_bench() {
     let s = Setup::new();
     a_small_set(&s);
     // The set holds incorrect and crashing candidates: exit 1, the work found failures.
-    let out = s.score(&[]).code(1);
+    let out = s.score_command(&[]).env("COLUMNS", "80").assert().code(1);
     let stdout = String::from_utf8(out.get_output().stdout.clone()).unwrap();
-    insta::assert_snapshot!("score_table_sim", s.redact(&stdout));
+    insta::assert_snapshot!("score_table_sim_80", s.redact(&stdout));
+    fits(&stdout, 80);
+    // Not a terminal: each stage's progress as plain lines on stderr, in order.
+    let stderr = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    let stages: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("score: "))
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "score: noise floor: 3 benches (self-tests of the baseline) …",
+            "score: noise floor: 10 rows",
+            "score: standalone: 8 benches …",
+            "score: standalone: 4 of 8 winners",
+            "score: confirmation: 16 benches at most (repeats of the published winners) …",
+            "score: confirmation: 4 of 4 published winners confirmed",
+            "score: composed: 2 benches (one per level) …",
+            "score: composed: 3 of 4 winners",
+        ],
+        "{stderr}"
+    );
 
     let gen_dir = s.generation();
     for rel in [

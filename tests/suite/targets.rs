@@ -34,7 +34,7 @@ fn ranges_levels_lists_and_all_select_the_right_targets() {
 fn explicit_ids_are_deduplicated_and_ordered_by_level_then_name() {
     let c = Catalog::embedded();
     let got = c
-        .select("L2/rms_norm_gated_silu_mul,L1/gelu, L1/bmm,L1/gelu")
+        .select("L2/rms_norm_gated_silu_mul,L1/gelu,L1/bmm,L1/gelu")
         .err();
     // L2/rms_norm_gated_silu_mul does not exist: the whole selection is refused.
     assert!(matches!(got, Some(TargetError::UnknownTarget { .. })));
@@ -94,9 +94,19 @@ fn odd_characters_in_ids_are_refused_because_ids_become_paths() {
     }
     assert!(Catalog::embedded().select("L1/../../x").is_err());
     assert!(matches!(
-        Catalog::embedded().select(" , "),
+        Catalog::embedded().select("  "),
         Err(TargetError::Empty)
     ));
+    // A stray space or an empty item is a slip, not a smaller selection.
+    for slip in [" , ", "L1,,L2", "L1/gelu ", "L1,"] {
+        assert!(
+            matches!(
+                Catalog::embedded().select(slip),
+                Err(TargetError::Malformed { .. })
+            ),
+            "{slip:?}"
+        );
+    }
 }
 
 #[test]

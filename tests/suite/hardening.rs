@@ -1,0 +1,274 @@
+//! Defects found by attacking the daemon from outside (issue #22), each pinned by a test: a
+//! private home (D5), selections with stray spaces or empty items refused (D13, D10), a
+//! negative duration and a home that is a file named (D10), `status` after a killed daemon
+//! (D8), another user's `status` (D7), `run.jsonl` in `seq` order (D9) and rewritten from the
+//! store on resume (D4). D12 and D3 (an unreachable provider is an infrastructure failure that
+//! `resume` runs again) and D11 (no second `task_submitted` on resume) are in `agent.rs`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use assert_cmd::Command;
+
+fn fk(home: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("FK_AGENTD_HOME", home);
+    cmd
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn a_campaign_leaves_nothing_other_users_can_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    // A home that exists with loose permissions is made private, as a new one is.
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    fk(&home)
+        .args(["start", "--sim", "--targets", "L1/gelu"])
+        .assert()
+        .success();
+    assert_eq!(mode(&home), 0o700, "home");
+    let mut loose = Vec::new();
+    let mut stack = vec![home.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let meta = entry.path().symlink_metadata().unwrap();
+            if meta.file_type().is_symlink() {
+                continue;
+            }
+            if meta.permissions().mode() & 0o077 != 0 {
+                loose.push(format!(
+                    "{:o} {}",
+                    meta.permissions().mode() & 0o777,
+                    entry.path().strip_prefix(&home).unwrap().display()
+                ));
+            }
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    assert!(
+        loose.is_empty(),
+        "readable by others:\n{}",
+        loose.join("\n")
+    );
+    assert_eq!(mode(&home.join("fk-agentd.db")), 0o600);
+}
+
+#[test]
+fn a_selection_with_a_stray_space_or_an_empty_item_is_refused_before_any_run() {
+    for spec in ["L1/gelu ", " L1/gelu", "L1,,L2", "L1,", "L1, L2"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = fk(dir.path())
+            .args(["start", "--sim", "--targets", spec])
+            .assert()
+            .code(2)
+            .get_output()
+            .clone();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("campaign.targets (--targets)") && err.contains(spec),
+            "{spec:?}: {err}"
+        );
+        assert!(
+            !dir.path().join("runs").exists()
+                || std::fs::read_dir(dir.path().join("runs"))
+                    .unwrap()
+                    .next()
+                    .is_none(),
+            "{spec:?} made a run"
+        );
+    }
+}
+
+#[test]
+fn a_negative_duration_and_a_home_that_is_a_file_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fk(dir.path())
+        .args([
+            "start",
+            "--sim",
+            "--targets",
+            "L1/gelu",
+            "--lease-timeout",
+            "-1m",
+        ])
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--lease-timeout") && err.contains("-1m"),
+        "{err}"
+    );
+
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let out = fk(dir.path())
+        .args(["--home", file.to_str().unwrap(), "status"])
+        .assert()
+        .code(2)
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--home") && err.contains("a-file") && err.contains("is a file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn status_after_a_killed_daemon_says_interrupted_and_suggests_resume() {
+    use fk_agentd::store::{RunRow, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let store = Store::open(&home.join("fk-agentd.db")).unwrap();
+    // What a daemon killed with SIGKILL leaves: a run that never recorded its end.
+    store
+        .create_run(&RunRow {
+            id: "20261204-120000-ind-l1-sim-dead".into(),
+            started_at: "2026-12-04T12:00:00.000Z".into(),
+            finished_at: None,
+            status: "running".into(),
+            mode: "independent".into(),
+            targets: vec!["L1/gelu".into()],
+            simulated: true,
+            pid: Some(999_999),
+        })
+        .unwrap();
+    drop(store);
+    let out = fk(home)
+        .arg("status")
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("interrupted: its daemon is gone"), "{text}");
+    assert!(
+        text.contains("fk-agentd resume 20261204-120000-ind-l1-sim-dead"),
+        "{text}"
+    );
+}
+
+#[test]
+fn another_user_is_told_permission_denied_not_that_no_daemon_runs() {
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to run a command as another user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let parent = dir.path();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = parent.join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(home.join("fk-agentd.sock")).unwrap();
+    let bin = assert_cmd::cargo::cargo_bin("fk-agentd");
+    // The test binary may sit under a folder `nobody` cannot enter: run a copy from ours.
+    let copy = parent.join("fk-agentd");
+    std::fs::copy(&bin, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = std::process::Command::new(&copy)
+        .args(["--home", home.to_str().unwrap(), "status"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("not running"));
+}
+
+fn new_journal(home: &Path) -> (fk_agentd::store::Store, fk_agentd::run::RunJournal) {
+    use fk_agentd::config::Mode;
+    use fk_agentd::run::{NewRun, RunJournal};
+    let store = fk_agentd::store::Store::open(&home.join("fk-agentd.db")).unwrap();
+    let journal = RunJournal::create(
+        &store,
+        home,
+        &NewRun {
+            mode: Mode::Independent,
+            targets_spec: "L1/gelu",
+            targets: vec!["L1/gelu".into()],
+            simulated: true,
+        },
+    )
+    .unwrap();
+    (store, journal)
+}
+
+fn seqs(path: &Path) -> Vec<i64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("every line is JSON")["seq"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn run_jsonl_lines_are_in_seq_order_under_concurrent_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, journal) = new_journal(dir.path());
+    let journal = std::sync::Arc::new(journal);
+    std::thread::scope(|s| {
+        for w in 0..8 {
+            let j = journal.clone();
+            s.spawn(move || {
+                for i in 0..50 {
+                    j.record("tick", None, serde_json::json!({"w": w, "i": i}))
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let got = seqs(&journal.dir().join("run.jsonl"));
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(got.len(), 400);
+    assert_eq!(got, sorted, "lines out of seq order");
+}
+
+#[test]
+fn resume_rewrites_run_jsonl_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, journal) = new_journal(dir.path());
+    for i in 0..5 {
+        journal
+            .record("tick", None, serde_json::json!({"i": i}))
+            .unwrap();
+    }
+    let path = journal.dir().join("run.jsonl");
+    let run_id = journal.run_id().to_string();
+    drop(journal);
+    let want = std::fs::read_to_string(&path).unwrap();
+    // What a kill, a full disk and a careless `rm` leave: a lost last line, a cut one.
+    let cut = &want[..want.len() - want.lines().last().unwrap().len() / 2 - 1];
+    std::fs::write(&path, cut).unwrap();
+    let reopened = fk_agentd::run::RunJournal::open(&store, dir.path(), &run_id).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), want);
+    drop(reopened);
+    std::fs::remove_dir_all(dir.path().join("runs").join(&run_id)).unwrap();
+    let reopened = fk_agentd::run::RunJournal::open(&store, dir.path(), &run_id).unwrap();
+    reopened
+        .record("tick", None, serde_json::json!({"i": 5}))
+        .unwrap();
+    assert_eq!(seqs(&path).len(), want.lines().count() + 1);
+}
