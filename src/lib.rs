@@ -25,7 +25,7 @@
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
 //! | [`harness`]   | a private, patched, verified copy of fastkernels; the host preflight     |
 //! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench      |
-//! | [`score`]     | fastkernels bench driver, winner gate, composed bench, exported sets      |
+//! | [`score`]     | bench driver, winner gates (published; confirmed by repeats), composed and sequential benches, exported sets |
 //! | [`facts`]     | host/campaign facts (GPUs, stack, commits, provider, captures hash) as events |
 //! | [`manifest`]  | MANIFEST.md / manifest.json of a run, rendered from recorded facts only   |
 //! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |

@@ -11,7 +11,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::scheduler::budget::{group_digits, recorded_spend};
+use crate::inspect::group;
+use crate::scheduler::budget::recorded_spend;
 use crate::store::{RunRow, Store};
 
 /// One line of `runs`.
@@ -132,7 +133,7 @@ pub fn render(lines: &[RunLine], width: usize) -> String {
                 l.status.clone(),
                 l.targets.to_string(),
                 short_time(&l.started_at),
-                l.winners.map_or("-".into(), |n| group_digits(n as u64)),
+                l.winners.map_or("-".into(), |n| group(n as u64)),
                 l.pair.as_deref().map_or("-".into(), pair_tail),
             ]
         })
@@ -262,7 +263,7 @@ mod tests {
     #[test]
     fn grouped_digits() {
         let cases = [0, 12, 999, 1_000, 21_607, 1_234_567];
-        let shown: Vec<String> = cases.iter().map(|n| group_digits(*n)).collect();
+        let shown: Vec<String> = cases.iter().map(|n| group(*n)).collect();
         assert_eq!(shown, ["0", "12", "999", "1,000", "21,607", "1,234,567"]);
     }
 

@@ -316,6 +316,7 @@ async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Resul
         &seq_dir,
         &targets,
         score_gate(config, args),
+        &StageProgress::new(std::io::IsTerminal::is_terminal(&std::io::stderr())),
         &cancel,
     )
     .await;
@@ -433,8 +434,14 @@ fn stage_start_words(stage: Stage, benches: usize) -> String {
         Stage::Confirmation => " at most (repeats of the published winners)",
         Stage::Composed => " (one per level)",
         Stage::Standalone => "",
+        Stage::Level(_) => " (candidates gated alone, then the winners mixed)",
+        Stage::SequentialFinal => " (every level's winners together)",
     };
-    format!("{}: {benches} bench{plural}{what}", stage.name())
+    let benches_words = match stage {
+        Stage::Level(_) => format!("{benches} candidate{}", if benches == 1 { "" } else { "s" }),
+        _ => format!("{benches} bench{plural}"),
+    };
+    format!("{}: {benches_words}{what}", stage.name())
 }
 
 /// `standalone: 4 of 8 winners`, `confirmation: 3 of 4 published winners confirmed`.
@@ -444,9 +451,13 @@ fn stage_end_words(stage: Stage, winners: usize, judged: usize) -> String {
         Stage::Confirmation => {
             format!("confirmation: {winners} of {judged} published winners confirmed")
         }
-        Stage::Standalone | Stage::Composed => {
+        Stage::Standalone | Stage::Composed | Stage::Level(_) => {
             format!("{}: {winners} of {judged} winners", stage.name())
         }
+        Stage::SequentialFinal => format!(
+            "sequential final: {winners} winner{} in the final set",
+            if winners == 1 { "" } else { "s" }
+        ),
     }
 }
 

@@ -61,18 +61,7 @@ pub async fn view_of(state: &DashboardState, run: Option<String>) -> Result<RunV
         .map_err(error_page)
 }
 
-/// `1234567` → `1,234,567`.
-pub fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+use crate::inspect::group;
 
 /// Seconds as `2h 05m`, `3m 07s` or `12s`.
 pub fn fmt_secs(s: f64) -> String {

@@ -183,25 +183,12 @@ fn run_started(store: &Store, run_id: &str) -> Result<Value, StoreError> {
 impl Spent {
     /// `21,607 tokens, $0.43` (or `cost unknown: no [prices]` without prices).
     pub fn describe(&self) -> String {
-        let tokens = group_digits(self.tokens);
+        let tokens = crate::inspect::group(self.tokens);
         match self.cost_usd {
             Some(c) => format!("{tokens} tokens, ${c:.2}"),
             None => format!("{tokens} tokens (cost unknown: the provider file has no [prices])"),
         }
     }
-}
-
-/// `1234567` → `1,234,567`.
-pub fn group_digits(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]

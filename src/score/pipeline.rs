@@ -285,15 +285,21 @@ pub enum Stage {
     Standalone,
     Confirmation,
     Composed,
+    /// One level of a sequential scoring: its candidates gated, then its winners mixed.
+    Level(u8),
+    /// The sequential scoring's final composed bench of every level's winners.
+    SequentialFinal,
 }
 
 impl Stage {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Stage::NoiseFloor => "noise floor",
-            Stage::Standalone => "standalone",
-            Stage::Confirmation => "confirmation",
-            Stage::Composed => "composed",
+            Stage::NoiseFloor => "noise floor".into(),
+            Stage::Standalone => "standalone".into(),
+            Stage::Confirmation => "confirmation".into(),
+            Stage::Composed => "composed".into(),
+            Stage::Level(n) => format!("sequential L{n}"),
+            Stage::SequentialFinal => "sequential final".into(),
         }
     }
 }

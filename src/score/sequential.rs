@@ -42,6 +42,7 @@ use crate::score::export::dropped_reason;
 use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::level::LevelBench;
 use crate::score::pipeline::{MixParams, RunSummary, StageReport, score_mix, write_json};
+use crate::score::pipeline::{ScoreProgress, Stage};
 use crate::target::TargetId;
 use crate::workspace::session_dir_for;
 
@@ -419,6 +420,7 @@ pub async fn score_levels<L: BenchLauncher>(
     seq_dir: &Path,
     targets: &[TargetId],
     gate: WinnerGate,
+    progress: &dyn ScoreProgress,
     cancel: &CancellationToken,
 ) -> Result<(Vec<LevelGate>, SeqGate), ScoreError> {
     let mut gates: Vec<LevelGate> = Vec::new();
@@ -431,10 +433,15 @@ pub async fn score_levels<L: BenchLauncher>(
             previous: gates.last(),
             gate,
         };
+        progress.started(Stage::Level(level), of_level.len());
         let g = gate_level(driver, &p, cancel).await?;
+        progress.finished(Stage::Level(level), g.new_winners.len(), of_level.len());
         gates.push(g);
     }
+    progress.started(Stage::SequentialFinal, 1);
     let fin = finish(driver, seq_dir, &gates, cancel).await?;
+    let winners = gates.last().map_or(0, |g| g.winners.len());
+    progress.finished(Stage::SequentialFinal, winners, winners);
     Ok((gates, fin))
 }
 

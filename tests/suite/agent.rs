@@ -302,6 +302,24 @@ impl GpuToolsFactory for NoGpu {
     }
 }
 
+/// Real agent sessions against the Responses endpoint at `url`, with no GPU tools.
+fn gpu_less_runner(home: &Path, cfg: &Config, url: &str) -> RunnerSource {
+    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-agent")).unwrap();
+    let llm = Arc::new(LlmClient::new(sim_provider(url), token).unwrap());
+    let runner = AgentRunner::new(AgentRunnerParams {
+        llm,
+        catalog: Catalog::embedded(),
+        baseline_root: sim_baselines(home, &Catalog::embedded()).unwrap(),
+        captures: cfg.captures.clone(),
+        gpu: Arc::new(NoGpu),
+        shell_env: ShellEnv::from_parent([], []),
+        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
+        lease_access: None,
+    });
+    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
+    runner.into()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_tries_to_escape_its_workspace_is_refused() {
     let home = tempfile::tempdir().unwrap();
@@ -350,20 +368,8 @@ async fn a_session_that_tries_to_escape_its_workspace_is_refused() {
         ),
     ])
     .await;
-    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-escape")).unwrap();
-    let llm = Arc::new(LlmClient::new(sim_provider(&fake.base_url), token).unwrap());
-    let runner = AgentRunner::new(AgentRunnerParams {
-        llm,
-        catalog: Catalog::embedded(),
-        baseline_root: sim_baselines(home.path(), &Catalog::embedded()).unwrap(),
-        captures: cfg.captures.clone(),
-        gpu: Arc::new(NoGpu),
-        shell_env: ShellEnv::from_parent([], []),
-        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
-        lease_access: None,
-    });
-    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
-    let report = campaign(cfg, runner.into(), None, None).await;
+    let runner = gpu_less_runner(home.path(), &cfg, &fake.base_url);
+    let report = campaign(cfg, runner, None, None).await;
     assert_eq!(report.status, "PASS");
     assert!(!outside.exists());
     let evs = events(home.path(), &report.run_id);
@@ -539,20 +545,8 @@ async fn a_provider_that_cannot_be_reached_fails_the_session_as_infrastructure()
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/v1", closed.local_addr().unwrap());
     drop(closed);
-    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-closed")).unwrap();
-    let llm = Arc::new(LlmClient::new(sim_provider(&url), token).unwrap());
-    let runner = AgentRunner::new(AgentRunnerParams {
-        llm,
-        catalog: Catalog::embedded(),
-        baseline_root: sim_baselines(home.path(), &Catalog::embedded()).unwrap(),
-        captures: cfg.captures.clone(),
-        gpu: Arc::new(NoGpu),
-        shell_env: ShellEnv::from_parent([], []),
-        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
-        lease_access: None,
-    });
-    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
-    let report = campaign(cfg, runner.into(), None, None).await;
+    let runner = gpu_less_runner(home.path(), &cfg, &url);
+    let report = campaign(cfg, runner, None, None).await;
     assert_eq!(report.status, "FAIL");
     let evs = events(home.path(), &report.run_id);
     let finished = evs.iter().find(|e| e.kind == "task_finished").unwrap();
@@ -581,20 +575,8 @@ async fn a_provider_that_cannot_be_reached_fails_the_session_as_infrastructure()
     ])
     .await;
     let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
-    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-back")).unwrap();
-    let llm = Arc::new(LlmClient::new(sim_provider(&fake.base_url), token).unwrap());
-    let runner = AgentRunner::new(AgentRunnerParams {
-        llm,
-        catalog: Catalog::embedded(),
-        baseline_root: sim_baselines(home.path(), &Catalog::embedded()).unwrap(),
-        captures: cfg.captures.clone(),
-        gpu: Arc::new(NoGpu),
-        shell_env: ShellEnv::from_parent([], []),
-        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
-        lease_access: None,
-    });
-    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
-    let resumed = campaign(cfg, runner.into(), Some(report.run_id.clone()), None).await;
+    let runner = gpu_less_runner(home.path(), &cfg, &fake.base_url);
+    let resumed = campaign(cfg, runner, Some(report.run_id.clone()), None).await;
     assert_eq!(resumed.run_id, report.run_id);
     let evs = events(home.path(), &report.run_id);
     let last = evs

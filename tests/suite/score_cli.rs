@@ -650,3 +650,56 @@ fn the_gate_comes_from_the_file_a_flag_overrides_it_and_a_bad_value_is_named() {
         .stderr(predicates::str::contains("score.gate = `fast`"));
     s.score(&["--mode", "standalone", "--confirm", "1"]).code(2);
 }
+
+#[test]
+fn sequential_scoring_tells_its_progress_level_by_level() {
+    use fk_agentd::config::Mode;
+    use fk_agentd::run::{NewRun, RunJournal};
+    let s = Setup::new();
+    let store = fk_agentd::daemon::open_store(&s.home()).unwrap();
+    let journal = RunJournal::create(
+        &store,
+        &s.home(),
+        &NewRun {
+            mode: Mode::Sequential,
+            targets_spec: "L1",
+            targets: vec!["L1/gelu".into(), "L1/silu".into()],
+            simulated: true,
+        },
+    )
+    .unwrap();
+    for (rel, content) in [
+        ("L1/gelu/candidate/L1/gelu.py", "# sim: speedup=1.3\n"),
+        ("L1/silu/candidate/L1/silu.py", "# sim: speedup=0.8\n"),
+    ] {
+        let p = journal.dir().join("sessions").join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+    let id = journal.run_id().to_string();
+    drop((journal, store));
+    let out = Command::new(BIN)
+        .env_remove("FK_AGENTD_CONFIG")
+        .env_remove("FK_DIR")
+        .arg("--home")
+        .arg(s.home())
+        .arg("--config")
+        .arg(s.tmp.path().join("fk-agentd.toml"))
+        .args(["score", "--run", &id])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let err = String::from_utf8(out.stderr).unwrap();
+    let stages: Vec<&str> = err.lines().filter(|l| l.starts_with("score: ")).collect();
+    assert_eq!(
+        stages,
+        [
+            "score: sequential L1: 2 candidates (candidates gated alone, then the winners mixed) …",
+            "score: sequential L1: 1 of 2 winners",
+            "score: sequential final: 1 bench (every level's winners together) …",
+            "score: sequential final: 1 winner in the final set",
+        ],
+        "{err}"
+    );
+}
