@@ -126,7 +126,11 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     };
     let simulated = from_run.as_ref().is_some_and(|(_, sim)| *sim);
     let from_run = from_run.map(|(id, _)| id);
-    let (driver, broker, provider) = scoring_driver(config, env, args.json, simulated).await?;
+    let progress = std::sync::Arc::new(StageProgress::new(std::io::IsTerminal::is_terminal(
+        &std::io::stderr(),
+    )));
+    let (driver, broker, provider) =
+        scoring_driver(config, env, args.json, simulated, &progress).await?;
     let score = ScoreParams {
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
@@ -138,10 +142,9 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         screen_waive: config.screen_waive.clone(),
     };
     let cancel = CancellationToken::new();
-    let progress = StageProgress::new(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let report = match &from_run {
         Some(run_id) => {
-            let report = score_run_with(&driver, &score, &progress, &cancel).await?;
+            let report = score_run_with(&driver, &score, progress.as_ref(), &cancel).await?;
             record_scoring_facts(config, run_id, provider.as_ref()).await?;
             report
         }
@@ -150,7 +153,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
                 candidates: crate::config::absolute(&env.cwd, &score.candidates),
                 ..score
             };
-            score_candidates_with(&driver, &score, &progress, &cancel).await?
+            score_candidates_with(&driver, &score, progress.as_ref(), &cancel).await?
         }
     };
     broker.shutdown().await;
@@ -190,6 +193,7 @@ async fn scoring_driver(
     env: &Env,
     json: bool,
     simulated: bool,
+    progress: &std::sync::Arc<StageProgress>,
 ) -> Result<(ScoringDriver, crate::gpu::Broker, Option<ProviderConfig>), Error> {
     let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
     let env_remove: Vec<String> = super::provider_token_var(config, env).into_iter().collect();
@@ -250,29 +254,15 @@ async fn scoring_driver(
         crate::gpu::LeaseClass::Bench,
         "scoring",
     );
+    let stages = progress.clone();
     let driver = BenchDriver::new(params, launcher)
         .await?
-        .with_progress(progress_bar());
-    Ok((driver, broker, provider))
-}
-
-/// A spinner on stderr counting finished benches (hidden when stderr is not a terminal).
-fn progress_bar() -> crate::score::driver::ProgressFn {
-    let bar = indicatif::ProgressBar::new_spinner();
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {pos} bench(es) done; {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-    );
-    bar.enable_steady_tick(std::time::Duration::from_millis(200));
-    std::sync::Arc::new(move |label: &str, wall_s: f64, ok: bool| {
-        bar.inc(1);
-        bar.set_message(format!(
-            "last: {label} ({wall_s:.1} s{})",
-            if ok { "" } else { ", no result" }
+        .with_progress(std::sync::Arc::new(
+            move |_label: &str, _wall_s: f64, _ok: bool| {
+                stages.bench_done();
+            },
         ));
-    })
+    Ok((driver, broker, provider))
 }
 
 type ScoringDriver = BenchDriver<crate::score::lease::LeaseLauncher>;
@@ -308,7 +298,11 @@ async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Resul
             seq_dir.display()
         ),
     );
-    let (driver, broker, provider) = scoring_driver(config, env, args.json, run.simulated).await?;
+    let progress = std::sync::Arc::new(StageProgress::new(std::io::IsTerminal::is_terminal(
+        &std::io::stderr(),
+    )));
+    let (driver, broker, provider) =
+        scoring_driver(config, env, args.json, run.simulated, &progress).await?;
     let cancel = CancellationToken::new();
     let scored = sequential::score_levels(
         &driver,
@@ -316,7 +310,7 @@ async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Resul
         &seq_dir,
         &targets,
         score_gate(config, args),
-        &StageProgress::new(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        progress.as_ref(),
         &cancel,
     )
     .await;
@@ -409,8 +403,8 @@ fn score_id(name: &str) -> String {
     format!("{stamp}-{name}-{suffix:04x}")
 }
 
-/// `score`'s progress on stderr, one stage at a time: on a terminal a spinner with the
-/// stage's bench count and elapsed time, replaced by the stage's result when it ends;
+/// `score`'s progress on stderr, one stage at a time: on a terminal a bar filled bench by
+/// bench (the driver reports each) with the elapsed time, replaced by the stage's result;
 /// otherwise one plain line when a stage starts and one when it ends.
 struct StageProgress {
     tty: bool,
@@ -461,14 +455,34 @@ fn stage_end_words(stage: Stage, winners: usize, judged: usize) -> String {
     }
 }
 
+impl StageProgress {
+    /// One bench of the current stage ended (the driver calls this after every bench).
+    fn bench_done(&self) {
+        if let Some((bar, _)) = self.current.lock().ok().as_ref().and_then(|c| c.as_ref()) {
+            bar.inc(1);
+        }
+    }
+}
+
 impl ScoreProgress for StageProgress {
     fn started(&self, stage: Stage, benches: usize) {
         let words = stage_start_words(stage, benches);
         let bar = self.tty.then(|| {
-            let bar = indicatif::ProgressBar::new_spinner();
+            // A level's bench count is not known in advance (its mix may be bisected): count.
+            let (bar, template) = match stage {
+                Stage::Level(_) => (
+                    indicatif::ProgressBar::new_spinner(),
+                    "{spinner} {msg} · {pos} benches · {elapsed}",
+                ),
+                _ => (
+                    indicatif::ProgressBar::new(benches as u64),
+                    "{spinner} {msg} [{bar:24}] {pos}/{len} · {elapsed}",
+                ),
+            };
             bar.set_style(
-                indicatif::ProgressStyle::with_template("{spinner} {msg} · {elapsed}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+                indicatif::ProgressStyle::with_template(template)
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                    .progress_chars("=> "),
             );
             bar.set_message(words.clone());
             bar.enable_steady_tick(std::time::Duration::from_millis(120));

@@ -38,11 +38,12 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     let outcomes = inspect::outcomes(&events);
     let phases = crate::daemon::phases::phase_states(&events);
     let pair = crate::daemon::plan::pair_of(&store, &run_row.id)?;
+    let spent = crate::scheduler::budget::recorded_spend(&store, &run_row.id, false).ok();
     let mut out = std::io::stdout().lock();
     if json {
         let tally = inspect::OutcomeTally::of(outcomes.values());
         let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
-            "sessions": rows, "outcomes": outcomes, "summary": tally.line()});
+            "sessions": rows, "outcomes": outcomes, "summary": tally.line(), "spent": spent});
         let _ = writeln!(
             out,
             "{}",
@@ -64,6 +65,9 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
             out,
             "pair: {p} (the other half of this --mode all campaign)"
         );
+    }
+    if let Some(spent) = spent {
+        let _ = writeln!(out, "spent: {}", spent.describe());
     }
     let _ = write!(out, "{}", crate::daemon::phases::phase_line(&phases));
     Ok(0)
@@ -131,7 +135,36 @@ pub async fn cmd_session(
         simulated: run_row.simulated,
     };
     print!("{}", inspect::render_text(&view, &render));
+    println!("cost     {}", session_cost(&store, &run_row.id, &events));
     Ok(0)
+}
+
+/// What the session's turns cost, priced with the table its run recorded at its start.
+fn session_cost(store: &Store, run_id: &str, events: &[Event]) -> String {
+    let prices = crate::scheduler::budget::recorded_prices(store, run_id)
+        .ok()
+        .flatten();
+    let mut usage = crate::llm::Usage::default();
+    for e in events.iter().filter(|e| e.kind == "turn_finished") {
+        let n = |k: &str| e.payload["usage"][k].as_u64().unwrap_or(0);
+        usage.add(&crate::llm::Usage {
+            input_tokens: n("input"),
+            cached_tokens: n("cached"),
+            output_tokens: n("output"),
+            reasoning_tokens: n("reasoning"),
+        });
+    }
+    match prices {
+        Some(p) => format!(
+            "${:.2} for {} tokens",
+            usage.cost_usd(&p),
+            inspect::group(usage.total_tokens())
+        ),
+        None => format!(
+            "unknown for {} tokens: the provider file has no [prices]",
+            inspect::group(usage.total_tokens())
+        ),
+    }
 }
 
 /// The leases of the session these events are of: held by the target, granted from its first

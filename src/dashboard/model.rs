@@ -59,6 +59,8 @@ pub struct Tally {
     pub gpu_count: Option<usize>,
     /// When each target's current turn got its input.
     turn_start: HashMap<String, OffsetDateTime>,
+    /// The provider's price table recorded at the run's start (prices turns without a cost).
+    prices: Option<crate::config::provider::Prices>,
 }
 
 impl Tally {
@@ -85,6 +87,7 @@ impl Tally {
                 }
             }
             "token_reloaded" => self.token_reloads += 1,
+            "run_started" => self.prices = crate::scheduler::budget::prices_of(p),
             // Later facts (a score's) may not name the campaign's GPUs: keep what was known.
             "facts" => self.gpu_count = gpu_count_of(&p["gpus"]).or(self.gpu_count),
             _ => {}
@@ -100,7 +103,16 @@ impl Tally {
         self.tokens.output += n("output");
         self.tokens.reasoning += n("reasoning");
         self.tokens.total += n("total");
-        if let Some(c) = u["cost_usd"].as_f64().or(p["cost_usd"].as_f64()) {
+        let priced = self.prices.as_ref().map(|prices| {
+            crate::llm::Usage {
+                input_tokens: n("input"),
+                cached_tokens: n("cached"),
+                output_tokens: n("output"),
+                reasoning_tokens: n("reasoning"),
+            }
+            .cost_usd(prices)
+        });
+        if let Some(c) = u["cost_usd"].as_f64().or(p["cost_usd"].as_f64()).or(priced) {
             self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + c);
         }
         if let (Some(start), Some(end)) = (self.turn_start.get(target).copied(), parse_at(at)) {
@@ -441,6 +453,28 @@ mod tests {
             target: Some(target.into()),
             payload,
         }
+    }
+
+    #[test]
+    fn turns_are_priced_with_the_prices_the_run_recorded() {
+        let mut t = Tally::default();
+        let prices = r#"{"input":1.0,"cached_input":0.5,"output":10.0}"#;
+        t.fold(&ev(
+            1,
+            "2026-01-01T00:00:00.000Z",
+            "run_started",
+            "",
+            json!({"settings": {"provider.prices": [prices, "provider file"]}}),
+        ));
+        t.fold(&ev(
+            2,
+            "2026-01-01T00:00:01.000Z",
+            "turn_finished",
+            "L1/a",
+            json!({"usage": {"input": 2_000_000, "cached": 1_000_000, "output": 100_000}}),
+        ));
+        // 1 M uncached at $1, 1 M cached at $0.50, 0.1 M out at $10 per million.
+        assert_eq!(t.cost_usd, Some(2.5));
     }
 
     #[test]

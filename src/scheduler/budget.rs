@@ -78,7 +78,8 @@ pub fn recorded_prices(store: &Store, run_id: &str) -> Result<Option<Prices>, St
     Ok(prices_of(&run_started(store, run_id)?))
 }
 
-fn prices_of(run_started: &Value) -> Option<Prices> {
+/// The price table a run recorded in its `run_started` settings, if its provider had one.
+pub fn prices_of(run_started: &Value) -> Option<Prices> {
     run_started["settings"][PRICES_SETTING][0]
         .as_str()
         .and_then(|text| serde_json::from_str(text).ok())

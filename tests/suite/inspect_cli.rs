@@ -41,6 +41,11 @@ fn the_session_commands_read_well_and_parse() {
         assert!(text.contains(want), "no {want:?} in:\n{text}");
     }
     assert!(!text.contains("encrypted_content"));
+    assert!(
+        text.contains("cost     unknown for ")
+            && text.contains("the provider file has no [prices]"),
+        "{text}"
+    );
     // A target's first validate takes two leases, both under the call: the candidate's bench,
     // then the baseline's self-test for the noise band, which says what it is.
     let leases: Vec<&str> = text
@@ -136,6 +141,11 @@ fn sessions_says_the_end_and_the_verdict_and_no_color_stays_plain() {
     assert!(!table.contains('\x1b'));
     assert!(table.contains("finished  winner"), "{table}");
     assert!(table.contains("2 sessions finished, 2 winners"), "{table}");
+    // The spend beside the tokens (a simulated provider has no price table).
+    assert!(
+        table.contains("spent: ") && table.contains("tokens (cost unknown"),
+        "{table}"
+    );
     for line in table
         .lines()
         .filter(|l| !l.starts_with("run ") && !l.starts_with("SIMULATED"))
@@ -146,6 +156,7 @@ fn sessions_says_the_end_and_the_verdict_and_no_color_stays_plain() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["outcomes"]["L1/gelu"]["verdict"]["verdict"], "winner");
     assert_eq!(v["outcomes"]["L1/gelu"]["end"]["end"], "finished");
+    assert!(v["spent"]["tokens"].as_u64().unwrap() > 0, "{json}");
 }
 
 /// `session` as a person at a terminal runs it: under a pseudo-terminal (util-linux
