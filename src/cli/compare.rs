@@ -69,7 +69,7 @@ pub fn cmd_compare(
     run: Option<&str>,
     opts: CompareOpts,
 ) -> Result<i32, Error> {
-    let store = super::open_existing_store(home)?;
+    let store = super::open_viewer_store(home)?;
     let (ind, seq) = resolve(&store, runs, run)?;
     let c = compare::load(&store, &crate::run::runs_dir(home), &ind, &seq)?;
     let saved = if opts.save { Some(save(&c)?) } else { None };

@@ -251,7 +251,7 @@ fn spent_of(home: &std::path::Path, run_id: &str) -> Option<crate::scheduler::bu
     if !home.join("fk-agentd.db").exists() {
         return None;
     }
-    let store = daemon::open_store(home).ok()?;
+    let store = open_viewer_store(home).ok()?;
     crate::scheduler::budget::recorded_spend(&store, run_id, true).ok()
 }
 
@@ -285,7 +285,7 @@ async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
         Err(e) => return Err(e.into()),
     }
     let last = if home.join("fk-agentd.db").exists() {
-        daemon::open_store(home)?.runs()?.into_iter().next()
+        open_viewer_store(home)?.runs()?.into_iter().next()
     } else {
         None
     };
@@ -326,6 +326,15 @@ async fn cmd_stop(home: &std::path::Path) -> Result<i32, Error> {
 /// does not validate (the command that needs the provider reports that itself).
 pub(crate) fn provider_token_var(config: &crate::config::Config, env: &Env) -> Option<String> {
     crate::config::provider::ProviderConfig::token_env_of(&config.provider, &config.home, env)
+}
+
+/// The store for a command that only reads: never written by it (see
+/// [`crate::store::Store::open_for_reading`]).
+fn open_viewer_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {
+    require_store(home)?;
+    Ok(crate::store::Store::open_for_reading(
+        &home.join("fk-agentd.db"),
+    )?)
 }
 
 fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {

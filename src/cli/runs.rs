@@ -36,7 +36,7 @@ pub struct RunLine {
 /// Lists the runs; `Ok(0)` even when there are none (an empty list is an answer).
 pub fn cmd_runs(home: &Path, json: bool) -> Result<i32, Error> {
     let lines = if home.join("fk-agentd.db").exists() {
-        let store = super::open_existing_store(home)?;
+        let store = super::open_viewer_store(home)?;
         collect(&store, &crate::run::runs_dir(home))?
     } else {
         Vec::new()

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::open_existing_store;
+use super::open_viewer_store;
 use super::term::{stdout_color, stdout_width};
 use crate::control::client::ControlClient;
 use crate::error::Error;
@@ -25,7 +25,7 @@ pub struct SessionOpts {
 }
 
 pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
-    let store = open_existing_store(home)?;
+    let store = open_viewer_store(home)?;
     let run_row = store.run(run)?;
     let rows = match ControlClient::new(home) {
         Ok(client) => match client.sessions(Some(&run_row.id)).await {
@@ -76,7 +76,7 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
 /// `6 sessions finished, 0 winners (…)` for a run, from its recorded events; `None` when the
 /// store cannot be read.
 pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {
-    let store = crate::daemon::open_store(home).ok()?;
+    let store = open_viewer_store(home).ok()?;
     let events = store.events(run_id, None, 0).ok()?;
     let outcomes = inspect::outcomes(&events);
     Some(inspect::OutcomeTally::of(outcomes.values()).line())
@@ -318,7 +318,7 @@ fn open_session(
     catalog: &Catalog,
 ) -> Result<(TargetId, Store, RunRow), Error> {
     let id = known_target(target, catalog)?;
-    let store = open_existing_store(home)?;
+    let store = open_viewer_store(home)?;
     let run_row = store.run(run)?;
     Ok((id, store, run_row))
 }

@@ -163,6 +163,26 @@ impl Store {
         })
     }
 
+    /// A handle for commands that only read (`status`, `sessions`, `session`, `runs`,
+    /// `compare`): read-only when the store is at this release's schema, so they write
+    /// nothing; a store of an older release is opened for writing once, to be migrated.
+    pub fn open_for_reading(path: &Path) -> Result<Self, StoreError> {
+        let ro = Self::open_read_only(path)?;
+        let version: i64 = ro
+            .lock()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|source| StoreError::Sqlite {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if version >= migrations::SCHEMA_VERSION {
+            Ok(ro)
+        } else {
+            drop(ro);
+            Self::open(path)
+        }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
