@@ -227,3 +227,31 @@ fn follow_exits_1_when_the_run_was_interrupted() {
         "{err}"
     );
 }
+
+/// What `start` prints when its campaign ends: the run's status word beside the outcome words
+/// (ends and verdicts kept apart), the spend, and where to look next.
+#[test]
+fn the_start_summary_says_ends_and_verdicts_apart() {
+    let home = tempfile::tempdir().unwrap();
+    let text =
+        stdout(fk(home.path()).args(["start", "--sim", "--targets", "L1/gelu,L1/bmm,L1/silu"]));
+    let run = text
+        .lines()
+        .find_map(|l| l.strip_prefix("run       "))
+        .expect("a run line")
+        .to_string();
+    // The simulated agents' token counts vary a little from run to run.
+    let redacted: String = text
+        .replace(&run, "[RUN]")
+        .replace(&home.path().display().to_string(), "[HOME]")
+        .lines()
+        .map(|l| match l.strip_prefix("spent     ") {
+            Some(rest) => format!(
+                "spent     [N]{}\n",
+                &rest[rest.find(" tokens").unwrap_or(0)..]
+            ),
+            None => format!("{l}\n"),
+        })
+        .collect();
+    insta::assert_snapshot!("start_summary_sim", redacted);
+}
