@@ -18,7 +18,7 @@ pub mod budget;
 pub mod order;
 pub mod slot;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -138,6 +139,8 @@ pub async fn run_phase(
 ) -> Result<PhaseReport, RunError> {
     let slots = Slots::new(params.agent_slot, params.max_agents, params.gpus);
     let mut tasks: JoinSet<(TargetId, SessionStatus, Value)> = JoinSet::new();
+    // Which target each task runs, so a session that panicked is still recorded as its own.
+    let mut task_targets: HashMap<tokio::task::Id, TargetId> = HashMap::new();
     let mut index_of = BTreeMap::new();
     // On resume, sessions that already ended for good keep their end: they are neither
     // submitted nor finished a second time (counters read `run.jsonl`).
@@ -187,7 +190,8 @@ pub async fn run_phase(
                 let cancel = stop.child_token();
                 let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
                 let timeout = params.session_timeout;
-                tasks.spawn(async move {
+                let spawned_target = target.clone();
+                let handle = tasks.spawn(async move {
                     let _slot = slot;
                     let started = tokio::time::Instant::now();
                     let (status, mut result) = match tokio::time::timeout(timeout, fut).await {
@@ -205,9 +209,10 @@ pub async fn run_phase(
                     }
                     (target, status, result)
                 });
+                task_targets.insert(handle.id(), spawned_target);
             }
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                if let Ok((target, status, mut result)) = joined {
+                if let Some((target, status, mut result)) = joined_session(joined, &task_targets) {
                     if let (Some(why), SessionStatus::Interrupted) = (&over_budget, &status) {
                         result["reason"] = json!(why);
                     }
@@ -224,6 +229,7 @@ pub async fn run_phase(
         drain(
             &journal,
             &mut tasks,
+            &task_targets,
             &index_of,
             &mut results,
             params.drain_deadline,
@@ -333,6 +339,7 @@ fn start_order(
 async fn drain(
     journal: &RunJournal,
     tasks: &mut JoinSet<(TargetId, SessionStatus, Value)>,
+    task_targets: &HashMap<tokio::task::Id, TargetId>,
     index_of: &BTreeMap<TargetId, usize>,
     results: &mut BTreeMap<TargetId, SessionStatus>,
     deadline: Duration,
@@ -340,11 +347,12 @@ async fn drain(
     let until = tokio::time::Instant::now() + deadline;
     while !tasks.is_empty() {
         match tokio::time::timeout_at(until, tasks.join_next()).await {
-            Ok(Some(Ok((target, status, result)))) => {
-                finish(journal, index_of, &target, &status, result)?;
-                results.insert(target, status);
+            Ok(Some(joined)) => {
+                if let Some((target, status, result)) = joined_session(joined, task_targets) {
+                    finish(journal, index_of, &target, &status, result)?;
+                    results.insert(target, status);
+                }
             }
-            Ok(Some(Err(_))) => {}
             Ok(None) => break,
             Err(_) => {
                 tracing::warn!(
@@ -358,6 +366,34 @@ async fn drain(
         }
     }
     Ok(())
+}
+
+/// A joined session task's end. A session that panicked is a failure of ours, not the
+/// agent's: recorded as an infrastructure failure with the panic's message (it was taken for
+/// "not started" before). An aborted task (the drain deadline) has no end to record here.
+fn joined_session(
+    joined: Result<(TargetId, SessionStatus, Value), tokio::task::JoinError>,
+    task_targets: &HashMap<tokio::task::Id, TargetId>,
+) -> Option<(TargetId, SessionStatus, Value)> {
+    match joined {
+        Ok(ended) => Some(ended),
+        Err(e) if e.is_panic() => {
+            let target = task_targets.get(&e.id())?.clone();
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".into());
+            tracing::error!(target = %target, "session panicked: {message}");
+            Some((
+                target,
+                SessionStatus::Failed,
+                json!({"reason": format!("session panicked: {message}"), "infra": true}),
+            ))
+        }
+        Err(_) => None,
+    }
 }
 
 fn finish(

@@ -288,3 +288,76 @@ async fn longest_first_orders_by_the_last_run_of_each_target() {
     let started = ordered_run(home.path(), runner, &all, QueueOrder::LongestFirst, false).await;
     assert_eq!(started, all);
 }
+
+/// Panics in one target's session; the others finish.
+struct PanicsOn(TargetId);
+
+impl SessionRunner for PanicsOn {
+    fn run(
+        &self,
+        target: TargetId,
+        _journal: Arc<RunJournal>,
+        _slot: Arc<SessionSlot>,
+        _cancel: CancellationToken,
+    ) -> SessionFuture {
+        let bad = target == self.0;
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert!(!bad, "a bug in the session of {target}");
+            SessionOutcome {
+                status: SessionStatus::Finished,
+                result: json!({"simulated": true}),
+            }
+        })
+    }
+}
+
+/// A session that panics is recorded as what it is, an infrastructure failure with the
+/// panic's message, not as a session that never started.
+#[tokio::test(start_paused = true)]
+async fn a_panicked_session_is_an_infrastructure_failure_with_its_message() {
+    let home = tempfile::tempdir().unwrap();
+    let ids: Vec<TargetId> = ["L1/gelu", "L1/bmm"].map(|t| t.parse().unwrap()).to_vec();
+    let store = fk_agentd::daemon::open_store(home.path()).unwrap();
+    let journal = Arc::new(
+        RunJournal::create(
+            &store,
+            home.path(),
+            &NewRun {
+                mode: Mode::Independent,
+                targets_spec: "L1",
+                targets: ids.iter().map(ToString::to_string).collect(),
+                simulated: true,
+            },
+        )
+        .unwrap(),
+    );
+    let params = SchedulerParams {
+        max_agents: 2,
+        agent_slot: AgentSlot::Session,
+        gpus: 1,
+        order: QueueOrder::Catalog,
+        session_timeout: Duration::from_secs(3600),
+        drain_deadline: Duration::from_secs(30),
+        budget: Default::default(),
+    };
+    let report = run_phase(
+        journal.clone(),
+        Arc::new(PanicsOn(ids[1].clone())),
+        &ids,
+        &params,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.results[&ids[0]], SessionStatus::Finished);
+    assert_eq!(report.results[&ids[1]], SessionStatus::Failed);
+    let events = store.events(journal.run_id(), Some("L1/bmm"), 0).unwrap();
+    let done = events.iter().find(|e| e.kind == "task_finished").unwrap();
+    assert_eq!(done.payload["result"]["infra"], true);
+    let reason = done.payload["result"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("session panicked: a bug in the session of L1/bmm"),
+        "{reason}"
+    );
+}

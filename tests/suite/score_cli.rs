@@ -310,14 +310,18 @@ fn sim_bench_is_hidden_from_help() {
 
 /// A run in the store with sessions that wrote candidates; returns the run id.
 fn a_run_with_candidates(s: &Setup, files: &[(&str, &str)]) -> String {
-    use fk_agentd::config::Mode;
+    a_run_of_mode(s, fk_agentd::config::Mode::Independent, files)
+}
+
+/// A simulated run of `L1/gelu` and `L1/silu` in `mode` whose sessions left `files`.
+fn a_run_of_mode(s: &Setup, mode: fk_agentd::config::Mode, files: &[(&str, &str)]) -> String {
     use fk_agentd::run::{NewRun, RunJournal};
     let store = fk_agentd::daemon::open_store(&s.home()).unwrap();
     let journal = RunJournal::create(
         &store,
         &s.home(),
         &NewRun {
-            mode: Mode::Independent,
+            mode,
             targets_spec: "L1",
             targets: vec!["L1/gelu".into(), "L1/silu".into()],
             simulated: true,
@@ -653,31 +657,15 @@ fn the_gate_comes_from_the_file_a_flag_overrides_it_and_a_bad_value_is_named() {
 
 #[test]
 fn sequential_scoring_tells_its_progress_level_by_level() {
-    use fk_agentd::config::Mode;
-    use fk_agentd::run::{NewRun, RunJournal};
     let s = Setup::new();
-    let store = fk_agentd::daemon::open_store(&s.home()).unwrap();
-    let journal = RunJournal::create(
-        &store,
-        &s.home(),
-        &NewRun {
-            mode: Mode::Sequential,
-            targets_spec: "L1",
-            targets: vec!["L1/gelu".into(), "L1/silu".into()],
-            simulated: true,
-        },
-    )
-    .unwrap();
-    for (rel, content) in [
-        ("L1/gelu/candidate/L1/gelu.py", "# sim: speedup=1.3\n"),
-        ("L1/silu/candidate/L1/silu.py", "# sim: speedup=0.8\n"),
-    ] {
-        let p = journal.dir().join("sessions").join(rel);
-        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-        std::fs::write(p, content).unwrap();
-    }
-    let id = journal.run_id().to_string();
-    drop((journal, store));
+    let id = a_run_of_mode(
+        &s,
+        fk_agentd::config::Mode::Sequential,
+        &[
+            ("L1/gelu/candidate/L1/gelu.py", "# sim: speedup=1.3\n"),
+            ("L1/silu/candidate/L1/silu.py", "# sim: speedup=0.8\n"),
+        ],
+    );
     let out = Command::new(BIN)
         .env_remove("FK_AGENTD_CONFIG")
         .env_remove("FK_DIR")
