@@ -217,9 +217,9 @@ impl RunJournal {
             .iter()
             .map(jsonl_line)
             .collect();
-        let tmp = dir.join("run.jsonl.tmp");
-        std::fs::write(&tmp, mirror).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        // Rewritten in place (not renamed over), so any other handle of this run appending to
+        // the file keeps writing to the same file; a crash half-way is repaired by the next open.
+        std::fs::write(&path, mirror).map_err(io(&path))?;
         let file = OpenOptions::new()
             .create(true)
             .append(true)
