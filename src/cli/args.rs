@@ -59,7 +59,7 @@ pub enum Command {
         /// Run id (default: the newest unfinished run).
         run: Option<String>,
     },
-    /// One row per target: state, turns, tokens, leases, best speedup, last event.
+    /// One row per target: state, verdict, turns, tokens, best speedup, elapsed (leases, GPU time and a note when wide); then the outcome and the spend.
     Sessions {
         /// Run id (default: the newest run).
         #[arg(long)]

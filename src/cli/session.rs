@@ -146,13 +146,7 @@ fn session_cost(store: &Store, run_id: &str, events: &[Event]) -> String {
         .flatten();
     let mut usage = crate::llm::Usage::default();
     for e in events.iter().filter(|e| e.kind == "turn_finished") {
-        let n = |k: &str| e.payload["usage"][k].as_u64().unwrap_or(0);
-        usage.add(&crate::llm::Usage {
-            input_tokens: n("input"),
-            cached_tokens: n("cached"),
-            output_tokens: n("output"),
-            reasoning_tokens: n("reasoning"),
-        });
+        usage.add(&crate::llm::Usage::from_recorded(&e.payload["usage"]));
     }
     match prices {
         Some(p) => format!(

@@ -20,7 +20,7 @@ use crate::facts::{RunStartFacts, SystemFacts};
 use crate::gpu::LeaseClass;
 use crate::harness::import_check::ImportCheck;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::scheduler::{SessionRunner, SessionStatus};
+use crate::scheduler::{self, SessionRunner, SessionStatus};
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::lease::LeaseLauncher;
 use crate::sim::campaign::{BenchToolsFactory, SIM_SEED, SimParams};
@@ -71,7 +71,7 @@ fn unfinished_run(home: &Path) -> Result<Option<String>, Error> {
     let infra_failed = |id: &str| {
         store.sessions(id).is_ok_and(|rows| {
             rows.iter()
-                .any(|s| s.state == "failed" && s.detail["infra"] == true)
+                .any(|s| s.state == "failed" && !scheduler::stays_ended(s))
         })
     };
     Ok(store
@@ -474,14 +474,18 @@ fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
     }
     let only_infra = daemon::open_store(home)
         .ok()
-        .and_then(|store| store.events(&report.run_id, None, 0).ok())
-        .map(|events| {
-            let failed: Vec<bool> = events
+        .and_then(|store| store.sessions(&report.run_id).ok())
+        .map(|rows| {
+            let lost: Vec<_> = rows
                 .iter()
-                .filter(|e| e.kind == "task_finished" && e.payload["status"] == "FAIL")
-                .map(|e| e.payload["result"]["infra"] == true)
+                .filter(|r| {
+                    matches!(
+                        scheduler::recorded_status(r),
+                        Some(SessionStatus::Failed | SessionStatus::TimedOut)
+                    )
+                })
                 .collect();
-            !failed.is_empty() && failed.iter().all(|infra| *infra)
+            !lost.is_empty() && lost.iter().all(|r| !scheduler::stays_ended(r))
         })
         .unwrap_or(false);
     if only_infra {
@@ -493,5 +497,59 @@ fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
         crate::error::EXIT_UNAVAILABLE
     } else {
         1
+    }
+}
+
+#[cfg(test)]
+mod exit_tests {
+    use super::*;
+    use crate::store::{SessionRow, Store};
+    use serde_json::json;
+
+    /// A failed run whose failed sessions have these `(state, infra)`; its exit code.
+    fn exit_of(rows: &[(&str, bool)]) -> i32 {
+        let home = tempfile::tempdir().unwrap();
+        let store = Store::open(&home.path().join("fk-agentd.db")).unwrap();
+        let journal = crate::run::RunJournal::create(
+            &store,
+            home.path(),
+            &crate::run::NewRun {
+                mode: crate::config::Mode::Independent,
+                targets_spec: "L1",
+                targets: vec![],
+                simulated: true,
+            },
+        )
+        .unwrap();
+        for (i, (state, infra)) in rows.iter().enumerate() {
+            store
+                .upsert_session(&SessionRow {
+                    run_id: journal.run_id().into(),
+                    target: format!("L1/t{i}"),
+                    state: (*state).into(),
+                    detail: json!({"infra": infra}),
+                    updated_at: String::new(),
+                })
+                .unwrap();
+        }
+        let report = CampaignReport {
+            run_id: journal.run_id().into(),
+            run_dir: journal.dir().to_path_buf(),
+            phase: crate::scheduler::PhaseReport {
+                results: BTreeMap::new(),
+                interrupted: false,
+            },
+            status: "FAIL".into(),
+            pair: None,
+            notes: vec![],
+        };
+        exit_code(&report, &home_of(&report))
+    }
+
+    #[test]
+    fn a_run_lost_only_to_the_infrastructure_exits_3_any_agent_failure_exits_1() {
+        assert_eq!(exit_of(&[("failed", true), ("finished", false)]), 3);
+        assert_eq!(exit_of(&[("failed", true), ("failed", false)]), 1);
+        assert_eq!(exit_of(&[("failed", true), ("timed out", false)]), 1);
     }
 }

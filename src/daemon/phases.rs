@@ -141,13 +141,7 @@ fn stored_statuses(
         if !targets.contains(&t) {
             continue;
         }
-        let status = match row.state.as_str() {
-            "finished" => SessionStatus::Finished,
-            "failed" => SessionStatus::Failed,
-            "timed out" => SessionStatus::TimedOut,
-            "skipped" => SessionStatus::Skipped(row.detail["reason"].as_str().unwrap_or("").into()),
-            _ => SessionStatus::Interrupted,
-        };
+        let status = scheduler::recorded_status(&row).unwrap_or(SessionStatus::Interrupted);
         out.insert(t, status);
     }
     Ok(out)

@@ -103,15 +103,10 @@ impl Tally {
         self.tokens.output += n("output");
         self.tokens.reasoning += n("reasoning");
         self.tokens.total += n("total");
-        let priced = self.prices.as_ref().map(|prices| {
-            crate::llm::Usage {
-                input_tokens: n("input"),
-                cached_tokens: n("cached"),
-                output_tokens: n("output"),
-                reasoning_tokens: n("reasoning"),
-            }
-            .cost_usd(prices)
-        });
+        let priced = self
+            .prices
+            .as_ref()
+            .map(|prices| crate::llm::Usage::from_recorded(u).cost_usd(prices));
         if let Some(c) = u["cost_usd"].as_f64().or(p["cost_usd"].as_f64()).or(priced) {
             self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + c);
         }

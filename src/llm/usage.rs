@@ -29,6 +29,18 @@ impl Usage {
         }
     }
 
+    /// `turn_finished.usage` as the agent records it (`input`, `cached`, `output`,
+    /// `reasoning`); missing fields count as zero.
+    pub fn from_recorded(u: &Value) -> Self {
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        Self {
+            input_tokens: n("input"),
+            cached_tokens: n("cached"),
+            output_tokens: n("output"),
+            reasoning_tokens: n("reasoning"),
+        }
+    }
+
     /// Adds another response's counts to these.
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens += other.input_tokens;

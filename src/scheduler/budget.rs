@@ -127,7 +127,7 @@ impl Meter {
             for e in store.events(run, None, *after)? {
                 *after = e.seq;
                 if e.kind == "turn_finished" {
-                    self.usage.add(&usage_of(&e.payload["usage"]));
+                    self.usage.add(&Usage::from_recorded(&e.payload["usage"]));
                 }
             }
         }
@@ -151,17 +151,6 @@ impl Meter {
             )),
             _ => None,
         }
-    }
-}
-
-/// `turn_finished.usage` as the agent records it (`input`, `cached`, `output`, `reasoning`).
-fn usage_of(u: &Value) -> Usage {
-    let n = |k: &str| u[k].as_u64().unwrap_or(0);
-    Usage {
-        input_tokens: n("input"),
-        cached_tokens: n("cached"),
-        output_tokens: n("output"),
-        reasoning_tokens: n("reasoning"),
     }
 }
 

@@ -263,8 +263,7 @@ pub async fn run_phase(
 }
 
 /// The sessions of this run that ended before (an earlier attempt of a resumed run) and stay
-/// ended: finished, failed by the agent, timed out or skipped. Interrupted sessions and
-/// failures of the infrastructure (`infra`) run again.
+/// ended (see [`stays_ended`]).
 fn ended_before(
     journal: &RunJournal,
     targets: &[TargetId],
@@ -274,18 +273,30 @@ fn ended_before(
         let Some(target) = targets.iter().find(|t| t.to_string() == row.target) else {
             continue;
         };
-        let status = match row.state.as_str() {
-            "finished" => SessionStatus::Finished,
-            "failed" if row.detail["infra"] != true => SessionStatus::Failed,
-            "timed out" => SessionStatus::TimedOut,
-            "skipped" => {
-                SessionStatus::Skipped(row.detail["reason"].as_str().unwrap_or("").to_string())
-            }
-            _ => continue,
-        };
-        out.insert(target.clone(), status);
+        if let Some(status) = recorded_status(&row).filter(|_| stays_ended(&row)) {
+            out.insert(target.clone(), status);
+        }
     }
     Ok(out)
+}
+
+/// The end a session's row records; `None` while it has none (queued, running, interrupted).
+pub fn recorded_status(row: &SessionRow) -> Option<SessionStatus> {
+    Some(match row.state.as_str() {
+        "finished" => SessionStatus::Finished,
+        "failed" => SessionStatus::Failed,
+        "timed out" => SessionStatus::TimedOut,
+        "skipped" => {
+            SessionStatus::Skipped(row.detail["reason"].as_str().unwrap_or("").to_string())
+        }
+        _ => return None,
+    })
+}
+
+/// Whether a recorded end is final for `resume`: a failure of the infrastructure (endpoint,
+/// token, GPU: `infra` in its detail) is run again, as is anything without an end.
+pub fn stays_ended(row: &SessionRow) -> bool {
+    recorded_status(row).is_some() && !(row.state == "failed" && row.detail["infra"] == true)
 }
 
 /// Records `budget_reached` with what was spent and the caps.

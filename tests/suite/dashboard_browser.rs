@@ -30,6 +30,18 @@ const NO_BROWSER: &str = "this test needs headless Chromium and none was found (
                           CHROMIUM unset): install Debian's `chromium` \
                           (`apt-get install -y chromium`, as .ci/run does)";
 
+/// Headless, and quiet on a machine without a network (no background connections).
+const HEADLESS: &[&str] = &[
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+];
+
 fn chromium() -> PathBuf {
     find_chromium().expect(NO_BROWSER)
 }
@@ -38,17 +50,8 @@ fn chromium() -> PathBuf {
 fn browse(url: &str, extra: &[&str]) -> String {
     let profile = tempfile::tempdir().unwrap();
     let mut child = Command::new(chromium())
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--window-size=1280,1000",
-        ])
+        .args(HEADLESS)
+        .arg("--window-size=1280,1000")
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .args(extra)
         .arg(url)
@@ -141,17 +144,8 @@ impl Cdp {
         use std::io::BufRead;
         let profile = tempfile::tempdir().unwrap();
         let mut child = Command::new(chromium())
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--remote-debugging-port=0",
-            ])
+            .args(HEADLESS)
+            .arg("--remote-debugging-port=0")
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
             .stdout(Stdio::null())

@@ -18,6 +18,12 @@ fn fk(home: &Path) -> Command {
     cmd
 }
 
+/// Runs `cmd`, which must be refused as bad input (exit 2); returns what it said.
+fn refused(cmd: &mut Command) -> String {
+    let out = cmd.assert().code(2).get_output().clone();
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
@@ -67,13 +73,7 @@ fn a_campaign_leaves_nothing_other_users_can_read() {
 fn a_selection_with_a_stray_space_or_an_empty_item_is_refused_before_any_run() {
     for spec in ["L1/gelu ", " L1/gelu", "L1,,L2", "L1,", "L1, L2"] {
         let dir = tempfile::tempdir().unwrap();
-        let out = fk(dir.path())
-            .args(["start", "--sim", "--targets", spec])
-            .assert()
-            .code(2)
-            .get_output()
-            .clone();
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused(fk(dir.path()).args(["start", "--sim", "--targets", spec]));
         assert!(
             err.contains("campaign.targets (--targets)") && err.contains(spec),
             "{spec:?}: {err}"
@@ -92,20 +92,14 @@ fn a_selection_with_a_stray_space_or_an_empty_item_is_refused_before_any_run() {
 #[test]
 fn a_negative_duration_and_a_home_that_is_a_file_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let out = fk(dir.path())
-        .args([
-            "start",
-            "--sim",
-            "--targets",
-            "L1/gelu",
-            "--lease-timeout",
-            "-1m",
-        ])
-        .assert()
-        .code(2)
-        .get_output()
-        .clone();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(fk(dir.path()).args([
+        "start",
+        "--sim",
+        "--targets",
+        "L1/gelu",
+        "--lease-timeout",
+        "-1m",
+    ]));
     assert!(
         err.contains("--lease-timeout") && err.contains("-1m"),
         "{err}"
@@ -113,13 +107,7 @@ fn a_negative_duration_and_a_home_that_is_a_file_are_named() {
 
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
-    let out = fk(dir.path())
-        .args(["--home", file.to_str().unwrap(), "status"])
-        .assert()
-        .code(2)
-        .get_output()
-        .clone();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(fk(dir.path()).args(["--home", file.to_str().unwrap(), "status"]));
     assert!(
         err.contains("--home") && err.contains("a-file") && err.contains("is a file"),
         "{err}"

@@ -198,13 +198,8 @@ impl SessionRunner for Sized {
     }
 }
 
-async fn ordered_run(
-    home: &std::path::Path,
-    runner: Arc<Sized>,
-    ids: &[TargetId],
-    order: QueueOrder,
-    simulated: bool,
-) -> Vec<TargetId> {
+/// A new independent run of `ids` in the store under `home`.
+fn new_run(home: &std::path::Path, ids: &[TargetId], simulated: bool) -> Arc<RunJournal> {
     let store = fk_agentd::daemon::open_store(home).unwrap();
     let journal = RunJournal::create(
         &store,
@@ -217,21 +212,36 @@ async fn ordered_run(
         },
     )
     .unwrap();
-    let params = SchedulerParams {
-        max_agents: 1,
+    Arc::new(journal)
+}
+
+/// `max_agents` session slots over one GPU, no caps.
+fn one_gpu(max_agents: usize, order: QueueOrder) -> SchedulerParams {
+    SchedulerParams {
+        max_agents,
         agent_slot: AgentSlot::Session,
         gpus: 1,
         order,
         session_timeout: Duration::from_secs(3600),
         drain_deadline: Duration::from_secs(30),
         budget: Default::default(),
-    };
+    }
+}
+
+async fn ordered_run(
+    home: &std::path::Path,
+    runner: Arc<Sized>,
+    ids: &[TargetId],
+    order: QueueOrder,
+    simulated: bool,
+) -> Vec<TargetId> {
+    let journal = new_run(home, ids, simulated);
     runner.started.lock().unwrap().clear();
     run_phase(
-        Arc::new(journal),
+        journal,
         runner.clone(),
         ids,
-        &params,
+        &one_gpu(1, order),
         CancellationToken::new(),
     )
     .await
@@ -318,41 +328,22 @@ impl SessionRunner for PanicsOn {
 async fn a_panicked_session_is_an_infrastructure_failure_with_its_message() {
     let home = tempfile::tempdir().unwrap();
     let ids: Vec<TargetId> = ["L1/gelu", "L1/bmm"].map(|t| t.parse().unwrap()).to_vec();
-    let store = fk_agentd::daemon::open_store(home.path()).unwrap();
-    let journal = Arc::new(
-        RunJournal::create(
-            &store,
-            home.path(),
-            &NewRun {
-                mode: Mode::Independent,
-                targets_spec: "L1",
-                targets: ids.iter().map(ToString::to_string).collect(),
-                simulated: true,
-            },
-        )
-        .unwrap(),
-    );
-    let params = SchedulerParams {
-        max_agents: 2,
-        agent_slot: AgentSlot::Session,
-        gpus: 1,
-        order: QueueOrder::Catalog,
-        session_timeout: Duration::from_secs(3600),
-        drain_deadline: Duration::from_secs(30),
-        budget: Default::default(),
-    };
+    let journal = new_run(home.path(), &ids, true);
     let report = run_phase(
         journal.clone(),
         Arc::new(PanicsOn(ids[1].clone())),
         &ids,
-        &params,
+        &one_gpu(2, QueueOrder::Catalog),
         CancellationToken::new(),
     )
     .await
     .unwrap();
     assert_eq!(report.results[&ids[0]], SessionStatus::Finished);
     assert_eq!(report.results[&ids[1]], SessionStatus::Failed);
-    let events = store.events(journal.run_id(), Some("L1/bmm"), 0).unwrap();
+    let events = journal
+        .store()
+        .events(journal.run_id(), Some("L1/bmm"), 0)
+        .unwrap();
     let done = events.iter().find(|e| e.kind == "task_finished").unwrap();
     assert_eq!(done.payload["result"]["infra"], true);
     let reason = done.payload["result"]["reason"].as_str().unwrap();

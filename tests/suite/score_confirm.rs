@@ -84,6 +84,14 @@ impl Scored {
         (v.published, v.winner)
     }
 
+    /// Each stem's (published, confirmed) verdicts and how many benches it got.
+    fn outcomes<'a>(&self, stems: &[&'a str]) -> Vec<(&'a str, (bool, bool), usize)> {
+        stems
+            .iter()
+            .map(|stem| (*stem, self.verdict(stem), self.benches(stem)))
+            .collect()
+    }
+
     fn table(&self) -> String {
         redact(&score_table(&self.report), self.tmp.path())
     }
@@ -110,10 +118,7 @@ fn campaign() -> Vec<(&'static str, &'static str)> {
 #[tokio::test(start_paused = true)]
 async fn the_confirmed_gate_drops_noise_keeps_a_true_winner_and_never_rebenches_a_loser() {
     let s = score(&campaign(), WinnerGate::default()).await;
-    let got: Vec<(&str, (bool, bool), usize)> = ["gelu", "bmm", "quickgelu", "embedding"]
-        .into_iter()
-        .map(|stem| (stem, s.verdict(stem), s.benches(stem)))
-        .collect();
+    let got = s.outcomes(&["gelu", "bmm", "quickgelu", "embedding"]);
     assert_eq!(
         got,
         vec![
@@ -237,10 +242,7 @@ async fn a_wild_first_bench_does_not_decide_alone_but_a_really_slow_candidate_st
         WinnerGate::default(),
     )
     .await;
-    let got: Vec<(&str, (bool, bool), usize)> = ["bmm", "quickgelu", "gelu"]
-        .into_iter()
-        .map(|stem| (stem, s.verdict(stem), s.benches(stem)))
-        .collect();
+    let got = s.outcomes(&["bmm", "quickgelu", "gelu"]);
     assert_eq!(
         got,
         vec![
