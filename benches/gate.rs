@@ -15,7 +15,9 @@
 //! is the same campaign when the losers are really 0.5× (each of them a first bench far below
 //! 1.0, so each gets the rescue bench). The fitted model comes first, then two variations of
 //! it that show how much the figures lean on the fit: the plain spread of the H200 benches
-//! (0.070 instead of the robust 0.051), and outliers at 1 % of benches instead of 5 %.
+//! (0.070 instead of the robust 0.051), and outliers at 1 % of benches instead of 5 %. The
+//! `+ re-bench losers within N %` rows are not a gate `score` offers: they show what keeping
+//! near-misses would cost.
 
 use fk_agentd::score::confirm::{ConfirmRule, Step, first_bench_is_outlier, step};
 use fk_agentd::sim::noise::NoiseModel;
@@ -90,11 +92,14 @@ fn lower_bound(b: &mut Bench<'_>, truth: f64) -> Outcome {
     }
 }
 
-fn confirmed(b: &mut Bench<'_>, truth: f64, rule: &ConfirmRule) -> Outcome {
+/// The confirmed gate; `near_miss` > 0 also re-benches a first bench that lost by less than that
+/// share of the threshold (not what `score` does: a row that shows what such a rule would cost).
+fn confirmed(b: &mut Bench<'_>, truth: f64, rule: &ConfirmRule, near_miss: f64) -> Outcome {
     let mut runs = vec![b.draw(truth)];
     let passed_first = runs[0] >= rule.threshold;
     if !passed_first {
-        if !first_bench_is_outlier(runs[0], rule) {
+        let near = runs[0] >= rule.threshold * (1.0 - near_miss);
+        if !near && !first_bench_is_outlier(runs[0], rule) {
             return Outcome {
                 won: false,
                 benches: 1,
@@ -158,7 +163,14 @@ fn gates() -> Vec<(String, Gate)> {
         let note = if k == default_k { ", default" } else { "" };
         out.push((
             format!("confirmed (--confirm {k}{note})"),
-            Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule)),
+            Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, 0.0)),
+        ));
+    }
+    for near in [0.01, 0.02] {
+        let rule = ConfirmRule::new(1.0, default_k);
+        out.push((
+            format!("  + re-bench losers within {:.0} %", near * 100.0),
+            Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, near)),
         ));
     }
     out
@@ -254,8 +266,8 @@ fn table(title: &str, noise: &NoiseModel) -> Option<Row> {
 
 /// The goals for the default confirmed gate, each met or not, with why.
 fn goals(r: &Row) {
-    let why_110 = "a first bench below 1.0 ends a candidate unless it is far below (rescue): 1.10x loses ~3 % there to ordinary noise, and confirming the rest at 99 %+ while a no-speedup candidate is confirmed at most 4 % of the time needs ~5 fresh benches, each a wild one 5 % of the time";
-    let why_cost = "an exact SPRT between 1.00x and 1.10x at the error rates above needs ~2.5 fresh benches per passer (more at 1.05x, the midpoint) and the outlier rescue adds ~0.17 bench per 1.00x loser";
+    let why_110 = "under this noise the published one-shot gate itself keeps only ~92.5 % of 1.10x candidates (3 % lose the first bench to ordinary noise, 4 % to a slow wild bench); the confirmed gate rescues the wild ones but ends every ordinary near-miss after one bench. Re-benching near-misses gains ~2 points (the `+ re-bench losers within 2 %` row; 95 % also needs beta = 0.01) for ~0.5 more bench per loser: with identical candidates as the losers, no rule of this family met all three goals in a sweep of alpha (0.04-0.08), beta (0.01-0.04), worth (1.08-1.12), rescue depth (3-4 spreads), near-miss band (0-2 %) and --confirm (3-4)";
+    let why_cost = "an SPRT between 1.00x and 1.10x at these error rates needs ~2.5 fresh benches per passer (more at 1.05x, the midpoint), which alone is 0.2 x 3.5 = 0.7 of the 1.5; the wild-bench rescue adds ~0.17 per identical loser (a second bench, and confirmation when it passes)";
     let checks = [
         (
             "≤ 2 % false winners",
