@@ -29,6 +29,7 @@
 //! | [`facts`]     | host/campaign facts (GPUs, stack, commits, provider, captures hash) as events |
 //! | [`manifest`]  | MANIFEST.md / manifest.json of a run, rendered from recorded facts only   |
 //! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |
+//! | [`confine`]   | the Landlock ruleset that keeps secret files out of agent code's reach    |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
 //! | [`error`]     | the crate [`Error`] and its exit codes                                    |
 //!
@@ -40,6 +41,7 @@ pub mod agent;
 pub mod captures;
 pub mod cli;
 pub mod config;
+pub mod confine;
 pub mod control;
 pub mod daemon;
 pub mod dashboard;

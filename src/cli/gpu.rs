@@ -100,9 +100,7 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
     let flags = crate::cli::flags(global, None);
     let mut config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
     // The provider's token variable never reaches the leased command.
-    config
-        .secret_env
-        .extend(crate::cli::provider_token_var(&config, env));
+    crate::cli::keep_provider_secrets(&mut config, env);
     // Bad flags are told before GPUs are looked for or the home is touched.
     let timeout = match args.timeout.as_deref() {
         Some(t) => parse_duration("--timeout", t)?,

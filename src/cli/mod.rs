@@ -49,6 +49,9 @@ pub fn main() -> i32 {
     // Everything fk-agentd writes (store, transcripts, run files, candidates) is private to
     // this user, as the socket already is: other users of a shared node must not read runs.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    // The token lives in this process's memory (and, with `token_env`, its environment): its
+    // `/proc/<pid>` is closed to the agent code it starts.
+    crate::confine::protect_self();
     let env = Env::from_process();
     if !matches!(
         cli.command,
@@ -321,11 +324,15 @@ async fn cmd_stop(home: &std::path::Path) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// The variable holding the configured provider's token, when it comes from one: stripped
-/// from every child the broker starts. Read from the provider file even when the rest of it
-/// does not validate (the command that needs the provider reports that itself).
-pub(crate) fn provider_token_var(config: &crate::config::Config, env: &Env) -> Option<String> {
-    crate::config::provider::ProviderConfig::token_env_of(&config.provider, &config.home, env)
+/// The one rule for the provider's token: its variable is stripped from every child the
+/// broker or a bench starts, its file hidden from agent code. Read from the provider file even
+/// when the rest of it does not validate (the command that needs the provider reports that
+/// itself).
+pub(crate) fn keep_provider_secrets(config: &mut crate::config::Config, env: &Env) {
+    let secrets =
+        crate::config::provider::ProviderConfig::secrets_of(&config.provider, &config.home, env);
+    config.secret_env.extend(secrets.var);
+    config.secret_files.extend(secrets.file);
 }
 
 /// The store for a command that only reads: never written by it (see

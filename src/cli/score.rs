@@ -196,7 +196,6 @@ async fn scoring_driver(
     progress: &std::sync::Arc<StageProgress>,
 ) -> Result<(ScoringDriver, crate::gpu::Broker, Option<ProviderConfig>), Error> {
     let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
-    let env_remove: Vec<String> = super::provider_token_var(config, env).into_iter().collect();
     let fastkernels_dir = match &config.fastkernels_dir {
         Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {
             let prepared = super::prepare_harness(config)?;
@@ -230,9 +229,10 @@ async fn scoring_driver(
     } else {
         config
     };
-    // The provider's token variable never reaches a bench child.
+    // The provider's token never reaches a bench child.
     let mut broker_config = config.clone();
-    broker_config.secret_env.extend(env_remove.iter().cloned());
+    super::keep_provider_secrets(&mut broker_config, env);
+    let env_remove = broker_config.secret_env.clone();
     let broker = crate::gpu::Broker::start(&broker_config, &store).await?;
     let command = if simulated {
         let exe = std::env::current_exe()

@@ -11,7 +11,6 @@ use crate::agent::gpu_tools::RealChecks;
 use crate::agent::session::LoopParams;
 use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS, LeaseAccess};
 use crate::config::provider::ProviderConfig;
-use crate::config::provider::TokenSource;
 use crate::config::{Config, Env};
 use crate::daemon::RunnerSource;
 use crate::daemon::{self, CampaignParams, CampaignReport, DaemonParams};
@@ -377,10 +376,7 @@ async fn run_real(
     let context_window = provider.limits.context_window;
     let max_turns = config.limits.max_turns;
     let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
-    let provider_token = provider.token.clone();
-    if let TokenSource::Env { var } = &provider_token {
-        config.secret_env.push(var.clone());
-    }
+    super::keep_provider_secrets(&mut config, env);
     let llm = Arc::new(LlmClient::new(provider, token)?);
     // A missing or empty token file should stop the start, not fail all 133 sessions one by one.
     llm.refresh_token().await?;
@@ -396,10 +392,7 @@ async fn run_real(
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
             .collect(),
     };
-    let env_remove: Vec<String> = match &provider_token {
-        TokenSource::Env { var } => vec![var.clone()],
-        _ => Vec::new(),
-    };
+    let env_remove = config.secret_env.clone();
     let driver_params = DriverParams {
         command: config.fastkernels_command.clone(),
         fastkernels_dir: Some(prepared.copy.clone()),
@@ -417,7 +410,8 @@ async fn run_real(
     let (catalog, captures) = (catalog.clone(), config.captures.clone());
     let socket = crate::control::socket_path(&config.home);
     // The agents' shells find this binary first on PATH, for `fk-agentd lease -- CMD`.
-    let mut shell_env = ShellEnv::from_parent(std::env::vars(), []);
+    let mut shell_env = ShellEnv::from_parent(std::env::vars(), [])
+        .confined(config.confinement());
     if let Some(dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(Path::to_path_buf))

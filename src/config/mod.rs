@@ -378,6 +378,10 @@ pub struct Config {
     /// child the broker or a bench starts. Filled by whoever loads the provider.
     #[serde(skip)]
     pub secret_env: Vec<String>,
+    /// Files that hold secrets (the provider's `token_file`): hidden from agent code, in its
+    /// shells and leased jobs ([`crate::confine`]). Filled with `secret_env`.
+    #[serde(skip)]
+    pub secret_files: Vec<PathBuf>,
     /// Every setting with its value (as text) and where it came from.
     pub settings: BTreeMap<String, (String, SettingSource)>,
 }
@@ -441,6 +445,15 @@ pub fn expand_tilde(path: &str, env: &Env) -> PathBuf {
 }
 
 impl Config {
+    /// What agent code (shells and leased jobs) runs under: [`Config::secret_files`] out of its
+    /// reach, the home's runs and lease spool reachable.
+    pub fn confinement(&self) -> crate::confine::Confinement {
+        crate::confine::Confinement::hiding(
+            &self.secret_files,
+            &[crate::run::runs_dir(&self.home), self.home.join("leases")],
+        )
+    }
+
     /// Loads and validates: `--config`, else `FK_AGENTD_CONFIG`, else `<home>/fk-agentd.toml`,
     /// else `./fk-agentd.toml`; then environment and flags on top.
     pub fn load(flags: &Flags, env: &Env, catalog: &Catalog) -> Result<Self, ConfigError> {
@@ -611,6 +624,7 @@ impl Config {
             gate,
             dashboard_listen,
             secret_env: Vec::new(),
+            secret_files: Vec::new(),
             settings,
         })
     }

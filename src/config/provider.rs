@@ -56,6 +56,14 @@ mod duration_text {
     }
 }
 
+/// What holds a provider's token, kept from every child fk-agentd starts: the variable is
+/// removed from their environments, the file hidden from agent code ([`crate::confine`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProviderSecrets {
+    pub var: Option<String>,
+    pub file: Option<PathBuf>,
+}
+
 /// Request-rate, retry and window limits of one provider.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Limits {
@@ -132,12 +140,21 @@ impl ProviderConfig {
         Self::parse(&name, &origin, &text, env)
     }
 
-    /// The `token_env` a provider names, read without validating the rest, so that a
-    /// provider file with a bad setting still keeps its token variable out of children.
-    pub fn token_env_of(choice: &str, home: &Path, env: &Env) -> Option<String> {
-        let (_, _, text) = Self::locate(choice, home, env).ok()?;
-        let table: toml::Table = toml::from_str(&text).ok()?;
-        table.get("token_env")?.as_str().map(str::to_string)
+    /// Where a provider keeps its token (the variable, the file), read without validating the
+    /// rest: what children must never get (see [`ProviderSecrets`]).
+    pub fn secrets_of(choice: &str, home: &Path, env: &Env) -> ProviderSecrets {
+        let table: Option<toml::Table> = Self::locate(choice, home, env)
+            .ok()
+            .and_then(|(_, _, text)| toml::from_str(&text).ok());
+        let text = |k: &str| {
+            table
+                .as_ref()
+                .and_then(|t| t.get(k)?.as_str().map(str::to_string))
+        };
+        ProviderSecrets {
+            var: text("token_env"),
+            file: text("token_file").map(|f| expand_tilde(&f, env)),
+        }
     }
 
     /// `(name, origin, text)` of a provider chosen by name or path.

@@ -115,6 +115,9 @@ pub struct LaunchSpec<'a> {
     pub output: &'a LeaseOutput,
     /// The cgroup [`LeaseBackend::cgroup_for`] chose (and the journal names); `None`: none.
     pub cgroup: Option<&'a Path>,
+    /// The Landlock ruleset the command enters before it execs ([`crate::confine`]); `None`:
+    /// unconfined. Kept open by the broker's parameters while the launch runs.
+    pub confine: Option<std::os::fd::RawFd>,
 }
 
 /// Resolves when a job's lead process exits (`None` when its status cannot be known).
@@ -483,6 +486,15 @@ fn spawn(
         .stderr(err)
         .process_group(0)
         .kill_on_drop(false);
+    if let Some(fd) = spec.confine {
+        // Costs a fork instead of `posix_spawn` (see above), only for confined leases on hosts
+        // without the clone path.
+        // SAFETY: the hook only makes the two plain system calls of `confine::enter`, on a
+        // descriptor the broker's parameters keep open until the spawn has returned.
+        unsafe {
+            cmd.pre_exec(move || crate::confine::enter(fd));
+        }
+    }
     for k in spec.env_remove {
         cmd.env_remove(k);
     }

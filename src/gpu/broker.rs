@@ -90,6 +90,8 @@ pub struct BrokerParams {
     /// lease its own cgroup, when a hierarchy there is writable. `None`, or a path holding no
     /// writable hierarchy (a test's temp dir), leaves leases in their process group only.
     pub cgroup_root: Option<PathBuf>,
+    /// What leased commands run under: the provider's token file out of their reach.
+    pub confinement: crate::confine::Confinement,
 }
 
 impl BrokerParams {
@@ -100,6 +102,7 @@ impl BrokerParams {
             nsys_cap: config.nsys_cap,
             spool_dir: config.home.join("leases"),
             env_remove: config.secret_env.clone(),
+            confinement: config.confinement(),
             cgroup_root: config.cgroup_root.clone(),
             ..Self::defaults(config.lease_timeout)
         }
@@ -126,6 +129,7 @@ impl BrokerParams {
             spool_dir: PathBuf::from("/tmp/fk-agentd-leases"),
             sanity_after_failure: true,
             cgroup_root: Some(PathBuf::from(crate::config::DEFAULT_CGROUP_ROOT)),
+            confinement: crate::confine::Confinement::default(),
         }
     }
 }

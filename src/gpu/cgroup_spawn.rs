@@ -69,6 +69,8 @@ pub struct SpawnSpec<'a> {
     pub stderr: BorrowedFd<'a>,
     /// A directory fd of the cgroup v2 to start in; `None` starts in the daemon's own.
     pub cgroup: Option<BorrowedFd<'a>>,
+    /// A Landlock ruleset the child enters before `execve` ([`crate::confine`]).
+    pub confine: Option<BorrowedFd<'a>>,
 }
 
 /// A started child: its pid (also its process group id) and a pidfd to wait on.
@@ -103,6 +105,7 @@ pub fn enters_directly(dir: &Path) -> bool {
         stdout: null.as_fd(),
         stderr: null.as_fd(),
         cgroup: Some(cgroup.as_fd()),
+        confine: None,
     });
     match spawned {
         Ok(child) => reap(child.pidfd.as_fd()).is_ok(),
@@ -155,6 +158,10 @@ pub fn launch_in(
         stdout: spec.output.stdout.as_fd(),
         stderr: spec.output.stderr.as_fd(),
         cgroup: cgroup.as_ref().map(|c| c.as_fd()),
+        // SAFETY: the broker's parameters hold the ruleset's descriptor open while it launches.
+        confine: spec
+            .confine
+            .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) }),
     });
     match spawned {
         Ok(child) => Ok(Ok(child)),
@@ -291,6 +298,8 @@ mod imp {
         envp: *const *const c_char,
         cwd: *const c_char,
         stdio: [RawFd; 3],
+        /// The Landlock ruleset to enter before exec; -1 for none.
+        confine: RawFd,
         /// The errno of the step that failed; 0 while nothing has.
         errno: AtomicI32,
     }
@@ -400,6 +409,7 @@ mod imp {
             envp: envp.as_ptr(),
             cwd: spec.cwd.as_ptr(),
             stdio: stdio.each_ref().map(|fd| fd.as_raw_fd()),
+            confine: spec.confine.map_or(-1, |fd| fd.as_raw_fd()),
             errno: AtomicI32::new(0),
         };
         let stack = Stack::take().map_err(lacking)?;
@@ -487,7 +497,7 @@ mod imp {
     }
 
     /// The child between clone and exec: new process group, stdio, working directory, default
-    /// SIGPIPE, empty mask, `execve`. Plain libc calls only (no allocation, no locks); errno
+    /// SIGPIPE, empty mask, the Landlock ruleset when given, `execve`. Plain libc calls only (no allocation, no locks); errno
     /// lives in the suspended parent thread's TLS, which nothing reads until we are done.
     extern "C" fn child_main(ctx: *const ChildCtx) -> ! {
         // SAFETY: the parent keeps `ctx` alive while suspended by CLONE_VFORK.
@@ -512,6 +522,10 @@ mod imp {
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             if libc::sigprocmask(libc::SIG_SETMASK, &empty, ptr::null_mut()) != 0 {
+                fail(ctx);
+            }
+            // Plain prctl and Landlock system calls, acting on this task only.
+            if ctx.confine >= 0 && crate::confine::enter(ctx.confine).is_err() {
                 fail(ctx);
             }
             libc::execve(ctx.program, ctx.argv, ctx.envp);

@@ -229,6 +229,7 @@ async fn launch(
             env: child_env(broker, g),
             output: &output,
             cgroup: g.cgroup.as_deref(),
+            confine: inner.params.confinement.raw_fd(),
         })
     });
     let launched = match spawned {

@@ -4,7 +4,8 @@
 //! Invariants:
 //! - The child never inherits the daemon's environment: it gets [`ShellEnv`]'s allowlist
 //!   (`PATH`, `LANG`, explicit extras) plus values derived from the workspace (`HOME`, `TMPDIR`,
-//!   compiler caches, `FASTKERNELS_CANDIDATE_DIR`). The provider token therefore cannot reach it.
+//!   compiler caches, `FASTKERNELS_CANDIDATE_DIR`). The provider token therefore cannot reach it
+//!   through the environment, and under [`ShellEnv::confined`] its file is out of reach too.
 //! - When the command ends, times out or is cancelled, its whole process group is killed, so a
 //!   background job or a grandchild cannot outlive the call.
 //! - stdout and stderr share one pipe (interleaved as written); the model sees at most
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Workspace;
+use crate::confine::Confinement;
 use super::truncate::{Capture, OutputLimits};
 
 /// How long output may keep arriving after the command ended (from processes that left its
@@ -34,9 +36,20 @@ pub struct ShellEnv {
     path: String,
     lang: String,
     extras: BTreeMap<String, String>,
+    confinement: Confinement,
 }
 
 impl ShellEnv {
+    /// Commands run under `confinement` (secret files out of reach).
+    pub fn confined(mut self, confinement: Confinement) -> Self {
+        self.confinement = confinement;
+        self
+    }
+
+    pub fn confinement(&self) -> &Confinement {
+        &self.confinement
+    }
+
     /// The same environment plus one more explicit variable (a session's lease token).
     pub fn with_extra(mut self, key: &str, value: &str) -> Self {
         self.extras.insert(key.to_string(), value.to_string());
@@ -68,6 +81,7 @@ impl ShellEnv {
             path,
             lang,
             extras: extras.into_iter().collect(),
+            confinement: Confinement::default(),
         }
     }
 
@@ -154,7 +168,9 @@ pub async fn run(
     cancel: &CancellationToken,
 ) -> Result<ShellOutcome, ExecError> {
     let started = Instant::now();
-    let mut child = Command::new("bash")
+    let mut cmd = Command::new("bash");
+    env.confinement.apply(&mut cmd);
+    let mut child = cmd
         .arg("-c")
         .arg(format!("exec 2>&1\n{}", req.cmd))
         .current_dir(ws.scratch_dir())

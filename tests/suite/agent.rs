@@ -304,6 +304,10 @@ impl GpuToolsFactory for NoGpu {
 
 /// Real agent sessions against the Responses endpoint at `url`, with no GPU tools.
 fn gpu_less_runner(home: &Path, cfg: &Config, url: &str) -> RunnerSource {
+    gpu_less_runner_with(home, cfg, url, ShellEnv::from_parent([], []))
+}
+
+fn gpu_less_runner_with(home: &Path, cfg: &Config, url: &str, shell_env: ShellEnv) -> RunnerSource {
     let token = TokenProvider::literal(secrecy::SecretString::from("test-token-agent")).unwrap();
     let llm = Arc::new(LlmClient::new(sim_provider(url), token).unwrap());
     let runner = AgentRunner::new(AgentRunnerParams {
@@ -312,12 +316,98 @@ fn gpu_less_runner(home: &Path, cfg: &Config, url: &str) -> RunnerSource {
         baseline_root: sim_baselines(home, &Catalog::embedded()).unwrap(),
         captures: cfg.captures.clone(),
         gpu: Arc::new(NoGpu),
-        shell_env: ShellEnv::from_parent([], []),
+        shell_env,
         loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
         lease_access: None,
     });
     let runner: Arc<dyn SessionRunner> = Arc::new(runner);
     runner.into()
+}
+
+/// D1: an agent whose shell encodes the token file gets "Permission denied"; neither the token
+/// nor its encoding reaches the model or any file of the home.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_encodes_the_token_file_sends_nothing_of_it() {
+    let home = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let token_file = secrets.path().join("cortex-token");
+    let token = "fk-agent-token-77c1d0e9b4";
+    std::fs::write(&token_file, token).unwrap();
+    let confinement =
+        fk_agentd::confine::Confinement::hiding(std::slice::from_ref(&token_file), &[]);
+    if confinement.raw_fd().is_none() {
+        assert!(std::env::var_os("FK_AGENTD_REQUIRE_LANDLOCK").is_none());
+        eprintln!("skipped: {}", confinement.describe());
+        return;
+    }
+    let encoded = {
+        let out = std::process::Command::new("base64")
+            .args(["-w0", token_file.to_str().unwrap()])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(encoded.len() > 20);
+    let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
+    let shell = |call: &str, cmd: String| {
+        function_call_item(&format!("fc_{call}"), call, "shell", json!({"cmd": cmd}))
+    };
+    let t = token_file.display();
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[
+                reasoning_item("rs_1", "peek", "enc1"),
+                shell(
+                    "c1",
+                    format!("base64 -w0 {t}; rev {t}; cut -c1- {t}; sed p {t}"),
+                ),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r2",
+            &[
+                reasoning_item("rs_2", "done", "enc2"),
+                function_call_item("fc_c2", "c2", "finish", json!({"summary": "done"})),
+            ],
+            [10, 0, 5, 1],
+        ),
+    ])
+    .await;
+    let env = ShellEnv::from_parent([("PATH".to_string(), "/usr/bin:/bin".to_string())], [])
+        .confined(confinement);
+    let runner = gpu_less_runner_with(home.path(), &cfg, &fake.base_url, env);
+    let report = campaign(cfg, runner, None, None).await;
+    let output = events(home.path(), &report.run_id)
+        .into_iter()
+        .find(|e| e.kind == "tool_finished" && e.payload["call_id"] == "c1")
+        .map(|e| e.payload["output"].as_str().unwrap().to_string())
+        .unwrap();
+    assert_eq!(output.matches("Permission denied").count(), 4, "{output}");
+    let reversed: String = token.chars().rev().collect();
+    let sent = serde_json::to_string(&fake.answered_bodies()).unwrap();
+    for needle in [token, encoded.as_str(), reversed.as_str()] {
+        assert!(!sent.contains(needle), "the model was sent {needle}");
+        for entry in walkdir(home.path()) {
+            let bytes = std::fs::read(&entry).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(!text.contains(needle), "{} holds {needle}", entry.display());
+        }
+    }
+}
+
+fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walkdir(&p));
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

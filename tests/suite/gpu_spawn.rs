@@ -43,6 +43,7 @@ async fn run_sh(
         stdout: out.as_fd(),
         stderr: err.as_fd(),
         cgroup: dir.as_ref().map(|d| d.as_fd()),
+        confine: None,
     })?;
     Ok(child.wait().await.expect("wait"))
 }
@@ -138,6 +139,7 @@ async fn a_missing_program_or_working_directory_is_an_exec_error() {
             stdout: null.as_fd(),
             stderr: null.as_fd(),
             cgroup: None,
+            confine: None,
         })
     };
     let gone = dir.path().join("gone");
@@ -181,6 +183,7 @@ async fn a_lease_launched_this_way_gets_the_daemon_environment_less_the_removed_
         env: vec![("FOO".into(), "x".into())],
         output: &output,
         cgroup: None,
+        confine: None,
     };
     let child = cgroup_spawn::launch_in(&spec, None)
         .expect("launch")
@@ -257,6 +260,7 @@ fn many_spawns_at_once_each_run_their_own_command_or_report_their_own_failure() 
                                 stdout: out.as_fd(),
                                 stderr: null.as_fd(),
                                 cgroup: None,
+                                confine: None,
                             });
                             match spawned {
                                 Ok(child) => {

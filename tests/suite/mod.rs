@@ -4,6 +4,7 @@ mod cli;
 mod cli_daily;
 mod compare;
 mod config;
+mod confine;
 mod daemon;
 mod dashboard;
 mod dashboard_browser;

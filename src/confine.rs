@@ -1,0 +1,258 @@
+//! Keeping the provider's secret files out of reach of the code agents run.
+//!
+//! Agent shells and leased jobs (validate, profiles, benches, `fk-agentd lease -- CMD`) run code
+//! the model wrote, as the daemon's own user. Removing the token's variable from their
+//! environment is not enough when the token is a file: `base64 <file>` would hand it to the
+//! model, and from there to the store and transcripts. A [`Confinement`] is a Landlock ruleset
+//! under which **every path stays reachable except the hidden ones**: the token file and, above
+//! it, the folders that hold it (their other entries stay reachable, but a hidden path's folder
+//! cannot be listed or written). The daemon's own `/proc/<pid>` (its environment, memory and
+//! open files) is closed by [`protect_self`] (undumpable) and by children entering without
+//! `CAP_SYS_PTRACE`: Landlock alone does not stop a same-user read of `/proc/<pid>/environ`.
+//!
+//! Owns building the ruleset once per campaign and entering it in a child between fork and
+//! exec. Does not own which paths are secret (the caller names them) nor the spawning.
+//!
+//! Invariants:
+//! - The ruleset is built in the parent, before any child exists; a child only makes two plain
+//!   system calls ([`enter`]), which are safe between fork (or vfork) and exec.
+//! - Hidden paths and the entries allowed beside them are compared canonically, so a symbolic
+//!   link to a hidden folder does not reopen it.
+//! - Where the kernel has no Landlock the confinement says so ([`Confinement::describe`]) and
+//!   children run as before; nothing fails for it.
+//! - Entries created after the build beside a hidden path (a new file in the token's folder,
+//!   a new top-level folder) are not reachable: only what existed is allowed.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use landlock::{
+    ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, path_beneath_rules,
+};
+
+/// `CAP_SYS_PTRACE` of `<linux/capability.h>`.
+const CAP_SYS_PTRACE: libc::c_ulong = 19;
+
+/// How agent code is confined (recorded in the run's facts, shown by `doctor`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Nothing to hide (the token is not a file), or confinement turned off.
+    Off(String),
+    /// The kernel enforces the ruleset.
+    Enforced,
+    /// The kernel cannot (no Landlock): children run unconfined.
+    Unsupported(String),
+}
+
+/// A built ruleset, shared by every child of a campaign.
+#[derive(Clone, Debug)]
+pub struct Confinement {
+    fd: Option<Arc<OwnedFd>>,
+    hidden: Vec<PathBuf>,
+    status: Status,
+}
+
+impl PartialEq for Confinement {
+    fn eq(&self, other: &Self) -> bool {
+        self.hidden == other.hidden && self.status == other.status
+    }
+}
+
+impl Eq for Confinement {}
+
+impl Default for Confinement {
+    fn default() -> Self {
+        Self::off("no secret file to hide")
+    }
+}
+
+impl Confinement {
+    /// No confinement, with the reason shown to users.
+    pub fn off(why: &str) -> Self {
+        Self {
+            fd: None,
+            hidden: Vec::new(),
+            status: Status::Off(why.to_string()),
+        }
+    }
+
+    /// A ruleset under which everything but `hidden` (files or folders) is reachable. Paths
+    /// that do not exist are ignored; none left means [`Confinement::off`]. The folders of
+    /// `reachable` (the home's runs, the lease spool) are made first, so that they stay
+    /// reachable even where they sit beside a hidden path.
+    pub fn hiding(hidden: &[PathBuf], reachable: &[PathBuf]) -> Self {
+        let hidden: Vec<PathBuf> = hidden
+            .iter()
+            .filter_map(|p| p.canonicalize().ok())
+            .collect();
+        if hidden.is_empty() {
+            return Self::default();
+        }
+        for dir in reachable {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot make a folder agent code must reach");
+            }
+        }
+        let mut allowed = Vec::new();
+        if let Err(e) = allowed_beside(Path::new("/"), &hidden, &mut allowed) {
+            let why = format!("cannot list what surrounds the hidden paths: {e}");
+            return Self::unsupported(hidden, why).logged();
+        }
+        match build(&allowed) {
+            Ok(Some(fd)) => Self {
+                fd: Some(Arc::new(fd)),
+                hidden,
+                status: Status::Enforced,
+            },
+            Ok(None) => Self::unsupported(hidden, "this kernel has no Landlock".into()),
+            Err(e) => Self::unsupported(hidden, format!("the Landlock ruleset failed: {e}")),
+        }
+        .logged()
+    }
+
+    /// Says once, in the log, what agent code runs under.
+    fn logged(self) -> Self {
+        match &self.status {
+            Status::Enforced => tracing::info!(hidden = ?self.hidden, "{}", self.describe()),
+            _ => tracing::warn!(hidden = ?self.hidden, "{}", self.describe()),
+        }
+        self
+    }
+
+    fn unsupported(hidden: Vec<PathBuf>, why: String) -> Self {
+        Self {
+            fd: None,
+            hidden,
+            status: Status::Unsupported(why),
+        }
+    }
+
+    pub fn status(&self) -> &Status {
+        &self.status
+    }
+
+    /// The paths kept out of reach (canonical).
+    pub fn hidden(&self) -> &[PathBuf] {
+        &self.hidden
+    }
+
+    /// The ruleset's descriptor for [`enter`]; `None` when nothing is enforced.
+    pub fn raw_fd(&self) -> Option<RawFd> {
+        self.fd.as_ref().map(|fd| fd.as_raw_fd())
+    }
+
+    /// One line for people: `agent code cannot read 1 secret path (Landlock)`.
+    pub fn describe(&self) -> String {
+        match &self.status {
+            Status::Off(why) => format!("agent code is not confined: {why}"),
+            Status::Enforced => format!(
+                "agent code cannot reach {} secret path{} (Landlock)",
+                self.hidden.len(),
+                if self.hidden.len() == 1 { "" } else { "s" }
+            ),
+            Status::Unsupported(why) => {
+                format!("agent code is NOT confined: {why}; the token file is readable by agents")
+            }
+        }
+    }
+
+    /// Makes `cmd`'s child enter the ruleset before it execs (a fork, not `posix_spawn`).
+    pub fn apply(&self, cmd: &mut tokio::process::Command) {
+        let Some(fd) = self.raw_fd() else {
+            return;
+        };
+        // SAFETY: the hook runs in the forked child before exec and only makes the two plain
+        // system calls of `enter` on a descriptor the parent keeps open (the `Arc` in `self`
+        // outlives the spawn, which returns only after the child has exec'd or failed).
+        unsafe {
+            cmd.pre_exec(move || enter(fd));
+        }
+    }
+}
+
+/// Restricts the calling thread (a child between fork and exec) to the ruleset `fd`: drops
+/// `CAP_SYS_PTRACE` from the bounding set where it may (a root child could otherwise read the
+/// daemon's memory and environment), sets `no_new_privs` (which Landlock requires without
+/// `CAP_SYS_ADMIN`) and enforces the ruleset. Only plain system calls: no allocation, no lock.
+pub fn enter(fd: RawFd) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only. Without CAP_SETPCAP it fails, and such a
+    // process has no CAP_SYS_PTRACE to lose after exec either.
+    unsafe { libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) };
+    // SAFETY: as above.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: landlock_restrict_self(2) takes a descriptor and flags; it reads no memory of ours.
+    if unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes this process undumpable: its `/proc/<pid>` files (environment, memory, open files)
+/// become readable only with `CAP_SYS_PTRACE`, which confined children lack. The daemon holds
+/// the token in memory (and in its environment under `token_env`); call once at start.
+pub fn protect_self() {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "cannot make the daemon undumpable");
+    }
+}
+
+/// The ruleset allowing everything under `allowed`; `None` where the kernel has no Landlock.
+fn build(allowed: &[PathBuf]) -> Result<Option<OwnedFd>, landlock::RulesetError> {
+    let all = AccessFs::from_all(ABI::V5);
+    let created = Ruleset::default()
+        .handle_access(all)?
+        .create()?
+        .add_rules(path_beneath_rules(allowed, all))?;
+    Ok(created.into())
+}
+
+/// Collects in `out` the entries of `dir` (canonical) that hold no hidden path, and descends
+/// into those that do. `dir` is an ancestor of at least one hidden path.
+fn allowed_beside(dir: &Path, hidden: &[PathBuf], out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        // A link is judged by where it leads; one that leads nowhere is left out.
+        let Ok(real) = path.canonicalize() else {
+            continue;
+        };
+        if hidden.iter().any(|h| h == &real) {
+            continue;
+        }
+        if hidden.iter().any(|h| h.starts_with(&real)) {
+            // Above a hidden path: only its real location is descended into (a link to it is
+            // left out, the walk reaches the folder itself).
+            if real == path {
+                allowed_beside(&real, hidden, out)?;
+            }
+            continue;
+        }
+        out.push(real);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn everything_but_the_hidden_path_and_links_to_its_folder_is_allowed() {
+        let root = tempfile::tempdir().unwrap();
+        let root = root.path().canonicalize().unwrap();
+        let secret_dir = root.join("secrets");
+        std::fs::create_dir_all(&secret_dir).unwrap();
+        std::fs::write(secret_dir.join("token"), "t").unwrap();
+        std::fs::write(secret_dir.join("other"), "o").unwrap();
+        std::fs::create_dir(root.join("work")).unwrap();
+        std::os::unix::fs::symlink(&secret_dir, root.join("link")).unwrap();
+        let hidden = vec![secret_dir.join("token")];
+        let mut out = Vec::new();
+        allowed_beside(&root, &hidden, &mut out).unwrap();
+        out.sort();
+        assert_eq!(out, vec![secret_dir.join("other"), root.join("work")]);
+    }
+}

@@ -1,0 +1,224 @@
+//! The provider's token file is out of reach of agent code (Landlock): in the agent's shell, in
+//! a leased job started by the broker, and in a child started straight into a cgroup. Each
+//! test first shows the same command reading the token without the confinement, so it can fail.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fk_agentd::confine::{Confinement, Status};
+use fk_agentd::gpu::LeaseClass;
+use fk_agentd::gpu::cgroup_spawn;
+use fk_agentd::gpu::{LaunchSpec, LeaseOutput};
+use fk_agentd::workspace::exec::{self, ShellEnd};
+use fk_agentd::workspace::{OutputLimits, ShellEnv, ShellRequest};
+use tokio_util::sync::CancellationToken;
+
+use super::gpu::{params, req, rig_with, sh};
+use super::workspace::gelu_workspace;
+
+const TOKEN: &str = "fk-test-token-3f9a1c77e2";
+
+/// A token file with a neighbour in its folder.
+fn secret(tmp: &Path) -> (PathBuf, PathBuf) {
+    let dir = tmp.join("secrets");
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = dir.join("cortex-token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let neighbour = dir.join("readme.txt");
+    std::fs::write(&neighbour, "a neighbour stays readable").unwrap();
+    (token, neighbour)
+}
+
+/// The confinement hiding `token`, or `None` (the reason printed) where the kernel has no
+/// Landlock; `FK_AGENTD_REQUIRE_LANDLOCK=1` makes that a failure.
+fn hiding(token: &Path) -> Option<Confinement> {
+    let c = Confinement::hiding(&[token.to_path_buf()], &[]);
+    match c.status() {
+        Status::Enforced => Some(c),
+        other => {
+            assert!(
+                std::env::var_os("FK_AGENTD_REQUIRE_LANDLOCK").is_none(),
+                "Landlock required but: {other:?}"
+            );
+            eprintln!("skipped: {}", c.describe());
+            None
+        }
+    }
+}
+
+fn base64(s: &str) -> String {
+    let out = std::process::Command::new("base64")
+        .arg("-w0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(s.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn assert_no_token(text: &str) {
+    assert!(!text.contains(TOKEN), "the token leaked: {text}");
+    assert!(
+        !text.contains(&base64(TOKEN)),
+        "the encoded token leaked: {text}"
+    );
+}
+
+#[tokio::test]
+async fn the_agent_shell_cannot_read_the_token_file_but_everything_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (token, neighbour) = secret(tmp.path());
+    // The home exists before a campaign's ruleset is built (entries made later beside a hidden
+    // path are out of reach).
+    let ws = gelu_workspace(tmp.path());
+    let Some(confinement) = hiding(&token) else {
+        return;
+    };
+    let cmd = format!(
+        "cat {t}; base64 -w0 {t}; echo; ls {d}; cat {n}; echo; \
+         head -c1 /proc/$PPID/mem; \
+         echo written > $TMPDIR/w && cat $TMPDIR/w; ls /usr/bin/env",
+        t = token.display(),
+        d = token.parent().unwrap().display(),
+        n = neighbour.display()
+    );
+    let run = |env: ShellEnv| {
+        let (ws, cmd) = (&ws, cmd.clone());
+        async move {
+            exec::run(
+                ws,
+                &env,
+                &ShellRequest {
+                    cmd,
+                    timeout: Duration::from_secs(30),
+                    limits: OutputLimits::default(),
+                },
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    // As the daemon does at start (this test process stands in for it as the shell's parent).
+    fk_agentd::confine::protect_self();
+    let path = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
+    let open = run(ShellEnv::from_parent(path.clone(), [])).await;
+    assert!(open.output.contains(TOKEN), "{}", open.output);
+    // Unconfined, the parent's memory opens (offset 0 is simply unmapped).
+    assert!(
+        open.output.contains("mem': Input/output error"),
+        "{}",
+        open.output
+    );
+
+    let shut = run(ShellEnv::from_parent(path, []).confined(confinement)).await;
+    assert_eq!(shut.end, ShellEnd::Exited(0), "{}", shut.output);
+    assert_no_token(&shut.output);
+    let denied = shut.output.matches("Permission denied").count();
+    // The file (cat, base64), its folder (ls) and the daemon's memory.
+    assert!(denied >= 4, "{}", shut.output);
+    assert!(
+        shut.output.contains("a neighbour stays readable"),
+        "{}",
+        shut.output
+    );
+    assert!(
+        shut.output.contains("written\n/usr/bin/env"),
+        "{}",
+        shut.output
+    );
+}
+
+#[tokio::test]
+async fn a_leased_job_cannot_read_the_token_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (token, _) = secret(tmp.path());
+    let Some(confinement) = hiding(&token) else {
+        return;
+    };
+    let script = format!("cat {}", token.display());
+    for (name, confined) in [("open", None), ("shut", Some(confinement))] {
+        let mut p = params();
+        if let Some(c) = confined.clone() {
+            p.confinement = c;
+        }
+        let rig = rig_with(1, p);
+        let dir = rig.dir.path().to_path_buf();
+        let outcome = rig
+            .broker
+            .run(
+                req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
+                sh(&dir, name, &script),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("lease");
+        let out = std::fs::read_to_string(&outcome.stdout).unwrap();
+        let err = std::fs::read_to_string(&outcome.stderr).unwrap();
+        match confined {
+            None => assert_eq!((outcome.exit_code, out.as_str()), (Some(0), TOKEN)),
+            Some(_) => {
+                assert_no_token(&out);
+                assert!(err.contains("Permission denied"), "{err}");
+                assert_ne!(outcome.exit_code, Some(0));
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_child_started_by_clone_enters_the_ruleset_before_exec() {
+    if !cgroup_spawn::SUPPORTED {
+        eprintln!("skipped: this build has no clone path");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (token, _) = secret(tmp.path());
+    let Some(confinement) = hiding(&token) else {
+        return;
+    };
+    let argv = [
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("cat {}", token.display()),
+    ];
+    let (out, err) = (tmp.path().join("o"), tmp.path().join("e"));
+    let output = LeaseOutput::open(&out, &err).unwrap();
+    let spec = LaunchSpec {
+        lease_id: "lease-confined",
+        argv: &argv,
+        cwd: tmp.path(),
+        env_remove: &[],
+        env: vec![],
+        output: &output,
+        cgroup: None,
+        confine: confinement.raw_fd(),
+    };
+    let child = cgroup_spawn::launch_in(&spec, None)
+        .expect("launch")
+        .expect("clone");
+    let ended = child.wait().await.unwrap();
+    assert_ne!(ended.code, Some(0));
+    assert_no_token(&std::fs::read_to_string(&out).unwrap());
+    assert!(
+        std::fs::read_to_string(&err)
+            .unwrap()
+            .contains("Permission denied")
+    );
+}
+
+#[test]
+fn a_missing_token_file_or_none_confines_nothing_and_says_so() {
+    let c = Confinement::hiding(&[PathBuf::from("/nonexistent/fk-token")], &[]);
+    assert!(matches!(c.status(), Status::Off(_)), "{c:?}");
+    assert!(c.raw_fd().is_none());
+    assert_eq!(
+        c.describe(),
+        "agent code is not confined: no secret file to hide"
+    );
+}
