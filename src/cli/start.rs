@@ -410,8 +410,7 @@ async fn run_real(
     let (catalog, captures) = (catalog.clone(), config.captures.clone());
     let socket = crate::control::socket_path(&config.home);
     // The agents' shells find this binary first on PATH, for `fk-agentd lease -- CMD`.
-    let mut shell_env = ShellEnv::from_parent(std::env::vars(), [])
-        .confined(config.confinement());
+    let mut shell_env = ShellEnv::from_parent(std::env::vars(), []).confined(config.confinement());
     if let Some(dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(Path::to_path_buf))

@@ -159,9 +159,7 @@ pub fn launch_in(
         stderr: spec.output.stderr.as_fd(),
         cgroup: cgroup.as_ref().map(|c| c.as_fd()),
         // SAFETY: the broker's parameters hold the ruleset's descriptor open while it launches.
-        confine: spec
-            .confine
-            .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) }),
+        confine: spec.confine.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) }),
     });
     match spawned {
         Ok(child) => Ok(Ok(child)),

@@ -22,8 +22,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Workspace;
-use crate::confine::Confinement;
 use super::truncate::{Capture, OutputLimits};
+use crate::confine::Confinement;
 
 /// How long output may keep arriving after the command ended (from processes that left its
 /// process group) before we stop reading.
