@@ -21,7 +21,9 @@
 //! - Where the kernel has no Landlock the confinement says so ([`Confinement::describe`]) and
 //!   children run as before; nothing fails for it.
 //! - Entries created after the build beside a hidden path (a new file in the token's folder,
-//!   a new top-level folder) are not reachable: only what existed is allowed.
+//!   a new top-level folder) are not reachable: only what existed is allowed. So the usual
+//!   cache folders of `$HOME` are made first when the token lives under it, and a token in a
+//!   world-writable sticky folder (`/tmp`) is not hidden at all: the confinement says why.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -89,8 +91,20 @@ impl Confinement {
         if hidden.is_empty() {
             return Self::default();
         }
-        for dir in reachable {
-            if let Err(e) = std::fs::create_dir_all(dir) {
+        if let Some(shared) = hidden.iter().find_map(|h| shared_ancestor(h)) {
+            let why = format!(
+                "a secret file under {} (a folder every program makes temporary files in) cannot be hidden without breaking them; keep the token in a folder of its own, e.g. ~/.config/fk-agentd/token",
+                shared.display()
+            );
+            return Self::unsupported(hidden, why).logged();
+        }
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let caches = home
+            .iter()
+            .filter(|h| hidden.iter().any(|x| x.starts_with(h)))
+            .flat_map(|h| HOME_CACHES.iter().map(move |c| h.join(c)));
+        for dir in reachable.iter().cloned().chain(caches) {
+            if let Err(e) = std::fs::create_dir_all(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "cannot make a folder agent code must reach");
             }
         }
@@ -198,6 +212,22 @@ pub fn protect_self() {
     if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "cannot make the daemon undumpable");
     }
+}
+
+/// Folders of `$HOME` that tools of a bench create on first use (caches of pip, Triton, the
+/// CUDA driver, configs). Above a hidden path only what exists when the ruleset is built stays
+/// reachable, so when the token lives under `$HOME` these are made first.
+const HOME_CACHES: [&str; 5] = [".cache", ".triton", ".nv", ".local", ".config"];
+
+/// The first ancestor of `path` that is world-writable and sticky (`/tmp`, `/var/tmp`,
+/// `/dev/shm`): programs make new entries there all the time, which a ruleset built around a
+/// hidden path would refuse.
+fn shared_ancestor(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    path.ancestors().skip(1).find_map(|a| {
+        let mode = std::fs::metadata(a).ok()?.permissions().mode();
+        (mode & 0o1002 == 0o1002).then(|| a.to_path_buf())
+    })
 }
 
 /// The ruleset allowing everything under `allowed`; `None` where the kernel has no Landlock.

@@ -253,15 +253,20 @@ async fn noise_band<L: BenchLauncher>(
     }
     let empty = dir.join("no-candidates");
     std::fs::create_dir_all(&empty).map_err(|e| e.to_string())?;
-    let mut req =
-        BenchRequest::target(t, &empty, &dir.join(format!("L{}_{}", t.level(), t.stem())))
-            .for_session(&t.to_string(), &ws.cache_dir());
-    req.self_test = true;
-    req.label = format!("{t} (self-test)");
-    let run = driver.run(req, cancel.clone()).await;
-    let result = run
-        .result
-        .map_err(|f| format!("self-test: {}", f.describe()))?;
+    let work = dir.join(format!("L{}_{}", t.level(), t.stem()));
+    // A self-test that finished before a restart is read back, not run again.
+    let result = match BenchResult::read(&work.join("bench.json")) {
+        Ok(done) if !done.scenarios.is_empty() => done,
+        _ => {
+            let mut req =
+                BenchRequest::target(t, &empty, &work).for_session(&t.to_string(), &ws.cache_dir());
+            req.self_test = true;
+            req.label = format!("{t} (self-test)");
+            let run = driver.run(req, cancel.clone()).await;
+            run.result
+                .map_err(|f| format!("self-test: {}", f.describe()))?
+        }
+    };
     let worst = result
         .scenarios
         .iter()
@@ -317,8 +322,8 @@ fn screen_text(ws: &Workspace, candidate: &std::path::Path) -> String {
 }
 
 fn record_validation(journal: &SessionJournal, n: u32, v: &TargetVerdict, gpu_s: f64) {
-    let payload = json!({"n": n, "winner": v.winner, "geomean": v.geomean, "reason": v.reason, "rows": v.rows, "skipped": v.skipped, "gpu_s": gpu_s});
-    if let Err(e) = journal.record("validation", payload) {
+    let payload = json!({"n": n, "winner": v.winner, "geomean": v.geomean, "reason": v.reason, "rows": v.rows, "skipped": v.skipped, "failing": v.failing_statuses, "gpu_s": gpu_s});
+    if let Err(e) = journal.record(crate::agent::history::kind::VALIDATION, payload) {
         tracing::warn!(error = %e, "cannot record a validation");
     }
     if v.failing_statuses.is_empty() && v.rows > 0 {

@@ -23,6 +23,7 @@ pub mod kind {
     pub const TOOL_FINISHED: &str = "tool_finished";
     pub const COMPACTED: &str = "compacted";
     pub const SESSION_FINISHED: &str = "session_finished";
+    pub const VALIDATION: &str = "validation";
 }
 
 /// What the output of a call interrupted by a restart says to the model.
@@ -35,6 +36,11 @@ pub struct Replay {
     pub history: Vec<Value>,
     pub turns: u32,
     pub tokens: u64,
+    /// Validations recorded (each held a GPU lease), their GPU seconds, and the best geomean
+    /// of those that passed every scenario: the `sessions` counters a resume carries on.
+    pub leases: u32,
+    pub gpu_s: f64,
+    pub best_speedup: Option<f64>,
     /// Calls without an output yet, in order, and whether each was started.
     pub pending: Vec<(FunctionCall, bool)>,
     /// The `session_finished` payload, when the session already ended.
@@ -72,6 +78,13 @@ pub fn replay(events: &[Event]) -> Replay {
                 }
             }
             kind::SESSION_FINISHED => r.finished = Some(p.clone()),
+            kind::VALIDATION => {
+                r.leases += 1;
+                r.gpu_s += p["gpu_s"].as_f64().unwrap_or(0.0);
+                if let Some(g) = p["geomean"].as_f64().filter(|_| passed_every_scenario(p)) {
+                    r.best_speedup = Some(r.best_speedup.map_or(g, |b| b.max(g)));
+                }
+            }
             _ => {}
         }
     }
@@ -83,6 +96,23 @@ pub fn replay(events: &[Event]) -> Replay {
         })
         .collect();
     r
+}
+
+/// Whether a `validation` payload passed every scenario it ran (a geomean that counts as the
+/// session's best). Payloads written before `failing` was recorded tell it by their reason.
+fn passed_every_scenario(p: &Value) -> bool {
+    if p["rows"].as_u64().unwrap_or(0) == 0 {
+        return false;
+    }
+    match p["failing"].as_array() {
+        Some(failing) => failing.is_empty(),
+        None => {
+            p["winner"] == true
+                || p["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.starts_with("geomean"))
+        }
+    }
 }
 
 /// Function calls in `history` that have no output yet, in order.
@@ -157,6 +187,37 @@ mod tests {
             target: Some("L1/gelu".into()),
             payload,
         }
+    }
+
+    /// D2: a resumed session's `sessions` row keeps its leases, GPU time and best speedup.
+    #[test]
+    fn validations_carry_leases_gpu_time_and_the_best_passing_geomean_over_a_resume() {
+        let events = vec![
+            ev(1, kind::SESSION_STARTED, json!({})),
+            ev(
+                2,
+                kind::VALIDATION,
+                json!({"n": 1, "geomean": 1.591, "rows": 3, "failing": [], "gpu_s": 2.5}),
+            ),
+            ev(
+                3,
+                kind::VALIDATION,
+                json!({"n": 2, "geomean": 2.4, "rows": 3, "failing": ["FAILED"], "gpu_s": 1.0}),
+            ),
+            ev(
+                4,
+                kind::VALIDATION,
+                json!({"n": 3, "geomean": null, "rows": 0, "reason": "no result", "gpu_s": 0.5}),
+            ),
+            // Written before `failing` was recorded: its reason tells.
+            ev(
+                5,
+                kind::VALIDATION,
+                json!({"n": 4, "geomean": 1.2, "rows": 2, "reason": "geomean 1.2 < 1.3", "gpu_s": 1.0}),
+            ),
+        ];
+        let r = replay(&events);
+        assert_eq!((r.leases, r.gpu_s, r.best_speedup), (4, 5.0, Some(1.591)));
     }
 
     fn call(id: &str, name: &str) -> Value {

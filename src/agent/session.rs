@@ -151,6 +151,9 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
     j.update("running", |p| {
         p.turns = replay.turns;
         p.tokens = replay.tokens;
+        p.leases = replay.leases;
+        p.gpu_s = replay.gpu_s;
+        p.best_speedup = replay.best_speedup;
         p.last_event = if replay.started {
             "resumed".into()
         } else {

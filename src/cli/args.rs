@@ -176,7 +176,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct SimBenchArgs {
     /// Seed of the simulated outcomes.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0)]
     pub seed: u64,
     #[command(subcommand)]
     pub command: SimBenchCommand,
@@ -192,7 +192,7 @@ pub enum SimBenchCommand {
 pub struct SimBenchBenchArgs {
     #[arg(long)]
     pub target: Option<String>,
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub level: Option<u8>,
     #[arg(long, value_name = "DIR")]
     pub captures: Option<PathBuf>,
@@ -247,7 +247,7 @@ pub struct StartArgs {
     #[arg(long, value_enum)]
     pub gate: Option<GateArg>,
     /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (4).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
+    #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
 }
 
@@ -265,7 +265,7 @@ pub struct LeaseArgs {
     #[arg(long, value_enum, default_value = "validate")]
     pub class: LeaseClassArg,
     /// GPUs to lease (at least 1, at most the node's).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpus: u32,
     /// Run limit (at most the lease timeout), e.g. 10m.
     #[arg(long, value_name = "DURATION")]
@@ -322,10 +322,15 @@ pub struct ScoreArgs {
     pub mode: ScoreMode,
     /// Standalone benches per candidate; above 1, per-scenario medians are gated and each
     /// winner gets a bootstrap 95% interval.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub repeats: u32,
     /// Targets sampled for the self-test noise floor printed beside the speedups (0: none).
-    #[arg(long, default_value_t = 3, value_name = "N")]
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        default_value_t = 3,
+        value_name = "N"
+    )]
     pub noise_sample: u32,
     /// `confirmed`: the published gate on a first bench, then up to `--confirm` more benches
     /// of its winners until a sequential test decides (a first bench far below 1.0 gets one
@@ -336,7 +341,7 @@ pub struct ScoreArgs {
     #[arg(long, value_enum)]
     pub gate: Option<GateArg>,
     /// Benches after the first at most, for `--gate confirmed`. Default: `[score] confirm` (4).
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
+    #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
     /// Show only the winners, or only the losers, in the gate tables (and `--json`).
     #[arg(long, value_enum, value_name = "winners|losers")]

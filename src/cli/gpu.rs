@@ -45,6 +45,12 @@ pub(super) async fn cmd_lease(
     if args.local {
         return cmd_lease_local(global, env, args).await;
     }
+    // A bad flag is told before anything else is looked at.
+    let timeout = args
+        .timeout
+        .as_deref()
+        .map(|t| parse_duration("--timeout", t))
+        .transpose()?;
     let token = std::env::var("FK_AGENTD_LEASE_TOKEN")
         .ok()
         .filter(|t| !t.is_empty())
@@ -55,11 +61,6 @@ pub(super) async fn cmd_lease(
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| crate::control::socket_path(&home));
-    let timeout = args
-        .timeout
-        .as_deref()
-        .map(|t| parse_duration("--timeout", t))
-        .transpose()?;
     let call = LeaseCall {
         class: class(args.class),
         gpus: args.gpus,

@@ -31,6 +31,10 @@ use crate::{daemon, report};
 
 /// Runs the CLI with the process arguments and environment; returns the exit code.
 pub fn main() -> i32 {
+    if let Some(why) = not_utf8(std::env::args_os()) {
+        eprintln!("fk-agentd: {why}");
+        return crate::error::EXIT_USAGE;
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -43,7 +47,9 @@ pub fn main() -> i32 {
         }
     };
     let cli = match cli.command {
-        Command::SimBench(args) => return score::sim_bench(args),
+        Command::SimBench(args) => {
+            return crate::sim::invocations::logged(|| score::sim_bench(args));
+        }
         _ => cli,
     };
     // Everything fk-agentd writes (store, transcripts, run files, candidates) is private to
@@ -322,6 +328,25 @@ async fn cmd_stop(home: &std::path::Path) -> Result<i32, Error> {
         "stop requested: running sessions are being cancelled (resume later with `fk-agentd resume`)"
     );
     Ok(0)
+}
+
+/// Which argument is not UTF-8, named by the flag it belongs to (clap would only say that one
+/// of them is not).
+fn not_utf8(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
+    let mut previous: Option<String> = None;
+    for (i, arg) in args.enumerate().skip(1) {
+        match arg.to_str() {
+            Some(s) => previous = Some(s.to_string()),
+            None => {
+                let shown = arg.to_string_lossy().into_owned();
+                return Some(match previous.filter(|p| p.starts_with('-')) {
+                    Some(flag) => format!("{flag} = {shown:?}: not UTF-8 (argument {i})"),
+                    None => format!("argument {i} = {shown:?}: not UTF-8"),
+                });
+            }
+        }
+    }
+    None
 }
 
 /// The one rule for the provider's token: its variable is stripped from every child the

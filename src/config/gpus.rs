@@ -46,7 +46,6 @@ pub(super) fn validate(
 ) -> Result<GpuSettings, ConfigError> {
     let key = "gpus.devices";
     let (devices, source) = match raw.devices {
-        _ if sim => (GpuDevices::Fake { count: 8 }, SettingSource::Flag),
         None => (GpuDevices::Nvml, SettingSource::Default),
         Some(toml::Value::String(s)) => (parse_devices(key, &s)?, SettingSource::File),
         Some(toml::Value::Array(items)) => {
@@ -84,6 +83,12 @@ pub(super) fn validate(
                 "\"nvml\", \"fake:N\" or a list of GPU UUIDs",
             ));
         }
+    };
+    // The simulation's fake GPUs replace the setting, which was checked all the same.
+    let (devices, source) = if sim {
+        (GpuDevices::Fake { count: 8 }, SettingSource::Flag)
+    } else {
+        (devices, source)
     };
     settings.insert(key.into(), (describe_devices(&devices), source));
     let mut cap = |k: &str, v: Option<i64>, default: i64| {

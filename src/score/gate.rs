@@ -225,12 +225,13 @@ impl WinnerGate {
             verdict.reason = Some(count_list(&failing));
             return verdict;
         }
+        // An infinite speedup is a candidate time of zero: a broken measurement, not a win.
         let not_timed = kept
             .iter()
-            .filter(|r| r.speedup <= 0.0 || r.speedup.is_nan())
+            .filter(|r| !(r.speedup > 0.0 && r.speedup.is_finite()))
             .count();
         if not_timed > 0 {
-            verdict.reason = Some(format!("PASSED without a speedup > 0 ×{not_timed}"));
+            verdict.reason = Some(format!("PASSED without a finite speedup > 0 ×{not_timed}"));
             return verdict;
         }
         let g = geomean(kept.iter().map(|r| r.speedup));

@@ -95,6 +95,39 @@ impl<'de> Deserialize<'de> for Status {
 
 /// A number that may be missing or `null` in the file; both read as 0.0 (the bench writes 0.0
 /// for "not measured"). ±1e30 (the bench's encoding of non-finite values) is kept as is.
+/// Python's `json.dump` writes `NaN`, `Infinity` and `-Infinity`, which JSON has not; the
+/// bench is a Python program. Outside strings they are read as `null`, which the numeric
+/// fields take as an unmeasured value (so a row timed `NaN` is not timed, never a win).
+pub fn python_json(text: &str) -> std::borrow::Cow<'_, str> {
+    const WORDS: [&str; 3] = ["-Infinity", "Infinity", "NaN"];
+    if !WORDS[1..].iter().any(|w| text.contains(w)) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if !in_string && let Some(w) = WORDS.iter().find(|w| rest.starts_with(**w)) {
+            out.push_str("null");
+            rest = &rest[w.len()..];
+            continue;
+        }
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out.into()
+}
+
 fn lenient_f64<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(0.0))
 }
@@ -159,9 +192,10 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
-    /// Parses a bench JSON document.
+    /// Parses a bench JSON document (with Python's `NaN` and `Infinity` read as unmeasured
+    /// values, see [`python_json`]).
     pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(text)
+        serde_json::from_str(&python_json(text))
     }
 
     /// Reads and parses a bench JSON file.
@@ -181,7 +215,7 @@ impl BenchResult {
     pub fn from_jsonl(text: &str) -> Result<Self, serde_json::Error> {
         let mut scenarios = Vec::new();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            scenarios.push(serde_json::from_str::<ScenarioRow>(line)?);
+            scenarios.push(serde_json::from_str::<ScenarioRow>(&python_json(line))?);
         }
         Ok(Self::from_rows("candidate", scenarios))
     }

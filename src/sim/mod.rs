@@ -7,5 +7,6 @@
 pub mod bench;
 pub mod campaign;
 pub mod in_process;
+pub mod invocations;
 pub mod noise;
 pub mod server;

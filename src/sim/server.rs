@@ -197,7 +197,26 @@ impl Step {
             .filter(|i| i["type"] == "function_call")
             .map(|i| i["name"].as_str().unwrap_or(""))
             .collect();
-        let validations = calls.iter().filter(|n| **n == "validate").count() as u32;
+        // A call a restart interrupted is made again, as a careful agent would: it neither
+        // counts nor moves the script on (so a resumed campaign ends where an unbroken one does).
+        let interrupted = |o: &&str| o.starts_with("interrupted:");
+        let validations = calls
+            .iter()
+            .zip(&outputs)
+            .filter(|(n, o)| **n == "validate" && !interrupted(o))
+            .count() as u32;
+        if outputs.last().is_some_and(interrupted) && calls.len() == outputs.len() {
+            match calls.last().copied() {
+                Some("shell") => return Step::Explore,
+                Some("write_file") => {
+                    return Step::Write {
+                        variant: validations + 1,
+                    };
+                }
+                Some("validate") => return Step::Validate,
+                _ => {}
+            }
+        }
         match calls.last().copied() {
             None => Step::Explore,
             Some("shell") => Step::Write { variant: 1 },
@@ -376,6 +395,21 @@ mod tests {
         );
         let failed = [rs("a"), fc("validate"), out("L1/gelu INCORRECT_NUMERICAL")];
         assert_eq!(Step::from_history(&failed), Step::Write { variant: 2 });
+        // A call a restart interrupted is made again and does not count.
+        let cut = crate::agent::history::INTERRUPTED_OUTPUT;
+        assert_eq!(
+            Step::from_history(&[rs("a"), fc("validate"), out(cut)]),
+            Step::Validate
+        );
+        let rewrite = [
+            rs("a"),
+            fc("validate"),
+            out("INCORRECT"),
+            rs("b"),
+            fc("write_file"),
+            out(cut),
+        ];
+        assert_eq!(Step::from_history(&rewrite), Step::Write { variant: 2 });
         let passed = [rs("a"), fc("validate"), out("PASSED 1.2x")];
         assert_eq!(
             Step::from_history(&passed),

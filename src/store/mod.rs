@@ -45,6 +45,11 @@ pub enum StoreError {
     /// one failure to every write it held).
     #[error("store {path}: lease journal: {detail}")]
     Lease { path: PathBuf, detail: String },
+    /// SQLite found the file damaged (a torn disk, a truncated copy).
+    #[error(
+        "store {path} is damaged ({detail}): nothing was written to it. Move it aside (e.g. `mv {path} {path}.damaged`) to start a new store in this home; every run's events are also in its runs/<id>/run.jsonl"
+    )]
+    Damaged { path: PathBuf, detail: String },
     #[error("unknown run `{0}`")]
     UnknownRun(String),
     /// A run id typed by the user that names no run, or several (a prefix).
@@ -52,6 +57,44 @@ pub enum StoreError {
     RunId(#[from] crate::run::RunIdError),
     #[error("store task failed: {0}")]
     Join(String),
+}
+
+impl StoreError {
+    /// A SQLite error of `path`, told as damage when SQLite says the file is damaged.
+    fn from_sqlite(path: &Path, source: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+        match source.sqlite_error_code() {
+            Some(DatabaseCorrupt | NotADatabase) => StoreError::Damaged {
+                path: path.to_path_buf(),
+                detail: source.to_string(),
+            },
+            _ => StoreError::Sqlite {
+                path: path.to_path_buf(),
+                source,
+            },
+        }
+    }
+}
+
+/// Whether the folder holding `path` is on a read-only file system.
+fn read_only_fs(path: &Path) -> bool {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    rustix::fs::statvfs(dir).is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
+}
+
+/// `PRAGMA quick_check` (every page read once: about 10 ms for a 133-target campaign's store)
+/// before anything is read from or written to the store.
+fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let first: String = conn
+        .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
+        .map_err(|e| StoreError::from_sqlite(path, e))?;
+    if first == "ok" {
+        return Ok(());
+    }
+    Err(StoreError::Damaged {
+        path: path.to_path_buf(),
+        detail: first,
+    })
 }
 
 /// One stored event.
@@ -119,11 +162,9 @@ pub fn now_rfc3339() -> String {
 impl Store {
     /// Opens (creating if needed) the database and brings its schema up to date.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let err = |source| StoreError::Sqlite {
-            path: path.to_path_buf(),
-            source,
-        };
+        let err = |source| StoreError::from_sqlite(path, source);
         let mut conn = Connection::open(path).map_err(err)?;
+        check_integrity(&conn, path)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -149,11 +190,23 @@ impl Store {
             path: path.to_path_buf(),
             source,
         };
-        let conn = Connection::open_with_flags(
-            path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(err)?;
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags)
+            .and_then(|c| {
+                c.query_row("PRAGMA user_version", [], |_| Ok(()))
+                    .map(|_| c)
+            })
+            .or_else(|e| {
+                // A WAL store on a read-only file system (a mounted snapshot) cannot make its
+                // shared-memory file; nothing can change it there, so it is read as immutable.
+                if !read_only_fs(path) {
+                    return Err(e);
+                }
+                let uri = format!("file:{}?immutable=1", path.display());
+                Connection::open_with_flags(uri, flags | rusqlite::OpenFlags::SQLITE_OPEN_URI)
+            })
+            .map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(err)?;
         Ok(Self {
@@ -168,6 +221,7 @@ impl Store {
     /// nothing; a store of an older release is opened for writing once, to be migrated.
     pub fn open_for_reading(path: &Path) -> Result<Self, StoreError> {
         let ro = Self::open_read_only(path)?;
+        check_integrity(&ro.lock(), path)?;
         let version: i64 = ro
             .lock()
             .query_row("PRAGMA user_version", [], |r| r.get(0))

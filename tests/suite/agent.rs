@@ -329,7 +329,8 @@ fn gpu_less_runner_with(home: &Path, cfg: &Config, url: &str, shell_env: ShellEn
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_encodes_the_token_file_sends_nothing_of_it() {
     let home = tempfile::tempdir().unwrap();
-    let secrets = tempfile::tempdir().unwrap();
+    // Not under /tmp: a file there cannot be hidden (see `confine`).
+    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let token_file = secrets.path().join("cortex-token");
     let token = "fk-agent-token-77c1d0e9b4";
     std::fs::write(&token_file, token).unwrap();

@@ -18,6 +18,12 @@ use super::workspace::gelu_workspace;
 
 const TOKEN: &str = "fk-test-token-3f9a1c77e2";
 
+/// A folder for a test's secrets: not under the system's /tmp, whose sticky shared folder
+/// cannot hold a hidden file (see the last test).
+fn private_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
 /// A token file with a neighbour in its folder.
 fn secret(tmp: &Path) -> (PathBuf, PathBuf) {
     let dir = tmp.join("secrets");
@@ -71,7 +77,7 @@ fn assert_no_token(text: &str) {
 
 #[tokio::test]
 async fn the_agent_shell_cannot_read_the_token_file_but_everything_else() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = private_dir();
     let (token, neighbour) = secret(tmp.path());
     // The home exists before a campaign's ruleset is built (entries made later beside a hidden
     // path are out of reach).
@@ -136,7 +142,7 @@ async fn the_agent_shell_cannot_read_the_token_file_but_everything_else() {
 
 #[tokio::test]
 async fn a_leased_job_cannot_read_the_token_file() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = private_dir();
     let (token, _) = secret(tmp.path());
     let Some(confinement) = hiding(&token) else {
         return;
@@ -177,7 +183,7 @@ async fn a_child_started_by_clone_enters_the_ruleset_before_exec() {
         eprintln!("skipped: this build has no clone path");
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = private_dir();
     let (token, _) = secret(tmp.path());
     let Some(confinement) = hiding(&token) else {
         return;
@@ -220,5 +226,19 @@ fn a_missing_token_file_or_none_confines_nothing_and_says_so() {
     assert_eq!(
         c.describe(),
         "agent code is not confined: no secret file to hide"
+    );
+}
+
+#[test]
+fn a_token_in_a_shared_temporary_folder_is_not_hidden_and_the_reason_says_where_to_put_it() {
+    let tmp = tempfile::tempdir_in("/tmp").unwrap();
+    let (token, _) = secret(tmp.path());
+    let c = Confinement::hiding(&[token], &[]);
+    assert!(matches!(c.status(), Status::Unsupported(_)), "{c:?}");
+    assert!(c.raw_fd().is_none());
+    assert!(
+        c.describe().contains("under /tmp") && c.describe().contains("~/.config/fk-agentd/token"),
+        "{}",
+        c.describe()
     );
 }

@@ -93,7 +93,9 @@ async fn the_child_starts_with_an_empty_signal_mask_and_sigpipe_at_its_default()
     let dir = tempfile::tempdir().expect("tempdir");
     // This test's thread blocks SIGUSR1 and the Rust runtime ignores SIGPIPE: neither may
     // reach the command.
+    // SAFETY: a sigset_t is plain data; all zeroes is a valid (then emptied) set.
     let mut usr1: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: plain signal-set calls on a set we own; only this test thread's mask changes.
     unsafe {
         libc::sigemptyset(&mut usr1);
         libc::sigaddset(&mut usr1, libc::SIGUSR1);
@@ -106,6 +108,7 @@ async fn the_child_starts_with_an_empty_signal_mask_and_sigpipe_at_its_default()
         None,
     )
     .await;
+    // SAFETY: as above, undoing the block on this thread.
     unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &usr1, std::ptr::null_mut()) };
     assert!(ended.is_ok(), "{ended:?}");
     let status = read(dir.path(), "out");
@@ -298,4 +301,106 @@ fn many_spawns_at_once_each_run_their_own_command_or_report_their_own_failure() 
         })
         .collect();
     assert_eq!(results, expected);
+}
+
+/// Thousands of spawns through the clone path with failures injected: a missing program, a
+/// cgroup whose pid limit is full, a cgroup killed while its child runs. Every spawn ends in
+/// the error of its kind or an exit status, and no child of ours is left, zombie or alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_spawns_with_failures_injected_reap_every_child() {
+    let store = tempfile::tempdir().expect("tempdir");
+    let scope = scope_for(store.path());
+    let v2 = Cgroups::available(Path::new("/sys/fs/cgroup"), &scope)
+        .into_iter()
+        .find(|c| c.kind() == Containment::CgroupV2);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A name of our own, so our children are told apart from other tests' in /proc.
+    let marker = dir.path().join("fk-stress-child");
+    std::os::unix::fs::symlink("/bin/sh", &marker).expect("link");
+    let (full, killable) = match &v2 {
+        Some(v2) => {
+            let full = v2.create("stress-full").expect("cgroup");
+            // The pids controller may have to be handed down to the scope first.
+            let _ = std::fs::write(v2.scope_dir().join("cgroup.subtree_control"), "+pids");
+            let full = match std::fs::write(full.join("pids.max"), "0") {
+                Ok(()) => Some(full),
+                Err(e) => {
+                    eprintln!("the full-pid-limit case is skipped: pids.max: {e}");
+                    let _ = std::fs::remove_dir(&full);
+                    None
+                }
+            };
+            (full, Some(v2.create("stress-kill").expect("cgroup")))
+        }
+        None => {
+            eprintln!("the cgroup cases are skipped: no writable cgroup v2");
+            (None, None)
+        }
+    };
+    let null = std::fs::File::open("/dev/null").expect("null");
+    let cwd = c(dir.path().to_str().expect("utf-8"));
+    let (mut ran, mut missing, mut refused, mut killed) = (0, 0, 0, 0);
+    const SPAWNS: usize = 2000;
+    for i in 0..SPAWNS {
+        let (program, script, cgroup) = match i % 4 {
+            0 => (marker.clone(), "exit 3", None),
+            1 => (dir.path().join("no-such-program"), "", None),
+            2 if full.is_some() => (marker.clone(), "exit 0", full.clone()),
+            3 if killable.is_some() => (marker.clone(), "sleep 30", killable.clone()),
+            _ => (marker.clone(), "exit 3", None),
+        };
+        let cg = cgroup
+            .as_ref()
+            .map(|d| std::fs::File::open(d).expect("cgroup dir"));
+        let argv = [c("fk-stress-child"), c("-c"), c(script)];
+        let spawned = cgroup_spawn::spawn(&SpawnSpec {
+            program: &c(program.to_str().unwrap()),
+            argv: &argv,
+            envp: &[],
+            cwd: &cwd,
+            stdin: null.as_fd(),
+            stdout: null.as_fd(),
+            stderr: null.as_fd(),
+            cgroup: cg.as_ref().map(|d| d.as_fd()),
+            confine: None,
+        });
+        match spawned {
+            Ok(child) => {
+                if script == "sleep 30" {
+                    let kill = killable.as_ref().unwrap().join("cgroup.kill");
+                    std::fs::write(kill, "1").expect("cgroup.kill");
+                }
+                let ended = child.wait().await.expect("wait");
+                match (ended.code, ended.signal) {
+                    (Some(3), None) => ran += 1,
+                    (None, Some(9)) => killed += 1,
+                    other => panic!("spawn {i} ({script}) ended {other:?}"),
+                }
+            }
+            Err(SpawnError::Exec(e)) if e.raw_os_error() == Some(libc::ENOENT) => missing += 1,
+            Err(SpawnError::Clone(e)) if e.raw_os_error() == Some(libc::EAGAIN) => refused += 1,
+            Err(e) => panic!("spawn {i} ({script}): {e:?}"),
+        }
+    }
+    for d in [&full, &killable].into_iter().flatten() {
+        let _ = std::fs::remove_dir(d);
+    }
+    assert_eq!(ran + missing + refused + killed, SPAWNS);
+    assert!(missing > 0 && ran > 0);
+    if v2.is_some() {
+        assert!(killed > 0, "{killed} killed");
+    }
+    if full.is_some() {
+        assert!(refused > 0, "{refused} refused");
+    }
+    // No child of this process that carries our name is left in /proc (zombie or alive).
+    let me = std::process::id().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .expect("proc")
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .filter(|s| s.contains("Name:\tfk-stress-child"))
+        .filter(|s| s.lines().any(|l| l == format!("PPid:\t{me}")))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -260,3 +260,204 @@ fn resume_rewrites_run_jsonl_from_the_store() {
         .unwrap();
     assert_eq!(seqs(&path).len(), want.lines().count() + 1);
 }
+
+/// D10: the read commands work on a home mounted read-only (a snapshot on shared storage);
+/// a command that must write says which file it cannot, with exit 3. Needs root for the bind
+/// mount; elsewhere it says why it skips.
+#[test]
+fn read_commands_work_on_a_read_only_home() {
+    use fk_agentd::store::{RunRow, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let store = Store::open(&home.join("fk-agentd.db")).unwrap();
+    store
+        .create_run(&RunRow {
+            id: "20261204-120000-ind-l1-sim-ro".into(),
+            started_at: "2026-12-04T12:00:00.000Z".into(),
+            finished_at: Some("2026-12-04T12:01:00.000Z".into()),
+            status: "finished".into(),
+            mode: "independent".into(),
+            targets: vec!["L1/gelu".into()],
+            simulated: true,
+            pid: None,
+        })
+        .unwrap();
+    drop(store);
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["--bind"])
+        .arg(&home)
+        .arg(&ro)
+        .status()
+        .is_ok_and(|s| s.success())
+        && std::process::Command::new("mount")
+            .args(["-o", "remount,bind,ro"])
+            .arg(&ro)
+            .status()
+            .is_ok_and(|s| s.success());
+    if !mounted {
+        let _ = std::process::Command::new("umount").arg(&ro).status();
+        eprintln!("skipped: a read-only bind mount needs root here");
+        return;
+    }
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(&ro);
+    for args in [&["status"][..], &["runs"], &["sessions"], &["compare"]] {
+        let out = fk(&ro).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !err.contains("unable to open database") && out.status.code() != Some(101),
+            "{args:?}: {err}"
+        );
+    }
+    let out = fk(&ro)
+        .args(["status"])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("20261204-120000-ind-l1-sim-ro"));
+    let out = fk(&ro)
+        .arg("manifest")
+        .assert()
+        .code(3)
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    // A command that writes names the file it cannot write.
+    assert!(
+        err.contains("MANIFEST.md") || err.contains("fk-agentd.db"),
+        "{err}"
+    );
+}
+
+/// D10: a non-UTF-8 argument is named by its flag (clap alone says only that one is not).
+#[test]
+fn a_non_utf8_argument_is_named_by_its_flag() {
+    use std::os::unix::ffi::OsStringExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bad = std::ffi::OsString::from_vec(vec![b'L', b'1', b'/', 0xff]);
+    let err = refused(
+        fk(dir.path())
+            .args(["start", "--sim", "--targets"])
+            .arg(bad),
+    );
+    assert!(
+        err.contains("--targets = \"L1/\u{fffd}\": not UTF-8"),
+        "{err}"
+    );
+}
+
+/// D10: a negative count is refused by its flag, not taken for an unknown flag.
+#[test]
+fn a_negative_count_is_refused_by_its_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = refused(fk(dir.path()).args(["start", "--sim", "--confirm", "-1"]));
+    assert!(err.contains("'-1'") && err.contains("--confirm"), "{err}");
+    // A bad --timeout of `lease` is told before the missing lease token.
+    let err = refused(fk(dir.path()).args(["lease", "--timeout", "soon", "--", "true"]));
+    assert!(err.contains("--timeout"), "{err}");
+}
+
+/// A damaged store is named, with what to do, and never written to.
+#[test]
+fn a_damaged_store_is_named_with_what_to_do() {
+    use fk_agentd::store::Store;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk-agentd.db");
+    drop(Store::open(&path).unwrap());
+    // Everything in the main file (a store's last close checkpoints; make sure).
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE;")
+        .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    for b in &mut bytes[100..4096] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    for args in [&["runs"][..], &["status"], &["resume"]] {
+        let out = fk(dir.path())
+            .args(args)
+            .assert()
+            .code(3)
+            .get_output()
+            .clone();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("is damaged") && err.contains("fk-agentd.db.damaged"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
+
+/// Access control: the control socket answers only its owner's uid, even when the socket file
+/// itself lets another user in (a home made world-readable by hand). Needs root to be another
+/// user; elsewhere it says why it skips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_socket_refuses_another_uid_whatever_the_file_modes() {
+    use fk_agentd::control::{ControlState, DaemonStatus, serve};
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root to run a command as another user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let parent = dir.path();
+    std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = parent.join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let store = fk_agentd::store::Store::open(&home.join("fk-agentd.db")).unwrap();
+    let socket = home.join("fk-agentd.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let state = ControlState {
+        store,
+        owner_uid: 0,
+        shutdown: shutdown.clone(),
+        status: std::sync::Arc::new(|| DaemonStatus {
+            pid: 1,
+            home: "/nowhere".into(),
+            started_at: "now".into(),
+            run_id: None,
+            mode: None,
+            simulated: true,
+            targets: 0,
+            states: Default::default(),
+            stopping: false,
+        }),
+        broker: None,
+    };
+    let server = tokio::spawn(serve(listener, state, shutdown.clone()));
+    let copy = parent.join("fk-agentd");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("fk-agentd"), &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let other = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&copy)
+            .args(["--home", home.to_str().unwrap(), "stop"])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert_eq!(other.status.code(), Some(3), "{err}");
+    assert!(err.contains("not the daemon's owner"), "{err}");
+    assert!(!shutdown.is_cancelled(), "another user stopped the daemon");
+    shutdown.cancel();
+    let _ = server.await;
+}

@@ -26,6 +26,7 @@ mod llm_secrets;
 mod manifest;
 mod manifest_events;
 mod manifest_score;
+mod props;
 mod protect;
 mod report;
 mod scheduling;

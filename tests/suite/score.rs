@@ -203,7 +203,7 @@ fn the_gate_rules_and_their_reasons() {
     let untimed = judge(vec![row("L1/gelu", "PASSED", 0.0)], g);
     assert_eq!(
         untimed.reason.as_deref(),
-        Some("PASSED without a speedup > 0 ×1")
+        Some("PASSED without a finite speedup > 0 ×1")
     );
 
     assert_eq!(judge(vec![], g).reason.as_deref(), Some("no result"));

@@ -1,0 +1,926 @@
+//! `cargo bench --bench chaos`: what fk-agentd withstands, in figures beside their goals.
+//!
+//! Attacks the built binary the way a bad night does, on loopback and the labelled simulation
+//! only, and stops by itself (a few minutes on 2 cores):
+//!
+//! - **crash**: a simulated `--mode all` campaign killed with SIGKILL at 20 random moments, each
+//!   followed by `resume`, against the same campaign run without a kill: events lost or
+//!   doubled, `run.jsonl` against the store, benches run again after they had finished (from
+//!   the simulated bench's own invocation log, [`fk_agentd::sim::invocations`]), leases left
+//!   open in the journal, processes left behind, and whether the winners are the same;
+//! - **corrupted store**: a truncated and a bit-flipped `fk-agentd.db` under the read commands:
+//!   a clear error naming the file, never a panic, nothing else in the home touched;
+//! - **bad input**: malformed config and provider files, flags, target ids and arguments (each
+//!   must exit 2 or 3 naming the field and its value), and bench JSON and SSE streams that are
+//!   truncated, huge, NaN-laden or garbage (each a clear error or a value, never a panic);
+//! - **secrets**: the simulated provider's token, sampled while the campaign runs in every
+//!   child's `/proc/<pid>/environ` and `cmdline`, then in every file of the home.
+//!
+//! Provider faults and a full disk are not attacked here yet (see `docs/reliability.md`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
+const KILLS: usize = 20;
+const TARGETS: &str = "L1";
+
+/// One figure of the table.
+struct Figure {
+    section: &'static str,
+    what: String,
+    got: String,
+    goal: String,
+    met: bool,
+}
+
+#[derive(Default)]
+struct Table(Vec<Figure>);
+
+impl Table {
+    fn add(
+        &mut self,
+        section: &'static str,
+        what: &str,
+        got: impl ToString,
+        goal: &str,
+        met: bool,
+    ) {
+        self.0.push(Figure {
+            section,
+            what: what.into(),
+            got: got.to_string(),
+            goal: goal.into(),
+            met,
+        });
+    }
+
+    fn count(&mut self, section: &'static str, what: &str, got: usize) {
+        self.add(section, what, got, "0", got == 0);
+    }
+
+    fn print(&self) {
+        println!(
+            "\n{:<16} {:<58} {:>12} {:>10}  met",
+            "section", "figure", "got", "goal"
+        );
+        for f in &self.0 {
+            println!(
+                "{:<16} {:<58} {:>12} {:>10}  {}",
+                f.section,
+                f.what,
+                f.got,
+                f.goal,
+                if f.met { "yes" } else { "NO" }
+            );
+        }
+        let missed = self.0.iter().filter(|f| !f.met).count();
+        println!(
+            "\n{} figures, {} at their goal, {missed} not",
+            self.0.len(),
+            self.0.len() - missed
+        );
+    }
+}
+
+fn fk(home: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--home").arg(home);
+    c.env_remove("FK_AGENTD_HOME")
+        .env_remove("FK_AGENTD_CONFIG")
+        .env("NO_COLOR", "1")
+        .current_dir(home);
+    c
+}
+
+fn quiet(mut c: Command) -> Command {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+fn campaign(home: &Path, log: &Path, resume: bool) -> Child {
+    let mut c = fk(home);
+    if resume {
+        c.arg("resume");
+    } else {
+        c.args(["start", "--sim", "--targets", TARGETS, "--mode", "all"]);
+    }
+    c.env(fk_agentd::sim::invocations::LOG_ENV, log);
+    quiet(c).spawn().expect("fk-agentd starts")
+}
+
+/// Runs `resume` until it says nothing is left to resume; how many it took.
+fn finish(home: &Path, log: &Path) -> usize {
+    for round in 0..10 {
+        let out = fk(home)
+            .arg("resume")
+            .env(fk_agentd::sim::invocations::LOG_ENV, log)
+            .stdin(Stdio::null())
+            .output()
+            .expect("resume");
+        if String::from_utf8_lossy(&out.stderr).contains("no unfinished run") {
+            return round;
+        }
+    }
+    10
+}
+
+fn db(home: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(home.join("fk-agentd.db")).expect("store")
+}
+
+/// Run ids of a home, oldest first.
+fn runs(home: &Path) -> Vec<String> {
+    let c = db(home);
+    let mut s = c.prepare("SELECT id FROM runs ORDER BY id").unwrap();
+    s.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// (gaps, duplicates) in each run's event sequence numbers.
+fn sequence_faults(home: &Path) -> (usize, usize) {
+    let c = db(home);
+    let (mut gaps, mut dups) = (0, 0);
+    for run in runs(home) {
+        let mut s = c
+            .prepare("SELECT seq FROM events WHERE run_id = ?1 ORDER BY seq")
+            .unwrap();
+        let seqs: Vec<i64> = s
+            .query_map([&run], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        for w in seqs.windows(2) {
+            match w[1] - w[0] {
+                1 => {}
+                0 => dups += 1,
+                _ => gaps += 1,
+            }
+        }
+    }
+    (gaps, dups)
+}
+
+/// Events recorded twice: a tool call finished twice, a target finished twice in one run.
+fn doubled_events(home: &Path) -> usize {
+    let c = db(home);
+    let q = "SELECT count(*) FROM (SELECT run_id, target, json_extract(payload, '$.call_id') AS id, count(*) AS n \
+             FROM events WHERE kind = 'tool_finished' GROUP BY run_id, target, id HAVING n > 1)";
+    let tools: i64 = c.query_row(q, [], |r| r.get(0)).unwrap();
+    let q = "SELECT count(*) FROM (SELECT run_id, target, count(*) AS n FROM events \
+             WHERE kind = 'task_finished' GROUP BY run_id, target HAVING n > 1)";
+    let tasks: i64 = c.query_row(q, [], |r| r.get(0)).unwrap();
+    (tools + tasks) as usize
+}
+
+/// Runs whose `run.jsonl` differs from the store (lines against events, in order).
+fn jsonl_mismatches(home: &Path) -> usize {
+    let c = db(home);
+    runs(home)
+        .iter()
+        .filter(|run| {
+            let mut s = c
+                .prepare("SELECT seq FROM events WHERE run_id = ?1 ORDER BY seq")
+                .unwrap();
+            let stored: Vec<i64> = s
+                .query_map([run.as_str()], |r| r.get(0))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+            let path = home.join("runs").join(run).join("run.jsonl");
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<i64> = text
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l)
+                        .ok()
+                        .and_then(|v| v["seq"].as_i64())
+                        .unwrap_or(-1)
+                })
+                .collect();
+            lines != stored
+        })
+        .count()
+}
+
+fn open_leases(home: &Path) -> usize {
+    let n: i64 = db(home)
+        .query_row(
+            "SELECT count(*) FROM leases WHERE state IN ('granted', 'running')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    n as usize
+}
+
+/// From the simulated bench's log: (benches that finished and were then run again,
+/// benches killed before they finished).
+fn reruns(log: &Path) -> (usize, usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut started: BTreeMap<String, String> = BTreeMap::new();
+    let mut finished: BTreeSet<String> = BTreeSet::new();
+    let (mut again, mut starts) = (0, BTreeMap::<String, usize>::new());
+    for line in text.lines() {
+        let f: Vec<&str> = line.splitn(4, '\t').collect();
+        match f.as_slice() {
+            ["start", pid, session, args] => {
+                let key = format!("{session}\t{args}");
+                if finished.contains(&key) {
+                    again += 1;
+                }
+                *starts.entry(key.clone()).or_default() += 1;
+                started.insert(pid.to_string(), key);
+            }
+            ["end", pid, _] => {
+                if let Some(key) = started.remove(*pid) {
+                    finished.insert(key);
+                }
+            }
+            _ => {}
+        }
+    }
+    (again, started.len())
+}
+
+/// Processes that still name the home in their command line.
+fn leftovers(home: &Path) -> usize {
+    let needle = home.display().to_string();
+    procs()
+        .into_iter()
+        .filter(|(_, cmdline, _)| cmdline.contains(&needle))
+        .count()
+}
+
+/// (pid, cmdline, environ) of every readable process.
+fn procs() -> Vec<(u32, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let me = std::process::id();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        out.push((
+            pid,
+            String::from_utf8_lossy(&cmdline).replace('\0', " "),
+            environ,
+        ));
+    }
+    out
+}
+
+/// What the campaign's comparison says, per level: the winner counts and who won alone.
+fn winners(home: &Path) -> String {
+    let out = fk(home)
+        .args(["compare", "--json"])
+        .output()
+        .expect("compare");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let levels = v["levels"].as_array().cloned().unwrap_or_default();
+    levels
+        .iter()
+        .map(|l| {
+            format!(
+                "{}: {}/{} winners, only independent {}, only sequential {}",
+                l["level"],
+                l["independent"]["winners"],
+                l["sequential"]["winners"],
+                l["only_independent"],
+                l["only_sequential"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn crash(t: &mut Table, rng: &mut rand::rngs::StdRng) -> PathBuf {
+    let clean = tempfile::Builder::new()
+        .prefix("chaos-clean")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let started = Instant::now();
+    let status = campaign(&clean, &clean.join("invocations.log"), false)
+        .wait()
+        .expect("clean campaign");
+    let clean_s = started.elapsed().as_secs_f64();
+    println!("crash: the uninterrupted campaign took {clean_s:.1} s (exit {status})");
+
+    let home = tempfile::Builder::new()
+        .prefix("chaos-kill")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let log = home.join("invocations.log");
+    let mut kills = 0;
+    let mut child = campaign(&home, &log, false);
+    let started = Instant::now();
+    while kills < KILLS {
+        // Short enough that 20 kills land before the campaign ends, at any phase.
+        let wait = Duration::from_secs_f64(rng.random_range(0.2..(clean_s / 10.0).max(0.5)));
+        std::thread::sleep(wait);
+        if child.try_wait().expect("poll").is_some() {
+            // It finished before this kill: nothing left to interrupt.
+            break;
+        }
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        kills += 1;
+        child = campaign(&home, &log, true);
+    }
+    let _ = child.wait();
+    let rounds = finish(&home, &log);
+    println!(
+        "crash: {kills} SIGKILLs, then {rounds} resume(s) to the end; {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (gaps, dups) = sequence_faults(&home);
+    let (again, killed) = reruns(&log);
+    t.add(
+        "crash",
+        "SIGKILLs of the daemon, each followed by resume",
+        kills,
+        "20",
+        kills == KILLS,
+    );
+    t.count("crash", "event sequence gaps", gaps);
+    t.count("crash", "event sequence duplicates", dups);
+    t.count(
+        "crash",
+        "events recorded twice (tool call, target end)",
+        doubled_events(&home),
+    );
+    t.count(
+        "crash",
+        "runs whose run.jsonl differs from the store",
+        jsonl_mismatches(&home),
+    );
+    t.count("crash", "benches run again after they had finished", again);
+    t.add(
+        "crash",
+        "benches killed mid-run (run again, as they must)",
+        killed,
+        "-",
+        true,
+    );
+    t.count(
+        "crash",
+        "leases left open in the journal",
+        open_leases(&home),
+    );
+    t.count("crash", "processes left behind", leftovers(&home));
+    let (a, b) = (winners(&clean), winners(&home));
+    println!("crash: winners uninterrupted: {a}\ncrash: winners after the kills: {b}");
+    t.add(
+        "crash",
+        "winners equal to the uninterrupted campaign",
+        if a == b && !a.is_empty() {
+            "equal"
+        } else {
+            "differ"
+        },
+        "equal",
+        a == b && !a.is_empty(),
+    );
+    clean
+}
+
+/// Every file of a home and its bytes (for "nothing else touched").
+fn snapshot(home: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    walk(home)
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap_or_default();
+            (p, bytes)
+        })
+        .collect()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn copy_home(from: &Path) -> PathBuf {
+    let to = tempfile::Builder::new()
+        .prefix("chaos-store")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let status = Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", from.display()))
+        .arg(&to)
+        .status()
+        .expect("cp");
+    assert!(status.success());
+    to
+}
+
+/// A way to damage a store's bytes.
+type Damage = fn(&mut Vec<u8>);
+
+fn corrupted_store(t: &mut Table, finished: &Path) {
+    let damage: [(&str, Damage); 3] = [
+        ("truncated to half", |b| b.truncate(b.len() / 2)),
+        ("64 bytes flipped in the schema's cells", |b| {
+            // The first page's cells (the schema) fill it from its end.
+            let page = u16::from_be_bytes([b[16], b[17]]) as usize;
+            let page = if page == 1 { 65536 } else { page };
+            for x in &mut b[page - 64..page] {
+                *x ^= 0xA5;
+            }
+        }),
+        ("64 bytes flipped mid-file", |b| {
+            let mid = b.len() / 2;
+            for x in &mut b[mid..mid + 64] {
+                *x ^= 0xA5;
+            }
+        }),
+    ];
+    for (what, hurt) in damage {
+        let home = copy_home(finished);
+        let path = home.join("fk-agentd.db");
+        let _ = std::fs::remove_file(home.join("fk-agentd.db-wal"));
+        let _ = std::fs::remove_file(home.join("fk-agentd.db-shm"));
+        let mut bytes = std::fs::read(&path).unwrap();
+        hurt(&mut bytes);
+        std::fs::write(&path, &bytes).unwrap();
+        let before = snapshot(&home);
+        let mut clear = 0;
+        let commands: [&[&str]; 4] = [&["runs"], &["status"], &["sessions"], &["resume"]];
+        for args in commands {
+            let out = fk(&home).args(args).output().expect("run");
+            let err = String::from_utf8_lossy(&out.stderr);
+            let code = out.status.code();
+            let ok = matches!(code, Some(2) | Some(3))
+                && err.contains("fk-agentd.db")
+                && !err.contains("panicked");
+            if !ok {
+                println!(
+                    "corrupted store ({what}): `{}` exit {code:?}: {}",
+                    args.join(" "),
+                    err.trim()
+                );
+            }
+            clear += usize::from(ok);
+        }
+        let after = snapshot(&home);
+        let touched = before
+            .iter()
+            .filter(|(p, b)| after.get(*p) != Some(*b))
+            .count()
+            + after.keys().filter(|p| !before.contains_key(*p)).count();
+        t.add(
+            "corrupted store",
+            &format!("{what}: commands with a clear error naming the file"),
+            format!("{clear}/4"),
+            "4/4",
+            clear == 4,
+        );
+        t.count(
+            "corrupted store",
+            &format!("{what}: files of the home changed"),
+            touched,
+        );
+    }
+}
+
+/// A case of bad input: what is written where, the command, and words its error must name.
+struct Case {
+    name: String,
+    config: Option<String>,
+    provider: Option<String>,
+    args: Vec<std::ffi::OsString>,
+    names: Vec<String>,
+    /// Run against a home that has runs (a run id that is not one of them).
+    on_runs: bool,
+}
+
+fn config_case(table: &str, key: &str, value: &str) -> Case {
+    let mut args: Vec<std::ffi::OsString> = vec!["start".into(), "--sim".into()];
+    // A flag would override the file's selection (and a bad one never be read).
+    if key != "targets" {
+        args.extend(["--targets".into(), "L1/gelu".into()]);
+    }
+    Case {
+        name: format!("[{table}] {key} = {value}"),
+        config: Some(format!("[{table}]\n{key} = {value}\n")),
+        provider: None,
+        args,
+        names: vec![key.to_string()],
+        on_runs: false,
+    }
+}
+
+fn flag_case(args: &[&str], names: &[&str]) -> Case {
+    Case {
+        name: args.join(" "),
+        config: None,
+        provider: None,
+        args: args.iter().map(Into::into).collect(),
+        names: names.iter().map(|s| s.to_string()).collect(),
+        on_runs: args.contains(&"--run") || args.first() == Some(&"session"),
+    }
+}
+
+fn provider_case(name: &str, text: &str, names: &[&str]) -> Case {
+    Case {
+        name: format!("provider: {name}"),
+        config: None,
+        provider: Some(text.into()),
+        args: vec!["provider".into(), "check".into()],
+        names: names.iter().map(|s| s.to_string()).collect(),
+        on_runs: false,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    for (key, value) in [
+        ("max_agents", "\"many\""),
+        ("max_agents", "-1"),
+        ("max_agents", "0"),
+        ("max_agents", "3.5"),
+        ("agent_slot", "\"sometimes\""),
+        ("order", "7"),
+        ("order", "\"random\""),
+        ("session_timeout", "\"abc\""),
+        ("session_timeout", "\"-5m\""),
+        ("session_timeout", "5"),
+        ("lease_timeout", "\"1 fortnight\""),
+        ("lease_timeout", "\"\""),
+        ("mode", "\"both\""),
+        ("targets", "\"L9\""),
+        ("targets", "42"),
+        ("targets", "\"L1/no_such_kernel\""),
+        ("captures", "\"/nonexistent/captures\""),
+        ("max_tokens", "-5"),
+        ("max_tokens", "\"lots\""),
+        ("max_cost_usd", "-1.0"),
+        ("max_cost_usd", "nan"),
+        ("max_turns", "0"),
+        ("max_turns", "[1, 2]"),
+        ("no_such_key", "1"),
+    ] {
+        v.push(config_case("campaign", key, value));
+    }
+    for (table, key, value) in [
+        ("gpus", "devices", "\"eleven\""),
+        ("gpus", "ncu_cap", "-2"),
+        ("gpus", "nsys_cap", "\"x\""),
+        ("fastkernels", "dir", "5"),
+        ("fastkernels", "command", "\"python\""),
+        ("screen", "waive", "\"everything\""),
+        ("screen", "waive", "[\"no-such-rule\"]"),
+        ("dashboard", "listen", "\"nowhere\""),
+        ("score", "gate", "\"maybe\""),
+        ("score", "confirm", "-1"),
+        ("score", "confirm", "\"twice\""),
+        ("provider", "use", "5"),
+        ("nonsense", "x", "1"),
+    ] {
+        v.push(config_case(table, key, value));
+    }
+    for (name, text) in [
+        ("not TOML", "[campaign\nmax_agents = = 3\n"),
+        ("a bare key", "max_agents\n"),
+    ] {
+        v.push(Case {
+            name: format!("config: {name}"),
+            config: Some(text.into()),
+            provider: None,
+            args: vec!["start".into(), "--sim".into()],
+            names: vec!["fk-agentd.toml".into()],
+            on_runs: false,
+        });
+    }
+    for (args, names) in [
+        (
+            &["start", "--sim", "--targets", "L1,,L2"][..],
+            &["--targets"][..],
+        ),
+        (&["start", "--sim", "--targets", "L1/gelu "], &["--targets"]),
+        (
+            &["start", "--sim", "--targets", "../../etc/passwd"],
+            &["--targets"],
+        ),
+        (
+            &["start", "--sim", "--targets", "L1/gelu;rm -rf /"],
+            &["--targets"],
+        ),
+        (&["start", "--sim", "--targets", "L1/"], &["--targets"]),
+        (&["start", "--sim", "--targets", "L0"], &["--targets"]),
+        (&["start", "--sim", "--targets", "L1-L9"], &["--targets"]),
+        (&["start", "--sim", "--targets", "*"], &["--targets"]),
+        (&["start", "--sim", "--targets", ""], &["--targets"]),
+        (&["start", "--sim", "--max-agents", "0"], &["--max-agents"]),
+        (&["start", "--sim", "--max-agents", "-3"], &["--max-agents"]),
+        (
+            &["start", "--sim", "--max-agents", "abc"],
+            &["--max-agents"],
+        ),
+        (
+            &["start", "--sim", "--session-timeout", "-1m"],
+            &["--session-timeout"],
+        ),
+        (
+            &["start", "--sim", "--session-timeout", "forever"],
+            &["--session-timeout"],
+        ),
+        (
+            &["start", "--sim", "--lease-timeout", "0s"],
+            &["--lease-timeout"],
+        ),
+        (&["start", "--sim", "--mode", "x"], &["--mode"]),
+        (&["start", "--sim", "--gate", "x"], &["--gate"]),
+        (&["start", "--sim", "--confirm", "-1"], &["--confirm"]),
+        (
+            &["score", "--candidates", "/nonexistent/set"],
+            &["/nonexistent/set"],
+        ),
+        (&["session", "L1/no_such_kernel"], &["L1/no_such_kernel"]),
+        (&["sessions", "--run", "no-such-run"], &["no-such-run"]),
+        (&["compare", "--run", "zzz"], &["zzz"]),
+        (&["manifest", "--run", "zzz"], &["zzz"]),
+        (
+            &["lease", "--timeout", "soon", "--", "true"],
+            &["--timeout"],
+        ),
+    ] {
+        v.push(flag_case(args, names));
+    }
+    use std::os::unix::ffi::OsStringExt;
+    v.push(Case {
+        name: "start --targets <non-UTF-8 bytes>".into(),
+        config: None,
+        provider: None,
+        args: vec![
+            "start".into(),
+            "--sim".into(),
+            "--targets".into(),
+            std::ffi::OsString::from_vec(vec![b'L', b'1', b'/', 0xff, 0xfe]),
+        ],
+        names: vec!["--targets".into()],
+        on_runs: false,
+    });
+    let base =
+        "base_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\ntoken_env = \"FK_CHAOS_TOKEN\"\n";
+    for (name, text, names) in [
+        (
+            "no base_url",
+            "model = \"m\"\ntoken_env = \"X\"\n",
+            &["base_url"][..],
+        ),
+        (
+            "effort in the model id",
+            "base_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m:high\"\ntoken_env = \"X\"\n",
+            &["model"],
+        ),
+        (
+            "hosted tool",
+            &format!("{base}tools = [\"web_search\"]\n"),
+            &["tools"],
+        ),
+        (
+            "two token sources",
+            &format!("{base}token_file = \"/tmp/t\"\n"),
+            &["token_file"],
+        ),
+        (
+            "base_url not a URL",
+            "base_url = \"not a url\"\nmodel = \"m\"\ntoken_env = \"X\"\n",
+            &["base_url"],
+        ),
+        (
+            "zero request rate",
+            &format!("{base}[limits]\nrequests_per_minute = 0\n"),
+            &["requests_per_minute"],
+        ),
+        (
+            "unknown key",
+            &format!("{base}colour = \"blue\"\n"),
+            &["colour"],
+        ),
+        ("not TOML", "base_url = \n", &["provider"]),
+    ] {
+        v.push(provider_case(name, text, names));
+    }
+    v
+}
+
+fn bad_input(t: &mut Table, finished: &Path) {
+    let home = tempfile::Builder::new()
+        .prefix("chaos-input")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let (mut clear, mut panics, mut unclear) = (0, 0, Vec::new());
+    let cases = cases();
+    for case in &cases {
+        let _ = std::fs::remove_file(home.join("fk-agentd.toml"));
+        let mut c = fk(if case.on_runs { finished } else { &home });
+        if let Some(text) = &case.config {
+            std::fs::write(home.join("fk-agentd.toml"), text).unwrap();
+        }
+        if let Some(text) = &case.provider {
+            let p = home.join("chaos-provider.toml");
+            std::fs::write(&p, text).unwrap();
+            c.args(&case.args).arg(&p);
+        } else {
+            c.args(&case.args);
+        }
+        let out = c.stdin(Stdio::null()).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let code = out.status.code();
+        if err.contains("panicked") || code == Some(101) {
+            panics += 1;
+        }
+        let named = case.names.iter().all(|n| err.contains(n.as_str()));
+        if matches!(code, Some(2) | Some(3)) && named && !err.contains("panicked") {
+            clear += 1;
+        } else {
+            unclear.push(format!("{} → exit {code:?}: {}", case.name, err.trim()));
+        }
+    }
+    let (lib_cases, lib_panics) = parsers();
+    for u in &unclear {
+        println!("bad input, not clear: {u}");
+    }
+    t.add(
+        "bad input",
+        "malformed inputs to the CLI",
+        cases.len(),
+        "≥ 60",
+        cases.len() >= 60,
+    );
+    t.add(
+        "bad input",
+        "…refused with exit 2/3 naming the field and value",
+        format!("{clear}/{}", cases.len()),
+        "all",
+        clear == cases.len(),
+    );
+    t.count("bad input", "…that panicked", panics);
+    t.add(
+        "bad input",
+        "bench JSON and SSE streams parsed",
+        lib_cases,
+        "-",
+        true,
+    );
+    t.count("bad input", "…that panicked", lib_panics);
+}
+
+/// Bench JSON and SSE that are truncated, huge, NaN-laden or garbage, through the parsers
+/// the daemon uses: (cases, panics).
+fn parsers() -> (usize, usize) {
+    let good =
+        r#"{"mode":"candidate","scenarios":[{"op":"GELU","status":"PASSED","speedup":1.2}]}"#;
+    let mut docs: Vec<String> = vec![
+        good[..good.len() / 2].into(),
+        good.replace("1.2", "NaN"),
+        good.replace("1.2", "Infinity"),
+        good.replace("1.2", "-1e309"),
+        good.replace("\"PASSED\"", "7"),
+        "[]".into(),
+        "null".into(),
+        String::new(),
+        "\u{0}\u{1}garbage".into(),
+        format!(
+            "{{\"scenarios\":[{}]}}",
+            vec![r#"{"op":"X","status":"PASSED","speedup":0.0}"#; 20_000].join(",")
+        ),
+        "{".repeat(10_000),
+    ];
+    docs.push(good.replace("GELU", &"x".repeat(1 << 20)));
+    let mut panics = 0;
+    for d in &docs {
+        let r = std::panic::catch_unwind(|| {
+            if let Ok(result) = fk_agentd::score::result::BenchResult::parse(d) {
+                let _ = serde_json::to_string(&result);
+            }
+            let _ = fk_agentd::score::result::BenchResult::from_jsonl(d);
+        });
+        panics += usize::from(r.is_err());
+    }
+    let streams: Vec<Vec<u8>> = vec![
+        b"data: {\"type\":\"response.created\"}\n\n".to_vec(),
+        b"garbage without any framing".to_vec(),
+        b"event: response.completed\ndata: {not json}\n\n".to_vec(),
+        b"data: {\"type\":\"response.output_item.done\",\"item\":null}\n\n".to_vec(),
+        b"data: {\"type\":\"response.completed\",\"response\":{\"output\":7}}\n\n".to_vec(),
+        vec![0xff; 4096],
+        b"data: ".repeat(100_000),
+        b"data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":1}}}\n\n".to_vec(),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    for s in &streams {
+        let r = std::panic::catch_unwind(|| {
+            let chunks = s
+                .chunks(7)
+                .map(|c| Ok::<_, std::convert::Infallible>(c.to_vec()))
+                .collect::<Vec<_>>();
+            rt.block_on(fk_agentd::llm::sse::read_events(
+                futures::stream::iter(chunks),
+                Duration::from_secs(5),
+                |_| {},
+            ))
+            .is_ok()
+        });
+        panics += usize::from(r.is_err());
+    }
+    (docs.len() + streams.len(), panics)
+}
+
+fn secrets(t: &mut Table) {
+    let token = fk_agentd::sim::server::SIM_TOKEN;
+    let home = tempfile::Builder::new()
+        .prefix("chaos-secrets")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let log = home.join("invocations.log");
+    let mut child = campaign(&home, &log, false);
+    let daemon = child.id();
+    let (mut sampled, mut in_children) = (BTreeSet::new(), 0);
+    while child.try_wait().expect("poll").is_none() {
+        for (pid, cmdline, environ) in procs() {
+            let ours = String::from_utf8_lossy(&environ).contains(&home.display().to_string())
+                || cmdline.contains(&home.display().to_string());
+            if pid == daemon || !ours {
+                continue;
+            }
+            sampled.insert(pid);
+            let env = String::from_utf8_lossy(&environ);
+            in_children += usize::from(env.contains(token) || cmdline.contains(token));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let in_files = walk(&home)
+        .iter()
+        .filter(|p| {
+            let bytes = std::fs::read(p).unwrap_or_default();
+            String::from_utf8_lossy(&bytes).contains(token)
+        })
+        .count();
+    t.add(
+        "secrets",
+        "children sampled while the campaign ran",
+        sampled.len(),
+        "> 0",
+        !sampled.is_empty(),
+    );
+    t.count(
+        "secrets",
+        "…whose environment or argv held the token",
+        in_children,
+    );
+    t.count("secrets", "files of the home holding the token", in_files);
+}
+
+fn main() {
+    let started = Instant::now();
+    println!(
+        "chaos benchmark: the built binary against crashes, damage, bad input and secret leaks (SIMULATED campaigns, loopback only)"
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        std::env::var("FK_CHAOS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0xC4A05),
+    );
+    let mut t = Table::default();
+    let finished = crash(&mut t, &mut rng);
+    corrupted_store(&mut t, &finished);
+    bad_input(&mut t, &finished);
+    secrets(&mut t);
+    t.print();
+    let _ = std::io::stdout().flush();
+    println!("{:.0} s", started.elapsed().as_secs_f64());
+}
