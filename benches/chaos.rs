@@ -16,7 +16,12 @@
 //! - **secrets**: the simulated provider's token, sampled while the campaign runs in every
 //!   child's `/proc/<pid>/environ` and `cmdline`, then in every file of the home.
 //!
-//! Provider faults and a full disk are not attacked here yet (see `docs/reliability.md`).
+//! - **provider faults**: 12 sessions against the simulated server answering 20 % of requests
+//!   with a 429 (`Retry-After`), a 500 or a cut stream ([`fk_agentd::sim::faults`]): sessions
+//!   finished, protocol violations and requests before their `Retry-After`, as the server saw;
+//! - **disk full**: the home on a 64 MiB tmpfs (mounted where it may; skipped with the reason
+//!   otherwise) filled up mid-campaign: exit 3 with the reason, the store intact, and `resume`
+//!   finishing the campaign once space is freed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -904,6 +909,182 @@ fn secrets(t: &mut Table) {
     t.count("secrets", "files of the home holding the token", in_files);
 }
 
+/// Sessions of a home's newest run that ended as sessions (not as infrastructure failures).
+fn sessions_finished(home: &Path) -> (usize, usize) {
+    let out = fk(home)
+        .args(["sessions", "--json"])
+        .output()
+        .expect("sessions");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let rows = v["sessions"].as_array().cloned().unwrap_or_default();
+    let done = rows
+        .iter()
+        .filter(|s| {
+            let d = &s["detail"];
+            matches!(d["status"].as_str(), Some("PASS" | "FAIL")) && d["infra"] != true
+        })
+        .count();
+    (done, rows.len())
+}
+
+fn provider_faults(t: &mut Table) {
+    let home = tempfile::Builder::new()
+        .prefix("chaos-faults")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let targets: Vec<String> = fk_agentd::target::Catalog::embedded()
+        .select("L1")
+        .expect("L1")
+        .iter()
+        .take(12)
+        .map(|t| t.to_string())
+        .collect();
+    let status = quiet({
+        let mut c = fk(&home);
+        c.args([
+            "start",
+            "--sim",
+            "--max-agents",
+            "12",
+            "--targets",
+            &targets.join(","),
+        ])
+        .env(fk_agentd::sim::faults::SIM_FAULTS_ENV, "0.2");
+        c
+    })
+    .status()
+    .expect("campaign");
+    let report: serde_json::Value = std::fs::read(home.join("sim-faults.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let n = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
+    let faults = n("too_many_requests") + n("server_errors") + n("cut_streams");
+    println!("provider faults: exit {status}, server report {report}");
+    let (done, all) = sessions_finished(&home);
+    t.add(
+        "provider faults",
+        "sessions finished with 20 % of requests faulted",
+        format!("{done}/{all}"),
+        "12/12",
+        done == 12 && all == 12,
+    );
+    t.add(
+        "provider faults",
+        "…faults served (429 + 500 + cut streams)",
+        format!("{faults} of {}", n("requests")),
+        "> 0",
+        faults > 0 && faults != u64::MAX,
+    );
+    t.count(
+        "provider faults",
+        "protocol violations seen by the server",
+        n("protocol_violations") as usize,
+    );
+    t.count(
+        "provider faults",
+        "requests before their Retry-After had passed",
+        n("early_retries") as usize,
+    );
+}
+
+/// The home on a small tmpfs that fills up mid-campaign.
+fn disk_full(t: &mut Table) {
+    let dir = tempfile::Builder::new()
+        .prefix("chaos-disk")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs"])
+        .arg(&dir)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        println!("disk full: skipped: cannot mount a tmpfs here (needs root)");
+        t.add(
+            "disk full",
+            "skipped: no tmpfs could be mounted",
+            "-",
+            "-",
+            true,
+        );
+        return;
+    }
+    let home = dir.join("home");
+    let log = std::env::temp_dir().join(format!("chaos-disk-{}.log", std::process::id()));
+    let err_path = std::env::temp_dir().join(format!("chaos-disk-{}.err", std::process::id()));
+    std::fs::create_dir_all(&home).expect("home");
+    let mut c = fk(&home);
+    c.args(["start", "--sim", "--targets", TARGETS])
+        .env(fk_agentd::sim::invocations::LOG_ENV, &log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).expect("stderr file"));
+    let mut child = c.spawn().expect("campaign");
+    std::thread::sleep(Duration::from_secs(2));
+    // Fill what is left.
+    let filler = dir.join("filler");
+    if let Ok(mut f) = std::fs::File::create(&filler) {
+        let block = vec![0u8; 1 << 20];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("poll") {
+            break Some(s);
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let said = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let last = said
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("fk-agentd:"))
+        .unwrap_or("")
+        .to_string();
+    println!("disk full: exit {status:?}; last word: {last}");
+    let integrity: String = rusqlite::Connection::open(home.join("fk-agentd.db"))
+        .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
+        .unwrap_or_else(|e| e.to_string());
+    let _ = std::fs::remove_file(&filler);
+    let rounds = finish(&home, &log);
+    let (done, all) = sessions_finished(&home);
+    let _ = Command::new("umount").arg(&dir).status();
+    t.add(
+        "disk full",
+        "the daemon stops with exit 3 and says why",
+        match status.and_then(|s| s.code()) {
+            Some(c) => format!("exit {c}"),
+            None => "hung".into(),
+        },
+        "exit 3",
+        status.and_then(|s| s.code()) == Some(3) && last.contains("space"),
+    );
+    t.add(
+        "disk full",
+        "the store's integrity check",
+        &integrity,
+        "ok",
+        integrity == "ok",
+    );
+    t.add(
+        "disk full",
+        "sessions finished after space is freed and resume",
+        format!("{done}/{all} ({rounds} resume)"),
+        "all",
+        done == all && all > 0,
+    );
+}
+
 fn main() {
     let started = Instant::now();
     println!(
@@ -920,6 +1101,8 @@ fn main() {
     corrupted_store(&mut t, &finished);
     bad_input(&mut t, &finished);
     secrets(&mut t);
+    provider_faults(&mut t);
+    disk_full(&mut t);
     t.print();
     let _ = std::io::stdout().flush();
     println!("{:.0} s", started.elapsed().as_secs_f64());

@@ -120,7 +120,7 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
         class: class(args.class),
         gpus: args.gpus,
         max_run: timeout,
-        session: "operator".into(),
+        session: crate::gpu::OPERATOR_SESSION.into(),
         idempotency_key: stamp.clone(),
     };
     let cmd = crate::gpu::LeaseCommand {

@@ -305,6 +305,8 @@ async fn run_sim(
         exe,
         seed: SIM_SEED,
         max_think: Duration::from_millis(400),
+        // The chaos bench's provider faults: a share of the simulated server's answers.
+        faults: sim_faults()?,
     };
     let campaign = CampaignParams {
         bench: Some(DriverParams {
@@ -323,9 +325,31 @@ async fn run_sim(
         provider: Some(crate::sim::campaign::sim_provider(&server.base_url)),
         harness: None,
     };
+    let home = config.home.clone();
     let report = run_daemon(config, runner, resume, facts, campaign).await;
+    if params.faults > 0.0 {
+        let path = home.join("sim-faults.json");
+        if let Err(e) = crate::score::pipeline::write_json(&path, &server.fault_report()) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot write the fault report");
+        }
+    }
     server.shutdown().await;
     report
+}
+
+/// `FK_AGENTD_SIM_FAULTS`: the share (0 to 1) of the simulated server's answers that are
+/// faults; unset is none.
+fn sim_faults() -> Result<f64, Error> {
+    use crate::sim::faults::SIM_FAULTS_ENV;
+    let Ok(text) = std::env::var(SIM_FAULTS_ENV) else {
+        return Ok(0.0);
+    };
+    match text.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(Error::Usage(format!(
+            "{SIM_FAULTS_ENV} = {text:?}: a share of requests from 0 to 1"
+        ))),
+    }
 }
 
 /// Runs the campaign in the foreground until it ends or SIGINT/SIGTERM.

@@ -43,6 +43,9 @@ pub mod sim_backend;
 mod token;
 mod types;
 
+/// The session of an operator's own lease (`fk-agentd lease --local`): no agent waits for it.
+pub const OPERATOR_SESSION: &str = "operator";
+
 pub use backend::{
     ExitFuture, ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, LeaseOutput,
     LocalBackend, Unrunnable,

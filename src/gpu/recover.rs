@@ -1,5 +1,8 @@
 //! Crash safety on restart: open journal rows become adopted leases or reclaimed ones.
 //!
+//! A lease of an operator's `fk-agentd lease --local` ([`super::OPERATOR_SESSION`]) is never
+//! adopted: the command that waited for it is gone, so it is ended at once.
+//!
 //! A journaled process group counts only while it can still be the lease's: after a reboot, or once
 //! its leader is a process that started well after the grant (the id was freed and reused), it is
 //! someone else's group and is left alone. A lease whose process group or cgroup still holds a live
@@ -81,7 +84,10 @@ impl Broker {
             let job = job_of(&row);
             let alive = (job.pgid > 0 || job.cgroup.is_some()) && self.inner.backend.alive(&job);
             let left_ms = row.deadline_unix_ms - unix_ms();
-            match (slots, alive && left_ms > 0) {
+            // An operator's `lease --local` waited for its job in the process that is gone:
+            // nothing will read its outcome, so its GPUs are not held for it (D6).
+            let awaited = row.session != super::OPERATOR_SESSION;
+            match (slots, alive && left_ms > 0 && awaited) {
                 (Some(slots), true) => {
                     report.adopted.push(row.id.clone());
                     kept.extend(job.cgroup.clone());

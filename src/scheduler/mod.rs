@@ -268,6 +268,7 @@ fn ended_before(
     journal: &RunJournal,
     targets: &[TargetId],
 ) -> Result<BTreeMap<TargetId, SessionStatus>, RunError> {
+    repair_rows(journal, targets)?;
     let mut out = BTreeMap::new();
     for row in journal.store().sessions(journal.run_id())? {
         let Some(target) = targets.iter().find(|t| t.to_string() == row.target) else {
@@ -278,6 +279,55 @@ fn ended_before(
         }
     }
     Ok(out)
+}
+
+/// A daemon killed between a target's `task_finished` event and its session row left the row
+/// without its end: the row is written again from the event (the event log is the truth), so
+/// that `resume` neither runs nor records the target a second time.
+fn repair_rows(journal: &RunJournal, targets: &[TargetId]) -> Result<(), RunError> {
+    let store = journal.store();
+    let rows = store.sessions(journal.run_id())?;
+    let open: Vec<&TargetId> = targets
+        .iter()
+        .filter(|t| {
+            rows.iter()
+                .find(|r| r.target == t.to_string())
+                .is_some_and(|r| recorded_status(r).is_none())
+        })
+        .collect();
+    if open.is_empty() {
+        return Ok(());
+    }
+    for target in open {
+        let name = target.to_string();
+        let last = store
+            .events(journal.run_id(), Some(&name), 0)?
+            .into_iter()
+            .rev()
+            .find(|e| e.kind == "task_finished" || e.kind == "task_submitted");
+        let Some(done) = last.filter(|e| e.kind == "task_finished") else {
+            continue;
+        };
+        let status = match done.payload["status"].as_str().unwrap_or("") {
+            "PASS" => SessionStatus::Finished,
+            "FAIL" => SessionStatus::Failed,
+            "TIMEOUT" => SessionStatus::TimedOut,
+            w if w.starts_with("SKIP(") => SessionStatus::Skipped(
+                w.trim_start_matches("SKIP(")
+                    .trim_end_matches(')')
+                    .to_string(),
+            ),
+            _ => continue,
+        };
+        tracing::info!(target = %name, "its end was recorded but not its session row: repaired");
+        set_state(
+            journal,
+            target,
+            status.state(),
+            done.payload["result"].clone(),
+        )?;
+    }
+    Ok(())
 }
 
 /// The end a session's row records; `None` while it has none (queued, running, interrupted).

@@ -60,6 +60,8 @@ pub struct SimParams {
     pub exe: PathBuf,
     pub seed: u64,
     pub max_think: Duration,
+    /// Share of the simulated server's answers that are faults (0: none).
+    pub faults: f64,
 }
 
 /// The provider the simulation's client talks to.
@@ -134,6 +136,7 @@ pub async fn start_server(params: &SimParams) -> Result<SimServer, Error> {
     SimServer::start(SimScript {
         seed: params.seed,
         max_think: params.max_think,
+        faults: crate::sim::faults::FaultPlan::new(params.faults),
     })
     .await
     .map_err(|e| {

@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod campaign;
+pub mod faults;
 pub mod in_process;
 pub mod invocations;
 pub mod noise;

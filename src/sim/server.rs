@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+use super::faults::{Fault, RETRY_AFTER};
+
 /// The bearer token the simulation's client sends; a fixed public value, not a secret.
 pub const SIM_TOKEN: &str = "fk-agentd-simulation-token";
 
@@ -30,12 +32,15 @@ pub struct SimScript {
     pub seed: u64,
     /// Upper bound of the simulated thinking time per turn (the actual time is seeded).
     pub max_think: Duration,
+    /// Faults to answer a share of requests with (none by default), and their log.
+    pub faults: super::faults::FaultPlan,
 }
 
 /// A running simulated server.
 pub struct SimServer {
     pub addr: SocketAddr,
     pub base_url: String,
+    faults: super::faults::FaultPlan,
     task: Option<tokio::task::JoinHandle<()>>,
     stop: CancellationToken,
 }
@@ -46,6 +51,7 @@ impl SimServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
+        let faults = script.faults.clone();
         let app = Router::new()
             .route("/v1/responses", post(respond))
             .with_state(script);
@@ -60,9 +66,15 @@ impl SimServer {
         Ok(Self {
             addr,
             base_url: format!("http://{addr}/v1"),
+            faults,
             task: Some(task),
             stop,
         })
+    }
+
+    /// What the server saw of its clients under its fault plan.
+    pub fn fault_report(&self) -> super::faults::FaultReport {
+        self.faults.report()
     }
 
     pub async fn shutdown(mut self) {
@@ -120,6 +132,7 @@ async fn respond(
     }
     let input = body["input"].as_array().cloned().unwrap_or_default();
     if let Err(msg) = check_reasoning_echo(&input) {
+        script.faults.violation();
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
     }
     let key = body["prompt_cache_key"]
@@ -136,11 +149,42 @@ async fn respond(
         .join("/");
     let step = Step::from_history(&input);
     let turn_id = digest(&[&script.seed.to_string(), &key, &input.len().to_string()]);
+    let fault = script.faults.arrive(&key, &turn_id);
+    match fault {
+        Some(Fault::TooManyRequests) => {
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                "simulated server: injected 429",
+            );
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(RETRY_AFTER.as_secs()),
+            );
+            return r;
+        }
+        Some(Fault::ServerError) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "simulated server: injected 500",
+            );
+        }
+        _ => {}
+    }
     let think = think_time(&script, &turn_id);
     tokio::time::sleep(think).await;
     let items = step.items(&target, &turn_id, script.seed);
     let input_bytes = body.to_string().len() as u64;
-    let stream = sse_stream(&turn_id, &items, input_bytes);
+    let mut stream = sse_stream(&turn_id, &items, input_bytes);
+    if fault == Some(Fault::CutStream) {
+        // The connection drops half way: no `response.completed`.
+        let mut cut = stream.len() / 2;
+        while !stream.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        stream.truncate(cut);
+    }
     ([(header::CONTENT_TYPE, "text/event-stream")], stream).into_response()
 }
 

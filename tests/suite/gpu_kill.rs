@@ -230,3 +230,41 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
     .await;
     assert_eq!(rig.store.open_leases().expect("open"), vec![]);
 }
+
+/// D6: a `lease --local` killed with its job running leaves a journal row and a live group; the
+/// next broker ends it at once instead of adopting it until its deadline.
+#[tokio::test]
+async fn an_operators_lease_left_by_a_killed_cli_is_ended_not_adopted() {
+    let rig = rig_with(1, params());
+    let uuid = Inventory::fake(1).gpus[0].uuid.clone();
+    let mut job = group_of(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .env("FK_AGENTD_LEASE_ID", "op-1"),
+    );
+    let left = LeaseRow {
+        session: fk_agentd::gpu::OPERATOR_SESSION.into(),
+        ..row("op-1", &uuid, Some(job.id() as i64), now_ms() + 295_000)
+    };
+    rig.store.insert_lease(&left).expect("journal");
+    let restarted = Broker::new(Inventory::fake(1), params(), rig.store.clone());
+    let report = restarted.recover().await.expect("recover");
+    assert_eq!(
+        (report.adopted, report.reclaimed),
+        (Vec::<String>::new(), vec!["op-1".to_string()])
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(job.wait().expect("wait").signal(), Some(9));
+    // Its GPU is free for the next lease at once.
+    let cancel = CancellationToken::new();
+    let next = restarted.run(
+        req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
+        sh(rig.dir.path(), "next", "exit 0"),
+        &cancel,
+    );
+    let o = tokio::time::timeout(Duration::from_secs(10), next)
+        .await
+        .expect("the GPU was held for the dead CLI")
+        .expect("lease");
+    assert_eq!(o.exit_code, Some(0));
+}

@@ -352,3 +352,40 @@ async fn a_panicked_session_is_an_infrastructure_failure_with_its_message() {
         "{reason}"
     );
 }
+
+/// A daemon killed between a target's `task_finished` event and its session row: the next
+/// phase of the run (`resume`) takes the event's end, neither running the target again nor
+/// recording a second `task_finished`.
+#[tokio::test(start_paused = true)]
+async fn an_end_recorded_before_its_session_row_is_kept_on_resume() {
+    let home = tempfile::tempdir().unwrap();
+    let ids: Vec<TargetId> = ["L1/gelu", "L1/bmm"].map(|t| t.parse().unwrap()).to_vec();
+    let runner = Arc::new(Sized {
+        secs: ids.iter().map(|t| (t.clone(), 1)).collect(),
+        started: Arc::default(),
+    });
+    let journal = new_run(home.path(), &ids, true);
+    let params = one_gpu(2, QueueOrder::Catalog);
+    let phase =
+        |j: Arc<RunJournal>| run_phase(j, runner.clone(), &ids, &params, CancellationToken::new());
+    phase(journal.clone()).await.unwrap();
+    // The torn write: gelu's end is in the log, its row still says it runs.
+    fk_agentd::scheduler::set_state(&journal, &ids[0], "running", json!({})).unwrap();
+    runner.started.lock().unwrap().clear();
+    let report = phase(journal.clone()).await.unwrap();
+    assert_eq!(report.results[&ids[0]], SessionStatus::Finished);
+    assert!(
+        runner.started.lock().unwrap().is_empty(),
+        "a finished target ran again"
+    );
+    let ends = journal
+        .store()
+        .events(journal.run_id(), Some("L1/gelu"), 0)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "task_finished")
+        .count();
+    assert_eq!(ends, 1);
+    let row = journal.store().sessions(journal.run_id()).unwrap();
+    assert_eq!(row[1].state, "finished", "{row:?}");
+}

@@ -1,0 +1,175 @@
+//! Provider faults the simulated Responses server injects on request (the chaos bench's
+//! "provider faults"), and what it saw of its clients while it did.
+//!
+//! A share [`FaultPlan::rate`] of requests is answered with a fault instead of the scripted
+//! turn: a 429 with `Retry-After: 1`, a 500, or a stream cut off before `response.completed`.
+//! Which requests is decided by a hash of the turn and how many times it was asked for, so a
+//! retried turn is eventually answered and a rerun with the same seed faults the same requests.
+//! The log counts protocol violations (requests the server refused as malformed) and requests
+//! that came back before the `Retry-After` they were told to wait.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// The variable (read by `start --sim`) naming the share of requests to fault.
+pub const SIM_FAULTS_ENV: &str = "FK_AGENTD_SIM_FAULTS";
+
+/// How long a 429 tells the client to wait.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// A fault to answer a request with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    TooManyRequests,
+    ServerError,
+    CutStream,
+}
+
+/// What the server saw (written as `sim-faults.json`, labelled simulated).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FaultReport {
+    pub simulated: bool,
+    pub requests: u64,
+    pub too_many_requests: u64,
+    pub server_errors: u64,
+    pub cut_streams: u64,
+    /// Requests refused as malformed (a reasoning item missing or altered, a hosted tool…).
+    pub protocol_violations: u64,
+    /// Requests for a turn that came before the `Retry-After` its 429 asked for had passed.
+    pub early_retries: u64,
+}
+
+#[derive(Default)]
+struct Log {
+    report: FaultReport,
+    attempts: HashMap<String, u32>,
+    /// Per conversation (`prompt_cache_key`), when it may ask again after a 429.
+    not_before: HashMap<String, Instant>,
+}
+
+/// The faults to inject and their log; cheap to clone (clones share the log).
+#[derive(Clone, Default)]
+pub struct FaultPlan {
+    pub rate: f64,
+    log: Arc<Mutex<Log>>,
+}
+
+impl std::fmt::Debug for FaultPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultPlan")
+            .field("rate", &self.rate)
+            .finish()
+    }
+}
+
+impl FaultPlan {
+    pub fn new(rate: f64) -> Self {
+        Self {
+            rate: rate.clamp(0.0, 1.0),
+            ..Self::default()
+        }
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A request of conversation `key` for turn `turn_id` arrived: counts it, notes an early
+    /// retry, and says whether to answer it with a fault.
+    pub fn arrive(&self, key: &str, turn_id: &str) -> Option<Fault> {
+        let mut log = self.log();
+        log.report.requests += 1;
+        let now = Instant::now();
+        if log.not_before.get(key).is_some_and(|t| now < *t) {
+            log.report.early_retries += 1;
+        }
+        let attempt = {
+            let n = log.attempts.entry(turn_id.to_string()).or_default();
+            *n += 1;
+            *n
+        };
+        if self.rate <= 0.0 {
+            return None;
+        }
+        let draw = unit(&[turn_id, &attempt.to_string()]);
+        if draw >= self.rate {
+            return None;
+        }
+        let fault = match (draw / self.rate * 3.0) as u32 {
+            0 => Fault::TooManyRequests,
+            1 => Fault::ServerError,
+            _ => Fault::CutStream,
+        };
+        match fault {
+            Fault::TooManyRequests => {
+                log.report.too_many_requests += 1;
+                log.not_before.insert(key.to_string(), now + RETRY_AFTER);
+            }
+            Fault::ServerError => log.report.server_errors += 1,
+            Fault::CutStream => log.report.cut_streams += 1,
+        }
+        Some(fault)
+    }
+
+    /// A request was refused as malformed.
+    pub fn violation(&self) {
+        self.log().report.protocol_violations += 1;
+    }
+
+    pub fn report(&self) -> FaultReport {
+        FaultReport {
+            simulated: true,
+            ..self.log().report.clone()
+        }
+    }
+}
+
+/// A number in [0, 1) from the hash of `parts`.
+fn unit(parts: &[&str]) -> f64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    let bytes = h.finalize();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
+    (n >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_of_requests_fault_and_a_retried_turn_is_answered_in_the_end() {
+        let plan = FaultPlan::new(0.2);
+        let faulted = (0..2000)
+            .filter(|i| plan.arrive("k", &format!("turn-{i}")).is_some())
+            .count();
+        assert!((300..500).contains(&faulted), "{faulted}");
+        let answered = (1..50).find(|_| plan.arrive("k2", "same-turn").is_none());
+        assert!(answered.is_some());
+        let r = plan.report();
+        assert_eq!(
+            r.too_many_requests + r.server_errors + r.cut_streams,
+            faulted as u64 + answered.unwrap() as u64 - 1
+        );
+    }
+
+    #[test]
+    fn a_request_before_its_retry_after_is_counted() {
+        let plan = FaultPlan::new(1.0);
+        // Every request faults at rate 1; find a 429, then ask again at once.
+        let key = "conv";
+        let turn = (0..100)
+            .map(|i| format!("t{i}"))
+            .find(|t| plan.arrive(key, t) == Some(Fault::TooManyRequests))
+            .expect("a 429");
+        plan.arrive(key, &turn);
+        assert_eq!(plan.report().early_retries, 1);
+    }
+}
