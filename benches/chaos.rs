@@ -13,8 +13,9 @@
 //! - **bad input**: malformed config and provider files, flags, target ids and arguments (each
 //!   must exit 2 or 3 naming the field and its value), and bench JSON and SSE streams that are
 //!   truncated, huge, NaN-laden or garbage (each a clear error or a value, never a panic);
-//! - **secrets**: the simulated provider's token, sampled while the campaign runs in every
-//!   child's `/proc/<pid>/environ` and `cmdline`, then in every file of the home.
+//! - **secrets**: a distinctive token in a file, rotated mid-campaign, sampled while the
+//!   campaign runs in every child's `/proc/<pid>/environ` and `cmdline`, then looked for in
+//!   every file of the home and, by the server, in every request body;
 //!
 //! - **provider faults**: 12 sessions against the simulated server answering 20 % of requests
 //!   with a 429 (`Retry-After`), a 500 or a cut stream ([`fk_agentd::sim::faults`]): sessions
@@ -448,7 +449,7 @@ fn copy_home(from: &Path) -> PathBuf {
 type Damage = fn(&mut Vec<u8>);
 
 fn corrupted_store(t: &mut Table, finished: &Path) {
-    let damage: [(&str, Damage); 3] = [
+    let damage: [(&str, Damage); 4] = [
         ("truncated to half", |b| b.truncate(b.len() / 2)),
         ("64 bytes flipped in the schema's cells", |b| {
             // The first page's cells (the schema) fill it from its end.
@@ -458,10 +459,20 @@ fn corrupted_store(t: &mut Table, finished: &Path) {
                 *x ^= 0xA5;
             }
         }),
-        ("64 bytes flipped mid-file", |b| {
-            let mid = b.len() / 2;
-            for x in &mut b[mid..mid + 64] {
+        ("64 bytes flipped in a middle page's header", |b| {
+            let page = u16::from_be_bytes([b[16], b[17]]) as usize;
+            let page = if page == 1 { 65536 } else { page };
+            let start = (b.len() / page / 2) * page;
+            for x in &mut b[start..start + 64] {
                 *x ^= 0xA5;
+            }
+        }),
+        ("a stored value's bytes flipped (run_finished)", |b| {
+            let needle = b"run_finished";
+            if let Some(at) = b.windows(needle.len()).position(|w| w == needle) {
+                for x in &mut b[at..at + needle.len()] {
+                    *x ^= 0x20;
+                }
             }
         }),
     ];
@@ -864,36 +875,42 @@ fn parsers() -> (usize, usize) {
 }
 
 fn secrets(t: &mut Table) {
-    let token = fk_agentd::sim::server::SIM_TOKEN;
-    let home = tempfile::Builder::new()
-        .prefix("chaos-secrets")
-        .tempdir()
-        .unwrap()
-        .keep();
+    let (file, tokens) = token_file("chaos-secrets-token");
+    let home = temp_home("chaos-secrets");
     let log = home.join("invocations.log");
-    let mut child = campaign(&home, &log, false);
+    let mut c = fk(&home);
+    c.args(["start", "--sim", "--targets", TARGETS])
+        .env(fk_agentd::sim::invocations::LOG_ENV, &log)
+        .env(fk_agentd::sim::faults::SIM_TOKEN_FILE_ENV, &file);
+    let mut child = quiet(c).spawn().expect("campaign");
+    let rotation = rotate_later(&file, &tokens, Duration::from_secs(3));
     let daemon = child.id();
     let (mut sampled, mut in_children) = (BTreeSet::new(), 0);
+    let holds = |text: &str| tokens.iter().any(|tok| text.contains(tok.as_str()));
+    let ours = home.display().to_string();
     while child.try_wait().expect("poll").is_none() {
         for (pid, cmdline, environ) in procs() {
-            let ours = String::from_utf8_lossy(&environ).contains(&home.display().to_string())
-                || cmdline.contains(&home.display().to_string());
-            if pid == daemon || !ours {
+            let env = String::from_utf8_lossy(&environ);
+            if pid == daemon || !(env.contains(&ours) || cmdline.contains(&ours)) {
                 continue;
             }
             sampled.insert(pid);
-            let env = String::from_utf8_lossy(&environ);
-            in_children += usize::from(env.contains(token) || cmdline.contains(token));
+            in_children += usize::from(holds(&env) || holds(&cmdline));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    rotation.join().expect("rotation");
     let in_files = walk(&home)
         .iter()
         .filter(|p| {
-            let bytes = std::fs::read(p).unwrap_or_default();
-            String::from_utf8_lossy(&bytes).contains(token)
+            holds(&String::from_utf8_lossy(
+                &std::fs::read(p).unwrap_or_default(),
+            ))
         })
         .count();
+    let report = server_report(&home);
+    let n = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
+    println!("secrets: server report {report}");
     t.add(
         "secrets",
         "children sampled while the campaign ran",
@@ -903,10 +920,62 @@ fn secrets(t: &mut Table) {
     );
     t.count(
         "secrets",
-        "…whose environment or argv held the token",
+        "…whose environment or argv held a token",
         in_children,
     );
-    t.count("secrets", "files of the home holding the token", in_files);
+    t.count("secrets", "files of the home holding a token", in_files);
+    t.add(
+        "secrets",
+        "token rotations the server saw mid-campaign",
+        n("rotations"),
+        "≥ 1",
+        n("rotations") >= 1 && n("rotations") != u64::MAX,
+    );
+    t.count(
+        "secrets",
+        "requests whose body (what the model is sent) held a token",
+        n("tokens_in_bodies") as usize,
+    );
+}
+
+/// What the simulated server saw (`sim-faults.json`, written when chaos was asked for).
+fn server_report(home: &Path) -> serde_json::Value {
+    std::fs::read(home.join("sim-faults.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// A new home folder, kept after the bench for a look.
+fn temp_home(prefix: &str) -> PathBuf {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap()
+        .keep()
+}
+
+/// A token file outside any home for the simulated client, and the two tokens it will hold.
+fn token_file(prefix: &str) -> (PathBuf, [String; 2]) {
+    let path = temp_home(prefix).join("sim-token");
+    let tokens = [
+        format!("fk-chaos-{}-first-7d1e", std::process::id()),
+        format!("fk-chaos-{}-second-92bc", std::process::id()),
+    ];
+    std::fs::write(&path, &tokens[0]).unwrap();
+    (path, tokens)
+}
+
+/// Rewrites the token file with its second token after `after`, as a rotation tool does
+/// (a new file renamed over the old one).
+fn rotate_later(path: &Path, tokens: &[String; 2], after: Duration) -> std::thread::JoinHandle<()> {
+    let (path, next) = (path.to_path_buf(), tokens[1].clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, next).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    })
 }
 
 /// Sessions of a home's newest run that ended as sessions (not as infrastructure failures).
@@ -940,7 +1009,8 @@ fn provider_faults(t: &mut Table) {
         .take(12)
         .map(|t| t.to_string())
         .collect();
-    let status = quiet({
+    let (file, tokens) = token_file("chaos-faults-token");
+    let mut child = quiet({
         let mut c = fk(&home);
         c.args([
             "start",
@@ -950,15 +1020,16 @@ fn provider_faults(t: &mut Table) {
             "--targets",
             &targets.join(","),
         ])
-        .env(fk_agentd::sim::faults::SIM_FAULTS_ENV, "0.2");
+        .env(fk_agentd::sim::faults::SIM_FAULTS_ENV, "0.2")
+        .env(fk_agentd::sim::faults::SIM_TOKEN_FILE_ENV, &file);
         c
     })
-    .status()
+    .spawn()
     .expect("campaign");
-    let report: serde_json::Value = std::fs::read(home.join("sim-faults.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
+    let rotation = rotate_later(&file, &tokens, Duration::from_secs(2));
+    let status = child.wait().expect("campaign");
+    rotation.join().expect("rotation");
+    let report = server_report(&home);
     let n = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
     let faults = n("too_many_requests") + n("server_errors") + n("cut_streams");
     println!("provider faults: exit {status}, server report {report}");
@@ -986,6 +1057,11 @@ fn provider_faults(t: &mut Table) {
         "provider faults",
         "requests before their Retry-After had passed",
         n("early_retries") as usize,
+    );
+    t.count(
+        "provider faults",
+        "requests with a stale token after a rotation (each a 401)",
+        n("stale_tokens") as usize,
     );
 }
 
@@ -1067,7 +1143,8 @@ fn disk_full(t: &mut Table) {
             None => "hung".into(),
         },
         "exit 3",
-        status.and_then(|s| s.code()) == Some(3) && last.contains("space"),
+        status.and_then(|s| s.code()) == Some(3)
+            && (last.contains("No space left") || last.contains("disk is full")),
     );
     t.add(
         "disk full",

@@ -305,8 +305,8 @@ async fn run_sim(
         exe,
         seed: SIM_SEED,
         max_think: Duration::from_millis(400),
-        // The chaos bench's provider faults: a share of the simulated server's answers.
-        faults: sim_faults()?,
+        // The chaos bench's provider faults and rotating token file.
+        chaos: sim_chaos()?,
     };
     let campaign = CampaignParams {
         bench: Some(DriverParams {
@@ -327,7 +327,7 @@ async fn run_sim(
     };
     let home = config.home.clone();
     let report = run_daemon(config, runner, resume, facts, campaign).await;
-    if params.faults > 0.0 {
+    if params.chaos != Default::default() {
         let path = home.join("sim-faults.json");
         if let Err(e) = crate::score::pipeline::write_json(&path, &server.fault_report()) {
             tracing::warn!(path = %path.display(), error = %e, "cannot write the fault report");
@@ -337,19 +337,26 @@ async fn run_sim(
     report
 }
 
-/// `FK_AGENTD_SIM_FAULTS`: the share (0 to 1) of the simulated server's answers that are
-/// faults; unset is none.
-fn sim_faults() -> Result<f64, Error> {
-    use crate::sim::faults::SIM_FAULTS_ENV;
-    let Ok(text) = std::env::var(SIM_FAULTS_ENV) else {
-        return Ok(0.0);
+/// The simulation's chaos settings from the environment (this is the process edge):
+/// `FK_AGENTD_SIM_FAULTS`, the share (0 to 1) of the server's answers that are faults, and
+/// `FK_AGENTD_SIM_TOKEN_FILE`, a token file the client reads and the server checks.
+fn sim_chaos() -> Result<crate::sim::faults::SimChaos, Error> {
+    use crate::sim::faults::{SIM_FAULTS_ENV, SIM_TOKEN_FILE_ENV, SimChaos};
+    let faults = match std::env::var(SIM_FAULTS_ENV) {
+        Err(_) => 0.0,
+        Ok(text) => match text.parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => r,
+            _ => {
+                return Err(Error::Usage(format!(
+                    "{SIM_FAULTS_ENV} = {text:?}: a share of requests from 0 to 1"
+                )));
+            }
+        },
     };
-    match text.parse::<f64>() {
-        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
-        _ => Err(Error::Usage(format!(
-            "{SIM_FAULTS_ENV} = {text:?}: a share of requests from 0 to 1"
-        ))),
-    }
+    let token_file = std::env::var_os(SIM_TOKEN_FILE_ENV)
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from);
+    Ok(SimChaos { faults, token_file })
 }
 
 /// Runs the campaign in the foreground until it ends or SIGINT/SIGTERM.

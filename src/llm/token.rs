@@ -1,7 +1,8 @@
 //! [`TokenProvider`]: where the bearer token comes from and when it is read again.
 //!
 //! A token file is re-read at every [`TokenProvider::refresh`] (the agent loop calls it at
-//! session start) and after every 401, so a rotated file needs no restart. A token command is
+//! session start), before any request once the file was rewritten (its modification time
+//! changed), and after every 401, so a rotated file needs no restart and costs no 401. A token command is
 //! cached for its configured interval; an environment token is captured once, at the edge.
 //!
 //! The value lives in a `SecretString` and in one sensitive `HeaderValue`; errors and
@@ -186,6 +187,11 @@ impl TokenProvider {
         let loaded = state.as_ref()?;
         let expired = match &self.source {
             Source::Command { refresh, .. } => loaded.fetched_at.elapsed() >= *refresh,
+            // A file rewritten since it was read (a rotation) is read again before the next
+            // request, not after a 401; one that cannot be looked at keeps the token held.
+            Source::File(path) => std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|m| Some(m) != loaded.written),
             _ => false,
         };
         (!expired).then(|| loaded.header.clone())
@@ -331,6 +337,29 @@ mod tests {
         assert_eq!(p.header().await.unwrap(), "Bearer s3cr3t-value");
         assert!(!format!("{p:?}").contains("s3cr3t"));
         assert!(p.header().await.unwrap().is_sensitive());
+    }
+
+    /// A rotated file is read before the next request, so no request carries the old token.
+    #[tokio::test]
+    async fn a_rewritten_file_is_read_before_the_next_request() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pat");
+        std::fs::write(&path, "first\n").unwrap();
+        let p = TokenProvider::file(&path);
+        assert_eq!(p.header().await.unwrap(), "Bearer first");
+        std::fs::write(&path, "second\n").unwrap();
+        // Rotations can land within one timestamp tick: make the change visible.
+        let later = SystemTime::now() + Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert_eq!(p.header().await.unwrap(), "Bearer second");
+        // A file that vanished mid-rotation keeps the token held.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(p.header().await.unwrap(), "Bearer second");
     }
 
     #[tokio::test]

@@ -60,8 +60,8 @@ pub struct SimParams {
     pub exe: PathBuf,
     pub seed: u64,
     pub max_think: Duration,
-    /// Share of the simulated server's answers that are faults (0: none).
-    pub faults: f64,
+    /// What the chaos bench turns on: provider faults, a rotating token file.
+    pub chaos: crate::sim::faults::SimChaos,
 }
 
 /// The provider the simulation's client talks to.
@@ -136,7 +136,7 @@ pub async fn start_server(params: &SimParams) -> Result<SimServer, Error> {
     SimServer::start(SimScript {
         seed: params.seed,
         max_think: params.max_think,
-        faults: crate::sim::faults::FaultPlan::new(params.faults),
+        faults: crate::sim::faults::FaultPlan::new(&params.chaos),
     })
     .await
     .map_err(|e| {
@@ -166,7 +166,11 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
     launcher: L,
     lease_access: Option<LeaseAccess>,
 ) -> Result<AgentRunner, Error> {
-    let token = TokenProvider::literal(SecretString::from(SIM_TOKEN))?;
+    // The chaos bench rotates a token file under the client; otherwise the public literal.
+    let token = match &params.chaos.token_file {
+        Some(path) => TokenProvider::file(path.clone()),
+        None => TokenProvider::literal(SecretString::from(SIM_TOKEN))?,
+    };
     let llm = Arc::new(LlmClient::new(sim_provider(base_url), token)?);
     crate::daemon::ensure_home(&config.home)?;
     let baseline_root = sim_baselines(&config.home, catalog)?;

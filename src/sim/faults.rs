@@ -17,6 +17,19 @@ use serde::Serialize;
 /// The variable (read by `start --sim`) naming the share of requests to fault.
 pub const SIM_FAULTS_ENV: &str = "FK_AGENTD_SIM_FAULTS";
 
+/// The variable (read by `start --sim`) naming a token file: the client reads its token from
+/// it, the server accepts only what it holds now, so rewriting it rotates the token.
+pub const SIM_TOKEN_FILE_ENV: &str = "FK_AGENTD_SIM_TOKEN_FILE";
+
+/// What the chaos bench turns on in a simulated campaign.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SimChaos {
+    /// Share of requests answered with a fault (0: none).
+    pub faults: f64,
+    /// A token file to rotate (none: the public literal token).
+    pub token_file: Option<std::path::PathBuf>,
+}
+
 /// How long a 429 tells the client to wait.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -40,6 +53,11 @@ pub struct FaultReport {
     pub protocol_violations: u64,
     /// Requests for a turn that came before the `Retry-After` its 429 asked for had passed.
     pub early_retries: u64,
+    /// With a token file: rotations seen, requests that carried a token the file no longer
+    /// held (each answered 401), and requests whose body held a token (sent to the model).
+    pub rotations: u64,
+    pub stale_tokens: u64,
+    pub tokens_in_bodies: u64,
 }
 
 #[derive(Default)]
@@ -48,12 +66,15 @@ struct Log {
     attempts: HashMap<String, u32>,
     /// Per conversation (`prompt_cache_key`), when it may ask again after a 429.
     not_before: HashMap<String, Instant>,
+    /// Every token the file has held, newest last.
+    tokens: Vec<String>,
 }
 
 /// The faults to inject and their log; cheap to clone (clones share the log).
 #[derive(Clone, Default)]
 pub struct FaultPlan {
     pub rate: f64,
+    pub token_file: Option<std::path::PathBuf>,
     log: Arc<Mutex<Log>>,
 }
 
@@ -66,11 +87,39 @@ impl std::fmt::Debug for FaultPlan {
 }
 
 impl FaultPlan {
-    pub fn new(rate: f64) -> Self {
+    pub fn new(chaos: &SimChaos) -> Self {
         Self {
-            rate: rate.clamp(0.0, 1.0),
+            rate: chaos.faults.clamp(0.0, 1.0),
+            token_file: chaos.token_file.clone(),
             ..Self::default()
         }
+    }
+
+    /// Whether `bearer` (the `Authorization` value) is the token to accept now; `None` when
+    /// there is no token file (the caller checks the literal). Counts rotations, stale tokens
+    /// and tokens in `body`.
+    pub fn token_ok(&self, bearer: &str, body: &str) -> Option<bool> {
+        let path = self.token_file.as_ref()?;
+        let current = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let mut log = self.log();
+        if !current.is_empty() && log.tokens.last() != Some(&current) {
+            if !log.tokens.is_empty() {
+                log.report.rotations += 1;
+            }
+            log.tokens.push(current.clone());
+        }
+        if log.tokens.iter().any(|t| body.contains(t.as_str())) {
+            log.report.tokens_in_bodies += 1;
+        }
+        let sent = bearer.strip_prefix("Bearer ").unwrap_or("");
+        let ok = !current.is_empty() && sent == current;
+        if !ok && log.tokens.iter().any(|t| t == sent) {
+            log.report.stale_tokens += 1;
+        }
+        Some(ok)
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, Log> {
@@ -146,7 +195,10 @@ mod tests {
 
     #[test]
     fn a_share_of_requests_fault_and_a_retried_turn_is_answered_in_the_end() {
-        let plan = FaultPlan::new(0.2);
+        let plan = FaultPlan::new(&SimChaos {
+            faults: 0.2,
+            token_file: None,
+        });
         let faulted = (0..2000)
             .filter(|i| plan.arrive("k", &format!("turn-{i}")).is_some())
             .count();
@@ -162,7 +214,10 @@ mod tests {
 
     #[test]
     fn a_request_before_its_retry_after_is_counted() {
-        let plan = FaultPlan::new(1.0);
+        let plan = FaultPlan::new(&SimChaos {
+            faults: 1.0,
+            token_file: None,
+        });
         // Every request faults at rate 1; find a 429, then ask again at once.
         let key = "conv";
         let turn = (0..100)

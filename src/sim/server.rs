@@ -119,10 +119,14 @@ async fn respond(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let authorized = headers
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v == format!("Bearer {SIM_TOKEN}"));
+        .unwrap_or("");
+    let authorized = script
+        .faults
+        .token_ok(bearer, &body.to_string())
+        .unwrap_or_else(|| bearer == format!("Bearer {SIM_TOKEN}"));
     if !authorized {
         return error(
             StatusCode::UNAUTHORIZED,

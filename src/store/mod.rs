@@ -50,6 +50,11 @@ pub enum StoreError {
         "store {path} is damaged ({detail}): nothing was written to it. Move it aside (e.g. `mv {path} {path}.damaged`) to start a new store in this home; every run's events are also in its runs/<id>/run.jsonl"
     )]
     Damaged { path: PathBuf, detail: String },
+    /// SQLite could not write: the file system holding the store is full.
+    #[error(
+        "store {path}: the disk is full (no space left for the store's writes): free space there, then `fk-agentd resume`"
+    )]
+    Full { path: PathBuf },
     #[error("unknown run `{0}`")]
     UnknownRun(String),
     /// A run id typed by the user that names no run, or several (a prefix).
@@ -62,8 +67,11 @@ pub enum StoreError {
 impl StoreError {
     /// A SQLite error of `path`, told as damage when SQLite says the file is damaged.
     fn from_sqlite(path: &Path, source: rusqlite::Error) -> Self {
-        use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+        use rusqlite::ErrorCode::{DatabaseCorrupt, DiskFull, NotADatabase};
         match source.sqlite_error_code() {
+            Some(DiskFull) => StoreError::Full {
+                path: path.to_path_buf(),
+            },
             Some(DatabaseCorrupt | NotADatabase) => StoreError::Damaged {
                 path: path.to_path_buf(),
                 detail: source.to_string(),
@@ -248,10 +256,7 @@ impl Store {
     }
 
     fn sql_err(&self, source: rusqlite::Error) -> StoreError {
-        StoreError::Sqlite {
-            path: self.path.clone(),
-            source,
-        }
+        StoreError::from_sqlite(&self.path, source)
     }
 
     /// Runs a store call on the blocking pool.

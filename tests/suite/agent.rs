@@ -57,7 +57,7 @@ fn sim_params(max_think: Duration) -> SimParams {
         exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
         seed: 7,
         max_think,
-        faults: 0.0,
+        chaos: Default::default(),
     }
 }
 

@@ -320,10 +320,10 @@ fn lease_local_keeps_the_provider_token_from_the_command() {
     }
 }
 
-/// A `lease --local` killed with SIGKILL leaves its command running; the next one adopts it,
-/// waits for its original deadline, and the command is gone afterwards.
+/// D6: a `lease --local` killed with SIGKILL leaves its command running; the next one ends it
+/// at once (nothing waits for its outcome) instead of holding the GPU until its deadline.
 #[test]
-fn a_killed_lease_local_is_adopted_by_the_next_one_until_its_deadline() {
+fn a_killed_lease_local_is_ended_by_the_next_one_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("fk-agentd.toml");
     std::fs::write(&config, "[gpus]\ndevices = \"fake:1\"\n").expect("config");
@@ -339,7 +339,7 @@ fn a_killed_lease_local_is_adopted_by_the_next_one_until_its_deadline() {
     let mut first = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"));
     base(&mut first);
     let mut first = first
-        .args(["lease", "--local", "--timeout", "3s", "--"])
+        .args(["lease", "--local", "--timeout", "60s", "--"])
         .args([
             "sh",
             "-c",
@@ -392,13 +392,10 @@ fn a_killed_lease_local_is_adopted_by_the_next_one_until_its_deadline() {
         .status()
         .expect("second");
     assert!(status.success(), "{status:?}");
-    assert!(!alive(pid), "the adopted command outlived its deadline");
-    // It waited for the adopted lease's own deadline (3 s from its start), not a new one.
+    assert!(!alive(pid), "the left command outlived the next lease");
+    // It did not wait for the left lease's deadline (60 s from its start).
     let elapsed = started.elapsed();
-    assert!(
-        elapsed >= Duration::from_secs(3) && elapsed < Duration::from_secs(30),
-        "{elapsed:?}"
-    );
+    assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
     let outcome: String = rusqlite::Connection::open(&db)
         .expect("db")
         .query_row(
@@ -407,10 +404,7 @@ fn a_killed_lease_local_is_adopted_by_the_next_one_until_its_deadline() {
             |r| r.get(0),
         )
         .expect("the first lease's row");
-    assert!(
-        outcome.contains("adopted after a daemon restart"),
-        "{outcome}"
-    );
+    assert!(!outcome.contains("adopted"), "{outcome}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -465,9 +465,20 @@ async fn a_401_rereads_the_rotated_token_file_and_succeeds_without_restart() {
     let (first, _) = run_turn(&h.client, &request(vec![user_message("a")])).await;
     first.unwrap();
 
-    // The token is rotated while the client runs.
+    // The token is rotated while the client runs, on a file system whose timestamps do not
+    // show it (the same modification time): only the 401 tells.
+    let written = std::fs::metadata(&h.token_file)
+        .unwrap()
+        .modified()
+        .unwrap();
     h.server.require_token("fk-rotated-token-2");
     std::fs::write(&h.token_file, "fk-rotated-token-2\n").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&h.token_file)
+        .unwrap()
+        .set_modified(written)
+        .unwrap();
     let (second, events) = run_turn(&h.client, &request(vec![user_message("b")])).await;
     assert_eq!(second.unwrap().attempts, 2);
     let reload: Vec<&LlmEvent> = events

@@ -45,7 +45,7 @@ pub fn sim_params() -> SimParams {
         exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
         seed: fk_agentd::sim::campaign::SIM_SEED,
         max_think: Duration::from_millis(20),
-        faults: 0.0,
+        chaos: Default::default(),
     }
 }
 
