@@ -7,13 +7,21 @@
 //! A configured directory that does not exist is a usage error naming `campaign.captures`,
 //! raised before a session starts (otherwise every validation would fail the same way, late).
 //!
+//! Also reads what a capture folder holds ([`report`]: reports, operators, per-target
+//! coverage), for `--targets captured`, the `SKIP(no captured case)` screen and `fk-agentd
+//! captures`, and imports a capture folder into the home ([`import`]).
+//!
 //! Invariant: an embedded file is written only when it is missing or differs, and never over a
 //! directory the user configured.
 
-use std::path::Path;
+pub mod render;
+pub mod report;
+
+use std::path::{Path, PathBuf};
 
 use crate::config::{Config, ConfigError, DEFAULT_CAPTURES, SettingSource};
 use crate::error::Error;
+use report::CaptureReport;
 
 /// One shipped file: its path below the repository's `captures/` (and the home's), and contents.
 macro_rules! shipped {
@@ -78,4 +86,122 @@ pub fn write_embedded(root: &Path) -> Result<(), Error> {
         std::fs::write(&path, bytes).map_err(io)?;
     }
     Ok(())
+}
+
+/// The reports of the capture folder `dir`; the shipped default is read from the embedded
+/// copy when it has not been written yet (a selection is resolved before [`settle`]).
+pub fn reports_for(dir: &Path) -> Result<Vec<CaptureReport>, String> {
+    if dir.is_dir() {
+        return report::read_dir(dir);
+    }
+    if dir.ends_with(DEFAULT_CAPTURES) {
+        let prefix = format!("{}/", DEFAULT_CAPTURES.trim_start_matches("captures/"));
+        let mut out = Vec::new();
+        for (rel, bytes) in EMBEDDED.iter().filter(|(r, _)| r.starts_with(&prefix)) {
+            let rel = &rel[prefix.len()..];
+            if let Some(mut r) =
+                CaptureReport::parse(rel, bytes).map_err(|e| format!("{rel}: {e}"))?
+            {
+                r.gpu = r.gpu.or_else(|| report::gpu_of(dir));
+                out.push(r);
+            }
+        }
+        return Ok(out);
+    }
+    Err(format!("{}: no such directory", dir.display()))
+}
+
+/// A capture folder copied into the home.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Imported {
+    pub dest: PathBuf,
+    /// The same hash a run's facts record for its captures ([`crate::facts::tree_sha256`]).
+    pub sha256: String,
+    pub files: usize,
+    pub bytes: u64,
+    pub reports: usize,
+    /// True when an identical copy was already there.
+    pub unchanged: bool,
+}
+
+/// Copies the capture folder `src` to `<home>/captures/imported/<name>/` (its folder name) and
+/// hashes it. Refuses a folder holding no capture report, and never replaces a different
+/// folder of the same name.
+pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
+    let usage = |why: String| Error::Usage(format!("captures import {}: {why}", src.display()));
+    if !src.is_dir() {
+        return Err(usage("no such directory".into()));
+    }
+    let reports = report::read_dir(src).map_err(usage)?.len();
+    if reports == 0 {
+        return Err(usage(
+            "no capture report (a JSON file with an `operators` map) in it".into(),
+        ));
+    }
+    let name = src
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_os_string()))
+        .ok_or_else(|| usage("the folder has no name".into()))?;
+    let dest = home.join("captures").join("imported").join(name);
+    let io = |what: String| move |source| Error::Io { what, source };
+    let (sha, files, bytes) =
+        crate::facts::tree_sha256(src).map_err(io(format!("hashing {}", src.display())))?;
+    if dest.exists() {
+        let (have, _, _) =
+            crate::facts::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
+        if have != sha {
+            return Err(usage(format!(
+                "{} exists with other content (sha256 {have}); move it aside first",
+                dest.display()
+            )));
+        }
+        return Ok(Imported {
+            dest,
+            sha256: sha,
+            files,
+            bytes,
+            reports,
+            unchanged: true,
+        });
+    }
+    for rel in crate::facts::files_under(src).map_err(io(format!("listing {}", src.display())))? {
+        let to = dest.join(&rel);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(io(format!("creating {}", parent.display())))?;
+        }
+        std::fs::copy(src.join(&rel), &to).map_err(io(format!("copying to {}", to.display())))?;
+    }
+    // The hash printed is the copy's, checked, not only the source's.
+    let (copied, _, _) =
+        crate::facts::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
+    if copied != sha {
+        return Err(usage(format!(
+            "the copy in {} hashes to {copied}, not {sha} (did the folder change while copying?)",
+            dest.display()
+        )));
+    }
+    Ok(Imported {
+        dest,
+        sha256: sha,
+        files,
+        bytes,
+        reports,
+        unchanged: false,
+    })
+}
+
+/// The `targets` without a forward case in the capture folder `dir`.
+pub fn uncaptured(
+    targets: &[crate::target::TargetId],
+    dir: &Path,
+) -> Result<Vec<crate::target::TargetId>, String> {
+    let reports = reports_for(dir)?;
+    let captured = report::captured_ids(&report::coverage(&reports));
+    Ok(targets
+        .iter()
+        .filter(|t| !captured.contains(*t))
+        .cloned()
+        .collect())
 }

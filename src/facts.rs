@@ -130,6 +130,9 @@ pub struct FastkernelsFacts {
     /// The patched copy, when one was prepared.
     pub copy: Option<PathBuf>,
     pub patches: Vec<AppliedPatch>,
+    /// `fastkernels.patches`: the series chosen for the copy and why.
+    #[serde(default)]
+    pub patch_decision: Option<crate::harness::choice::PatchDecision>,
 }
 
 impl FastkernelsFacts {
@@ -140,6 +143,7 @@ impl FastkernelsFacts {
             dirty: Some(h.checkout_dirty),
             copy: Some(h.copy.clone()),
             patches: h.patches.clone(),
+            patch_decision: h.decision.clone(),
         }
     }
 }
@@ -261,6 +265,7 @@ pub async fn gather(source: &dyn FactsSource, params: &GatherParams<'_>) -> Host
                 dirty: state.dirty,
                 copy: None,
                 patches: Vec::new(),
+                patch_decision: None,
             }
         }
     };

@@ -7,10 +7,10 @@
 //! |---------------|--------------------------------------------------------------------------|
 //! | [`cli`]       | argument parsing, printing for humans, exit codes (the only printer)     |
 //! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files |
-//! | [`target`]    | [`target::TargetId`] (`L1/rms_norm`), the catalog, selections (`L1-L3`)   |
-//! | [`captures`]  | the capture folder: checked, or the embedded default written under the home |
+//! | [`target`]    | [`target::TargetId`] (`L1/rms_norm`), the catalog, selections (`L1-L3`, `captured`) |
+//! | [`captures`]  | the capture folder: checked or the embedded default; its reports, per-target coverage, import |
 //! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
-//! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools |
+//! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools; the codex backend |
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |
 //! | [`run`]       | run ids (and unique prefixes), run directories, the journal (store first, then `run.jsonl`) |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
@@ -23,9 +23,9 @@
 //! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
 //! | [`tools`]     | tool specs the model sees, dispatch, apply_patch, the optimize prompt    |
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
-//! | [`harness`]   | a private, patched, verified copy of fastkernels; the host preflight     |
-//! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench      |
-//! | [`score`]     | bench driver, winner gates (published; confirmed by repeats), composed and sequential benches, exported sets |
+//! | [`harness`]   | a private, verified copy of fastkernels (patch series chosen by `patches`); its static target catalog; the host preflight |
+//! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench and eval |
+//! | [`score`]     | bench driver, winner gates (published; confirmed by repeats), composed and sequential benches, exported sets, e2e eval |
 //! | [`facts`]     | host/campaign facts (GPUs, stack, commits, provider, captures hash) as events |
 //! | [`manifest`]  | MANIFEST.md / manifest.json of a run, rendered from recorded facts only   |
 //! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |

@@ -2,13 +2,22 @@
 //!
 //! Owns [`TargetId`] (`L1/rms_norm`), the [`Catalog`] of known targets (the default list of
 //! 133 L1–L3 targets ships in `captures/targets_default.txt` and is embedded in the binary) and
-//! the parsing of target selections (`L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu`, `all`).
+//! the parsing of target selections (`L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu`, `all`,
+//! `captured`).
+//!
+//! The catalog can be widened ([`select_for_config`]) with what a fastkernels checkout offers
+//! (its `tasks/baseline/L<n>/*.py`, read statically by [`crate::harness::catalog`]) and what
+//! the configured captures name. Widened ids are selectable by id and by `captured` (the
+//! targets with at least one forward case in the captures); levels and `all` keep meaning the
+//! default list, so the default selection stays the 133 ids.
 //!
 //! Invariants: a stem is `[a-z0-9_]+` (it becomes a path component, so nothing else gets in);
 //! a selection is deduplicated and ordered by level, then stem; an unknown id or level is an
 //! error that names the nearest valid ones.
 
+use std::collections::BTreeSet;
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +38,9 @@ pub enum TargetError {
     Empty,
     #[error("target list line {line}: {why}")]
     Catalog { line: usize, why: String },
+    /// `captured` with captures that could not be read, or hold no forward case.
+    #[error("`captured`: {why}")]
+    Captured { why: String },
 }
 
 fn suggest(nearest: &[String]) -> String {
@@ -145,6 +157,11 @@ pub struct Target {
 #[derive(Clone, Debug)]
 pub struct Catalog {
     targets: Vec<Target>,
+    /// Ids beyond the default list (from a checkout or the captures): selectable by id and
+    /// `captured` only.
+    extra: BTreeSet<TargetId>,
+    /// The targets with a forward case in the configured captures, once read.
+    captured: Option<BTreeSet<TargetId>>,
 }
 
 impl Catalog {
@@ -179,7 +196,34 @@ impl Catalog {
         }
         targets.sort_by(|a, b| a.id.cmp(&b.id));
         targets.dedup_by(|a, b| a.id == b.id);
-        Ok(Self { targets })
+        Ok(Self {
+            targets,
+            extra: BTreeSet::new(),
+            captured: None,
+        })
+    }
+
+    /// This catalog plus `more` (an id already known keeps its entry); the new ids are extras.
+    pub fn with_targets(mut self, more: impl IntoIterator<Item = Target>) -> Self {
+        for t in more {
+            if self.get(&t.id).is_none() && !t.classes.is_empty() {
+                self.extra.insert(t.id.clone());
+                self.targets.push(t);
+            }
+        }
+        self.targets.sort_by(|a, b| a.id.cmp(&b.id));
+        self
+    }
+
+    /// Records which targets have a forward case in the captures (for `captured`).
+    pub fn with_captured(mut self, ids: BTreeSet<TargetId>) -> Self {
+        self.captured = Some(ids);
+        self
+    }
+
+    /// Whether `id` is one of the default list (not an extra).
+    pub fn is_default(&self, id: &TargetId) -> bool {
+        self.get(id).is_some() && !self.extra.contains(id)
     }
 
     pub fn targets(&self) -> &[Target] {
@@ -193,8 +237,12 @@ impl Catalog {
             .map(|i| &self.targets[i])
     }
 
+    fn defaults(&self) -> impl Iterator<Item = &Target> {
+        self.targets.iter().filter(|t| !self.extra.contains(&t.id))
+    }
+
     fn levels(&self) -> Vec<u8> {
-        let mut levels: Vec<u8> = self.targets.iter().map(|t| t.id.level).collect();
+        let mut levels: Vec<u8> = self.defaults().map(|t| t.id.level).collect();
         levels.dedup();
         levels
     }
@@ -231,7 +279,18 @@ impl Catalog {
 
     fn select_item(&self, item: &str) -> Result<Vec<TargetId>, TargetError> {
         if item.eq_ignore_ascii_case("all") {
-            return Ok(self.targets.iter().map(|t| t.id.clone()).collect());
+            return Ok(self.defaults().map(|t| t.id.clone()).collect());
+        }
+        if item.eq_ignore_ascii_case("captured") {
+            return match &self.captured {
+                Some(ids) if !ids.is_empty() => Ok(ids.iter().cloned().collect()),
+                Some(_) => Err(TargetError::Captured {
+                    why: "no target has a forward case in the configured captures".into(),
+                }),
+                None => Err(TargetError::Captured {
+                    why: "the captures were not read".into(),
+                }),
+            };
         }
         if item.contains('/') {
             let id: TargetId = item.parse()?;
@@ -264,8 +323,7 @@ impl Catalog {
             });
         }
         Ok(self
-            .targets
-            .iter()
+            .defaults()
             .filter(|t| (lo..=hi).contains(&t.id.level))
             .map(|t| t.id.clone())
             .collect())
@@ -318,4 +376,62 @@ impl Catalog {
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         scored.into_iter().take(3).map(|(_, id)| id).collect()
     }
+}
+
+/// What a campaign's target selection is resolved against.
+pub struct SelectionInputs<'a> {
+    pub catalog: &'a Catalog,
+    pub spec: &'a str,
+    /// The configured fastkernels checkout, whose baselines widen the catalog.
+    pub checkout: Option<&'a Path>,
+    /// The configured capture folder (`captured`, and ids only the captures name).
+    pub captures: &'a Path,
+}
+
+/// Resolves a selection. The default catalog answers a selection of its own ids; `captured`
+/// or an id it lacks widens it with the checkout's baselines and the captures' operators
+/// first. Returns the ids and the catalog they came from (sessions need their classes).
+pub fn select_for_config(i: &SelectionInputs<'_>) -> Result<(Vec<TargetId>, Catalog), TargetError> {
+    let wants_captured = i
+        .spec
+        .split(',')
+        .any(|item| item.eq_ignore_ascii_case("captured"));
+    if !wants_captured {
+        match i.catalog.select(i.spec) {
+            Ok(ids) => return Ok((ids, i.catalog.clone())),
+            Err(TargetError::UnknownTarget { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let offered: Option<Vec<Target>> = i
+        .checkout
+        .and_then(|dir| crate::harness::catalog::read_checkout(dir).ok())
+        .filter(|t| !t.is_empty());
+    let mut wide = i.catalog.clone();
+    if let Some(found) = &offered {
+        wide = wide.with_targets(found.iter().cloned());
+    }
+    match crate::captures::reports_for(i.captures) {
+        Ok(reports) => {
+            let cov = crate::captures::report::coverage(&reports);
+            let mut captured = crate::captures::report::captured_ids(&cov);
+            // With a checkout, only what it offers can be benched there.
+            if let Some(found) = &offered {
+                let ids: BTreeSet<&TargetId> = found.iter().map(|t| &t.id).collect();
+                captured.retain(|id| ids.contains(id));
+            }
+            if offered.is_none() {
+                wide = wide.with_targets(crate::captures::report::targets_of(&cov));
+            }
+            wide = wide.with_captured(captured);
+        }
+        Err(why) if wants_captured => {
+            return Err(TargetError::Captured {
+                why: format!("cannot read campaign.captures: {why}"),
+            });
+        }
+        Err(_) => {}
+    }
+    let ids = wide.select(i.spec)?;
+    Ok((ids, wide))
 }

@@ -2,9 +2,12 @@
 //! starts; it builds the target's workspace, toolbox and prompt, then runs the turn loop
 //! ([`session`]) against the shared Responses client.
 //!
+//! [`codex`] is the other backend: the same parts, with `codex exec` as the agent loop.
+//!
 //! Owns nothing global: the LLM client, the GPU tools and the configuration are handed in, so
 //! the same runner serves real campaigns, the simulation and tests.
 
+pub mod codex;
 pub mod gpu_tools;
 pub mod history;
 pub mod journal;

@@ -154,10 +154,16 @@ pub enum Command {
         /// Targets whose baselines to import (default: the configured campaign targets).
         #[arg(long, value_name = "SET")]
         targets: Option<String>,
+        /// Patch series for the private fastkernels copy: auto | shipped | none | DIR.
+        #[arg(long, value_name = "auto|shipped|none|DIR")]
+        patches: Option<String>,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
     },
+    /// Capture folders: the reports they hold, what they cover, and importing one.
+    #[command(subcommand)]
+    Captures(CapturesCommand),
     /// Provider utilities.
     #[command(subcommand)]
     Provider(ProviderCommand),
@@ -169,6 +175,37 @@ pub enum Command {
     /// The simulated fastkernels bench (tests and `--sim`); every output says it is simulated.
     #[command(hide = true, name = "sim-bench")]
     SimBench(SimBenchArgs),
+    /// The GPU tools of a codex session, for its shell: validate, profile-ncu, profile-nsys,
+    /// finish. They reach the running session through `FK_AGENTD_TOOL_SOCKET` and
+    /// `FK_AGENTD_TOOL_TOKEN`, which the codex runner sets.
+    #[command(hide = true, subcommand)]
+    Tool(ToolCommand),
+}
+
+/// `fk-agentd tool …`: the same tools a native session calls, from a codex session's shell.
+#[derive(Debug, Subcommand)]
+pub enum ToolCommand {
+    /// Bench this target's candidate under a validate lease (import check, screen, bench,
+    /// verdict).
+    Validate,
+    /// Profile the candidate with Nsight Compute under an ncu lease.
+    ProfileNcu {
+        /// Extra ncu arguments, as one string.
+        #[arg(long, allow_hyphen_values = true)]
+        args: Option<String>,
+    },
+    /// Profile the candidate with Nsight Systems under an nsys lease.
+    ProfileNsys {
+        /// Extra nsys arguments, as one string.
+        #[arg(long, allow_hyphen_values = true)]
+        args: Option<String>,
+    },
+    /// End the session: the candidate is final.
+    Finish {
+        /// What you built and how fast it is.
+        #[arg(long)]
+        summary: String,
+    },
 }
 
 /// `fk-agentd sim-bench [--seed N] bench …`: the argv prefix that stands in for
@@ -186,6 +223,18 @@ pub struct SimBenchArgs {
 pub enum SimBenchCommand {
     /// Same flags as `fastkernels bench`.
     Bench(SimBenchBenchArgs),
+    /// Same flags as `fastkernels eval` (the ones fk-agentd passes).
+    Eval(SimEvalArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SimEvalArgs {
+    /// A scenario table name or YAML file.
+    pub scenarios: String,
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub self_test: bool,
 }
 
 #[derive(Debug, Args)]
@@ -236,6 +285,10 @@ pub struct StartArgs {
     /// Provider name (in provider-config/) or path to a provider TOML. Default: cortex.
     #[arg(long, value_name = "NAME|PATH")]
     pub provider: Option<String>,
+    /// The sessions' agent loop: `native` (fk-agentd's own) or `codex` (the pinned `codex exec`
+    /// per session). Default: `[agent] backend` (native).
+    #[arg(long, value_name = "native|codex")]
+    pub agent_backend: Option<String>,
     /// Use the embedded, clearly labelled simulation: scripted agents, fake GPUs, simulated bench.
     #[arg(long)]
     pub sim: bool,
@@ -249,6 +302,19 @@ pub struct StartArgs {
     /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (4).
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
+    /// Patch series for the private fastkernels copy: auto | shipped | none | DIR.
+    /// Default: `[fastkernels] patches` (auto: the shipped series only on its commit and only
+    /// where deep_gemm is missing).
+    #[arg(long, value_name = "auto|shipped|none|DIR")]
+    pub patches: Option<String>,
+    /// Also start sessions for selected targets with no captured forward case (the bench
+    /// would skip every one of them).
+    #[arg(long)]
+    pub include_uncaptured: bool,
+    /// After the campaign, run `fastkernels eval SCENARIOS` over each mode's composed winner
+    /// set (a scenario table name such as `minimal`, or a YAML file).
+    #[arg(long, value_name = "SCENARIOS")]
+    pub e2e: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -346,6 +412,13 @@ pub struct ScoreArgs {
     /// Show only the winners, or only the losers, in the gate tables (and `--json`).
     #[arg(long, value_enum, value_name = "winners|losers")]
     pub only: Option<OnlyArg>,
+    /// Patch series for the private fastkernels copy: auto | shipped | none | DIR.
+    #[arg(long, value_name = "auto|shipped|none|DIR")]
+    pub patches: Option<String>,
+    /// Only the end-to-end eval: run `fastkernels eval SCENARIOS` over the run's composed
+    /// winner set (both halves of a `--mode all` pair), keeping its JSON in `results*/e2e/`.
+    #[arg(long, value_name = "SCENARIOS", conflicts_with = "candidates")]
+    pub e2e: Option<String>,
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
@@ -356,6 +429,33 @@ pub struct ScoreArgs {
 pub enum OnlyArg {
     Winners,
     Losers,
+}
+
+/// `fk-agentd captures …`.
+#[derive(Debug, Subcommand)]
+pub enum CapturesCommand {
+    /// Each report of the configured captures: model, workload, dtype, GPU, operators and
+    /// their call counts.
+    List {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Per target: forward cases, shapes, dtypes and the reports holding them.
+    Coverage {
+        /// Targets to show (default: every target the captures name).
+        #[arg(long, value_name = "SET")]
+        targets: Option<String>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a capture folder into <home>/captures/imported/ and print its sha256 (the hash
+    /// a run's facts record for its captures).
+    Import {
+        /// The folder (a published capture set, e.g. captures/default/h200).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

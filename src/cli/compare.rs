@@ -1,5 +1,6 @@
 //! `fk-agentd compare [RUN_A RUN_B | --run RUN] [--json] [--save]`: which runs to compare,
-//! then the table or JSON; the work is in [`crate::score::compare`].
+//! then the table or JSON; the work is in [`crate::score::compare`] (an independent run with a
+//! sequential one) and [`crate::score::compare_ab`] (two runs of one mode, e.g. two backends).
 //!
 //! Compare only reads: it writes nothing unless `--save` asks for `compare.json`, and a saved
 //! comparison replaces the one saved before (it is derived from the stored results, so an
@@ -70,6 +71,28 @@ pub fn cmd_compare(
     opts: CompareOpts,
 ) -> Result<i32, Error> {
     let store = super::open_viewer_store(home)?;
+    if let [a, b] = runs {
+        let (a, b) = (store.run(Some(a))?, store.run(Some(b))?);
+        // Two runs of one mode (e.g. two agent backends on the same targets): side by side.
+        if a.mode == b.mode && a.mode != "all" {
+            if opts.save {
+                return Err(Error::Usage(
+                    "--save writes the independent/sequential comparison; two runs of one mode are only shown".into(),
+                ));
+            }
+            let c =
+                crate::score::compare_ab::load(&store, &crate::run::runs_dir(home), &a.id, &b.id)?;
+            if opts.json {
+                println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
+            } else {
+                print!(
+                    "{}",
+                    crate::score::compare_ab::render(&c, super::term::stdout_width())
+                );
+            }
+            return Ok(0);
+        }
+    }
     let (ind, seq) = resolve(&store, runs, run)?;
     let c = compare::load(&store, &crate::run::runs_dir(home), &ind, &seq)?;
     let saved = if opts.save { Some(save(&c)?) } else { None };

@@ -240,7 +240,21 @@ pub(super) async fn cmd_gpus(
     };
     let (snap, daemon) = match live {
         Ok(s) => (s, true),
-        Err(ControlError::NoDaemon { .. }) => (inventory()?.offline_snapshot(), false),
+        Err(ControlError::NoDaemon { .. }) => {
+            let flags = Flags {
+                home: global.home.clone(),
+                config: global.config.clone(),
+                ..Flags::default()
+            };
+            let config = Config::load(&flags, env, catalog)?;
+            // Slurm GPUs exist only once the daemon holds them: show the cluster instead.
+            if let Some(slurm) = &config.slurm {
+                let (_, text) = crate::gpu::slurm::describe(&config, slurm)?;
+                print!("{text}");
+                return Ok(0);
+            }
+            (inventory()?.offline_snapshot(), false)
+        }
         Err(e) => return Err(e.into()),
     };
     if opts.json {

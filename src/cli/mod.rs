@@ -2,9 +2,11 @@
 //! for humans (or JSON), and map errors to exit codes. The only module that prints.
 
 pub mod args;
+mod captures;
 mod compare;
 mod dashboard;
 mod doctor;
+mod e2e;
 pub mod gpu;
 mod progress;
 mod runs;
@@ -117,9 +119,42 @@ pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
         session_timeout: s.session_timeout,
         lease_timeout: s.lease_timeout,
         provider: s.provider,
+        agent_backend: s.agent_backend,
+        patches: s.patches,
         sim: s.sim,
         gate: s.gate.map(|g| g.kind().as_str().to_string()),
         confirm: s.confirm.map(i64::from),
+    }
+}
+
+/// `fk-agentd tool …` in a codex session's shell: the session's endpoint and token are read
+/// from the environment here, at the edge; the tool's text goes to stdout; the exit status is
+/// 0 done, 1 the tool failed (the model should act on it), 3 infrastructure.
+async fn cmd_tool(tool: &args::ToolCommand) -> Result<i32, Error> {
+    use crate::agent::codex::endpoint;
+    use args::ToolCommand;
+    use serde_json::json;
+    let (name, arguments) = match tool {
+        ToolCommand::Validate => ("validate", json!({})),
+        ToolCommand::ProfileNcu { args } => ("profile_ncu", json!({"args": args})),
+        ToolCommand::ProfileNsys { args } => ("profile_nsys", json!({"args": args})),
+        ToolCommand::Finish { summary } => ("finish", json!({"summary": summary})),
+    };
+    let socket = std::env::var(endpoint::SOCKET_ENV).ok();
+    let token = std::env::var(endpoint::TOKEN_ENV).ok();
+    let (Some(socket), Some(token)) = (socket, token) else {
+        eprintln!("fk-agentd tool: {}", endpoint::EndpointError::NotInSession);
+        return Ok(crate::error::EXIT_UNAVAILABLE);
+    };
+    match endpoint::call(&socket, &token, name, arguments).await {
+        Ok(reply) => {
+            println!("{}", reply.text);
+            Ok(reply.exit_code())
+        }
+        Err(e) => {
+            eprintln!("fk-agentd tool: {e}");
+            Ok(crate::error::EXIT_UNAVAILABLE)
+        }
     }
 }
 
@@ -173,11 +208,14 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             gpu::cmd_gpus(&cli.global, &env, &catalog, opts).await
         }
         Command::Score(ref args) => {
-            let mut config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
+            let mut f = flags(&cli.global, None);
+            f.patches = args.patches.clone();
+            let mut config = Config::load(&f, &env, &catalog)?;
             crate::captures::settle(&mut config)?;
             score::cmd_score(&config, &env, args).await
         }
         Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
+        Command::Tool(ref tool) => cmd_tool(tool).await,
         Command::Compare {
             ref runs,
             ref run,
@@ -219,12 +257,22 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             }
             Ok(report.exit_code())
         }
-        Command::Doctor { ref targets, json } => {
+        Command::Doctor {
+            ref targets,
+            ref patches,
+            json,
+        } => {
             let mut f = flags(&cli.global, None);
             f.targets = targets.clone();
+            f.patches = patches.clone();
             let mut config = Config::load(&f, &env, &catalog)?;
             crate::captures::settle(&mut config)?;
             doctor::cmd_doctor(&config, json).await
+        }
+        Command::Captures(ref command) => {
+            let mut config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
+            crate::captures::settle(&mut config)?;
+            captures::cmd_captures(&config, command)
         }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
@@ -385,22 +433,22 @@ fn require_store(home: &std::path::Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// A private, patched, verified copy of the configured fastkernels checkout under the home.
-pub(crate) fn prepare_harness(
+/// A private, verified copy of the configured fastkernels checkout under the home, patched
+/// as `[fastkernels] patches` decides ([`crate::harness::choice`]).
+pub(crate) async fn prepare_harness(
     config: &Config,
 ) -> Result<crate::harness::patches::PreparedHarness, Error> {
-    use crate::harness::patches::{PatchSeries, checkout_state, copy_name, prepare_cached};
     let dir = config.fastkernels_dir.as_ref().ok_or_else(|| {
         Error::Usage("fastkernels.dir = (not set): expected a clean fastkernels checkout; set FK_DIR or [fastkernels] dir".into())
     })?;
-    let series_dir = crate::harness::write_shipped_series(&config.home)?;
-    let series = PatchSeries::load(&series_dir)?;
-    let (commit, _) = checkout_state(dir)?;
-    let dest = config
-        .home
-        .join("harness")
-        .join(copy_name(&commit, &series));
-    Ok(prepare_cached(dir, &series, &dest)?)
+    let python: Vec<String> = config.fastkernels_command.iter().take(1).cloned().collect();
+    let params = crate::harness::choice::PrepareParams {
+        checkout: dir,
+        choice: &config.fastkernels_patches,
+        home: &config.home,
+        python: &python,
+    };
+    Ok(crate::harness::choice::prepare(&params).await?)
 }
 
 fn cmd_manifest(home: &std::path::Path, run: Option<&str>, json: bool) -> Result<i32, Error> {

@@ -22,11 +22,23 @@ use crate::target::Catalog;
 /// Runs the simulated bench as a process would; returns the exit code. Reads the two
 /// `FASTKERNELS_*` variables the real bench reads (this is the process edge).
 pub fn sim_bench(args: SimBenchArgs) -> i32 {
-    let SimBenchCommand::Bench(b) = args.command;
     let var = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
+    };
+    let b = match args.command {
+        SimBenchCommand::Bench(b) => b,
+        SimBenchCommand::Eval(e) => {
+            let params = crate::sim::eval::SimEvalParams {
+                seed: args.seed,
+                scenarios: e.scenarios,
+                output: e.output,
+                self_test: e.self_test,
+                candidate_dir: var("FASTKERNELS_CANDIDATE_DIR"),
+            };
+            return act(crate::sim::eval::run(&params));
+        }
     };
     let params = SimBenchParams {
         seed: args.seed,
@@ -38,7 +50,22 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
         candidate_dir: var("FASTKERNELS_CANDIDATE_DIR"),
         results_dir: var("FASTKERNELS_RESULTS_DIR"),
     };
-    match crate::sim::bench::run(&params, &Catalog::embedded()) {
+    // Targets only the captures name are benchable in the simulation too.
+    let catalog = match &params.captures {
+        Some(dir) => match crate::captures::report::read_dir(dir) {
+            Ok(reports) => Catalog::embedded().with_targets(crate::captures::report::targets_of(
+                &crate::captures::report::coverage(&reports),
+            )),
+            Err(_) => Catalog::embedded(),
+        },
+        None => Catalog::embedded(),
+    };
+    act(crate::sim::bench::run(&params, &catalog))
+}
+
+/// Prints what a simulated process printed and exits as it would.
+fn act(action: SimAction) -> i32 {
+    match action {
         SimAction::Exit {
             code,
             stdout,
@@ -79,6 +106,9 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     // lock keeps a daemon, and a second score, off those GPUs.
     crate::daemon::ensure_home(&config.home)?;
     let _lock = crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::Score)?;
+    if let Some(scenarios) = &args.e2e {
+        return super::e2e::cmd_e2e(config, env, args.run.as_deref(), scenarios, args.json).await;
+    }
     let mode = match args.mode {
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,
@@ -198,7 +228,7 @@ async fn scoring_driver(
     let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
     let fastkernels_dir = match &config.fastkernels_dir {
         Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {
-            let prepared = super::prepare_harness(config)?;
+            let prepared = super::prepare_harness(config).await?;
             say(
                 json,
                 &format!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::args::{GlobalArgs, StartArgs};
 use crate::agent::gpu_tools::RealChecks;
 use crate::agent::session::LoopParams;
-use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS, LeaseAccess};
+use crate::agent::{AgentRunnerParams, INSTRUCTIONS, LeaseAccess};
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
 use crate::daemon::RunnerSource;
@@ -19,7 +19,7 @@ use crate::facts::{RunStartFacts, SystemFacts};
 use crate::gpu::LeaseClass;
 use crate::harness::import_check::ImportCheck;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::scheduler::{self, SessionRunner, SessionStatus};
+use crate::scheduler::{self, SessionStatus};
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::lease::LeaseLauncher;
 use crate::sim::campaign::{BenchToolsFactory, SIM_SEED, SimParams};
@@ -35,6 +35,12 @@ pub async fn cmd_start(
     let flags = super::flags(global, Some(start));
     let mut config = Config::load(&flags, env, catalog)?;
     crate::captures::settle(&mut config)?;
+    if start.e2e.is_some() && config.mode != crate::config::Mode::All {
+        return Err(Error::Usage(format!(
+            "--e2e with campaign.mode (--mode) = {}: the end-to-end eval of a campaign needs              --mode all (score a single run first, then `fk-agentd score --run RUN --e2e SCENARIOS`)",
+            config.mode.as_str()
+        )));
+    }
     if let Some(held) = daemon::lock::holder(&config.home) {
         return Err(daemon::DaemonError::AlreadyRunning {
             home: config.home.clone(),
@@ -50,13 +56,27 @@ pub async fn cmd_start(
             "note: run {unfinished} is unfinished; `fk-agentd resume {unfinished}` continues it. Starting a new run."
         );
     }
+    super::captures::screen_uncaptured(&mut config, start.include_uncaptured)?;
+    // The catalog the selection came from (it knows targets beyond the default list).
+    let catalog = &config.catalog.clone();
+    let e2e_config = start.e2e.as_ref().map(|_| config.clone());
     let report = if config.sim {
         run_sim(config, catalog, None).await?
     } else {
         run_real(config, env, catalog, None).await?
     };
     print_report(&report, global);
-    Ok(exit_code(&report, &home_of(&report)))
+    let code = exit_code(&report, &home_of(&report));
+    match (&start.e2e, e2e_config) {
+        (Some(scenarios), Some(config)) => {
+            println!();
+            let _lock = daemon::DaemonLock::acquire(&config.home, daemon::Holder::Score)?;
+            let e2e =
+                super::e2e::cmd_e2e(&config, env, Some(&report.run_id), scenarios, false).await?;
+            Ok(code.max(e2e))
+        }
+        _ => Ok(code),
+    }
 }
 
 /// The newest run that did not finish (interrupted, or left `running` by a killed daemon).
@@ -109,8 +129,15 @@ pub async fn cmd_resume(
     let mut flags = daemon::plan::resume_flags(super::flags(global, None), &started);
     flags.sim = row.simulated;
     flags.mode = Some(row.mode.clone());
+    // The resumed sessions bench on a copy patched as the run's first sessions did.
+    flags.patches = started["settings"]["fastkernels.patches"][0]
+        .as_str()
+        .map(str::to_string);
     let mut config = Config::load(&flags, env, catalog)?;
     crate::captures::settle(&mut config)?;
+    let include = started["settings"]["campaign.skipped_uncaptured"].is_null();
+    super::captures::screen_uncaptured(&mut config, include)?;
+    let catalog = &config.catalog.clone();
     let report = if row.simulated {
         run_sim(config, catalog, Some(run_id)).await?
     } else {
@@ -319,6 +346,11 @@ async fn run_sim(
         }),
     };
     require_prices(&config)?;
+    let mut config = config;
+    let path_var = std::env::var("PATH").ok();
+    // The provider the agents reach; the server's address is not known yet, nor needed here.
+    let sim_provider = crate::sim::campaign::sim_provider("http://127.0.0.1/v1");
+    crate::agent::codex::settle(&mut config, &sim_provider, path_var.as_deref())?;
     let (runner, server) = crate::sim::campaign::build(&config, catalog, &params).await?;
     let facts = RunStartFacts {
         source: Arc::new(SystemFacts),
@@ -404,6 +436,8 @@ async fn run_real(
             ),
         );
     }
+    let path_var = std::env::var("PATH").ok();
+    crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
     let context_window = provider.limits.context_window;
     let max_turns = config.limits.max_turns;
     let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
@@ -411,7 +445,7 @@ async fn run_real(
     let llm = Arc::new(LlmClient::new(provider, token)?);
     // A missing or empty token file should stop the start, not fail all 133 sessions one by one.
     llm.refresh_token().await?;
-    let prepared = super::prepare_harness(&config)?;
+    let prepared = super::prepare_harness(&config).await?;
     let baseline_root = prepared.copy.join("fastkernels/tasks/baseline");
     let protected = Arc::new(crate::protect::ProtectedSet::take(&prepared.copy)?);
     let import_check = ImportCheck {
@@ -449,11 +483,12 @@ async fn run_real(
         shell_env = shell_env.with_path_first(&dir);
     }
     let agent_llm = llm.clone();
+    let backend_config = config.clone();
     let runner = RunnerSource::WithBroker(Box::new(move |broker| {
         Box::pin(async move {
             let launcher = LeaseLauncher::new(broker.clone(), LeaseClass::Validate, "agents");
             let driver = BenchDriver::new(driver_params, launcher).await?;
-            let runner = AgentRunner::new(AgentRunnerParams {
+            let parts = AgentRunnerParams {
                 llm: agent_llm,
                 catalog: catalog.clone(),
                 baseline_root,
@@ -477,8 +512,8 @@ async fn run_real(
                     broker: broker.clone(),
                     socket: socket.clone(),
                 }),
-            });
-            Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
+            };
+            crate::agent::codex::runner_for(&backend_config, parts).await
         })
     }));
     let facts = RunStartFacts {

@@ -29,6 +29,14 @@ pub(super) struct RawGpus {
     ncu_cap: Option<i64>,
     nsys_cap: Option<i64>,
     cgroup_root: Option<String>,
+    /// `"local"` or `"slurm"`; validated with the `[slurm]` table (`super::slurm`).
+    backend: Option<String>,
+}
+
+impl RawGpus {
+    pub(super) fn take_backend(&mut self) -> Option<String> {
+        self.backend.take()
+    }
 }
 
 /// `[gpus]`, validated.

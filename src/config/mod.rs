@@ -7,9 +7,11 @@
 //!
 //! Every rejection is a [`ConfigError`] naming the key, the value and what was expected.
 
+pub mod agent;
 mod gpus;
 pub mod limits;
 pub mod provider;
+mod slurm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ use crate::target::{Catalog, TargetId};
 
 pub use gpus::{DEFAULT_CGROUP_ROOT, GpuDevices, describe_devices};
 use gpus::{GpuSettings, RawGpus};
+pub use slurm::{LeaseBackendKind, SlurmConfig, SlurmMode, SlurmNodes};
 
 /// A setting that was rejected: which key, what value, what was expected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -240,6 +243,10 @@ pub struct Flags {
     pub session_timeout: Option<String>,
     pub lease_timeout: Option<String>,
     pub provider: Option<String>,
+    /// `--agent-backend` (`start`).
+    pub agent_backend: Option<String>,
+    /// `--patches` (`start`, `score`, `doctor`).
+    pub patches: Option<String>,
     pub sim: bool,
     /// `--gate` (`score`, `start`).
     pub gate: Option<String>,
@@ -255,6 +262,8 @@ struct RawFile {
     #[serde(default)]
     provider: RawProvider,
     #[serde(default)]
+    agent: agent::RawAgent,
+    #[serde(default)]
     gpus: RawGpus,
     #[serde(default)]
     fastkernels: RawFastkernels,
@@ -264,6 +273,7 @@ struct RawFile {
     dashboard: RawDashboard,
     #[serde(default)]
     score: RawScore,
+    slurm: Option<slurm::RawSlurm>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -333,6 +343,7 @@ struct RawProvider {
 struct RawFastkernels {
     dir: Option<String>,
     command: Option<Vec<String>>,
+    patches: Option<String>,
 }
 
 /// The validated configuration every other part reads.
@@ -343,6 +354,10 @@ pub struct Config {
     pub config_file: Option<PathBuf>,
     pub targets_spec: String,
     pub targets: Vec<TargetId>,
+    /// The catalog `targets` came from: the default list, widened by the checkout's baselines
+    /// and the captures when the selection needed them (sessions read classes from it).
+    #[serde(skip)]
+    pub catalog: Catalog,
     pub mode: Mode,
     pub max_agents: usize,
     pub agent_slot: AgentSlot,
@@ -353,14 +368,22 @@ pub struct Config {
     pub lease_timeout: Duration,
     pub captures: PathBuf,
     pub provider: String,
+    /// `[agent]`: the sessions' agent loop (native or codex).
+    pub agent: agent::AgentConfig,
     pub gpus: GpuDevices,
     pub ncu_cap: usize,
     pub nsys_cap: usize,
     /// The cgroup filesystem in which each lease gets its own cgroup where writable;
     /// `None` (`gpus.cgroup_root = "off"`) keeps leases in process groups.
     pub cgroup_root: Option<PathBuf>,
+    /// `[gpus] backend`: what runs leased commands.
+    pub backend: LeaseBackendKind,
+    /// `[slurm]`, present exactly when `backend` is Slurm.
+    pub slurm: Option<SlurmConfig>,
     pub fastkernels_dir: Option<PathBuf>,
     pub fastkernels_command: Vec<String>,
+    /// `[fastkernels] patches` / `--patches`: which series the private copy gets.
+    pub fastkernels_patches: crate::harness::choice::PatchChoice,
     pub sim: bool,
     /// Reward-hack screen rules that do not block a winner (recorded in the manifest).
     pub screen_waive: Vec<String>,
@@ -453,7 +476,6 @@ impl Config {
             &[crate::run::runs_dir(&self.home), self.home.join("leases")],
         )
     }
-
     /// Loads and validates: `--config`, else `FK_AGENTD_CONFIG`, else `<home>/fk-agentd.toml`,
     /// else `./fk-agentd.toml`; then environment and flags on top.
     pub fn load(flags: &Flags, env: &Env, catalog: &Catalog) -> Result<Self, ConfigError> {
@@ -468,7 +490,7 @@ impl Config {
         catalog: &Catalog,
         home: PathBuf,
         config_file: Option<PathBuf>,
-        raw: RawFile,
+        mut raw: RawFile,
     ) -> Result<Self, ConfigError> {
         let mut settings = BTreeMap::new();
         let mut pick = |key: &str, flag: Option<String>, file: Option<String>, default: &str| {
@@ -531,9 +553,6 @@ impl Config {
             DEFAULT_PROVIDER,
         );
 
-        let targets = catalog.select(&targets_spec).map_err(|e| {
-            ConfigError::because("campaign.targets (--targets)", &targets_spec, e.to_string())
-        })?;
         let mode = Mode::parse("campaign.mode (--mode)", &mode)?;
         let max_agents = parse_count(
             "campaign.max_agents (--max-agents)",
@@ -560,14 +579,29 @@ impl Config {
             ));
         }
 
+        let backend = raw.gpus.take_backend();
+        let (backend_kind, slurm_table) =
+            slurm::validate(backend, raw.slurm.take(), env, &mut settings)?;
         let GpuSettings {
             devices: gpus,
             ncu_cap,
             nsys_cap,
             cgroup_root,
         } = gpus::validate(raw.gpus, flags.sim, &mut settings)?;
+        let patches = pick_patches(flags, raw.fastkernels.patches.take(), env, &mut settings)?;
         let (fastkernels_dir, fastkernels_command) =
             validate_fastkernels(raw.fastkernels, env, &mut settings)?;
+        let captures = expand_tilde(&captures, env);
+        let (targets, catalog) =
+            crate::target::select_for_config(&crate::target::SelectionInputs {
+                catalog,
+                spec: &targets_spec,
+                checkout: fastkernels_dir.as_deref(),
+                captures: &captures,
+            })
+            .map_err(|e| {
+                ConfigError::because("campaign.targets (--targets)", &targets_spec, e.to_string())
+            })?;
         if flags.sim {
             settings.insert("sim".into(), ("true".into(), SettingSource::Flag));
         }
@@ -597,26 +631,32 @@ impl Config {
             (format!("[{}]", screen_waive.join(", ")), source),
         );
         let gate = score_gate(flags, &raw.score, &mut settings)?;
+        let agent = agent::validate(raw.agent, flags.agent_backend.clone(), env, &mut settings)?;
         let limits = limits::parse(raw_limits, &mut settings)?;
         Ok(Self {
             home,
             config_file,
             targets_spec,
             targets,
+            catalog,
             mode,
             max_agents,
             agent_slot,
             order,
             session_timeout,
             lease_timeout,
-            captures: expand_tilde(&captures, env),
+            captures,
             provider,
+            agent,
             gpus,
             ncu_cap,
             nsys_cap,
             cgroup_root,
+            backend: backend_kind,
+            slurm: slurm_table,
             fastkernels_dir,
             fastkernels_command,
+            fastkernels_patches: patches,
             sim: flags.sim,
             screen_waive,
             limits,
@@ -736,6 +776,24 @@ pub(crate) fn parse_count(key: &str, value: &str, lo: i64, hi: i64) -> Result<us
 }
 
 pub(crate) type SettingMap = BTreeMap<String, (String, SettingSource)>;
+
+/// `[fastkernels] patches` / `--patches`: `auto`, `shipped`, `none` or a series folder.
+fn pick_patches(
+    flags: &Flags,
+    file: Option<String>,
+    env: &Env,
+    settings: &mut SettingMap,
+) -> Result<crate::harness::choice::PatchChoice, ConfigError> {
+    let (value, source) = match (flags.patches.clone(), file) {
+        (Some(v), _) => (v, SettingSource::Flag),
+        (None, Some(v)) => (v, SettingSource::File),
+        (None, None) => ("auto".to_string(), SettingSource::Default),
+    };
+    let choice = crate::harness::choice::PatchChoice::parse(&value, |d| expand_tilde(d, env))
+        .map_err(|why| ConfigError::new(crate::harness::choice::OPTION, &value, why))?;
+    settings.insert("fastkernels.patches".into(), (choice.as_setting(), source));
+    Ok(choice)
+}
 
 fn validate_fastkernels(
     raw: RawFastkernels,

@@ -127,6 +127,7 @@ pub fn resume_flags(mut flags: Flags, run_started: &Value) -> Flags {
     flags.session_timeout = recorded("campaign.session_timeout").or(flags.session_timeout);
     flags.lease_timeout = recorded("campaign.lease_timeout").or(flags.lease_timeout);
     flags.provider = recorded("provider.use").or(flags.provider);
+    flags.agent_backend = recorded("agent.backend").or(flags.agent_backend);
     flags.gate = recorded("score.gate").or(flags.gate);
     flags.confirm = recorded("score.confirm")
         .and_then(|v| v.parse().ok())

@@ -188,6 +188,9 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn leftovers(&self) -> Vec<(String, JobRef)> {
         Vec::new()
     }
+    /// Gives back what the backend holds for its whole life (Slurm's holder jobs), once the
+    /// broker has shut down gracefully; a crashed daemon never calls it, so a restart adopts.
+    fn close(&self) {}
 }
 
 /// The local backend: a process group per lease, and a cgroup where the host allows.

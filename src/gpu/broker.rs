@@ -215,10 +215,17 @@ impl Broker {
     }
 
     /// The daemon's broker: inventory from the config (a clear error when NVML is asked for
-    /// and absent), then recovery of the leases a previous daemon left open.
+    /// and absent) or, with `[gpus] backend = "slurm"`, from the Slurm holder jobs; then
+    /// recovery of the leases a previous daemon left open.
     pub async fn start(config: &Config, store: &Store) -> Result<Self, LeaseError> {
-        let inventory = Inventory::discover(&config.gpus)?;
-        let broker = Self::new(inventory, BrokerParams::from_config(config), store.clone());
+        let params = BrokerParams::from_config(config);
+        let broker = match &config.slurm {
+            Some(slurm) => {
+                let (backend, inventory) = super::slurm::start_for(config, slurm, store).await?;
+                Self::with_backend(inventory, params, store.clone(), Arc::new(backend))
+            }
+            None => Self::new(Inventory::discover(&config.gpus)?, params, store.clone()),
+        };
         let report = broker.recover().await?;
         if report != RecoveryReport::default() {
             tracing::warn!(adopted = ?report.adopted, reclaimed = ?report.reclaimed, swept = ?report.swept, "recovered leases of a previous daemon");
@@ -502,5 +509,7 @@ impl Broker {
         self.inner.shutdown.cancel();
         self.inner.tracker.close();
         self.inner.tracker.wait().await;
+        let backend = self.inner.backend.clone();
+        let _ = tokio::task::spawn_blocking(move || backend.close()).await;
     }
 }

@@ -24,6 +24,8 @@ pub enum InventorySource {
     Declared,
     /// `fake:N`: simulated GPUs for CI and `--sim`.
     Fake,
+    /// GPUs of Slurm nodes, held through the Slurm backend (`crate::gpu::slurm`).
+    Slurm,
 }
 
 impl InventorySource {
@@ -32,6 +34,7 @@ impl InventorySource {
             Self::Nvml => "nvml",
             Self::Declared => "declared",
             Self::Fake => "fake",
+            Self::Slurm => "slurm",
         }
     }
 }
@@ -160,6 +163,15 @@ impl Inventory {
             .collect();
         Self {
             source: InventorySource::Fake,
+            gpus,
+            monitor: Arc::new(DeclaredMonitor),
+        }
+    }
+
+    /// GPUs on Slurm nodes: nothing is observable from this host.
+    pub fn slurm(gpus: Vec<GpuInfo>) -> Self {
+        Self {
+            source: InventorySource::Slurm,
             gpus,
             monitor: Arc::new(DeclaredMonitor),
         }

@@ -267,6 +267,9 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
     match inner.inventory.source {
         InventorySource::Fake => notes.push("simulated GPUs: no NVML process audit".to_string()),
         InventorySource::Declared => notes.push("declared GPUs: no NVML process audit".to_string()),
+        InventorySource::Slurm => {
+            notes.push("Slurm GPUs: no NVML process audit from the daemon's host".to_string())
+        }
         InventorySource::Nvml => {}
     }
     let containment = inner.backend.settle(&e.job).unwrap_or(e.containment);

@@ -40,6 +40,7 @@ mod reclaim;
 mod recover;
 mod sanity;
 pub mod sim_backend;
+pub mod slurm;
 mod token;
 mod types;
 

@@ -239,6 +239,13 @@ impl Broker {
 
 /// What held a journaled lease: its cgroup's flavour while the cgroup exists.
 fn containment_of(row: &LeaseRow) -> Containment {
+    if row
+        .cgroup
+        .as_deref()
+        .is_some_and(|c| super::slurm::Container::is_slurm(std::path::Path::new(c)))
+    {
+        return Containment::SlurmStep;
+    }
     row.cgroup
         .as_ref()
         .and_then(|d| cgroup::kind_of(std::path::Path::new(d)))

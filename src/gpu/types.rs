@@ -103,13 +103,17 @@ pub enum Containment {
     CgroupV1Freezer,
     /// No process at all: the simulated backend.
     Simulated,
+    /// A Slurm job step: slurmstepd holds every process of it (its own cgroup on the node),
+    /// and `scancel` reaches them all.
+    SlurmStep,
 }
 
 impl Containment {
     pub fn is_cgroup(self) -> bool {
         matches!(
             self,
-            Self::CgroupV2 | Self::CgroupV1Pids | Self::CgroupV1Freezer
+            // A Slurm step is in slurmstepd's cgroup on its node: no descendant escapes it.
+            Self::CgroupV2 | Self::CgroupV1Pids | Self::CgroupV1Freezer | Self::SlurmStep
         )
     }
 }
@@ -219,6 +223,9 @@ pub enum LeaseError {
     Store(#[from] StoreError),
     #[error("the broker is shutting down")]
     ShuttingDown,
+    /// The Slurm backend cannot reach or use its cluster (commands, holder jobs, probe).
+    #[error("Slurm: {0}")]
+    Slurm(String),
 }
 
 impl LeaseError {
@@ -259,7 +266,8 @@ impl LeaseError {
             | Self::Spawn { .. }
             | Self::Io { .. }
             | Self::Store(_)
-            | Self::ShuttingDown => EXIT_UNAVAILABLE,
+            | Self::ShuttingDown
+            | Self::Slurm(_) => EXIT_UNAVAILABLE,
             Self::Cancelled | Self::PoolExpired(_) => EXIT_FAILURES,
         }
     }

@@ -2,9 +2,13 @@
 //! checkout ([`patches`]) and the environment preflight ([`preflight`]) that says, before any
 //! token is spent, what this host can run.
 //!
-//! Owns the patch series format, the copy, the checks that prove each patch applied, and the
-//! Python probes. It never modifies the user's checkout.
+//! Owns the patch series format, the choice of series ([`choice`]: `auto`, `shipped`, `none`
+//! or the user's own), the copy, the checks that prove each patch applied, the static target
+//! catalog of a checkout ([`catalog`]) and the Python probes. It never modifies the user's
+//! checkout.
 
+pub mod catalog;
+pub mod choice;
 pub mod import_check;
 pub mod patches;
 pub mod preflight;
@@ -24,6 +28,9 @@ pub enum HarnessError {
     },
     #[error("patch {patch} failed its check: {check}")]
     CheckFailed { patch: String, check: String },
+    /// The patch setting cannot be honoured for this checkout (the message names the option).
+    #[error("{} = \"{setting}\": {why}", choice::OPTION)]
+    PatchOption { setting: String, why: String },
     #[error("fastkernels checkout {path}: {why}")]
     Checkout { path: PathBuf, why: String },
     #[error("{what}: {source}")]

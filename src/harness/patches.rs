@@ -77,6 +77,10 @@ pub struct PreparedHarness {
     /// Whether this copy was made earlier and found intact (same commit, series and content).
     #[serde(default)]
     pub reused: bool,
+    /// Which series was chosen and why (`fastkernels.patches`); `None` for a copy prepared
+    /// directly with a series.
+    #[serde(default)]
+    pub decision: Option<super::choice::PatchDecision>,
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -281,6 +285,7 @@ pub fn prepare(
         patches: applied,
         tree_sha256: tree.0,
         reused: false,
+        decision: None,
     };
     // The copy is no git repository: this record beside it is how later readers learn what
     // it is (beside, not inside, so the tree hash does not cover it).

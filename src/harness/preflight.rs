@@ -202,6 +202,29 @@ pub async fn run(python: &[String], harness: Option<&Path>, targets: &[TargetId]
     }
 }
 
+/// Whether one Python package imports with `python` (argv prefix), and its version.
+pub async fn probe_package(python: &[String], name: &str) -> Probe {
+    let py: Vec<&str> = python.iter().map(String::as_str).collect();
+    if py.is_empty() {
+        return Probe {
+            name: name.to_string(),
+            found: false,
+            detail: "no Python interpreter configured".into(),
+        };
+    }
+    let argv: Vec<&str> = [&py[..], &["-c", PACKAGE_PROBE, name]].concat();
+    let value = run_json(&argv, &[]).await;
+    let entry = &value[name];
+    Probe {
+        name: name.to_string(),
+        found: entry[0].as_bool().unwrap_or(false),
+        detail: entry[1]
+            .as_str()
+            .unwrap_or("python did not answer")
+            .to_string(),
+    }
+}
+
 async fn run_json(argv: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
     let mut cmd = Command::new(argv[0]);
     cmd.args(&argv[1..]).kill_on_drop(true);

@@ -208,7 +208,16 @@ impl Builder {
             "tool_started" => self.tool_started(e),
             "tool_finished" => self.tool_finished(e),
             "validation" => {
-                if let Some(call) = self.open_call(None) {
+                // The open `validate` call, else the last open one: a codex session's shell
+                // command that runs `fk-agentd tool validate` may be recorded after the
+                // `validate` call it made, and is open as well.
+                let validate = self.open_call_named("validate").is_some();
+                let call = if validate {
+                    self.open_call_named("validate")
+                } else {
+                    self.open_call(None)
+                };
+                if let Some(call) = call {
                     call.validation = Some(p.clone());
                 }
             }
@@ -330,6 +339,17 @@ impl Builder {
         })
     }
 
+    /// The last unfinished call with this tool name (in any turn: a codex session records
+    /// the next step's items as they arrive, possibly before the call's end).
+    fn open_call_named(&mut self, name: &str) -> Option<&mut ToolCall> {
+        self.turns.iter_mut().rev().find_map(|t| {
+            t.entries.iter_mut().rev().find_map(|e| match e {
+                Entry::Tool(c) if c.name == name && c.output.is_none() => Some(c.as_mut()),
+                _ => None,
+            })
+        })
+    }
+
     fn tool_started(&mut self, e: &Event) {
         let id = e.payload["call_id"].as_str().unwrap_or("").to_string();
         let at = e.at.clone();
@@ -349,7 +369,20 @@ impl Builder {
     fn tool_finished(&mut self, e: &Event) {
         let p = &e.payload;
         let id = p["call_id"].as_str().unwrap_or("").to_string();
-        let Some(call) = self.open_call(Some(&id)) else {
+        // In the current turn, else an earlier one (a codex session records the next step's
+        // items as they arrive, possibly before a long call ends).
+        let in_turn = self.open_call(Some(&id)).is_some();
+        let call = if in_turn {
+            self.open_call(Some(&id))
+        } else {
+            self.turns.iter_mut().rev().find_map(|t| {
+                t.entries.iter_mut().find_map(|e| match e {
+                    Entry::Tool(c) if c.call_id == id => Some(c.as_mut()),
+                    _ => None,
+                })
+            })
+        };
+        let Some(call) = call else {
             return;
         };
         let output = p["output"].as_str().unwrap_or("").to_string();

@@ -96,6 +96,9 @@ pub struct GenerationSummary {
     /// `compare.json` beside the generation: its size in bytes.
     pub compare_bytes: Option<u64>,
     pub incomplete: Vec<String>,
+    /// End-to-end evals of this generation's winner set (`e2e*/e2e.json`), as lines.
+    #[serde(default)]
+    pub e2e: Vec<Vec<String>>,
 }
 
 /// One file of the run directory.
@@ -293,6 +296,10 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
         }
         g.simulated |= seq["simulated"] == true;
     }
+    g.e2e = crate::score::e2e::of_generation(dir)
+        .iter()
+        .map(crate::score::e2e::describe)
+        .collect();
     g.compare_bytes = std::fs::metadata(dir.join("compare.json"))
         .ok()
         .map(|m| m.len());

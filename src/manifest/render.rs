@@ -204,6 +204,15 @@ pub fn code(facts: &[HostFacts]) -> String {
             copy.display()
         );
     }
+    if let Some(d) = &k.patch_decision {
+        let _ = writeln!(
+            out,
+            "- patch series: {} (`fastkernels.patches = \"{}\"`): {}",
+            d.series_words(),
+            esc(&d.setting),
+            esc(&d.reason)
+        );
+    }
     if k.patches.is_empty() {
         out.push_str("- patches: none recorded\n");
     } else {
@@ -497,6 +506,15 @@ pub fn results(d: &ManifestData) -> String {
         }
         for i in &g.incomplete {
             let _ = writeln!(out, "- INCOMPLETE: {}", esc(i));
+        }
+        for lines in &g.e2e {
+            let mut lines = lines.iter();
+            if let Some(head) = lines.next() {
+                let _ = writeln!(out, "- {}", esc(head));
+            }
+            for l in lines {
+                let _ = writeln!(out, "  - {}", esc(l));
+            }
         }
         out.push('\n');
     }

@@ -82,6 +82,12 @@ pub struct Comparison {
     /// Candidates the sequential levels dropped (no result alone, or breaking a level mix).
     #[serde(default)]
     pub sequential_lost: Vec<Lost>,
+    /// End-to-end eval rows of each mode's winner set (newest eval of each run), if any ran.
+    #[serde(default)]
+    pub e2e: Vec<crate::score::e2e::rows::E2eRow>,
+    /// Run id → the agent backend its sessions ran (`native`, `codex`), as recorded.
+    #[serde(default)]
+    pub backends: BTreeMap<String, String>,
 }
 
 /// A candidate a sequential level dropped, with why.
@@ -119,7 +125,7 @@ pub struct CompareInput {
     pub seq_events: Vec<Event>,
 }
 
-fn side(o: &Outcome, targets: &[&TargetId]) -> Side {
+pub(crate) fn side(o: &Outcome, targets: &[&TargetId]) -> Side {
     let won: Vec<f64> = targets
         .iter()
         .filter_map(|t| o.kept.get(*t))
@@ -213,6 +219,8 @@ pub fn compare(input: &CompareInput) -> Comparison {
                 reason: r.clone(),
             })
             .collect(),
+        e2e: Vec::new(),
+        backends: BTreeMap::new(),
     }
 }
 
@@ -355,7 +363,17 @@ pub fn load(
         ind_events: store.events(ind_run, None, 0)?,
         seq_events: store.events(seq_run, None, 0)?,
     };
-    Ok(compare(&input))
+    let mut c = compare(&input);
+    for run in [ind_run, seq_run] {
+        c.backends.insert(run.to_string(), backend_of(store, run));
+    }
+    for (mode, run) in [("ind", ind_run), ("seq", seq_run)] {
+        if let Some(o) = crate::score::e2e::latest(&runs_dir.join(run)) {
+            c.simulated |= o.simulated;
+            c.e2e.extend(crate::score::e2e::rows::rows(mode, &o));
+        }
+    }
+    Ok(c)
 }
 
 /// Writes `compare.json` beside the sequential gate's generation (`compare-<n>.json` when one
@@ -392,6 +410,19 @@ fn names(ts: &[TargetId]) -> String {
     }
 }
 
+/// The agent backend a run's sessions ran, from its recorded settings (`native` before the
+/// setting existed).
+pub fn backend_of(store: &Store, run: &str) -> String {
+    crate::daemon::plan::run_started(store, run)
+        .ok()
+        .and_then(|v| {
+            v["settings"]["agent.backend"][0]
+                .as_str()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "native".into())
+}
+
 /// `independent  RUN  (results)`, the results on their own line when both do not fit.
 fn source_line(out: &mut String, label: &str, run: &str, results: &Path, width: usize) {
     let line = format!("{label:<12} {run}  ({})", results.display());
@@ -405,17 +436,26 @@ fn source_line(out: &mut String, label: &str, run: &str, results: &Path, width: 
 /// The comparison as text that fits `width` columns (headers shortened, notes wrapped).
 pub fn compare_table(c: &Comparison, width: usize) -> String {
     let mut out = banner(c.simulated, width);
+    // The backend beside each run when the comparison crosses backends.
+    let run_label = |run: &str| {
+        let mut backends: Vec<&String> = c.backends.values().collect();
+        backends.dedup();
+        match c.backends.get(run) {
+            Some(b) if backends.len() > 1 => format!("{run} [{b}]"),
+            _ => run.to_string(),
+        }
+    };
     source_line(
         &mut out,
         "independent",
-        &c.independent_run,
+        &run_label(&c.independent_run),
         &c.independent_results,
         width,
     );
     source_line(
         &mut out,
         "sequential",
-        &c.sequential_run,
+        &run_label(&c.sequential_run),
         &c.sequential_results,
         width,
     );
@@ -474,6 +514,7 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
         let line = format!("sequential level dropped {}: {}", l.target, l.reason);
         out.push_str(&wrap(&line, width, 2));
     }
+    out.push_str(&crate::score::e2e::rows::table(&c.e2e, width));
     let spent: Vec<Vec<String>> = c
         .spent
         .iter()

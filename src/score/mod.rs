@@ -16,15 +16,18 @@
 //! | [`sequential`] | per-level gates of a sequential campaign, `seq/`                    |
 //! | [`level`]      | one level: standalone gate, mix of its winners, breakers bisected   |
 //! | [`compare`]    | independent vs sequential: `compare.json` and its table             |
+//! | [`compare_ab`] | two runs of one mode (e.g. two agent backends), target by target   |
 //!
 //! Not here: running the sequential campaign's sessions (the daemon), GPU leases (a
 //! lease-backed [`driver::BenchLauncher`] is plugged in).
 
 pub mod candidates;
 pub mod compare;
+pub mod compare_ab;
 pub mod confirm;
 pub mod confirmation;
 pub mod driver;
+pub mod e2e;
 pub mod export;
 pub mod gate;
 pub mod lease;

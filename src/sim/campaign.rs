@@ -21,7 +21,6 @@ use crate::daemon::RunnerSource;
 use crate::error::Error;
 use crate::gpu::LeaseClass;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::scheduler::SessionRunner;
 use crate::score::driver::{BenchDriver, BenchLauncher, DriverParams};
 use crate::score::gate::WinnerGate;
 use crate::score::lease::LeaseLauncher;
@@ -166,6 +165,19 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
     launcher: L,
     lease_access: Option<LeaseAccess>,
 ) -> Result<AgentRunner, Error> {
+    let parts = runner_params(config, catalog, base_url, params, launcher, lease_access).await?;
+    Ok(AgentRunner::new(parts))
+}
+
+/// The parts of a simulated campaign's runner, for either backend.
+pub async fn runner_params<L: BenchLauncher + 'static>(
+    config: &Config,
+    catalog: &Catalog,
+    base_url: &str,
+    params: &SimParams,
+    launcher: L,
+    lease_access: Option<LeaseAccess>,
+) -> Result<AgentRunnerParams, Error> {
     // The chaos bench rotates a token file under the client; otherwise the public literal.
     let token = match &params.chaos.token_file {
         Some(path) => TokenProvider::file(path.clone()),
@@ -186,7 +198,7 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
         launcher,
     )
     .await?;
-    Ok(AgentRunner::new(AgentRunnerParams {
+    Ok(AgentRunnerParams {
         llm,
         catalog: catalog.clone(),
         baseline_root,
@@ -202,7 +214,7 @@ pub async fn runner_with_url<L: BenchLauncher + 'static>(
             ..LoopParams::new(INSTRUCTIONS.to_string(), 400_000)
         },
         lease_access,
-    }))
+    })
 }
 
 /// Starts the scripted server and returns the runner source of a simulated campaign: every
@@ -227,7 +239,7 @@ pub async fn build(
                 socket: crate::control::socket_path(&config.home),
             };
             let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
-            let runner = runner_with_url(
+            let parts = runner_params(
                 &config,
                 &catalog,
                 &base_url,
@@ -236,7 +248,7 @@ pub async fn build(
                 Some(access),
             )
             .await?;
-            Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
+            crate::agent::codex::runner_for(&config, parts).await
         })
     }));
     Ok((source, server))

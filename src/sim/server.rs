@@ -7,7 +7,10 @@
 //! it was issued with. Every message it writes says it is simulated.
 //!
 //! The script per target: look around (`shell`), write a candidate, `validate`; if the
-//! validation failed, write a second variant and validate again; then `finish`.
+//! validation failed, write a second variant and validate again; then `finish`. A codex client
+//! (its shell tool is `exec_command`) plays the same script through its shell
+//! (`crate::agent::codex::sim`). Every client is refused what Cortex refuses: hosted tools, a
+//! `:` in the model id, `store` other than false.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -105,7 +108,7 @@ fn digest(parts: &[&str]) -> String {
 }
 
 /// The opaque "encrypted" reasoning content the server issues for a reasoning item id.
-fn sealed(id: &str) -> String {
+pub(crate) fn sealed(id: &str) -> String {
     format!("sim-sealed-{}", &digest(&["reasoning", id])[..32])
 }
 
@@ -136,6 +139,11 @@ async fn respond(
     }
     let input = body["input"].as_array().cloned().unwrap_or_default();
     if let Err(msg) = check_reasoning_echo(&input) {
+        script.faults.violation();
+        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
+    }
+    // What Cortex refuses, refused here too: hosted tools, `name:effort` ids, stored responses.
+    if let Err(msg) = crate::agent::codex::sim::check_cortex_rules(&body) {
         script.faults.violation();
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
     }
@@ -178,7 +186,12 @@ async fn respond(
     }
     let think = think_time(&script, &turn_id);
     tokio::time::sleep(think).await;
-    let items = step.items(&target, &turn_id, script.seed);
+    // A codex client (its shell tool is `exec_command`) follows the same script through its shell.
+    let items = if crate::agent::codex::sim::is_codex(&body) {
+        crate::agent::codex::sim::items(&input, &turn_id, script.seed)
+    } else {
+        step.items(&target, &turn_id, script.seed)
+    };
     let input_bytes = body.to_string().len() as u64;
     let mut stream = sse_stream(&turn_id, &items, input_bytes);
     if fault == Some(Fault::CutStream) {
@@ -330,14 +343,14 @@ impl Step {
     }
 }
 
-fn validation_passed(output: &str) -> bool {
+pub(crate) fn validation_passed(output: &str) -> bool {
     output.contains("PASSED")
         && !output.contains("INCORRECT")
         && !output.contains("ERROR")
         && !output.contains("SKIPPED")
 }
 
-fn call(name: &str, args: Value) -> Value {
+pub(crate) fn call(name: &str, args: Value) -> Value {
     json!({"type": "function_call", "name": name, "arguments": args.to_string(), "status": "completed"})
 }
 
@@ -346,7 +359,7 @@ fn candidate_path(target: &str) -> String {
 }
 
 /// A simulated candidate: plain text the simulated bench reads (it never runs Python).
-fn candidate_text(target: &str, variant: u32, seed: u64) -> String {
+pub(crate) fn candidate_text(target: &str, variant: u32, seed: u64) -> String {
     format!(
         "# SIMULATED candidate for {target} (variant {variant}, seed {seed}); written by the scripted agent.\n\
          # The simulated bench derives its outcome from this file's hash; nothing here is executed.\n\
@@ -386,7 +399,7 @@ fn sse_stream(turn_id: &str, items: &[Value], input_bytes: u64) -> String {
                 json!({"item_id": item["id"], "output_index": i, "summary_index": 0, "delta": text}),
                 &mut seq,
             );
-        } else {
+        } else if item["type"] == "function_call" {
             out += &sse_event(
                 "response.function_call_arguments.delta",
                 json!({"item_id": item["id"], "output_index": i, "delta": item["arguments"]}),

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::Command;
 
 use fk_agentd::harness::HarnessError;
-use fk_agentd::harness::patches::{PatchSeries, prepare};
+use fk_agentd::harness::patches::{PatchSeries, PreparedHarness, prepare};
 use pretty_assertions::assert_eq;
 
 fn sh(dir: &Path, script: &str) {
@@ -253,4 +253,183 @@ async fn the_import_check_returns_the_traceback_a_bench_would_swallow() {
         check.run(&missing_baseline, &good, &classes).await,
         ImportVerdict::Infrastructure(_)
     ));
+}
+
+/// A fastkernels-like checkout at some commit other than the shipped series': a baseline
+/// module and the bench file the shipped patch targets (with other content).
+fn checkout_at_another_commit(root: &Path) -> std::path::PathBuf {
+    let repo = root.join("fk-other");
+    std::fs::create_dir_all(repo.join("fastkernels/tasks/baseline/L1")).unwrap();
+    std::fs::create_dir_all(repo.join("fastkernels/tasks/baseline/L2")).unwrap();
+    std::fs::write(repo.join("fastkernels/bench.py"), "# a newer bench\n").unwrap();
+    std::fs::write(
+        repo.join("fastkernels/tasks/baseline/L1/x.py"),
+        "class X:\n    pass\n",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("fastkernels/tasks/baseline/L2/new_block.py"),
+        "__targets__ = [\"NewBlock\"]\nclass NewBlock:\n    pass\nclass Helper:\n    pass\n",
+    )
+    .unwrap();
+    sh(
+        &repo,
+        "git init -q && git add -A && git -c user.email=t@t -c user.name=t commit -qm newer",
+    );
+    repo
+}
+
+fn config_for(home: &Path, checkout: &Path, patches: &str) -> fk_agentd::config::Config {
+    let flags = fk_agentd::config::Flags {
+        home: Some(home.to_path_buf()),
+        patches: Some(patches.into()),
+        ..Default::default()
+    };
+    let env = fk_agentd::config::Env {
+        cwd: home.to_path_buf(),
+        fk_dir: Some(checkout.display().to_string()),
+        ..Default::default()
+    };
+    fk_agentd::config::Config::load(&flags, &env, &fk_agentd::target::Catalog::embedded()).unwrap()
+}
+
+async fn prepare_with(config: &fk_agentd::config::Config) -> Result<PreparedHarness, HarnessError> {
+    let params = fk_agentd::harness::choice::PrepareParams {
+        checkout: config.fastkernels_dir.as_deref().unwrap(),
+        choice: &config.fastkernels_patches,
+        home: &config.home,
+        python: &["python3".to_string()],
+    };
+    fk_agentd::harness::choice::prepare(&params).await
+}
+
+#[tokio::test]
+async fn at_another_commit_shipped_refuses_naming_the_option_none_and_auto_run_unpatched() {
+    use fk_agentd::harness::choice::SeriesPick;
+    let root = tempfile::tempdir().unwrap();
+    let repo = checkout_at_another_commit(root.path());
+    let home = root.path().join("home");
+
+    let err = prepare_with(&config_for(&home, &repo, "shipped"))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("fastkernels.patches (--patches) = \"shipped\"")
+            && text.contains("the shipped series is for fastkernels 21f84ee41ca5"),
+        "{text}"
+    );
+    assert_eq!(err.exit_code(), 2);
+
+    for setting in ["none", "auto"] {
+        let config = config_for(&home, &repo, setting);
+        let prepared = prepare_with(&config).await.unwrap();
+        let decision = prepared.decision.clone().unwrap();
+        assert_eq!(
+            (decision.setting.as_str(), &decision.series),
+            (setting, &SeriesPick::Unpatched)
+        );
+        assert!(prepared.patches.is_empty());
+        // The copy is the checkout's commit, unchanged.
+        assert_eq!(
+            std::fs::read_to_string(prepared.copy.join("fastkernels/bench.py")).unwrap(),
+            "# a newer bench\n"
+        );
+        // The manifest says which series and why, from the recorded facts.
+        let params = fk_agentd::facts::GatherParams {
+            stage: fk_agentd::facts::FactsStage::RunStart,
+            config: &config,
+            provider: None,
+            harness: Some(&prepared),
+        };
+        let facts =
+            fk_agentd::facts::gather(&fk_agentd::facts::FixedFacts(Default::default()), &params)
+                .await;
+        let code = fk_agentd::manifest::render::code(&[facts]);
+        let line = code
+            .lines()
+            .find(|l| l.starts_with("- patch series:"))
+            .unwrap_or_default()
+            .to_string();
+        let why = if setting == "none" {
+            "fastkernels.patches = \\\"none\\\": the copy is the checkout's commit, unchanged"
+                .to_string()
+        } else {
+            format!(
+                "auto: the checkout is at {}, the shipped series is for 21f84ee41ca5; running unpatched",
+                &prepared.commit[..12]
+            )
+        };
+        assert_eq!(
+            line,
+            format!("- patch series: unpatched (`fastkernels.patches = \"{setting}\"`): {why}")
+                .replace("\\\"", "\""),
+        );
+    }
+}
+
+#[test]
+fn a_series_that_does_not_apply_is_refused_naming_the_option() {
+    let root = tempfile::tempdir().unwrap();
+    let repo = checkout(root.path());
+    // A series written for other content: its base check fails.
+    let dir = root.path().join("mine");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("series"), "0001-add.patch\n").unwrap();
+    std::fs::write(
+        dir.join("0001-add.patch"),
+        "diff --git a/pkg/bench.py b/pkg/bench.py\n--- a/pkg/bench.py\n+++ b/pkg/bench.py\n@@ -1,0 +2,1 @@\n+# ours\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("0001-add.check"),
+        format!(
+            "sha256 pkg/bench.py {}\npkg/bench.py 1 # ours\n",
+            "0".repeat(64)
+        ),
+    )
+    .unwrap();
+    let home = root.path().join("home");
+    let config = config_for(&home, &repo, &dir.display().to_string());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let err = rt.block_on(prepare_with(&config)).unwrap_err().to_string();
+    assert!(
+        err.contains("fastkernels.patches (--patches) = ")
+            && err.contains("does not apply")
+            && err.contains("`--patches none` runs the checkout unpatched"),
+        "{err}"
+    );
+}
+
+#[test]
+fn doctor_refuses_shipped_on_another_commit_and_says_why_it_runs_unpatched() {
+    let root = tempfile::tempdir().unwrap();
+    let repo = checkout_at_another_commit(root.path());
+    let run = |patches: &str| {
+        Command::new(env!("CARGO_BIN_EXE_fk-agentd"))
+            .env_remove("FK_AGENTD_CONFIG")
+            .env("FK_DIR", &repo)
+            .env("FK_AGENTD_HOME", root.path().join("home"))
+            .args([
+                "--config",
+                &root.path().join("none.toml").display().to_string(),
+            ])
+            .args(["doctor", "--targets", "L1/gelu", "--patches", patches])
+            .output()
+            .unwrap()
+    };
+    std::fs::write(root.path().join("none.toml"), "").unwrap();
+    let refused = run("shipped");
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("fastkernels.patches (--patches) = \"shipped\""),
+        "{refused:?}"
+    );
+    let unpatched = run("none");
+    let out = String::from_utf8_lossy(&unpatched.stdout);
+    assert!(
+        out.contains("patch series: unpatched — fastkernels.patches = \"none\""),
+        "{out}"
+    );
 }

@@ -157,6 +157,7 @@ fn harness() -> PreparedHarness {
         }],
         tree_sha256: "cd".repeat(32),
         reused: false,
+        decision: None,
     }
 }
 

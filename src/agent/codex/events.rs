@@ -1,0 +1,408 @@
+//! `codex exec --json` lines → fk-agentd session events, so `sessions`, `session`, scoring and
+//! the budget read a codex session like a native one.
+//!
+//! The mapping: a step of the model (what it says or runs after the last tool result) is a
+//! turn; `agent_message` and `reasoning` items are `model_item`s; a `command_execution` is a
+//! `shell` call (`model_item` function call, `tool_started`, then `tool_finished` with its exit
+//! code and output); a `file_change` is an `apply_patch` call; `turn.completed` is a
+//! `turn_finished` whose usage is the difference from the previous report (codex reports a
+//! thread's usage cumulatively, across `resume`s too), and so is each `token_count` of the
+//! thread's rollout file, which the runner tails so usage is recorded after every model
+//! request rather than only when codex's turn ends; what one report counted, another does not
+//! count again. `error` lines are `codex_error` events;
+//! one that carries an HTTP 401 is [`Signal::Unauthorized`].
+//!
+//! Pure: no I/O, no clock, so every mapping is tested on literal lines.
+
+use serde_json::{Value, json};
+
+use crate::agent::history::kind;
+
+/// What the runner must act on, beside recording.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// codex named its thread (kept to `resume` it).
+    Thread(String),
+    /// The provider refused the token: end the process; the session resumes later.
+    Unauthorized(String),
+    /// The turn failed (the provider kept failing, or codex did).
+    TurnFailed(String),
+}
+
+/// The cumulative usage codex last reported for the thread.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub input: u64,
+    pub cached: u64,
+    pub output: u64,
+    pub reasoning: u64,
+}
+
+impl Usage {
+    fn of(u: &Value) -> Self {
+        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+        Self {
+            input: n("input_tokens"),
+            cached: n("cached_input_tokens"),
+            output: n("output_tokens"),
+            reasoning: n("reasoning_output_tokens"),
+        }
+    }
+
+    /// From a recorded `turn_finished` (its `codex_cumulative`).
+    pub fn from_recorded(p: &Value) -> Self {
+        let c = &p["codex_cumulative"];
+        let n = |k: &str| c[k].as_u64().unwrap_or(0);
+        Self {
+            input: n("input"),
+            cached: n("cached"),
+            output: n("output"),
+            reasoning: n("reasoning"),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({"input": self.input, "cached": self.cached, "output": self.output,
+               "reasoning": self.reasoning, "total": self.input + self.output})
+    }
+
+    /// `self − before`, field by field (never below zero: a report older than `before`, read
+    /// again, adds nothing).
+    fn since(&self, before: &Usage) -> Usage {
+        Usage {
+            input: self.input.saturating_sub(before.input),
+            cached: self.cached.saturating_sub(before.cached),
+            output: self.output.saturating_sub(before.output),
+            reasoning: self.reasoning.saturating_sub(before.reasoning),
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.input + self.output
+    }
+}
+
+/// One line's translation.
+#[derive(Debug, Default, PartialEq)]
+pub struct Translated {
+    pub events: Vec<(&'static str, Value)>,
+    pub signal: Option<Signal>,
+    /// Tokens this line added (a `turn.completed`).
+    pub tokens: u64,
+}
+
+/// The translator's state across one session (and its resumed processes).
+#[derive(Clone, Debug, Default)]
+pub struct Translator {
+    /// The current step (turn) number.
+    pub turn: u32,
+    after_tool: bool,
+    last: Usage,
+    /// The thread `last` counts (a new thread counts from zero).
+    thread: Option<String>,
+    started: std::collections::BTreeSet<String>,
+}
+
+impl Translator {
+    /// Continues from what a session already recorded (on resume or after a nudge).
+    pub fn resume(turns: u32, last: Usage, thread: Option<String>) -> Self {
+        Self {
+            turn: turns,
+            after_tool: true,
+            last,
+            thread,
+            ..Self::default()
+        }
+    }
+
+    /// A step of the model begins (or continues) with this item.
+    fn model_step(&mut self) -> u32 {
+        if self.turn == 0 || self.after_tool {
+            self.turn += 1;
+            self.after_tool = false;
+        }
+        self.turn
+    }
+
+    /// Translates one JSONL line (already scrubbed of the token).
+    pub fn line(&mut self, line: &str) -> Translated {
+        let mut out = Translated::default();
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            if !line.trim().is_empty() {
+                out.events
+                    .push(("codex_output", json!({"text": line.trim_end()})));
+            }
+            return out;
+        };
+        match v["type"].as_str().unwrap_or("") {
+            "thread.started" => {
+                let id = v["thread_id"].as_str().unwrap_or("").to_string();
+                if self.thread.as_ref().is_some_and(|t| *t != id) {
+                    self.last = Usage::default();
+                }
+                self.thread = Some(id.clone());
+                out.events.push(("codex_thread", json!({"thread_id": id})));
+                out.signal = Some(Signal::Thread(id));
+            }
+            "turn.started" => {}
+            "item.started" => self.item(&v["item"], false, &mut out),
+            "item.updated" => {}
+            "item.completed" => self.item(&v["item"], true, &mut out),
+            "turn.completed" => self.account(Usage::of(&v["usage"]), "turn", &mut out),
+            "turn.failed" => {
+                let msg = v["error"]["message"]
+                    .as_str()
+                    .unwrap_or("turn failed")
+                    .to_string();
+                out.events
+                    .push(("codex_error", json!({"message": msg, "fatal": true})));
+                out.signal = Some(signal_of_error(msg, true));
+            }
+            "error" => {
+                let msg = v["message"].as_str().unwrap_or("").to_string();
+                out.events.push(("codex_error", json!({"message": msg})));
+                if is_unauthorized(&msg) {
+                    out.signal = Some(Signal::Unauthorized(msg));
+                }
+            }
+            other => out
+                .events
+                .push(("codex_event", json!({"type": other, "event": v}))),
+        }
+        out
+    }
+
+    /// One line of the thread's rollout file (`$CODEX_HOME/sessions/…/rollout-…-<thread>.jsonl`):
+    /// its `token_count` events give the usage after every model request, while the session
+    /// runs (the `--json` stream reports it only when codex's turn ends).
+    pub fn rollout_line(&mut self, line: &str) -> Translated {
+        let mut out = Translated::default();
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            return out;
+        };
+        let p = &v["payload"];
+        if v["type"] == "event_msg" && p["type"] == "token_count" {
+            let total = &p["info"]["total_token_usage"];
+            if total.is_object() {
+                self.account(Usage::of(total), "request", &mut out);
+            }
+        }
+        out
+    }
+
+    /// Records what a cumulative report adds to the last one, if anything.
+    fn account(&mut self, now: Usage, source: &str, out: &mut Translated) {
+        let delta = now.since(&self.last);
+        if delta.total() == 0 {
+            return;
+        }
+        self.last = Usage {
+            input: now.input.max(self.last.input),
+            cached: now.cached.max(self.last.cached),
+            output: now.output.max(self.last.output),
+            reasoning: now.reasoning.max(self.last.reasoning),
+        };
+        out.tokens += delta.total();
+        out.events.push((
+            kind::TURN_FINISHED,
+            json!({"turn": self.turn.max(1), "attempts": 1, "usage": delta.json(),
+                   "codex_cumulative": self.last.json(), "usage_from": source}),
+        ));
+    }
+
+    fn item(&mut self, item: &Value, completed: bool, out: &mut Translated) {
+        let id = item["id"].as_str().unwrap_or("").to_string();
+        match item["type"].as_str().unwrap_or("") {
+            "agent_message" if completed => {
+                let turn = self.model_step();
+                let text = item["text"].as_str().unwrap_or("");
+                out.events.push((
+                    kind::MODEL_ITEM,
+                    json!({"turn": turn, "item": {"type": "message", "role": "assistant",
+                           "content": [{"type": "output_text", "text": text}]}}),
+                ));
+            }
+            "reasoning" if completed => {
+                let turn = self.model_step();
+                let text = item["text"].as_str().unwrap_or("");
+                out.events.push((
+                    kind::MODEL_ITEM,
+                    json!({"turn": turn, "item": {"type": "reasoning", "id": id,
+                           "summary": [{"type": "summary_text", "text": text}]}}),
+                ));
+            }
+            "command_execution" => {
+                let args = json!({"cmd": item["command"]}).to_string();
+                self.call_started(&id, "shell", &args, out);
+                if completed {
+                    let code = item["exit_code"].as_i64();
+                    let failed = item["status"] != "completed" || code.is_some_and(|c| c != 0);
+                    let head = match code {
+                        Some(c) => format!("Exit code: {c}"),
+                        None => format!("Status: {}", item["status"].as_str().unwrap_or("?")),
+                    };
+                    let output = format!(
+                        "{head}\nOutput:\n{}",
+                        item["aggregated_output"].as_str().unwrap_or("")
+                    );
+                    self.call_finished(&id, "shell", output, failed, out);
+                }
+            }
+            "file_change" if completed => {
+                let changes = item["changes"].clone();
+                let args = json!({"changes": changes}).to_string();
+                self.call_started(&id, "apply_patch", &args, out);
+                let lines: Vec<String> = changes
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|c| {
+                                format!(
+                                    "{} {}",
+                                    c["kind"].as_str().unwrap_or("?"),
+                                    c["path"].as_str().unwrap_or("?")
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let failed = item["status"] != "completed";
+                self.call_finished(&id, "apply_patch", lines.join("\n"), failed, out);
+            }
+            "error" if completed => {
+                let msg = item["message"].as_str().unwrap_or("").to_string();
+                out.events.push(("codex_error", json!({"message": msg})));
+            }
+            _ if completed => out
+                .events
+                .push(("codex_item", json!({"turn": self.turn, "item": item}))),
+            _ => {}
+        }
+    }
+
+    fn call_started(&mut self, id: &str, name: &str, args: &str, out: &mut Translated) {
+        if !self.started.insert(id.to_string()) {
+            return;
+        }
+        let turn = self.model_step();
+        out.events.push((
+            kind::MODEL_ITEM,
+            json!({"turn": turn, "item": {"type": "function_call", "call_id": id, "name": name,
+                   "arguments": args}}),
+        ));
+        out.events.push((
+            kind::TOOL_STARTED,
+            json!({"call_id": id, "name": name, "arguments": args}),
+        ));
+    }
+
+    fn call_finished(
+        &mut self,
+        id: &str,
+        name: &str,
+        output: String,
+        failed: bool,
+        out: &mut Translated,
+    ) {
+        self.after_tool = true;
+        out.events.push((
+            kind::TOOL_FINISHED,
+            json!({"call_id": id, "name": name, "output": output, "is_error": failed}),
+        ));
+    }
+}
+
+fn is_unauthorized(msg: &str) -> bool {
+    msg.contains("401 Unauthorized") || msg.contains("status 401")
+}
+
+fn signal_of_error(msg: String, _fatal: bool) -> Signal {
+    if is_unauthorized(&msg) {
+        Signal::Unauthorized(msg)
+    } else {
+        Signal::TurnFailed(msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn kinds(t: &Translated) -> Vec<&str> {
+        t.events.iter().map(|(k, _)| *k).collect()
+    }
+
+    #[test]
+    fn a_command_is_a_shell_call_with_its_exit_code_and_output() {
+        let mut t = Translator::default();
+        let started = t.line(r#"{"type":"item.started","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"","exit_code":null,"status":"in_progress"}}"#);
+        assert_eq!(kinds(&started), vec!["model_item", "tool_started"]);
+        assert_eq!(started.events[0].1["item"]["name"], "shell");
+        assert_eq!(started.events[0].1["turn"], 1);
+        let done = t.line(r#"{"type":"item.completed","item":{"id":"item_1","type":"command_execution","command":"bash -lc ls","aggregated_output":"a\n","exit_code":2,"status":"failed"}}"#);
+        assert_eq!(kinds(&done), vec!["tool_finished"]);
+        assert_eq!(
+            done.events[0].1,
+            json!({"call_id": "item_1", "name": "shell", "output": "Exit code: 2\nOutput:\na\n", "is_error": true})
+        );
+        let msg = t.line(r#"{"type":"item.completed","item":{"id":"item_2","type":"agent_message","text":"done"}}"#);
+        assert_eq!(
+            msg.events[0].1["turn"], 2,
+            "a message after a tool result is a new step"
+        );
+    }
+
+    #[test]
+    fn usage_is_the_difference_from_the_previous_report() {
+        let mut t = Translator::resume(
+            3,
+            Usage {
+                input: 100,
+                cached: 10,
+                output: 20,
+                reasoning: 5,
+            },
+            Some("t".into()),
+        );
+        let done = t.line(r#"{"type":"turn.completed","usage":{"input_tokens":300,"cached_input_tokens":30,"output_tokens":60,"reasoning_output_tokens":15}}"#);
+        assert_eq!(done.tokens, 240);
+        assert_eq!(
+            done.events[0].1["usage"],
+            json!({"input": 200, "cached": 20, "output": 40, "reasoning": 10, "total": 240})
+        );
+        assert_eq!(
+            Usage::from_recorded(&done.events[0].1),
+            Usage {
+                input: 300,
+                cached: 30,
+                output: 60,
+                reasoning: 15
+            }
+        );
+        // The rollout told the same usage already: the turn's end adds nothing twice.
+        let mut t = Translator::default();
+        let request = t.rollout_line(r#"{"type":"event_msg","payload":{"type":"token_count","info":{"total_token_usage":{"input_tokens":100,"cached_input_tokens":10,"output_tokens":20,"reasoning_output_tokens":5}}}}"#);
+        assert_eq!(request.tokens, 120);
+        let again = t.rollout_line(r#"{"type":"event_msg","payload":{"type":"token_count","info":{"total_token_usage":{"input_tokens":100,"cached_input_tokens":10,"output_tokens":20,"reasoning_output_tokens":5}}}}"#);
+        assert_eq!(again, Translated::default());
+        let end = t.line(r#"{"type":"turn.completed","usage":{"input_tokens":100,"cached_input_tokens":10,"output_tokens":20,"reasoning_output_tokens":5}}"#);
+        assert_eq!((end.tokens, end.events.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_401_is_a_signal_and_other_errors_are_recorded() {
+        let mut t = Translator::default();
+        let retry = t.line(r#"{"type":"error","message":"Reconnecting... 1/5 (unexpected status 401 Unauthorized: bad token, url: http://x/v1/responses)"}"#);
+        assert!(matches!(retry.signal, Some(Signal::Unauthorized(_))));
+        let other = t.line(r#"{"type":"error","message":"Reconnecting... 1/5 (500)"}"#);
+        assert_eq!((kinds(&other), &other.signal), (vec!["codex_error"], &None));
+        let failed = t.line(r#"{"type":"turn.failed","error":{"message":"stream closed"}}"#);
+        assert_eq!(
+            failed.signal,
+            Some(Signal::TurnFailed("stream closed".into()))
+        );
+        let thread = t.line(r#"{"type":"thread.started","thread_id":"abc"}"#);
+        assert_eq!(thread.signal, Some(Signal::Thread("abc".into())));
+    }
+}

@@ -1,0 +1,297 @@
+//! The generated `CODEX_HOME` of one session: `config.toml` (written with the `toml` crate) and
+//! `model_catalog.json` (one entry, for the provider's model).
+//!
+//! What the config says, and why:
+//! - the provider is a custom `model_providers.fk-agentd` with `wire_api = "responses"`: codex
+//!   ignores `OPENAI_BASE_URL`, so a custom provider is the only way to reach another endpoint;
+//!   its token comes from [`PROVIDER_TOKEN_ENV`], a variable only the codex process has;
+//! - the model id verbatim (never `name:effort`), the effort in `model_reasoning_effort`;
+//! - `web_search = "disabled"` and a catalog entry for the model: without an entry codex falls
+//!   back to generic metadata; with both, it sends no hosted tool (Cortex rejects them);
+//! - sub-agents, goals, apps, plugins and analytics off: they add tools or calls a campaign
+//!   does not want;
+//! - sandbox `workspace-write` over the workspace, the candidate slot and the target's caches,
+//!   `/tmp` excluded, approvals `never`: the session works unattended and writes nowhere else.
+//!   Network access is on because the session's shell must reach the daemon's Unix sockets
+//!   (`fk-agentd lease`, `fk-agentd tool`) and codex's seccomp filter cannot allow only those;
+//! - the shell environment inherits codex's own (which the runner builds from the same
+//!   allowlist native shells get) minus [`PROVIDER_TOKEN_ENV`], so no child sees the token.
+//!
+//! Invariants: nothing written here holds a secret; the same inputs give the same bytes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::config::provider::{ProviderConfig, ReasoningEffort};
+
+/// The only variable that holds the provider token, set on the codex process alone.
+pub const PROVIDER_TOKEN_ENV: &str = "FK_AGENTD_CODEX_PROVIDER_TOKEN";
+/// The provider id in the generated config.
+pub const PROVIDER_ID: &str = "fk-agentd";
+/// The bundled catalog entry the model's entry is made from: the pinned codex's newest entry
+/// that runs the plain tool set (shell, apply_patch) rather than code mode or sub-agents.
+pub const CATALOG_TEMPLATE: &str = "gpt-5.5";
+
+/// Where a session's codex home and writable places are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HomeLayout {
+    /// `CODEX_HOME` (outside the workspace, so the agent cannot rewrite its own config).
+    pub codex_home: PathBuf,
+    /// Writable besides the workspace (codex's cwd): the candidate slot and the caches.
+    pub writable_roots: Vec<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct CodexConfig {
+    model: String,
+    model_provider: String,
+    model_reasoning_effort: String,
+    model_reasoning_summary: String,
+    model_context_window: u64,
+    model_catalog_json: PathBuf,
+    web_search: String,
+    sandbox_mode: String,
+    approval_policy: String,
+    check_for_update_on_startup: bool,
+    allow_login_shell: bool,
+    sandbox_workspace_write: SandboxWrite,
+    shell_environment_policy: ShellPolicy,
+    features: BTreeMap<String, bool>,
+    agents: Enabled,
+    analytics: Enabled,
+    model_providers: BTreeMap<String, Provider>,
+}
+
+#[derive(Serialize)]
+struct SandboxWrite {
+    writable_roots: Vec<PathBuf>,
+    network_access: bool,
+    exclude_slash_tmp: bool,
+    exclude_tmpdir_env_var: bool,
+}
+
+#[derive(Serialize)]
+struct ShellPolicy {
+    inherit: String,
+    ignore_default_excludes: bool,
+    exclude: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Enabled {
+    enabled: bool,
+}
+
+#[derive(Serialize)]
+struct Provider {
+    name: String,
+    base_url: String,
+    env_key: String,
+    wire_api: String,
+    http_headers: BTreeMap<String, String>,
+    request_max_retries: u32,
+    stream_max_retries: u32,
+    stream_idle_timeout_ms: u64,
+}
+
+/// Features of the pinned codex that add tools or outside calls a campaign does not want.
+const FEATURES_OFF: &[&str] = &[
+    "apps",
+    "browser_use",
+    "computer_use",
+    "goals",
+    "image_generation",
+    "memories",
+    "plugins",
+    "tool_suggest",
+];
+
+pub fn effort_word(e: ReasoningEffort) -> &'static str {
+    match e {
+        ReasoningEffort::None => "none",
+        ReasoningEffort::Minimal => "minimal",
+        ReasoningEffort::Low => "low",
+        ReasoningEffort::Medium => "medium",
+        ReasoningEffort::High => "high",
+        ReasoningEffort::Xhigh => "xhigh",
+    }
+}
+
+/// The text of `config.toml` for `provider` in `layout`.
+pub fn config_toml(provider: &ProviderConfig, layout: &HomeLayout) -> Result<String, String> {
+    let config = CodexConfig {
+        model: provider.model.clone(),
+        model_provider: PROVIDER_ID.into(),
+        model_reasoning_effort: effort_word(provider.reasoning_effort).into(),
+        model_reasoning_summary: provider.reasoning_summary.clone(),
+        model_context_window: provider.limits.context_window,
+        model_catalog_json: layout.codex_home.join("model_catalog.json"),
+        web_search: "disabled".into(),
+        sandbox_mode: "workspace-write".into(),
+        approval_policy: "never".into(),
+        check_for_update_on_startup: false,
+        // A login shell reads /etc/profile, which resets `PATH` (and drops fk-agentd from it).
+        allow_login_shell: false,
+        sandbox_workspace_write: SandboxWrite {
+            writable_roots: layout.writable_roots.clone(),
+            network_access: true,
+            exclude_slash_tmp: true,
+            exclude_tmpdir_env_var: true,
+        },
+        shell_environment_policy: ShellPolicy {
+            inherit: "all".into(),
+            // codex's default excludes (`*TOKEN*`, `*KEY*`, …) would also drop the session's
+            // own lease and tool tokens; its environment is an allowlist already.
+            ignore_default_excludes: true,
+            exclude: vec![PROVIDER_TOKEN_ENV.into()],
+        },
+        features: FEATURES_OFF
+            .iter()
+            .map(|f| (f.to_string(), false))
+            .collect(),
+        agents: Enabled { enabled: false },
+        analytics: Enabled { enabled: false },
+        model_providers: BTreeMap::from([(
+            PROVIDER_ID.to_string(),
+            Provider {
+                name: format!("fk-agentd: {}", provider.name),
+                base_url: provider.base_url.clone(),
+                env_key: PROVIDER_TOKEN_ENV.into(),
+                wire_api: "responses".into(),
+                http_headers: provider.headers.clone(),
+                request_max_retries: provider.limits.max_retries,
+                stream_max_retries: provider.limits.max_retries,
+                stream_idle_timeout_ms: provider.limits.stream_idle_timeout.as_millis() as u64,
+            },
+        )]),
+    };
+    toml::to_string(&config).map_err(|e| format!("cannot write the codex config: {e}"))
+}
+
+/// The model's catalog entry, made from the bundled `template` entry: its slug and name are the
+/// model id, its context window the provider's, web search unsupported, and the provider's
+/// effort among the supported levels.
+pub fn catalog_entry(template: &Value, provider: &ProviderConfig) -> Value {
+    let mut entry = template.clone();
+    let effort = effort_word(provider.reasoning_effort);
+    entry["slug"] = json!(provider.model);
+    entry["display_name"] = json!(provider.model);
+    entry["description"] = json!(format!(
+        "{} through fk-agentd's provider `{}`",
+        provider.model, provider.name
+    ));
+    entry["context_window"] = json!(provider.limits.context_window);
+    entry["max_context_window"] = json!(provider.limits.context_window);
+    entry["supports_search_tool"] = json!(false);
+    entry["default_reasoning_level"] = json!(effort);
+    entry["upgrade"] = Value::Null;
+    let levels = entry["supported_reasoning_levels"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !levels.iter().any(|l| l["effort"] == effort) {
+        let mut levels = levels;
+        levels.push(json!({"effort": effort, "description": "set by the provider file"}));
+        entry["supported_reasoning_levels"] = json!(levels);
+    }
+    entry
+}
+
+/// Picks the template entry from `codex debug models --bundled` output.
+pub fn template_from_catalog(catalog: &Value) -> Result<Value, String> {
+    let models = catalog["models"]
+        .as_array()
+        .ok_or("the bundled model catalog has no `models` list")?;
+    models
+        .iter()
+        .find(|m| m["slug"] == CATALOG_TEMPLATE)
+        .or_else(|| {
+            models
+                .iter()
+                .find(|m| m.get("tool_mode").is_none_or(Value::is_null))
+        })
+        .cloned()
+        .ok_or_else(|| format!("the bundled model catalog has no `{CATALOG_TEMPLATE}` entry"))
+}
+
+/// Writes `config.toml` and `model_catalog.json` under `layout.codex_home`.
+pub fn write(
+    provider: &ProviderConfig,
+    layout: &HomeLayout,
+    template: &Value,
+) -> Result<String, String> {
+    let text = config_toml(provider, layout)?;
+    let catalog = json!({"models": [catalog_entry(template, provider)]});
+    let io = |p: &Path, e: std::io::Error| format!("cannot write {}: {e}", p.display());
+    std::fs::create_dir_all(&layout.codex_home).map_err(|e| io(&layout.codex_home, e))?;
+    let config_path = layout.codex_home.join("config.toml");
+    std::fs::write(&config_path, &text).map_err(|e| io(&config_path, e))?;
+    let catalog_path = layout.codex_home.join("model_catalog.json");
+    std::fs::write(&catalog_path, catalog.to_string()).map_err(|e| io(&catalog_path, e))?;
+    Ok(text)
+}
+
+/// The config as the manifest records it: the same generator, with the session's paths
+/// replaced by placeholders. There is no secret to remove: the token is only named.
+pub fn recorded_config(provider: &ProviderConfig) -> String {
+    let layout = HomeLayout {
+        codex_home: PathBuf::from("<session>/codex-home"),
+        writable_roots: vec![
+            PathBuf::from("<session>/candidate"),
+            PathBuf::from("<session>/cache"),
+        ],
+    };
+    config_toml(provider, &layout).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::campaign::sim_provider;
+
+    fn layout() -> HomeLayout {
+        HomeLayout {
+            codex_home: PathBuf::from("/s/codex-home"),
+            writable_roots: vec![PathBuf::from("/s/candidate")],
+        }
+    }
+
+    #[test]
+    fn the_config_names_a_custom_responses_provider_and_never_the_token() {
+        let mut p = sim_provider("http://127.0.0.1:9/v1");
+        p.model = "openai-gpt-5.6-sol".into();
+        let text = config_toml(&p, &layout()).unwrap();
+        let v: toml::Table = toml::from_str(&text).unwrap();
+        assert_eq!(v["model"].as_str(), Some("openai-gpt-5.6-sol"));
+        assert_eq!(v["model_provider"].as_str(), Some(PROVIDER_ID));
+        assert_eq!(v["model_reasoning_effort"].as_str(), Some("high"));
+        assert_eq!(v["web_search"].as_str(), Some("disabled"));
+        assert_eq!(v["sandbox_mode"].as_str(), Some("workspace-write"));
+        assert_eq!(v["approval_policy"].as_str(), Some("never"));
+        let provider = &v["model_providers"][PROVIDER_ID];
+        assert_eq!(provider["wire_api"].as_str(), Some("responses"));
+        assert_eq!(provider["env_key"].as_str(), Some(PROVIDER_TOKEN_ENV));
+        assert_eq!(provider["base_url"].as_str(), Some("http://127.0.0.1:9/v1"));
+        let excluded = v["shell_environment_policy"]["exclude"].as_array().unwrap();
+        assert_eq!(excluded, &vec![toml::Value::from(PROVIDER_TOKEN_ENV)]);
+        assert!(!text.contains(crate::sim::server::SIM_TOKEN));
+    }
+
+    #[test]
+    fn the_catalog_entry_is_the_model_with_the_providers_effort_and_window() {
+        let template = json!({"slug": "gpt-5.5", "context_window": 1, "supports_search_tool": true,
+            "supported_reasoning_levels": [{"effort": "low"}]});
+        let mut p = sim_provider("http://x/v1");
+        p.reasoning_effort = ReasoningEffort::Xhigh;
+        let e = catalog_entry(&template, &p);
+        assert_eq!(e["slug"], "simulated-agent");
+        assert_eq!(e["context_window"], 400_000);
+        assert_eq!(e["supports_search_tool"], false);
+        assert_eq!(e["supported_reasoning_levels"][1]["effort"], "xhigh");
+        let catalog = json!({"models": [{"slug": "x", "tool_mode": "code_mode_only"}, template]});
+        assert_eq!(template_from_catalog(&catalog).unwrap()["slug"], "gpt-5.5");
+    }
+}

@@ -1,0 +1,484 @@
+//! One codex session: prepare the workspace and prompt like a native session, write the
+//! session's `CODEX_HOME`, open its tool endpoint, run `codex exec --json` (and `codex exec
+//! resume` to nudge it, or to continue after a restart), record what it does, and end with the
+//! same reasons and statuses as a native session.
+//!
+//! Ends: `finish` through `fk-agentd tool finish` (finished, or failed without a candidate);
+//! cancellation (interrupted); the turn budget; a 401 (the process is killed, the session
+//! fails for the infrastructure's sake and `resume` continues it with a re-read token); a
+//! failed provider turn or a codex crash (infrastructure); the model stopping without
+//! `finish` after the nudges (failed).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::endpoint::{self, Endpoint};
+use super::events::{Translator, Usage};
+use super::home::{self, HomeLayout, PROVIDER_TOKEN_ENV};
+use super::process::{CodexProcess, Spawn};
+use super::tools::SessionTools;
+use super::watch::{ProcessEnd, Watched, watch};
+use super::{Inner, prompt_addendum};
+use crate::agent::history::{self, kind};
+use crate::agent::journal::SessionJournal;
+use crate::llm::user_message;
+use crate::run::{RunError, RunJournal};
+use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
+use crate::target::TargetId;
+use crate::tools::prompt::{PromptFacts, render_optimize};
+use crate::tools::{ToolLimits, Toolbox, ToolboxParams};
+use crate::workspace::{Workspace, WorkspaceParams, session_dir_for};
+
+/// What a nudge tells a codex session that stopped without `finish`.
+const NUDGE: &str = "Continue. When the candidate is final, run `fk-agentd tool finish --summary \"...\"` \
+(validate it first with `fk-agentd tool validate`).";
+/// What a session resumed after a restart is told.
+const RESUMED: &str = "fk-agentd was restarted while you worked; continue where you left off. Check the \
+candidate file before repeating a step, and end with `fk-agentd tool finish --summary \"...\"`.";
+
+struct End {
+    status: SessionStatus,
+    reason: String,
+    summary: Option<String>,
+    infra: bool,
+    recorded: Option<Value>,
+}
+
+impl End {
+    fn new(status: SessionStatus, reason: impl Into<String>) -> Self {
+        Self {
+            status,
+            reason: reason.into(),
+            summary: None,
+            infra: false,
+            recorded: None,
+        }
+    }
+
+    fn infra(reason: impl Into<String>) -> Self {
+        Self {
+            infra: true,
+            ..Self::new(SessionStatus::Failed, reason)
+        }
+    }
+}
+
+struct Prepared {
+    journal: Arc<SessionJournal>,
+    tools: Arc<SessionTools>,
+    ws_dir: std::path::PathBuf,
+    candidate: std::path::PathBuf,
+    layout: HomeLayout,
+    prompt: String,
+    prompt_sha256: String,
+    /// The session's shell environment (what native shells get), codex's own base.
+    env: BTreeMap<String, String>,
+    lease_token: Option<crate::gpu::SessionToken>,
+}
+
+pub(super) async fn run(
+    inner: Arc<Inner>,
+    target: TargetId,
+    run: Arc<RunJournal>,
+    slot: Arc<SessionSlot>,
+    cancel: CancellationToken,
+) -> SessionOutcome {
+    let prepared = match prepare(&inner, &target, &run, slot, &cancel) {
+        Ok(p) => p,
+        Err(reason) => {
+            let _ = run.record(
+                "session_failed_to_start",
+                Some(&target.to_string()),
+                json!({"reason": reason}),
+            );
+            return SessionOutcome {
+                status: SessionStatus::Failed,
+                result: json!({"reason": reason, "infra": true}),
+            };
+        }
+    };
+    let journal = prepared.journal.clone();
+    let end = match drive(&inner, &prepared, &cancel).await {
+        Ok(end) => end,
+        Err(e) => End::infra(format!("recording failed: {e}")),
+    };
+    prepared.tools.cancel.cancel();
+    drop(prepared.lease_token);
+    finish(&journal, end)
+}
+
+fn prepare(
+    inner: &Inner,
+    target: &TargetId,
+    run: &Arc<RunJournal>,
+    slot: Arc<SessionSlot>,
+    cancel: &CancellationToken,
+) -> Result<Prepared, String> {
+    let p = &inner.agent;
+    let spec = p
+        .catalog
+        .get(target)
+        .ok_or_else(|| format!("{target} is not in the catalog"))?;
+    let session_dir = session_dir_for(run.dir(), target);
+    let baseline = p
+        .baseline_root
+        .join(format!("L{}", target.level()))
+        .join(format!("{}.py", target.stem()));
+    let ws = Workspace::create(&WorkspaceParams {
+        session_dir: session_dir.clone(),
+        target: target.clone(),
+        baseline,
+    })
+    .map_err(|e| format!("workspace: {e}"))?;
+    let journal = Arc::new(
+        SessionJournal::open(run.clone(), target, &session_dir).map_err(|e| e.to_string())?,
+    );
+    let shapes = crate::tools::shapes::captured_shapes(&p.captures, spec, 12)
+        .unwrap_or_else(|e| format!("(no captured shapes available: {e})"));
+    let rendered = render_optimize(&PromptFacts {
+        target: spec.clone(),
+        baseline_path: ws.baseline_rel(),
+        captures: p.captures.display().to_string(),
+        candidate_path: ws.candidate_rel(),
+        shapes,
+    })
+    .map_err(|e| format!("prompt: {e}"))?;
+    let prompt = format!(
+        "{}\n\n{}",
+        rendered.text,
+        prompt_addendum(&ws.candidate_rel())
+    );
+    let prompt_sha256 = super::sha256_hex(&prompt);
+    let mut shell_env = p.shell_env.clone();
+    let mut lease_token = None;
+    if let Some(access) = &p.lease_access {
+        let token = access.broker.issue_session_token(&target.to_string());
+        shell_env = shell_env
+            .with_extra("FK_AGENTD_LEASE_TOKEN", token.expose())
+            .with_extra("FK_AGENTD_SOCKET", &access.socket.display().to_string());
+        lease_token = Some(token);
+    }
+    let env = shell_env.vars(&ws);
+    let layout = HomeLayout {
+        codex_home: session_dir.join("codex-home"),
+        writable_roots: vec![ws.candidate_root().to_path_buf(), ws.cache_dir()],
+    };
+    let (ws_dir, candidate) = (ws.scratch_dir().to_path_buf(), ws.candidate_file());
+    let toolbox = Toolbox::new(ToolboxParams {
+        gpu: p.gpu.make(journal.clone()),
+        workspace: ws,
+        shell_env,
+        limits: ToolLimits::default(),
+    });
+    let tools = Arc::new(SessionTools::new(
+        toolbox,
+        journal.clone(),
+        slot,
+        p.llm.clone(),
+        // Its own child, so a call still running when the session ends is stopped with it.
+        cancel.child_token(),
+    ));
+    Ok(Prepared {
+        journal,
+        tools,
+        ws_dir,
+        candidate,
+        layout,
+        prompt,
+        prompt_sha256,
+        env,
+        lease_token,
+    })
+}
+
+/// What the session recorded before this start.
+struct Before {
+    thread: Option<String>,
+    usage: Usage,
+    replay: history::Replay,
+}
+
+fn before(j: &SessionJournal) -> Result<Before, RunError> {
+    let run = j.run();
+    let events = run
+        .store()
+        .events(run.run_id(), Some(&j.target().to_string()), 0)?;
+    let thread = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == "codex_thread")
+        .and_then(|e| e.payload["thread_id"].as_str().map(str::to_string))
+        .filter(|t| !t.is_empty());
+    let usage = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == kind::TURN_FINISHED)
+        .map(|e| Usage::from_recorded(&e.payload))
+        .unwrap_or_default();
+    Ok(Before {
+        thread,
+        usage,
+        replay: history::replay(&events),
+    })
+}
+
+async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Result<End, RunError> {
+    let j = &s.journal;
+    let before = before(j)?;
+    if let Some(done) = before
+        .replay
+        .finished
+        .as_ref()
+        .filter(|d| d["infra"] != true)
+    {
+        let status = if done["status"] == "PASS" {
+            SessionStatus::Finished
+        } else {
+            SessionStatus::Failed
+        };
+        return Ok(End {
+            recorded: Some(done.clone()),
+            ..End::new(status, "finished before this resume; not run again")
+        });
+    }
+    if before.replay.started {
+        j.record(
+            "session_resumed",
+            json!({"turns": before.replay.turns, "thread_id": before.thread, "backend": "codex"}),
+        )?;
+    } else {
+        j.record(
+            kind::SESSION_STARTED,
+            json!({"prompt_sha256": s.prompt_sha256, "backend": "codex",
+                   "codex_version": inner.setup.version}),
+        )?;
+        j.record(kind::USER_MESSAGE, json!({"item": user_message(&s.prompt)}))?;
+    }
+    j.update("running", |p| {
+        p.turns = before.replay.turns;
+        p.tokens = before.replay.tokens;
+        p.last_event = if before.replay.started {
+            "resumed"
+        } else {
+            "started"
+        }
+        .into();
+    })?;
+    let llm = &inner.agent.llm;
+    // The token is read again before every session (and every resume of one).
+    match llm.refresh_token().await {
+        Ok(status) => {
+            j.record("token_reloaded", json!({"source": status.source, "age_s": status.age.map(|a| a.as_secs()), "changed": status.changed, "why": "session start"}))?;
+        }
+        Err(e) => return Ok(End::infra(format!("provider token: {e}"))),
+    }
+    let token = match llm.token().header().await {
+        Ok(h) => h
+            .to_str()
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::to_string),
+        Err(e) => return Ok(End::infra(format!("provider token: {e}"))),
+    };
+    let Some(token) = token else {
+        return Ok(End::infra("provider token: not a bearer token"));
+    };
+    let config = home::write(llm.provider(), &s.layout, &inner.setup.template).map_err(|e| {
+        RunError::Io {
+            path: s.layout.codex_home.clone(),
+            source: std::io::Error::other(e),
+        }
+    })?;
+    j.record(
+        "codex_config",
+        json!({"codex_version": inner.setup.version, "config_toml": config}),
+    )?;
+    let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| RunError::Io {
+        path: s.layout.codex_home.clone(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let mut env = s.env.clone();
+    env.insert(
+        "CODEX_HOME".into(),
+        s.layout.codex_home.display().to_string(),
+    );
+    env.insert(endpoint::SOCKET_ENV.into(), ep.socket_env());
+    env.insert(endpoint::TOKEN_ENV.into(), ep.token().to_string());
+    env.insert(PROVIDER_TOKEN_ENV.into(), token);
+    let mut translator =
+        Translator::resume(before.replay.turns, before.usage, before.thread.clone());
+    let mut thread = before.thread.clone();
+    let mut next = match (&thread, before.replay.started) {
+        (Some(_), true) => Some(RESUMED.to_string()),
+        _ => None,
+    };
+    let mut nudges = 0;
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(End::new(SessionStatus::Interrupted, "stopped"));
+        }
+        let (args, stdin) = match (&next, &thread) {
+            (Some(text), Some(id)) => (resume_args(id), text.clone()),
+            _ => (fresh_args(), s.prompt.clone()),
+        };
+        let process = CodexProcess::spawn(Spawn {
+            binary: inner.setup.binary.clone(),
+            args,
+            cwd: s.ws_dir.clone(),
+            env: env.clone(),
+            stdin,
+        });
+        let process = match process {
+            Ok(p) => p,
+            Err(e) => return Ok(End::infra(format!("cannot start codex: {e}"))),
+        };
+        j.record(
+            "codex_started",
+            json!({"pid": process.pid(), "resume": next.is_some() && thread.is_some()}),
+        )?;
+        let watched = Watched {
+            journal: j,
+            tools: &s.tools,
+            llm: &inner.agent.llm,
+            codex_home: &s.layout.codex_home,
+            max_turns: inner.agent.loop_params.max_turns,
+        };
+        let end = watch(&watched, process, &mut translator, &mut thread, cancel).await?;
+        match end {
+            ProcessEnd::Cancelled => {
+                return Ok(End::new(SessionStatus::Interrupted, "stopped"));
+            }
+            ProcessEnd::Unauthorized(msg) => {
+                return Ok(End::infra(format!(
+                    "provider: the token was refused (401); the codex process was ended and `resume` continues with the token read again: {msg}"
+                )));
+            }
+            ProcessEnd::ToolInfra(why) => return Ok(End::infra(why)),
+            ProcessEnd::TurnBudget => {
+                return Ok(End::new(
+                    SessionStatus::Failed,
+                    format!(
+                        "turn budget of {} reached",
+                        inner.agent.loop_params.max_turns
+                    ),
+                ));
+            }
+            ProcessEnd::Exited {
+                success,
+                status,
+                turn_failed,
+                stderr,
+                saw_events,
+            } => {
+                if let Some(summary) = s.tools.ending().finished {
+                    return Ok(ended_by_finish(s, summary));
+                }
+                if next.is_some() && !saw_events {
+                    // The thread could not be resumed (its rollout is gone): start afresh.
+                    j.record(
+                        "codex_resume_failed",
+                        json!({"status": status, "stderr": stderr}),
+                    )?;
+                    thread = None;
+                    next = None;
+                    continue;
+                }
+                if let Some(msg) = turn_failed {
+                    return Ok(End::infra(format!("provider: {msg}")));
+                }
+                if !success {
+                    let tail: String = stderr
+                        .chars()
+                        .rev()
+                        .take(600)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    return Ok(End::infra(format!("codex exited with {status}: {tail}")));
+                }
+                if nudges >= inner.agent.loop_params.nudges || thread.is_none() {
+                    return Ok(End::new(
+                        SessionStatus::Failed,
+                        "the model stopped without calling finish",
+                    ));
+                }
+                nudges += 1;
+                j.record(
+                    kind::USER_MESSAGE,
+                    json!({"item": user_message(NUDGE), "nudge": nudges}),
+                )?;
+                next = Some(NUDGE.to_string());
+            }
+        }
+    }
+}
+
+fn ended_by_finish(s: &Prepared, summary: String) -> End {
+    if !s.candidate.is_file() {
+        return End {
+            summary: Some(summary),
+            ..End::new(
+                SessionStatus::Failed,
+                "the agent finished without writing a candidate",
+            )
+        };
+    }
+    End {
+        summary: Some(summary),
+        ..End::new(SessionStatus::Finished, "the agent called finish")
+    }
+}
+
+fn common_args() -> Vec<String> {
+    [
+        "exec",
+        "--json",
+        "--skip-git-repo-check",
+        "--color",
+        "never",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn fresh_args() -> Vec<String> {
+    let mut a = common_args();
+    a.push("-".into());
+    a
+}
+
+fn resume_args(thread: &str) -> Vec<String> {
+    let mut a = common_args();
+    a.extend(["resume".to_string(), thread.to_string(), "-".to_string()]);
+    a
+}
+
+fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
+    if let Some(result) = end.recorded {
+        return SessionOutcome {
+            status: end.status,
+            result,
+        };
+    }
+    let mut result = journal.detail();
+    result["reason"] = json!(end.reason);
+    result["summary"] = json!(end.summary);
+    result["infra"] = json!(end.infra);
+    result["backend"] = json!("codex");
+    result["last_event"] = json!(format!("{}: {}", end.status.word(), end.reason));
+    if end.status != SessionStatus::Interrupted {
+        let mut payload = result.clone();
+        payload["status"] = json!(end.status.word());
+        if let Err(e) = journal.record(kind::SESSION_FINISHED, payload) {
+            tracing::error!(error = %e, "cannot record the end of a session");
+        }
+    }
+    SessionOutcome {
+        status: end.status,
+        result,
+    }
+}

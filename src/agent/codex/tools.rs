@@ -1,0 +1,170 @@
+//! The session side of `fk-agentd tool …`: the native GPU tools and `finish`, run through the
+//! session's own [`Toolbox`] (so `validate` is the same import check, screen, lease, bench and
+//! verdict, recording the same `validation` and lease events), each call recorded as
+//! `tool_started` before it runs and `tool_finished` after, like a native call.
+//!
+//! An infrastructure failure is retried like a native call's, then reported to the runner,
+//! which ends the session with an `infra` reason (it resumes later).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::endpoint::{ToolHandler, ToolReply};
+use crate::agent::history::kind;
+use crate::agent::journal::SessionJournal;
+use crate::llm::LlmClient;
+use crate::scheduler::SessionSlot;
+use crate::tools::{ToolError, Toolbox};
+
+/// The tools a codex session reaches through `fk-agentd tool`.
+pub const TOOLS: &[&str] = &["validate", "profile_ncu", "profile_nsys", "finish"];
+
+/// How the session's tool calls ended it, if they did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ending {
+    /// `finish` was called with this summary.
+    pub finished: Option<String>,
+    /// A tool's infrastructure failed for good.
+    pub infra: Option<String>,
+}
+
+pub struct SessionTools {
+    pub toolbox: Toolbox,
+    pub journal: Arc<SessionJournal>,
+    pub slot: Arc<SessionSlot>,
+    pub llm: Arc<LlmClient>,
+    pub cancel: CancellationToken,
+    pub infra_retries: u32,
+    calls: AtomicU32,
+    ending: Mutex<Ending>,
+    /// Woken when `ending` changes.
+    pub ended: Notify,
+}
+
+impl SessionTools {
+    pub fn new(
+        toolbox: Toolbox,
+        journal: Arc<SessionJournal>,
+        slot: Arc<SessionSlot>,
+        llm: Arc<LlmClient>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            toolbox,
+            journal,
+            slot,
+            llm,
+            cancel,
+            infra_retries: 3,
+            calls: AtomicU32::new(0),
+            ending: Mutex::new(Ending::default()),
+            ended: Notify::new(),
+        }
+    }
+
+    pub fn ending(&self) -> Ending {
+        self.ending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn end_with(&self, f: impl FnOnce(&mut Ending)) {
+        f(&mut self.ending.lock().unwrap_or_else(|p| p.into_inner()));
+        self.ended.notify_waiters();
+        self.ended.notify_one();
+    }
+
+    async fn run(self: Arc<Self>, tool: String, arguments: Value) -> ToolReply {
+        if !TOOLS.contains(&tool.as_str()) {
+            return ToolReply {
+                text: format!("unknown tool `{tool}`; the tools are: {}", TOOLS.join(", ")),
+                is_error: true,
+                ..ToolReply::default()
+            };
+        }
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        let call_id = format!("fk_tool_{n}");
+        let args = arguments.to_string();
+        let j = &self.journal;
+        if let Err(e) = j.record(
+            kind::TOOL_STARTED,
+            json!({"call_id": call_id, "name": tool, "arguments": args, "via": "fk-agentd tool"}),
+        ) {
+            return ToolReply::infra(format!("cannot record the call: {e}"));
+        }
+        let state = match tool.as_str() {
+            "validate" => "validating",
+            "profile_ncu" | "profile_nsys" => "profiling",
+            _ => "running",
+        };
+        let _ = j.update(state, |p| p.last_event = format!("{tool} started"));
+        let mut attempt = 0;
+        let output = loop {
+            let call = self.toolbox.call(&tool, &args, self.cancel.child_token());
+            let result = if tool == "finish" {
+                call.await
+            } else {
+                self.slot.off_slot(call).await
+            };
+            match result {
+                Ok(mut out) => {
+                    out.text = self.llm.token().scrub(&out.text);
+                    break out;
+                }
+                Err(ToolError::Cancelled { .. }) => {
+                    return ToolReply::infra("the session was stopped during this call");
+                }
+                Err(e) if e.is_retryable() && attempt < self.infra_retries => {
+                    attempt += 1;
+                    let delay = Duration::from_secs(5 * u64::from(attempt));
+                    let _ = j.record("tool_infra_retry", json!({"call_id": call_id, "name": tool, "attempt": attempt, "why": e.to_string(), "delay_s": delay.as_secs()}));
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.cancel.cancelled() => return ToolReply::infra("the session was stopped"),
+                    }
+                }
+                Err(e) => {
+                    let _ = j.record(
+                        "tool_infra_error",
+                        json!({"call_id": call_id, "name": tool, "why": e.to_string()}),
+                    );
+                    let why = format!("infrastructure failure in {tool}: {e}");
+                    self.end_with(|end| end.infra = Some(why.clone()));
+                    return ToolReply::infra(why);
+                }
+            }
+        };
+        if let Err(e) = j.record(
+            kind::TOOL_FINISHED,
+            json!({"call_id": call_id, "name": tool, "output": output.text, "is_error": output.is_error}),
+        ) {
+            return ToolReply::infra(format!("cannot record the result: {e}"));
+        }
+        let _ = j.update("running", |p| {
+            p.last_event = format!("{tool} {}", if output.is_error { "failed" } else { "done" })
+        });
+        let finished = output.finished.is_some();
+        if let Some(summary) = output.finished {
+            self.end_with(|end| end.finished = Some(summary));
+        }
+        ToolReply {
+            text: output.text,
+            is_error: output.is_error,
+            infra: false,
+            finished,
+        }
+    }
+}
+
+impl ToolHandler for Arc<SessionTools> {
+    fn call(&self, tool: String, arguments: Value) -> BoxFuture<'static, ToolReply> {
+        Box::pin(self.clone().run(tool, arguments))
+    }
+}

@@ -1,0 +1,147 @@
+//! Text views of a capture folder (`fk-agentd captures list | coverage`): data in, text out.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::report::{CaptureReport, Coverage, parse_key};
+use crate::report::table;
+use crate::target::TargetId;
+
+/// The word a target with no forward case gets, wherever targets are listed.
+pub const NO_CASE: &str = "SKIP(no captured case)";
+
+fn short_list(items: impl Iterator<Item = String>, keep: usize) -> String {
+    let all: Vec<String> = items.collect();
+    if all.is_empty() {
+        return "-".into();
+    }
+    let mut text = all
+        .iter()
+        .take(keep)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if all.len() > keep {
+        let _ = write!(text, " (+{} more)", all.len() - keep);
+    }
+    text
+}
+
+/// Each report (numbered, as `coverage` refers to them) and its operators with call counts.
+pub fn list(reports: &[CaptureReport]) -> String {
+    let mut out = String::new();
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let forward = r.operators.values().filter(|o| !o.cases.is_empty()).count();
+            vec![
+                format!("[{}]", i + 1),
+                r.gpu.clone().unwrap_or_else(|| "-".into()),
+                r.model.clone(),
+                r.workload.clone(),
+                r.dtype.clone(),
+                format!("{} ({forward} with forward cases)", r.operators.len()),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["report", "GPU", "model", "workload", "dtype", "operators"],
+        &rows,
+    ));
+    for (i, r) in reports.iter().enumerate() {
+        let _ = writeln!(out, "\n[{}] {}", i + 1, r.path);
+        let rows: Vec<Vec<String>> = r
+            .operators
+            .iter()
+            .map(|(key, op)| {
+                let (target, class) = match parse_key(key) {
+                    Some((id, class)) => (id.to_string(), class),
+                    None => (key.clone(), String::new()),
+                };
+                vec![
+                    target,
+                    class,
+                    op.init_calls.to_string(),
+                    op.forward_calls.to_string(),
+                    op.cases.len().to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["target", "class", "init calls", "forward calls", "cases"],
+            &rows,
+        ));
+    }
+    out
+}
+
+/// Per target: forward cases, calls, shapes, dtypes and the reports (by `list` number) that
+/// hold them. `selected`, when given, lists exactly those targets, with [`NO_CASE`] for the
+/// ones without a case.
+pub fn coverage(
+    reports: &[CaptureReport],
+    cov: &BTreeMap<TargetId, Coverage>,
+    selected: Option<&[TargetId]>,
+) -> String {
+    let number: BTreeMap<&str, usize> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.path.as_str(), i + 1))
+        .collect();
+    let refs = |paths: &std::collections::BTreeSet<String>| {
+        let mut n: Vec<usize> = paths
+            .iter()
+            .map(|p| number.get(p.as_str()).copied().unwrap_or(0))
+            .collect();
+        n.sort_unstable();
+        short_list(n.into_iter().map(|n| format!("[{n}]")), 6).replace("; ", " ")
+    };
+    let ids: Vec<TargetId> = match selected {
+        Some(s) => s.to_vec(),
+        None => cov.keys().cloned().collect(),
+    };
+    let empty = Coverage::default();
+    let mut skipped = 0;
+    let rows: Vec<Vec<String>> = ids
+        .iter()
+        .map(|id| {
+            let c = cov.get(id).unwrap_or(&empty);
+            if c.cases == 0 {
+                skipped += 1;
+                let why = if c.init_only.is_empty() {
+                    "not in any report".to_string()
+                } else {
+                    format!("init calls only, in {}", refs(&c.init_only))
+                };
+                return vec![
+                    id.to_string(),
+                    NO_CASE.into(),
+                    "-".into(),
+                    why,
+                    "-".into(),
+                    "-".into(),
+                ];
+            }
+            vec![
+                id.to_string(),
+                c.cases.to_string(),
+                c.calls.to_string(),
+                short_list(c.shapes.iter().cloned(), 2),
+                c.dtypes.iter().cloned().collect::<Vec<_>>().join(" "),
+                refs(&c.reports),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &["target", "cases", "calls", "shapes", "dtypes", "reports"],
+        &rows,
+    );
+    let _ = writeln!(
+        out,
+        "\n{} target(s): {} with forward cases, {skipped} {NO_CASE}",
+        ids.len(),
+        ids.len() - skipped
+    );
+    out
+}

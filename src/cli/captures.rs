@@ -1,0 +1,143 @@
+//! `fk-agentd captures list | coverage | import`: what the configured capture folder holds,
+//! which targets it covers, and copying a capture folder into the home. Reading and rendering
+//! are in [`crate::captures`]; this prints.
+
+use super::args::CapturesCommand;
+use crate::captures::{render, report};
+use crate::config::Config;
+use crate::error::Error;
+
+/// Runs one `captures` subcommand; returns the exit code.
+pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, Error> {
+    let read = || {
+        crate::captures::reports_for(&config.captures)
+            .map_err(|why| Error::Usage(format!("campaign.captures = {why}")))
+    };
+    match command {
+        CapturesCommand::List { json } => {
+            let reports = read()?;
+            if *json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&reports).unwrap_or_default()
+                );
+            } else {
+                println!("captures {}", config.captures.display());
+                print!("{}", render::list(&reports));
+            }
+            Ok(0)
+        }
+        CapturesCommand::Coverage { targets, json } => {
+            let reports = read()?;
+            let cov = report::coverage(&reports);
+            let selected = match targets {
+                Some(spec) => {
+                    let catalog = config
+                        .catalog
+                        .clone()
+                        .with_targets(report::targets_of(&cov))
+                        .with_captured(report::captured_ids(&cov));
+                    Some(
+                        catalog
+                            .select(spec)
+                            .map_err(|e| Error::Usage(format!("--targets {spec}: {e}")))?,
+                    )
+                }
+                None => None,
+            };
+            if *json {
+                let rows: Vec<serde_json::Value> = match &selected {
+                    Some(ids) => ids
+                        .iter()
+                        .map(|id| serde_json::json!({"target": id, "coverage": cov.get(id)}))
+                        .collect(),
+                    None => cov
+                        .iter()
+                        .map(|(id, c)| serde_json::json!({"target": id, "coverage": c}))
+                        .collect(),
+                };
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&rows).unwrap_or_default()
+                );
+            } else {
+                println!("captures {}", config.captures.display());
+                print!("{}", render::coverage(&reports, &cov, selected.as_deref()));
+            }
+            Ok(0)
+        }
+        CapturesCommand::Import { dir } => {
+            let src = crate::config::absolute(&std::env::current_dir().unwrap_or_default(), dir);
+            let done = crate::captures::import(&src, &config.home)?;
+            println!(
+                "{} {} ({} report(s), {} file(s), {} bytes)\nsha256 {}\nuse it with `[campaign] captures = \"{}\"`",
+                if done.unchanged {
+                    "already imported:"
+                } else {
+                    "imported"
+                },
+                done.dest.display(),
+                done.reports,
+                done.files,
+                done.bytes,
+                done.sha256,
+                done.dest.display()
+            );
+            Ok(0)
+        }
+    }
+}
+
+/// Before any session: the selected targets with no forward case in the captures, listed on
+/// stderr as `SKIP(no captured case)` and left out of a real campaign unless `include` (the bench would
+/// skip every case of theirs after the agent had spent its tokens). A simulated campaign runs
+/// them all the same (its bench invents cases) and says so. Returns the ids left out.
+pub(crate) fn screen_uncaptured(
+    config: &mut Config,
+    include: bool,
+) -> Result<Vec<crate::target::TargetId>, Error> {
+    let uncaptured = crate::captures::uncaptured(&config.targets, &config.captures)
+        .map_err(|why| Error::Usage(format!("campaign.captures = {why}")))?;
+    if uncaptured.is_empty() {
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = uncaptured.iter().map(ToString::to_string).collect();
+    if config.sim {
+        eprintln!(
+            "note: {} selected target(s) have no captured case in {} ({}); a real campaign \
+             skips them unless --include-uncaptured, the simulation invents their cases",
+            names.len(),
+            config.captures.display(),
+            names.join(", ")
+        );
+        return Ok(Vec::new());
+    }
+    for n in &names {
+        eprintln!("{n:<40} {}", render::NO_CASE);
+    }
+    if include {
+        eprintln!(
+            "--include-uncaptured: starting these {} session(s) anyway",
+            names.len()
+        );
+        return Ok(Vec::new());
+    }
+    config.targets.retain(|t| !uncaptured.contains(t));
+    if config.targets.is_empty() {
+        return Err(Error::Usage(format!(
+            "campaign.targets (--targets) = {}: no selected target has a captured forward case in {}; \
+             select `--targets captured`, point campaign.captures at captures that cover them, or pass --include-uncaptured",
+            config.targets_spec,
+            config.captures.display()
+        )));
+    }
+    config.settings.insert(
+        "campaign.skipped_uncaptured".into(),
+        (names.join(","), crate::config::SettingSource::Default),
+    );
+    eprintln!(
+        "{} target(s) skipped before any session (no captured case; --include-uncaptured starts them)",
+        names.len()
+    );
+    Ok(uncaptured)
+}

@@ -1,0 +1,114 @@
+//! `score --e2e SCENARIOS` and `start --mode all --e2e SCENARIOS`: the end-to-end eval of a
+//! scored run's composed winner set (and of its pair's, for a `--mode all` campaign), each
+//! under one `bench` lease of this process's own broker. The work is in
+//! [`crate::score::e2e`]; this wires the broker, the command and the printing.
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Env};
+use crate::error::Error;
+use crate::score::e2e::{self, EvalParams};
+
+/// Evaluates `run` (the newest by default) and its pair. The caller holds the home's lock.
+/// Exit 0 when every eval gave reports with identical tokens, 1 otherwise.
+pub async fn cmd_e2e(
+    config: &Config,
+    env: &Env,
+    run: Option<&str>,
+    scenarios: &str,
+    json: bool,
+) -> Result<i32, Error> {
+    let store = super::open_existing_store(&config.home)?;
+    let row = store.run(run)?;
+    let mut runs = vec![(row.id.clone(), row.mode.clone())];
+    if let Some(pair) = crate::daemon::plan::pair_of(&store, &row.id)? {
+        let other = store.run(Some(&pair))?;
+        runs.push((other.id, other.mode));
+    }
+    // The independent half first, as the campaign ran it.
+    runs.sort_by_key(|(_, mode)| mode != "independent");
+    let runs_dir = crate::run::runs_dir(&config.home);
+    let mut sets = Vec::new();
+    for (id, mode) in &runs {
+        sets.push(e2e::winner_set(id, &runs_dir.join(id), mode)?);
+    }
+    let simulated = row.simulated;
+    let (command, cwd) = if simulated {
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
+        (
+            crate::sim::bench::command(&exe, crate::sim::campaign::SIM_SEED),
+            None,
+        )
+    } else {
+        let prepared = super::prepare_harness(config).await?;
+        (config.fastkernels_command.clone(), Some(prepared.copy))
+    };
+    let mut broker_config = if simulated {
+        Config {
+            gpus: crate::config::GpuDevices::Fake { count: 8 },
+            ..config.clone()
+        }
+    } else {
+        config.clone()
+    };
+    super::keep_provider_secrets(&mut broker_config, env);
+    let broker = crate::gpu::Broker::start(&broker_config, &store).await?;
+    let launcher = crate::score::lease::LeaseLauncher::new(
+        broker.clone(),
+        crate::gpu::LeaseClass::Bench,
+        "e2e",
+    );
+    let gpus = e2e::gpus_needed(scenarios).min(broker.inventory().len().max(1));
+    let params = EvalParams {
+        command,
+        cwd,
+        scenarios: scenarios.to_string(),
+        deadline: config.lease_timeout,
+        env_remove: broker_config.secret_env.clone(),
+    };
+    let cancel = CancellationToken::new();
+    let mut outcomes = Vec::new();
+    for set in &sets {
+        if !json {
+            println!(
+                "e2e: fastkernels eval {scenarios} over the {} winner set of run {} ({} kernels, {gpus} GPU(s)){}",
+                set.mode,
+                set.run_id,
+                set.kernels,
+                if simulated { " — SIMULATED" } else { "" }
+            );
+        }
+        let outcome = e2e::evaluate(&launcher, &params, set, gpus, &cancel).await;
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                broker.shutdown().await;
+                return Err(e.into());
+            }
+        };
+        let journal = crate::run::RunJournal::open(&store, &config.home, &set.run_id)?;
+        journal.record(
+            "e2e_evaluated",
+            None,
+            serde_json::to_value(&outcome).unwrap_or_default(),
+        )?;
+        outcomes.push(outcome);
+    }
+    broker.shutdown().await;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&outcomes).unwrap_or_default()
+        );
+    } else {
+        for o in &outcomes {
+            let lines = e2e::describe(o);
+            for (i, l) in lines.iter().enumerate() {
+                println!("{}{l}", if i == 0 { "" } else { "  " });
+            }
+        }
+    }
+    let all_good = outcomes.iter().all(|o| o.correct() == Some(true));
+    Ok(if all_good { 0 } else { 1 })
+}

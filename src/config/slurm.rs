@@ -1,0 +1,442 @@
+//! `[gpus] backend` and the `[slurm]` table: which engine runs leased commands, and how the
+//! Slurm one reaches its cluster. Validated into [`LeaseBackendKind`] and [`SlurmConfig`];
+//! every rejection names its `gpus.backend` or `slurm.*` key and the value.
+//!
+//! Owns the schema only; `crate::gpu::slurm` submits and runs the jobs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, Env, SettingMap, SettingSource, expand_tilde, parse_count};
+
+/// Which backend runs leased commands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseBackendKind {
+    /// Processes on this host (process groups, cgroups).
+    #[default]
+    Local,
+    /// Slurm job steps on the cluster the `[slurm]` table names.
+    Slurm,
+}
+
+impl LeaseBackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Slurm => "slurm",
+        }
+    }
+}
+
+/// How leases map onto Slurm jobs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlurmMode {
+    /// The daemon holds one single-GPU job per GPU for its whole life; each lease is a job
+    /// step inside the holder of its GPU (no scheduling round-trip per lease).
+    #[default]
+    Allocation,
+    /// Each lease is its own job (for clusters that forbid long allocations).
+    Job,
+}
+
+impl SlurmMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allocation => "allocation",
+            Self::Job => "job",
+        }
+    }
+}
+
+/// Which nodes to hold GPUs on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum SlurmNodes {
+    /// These nodes, `gpus_per_node` GPUs on each.
+    Names(Vec<String>),
+    /// Any nodes Slurm picks: `count × gpus_per_node` GPUs in all.
+    Count(u32),
+}
+
+/// The validated `[slurm]` table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SlurmConfig {
+    /// `SLURM_CONF` for the Slurm commands the daemon runs; `None`: Slurm's own default.
+    pub conf: Option<PathBuf>,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    pub qos: Option<String>,
+    pub nodes: SlurmNodes,
+    pub gpus_per_node: u32,
+    pub mode: SlurmMode,
+    /// The holder jobs' `--time` (allocation mode).
+    #[serde(serialize_with = "super::ser_duration")]
+    pub hold_time: Duration,
+    /// How long the daemon waits at start for its holder jobs to run.
+    #[serde(serialize_with = "super::ser_duration")]
+    pub start_timeout: Duration,
+    /// Extra options for every `sbatch` (holders) and `srun` (leases).
+    pub sbatch_args: Vec<String>,
+    pub srun_args: Vec<String>,
+    /// The run-directory root every node must see (checked by a probe step on each node).
+    pub shared_root: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSlurm {
+    conf: Option<String>,
+    partition: Option<String>,
+    account: Option<String>,
+    qos: Option<String>,
+    nodes: Option<toml::Value>,
+    gpus_per_node: Option<i64>,
+    mode: Option<String>,
+    hold_time: Option<String>,
+    start_timeout: Option<String>,
+    sbatch_args: Option<Vec<String>>,
+    srun_args: Option<Vec<String>>,
+    shared_root: Option<String>,
+}
+
+/// Options the backend sets itself; an extra option may not override them.
+const RESERVED: &[&str] = &[
+    "--jobid",
+    "--job-name",
+    "-J",
+    "--gres",
+    "--gpus",
+    "-G",
+    "--overlap",
+    "--nodelist",
+    "-w",
+    "--chdir",
+    "-D",
+    "--output",
+    "-o",
+    "--error",
+    "-e",
+    "--parsable",
+    "--export",
+];
+
+/// `gpus.backend` (default `local`) and, for `slurm`, the `[slurm]` table.
+pub(super) fn validate(
+    backend: Option<String>,
+    raw: Option<RawSlurm>,
+    env: &Env,
+    settings: &mut SettingMap,
+) -> Result<(LeaseBackendKind, Option<SlurmConfig>), ConfigError> {
+    let key = "gpus.backend";
+    let kind = match backend.as_deref() {
+        None => LeaseBackendKind::Local,
+        Some("local") => LeaseBackendKind::Local,
+        Some("slurm") => LeaseBackendKind::Slurm,
+        Some(other) => return Err(ConfigError::new(key, other, "\"local\" or \"slurm\"")),
+    };
+    let source = if backend.is_some() {
+        SettingSource::File
+    } else {
+        SettingSource::Default
+    };
+    settings.insert(key.into(), (kind.as_str().into(), source));
+    match (kind, raw) {
+        (LeaseBackendKind::Local, None) => Ok((kind, None)),
+        (LeaseBackendKind::Local, Some(_)) => Err(ConfigError::because(
+            key,
+            "local",
+            "a [slurm] table is set: use backend = \"slurm\", or remove the table",
+        )),
+        (LeaseBackendKind::Slurm, None) => Err(ConfigError::because(
+            key,
+            "slurm",
+            "needs a [slurm] table (at least `nodes`)",
+        )),
+        (LeaseBackendKind::Slurm, Some(raw)) => Ok((kind, Some(table(raw, env, settings)?))),
+    }
+}
+
+fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmConfig, ConfigError> {
+    let mut set = |k: &str, v: String| {
+        settings.insert(format!("slurm.{k}"), (v, SettingSource::File));
+    };
+    let conf = match raw.conf {
+        Some(c) => {
+            let path = expand_tilde(&c, env);
+            if !path.is_file() {
+                return Err(ConfigError::because(
+                    "slurm.conf",
+                    &c,
+                    "no such file (the slurm.conf the Slurm commands are to read)",
+                ));
+            }
+            set("conf", path.display().to_string());
+            Some(path)
+        }
+        None => None,
+    };
+    let name = |k: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
+        match v {
+            Some(v) if !is_slurm_name(&v) => Err(ConfigError::new(
+                format!("slurm.{k}"),
+                v,
+                "a Slurm name (letters, digits, `-`, `_`, `.`)",
+            )),
+            v => Ok(v),
+        }
+    };
+    let partition = name("partition", raw.partition)?;
+    let account = name("account", raw.account)?;
+    let qos = name("qos", raw.qos)?;
+    for (k, v) in [
+        ("partition", &partition),
+        ("account", &account),
+        ("qos", &qos),
+    ] {
+        if let Some(v) = v {
+            set(k, v.clone());
+        }
+    }
+    let nodes = nodes(raw.nodes)?;
+    set(
+        "nodes",
+        match &nodes {
+            SlurmNodes::Names(n) => format!("[{}]", n.join(", ")),
+            SlurmNodes::Count(c) => c.to_string(),
+        },
+    );
+    let gpus_per_node = parse_count(
+        "slurm.gpus_per_node",
+        &raw.gpus_per_node.unwrap_or(8).to_string(),
+        1,
+        64,
+    )? as u32;
+    set("gpus_per_node", gpus_per_node.to_string());
+    let mode = match raw.mode.as_deref() {
+        None | Some("allocation") => SlurmMode::Allocation,
+        Some("job") => SlurmMode::Job,
+        Some(other) => {
+            return Err(ConfigError::new(
+                "slurm.mode",
+                other,
+                "\"allocation\" or \"job\"",
+            ));
+        }
+    };
+    set("mode", mode.as_str().into());
+    let hold_time =
+        super::parse_duration("slurm.hold_time", raw.hold_time.as_deref().unwrap_or("12h"))?;
+    if hold_time < Duration::from_secs(60) {
+        return Err(ConfigError::new(
+            "slurm.hold_time",
+            raw.hold_time.unwrap_or_default(),
+            "at least a minute (Slurm's time limits are in whole minutes)",
+        ));
+    }
+    let start_timeout = super::parse_duration(
+        "slurm.start_timeout",
+        raw.start_timeout.as_deref().unwrap_or("2m"),
+    )?;
+    set("hold_time", super::format_duration(hold_time));
+    set("start_timeout", super::format_duration(start_timeout));
+    let sbatch_args = extra_args("slurm.sbatch_args", raw.sbatch_args)?;
+    let srun_args = extra_args("slurm.srun_args", raw.srun_args)?;
+    let shared_root = match raw.shared_root {
+        Some(r) => {
+            let path = expand_tilde(&r, env);
+            if !path.is_absolute() {
+                return Err(ConfigError::new(
+                    "slurm.shared_root",
+                    r,
+                    "an absolute path on the shared filesystem",
+                ));
+            }
+            set("shared_root", path.display().to_string());
+            Some(path)
+        }
+        None => None,
+    };
+    Ok(SlurmConfig {
+        conf,
+        partition,
+        account,
+        qos,
+        nodes,
+        gpus_per_node,
+        mode,
+        hold_time,
+        start_timeout,
+        sbatch_args,
+        srun_args,
+        shared_root,
+    })
+}
+
+fn nodes(raw: Option<toml::Value>) -> Result<SlurmNodes, ConfigError> {
+    let key = "slurm.nodes";
+    let expected = "a node count such as 2, or node names such as [\"gpu-01\", \"gpu-02\"]";
+    match raw {
+        None => Ok(SlurmNodes::Count(1)),
+        Some(toml::Value::Integer(n)) if (1..=1024).contains(&n) => Ok(SlurmNodes::Count(n as u32)),
+        Some(toml::Value::Array(items)) if !items.is_empty() => {
+            let mut names: Vec<String> = Vec::new();
+            for item in items {
+                match item.as_str() {
+                    Some(n) if names.iter().any(|seen| seen == n) => {
+                        return Err(ConfigError::new(
+                            key,
+                            n,
+                            "each node once (a node listed twice would have its GPUs leased twice)",
+                        ));
+                    }
+                    Some(n) if is_slurm_name(n) => names.push(n.to_string()),
+                    _ => return Err(ConfigError::new(key, item.to_string(), expected)),
+                }
+            }
+            Ok(SlurmNodes::Names(names))
+        }
+        Some(other) => Err(ConfigError::new(key, other.to_string(), expected)),
+    }
+}
+
+fn extra_args(key: &str, raw: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
+    let args = raw.unwrap_or_default();
+    for a in &args {
+        let flag = a.split('=').next().unwrap_or(a);
+        if !a.starts_with('-') {
+            return Err(ConfigError::new(
+                key,
+                a,
+                "options such as \"--constraint=h200\" (one option per string, with `=`)",
+            ));
+        }
+        if RESERVED.contains(&flag) {
+            return Err(ConfigError::because(
+                key,
+                a,
+                format!("`{flag}` is set by fk-agentd for every lease and cannot be overridden"),
+            ));
+        }
+    }
+    Ok(args)
+}
+
+fn is_slurm_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<(LeaseBackendKind, Option<SlurmConfig>), ConfigError> {
+        #[derive(Deserialize)]
+        struct F {
+            backend: Option<String>,
+            slurm: Option<RawSlurm>,
+        }
+        let f: F = toml::from_str(text).expect("toml");
+        validate(f.backend, f.slurm, &Env::default(), &mut SettingMap::new())
+    }
+
+    #[test]
+    fn local_is_the_default_and_needs_no_table() {
+        assert_eq!(parse("").unwrap(), (LeaseBackendKind::Local, None));
+    }
+
+    #[test]
+    fn a_slurm_table_is_validated_with_its_defaults() {
+        let (kind, cfg) = parse(
+            "backend = \"slurm\"\n[slurm]\nnodes = [\"n1\", \"n2\"]\ngpus_per_node = 4\npartition = \"gpu\"\nsrun_args = [\"--mem=0\"]",
+        )
+        .unwrap();
+        assert_eq!(kind, LeaseBackendKind::Slurm);
+        let cfg = cfg.unwrap();
+        assert_eq!(cfg.nodes, SlurmNodes::Names(vec!["n1".into(), "n2".into()]));
+        assert_eq!(
+            (cfg.gpus_per_node, cfg.mode, cfg.hold_time),
+            (4, SlurmMode::Allocation, Duration::from_secs(12 * 3600))
+        );
+        assert_eq!(cfg.partition.as_deref(), Some("gpu"));
+        assert_eq!(cfg.srun_args, vec!["--mem=0".to_string()]);
+    }
+
+    #[test]
+    fn rejections_name_the_key_and_the_value() {
+        let cases = [
+            ("backend = \"ray\"", "gpus.backend", "ray"),
+            ("backend = \"slurm\"", "gpus.backend", "slurm"),
+            ("[slurm]\nnodes = 1", "gpus.backend", "local"),
+            (
+                "backend = \"slurm\"\n[slurm]\nnodes = [\"a b\"]",
+                "slurm.nodes",
+                "\"a b\"",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nnodes = [\"a\", \"a\"]",
+                "slurm.nodes",
+                "a",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nnodes = 0",
+                "slurm.nodes",
+                "0",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\ngpus_per_node = 0",
+                "slurm.gpus_per_node",
+                "0",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nmode = \"array\"",
+                "slurm.mode",
+                "array",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\npartition = \"a,b\"",
+                "slurm.partition",
+                "a,b",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nhold_time = \"30s\"",
+                "slurm.hold_time",
+                "30s",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nsrun_args = [\"--gres=gpu:8\"]",
+                "slurm.srun_args",
+                "--gres=gpu:8",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nsbatch_args = [\"x\"]",
+                "slurm.sbatch_args",
+                "x",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nshared_root = \"runs\"",
+                "slurm.shared_root",
+                "runs",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nconf = \"/no/such/slurm.conf\"",
+                "slurm.conf",
+                "/no/such/slurm.conf",
+            ),
+        ];
+        for (text, key, value) in cases {
+            let e = parse(text).expect_err(text);
+            assert_eq!(
+                (e.key.as_str(), e.value.as_str()),
+                (key, value),
+                "{text}: {e}"
+            );
+        }
+    }
+}

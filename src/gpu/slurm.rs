@@ -1,0 +1,498 @@
+//! [`SlurmBackend`]: leased commands as Slurm job steps, for GPUs beyond this host.
+//!
+//! In allocation mode (the default) the daemon holds one single-GPU *holder* job per GPU
+//! (`sbatch --gres=gpu:1 … sleep infinity`, named `fk-agentd-<scope>-<node>`), and every
+//! inventory slot is one holder: its node and GPU index are read from Slurm, so the journal's
+//! GPU column (`slurm:<node>:gpu<idx>`) names exactly the device the step gets. A lease is
+//! `srun --jobid=<holder> --overlap --job-name=<lease id> …`: it starts without a scheduling
+//! round-trip and Slurm's cgroup gives it that GPU only. In job mode each lease is its own job
+//! (`srun -w <node> --gres=gpu:N …`), for clusters that forbid long allocations; Slurm then
+//! picks the GPU on the node.
+//!
+//! The broker keeps the deadlines: `signal` is `scancel --signal=TERM|KILL <job.step>`, and a
+//! step's end is confirmed from `squeue` (the `srun` client exiting is not enough).
+//!
+//! Crash safety: the grant row's container column holds `slurm-step:<holder>:<lease id>`
+//! before `srun` runs, and its process group is the `srun` client's. A restarted daemon finds
+//! its holders again by name, so live steps are adopted (found by name in `squeue`) and dead
+//! ones reconciled. Holders are cancelled only on a graceful shutdown ([`LeaseBackend::close`]).
+//!
+//! It does not own placement: the broker's queue grants slots; this module maps a slot to its
+//! holder. Not yet: multi-GPU leases in allocation mode (refused with a reason), per-node
+//! profiler caps, and ending a lease as infrastructure when its node goes DOWN/DRAIN.
+
+mod cli;
+mod hold;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rustix::process::{Pid, Signal};
+
+use super::backend::{ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend};
+use super::procfs;
+use super::types::{Containment, LeaseError};
+use crate::config::{SlurmConfig, SlurmMode};
+
+use crate::config::Config;
+use crate::store::Store;
+
+pub use cli::SlurmCli;
+pub use hold::{NodeView, SlurmView, StartParams, describe, start, view};
+
+/// One inventory slot: a GPU on a node, and the holder job that owns it (allocation mode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlotGpu {
+    pub node: String,
+    pub gpu: u32,
+    pub holder: Option<u64>,
+}
+
+impl SlotGpu {
+    /// The id the inventory and the lease journal use for this GPU.
+    pub fn uuid(&self) -> String {
+        format!("slurm:{}:gpu{}", self.node, self.gpu)
+    }
+}
+
+/// Where a lease runs, as journaled in the lease row's container column.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Container {
+    /// A step named `name` inside holder job `holder`.
+    Step { holder: u64, name: String },
+    /// A job of its own named `name`, on `node`, with `gpus` GPUs.
+    Job {
+        node: String,
+        gpus: usize,
+        name: String,
+    },
+    /// A lease this backend cannot place (why, for the launch's error).
+    Refused { why: String },
+}
+
+impl Container {
+    pub fn to_path(&self) -> PathBuf {
+        PathBuf::from(match self {
+            Self::Step { holder, name } => format!("slurm-step:{holder}:{name}"),
+            Self::Job { node, gpus, name } => format!("slurm-job:{node}:{gpus}:{name}"),
+            Self::Refused { why } => format!("slurm-refused:{why}"),
+        })
+    }
+
+    pub fn parse(path: &Path) -> Option<Self> {
+        let text = path.to_str()?;
+        if let Some(rest) = text.strip_prefix("slurm-step:") {
+            let (holder, name) = rest.split_once(':')?;
+            return Some(Self::Step {
+                holder: holder.parse().ok()?,
+                name: name.to_string(),
+            });
+        }
+        if let Some(rest) = text.strip_prefix("slurm-job:") {
+            let mut it = rest.splitn(3, ':');
+            let (node, gpus, name) = (it.next()?, it.next()?, it.next()?);
+            return Some(Self::Job {
+                node: node.to_string(),
+                gpus: gpus.parse().ok()?,
+                name: name.to_string(),
+            });
+        }
+        text.strip_prefix("slurm-refused:")
+            .map(|why| Self::Refused {
+                why: why.to_string(),
+            })
+    }
+
+    /// True for a journaled container of this backend.
+    pub fn is_slurm(path: &Path) -> bool {
+        Self::parse(path).is_some()
+    }
+}
+
+/// Leases as Slurm job steps (see the module doc).
+pub struct SlurmBackend {
+    cli: SlurmCli,
+    cfg: SlurmConfig,
+    slots: Vec<SlotGpu>,
+    /// Holder job names start with this (`fk-agentd-<scope>`).
+    hold_prefix: String,
+    /// `--time` of a per-lease job, in minutes (the lease timeout plus slack).
+    job_minutes: u64,
+    /// Lease name → resolved step id (`J.S`).
+    steps: Mutex<HashMap<String, String>>,
+    /// Per `srun` pid: whether the broker signalled it (srun reports a signal as 128 + N).
+    signalled: Mutex<HashMap<i64, Arc<AtomicBool>>>,
+}
+
+fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Whole-entry inserts and removes cannot leave a map half-written.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SlurmBackend {
+    /// The slots, in inventory order.
+    pub fn slots(&self) -> &[SlotGpu] {
+        &self.slots
+    }
+
+    pub fn config(&self) -> &SlurmConfig {
+        &self.cfg
+    }
+
+    /// The holder jobs, in slot order (allocation mode).
+    pub fn holders(&self) -> Vec<u64> {
+        self.slots.iter().filter_map(|s| s.holder).collect()
+    }
+
+    /// The running step id (`J.S`) of lease `name` in `holder`, from the cache or `squeue`.
+    fn step_id(&self, holder: u64, name: &str) -> Option<String> {
+        if let Some(id) = guard(&self.steps).get(name) {
+            return Some(id.clone());
+        }
+        let steps = self.cli.steps_of(holder).ok()?;
+        let (id, ..) = steps.into_iter().find(|(_, n, _)| n == name)?;
+        guard(&self.steps).insert(name.to_string(), id.clone());
+        Some(id)
+    }
+
+    /// Whether Slurm still lists the lease's step or job; `None` when Slurm cannot be asked.
+    fn listed(&self, c: &Container) -> Option<bool> {
+        match c {
+            Container::Step { holder, name } => match self.cli.steps_of(*holder) {
+                Ok(steps) => Some(steps.iter().any(|(_, n, _)| n == name)),
+                // The holder itself is gone, and every step with it.
+                Err(e) if e.contains("Invalid job id") => Some(false),
+                Err(_) => None,
+            },
+            Container::Job { name, .. } => self
+                .cli
+                .jobs_named(name)
+                .ok()
+                .map(|jobs| jobs.iter().any(|(_, state, _)| is_live_state(state))),
+            Container::Refused { .. } => Some(false),
+        }
+    }
+
+    fn srun_args(&self, c: &Container, spec: &LaunchSpec<'_>) -> Result<Vec<String>, LeaseError> {
+        let mut args = Vec::new();
+        match c {
+            Container::Step { holder, name } => {
+                args.push(format!("--jobid={holder}"));
+                args.push("--overlap".into());
+                args.push(format!("--job-name={name}"));
+            }
+            Container::Job { node, gpus, name } => {
+                args.push(format!("--job-name={name}"));
+                args.push(format!("--nodelist={node}"));
+                args.push(format!("--gres=gpu:{gpus}"));
+                args.push(format!("--time={}", self.job_minutes));
+                args.extend(hold::placement_args(&self.cfg));
+            }
+            Container::Refused { why } => {
+                return Err(LeaseError::bad("gpus", spec.lease_id, why.clone()));
+            }
+        }
+        args.extend(
+            [
+                "--nodes=1",
+                "--ntasks=1",
+                "--quiet",
+                "--kill-on-bad-exit=1",
+                "--export=ALL",
+            ]
+            .map(String::from),
+        );
+        args.push(format!("--chdir={}", spec.cwd.display()));
+        args.extend(self.cfg.srun_args.iter().cloned());
+        Ok(args)
+    }
+}
+
+/// A job state in which it may still have processes.
+fn is_live_state(state: &str) -> bool {
+    matches!(
+        state,
+        "PENDING" | "RUNNING" | "CONFIGURING" | "COMPLETING" | "SUSPENDED" | "STOPPED"
+    )
+}
+
+impl LeaseBackend for SlurmBackend {
+    fn name(&self) -> &'static str {
+        "slurm"
+    }
+
+    fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<PathBuf> {
+        let gpus: Vec<&SlotGpu> = slots.iter().filter_map(|&s| self.slots.get(s)).collect();
+        let name = lease_id.to_string();
+        let container = match (self.cfg.mode, gpus.as_slice()) {
+            (_, []) => Container::Refused {
+                why: "no Slurm GPU for this lease".into(),
+            },
+            (SlurmMode::Allocation, [one]) => match one.holder {
+                Some(holder) => Container::Step { holder, name },
+                None => Container::Refused {
+                    why: "the GPU has no holder job".into(),
+                },
+            },
+            (SlurmMode::Allocation, _) => Container::Refused {
+                why: format!(
+                    "{} GPUs in one lease: Slurm allocation mode runs single-GPU leases (set slurm.mode = \"job\" for multi-GPU ones)",
+                    gpus.len()
+                ),
+            },
+            (SlurmMode::Job, [first, rest @ ..]) => {
+                if rest.iter().any(|g| g.node != first.node) {
+                    Container::Refused {
+                        why: "the granted GPUs span nodes; a Slurm lease runs on one node".into(),
+                    }
+                } else {
+                    Container::Job {
+                        node: first.node.clone(),
+                        gpus: gpus.len(),
+                        name,
+                    }
+                }
+            }
+        };
+        Some(container.to_path())
+    }
+
+    fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
+        let container = spec
+            .cgroup
+            .and_then(Container::parse)
+            .ok_or_else(|| LeaseError::Slurm("the lease has no Slurm placement".into()))?;
+        let args = self.srun_args(&container, &spec)?;
+        let argv0 = spec.argv.first().cloned().unwrap_or_default();
+        if argv0.is_empty() || argv0.starts_with('-') {
+            return Err(LeaseError::bad(
+                "command",
+                &argv0,
+                "a program name that does not start with `-`",
+            ));
+        }
+        let copy = |f: &std::fs::File| {
+            f.try_clone().map_err(|source| LeaseError::Spawn {
+                argv0: "srun".into(),
+                source,
+            })
+        };
+        let mut std_cmd = self.cli.command("srun");
+        std_cmd.args(&args).args(spec.argv);
+        for k in spec.env_remove {
+            std_cmd.env_remove(k);
+        }
+        // Slurm sets CUDA_VISIBLE_DEVICES for the step from its GRES; the broker's value names
+        // the inventory slot, not a device the node knows.
+        std_cmd.envs(
+            spec.env
+                .iter()
+                .filter(|(k, _)| k != "CUDA_VISIBLE_DEVICES")
+                .map(|(k, v)| (k, v)),
+        );
+        std_cmd.env(LEASE_ID_ENV, spec.lease_id);
+        let mut cmd = tokio::process::Command::from(std_cmd);
+        cmd.stdout(copy(&spec.output.stdout)?)
+            .stderr(copy(&spec.output.stderr)?)
+            .process_group(0)
+            .kill_on_drop(false);
+        let mut child = cmd.spawn().map_err(|source| LeaseError::Spawn {
+            argv0: "srun".into(),
+            source,
+        })?;
+        let pid = child.id().map(i64::from).unwrap_or(0);
+        let flag = Arc::new(AtomicBool::new(false));
+        guard(&self.signalled).insert(pid, flag.clone());
+        let exit = Box::pin(async move {
+            use std::os::unix::process::ExitStatusExt;
+            let status = child.wait().await.ok()?;
+            Some(match status.code() {
+                // srun reports a task that died of signal N as exit 128 + N.
+                Some(c) if (129..160).contains(&c) && flag.load(Ordering::Relaxed) => ExitInfo {
+                    code: None,
+                    signal: Some(c - 128),
+                },
+                code => ExitInfo {
+                    code,
+                    signal: status.signal(),
+                },
+            })
+        });
+        Ok(Launched {
+            job: JobRef {
+                pgid: pid,
+                cgroup: Some(container.to_path()),
+            },
+            containment: Containment::SlurmStep,
+            exit,
+        })
+    }
+
+    fn signal(&self, job: &JobRef, hard: bool) {
+        let Some(c) = job.cgroup.as_deref().and_then(Container::parse) else {
+            return;
+        };
+        if let Some(flag) = guard(&self.signalled).get(&job.pgid) {
+            flag.store(true, Ordering::Relaxed);
+        }
+        let sig = format!("--signal={}", if hard { "KILL" } else { "TERM" });
+        let target = match &c {
+            Container::Step { holder, name } => self.step_id(*holder, name),
+            Container::Job { name, .. } => Some(format!("--name={name}")),
+            Container::Refused { .. } => None,
+        };
+        let told = match target {
+            Some(target) => match self.cli.scancel(&[sig, target]) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot signal a Slurm step");
+                    false
+                }
+            },
+            None => false,
+        };
+        // The srun client ends by itself once its step is gone; killed first, it would make
+        // slurmstepd retry telling it about the task's exit, and the step end seconds later.
+        // Only a client whose step Slurm does not (or no longer) list is killed here.
+        if hard
+            && !told
+            && let Some(pid) = i32::try_from(job.pgid).ok().and_then(Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+        }
+    }
+
+    fn alive(&self, job: &JobRef) -> bool {
+        if job.pgid > 0 && procfs::group_alive(job.pgid) {
+            return true;
+        }
+        match job.cgroup.as_deref().and_then(Container::parse) {
+            // Unsure (the controller does not answer) counts as alive: nothing is reused
+            // before Slurm says the step is gone.
+            Some(c) => self.listed(&c).unwrap_or(true),
+            None => false,
+        }
+    }
+
+    fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
+        // A step's processes are all in slurmstepd's cgroup; `signal` reached them.
+        Vec::new()
+    }
+
+    fn group_is_lease(&self, pgid: i64, granted_unix_ms: i64) -> bool {
+        !procfs::group_reused(pgid, granted_unix_ms)
+    }
+
+    fn release(&self, job: &JobRef) -> Result<(), String> {
+        guard(&self.signalled).remove(&job.pgid);
+        if let Some(Container::Step { name, .. } | Container::Job { name, .. }) =
+            job.cgroup.as_deref().and_then(Container::parse)
+        {
+            guard(&self.steps).remove(&name);
+        }
+        Ok(())
+    }
+
+    fn leftovers(&self) -> Vec<(String, JobRef)> {
+        let mut out = Vec::new();
+        for holder in self.holders() {
+            let Ok(steps) = self.cli.steps_of(holder) else {
+                continue;
+            };
+            for (_, name, _) in steps {
+                if name.starts_with("lease-") {
+                    let c = Container::Step {
+                        holder,
+                        name: name.clone(),
+                    };
+                    out.push((
+                        name,
+                        JobRef {
+                            pgid: 0,
+                            cgroup: Some(c.to_path()),
+                        },
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn close(&self) {
+        let holders: Vec<String> = self.holders().iter().map(u64::to_string).collect();
+        if holders.is_empty() {
+            return;
+        }
+        match self.cli.scancel(&holders) {
+            Ok(()) => tracing::info!(jobs = ?holders, "released the Slurm holder jobs"),
+            Err(e) => tracing::warn!(error = %e, "cannot cancel the Slurm holder jobs"),
+        }
+    }
+}
+
+/// The daemon's Slurm backend and its inventory, for `config` (see [`start`]); the holder
+/// jobs are named after the daemon home's store, and every node must see the home, the shared
+/// root, the captures and the harness checkout.
+pub async fn start_for(
+    config: &Config,
+    slurm: &SlurmConfig,
+    store: &Store,
+) -> Result<(SlurmBackend, super::Inventory), LeaseError> {
+    let mut probe = vec![config.home.clone()];
+    probe.extend(slurm.shared_root.clone());
+    probe.extend(
+        [
+            Some(config.captures.clone()),
+            config.fastkernels_dir.clone(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|p| p.exists()),
+    );
+    let params = StartParams {
+        scope: super::cgroup::scope_for(store.path()),
+        env_remove: config.secret_env.clone(),
+        lease_timeout: config.lease_timeout,
+        probe,
+    };
+    let slurm = slurm.clone();
+    tokio::task::spawn_blocking(move || start(&slurm, params))
+        .await
+        .map_err(|e| LeaseError::Slurm(format!("the start-up task failed: {e}")))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containers_round_trip_through_their_journal_text() {
+        for c in [
+            Container::Step {
+                holder: 17,
+                name: "lease-1-2-ab".into(),
+            },
+            Container::Job {
+                node: "gpu-01".into(),
+                gpus: 2,
+                name: "lease-3-4-cd".into(),
+            },
+            Container::Refused { why: "a: b".into() },
+        ] {
+            assert_eq!(Container::parse(&c.to_path()), Some(c));
+        }
+        assert_eq!(Container::parse(Path::new("/sys/fs/cgroup/x")), None);
+    }
+
+    #[test]
+    fn a_slot_is_named_by_node_and_gpu() {
+        let s = SlotGpu {
+            node: "n2".into(),
+            gpu: 3,
+            holder: Some(9),
+        };
+        assert_eq!(s.uuid(), "slurm:n2:gpu3");
+    }
+}

@@ -1,0 +1,196 @@
+//! The Slurm commands as the backend calls them (`sbatch`, `srun`, `squeue`, `scancel`,
+//! `scontrol`, `sinfo`), and the parsers of their `--parsable`/`-o` output.
+//!
+//! Every command gets `SLURM_CONF` from the config (when set) and none of the daemon's secret
+//! variables. Parsers are pure functions, tested on text captured from Slurm 22.05.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// How to run the Slurm commands.
+#[derive(Clone, Debug, Default)]
+pub struct SlurmCli {
+    /// `SLURM_CONF` for every command; `None` keeps Slurm's default.
+    pub conf: Option<PathBuf>,
+    /// Variables removed from every command's environment (the provider token's).
+    pub env_remove: Vec<String>,
+}
+
+impl SlurmCli {
+    /// A command with the cluster's environment.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new(program);
+        for k in &self.env_remove {
+            cmd.env_remove(k);
+        }
+        if let Some(conf) = &self.conf {
+            cmd.env("SLURM_CONF", conf);
+        }
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs `program args…`; its stdout, or an error naming the command and its stderr.
+    pub fn run(&self, program: &str, args: &[String]) -> Result<String, String> {
+        let out = self
+            .command(program)
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run `{program}`: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "`{program} {}` failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
+    /// The running steps of `job`, as `(step id "J.S", step name, node)`.
+    pub fn steps_of(&self, job: u64) -> Result<Vec<(String, String, String)>, String> {
+        let out = self.run(
+            "squeue",
+            &[
+                "-h".into(),
+                "-s".into(),
+                format!("--jobs={job}"),
+                "-o".into(),
+                "%i|%j|%N".into(),
+            ],
+        )?;
+        Ok(parse_rows(&out, 3)
+            .into_iter()
+            .map(|r| (r[0].clone(), r[1].clone(), r[2].clone()))
+            .collect())
+    }
+
+    /// Jobs named `name` of any state squeue still lists, as `(job id, state, node)`.
+    pub fn jobs_named(&self, name: &str) -> Result<Vec<(u64, String, String)>, String> {
+        let out = self.run(
+            "squeue",
+            &[
+                "-h".into(),
+                format!("--name={name}"),
+                "-o".into(),
+                "%i|%T|%N".into(),
+            ],
+        )?;
+        Ok(parse_rows(&out, 3)
+            .into_iter()
+            .filter_map(|r| Some((r[0].parse().ok()?, r[1].clone(), r[2].clone())))
+            .collect())
+    }
+
+    /// `scancel` with `args` (e.g. `--signal=TERM 12.3`); a job or step that is already gone
+    /// is no error.
+    pub fn scancel(&self, args: &[String]) -> Result<(), String> {
+        let mut all = vec!["--quiet".to_string()];
+        all.extend(args.iter().cloned());
+        match self.run("scancel", &all) {
+            Ok(_) => Ok(()),
+            Err(e) if e.contains("Invalid job id") || e.contains("already completing") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `|`-separated rows with at least `fields` fields; blank lines skipped.
+pub fn parse_rows(text: &str, fields: usize) -> Vec<Vec<String>> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split('|').map(str::to_string).collect::<Vec<_>>())
+        .filter(|r| r.len() >= fields)
+        .collect()
+}
+
+/// The node and GPU indices of a one-node job, from `scontrol show job -d` text
+/// (`Nodes=n2 CPU_IDs=2 Mem=0 GRES=gpu:1(IDX:2)`).
+pub fn job_gpus(text: &str) -> Option<(String, Vec<u32>)> {
+    for line in text.lines() {
+        let line = line.trim();
+        let (Some(nodes), Some(gres)) = (field(line, "Nodes="), field(line, "GRES=")) else {
+            continue;
+        };
+        let idx = gres.split("IDX:").nth(1)?.trim_end_matches(')');
+        return Some((nodes.to_string(), parse_index_list(idx)?));
+    }
+    None
+}
+
+/// The value of `key` in a line of space-separated `Key=value` pairs.
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace().find_map(|w| w.strip_prefix(key))
+}
+
+/// `0-2,5` → `[0, 1, 2, 5]`.
+pub fn parse_index_list(text: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.parse::<u32>().ok()?..=b.parse::<u32>().ok()?),
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+/// GPUs per node from `sinfo -h -N -o '%N|%G|%T'` rows (`n1|gpu:4|idle`): `(node, gpus,
+/// state)`.
+pub fn node_gpus(text: &str) -> Vec<(String, u32, String)> {
+    parse_rows(text, 3)
+        .into_iter()
+        .map(|r| {
+            let gpus = r[1]
+                .split(',')
+                .find_map(|g| g.strip_prefix("gpu:"))
+                .map(|g| {
+                    // `gpu:4`, `gpu:h200:8` or `gpu:8(S:0-1)`.
+                    let g = g.split('(').next().unwrap_or(g);
+                    g.rsplit(':').next().unwrap_or(g).parse().unwrap_or(0)
+                })
+                .unwrap_or(0);
+            (r[0].clone(), gpus, r[2].clone())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_holder_jobs_node_and_gpu_are_read_from_scontrol() {
+        let text = "JobId=7 JobName=fk-agentd-hold\n   NumNodes=1 NumCPUs=1\n   JOB_GRES=gpu:1\n     Nodes=n2 CPU_IDs=2 Mem=0 GRES=gpu:1(IDX:2)\n   TresPerNode=gres:gpu:1\n";
+        assert_eq!(job_gpus(text), Some(("n2".into(), vec![2])));
+        assert_eq!(
+            job_gpus("     Nodes=gpu-07 CPU_IDs=0-3 Mem=0 GRES=gpu:h200:3(IDX:0-1,5)"),
+            Some(("gpu-07".into(), vec![0, 1, 5]))
+        );
+        assert_eq!(job_gpus("   JOB_GRES=(null)"), None);
+    }
+
+    #[test]
+    fn sinfo_rows_give_gpus_per_node() {
+        let rows = node_gpus("n1|gpu:4|idle\nn2|gpu:h200:8(S:0-1)|mixed\nn3|(null)|down*\n");
+        assert_eq!(
+            rows,
+            vec![
+                ("n1".into(), 4, "idle".into()),
+                ("n2".into(), 8, "mixed".into()),
+                ("n3".into(), 0, "down*".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn rows_shorter_than_asked_are_dropped() {
+        assert_eq!(
+            parse_rows("7.0|lease-1|n2\n\nbroken\n", 3),
+            vec![vec!["7.0".to_string(), "lease-1".into(), "n2".into()]]
+        );
+    }
+}

@@ -1,0 +1,498 @@
+//! Start-up of the Slurm backend: the cluster is asked what it has, the holder jobs are found
+//! again (after a restart) or submitted, their nodes and GPUs become the inventory, and a probe
+//! step on each node proves it sees the shared paths. Also [`view`], what `fk-agentd gpus` and
+//! `doctor` show without submitting anything.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::cli::{self, SlurmCli};
+use super::{SlotGpu, SlurmBackend};
+use crate::config::{Config, SlurmConfig, SlurmMode, SlurmNodes};
+use crate::gpu::inventory::{GpuInfo, Inventory};
+use crate::gpu::types::LeaseError;
+
+/// What the backend needs besides the `[slurm]` table.
+#[derive(Clone, Debug)]
+pub struct StartParams {
+    /// Distinguishes this daemon home's holder jobs from other daemons' (`cgroup::scope_for`).
+    pub scope: String,
+    /// Secret variables no Slurm command or step gets.
+    pub env_remove: Vec<String>,
+    /// The broker's longest lease: per-lease jobs get this plus slack as `--time`.
+    pub lease_timeout: Duration,
+    /// Paths every node must see (daemon home, shared root, captures, harness copy).
+    pub probe: Vec<PathBuf>,
+}
+
+/// `--partition`, `--account`, `--qos` from the table.
+pub(super) fn placement_args(cfg: &SlurmConfig) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(p) = &cfg.partition {
+        args.push(format!("--partition={p}"));
+    }
+    if let Some(a) = &cfg.account {
+        args.push(format!("--account={a}"));
+    }
+    if let Some(q) = &cfg.qos {
+        args.push(format!("--qos={q}"));
+    }
+    args
+}
+
+/// Whole minutes, rounded up, at least one.
+fn minutes(d: Duration) -> u64 {
+    d.as_secs().div_ceil(60).max(1)
+}
+
+/// The holder name for GPUs on `node` (`None`: any node).
+fn holder_name(prefix: &str, node: Option<&str>) -> String {
+    format!("{prefix}-{}", node.unwrap_or("any"))
+}
+
+/// Brings the backend up (blocking: call off the runtime's workers). See the module doc.
+pub fn start(
+    cfg: &SlurmConfig,
+    params: StartParams,
+) -> Result<(SlurmBackend, Inventory), LeaseError> {
+    let cli = SlurmCli {
+        conf: cfg.conf.clone(),
+        env_remove: params.env_remove.clone(),
+    };
+    let hold_prefix = format!("fk-agentd-{}", params.scope);
+    let nodes = cluster_nodes(&cli, cfg)?;
+    let slots = match cfg.mode {
+        SlurmMode::Allocation => hold(&cli, cfg, &hold_prefix, &nodes)?,
+        SlurmMode::Job => job_slots(cfg, &nodes)?,
+    };
+    let backend = SlurmBackend {
+        cli,
+        cfg: cfg.clone(),
+        slots,
+        hold_prefix,
+        job_minutes: minutes(params.lease_timeout) + 2,
+        steps: Mutex::new(HashMap::new()),
+        signalled: Mutex::new(HashMap::new()),
+    };
+    probe(&backend, &params.probe)?;
+    let gpus = backend
+        .slots
+        .iter()
+        .enumerate()
+        .map(|(i, s)| GpuInfo {
+            index: i as u32,
+            uuid: s.uuid(),
+            name: match s.holder {
+                Some(job) => format!("Slurm {} GPU {} (holder job {job})", s.node, s.gpu),
+                None => format!("Slurm {} GPU slot {}", s.node, s.gpu),
+            },
+            pci_bus_id: None,
+            memory_total_bytes: None,
+            baseline_used_bytes: None,
+        })
+        .collect();
+    tracing::info!(gpus = backend.slots.len(), holders = ?backend.holders(), prefix = %backend.hold_prefix, "Slurm backend ready");
+    Ok((backend, Inventory::slurm(gpus)))
+}
+
+/// `(node, gpus, state)` of the partition's nodes; an error when Slurm does not answer.
+fn cluster_nodes(
+    cli: &SlurmCli,
+    cfg: &SlurmConfig,
+) -> Result<Vec<(String, u32, String)>, LeaseError> {
+    let mut args = vec!["-h".into(), "-N".into(), "-o".into(), "%N|%G|%T".into()];
+    if let Some(p) = &cfg.partition {
+        args.push(format!("--partition={p}"));
+    }
+    let out = cli
+        .run("sinfo", &args)
+        .map_err(|e| LeaseError::Slurm(format!("cannot reach the cluster: {e}")))?;
+    let nodes = cli::node_gpus(&out);
+    if nodes.is_empty() {
+        return Err(LeaseError::Slurm(format!(
+            "sinfo lists no nodes (partition {})",
+            cfg.partition.as_deref().unwrap_or("default")
+        )));
+    }
+    if let SlurmNodes::Names(names) = &cfg.nodes {
+        for n in names {
+            match nodes.iter().find(|(name, ..)| name == n) {
+                None => {
+                    return Err(LeaseError::Slurm(format!(
+                        "slurm.nodes names `{n}`, which sinfo does not list in the partition"
+                    )));
+                }
+                Some((_, gpus, _)) if *gpus < cfg.gpus_per_node => {
+                    return Err(LeaseError::Slurm(format!(
+                        "node `{n}` has {gpus} GPU(s) (gres), fewer than slurm.gpus_per_node = {}",
+                        cfg.gpus_per_node
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(nodes)
+}
+
+/// Job mode: every GPU of the named nodes is a slot; Slurm picks the device per lease.
+fn job_slots(
+    cfg: &SlurmConfig,
+    _nodes: &[(String, u32, String)],
+) -> Result<Vec<SlotGpu>, LeaseError> {
+    let SlurmNodes::Names(names) = &cfg.nodes else {
+        return Err(LeaseError::Slurm(
+            "slurm.mode = \"job\" needs slurm.nodes as node names".into(),
+        ));
+    };
+    Ok(names
+        .iter()
+        .flat_map(|n| {
+            (0..cfg.gpus_per_node).map(move |g| SlotGpu {
+                node: n.clone(),
+                gpu: g,
+                holder: None,
+            })
+        })
+        .collect())
+}
+
+/// Allocation mode: finds this home's holder jobs, submits the missing ones, waits until all
+/// run, and reads each one's node and GPU.
+fn hold(
+    cli: &SlurmCli,
+    cfg: &SlurmConfig,
+    prefix: &str,
+    _nodes: &[(String, u32, String)],
+) -> Result<Vec<SlotGpu>, LeaseError> {
+    let wanted: Vec<(Option<String>, u32)> = match &cfg.nodes {
+        SlurmNodes::Names(names) => names
+            .iter()
+            .map(|n| (Some(n.clone()), cfg.gpus_per_node))
+            .collect(),
+        SlurmNodes::Count(c) => vec![(None, c * cfg.gpus_per_node)],
+    };
+    let slurm = |e: String| LeaseError::Slurm(e);
+    let mut jobs: Vec<u64> = Vec::new();
+    let mut submitted = Vec::new();
+    for (node, count) in &wanted {
+        let name = holder_name(prefix, node.as_deref());
+        let mut found: Vec<u64> = cli
+            .jobs_named(&name)
+            .map_err(slurm)?
+            .into_iter()
+            .filter(|(_, state, _)| matches!(state.as_str(), "RUNNING" | "PENDING" | "CONFIGURING"))
+            .map(|(id, ..)| id)
+            .collect();
+        found.sort_unstable();
+        if found.len() > *count as usize {
+            // More than wanted (the table shrank): the newest go.
+            let extra: Vec<String> = found
+                .split_off(*count as usize)
+                .iter()
+                .map(u64::to_string)
+                .collect();
+            cli.scancel(&extra).map_err(slurm)?;
+        }
+        if !found.is_empty() {
+            tracing::info!(jobs = ?found, name, "found this daemon's Slurm holder jobs");
+        }
+        for _ in found.len()..*count as usize {
+            let id = submit(cli, cfg, &name, node.as_deref()).map_err(slurm)?;
+            submitted.push(id);
+            found.push(id);
+        }
+        jobs.extend(found);
+    }
+    if let Err(e) = wait_running(cli, &jobs, cfg.start_timeout) {
+        let ids: Vec<String> = submitted.iter().map(u64::to_string).collect();
+        let _ = cli.scancel(&ids);
+        return Err(LeaseError::Slurm(e));
+    }
+    let mut slots = Vec::new();
+    for job in jobs {
+        let text = cli
+            .run(
+                "scontrol",
+                &["show".into(), "job".into(), "-d".into(), job.to_string()],
+            )
+            .map_err(slurm)?;
+        let Some((node, gpus)) = cli::job_gpus(&text) else {
+            return Err(LeaseError::Slurm(format!(
+                "holder job {job} holds no GPU Slurm can name (no `GRES=gpu:1(IDX:…)` in scontrol)"
+            )));
+        };
+        let [gpu] = gpus.as_slice() else {
+            return Err(LeaseError::Slurm(format!(
+                "holder job {job} holds GPUs {gpus:?}; expected exactly one"
+            )));
+        };
+        slots.push(SlotGpu {
+            node,
+            gpu: *gpu,
+            holder: Some(job),
+        });
+    }
+    slots.sort_by(|a, b| (&a.node, a.gpu).cmp(&(&b.node, b.gpu)));
+    if let Some(w) = slots
+        .windows(2)
+        .find(|w| w[0].node == w[1].node && w[0].gpu == w[1].gpu)
+    {
+        return Err(LeaseError::Slurm(format!(
+            "two holder jobs report GPU {} of {}",
+            w[0].gpu, w[0].node
+        )));
+    }
+    Ok(slots)
+}
+
+fn submit(
+    cli: &SlurmCli,
+    cfg: &SlurmConfig,
+    name: &str,
+    node: Option<&str>,
+) -> Result<u64, String> {
+    let mut args = vec![
+        "--parsable".to_string(),
+        format!("--job-name={name}"),
+        "--nodes=1".into(),
+        "--ntasks=1".into(),
+        "--gres=gpu:1".into(),
+        format!("--time={}", minutes(cfg.hold_time)),
+        "--output=/dev/null".into(),
+        "--error=/dev/null".into(),
+        "--export=NONE".into(),
+    ];
+    if let Some(n) = node {
+        args.push(format!("--nodelist={n}"));
+    }
+    args.extend(placement_args(cfg));
+    args.extend(cfg.sbatch_args.iter().cloned());
+    args.push("--wrap=exec sleep infinity".into());
+    let out = cli.run("sbatch", &args)?;
+    // `--parsable` prints `id` or `id;cluster`.
+    let id = out.trim().split(';').next().unwrap_or("");
+    id.parse()
+        .map_err(|_| format!("sbatch --parsable printed `{}`, not a job id", out.trim()))
+}
+
+fn wait_running(cli: &SlurmCli, jobs: &[u64], timeout: Duration) -> Result<(), String> {
+    let ids = jobs
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let until = Instant::now() + timeout;
+    loop {
+        let out = cli.run(
+            "squeue",
+            &[
+                "-h".into(),
+                format!("--jobs={ids}"),
+                "-o".into(),
+                "%i|%T|%r".into(),
+            ],
+        )?;
+        let rows = cli::parse_rows(&out, 3);
+        let waiting: Vec<String> = rows
+            .iter()
+            .filter(|r| r[1] != "RUNNING")
+            .map(|r| format!("{} {} ({})", r[0], r[1], r[2]))
+            .collect();
+        if waiting.is_empty() && rows.len() == jobs.len() {
+            return Ok(());
+        }
+        if rows.len() < jobs.len() {
+            return Err(format!(
+                "holder jobs ended before running (asked for {ids}; squeue lists {})",
+                rows.len()
+            ));
+        }
+        if Instant::now() >= until {
+            return Err(format!(
+                "holder jobs not running after {}: {}",
+                crate::config::format_duration(timeout),
+                waiting.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A step on each node checks that every path in `paths` exists there.
+fn probe(backend: &SlurmBackend, paths: &[PathBuf]) -> Result<(), LeaseError> {
+    if paths.is_empty() {
+        return Ok(());
+    }
+    let mut per_node: BTreeMap<&str, &SlotGpu> = BTreeMap::new();
+    for s in &backend.slots {
+        per_node.entry(s.node.as_str()).or_insert(s);
+    }
+    let script = "for p; do [ -e \"$p\" ] || { echo \"$p\"; exit 3; }; done";
+    for (node, slot) in per_node {
+        let mut args = match slot.holder {
+            Some(h) => vec![format!("--jobid={h}"), "--overlap".into()],
+            None => {
+                let mut a = vec![format!("--nodelist={node}"), "--time=1".into()];
+                a.extend(placement_args(&backend.cfg));
+                a
+            }
+        };
+        args.extend(
+            [
+                "--nodes=1",
+                "--ntasks=1",
+                "--quiet",
+                "--job-name=fk-agentd-probe",
+                "sh",
+                "-c",
+                script,
+                "probe",
+            ]
+            .map(String::from),
+        );
+        args.extend(paths.iter().map(|p| p.display().to_string()));
+        let out = backend
+            .cli
+            .command("srun")
+            .args(&args)
+            .output()
+            .map_err(|e| LeaseError::Slurm(format!("cannot run srun: {e}")))?;
+        if !out.status.success() {
+            let missing = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let why = if missing.is_empty() {
+                String::from_utf8_lossy(&out.stderr).trim().to_string()
+            } else {
+                format!("it does not see `{missing}`")
+            };
+            return Err(LeaseError::Slurm(format!(
+                "the shared-filesystem probe on node {node} failed: {why} (the daemon home, slurm.shared_root, the captures and the harness copy must be on a filesystem every node mounts)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// One node as `gpus`/`doctor` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeView {
+    pub name: String,
+    pub gpus: u32,
+    pub state: String,
+    /// Holder jobs of this daemon home on the node.
+    pub held: u32,
+}
+
+/// The cluster as this daemon home sees it, read without submitting anything.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SlurmView {
+    pub partition: Option<String>,
+    pub mode: SlurmMode,
+    pub nodes: Vec<NodeView>,
+    /// `(job id, state, node)` of this home's holder jobs.
+    pub holders: Vec<(u64, String, String)>,
+}
+
+/// Reads the partition's nodes and this home's holder jobs.
+pub fn view(
+    cfg: &SlurmConfig,
+    scope: &str,
+    env_remove: &[String],
+) -> Result<SlurmView, LeaseError> {
+    let cli = SlurmCli {
+        conf: cfg.conf.clone(),
+        env_remove: env_remove.to_vec(),
+    };
+    let prefix = format!("fk-agentd-{scope}");
+    let nodes = cluster_nodes(&cli, cfg)?;
+    let names: Vec<Option<String>> = match &cfg.nodes {
+        SlurmNodes::Names(n) => n.iter().cloned().map(Some).collect(),
+        SlurmNodes::Count(_) => vec![None],
+    };
+    let mut holders = Vec::new();
+    for n in names {
+        holders.extend(
+            cli.jobs_named(&holder_name(&prefix, n.as_deref()))
+                .map_err(LeaseError::Slurm)?,
+        );
+    }
+    let nodes = nodes
+        .into_iter()
+        .map(|(name, gpus, state)| NodeView {
+            held: holders.iter().filter(|(_, _, n)| *n == name).count() as u32,
+            name,
+            gpus,
+            state,
+        })
+        .collect();
+    Ok(SlurmView {
+        partition: cfg.partition.clone(),
+        mode: cfg.mode,
+        nodes,
+        holders,
+    })
+}
+
+/// The Slurm programs the backend calls.
+const PROGRAMS: [&str; 6] = ["sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo"];
+
+/// What `fk-agentd gpus` (without a daemon) and `doctor` show for a Slurm config: the
+/// programs, the partition's nodes and GPUs, and this home's holder jobs (the allocation).
+/// Submits nothing. Returns the GPUs the table asks to hold and the text; an error when a
+/// program is missing, the cluster does not answer, or a named node lacks GPUs.
+pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String), LeaseError> {
+    use std::fmt::Write;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let missing: Vec<&str> = PROGRAMS
+        .into_iter()
+        .filter(|p| !std::env::split_paths(&path).any(|d| d.join(p).is_file()))
+        .collect();
+    if !missing.is_empty() {
+        return Err(LeaseError::Slurm(format!(
+            "missing Slurm command(s) on PATH: {}",
+            missing.join(", ")
+        )));
+    }
+    let scope = crate::gpu::cgroup::scope_for(&config.home.join("fk-agentd.db"));
+    let v = view(slurm, &scope, &config.secret_env)?;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Slurm backend: partition {}, {} mode, {} GPU(s) per node",
+        v.partition.as_deref().unwrap_or("(default)"),
+        v.mode.as_str(),
+        slurm.gpus_per_node
+    );
+    let _ = writeln!(out, "{:<16} {:>5} {:>5}  state", "node", "gpus", "held");
+    for n in &v.nodes {
+        let _ = writeln!(
+            out,
+            "{:<16} {:>5} {:>5}  {}",
+            n.name, n.gpus, n.held, n.state
+        );
+    }
+    let _ = match v.holders.len() {
+        0 => writeln!(
+            out,
+            "allocation: none held (the daemon submits it at start)"
+        ),
+        n => writeln!(
+            out,
+            "allocation: {n} holder job(s): {}",
+            v.holders
+                .iter()
+                .map(|(id, state, node)| format!("{id} {state} {node}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let wanted = match &slurm.nodes {
+        crate::config::SlurmNodes::Names(n) => n.len(),
+        crate::config::SlurmNodes::Count(c) => *c as usize,
+    } * slurm.gpus_per_node as usize;
+    Ok((wanted, out))
+}

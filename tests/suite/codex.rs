@@ -1,0 +1,539 @@
+//! The codex backend with the real, pinned codex binary (installed by `tests/codex/install.sh`)
+//! against the project's scripted Responses server on loopback: codex runs shell commands,
+//! calls `fk-agentd tool validate` (fake GPU, simulated bench) and `fk-agentd tool finish`,
+//! and the session reads like a native one. The server refuses what Cortex refuses (a hosted
+//! tool, a `:` in the model id, `store` other than false), so a finished session shows codex
+//! sent none of them.
+//!
+//! Without the binary these tests print why and pass; with `FK_AGENTD_REQUIRE_CODEX=1` (CI)
+//! they fail instead.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use fk_agentd::agent::codex::home::PROVIDER_TOKEN_ENV;
+use fk_agentd::config::{Config, Env, Flags};
+use fk_agentd::daemon::{self, DaemonParams, RunnerSource};
+use fk_agentd::gpu::LeaseClass;
+use fk_agentd::llm::{LlmClient, TokenProvider};
+use fk_agentd::score::lease::LeaseLauncher;
+use fk_agentd::sim::campaign::{SimParams, sim_provider};
+use fk_agentd::sim::server::SIM_TOKEN;
+use fk_agentd::store::Event;
+use fk_agentd::target::Catalog;
+use serde_json::Value;
+
+/// Where `tests/codex/install.sh` puts the binary (beside the build's `target/<profile>/`).
+fn codex_binary() -> Option<PathBuf> {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_fk-agentd"));
+    let bin = exe.parent()?.join("../codex/node_modules/.bin/codex");
+    if bin.is_file() {
+        return Some(bin);
+    }
+    let why = format!(
+        "codex {} is not installed at {} (run tests/codex/install.sh)",
+        fk_agentd::agent::codex::CODEX_VERSION,
+        bin.display()
+    );
+    if std::env::var("FK_AGENTD_REQUIRE_CODEX").is_ok_and(|v| v == "1") {
+        panic!("FK_AGENTD_REQUIRE_CODEX=1: {why}");
+    }
+    eprintln!("skipped: {why}");
+    None
+}
+
+fn fk(home: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
+    cmd.arg("--home").arg(home).env_remove("FK_AGENTD_CONFIG");
+    cmd
+}
+
+fn json_of(out: &[u8]) -> Value {
+    serde_json::from_slice(out).unwrap_or_else(|e| {
+        panic!("not JSON ({e}): {}", String::from_utf8_lossy(out));
+    })
+}
+
+fn events_of(home: &Path, target: &str) -> Vec<Event> {
+    let store = daemon::open_store(home).unwrap();
+    let run = store.runs().unwrap().remove(0).id;
+    store.events(&run, Some(target), 0).unwrap()
+}
+
+#[test]
+fn codex_runs_a_shell_command_then_validate_then_finish_through_fk_agentd() {
+    if codex_binary().is_none() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let out = fk(home.path())
+        .args([
+            "start",
+            "--sim",
+            "--agent-backend",
+            "codex",
+            "--targets",
+            "L1/gelu",
+        ])
+        .timeout(Duration::from_secs(300))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let sessions = fk(home.path())
+        .args(["sessions", "--json"])
+        .output()
+        .unwrap();
+    let sessions = json_of(&sessions.stdout);
+    let row = sessions["sessions"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["target"] == "L1/gelu"))
+        .unwrap_or_else(|| panic!("no L1/gelu row: {sessions}"))
+        .clone();
+    assert_eq!(row["state"], "finished", "{row}");
+    assert!(row["detail"]["tokens"].as_u64().unwrap_or(0) > 0, "{row}");
+    assert!(row["detail"]["turns"].as_u64().unwrap_or(0) >= 4, "{row}");
+
+    let events = events_of(home.path(), "L1/gelu");
+    let calls: Vec<(String, String)> = events
+        .iter()
+        .filter(|e| e.kind == "tool_started")
+        .map(|e| {
+            (
+                e.payload["name"].as_str().unwrap_or("").to_string(),
+                e.payload["arguments"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    // The tools run inside the shell commands that call them, so only the order within each
+    // kind is fixed: four commands, and the native tools they reached.
+    let tools: Vec<&str> = calls
+        .iter()
+        .map(|(n, _)| n.as_str())
+        .filter(|n| *n != "shell")
+        .collect();
+    assert_eq!(tools, vec!["validate", "finish"], "{calls:?}");
+    let commands: Vec<&str> = calls
+        .iter()
+        .filter(|(n, _)| n == "shell")
+        .map(|(_, a)| a.as_str())
+        .collect();
+    let expected = [
+        "env | sort",
+        "cat > candidate/L1/gelu.py",
+        "fk-agentd tool validate",
+        "fk-agentd tool finish",
+    ];
+    assert_eq!(commands.len(), expected.len(), "{commands:?}");
+    for (cmd, want) in commands.iter().zip(expected) {
+        assert!(cmd.contains(want), "{cmd} should run {want}");
+    }
+    assert!(events.iter().any(|e| e.kind == "validation"));
+    // Usage is recorded after every model request (from codex's rollout file), not only at
+    // the end of codex's turn.
+    let per_request = events
+        .iter()
+        .filter(|e| e.kind == "turn_finished" && e.payload["usage_from"] == "request")
+        .count();
+    assert!(per_request >= 4, "{per_request} requests with usage");
+    let start = events.iter().find(|e| e.kind == "session_started").unwrap();
+    assert_eq!(start.payload["backend"], "codex");
+
+    // The first command printed the shell's environment: the session's own variables are
+    // there, the provider token (and the variable that carries it to codex) is not.
+    let env_output = events
+        .iter()
+        .find(|e| e.kind == "tool_finished" && e.payload["name"] == "shell")
+        .and_then(|e| e.payload["output"].as_str())
+        .unwrap()
+        .to_string();
+    assert!(
+        env_output.contains("FK_AGENTD_TOOL_SOCKET="),
+        "{env_output}"
+    );
+    assert!(
+        env_output.contains("FK_AGENTD_LEASE_TOKEN="),
+        "{env_output}"
+    );
+    for secret in [SIM_TOKEN, PROVIDER_TOKEN_ENV, "[REDACTED]"] {
+        assert!(
+            !env_output.contains(secret),
+            "the shell saw {secret}: {env_output}"
+        );
+    }
+    // Nothing was refused by the (Cortex-like) server.
+    let errors: Vec<&Event> = events.iter().filter(|e| e.kind == "codex_error").collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    let config = events.iter().find(|e| e.kind == "codex_config").unwrap();
+    let config = config.payload["config_toml"].as_str().unwrap();
+    assert!(config.contains("web_search = \"disabled\""), "{config}");
+    assert!(config.contains("wire_api = \"responses\""), "{config}");
+
+    let view = fk(home.path())
+        .args(["session", "L1/gelu"])
+        .output()
+        .unwrap();
+    let view = String::from_utf8_lossy(&view.stdout);
+    assert!(view.contains("validate #1"), "{view}");
+    assert!(view.contains("finished: the agent called finish"), "{view}");
+}
+
+#[test]
+fn the_simulated_campaign_with_the_codex_backend_finishes_over_l1_labelled_simulated() {
+    if codex_binary().is_none() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let out = fk(home.path())
+        .args([
+            "start",
+            "--sim",
+            "--agent-backend",
+            "codex",
+            "--targets",
+            "L1",
+        ])
+        .timeout(Duration::from_secs(600))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("SIMULATED RUN: "), "{stdout}");
+    assert!(stdout.contains("status    PASS"), "{stdout}");
+    let manifest = fk(home.path())
+        .args(["manifest", "--json"])
+        .output()
+        .unwrap();
+    let manifest = String::from_utf8_lossy(&manifest.stdout);
+    for fact in ["agent.backend", "agent.codex_version", "agent.codex_config"] {
+        assert!(manifest.contains(fact), "{fact} missing from the manifest");
+    }
+}
+
+#[test]
+fn an_unknown_backend_is_refused_naming_the_field_and_value() {
+    let home = tempfile::tempdir().unwrap();
+    let out = fk(home.path())
+        .args([
+            "start",
+            "--sim",
+            "--agent-backend",
+            "claude",
+            "--targets",
+            "L1/gelu",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent.backend") && err.contains("claude"),
+        "{err}"
+    );
+}
+
+/// A session whose token the provider refuses: codex is ended at the first 401, the session
+/// fails for the infrastructure's sake, and `resume` (with the token file fixed, read again
+/// before the session) finishes it, continuing the same codex thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_ends_the_codex_process_and_the_session_resumes_with_the_token_read_again() {
+    let Some(codex) = codex_binary() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let flags = Flags {
+        home: Some(home.path().to_path_buf()),
+        targets: Some("L1/gelu".into()),
+        agent_backend: Some("codex".into()),
+        sim: true,
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
+    cfg.agent.codex = Some(codex);
+    let token_file = home.path().join("token");
+    std::fs::write(&token_file, "not-the-token\n").unwrap();
+    let params = SimParams {
+        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
+        seed: 7,
+        max_think: Duration::from_millis(10),
+        chaos: Default::default(),
+    };
+    let server = fk_agentd::sim::campaign::start_server(&params)
+        .await
+        .unwrap();
+    let source = |cfg: Config| {
+        let (base, params, token_file) =
+            (server.base_url.clone(), params.clone(), token_file.clone());
+        RunnerSource::WithBroker(Box::new(move |broker| {
+            Box::pin(async move {
+                let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
+                let mut parts = fk_agentd::sim::campaign::runner_params(
+                    &cfg,
+                    &Catalog::embedded(),
+                    &base,
+                    &params,
+                    launcher,
+                    None,
+                )
+                .await?;
+                let token = TokenProvider::file(token_file);
+                parts.llm = Arc::new(LlmClient::new(sim_provider(&base), token)?);
+                fk_agentd::agent::codex::runner_for(&cfg, parts).await
+            })
+        }))
+    };
+    let run = |cfg: Config, resume: Option<String>| async {
+        let params = DaemonParams {
+            config: cfg.clone(),
+            runner: source(cfg),
+            drain_deadline: Duration::from_secs(30),
+            resume,
+            facts: None,
+        };
+        daemon::run_campaign(params, std::future::pending::<()>())
+            .await
+            .unwrap()
+    };
+    let first = run(cfg.clone(), None).await;
+    assert_eq!(first.status, "FAIL", "{first:?}");
+    let events = events_of(home.path(), "L1/gelu");
+    let end = events
+        .iter()
+        .find(|e| e.kind == "session_finished")
+        .unwrap();
+    assert_eq!(end.payload["infra"], true, "{}", end.payload);
+    assert!(
+        end.payload["reason"].as_str().unwrap().contains("401"),
+        "{}",
+        end.payload
+    );
+
+    std::fs::write(&token_file, format!("{SIM_TOKEN}\n")).unwrap();
+    let second = run(cfg, Some(first.run_id.clone())).await;
+    server.shutdown().await;
+    assert_eq!(second.status, "PASS", "{second:?}");
+    let events = events_of(home.path(), "L1/gelu");
+    let reloads = events.iter().filter(|e| e.kind == "token_reloaded").count();
+    assert_eq!(
+        reloads, 2,
+        "the token is read before each start of the session"
+    );
+    let threads: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == "codex_thread")
+        .filter_map(|e| e.payload["thread_id"].as_str())
+        .collect();
+    assert!(
+        threads.len() >= 2 && threads.iter().all(|t| *t == threads[0]),
+        "{threads:?}"
+    );
+}
+
+#[test]
+fn a_missing_codex_binary_in_the_config_is_refused_naming_the_field_and_value() {
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join("fk-agentd.toml");
+    std::fs::write(
+        &config,
+        "[agent]\nbackend = \"codex\"\ncodex = \"no-such-codex\"\n",
+    )
+    .unwrap();
+    let out = fk(home.path())
+        .args(["start", "--sim", "--targets", "L1/gelu", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("agent.codex") && err.contains("no-such-codex"),
+        "{err}"
+    );
+}
+
+/// The same targets run by both backends, each scored, then compared side by side: each run
+/// is named with its backend, and every target has both runs' speedup, tokens and wall time.
+#[test]
+fn compare_shows_two_backends_side_by_side() {
+    if codex_binary().is_none() {
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let targets = "L1/gelu,L2/ada_layer_norm";
+    let mut runs = Vec::new();
+    for backend in ["native", "codex"] {
+        let out = fk(home.path())
+            .args([
+                "start",
+                "--sim",
+                "--agent-backend",
+                backend,
+                "--targets",
+                targets,
+            ])
+            .timeout(Duration::from_secs(300))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let store = daemon::open_store(home.path()).unwrap();
+        let run = store.runs().unwrap().remove(0).id;
+        let score = fk(home.path())
+            .args(["score", "--run", &run])
+            .output()
+            .unwrap();
+        assert!(
+            score.status.success(),
+            "{}",
+            String::from_utf8_lossy(&score.stderr)
+        );
+        runs.push(run);
+    }
+    let out = fk(home.path())
+        .args(["compare", &runs[0], &runs[1]])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("SIMULATED RUN"), "{text}");
+    assert!(text.contains(&format!("A  {} [native]", runs[0])), "{text}");
+    assert!(text.contains(&format!("B  {} [codex]", runs[1])), "{text}");
+    let json = fk(home.path())
+        .args(["compare", &runs[0], &runs[1], "--json"])
+        .output()
+        .unwrap();
+    let c = json_of(&json.stdout);
+    assert_eq!(c["a"]["backend"], "native");
+    assert_eq!(c["b"]["backend"], "codex");
+    let rows = c["targets"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{c}");
+    for r in rows {
+        assert!(
+            r["a_tokens"].as_u64().unwrap() > 0 && r["b_tokens"].as_u64().unwrap() > 0,
+            "{r}"
+        );
+        assert!(r["a_wall_s"].is_u64() && r["b_wall_s"].is_u64(), "{r}");
+    }
+    assert!(c["a"]["spent"]["tokens"].as_u64().unwrap() > 0, "{c}");
+}
+
+/// A session that outlives its timeout: the scheduler ends it and the codex process group dies
+/// with it (the scripted server thinks far longer than the timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_codex_session_leaves_no_codex_process_behind() {
+    let Some(codex) = codex_binary() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let flags = Flags {
+        home: Some(home.path().to_path_buf()),
+        targets: Some("L1/gelu".into()),
+        agent_backend: Some("codex".into()),
+        session_timeout: Some("3s".into()),
+        lease_timeout: Some("1s".into()),
+        sim: true,
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
+    cfg.agent.codex = Some(codex);
+    let params = SimParams {
+        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
+        seed: 7,
+        max_think: Duration::from_secs(60),
+        chaos: Default::default(),
+    };
+    let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
+        .await
+        .unwrap();
+    let report = daemon::run_campaign(
+        DaemonParams {
+            config: cfg,
+            runner,
+            drain_deadline: Duration::from_secs(30),
+            resume: None,
+            facts: None,
+        },
+        std::future::pending::<()>(),
+    )
+    .await
+    .unwrap();
+    server.shutdown().await;
+    assert_eq!(report.status, "FAIL", "{report:?}");
+    let events = events_of(home.path(), "L1/gelu");
+    let finished = events.iter().find(|e| e.kind == "task_finished").unwrap();
+    assert_eq!(
+        finished.payload["status"], "TIMEOUT",
+        "{}",
+        finished.payload
+    );
+    let pid = events
+        .iter()
+        .find(|e| e.kind == "codex_started")
+        .and_then(|e| e.payload["pid"].as_u64())
+        .expect("codex was started");
+    // SIGKILL went to the group when the session was dropped; the kernel may take a moment
+    // to reap it. A live (not zombie) process after 10 s is a leak.
+    let alive = |pid: u64| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while alive(pid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !alive(pid),
+        "codex (pid {pid}) outlived its timed-out session"
+    );
+}
+
+#[test]
+fn doctor_reports_the_pinned_codex_and_the_one_it_found() {
+    let home = tempfile::tempdir().unwrap();
+    let out = fk(home.path())
+        .args(["doctor", "--json", "--targets", "L1/gelu"])
+        .output()
+        .unwrap();
+    let report = json_of(&out.stdout);
+    let codex = &report["codex"];
+    assert_eq!(
+        codex["pinned"],
+        fk_agentd::agent::codex::CODEX_VERSION,
+        "{codex}"
+    );
+    assert_eq!(codex["needed"], false, "{codex}");
+    if codex_binary().is_some() {
+        assert_eq!(
+            codex["version"],
+            fk_agentd::agent::codex::CODEX_VERSION,
+            "{codex}"
+        );
+        assert!(codex["error"].is_null(), "{codex}");
+    }
+}

@@ -1,0 +1,471 @@
+//! The Slurm lease backend against a real test cluster (`tests/slurm/cluster.sh`): munge,
+//! slurmctld and two slurmd nodes (n1, n2) of 4 fake GPUs each, on this host.
+//!
+//! The cluster is the one in `FK_AGENTD_SLURM_DIR` when set (`.ci/run` starts it there), else
+//! one these tests start under the temp dir and leave up for the next run (stop it with
+//! `tests/slurm/cluster.sh down DIR`). When it cannot start (no Slurm packages, not root) each
+//! test prints why and returns, unless `FK_AGENTD_REQUIRE_SLURM=1`, where that is a failure.
+//! The tests share the cluster's 8 GPUs, so they run one at a time. Real processes and real
+//! Slurm cannot use paused time: deadlines here are seconds long.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use fk_agentd::config::{Config, Env, Flags};
+use fk_agentd::gpu::{Broker, BrokerParams, Containment, KilledReason, LeaseClass, LeaseOutcome};
+use fk_agentd::store::Store;
+use pretty_assertions::assert_eq;
+use tokio_util::sync::CancellationToken;
+
+use super::gpu::{req, sh};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The test cluster's folder, started if needed; `None` (with the reason printed) when it
+/// cannot start and Slurm is not required.
+fn cluster() -> Option<PathBuf> {
+    static UP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let up = UP.get_or_init(|| {
+        let dir = std::env::var_os("FK_AGENTD_SLURM_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| std::env::temp_dir().join("fk-agentd-slurm-cluster"));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/slurm/cluster.sh");
+        let out = Command::new(&script)
+            .arg("up")
+            .arg(&dir)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        if out.status.success() {
+            Ok(dir)
+        } else {
+            Err(format!(
+                "{} up {} exited {}: {}",
+                script.display(),
+                dir.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    });
+    match up {
+        Ok(dir) => Some(dir.clone()),
+        Err(why) if std::env::var("FK_AGENTD_REQUIRE_SLURM").is_ok_and(|v| v == "1") => {
+            panic!("FK_AGENTD_REQUIRE_SLURM=1 but the Slurm test cluster cannot start: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: the Slurm test cluster cannot start: {why}");
+            None
+        }
+    }
+}
+
+/// A Slurm command against the test cluster; its stdout.
+fn slurm(cluster: &Path, program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .env("SLURM_CONF", cluster.join("slurm.conf"))
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(out.status.success(), "{program} {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Cancels every fk-agentd holder job on the cluster when made and when dropped, so that a
+/// test that fails midway (or a killed earlier run) leaves no GPU held for the next one.
+struct Holders(PathBuf);
+
+impl Holders {
+    fn cleared(cluster: &Path) -> Self {
+        let h = Self(cluster.to_path_buf());
+        h.cancel();
+        h
+    }
+
+    fn cancel(&self) {
+        let ids: Vec<String> = slurm(&self.0, "squeue", &["-h", "-o", "%i|%j"])
+            .lines()
+            .filter(|l| l.contains("|fk-agentd-"))
+            .filter_map(|l| l.split('|').next().map(str::to_string))
+            .collect();
+        if !ids.is_empty() {
+            let _ = Command::new("scancel")
+                .args(&ids)
+                .env("SLURM_CONF", self.0.join("slurm.conf"))
+                .status();
+        }
+    }
+}
+
+impl Drop for Holders {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+fn config(cluster: &Path, home: &Path) -> Config {
+    let flags = Flags {
+        home: Some(home.to_path_buf()),
+        config: Some(cluster.join("fk-agentd.toml")),
+        lease_timeout: Some("5m".into()),
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    Config::load(&flags, &env, &fk_agentd::target::Catalog::embedded()).expect("config")
+}
+
+struct Rig {
+    dir: tempfile::TempDir,
+    broker: Broker,
+}
+
+/// A broker on the Slurm backend, as `Broker::start` builds it, with a short grace.
+async fn rig(cluster: &Path, grace: Duration) -> Rig {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = rig_in(cluster, dir.path(), grace).await;
+    Rig { dir, broker }
+}
+
+/// A broker on the Slurm backend with its home (store, spool) in `dir`.
+async fn rig_in(cluster: &Path, dir: &Path, grace: Duration) -> Broker {
+    let config = config(cluster, dir);
+    let store = Store::open(&dir.join("fk-agentd.db")).expect("store");
+    let slurm = config.slurm.clone().expect("a [slurm] table");
+    let (backend, inventory) = fk_agentd::gpu::slurm::start_for(&config, &slurm, &store)
+        .await
+        .expect("the Slurm backend starts");
+    let mut params = BrokerParams::from_config(&config);
+    params.grace = grace;
+    params.session_limits = None;
+    params.spool_dir = dir.join("leases");
+    Broker::with_backend(inventory, params, store, std::sync::Arc::new(backend))
+}
+
+/// Per GPU, the journal's `(granted, finished)` spans, in Unix ms.
+fn journal_spans(db: &Path) -> BTreeMap<String, Vec<(i128, i128)>> {
+    let conn = rusqlite::Connection::open(db).expect("db");
+    let mut stmt = conn
+        .prepare("SELECT gpus, granted_at, finished_at FROM leases")
+        .expect("query");
+    let ms = |t: &str| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .expect("rfc3339")
+            .unix_timestamp_nanos()
+            / 1_000_000
+    };
+    let mut spans: BTreeMap<String, Vec<(i128, i128)>> = BTreeMap::new();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+            ))
+        })
+        .expect("rows");
+    for row in rows {
+        let (gpus, granted, finished) = row.expect("row");
+        let finished = finished.expect("every lease finished");
+        for g in serde_json::from_str::<Vec<String>>(&gpus).expect("gpus") {
+            spans
+                .entry(g)
+                .or_default()
+                .push((ms(&granted), ms(&finished)));
+        }
+    }
+    spans
+}
+
+/// Asserts that no two journaled leases held one GPU at once; returns the GPUs used.
+fn assert_no_double_booking(db: &Path) -> BTreeSet<String> {
+    let spans = journal_spans(db);
+    for (gpu, spans) in &spans {
+        let mut spans = spans.clone();
+        spans.sort();
+        for w in spans.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "{gpu} double-booked: {:?} overlaps {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+    spans.into_keys().collect()
+}
+
+/// The node of a `slurm:<node>:gpu<i>` GPU id.
+fn node_of(uuid: &str) -> &str {
+    uuid.split(':').nth(1).expect("slurm:<node>:gpu<i>")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_run_as_steps_on_both_nodes_with_no_gpu_double_booked() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let rig = rig(&cluster, Duration::from_secs(2)).await;
+    let dir = rig.dir.path().to_path_buf();
+    // 12 requesters contend for 8 GPUs; each step reports where Slurm ran it.
+    let script = "echo \"$SLURM_JOB_ID.$SLURM_STEP_ID $SLURMD_NODENAME $SLURM_STEP_GPUS $CUDA_VISIBLE_DEVICES\"; sleep 1";
+    let mut runs = Vec::new();
+    for i in 0..12 {
+        let (b, d) = (rig.broker.clone(), dir.clone());
+        runs.push(tokio::spawn(async move {
+            b.run(
+                req(
+                    &format!("s{i}"),
+                    LeaseClass::Validate,
+                    1,
+                    Duration::from_secs(60),
+                ),
+                sh(&d, &format!("step{i}"), script),
+                &CancellationToken::new(),
+            )
+            .await
+        }));
+    }
+    let mut outcomes: Vec<LeaseOutcome> = Vec::new();
+    for r in runs {
+        outcomes.push(r.await.expect("join").expect("outcome"));
+    }
+    let holders: BTreeSet<String> = slurm(&cluster, "squeue", &["-h", "-o", "%i|%j"])
+        .lines()
+        .filter(|l| l.contains("fk-agentd-"))
+        .map(|l| l.split('|').next().unwrap_or("").to_string())
+        .collect();
+    let mut steps = BTreeSet::new();
+    let mut nodes = BTreeSet::new();
+    for o in &outcomes {
+        assert!(o.succeeded(), "{o:?}");
+        assert_eq!(o.containment, Containment::SlurmStep);
+        let text = std::fs::read_to_string(&o.stdout).expect("stdout");
+        let f: Vec<&str> = text.split_whitespace().collect();
+        let [step, node, step_gpu, visible] = f.as_slice() else {
+            panic!("unexpected step output {text:?}");
+        };
+        // The journal names the node and GPU Slurm gave the step; Slurm's cgroup renumbers
+        // the one visible GPU to 0.
+        assert_eq!(o.gpus, vec![format!("slurm:{node}:gpu{step_gpu}")]);
+        assert_eq!(*visible, "0");
+        let job = step.split('.').next().unwrap_or("");
+        assert!(
+            holders.contains(job),
+            "step {step} is not in a holder job {holders:?}"
+        );
+        assert!(steps.insert(step.to_string()), "step {step} reported twice");
+        nodes.insert(node.to_string());
+    }
+    assert_eq!(nodes, BTreeSet::from(["n1".to_string(), "n2".to_string()]));
+    let gpus = assert_no_double_booking(&dir.join("fk-agentd.db"));
+    assert_eq!(gpus.len(), 8, "{gpus:?}");
+    rig.broker.shutdown().await;
+    // A graceful shutdown gives the allocation back.
+    let left = slurm(
+        &cluster,
+        "squeue",
+        &["-h", "-t", "RUNNING,PENDING", "-o", "%j"],
+    );
+    assert!(
+        !left.contains("fk-agentd-"),
+        "holders left after shutdown: {left}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_ignores_sigterm_is_killed_within_a_second_of_deadline_plus_grace() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let grace = Duration::from_secs(2);
+    let rig = rig(&cluster, grace).await;
+    let dir = rig.dir.path().to_path_buf();
+    let deadline = Duration::from_secs(5);
+    let o = rig
+        .broker
+        .run(
+            req("k", LeaseClass::Validate, 1, deadline),
+            sh(
+                &dir,
+                "k",
+                "trap '' TERM; echo started; sleep 60 & wait; wait",
+            ),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("outcome");
+    assert_eq!(
+        (o.killed_reason.clone(), o.exit_code, o.signal),
+        (Some(KilledReason::Deadline), None, Some(9)),
+        "{o:?}"
+    );
+    let end = deadline + grace;
+    let wall = Duration::from_millis(o.wall_ms);
+    assert!(
+        wall >= end && wall <= end + Duration::from_secs(1),
+        "ended {wall:?} after its start; deadline + grace is {end:?}"
+    );
+    // Slurm confirms the step is gone.
+    let steps = slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]);
+    assert!(!steps.contains(&o.lease_id), "{steps}");
+    rig.broker.shutdown().await;
+}
+
+fn fk(home: &Path, config: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fk-agentd"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("FK_AGENTD_CONFIG")
+        .args(["--home", &home.display().to_string()])
+        .args(["--config", &config.display().to_string()]);
+    cmd
+}
+
+#[test]
+fn a_simulated_campaign_runs_its_validations_as_slurm_steps() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.blocking_lock();
+    let _holders = Holders::cleared(&cluster);
+    let home = tempfile::tempdir().expect("home");
+    let out = fk(home.path(), &cluster.join("fk-agentd.toml"))
+        .args(["start", "--sim", "--targets", "L1", "--max-agents", "12"])
+        .output()
+        .expect("start");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.code().is_some_and(|c| c <= 1),
+        "{out:?}\n{stdout}"
+    );
+    assert!(stdout.contains("SIMULATED"), "{stdout}");
+    let db = home.path().join("fk-agentd.db");
+    let gpus = assert_no_double_booking(&db);
+    let nodes: BTreeSet<&str> = gpus.iter().map(|g| node_of(g)).collect();
+    assert_eq!(nodes, BTreeSet::from(["n1", "n2"]), "{gpus:?}");
+    let conn = rusqlite::Connection::open(&db).expect("db");
+    let (leases, steps): (i64, i64) = conn
+        .query_row(
+            "SELECT count(*), sum(outcome LIKE '%\"containment\":\"slurm_step\"%' AND cgroup LIKE 'slurm-step:%') FROM leases",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("count");
+    assert!(leases >= 47, "{leases} leases for 47 L1 targets");
+    assert_eq!(steps, leases, "every lease ran as a Slurm step");
+    let left = slurm(
+        &cluster,
+        "squeue",
+        &["-h", "-t", "RUNNING,PENDING", "-o", "%j"],
+    );
+    assert!(
+        !left.contains("fk-agentd-"),
+        "holders left after the campaign: {left}"
+    );
+}
+
+/// A daemon that dies mid-lease (its broker never shuts down, its lease future never ends: no
+/// kill, no journal close, the holder jobs kept, as SIGKILL leaves them) leaves its step
+/// running; the next daemon on the same home finds the same holder jobs, adopts the step with
+/// its original deadline, ends it there, and the command ran exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = dir.path().join("runs.log");
+    let first = rig_in(&cluster, dir.path(), Duration::from_secs(2)).await;
+    let script = format!(
+        "echo \"$SLURM_JOB_ID.$SLURM_STEP_ID $SLURMD_NODENAME\" >> {}; exec sleep 100",
+        runs.display()
+    );
+    let cancel = CancellationToken::new();
+    let mut lease = Box::pin(first.run(
+        req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(8)),
+        sh(dir.path(), "adopted", &script),
+        &cancel,
+    ));
+    let db = dir.path().join("fk-agentd.db");
+    let running = || {
+        rusqlite::Connection::open(&db)
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM leases WHERE state = 'running'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|n| n == 1)
+    };
+    let started = Instant::now();
+    while !(running() && runs.exists()) {
+        assert!(started.elapsed() < Duration::from_secs(30), "never ran");
+        tokio::select! {
+            o = &mut lease => panic!("the lease ended early: {o:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    // The crash: nothing of the first daemon runs again, nothing of it is cleaned up.
+    std::mem::forget(lease);
+    std::mem::forget(first);
+    std::mem::forget(cancel);
+    let step = std::fs::read_to_string(&runs).expect("runs");
+    let step = step.split_whitespace().next().expect("step id").to_string();
+    let listed = || slurm(&cluster, "squeue", &["-h", "-s", "-o", "%i"]);
+    assert!(listed().contains(&step), "the step died with its daemon");
+
+    let second = rig_in(&cluster, dir.path(), Duration::from_secs(2)).await;
+    let report = second.recover().await.expect("recover");
+    assert_eq!(
+        (report.adopted.len(), report.reclaimed.len()),
+        (1, 0),
+        "{report:?}"
+    );
+    let gone = Instant::now();
+    while listed().contains(&step) {
+        assert!(
+            gone.elapsed() < Duration::from_secs(30),
+            "the adopted step outlived its deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // It ended at the adopted lease's own deadline (8 s from its start), not a new one.
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(7) && elapsed < Duration::from_secs(20),
+        "{elapsed:?}"
+    );
+    super::gpu::until("the adopted lease's row is closed", || {
+        rusqlite::Connection::open(&db)
+            .and_then(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM leases WHERE finished_at IS NULL",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .is_ok_and(|n| n == 0)
+    })
+    .await;
+    let outcome: String = rusqlite::Connection::open(&db)
+        .expect("db")
+        .query_row("SELECT outcome FROM leases", [], |r| r.get(0))
+        .expect("the lease's row");
+    assert!(
+        outcome.contains("adopted after a daemon restart"),
+        "{outcome}"
+    );
+    assert!(outcome.contains("\"kind\":\"deadline\""), "{outcome}");
+    assert_eq!(
+        std::fs::read_to_string(&runs)
+            .expect("runs")
+            .lines()
+            .count(),
+        1,
+        "the command ran more than once"
+    );
+    second.shutdown().await;
+}
