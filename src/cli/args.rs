@@ -114,9 +114,12 @@ pub enum Command {
     /// Takes every GPU through its own broker, so it holds the home like a daemon: refused
     /// while a daemon or another score runs there.
     Score(ScoreArgs),
-    /// Compare the independent campaign with the sequential one.
+    /// Compare two campaigns: the independent one with the sequential one of a `--mode all`
+    /// run, or any two runs of one mode (e.g. the native and the codex backend on the same
+    /// targets): winners, geomeans, tokens, GPU-hours and wall time per target.
     Compare {
-        /// Two run ids to compare (independent first).
+        /// Two run ids to compare (an independent and a sequential run, or two runs of one
+        /// mode). Without them, the newest `--mode all` pair.
         runs: Vec<String>,
         /// A `--mode all` run holding both campaigns.
         #[arg(long)]

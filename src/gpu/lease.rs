@@ -443,18 +443,21 @@ pub(crate) async fn supervise(
         _ = broker.inner.shutdown.cancelled() => KilledReason::Cancelled,
         _ = fault.notified() => KilledReason::Cancelled,
     };
+    // The grace counts from the moment the lease had to end, not from when the TERM was
+    // delivered: a slow signal (an `scancel` on a busy controller) must not stretch it.
+    let grace_end = Instant::now() + broker.inner.params.grace;
     tracing::info!(pgid = job.pgid, cgroup = ?job.cgroup, ?reason, "ending a lease's processes");
     backend.signal(job, false);
-    let grace_end = Instant::now() + broker.inner.params.grace;
     let mut info = None;
     let mut exited = false;
     loop {
+        let tick = (Instant::now() + POLL).min(grace_end);
         if exited {
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep_until(tick).await;
         } else {
             tokio::select! {
                 r = &mut exit => { info = r; exited = true; }
-                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep_until(tick) => {}
             }
         }
         if exited && !backend.alive(job) {

@@ -67,6 +67,8 @@ const MIGRATIONS: &[&str] = &[
         reason TEXT NOT NULL,
         since  TEXT NOT NULL
     );",
+    // 4: a checksum of each event's fields (crate::store::digest); older rows have none.
+    "ALTER TABLE events ADD COLUMN digest TEXT;",
 ];
 
 /// The schema version this build writes.

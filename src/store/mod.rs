@@ -13,6 +13,7 @@
 //! are written only by `crate::gpu`.
 
 mod checkpoint;
+mod digest;
 pub mod drains;
 pub mod leases;
 mod migrations;
@@ -91,7 +92,8 @@ fn read_only_fs(path: &Path) -> bool {
 }
 
 /// `PRAGMA quick_check` (every page read once: about 10 ms for a 133-target campaign's store)
-/// before anything is read from or written to the store.
+/// before anything is read from or written to the store; the events' own checksums are
+/// verified after it ([`digest`]).
 fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let first: String = conn
         .query_row("PRAGMA quick_check(1)", [], |r| r.get(0))
@@ -182,6 +184,7 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(err)?;
         migrations::apply(&mut conn, path)?;
+        digest::verify_events(&conn, path)?;
         checkpoint::start(&mut conn, path);
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -238,6 +241,7 @@ impl Store {
                 source,
             })?;
         if version >= migrations::SCHEMA_VERSION {
+            digest::verify_events(&ro.lock(), path)?;
             Ok(ro)
         } else {
             drop(ro);
@@ -334,9 +338,12 @@ impl Store {
             )
             .map_err(|e| self.sql_err(e))?;
         let at = now_rfc3339();
+        let text = payload.to_string();
+        let digest = digest::of(run_id, seq, &at, kind, target, &text);
         tx.execute(
-            "INSERT INTO events (run_id, seq, at, kind, target, payload) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![run_id, seq, at, kind, target, payload.to_string()],
+            "INSERT INTO events (run_id, seq, at, kind, target, payload, digest)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![run_id, seq, at, kind, target, text, digest],
         )
         .map_err(|e| self.sql_err(e))?;
         tx.commit().map_err(|e| self.sql_err(e))?;

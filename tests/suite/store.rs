@@ -59,6 +59,72 @@ fn events_cannot_be_updated_or_deleted() {
     assert!(conn.execute("DELETE FROM events", []).is_err());
 }
 
+/// A store with run `r1` and three events, closed.
+fn store_with_three_events(path: &std::path::Path) {
+    let store = Store::open(path).unwrap();
+    store.create_run(&run_row("r1")).unwrap();
+    store
+        .append("r1", "task_started", Some("L1/gelu"), &json!({}))
+        .unwrap();
+    store
+        .append("r1", "run_finished", None, &json!({"status": "PASS"}))
+        .unwrap();
+    store.append("r1", "note", None, &json!({"n": 3})).unwrap();
+}
+
+/// Changes one stored event behind fk-agentd's back (the append-only trigger dropped first).
+fn tamper(path: &std::path::Path, sql: &str) {
+    let conn = rusqlite_connection(path);
+    conn.execute_batch("DROP TRIGGER IF EXISTS events_append_only_update")
+        .unwrap();
+    conn.execute_batch(sql).unwrap();
+}
+
+#[test]
+fn an_event_changed_outside_fk_agentd_is_named_as_damage_by_every_open() {
+    for sql in [
+        "UPDATE events SET kind = 'RUN_FINISHED' WHERE seq = 2",
+        "UPDATE events SET payload = '{\"status\":\"FAIL\"}' WHERE seq = 2",
+        "UPDATE events SET target = 'L1/silu' WHERE seq = 2",
+        "UPDATE events SET payload = CAST(x'7b2273223aff7d' AS BLOB) WHERE seq = 2",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fk.db");
+        store_with_three_events(&path);
+        tamper(&path, sql);
+        for err in [
+            Store::open(&path).unwrap_err(),
+            Store::open_for_reading(&path).unwrap_err(),
+        ] {
+            assert!(matches!(err, StoreError::Damaged { .. }), "{sql}: {err}");
+            let text = err.to_string();
+            assert!(text.contains("event 2 of run r1"), "{text}");
+            assert!(text.contains("fk.db"), "{text}");
+        }
+    }
+}
+
+#[test]
+fn events_of_an_older_schema_have_no_checksum_and_still_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    store_with_three_events(&path);
+    // The store as schema 3 wrote it: no digest column.
+    rusqlite_connection(&path)
+        .execute_batch("ALTER TABLE events DROP COLUMN digest; PRAGMA user_version = 3;")
+        .unwrap();
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.events("r1", None, 0).unwrap().len(), 3);
+    store.append("r1", "later", None, &json!({})).unwrap();
+    drop(store);
+    // The new event is checked; the old ones, without a digest, are not.
+    tamper(&path, "UPDATE events SET kind = 'x' WHERE seq = 1");
+    Store::open(&path).unwrap();
+    tamper(&path, "UPDATE events SET kind = 'x' WHERE seq = 4");
+    let err = Store::open(&path).unwrap_err().to_string();
+    assert!(err.contains("event 4 of run r1"), "{err}");
+}
+
 fn rusqlite_connection(path: &std::path::Path) -> rusqlite::Connection {
     rusqlite::Connection::open(path).unwrap()
 }

@@ -1,0 +1,114 @@
+//! Checksums of stored events, so that a value changed outside fk-agentd (a flipped byte in a
+//! cell, an edit with the `sqlite3` shell) is found before a resume acts on it.
+//!
+//! SQLite's `quick_check` sees damaged pages and broken structure but keeps no checksum of a
+//! cell's contents: a flipped byte inside a payload or a kind reads back as a valid, different
+//! event, and a resume would trust it (re-run a finished target, drop a winner). Each event
+//! row therefore carries `digest`, the first 64 bits of the SHA-256 of its fields, written in
+//! the same statement as the row. Rows written before the column existed (schema 3 and older)
+//! have none and are not checked: events are append-only, so they are never back-filled.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+use sha2::{Digest, Sha256};
+
+use super::StoreError;
+
+/// The digest of one event's stored fields, as 16 hex digits.
+pub(super) fn of(
+    run_id: &str,
+    seq: i64,
+    at: &str,
+    kind: &str,
+    target: Option<&str>,
+    payload: &str,
+) -> String {
+    let mut h = Sha256::new();
+    // Each field is length-prefixed, so no two different rows hash the same bytes.
+    for field in [
+        run_id.as_bytes(),
+        &seq.to_le_bytes(),
+        at.as_bytes(),
+        kind.as_bytes(),
+        target.unwrap_or("\u{0}").as_bytes(),
+        payload.as_bytes(),
+    ] {
+        h.update((field.len() as u64).to_le_bytes());
+        h.update(field);
+    }
+    let full = h.finalize();
+    full[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Reads every checksummed event once and fails on the first whose fields no longer match
+/// their digest, naming its run and sequence number.
+pub(super) fn verify_events(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = |e| StoreError::from_sqlite(path, e);
+    let mut stmt = conn
+        .prepare(
+            "SELECT run_id, seq, at, kind, target, payload, digest FROM events
+             WHERE digest IS NOT NULL",
+        )
+        .map_err(err)?;
+    let mut rows = stmt.query([]).map_err(err)?;
+    while let Some(r) = rows.next().map_err(err)? {
+        // A damaged cell may no longer be valid text; read it as bytes and compare.
+        let text = |i: usize| -> Result<String, StoreError> {
+            let v = r.get_ref(i).map_err(err)?;
+            Ok(match v {
+                rusqlite::types::ValueRef::Text(b) | rusqlite::types::ValueRef::Blob(b) => {
+                    String::from_utf8_lossy(b).into_owned()
+                }
+                other => format!("{other:?}"),
+            })
+        };
+        let run_id = text(0)?;
+        let seq: i64 = r.get(1).map_err(err)?;
+        let target: Option<String> = match r.get_ref(4).map_err(err)? {
+            rusqlite::types::ValueRef::Null => None,
+            _ => Some(text(4)?),
+        };
+        let want = text(6)?;
+        let got = of(
+            &run_id,
+            seq,
+            &text(2)?,
+            &text(3)?,
+            target.as_deref(),
+            &text(5)?,
+        );
+        if got != want {
+            return Err(StoreError::Damaged {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "event {seq} of run {run_id} does not match its checksum: it was changed outside fk-agentd"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_changes_the_digest_and_fields_do_not_run_together() {
+        let base = of("r", 1, "t", "kind", Some("L1/gelu"), "{}");
+        assert_eq!(base.len(), 16);
+        assert_eq!(base, of("r", 1, "t", "kind", Some("L1/gelu"), "{}"));
+        for other in [
+            of("r2", 1, "t", "kind", Some("L1/gelu"), "{}"),
+            of("r", 2, "t", "kind", Some("L1/gelu"), "{}"),
+            of("r", 1, "u", "kind", Some("L1/gelu"), "{}"),
+            of("r", 1, "t", "KIND", Some("L1/gelu"), "{}"),
+            of("r", 1, "t", "kind", None, "{}"),
+            of("r", 1, "t", "kind", Some("L1/gelu"), "{ }"),
+            of("r", 1, "t", "kin", Some("dL1/gelu"), "{}"),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+}
