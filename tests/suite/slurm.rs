@@ -469,3 +469,163 @@ async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
     );
     second.shutdown().await;
 }
+
+/// Resumes a node on drop, so a failing test leaves no node drained for the next one.
+struct Resume<'a>(&'a Path, &'a str);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.1), "state=resume"])
+            .env("SLURM_CONF", self.0.join("slurm.conf"))
+            .status();
+    }
+}
+
+/// A node drained mid-lease ends the lease as the infrastructure's (its GPU fault names the
+/// node), its step is cancelled, and the node's GPUs are granted again only once it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_out() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let rig = rig(&cluster, Duration::from_secs(2)).await;
+    let dir = rig.dir.path().to_path_buf();
+    let (b, d) = (rig.broker.clone(), dir.clone());
+    // The first free slot is n1's first GPU (slots are in node order).
+    let lease = tokio::spawn(async move {
+        b.run(
+            req("d", LeaseClass::Validate, 1, Duration::from_secs(120)),
+            sh(&d, "drained", "echo $SLURMD_NODENAME; exec sleep 100"),
+            &CancellationToken::new(),
+        )
+        .await
+    });
+    let out = dir.join("drained.out");
+    super::gpu::until("the step runs on n1", || {
+        std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
+    })
+    .await;
+    let _resume = Resume(&cluster, "n1");
+    let drained_at = Instant::now();
+    slurm(
+        &cluster,
+        "scontrol",
+        &["update", "nodename=n1", "state=drain", "reason=fk-test"],
+    );
+    let o = lease.await.expect("join").expect("outcome");
+    let ended_in = drained_at.elapsed();
+    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
+        panic!("not ended as a GPU fault: {o:?}");
+    };
+    assert!(o.infra, "{o:?}");
+    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    assert!(
+        detail.contains("Slurm node n1 is drain") && detail.contains("fk-test"),
+        "{detail}"
+    );
+    // Poll period + grace + slack.
+    assert!(
+        ended_in < Duration::from_secs(8),
+        "ended {ended_in:?} after the drain"
+    );
+    let steps = slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]);
+    assert!(
+        !steps.contains(&o.lease_id),
+        "the step outlived its lease: {steps}"
+    );
+    let down = |b: &Broker| -> usize {
+        b.snapshot()
+            .gpus
+            .iter()
+            .filter(|g| g.uuid.starts_with("slurm:n1:") && g.drained_reason.is_some())
+            .count()
+    };
+    assert_eq!(down(&rig.broker), 4);
+    // While n1 is drained, every lease runs on n2.
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        let (b, d) = (rig.broker.clone(), dir.clone());
+        runs.push(tokio::spawn(async move {
+            b.run(
+                req(
+                    &format!("n{i}"),
+                    LeaseClass::Validate,
+                    1,
+                    Duration::from_secs(60),
+                ),
+                sh(&d, &format!("n{i}"), "echo $SLURMD_NODENAME; sleep 1"),
+                &CancellationToken::new(),
+            )
+            .await
+        }));
+    }
+    for r in runs {
+        let o = r.await.expect("join").expect("outcome");
+        assert!(o.succeeded(), "{o:?}");
+        assert!(o.gpus[0].starts_with("slurm:n2:"), "{o:?}");
+    }
+    drop(_resume);
+    let b = rig.broker.clone();
+    super::gpu::until("n1's GPUs return to the pool", move || down(&b) == 0).await;
+    rig.broker.shutdown().await;
+}
+
+/// `ncu` leases are capped per node: with a cap of 1 and two nodes, two run at once, one on
+/// each node, and never two on one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ncu_leases_are_capped_per_node() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let rig = rig(&cluster, Duration::from_secs(2)).await;
+    assert_eq!(rig.broker.params().ncu_cap, 1);
+    let dir = rig.dir.path().to_path_buf();
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        let (b, d) = (rig.broker.clone(), dir.clone());
+        runs.push(tokio::spawn(async move {
+            b.run(
+                req(
+                    &format!("p{i}"),
+                    LeaseClass::Ncu,
+                    1,
+                    Duration::from_secs(60),
+                ),
+                sh(&d, &format!("p{i}"), "sleep 2"),
+                &CancellationToken::new(),
+            )
+            .await
+        }));
+    }
+    for r in runs {
+        assert!(r.await.expect("join").expect("outcome").succeeded());
+    }
+    // Spans per node never overlap; across the nodes they do (two ran at once).
+    let mut per_node: BTreeMap<String, Vec<(i128, i128)>> = BTreeMap::new();
+    for (gpu, spans) in journal_spans(&dir.join("fk-agentd.db")) {
+        per_node
+            .entry(node_of(&gpu).to_string())
+            .or_default()
+            .extend(spans);
+    }
+    assert_eq!(
+        per_node.keys().cloned().collect::<Vec<_>>(),
+        vec!["n1".to_string(), "n2".into()]
+    );
+    for (node, spans) in &mut per_node {
+        spans.sort();
+        for w in spans.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "two ncu leases at once on {node}: {spans:?}"
+            );
+        }
+    }
+    let (n1, n2) = (&per_node["n1"], &per_node["n2"]);
+    assert!(
+        n1.iter().any(|a| n2.iter().any(|b| a.0 < b.1 && b.0 < a.1)),
+        "no two ncu leases ran at once on the two nodes: {per_node:?}"
+    );
+    rig.broker.shutdown().await;
+}
