@@ -629,3 +629,108 @@ async fn ncu_leases_are_capped_per_node() {
     );
     rig.broker.shutdown().await;
 }
+
+fn count(db: &Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(db)
+        .and_then(|c| c.query_row(sql, [], |r| r.get(0)))
+        .unwrap_or(0)
+}
+
+/// `fk-agentd start` SIGKILLed while its steps run, then `resume` on the same home: live steps
+/// are adopted (the rest of the leases the kill left open are closed), no lease is run again
+/// under its idempotency key, and every target finishes exactly once.
+#[test]
+fn a_campaign_killed_with_sigkill_resumes_with_nothing_run_twice() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.blocking_lock();
+    let _holders = Holders::cleared(&cluster);
+    let home = tempfile::tempdir().expect("home");
+    // Simulated benches end in well under a second; a task prolog that sleeps keeps each step
+    // alive long enough to be live at the kill and still live at the resume.
+    let prolog = home.path().join("slow-prolog");
+    std::fs::write(&prolog, "#!/bin/sh\nsleep 4\n").expect("prolog");
+    std::fs::set_permissions(&prolog, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let toml = home.path().join("slurm.toml");
+    let base = std::fs::read_to_string(cluster.join("fk-agentd.toml")).expect("config");
+    std::fs::write(
+        &toml,
+        format!(
+            "{base}srun_args = [\"--task-prolog={}\"]\n",
+            prolog.display()
+        ),
+    )
+    .expect("config");
+    let db = home.path().join("fk-agentd.db");
+    let mut child = fk(home.path(), &toml)
+        .args(["start", "--sim", "--targets", "L1", "--max-agents", "12"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start");
+    let started = Instant::now();
+    while count(&db, "SELECT count(*) FROM leases WHERE state = 'running'") < 2 {
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "the campaign ended before the kill"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no step ever ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let open = count(&db, "SELECT count(*) FROM leases WHERE finished_at IS NULL");
+    assert!(open >= 2, "{open} leases open at the kill");
+    let out = fk(home.path(), &toml)
+        .arg("resume")
+        .output()
+        .expect("resume");
+    assert!(
+        out.status.code().is_some_and(|c| c <= 1),
+        "{out:?}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM leases WHERE finished_at IS NULL"),
+        0
+    );
+    let adopted = count(
+        &db,
+        "SELECT count(*) FROM leases WHERE outcome LIKE '%adopted after a daemon restart%'",
+    );
+    eprintln!("{open} leases open at the kill, {adopted} adopted on resume");
+    assert!(adopted >= 1, "no live step was adopted");
+    let rerun = count(
+        &db,
+        "SELECT count(*) FROM (SELECT session, idempotency_key FROM leases \
+         WHERE idempotency_key != '' GROUP BY session, idempotency_key HAVING count(*) > 1)",
+    );
+    assert_eq!(rerun, 0, "a lease ran twice under one idempotency key");
+    let twice = count(
+        &db,
+        "SELECT count(*) FROM (SELECT run_id, target FROM events WHERE kind = 'task_finished' \
+         GROUP BY run_id, target HAVING count(*) > 1)",
+    );
+    assert_eq!(twice, 0, "a target finished twice");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(DISTINCT target) FROM events WHERE kind = 'task_finished'"
+        ),
+        47,
+        "every L1 target finished"
+    );
+    assert_no_double_booking(&db);
+    let left = slurm(
+        &cluster,
+        "squeue",
+        &["-h", "-t", "RUNNING,PENDING", "-o", "%j"],
+    );
+    assert!(
+        !left.contains("fk-agentd-"),
+        "holders left after resume: {left}"
+    );
+}
