@@ -734,3 +734,55 @@ fn a_campaign_killed_with_sigkill_resumes_with_nothing_run_twice() {
         "holders left after resume: {left}"
     );
 }
+
+/// `fk-agentd score` of a simulated campaign's run takes its benches' leases through the
+/// Slurm broker: the standalone benches run as steps on GPUs of both nodes.
+#[test]
+fn standalone_scoring_spreads_its_benches_over_both_nodes() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.blocking_lock();
+    let _holders = Holders::cleared(&cluster);
+    let home = tempfile::tempdir().expect("home");
+    let toml = cluster.join("fk-agentd.toml");
+    let db = home.path().join("fk-agentd.db");
+    let out = fk(home.path(), &toml)
+        .args(["start", "--sim", "--targets", "L1", "--max-agents", "12"])
+        .output()
+        .expect("start");
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
+    let before = count(&db, "SELECT max(rowid) FROM leases");
+    let out = fk(home.path(), &toml)
+        .args(["score", "--mode", "standalone", "--noise-sample", "0"])
+        .output()
+        .expect("score");
+    assert!(
+        out.status.code().is_some_and(|c| c <= 1),
+        "{out:?}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let conn = rusqlite::Connection::open(&db).expect("db");
+    let mut stmt = conn
+        .prepare("SELECT gpus, cgroup FROM leases WHERE rowid > ?1")
+        .expect("query");
+    let rows: Vec<(String, Option<String>)> = stmt
+        .query_map([before], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("rows")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert!(rows.len() >= 2, "{} scoring leases", rows.len());
+    let mut nodes = BTreeSet::new();
+    for (gpus, cgroup) in &rows {
+        assert!(
+            cgroup
+                .as_deref()
+                .is_some_and(|c| c.starts_with("slurm-step:")),
+            "{cgroup:?}"
+        );
+        for g in serde_json::from_str::<Vec<String>>(gpus).expect("gpus") {
+            nodes.insert(node_of(&g).to_string());
+        }
+    }
+    eprintln!("{} scoring leases on nodes {nodes:?}", rows.len());
+    assert_eq!(nodes, BTreeSet::from(["n1".to_string(), "n2".into()]));
+    assert_no_double_booking(&db);
+}
