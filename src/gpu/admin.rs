@@ -5,10 +5,18 @@
 //! kernel), is journaled in the store and outlives the daemon; only an undrain ends it. A
 //! drain takes effect in memory before it is journaled, an undrain only after, so a store
 //! failure can leave a GPU drained too long, never in the pool too early.
+//!
+//! A slot whose node the backend reports unusable (a Slurm node DOWN or DRAIN, polled by
+//! [`watch_nodes`]) is *down*, not drained: it is not journaled, because the backend's own
+//! scheduler keeps that state and lifts it; the slot returns once its node is usable again. A
+//! lease running there ends as infrastructure, its GPU fault naming the node.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::broker::Broker;
+use super::broker::{Broker, Inner};
 use super::health::{GpuEvent, XidDisposition, classify_xid};
 use super::inventory::Inventory;
 use super::queue::Queue;
@@ -122,6 +130,35 @@ impl Broker {
         }
     }
 
+    /// Marks exactly the `down` slots (with why) as down, lifts the rest, and ends every lease
+    /// on a down slot as infrastructure (see the module doc).
+    pub(crate) fn mark_down(&self, down: &[(usize, String)]) {
+        let mut st = self.lock();
+        for i in 0..st.queue.slots.len() {
+            let why = down.iter().find(|(s, _)| *s == i).map(|(_, w)| w.clone());
+            let uuid = &self.inner.inventory.gpus[i].uuid;
+            if st.queue.slots[i].down != why {
+                match &why {
+                    Some(w) => {
+                        tracing::warn!(gpu = %uuid, why = %w, "GPU out of the pool: its node cannot run work")
+                    }
+                    None => {
+                        tracing::info!(gpu = %uuid, "GPU back in the pool: its node runs work again")
+                    }
+                }
+                st.queue.slots[i].down = why.clone();
+            }
+            let holder = st.queue.slots[i].holder.clone();
+            if let (Some(why), Some(live)) = (why, holder.and_then(|h| st.live.get_mut(&h)))
+                && live.fault.is_none()
+            {
+                live.fault = Some((uuid.clone(), why));
+                live.fault_notify.notify_one();
+            }
+        }
+        self.schedule_locked(&mut st);
+    }
+
     /// What `fk-agentd gpus` shows.
     pub fn snapshot(&self) -> Snapshot {
         let st = self.lock();
@@ -136,7 +173,7 @@ impl Broker {
                 let held = s.holder.as_ref().and_then(|h| st.queue.held.get(h));
                 let state = if s.holder.is_some() {
                     GpuState::Leased
-                } else if s.drained.is_some() {
+                } else if !s.usable() {
                     GpuState::Drained
                 } else if s.pool.is_some() {
                     GpuState::Reserved
@@ -152,7 +189,7 @@ impl Broker {
                     lease_id: s.holder.clone(),
                     session: held.map(|h| h.session.clone()),
                     class: held.map(|h| h.class),
-                    drained_reason: s.drained.clone(),
+                    drained_reason: s.drained.clone().or_else(|| s.down.clone()),
                 }
             })
             .collect();
@@ -180,4 +217,29 @@ impl Broker {
             pool,
         }
     }
+}
+
+/// Asks the backend for down slots every `every` until shutdown (a tracked task that holds the
+/// broker only while it asks); a no-op outside a runtime.
+pub(crate) fn watch_nodes(inner: &Arc<Inner>, every: Duration) {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    let weak = Arc::downgrade(inner);
+    let shutdown = inner.shutdown.clone();
+    inner.tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let Some(inner) = weak.upgrade() else { return };
+            let backend = inner.backend.clone();
+            match tokio::task::spawn_blocking(move || backend.down_slots()).await {
+                Ok(Ok(down)) => Broker { inner }.mark_down(&down),
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the nodes' state"),
+                Err(_) => return,
+            }
+        }
+    });
 }

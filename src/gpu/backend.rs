@@ -188,6 +188,21 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn leftovers(&self) -> Vec<(String, JobRef)> {
         Vec::new()
     }
+    /// The node of each of the `slots` GPU slots, as an index shared by the slots of one node:
+    /// class caps are per node, and a multi-GPU lease gets GPUs of one node. One host: all 0.
+    fn slot_nodes(&self, slots: usize) -> Vec<usize> {
+        vec![0; slots]
+    }
+    /// How often the broker asks [`LeaseBackend::down_slots`]; `None`: never (this host's
+    /// GPUs cannot leave under the broker, NVML reports their faults).
+    fn health_every(&self) -> Option<std::time::Duration> {
+        None
+    }
+    /// The slots whose node cannot run work now (a Slurm node DOWN or DRAIN), each with why;
+    /// blocking. An error when the backend's scheduler does not answer: nothing changes then.
+    fn down_slots(&self) -> Result<Vec<(usize, String)>, String> {
+        Ok(Vec::new())
+    }
     /// Gives back what the backend holds for its whole life (Slurm's holder jobs), once the
     /// broker has shut down gracefully; a crashed daemon never calls it, so a restart adopts.
     fn close(&self) {}

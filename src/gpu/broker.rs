@@ -244,6 +244,7 @@ impl Broker {
             (LeaseClass::Nsys, params.nsys_cap),
         ]);
         let mut queue = Queue::new(inventory.len(), caps, params.age_after);
+        queue.set_nodes(backend.slot_nodes(inventory.len()));
         backend.prepare(inventory.len());
         super::admin::restore_drains(&inventory, &store, &mut queue);
         let monitor = inventory.monitor();
@@ -284,6 +285,9 @@ impl Broker {
                 .collect();
             // The thread ends on its own once `watcher_stop` is set (when the broker drops).
             let _ = health::spawn_watcher(nvml, uuids, inner.watcher_stop.clone(), report);
+        }
+        if let Some(every) = inner.backend.health_every() {
+            super::admin::watch_nodes(&inner, every);
         }
         Self { inner }
     }

@@ -10,7 +10,11 @@
 //!   second; among firsts, the session granted longest ago; ties in arrival order.
 //! - A request that does not fit reserves the free GPUs it needs, so smaller requests behind it
 //!   cannot starve it; requests blocked by a class cap or a session limit reserve nothing.
-//! - Multi-GPU requests are granted atomically.
+//! - Multi-GPU requests are granted atomically, on one node.
+//! - Class caps (`ncu`, `nsys`) are per node: a node's running leases of the class count against
+//!   its cap only. The local backend has one node, so there a cap is the whole host's.
+//! - A slot is out of the pool while drained (by an operator or a health event) or down (the
+//!   backend's scheduler says its node cannot run work, e.g. a Slurm node DOWN or DRAIN).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -26,7 +30,16 @@ pub(crate) type Scope = Option<u64>;
 pub(crate) struct Slot {
     pub holder: Option<String>,
     pub drained: Option<String>,
+    /// Why the backend says the slot's node cannot run work now; lifted when it can again.
+    pub down: Option<String>,
     pub pool: Option<u64>,
+}
+
+impl Slot {
+    /// Neither drained nor down.
+    pub fn usable(&self) -> bool {
+        self.drained.is_none() && self.down.is_none()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -90,7 +103,8 @@ pub(crate) struct Queue {
     pub held: BTreeMap<String, Held>,
     pub claim: Option<PoolClaim>,
     sessions: HashMap<String, SessionStats>,
-    class_running: HashMap<LeaseClass, usize>,
+    /// The node of each slot (an index, not a name); all 0 on one host.
+    nodes: Vec<usize>,
     caps: HashMap<LeaseClass, usize>,
     age_after: Duration,
     seq: u64,
@@ -105,11 +119,18 @@ impl Queue {
             held: BTreeMap::new(),
             claim: None,
             sessions: HashMap::new(),
-            class_running: HashMap::new(),
+            nodes: vec![0; gpus],
             caps,
             age_after,
             seq: 0,
             grants: 0,
+        }
+    }
+
+    /// Places the slots on nodes (`nodes[slot]`), for per-node caps and one-node grants.
+    pub fn set_nodes(&mut self, nodes: Vec<usize>) {
+        if nodes.len() == self.slots.len() {
+            self.nodes = nodes;
         }
     }
 
@@ -152,7 +173,6 @@ impl Queue {
             .entry(session.to_string())
             .or_default()
             .running += 1;
-        *self.class_running.entry(class).or_default() += 1;
         self.held.insert(
             lease_id.to_string(),
             Held {
@@ -177,9 +197,6 @@ impl Queue {
         {
             s.running = s.running.saturating_sub(1);
         }
-        if let Some(n) = self.class_running.get_mut(&held.class) {
-            *n = n.saturating_sub(1);
-        }
         Some(held)
     }
 
@@ -199,20 +216,50 @@ impl Queue {
         (0..self.slots.len())
             .filter(|&i| {
                 let s = &self.slots[i];
-                s.holder.is_none() && s.drained.is_none() && s.pool == scope
+                s.holder.is_none() && s.usable() && s.pool == scope
             })
             .collect()
     }
 
+    /// The most usable slots of `scope` on one node: the largest request that can ever fit.
     fn healthy_in(&self, scope: Scope) -> usize {
-        match scope {
-            None => self.slots.iter().filter(|s| s.drained.is_none()).count(),
-            Some(_) => self
-                .slots
-                .iter()
-                .filter(|s| s.drained.is_none() && s.pool == scope)
-                .count(),
+        let mut per_node: HashMap<usize, usize> = HashMap::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.usable() && (scope.is_none() || s.pool == scope) {
+                *per_node.entry(self.nodes[i]).or_default() += 1;
+            }
         }
+        per_node.into_values().max().unwrap_or(0)
+    }
+
+    /// Whether `node` runs fewer leases of `class` than its cap.
+    fn class_room(&self, class: LeaseClass, node: usize) -> bool {
+        let Some(&cap) = self.caps.get(&class) else {
+            return true;
+        };
+        let running = self
+            .held
+            .values()
+            .filter(|h| h.class == class && h.slots.iter().any(|&s| self.nodes[s] == node))
+            .count();
+        running < cap
+    }
+
+    /// `gpus` slots of one node from `candidates` (in their order), on a node with room for
+    /// `class`.
+    fn pick(&self, candidates: &[usize], class: LeaseClass, gpus: usize) -> Option<Vec<usize>> {
+        let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
+        for &slot in candidates {
+            let node = self.nodes[slot];
+            match by_node.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, slots)) => slots.push(slot),
+                None => by_node.push((node, vec![slot])),
+            }
+        }
+        by_node
+            .into_iter()
+            .find(|(node, slots)| slots.len() >= gpus && self.class_room(class, *node))
+            .map(|(_, slots)| slots[..gpus].to_vec())
     }
 
     fn order(&self, now: Instant) -> Vec<usize> {
@@ -239,10 +286,10 @@ impl Queue {
     }
 
     fn capped(&self, w: &Waiter, session_running_limit: Option<usize>) -> bool {
-        let class_full = self
-            .caps
-            .get(&w.class)
-            .is_some_and(|cap| self.class_running.get(&w.class).copied().unwrap_or(0) >= *cap);
+        let mut nodes = self.nodes.clone();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let class_full = !nodes.into_iter().any(|n| self.class_room(w.class, n));
         let session_full = w.scope.is_none()
             && session_running_limit
                 .is_some_and(|lim| self.sessions.get(&w.session).map_or(0, |s| s.running) >= lim);
@@ -281,16 +328,19 @@ impl Queue {
                 continue;
             }
             let free = self.free_in(w.scope);
-            let held_back = reserved.get(&w.scope).copied().unwrap_or(0);
-            if free.len() >= held_back + w.gpus as usize {
-                let slots: Vec<usize> = free[held_back..held_back + w.gpus as usize].to_vec();
+            let held_back = reserved.get(&w.scope).copied().unwrap_or(0).min(free.len());
+            if let Some(slots) = self.pick(&free[held_back..], w.class, w.gpus as usize) {
                 self.grant(i, &slots);
                 granted.push(i);
                 out.push(Decision::Grant {
                     lease_id: self.waiting[i].lease_id.clone(),
                     slots,
                 });
-            } else {
+            } else if free
+                .iter()
+                .any(|&s| self.class_room(w.class, self.nodes[s]))
+            {
+                // Free GPUs only on nodes at the class's cap are not this request's to reserve.
                 let r = reserved.entry(w.scope).or_default();
                 *r = (*r + w.gpus as usize).min(free.len());
             }
@@ -318,7 +368,6 @@ impl Queue {
             st.running += 1;
             st.last_grant = self.grants;
         }
-        *self.class_running.entry(w.class).or_default() += 1;
         self.held.insert(
             w.lease_id.clone(),
             Held {
@@ -337,7 +386,7 @@ impl Queue {
         }
         let id = claim.id;
         let slots: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| self.slots[i].drained.is_none())
+            .filter(|&i| self.slots[i].usable())
             .collect();
         for &i in &slots {
             self.slots[i].pool = Some(id);
@@ -534,5 +583,41 @@ mod tests {
             }]
         );
         assert_eq!(q.outstanding("s"), 0);
+    }
+
+    #[test]
+    fn class_caps_are_per_node_and_a_lease_stays_on_one_node() {
+        let now = Instant::now();
+        let mut q = queue(4);
+        q.set_nodes(vec![0, 0, 1, 1]);
+        for (id, s) in [("a", "s1"), ("b", "s2"), ("c", "s3")] {
+            ask(&mut q, id, s, LeaseClass::Ncu, 1, now);
+        }
+        // One ncu lease per node; the third waits for either node's to end.
+        assert_eq!(
+            granted(&q.schedule(now, None)),
+            vec![("a".into(), vec![0]), ("b".into(), vec![2])]
+        );
+        q.release("b");
+        assert_eq!(granted(&q.schedule(now, None)), vec![("c".into(), vec![2])]);
+        // Two GPUs free on different nodes (1 and 3) do not make a two-GPU lease.
+        ask(&mut q, "two", "s4", LeaseClass::Validate, 2, now);
+        q.release("c");
+        assert_eq!(
+            granted(&q.schedule(now, None)),
+            vec![("two".into(), vec![2, 3])]
+        );
+    }
+
+    #[test]
+    fn a_down_slot_is_out_of_the_pool_until_its_node_returns() {
+        let now = Instant::now();
+        let mut q = queue(2);
+        q.slots[0].down = Some("Slurm node n1 is drained".into());
+        ask(&mut q, "a", "s1", LeaseClass::Validate, 1, now);
+        ask(&mut q, "b", "s2", LeaseClass::Validate, 1, now);
+        assert_eq!(granted(&q.schedule(now, None)), vec![("a".into(), vec![1])]);
+        q.slots[0].down = None;
+        assert_eq!(granted(&q.schedule(now, None)), vec![("b".into(), vec![0])]);
     }
 }

@@ -18,8 +18,11 @@
 //! ones reconciled. Holders are cancelled only on a graceful shutdown ([`LeaseBackend::close`]).
 //!
 //! It does not own placement: the broker's queue grants slots; this module maps a slot to its
-//! holder. Not yet: multi-GPU leases in allocation mode (refused with a reason), per-node
-//! profiler caps, and ending a lease as infrastructure when its node goes DOWN/DRAIN.
+//! holder, and names each slot's node so that the queue keeps class caps per node and a
+//! multi-GPU lease on one node. Node health: every [`HEALTH_EVERY`] the broker asks which
+//! slots' nodes are DOWN, DRAIN, failing or not responding (`sinfo`); those slots leave the
+//! pool until the node is usable again, and a lease on one ends as infrastructure (its step
+//! cancelled). Not yet: multi-GPU leases in allocation mode (refused with a reason).
 
 mod cli;
 mod hold;
@@ -41,6 +44,10 @@ use crate::store::Store;
 
 pub use cli::SlurmCli;
 pub use hold::{NodeView, SlurmView, StartParams, describe, start, view};
+
+/// How often the nodes' state is read: a drained node's lease ends within this (plus the
+/// grace), at the cost of one `sinfo` per period.
+pub const HEALTH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One inventory slot: a GPU on a node, and the holder job that owns it (allocation mode).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -418,6 +425,47 @@ impl LeaseBackend for SlurmBackend {
             }
         }
         out
+    }
+
+    fn slot_nodes(&self, slots: usize) -> Vec<usize> {
+        let mut names: Vec<&str> = Vec::new();
+        (0..slots)
+            .map(|i| {
+                let Some(s) = self.slots.get(i) else { return 0 };
+                match names.iter().position(|n| *n == s.node) {
+                    Some(p) => p,
+                    None => {
+                        names.push(&s.node);
+                        names.len() - 1
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn health_every(&self) -> Option<std::time::Duration> {
+        Some(HEALTH_EVERY)
+    }
+
+    fn down_slots(&self) -> Result<Vec<(usize, String)>, String> {
+        let mut args = vec!["-h".into(), "-N".into(), "-o".into(), "%N|%T|%E".into()];
+        if let Some(p) = &self.cfg.partition {
+            args.push(format!("--partition={p}"));
+        }
+        let nodes = cli::node_states(&self.cli.run("sinfo", &args)?);
+        let mut down = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            // A node sinfo no longer lists in the partition is as gone as a down one.
+            let why = match nodes.iter().find(|(n, ..)| *n == slot.node) {
+                Some((_, state, _)) if !cli::unusable(state) => continue,
+                Some((node, state, reason)) => {
+                    format!("Slurm node {node} is {state} (reason: {reason})")
+                }
+                None => format!("Slurm node {} is not listed by sinfo", slot.node),
+            };
+            down.push((i, why));
+        }
+        Ok(down)
     }
 
     fn close(&self) {

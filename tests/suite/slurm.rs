@@ -469,3 +469,320 @@ async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
     );
     second.shutdown().await;
 }
+
+/// Resumes a node on drop, so a failing test leaves no node drained for the next one.
+struct Resume<'a>(&'a Path, &'a str);
+
+impl Drop for Resume<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("nodename={}", self.1), "state=resume"])
+            .env("SLURM_CONF", self.0.join("slurm.conf"))
+            .status();
+    }
+}
+
+/// A node drained mid-lease ends the lease as the infrastructure's (its GPU fault names the
+/// node), its step is cancelled, and the node's GPUs are granted again only once it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_out() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let rig = rig(&cluster, Duration::from_secs(2)).await;
+    let dir = rig.dir.path().to_path_buf();
+    let (b, d) = (rig.broker.clone(), dir.clone());
+    // The first free slot is n1's first GPU (slots are in node order).
+    let lease = tokio::spawn(async move {
+        b.run(
+            req("d", LeaseClass::Validate, 1, Duration::from_secs(120)),
+            sh(&d, "drained", "echo $SLURMD_NODENAME; exec sleep 100"),
+            &CancellationToken::new(),
+        )
+        .await
+    });
+    let out = dir.join("drained.out");
+    super::gpu::until("the step runs on n1", || {
+        std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
+    })
+    .await;
+    let _resume = Resume(&cluster, "n1");
+    let drained_at = Instant::now();
+    slurm(
+        &cluster,
+        "scontrol",
+        &["update", "nodename=n1", "state=drain", "reason=fk-test"],
+    );
+    let o = lease.await.expect("join").expect("outcome");
+    let ended_in = drained_at.elapsed();
+    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
+        panic!("not ended as a GPU fault: {o:?}");
+    };
+    assert!(o.infra, "{o:?}");
+    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    assert!(
+        detail.contains("Slurm node n1 is drain") && detail.contains("fk-test"),
+        "{detail}"
+    );
+    // Poll period + grace + slack.
+    assert!(
+        ended_in < Duration::from_secs(8),
+        "ended {ended_in:?} after the drain"
+    );
+    let steps = slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]);
+    assert!(
+        !steps.contains(&o.lease_id),
+        "the step outlived its lease: {steps}"
+    );
+    let down = |b: &Broker| -> usize {
+        b.snapshot()
+            .gpus
+            .iter()
+            .filter(|g| g.uuid.starts_with("slurm:n1:") && g.drained_reason.is_some())
+            .count()
+    };
+    assert_eq!(down(&rig.broker), 4);
+    // While n1 is drained, every lease runs on n2.
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        let (b, d) = (rig.broker.clone(), dir.clone());
+        runs.push(tokio::spawn(async move {
+            b.run(
+                req(
+                    &format!("n{i}"),
+                    LeaseClass::Validate,
+                    1,
+                    Duration::from_secs(60),
+                ),
+                sh(&d, &format!("n{i}"), "echo $SLURMD_NODENAME; sleep 1"),
+                &CancellationToken::new(),
+            )
+            .await
+        }));
+    }
+    for r in runs {
+        let o = r.await.expect("join").expect("outcome");
+        assert!(o.succeeded(), "{o:?}");
+        assert!(o.gpus[0].starts_with("slurm:n2:"), "{o:?}");
+    }
+    drop(_resume);
+    let b = rig.broker.clone();
+    super::gpu::until("n1's GPUs return to the pool", move || down(&b) == 0).await;
+    rig.broker.shutdown().await;
+}
+
+/// `ncu` leases are capped per node: with a cap of 1 and two nodes, two run at once, one on
+/// each node, and never two on one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ncu_leases_are_capped_per_node() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let rig = rig(&cluster, Duration::from_secs(2)).await;
+    assert_eq!(rig.broker.params().ncu_cap, 1);
+    let dir = rig.dir.path().to_path_buf();
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        let (b, d) = (rig.broker.clone(), dir.clone());
+        runs.push(tokio::spawn(async move {
+            b.run(
+                req(
+                    &format!("p{i}"),
+                    LeaseClass::Ncu,
+                    1,
+                    Duration::from_secs(60),
+                ),
+                sh(&d, &format!("p{i}"), "sleep 2"),
+                &CancellationToken::new(),
+            )
+            .await
+        }));
+    }
+    for r in runs {
+        assert!(r.await.expect("join").expect("outcome").succeeded());
+    }
+    // Spans per node never overlap; across the nodes they do (two ran at once).
+    let mut per_node: BTreeMap<String, Vec<(i128, i128)>> = BTreeMap::new();
+    for (gpu, spans) in journal_spans(&dir.join("fk-agentd.db")) {
+        per_node
+            .entry(node_of(&gpu).to_string())
+            .or_default()
+            .extend(spans);
+    }
+    assert_eq!(
+        per_node.keys().cloned().collect::<Vec<_>>(),
+        vec!["n1".to_string(), "n2".into()]
+    );
+    for (node, spans) in &mut per_node {
+        spans.sort();
+        for w in spans.windows(2) {
+            assert!(
+                w[0].1 <= w[1].0,
+                "two ncu leases at once on {node}: {spans:?}"
+            );
+        }
+    }
+    let (n1, n2) = (&per_node["n1"], &per_node["n2"]);
+    assert!(
+        n1.iter().any(|a| n2.iter().any(|b| a.0 < b.1 && b.0 < a.1)),
+        "no two ncu leases ran at once on the two nodes: {per_node:?}"
+    );
+    rig.broker.shutdown().await;
+}
+
+fn count(db: &Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(db)
+        .and_then(|c| c.query_row(sql, [], |r| r.get(0)))
+        .unwrap_or(0)
+}
+
+/// `fk-agentd start` SIGKILLed while its steps run, then `resume` on the same home: live steps
+/// are adopted (the rest of the leases the kill left open are closed), no lease is run again
+/// under its idempotency key, and every target finishes exactly once.
+#[test]
+fn a_campaign_killed_with_sigkill_resumes_with_nothing_run_twice() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.blocking_lock();
+    let _holders = Holders::cleared(&cluster);
+    let home = tempfile::tempdir().expect("home");
+    // Simulated benches end in well under a second; a task prolog that sleeps keeps each step
+    // alive long enough to be live at the kill and still live at the resume.
+    let prolog = home.path().join("slow-prolog");
+    std::fs::write(&prolog, "#!/bin/sh\nsleep 4\n").expect("prolog");
+    std::fs::set_permissions(&prolog, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let toml = home.path().join("slurm.toml");
+    let base = std::fs::read_to_string(cluster.join("fk-agentd.toml")).expect("config");
+    std::fs::write(
+        &toml,
+        format!(
+            "{base}srun_args = [\"--task-prolog={}\"]\n",
+            prolog.display()
+        ),
+    )
+    .expect("config");
+    let db = home.path().join("fk-agentd.db");
+    let mut child = fk(home.path(), &toml)
+        .args(["start", "--sim", "--targets", "L1", "--max-agents", "12"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start");
+    let started = Instant::now();
+    while count(&db, "SELECT count(*) FROM leases WHERE state = 'running'") < 2 {
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "the campaign ended before the kill"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no step ever ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let open = count(&db, "SELECT count(*) FROM leases WHERE finished_at IS NULL");
+    assert!(open >= 2, "{open} leases open at the kill");
+    let out = fk(home.path(), &toml)
+        .arg("resume")
+        .output()
+        .expect("resume");
+    assert!(
+        out.status.code().is_some_and(|c| c <= 1),
+        "{out:?}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM leases WHERE finished_at IS NULL"),
+        0
+    );
+    let adopted = count(
+        &db,
+        "SELECT count(*) FROM leases WHERE outcome LIKE '%adopted after a daemon restart%'",
+    );
+    eprintln!("{open} leases open at the kill, {adopted} adopted on resume");
+    assert!(adopted >= 1, "no live step was adopted");
+    let rerun = count(
+        &db,
+        "SELECT count(*) FROM (SELECT session, idempotency_key FROM leases \
+         WHERE idempotency_key != '' GROUP BY session, idempotency_key HAVING count(*) > 1)",
+    );
+    assert_eq!(rerun, 0, "a lease ran twice under one idempotency key");
+    let twice = count(
+        &db,
+        "SELECT count(*) FROM (SELECT run_id, target FROM events WHERE kind = 'task_finished' \
+         GROUP BY run_id, target HAVING count(*) > 1)",
+    );
+    assert_eq!(twice, 0, "a target finished twice");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(DISTINCT target) FROM events WHERE kind = 'task_finished'"
+        ),
+        47,
+        "every L1 target finished"
+    );
+    assert_no_double_booking(&db);
+    let left = slurm(
+        &cluster,
+        "squeue",
+        &["-h", "-t", "RUNNING,PENDING", "-o", "%j"],
+    );
+    assert!(
+        !left.contains("fk-agentd-"),
+        "holders left after resume: {left}"
+    );
+}
+
+/// `fk-agentd score` of a simulated campaign's run takes its benches' leases through the
+/// Slurm broker: the standalone benches run as steps on GPUs of both nodes.
+#[test]
+fn standalone_scoring_spreads_its_benches_over_both_nodes() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.blocking_lock();
+    let _holders = Holders::cleared(&cluster);
+    let home = tempfile::tempdir().expect("home");
+    let toml = cluster.join("fk-agentd.toml");
+    let db = home.path().join("fk-agentd.db");
+    let out = fk(home.path(), &toml)
+        .args(["start", "--sim", "--targets", "L1", "--max-agents", "12"])
+        .output()
+        .expect("start");
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
+    let before = count(&db, "SELECT max(rowid) FROM leases");
+    let out = fk(home.path(), &toml)
+        .args(["score", "--mode", "standalone", "--noise-sample", "0"])
+        .output()
+        .expect("score");
+    assert!(
+        out.status.code().is_some_and(|c| c <= 1),
+        "{out:?}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let conn = rusqlite::Connection::open(&db).expect("db");
+    let mut stmt = conn
+        .prepare("SELECT gpus, cgroup FROM leases WHERE rowid > ?1")
+        .expect("query");
+    let rows: Vec<(String, Option<String>)> = stmt
+        .query_map([before], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("rows")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert!(rows.len() >= 2, "{} scoring leases", rows.len());
+    let mut nodes = BTreeSet::new();
+    for (gpus, cgroup) in &rows {
+        assert!(
+            cgroup
+                .as_deref()
+                .is_some_and(|c| c.starts_with("slurm-step:")),
+            "{cgroup:?}"
+        );
+        for g in serde_json::from_str::<Vec<String>>(gpus).expect("gpus") {
+            nodes.insert(node_of(&g).to_string());
+        }
+    }
+    eprintln!("{} scoring leases on nodes {nodes:?}", rows.len());
+    assert_eq!(nodes, BTreeSet::from(["n1".to_string(), "n2".into()]));
+    assert_no_double_booking(&db);
+}

@@ -158,6 +158,29 @@ pub fn node_gpus(text: &str) -> Vec<(String, u32, String)> {
         .collect()
 }
 
+/// `(node, state, reason)` from `sinfo -h -N -o '%N|%T|%E'` rows, one per node (a node in
+/// several partitions is listed once per partition).
+pub fn node_states(text: &str) -> Vec<(String, String, String)> {
+    let mut out: Vec<(String, String, String)> = Vec::new();
+    for r in parse_rows(text, 3) {
+        if !out.iter().any(|(n, ..)| *n == r[0]) {
+            out.push((r[0].clone(), r[1].clone(), r[2..].join("|")));
+        }
+    }
+    out
+}
+
+/// Whether a node in `state` (sinfo's `%T`) cannot run work: down, drained or draining,
+/// failing, invalid, or not responding (`*`). Running steps on a draining node would finish,
+/// but the broker's deadline is not Slurm's: such a lease ends now, as the infrastructure's.
+pub fn unusable(state: &str) -> bool {
+    let s = state.to_ascii_lowercase();
+    s.ends_with('*')
+        || ["down", "drain", "fail", "inval"]
+            .iter()
+            .any(|w| s.contains(w))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +214,43 @@ mod tests {
         assert_eq!(
             parse_rows("7.0|lease-1|n2\n\nbroken\n", 3),
             vec![vec!["7.0".to_string(), "lease-1".into(), "n2".into()]]
+        );
+    }
+
+    #[test]
+    fn drained_down_and_silent_nodes_are_unusable() {
+        let rows =
+            node_states("n1|draining|test\nn2|idle|none\nn2|idle|none\nn3|down*|Not responding\n");
+        assert_eq!(
+            rows,
+            vec![
+                ("n1".into(), "draining".into(), "test".into()),
+                ("n2".into(), "idle".into(), "none".into()),
+                ("n3".into(), "down*".into(), "Not responding".into()),
+            ]
+        );
+        let verdicts: Vec<bool> = [
+            "idle",
+            "mixed",
+            "allocated",
+            "completing",
+            "drained",
+            "draining",
+            "down",
+            "down*",
+            "idle*",
+            "fail",
+            "inval",
+            "mixed-",
+        ]
+        .iter()
+        .map(|s| unusable(s))
+        .collect();
+        assert_eq!(
+            verdicts,
+            [
+                false, false, false, false, true, true, true, true, true, true, true, false
+            ]
         );
     }
 }
