@@ -107,7 +107,13 @@ pub(super) async fn run(
     };
     prepared.tools.cancel.cancel();
     drop(prepared.lease_token);
-    finish(&journal, end)
+    // Stopped by its timeout, the session's end is final and recorded, not left for resume.
+    match prepared.tools.slot.timed_out() {
+        Some(why) if end.status == SessionStatus::Interrupted => {
+            finish(&journal, End::new(SessionStatus::TimedOut, why))
+        }
+        _ => finish(&journal, end),
+    }
 }
 
 fn prepare(
