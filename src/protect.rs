@@ -197,3 +197,12 @@ fn hash_file(path: &Path) -> Result<String, ProtectError> {
         .map(|b| format!("{b:02x}"))
         .collect())
 }
+
+impl crate::error::ExitCode for ProtectError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            Self::Io { .. } => crate::exit::EXIT_UNAVAILABLE,
+            _ => crate::exit::EXIT_FAILURES,
+        }
+    }
+}

@@ -297,6 +297,22 @@ pub fn jsonl_line(event: &Event) -> String {
     line
 }
 
+impl crate::error::ExitCode for RunError {
+    fn exit_code(&self) -> i32 {
+        crate::exit::EXIT_UNAVAILABLE
+    }
+}
+
+/// The store knows no exit codes; an unknown run is bad input, the rest an unavailable store.
+impl crate::error::ExitCode for crate::store::StoreError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            Self::UnknownRun(_) | Self::RunId(_) => crate::exit::EXIT_USAGE,
+            _ => crate::exit::EXIT_UNAVAILABLE,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

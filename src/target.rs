@@ -435,3 +435,9 @@ pub fn select_for_config(i: &SelectionInputs<'_>) -> Result<(Vec<TargetId>, Cata
     let ids = wide.select(i.spec)?;
     Ok((ids, wide))
 }
+
+impl crate::error::ExitCode for TargetError {
+    fn exit_code(&self) -> i32 {
+        crate::exit::EXIT_USAGE
+    }
+}

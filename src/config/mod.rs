@@ -835,3 +835,9 @@ fn validate_fastkernels(
     };
     Ok((dir.map(|d| expand_tilde(&d, env)), command))
 }
+
+impl crate::error::ExitCode for ConfigError {
+    fn exit_code(&self) -> i32 {
+        crate::exit::EXIT_USAGE
+    }
+}

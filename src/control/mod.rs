@@ -189,3 +189,12 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
+
+impl crate::error::ExitCode for ControlError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            Self::Refused { .. } => crate::exit::EXIT_USAGE,
+            _ => crate::exit::EXIT_UNAVAILABLE,
+        }
+    }
+}

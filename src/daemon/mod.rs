@@ -46,7 +46,7 @@ pub enum DaemonError {
 
 impl DaemonError {
     pub fn exit_code(&self) -> i32 {
-        crate::error::EXIT_UNAVAILABLE
+        crate::exit::EXIT_UNAVAILABLE
     }
 }
 
@@ -324,5 +324,11 @@ pub async fn signals() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+impl crate::error::ExitCode for DaemonError {
+    fn exit_code(&self) -> i32 {
+        DaemonError::exit_code(self)
     }
 }

@@ -251,7 +251,7 @@ impl LeaseError {
 
     /// The CLI exit code: 2 for bad input, 3 when infrastructure is missing, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
-        use crate::error::{EXIT_FAILURES, EXIT_UNAVAILABLE, EXIT_USAGE};
+        use crate::exit::{EXIT_FAILURES, EXIT_UNAVAILABLE, EXIT_USAGE};
         match self {
             Self::BadRequest { .. }
             | Self::UnknownGpu(_)
@@ -327,4 +327,10 @@ pub struct Snapshot {
     pub gpus: Vec<GpuSnapshot>,
     pub queue: Vec<QueuedSnapshot>,
     pub pool: Option<PoolSnapshot>,
+}
+
+impl crate::error::ExitCode for LeaseError {
+    fn exit_code(&self) -> i32 {
+        LeaseError::exit_code(self)
+    }
 }

@@ -334,3 +334,9 @@ fn finish(args: FinishArgs) -> ToolOutput {
         finished: Some(summary.to_string()),
     }
 }
+
+impl crate::error::ExitCode for ToolError {
+    fn exit_code(&self) -> i32 {
+        crate::exit::EXIT_UNAVAILABLE
+    }
+}

@@ -232,3 +232,9 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), WorkspaceError> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", path))
 }
+
+impl crate::error::ExitCode for WorkspaceError {
+    fn exit_code(&self) -> i32 {
+        crate::exit::EXIT_UNAVAILABLE
+    }
+}

@@ -157,7 +157,7 @@ fn prepare(
         rendered.text,
         prompt_addendum(&ws.candidate_rel())
     );
-    let prompt_sha256 = super::sha256_hex(&prompt);
+    let prompt_sha256 = crate::digest::sha256_hex(prompt.as_bytes());
     let mut shell_env = p.shell_env.clone();
     let mut lease_token = None;
     if let Some(access) = &p.lease_access {
