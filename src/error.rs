@@ -53,3 +53,16 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Implements [`ExitCode`] for a module error, where the error is defined:
+/// `exit_code!(ToolError, |self| EXIT_UNAVAILABLE)`.
+#[macro_export]
+macro_rules! exit_code {
+    ($ty:ty, |$s:ident| $code:expr) => {
+        impl $crate::error::ExitCode for $ty {
+            fn exit_code(&$s) -> i32 {
+                $code
+            }
+        }
+    };
+}

@@ -198,11 +198,7 @@ fn hash_file(path: &Path) -> Result<String, ProtectError> {
         .collect())
 }
 
-impl crate::error::ExitCode for ProtectError {
-    fn exit_code(&self) -> i32 {
-        match self {
-            Self::Io { .. } => crate::exit::EXIT_UNAVAILABLE,
-            _ => crate::exit::EXIT_FAILURES,
-        }
-    }
-}
+crate::exit_code!(ProtectError, |self| match self {
+    Self::Io { .. } => crate::exit::EXIT_UNAVAILABLE,
+    _ => crate::exit::EXIT_FAILURES,
+});

@@ -436,8 +436,4 @@ pub fn select_for_config(i: &SelectionInputs<'_>) -> Result<(Vec<TargetId>, Cata
     Ok((ids, wide))
 }
 
-impl crate::error::ExitCode for TargetError {
-    fn exit_code(&self) -> i32 {
-        crate::exit::EXIT_USAGE
-    }
-}
+crate::exit_code!(TargetError, |self| crate::exit::EXIT_USAGE);

@@ -836,8 +836,4 @@ fn validate_fastkernels(
     Ok((dir.map(|d| expand_tilde(&d, env)), command))
 }
 
-impl crate::error::ExitCode for ConfigError {
-    fn exit_code(&self) -> i32 {
-        crate::exit::EXIT_USAGE
-    }
-}
+crate::exit_code!(ConfigError, |self| crate::exit::EXIT_USAGE);

@@ -190,11 +190,7 @@ pub async fn serve(
         .await
 }
 
-impl crate::error::ExitCode for ControlError {
-    fn exit_code(&self) -> i32 {
-        match self {
-            Self::Refused { .. } => crate::exit::EXIT_USAGE,
-            _ => crate::exit::EXIT_UNAVAILABLE,
-        }
-    }
-}
+crate::exit_code!(ControlError, |self| match self {
+    Self::Refused { .. } => crate::exit::EXIT_USAGE,
+    _ => crate::exit::EXIT_UNAVAILABLE,
+});

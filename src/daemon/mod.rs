@@ -327,8 +327,4 @@ pub async fn signals() {
     }
 }
 
-impl crate::error::ExitCode for DaemonError {
-    fn exit_code(&self) -> i32 {
-        DaemonError::exit_code(self)
-    }
-}
+crate::exit_code!(DaemonError, |self| DaemonError::exit_code(self));

@@ -329,8 +329,4 @@ pub struct Snapshot {
     pub pool: Option<PoolSnapshot>,
 }
 
-impl crate::error::ExitCode for LeaseError {
-    fn exit_code(&self) -> i32 {
-        LeaseError::exit_code(self)
-    }
-}
+crate::exit_code!(LeaseError, |self| LeaseError::exit_code(self));

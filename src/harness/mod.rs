@@ -83,8 +83,4 @@ pub fn write_shipped_series(home: &std::path::Path) -> Result<PathBuf, HarnessEr
     Ok(dir)
 }
 
-impl crate::error::ExitCode for HarnessError {
-    fn exit_code(&self) -> i32 {
-        HarnessError::exit_code(self)
-    }
-}
+crate::exit_code!(HarnessError, |self| HarnessError::exit_code(self));

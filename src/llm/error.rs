@@ -262,15 +262,11 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
-impl crate::error::ExitCode for LlmError {
-    fn exit_code(&self) -> i32 {
-        if self.is_bad_config() {
-            crate::exit::EXIT_USAGE
-        } else {
-            crate::exit::EXIT_UNAVAILABLE
-        }
-    }
-}
+crate::exit_code!(LlmError, |self| if self.is_bad_config() {
+    crate::exit::EXIT_USAGE
+} else {
+    crate::exit::EXIT_UNAVAILABLE
+});
 
 #[cfg(test)]
 mod tests {

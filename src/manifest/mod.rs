@@ -370,8 +370,4 @@ fn replace_file(path: &Path, text: &str) -> Result<(), ManifestError> {
     std::fs::rename(&tmp, path).map_err(err)
 }
 
-impl crate::error::ExitCode for ManifestError {
-    fn exit_code(&self) -> i32 {
-        ManifestError::exit_code(self)
-    }
-}
+crate::exit_code!(ManifestError, |self| ManifestError::exit_code(self));

@@ -81,8 +81,4 @@ impl ScoreError {
     }
 }
 
-impl crate::error::ExitCode for ScoreError {
-    fn exit_code(&self) -> i32 {
-        ScoreError::exit_code(self)
-    }
-}
+crate::exit_code!(ScoreError, |self| ScoreError::exit_code(self));

@@ -335,8 +335,4 @@ fn finish(args: FinishArgs) -> ToolOutput {
     }
 }
 
-impl crate::error::ExitCode for ToolError {
-    fn exit_code(&self) -> i32 {
-        crate::exit::EXIT_UNAVAILABLE
-    }
-}
+crate::exit_code!(ToolError, |self| crate::exit::EXIT_UNAVAILABLE);

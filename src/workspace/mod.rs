@@ -233,8 +233,4 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), WorkspaceError> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", path))
 }
 
-impl crate::error::ExitCode for WorkspaceError {
-    fn exit_code(&self) -> i32 {
-        crate::exit::EXIT_UNAVAILABLE
-    }
-}
+crate::exit_code!(WorkspaceError, |self| crate::exit::EXIT_UNAVAILABLE);
