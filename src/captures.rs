@@ -115,7 +115,7 @@ pub fn reports_for(dir: &Path) -> Result<Vec<CaptureReport>, String> {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Imported {
     pub dest: PathBuf,
-    /// The same hash a run's facts record for its captures ([`crate::facts::tree_sha256`]).
+    /// The same hash a run's facts record for its captures ([`crate::digest::tree_sha256`]).
     pub sha256: String,
     pub files: usize,
     pub bytes: u64,
@@ -146,10 +146,10 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
     let dest = home.join("captures").join("imported").join(name);
     let io = |what: String| move |source| Error::Io { what, source };
     let (sha, files, bytes) =
-        crate::facts::tree_sha256(src).map_err(io(format!("hashing {}", src.display())))?;
+        crate::digest::tree_sha256(src).map_err(io(format!("hashing {}", src.display())))?;
     if dest.exists() {
         let (have, _, _) =
-            crate::facts::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
+            crate::digest::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
         if have != sha {
             return Err(usage(format!(
                 "{} exists with other content (sha256 {have}); move it aside first",
@@ -165,7 +165,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
             unchanged: true,
         });
     }
-    for rel in crate::facts::files_under(src).map_err(io(format!("listing {}", src.display())))? {
+    for rel in crate::digest::files_under(src).map_err(io(format!("listing {}", src.display())))? {
         let to = dest.join(&rel);
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent)
@@ -175,7 +175,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
     }
     // The hash printed is the copy's, checked, not only the source's.
     let (copied, _, _) =
-        crate::facts::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
+        crate::digest::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
     if copied != sha {
         return Err(usage(format!(
             "the copy in {} hashes to {copied}, not {sha} (did the folder change while copying?)",

@@ -31,7 +31,8 @@ use crate::store::{Event, now_rfc3339};
 mod captures;
 mod probe;
 
-pub use captures::{captures_facts, files_under, sha256_hex, tree_sha256};
+use crate::digest::sha256_hex;
+pub use captures::captures_facts;
 pub use probe::{FixedFacts, SystemFacts, parse_nvidia_smi};
 
 /// The store event kind that carries a [`HostFacts`] payload.

@@ -31,7 +31,9 @@
 //! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |
 //! | [`confine`]   | the Landlock ruleset that keeps secret files out of agent code's reach    |
 //! | [`tls`]       | the process-wide rustls provider every HTTP client needs                  |
-//! | [`error`]     | the crate [`Error`] and its exit codes                                    |
+//! | [`error`]     | the crate [`Error`], gathering the module errors for the CLI             |
+//! | [`exit`]      | the exit codes of the contract (a leaf: imports nothing of the crate)    |
+//! | [`digest`]    | sha256 as hex, of bytes and of a folder's tree (a leaf)                 |
 //!
 //! Invariants that cross modules: an event is stored before it is shown; the provider token is
 //! never written anywhere; a bench's exit code is not its verdict; every simulated output says
@@ -45,7 +47,9 @@ pub mod confine;
 pub mod control;
 pub mod daemon;
 pub mod dashboard;
+pub mod digest;
 pub mod error;
+pub mod exit;
 pub mod facts;
 pub mod gpu;
 pub mod harness;

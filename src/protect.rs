@@ -197,3 +197,8 @@ fn hash_file(path: &Path) -> Result<String, ProtectError> {
         .map(|b| format!("{b:02x}"))
         .collect())
 }
+
+crate::exit_code!(ProtectError, |self| match self {
+    Self::Io { .. } => crate::exit::EXIT_UNAVAILABLE,
+    _ => crate::exit::EXIT_FAILURES,
+});

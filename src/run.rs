@@ -297,6 +297,14 @@ pub fn jsonl_line(event: &Event) -> String {
     line
 }
 
+crate::exit_code!(RunError, |self| crate::exit::EXIT_UNAVAILABLE);
+
+// The store knows no exit codes; an unknown run is bad input, the rest an unavailable store.
+crate::exit_code!(crate::store::StoreError, |self| match self {
+    Self::UnknownRun(_) | Self::RunId(_) => crate::exit::EXIT_USAGE,
+    _ => crate::exit::EXIT_UNAVAILABLE,
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;

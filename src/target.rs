@@ -435,3 +435,5 @@ pub fn select_for_config(i: &SelectionInputs<'_>) -> Result<(Vec<TargetId>, Cata
     let ids = wide.select(i.spec)?;
     Ok((ids, wide))
 }
+
+crate::exit_code!(TargetError, |self| crate::exit::EXIT_USAGE);

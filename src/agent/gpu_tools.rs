@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use futures::future::BoxFuture;
 use serde_json::json;
-use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
 use super::journal::SessionJournal;
@@ -235,7 +234,7 @@ async fn noise_band<L: BenchLauncher>(
     cancel: &CancellationToken,
 ) -> Result<f64, String> {
     let captures = driver.params().captures.to_string_lossy().into_owned();
-    let key = format!("{:x}", sha2::Sha256::digest(captures.as_bytes()));
+    let key = crate::digest::sha256_hex(captures.as_bytes());
     let t = ws.target();
     let run_dir = ws
         .session_dir()

@@ -90,15 +90,19 @@ impl End {
 /// Runs (or resumes) a session to its end.
 pub async fn run(setup: SessionSetup, cancel: CancellationToken) -> SessionOutcome {
     let journal = setup.journal.clone();
-    match drive(&setup, &cancel).await {
-        Ok(end) => finish(&journal, end),
-        Err(e) => {
-            let end = End {
-                infra: true,
-                ..End::new(SessionStatus::Failed, format!("recording failed: {e}"))
-            };
-            finish(&journal, end)
+    let end = match drive(&setup, &cancel).await {
+        Ok(end) => end,
+        Err(e) => End {
+            infra: true,
+            ..End::new(SessionStatus::Failed, format!("recording failed: {e}"))
+        },
+    };
+    // Stopped by its timeout, the session's end is final and recorded, not left for resume.
+    match setup.slot.timed_out() {
+        Some(why) if end.status == SessionStatus::Interrupted => {
+            finish(&journal, End::new(SessionStatus::TimedOut, why))
         }
+        _ => finish(&journal, end),
     }
 }
 
@@ -407,6 +411,12 @@ async fn run_call(
                 break out;
             }
             Err(ToolError::Cancelled { .. }) => {
+                if let Some(why) = s.slot.timed_out() {
+                    j.record(
+                        kind::TOOL_FINISHED,
+                        json!({"call_id": call.call_id, "name": call.name, "output": format!("stopped: {why}"), "is_error": true}),
+                    )?;
+                }
                 return Ok(Some(End::new(
                     SessionStatus::Interrupted,
                     format!("stopped during {}", call.name),

@@ -181,7 +181,7 @@ pub fn gpu_of(path: &Path) -> Option<String> {
 /// Every capture report under `dir` (sorted by path); a JSON file that does not parse is an
 /// error naming it, one without `operators` is skipped (as the bench skips it).
 pub fn read_dir(dir: &Path) -> Result<Vec<CaptureReport>, String> {
-    let files = crate::facts::files_under(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files = crate::digest::files_under(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut out = Vec::new();
     for rel in files.iter().filter(|f| f.ends_with(".json")) {
         let path = dir.join(rel);

@@ -6,7 +6,8 @@
 use std::io::Write;
 
 use crate::config::Config;
-use crate::error::{EXIT_UNAVAILABLE, Error};
+use crate::error::Error;
+use crate::exit::EXIT_UNAVAILABLE;
 use crate::harness::preflight::{self, HostChecks};
 
 /// Runs the checks, prints them (or one JSON object) and returns the exit code.

@@ -178,17 +178,17 @@ fn lease_exit_code(o: &LeaseOutcome) -> i32 {
             gone(format!(
                 "failed on GPU {uuid} ({detail}): infrastructure, not your command"
             ));
-            crate::error::EXIT_UNAVAILABLE
+            crate::exit::EXIT_UNAVAILABLE
         }
         Some(KilledReason::GpuViolation { uuid, pid }) => {
             gone(format!(
                 "was killed: its process {pid} used GPU {uuid}, which the lease does not hold; the result is invalid"
             ));
-            crate::error::EXIT_FAILURES
+            crate::exit::EXIT_FAILURES
         }
         Some(KilledReason::DaemonRestart) => {
             gone("was ended by a daemon restart".into());
-            crate::error::EXIT_UNAVAILABLE
+            crate::exit::EXIT_UNAVAILABLE
         }
         Some(KilledReason::Cancelled) => {
             gone("was cancelled".into());

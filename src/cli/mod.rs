@@ -35,14 +35,14 @@ use crate::{daemon, report};
 pub fn main() -> i32 {
     if let Some(why) = not_utf8(std::env::args_os()) {
         eprintln!("fk-agentd: {why}");
-        return crate::error::EXIT_USAGE;
+        return crate::exit::EXIT_USAGE;
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() {
-                crate::error::EXIT_USAGE
+                crate::exit::EXIT_USAGE
             } else {
                 0
             };
@@ -78,7 +78,7 @@ pub fn main() -> i32 {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fk-agentd: cannot start the async runtime: {e}");
-            return crate::error::EXIT_UNAVAILABLE;
+            return crate::exit::EXIT_UNAVAILABLE;
         }
     };
     match runtime.block_on(dispatch(cli, env)) {
@@ -144,7 +144,7 @@ async fn cmd_tool(tool: &args::ToolCommand) -> Result<i32, Error> {
     let token = std::env::var(endpoint::TOKEN_ENV).ok();
     let (Some(socket), Some(token)) = (socket, token) else {
         eprintln!("fk-agentd tool: {}", endpoint::EndpointError::NotInSession);
-        return Ok(crate::error::EXIT_UNAVAILABLE);
+        return Ok(crate::exit::EXIT_UNAVAILABLE);
     };
     match endpoint::call(&socket, &token, name, arguments).await {
         Ok(reply) => {
@@ -153,7 +153,7 @@ async fn cmd_tool(tool: &args::ToolCommand) -> Result<i32, Error> {
         }
         Err(e) => {
             eprintln!("fk-agentd tool: {e}");
-            Ok(crate::error::EXIT_UNAVAILABLE)
+            Ok(crate::exit::EXIT_UNAVAILABLE)
         }
     }
 }

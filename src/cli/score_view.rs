@@ -85,7 +85,7 @@ pub fn exit_code(report: &ScoreReport) -> i32 {
         .flat_map(|s| &s.gate.verdicts)
         .any(|v| !v.failing_statuses.is_empty() || v.rows + v.skipped == 0);
     if failed {
-        crate::error::EXIT_FAILURES
+        crate::exit::EXIT_FAILURES
     } else {
         0
     }

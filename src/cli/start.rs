@@ -553,7 +553,7 @@ fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
              fix the cause and `fk-agentd resume {}`",
             report.run_id
         );
-        crate::error::EXIT_UNAVAILABLE
+        crate::exit::EXIT_UNAVAILABLE
     } else {
         1
     }

@@ -835,3 +835,5 @@ fn validate_fastkernels(
     };
     Ok((dir.map(|d| expand_tilde(&d, env)), command))
 }
+
+crate::exit_code!(ConfigError, |self| crate::exit::EXIT_USAGE);

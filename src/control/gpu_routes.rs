@@ -81,7 +81,7 @@ fn refuse(status: StatusCode, e: &LeaseError) -> Response {
 }
 
 fn no_broker() -> Response {
-    let body = json!({"error": "this daemon has no GPU broker", "exit_code": crate::error::EXIT_UNAVAILABLE});
+    let body = json!({"error": "this daemon has no GPU broker", "exit_code": crate::exit::EXIT_UNAVAILABLE});
     (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
 }
 

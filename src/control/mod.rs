@@ -189,3 +189,8 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
+
+crate::exit_code!(ControlError, |self| match self {
+    Self::Refused { .. } => crate::exit::EXIT_USAGE,
+    _ => crate::exit::EXIT_UNAVAILABLE,
+});

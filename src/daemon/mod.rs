@@ -46,7 +46,7 @@ pub enum DaemonError {
 
 impl DaemonError {
     pub fn exit_code(&self) -> i32 {
-        crate::error::EXIT_UNAVAILABLE
+        crate::exit::EXIT_UNAVAILABLE
     }
 }
 
@@ -326,3 +326,5 @@ pub async fn signals() {
         _ = term.recv() => {}
     }
 }
+
+crate::exit_code!(DaemonError, |self| DaemonError::exit_code(self));

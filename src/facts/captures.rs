@@ -1,69 +1,11 @@
-//! Content hashes of folders (captures) and the provenance a captures folder declares: the
+//! A captures folder's facts: its content hash (see [`crate::digest`]) and the provenance a captures folder declares: the
 //! rows of its `README.md` table and the `_derived_from` field of derived JSON files.
 
 use std::io::Read;
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
 use super::CapturesFacts;
-
-/// Hex sha256 of bytes.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&Sha256::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Every regular file under `root`, as sorted `/`-separated relative paths.
-pub fn files_under(root: &Path) -> std::io::Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            let path = entry.path();
-            if kind.is_dir() {
-                stack.push(path);
-            } else if kind.is_file()
-                && let Ok(rel) = path.strip_prefix(root)
-            {
-                out.push(rel.to_string_lossy().replace('\\', "/"));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// sha256 over the sorted relative paths and contents of every file under `root`; each file
-/// contributes its path, a NUL, its length and its bytes, so moving bytes between files or
-/// renaming a file changes the hash. Returns (hash, files, bytes).
-pub fn tree_sha256(root: &Path) -> std::io::Result<(String, usize, u64)> {
-    let files = files_under(root)?;
-    let mut hasher = Sha256::new();
-    let mut total = 0u64;
-    let mut buf = vec![0u8; 1 << 16];
-    for rel in &files {
-        let mut f = std::fs::File::open(root.join(rel))?;
-        let len = f.metadata()?.len();
-        hasher.update(rel.as_bytes());
-        hasher.update([0u8]);
-        hasher.update(len.to_le_bytes());
-        loop {
-            let n = f.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
-        total += len;
-    }
-    Ok((hex(&hasher.finalize()), files.len(), total))
-}
+use crate::digest::{files_under, tree_sha256};
 
 /// The captures folder's hash, size, and provenance.
 pub fn captures_facts(dir: &Path) -> CapturesFacts {

@@ -251,7 +251,7 @@ impl LeaseError {
 
     /// The CLI exit code: 2 for bad input, 3 when infrastructure is missing, 1 otherwise.
     pub fn exit_code(&self) -> i32 {
-        use crate::error::{EXIT_FAILURES, EXIT_UNAVAILABLE, EXIT_USAGE};
+        use crate::exit::{EXIT_FAILURES, EXIT_UNAVAILABLE, EXIT_USAGE};
         match self {
             Self::BadRequest { .. }
             | Self::UnknownGpu(_)
@@ -328,3 +328,5 @@ pub struct Snapshot {
     pub queue: Vec<QueuedSnapshot>,
     pub pool: Option<PoolSnapshot>,
 }
+
+crate::exit_code!(LeaseError, |self| LeaseError::exit_code(self));

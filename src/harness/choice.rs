@@ -297,7 +297,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("--patches auto"), "{text}");
-        assert_eq!(err.exit_code(), crate::error::EXIT_USAGE);
+        assert_eq!(err.exit_code(), crate::exit::EXIT_USAGE);
     }
 
     #[test]

@@ -45,8 +45,8 @@ impl HarnessError {
     /// Bad input (a series or checkout the user must fix) is 2; nothing here is transient.
     pub fn exit_code(&self) -> i32 {
         match self {
-            HarnessError::Io { .. } => crate::error::EXIT_UNAVAILABLE,
-            _ => crate::error::EXIT_USAGE,
+            HarnessError::Io { .. } => crate::exit::EXIT_UNAVAILABLE,
+            _ => crate::exit::EXIT_USAGE,
         }
     }
 }
@@ -82,3 +82,5 @@ pub fn write_shipped_series(home: &std::path::Path) -> Result<PathBuf, HarnessEr
     }
     Ok(dir)
 }
+
+crate::exit_code!(HarnessError, |self| HarnessError::exit_code(self));

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::digest::sha256_hex;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::HarnessError;
 
@@ -71,7 +71,7 @@ pub struct PreparedHarness {
     /// Whether the user's checkout had uncommitted changes (they are not in the copy).
     pub checkout_dirty: bool,
     pub patches: Vec<AppliedPatch>,
-    /// sha256 over every path and byte of the copy once patched (see [`crate::facts::tree_sha256`]).
+    /// sha256 over every path and byte of the copy once patched (see [`crate::digest::tree_sha256`]).
     #[serde(default)]
     pub tree_sha256: String,
     /// Whether this copy was made earlier and found intact (same commit, series and content).
@@ -81,13 +81,6 @@ pub struct PreparedHarness {
     /// directly with a series.
     #[serde(default)]
     pub decision: Option<super::choice::PatchDecision>,
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn series_err(dir: &Path, why: impl Into<String>) -> HarnessError {
@@ -273,7 +266,7 @@ pub fn prepare(
             checks,
         });
     }
-    let tree = crate::facts::tree_sha256(dest).map_err(|source| HarnessError::Io {
+    let tree = crate::digest::tree_sha256(dest).map_err(|source| HarnessError::Io {
         what: format!("hash {}", dest.display()),
         source,
     })?;
@@ -341,7 +334,7 @@ pub fn prepare_cached(
             .iter()
             .map(|p| &p.sha256)
             .eq(series.patches.iter().map(|p| &p.sha256));
-        let intact = crate::facts::tree_sha256(dest)
+        let intact = crate::digest::tree_sha256(dest)
             .map(|t| t.0 == m.tree_sha256)
             .unwrap_or(false);
         let checks: Vec<Vec<CheckResult>> =

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{LlmClient, LlmError, TokenProvider, TokenStatus, TurnRequest, Usage, user_message};
 use crate::config::provider::ProviderConfig;
-use crate::error::{EXIT_UNAVAILABLE, EXIT_USAGE};
+use crate::exit::{EXIT_UNAVAILABLE, EXIT_USAGE};
 
 /// What the check found.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -262,6 +262,12 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
+crate::exit_code!(LlmError, |self| if self.is_bad_config() {
+    crate::exit::EXIT_USAGE
+} else {
+    crate::exit::EXIT_UNAVAILABLE
+});
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,9 +38,9 @@ impl ManifestError {
     pub fn exit_code(&self) -> i32 {
         match self {
             ManifestError::Store(StoreError::UnknownRun(_) | StoreError::RunId(_)) => {
-                crate::error::EXIT_USAGE
+                crate::exit::EXIT_USAGE
             }
-            _ => crate::error::EXIT_UNAVAILABLE,
+            _ => crate::exit::EXIT_UNAVAILABLE,
         }
     }
 }
@@ -307,7 +307,7 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
 }
 
 fn archive(run_dir: &Path) -> Result<Vec<ArchiveEntry>, ManifestError> {
-    let files = crate::facts::files_under(run_dir).map_err(|e| ManifestError::Io {
+    let files = crate::digest::files_under(run_dir).map_err(|e| ManifestError::Io {
         path: run_dir.to_path_buf(),
         why: e.to_string(),
     })?;
@@ -369,3 +369,5 @@ fn replace_file(path: &Path, text: &str) -> Result<(), ManifestError> {
     std::fs::write(&tmp, text).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
 }
+
+crate::exit_code!(ManifestError, |self| ManifestError::exit_code(self));

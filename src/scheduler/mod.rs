@@ -7,7 +7,9 @@
 //!
 //! Cancellation flows down one tree: the daemon's token → one child per session. On shutdown
 //! the scheduler stops starting sessions, cancels the running ones, waits up to the drain
-//! deadline and then aborts what is left; every session still gets its `task_finished`.
+//! deadline and then aborts what is left; every session still gets its `task_finished`. At a
+//! session's timeout it is marked timed out on its slot and cancelled, and gets the same
+//! deadline to record its own end, so its log is closed rather than cut.
 //!
 //! A campaign-wide cap ([`budget`]) stops the phase the same way, without a shutdown: when the
 //! recorded spending reaches it, `budget_reached` is recorded, queued sessions never start
@@ -112,7 +114,8 @@ pub struct SchedulerParams {
     pub gpus: usize,
     pub order: QueueOrder,
     pub session_timeout: Duration,
-    /// How long running sessions get to end after a shutdown before they are aborted.
+    /// How long running sessions get to end after a shutdown, or after their timeout, before
+    /// they are dropped.
     pub drain_deadline: Duration,
     /// The campaign-wide token and cost caps.
     pub budget: budget::Budget,
@@ -191,17 +194,11 @@ pub async fn run_phase(
                 let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
                 let timeout = params.session_timeout;
                 let spawned_target = target.clone();
+                let grace = params.drain_deadline;
                 let handle = tasks.spawn(async move {
-                    let _slot = slot;
                     let started = tokio::time::Instant::now();
-                    let (status, mut result) = match tokio::time::timeout(timeout, fut).await {
-                        Ok(outcome) => (outcome.status, outcome.result),
-                        Err(_) => {
-                            cancel.cancel();
-                            let why = format!("session timeout ({}) reached", crate::config::format_duration(timeout));
-                            (SessionStatus::TimedOut, json!({"reason": why}))
-                        }
-                    };
+                    let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
+                    drop(slot);
                     if let Value::Object(m) = &mut result {
                         // What `campaign.order = "longest-first"` reads in later runs.
                         let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
@@ -260,6 +257,46 @@ pub async fn run_phase(
         // A phase stopped by the budget is over early: later phases must not start.
         interrupted: interrupted || over_budget.is_some(),
     })
+}
+
+/// Runs one session under its timeout. At the timeout the session is cancelled first and
+/// given `grace` to record its own end and close its tool call in flight; only a session
+/// that outlives the grace is dropped where it stands.
+async fn timed(
+    mut fut: SessionFuture,
+    slot: &SessionSlot,
+    cancel: &CancellationToken,
+    timeout: Duration,
+    grace: Duration,
+) -> (SessionStatus, Value) {
+    if let Ok(outcome) = tokio::time::timeout(timeout, &mut fut).await {
+        return (outcome.status, outcome.result);
+    }
+    let why = format!(
+        "session timeout ({}) reached",
+        crate::config::format_duration(timeout)
+    );
+    slot.time_out(why.clone());
+    cancel.cancel();
+    match tokio::time::timeout(grace, fut).await {
+        // A session that saw its cancellation as a stop still ended by the timeout.
+        Ok(outcome) if outcome.status != SessionStatus::Interrupted => {
+            (outcome.status, outcome.result)
+        }
+        Ok(outcome) => {
+            let mut result = outcome.result;
+            if result.is_object() {
+                result["reason"] = json!(why);
+            } else {
+                result = json!({"reason": why});
+            }
+            (SessionStatus::TimedOut, result)
+        }
+        Err(_) => {
+            tracing::warn!("a session outlived its timeout's grace and was dropped");
+            (SessionStatus::TimedOut, json!({"reason": why}))
+        }
+    }
 }
 
 /// The sessions of this run that ended before (an earlier attempt of a resumed run) and stay

@@ -15,7 +15,7 @@
 //! permit; dropping a [`SessionSlot`] returns everything it holds.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -64,6 +64,7 @@ impl Slots {
             give_back: self.live.as_ref().map(|_| self.thinking.clone()),
             thinking: Mutex::new(Some(thinking)),
             _live: live,
+            timed_out: OnceLock::new(),
         }
     }
 }
@@ -82,6 +83,9 @@ pub struct SessionSlot {
     give_back: Option<Arc<Semaphore>>,
     thinking: Mutex<Option<OwnedSemaphorePermit>>,
     _live: Option<OwnedSemaphorePermit>,
+    /// Set before the scheduler cancels the session for its timeout: a cancellation alone
+    /// cannot say whether the end is final (timeout) or to be resumed (shutdown, budget).
+    timed_out: OnceLock<String>,
 }
 
 impl SessionSlot {
@@ -91,7 +95,18 @@ impl SessionSlot {
             give_back: None,
             thinking: Mutex::new(None),
             _live: None,
+            timed_out: OnceLock::new(),
         }
+    }
+
+    /// Marks the session as stopped by its timeout, with the reason its end records.
+    pub fn time_out(&self, reason: String) {
+        let _ = self.timed_out.set(reason);
+    }
+
+    /// The timeout's reason, once the session was stopped by it.
+    pub fn timed_out(&self) -> Option<&str> {
+        self.timed_out.get().map(String::as_str)
     }
 
     /// Runs `lease` (a GPU tool: its wait for a lease and the lease itself). Under

@@ -57,7 +57,7 @@ pub struct WinnerSet {
 }
 
 fn kernel_count(dir: &Path) -> usize {
-    crate::facts::files_under(dir)
+    crate::digest::files_under(dir)
         .unwrap_or_default()
         .iter()
         .filter(|f| f.ends_with(".py") && f.starts_with('L'))

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::score::ScoreError;
 use crate::score::candidates::CandidateSet;
@@ -232,5 +231,5 @@ fn slash(p: &Path) -> String {
 /// Hex sha256 of a file.
 pub fn sha256_file(path: &Path) -> Result<String, ScoreError> {
     let bytes = std::fs::read(path).map_err(ScoreError::io(path))?;
-    Ok(format!("{:x}", Sha256::digest(&bytes)))
+    Ok(crate::digest::sha256_hex(&bytes))
 }

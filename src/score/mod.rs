@@ -67,9 +67,9 @@ impl ScoreError {
     /// The CLI exit code: 2 bad input, 1 scoring could not complete, 3 I/O or launch trouble.
     pub fn exit_code(&self) -> i32 {
         match self {
-            ScoreError::Usage(_) => crate::error::EXIT_USAGE,
-            ScoreError::Incomplete(_) => crate::error::EXIT_FAILURES,
-            _ => crate::error::EXIT_UNAVAILABLE,
+            ScoreError::Usage(_) => crate::exit::EXIT_USAGE,
+            ScoreError::Incomplete(_) => crate::exit::EXIT_FAILURES,
+            _ => crate::exit::EXIT_UNAVAILABLE,
         }
     }
 
@@ -80,3 +80,5 @@ impl ScoreError {
         }
     }
 }
+
+crate::exit_code!(ScoreError, |self| ScoreError::exit_code(self));

@@ -78,7 +78,7 @@ fn from_yaml(text: &str) -> Vec<Scenario> {
 /// Every candidate `.py` file under the folder, with its content, sorted.
 fn candidates(dir: Option<&Path>) -> Vec<(String, String)> {
     let Some(dir) = dir else { return Vec::new() };
-    let mut out: Vec<(String, String)> = crate::facts::files_under(dir)
+    let mut out: Vec<(String, String)> = crate::digest::files_under(dir)
         .unwrap_or_default()
         .into_iter()
         .filter(|f| f.ends_with(".py"))

@@ -94,17 +94,13 @@ impl Drop for SimServer {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn digest(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
         h.update([0]);
     }
-    hex(&h.finalize())
+    crate::digest::hex(&h.finalize())
 }
 
 /// The opaque "encrypted" reasoning content the server issues for a reasoning item id.

@@ -334,3 +334,5 @@ fn finish(args: FinishArgs) -> ToolOutput {
         finished: Some(summary.to_string()),
     }
 }
+
+crate::exit_code!(ToolError, |self| crate::exit::EXIT_UNAVAILABLE);

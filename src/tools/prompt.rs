@@ -7,8 +7,6 @@
 
 use std::collections::BTreeMap;
 
-use sha2::{Digest, Sha256};
-
 use crate::target::Target;
 
 /// The optimize template, compiled in.
@@ -111,9 +109,6 @@ pub fn render(
         rest = &after[close + 2..];
     }
     text.push_str(rest);
-    let sha256 = Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha256 = crate::digest::sha256_hex(text.as_bytes());
     Ok(RenderedPrompt { text, sha256 })
 }

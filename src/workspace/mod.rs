@@ -232,3 +232,5 @@ fn set_mode(path: &Path, mode: u32) -> Result<(), WorkspaceError> {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", path))
 }
+
+crate::exit_code!(WorkspaceError, |self| crate::exit::EXIT_UNAVAILABLE);

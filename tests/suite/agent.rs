@@ -294,6 +294,60 @@ async fn the_session_timeout_ends_a_session_whose_model_never_answers() {
             .unwrap()
             .contains("session timeout (30s)")
     );
+    let ended = evs.iter().find(|e| e.kind == "session_finished").unwrap();
+    assert_eq!(ended.payload["status"], "TIMEOUT", "{ended:?}");
+}
+
+/// At the timeout a real session is cancelled, not dropped: the shell call in flight is closed
+/// with the timeout as its output and the session records its own `TIMEOUT` end.
+#[tokio::test(start_paused = true)]
+async fn the_session_timeout_closes_the_tool_call_in_flight() {
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu", 1, "30s", "10s");
+    let sleep = json!({"cmd": "sleep 1000", "timeout_s": 2000});
+    let fake = FakeResponses::start(vec![sse_response(
+        "r1",
+        &[
+            reasoning_item("rs_1", "wait", "enc1"),
+            function_call_item("fc_c1", "c1", "shell", sleep),
+        ],
+        [10, 0, 5, 1],
+    )])
+    .await;
+    let runner = gpu_less_runner(home.path(), &cfg, &fake.base_url);
+    let report = campaign(cfg, runner, None, None).await;
+    let evs = events(home.path(), &report.run_id);
+    let kinds: Vec<&str> = evs
+        .iter()
+        .map(|e| e.kind.as_str())
+        .filter(|k| {
+            [
+                "tool_started",
+                "tool_finished",
+                "session_finished",
+                "task_finished",
+            ]
+            .contains(k)
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "tool_started",
+            "tool_finished",
+            "session_finished",
+            "task_finished"
+        ]
+    );
+    let closed = evs.iter().find(|e| e.kind == "tool_finished").unwrap();
+    assert_eq!(
+        closed.payload["output"],
+        "stopped: session timeout (30s) reached"
+    );
+    assert_eq!(closed.payload["is_error"], true);
+    let ended = evs.iter().find(|e| e.kind == "session_finished").unwrap();
+    assert_eq!(ended.payload["status"], "TIMEOUT");
+    assert_eq!(report.status, "FAIL");
 }
 
 struct NoGpu;

@@ -149,8 +149,8 @@ fn import_copies_a_capture_folder_with_the_hash_the_facts_record() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     let dest = tmp.path().join("home/captures/imported/h200");
-    let (sha, files, _) = fk_agentd::facts::tree_sha256(&src).unwrap();
-    assert_eq!(fk_agentd::facts::tree_sha256(&dest).unwrap().0, sha);
+    let (sha, files, _) = fk_agentd::digest::tree_sha256(&src).unwrap();
+    assert_eq!(fk_agentd::digest::tree_sha256(&dest).unwrap().0, sha);
     assert!(
         text.contains(&format!("sha256 {sha}")) && files == 1,
         "{text}"

@@ -251,7 +251,7 @@ async fn a_simulated_run_manifest_is_rendered_from_recorded_facts() {
             &format!("at commit {} (", facts::BUILD_COMMIT),
             "at commit <COMMIT> (",
         );
-    let sha = facts::sha256_hex(fk_agentd::tools::prompt::OPTIMIZE_TEMPLATE.as_bytes());
+    let sha = fk_agentd::digest::sha256_hex(fk_agentd::tools::prompt::OPTIMIZE_TEMPLATE.as_bytes());
     let text = text.replace(&sha, "<PROMPT-SHA>");
     insta::assert_snapshot!("manifest_sim_run", text);
 }
@@ -304,7 +304,7 @@ async fn the_token_never_reaches_the_manifest_and_rerendering_says_it_replaced_o
     assert!(md.contains("| openai-gpt-5.6-sol") || md.contains("model: openai-gpt-5.6-sol"));
     assert!(md.contains("Not scored yet."), "{md}");
     // The run directory's other files hold no token either.
-    for rel in facts::files_under(&run_dir).unwrap() {
+    for rel in fk_agentd::digest::files_under(&run_dir).unwrap() {
         let bytes = std::fs::read(run_dir.join(&rel)).unwrap();
         assert!(
             !String::from_utf8_lossy(&bytes).contains(FAKE_TOKEN),
@@ -331,13 +331,13 @@ fn nvidia_smi_csv_lists_every_gpu() {
 fn the_captures_hash_covers_paths_and_contents() {
     let tmp = tempfile::tempdir().unwrap();
     write(&tmp.path().join("a/x.json"), "{}");
-    let (h1, files, bytes) = facts::tree_sha256(tmp.path()).unwrap();
+    let (h1, files, bytes) = fk_agentd::digest::tree_sha256(tmp.path()).unwrap();
     assert_eq!((files, bytes), (1, 2));
     std::fs::rename(tmp.path().join("a"), tmp.path().join("b")).unwrap();
-    let (h2, _, _) = facts::tree_sha256(tmp.path()).unwrap();
+    let (h2, _, _) = fk_agentd::digest::tree_sha256(tmp.path()).unwrap();
     assert_ne!(h1, h2, "a renamed file changes the hash");
     write(&tmp.path().join("b/x.json"), "[]");
-    let (h3, _, _) = facts::tree_sha256(tmp.path()).unwrap();
+    let (h3, _, _) = fk_agentd::digest::tree_sha256(tmp.path()).unwrap();
     assert_ne!(h2, h3, "changed contents change the hash");
 }
 

@@ -29,6 +29,7 @@ mod llm_secrets;
 mod manifest;
 mod manifest_events;
 mod manifest_score;
+mod modules;
 mod props;
 mod protect;
 mod report;

@@ -389,3 +389,105 @@ async fn an_end_recorded_before_its_session_row_is_kept_on_resume() {
     let row = journal.store().sessions(journal.run_id()).unwrap();
     assert_eq!(row[1].state, "finished", "{row:?}");
 }
+
+/// A session that never ends by itself. When cancelled, it records its end after `closing`
+/// (if it honours the cancellation at all) and says it was stopped.
+struct Endless {
+    honours_cancel: bool,
+    closing: Duration,
+}
+
+impl SessionRunner for Endless {
+    fn run(
+        &self,
+        target: TargetId,
+        journal: Arc<RunJournal>,
+        slot: Arc<SessionSlot>,
+        cancel: CancellationToken,
+    ) -> SessionFuture {
+        let (honours, closing) = (self.honours_cancel, self.closing);
+        Box::pin(async move {
+            if honours {
+                cancel.cancelled().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(closing).await;
+            let why = slot.timed_out().unwrap_or("no timeout").to_string();
+            journal
+                .record(
+                    "session_finished",
+                    Some(&target.to_string()),
+                    json!({"status": "TIMEOUT", "reason": why}),
+                )
+                .unwrap();
+            SessionOutcome {
+                status: SessionStatus::Interrupted,
+                result: json!({"simulated": true}),
+            }
+        })
+    }
+}
+
+async fn timed_out_session(honours_cancel: bool) -> (Duration, Vec<fk_agentd::store::Event>) {
+    let home = tempfile::tempdir().unwrap();
+    let ids: Vec<TargetId> = vec!["L1/gelu".parse().unwrap()];
+    let journal = new_run(home.path(), &ids, true);
+    let params = SchedulerParams {
+        session_timeout: Duration::from_secs(10),
+        ..one_gpu(1, QueueOrder::Catalog)
+    };
+    let runner = Arc::new(Endless {
+        honours_cancel,
+        closing: Duration::from_secs(2),
+    });
+    let t0 = tokio::time::Instant::now();
+    let report = run_phase(
+        journal.clone(),
+        runner,
+        &ids,
+        &params,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.results[&ids[0]], SessionStatus::TimedOut);
+    let events = journal
+        .store()
+        .events(journal.run_id(), Some("L1/gelu"), 0)
+        .unwrap();
+    (t0.elapsed(), events)
+}
+
+/// At the timeout the session is cancelled first and given the drain deadline to record its
+/// own end, which it does, told by its slot that the stop is the timeout.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_session_is_cancelled_and_records_its_end() {
+    let (elapsed, events) = timed_out_session(true).await;
+    assert_eq!(elapsed, Duration::from_secs(12));
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        vec!["task_submitted", "session_finished", "task_finished"]
+    );
+    assert_eq!(
+        events[1].payload["reason"], "session timeout (10s) reached",
+        "the slot said why"
+    );
+    assert_eq!(events[2].payload["status"], "TIMEOUT");
+    assert_eq!(
+        events[2].payload["result"]["reason"],
+        "session timeout (10s) reached"
+    );
+}
+
+/// A session deaf to its cancellation is dropped once the drain deadline after its timeout
+/// has passed, and still ends `TIMEOUT`.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_session_deaf_to_cancellation_is_dropped_after_the_grace() {
+    let (elapsed, events) = timed_out_session(false).await;
+    assert_eq!(elapsed, Duration::from_secs(10 + 30));
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["task_submitted", "task_finished"]);
+    assert_eq!(events[1].payload["status"], "TIMEOUT");
+}

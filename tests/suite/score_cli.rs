@@ -514,7 +514,7 @@ fn score_is_refused_while_another_fk_agentd_holds_the_home() {
     let held = fk_agentd::daemon::DaemonLock::acquire(&s.home(), fk_agentd::daemon::Holder::Daemon)
         .unwrap();
     s.score(&[])
-        .code(fk_agentd::error::EXIT_UNAVAILABLE)
+        .code(fk_agentd::exit::EXIT_UNAVAILABLE)
         .stderr(predicates::str::contains("already runs on"));
     assert!(!s.home().join("scores").exists(), "nothing is made");
     drop(held);
@@ -536,7 +536,7 @@ fn start_while_a_score_holds_the_home_names_the_score_not_stop() {
         .arg(s.home())
         .args(["start", "--sim", "--targets", "L1/rms_norm"])
         .assert()
-        .code(fk_agentd::error::EXIT_UNAVAILABLE);
+        .code(fk_agentd::exit::EXIT_UNAVAILABLE);
     let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
     let me = format!("`fk-agentd score` (pid {}) holds", std::process::id());
     assert!(err.contains(&me), "{err}");
@@ -576,7 +576,7 @@ fn a_running_score_holds_the_home_against_a_second_score() {
         .assert()
         .code(1); // ran to the end; the set's failing candidates make it 1
     let code = std::fs::read_to_string(&inner_code).expect("a bench ran the second score");
-    assert_eq!(code.trim(), fk_agentd::error::EXIT_UNAVAILABLE.to_string());
+    assert_eq!(code.trim(), fk_agentd::exit::EXIT_UNAVAILABLE.to_string());
     let err = std::fs::read_to_string(&inner_err).unwrap();
     assert!(err.contains("`fk-agentd score` (pid "), "{err}");
     assert!(err.contains("cannot stop a score"), "{err}");

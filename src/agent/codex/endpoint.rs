@@ -69,7 +69,7 @@ impl ToolReply {
     /// The exit status of `fk-agentd tool`: 0 done, 1 the tool failed, 3 infrastructure.
     pub fn exit_code(&self) -> i32 {
         if self.infra {
-            crate::error::EXIT_UNAVAILABLE
+            crate::exit::EXIT_UNAVAILABLE
         } else if self.is_error {
             1
         } else {
@@ -294,7 +294,7 @@ mod tests {
             .await
             .unwrap();
         assert!(reply.infra && reply.text.contains("wrong or missing session token"));
-        assert_eq!(reply.exit_code(), crate::error::EXIT_UNAVAILABLE);
+        assert_eq!(reply.exit_code(), crate::exit::EXIT_UNAVAILABLE);
     }
 
     #[tokio::test]

@@ -293,14 +293,6 @@ These commands can take minutes (a lease may wait for a GPU): give them a long y
     )
 }
 
-fn sha256_hex(text: &str) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// What every codex session of a campaign shares.
 pub(crate) struct Inner {
     pub agent: AgentRunnerParams,

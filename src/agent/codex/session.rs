@@ -107,7 +107,13 @@ pub(super) async fn run(
     };
     prepared.tools.cancel.cancel();
     drop(prepared.lease_token);
-    finish(&journal, end)
+    // Stopped by its timeout, the session's end is final and recorded, not left for resume.
+    match prepared.tools.slot.timed_out() {
+        Some(why) if end.status == SessionStatus::Interrupted => {
+            finish(&journal, End::new(SessionStatus::TimedOut, why))
+        }
+        _ => finish(&journal, end),
+    }
 }
 
 fn prepare(
@@ -151,7 +157,7 @@ fn prepare(
         rendered.text,
         prompt_addendum(&ws.candidate_rel())
     );
-    let prompt_sha256 = super::sha256_hex(&prompt);
+    let prompt_sha256 = crate::digest::sha256_hex(prompt.as_bytes());
     let mut shell_env = p.shell_env.clone();
     let mut lease_token = None;
     if let Some(access) = &p.lease_access {

@@ -1,0 +1,282 @@
+//! The import graph of `src/`: no module imports back up. Read with a small parser of
+//! `crate::…` paths (`use crate::a::b`, `use crate::{a, b}`, inline `crate::a::f()`), comments
+//! left out; a cycle fails naming every module on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn ident(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// The first segments of the paths after `prefix` (e.g. `crate::`) in `code`; a `{…}` group
+/// gives each of its members.
+fn heads<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices(prefix) {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let rest = &code[at + prefix.len()..];
+        match rest.strip_prefix('{') {
+            Some(group) => {
+                let mut depth = 0;
+                let mut start = true;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => start = true,
+                        c if c.is_whitespace() => {}
+                        _ if start => {
+                            out.push(ident(&group[i..]));
+                            start = false;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            None => out.push(ident(rest)),
+        }
+    }
+    out
+}
+
+/// The code of a file without its comments (line comments and doc comments).
+fn code_of(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| l.split_once("//").map_or(l, |(code, _)| code))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The graph of the modules directly under `dir` (`<dir>/<name>.rs` or `<dir>/<name>/`): an
+/// edge for each path through `prefix` that names another of them, and for `super::` in the
+/// files directly under `dir` when it is a module's folder.
+fn graph(dir: &Path, prefix: &str, with_super: bool) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(dir, &mut files);
+    let node_of = |f: &Path| {
+        let rel = f.strip_prefix(dir).unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        first.trim_end_matches(".rs").to_string()
+    };
+    let nodes: BTreeSet<String> = files
+        .iter()
+        .map(|f| node_of(f))
+        .filter(|n| !["lib", "main", "mod"].contains(&n.as_str()))
+        .collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let from = node_of(f);
+        if !nodes.contains(&from) {
+            continue;
+        }
+        let code = code_of(f);
+        let mut to = heads(&code, prefix);
+        if with_super && f.parent() == Some(dir) {
+            to.extend(heads(&code, "super::"));
+        }
+        for t in to {
+            // `lib.rs` re-exports these two at the root.
+            let t = if ["Error", "Result"].contains(&t) {
+                "error"
+            } else {
+                t
+            };
+            if t != from && nodes.contains(t) {
+                edges.entry(from.clone()).or_default().insert(t.to_string());
+            }
+        }
+    }
+    edges
+}
+
+/// One cycle of `edges`, as the modules on it with the first repeated at the end.
+fn find_cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == n) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(n.to_string());
+            return Some(cycle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for next in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|n| visit(n, edges, &mut Vec::new(), &mut done))
+}
+
+/// The modules that lie on a cycle of `edges`.
+fn on_cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> BTreeSet<String> {
+    let reaches = |from: &str, to: &str| {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<&str> = edges
+            .get(from)
+            .into_iter()
+            .flatten()
+            .map(|s| s.as_str())
+            .collect();
+        while let Some(n) = stack.pop() {
+            if n == to {
+                return true;
+            }
+            if seen.insert(n) {
+                stack.extend(edges.get(n).into_iter().flatten().map(|s| s.as_str()));
+            }
+        }
+        false
+    };
+    edges.keys().filter(|n| reaches(n, n)).cloned().collect()
+}
+
+/// Fails naming a cycle through a module not in `known`, or a module of `known` no longer on
+/// any cycle (the list only shrinks).
+fn check_knots(edges: &BTreeMap<String, BTreeSet<String>>, known: &[&str], what: &str) {
+    let knotted = on_cycles(edges);
+    let known: BTreeSet<String> = known.iter().map(|s| s.to_string()).collect();
+    let new: BTreeSet<&String> = knotted.difference(&known).collect();
+    if !new.is_empty() {
+        let around: BTreeMap<String, BTreeSet<String>> = edges
+            .iter()
+            .filter(|(n, _)| knotted.contains(*n))
+            .map(|(n, to)| (n.clone(), to.intersection(&knotted).cloned().collect()))
+            .collect();
+        let cycle = find_cycle(&around).unwrap_or_default();
+        panic!(
+            "{new:?} now on an import cycle {what}: {}",
+            cycle.join(" → ")
+        );
+    }
+    let untied: BTreeSet<&String> = known.difference(&knotted).collect();
+    assert!(
+        untied.is_empty(),
+        "{untied:?} are on no cycle {what} any more: take them off the known knots"
+    );
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+#[test]
+fn the_parser_reads_paths_groups_and_skips_longer_names() {
+    let code = "use crate::{a::X, b, c::{d, e}};\nlet x = crate::f::g(); my_crate::h();";
+    assert_eq!(heads(code, "crate::"), vec!["a", "b", "c", "f"]);
+    let edges = BTreeMap::from([
+        ("a".to_string(), BTreeSet::from(["b".to_string()])),
+        ("b".to_string(), BTreeSet::from(["a".to_string()])),
+    ]);
+    assert_eq!(
+        find_cycle(&edges),
+        Some(vec!["a".to_string(), "b".to_string(), "a".to_string()])
+    );
+}
+
+/// The modules still knotted together; fixing a cycle takes its modules off, a new cycle
+/// fails. (`error` was the knot of the issue: it now imports only `exit`.)
+const TOP_LEVEL_KNOTS: &[&str] = &[
+    "agent",
+    "captures",
+    "config",
+    "control",
+    "daemon",
+    "dashboard",
+    "facts",
+    "gpu",
+    "harness",
+    "inspect",
+    "llm",
+    "report",
+    "run",
+    "scheduler",
+    "score",
+    "screen",
+    "sim",
+    "store",
+    "target",
+    "tools",
+    "workspace",
+];
+
+#[test]
+fn no_top_level_module_imports_back_up() {
+    let edges = graph(&src(), "crate::", false);
+    assert!(
+        edges.len() > 10,
+        "the parser found too few imports: {edges:?}"
+    );
+    check_knots(&edges, TOP_LEVEL_KNOTS, "among the top-level modules");
+    for leaf in ["exit", "digest"] {
+        assert_eq!(
+            edges.get(leaf),
+            None,
+            "{leaf} must import nothing of the crate"
+        );
+    }
+    let error: Vec<&String> = edges["error"].iter().collect();
+    assert_eq!(error, vec!["exit"], "error imports only the exit codes");
+    for (from, to) in [
+        ("harness", "facts"),
+        ("error", "daemon"),
+        ("score", "facts"),
+    ] {
+        let path = edges.get(from).is_some_and(|t| t.contains(to));
+        assert!(!path, "{from} imports {to} again");
+    }
+}
+
+#[test]
+fn no_score_module_imports_back_up() {
+    let edges = graph(&src().join("score"), "crate::score::", true);
+    let known = [
+        "compare",
+        "confirmation",
+        "e2e",
+        "export",
+        "level",
+        "pipeline",
+        "sequential",
+    ];
+    check_knots(&edges, &known, "inside score");
+}
