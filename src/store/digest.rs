@@ -37,8 +37,7 @@ pub(super) fn of(
         h.update((field.len() as u64).to_le_bytes());
         h.update(field);
     }
-    let full = h.finalize();
-    full[..8].iter().map(|b| format!("{b:02x}")).collect()
+    crate::digest::hex(&h.finalize()[..8])
 }
 
 /// Reads every checksummed event once and fails on the first whose fields no longer match
