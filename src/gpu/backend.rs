@@ -131,6 +131,15 @@ pub struct Launched {
     pub exit: ExitFuture,
 }
 
+/// How a job ended, as its scheduler recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedEnd {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// For the lease's notes, e.g. "Slurm accounting: step 12.3 on n1 COMPLETED, exit 0".
+    pub note: String,
+}
+
 /// Runs leased commands. Signals go to the whole job (process group, cgroup or Slurm step).
 pub trait LeaseBackend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
@@ -202,6 +211,18 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// blocking. An error when the backend's scheduler does not answer: nothing changes then.
     fn down_slots(&self) -> Result<Vec<(usize, String)>, String> {
         Ok(Vec::new())
+    }
+    /// Why a job that ended on its own was in fact ended by the infrastructure (the Slurm
+    /// allocation holding it was lost with its node); blocking, asked only of backends with
+    /// [`LeaseBackend::health_every`]. `None`: the job's own end.
+    fn lost(&self, _job: &JobRef) -> Option<String> {
+        None
+    }
+    /// How a job that ended unwatched (while the daemon was down, or adopted after a restart)
+    /// ended, where the backend's scheduler records it (Slurm's accounting, read with
+    /// `sacct`); blocking, and `None` where nothing records it (a local process group).
+    fn recorded_end(&self, _job: &JobRef) -> Option<RecordedEnd> {
+        None
     }
     /// Gives back what the backend holds for its whole life (Slurm's holder jobs), once the
     /// broker has shut down gracefully; a crashed daemon never calls it, so a restart adopts.

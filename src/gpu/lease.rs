@@ -272,6 +272,20 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
         }
         InventorySource::Nvml => {}
     }
+    if e.why.is_none() && inner.backend.health_every().is_some() {
+        // A node that fails takes its jobs with it, and a step then seems to end on its own
+        // (even with exit 0): such a lease ends as the infrastructure's, not as its command's.
+        let (backend, job) = (inner.backend.clone(), e.job.clone());
+        if let Ok(Some(detail)) = tokio::task::spawn_blocking(move || backend.lost(&job)).await {
+            tracing::warn!(lease = %g.lease_id, %detail, "a lease's job was lost with its node");
+            if let Some(live) = broker.lock().live.get_mut(&g.lease_id)
+                && live.fault.is_none()
+            {
+                let uuid = g.gpus.first().cloned().unwrap_or_default();
+                live.fault = Some((uuid, detail));
+            }
+        }
+    }
     let containment = inner.backend.settle(&e.job).unwrap_or(e.containment);
     if e.job.cgroup.is_some() && !containment.is_cgroup() {
         notes.push("the child did not enter its cgroup: it ran in its process group only".into());

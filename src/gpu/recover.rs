@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::audit::{Watched, spawn_sampler};
-use super::backend::JobRef;
+use super::backend::{JobRef, LeaseBackend, RecordedEnd};
 use super::broker::{Broker, LiveLease};
 use super::cgroup;
 use super::lease::{end_job, supervise, unix_ms, verdict, wait_gone};
@@ -169,12 +169,23 @@ impl Broker {
                 supervise(&broker, &job, exit, started + left, &cancel, &fault_notify).await;
             stop_sampling.cancel();
             let peak = sampler.await.ok().flatten();
-            let mut notes = vec!["adopted after a daemon restart: exit code unknown".to_string()];
+            // Ended on its own: the scheduler may have recorded how.
+            let recorded = match why {
+                None => recorded_end(&broker.inner.backend, &job).await,
+                Some(_) => None,
+            };
+            let mut notes = vec![match &recorded {
+                Some(end) => format!("adopted after a daemon restart; {}", end.note),
+                None => "adopted after a daemon restart: exit code unknown".to_string(),
+            }];
             notes.extend(reused);
             end_job(&broker, &row.id, &job, containment, &mut notes).await;
             reclaim(&broker, &slots, &mut notes).await;
             let (why, _, xids) = verdict(&broker, &row.id, why, &mut notes);
             let mut outcome = orphan_outcome(&row, why, started.elapsed(), notes, containment);
+            if let Some(end) = recorded {
+                (outcome.exit_code, outcome.signal) = (end.exit_code, end.signal);
+            }
             outcome.peak_gpu_memory_bytes = peak;
             outcome.xids = xids;
             broker.close_row(&row.id, &outcome).await;
@@ -212,15 +223,25 @@ impl Broker {
             killed = true;
             notes.push(format!("killed tagged processes {tagged:?}"));
         }
-        if !killed {
-            notes.push("ended while the daemon was down: result unknown".into());
+        let recorded = if killed {
+            None
+        } else {
+            recorded_end(&backend, &job).await
+        };
+        match &recorded {
+            Some(end) => notes.push(format!("ended while the daemon was down; {}", end.note)),
+            None if !killed => notes.push("ended while the daemon was down: result unknown".into()),
+            None => {}
         }
         if let Err(e) = backend.release(&job) {
             notes.push(format!("cgroup not removed: {e}"));
         }
         reclaim(self, &slots, &mut notes).await;
         let why = killed.then_some(KilledReason::DaemonRestart);
-        let outcome = orphan_outcome(&row, why, Duration::ZERO, notes, containment);
+        let mut outcome = orphan_outcome(&row, why, Duration::ZERO, notes, containment);
+        if let Some(end) = recorded {
+            (outcome.exit_code, outcome.signal) = (end.exit_code, end.signal);
+        }
         self.close_row(&row.id, &outcome).await;
         Ok(())
     }
@@ -235,6 +256,18 @@ impl Broker {
             tracing::error!(error = %e, "cannot close a recovered lease in the journal");
         }
     }
+}
+
+/// [`LeaseBackend::recorded_end`] off the runtime's threads (it may call `sacct`).
+async fn recorded_end(
+    backend: &std::sync::Arc<dyn LeaseBackend>,
+    job: &JobRef,
+) -> Option<RecordedEnd> {
+    let (backend, job) = (backend.clone(), job.clone());
+    tokio::task::spawn_blocking(move || backend.recorded_end(&job))
+        .await
+        .ok()
+        .flatten()
 }
 
 /// What held a journaled lease: its cgroup's flavour while the cgroup exists.

@@ -34,7 +34,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustix::process::{Pid, Signal};
 
-use super::backend::{ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend};
+use super::backend::{
+    ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, RecordedEnd,
+};
 use super::procfs;
 use super::types::{Containment, LeaseError};
 use crate::config::{SlurmConfig, SlurmMode};
@@ -383,6 +385,75 @@ impl LeaseBackend for SlurmBackend {
         }
     }
 
+    fn lost(&self, job: &JobRef) -> Option<String> {
+        let Some(Container::Step { holder, .. }) = job.cgroup.as_deref().and_then(Container::parse)
+        else {
+            return None;
+        };
+        let node = self
+            .slots
+            .iter()
+            .find(|s| s.holder == Some(holder))
+            .map_or("?", |s| s.node.as_str());
+        let now = match self.cli.job_state(holder) {
+            Ok(Some(state)) if state == "RUNNING" => return None,
+            Ok(Some(state)) => state,
+            Ok(None) => "gone".into(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a Slurm holder job's state");
+                return None;
+            }
+        };
+        // Requeued after a node failure, the holder is pending again under the same id; the
+        // accounting keeps how its run ended (NODE_FAIL).
+        let how = match self.cli.accounted_state(holder) {
+            Ok(Some(state)) => format!(", its last run {state} in Slurm's accounting"),
+            _ => String::new(),
+        };
+        Some(format!(
+            "the Slurm allocation holding it (job {holder} on node {node}) was lost mid-lease: the job is {now}{how}"
+        ))
+    }
+
+    fn recorded_end(&self, job: &JobRef) -> Option<RecordedEnd> {
+        let (holder, name) = match job.cgroup.as_deref().and_then(Container::parse)? {
+            Container::Step { holder, name } => (Some(holder), name),
+            Container::Job { name, .. } => (None, name),
+            Container::Refused { .. } => return None,
+        };
+        // slurmctld hands a step's end to slurmdbd a moment after the step is gone.
+        for attempt in 0..10 {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            let rows = match self.cli.accounted(holder, &name) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no Slurm accounting to read a lease's end from");
+                    return None;
+                }
+            };
+            let ended = rows.iter().rev().find_map(|(id, state, exit, node)| {
+                let (exit_code, signal) = cli::recorded_end(state, exit)?;
+                let how = match (exit_code, signal) {
+                    (_, Some(s)) => format!("signal {s}"),
+                    (Some(c), None) => format!("exit {c}"),
+                    (None, None) => "exit unknown".into(),
+                };
+                let state = state.split_whitespace().next().unwrap_or(state);
+                Some(RecordedEnd {
+                    exit_code,
+                    signal,
+                    note: format!("Slurm accounting: {id} on {node} {state}, {how}"),
+                })
+            });
+            if ended.is_some() {
+                return ended;
+            }
+        }
+        None
+    }
+
     fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
         // A step's processes are all in slurmstepd's cgroup; `signal` reached them.
         Vec::new()
@@ -453,8 +524,48 @@ impl LeaseBackend for SlurmBackend {
             args.push(format!("--partition={p}"));
         }
         let nodes = cli::node_states(&self.cli.run("sinfo", &args)?);
+        // A holder job that is not running (requeued after its node failed) cannot host steps.
+        let holders = self.holders();
+        let held: Vec<(u64, String)> = if holders.is_empty() {
+            Vec::new()
+        } else {
+            let ids: Vec<String> = holders.iter().map(u64::to_string).collect();
+            let args = [
+                "-h".into(),
+                format!("--jobs={}", ids.join(",")),
+                "-o".into(),
+                "%i|%T".into(),
+            ];
+            let listed = match self.cli.run("squeue", &args) {
+                Ok(out) => out,
+                // squeue refuses a list of ids it has all forgotten: every holder is gone.
+                Err(e) if e.contains("Invalid job id") => String::new(),
+                Err(e) => return Err(e),
+            };
+            cli::parse_rows(&listed, 2)
+                .into_iter()
+                .filter_map(|r| Some((r[0].parse().ok()?, r[1].clone())))
+                .collect()
+        };
         let mut down = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
+            if let Some(holder) = slot.holder {
+                let state = held
+                    .iter()
+                    .find(|(id, _)| *id == holder)
+                    .map(|(_, s)| s.as_str());
+                if state != Some("RUNNING") {
+                    let state = state.unwrap_or("gone");
+                    down.push((
+                        i,
+                        format!(
+                            "its Slurm allocation (job {holder} on node {}) is {state}",
+                            slot.node
+                        ),
+                    ));
+                    continue;
+                }
+            }
             // A node sinfo no longer lists in the partition is as gone as a down one.
             let why = match nodes.iter().find(|(n, ..)| *n == slot.node) {
                 Some((_, state, _)) if !cli::unusable(state) => continue,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A Slurm test cluster on this one host, for fk-agentd's Slurm lease backend.
 #
-#   tests/slurm/cluster.sh up DIR     install (Debian packages) if needed, start munge,
+#   tests/slurm/cluster.sh up DIR     install (Debian packages) if needed, start munge, a
+#                                     MariaDB server and slurmdbd (job accounting, for sacct),
 #                                     slurmctld and two slurmd nodes (n1, n2) with 4 fake GPUs
 #                                     each, and write DIR/fk-agentd.toml for them
 #   tests/slurm/cluster.sh down DIR   stop everything `up` started in DIR
@@ -23,6 +24,8 @@ NODES=(n1 n2)
 GPUS_PER_NODE=4
 CTLD_PORT=${FK_SLURM_CTLD_PORT:-16817}
 NODE_PORT0=${FK_SLURM_NODE_PORT:-16818}
+DBD_PORT=${FK_SLURM_DBD_PORT:-16830}
+DB_PORT=${FK_SLURM_DB_PORT:-16831}
 HOST=$(hostname -s)
 export SLURM_CONF=$W/slurm.conf
 
@@ -58,6 +61,8 @@ down() {
     for n in "${NODES[@]}"; do stop_pidfile "$W/run/slurmd-$n.pid" "slurmd $n" & done
     wait
     stop_pidfile "$W/run/slurmctld.pid" slurmctld
+    stop_pidfile "$W/run/slurmdbd.pid" slurmdbd
+    stop_pidfile "$W/run/mariadb.pid" mariadbd
     stop_pidfile "$W/munge/munged.pid" munged
     # slurmstepd processes of this cluster (their spool is ours) that did not end with slurmd.
     local left
@@ -77,16 +82,20 @@ down() {
 
 install_packages() {
     local missing=()
-    for b in slurmctld slurmd munged sbatch; do command -v "$b" >/dev/null 2>&1 || missing+=("$b"); done
+    for b in slurmctld slurmd munged sbatch slurmdbd mariadbd mariadb-install-db; do
+        command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+    done
     [ ${#missing[@]} -eq 0 ] && return 0
     [ "$(id -u)" -eq 0 ] || fail "missing ${missing[*]} and not root to install them"
     command -v apt-get >/dev/null 2>&1 || fail "missing ${missing[*]} and no apt-get"
-    say "installing slurmctld slurmd slurm-client munge (missing: ${missing[*]})"
+    local pkgs="slurmctld slurmd slurm-client munge slurmdbd mariadb-server"
+    say "installing $pkgs (missing: ${missing[*]})"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null 2>&1 \
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $pkgs >/dev/null 2>&1 \
         || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends \
-            slurmctld slurmd slurm-client munge >/dev/null 2>&1; } \
-        || fail "apt-get install slurmctld slurmd slurm-client munge failed"
+            $pkgs >/dev/null 2>&1; } \
+        || fail "apt-get install $pkgs failed"
 }
 
 write_configs() {
@@ -136,7 +145,11 @@ MinJobAge=300
 ReturnToService=2
 SlurmdTimeout=10
 InactiveLimit=0
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort=$DBD_PORT
+# The munge socket for talking to slurmdbd (Slurm reads it from this key, not AuthInfo).
+AccountingStoragePass=$W/munge/sock
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$W/log/jobcomp.txt
@@ -146,6 +159,24 @@ $nodes_conf
 PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
     printf '%s' "$gres_conf" >"$W/gres.conf"
+    # slurmdbd reads slurmdbd.conf beside slurm.conf; it must be private to SlurmUser.
+    cat >"$W/slurmdbd.conf" <<EOF
+# Written by tests/slurm/cluster.sh: job accounting for the test cluster (sacct).
+AuthType=auth/munge
+AuthInfo=socket=$W/munge/sock
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$W/run/slurmdbd.pid
+LogFile=$W/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$DB_PORT
+StorageUser=root
+StorageLoc=slurm_acct_db
+EOF
+    chmod 600 "$W/slurmdbd.conf"
     cat >"$W/cgroup.conf" <<EOF
 CgroupPlugin=$cgroup_plugin
 ConstrainDevices=yes
@@ -179,12 +210,43 @@ wait_idle() {
     fail "nodes not idle after 30 s ($(tr '\n' ' ' <<<"${states:-no answer}")); see $W/log"
 }
 
+# A MariaDB server of this cluster only (its data, socket and port under DIR, grant tables off,
+# so it listens on 127.0.0.1 alone), then slurmdbd on it, then the cluster registered.
+start_accounting() {
+    if [ ! -d "$W/db/mysql" ]; then
+        mariadb-install-db --user=root --datadir="$W/db" --auth-root-authentication-method=normal \
+            --skip-test-db >>"$W/log/mariadb-install.log" 2>&1 \
+            || fail "mariadb-install-db failed; see $W/log/mariadb-install.log"
+    fi
+    mariadbd --no-defaults --user=root --datadir="$W/db" --socket="$W/run/mariadb.sock" \
+        --pid-file="$W/run/mariadb.pid" --port="$DB_PORT" --bind-address=127.0.0.1 \
+        --skip-grant-tables --log-error="$W/log/mariadb.log" >/dev/null 2>&1 &
+    for _ in $(seq 1 150); do
+        [ -S "$W/run/mariadb.sock" ] && alive "$W/run/mariadb.pid" && break
+        sleep 0.2
+    done
+    alive "$W/run/mariadb.pid" || fail "mariadbd did not start; see $W/log/mariadb.log"
+    say "started mariadbd ($(cat "$W/run/mariadb.pid")) on port $DB_PORT"
+    slurmdbd 2>>"$W/log/start.err" || fail "slurmdbd did not start; see $W/log/slurmdbd.log"
+    for _ in $(seq 1 150); do
+        alive "$W/run/slurmdbd.pid" && sacctmgr -n list cluster >/dev/null 2>&1 && break
+        sleep 0.2
+    done
+    alive "$W/run/slurmdbd.pid" || fail "slurmdbd exited; see $W/log/slurmdbd.log"
+    say "started slurmdbd ($(cat "$W/run/slurmdbd.pid")) on port $DBD_PORT"
+    if ! sacctmgr -n -P list cluster format=cluster 2>/dev/null | grep -qx fktest; then
+        sacctmgr -i add cluster fktest >>"$W/log/start.err" 2>&1 \
+            || fail "sacctmgr add cluster fktest failed; see $W/log/start.err"
+    fi
+}
+
 up() {
     [ "$(id -u)" -eq 0 ] || fail "needs root (mknod for fake GPUs, slurmd cgroups)"
     install_packages
     local all=1
     alive "$W/munge/munged.pid" || all=0
     alive "$W/run/slurmctld.pid" || all=0
+    alive "$W/run/slurmdbd.pid" || all=0
     for n in "${NODES[@]}"; do alive "$W/run/slurmd-$n.pid" || all=0; done
     if [ $all -eq 1 ]; then
         say "already up in $W"
@@ -200,6 +262,7 @@ up() {
         --seed-file="$W/munge/munged.seed" --force 2>>"$W/log/start.err" \
         || fail "munged did not start ($(tail -1 "$W/log/start.err"))"
     say "started munged ($(cat "$W/munge/munged.pid"))"
+    start_accounting
     slurmctld -c -i 2>>"$W/log/start.err" || fail "slurmctld did not start; see $W/log/slurmctld.log"
     for _ in $(seq 1 50); do alive "$W/run/slurmctld.pid" && break; sleep 0.1; done
     alive "$W/run/slurmctld.pid" || fail "slurmctld exited; see $W/log/slurmctld.log"

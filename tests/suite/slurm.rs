@@ -355,6 +355,52 @@ fn a_simulated_campaign_runs_its_validations_as_slurm_steps() {
         .expect("count");
     assert!(leases >= 47, "{leases} leases for 47 L1 targets");
     assert_eq!(steps, leases, "every lease ran as a Slurm step");
+    // Slurm's own accounting shows each lease's step, on the node of the GPU it was leased.
+    let mut rows = conn
+        .prepare("SELECT cgroup, gpus FROM leases")
+        .expect("leases");
+    let journal: Vec<(String, String)> = rows
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("rows")
+        .map(|r| r.expect("row"))
+        .collect();
+    let holders: BTreeSet<&str> = journal
+        .iter()
+        .filter_map(|(c, _)| c.strip_prefix("slurm-step:")?.split(':').next())
+        .collect();
+    let jobs = holders.into_iter().collect::<Vec<_>>().join(",");
+    let accounted = slurm(
+        &cluster,
+        "sacct",
+        &[
+            "-n",
+            "-P",
+            "--jobs",
+            &jobs,
+            "-o",
+            "JobID,JobName,NodeList,State",
+        ],
+    );
+    let node_of_step: BTreeMap<&str, &str> = accounted
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split('|').collect();
+            (f.len() == 4 && f[0].contains('.')).then(|| (f[1], f[2]))
+        })
+        .collect();
+    let mut step_nodes = BTreeSet::new();
+    for (cgroup, gpus) in &journal {
+        let name = cgroup.rsplit(':').next().expect("step name");
+        let node = node_of_step
+            .get(name)
+            .unwrap_or_else(|| panic!("sacct has no step {name}:\n{accounted}"));
+        assert!(
+            gpus.contains(&format!("slurm:{node}:")),
+            "{name} on {node}, leased {gpus}"
+        );
+        step_nodes.insert(*node);
+    }
+    assert_eq!(step_nodes, BTreeSet::from(["n1", "n2"]), "{accounted}");
     let left = slurm(
         &cluster,
         "squeue",
@@ -470,6 +516,119 @@ async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
     second.shutdown().await;
 }
 
+/// Steps that end on their own while no daemon watches them are read back from Slurm's
+/// accounting (`sacct`) by the next daemon: one that ended while the daemon was down is
+/// reconciled with its exit code, one still running is adopted and, when it ends by itself,
+/// closed with the exit code Slurm recorded instead of "unknown".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_that_end_unwatched_are_closed_with_the_exit_code_slurm_recorded() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = rig_in(&cluster, dir.path(), Duration::from_secs(2)).await;
+    let cancel = CancellationToken::new();
+    let ids = |name: &str| dir.path().join(format!("{name}.id"));
+    let script = |name: &str, secs: u32, code: u32| {
+        format!(
+            "echo \"$SLURM_JOB_ID.$SLURM_STEP_ID\" > {}; sleep {secs}; exit {code}",
+            ids(name).display()
+        )
+    };
+    let deadline = Duration::from_secs(60);
+    let mut quick = Box::pin(first.run(
+        req("L1/gelu", LeaseClass::Validate, 1, deadline),
+        sh(dir.path(), "quick", &script("quick", 1, 3)),
+        &cancel,
+    ));
+    let mut slow = Box::pin(first.run(
+        req("L1/silu", LeaseClass::Validate, 1, deadline),
+        sh(dir.path(), "slow", &script("slow", 8, 5)),
+        &cancel,
+    ));
+    let started = Instant::now();
+    while !(ids("quick").exists() && ids("slow").exists()) {
+        assert!(started.elapsed() < Duration::from_secs(30), "never ran");
+        tokio::select! {
+            o = &mut quick => panic!("a lease ended early: {o:?}"),
+            o = &mut slow => panic!("a lease ended early: {o:?}"),
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    // The crash, as in the adoption test above.
+    std::mem::forget(quick);
+    std::mem::forget(slow);
+    std::mem::forget(first);
+    std::mem::forget(cancel);
+    let step = |name: &str| {
+        std::fs::read_to_string(ids(name))
+            .expect("id")
+            .trim()
+            .to_string()
+    };
+    let (quick_step, slow_step) = (step("quick"), step("slow"));
+    let listed = || slurm(&cluster, "squeue", &["-h", "-s", "-o", "%i"]);
+    let waited = Instant::now();
+    while listed().contains(&quick_step) {
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "the quick step never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        listed().contains(&slow_step),
+        "the slow step ended too early for this test"
+    );
+
+    let second = rig_in(&cluster, dir.path(), Duration::from_secs(2)).await;
+    let report = second.recover().await.expect("recover");
+    assert_eq!(
+        (report.adopted.len(), report.reclaimed.len()),
+        (1, 1),
+        "{report:?}"
+    );
+    let db = dir.path().join("fk-agentd.db");
+    super::gpu::until("both rows are closed", || {
+        count(&db, "SELECT count(*) FROM leases WHERE finished_at IS NULL") == 0
+    })
+    .await;
+    let outcome = |session: &str| -> LeaseOutcome {
+        let text: String = rusqlite::Connection::open(&db)
+            .expect("db")
+            .query_row(
+                "SELECT outcome FROM leases WHERE session = ?1",
+                [session],
+                |r| r.get(0),
+            )
+            .expect("the lease's row");
+        serde_json::from_str(&text).expect("an outcome")
+    };
+    let reconciled = outcome("L1/gelu");
+    assert_eq!(reconciled.exit_code, Some(3), "{reconciled:?}");
+    assert!(
+        reconciled.notes.iter().any(|n| n
+            .starts_with("ended while the daemon was down; Slurm accounting: ")
+            && n.contains(&quick_step)
+            && n.contains("FAILED")),
+        "{:?}",
+        reconciled.notes
+    );
+    let adopted = outcome("L1/silu");
+    assert_eq!(
+        (adopted.exit_code, adopted.killed_reason.clone()),
+        (Some(5), None),
+        "{adopted:?}"
+    );
+    assert!(
+        adopted.notes[0].starts_with("adopted after a daemon restart; Slurm accounting: ")
+            && adopted.notes[0].contains(&slow_step),
+        "{:?}",
+        adopted.notes
+    );
+    second.shutdown().await;
+}
+
 /// Resumes a node on drop, so a failing test leaves no node drained for the next one.
 struct Resume<'a>(&'a Path, &'a str);
 
@@ -480,6 +639,74 @@ impl Drop for Resume<'_> {
             .env("SLURM_CONF", self.0.join("slurm.conf"))
             .status();
     }
+}
+
+/// A node that goes DOWN mid-lease takes its jobs with it (Slurm ends the holder job and the
+/// step at once): the lease ends as the infrastructure's, naming the node, not as a failure of
+/// the command it ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_set_down_mid_lease_ends_it_as_infrastructure() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let rig = rig(&cluster, Duration::from_secs(2)).await;
+    let dir = rig.dir.path().to_path_buf();
+    let (b, d) = (rig.broker.clone(), dir.clone());
+    let lease = tokio::spawn(async move {
+        b.run(
+            req("d", LeaseClass::Validate, 1, Duration::from_secs(120)),
+            sh(&d, "down", "echo $SLURMD_NODENAME; exec sleep 100"),
+            &CancellationToken::new(),
+        )
+        .await
+    });
+    let out = dir.join("down.out");
+    super::gpu::until("the step runs on n1", || {
+        std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
+    })
+    .await;
+    let _resume = Resume(&cluster, "n1");
+    let down_at = Instant::now();
+    slurm(
+        &cluster,
+        "scontrol",
+        &["update", "nodename=n1", "state=down", "reason=fk-test-down"],
+    );
+    let o = lease.await.expect("join").expect("outcome");
+    let ended_in = down_at.elapsed();
+    assert!(o.infra, "{o:?}");
+    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
+        panic!("not ended as a GPU fault: {o:?}");
+    };
+    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    // The test cluster returns a node to service at once (ReturnToService=2), so the node's
+    // state cannot tell; the holder job, requeued by Slurm, does.
+    assert!(
+        detail.contains("on node n1) was lost mid-lease") && detail.contains("NODE_FAIL"),
+        "{detail}"
+    );
+    assert!(
+        ended_in < Duration::from_secs(8),
+        "ended {ended_in:?} after the node went down"
+    );
+    // Until Slurm runs the requeued holder again, n1's GPUs are out of the pool.
+    let b = rig.broker.clone();
+    super::gpu::until("n1's GPUs leave the pool", move || {
+        b.snapshot()
+            .gpus
+            .iter()
+            .filter(|g| {
+                g.uuid.starts_with("slurm:n1:")
+                    && g.drained_reason
+                        .as_deref()
+                        .is_some_and(|r| r.contains("is PENDING"))
+            })
+            .count()
+            == 4
+    })
+    .await;
+    drop(_resume);
+    rig.broker.shutdown().await;
 }
 
 /// A node drained mid-lease ends the lease as the infrastructure's (its GPU fault names the

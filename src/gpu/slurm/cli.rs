@@ -49,6 +49,68 @@ impl SlurmCli {
         }
     }
 
+    /// What Slurm's accounting recorded for the step named `name` of job `holder`, or for the
+    /// job named `name` when `holder` is `None`: `(id, state, exit code field, node)` rows,
+    /// newest last. An error where accounting is off (`sacct` then refuses).
+    pub fn accounted(
+        &self,
+        holder: Option<u64>,
+        name: &str,
+    ) -> Result<Vec<(String, String, String, String)>, String> {
+        let mut args: Vec<String> = ["-n", "-P", "-o", "JobID,JobName,State,ExitCode,NodeList"]
+            .map(String::from)
+            .to_vec();
+        match holder {
+            Some(job) => args.push(format!("--jobs={job}")),
+            // Without a job id sacct looks from midnight on; a lease is never that old here.
+            None => args.extend([
+                "-X".into(),
+                format!("--name={name}"),
+                "-S".into(),
+                "now-7days".into(),
+            ]),
+        }
+        let out = self.run("sacct", &args)?;
+        Ok(parse_rows(&out, 5)
+            .into_iter()
+            .filter(|r| r[1] == name)
+            .map(|r| (r[0].clone(), r[2].clone(), r[3].clone(), r[4].clone()))
+            .collect())
+    }
+
+    /// The state squeue lists for job `id`; `None` once squeue no longer knows it.
+    pub fn job_state(&self, id: u64) -> Result<Option<String>, String> {
+        let args = [
+            "-h".into(),
+            format!("--jobs={id}"),
+            "-o".into(),
+            "%T".into(),
+        ];
+        match self.run("squeue", &args) {
+            Ok(out) => Ok(out
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .map(String::from)),
+            Err(e) if e.contains("Invalid job id") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// How job `id`'s allocation ended as accounting recorded it (e.g. `NODE_FAIL` for a
+    /// job requeued after its node failed); `None` while it never ended.
+    pub fn accounted_state(&self, id: u64) -> Result<Option<String>, String> {
+        let args = ["-n", "-P", "-X", "-o", "State"].map(String::from);
+        let mut args = args.to_vec();
+        args.push(format!("--jobs={id}"));
+        let out = self.run("sacct", &args)?;
+        Ok(out
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .find(|s| is_ended_state(s))
+            .map(String::from))
+    }
+
     /// The running steps of `job`, as `(step id "J.S", step name, node)`.
     pub fn steps_of(&self, job: u64) -> Result<Vec<(String, String, String)>, String> {
         let out = self.run(
@@ -170,6 +232,28 @@ pub fn node_states(text: &str) -> Vec<(String, String, String)> {
     out
 }
 
+/// Whether an accounting state is an end (not pending, running or the like).
+fn is_ended_state(state: &str) -> bool {
+    recorded_end(state, "0:0").is_some()
+}
+
+/// A recorded end from an accounting row's state and `ExitCode` field (`code:signal`):
+/// `None` while the job or step has not ended (running, pending, or not yet recorded).
+pub fn recorded_end(state: &str, exit: &str) -> Option<(Option<i32>, Option<i32>)> {
+    // "CANCELLED by 0" and the like: the first word is the state.
+    let state = state.split_whitespace().next().unwrap_or("");
+    if matches!(
+        state,
+        "" | "PENDING" | "RUNNING" | "REQUEUED" | "RESIZING" | "SUSPENDED" | "COMPLETING"
+    ) {
+        return None;
+    }
+    let (code, signal) = exit.split_once(':').unwrap_or((exit, "0"));
+    let code = code.parse::<i32>().ok();
+    let signal = signal.parse::<i32>().ok().filter(|&s| s != 0);
+    Some((if signal.is_some() { None } else { code }, signal))
+}
+
 /// Whether a node in `state` (sinfo's `%T`) cannot run work: down, drained or draining,
 /// failing, invalid, or not responding (`*`). Running steps on a draining node would finish,
 /// but the broker's deadline is not Slurm's: such a lease ends now, as the infrastructure's.
@@ -207,6 +291,21 @@ mod tests {
                 ("n3".into(), 0, "down*".into()),
             ]
         );
+    }
+
+    #[test]
+    fn accounting_rows_give_an_end_only_once_the_step_has_ended() {
+        assert_eq!(recorded_end("COMPLETED", "0:0"), Some((Some(0), None)));
+        assert_eq!(recorded_end("FAILED", "3:0"), Some((Some(3), None)));
+        assert_eq!(recorded_end("CANCELLED by 0", "0:9"), Some((None, Some(9))));
+        assert_eq!(
+            recorded_end("OUT_OF_MEMORY", "0:125"),
+            Some((None, Some(125)))
+        );
+        assert_eq!(recorded_end("NODE_FAIL", "garbage"), Some((None, None)));
+        for live in ["RUNNING", "PENDING", "COMPLETING", ""] {
+            assert_eq!(recorded_end(live, "0:0"), None, "{live}");
+        }
     }
 
     #[test]

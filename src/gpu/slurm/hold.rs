@@ -490,6 +490,21 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
                 .join(", ")
         ),
     };
+    let cli = SlurmCli {
+        conf: slurm.conf.clone(),
+        env_remove: config.secret_env.clone(),
+    };
+    let accounting = ["-n", "-X", "-S", "now", "-o", "JobID"].map(String::from);
+    let _ = match cli.run("sacct", &accounting) {
+        Ok(_) => writeln!(
+            out,
+            "accounting: on (sacct): a step that ends while the daemon is down is closed with the exit code Slurm recorded"
+        ),
+        Err(e) => writeln!(
+            out,
+            "accounting: off ({e}): a step that ends while the daemon is down is closed with its result unknown"
+        ),
+    };
     let wanted = match &slurm.nodes {
         crate::config::SlurmNodes::Names(n) => n.len(),
         crate::config::SlurmNodes::Count(c) => *c as usize,
