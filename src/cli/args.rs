@@ -178,6 +178,10 @@ pub enum Command {
     /// The simulated fastkernels bench (tests and `--sim`); every output says it is simulated.
     #[command(hide = true, name = "sim-bench")]
     SimBench(SimBenchArgs),
+    /// Runs a command with the given files out of its reach (Landlock), as the daemon's
+    /// leased jobs run: the Slurm backend starts each step on its node through it.
+    #[command(hide = true, name = "confined-exec")]
+    ConfinedExec(ConfinedExecArgs),
     /// The GPU tools of a codex session, for its shell: validate, profile-ncu, profile-nsys,
     /// finish. They reach the running session through `FK_AGENTD_TOOL_SOCKET` and
     /// `FK_AGENTD_TOOL_TOKEN`, which the codex runner sets.
@@ -209,6 +213,17 @@ pub enum ToolCommand {
         #[arg(long)]
         summary: String,
     },
+}
+
+/// `fk-agentd confined-exec --hide PATH… -- CMD…`: see [`Command::ConfinedExec`].
+#[derive(Debug, Args)]
+pub struct ConfinedExecArgs {
+    /// A file (or folder) the command must not reach; repeatable.
+    #[arg(long = "hide", value_name = "PATH")]
+    pub hide: Vec<std::path::PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub argv: Vec<std::ffi::OsString>,
 }
 
 /// `fk-agentd sim-bench [--seed N] bench …`: the argv prefix that stands in for

@@ -52,6 +52,7 @@ pub fn main() -> i32 {
         Command::SimBench(args) => {
             return crate::sim::invocations::logged(|| score::sim_bench(args));
         }
+        Command::ConfinedExec(args) => return confined_exec(args),
         _ => cli,
     };
     // Everything fk-agentd writes (store, transcripts, run files, candidates) is private to
@@ -215,6 +216,9 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             score::cmd_score(&config, &env, args).await
         }
         Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
+        Command::ConfinedExec(_) => {
+            Err(Error::Usage("confined-exec runs before the runtime".into()))
+        }
         Command::Tool(ref tool) => cmd_tool(tool).await,
         Command::Compare {
             ref runs,
@@ -491,6 +495,34 @@ fn cmd_manifest(home: &std::path::Path, run: Option<&str>, json: bool) -> Result
         }
     );
     Ok(0)
+}
+
+/// `fk-agentd confined-exec`: enters a ruleset hiding `--hide` paths, then becomes the command.
+/// Exits 126 when the ruleset exists but cannot be entered (nothing runs unconfined that
+/// should not), 127 when the command cannot be run. Without Landlock on this kernel the
+/// command runs as it would locally there, and stderr says so.
+fn confined_exec(args: args::ConfinedExecArgs) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let confinement = crate::confine::Confinement::hiding(&args.hide, &[]);
+    match (confinement.raw_fd(), confinement.status()) {
+        (Some(fd), _) => {
+            if let Err(e) = crate::confine::enter(fd) {
+                eprintln!("fk-agentd confined-exec: cannot enter the ruleset: {e}");
+                return 126;
+            }
+        }
+        (None, crate::confine::Status::Unsupported(why)) => {
+            eprintln!("fk-agentd confined-exec: running unconfined: {why}");
+        }
+        (None, _) => {}
+    }
+    let (program, rest) = args.argv.split_first().expect("clap requires a command");
+    let err = std::process::Command::new(program).args(rest).exec();
+    eprintln!(
+        "fk-agentd confined-exec: cannot run {}: {err}",
+        program.to_string_lossy()
+    );
+    127
 }
 
 /// Lets a printing command end quietly when its reader goes away (`fk-agentd sessions | head`),

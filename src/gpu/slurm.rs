@@ -22,7 +22,10 @@
 //! multi-GPU lease on one node. Node health: every [`HEALTH_EVERY`] the broker asks which
 //! slots' nodes are DOWN, DRAIN, failing or not responding (`sinfo`); those slots leave the
 //! pool until the node is usable again, and a lease on one ends as infrastructure (its step
-//! cancelled). Not yet: multi-GPU leases in allocation mode (refused with a reason).
+//! cancelled), as does one whose holder job was lost with its node. Where the cluster keeps
+//! accounting, a step that ended unwatched is closed with the exit code `sacct` recorded.
+//! With a secret file to hide, every step runs through `fk-agentd confined-exec` on its node.
+//! Not yet: multi-GPU leases in allocation mode (refused with a reason).
 
 mod cli;
 mod hold;
@@ -133,6 +136,8 @@ pub struct SlurmBackend {
     steps: Mutex<HashMap<String, String>>,
     /// Per `srun` pid: whether the broker signalled it (srun reports a signal as 128 + N).
     signalled: Mutex<HashMap<i64, Arc<AtomicBool>>>,
+    /// The fk-agentd binary and the secret files its `confined-exec` hides from each step.
+    confine: Option<(PathBuf, Vec<PathBuf>)>,
 }
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -289,7 +294,17 @@ impl LeaseBackend for SlurmBackend {
             })
         };
         let mut std_cmd = self.cli.command("srun");
-        std_cmd.args(&args).args(spec.argv);
+        std_cmd.args(&args);
+        // The step runs on its node, out of reach of the daemon's ruleset: it builds the same
+        // one there before the command runs.
+        if let Some((binary, hidden)) = &self.confine {
+            std_cmd.arg(binary).arg("confined-exec");
+            for h in hidden {
+                std_cmd.arg("--hide").arg(h);
+            }
+            std_cmd.arg("--");
+        }
+        std_cmd.args(spec.argv);
         for k in spec.env_remove {
             std_cmd.env_remove(k);
         }
@@ -599,6 +614,24 @@ pub async fn start_for(
     slurm: &SlurmConfig,
     store: &Store,
 ) -> Result<(SlurmBackend, super::Inventory), LeaseError> {
+    let binary = std::env::current_exe().ok();
+    start_confined_by(config, slurm, store, binary).await
+}
+
+/// [`start_for`] with the fk-agentd binary that confines steps on their node named (tests
+/// run the broker inside another program); `None` runs steps unconfined.
+pub async fn start_confined_by(
+    config: &Config,
+    slurm: &SlurmConfig,
+    store: &Store,
+    binary: Option<PathBuf>,
+) -> Result<(SlurmBackend, super::Inventory), LeaseError> {
+    let hidden: Vec<PathBuf> = config
+        .secret_files
+        .iter()
+        .filter_map(|p| p.canonicalize().ok())
+        .collect();
+    let confine = binary.filter(|_| !hidden.is_empty()).map(|b| (b, hidden));
     let mut probe = vec![config.home.clone()];
     probe.extend(slurm.shared_root.clone());
     probe.extend(
@@ -615,6 +648,7 @@ pub async fn start_for(
         env_remove: config.secret_env.clone(),
         lease_timeout: config.lease_timeout,
         probe,
+        confine,
     };
     let slurm = slurm.clone();
     tokio::task::spawn_blocking(move || start(&slurm, params))

@@ -242,3 +242,44 @@ fn a_token_in_a_shared_temporary_folder_is_not_hidden_and_the_reason_says_where_
         c.describe()
     );
 }
+
+/// `fk-agentd confined-exec`, which a Slurm step runs through on its node, enters the same
+/// ruleset before it becomes the command: the token cannot be read, its neighbour can; a
+/// command that cannot be run exits 127.
+#[test]
+fn confined_exec_hides_the_token_from_the_command_it_runs() {
+    let tmp = private_dir();
+    let (token, neighbour) = secret(tmp.path());
+    if hiding(&token).is_none() {
+        return;
+    }
+    let run = |hide: bool, argv: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"));
+        cmd.arg("confined-exec");
+        if hide {
+            cmd.arg("--hide").arg(&token);
+        }
+        cmd.arg("--").args(argv).output().expect("confined-exec")
+    };
+    let script = format!(
+        "cat {}; base64 -w0 {}; cat {}",
+        token.display(),
+        token.display(),
+        neighbour.display()
+    );
+    let open = run(false, &["sh", "-c", &script]);
+    assert!(
+        String::from_utf8_lossy(&open.stdout).contains(TOKEN),
+        "{open:?}"
+    );
+    let shut = run(true, &["sh", "-c", &script]);
+    let out = String::from_utf8_lossy(&shut.stdout);
+    assert!(
+        !out.contains(TOKEN) && !out.contains(&base64(TOKEN)),
+        "{out}"
+    );
+    assert!(out.contains("a neighbour stays readable"), "{out}");
+    assert!(String::from_utf8_lossy(&shut.stderr).contains("Permission denied"));
+    let missing = run(true, &["no-such-program-fk"]);
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+}

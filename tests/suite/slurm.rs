@@ -146,6 +146,60 @@ async fn rig_in(cluster: &Path, dir: &Path, grace: Duration) -> Broker {
     Broker::with_backend(inventory, params, store, std::sync::Arc::new(backend))
 }
 
+/// The provider's token file is out of a step's reach on its node, as it is out of a local
+/// lease's: the step runs through `fk-agentd confined-exec`, which enters the same Landlock
+/// ruleset there before the command runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_cannot_read_the_token_file_on_its_node() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    // Not under /tmp: a file in a world-writable sticky folder cannot be hidden (see confine).
+    let secret = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("secret dir");
+    let token = secret.path().join("token");
+    std::fs::write(&token, "tok-slurm-step-secret\n").expect("token");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = config(&cluster, dir.path());
+    config.secret_files = vec![token.clone()];
+    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+    let slurm = config.slurm.clone().expect("a [slurm] table");
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_fk-agentd"));
+    let (backend, inventory) =
+        fk_agentd::gpu::slurm::start_confined_by(&config, &slurm, &store, Some(binary))
+            .await
+            .expect("the Slurm backend starts");
+    let mut params = BrokerParams::from_config(&config);
+    params.spool_dir = dir.path().join("leases");
+    let broker = Broker::with_backend(inventory, params, store, std::sync::Arc::new(backend));
+    let script = format!(
+        "echo node=$SLURMD_NODENAME; cat {t}; echo cat=$?; base64 {t}; ls {d}; echo done",
+        t = token.display(),
+        d = secret.path().display()
+    );
+    let o = broker
+        .run(
+            req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(60)),
+            sh(dir.path(), "peek", &script),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("outcome");
+    assert!(o.succeeded(), "{o:?}");
+    let out = std::fs::read_to_string(dir.path().join("peek.out")).expect("stdout");
+    let err = std::fs::read_to_string(dir.path().join("peek.err")).expect("stderr");
+    assert!(
+        out.contains("node=n") && out.contains("cat=1") && out.contains("done"),
+        "{out}"
+    );
+    assert!(!out.contains("tok-slurm-step-secret"), "{out}");
+    assert!(
+        !out.contains("dG9rLXNsdXJt"),
+        "the base64 of the token leaked: {out}"
+    );
+    assert!(err.contains("Permission denied"), "{err}");
+    broker.shutdown().await;
+}
+
 /// Per GPU, the journal's `(granted, finished)` spans, in Unix ms.
 fn journal_spans(db: &Path) -> BTreeMap<String, Vec<(i128, i128)>> {
     let conn = rusqlite::Connection::open(db).expect("db");

@@ -27,6 +27,10 @@ pub struct StartParams {
     pub lease_timeout: Duration,
     /// Paths every node must see (daemon home, shared root, captures, harness copy).
     pub probe: Vec<PathBuf>,
+    /// Steps run through `<binary> confined-exec --hide <path>… -- CMD` on their node, which
+    /// keeps these secret files out of the command's reach there (Landlock, as local leases);
+    /// `None`: no secret file to hide. The binary must be on a path every node sees.
+    pub confine: Option<(PathBuf, Vec<PathBuf>)>,
 }
 
 /// `--partition`, `--account`, `--qos` from the table.
@@ -77,8 +81,11 @@ pub fn start(
         job_minutes: minutes(params.lease_timeout) + 2,
         steps: Mutex::new(HashMap::new()),
         signalled: Mutex::new(HashMap::new()),
+        confine: params.confine.clone(),
     };
-    probe(&backend, &params.probe)?;
+    let mut must_see = params.probe.clone();
+    must_see.extend(params.confine.iter().map(|(binary, _)| binary.clone()));
+    probe(&backend, &must_see)?;
     let gpus = backend
         .slots
         .iter()
@@ -370,7 +377,7 @@ fn probe(backend: &SlurmBackend, paths: &[PathBuf]) -> Result<(), LeaseError> {
                 format!("it does not see `{missing}`")
             };
             return Err(LeaseError::Slurm(format!(
-                "the shared-filesystem probe on node {node} failed: {why} (the daemon home, slurm.shared_root, the captures and the harness copy must be on a filesystem every node mounts)"
+                "the shared-filesystem probe on node {node} failed: {why} (the daemon home, slurm.shared_root, the captures, the harness copy and, where a token file is hidden from steps, the fk-agentd binary must be on a filesystem every node mounts)"
             )));
         }
     }
