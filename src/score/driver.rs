@@ -149,7 +149,8 @@ pub struct CheckoutState {
     pub dir: Option<PathBuf>,
     /// `git rev-parse HEAD`, or "unknown" (no dir configured, not a git checkout, no git).
     pub commit: String,
-    /// `git status --porcelain` non-empty; `None` when unknown.
+    /// Tracked files changed (`git status --porcelain --untracked-files=no` non-empty);
+    /// `None` when unknown.
     pub dirty: Option<bool>,
 }
 
@@ -172,32 +173,19 @@ impl CheckoutState {
                 dirty: Some(prepared.checkout_dirty),
             };
         }
-        let Some(commit) = git(dir, &["rev-parse", "HEAD"]).await else {
-            return unknown;
-        };
-        let dirty = git(dir, &["status", "--porcelain"])
+        // One reader of a checkout's state for the whole crate (the harness's).
+        let owned = dir.to_path_buf();
+        match tokio::task::spawn_blocking(move || crate::harness::patches::checkout_state(&owned))
             .await
-            .map(|s| !s.trim().is_empty());
-        Self {
-            dir: Some(dir.to_path_buf()),
-            commit: commit.trim().to_string(),
-            dirty,
+        {
+            Ok(Ok((commit, dirty))) => Self {
+                dir: Some(dir.to_path_buf()),
+                commit,
+                dirty: Some(dirty),
+            },
+            _ => unknown,
         }
     }
-}
-
-async fn git(dir: &Path, args: &[&str]) -> Option<String> {
-    let out = tokio::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// How the driver runs benches.

@@ -296,6 +296,12 @@ async fn the_checkout_records_commit_and_dirty_state() {
     git(&["commit", "-q", "-m", "x"]);
     let clean = CheckoutState::read(Some(tmp.path())).await;
     assert_eq!((clean.commit.len(), clean.dirty), (40, Some(false)));
+    // Files git does not track (bench outputs, caches) do not make a checkout dirty.
+    std::fs::write(tmp.path().join("results.json"), "{}").unwrap();
+    assert_eq!(
+        CheckoutState::read(Some(tmp.path())).await.dirty,
+        Some(false)
+    );
     std::fs::write(tmp.path().join("a"), "2").unwrap();
     assert_eq!(
         CheckoutState::read(Some(tmp.path())).await.dirty,
