@@ -22,7 +22,9 @@
 //!   finished, protocol violations and requests before their `Retry-After`, as the server saw;
 //! - **disk full**: the home on a 64 MiB tmpfs (mounted where it may; skipped with the reason
 //!   otherwise) filled up mid-campaign: exit 3 with the reason, the store intact, and `resume`
-//!   finishing the campaign once space is freed.
+//!   finishing the campaign once space is freed;
+//! - **properties**: the property tests (`tests/suite/props.rs`) again with 2000 cases each
+//!   (`FK_CHAOS_PROP_CASES`), through `cargo test`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -1162,6 +1164,56 @@ fn disk_full(t: &mut Table) {
     );
 }
 
+/// The property tests of `tests/suite/props.rs` again, with many more cases than `cargo test`
+/// gives them (`FK_CHAOS_PROP_CASES`, 2000 by default), through the cargo that runs this bench.
+fn properties(t: &mut Table) {
+    let cases = std::env::var("FK_CHAOS_PROP_CASES").unwrap_or_else(|_| "2000".into());
+    let Some(cargo) = std::env::var_os("CARGO") else {
+        println!("properties: skipped: no CARGO in the environment (run through `cargo bench`)");
+        t.add("properties", "property tests run (skipped: no cargo)", 0, "> 0", false);
+        return;
+    };
+    let started = Instant::now();
+    let out = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["test", "--quiet", "--test", "all", "props::", "--", "--test-threads=2"])
+        .env("PROPTEST_CASES", &cases)
+        .stdin(Stdio::null())
+        .output();
+    let text = match out {
+        Ok(o) => format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(e) => format!("cannot run cargo: {e}"),
+    };
+    let summary = text
+        .lines()
+        .find(|l| l.starts_with("test result:"))
+        .unwrap_or("no test result");
+    let number = |word: &str| -> usize {
+        summary
+            .split(';')
+            .find(|part| part.trim().ends_with(word))
+            .and_then(|part| part.split_whitespace().rev().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let (passed, failed) = (number("passed"), number("failed"));
+    println!(
+        "properties: {summary} ({cases} cases each, {:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
+    t.add(
+        "properties",
+        &format!("property tests run with {cases} cases each"),
+        passed + failed,
+        "> 0",
+        passed + failed > 0,
+    );
+    t.count("properties", "…that found a failing case", failed);
+}
+
 fn main() {
     let started = Instant::now();
     println!(
@@ -1180,6 +1232,7 @@ fn main() {
     secrets(&mut t);
     provider_faults(&mut t);
     disk_full(&mut t);
+    properties(&mut t);
     t.print();
     let _ = std::io::stdout().flush();
     println!("{:.0} s", started.elapsed().as_secs_f64());
