@@ -18,7 +18,8 @@
 //!   every file of the home and, by the server, in every request body;
 //!
 //! - **provider faults**: 12 sessions against the simulated server answering 20 % of requests
-//!   with a 429 (`Retry-After`), a 500 or a cut stream ([`fk_agentd::sim::faults`]): sessions
+//!   with a 429 (`Retry-After`), a 500, a cut stream or a stream that stalls past the client's
+//!   idle timeout ([`fk_agentd::sim::faults`]): sessions
 //!   finished, protocol violations and requests before their `Retry-After`, as the server saw;
 //! - **disk full**: the home on a 64 MiB tmpfs (mounted where it may; skipped with the reason
 //!   otherwise) filled up mid-campaign: exit 3 with the reason, the store intact, and `resume`
@@ -1033,7 +1034,7 @@ fn provider_faults(t: &mut Table) {
     rotation.join().expect("rotation");
     let report = server_report(&home);
     let n = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
-    let faults = n("too_many_requests") + n("server_errors") + n("cut_streams");
+    let faults = n("too_many_requests") + n("server_errors") + n("cut_streams") + n("stalls");
     println!("provider faults: exit {status}, server report {report}");
     let (done, all) = sessions_finished(&home);
     t.add(
@@ -1045,7 +1046,7 @@ fn provider_faults(t: &mut Table) {
     );
     t.add(
         "provider faults",
-        "…faults served (429 + 500 + cut streams)",
+        "…faults served (429 + 500 + cut + stalled streams)",
         format!("{faults} of {}", n("requests")),
         "> 0",
         faults > 0 && faults != u64::MAX,
@@ -1170,13 +1171,27 @@ fn properties(t: &mut Table) {
     let cases = std::env::var("FK_CHAOS_PROP_CASES").unwrap_or_else(|_| "2000".into());
     let Some(cargo) = std::env::var_os("CARGO") else {
         println!("properties: skipped: no CARGO in the environment (run through `cargo bench`)");
-        t.add("properties", "property tests run (skipped: no cargo)", 0, "> 0", false);
+        t.add(
+            "properties",
+            "property tests run (skipped: no cargo)",
+            0,
+            "> 0",
+            false,
+        );
         return;
     };
     let started = Instant::now();
     let out = Command::new(cargo)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["test", "--quiet", "--test", "all", "props::", "--", "--test-threads=2"])
+        .args([
+            "test",
+            "--quiet",
+            "--test",
+            "all",
+            "props::",
+            "--",
+            "--test-threads=2",
+        ])
         .env("PROPTEST_CASES", &cases)
         .stdin(Stdio::null())
         .output();

@@ -183,7 +183,12 @@ pub async fn runner_params<L: BenchLauncher + 'static>(
         Some(path) => TokenProvider::file(path.clone()),
         None => TokenProvider::literal(SecretString::from(SIM_TOKEN))?,
     };
-    let llm = Arc::new(LlmClient::new(sim_provider(base_url), token)?);
+    let mut provider = sim_provider(base_url);
+    if params.chaos.faults > 0.0 {
+        // Stalled streams must end in the client's idle timeout within the bench's time.
+        provider.limits.stream_idle_timeout = crate::sim::faults::STALLED_IDLE_TIMEOUT;
+    }
+    let llm = Arc::new(LlmClient::new(provider, token)?);
     crate::daemon::ensure_home(&config.home)?;
     let baseline_root = sim_baselines(&config.home, catalog)?;
     let driver = BenchDriver::new(

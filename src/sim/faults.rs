@@ -2,7 +2,10 @@
 //! "provider faults"), and what it saw of its clients while it did.
 //!
 //! A share [`FaultPlan::rate`] of requests is answered with a fault instead of the scripted
-//! turn: a 429 with `Retry-After: 1`, a 500, or a stream cut off before `response.completed`.
+//! turn: a 429 with `Retry-After: 1`, a 500, a stream cut off before `response.completed`, or
+//! a stream that stalls half way, its connection held open without a byte for [`STALL`]: longer
+//! than the client's idle timeout under chaos ([`STALLED_IDLE_TIMEOUT`]), so the client must
+//! give up on it and ask again.
 //! Which requests is decided by a hash of the turn and how many times it was asked for, so a
 //! retried turn is eventually answered and a rerun with the same seed faults the same requests.
 //! The log counts protocol violations (requests the server refused as malformed) and requests
@@ -33,12 +36,19 @@ pub struct SimChaos {
 /// How long a 429 tells the client to wait.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// How long a stalled stream stays silent.
+pub const STALL: Duration = Duration::from_secs(30);
+
+/// The simulated provider's stream idle timeout while faults are injected (60 s otherwise).
+pub const STALLED_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A fault to answer a request with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
     TooManyRequests,
     ServerError,
     CutStream,
+    Stall,
 }
 
 /// What the server saw (written as `sim-faults.json`, labelled simulated).
@@ -49,6 +59,8 @@ pub struct FaultReport {
     pub too_many_requests: u64,
     pub server_errors: u64,
     pub cut_streams: u64,
+    /// Streams that went silent half way, past the client's idle timeout.
+    pub stalls: u64,
     /// Requests refused as malformed (a reasoning item missing or altered, a hosted tool…).
     pub protocol_violations: u64,
     /// Requests for a turn that came before the `Retry-After` its 429 asked for had passed.
@@ -147,10 +159,11 @@ impl FaultPlan {
         if draw >= self.rate {
             return None;
         }
-        let fault = match (draw / self.rate * 3.0) as u32 {
+        let fault = match (draw / self.rate * 4.0) as u32 {
             0 => Fault::TooManyRequests,
             1 => Fault::ServerError,
-            _ => Fault::CutStream,
+            2 => Fault::CutStream,
+            _ => Fault::Stall,
         };
         match fault {
             Fault::TooManyRequests => {
@@ -159,6 +172,7 @@ impl FaultPlan {
             }
             Fault::ServerError => log.report.server_errors += 1,
             Fault::CutStream => log.report.cut_streams += 1,
+            Fault::Stall => log.report.stalls += 1,
         }
         Some(fault)
     }
@@ -207,9 +221,18 @@ mod tests {
         assert!(answered.is_some());
         let r = plan.report();
         assert_eq!(
-            r.too_many_requests + r.server_errors + r.cut_streams,
+            r.too_many_requests + r.server_errors + r.cut_streams + r.stalls,
             faulted as u64 + answered.unwrap() as u64 - 1
         );
+        // Every kind is drawn.
+        for (kind, n) in [
+            ("429", r.too_many_requests),
+            ("500", r.server_errors),
+            ("cut", r.cut_streams),
+            ("stall", r.stalls),
+        ] {
+            assert!(n > 30, "{kind}: {n}");
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::faults::{Fault, RETRY_AFTER};
+use super::faults::{Fault, RETRY_AFTER, STALL};
 
 /// The bearer token the simulation's client sends; a fixed public value, not a secret.
 pub const SIM_TOKEN: &str = "fk-agentd-simulation-token";
@@ -190,13 +190,24 @@ async fn respond(
     };
     let input_bytes = body.to_string().len() as u64;
     let mut stream = sse_stream(&turn_id, &items, input_bytes);
-    if fault == Some(Fault::CutStream) {
-        // The connection drops half way: no `response.completed`.
+    if matches!(fault, Some(Fault::CutStream | Fault::Stall)) {
+        // Half way through: no `response.completed`.
         let mut cut = stream.len() / 2;
         while !stream.is_char_boundary(cut) {
             cut -= 1;
         }
         stream.truncate(cut);
+    }
+    if fault == Some(Fault::Stall) {
+        // The first half, then silence on an open connection (until the client gives up,
+        // which drops this body, or the stall ends).
+        let first = futures::stream::once(async move { Ok::<_, std::io::Error>(stream) });
+        let silence = futures::stream::once(async {
+            tokio::time::sleep(STALL).await;
+            Ok::<_, std::io::Error>(String::new())
+        });
+        let body = axum::body::Body::from_stream(futures::StreamExt::chain(first, silence));
+        return ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
     }
     ([(header::CONTENT_TYPE, "text/event-stream")], stream).into_response()
 }
