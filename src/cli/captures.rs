@@ -103,12 +103,20 @@ pub(crate) fn screen_uncaptured(
     }
     let names: Vec<String> = uncaptured.iter().map(ToString::to_string).collect();
     if config.sim {
+        // One line a person reads: a few names, then how to list them all.
+        const SHOWN: usize = 5;
+        let mut listed = names[..names.len().min(SHOWN)].join(", ");
+        if names.len() > SHOWN {
+            listed += &format!(
+                ", and {} more: `fk-agentd captures coverage` lists them",
+                names.len() - SHOWN
+            );
+        }
         eprintln!(
-            "note: {} selected target(s) have no captured case in {} ({}); a real campaign \
-             skips them unless --include-uncaptured, the simulation invents their cases",
+            "note: {} selected target(s) have no captured case in {} ({listed}); a real \
+             campaign skips them unless --include-uncaptured, the simulation invents their cases",
             names.len(),
             config.captures.display(),
-            names.join(", ")
         );
         return Ok(Vec::new());
     }
