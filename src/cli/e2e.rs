@@ -9,11 +9,12 @@ use crate::config::{Config, Env};
 use crate::error::Error;
 use crate::score::e2e::{self, EvalParams};
 
-/// Evaluates `run` (the newest by default) and its pair. The caller holds the home's lock.
+/// Evaluates `run` (the newest by default) and its pair, under the home's `lock`.
 /// Exit 0 when every eval gave reports with identical tokens, 1 otherwise.
 pub async fn cmd_e2e(
     config: &Config,
     env: &Env,
+    lock: &crate::daemon::DaemonLock,
     run: Option<&str>,
     scenarios: &str,
     json: bool,
@@ -37,23 +38,27 @@ pub async fn cmd_e2e(
         let exe = std::env::current_exe()
             .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
         (
-            crate::sim::bench::command(&exe, crate::sim::campaign::SIM_SEED),
+            crate::sim::bench::command(&exe, crate::sim::setup::SIM_SEED),
             None,
         )
     } else {
-        let prepared = super::prepare_harness(config).await?;
+        let prepared = crate::app::prepare_harness(config).await?;
         (config.fastkernels_command.clone(), Some(prepared.copy))
     };
-    let mut broker_config = if simulated {
-        Config {
-            gpus: crate::config::GpuDevices::Fake { count: 8 },
-            ..config.clone()
-        }
-    } else {
-        config.clone()
+    let gpus = match simulated {
+        true => crate::config::GpuDevices::Fake { count: 8 },
+        false => config.gpus.clone(),
     };
-    super::keep_provider_secrets(&mut broker_config, env);
-    let broker = crate::gpu::Broker::start(&broker_config, &store).await?;
+    let home = crate::app::Home::open_held(
+        Config {
+            gpus,
+            ..config.clone()
+        },
+        env,
+        lock,
+    )
+    .await?;
+    let broker = &home.broker;
     let launcher = crate::score::lease::LeaseLauncher::new(
         broker.clone(),
         crate::gpu::LeaseClass::Bench,
@@ -65,7 +70,7 @@ pub async fn cmd_e2e(
         cwd,
         scenarios: scenarios.to_string(),
         deadline: config.lease_timeout,
-        env_remove: broker_config.secret_env.clone(),
+        env_remove: Vec::new(),
     };
     let cancel = CancellationToken::new();
     let mut outcomes = Vec::new();

@@ -316,7 +316,7 @@ fn a_run_with_candidates(s: &Setup, files: &[(&str, &str)]) -> String {
 /// A simulated run of `L1/gelu` and `L1/silu` in `mode` whose sessions left `files`.
 fn a_run_of_mode(s: &Setup, mode: fk_agentd::config::Mode, files: &[(&str, &str)]) -> String {
     use fk_agentd::run::{NewRun, RunJournal};
-    let store = fk_agentd::daemon::open_store(&s.home()).unwrap();
+    let store = fk_agentd::app::open_store(&s.home()).unwrap();
     let journal = RunJournal::create(
         &store,
         &s.home(),
@@ -510,7 +510,7 @@ fn the_lower_bound_gate_needs_repeats_and_keeps_a_clear_winner() {
 fn score_is_refused_while_another_fk_agentd_holds_the_home() {
     let s = Setup::new();
     a_small_set(&s);
-    fk_agentd::daemon::ensure_home(&s.home()).unwrap();
+    fk_agentd::app::ensure_home(&s.home()).unwrap();
     let held = fk_agentd::daemon::DaemonLock::acquire(&s.home(), fk_agentd::daemon::Holder::Daemon)
         .unwrap();
     s.score(&[])
@@ -526,7 +526,7 @@ fn score_is_refused_while_another_fk_agentd_holds_the_home() {
 #[test]
 fn start_while_a_score_holds_the_home_names_the_score_not_stop() {
     let s = Setup::new();
-    fk_agentd::daemon::ensure_home(&s.home()).unwrap();
+    fk_agentd::app::ensure_home(&s.home()).unwrap();
     let held = fk_agentd::daemon::DaemonLock::acquire(&s.home(), fk_agentd::daemon::Holder::Score)
         .unwrap();
     let out = Command::new(BIN)
