@@ -437,7 +437,6 @@ mod noise_tests {
             captures: tmp.path().join("captures"),
             deadline: std::time::Duration::from_secs(60),
             parallel: 1,
-            env_remove: Vec::new(),
         };
         let driver = BenchDriver::new(params, InProcessLauncher::new(7))
             .await

@@ -13,7 +13,7 @@ use secrecy::SecretString;
 use super::{Home, Run};
 use crate::agent::gpu_tools::{BenchToolsFactory, Checks, RealChecks};
 use crate::agent::session::LoopParams;
-use crate::agent::{AgentRunner, AgentRunnerParams, INSTRUCTIONS, LeaseAccess};
+use crate::agent::{AgentRunnerParams, INSTRUCTIONS};
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
 use crate::daemon::{CampaignReport, DaemonError, Holder};
@@ -22,13 +22,10 @@ use crate::facts::{RunStartFacts, SystemFacts};
 use crate::gpu::LeaseClass;
 use crate::harness::import_check::ImportCheck;
 use crate::llm::{LlmClient, TokenProvider};
-use crate::scheduler::SessionRunner;
-use crate::score::driver::{BenchDriver, BenchLauncher, DriverParams};
-use crate::score::lease::LeaseLauncher;
+use crate::score::driver::{BenchDriver, DriverParams};
 use crate::sim::faults::{SIM_FAULTS_ENV, SIM_TOKEN_FILE_ENV, SimChaos};
 use crate::sim::server::{SIM_TOKEN, SimServer};
 use crate::sim::setup::{SIM_SEED, SimParams, sim_baselines, sim_provider};
-use crate::target::Catalog;
 use crate::workspace::exec::ShellEnv;
 
 /// A campaign ready to run: its home open, its runner built.
@@ -92,7 +89,7 @@ fn require_prices(config: &Config) -> Result<(), Error> {
 
 /// The fk-agentd binary: the agents' shells find it first on `PATH`, the simulation runs its
 /// bench.
-fn this_binary() -> Result<std::path::PathBuf, Error> {
+pub(super) fn this_binary() -> Result<std::path::PathBuf, Error> {
     std::env::current_exe()
         .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))
 }
@@ -115,23 +112,14 @@ async fn simulated(
     let provider = sim_provider("http://127.0.0.1/v1");
     crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
     let bench = sim_bench_params(&config, &params);
+    let home = Home::open(config, env, Holder::Daemon).await?;
     let server = crate::sim::setup::start_server(&params)
         .await
         .map_err(|e| {
             DaemonError::Control(format!("cannot start the simulated Responses server: {e}"))
         })?;
-    let prepared = async {
-        let home = Home::open(config, env, Holder::Daemon).await?;
-        let runner = simulated_runner(&home, &server.base_url, &params).await?;
-        Ok::<_, Error>((home, runner))
-    };
-    let (home, runner) = match prepared.await {
-        Ok(parts) => parts,
-        Err(e) => {
-            server.shutdown().await;
-            return Err(e);
-        }
-    };
+    let parts = sim_runner_params(&home, &server.base_url, &params).await?;
+    let runner = crate::agent::codex::runner_for(&home.config, parts).await?;
     let run = Run {
         resume,
         facts: Some(RunStartFacts {
@@ -158,9 +146,8 @@ fn sim_chaos() -> Result<SimChaos, Error> {
         Ok(text) => match text.parse::<f64>() {
             Ok(r) if (0.0..=1.0).contains(&r) => r,
             _ => {
-                return Err(Error::Usage(format!(
-                    "{SIM_FAULTS_ENV} = {text:?}: a share of requests from 0 to 1"
-                )));
+                let why = format!("{SIM_FAULTS_ENV} = {text:?}: a share of requests from 0 to 1");
+                return Err(Error::Usage(why));
             }
         },
     };
@@ -178,77 +165,43 @@ fn sim_bench_params(config: &Config, params: &SimParams) -> DriverParams {
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
         parallel: 8,
-        env_remove: Vec::new(),
     }
 }
 
-/// The simulation's shell environment: a plain `PATH` with the fk-agentd binary's folder first.
+/// The simulation's shell environment: a plain `PATH`, the fk-agentd binary's folder first.
 pub fn sim_shell_env(exe: &Path) -> ShellEnv {
-    let env = ShellEnv::from_parent(
-        [(
-            "PATH".to_string(),
-            "/usr/local/bin:/usr/bin:/bin".to_string(),
-        )],
-        [],
-    );
+    binary_first(ShellEnv::from_parent([], []), exe)
+}
+
+/// `env` with the folder of `exe` (this binary) first on `PATH`, so the agents' shells find
+/// it for `fk-agentd lease -- CMD` and `fk-agentd tool …`.
+fn binary_first(env: ShellEnv, exe: &Path) -> ShellEnv {
     match exe.parent() {
         Some(dir) => env.with_path_first(dir),
         None => env,
     }
 }
 
-/// The session runner of a simulated campaign in `home` against the server at `base_url`:
-/// every `validate` a `validate` lease on its broker; agents' shells may lease too.
-pub async fn simulated_runner(
+/// The parts of a simulated campaign's runner in `home` against the server at `base_url`, for
+/// either backend: every `validate` a `validate` lease on its broker; agents' shells may lease.
+pub async fn sim_runner_params(
     home: &Home,
     base_url: &str,
     params: &SimParams,
-) -> Result<Arc<dyn SessionRunner>, Error> {
-    let config = &home.config;
-    let access = LeaseAccess {
-        broker: home.broker.clone(),
-        socket: crate::control::socket_path(&config.home),
-    };
-    let launcher = LeaseLauncher::new(home.broker.clone(), LeaseClass::Validate, "agents");
-    let catalog = &config.catalog;
-    let parts =
-        sim_runner_params(config, catalog, base_url, params, launcher, Some(access)).await?;
-    crate::agent::codex::runner_for(config, parts).await
-}
-
-/// The native runner of a simulated campaign whose benches go through `launcher`.
-pub async fn sim_runner<L: BenchLauncher + 'static>(
-    config: &Config,
-    catalog: &Catalog,
-    base_url: &str,
-    params: &SimParams,
-    launcher: L,
-) -> Result<AgentRunner, Error> {
-    let parts = sim_runner_params(config, catalog, base_url, params, launcher, None).await?;
-    Ok(AgentRunner::new(parts))
-}
-
-/// The parts of a simulated campaign's runner, for either backend.
-pub async fn sim_runner_params<L: BenchLauncher + 'static>(
-    config: &Config,
-    catalog: &Catalog,
-    base_url: &str,
-    params: &SimParams,
-    launcher: L,
-    lease_access: Option<LeaseAccess>,
 ) -> Result<AgentRunnerParams, Error> {
+    let config = &home.config;
     // The chaos bench rotates a token file under the client; otherwise the public literal.
     let token = match &params.chaos.token_file {
         Some(path) => TokenProvider::file(path.clone()),
         None => TokenProvider::literal(SecretString::from(SIM_TOKEN))?,
     };
     let llm = Arc::new(LlmClient::new(sim_provider(base_url), token)?);
-    super::ensure_home(&config.home)?;
-    let driver = BenchDriver::new(sim_bench_params(config, params), launcher).await?;
+    let bench = sim_bench_params(config, params);
+    let driver = BenchDriver::new(bench, home.launcher(LeaseClass::Validate, "agents")).await?;
     Ok(AgentRunnerParams {
         llm,
-        catalog: catalog.clone(),
-        baseline_root: sim_baselines(&config.home, catalog)?,
+        catalog: config.catalog.clone(),
+        baseline_root: sim_baselines(&config.home, &config.catalog)?,
         captures: config.captures.clone(),
         gpu: Arc::new(BenchToolsFactory {
             driver: Arc::new(driver),
@@ -259,7 +212,7 @@ pub async fn sim_runner_params<L: BenchLauncher + 'static>(
             max_turns: config.limits.max_turns,
             ..LoopParams::new(INSTRUCTIONS.to_string(), 400_000)
         },
-        lease_access,
+        lease_access: Some(home.lease_access()),
     })
 }
 
@@ -301,27 +254,16 @@ async fn real(mut config: Config, env: &Env, resume: Option<String>) -> Result<C
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
         parallel: 1,
-        env_remove: Vec::new(),
     };
     let home = Home::open(config, env, Holder::Daemon).await?;
     let config = &home.config;
-    // The agents' shells find this binary first on PATH, for `fk-agentd lease -- CMD`.
-    let mut shell_env = ShellEnv::from_parent(std::env::vars(), []).confined(config.confinement());
-    if let Some(dir) = this_binary()
-        .ok()
-        .and_then(|e| e.parent().map(Path::to_path_buf))
-    {
-        shell_env = shell_env.with_path_first(&dir);
-    }
-    let driver = home
-        .bench_driver(bench.clone(), LeaseClass::Validate, "agents")
-        .await?;
-    let checks = Checks::Real(RealChecks {
-        catalog: config.catalog.clone(),
-        import_check,
-        protected,
-        broker: home.broker.clone(),
-    });
+    let shell_env = ShellEnv::from_parent(std::env::vars(), []).confined(config.confinement());
+    let shell_env = match this_binary() {
+        Ok(exe) => binary_first(shell_env, &exe),
+        Err(_) => shell_env,
+    };
+    let launcher = home.launcher(LeaseClass::Validate, "agents");
+    let driver = BenchDriver::new(bench.clone(), launcher).await?;
     let parts = AgentRunnerParams {
         llm: llm.clone(),
         catalog: config.catalog.clone(),
@@ -329,17 +271,19 @@ async fn real(mut config: Config, env: &Env, resume: Option<String>) -> Result<C
         captures: config.captures.clone(),
         gpu: Arc::new(BenchToolsFactory {
             driver: Arc::new(driver),
-            checks,
+            checks: Checks::Real(RealChecks {
+                catalog: config.catalog.clone(),
+                import_check,
+                protected,
+                broker: home.broker.clone(),
+            }),
         }),
         shell_env,
         loop_params: LoopParams {
             max_turns: config.limits.max_turns,
             ..LoopParams::new(INSTRUCTIONS.to_string(), context_window)
         },
-        lease_access: Some(LeaseAccess {
-            broker: home.broker.clone(),
-            socket: crate::control::socket_path(&config.home),
-        }),
+        lease_access: Some(home.lease_access()),
     };
     let runner = crate::agent::codex::runner_for(config, parts).await?;
     let run = Run {

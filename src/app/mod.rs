@@ -5,28 +5,22 @@
 //! Owns opening a home ([`Home`]: the single-instance lock, the store, the GPU broker) and
 //! building the campaigns that run in it ([`campaign`]: real or simulated). Does not print.
 //!
-//! Invariant, the one rule for the provider's token: [`Home::open`] reads the provider's
-//! token variable and file once ([`keep_provider_secrets`]) before anything starts a child, so
-//! the broker removes that variable from every leased command and every bench it runs, and
-//! agent code cannot read that file.
+//! Invariant, the one rule for the provider's token: opening a [`Home`] reads the provider's
+//! token variable and file once, even from a provider file that does not validate, before
+//! anything starts a child; so the broker removes that variable from every leased command and
+//! every bench it runs, and agent code cannot read that file.
 
 pub mod campaign;
 
 use std::future::Future;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
 
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
-use crate::daemon::{
-    self, CampaignParams, CampaignReport, DaemonError, DaemonLock, DaemonParams, Holder,
-};
+pub use crate::daemon::Run;
+use crate::daemon::{self, CampaignReport, DaemonError, DaemonLock, DaemonParams, Holder};
 use crate::error::Error;
-use crate::facts::RunStartFacts;
 use crate::gpu::{Broker, LeaseClass};
-use crate::scheduler::SessionRunner;
-use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::lease::LeaseLauncher;
 use crate::store::Store;
 
@@ -41,43 +35,15 @@ pub struct Home {
     lock: Option<DaemonLock>,
 }
 
-/// One campaign to run in a [`Home`].
-pub struct Run {
-    pub runner: Arc<dyn SessionRunner>,
-    /// Continue this unfinished run instead of creating a new one.
-    pub resume: Option<String>,
-    /// Host facts recorded right after `run_started` (`None`: none recorded).
-    pub facts: Option<RunStartFacts>,
-    /// The bench of the campaign's own scoring (see [`CampaignParams`]).
-    pub bench: Option<DriverParams>,
-    /// The time running sessions get to end after a stop before they are aborted.
-    pub drain_deadline: Duration,
-}
-
-impl Run {
-    /// A new run of `runner`'s sessions, without facts or a scoring bench.
-    pub fn new(runner: Arc<dyn SessionRunner>) -> Self {
-        Self {
-            runner,
-            resume: None,
-            facts: None,
-            bench: None,
-            drain_deadline: daemon::DEFAULT_DRAIN_DEADLINE,
-        }
-    }
-}
-
 impl Home {
     /// Takes the home's lock as `holder`, opens its store and starts the broker on the
     /// configured GPUs, with the provider's secrets kept from every child.
     pub async fn open(config: Config, env: &Env, holder: Holder) -> Result<Self, Error> {
         ensure_home(&config.home)?;
         let lock = DaemonLock::acquire(&config.home, holder)?;
-        let home = Self::open_held(config, env, &lock).await?;
-        Ok(Self {
-            lock: Some(lock),
-            ..home
-        })
+        let mut home = Self::open_held(config, env, &lock).await?;
+        home.lock = Some(lock);
+        Ok(home)
     }
 
     /// As [`Home::open`], under a lock the caller took and keeps for longer.
@@ -86,7 +52,10 @@ impl Home {
         env: &Env,
         _held: &DaemonLock,
     ) -> Result<Self, Error> {
-        keep_provider_secrets(&mut config, env);
+        // The one rule: the provider's token variable and file, read once, before any child.
+        let secrets = ProviderConfig::secrets_of(&config.provider, &config.home, env);
+        config.secret_env.extend(secrets.var);
+        config.secret_files.extend(secrets.file);
         let store = open_store(&config.home)?;
         let broker = Broker::start(&config, &store).await?;
         Ok(Self {
@@ -97,16 +66,32 @@ impl Home {
         })
     }
 
-    /// A bench driver whose every bench is a lease of `class` on this home's broker, held by
-    /// `holder` (e.g. `scoring`).
-    pub async fn bench_driver(
-        &self,
-        params: DriverParams,
-        class: LeaseClass,
-        holder: &str,
-    ) -> Result<BenchDriver<LeaseLauncher>, Error> {
-        let launcher = LeaseLauncher::new(self.broker.clone(), class, holder);
-        Ok(BenchDriver::new(params, launcher).await?)
+    /// As [`Home::open_held`], for scoring a run: a simulated one on the simulation's fake
+    /// GPUs, like its campaign.
+    pub async fn open_scoring(
+        config: &Config,
+        env: &Env,
+        held: &DaemonLock,
+        simulated: bool,
+    ) -> Result<Self, Error> {
+        let mut config = config.clone();
+        if simulated {
+            config.gpus = crate::config::GpuDevices::Fake { count: 8 };
+        }
+        Self::open_held(config, env, held).await
+    }
+
+    /// Launches each bench as a lease of `class` on this home's broker, held by `holder`.
+    pub fn launcher(&self, class: LeaseClass, holder: &str) -> LeaseLauncher {
+        LeaseLauncher::new(self.broker.clone(), class, holder)
+    }
+
+    /// How agents' shells lease through this home's daemon (`fk-agentd lease -- CMD`).
+    pub fn lease_access(&self) -> crate::agent::LeaseAccess {
+        crate::agent::LeaseAccess {
+            broker: self.broker.clone(),
+            socket: crate::control::socket_path(&self.config.home),
+        }
     }
 
     /// Runs a campaign in this home until it ends or `shutdown` resolves; the home's lock is
@@ -116,36 +101,26 @@ impl Home {
         run: Run,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<CampaignReport, Error> {
-        let Home {
-            config,
-            store,
-            broker,
-            lock,
-        } = self;
         let params = DaemonParams {
-            config,
-            store,
-            broker,
-            runner: run.runner,
-            drain_deadline: run.drain_deadline,
-            resume: run.resume,
-            facts: run.facts,
+            config: self.config,
+            store: self.store,
+            broker: self.broker,
+            run,
         };
-        let report =
-            daemon::run_campaign_with(params, CampaignParams { bench: run.bench }, shutdown).await;
-        drop(lock);
+        let report = daemon::run_campaign(params, shutdown).await;
+        drop(self.lock);
         report
     }
 }
 
-/// The one rule for the provider's token: its variable is stripped from every child the
-/// broker or a bench starts, its file hidden from agent code. Read from the provider file even
-/// when the rest of it does not validate (the command that needs the provider reports that
-/// itself).
-pub fn keep_provider_secrets(config: &mut Config, env: &Env) {
-    let secrets = ProviderConfig::secrets_of(&config.provider, &config.home, env);
-    config.secret_env.extend(secrets.var);
-    config.secret_files.extend(secrets.file);
+/// The embedded simulation's bench (this binary's `sim-bench`): a simulated run is scored
+/// with the bench it was campaigned with.
+pub fn sim_bench_command() -> Result<Vec<String>, Error> {
+    let exe = campaign::this_binary()?;
+    Ok(crate::sim::bench::command(
+        &exe,
+        crate::sim::setup::SIM_SEED,
+    ))
 }
 
 /// Creates the home directory (0700) if needed; an existing home that others may read is made

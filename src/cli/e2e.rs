@@ -35,42 +35,20 @@ pub async fn cmd_e2e(
     }
     let simulated = row.simulated;
     let (command, cwd) = if simulated {
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
-        (
-            crate::sim::bench::command(&exe, crate::sim::setup::SIM_SEED),
-            None,
-        )
+        (crate::app::sim_bench_command()?, None)
     } else {
         let prepared = crate::app::prepare_harness(config).await?;
         (config.fastkernels_command.clone(), Some(prepared.copy))
     };
-    let gpus = match simulated {
-        true => crate::config::GpuDevices::Fake { count: 8 },
-        false => config.gpus.clone(),
-    };
-    let home = crate::app::Home::open_held(
-        Config {
-            gpus,
-            ..config.clone()
-        },
-        env,
-        lock,
-    )
-    .await?;
+    let home = crate::app::Home::open_scoring(config, env, lock, simulated).await?;
     let broker = &home.broker;
-    let launcher = crate::score::lease::LeaseLauncher::new(
-        broker.clone(),
-        crate::gpu::LeaseClass::Bench,
-        "e2e",
-    );
+    let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "e2e");
     let gpus = e2e::gpus_needed(scenarios).min(broker.inventory().len().max(1));
     let params = EvalParams {
         command,
         cwd,
         scenarios: scenarios.to_string(),
         deadline: config.lease_timeout,
-        env_remove: Vec::new(),
     };
     let cancel = CancellationToken::new();
     let mut outcomes = Vec::new();

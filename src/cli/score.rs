@@ -251,23 +251,9 @@ async fn scoring_driver(
         other => other.clone(),
     };
     // A simulated run is scored on the simulation's fake GPUs, like its campaign.
-    let gpus = match simulated {
-        true => crate::config::GpuDevices::Fake { count: 8 },
-        false => config.gpus.clone(),
-    };
-    let home = Home::open_held(
-        Config {
-            gpus,
-            ..config.clone()
-        },
-        env,
-        lock,
-    )
-    .await?;
+    let home = Home::open_scoring(config, env, lock, simulated).await?;
     let command = if simulated {
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
-        crate::sim::bench::command(&exe, crate::sim::setup::SIM_SEED)
+        crate::app::sim_bench_command()?
     } else {
         config.fastkernels_command.clone()
     };
@@ -277,11 +263,10 @@ async fn scoring_driver(
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
         parallel: home.broker.inventory().len().max(1),
-        env_remove: Vec::new(),
     };
     let stages = progress.clone();
-    let driver = home
-        .bench_driver(params, crate::gpu::LeaseClass::Bench, "scoring")
+    let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "scoring");
+    let driver = BenchDriver::new(params, launcher)
         .await?
         .with_progress(std::sync::Arc::new(
             move |_label: &str, _wall_s: f64, _ok: bool| {

@@ -52,14 +52,11 @@ pub async fn cmd_start(
 }
 
 fn refuse_if_running(home: &Path) -> Result<(), Error> {
-    match daemon::lock::holder(home) {
-        Some(held) => Err(daemon::DaemonError::AlreadyRunning {
-            home: home.to_path_buf(),
-            held,
-        }
-        .into()),
-        None => Ok(()),
-    }
+    let Some(held) = daemon::lock::holder(home) else {
+        return Ok(());
+    };
+    let home = home.to_path_buf();
+    Err(daemon::DaemonError::AlreadyRunning { home, held }.into())
 }
 
 fn unfinished_run(home: &Path) -> Result<Option<String>, Error> {

@@ -22,8 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Mode};
 use crate::control::{self, ControlState, DaemonStatus};
-use crate::gpu::Broker;
-use crate::gpu::LeaseClass;
+use crate::gpu::{Broker, LeaseClass};
 use crate::scheduler::{PhaseReport, SchedulerParams, SessionRunner};
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::lease::LeaseLauncher;
@@ -61,20 +60,34 @@ pub struct DaemonParams {
     pub store: Store,
     /// The broker of the campaign's GPUs; shut down when the campaign ends.
     pub broker: Broker,
+    pub run: Run,
+}
+
+/// What to run: the sessions' runner and how the campaign goes.
+pub struct Run {
     pub runner: Arc<dyn SessionRunner>,
+    /// The time running sessions get to end after a stop before they are aborted.
     pub drain_deadline: Duration,
     /// Continue this unfinished run instead of creating a new one.
     pub resume: Option<String>,
     /// Host facts recorded right after `run_started` (`None`: none recorded).
     pub facts: Option<crate::facts::RunStartFacts>,
-}
-
-/// What a campaign needs beyond its sessions.
-#[derive(Clone, Debug, Default)]
-pub struct CampaignParams {
     /// The bench of the campaign's own scoring (sequential level gates, the independent score
     /// of `--mode all`), each invocation a `bench` lease. Required unless `independent`.
     pub bench: Option<DriverParams>,
+}
+
+impl Run {
+    /// A new run of `runner`'s sessions, without facts or a scoring bench.
+    pub fn new(runner: Arc<dyn SessionRunner>) -> Self {
+        Self {
+            runner,
+            drain_deadline: DEFAULT_DRAIN_DEADLINE,
+            resume: None,
+            facts: None,
+            bench: None,
+        }
+    }
 }
 
 /// How a campaign ended.
@@ -92,33 +105,24 @@ pub struct CampaignReport {
     pub notes: Vec<String>,
 }
 
-/// Runs one independent campaign in the foreground until it ends or `shutdown` resolves.
+/// Runs one campaign of any mode in the foreground until it ends or `shutdown` resolves.
 pub async fn run_campaign(
     params: DaemonParams,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<CampaignReport, crate::Error> {
-    run_campaign_with(params, CampaignParams::default(), shutdown).await
-}
-
-/// Runs one campaign of any mode in the foreground until it ends or `shutdown` resolves.
-pub async fn run_campaign_with(
-    params: DaemonParams,
-    campaign: CampaignParams,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<CampaignReport, crate::Error> {
     let config = &params.config;
-    if config.mode != Mode::Independent && campaign.bench.is_none() {
+    if config.mode != Mode::Independent && params.run.bench.is_none() {
         return Err(crate::Error::Usage(format!(
             "--mode {} needs a bench for its level gates (the fastkernels command or the simulation)",
             config.mode.as_str()
         )));
     }
     let (store, broker) = (&params.store, &params.broker);
-    let plan = match &params.resume {
+    let plan = match &params.run.resume {
         Some(run_id) => plan::plan_resume(store, config, run_id)?,
         None => plan::plan_new(store, config)?,
     };
-    if let (Some(hook), None) = (&params.facts, &params.resume) {
+    if let (Some(hook), None) = (&params.run.facts, &params.run.resume) {
         let facts = crate::facts::gather(hook.source.as_ref(), &hook.params(config)).await;
         for j in plan.journals() {
             crate::facts::record(&j, &facts)?;
@@ -158,7 +162,7 @@ pub async fn run_campaign_with(
         tracing::info!("shutdown requested; cancelling sessions");
         signal_token.cancel();
     });
-    let driver = match (campaign.bench, plan.needs_bench()) {
+    let driver = match (params.run.bench.clone(), plan.needs_bench()) {
         (Some(p), true) => {
             // Each scoring bench is its own lease holder (see `LeaseLauncher`).
             let launcher = LeaseLauncher::new(broker.clone(), LeaseClass::Bench, "scoring");
@@ -168,14 +172,14 @@ pub async fn run_campaign_with(
     };
     let ctx = phases::Ctx {
         store: store.clone(),
-        runner: params.runner.clone(),
+        runner: params.run.runner.clone(),
         sched: SchedulerParams {
             max_agents: config.max_agents,
             agent_slot: config.agent_slot,
             gpus: broker.inventory().len(),
             order: config.order,
             session_timeout: config.session_timeout,
-            drain_deadline: params.drain_deadline,
+            drain_deadline: params.run.drain_deadline,
             budget: crate::scheduler::budget::Budget::new(&config.limits, config.prices.clone()),
         },
         root: root.clone(),

@@ -11,14 +11,13 @@ use std::time::Duration;
 use fk_agentd::agent::journal::SessionJournal;
 use fk_agentd::agent::session::LoopParams;
 use fk_agentd::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
+use fk_agentd::app::campaign::sim_runner_params;
 use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
 use fk_agentd::daemon::{CampaignReport, Holder};
-use fk_agentd::gpu::LeaseClass;
 use fk_agentd::llm::{LlmClient, TokenProvider};
 use fk_agentd::run::RunJournal;
 use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionSlot, SessionStatus};
-use fk_agentd::score::lease::LeaseLauncher;
 use fk_agentd::sim::server::SimServer;
 use fk_agentd::sim::setup::{SimParams, sim_baselines, sim_provider};
 use fk_agentd::store::Event;
@@ -135,10 +134,10 @@ async fn sim_campaign(
 ) -> (Home, Arc<dyn SessionRunner>, SimServer) {
     let server = fk_agentd::sim::setup::start_server(params).await.unwrap();
     let home = open(config).await;
-    let runner = fk_agentd::app::campaign::simulated_runner(&home, &server.base_url, params)
+    let parts = sim_runner_params(&home, &server.base_url, params)
         .await
         .unwrap();
-    (home, runner, server)
+    (home, Arc::new(AgentRunner::new(parts)), server)
 }
 
 fn events(home: &Path, run: &str) -> Vec<Event> {
@@ -159,16 +158,10 @@ async fn fourteen_simulated_agents_with_a_cap_of_twelve_all_finish_and_never_exc
     let peak = Arc::new(AtomicUsize::new(0));
     let home_ = open(cfg).await;
     // The same runner `start --sim` builds, wrapped to count; its benches are `validate` leases.
-    let launcher = LeaseLauncher::new(home_.broker.clone(), LeaseClass::Validate, "agents");
-    let inner = fk_agentd::app::campaign::sim_runner(
-        &home_.config,
-        &Catalog::embedded(),
-        &server.base_url,
-        &params,
-        launcher,
-    )
-    .await
-    .unwrap();
+    let parts = sim_runner_params(&home_, &server.base_url, &params)
+        .await
+        .unwrap();
+    let inner = AgentRunner::new(parts);
     let counting = Counting {
         inner,
         now: Arc::default(),

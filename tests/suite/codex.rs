@@ -14,13 +14,11 @@ use std::time::Duration;
 
 use assert_cmd::Command;
 use fk_agentd::agent::codex::home::PROVIDER_TOKEN_ENV;
-use fk_agentd::app::campaign::{sim_runner_params, simulated_runner};
+use fk_agentd::app::campaign::sim_runner_params;
 use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
 use fk_agentd::daemon::Holder;
-use fk_agentd::gpu::LeaseClass;
 use fk_agentd::llm::{LlmClient, TokenProvider};
-use fk_agentd::score::lease::LeaseLauncher;
 use fk_agentd::sim::server::SIM_TOKEN;
 use fk_agentd::sim::setup::{SimParams, sim_provider};
 use fk_agentd::store::Event;
@@ -281,11 +279,7 @@ async fn a_401_ends_the_codex_process_and_the_session_resumes_with_the_token_rea
         let home = Home::open(cfg, &Env::default(), Holder::Daemon)
             .await
             .unwrap();
-        let launcher = LeaseLauncher::new(home.broker.clone(), LeaseClass::Validate, "agents");
-        let catalog = Catalog::embedded();
-        let mut parts = sim_runner_params(&home.config, &catalog, base, &params, launcher, None)
-            .await
-            .unwrap();
+        let mut parts = sim_runner_params(&home, base, &params).await.unwrap();
         let token = TokenProvider::file(token_file.clone());
         parts.llm = Arc::new(LlmClient::new(sim_provider(base), token).unwrap());
         let runner = fk_agentd::agent::codex::runner_for(&home.config, parts)
@@ -462,7 +456,10 @@ async fn a_timed_out_codex_session_leaves_no_codex_process_behind() {
     let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
         .await
         .unwrap();
-    let runner = simulated_runner(&home_, &server.base_url, &params)
+    let parts = sim_runner_params(&home_, &server.base_url, &params)
+        .await
+        .unwrap();
+    let runner = fk_agentd::agent::codex::runner_for(&home_.config, parts)
         .await
         .unwrap();
     let report = home_

@@ -8,16 +8,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fk_agentd::app::campaign::sim_runner;
+use fk_agentd::agent::AgentRunner;
+use fk_agentd::app::campaign::sim_runner_params;
 use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
-use fk_agentd::daemon::{self, CampaignParams, CampaignReport, Holder};
-use fk_agentd::gpu::LeaseClass;
+use fk_agentd::daemon::{self, CampaignReport, Holder};
 use fk_agentd::run::RunJournal;
 use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionSlot};
 use fk_agentd::score::ScoreError;
 use fk_agentd::score::driver::{BenchDriver, BenchLauncher, DriverParams, Invocation, ProcessExit};
-use fk_agentd::score::lease::LeaseLauncher;
 use fk_agentd::score::sequential::{self, LevelGate};
 use fk_agentd::sim::setup::SimParams;
 use fk_agentd::target::{Catalog, TargetId};
@@ -52,17 +51,14 @@ pub fn sim_params() -> SimParams {
 }
 
 /// The simulated bench for the campaign's own scoring.
-pub fn sim_bench(config: &Config, params: &SimParams) -> CampaignParams {
-    CampaignParams {
-        bench: Some(DriverParams {
-            command: fk_agentd::sim::bench::command(&params.exe, params.seed),
-            fastkernels_dir: None,
-            captures: config.captures.clone(),
-            deadline: Duration::from_secs(60),
-            parallel: 4,
-            env_remove: Vec::new(),
-        }),
-    }
+pub fn sim_bench(config: &Config, params: &SimParams) -> Option<DriverParams> {
+    Some(DriverParams {
+        command: fk_agentd::sim::bench::command(&params.exe, params.seed),
+        fastkernels_dir: None,
+        captures: config.captures.clone(),
+        deadline: Duration::from_secs(60),
+        parallel: 4,
+    })
 }
 
 /// What each session found in its candidate folder when it started.
@@ -123,19 +119,17 @@ pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
     let home = Home::open(config, &Env::default(), Holder::Daemon)
         .await
         .unwrap();
-    let launcher = LeaseLauncher::new(home.broker.clone(), LeaseClass::Validate, "agents");
-    let catalog = Catalog::embedded();
-    let inner = sim_runner(&home.config, &catalog, &server.base_url, &params, launcher)
+    let parts = sim_runner_params(&home, &server.base_url, &params)
         .await
         .unwrap();
     let observing = Observing {
-        inner: Arc::new(inner),
+        inner: Arc::new(AgentRunner::new(parts)),
         seen: drive.seen.clone(),
         stop: drive.stop_at_level.map(|l| (l, stop.clone())),
     };
     let run = Run {
         resume: drive.resume,
-        bench: campaign.bench,
+        bench: campaign,
         ..Run::new(Arc::new(observing))
     };
     let report = home
@@ -338,7 +332,6 @@ async fn a_level_whose_gate_file_exists_is_read_back_not_rebenched() {
             captures: tmp.path().to_path_buf(),
             deadline: Duration::from_secs(5),
             parallel: 1,
-            env_remove: Vec::new(),
         },
         Refusing::default(),
     )
@@ -413,7 +406,6 @@ async fn gate_one_level(
             captures: tmp.path().join("captures"),
             deadline: Duration::from_secs(900),
             parallel: 2,
-            env_remove: Vec::new(),
         },
         fk_agentd::sim::in_process::InProcessLauncher::new(7),
     )
