@@ -686,6 +686,63 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
     );
 }
 
+/// A provider file whose token is read from the variable `var`.
+fn provider_with_token_env(dir: &Path, var: &str) -> String {
+    let path = dir.join("provider-with-token-env.toml");
+    let text = format!("base_url = \"https://x.example/v1\"\nmodel = \"m\"\ntoken_env = {var:?}\n");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// The provider's token variable is not in the environment of a command an agent leases
+/// through the daemon. The daemon is this test process, whose `HOME` stands in for the token
+/// variable (the provider file names it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_through_the_daemon_keeps_the_provider_token_variable_from_the_command() {
+    assert!(
+        std::env::var_os("HOME").is_some(),
+        "the stand-in must be set"
+    );
+    let home = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        provider: provider_with_token_env(home.path(), "HOME"),
+        ..config(home.path(), "L1/gelu", 1, "5h", "1m")
+    };
+    let cmd = "fk-agentd lease -- sh -c 'echo \"token variable: [${HOME-absent}]\"'";
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[function_call_item(
+                "fc_c1",
+                "c1",
+                "shell",
+                json!({"cmd": cmd}),
+            )],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r2",
+            &[function_call_item(
+                "fc_c2",
+                "c2",
+                "finish",
+                json!({"summary": "done"}),
+            )],
+            [10, 0, 5, 1],
+        ),
+    ])
+    .await;
+    let home_ = open(cfg).await;
+    let runner = leasing_runner(&home_, &fake.base_url);
+    let report = campaign_in(home_, runner, None, None).await;
+    let output = events(home.path(), &report.run_id)
+        .into_iter()
+        .find(|e| e.kind == "tool_finished" && e.payload["call_id"] == "c1")
+        .map(|e| e.payload["output"].as_str().unwrap().to_string())
+        .unwrap();
+    assert!(output.contains("token variable: [absent]"), "{output}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_provider_that_cannot_be_reached_fails_the_session_as_infrastructure() {
     let home = tempfile::tempdir().unwrap();

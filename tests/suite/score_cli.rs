@@ -691,3 +691,37 @@ fn sequential_scoring_tells_its_progress_level_by_level() {
         "{err}"
     );
 }
+
+/// The provider's token variable reaches none of `score`'s benches. The provider names
+/// `FK_AGENTD_SIM_INVOCATIONS` as its token variable: the simulated bench shows that it got
+/// that variable by appending to the log it names, as it does without that provider.
+#[test]
+fn score_keeps_the_provider_token_variable_from_its_benches() {
+    let s = Setup::new();
+    s.file("L1/gelu.py", "class GELU: pass\n# sim: speedup=1.25\n");
+    let log = s.tmp.path().join("benches.log");
+    let score = || {
+        s.score_command(&["--json"])
+            .env("FK_AGENTD_SIM_INVOCATIONS", &log)
+            .output()
+            .unwrap()
+    };
+    let plain = score();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.starts_with("start\t"), "{plain:?}");
+    std::fs::remove_file(&log).unwrap();
+    let provider = s.tmp.path().join("provider.toml");
+    std::fs::write(
+        &provider,
+        "base_url = \"https://x.example/v1\"\nmodel = \"m\"\ntoken_env = \"FK_AGENTD_SIM_INVOCATIONS\"\n",
+    )
+    .unwrap();
+    let config = s.tmp.path().join("fk-agentd.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}[provider]\nuse = {provider:?}\n")).unwrap();
+    let kept = score();
+    assert_eq!(kept.status.code(), plain.status.code(), "{kept:?}");
+    let report: serde_json::Value = serde_json::from_slice(&kept.stdout).unwrap();
+    assert!(report.to_string().contains("L1/gelu"), "{report}");
+    assert!(!log.exists(), "a bench got the token variable");
+}
