@@ -30,28 +30,23 @@ use crate::workspace::exec::ShellEnv;
 
 /// A campaign ready to run: its home open, its runner built.
 pub struct Campaign {
-    home: Home,
+    /// The home it runs in.
+    pub home: Home,
     run: Run,
     /// The simulation's server, shut down (and its fault report written) after the run.
     server: Option<(SimServer, SimChaos)>,
 }
 
 impl Campaign {
-    /// The configuration the campaign runs with.
-    pub fn config(&self) -> &Config {
-        &self.home.config
-    }
-
     /// Runs the campaign until it ends or `shutdown` resolves.
     pub async fn run(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<CampaignReport, Error> {
-        let home = self.home.config.home.clone();
+        let path = self.home.config.home.join("sim-faults.json");
         let report = self.home.run_campaign(self.run, shutdown).await;
         if let Some((server, chaos)) = self.server {
             if chaos != SimChaos::default() {
-                let path = home.join("sim-faults.json");
                 if let Err(e) = crate::score::pipeline::write_json(&path, &server.fault_report()) {
                     tracing::warn!(path = %path.display(), error = %e, "cannot write the fault report");
                 }
@@ -111,7 +106,6 @@ async fn simulated(
     // The provider the agents reach; the server's address is not known yet, nor needed here.
     let provider = sim_provider("http://127.0.0.1/v1");
     crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
-    let bench = sim_bench_params(&config, &params);
     let home = Home::open(config, env, Holder::Daemon).await?;
     let server = crate::sim::setup::start_server(&params)
         .await
@@ -127,7 +121,10 @@ async fn simulated(
             provider: Some(sim_provider(&server.base_url)),
             harness: None,
         }),
-        bench: Some(bench),
+        bench: Some(
+            home.scoring_driver(sim_bench_params(&home.config, &params))
+                .await?,
+        ),
         ..Run::new(runner)
     };
     Ok(Campaign {
@@ -293,10 +290,13 @@ async fn real(mut config: Config, env: &Env, resume: Option<String>) -> Result<C
             provider: Some(llm.provider().clone()),
             harness: Some(prepared),
         }),
-        bench: Some(DriverParams {
-            parallel: 8,
-            ..bench
-        }),
+        bench: Some(
+            home.scoring_driver(DriverParams {
+                parallel: 8,
+                ..bench
+            })
+            .await?,
+        ),
         ..Run::new(runner)
     };
     Ok(Campaign {

@@ -14,6 +14,7 @@ pub mod campaign;
 
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
@@ -21,7 +22,9 @@ pub use crate::daemon::Run;
 use crate::daemon::{self, CampaignReport, DaemonError, DaemonLock, DaemonParams, Holder};
 use crate::error::Error;
 use crate::gpu::{Broker, LeaseClass};
+use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::lease::LeaseLauncher;
+use crate::sim::setup::SIM_SEED;
 use crate::store::Store;
 
 /// A home in use: its lock held (as the holder that opened it), its store open, its GPUs
@@ -86,6 +89,15 @@ impl Home {
         LeaseLauncher::new(self.broker.clone(), class, holder)
     }
 
+    /// The driver of a campaign's own scoring: each bench a `bench` lease, its own holder.
+    pub async fn scoring_driver(
+        &self,
+        params: DriverParams,
+    ) -> Result<Arc<BenchDriver<LeaseLauncher>>, Error> {
+        let launcher = self.launcher(LeaseClass::Bench, "scoring");
+        Ok(Arc::new(BenchDriver::new(params, launcher).await?))
+    }
+
     /// How agents' shells lease through this home's daemon (`fk-agentd lease -- CMD`).
     pub fn lease_access(&self) -> crate::agent::LeaseAccess {
         crate::agent::LeaseAccess {
@@ -107,9 +119,7 @@ impl Home {
             broker: self.broker,
             run,
         };
-        let report = daemon::run_campaign(params, shutdown).await;
-        drop(self.lock);
-        report
+        daemon::run_campaign(params, shutdown).await
     }
 }
 
@@ -117,10 +127,7 @@ impl Home {
 /// with the bench it was campaigned with.
 pub fn sim_bench_command() -> Result<Vec<String>, Error> {
     let exe = campaign::this_binary()?;
-    Ok(crate::sim::bench::command(
-        &exe,
-        crate::sim::setup::SIM_SEED,
-    ))
+    Ok(crate::sim::bench::command(&exe, SIM_SEED))
 }
 
 /// Creates the home directory (0700) if needed; an existing home that others may read is made

@@ -41,9 +41,8 @@ pub async fn cmd_e2e(
         (config.fastkernels_command.clone(), Some(prepared.copy))
     };
     let home = crate::app::Home::open_scoring(config, env, lock, simulated).await?;
-    let broker = &home.broker;
     let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "e2e");
-    let gpus = e2e::gpus_needed(scenarios).min(broker.inventory().len().max(1));
+    let gpus = e2e::gpus_needed(scenarios).min(home.broker.inventory().len().max(1));
     let params = EvalParams {
         command,
         cwd,
@@ -66,7 +65,7 @@ pub async fn cmd_e2e(
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
-                broker.shutdown().await;
+                home.broker.shutdown().await;
                 return Err(e.into());
             }
         };
@@ -78,7 +77,7 @@ pub async fn cmd_e2e(
         )?;
         outcomes.push(outcome);
     }
-    broker.shutdown().await;
+    home.broker.shutdown().await;
     if json {
         println!(
             "{}",

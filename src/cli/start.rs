@@ -104,12 +104,12 @@ pub async fn cmd_resume(
 /// Prepares the campaign, then runs it until it ends or SIGINT/SIGTERM, with the progress line.
 async fn run(config: Config, env: &Env, resume: Option<String>) -> Result<CampaignReport, Error> {
     let campaign = crate::app::campaign::prepare(config, env, resume).await?;
-    let gpus_total = match &campaign.config().gpus {
+    let gpus_total = match &campaign.home.config.gpus {
         GpuDevices::Fake { count } => Some(*count as usize),
         GpuDevices::Uuids { uuids } => Some(uuids.len()),
         GpuDevices::Nvml => None,
     };
-    let progress = super::progress::Progress::start(&campaign.config().home, gpus_total);
+    let progress = super::progress::Progress::start(&campaign.home.config.home, gpus_total);
     let report = campaign.run(daemon::signals()).await;
     progress.finish().await;
     report

@@ -2,8 +2,8 @@
 //!
 //! Owns the order of start-up and shut-down: create (or resume) the run, bind the control
 //! socket (0600), run the scheduler, and on SIGINT/SIGTERM or `stop` cancel everything through
-//! one cancellation tree, drain with a deadline and shut the broker down. The lock, the store
-//! and the broker it runs on are handed in by [`crate::app`]; it constructs none of them.
+//! one cancellation tree, drain with a deadline and shut the broker down. The store, the broker
+//! and the scoring bench it runs on are handed in by [`crate::app`] (which holds the lock).
 //! Shutdown is a future passed in, so tests can fire it; the binary passes the signals.
 //! The shape of the campaign (independent, sequential level by level, or both as a linked
 //! pair of runs) is [`plan`] and [`phases`].
@@ -22,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Mode};
 use crate::control::{self, ControlState, DaemonStatus};
-use crate::gpu::{Broker, LeaseClass};
+use crate::gpu::Broker;
 use crate::scheduler::{PhaseReport, SchedulerParams, SessionRunner};
-use crate::score::driver::{BenchDriver, DriverParams};
+use crate::score::driver::BenchDriver;
 use crate::score::lease::LeaseLauncher;
 use crate::store::{Store, now_rfc3339};
 
@@ -74,7 +74,7 @@ pub struct Run {
     pub facts: Option<crate::facts::RunStartFacts>,
     /// The bench of the campaign's own scoring (sequential level gates, the independent score
     /// of `--mode all`), each invocation a `bench` lease. Required unless `independent`.
-    pub bench: Option<DriverParams>,
+    pub bench: Option<Arc<BenchDriver<LeaseLauncher>>>,
 }
 
 impl Run {
@@ -162,14 +162,7 @@ pub async fn run_campaign(
         tracing::info!("shutdown requested; cancelling sessions");
         signal_token.cancel();
     });
-    let driver = match (params.run.bench.clone(), plan.needs_bench()) {
-        (Some(p), true) => {
-            // Each scoring bench is its own lease holder (see `LeaseLauncher`).
-            let launcher = LeaseLauncher::new(broker.clone(), LeaseClass::Bench, "scoring");
-            Some(Arc::new(BenchDriver::new(p, launcher).await?))
-        }
-        _ => None,
-    };
+    let driver = params.run.bench.clone().filter(|_| plan.needs_bench());
     let ctx = phases::Ctx {
         store: store.clone(),
         runner: params.run.runner.clone(),

@@ -51,14 +51,14 @@ pub fn sim_params() -> SimParams {
 }
 
 /// The simulated bench for the campaign's own scoring.
-pub fn sim_bench(config: &Config, params: &SimParams) -> Option<DriverParams> {
-    Some(DriverParams {
+pub fn sim_bench(config: &Config, params: &SimParams) -> DriverParams {
+    DriverParams {
         command: fk_agentd::sim::bench::command(&params.exe, params.seed),
         fastkernels_dir: None,
         captures: config.captures.clone(),
         deadline: Duration::from_secs(60),
         parallel: 4,
-    })
+    }
 }
 
 /// What each session found in its candidate folder when it started.
@@ -129,7 +129,7 @@ pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
     };
     let run = Run {
         resume: drive.resume,
-        bench: campaign,
+        bench: Some(home.scoring_driver(campaign).await.unwrap()),
         ..Run::new(Arc::new(observing))
     };
     let report = home
