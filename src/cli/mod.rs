@@ -1,5 +1,6 @@
-//! The command line: parse arguments, load the configuration, call into the library, print
-//! for humans (or JSON), and map errors to exit codes. The only module that prints.
+//! The command line: parse arguments, load the configuration, hand it to [`crate::app`] (which
+//! assembles what runs) or the library, print for humans (or JSON), and map errors to exit
+//! codes. The only module that prints.
 
 pub mod args;
 mod campaign_view;
