@@ -1,7 +1,7 @@
 //! fk-agentd: a daemon that runs a fleet of LLM agents optimizing fastkernels GPU kernels,
 //! lends them GPUs through short leases, and scores what they produce.
 //!
-//! The map, in the order data flows (`cli → config → daemon → scheduler → session → store`):
+//! The map, in the order data flows (`cli → config → app → daemon → scheduler → session → store`):
 //!
 //! | module        | owns                                                                     |
 //! |---------------|--------------------------------------------------------------------------|
@@ -9,7 +9,8 @@
 //! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files |
 //! | [`target`]    | [`target::TargetId`] (`L1/rms_norm`), the catalog, selections (`L1-L3`, `captured`) |
 //! | [`captures`]  | the capture folder: checked or the embedded default; its reports, per-target coverage, import |
-//! | [`daemon`]    | lifecycle: single-instance lock, run creation, control socket, shutdown   |
+//! | [`app`]       | the one assembler: opens a home (lock, store, broker keeping the provider token from children), builds real or simulated campaigns |
+//! | [`daemon`]    | lifecycle of a campaign on the parts app hands it: run creation, control socket, shutdown; the lock type |
 //! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools; the codex backend |
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |
 //! | [`run`]       | run ids (and unique prefixes), run directories, the journal (store first, then `run.jsonl`) |
@@ -40,6 +41,7 @@
 //! it is simulated.
 
 pub mod agent;
+pub mod app;
 pub mod captures;
 pub mod cli;
 pub mod config;

@@ -7,6 +7,9 @@
 //! row deviation of a self-test (the baseline benched against itself) of that target, taken
 //! on its first validate and cached for the campaign in
 //! `<run>/noise/<captures key>/L<n>_<stem>.json`, so agents stop chasing noise.
+//!
+//! [`BenchToolsFactory`] makes these tools for every session of a campaign, real or simulated
+//! ([`Checks`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,6 +18,7 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::GpuToolsFactory;
 use super::journal::SessionJournal;
 use crate::gpu::Broker;
 use crate::harness::import_check::{ImportCheck, ImportVerdict};
@@ -39,14 +43,39 @@ pub struct RealChecks {
     pub broker: Broker,
 }
 
+/// What a campaign checks around its benches: the simulation's placeholders, or the real
+/// harness's import check, protected files and profilers.
+#[derive(Clone)]
+pub enum Checks {
+    Simulated,
+    Real(RealChecks),
+}
+
+/// Makes each session's GPU tools around one shared bench driver.
+pub struct BenchToolsFactory<L> {
+    pub driver: Arc<BenchDriver<L>>,
+    pub checks: Checks,
+}
+
+impl<L: BenchLauncher + 'static> GpuToolsFactory for BenchToolsFactory<L> {
+    fn make(&self, journal: Arc<SessionJournal>) -> Arc<dyn GpuTools> {
+        Arc::new(BenchGpuTools {
+            driver: self.driver.clone(),
+            journal,
+            gate: WinnerGate::default(),
+            validations: AtomicU32::new(0),
+            checks: self.checks.clone(),
+        })
+    }
+}
+
 /// `validate` through a bench driver; profiling through the broker (or simulated).
 pub struct BenchGpuTools<L> {
     pub driver: Arc<BenchDriver<L>>,
     pub journal: Arc<SessionJournal>,
     pub gate: WinnerGate,
-    pub simulated: bool,
     pub validations: AtomicU32,
-    pub real: Option<RealChecks>,
+    pub checks: Checks,
 }
 
 /// Checks before a real bench: protected files unchanged, then the candidate imports.
@@ -115,7 +144,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             self.gate,
             ws.clone(),
         );
-        let real = self.real.clone();
+        let checks = self.checks.clone();
         Box::pin(async move {
             let candidate = ws.candidate_file();
             if !candidate.is_file() {
@@ -124,7 +153,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     ws.candidate_rel()
                 )));
             }
-            if let Some(real) = &real {
+            if let Checks::Real(real) = &checks {
                 if let Some(refused) = preflight(real, &ws, &candidate).await? {
                     return Ok(refused);
                 }
@@ -185,8 +214,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
         ws: &Workspace,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let simulated = self.simulated;
-        let (driver, real, ws) = (self.driver.clone(), self.real.clone(), ws.clone());
+        let (driver, checks, ws) = (self.driver.clone(), self.checks.clone(), ws.clone());
         let n = self.next_number(
             &ws,
             "profiles",
@@ -196,19 +224,12 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             },
         );
         Box::pin(async move {
-            if simulated {
+            let Checks::Real(real) = checks else {
                 return Ok(ToolOutput::ok(format!(
                     "SIMULATED {} profile of {}: no profiler ran; this is placeholder text from the simulation.",
                     kind.tool_name(),
                     ws.target()
                 )));
-            }
-            let Some(real) = real else {
-                return Err(ToolError::Infra {
-                    tool: kind.tool_name().into(),
-                    why: "no GPU broker is attached to this session".into(),
-                    retryable: false,
-                });
             };
             let params = super::profile::ProfileParams {
                 driver: &driver,
@@ -416,7 +437,6 @@ mod noise_tests {
             captures: tmp.path().join("captures"),
             deadline: std::time::Duration::from_secs(60),
             parallel: 1,
-            env_remove: Vec::new(),
         };
         let driver = BenchDriver::new(params, InProcessLauncher::new(7))
             .await

@@ -178,6 +178,11 @@ mod tests {
     use super::*;
     use crate::llm::user_message;
 
+    #[test]
+    fn the_simulated_model_recognises_an_interrupted_call() {
+        assert!(INTERRUPTED_OUTPUT.starts_with(crate::sim::server::INTERRUPTED_PREFIX));
+    }
+
     fn ev(seq: i64, kind: &str, payload: Value) -> Event {
         Event {
             run_id: "r".into(),

@@ -13,7 +13,7 @@ use crate::harness::preflight::{self, HostChecks};
 /// Runs the checks, prints them (or one JSON object) and returns the exit code.
 pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
     let harness = match &config.fastkernels_dir {
-        Some(_) => Some(super::prepare_harness(config).await?),
+        Some(_) => Some(crate::app::prepare_harness(config).await?),
         None => None,
     };
     let python: Vec<String> = config.fastkernels_command.iter().take(1).cloned().collect();

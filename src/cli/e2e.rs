@@ -9,11 +9,12 @@ use crate::config::{Config, Env};
 use crate::error::Error;
 use crate::score::e2e::{self, EvalParams};
 
-/// Evaluates `run` (the newest by default) and its pair. The caller holds the home's lock.
+/// Evaluates `run` (the newest by default) and its pair, under the home's `lock`.
 /// Exit 0 when every eval gave reports with identical tokens, 1 otherwise.
 pub async fn cmd_e2e(
     config: &Config,
     env: &Env,
+    lock: &crate::daemon::DaemonLock,
     run: Option<&str>,
     scenarios: &str,
     json: bool,
@@ -34,38 +35,19 @@ pub async fn cmd_e2e(
     }
     let simulated = row.simulated;
     let (command, cwd) = if simulated {
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
-        (
-            crate::sim::bench::command(&exe, crate::sim::campaign::SIM_SEED),
-            None,
-        )
+        (crate::app::sim_bench_command()?, None)
     } else {
-        let prepared = super::prepare_harness(config).await?;
+        let prepared = crate::app::prepare_harness(config).await?;
         (config.fastkernels_command.clone(), Some(prepared.copy))
     };
-    let mut broker_config = if simulated {
-        Config {
-            gpus: crate::config::GpuDevices::Fake { count: 8 },
-            ..config.clone()
-        }
-    } else {
-        config.clone()
-    };
-    super::keep_provider_secrets(&mut broker_config, env);
-    let broker = crate::gpu::Broker::start(&broker_config, &store).await?;
-    let launcher = crate::score::lease::LeaseLauncher::new(
-        broker.clone(),
-        crate::gpu::LeaseClass::Bench,
-        "e2e",
-    );
-    let gpus = e2e::gpus_needed(scenarios).min(broker.inventory().len().max(1));
+    let home = crate::app::Home::open_scoring(config, env, lock, simulated).await?;
+    let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "e2e");
+    let gpus = e2e::gpus_needed(scenarios).min(home.broker.inventory().len().max(1));
     let params = EvalParams {
         command,
         cwd,
         scenarios: scenarios.to_string(),
         deadline: config.lease_timeout,
-        env_remove: broker_config.secret_env.clone(),
     };
     let cancel = CancellationToken::new();
     let mut outcomes = Vec::new();
@@ -83,7 +65,7 @@ pub async fn cmd_e2e(
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
-                broker.shutdown().await;
+                home.broker.shutdown().await;
                 return Err(e.into());
             }
         };
@@ -95,7 +77,7 @@ pub async fn cmd_e2e(
         )?;
         outcomes.push(outcome);
     }
-    broker.shutdown().await;
+    home.broker.shutdown().await;
     if json {
         println!(
             "{}",

@@ -99,19 +99,15 @@ pub(super) async fn cmd_lease(
 /// `fk-agentd lease --local`: one lease through an in-process broker on the configured GPUs.
 async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Result<i32, Error> {
     let flags = crate::cli::flags(global, None);
-    let mut config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
-    // The provider's token variable never reaches the leased command.
-    crate::cli::keep_provider_secrets(&mut config, env);
+    let config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
     // Bad flags are told before GPUs are looked for or the home is touched.
     let timeout = match args.timeout.as_deref() {
         Some(t) => parse_duration("--timeout", t)?,
         None => config.lease_timeout,
     };
-    crate::daemon::ensure_home(&config.home)?;
-    let _lock =
-        crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::LocalLease)?;
-    let store = crate::daemon::open_store(&config.home)?;
-    let broker = crate::gpu::Broker::start(&config, &store).await?;
+    // The provider's token variable never reaches the leased command (the one rule of `app`).
+    let home = crate::app::Home::open(config, env, crate::daemon::Holder::LocalLease).await?;
+    let (config, broker) = (&home.config, &home.broker);
     let stamp = crate::store::now_rfc3339().replace([':', '.'], "-");
     let spool = config.home.join("leases").join(format!("local-{stamp}"));
     std::fs::create_dir_all(&spool)

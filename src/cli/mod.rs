@@ -1,7 +1,9 @@
-//! The command line: parse arguments, load the configuration, call into the library, print
-//! for humans (or JSON), and map errors to exit codes. The only module that prints.
+//! The command line: parse arguments, load the configuration, hand it to [`crate::app`] (which
+//! assembles what runs) or the library, print for humans (or JSON), and map errors to exit
+//! codes. The only module that prints.
 
 pub mod args;
+mod campaign_view;
 mod captures;
 mod compare;
 mod dashboard;
@@ -28,8 +30,8 @@ use crate::config::{Config, Env, Flags, resolve_home};
 use crate::control::ControlError;
 use crate::control::client::ControlClient;
 use crate::error::Error;
+use crate::report;
 use crate::target::Catalog;
-use crate::{daemon, report};
 
 /// Runs the CLI with the process arguments and environment; returns the exit code.
 pub fn main() -> i32 {
@@ -401,17 +403,6 @@ fn not_utf8(args: impl Iterator<Item = std::ffi::OsString>) -> Option<String> {
     None
 }
 
-/// The one rule for the provider's token: its variable is stripped from every child the
-/// broker or a bench starts, its file hidden from agent code. Read from the provider file even
-/// when the rest of it does not validate (the command that needs the provider reports that
-/// itself).
-pub(crate) fn keep_provider_secrets(config: &mut crate::config::Config, env: &Env) {
-    let secrets =
-        crate::config::provider::ProviderConfig::secrets_of(&config.provider, &config.home, env);
-    config.secret_env.extend(secrets.var);
-    config.secret_files.extend(secrets.file);
-}
-
 /// The store for a command that only reads: never written by it (see
 /// [`crate::store::Store::open_for_reading`]).
 fn open_viewer_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {
@@ -423,7 +414,7 @@ fn open_viewer_store(home: &std::path::Path) -> Result<crate::store::Store, Erro
 
 fn open_existing_store(home: &std::path::Path) -> Result<crate::store::Store, Error> {
     require_store(home)?;
-    daemon::open_store(home)
+    crate::app::open_store(home)
 }
 
 /// A clear error when `home` has no store yet (no run was ever started there).
@@ -435,24 +426,6 @@ fn require_store(home: &std::path::Path) -> Result<(), Error> {
         )));
     }
     Ok(())
-}
-
-/// A private, verified copy of the configured fastkernels checkout under the home, patched
-/// as `[fastkernels] patches` decides ([`crate::harness::choice`]).
-pub(crate) async fn prepare_harness(
-    config: &Config,
-) -> Result<crate::harness::patches::PreparedHarness, Error> {
-    let dir = config.fastkernels_dir.as_ref().ok_or_else(|| {
-        Error::Usage("fastkernels.dir = (not set): expected a clean fastkernels checkout; set FK_DIR or [fastkernels] dir".into())
-    })?;
-    let python: Vec<String> = config.fastkernels_command.iter().take(1).cloned().collect();
-    let params = crate::harness::choice::PrepareParams {
-        checkout: dir,
-        choice: &config.fastkernels_patches,
-        home: &config.home,
-        python: &python,
-    };
-    Ok(crate::harness::choice::prepare(&params).await?)
 }
 
 fn cmd_manifest(home: &std::path::Path, run: Option<&str>, json: bool) -> Result<i32, Error> {

@@ -7,8 +7,10 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
+use crate::app::Home;
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
+use crate::daemon::DaemonLock;
 use crate::error::Error;
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::gate::WinnerGate;
@@ -104,23 +106,24 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     }
     // Scoring takes every GPU through its own broker. Held until the score ends, the home's
     // lock keeps a daemon, and a second score, off those GPUs.
-    crate::daemon::ensure_home(&config.home)?;
-    let _lock = crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::Score)?;
+    crate::app::ensure_home(&config.home)?;
+    let lock = crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::Score)?;
     if let Some(scenarios) = &args.e2e {
-        return super::e2e::cmd_e2e(config, env, args.run.as_deref(), scenarios, args.json).await;
+        let run = args.run.as_deref();
+        return super::e2e::cmd_e2e(config, env, &lock, run, scenarios, args.json).await;
     }
     let mode = match args.mode {
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,
         ScoreModeArg::All => ScoreMode::Both,
-        ScoreModeArg::Sequential => return score_sequential(config, env, args).await,
+        ScoreModeArg::Sequential => return score_sequential(config, env, args, &lock).await,
     };
     if args.candidates.is_none() {
         let store = super::open_existing_store(&config.home)?;
         if store.run(args.run.as_deref())?.mode == "sequential"
             && matches!(args.mode, ScoreModeArg::All)
         {
-            return score_sequential(config, env, args).await;
+            return score_sequential(config, env, args, &lock).await;
         }
     }
     let (out, set_name, from_run) = match &args.candidates {
@@ -159,8 +162,8 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     let progress = std::sync::Arc::new(StageProgress::new(std::io::IsTerminal::is_terminal(
         &std::io::stderr(),
     )));
-    let (driver, broker, provider) =
-        scoring_driver(config, env, args.json, simulated, &progress).await?;
+    let (driver, home, provider) =
+        scoring_driver(config, env, &lock, simulated, (args.json, &progress)).await?;
     let score = ScoreParams {
         candidates: args.candidates.clone().unwrap_or_default(),
         out,
@@ -186,7 +189,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             score_candidates_with(&driver, &score, progress.as_ref(), &cancel).await?
         }
     };
-    broker.shutdown().await;
+    home.broker.shutdown().await;
     if args.json {
         let shown = super::score_view::only(&report, args.only);
         println!(
@@ -215,20 +218,20 @@ fn score_gate(config: &Config, args: &ScoreArgs) -> WinnerGate {
     }
 }
 
-/// The bench driver of `score`: every bench a `bench` lease of this process's own broker
-/// (the caller holds the home's lock). A simulated run is scored with the simulated bench it was
-/// campaigned with. Shut the broker down when done.
+/// The bench driver of `score`: every bench a `bench` lease of this process's own broker in
+/// the home the caller holds the lock of. A simulated run is scored with the simulated bench it
+/// was campaigned with. Shut the broker down when done.
 async fn scoring_driver(
     config: &Config,
     env: &Env,
-    json: bool,
+    lock: &DaemonLock,
     simulated: bool,
-    progress: &std::sync::Arc<StageProgress>,
-) -> Result<(ScoringDriver, crate::gpu::Broker, Option<ProviderConfig>), Error> {
+    (json, progress): (bool, &std::sync::Arc<StageProgress>),
+) -> Result<(ScoringDriver, Home, Option<ProviderConfig>), Error> {
     let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
     let fastkernels_dir = match &config.fastkernels_dir {
         Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {
-            let prepared = super::prepare_harness(config).await?;
+            let prepared = crate::app::prepare_harness(config).await?;
             say(
                 json,
                 &format!(
@@ -247,27 +250,10 @@ async fn scoring_driver(
         }
         other => other.clone(),
     };
-    let store = crate::daemon::open_store(&config.home)?;
     // A simulated run is scored on the simulation's fake GPUs, like its campaign.
-    let sim_config;
-    let config = if simulated {
-        sim_config = Config {
-            gpus: crate::config::GpuDevices::Fake { count: 8 },
-            ..config.clone()
-        };
-        &sim_config
-    } else {
-        config
-    };
-    // The provider's token never reaches a bench child.
-    let mut broker_config = config.clone();
-    super::keep_provider_secrets(&mut broker_config, env);
-    let env_remove = broker_config.secret_env.clone();
-    let broker = crate::gpu::Broker::start(&broker_config, &store).await?;
+    let home = Home::open_scoring(config, env, lock, simulated).await?;
     let command = if simulated {
-        let exe = std::env::current_exe()
-            .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))?;
-        crate::sim::bench::command(&exe, crate::sim::campaign::SIM_SEED)
+        crate::app::sim_bench_command()?
     } else {
         config.fastkernels_command.clone()
     };
@@ -276,15 +262,10 @@ async fn scoring_driver(
         fastkernels_dir: fastkernels_dir.filter(|_| !simulated),
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
-        parallel: broker.inventory().len().max(1),
-        env_remove,
+        parallel: home.broker.inventory().len().max(1),
     };
-    let launcher = crate::score::lease::LeaseLauncher::new(
-        broker.clone(),
-        crate::gpu::LeaseClass::Bench,
-        "scoring",
-    );
     let stages = progress.clone();
+    let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "scoring");
     let driver = BenchDriver::new(params, launcher)
         .await?
         .with_progress(std::sync::Arc::new(
@@ -292,7 +273,7 @@ async fn scoring_driver(
                 stages.bench_done();
             },
         ));
-    Ok((driver, broker, provider))
+    Ok((driver, home, provider))
 }
 
 type ScoringDriver = BenchDriver<crate::score::lease::LeaseLauncher>;
@@ -300,7 +281,12 @@ type ScoringDriver = BenchDriver<crate::score::lease::LeaseLauncher>;
 /// `score --mode sequential [--run RUN]` (and plain `score` of a sequential run): the level
 /// mix benches and gates of the run's sessions, then the final composed bench, into a new
 /// generation's `seq/`.
-async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
+async fn score_sequential(
+    config: &Config,
+    env: &Env,
+    args: &ScoreArgs,
+    lock: &DaemonLock,
+) -> Result<i32, Error> {
     if args.candidates.is_some() {
         return Err(Error::Usage(
             "score --mode sequential scores a sequential run's sessions; it takes --run, not --candidates".into(),
@@ -331,8 +317,8 @@ async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Resul
     let progress = std::sync::Arc::new(StageProgress::new(std::io::IsTerminal::is_terminal(
         &std::io::stderr(),
     )));
-    let (driver, broker, provider) =
-        scoring_driver(config, env, args.json, run.simulated, &progress).await?;
+    let (driver, home, provider) =
+        scoring_driver(config, env, lock, run.simulated, (args.json, &progress)).await?;
     let cancel = CancellationToken::new();
     let scored = sequential::score_levels(
         &driver,
@@ -344,7 +330,7 @@ async fn score_sequential(config: &Config, env: &Env, args: &ScoreArgs) -> Resul
         &cancel,
     )
     .await;
-    broker.shutdown().await;
+    home.broker.shutdown().await;
     let (levels, gate) = scored?;
     record_scoring_facts(config, &run.id, provider.as_ref()).await?;
     let report = sequential::SeqReport {

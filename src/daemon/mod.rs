@@ -1,8 +1,9 @@
 //! The daemon: wiring and lifecycle of one campaign.
 //!
-//! Owns the order of start-up and shut-down: take the single-instance lock, open the store,
-//! create the run, bind the control socket (0600), run the scheduler, and on SIGINT/SIGTERM
-//! or `stop` cancel everything through one cancellation tree and drain with a deadline.
+//! Owns the order of start-up and shut-down: create (or resume) the run, bind the control
+//! socket (0600), run the scheduler, and on SIGINT/SIGTERM or `stop` cancel everything through
+//! one cancellation tree, drain with a deadline and shut the broker down. The store, the broker
+//! and the scoring bench it runs on are handed in by [`crate::app`] (which holds the lock).
 //! Shutdown is a future passed in, so tests can fire it; the binary passes the signals.
 //! The shape of the campaign (independent, sequential level by level, or both as a linked
 //! pair of runs) is [`plan`] and [`phases`].
@@ -13,7 +14,7 @@ pub mod plan;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,9 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Mode};
 use crate::control::{self, ControlState, DaemonStatus};
-use crate::gpu::LeaseClass;
+use crate::gpu::Broker;
 use crate::scheduler::{PhaseReport, SchedulerParams, SessionRunner};
-use crate::score::driver::{BenchDriver, DriverParams};
+use crate::score::driver::BenchDriver;
 use crate::score::lease::LeaseLauncher;
 use crate::store::{Store, now_rfc3339};
 
@@ -53,45 +54,40 @@ impl DaemonError {
 /// The default time running sessions get to end after a stop before they are aborted.
 pub const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
-/// Builds the session runner once the GPU broker is up (its GPU tools lease through it).
-pub type RunnerFuture =
-    std::pin::Pin<Box<dyn Future<Output = Result<Arc<dyn SessionRunner>, crate::Error>> + Send>>;
-
-/// Where the campaign's session runner comes from.
-pub enum RunnerSource {
-    Ready(Arc<dyn SessionRunner>),
-    WithBroker(Box<dyn FnOnce(crate::gpu::Broker) -> RunnerFuture + Send>),
-}
-
-impl<R: SessionRunner> From<Arc<R>> for RunnerSource {
-    fn from(r: Arc<R>) -> Self {
-        RunnerSource::Ready(r)
-    }
-}
-
-impl From<Arc<dyn SessionRunner>> for RunnerSource {
-    fn from(r: Arc<dyn SessionRunner>) -> Self {
-        RunnerSource::Ready(r)
-    }
-}
-
-/// Everything a campaign needs.
+/// Everything a campaign needs, assembled by [`crate::app`] (which holds the home's lock).
 pub struct DaemonParams {
     pub config: Config,
-    pub runner: RunnerSource,
+    pub store: Store,
+    /// The broker of the campaign's GPUs; shut down when the campaign ends.
+    pub broker: Broker,
+    pub run: Run,
+}
+
+/// What to run: the sessions' runner and how the campaign goes.
+pub struct Run {
+    pub runner: Arc<dyn SessionRunner>,
+    /// The time running sessions get to end after a stop before they are aborted.
     pub drain_deadline: Duration,
     /// Continue this unfinished run instead of creating a new one.
     pub resume: Option<String>,
     /// Host facts recorded right after `run_started` (`None`: none recorded).
     pub facts: Option<crate::facts::RunStartFacts>,
-}
-
-/// What a campaign needs beyond its sessions.
-#[derive(Clone, Debug, Default)]
-pub struct CampaignParams {
     /// The bench of the campaign's own scoring (sequential level gates, the independent score
     /// of `--mode all`), each invocation a `bench` lease. Required unless `independent`.
-    pub bench: Option<DriverParams>,
+    pub bench: Option<Arc<BenchDriver<LeaseLauncher>>>,
+}
+
+impl Run {
+    /// A new run of `runner`'s sessions, without facts or a scoring bench.
+    pub fn new(runner: Arc<dyn SessionRunner>) -> Self {
+        Self {
+            runner,
+            drain_deadline: DEFAULT_DRAIN_DEADLINE,
+            resume: None,
+            facts: None,
+            bench: None,
+        }
+    }
 }
 
 /// How a campaign ended.
@@ -109,71 +105,24 @@ pub struct CampaignReport {
     pub notes: Vec<String>,
 }
 
-/// Creates the home directory (0700) if needed; an existing home that others may read is made
-/// private (it holds every run's transcripts and the store).
-pub fn ensure_home(home: &Path) -> Result<(), DaemonError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    if let Some(meta) = std::fs::metadata(home).ok().filter(|m| m.is_dir()) {
-        let mode = meta.permissions().mode();
-        if mode & 0o077 != 0 {
-            // A home we cannot tighten (another owner, a read-only mount) still works; the
-            // warning says what is exposed.
-            match std::fs::set_permissions(home, std::fs::Permissions::from_mode(mode & 0o700)) {
-                Ok(()) => tracing::info!(home = %home.display(), "home made private (0700)"),
-                Err(e) => tracing::warn!(
-                    home = %home.display(),
-                    "home is readable by other users and could not be made private: {e}"
-                ),
-            }
-        }
-        return Ok(());
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(home)
-        .map_err(|source| DaemonError::Io {
-            path: home.to_path_buf(),
-            source,
-        })
-}
-
-/// Opens the store of a home.
-pub fn open_store(home: &Path) -> Result<Store, crate::Error> {
-    ensure_home(home)?;
-    Ok(Store::open(&home.join("fk-agentd.db"))?)
-}
-
-/// Runs one independent campaign in the foreground until it ends or `shutdown` resolves.
+/// Runs one campaign of any mode in the foreground until it ends or `shutdown` resolves.
 pub async fn run_campaign(
     params: DaemonParams,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<CampaignReport, crate::Error> {
-    run_campaign_with(params, CampaignParams::default(), shutdown).await
-}
-
-/// Runs one campaign of any mode in the foreground until it ends or `shutdown` resolves.
-pub async fn run_campaign_with(
-    params: DaemonParams,
-    campaign: CampaignParams,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<CampaignReport, crate::Error> {
     let config = &params.config;
-    if config.mode != Mode::Independent && campaign.bench.is_none() {
+    if config.mode != Mode::Independent && params.run.bench.is_none() {
         return Err(crate::Error::Usage(format!(
             "--mode {} needs a bench for its level gates (the fastkernels command or the simulation)",
             config.mode.as_str()
         )));
     }
-    ensure_home(&config.home)?;
-    let _lock = DaemonLock::acquire(&config.home, Holder::Daemon)?;
-    let store = open_store(&config.home)?;
-    let broker = crate::gpu::Broker::start(config, &store).await?;
-    let plan = match &params.resume {
-        Some(run_id) => plan::plan_resume(&store, config, run_id)?,
-        None => plan::plan_new(&store, config)?,
+    let (store, broker) = (&params.store, &params.broker);
+    let plan = match &params.run.resume {
+        Some(run_id) => plan::plan_resume(store, config, run_id)?,
+        None => plan::plan_new(store, config)?,
     };
-    if let (Some(hook), None) = (&params.facts, &params.resume) {
+    if let (Some(hook), None) = (&params.run.facts, &params.run.resume) {
         let facts = crate::facts::gather(hook.source.as_ref(), &hook.params(config)).await;
         for j in plan.journals() {
             crate::facts::record(&j, &facts)?;
@@ -186,7 +135,7 @@ pub async fn run_campaign_with(
         store: store.clone(),
         owner_uid: rustix::process::geteuid().as_raw(),
         shutdown: root.clone(),
-        status: status_fn(&store, current.clone(), config, now_rfc3339(), root.clone()),
+        status: status_fn(store, current.clone(), config, now_rfc3339(), root.clone()),
         broker: Some(broker.clone()),
     };
     let server_token = CancellationToken::new();
@@ -213,28 +162,17 @@ pub async fn run_campaign_with(
         tracing::info!("shutdown requested; cancelling sessions");
         signal_token.cancel();
     });
-    let runner = match params.runner {
-        RunnerSource::Ready(r) => r,
-        RunnerSource::WithBroker(make) => make(broker.clone()).await?,
-    };
-    let driver = match (campaign.bench, plan.needs_bench()) {
-        (Some(p), true) => {
-            // Each scoring bench is its own lease holder (see `LeaseLauncher`).
-            let launcher = LeaseLauncher::new(broker.clone(), LeaseClass::Bench, "scoring");
-            Some(Arc::new(BenchDriver::new(p, launcher).await?))
-        }
-        _ => None,
-    };
+    let driver = params.run.bench.clone().filter(|_| plan.needs_bench());
     let ctx = phases::Ctx {
         store: store.clone(),
-        runner,
+        runner: params.run.runner.clone(),
         sched: SchedulerParams {
             max_agents: config.max_agents,
             agent_slot: config.agent_slot,
             gpus: broker.inventory().len(),
             order: config.order,
             session_timeout: config.session_timeout,
-            drain_deadline: params.drain_deadline,
+            drain_deadline: params.run.drain_deadline,
             budget: crate::scheduler::budget::Budget::new(&config.limits, config.prices.clone()),
         },
         root: root.clone(),

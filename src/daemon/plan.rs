@@ -205,3 +205,24 @@ fn finished_error(run_id: &str) -> Error {
         "run {run_id} already finished; nothing to resume (start a new run with `fk-agentd start`)"
     ))
 }
+
+/// The newest run that did not finish (interrupted, or left `running` by a killed daemon), or
+/// that failed with sessions `resume` runs again (the infrastructure's failures: endpoint,
+/// token, GPU).
+pub fn unfinished_run(store: &Store) -> Result<Option<String>, Error> {
+    let infra_failed = |id: &str| {
+        store.sessions(id).is_ok_and(|rows| {
+            rows.iter()
+                .any(|s| s.state == "failed" && !crate::scheduler::stays_ended(s))
+        })
+    };
+    Ok(store
+        .runs()?
+        .into_iter()
+        .find(|r| {
+            r.status == "interrupted"
+                || r.status == "running"
+                || (r.status == "failed" && infra_failed(&r.id))
+        })
+        .map(|r| r.id))
+}

@@ -34,10 +34,9 @@ use crate::target::TargetId;
 pub struct Invocation {
     pub program: String,
     pub args: Vec<String>,
-    /// Variables set on top of the inherited environment.
+    /// Variables set on top of the inherited environment (less the provider token's variable:
+    /// the broker, which spawns every bench of a campaign or a score, removes it).
     pub env: Vec<(String, String)>,
-    /// Variables removed from the inherited environment (e.g. a provider token variable).
-    pub env_remove: Vec<String>,
     pub cwd: Option<PathBuf>,
     pub stdout: PathBuf,
     pub stderr: PathBuf,
@@ -93,9 +92,6 @@ impl BenchLauncher for DirectLauncher {
             .stderr(open(&inv.stderr)?)
             .process_group(0)
             .kill_on_drop(true);
-        for k in &inv.env_remove {
-            cmd.env_remove(k);
-        }
         cmd.envs(inv.env.iter().map(|(k, v)| (k, v)));
         if let Some(cwd) = &inv.cwd {
             cmd.current_dir(cwd);
@@ -200,8 +196,6 @@ pub struct DriverParams {
     pub deadline: Duration,
     /// Benches running at once (one per GPU once leases exist).
     pub parallel: usize,
-    /// Environment variables the bench must not inherit.
-    pub env_remove: Vec<String>,
 }
 
 /// One bench to run.
@@ -431,7 +425,6 @@ impl<L: BenchLauncher> BenchDriver<L> {
             program: self.params.command[0].clone(),
             args,
             env,
-            env_remove: self.params.env_remove.clone(),
             cwd: self.params.fastkernels_dir.clone(),
             stdout: w.join("stdout.log"),
             stderr: w.join("stderr.log"),

@@ -200,7 +200,6 @@ pub struct EvalParams {
     pub cwd: Option<PathBuf>,
     pub scenarios: String,
     pub deadline: Duration,
-    pub env_remove: Vec<String>,
 }
 
 /// GPUs the scenarios need: the largest `tp:` of a YAML file, or the packaged table's.
@@ -267,7 +266,6 @@ pub async fn evaluate<L: EvalLauncher>(
         program: params.command[0].clone(),
         args,
         env,
-        env_remove: params.env_remove.clone(),
         cwd: params.cwd.clone(),
         stdout: dir.join("stdout.log"),
         stderr: dir.join("stderr.log"),

@@ -9,7 +9,7 @@
 //! The script per target: look around (`shell`), write a candidate, `validate`; if the
 //! validation failed, write a second variant and validate again; then `finish`. A codex client
 //! (its shell tool is `exec_command`) plays the same script through its shell
-//! (`crate::agent::codex::sim`). Every client is refused what Cortex refuses: hosted tools, a
+//! ([`super::codex`]). Every client is refused what Cortex refuses: hosted tools, a
 //! `:` in the model id, `store` other than false.
 
 use std::net::SocketAddr;
@@ -28,6 +28,10 @@ use super::faults::{Fault, RETRY_AFTER, STALL};
 
 /// The bearer token the simulation's client sends; a fixed public value, not a secret.
 pub const SIM_TOKEN: &str = "fk-agentd-simulation-token";
+
+/// How the output of a tool call a restart interrupted begins, as the model reads it (the
+/// agent's `history::INTERRUPTED_OUTPUT`, whose test holds the two together).
+pub const INTERRUPTED_PREFIX: &str = "interrupted:";
 
 /// Script settings.
 #[derive(Clone, Debug)]
@@ -139,7 +143,7 @@ async fn respond(
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
     }
     // What Cortex refuses, refused here too: hosted tools, `name:effort` ids, stored responses.
-    if let Err(msg) = crate::agent::codex::sim::check_cortex_rules(&body) {
+    if let Err(msg) = super::codex::check_cortex_rules(&body) {
         script.faults.violation();
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
     }
@@ -183,8 +187,8 @@ async fn respond(
     let think = think_time(&script, &turn_id);
     tokio::time::sleep(think).await;
     // A codex client (its shell tool is `exec_command`) follows the same script through its shell.
-    let items = if crate::agent::codex::sim::is_codex(&body) {
-        crate::agent::codex::sim::items(&input, &turn_id, script.seed)
+    let items = if super::codex::is_codex(&body) {
+        super::codex::items(&input, &turn_id, script.seed)
     } else {
         step.items(&target, &turn_id, script.seed)
     };
@@ -267,7 +271,7 @@ impl Step {
             .collect();
         // A call a restart interrupted is made again, as a careful agent would: it neither
         // counts nor moves the script on (so a resumed campaign ends where an unbroken one does).
-        let interrupted = |o: &&str| o.starts_with("interrupted:");
+        let interrupted = |o: &&str| o.starts_with(INTERRUPTED_PREFIX);
         let validations = calls
             .iter()
             .zip(&outputs)
@@ -464,7 +468,7 @@ mod tests {
         let failed = [rs("a"), fc("validate"), out("L1/gelu INCORRECT_NUMERICAL")];
         assert_eq!(Step::from_history(&failed), Step::Write { variant: 2 });
         // A call a restart interrupted is made again and does not count.
-        let cut = crate::agent::history::INTERRUPTED_OUTPUT;
+        let cut = "interrupted: not run again";
         assert_eq!(
             Step::from_history(&[rs("a"), fc("validate"), out(cut)]),
             Step::Validate

@@ -11,14 +11,15 @@ use std::time::Duration;
 use fk_agentd::agent::journal::SessionJournal;
 use fk_agentd::agent::session::LoopParams;
 use fk_agentd::agent::{AgentRunner, AgentRunnerParams, GpuToolsFactory, INSTRUCTIONS};
+use fk_agentd::app::campaign::sim_runner_params;
+use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
-use fk_agentd::daemon::{self, CampaignReport, DaemonParams, RunnerSource};
-use fk_agentd::gpu::LeaseClass;
+use fk_agentd::daemon::{CampaignReport, Holder};
 use fk_agentd::llm::{LlmClient, TokenProvider};
 use fk_agentd::run::RunJournal;
 use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionSlot, SessionStatus};
-use fk_agentd::score::lease::LeaseLauncher;
-use fk_agentd::sim::campaign::{SimParams, sim_baselines, sim_provider};
+use fk_agentd::sim::server::SimServer;
+use fk_agentd::sim::setup::{SimParams, sim_baselines, sim_provider};
 use fk_agentd::store::Event;
 use fk_agentd::target::{Catalog, TargetId};
 use fk_agentd::tools::{GpuTools, NoGpuTools};
@@ -87,9 +88,25 @@ impl SessionRunner for Counting {
     }
 }
 
+/// The home of `config`, opened as `start` opens it.
+async fn open(config: Config) -> Home {
+    Home::open(config, &Env::default(), Holder::Daemon)
+        .await
+        .unwrap()
+}
+
 async fn campaign(
     config: Config,
-    runner: RunnerSource,
+    runner: Arc<dyn SessionRunner>,
+    resume: Option<String>,
+    stop_after: Option<Duration>,
+) -> CampaignReport {
+    campaign_in(open(config).await, runner, resume, stop_after).await
+}
+
+async fn campaign_in(
+    home: Home,
+    runner: Arc<dyn SessionRunner>,
     resume: Option<String>,
     stop_after: Option<Duration>,
 ) -> CampaignReport {
@@ -99,13 +116,10 @@ async fn campaign(
             None => std::future::pending().await,
         }
     };
-    daemon::run_campaign(
-        DaemonParams {
-            config,
-            runner,
-            drain_deadline: Duration::from_secs(30),
+    home.run_campaign(
+        Run {
             resume,
-            facts: None,
+            ..Run::new(runner)
         },
         shutdown,
     )
@@ -113,8 +127,21 @@ async fn campaign(
     .unwrap()
 }
 
+/// The runner `start --sim` builds, in the opened home of `config`, and its server.
+async fn sim_campaign(
+    config: Config,
+    params: &SimParams,
+) -> (Home, Arc<dyn SessionRunner>, SimServer) {
+    let server = fk_agentd::sim::setup::start_server(params).await.unwrap();
+    let home = open(config).await;
+    let parts = sim_runner_params(&home, &server.base_url, params)
+        .await
+        .unwrap();
+    (home, Arc::new(AgentRunner::new(parts)), server)
+}
+
 fn events(home: &Path, run: &str) -> Vec<Event> {
-    daemon::open_store(home)
+    fk_agentd::app::open_store(home)
         .unwrap()
         .events(run, None, 0)
         .unwrap()
@@ -127,33 +154,20 @@ async fn fourteen_simulated_agents_with_a_cap_of_twelve_all_finish_and_never_exc
     let targets: Vec<TargetId> = cfg.targets.iter().take(14).cloned().collect();
     let cfg = Config { targets, ..cfg };
     let params = sim_params(Duration::from_millis(60));
-    let server = fk_agentd::sim::campaign::start_server(&params)
+    let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
+    let peak = Arc::new(AtomicUsize::new(0));
+    let home_ = open(cfg).await;
+    // The same runner `start --sim` builds, wrapped to count; its benches are `validate` leases.
+    let parts = sim_runner_params(&home_, &server.base_url, &params)
         .await
         .unwrap();
-    let peak = Arc::new(AtomicUsize::new(0));
-    let (cfg2, base, peak2) = (cfg.clone(), server.base_url.clone(), peak.clone());
-    // The same runner `start --sim` builds, wrapped to count; its benches are `validate` leases.
-    let runner = RunnerSource::WithBroker(Box::new(move |broker| {
-        Box::pin(async move {
-            let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
-            let inner = fk_agentd::sim::campaign::runner_with_url(
-                &cfg2,
-                &Catalog::embedded(),
-                &base,
-                &params,
-                launcher,
-                None,
-            )
-            .await?;
-            let counting = Counting {
-                inner,
-                now: Arc::default(),
-                peak: peak2,
-            };
-            Ok(Arc::new(counting) as Arc<dyn SessionRunner>)
-        })
-    }));
-    let report = campaign(cfg, runner, None, None).await;
+    let inner = AgentRunner::new(parts);
+    let counting = Counting {
+        inner,
+        now: Arc::default(),
+        peak: peak.clone(),
+    };
+    let report = campaign_in(home_, Arc::new(counting), None, None).await;
     server.shutdown().await;
     assert_eq!(report.status, "PASS", "{report:?}");
     assert_eq!(report.phase.results.len(), 14);
@@ -189,10 +203,8 @@ async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
     let home = tempfile::tempdir().unwrap();
     let cfg = config(home.path(), "L2", 12, "5h", "1m");
     let params = sim_params(Duration::from_millis(150));
-    let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
-        .await
-        .unwrap();
-    let first = campaign(cfg.clone(), runner, None, Some(Duration::from_millis(1500))).await;
+    let (home_, runner, server) = sim_campaign(cfg.clone(), &params).await;
+    let first = campaign_in(home_, runner, None, Some(Duration::from_millis(1500))).await;
     server.shutdown().await;
     assert_eq!(first.status, "INTERRUPTED");
     let interrupted = first
@@ -206,10 +218,8 @@ async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
         "the stop came too late to interrupt anything"
     );
 
-    let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
-        .await
-        .unwrap();
-    let second = campaign(cfg, runner, Some(first.run_id.clone()), None).await;
+    let (home_, runner, server) = sim_campaign(cfg, &params).await;
+    let second = campaign_in(home_, runner, Some(first.run_id.clone()), None).await;
     server.shutdown().await;
     assert_eq!(second.run_id, first.run_id);
     assert_eq!(second.status, "PASS", "{second:?}");
@@ -272,15 +282,9 @@ async fn the_session_timeout_ends_a_session_whose_model_never_answers() {
     let home = tempfile::tempdir().unwrap();
     let cfg = config(home.path(), "L1/gelu", 12, "30s", "10s");
     // The scripted model "thinks" for ten hours; the 30 s session timeout comes first.
-    let (runner, server) = fk_agentd::sim::campaign::build(
-        &cfg,
-        &Catalog::embedded(),
-        &sim_params(Duration::from_secs(36_000)),
-    )
-    .await
-    .unwrap();
+    let (home_, runner, server) = sim_campaign(cfg, &sim_params(Duration::from_secs(36_000))).await;
     let t0 = tokio::time::Instant::now();
-    let report = campaign(cfg, runner, None, None).await;
+    let report = campaign_in(home_, runner, None, None).await;
     server.shutdown().await;
     assert_eq!(t0.elapsed(), Duration::from_secs(30));
     let gelu: TargetId = "L1/gelu".parse().unwrap();
@@ -358,11 +362,16 @@ impl GpuToolsFactory for NoGpu {
 }
 
 /// Real agent sessions against the Responses endpoint at `url`, with no GPU tools.
-fn gpu_less_runner(home: &Path, cfg: &Config, url: &str) -> RunnerSource {
+fn gpu_less_runner(home: &Path, cfg: &Config, url: &str) -> Arc<dyn SessionRunner> {
     gpu_less_runner_with(home, cfg, url, ShellEnv::from_parent([], []))
 }
 
-fn gpu_less_runner_with(home: &Path, cfg: &Config, url: &str, shell_env: ShellEnv) -> RunnerSource {
+fn gpu_less_runner_with(
+    home: &Path,
+    cfg: &Config,
+    url: &str,
+    shell_env: ShellEnv,
+) -> Arc<dyn SessionRunner> {
     let token = TokenProvider::literal(secrecy::SecretString::from("test-token-agent")).unwrap();
     let llm = Arc::new(LlmClient::new(sim_provider(url), token).unwrap());
     let runner = AgentRunner::new(AgentRunnerParams {
@@ -375,8 +384,7 @@ fn gpu_less_runner_with(home: &Path, cfg: &Config, url: &str, shell_env: ShellEn
         loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
         lease_access: None,
     });
-    let runner: Arc<dyn SessionRunner> = Arc::new(runner);
-    runner.into()
+    Arc::new(runner)
 }
 
 /// D1: an agent whose shell encodes the token file gets "Permission denied"; neither the token
@@ -564,6 +572,26 @@ async fn a_session_that_tries_to_escape_its_workspace_is_refused() {
     assert_eq!(last_input[1]["encrypted_content"], "enc1");
 }
 
+/// Agents whose shells may run `fk-agentd lease -- CMD` through the daemon of `home`.
+fn leasing_runner(home: &Home, url: &str) -> Arc<dyn SessionRunner> {
+    let token = TokenProvider::literal(secrecy::SecretString::from("test-token-lease")).unwrap();
+    let llm = Arc::new(LlmClient::new(sim_provider(url), token).unwrap());
+    let exe = Path::new(env!("CARGO_BIN_EXE_fk-agentd"));
+    Arc::new(AgentRunner::new(AgentRunnerParams {
+        llm,
+        catalog: Catalog::embedded(),
+        baseline_root: sim_baselines(&home.config.home, &Catalog::embedded()).unwrap(),
+        captures: home.config.captures.clone(),
+        gpu: Arc::new(NoGpu),
+        shell_env: fk_agentd::app::campaign::sim_shell_env(exe),
+        loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
+        lease_access: Some(fk_agentd::agent::LeaseAccess {
+            broker: home.broker.clone(),
+            socket: fk_agentd::control::socket_path(&home.config.home),
+        }),
+    }))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_shell_runs_its_own_command_under_a_lease() {
     let home = tempfile::tempdir().unwrap();
@@ -618,34 +646,10 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
         ),
     ])
     .await;
-    let (cfg2, url) = (cfg.clone(), fake.base_url.clone());
-    let kept: Arc<std::sync::Mutex<Option<fk_agentd::gpu::Broker>>> = Arc::default();
-    let keep = kept.clone();
-    let runner = RunnerSource::WithBroker(Box::new(move |broker| {
-        *keep.lock().unwrap() = Some(broker.clone());
-        Box::pin(async move {
-            let token =
-                TokenProvider::literal(secrecy::SecretString::from("test-token-lease")).unwrap();
-            let llm = Arc::new(LlmClient::new(sim_provider(&url), token).unwrap());
-            let runner = AgentRunner::new(AgentRunnerParams {
-                llm,
-                catalog: Catalog::embedded(),
-                baseline_root: sim_baselines(&cfg2.home, &Catalog::embedded()).unwrap(),
-                captures: cfg2.captures.clone(),
-                gpu: Arc::new(NoGpu),
-                shell_env: fk_agentd::sim::campaign::sim_shell_env(Path::new(env!(
-                    "CARGO_BIN_EXE_fk-agentd"
-                ))),
-                loop_params: LoopParams::new(INSTRUCTIONS.into(), 400_000),
-                lease_access: Some(fk_agentd::agent::LeaseAccess {
-                    broker,
-                    socket: fk_agentd::control::socket_path(&cfg2.home),
-                }),
-            });
-            Ok(Arc::new(runner) as Arc<dyn SessionRunner>)
-        })
-    }));
-    let report = campaign(cfg, runner, None, None).await;
+    let home_ = open(cfg).await;
+    let broker = home_.broker.clone();
+    let runner = leasing_runner(&home_, &fake.base_url);
+    let report = campaign_in(home_, runner, None, None).await;
     assert_eq!(report.status, "PASS", "{report:?}");
     let evs = events(home.path(), &report.run_id);
     let output = |id: &str| {
@@ -676,11 +680,67 @@ async fn an_agent_shell_runs_its_own_command_under_a_lease() {
     // The session's token worked while it ran, and was revoked when it ended.
     let token = std::fs::read_to_string(&token_file).unwrap();
     assert!(token.trim().starts_with("fkl_"), "{token}");
-    let broker = kept.lock().unwrap().clone().expect("the broker");
     assert!(
         broker.session_for_token(token.trim()).is_err(),
         "the token outlived its session"
     );
+}
+
+/// A provider file whose token is read from the variable `var`.
+fn provider_with_token_env(dir: &Path, var: &str) -> String {
+    let path = dir.join("provider-with-token-env.toml");
+    let text = format!("base_url = \"https://x.example/v1\"\nmodel = \"m\"\ntoken_env = {var:?}\n");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// The provider's token variable is not in the environment of a command an agent leases
+/// through the daemon. The daemon is this test process, whose `HOME` stands in for the token
+/// variable (the provider file names it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_through_the_daemon_keeps_the_provider_token_variable_from_the_command() {
+    assert!(
+        std::env::var_os("HOME").is_some(),
+        "the stand-in must be set"
+    );
+    let home = tempfile::tempdir().unwrap();
+    let cfg = Config {
+        provider: provider_with_token_env(home.path(), "HOME"),
+        ..config(home.path(), "L1/gelu", 1, "5h", "1m")
+    };
+    let cmd = "fk-agentd lease -- sh -c 'echo \"token variable: [${HOME-absent}]\"'";
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[function_call_item(
+                "fc_c1",
+                "c1",
+                "shell",
+                json!({"cmd": cmd}),
+            )],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r2",
+            &[function_call_item(
+                "fc_c2",
+                "c2",
+                "finish",
+                json!({"summary": "done"}),
+            )],
+            [10, 0, 5, 1],
+        ),
+    ])
+    .await;
+    let home_ = open(cfg).await;
+    let runner = leasing_runner(&home_, &fake.base_url);
+    let report = campaign_in(home_, runner, None, None).await;
+    let output = events(home.path(), &report.run_id)
+        .into_iter()
+        .find(|e| e.kind == "tool_finished" && e.payload["call_id"] == "c1")
+        .map(|e| e.payload["output"].as_str().unwrap().to_string())
+        .unwrap();
+    assert!(output.contains("token variable: [absent]"), "{output}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -58,7 +58,7 @@ impl SessionRunner for Spender {
 #[tokio::test(start_paused = true)]
 async fn a_token_cap_stops_queued_sessions_and_cancels_running_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let store = fk_agentd::daemon::open_store(dir.path()).unwrap();
+    let store = fk_agentd::app::open_store(dir.path()).unwrap();
     let ids: Vec<TargetId> = ["L1/gelu", "L1/relu", "L1/silu"]
         .iter()
         .map(|t| t.parse().unwrap())
@@ -146,7 +146,7 @@ async fn a_token_cap_stops_queued_sessions_and_cancels_running_ones() {
 #[test]
 fn a_run_is_priced_with_the_prices_it_recorded_at_its_start() {
     let dir = tempfile::tempdir().unwrap();
-    let store = fk_agentd::daemon::open_store(dir.path()).unwrap();
+    let store = fk_agentd::app::open_store(dir.path()).unwrap();
     let journal = RunJournal::create(
         &store,
         dir.path(),

@@ -193,3 +193,46 @@ fn a_configured_capture_folder_that_does_not_exist_exits_2_before_any_session() 
         );
     assert!(!home.path().join("runs").exists(), "no run was created");
 }
+
+/// A provider file whose token is read from `FK_AGENTD_SIM_INVOCATIONS`: the simulated bench
+/// shows that it received that variable by appending to the log it names.
+fn provider_naming_the_bench_log(dir: &std::path::Path) -> String {
+    let path = dir.join("provider.toml");
+    let text = "base_url = \"https://x.example/v1\"\nmodel = \"m\"\ntoken_env = \"FK_AGENTD_SIM_INVOCATIONS\"\n";
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// The provider's token variable reaches none of `start`'s children: its benches (leased
+/// `fk-agentd sim-bench` processes) do not get it, while without that provider they do.
+#[test]
+fn start_keeps_the_provider_token_variable_from_its_benches() {
+    let home = tempfile::tempdir().unwrap();
+    let provider = provider_naming_the_bench_log(home.path());
+    let log = home.path().join("benches.log");
+    let start = |extra: &[&str]| {
+        fk(home.path())
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("FK_AGENTD_SIM_INVOCATIONS", &log)
+            .args(["start", "--sim", "--targets", "L1/gelu"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let plain = start(&[]);
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.starts_with("start\t"), "{plain:?}");
+    std::fs::remove_file(&log).unwrap();
+    let kept = start(&["--provider", &provider]);
+    assert_eq!(kept.status.code(), plain.status.code(), "{kept:?}");
+    let runs: Vec<_> = std::fs::read_dir(home.path().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    for run in &runs {
+        let validations = run.join("sessions/L1/gelu/validations/001");
+        assert!(validations.is_dir(), "{} benched nothing", run.display());
+    }
+    assert_eq!(runs.len(), 2);
+    assert!(!log.exists(), "a bench got the token variable");
+}

@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use assert_cmd::Command;
 use fk_agentd::agent::codex::home::PROVIDER_TOKEN_ENV;
+use fk_agentd::app::campaign::sim_runner_params;
+use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
-use fk_agentd::daemon::{self, DaemonParams, RunnerSource};
-use fk_agentd::gpu::LeaseClass;
+use fk_agentd::daemon::Holder;
 use fk_agentd::llm::{LlmClient, TokenProvider};
-use fk_agentd::score::lease::LeaseLauncher;
-use fk_agentd::sim::campaign::{SimParams, sim_provider};
 use fk_agentd::sim::server::SIM_TOKEN;
+use fk_agentd::sim::setup::{SimParams, sim_provider};
 use fk_agentd::store::Event;
 use fk_agentd::target::Catalog;
 use serde_json::Value;
@@ -57,7 +57,7 @@ fn json_of(out: &[u8]) -> Value {
 }
 
 fn events_of(home: &Path, target: &str) -> Vec<Event> {
-    let store = daemon::open_store(home).unwrap();
+    let store = fk_agentd::app::open_store(home).unwrap();
     let run = store.runs().unwrap().remove(0).id;
     store.events(&run, Some(target), 0).unwrap()
 }
@@ -273,39 +273,23 @@ async fn a_401_ends_the_codex_process_and_the_session_resumes_with_the_token_rea
         max_think: Duration::from_millis(10),
         chaos: Default::default(),
     };
-    let server = fk_agentd::sim::campaign::start_server(&params)
-        .await
-        .unwrap();
-    let source = |cfg: Config| {
-        let (base, params, token_file) =
-            (server.base_url.clone(), params.clone(), token_file.clone());
-        RunnerSource::WithBroker(Box::new(move |broker| {
-            Box::pin(async move {
-                let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
-                let mut parts = fk_agentd::sim::campaign::runner_params(
-                    &cfg,
-                    &Catalog::embedded(),
-                    &base,
-                    &params,
-                    launcher,
-                    None,
-                )
-                .await?;
-                let token = TokenProvider::file(token_file);
-                parts.llm = Arc::new(LlmClient::new(sim_provider(&base), token)?);
-                fk_agentd::agent::codex::runner_for(&cfg, parts).await
-            })
-        }))
-    };
+    let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
     let run = |cfg: Config, resume: Option<String>| async {
-        let params = DaemonParams {
-            config: cfg.clone(),
-            runner: source(cfg),
-            drain_deadline: Duration::from_secs(30),
+        let base = &server.base_url;
+        let home = Home::open(cfg, &Env::default(), Holder::Daemon)
+            .await
+            .unwrap();
+        let mut parts = sim_runner_params(&home, base, &params).await.unwrap();
+        let token = TokenProvider::file(token_file.clone());
+        parts.llm = Arc::new(LlmClient::new(sim_provider(base), token).unwrap());
+        let runner = fk_agentd::agent::codex::runner_for(&home.config, parts)
+            .await
+            .unwrap();
+        let run = Run {
             resume,
-            facts: None,
+            ..Run::new(runner)
         };
-        daemon::run_campaign(params, std::future::pending::<()>())
+        home.run_campaign(run, std::future::pending::<()>())
             .await
             .unwrap()
     };
@@ -394,7 +378,7 @@ fn compare_shows_two_backends_side_by_side() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let store = daemon::open_store(home.path()).unwrap();
+        let store = fk_agentd::app::open_store(home.path()).unwrap();
         let run = store.runs().unwrap().remove(0).id;
         let score = fk(home.path())
             .args(["score", "--run", &run])
@@ -468,21 +452,20 @@ async fn a_timed_out_codex_session_leaves_no_codex_process_behind() {
         max_think: Duration::from_secs(60),
         chaos: Default::default(),
     };
-    let (runner, server) = fk_agentd::sim::campaign::build(&cfg, &Catalog::embedded(), &params)
+    let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
+    let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
         .await
         .unwrap();
-    let report = daemon::run_campaign(
-        DaemonParams {
-            config: cfg,
-            runner,
-            drain_deadline: Duration::from_secs(30),
-            resume: None,
-            facts: None,
-        },
-        std::future::pending::<()>(),
-    )
-    .await
-    .unwrap();
+    let parts = sim_runner_params(&home_, &server.base_url, &params)
+        .await
+        .unwrap();
+    let runner = fk_agentd::agent::codex::runner_for(&home_.config, parts)
+        .await
+        .unwrap();
+    let report = home_
+        .run_campaign(Run::new(runner), std::future::pending::<()>())
+        .await
+        .unwrap();
     server.shutdown().await;
     assert_eq!(report.status, "FAIL", "{report:?}");
     let events = events_of(home.path(), "L1/gelu");

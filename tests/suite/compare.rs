@@ -134,7 +134,7 @@ async fn mode_all_runs_a_linked_pair_and_writes_compare_json() {
     let report = run_sim(config, Default::default()).await;
     let ind = report.pair.clone().expect("an all campaign names its pair");
     assert!(ind.contains("-ind-") && report.run_id.contains("-seq-"));
-    let store = fk_agentd::daemon::open_store(home.path()).unwrap();
+    let store = fk_agentd::app::open_store(home.path()).unwrap();
     assert_eq!(
         fk_agentd::daemon::plan::pair_of(&store, &ind).unwrap(),
         Some(report.run_id.clone())

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{AgentSlot, Config, Env, Flags, QueueOrder, SettingSource};
 use fk_agentd::control::client::ControlClient;
-use fk_agentd::daemon::{self, DaemonError, DaemonLock, DaemonParams, Holder};
+use fk_agentd::daemon::{self, CampaignReport, DaemonError, DaemonLock, Holder};
 use fk_agentd::run::RunJournal;
 use fk_agentd::run::{RunIdParts, new_run_id};
 use fk_agentd::scheduler::{
@@ -93,14 +94,14 @@ impl SessionRunner for Sleeper {
     }
 }
 
-fn params(config: Config, runner: Arc<dyn SessionRunner>) -> DaemonParams {
-    DaemonParams {
-        config,
-        runner: runner.into(),
-        drain_deadline: Duration::from_secs(30),
-        resume: None,
-        facts: None,
-    }
+/// Opens the home of `config` as `start` does and runs `runner`'s campaign in it.
+async fn run_campaign(
+    config: Config,
+    runner: Arc<dyn SessionRunner>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<CampaignReport, fk_agentd::Error> {
+    let home = Home::open(config, &Env::default(), Holder::Daemon).await?;
+    home.run_campaign(Run::new(runner), shutdown).await
 }
 
 #[test]
@@ -204,7 +205,7 @@ async fn fourteen_targets_with_a_cap_of_twelve_never_run_more_than_twelve() {
     let cfg = Config { targets, ..cfg };
     let sleeper = Arc::new(Sleeper::new(Duration::from_secs(600), true));
     let peak = sleeper.peak.clone();
-    let report = daemon::run_campaign(params(cfg, sleeper), std::future::pending())
+    let report = run_campaign(cfg, sleeper, std::future::pending())
         .await
         .unwrap();
     assert_eq!(peak.load(Ordering::SeqCst), 12);
@@ -239,7 +240,7 @@ async fn the_session_timeout_ends_a_session_that_runs_too_long() {
     let home = tempfile::tempdir().unwrap();
     let cfg = config(home.path(), "L1/gelu,L1/bmm", 12, "2h");
     let runner = Arc::new(Sleeper::new(Duration::from_secs(3 * 3600), true));
-    let report = daemon::run_campaign(params(cfg, runner), std::future::pending())
+    let report = run_campaign(cfg, runner, std::future::pending())
         .await
         .unwrap();
     assert!(
@@ -260,9 +261,7 @@ async fn shutdown_cancels_sessions_and_aborts_the_ones_that_ignore_it_after_the_
     let runner = Arc::new(Sleeper::new(Duration::from_secs(3600), false));
     let shutdown = tokio::time::sleep(Duration::from_secs(10));
     let t0 = tokio::time::Instant::now();
-    let report = daemon::run_campaign(params(cfg, runner), shutdown)
-        .await
-        .unwrap();
+    let report = run_campaign(cfg, runner, shutdown).await.unwrap();
     // 10 s until the stop, then the 30 s drain deadline: not the hour the sessions wanted.
     assert_eq!(t0.elapsed(), Duration::from_secs(40));
     assert_eq!(report.status, "INTERRUPTED");
@@ -273,7 +272,7 @@ async fn shutdown_cancels_sessions_and_aborts_the_ones_that_ignore_it_after_the_
             .values()
             .all(|s| *s == SessionStatus::Interrupted)
     );
-    let store = daemon::open_store(home.path()).unwrap();
+    let store = fk_agentd::app::open_store(home.path()).unwrap();
     assert_eq!(
         store.run(Some(&report.run_id)).unwrap().status,
         "interrupted"
@@ -294,12 +293,9 @@ async fn sessions_that_honour_cancellation_end_at_once_on_shutdown() {
     let cfg = config(home.path(), "L1/gelu,L1/bmm", 12, "5h");
     let runner = Arc::new(Sleeper::new(Duration::from_secs(3600), true));
     let t0 = tokio::time::Instant::now();
-    let report = daemon::run_campaign(
-        params(cfg, runner),
-        tokio::time::sleep(Duration::from_secs(5)),
-    )
-    .await
-    .unwrap();
+    let report = run_campaign(cfg, runner, tokio::time::sleep(Duration::from_secs(5)))
+        .await
+        .unwrap();
     assert_eq!(t0.elapsed(), Duration::from_secs(5));
     assert_eq!(report.status, "INTERRUPTED");
 }
@@ -309,10 +305,7 @@ async fn the_control_socket_is_private_and_answers_status_and_stop() {
     let home = tempfile::tempdir().unwrap();
     let cfg = config(home.path(), "L1/gelu,L1/bmm", 12, "5h");
     let runner = Arc::new(Sleeper::new(Duration::from_secs(3600), true));
-    let campaign = tokio::spawn(daemon::run_campaign(
-        params(cfg, runner),
-        std::future::pending(),
-    ));
+    let campaign = tokio::spawn(run_campaign(cfg, runner, std::future::pending()));
     let socket = home.path().join("fk-agentd.sock");
     let started = std::time::Instant::now();
     let client = loop {
@@ -336,11 +329,9 @@ async fn the_control_socket_is_private_and_answers_status_and_stop() {
         (status.pid, status.targets, status.simulated),
         (std::process::id(), 2, true)
     );
-    let second = daemon::run_campaign(
-        params(
-            config(home.path(), "L1/gelu", 1, "5h"),
-            Arc::new(Sleeper::new(Duration::ZERO, true)),
-        ),
+    let second = run_campaign(
+        config(home.path(), "L1/gelu", 1, "5h"),
+        Arc::new(Sleeper::new(Duration::ZERO, true)),
         std::future::pending(),
     )
     .await

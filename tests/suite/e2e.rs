@@ -136,7 +136,6 @@ fn sim_params(scenarios: &str) -> fk_agentd::score::e2e::EvalParams {
         cwd: None,
         scenarios: scenarios.into(),
         deadline: std::time::Duration::from_secs(60),
-        env_remove: Vec::new(),
     }
 }
 

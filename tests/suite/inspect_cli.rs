@@ -215,7 +215,7 @@ fn follow_exits_1_when_the_run_was_interrupted() {
     };
     let done = follow(h);
     assert_eq!(done.status.code(), Some(0), "{done:?}");
-    let store = fk_agentd::daemon::open_store(h).unwrap();
+    let store = fk_agentd::app::open_store(h).unwrap();
     let run = store.run(None).unwrap();
     store.set_run_status(&run.id, "interrupted").unwrap();
     drop(store);

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fk_agentd::app::{Home, Run};
 use fk_agentd::config::provider::ProviderConfig;
 use fk_agentd::config::{Config, Env, Flags};
-use fk_agentd::daemon::{self, DaemonParams};
+use fk_agentd::daemon::Holder;
 use fk_agentd::facts::{
     self, FactsStage, FixedFacts, GatherParams, GpuDevice, Probed, RunStartFacts,
 };
@@ -94,19 +95,19 @@ async fn run(config: Config, provider: Option<ProviderConfig>) -> (PathBuf, Stri
         provider,
         harness: Some(harness()),
     };
-    let report = daemon::run_campaign(
-        DaemonParams {
-            config: config.clone(),
-            runner: Arc::new(Scripted).into(),
-            resume: None,
-            drain_deadline: Duration::from_secs(5),
-            facts: Some(hook),
-        },
-        std::future::pending(),
-    )
-    .await
-    .unwrap();
-    let store = daemon::open_store(&config.home).unwrap();
+    let home = Home::open(config.clone(), &Env::default(), Holder::Daemon)
+        .await
+        .unwrap();
+    let run = Run {
+        drain_deadline: Duration::from_secs(5),
+        facts: Some(hook),
+        ..Run::new(Arc::new(Scripted))
+    };
+    let report = home
+        .run_campaign(run, std::future::pending())
+        .await
+        .unwrap();
+    let store = fk_agentd::app::open_store(&config.home).unwrap();
     let journal = RunJournal::open(&store, &config.home, &report.run_id).unwrap();
     journal
         .record(
@@ -205,7 +206,7 @@ async fn a_simulated_run_manifest_is_rendered_from_recorded_facts() {
     let tmp = tempfile::tempdir().unwrap();
     let config = home_with_config(tmp.path());
     let (run_dir, run_id) = run(config.clone(), None).await;
-    let store = daemon::open_store(&config.home).unwrap();
+    let store = fk_agentd::app::open_store(&config.home).unwrap();
     // Scored later on another node, whose GPUs are real.
     let h200 = GpuDevice {
         name: "NVIDIA H200".into(),
@@ -278,7 +279,7 @@ async fn the_token_never_reaches_the_manifest_and_rerendering_says_it_replaced_o
     let provider =
         ProviderConfig::load(&provider_file.display().to_string(), tmp.path(), &env).unwrap();
     let (run_dir, run_id) = run(config.clone(), Some(provider)).await;
-    let store = daemon::open_store(&config.home).unwrap();
+    let store = fk_agentd::app::open_store(&config.home).unwrap();
 
     let data = manifest::collect(&store, &run_id, &run_dir, "first").unwrap();
     let first = manifest::write(&run_dir, &data).unwrap();

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
-use fk_agentd::daemon::{self, DaemonParams};
+use fk_agentd::daemon::Holder;
 use fk_agentd::run::RunJournal;
 use fk_agentd::scheduler::{
     SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
@@ -90,18 +91,15 @@ async fn the_pass_matrix_of_run_jsonl_can_be_rechecked_by_a_script() {
         ..Env::default()
     };
     let config = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
-    let report = daemon::run_campaign(
-        DaemonParams {
-            config,
-            runner: Arc::new(Mixed).into(),
-            resume: None,
-            drain_deadline: Duration::from_secs(5),
-            facts: None,
-        },
-        std::future::pending(),
-    )
-    .await
-    .unwrap();
+    let home = Home::open(config, &env, Holder::Daemon).await.unwrap();
+    let run = Run {
+        drain_deadline: Duration::from_secs(5),
+        ..Run::new(Arc::new(Mixed))
+    };
+    let report = home
+        .run_campaign(run, std::future::pending())
+        .await
+        .unwrap();
     let jsonl = std::fs::read_to_string(report.run_dir.join("run.jsonl")).unwrap();
     let row = |name: &str, s: &str| (name.to_string(), s.to_string(), s.to_string());
     assert_eq!(

@@ -31,7 +31,7 @@ fn a_scored_run_manifest_shows_the_scoring_host_and_its_verdict_counts() {
     );
     std::fs::write(tmp.path().join("fk-agentd.toml"), config).unwrap();
     let home = tmp.path().join("home");
-    let store = fk_agentd::daemon::open_store(&home).unwrap();
+    let store = fk_agentd::app::open_store(&home).unwrap();
     let journal = RunJournal::create(
         &store,
         &home,

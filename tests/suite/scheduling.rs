@@ -79,7 +79,7 @@ struct Outcome {
 
 async fn campaign(policy: AgentSlot, max_agents: usize, gpus: usize, targets: usize) -> Outcome {
     let dir = tempfile::tempdir().unwrap();
-    let store = fk_agentd::daemon::open_store(dir.path()).unwrap();
+    let store = fk_agentd::app::open_store(dir.path()).unwrap();
     let ids: Vec<TargetId> = fk_agentd::target::Catalog::embedded()
         .select("L1")
         .unwrap()
@@ -200,7 +200,7 @@ impl SessionRunner for Sized {
 
 /// A new independent run of `ids` in the store under `home`.
 fn new_run(home: &std::path::Path, ids: &[TargetId], simulated: bool) -> Arc<RunJournal> {
-    let store = fk_agentd::daemon::open_store(home).unwrap();
+    let store = fk_agentd::app::open_store(home).unwrap();
     let journal = RunJournal::create(
         &store,
         home,

@@ -382,7 +382,6 @@ async fn a_bench_killed_for_using_another_gpu_is_invalid_whatever_its_json_says(
                 captures: tmp.path().to_path_buf(),
                 deadline: std::time::Duration::from_secs(5),
                 parallel: 1,
-                env_remove: Vec::new(),
             },
             Writes(violation.clone()),
         )

@@ -316,7 +316,7 @@ fn a_run_with_candidates(s: &Setup, files: &[(&str, &str)]) -> String {
 /// A simulated run of `L1/gelu` and `L1/silu` in `mode` whose sessions left `files`.
 fn a_run_of_mode(s: &Setup, mode: fk_agentd::config::Mode, files: &[(&str, &str)]) -> String {
     use fk_agentd::run::{NewRun, RunJournal};
-    let store = fk_agentd::daemon::open_store(&s.home()).unwrap();
+    let store = fk_agentd::app::open_store(&s.home()).unwrap();
     let journal = RunJournal::create(
         &store,
         &s.home(),
@@ -510,7 +510,7 @@ fn the_lower_bound_gate_needs_repeats_and_keeps_a_clear_winner() {
 fn score_is_refused_while_another_fk_agentd_holds_the_home() {
     let s = Setup::new();
     a_small_set(&s);
-    fk_agentd::daemon::ensure_home(&s.home()).unwrap();
+    fk_agentd::app::ensure_home(&s.home()).unwrap();
     let held = fk_agentd::daemon::DaemonLock::acquire(&s.home(), fk_agentd::daemon::Holder::Daemon)
         .unwrap();
     s.score(&[])
@@ -526,7 +526,7 @@ fn score_is_refused_while_another_fk_agentd_holds_the_home() {
 #[test]
 fn start_while_a_score_holds_the_home_names_the_score_not_stop() {
     let s = Setup::new();
-    fk_agentd::daemon::ensure_home(&s.home()).unwrap();
+    fk_agentd::app::ensure_home(&s.home()).unwrap();
     let held = fk_agentd::daemon::DaemonLock::acquire(&s.home(), fk_agentd::daemon::Holder::Score)
         .unwrap();
     let out = Command::new(BIN)
@@ -690,4 +690,38 @@ fn sequential_scoring_tells_its_progress_level_by_level() {
         ],
         "{err}"
     );
+}
+
+/// The provider's token variable reaches none of `score`'s benches. The provider names
+/// `FK_AGENTD_SIM_INVOCATIONS` as its token variable: the simulated bench shows that it got
+/// that variable by appending to the log it names, as it does without that provider.
+#[test]
+fn score_keeps_the_provider_token_variable_from_its_benches() {
+    let s = Setup::new();
+    s.file("L1/gelu.py", "class GELU: pass\n# sim: speedup=1.25\n");
+    let log = s.tmp.path().join("benches.log");
+    let score = || {
+        s.score_command(&["--json"])
+            .env("FK_AGENTD_SIM_INVOCATIONS", &log)
+            .output()
+            .unwrap()
+    };
+    let plain = score();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.starts_with("start\t"), "{plain:?}");
+    std::fs::remove_file(&log).unwrap();
+    let provider = s.tmp.path().join("provider.toml");
+    std::fs::write(
+        &provider,
+        "base_url = \"https://x.example/v1\"\nmodel = \"m\"\ntoken_env = \"FK_AGENTD_SIM_INVOCATIONS\"\n",
+    )
+    .unwrap();
+    let config = s.tmp.path().join("fk-agentd.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, format!("{text}[provider]\nuse = {provider:?}\n")).unwrap();
+    let kept = score();
+    assert_eq!(kept.status.code(), plain.status.code(), "{kept:?}");
+    let report: serde_json::Value = serde_json::from_slice(&kept.stdout).unwrap();
+    assert!(report.to_string().contains("L1/gelu"), "{report}");
+    assert!(!log.exists(), "a bench got the token variable");
 }

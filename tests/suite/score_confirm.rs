@@ -35,7 +35,6 @@ async fn score(candidates: &[(&str, &str)], gate: WinnerGate) -> Scored {
         captures: tmp.path().join("captures"),
         deadline: Duration::from_secs(600),
         parallel: 2,
-        env_remove: Vec::new(),
     };
     let launcher = InProcessLauncher::new(7);
     let driver = BenchDriver::new(params, launcher).await.unwrap();

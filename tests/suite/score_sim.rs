@@ -33,7 +33,6 @@ async fn bench(deadline: Duration) -> Bench {
         captures: tmp.path().join("captures"),
         deadline,
         parallel: 4,
-        env_remove: vec![],
     };
     let driver = BenchDriver::new(params, DirectLauncher).await.unwrap();
     Bench { tmp, driver }
@@ -314,7 +313,6 @@ fn shell(tmp: &Path, script: &str, deadline: Duration) -> fk_agentd::score::driv
         program: "sh".into(),
         args: vec!["-c".into(), script.into()],
         env: vec![],
-        env_remove: vec![],
         cwd: None,
         stdout: tmp.join("out.log"),
         stderr: tmp.join("err.log"),

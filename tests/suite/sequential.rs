@@ -8,16 +8,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fk_agentd::agent::AgentRunner;
+use fk_agentd::app::campaign::sim_runner_params;
+use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
-use fk_agentd::daemon::{self, CampaignParams, CampaignReport, DaemonParams, RunnerSource};
-use fk_agentd::gpu::LeaseClass;
+use fk_agentd::daemon::{self, CampaignReport, Holder};
 use fk_agentd::run::RunJournal;
 use fk_agentd::scheduler::{SessionFuture, SessionRunner, SessionSlot};
 use fk_agentd::score::ScoreError;
 use fk_agentd::score::driver::{BenchDriver, BenchLauncher, DriverParams, Invocation, ProcessExit};
-use fk_agentd::score::lease::LeaseLauncher;
 use fk_agentd::score::sequential::{self, LevelGate};
-use fk_agentd::sim::campaign::SimParams;
+use fk_agentd::sim::setup::SimParams;
 use fk_agentd::target::{Catalog, TargetId};
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
@@ -43,23 +44,20 @@ pub fn sim_config(home: &Path, targets: &str, mode: &str) -> Config {
 pub fn sim_params() -> SimParams {
     SimParams {
         exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
-        seed: fk_agentd::sim::campaign::SIM_SEED,
+        seed: fk_agentd::sim::setup::SIM_SEED,
         max_think: Duration::from_millis(20),
         chaos: Default::default(),
     }
 }
 
 /// The simulated bench for the campaign's own scoring.
-pub fn sim_bench(config: &Config, params: &SimParams) -> CampaignParams {
-    CampaignParams {
-        bench: Some(DriverParams {
-            command: fk_agentd::sim::bench::command(&params.exe, params.seed),
-            fastkernels_dir: None,
-            captures: config.captures.clone(),
-            deadline: Duration::from_secs(60),
-            parallel: 4,
-            env_remove: Vec::new(),
-        }),
+pub fn sim_bench(config: &Config, params: &SimParams) -> DriverParams {
+    DriverParams {
+        command: fk_agentd::sim::bench::command(&params.exe, params.seed),
+        fastkernels_dir: None,
+        captures: config.captures.clone(),
+        deadline: Duration::from_secs(60),
+        parallel: 4,
     }
 }
 
@@ -115,48 +113,29 @@ pub struct Drive {
 
 pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
     let params = sim_params();
-    let server = fk_agentd::sim::campaign::start_server(&params)
+    let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
+    let campaign = sim_bench(&config, &params);
+    let stop = CancellationToken::new();
+    let home = Home::open(config, &Env::default(), Holder::Daemon)
         .await
         .unwrap();
-    let campaign = sim_bench(&config, &params);
-    let (cfg, base) = (config.clone(), server.base_url.clone());
-    let stop = CancellationToken::new();
-    let stop_at = drive.stop_at_level.map(|l| (l, stop.clone()));
-    let seen = drive.seen.clone();
-    let runner = RunnerSource::WithBroker(Box::new(move |broker| {
-        Box::pin(async move {
-            let launcher = LeaseLauncher::new(broker, LeaseClass::Validate, "agents");
-            let inner = fk_agentd::sim::campaign::runner_with_url(
-                &cfg,
-                &Catalog::embedded(),
-                &base,
-                &params,
-                launcher,
-                None,
-            )
-            .await?;
-            let inner: Arc<dyn SessionRunner> = Arc::new(inner);
-            let observing = Observing {
-                inner,
-                seen,
-                stop: stop_at,
-            };
-            Ok(Arc::new(observing) as Arc<dyn SessionRunner>)
-        })
-    }));
-    let report = daemon::run_campaign_with(
-        DaemonParams {
-            config,
-            runner,
-            drain_deadline: Duration::from_secs(30),
-            resume: drive.resume,
-            facts: None,
-        },
-        campaign,
-        stop.cancelled_owned(),
-    )
-    .await
-    .unwrap();
+    let parts = sim_runner_params(&home, &server.base_url, &params)
+        .await
+        .unwrap();
+    let observing = Observing {
+        inner: Arc::new(AgentRunner::new(parts)),
+        seen: drive.seen.clone(),
+        stop: drive.stop_at_level.map(|l| (l, stop.clone())),
+    };
+    let run = Run {
+        resume: drive.resume,
+        bench: Some(home.scoring_driver(campaign).await.unwrap()),
+        ..Run::new(Arc::new(observing))
+    };
+    let report = home
+        .run_campaign(run, stop.cancelled_owned())
+        .await
+        .unwrap();
     server.shutdown().await;
     report
 }
@@ -210,7 +189,7 @@ async fn a_sequential_campaign_gates_each_level_and_builds_the_next_on_its_winne
     assert_eq!(l2.winners, cumulative);
 
     // Phase events, in order, with no L2 session before the L1 gate.
-    let evs = daemon::open_store(home.path())
+    let evs = fk_agentd::app::open_store(home.path())
         .unwrap()
         .events(&report.run_id, None, 0)
         .unwrap();
@@ -284,7 +263,7 @@ async fn a_sequential_run_stopped_in_level_two_resumes_there_without_redoing_lev
     assert_ne!(second.status, "INTERRUPTED", "{second:?}");
     assert_eq!(std::fs::read(seq.join("L1/gate.json")).unwrap(), l1_before);
     assert!(seq.join("L2/gate.json").is_file() && seq.join("gate.json").is_file());
-    let evs = daemon::open_store(home.path())
+    let evs = fk_agentd::app::open_store(home.path())
         .unwrap()
         .events(&first.run_id, None, 0)
         .unwrap();
@@ -353,7 +332,6 @@ async fn a_level_whose_gate_file_exists_is_read_back_not_rebenched() {
             captures: tmp.path().to_path_buf(),
             deadline: Duration::from_secs(5),
             parallel: 1,
-            env_remove: Vec::new(),
         },
         Refusing::default(),
     )
@@ -428,7 +406,6 @@ async fn gate_one_level(
             captures: tmp.path().join("captures"),
             deadline: Duration::from_secs(900),
             parallel: 2,
-            env_remove: Vec::new(),
         },
         fk_agentd::sim::in_process::InProcessLauncher::new(7),
     )

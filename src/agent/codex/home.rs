@@ -250,7 +250,7 @@ pub fn recorded_config(provider: &ProviderConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::campaign::sim_provider;
+    use crate::sim::setup::sim_provider;
 
     fn layout() -> HomeLayout {
         HomeLayout {

@@ -7,8 +7,7 @@
 //! - [`events`]: codex's `--json` lines → fk-agentd events;
 //! - [`endpoint`] and [`tools`]: `fk-agentd tool validate|profile-ncu|profile-nsys|finish`
 //!   from codex's shell, served by the session's own toolbox;
-//! - [`session`]: one session from start to end; [`watch`]: one codex process of it;
-//! - [`sim`]: what the scripted server answers a codex client (the labelled simulation).
+//! - [`session`]: one session from start to end; [`watch`]: one codex process of it.
 //!
 //! Owns nothing global: the [`AgentRunnerParams`] of a native campaign (client, catalog, GPU
 //! tools, shell environment, lease access) are handed in, so [`runner_for`] is the one place
@@ -23,7 +22,6 @@ pub mod events;
 pub mod home;
 pub mod process;
 pub mod session;
-pub mod sim;
 pub mod tools;
 pub mod watch;
 

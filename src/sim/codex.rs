@@ -1,5 +1,5 @@
 //! The scripted agent's moves for a codex client, served by the simulated Responses server
-//! (`crate::sim::server`), which recognises codex by its shell tool, `exec_command`.
+//! ([`super::server`]), which recognises codex by its shell tool, `exec_command`.
 //!
 //! The same script as a native simulated session, through codex's shell: look around (a
 //! command that also prints its environment, so a test can see what a shell sees), write a
@@ -13,7 +13,7 @@
 
 use serde_json::{Value, json};
 
-use crate::sim::server::{call, candidate_text, sealed, validation_passed};
+use super::server::{call, candidate_text, sealed, validation_passed};
 
 /// A codex request: its tools include `exec_command`.
 pub fn is_codex(body: &Value) -> bool {

@@ -1,0 +1,224 @@
+//! What `start` and `resume` print when a campaign ends: the run, its outcome, what it spent,
+//! the commands worth running next, and the exit code (0 passed, 1 the agents failed, 3 only
+//! the infrastructure did).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::args::GlobalArgs;
+use crate::daemon::CampaignReport;
+use crate::scheduler::{self, SessionStatus};
+
+pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for s in r.phase.results.values() {
+        *counts.entry(s.word()).or_default() += 1;
+    }
+    let sim = r.run_id.contains("-sim-");
+    print!("{}", crate::report::sim_banner(sim));
+    println!("run       {}", r.run_id);
+    println!("status    {}", r.status);
+    // The sessions' ends and their candidates' verdicts, as recorded; the status words only
+    // when the store cannot be read.
+    let home = r.run_dir.parent().and_then(Path::parent);
+    match home.and_then(|h| super::session::outcome_line(h, &r.run_id)) {
+        Some(line) => println!("outcome   {line}"),
+        None => {
+            let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("sessions  {}", counts.join(", "));
+        }
+    }
+    println!("run dir   {}", r.run_dir.display());
+    if let Some(pair) = &r.pair {
+        println!("pair      {pair} (the other half of this --mode all campaign)");
+        if let Some(line) = home.and_then(|h| super::session::outcome_line(h, pair)) {
+            println!("          its outcome: {line}");
+        }
+    }
+    for note in &r.notes {
+        println!("          {note}");
+    }
+    print_spent(&home_of(r), &r.run_id);
+    // Point at a session of this run (a failed one first: that is the one worth reading).
+    let example = r
+        .phase
+        .results
+        .iter()
+        .find(|(_, s)| !matches!(s, SessionStatus::Finished | SessionStatus::Skipped(_)))
+        .or_else(|| r.phase.results.iter().next())
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_else(|| "L1/gelu".into());
+    println!("\n{}", next_hint(global, r, &example));
+    if r.status == "INTERRUPTED" {
+        println!(
+            "this run was interrupted: continue it with `{} resume {}`",
+            invocation(global),
+            r.run_id
+        );
+    }
+}
+
+/// The home a report's run lives in (`<home>/runs/<id>`).
+pub(super) fn home_of(r: &CampaignReport) -> std::path::PathBuf {
+    r.run_dir
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// What the campaign's agents spent (both halves of a `--mode all` pair), from the store.
+fn print_spent(home: &Path, run_id: &str) {
+    let Ok(store) = crate::app::open_store(home) else {
+        return;
+    };
+    if let Ok(spent) = crate::scheduler::budget::recorded_spend(&store, run_id, true) {
+        println!("spent     {}", spent.describe());
+    }
+    if let Some(e) = store.events(run_id, None, 0).ok().and_then(|events| {
+        events
+            .into_iter()
+            .rev()
+            .find(|e| e.kind == "budget_reached")
+    }) {
+        println!(
+            "stopped   {} (raise the cap and `resume` to continue)",
+            e.payload["reason"]
+                .as_str()
+                .unwrap_or("campaign budget reached")
+        );
+    }
+}
+
+/// `fk-agentd` with the `--home`/`--config` the user gave, so a suggested command reads the
+/// same home.
+pub(crate) fn invocation(global: &GlobalArgs) -> String {
+    let mut out = String::from("fk-agentd");
+    for (flag, value) in [("--home", &global.home), ("--config", &global.config)] {
+        if let Some(path) = value {
+            out.push_str(&format!(
+                " {flag} {}",
+                shell_word(&path.display().to_string())
+            ));
+        }
+    }
+    out
+}
+
+/// A path as one shell word: bare when it is plain, single-quoted otherwise.
+fn shell_word(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The commands worth running next. A `--mode all` campaign already scored and compared
+/// both halves, so it points at the comparison instead of scoring again.
+fn next_hint(global: &GlobalArgs, r: &CampaignReport, example: &str) -> String {
+    let fk = invocation(global);
+    let run = &r.run_id;
+    let last = if r.pair.is_some() {
+        format!("{fk} compare --run {run}")
+    } else {
+        format!("{fk} score --run {run}")
+    };
+    let lines = [
+        format!("{fk} sessions --run {run}"),
+        format!("{fk} session {example} --run {run}"),
+        last,
+        format!("{fk} dashboard --run {run}"),
+    ];
+    format!("next:\n  {}", lines.join("\n  "))
+}
+
+/// 0 when the campaign passed; 3 when it failed only because of infrastructure (every failed
+/// session says `infra`: the endpoint, the token, the GPUs), so scripts can tell "fix the host
+/// and `resume`" from "the agents failed" (1).
+pub(super) fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
+    if report.status == "PASS" {
+        return 0;
+    }
+    let only_infra = crate::app::open_store(home)
+        .ok()
+        .and_then(|store| store.sessions(&report.run_id).ok())
+        .map(|rows| {
+            let lost: Vec<_> = rows
+                .iter()
+                .filter(|r| {
+                    matches!(
+                        scheduler::recorded_status(r),
+                        Some(SessionStatus::Failed | SessionStatus::TimedOut)
+                    )
+                })
+                .collect();
+            !lost.is_empty() && lost.iter().all(|r| !scheduler::stays_ended(r))
+        })
+        .unwrap_or(false);
+    if only_infra {
+        eprintln!(
+            "fk-agentd: every failed session failed for infrastructure reasons (see `outcome`); \
+             fix the cause and `fk-agentd resume {}`",
+            report.run_id
+        );
+        crate::exit::EXIT_UNAVAILABLE
+    } else {
+        1
+    }
+}
+
+#[cfg(test)]
+mod exit_tests {
+    use super::*;
+    use crate::store::{SessionRow, Store};
+    use serde_json::json;
+
+    /// A failed run whose failed sessions have these `(state, infra)`; its exit code.
+    fn exit_of(rows: &[(&str, bool)]) -> i32 {
+        let home = tempfile::tempdir().unwrap();
+        let store = Store::open(&home.path().join("fk-agentd.db")).unwrap();
+        let journal = crate::run::RunJournal::create(
+            &store,
+            home.path(),
+            &crate::run::NewRun {
+                mode: crate::config::Mode::Independent,
+                targets_spec: "L1",
+                targets: vec![],
+                simulated: true,
+            },
+        )
+        .unwrap();
+        for (i, (state, infra)) in rows.iter().enumerate() {
+            store
+                .upsert_session(&SessionRow {
+                    run_id: journal.run_id().into(),
+                    target: format!("L1/t{i}"),
+                    state: (*state).into(),
+                    detail: json!({"infra": infra}),
+                    updated_at: String::new(),
+                })
+                .unwrap();
+        }
+        let report = CampaignReport {
+            run_id: journal.run_id().into(),
+            run_dir: journal.dir().to_path_buf(),
+            phase: crate::scheduler::PhaseReport {
+                results: BTreeMap::new(),
+                interrupted: false,
+            },
+            status: "FAIL".into(),
+            pair: None,
+            notes: vec![],
+        };
+        exit_code(&report, &home_of(&report))
+    }
+
+    #[test]
+    fn a_run_lost_only_to_the_infrastructure_exits_3_any_agent_failure_exits_1() {
+        assert_eq!(exit_of(&[("failed", true), ("finished", false)]), 3);
+        assert_eq!(exit_of(&[("failed", true), ("failed", false)]), 1);
+        assert_eq!(exit_of(&[("failed", true), ("timed out", false)]), 1);
+    }
+}
