@@ -2,29 +2,16 @@
 //! what is captured, and importing a capture folder.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use fk_agentd::captures::{render, report};
 use pretty_assertions::assert_eq;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
+use super::support::fk_in;
 
 fn shipped(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("captures")
         .join(rel)
-}
-
-fn fk(tmp: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .env_remove("FK_AGENTD_CONFIG")
-        .env_remove("FK_DIR")
-        .env("FK_AGENTD_HOME", tmp.join("home"))
-        .arg("--config")
-        .arg(tmp.join("fk-agentd.toml"))
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 /// A config whose captures are the shipped h200 set.
@@ -56,7 +43,7 @@ fn captures_coverage_of_the_shipped_captures() {
 fn coverage_of_a_selection_marks_the_uncaptured_targets() {
     let tmp = tempfile::tempdir().unwrap();
     h200_config(tmp.path());
-    let out = fk(
+    let out = fk_in(
         tmp.path(),
         &[
             "captures",
@@ -87,7 +74,7 @@ fn coverage_of_a_selection_marks_the_uncaptured_targets() {
 fn start_sim_targets_captured_selects_exactly_the_h200_targets_with_cases() {
     let tmp = tempfile::tempdir().unwrap();
     h200_config(tmp.path());
-    let start = fk(
+    let start = fk_in(
         tmp.path(),
         &[
             "start",
@@ -120,7 +107,7 @@ fn start_sim_targets_captured_selects_exactly_the_h200_targets_with_cases() {
 fn doctor_lists_the_selected_targets_without_a_case_as_skipped() {
     let tmp = tempfile::tempdir().unwrap();
     h200_config(tmp.path());
-    let out = fk(
+    let out = fk_in(
         tmp.path(),
         &["doctor", "--targets", "L1/gelu,L1/bmm,L3/xlm_roberta_layer"],
     );
@@ -142,7 +129,7 @@ fn import_copies_a_capture_folder_with_the_hash_the_facts_record() {
     let tmp = tempfile::tempdir().unwrap();
     h200_config(tmp.path());
     let src = shipped("default/h200");
-    let out = fk(
+    let out = fk_in(
         tmp.path(),
         &["captures", "import", &src.display().to_string()],
     );
@@ -155,14 +142,14 @@ fn import_copies_a_capture_folder_with_the_hash_the_facts_record() {
         text.contains(&format!("sha256 {sha}")) && files == 1,
         "{text}"
     );
-    let again = fk(
+    let again = fk_in(
         tmp.path(),
         &["captures", "import", &src.display().to_string()],
     );
     assert!(String::from_utf8_lossy(&again.stdout).starts_with("already imported"));
     let empty = tmp.path().join("empty");
     std::fs::create_dir_all(&empty).unwrap();
-    let refused = fk(
+    let refused = fk_in(
         tmp.path(),
         &["captures", "import", &empty.display().to_string()],
     );
@@ -173,7 +160,7 @@ fn import_copies_a_capture_folder_with_the_hash_the_facts_record() {
 fn a_real_start_skips_uncaptured_targets_before_any_session() {
     let tmp = tempfile::tempdir().unwrap();
     h200_config(tmp.path());
-    let out = fk(tmp.path(), &["start", "--targets", "L1/gelu,L1/bmm"]);
+    let out = fk_in(tmp.path(), &["start", "--targets", "L1/gelu,L1/bmm"]);
     let err = String::from_utf8_lossy(&out.stderr);
     let line = err.lines().find(|l| l.starts_with("L1/bmm")).unwrap_or("");
     assert!(line.ends_with("SKIP(no captured case)"), "{err}");
@@ -182,7 +169,7 @@ fn a_real_start_skips_uncaptured_targets_before_any_session() {
         "{err}"
     );
     // With none left, it stops before it needs a provider, saying how to go on.
-    let none_left = fk(tmp.path(), &["start", "--targets", "L1/bmm"]);
+    let none_left = fk_in(tmp.path(), &["start", "--targets", "L1/bmm"]);
     assert_eq!(none_left.status.code(), Some(2), "{none_left:?}");
     let err = String::from_utf8_lossy(&none_left.stderr);
     assert!(

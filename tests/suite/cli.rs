@@ -1,15 +1,8 @@
 //! cli tests.
 
-use assert_cmd::Command;
 use predicates::prelude::*;
 
-fn fk(home: &std::path::Path) -> Command {
-    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("FK_AGENTD_HOME", home);
-    cmd
-}
+use super::support::fk;
 
 #[test]
 fn help_lists_every_command_of_the_contract() {

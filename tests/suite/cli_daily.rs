@@ -4,16 +4,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use assert_cmd::Command;
 use predicates::prelude::*;
 
-fn fk(home: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("FK_AGENTD_HOME", home);
-    cmd
-}
+use super::support::fk;
 
 /// A stand-in for `python3` on a host without torch: answers the version and the package
 /// probe (every package missing), like a bare Python would.

@@ -4,14 +4,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use fk_agentd::score::compare::{self, CompareInput, Comparison, Outcome, Side};
 use fk_agentd::store::Event;
 use fk_agentd::target::TargetId;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::sequential::{run_sim, sim_config};
+use super::support::campaign::{run_sim, sim_config};
+
+use super::support::fk_in;
 
 fn t(s: &str) -> TargetId {
     s.parse().unwrap()
@@ -159,20 +160,6 @@ async fn mode_all_runs_a_linked_pair_and_writes_compare_json() {
     insta::assert_snapshot!("compare_table_sim", stable_table(&c, home.path()));
 }
 
-const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
-
-fn fk(tmp: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .env_remove("FK_AGENTD_CONFIG")
-        .env_remove("FK_DIR")
-        .env("FK_AGENTD_HOME", tmp.join("home"))
-        .arg("--config")
-        .arg(tmp.join("fk-agentd.toml"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 fn run_dirs(home: &Path, kind: &str) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(home.join("runs"))
         .unwrap()
@@ -193,7 +180,7 @@ fn start_mode_all_then_score_then_compare_from_the_command_line() {
     );
     std::fs::write(tmp.path().join("fk-agentd.toml"), config).unwrap();
     let targets = "L1/gelu,L1/bmm,L2/ada_layer_norm";
-    let start = fk(
+    let start = fk_in(
         tmp.path(),
         &[
             "start",
@@ -210,11 +197,11 @@ fn start_mode_all_then_score_then_compare_from_the_command_line() {
     assert!(start.status.code().is_some_and(|c| c <= 1), "{start:?}");
     assert!(out.starts_with("SIMULATED RUN"), "{out}");
     assert!(out.contains("comparison "), "{out}");
-    let score = fk(tmp.path(), &["score"]);
+    let score = fk_in(tmp.path(), &["score"]);
     assert_eq!(score.status.code(), Some(0), "{score:?}");
     assert!(String::from_utf8_lossy(&score.stdout).contains("SIMULATED RUN"));
     // `compare` only reads; `--save` writes `compare.json` into the newest generation.
-    let cmp = fk(tmp.path(), &["compare", "--save"]);
+    let cmp = fk_in(tmp.path(), &["compare", "--save"]);
     assert_eq!(cmp.status.code(), Some(0), "{cmp:?}");
     let text = String::from_utf8_lossy(&cmp.stdout);
     assert!(
@@ -232,7 +219,7 @@ fn start_mode_all_then_score_then_compare_from_the_command_line() {
     // `score` of the sequential run re-scores it level by level; `compare` uses that.
     assert!(seq[0].join("results-2/seq/gate.json").is_file());
     assert!(seq[0].join("results-2/compare.json").is_file());
-    let json = fk(
+    let json = fk_in(
         tmp.path(),
         &[
             "compare",

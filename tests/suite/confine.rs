@@ -13,8 +13,8 @@ use fk_agentd::workspace::exec::{self, ShellEnd};
 use fk_agentd::workspace::{OutputLimits, ShellEnv, ShellRequest};
 use tokio_util::sync::CancellationToken;
 
-use super::gpu::{params, req, rig_with, sh};
-use super::workspace::gelu_workspace;
+use super::support::gelu_workspace;
+use super::support::{params, req, rig_with, sh};
 
 const TOKEN: &str = "fk-test-token-3f9a1c77e2";
 

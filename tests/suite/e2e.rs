@@ -1,21 +1,8 @@
 //! The end-to-end eval of a `--mode all` campaign's winner sets (simulated eval, real schema).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
-
-fn fk(tmp: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .env_remove("FK_AGENTD_CONFIG")
-        .env_remove("FK_DIR")
-        .env("FK_AGENTD_HOME", tmp.join("home"))
-        .arg("--config")
-        .arg(tmp.join("fk-agentd.toml"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+use super::support::{BIN, fk_in};
 
 fn run_dir(home: &Path, kind: &str) -> PathBuf {
     let found: Vec<PathBuf> = std::fs::read_dir(home.join("runs"))
@@ -31,7 +18,7 @@ fn run_dir(home: &Path, kind: &str) -> PathBuf {
 fn a_simulated_mode_all_e2e_run_shows_e2e_rows_labelled_simulated_in_compare() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("fk-agentd.toml"), "").unwrap();
-    let start = fk(
+    let start = fk_in(
         tmp.path(),
         &[
             "start",
@@ -69,7 +56,7 @@ fn a_simulated_mode_all_e2e_run_shows_e2e_rows_labelled_simulated_in_compare() {
         assert!(e2e.join("e2e.json").is_file());
     }
 
-    let cmp = fk(tmp.path(), &["compare"]);
+    let cmp = fk_in(tmp.path(), &["compare"]);
     assert_eq!(cmp.status.code(), Some(0), "{cmp:?}");
     let text = String::from_utf8_lossy(&cmp.stdout);
     assert!(text.starts_with("SIMULATED RUN"), "{text}");
@@ -81,7 +68,7 @@ fn a_simulated_mode_all_e2e_run_shows_e2e_rows_labelled_simulated_in_compare() {
     assert_eq!(rows.len(), 4, "two workloads × two modes:\n{text}");
     assert!(rows[0].starts_with("ind (simulated)") && rows[3].starts_with("seq (simulated)"));
 
-    let json = fk(tmp.path(), &["compare", "--json"]);
+    let json = fk_in(tmp.path(), &["compare", "--json"]);
     let c: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     let e2e = c["e2e"].as_array().unwrap();
     assert_eq!(e2e.len(), 4);
@@ -91,7 +78,7 @@ fn a_simulated_mode_all_e2e_run_shows_e2e_rows_labelled_simulated_in_compare() {
     );
 
     // The manifest shows the eval beside the kernel-level results.
-    let man = fk(tmp.path(), &["manifest"]);
+    let man = fk_in(tmp.path(), &["manifest"]);
     assert_eq!(man.status.code(), Some(0), "{man:?}");
     let seq_dir = run_dir(&home, "-seq-");
     let md = std::fs::read_to_string(seq_dir.join("MANIFEST.md")).unwrap();
@@ -107,7 +94,7 @@ fn a_simulated_mode_all_e2e_run_shows_e2e_rows_labelled_simulated_in_compare() {
 fn e2e_needs_mode_all_and_is_refused_before_any_session() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("fk-agentd.toml"), "").unwrap();
-    let out = fk(
+    let out = fk_in(
         tmp.path(),
         &["start", "--sim", "--targets", "L1/gelu", "--e2e", "minimal"],
     );

@@ -1,74 +1,18 @@
 //! GPU lease broker: grants, fairness, classes, bad requests, health, idempotency, pool.
 //! Fake GPUs (`fake:N`) and real short-lived processes; no GPU needed.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use fk_agentd::config::GpuDevices;
 use fk_agentd::gpu::{
-    Broker, BrokerParams, DrainPoolParams, GpuEvent, GpuState, Inventory, KilledReason, LeaseClass,
+    BrokerParams, DrainPoolParams, GpuEvent, GpuState, Inventory, KilledReason, LeaseClass,
     LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest, Snapshot,
 };
-use fk_agentd::store::Store;
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) struct Rig {
-    pub dir: tempfile::TempDir,
-    pub broker: Broker,
-    pub store: Store,
-}
-
-pub(crate) fn params() -> BrokerParams {
-    let mut p = BrokerParams::defaults(Duration::from_secs(600));
-    p.grace = Duration::from_secs(1);
-    p.session_limits = None;
-    p
-}
-
-pub(crate) fn rig_with(gpus: u32, params: BrokerParams) -> Rig {
-    rig_inventory(Inventory::fake(gpus), params)
-}
-
-pub(crate) fn rig_inventory(inventory: Inventory, mut params: BrokerParams) -> Rig {
-    let dir = tempfile::tempdir().expect("tempdir");
-    params.spool_dir = dir.path().join("leases");
-    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
-    let broker = Broker::new(inventory, params, store.clone());
-    Rig { dir, broker, store }
-}
-
-pub(crate) fn req(session: &str, class: LeaseClass, gpus: u32, max_run: Duration) -> LeaseRequest {
-    LeaseRequest {
-        class,
-        gpus,
-        max_run,
-        session: session.into(),
-        idempotency_key: String::new(),
-    }
-}
-
-pub(crate) fn sh(dir: &Path, name: &str, script: &str) -> LeaseCommand {
-    LeaseCommand {
-        argv: vec!["sh".into(), "-c".into(), script.into()],
-        cwd: dir.to_path_buf(),
-        env: vec![],
-        stdout: dir.join(format!("{name}.out")),
-        stderr: dir.join(format!("{name}.err")),
-    }
-}
-
-/// Polls until `f` holds (real processes cannot use paused time); panics after 20 s.
-pub(crate) async fn until(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..2000 {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
+use super::support::{Rig, params, req, rig_inventory, rig_with, sh, until};
 
 fn count(s: &Snapshot, state: GpuState) -> usize {
     s.gpus.iter().filter(|g| g.state == state).count()

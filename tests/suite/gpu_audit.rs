@@ -11,7 +11,7 @@ use fk_agentd::gpu::{GpuMonitor, GpuProcess, GpuState, Inventory, KilledReason, 
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
-use super::gpu::{params, req, rig_inventory, sh, until};
+use super::support::{params, req, rig_inventory, sh, until};
 
 /// A monitor that lists whatever pids the test puts on each GPU.
 #[derive(Default)]
@@ -126,7 +126,7 @@ async fn an_adopted_lease_is_audited_like_any_other() {
 
     use fk_agentd::gpu::{Broker, RecoveryReport};
 
-    use super::gpu_kill::{now_ms, row};
+    use super::support::{now_ms, row};
 
     let monitor = Arc::new(ListedMonitor::default());
     let inventory = Inventory::fake(2).with_monitor(monitor.clone());

@@ -22,8 +22,8 @@ use fk_agentd::store::leases::LeaseRow;
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
-use super::gpu::{params, req, rig_with, sh, until};
-use super::gpu_kill::alive;
+use super::support::alive;
+use super::support::{params, req, rig_with, sh, until};
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 

@@ -6,7 +6,7 @@ use fk_agentd::gpu::{Broker, GpuEvent, GpuState, Inventory};
 use fk_agentd::store::Store;
 use pretty_assertions::assert_eq;
 
-use super::gpu::params;
+use super::support::params;
 
 fn states(b: &Broker) -> Vec<(GpuState, Option<String>)> {
     b.snapshot()

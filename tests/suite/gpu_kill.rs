@@ -10,20 +10,7 @@ use fk_agentd::store::leases::LeaseRow;
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
-use super::gpu::{params, req, rig_with, sh, until};
-
-/// Alive and not a zombie.
-pub(crate) fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 2..].chars().next()))
-        .flatten()
-        .is_some_and(|state| state != 'Z' && state != 'X')
-}
-
-pub(crate) fn now_ms() -> i64 {
-    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
-}
+use super::support::{alive, now_ms, params, req, rig_with, row, sh, until};
 
 #[tokio::test]
 async fn the_deadline_kills_a_grandchild_that_ignores_sigterm() {
@@ -55,26 +42,6 @@ async fn the_deadline_kills_a_grandchild_that_ignores_sigterm() {
     );
     assert!(!alive(pid), "grandchild {pid} survived the deadline");
     assert_eq!(rig.broker.snapshot().gpus[0].state, GpuState::Free);
-}
-
-pub(crate) fn row(id: &str, uuid: &str, pgid: Option<i64>, deadline_unix_ms: i64) -> LeaseRow {
-    LeaseRow {
-        id: id.into(),
-        session: format!("session-{id}"),
-        class: "validate".into(),
-        gpus: vec![uuid.into()],
-        idempotency_key: String::new(),
-        state: if pgid.is_some() { "running" } else { "granted" }.into(),
-        pgid,
-        granted_at: fk_agentd::store::now_rfc3339(),
-        deadline_unix_ms,
-        argv: vec!["sleep".into(), "60".into()],
-        stdout: "/dev/null".into(),
-        stderr: "/dev/null".into(),
-        finished_at: None,
-        outcome: None,
-        cgroup: None,
-    }
 }
 
 fn group_of(cmd: &mut std::process::Command) -> std::process::Child {

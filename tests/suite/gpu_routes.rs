@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use super::gpu::{params, rig_with};
+use super::support::{params, rig_with};
 
 const OWNER: u32 = 4242;
 

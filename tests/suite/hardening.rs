@@ -10,13 +10,7 @@ use std::path::Path;
 
 use assert_cmd::Command;
 
-fn fk(home: &Path) -> Command {
-    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("FK_AGENTD_HOME", home);
-    cmd
-}
+use super::support::fk;
 
 /// Runs `cmd`, which must be refused as bad input (exit 2); returns what it said.
 fn refused(cmd: &mut Command) -> String {

@@ -4,14 +4,7 @@
 
 use assert_cmd::Command;
 
-fn fk(home: &std::path::Path) -> Command {
-    let mut cmd = Command::cargo_bin("fk-agentd").unwrap();
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("FK_AGENTD_HOME", home)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    cmd
-}
+use super::support::fk;
 
 fn stdout(cmd: &mut Command) -> String {
     let out = cmd.assert().success().get_output().stdout.clone();

@@ -1,15 +1,12 @@
 //! The Responses client against the fake server: request shape, reasoning echo, lenient
 //! streams, retries, the shared 429 gate, token rotation, fatal errors.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
-use fk_agentd::config::provider::{Limits, ProviderConfig, ReasoningEffort, TokenSource};
 use fk_agentd::llm::{
-    FunctionCall, LlmClient, LlmError, LlmEvent, TokenProvider, ToolSpec, TurnRequest,
-    TurnResponse, Usage, WaitReason, function_call_output, function_calls, user_message,
+    FunctionCall, LlmClient, LlmError, LlmEvent, TokenProvider, ToolSpec, TurnRequest, Usage,
+    WaitReason, function_call_output, function_calls, user_message,
 };
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -17,60 +14,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::llm_fake::*;
-
-pub const TEST_TOKEN: &str = "fk-test-token-Zq81xV";
-
-/// A provider pointing at `base_url`, its token in `token_file`.
-pub fn fake_provider(base_url: &str, token_file: &Path) -> ProviderConfig {
-    ProviderConfig {
-        name: "fake".into(),
-        origin: "test".into(),
-        base_url: base_url.into(),
-        model: "gpt-test".into(),
-        reasoning_effort: ReasoningEffort::High,
-        reasoning_summary: "auto".into(),
-        token: TokenSource::File {
-            path: token_file.to_path_buf(),
-        },
-        headers: BTreeMap::from([(
-            "X-Snowflake-Authorization-Token-Type".to_string(),
-            "PROGRAMMATIC_ACCESS_TOKEN".to_string(),
-        )]),
-        limits: Limits {
-            requests_per_minute: 300,
-            tokens_per_minute: 2_000_000,
-            max_retries: 5,
-            stream_idle_timeout: Duration::from_secs(300),
-            context_window: 400_000,
-        },
-        prices: None,
-    }
-}
-
-/// A client on the fake server with `TEST_TOKEN` in a token file under `dir`.
-pub struct Harness {
-    pub server: FakeResponses,
-    pub client: Arc<LlmClient>,
-    pub token_file: PathBuf,
-    pub dir: tempfile::TempDir,
-}
-
-pub async fn harness(script: Vec<Reply>, tweak: impl FnOnce(&mut ProviderConfig)) -> Harness {
-    let server = FakeResponses::start(script).await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("pat");
-    std::fs::write(&token_file, format!("{TEST_TOKEN}\n")).unwrap();
-    let mut provider = fake_provider(&server.base_url, &token_file);
-    tweak(&mut provider);
-    let token = TokenProvider::from_source(&provider.token, |_| None).unwrap();
-    let client = Arc::new(LlmClient::new(provider, token).unwrap());
-    Harness {
-        server,
-        client,
-        token_file,
-        dir,
-    }
-}
 
 fn shell_tool() -> ToolSpec {
     ToolSpec {
@@ -89,21 +32,6 @@ fn request(input: Vec<Value>) -> TurnRequest {
         prompt_cache_key: Some("session-1".into()),
         parallel_tool_calls: false,
     }
-}
-
-/// Runs one turn and returns its result with every event it emitted.
-pub async fn run_turn(
-    client: &LlmClient,
-    req: &TurnRequest,
-) -> (Result<TurnResponse, LlmError>, Vec<LlmEvent>) {
-    let (tx, mut rx) = mpsc::channel(1024);
-    let result = client.turn(req, &tx, &CancellationToken::new()).await;
-    drop(tx);
-    let mut events = Vec::new();
-    while let Some(e) = rx.recv().await {
-        events.push(e);
-    }
-    (result, events)
 }
 
 fn retries(events: &[LlmEvent]) -> Vec<(u32, String)> {

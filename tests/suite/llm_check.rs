@@ -8,8 +8,8 @@ use fk_agentd::llm::check::{CheckOutcome, check, render};
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
-use super::llm::{TEST_TOKEN, fake_provider};
 use super::llm_fake::*;
+use super::llm_fake::{TEST_TOKEN, fake_provider};
 
 async fn run_check(reply: Reply) -> (fk_agentd::llm::check::CheckReport, tempfile::TempDir) {
     // Twice: a 401 is sent again once, after the token is read again.

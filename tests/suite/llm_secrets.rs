@@ -9,8 +9,8 @@ use fk_agentd::llm::{LlmError, TokenProvider, user_message};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::llm::{TEST_TOKEN, harness, run_turn};
 use super::llm_fake::*;
+use super::llm_fake::{TEST_TOKEN, harness, run_turn};
 
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);

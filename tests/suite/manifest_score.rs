@@ -1,25 +1,10 @@
 //! A run scored with `fk-agentd score --run` (simulated bench) and then given a manifest:
 //! the scoring's host facts and the results generation appear in it.
 
-use assert_cmd::Command;
 use fk_agentd::config::Mode;
 use fk_agentd::run::{NewRun, RunJournal};
 
-const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
-
-fn fk(tmp: &std::path::Path, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .env_remove("FK_AGENTD_CONFIG")
-        .env_remove("FK_DIR")
-        .env_remove("FK_AGENTD_HOME")
-        .arg("--home")
-        .arg(tmp.join("home"))
-        .arg("--config")
-        .arg(tmp.join("fk-agentd.toml"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+use super::support::{BIN, fk_in};
 
 #[test]
 fn a_scored_run_manifest_shows_the_scoring_host_and_its_verdict_counts() {
@@ -53,10 +38,10 @@ fn a_scored_run_manifest_shows_the_scoring_host_and_its_verdict_counts() {
     }
     let id = journal.run_id().to_string();
 
-    let score = fk(tmp.path(), &["score", "--noise-sample", "0", "--run", &id]);
+    let score = fk_in(tmp.path(), &["score", "--noise-sample", "0", "--run", &id]);
     // L1/silu is incorrect: score exits 1 (the work ran and found failures).
     assert_eq!(score.status.code(), Some(1), "{score:?}");
-    let manifest = fk(tmp.path(), &["manifest", "--run", &id]);
+    let manifest = fk_in(tmp.path(), &["manifest", "--run", &id]);
     assert_eq!(manifest.status.code(), Some(0), "{manifest:?}");
 
     let md = std::fs::read_to_string(journal.dir().join("MANIFEST.md")).unwrap();

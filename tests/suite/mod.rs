@@ -41,6 +41,7 @@ mod score_sim;
 mod sequential;
 mod slurm;
 mod store;
+mod support;
 mod targets;
 mod tools;
 mod tools_patch;

@@ -8,7 +8,7 @@ use fk_agentd::score::export::{Manifest, sha256_file};
 use pretty_assertions::assert_eq;
 use tempfile::TempDir;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
+use super::support::BIN;
 
 struct Setup {
     tmp: TempDir,

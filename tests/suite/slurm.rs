@@ -20,7 +20,7 @@ use fk_agentd::store::Store;
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
-use super::gpu::{req, sh};
+use super::support::{req, sh};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -538,7 +538,7 @@ async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
         elapsed >= Duration::from_secs(7) && elapsed < Duration::from_secs(20),
         "{elapsed:?}"
     );
-    super::gpu::until("the adopted lease's row is closed", || {
+    super::support::until("the adopted lease's row is closed", || {
         rusqlite::Connection::open(&db)
             .and_then(|c| {
                 c.query_row(
@@ -643,7 +643,7 @@ async fn steps_that_end_unwatched_are_closed_with_the_exit_code_slurm_recorded()
         "{report:?}"
     );
     let db = dir.path().join("fk-agentd.db");
-    super::gpu::until("both rows are closed", || {
+    super::support::until("both rows are closed", || {
         count(&db, "SELECT count(*) FROM leases WHERE finished_at IS NULL") == 0
     })
     .await;
@@ -715,7 +715,7 @@ async fn a_node_set_down_mid_lease_ends_it_as_infrastructure() {
         .await
     });
     let out = dir.join("down.out");
-    super::gpu::until("the step runs on n1", || {
+    super::support::until("the step runs on n1", || {
         std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
     })
     .await;
@@ -745,7 +745,7 @@ async fn a_node_set_down_mid_lease_ends_it_as_infrastructure() {
     );
     // Until Slurm runs the requeued holder again, n1's GPUs are out of the pool.
     let b = rig.broker.clone();
-    super::gpu::until("n1's GPUs leave the pool", move || {
+    super::support::until("n1's GPUs leave the pool", move || {
         b.snapshot()
             .gpus
             .iter()
@@ -783,7 +783,7 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
         .await
     });
     let out = dir.join("drained.out");
-    super::gpu::until("the step runs on n1", || {
+    super::support::until("the step runs on n1", || {
         std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
     })
     .await;
@@ -848,7 +848,7 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
     }
     drop(_resume);
     let b = rig.broker.clone();
-    super::gpu::until("n1's GPUs return to the pool", move || down(&b) == 0).await;
+    super::support::until("n1's GPUs return to the pool", move || down(&b) == 0).await;
     rig.broker.shutdown().await;
 }
 

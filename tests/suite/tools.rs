@@ -11,7 +11,7 @@ use pretty_assertions::assert_eq;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::workspace::gelu_workspace;
+use super::support::gelu_workspace;
 
 fn toolbox(tmp: &std::path::Path) -> Toolbox {
     Toolbox::new(ToolboxParams {

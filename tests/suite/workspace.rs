@@ -13,25 +13,7 @@ use fk_agentd::workspace::{
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
-/// A fake clean checkout holding the gelu baseline, a sidecar it names, and a workspace made
-/// from it under `<tmp>/run/sessions/L1/gelu`.
-pub fn gelu_workspace(tmp: &Path) -> Workspace {
-    let base = tmp.join("fk/tasks/baseline/L1");
-    fs::create_dir_all(&base).unwrap();
-    fs::write(
-        base.join("gelu.py"),
-        "import torch\nfrom fastkernels.infra.cuda_ext import lazy_op\n_op = lazy_op(\"gelu\", \"gelu_kernel.cu\")\n\nclass GELU(torch.nn.Module):\n    def forward(self, x):\n        return _op(x)\n",
-    )
-    .unwrap();
-    fs::write(base.join("gelu_kernel.cu"), "// kernel\n").unwrap();
-    fs::write(base.join("silu.py"), "# another target\n").unwrap();
-    Workspace::create(&WorkspaceParams {
-        session_dir: tmp.join("run/sessions/L1/gelu"),
-        target: "L1/gelu".parse::<TargetId>().unwrap(),
-        baseline: base.join("gelu.py"),
-    })
-    .unwrap()
-}
+use super::support::gelu_workspace;
 
 fn names_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
