@@ -101,7 +101,17 @@ impl TargetId {
 
     /// The relative path of this target's candidate file: `L<n>/<stem>.py`.
     pub fn candidate_path(&self) -> String {
-        format!("L{}/{}.py", self.level, self.stem)
+        format!("{}/{}", self.level_dir(), self.file_name())
+    }
+
+    /// The folder of this target's level in the task tree: `L<n>`.
+    pub fn level_dir(&self) -> String {
+        format!("L{}", self.level)
+    }
+
+    /// The name of this target's module file: `<stem>.py`.
+    pub fn file_name(&self) -> String {
+        format!("{}.py", self.stem)
     }
 }
 

@@ -83,7 +83,7 @@ impl ImportCheck {
         cmd.args(pre)
             .arg("-c")
             .arg(SCRIPT)
-            .arg(format!("L{}", target.level()))
+            .arg(target.level_dir())
             .arg(target.stem())
             .arg(candidate)
             .arg(classes.join(","))

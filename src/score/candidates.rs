@@ -219,11 +219,11 @@ pub fn session_candidates(run_dir: &Path) -> Result<Vec<(TargetId, PathBuf)>, Sc
 pub fn gather_sessions(sessions: &[(TargetId, PathBuf)], dest: &Path) -> Result<(), ScoreError> {
     let mut owner: std::collections::BTreeMap<PathBuf, TargetId> = Default::default();
     for (target, cand) in sessions {
-        let level_dir = format!("L{}", target.level());
+        let level_dir = target.level_dir();
         let src = cand.join(&level_dir);
         for name in file_names(&src)? {
             let ext = Path::new(&name).extension().and_then(|e| e.to_str());
-            let is_own_py = name == format!("{}.py", target.stem());
+            let is_own_py = name == target.file_name();
             if !is_own_py && !ext.is_some_and(|e| HELPER_EXTENSIONS.contains(&e)) {
                 continue;
             }

@@ -51,8 +51,8 @@ pub fn sim_provider(base_url: &str) -> ProviderConfig {
 pub fn sim_baselines(home: &Path, catalog: &Catalog) -> Result<PathBuf, Error> {
     let root = home.join("sim-baselines");
     for t in catalog.targets() {
-        let dir = root.join(format!("L{}", t.id.level()));
-        let path = dir.join(format!("{}.py", t.id.stem()));
+        let dir = root.join(t.id.level_dir());
+        let path = dir.join(t.id.file_name());
         if path.is_file() {
             continue;
         }

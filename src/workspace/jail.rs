@@ -139,8 +139,7 @@ fn io_error(rel: &str, e: &io::Error) -> JailError {
 
 /// Inside `candidate/`, a write must name this target's slot or a sidecar beside it.
 fn check_slot(ws: &Workspace, inside: &Path, rel: &str) -> Result<(), JailError> {
-    let level_dir = format!("L{}", ws.target().level());
-    let slot_name = format!("{}.py", ws.target().stem());
+    let (level_dir, slot_name) = (ws.target().level_dir(), ws.target().file_name());
     let parts: Vec<&str> = inside.iter().filter_map(|p| p.to_str()).collect();
     let ok = match parts.as_slice() {
         [dir, name] if *dir == level_dir => {

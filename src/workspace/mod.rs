@@ -63,7 +63,7 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Worksp
 pub fn session_dir_for(run_dir: &Path, target: &TargetId) -> PathBuf {
     run_dir
         .join("sessions")
-        .join(format!("L{}", target.level()))
+        .join(target.level_dir())
         .join(target.stem())
 }
 
@@ -105,7 +105,7 @@ impl Workspace {
             .map_err(io_err("resolve", session_dir))?;
         let scratch = session_dir.join("workspace");
         let candidate_root = session_dir.join("candidate");
-        let slot_dir = candidate_root.join(format!("L{}", target.level()));
+        let slot_dir = candidate_root.join(target.level_dir());
         for dir in [
             &scratch,
             &scratch.join("tmp"),
@@ -137,7 +137,7 @@ impl Workspace {
         let dest_dir = self
             .scratch
             .join("baseline")
-            .join(format!("L{}", self.target.level()));
+            .join(self.target.level_dir());
         if dest_dir.exists() {
             fs::remove_dir_all(&dest_dir).map_err(io_err("refresh", &dest_dir))?;
         }
