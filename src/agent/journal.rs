@@ -70,6 +70,11 @@ impl SessionJournal {
         &self.target
     }
 
+    /// Records a typed event (store, then transcript).
+    pub fn record_event<P: crate::event::Payload>(&self, payload: &P) -> Result<Event, RunError> {
+        self.record(P::KIND, payload.to_value())
+    }
+
     /// Records an event (store, then transcript).
     pub fn record(&self, kind: &str, payload: Value) -> Result<Event, RunError> {
         let event = self.run.record(kind, Some(&self.name), payload)?;

@@ -9,6 +9,7 @@ use super::open_viewer_store;
 use super::term::{stdout_color, stdout_width};
 use crate::control::client::ControlClient;
 use crate::error::Error;
+use crate::event::{Payload, TaskFinished, TurnFinished};
 use crate::inspect::{self, RenderOptions, SessionView};
 use crate::report::{self, TableOptions};
 use crate::store::leases::LeaseRow;
@@ -145,8 +146,8 @@ fn session_cost(store: &Store, run_id: &str, events: &[Event]) -> String {
         .ok()
         .flatten();
     let mut usage = crate::llm::Usage::default();
-    for e in events.iter().filter(|e| e.kind == "turn_finished") {
-        usage.add(&crate::llm::Usage::from_recorded(&e.payload["usage"]));
+    for turn in events.iter().filter_map(Event::payload_as::<TurnFinished>) {
+        usage.add(&crate::llm::Usage::from_turn(&turn.usage));
     }
     match prices {
         Some(p) => format!(
@@ -167,7 +168,7 @@ fn session_leases(store: &Store, name: &str, events: &[Event]) -> Result<Vec<Lea
     let Some(first) = events.first() else {
         return Ok(Vec::new());
     };
-    let ended = events.iter().any(|e| e.kind == "task_finished");
+    let ended = events.iter().any(|e| e.kind == TaskFinished::KIND);
     let until = events.last().filter(|_| ended).map(|e| e.at.as_str());
     Ok(store.session_leases(name, &first.at, until)?)
 }

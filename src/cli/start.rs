@@ -130,12 +130,10 @@ pub async fn cmd_resume(
     flags.sim = row.simulated;
     flags.mode = Some(row.mode.clone());
     // The resumed sessions bench on a copy patched as the run's first sessions did.
-    flags.patches = started["settings"]["fastkernels.patches"][0]
-        .as_str()
-        .map(str::to_string);
+    flags.patches = started.setting("fastkernels.patches").map(str::to_string);
     let mut config = Config::load(&flags, env, catalog)?;
     crate::captures::settle(&mut config)?;
-    let include = started["settings"]["campaign.skipped_uncaptured"].is_null();
+    let include = !started.settings.contains_key("campaign.skipped_uncaptured");
     super::captures::screen_uncaptured(&mut config, include)?;
     let catalog = &config.catalog.clone();
     let report = if row.simulated {
@@ -220,7 +218,7 @@ fn print_report(r: &CampaignReport, global: &GlobalArgs) {
         .map(|(t, _)| t.to_string())
         .unwrap_or_else(|| "L1/gelu".into());
     println!("\n{}", next_hint(global, r, &example));
-    if r.status == "INTERRUPTED" {
+    if r.status == crate::event::RunOutcome::Interrupted {
         println!(
             "this run was interrupted: continue it with `{} resume {}`",
             invocation(global),
@@ -528,7 +526,7 @@ async fn run_real(
 /// session says `infra`: the endpoint, the token, the GPUs), so scripts can tell "fix the host
 /// and `resume`" from "the agents failed" (1).
 fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
-    if report.status == "PASS" {
+    if report.status == crate::event::RunOutcome::Pass {
         return 0;
     }
     let only_infra = daemon::open_store(home)
@@ -598,7 +596,7 @@ mod exit_tests {
                 results: BTreeMap::new(),
                 interrupted: false,
             },
-            status: "FAIL".into(),
+            status: crate::event::RunOutcome::Fail,
             pair: None,
             notes: vec![],
         };

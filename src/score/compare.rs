@@ -415,11 +415,7 @@ fn names(ts: &[TargetId]) -> String {
 pub fn backend_of(store: &Store, run: &str) -> String {
     crate::daemon::plan::run_started(store, run)
         .ok()
-        .and_then(|v| {
-            v["settings"]["agent.backend"][0]
-                .as_str()
-                .map(str::to_string)
-        })
+        .and_then(|v| v.setting("agent.backend").map(str::to_string))
         .unwrap_or_else(|| "native".into())
 }
 

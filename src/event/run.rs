@@ -1,0 +1,143 @@
+//! The payloads of run-level events: a run's start and end, the scheduler's tasks and queue,
+//! the campaign budget, and the phases of a sequential run.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::session::SessionResult;
+use super::status::{RunOutcome, StatusWord};
+use crate::target::TargetId;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunStarted {
+    pub run_id: String,
+    /// Left out by runs recorded before the field: their id tells (`-sim-`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<bool>,
+    pub mode: String,
+    pub targets: Vec<String>,
+    pub job_count: usize,
+    pub pid: u32,
+    /// `{key: [value, source]}`: every campaign setting and where it came from.
+    pub settings: BTreeMap<String, Value>,
+    /// `all` for each half of a `--mode all` campaign.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub campaign: Option<String>,
+    /// The other half of a `--mode all` campaign.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pair: Option<String>,
+}
+
+impl RunStarted {
+    /// The recorded value of one setting (`campaign.targets`, `provider.use`, …).
+    pub fn setting(&self, key: &str) -> Option<&str> {
+        self.settings.get(key)?.get(0)?.as_str()
+    }
+
+    /// Whether the run is simulated: as recorded, else (runs recorded before the field) as
+    /// its id says.
+    pub fn is_simulated(&self) -> bool {
+        self.simulated
+            .unwrap_or_else(|| self.run_id.contains("-sim-"))
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Job {
+    pub index: usize,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TaskSubmitted {
+    pub task_name: String,
+    pub job: Job,
+}
+
+/// The scheduler's record of a session's end (the fastkernels `run.jsonl` shape).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskFinished {
+    #[serde(default)]
+    pub task_name: String,
+    pub status: StatusWord,
+    #[serde(default)]
+    pub result: SessionResult,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QueueOrdered {
+    pub order: String,
+    pub targets: usize,
+    pub with_history: usize,
+    pub first: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetReached {
+    pub reason: String,
+    pub tokens: u64,
+    pub cost_usd: Option<f64>,
+    pub max_tokens: Option<u64>,
+    pub max_cost_usd: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseStarted {
+    pub level: u8,
+    pub targets: Vec<TargetId>,
+    pub installed: Vec<TargetId>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseFinished {
+    pub level: u8,
+    /// Winners of every level so far.
+    pub winners: Vec<TargetId>,
+    pub new_winners: Vec<TargetId>,
+    /// The gate's decisions for the candidates it dropped, as its gate file keeps them.
+    pub dropped: Vec<Value>,
+    pub gate: PathBuf,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PhaseFailed {
+    pub level: u8,
+    pub reason: String,
+}
+
+/// Where a sequential run's results generation is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SequentialResults {
+    pub dir: PathBuf,
+}
+
+/// The comparison of a `--mode all` pair, written beside the sequential results.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Compared {
+    pub pair: String,
+    pub compare: PathBuf,
+}
+
+/// A run's end: its outcome and each task's status word by index (`"0"`, `"1"`, …).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunFinished {
+    pub status: RunOutcome,
+    #[serde(default)]
+    pub results: BTreeMap<String, StatusWord>,
+    /// Why a run failed outside its sessions (a gate, the final bench).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
