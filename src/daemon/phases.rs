@@ -207,7 +207,7 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
                     level,
                     winners: g.winners.clone(),
                     new_winners: g.new_winners.clone(),
-                    dropped: g.dropped.iter().map(|d| json!(d)).collect(),
+                    dropped: Some(g.dropped.iter().map(|d| json!(d)).collect()),
                     gate: path,
                 };
                 j.record_event(None, &finished)?;

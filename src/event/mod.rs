@@ -26,7 +26,7 @@ use serde_json::Value;
 
 pub use run::*;
 pub use session::*;
-pub use status::{RunOutcome, RunState, SessionStatus};
+pub use status::{RunOutcome, RunState, SessionStatus, StatusWord};
 
 /// The payload of one event kind.
 pub trait Payload: Serialize + DeserializeOwned {
@@ -65,6 +65,14 @@ macro_rules! kinds {
                 match kind {
                     $($kind => decode_as(kind, payload, Self::$variant),)*
                     _ => Self::Other,
+                }
+            }
+
+            /// The payload as it is stored; `None` for an untyped or unreadable event.
+            pub fn to_value(&self) -> Option<Value> {
+                match self {
+                    $(Self::$variant(p) => Some(p.to_value()),)*
+                    Self::Other | Self::Unreadable { .. } => None,
                 }
             }
         }
@@ -139,5 +147,101 @@ pub(crate) mod nullable {
         d: D,
     ) -> Result<Option<Option<T>>, D::Error> {
         Option::<T>::deserialize(d).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Kinds the fixtures of old runs do not hold: each typed write is the JSON the untyped
+    /// writer stored.
+    #[test]
+    fn typed_writes_store_the_json_the_untyped_writers_stored() {
+        let cases: Vec<(Value, Value)> = vec![
+            (
+                SessionResumed {
+                    turns: 3,
+                    pending_calls: Some(1),
+                    ..SessionResumed::default()
+                }
+                .to_value(),
+                json!({"turns": 3, "pending_calls": 1}),
+            ),
+            (
+                SessionResumed {
+                    turns: 3,
+                    thread_id: Some(None),
+                    backend: Some("codex".into()),
+                    ..SessionResumed::default()
+                }
+                .to_value(),
+                json!({"turns": 3, "thread_id": null, "backend": "codex"}),
+            ),
+            (
+                Compacted {
+                    why: "w".into(),
+                    elided_bytes: 9,
+                    history: vec![json!({"type": "message"})],
+                }
+                .to_value(),
+                json!({"why": "w", "elided_bytes": 9, "history": [{"type": "message"}]}),
+            ),
+            (
+                ToolInfraRetry {
+                    call_id: "c".into(),
+                    name: "validate".into(),
+                    attempt: 1,
+                    why: "gpu".into(),
+                    delay_s: 5,
+                }
+                .to_value(),
+                json!({"call_id": "c", "name": "validate", "attempt": 1, "why": "gpu", "delay_s": 5}),
+            ),
+            (
+                BudgetReached {
+                    reason: "cap".into(),
+                    tokens: 10,
+                    cost_usd: None,
+                    max_tokens: Some(5),
+                    max_cost_usd: None,
+                }
+                .to_value(),
+                json!({"reason": "cap", "tokens": 10, "cost_usd": null, "max_tokens": 5, "max_cost_usd": null}),
+            ),
+            (
+                SessionResult::infra("no token").to_value(),
+                json!({"reason": "no token", "infra": true}),
+            ),
+            (
+                SessionFinished(SessionResult {
+                    summary: Some(None),
+                    best_speedup: Some(None),
+                    status: Some(SessionStatus::TimedOut.into()),
+                    ..SessionResult::default()
+                })
+                .to_value(),
+                json!({"summary": null, "best_speedup": null, "status": "TIMEOUT"}),
+            ),
+        ];
+        for (typed, untyped) in cases {
+            assert_eq!(typed.to_string(), untyped.to_string());
+        }
+    }
+
+    #[test]
+    fn a_payload_that_does_not_fit_its_kind_is_unreadable_and_an_unknown_kind_is_other() {
+        let bad = Kind::decode("turn_finished", &json!({"usage": {"total": "many"}}));
+        assert!(matches!(bad, Kind::Unreadable { .. }), "{bad:?}");
+        assert_eq!(Kind::decode("facts", &json!({})), Kind::Other);
+        let old = Kind::decode(
+            "validation",
+            &json!({"rows": 2, "reason": "geomean 1.2 < 1.3"}),
+        );
+        let Kind::Validation(v) = old else {
+            panic!("{old:?}")
+        };
+        assert_eq!((v.failing.clone(), v.passed_every_scenario()), (None, true));
     }
 }

@@ -104,8 +104,10 @@ pub struct PhaseFinished {
     /// Winners of every level so far.
     pub winners: Vec<TargetId>,
     pub new_winners: Vec<TargetId>,
-    /// The gate's decisions for the candidates it dropped, as its gate file keeps them.
-    pub dropped: Vec<Value>,
+    /// The gate's decisions for the candidates it dropped, as its gate file keeps them (left
+    /// out by runs recorded before the field).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<Vec<Value>>,
     pub gate: PathBuf,
 }
 

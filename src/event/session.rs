@@ -92,6 +92,9 @@ pub struct ToolStarted {
     pub call_id: String,
     pub name: String,
     pub arguments: String,
+    /// `fk-agentd tool` for a call the codex backend's agent made through the CLI.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// A tool call's output, recorded after it ran (or instead of running it again on resume).
@@ -170,6 +173,27 @@ impl Validation {
     }
 }
 
+/// A counter as a result records it: a number, or the text earlier releases wrote instead
+/// (`1.23x` for a speedup, `0:00:22` for a duration), kept as it was written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OrText<T> {
+    Number(T),
+    Text(String),
+}
+
+/// A geomean speedup (`1.23x` as text).
+pub type Speedup = OrText<f64>;
+
+impl Speedup {
+    pub fn value(&self) -> Option<f64> {
+        match self {
+            Self::Number(x) => Some(*x),
+            Self::Text(t) => t.trim_end_matches('x').parse().ok(),
+        }
+    }
+}
+
 /// What a session reports at its end: its counters, why it ended, and (once the scheduler
 /// has it) its task's index, name, status and duration. Every field may be missing: a
 /// session that never started reports only its `reason`.
@@ -185,9 +209,10 @@ pub struct SessionResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", with = "super::nullable")]
-    pub best_speedup: Option<Option<f64>>,
+    pub best_speedup: Option<Option<Speedup>>,
+    /// Seconds (`h:mm:ss` as text).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub elapsed: Option<u64>,
+    pub elapsed: Option<OrText<u64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_event: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,12 +231,24 @@ pub struct SessionResult {
     pub index: Option<Option<usize>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Whatever else a backend reports (`backend`, …), kept as written.
+    /// `codex` for the codex backend; left out by the provider backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// Whatever else a runner reports, kept as written.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
 }
 
 impl SessionResult {
+    /// The result of a session that ended before it could run, for the infrastructure's sake.
+    pub fn infra(reason: impl Into<String>) -> Self {
+        Self {
+            reason: Some(reason.into()),
+            infra: Some(true),
+            ..Self::default()
+        }
+    }
+
     /// The result a runner reported as JSON. A value that does not fit keeps every field it
     /// has in `extra` (a non-object is kept under `detail`), so nothing it said is lost.
     pub fn from_value(v: Value) -> Self {

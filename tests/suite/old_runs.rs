@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
+use fk_agentd::event::Kind;
 use serde_json::Value;
 
 const PREV_IND: &str = "20261205-075439-ind-l1-gelu-l1-layer-norm-sim-b83d";
@@ -152,6 +153,55 @@ fn manifest(home: &Path, run_id: &str) -> String {
     let json = serde_json::to_string_pretty(&json).unwrap();
     let md = normalize(home, &md);
     format!("{said}--- MANIFEST.md\n{md}--- manifest.json\n{json}\n")
+}
+
+/// Every event of both old homes, as stored.
+fn old_events() -> Vec<fk_agentd::store::Event> {
+    let mut events = Vec::new();
+    for home in [prev_release_home(), h200_home()] {
+        let store = fk_agentd::store::Store::open(&home.path().join("fk-agentd.db")).unwrap();
+        for run in store.runs().unwrap() {
+            events.extend(store.events(&run.id, None, 0).unwrap());
+        }
+    }
+    events
+}
+
+#[test]
+fn every_old_event_of_a_typed_kind_decodes_and_writes_back_the_same_payload_text() {
+    let events = old_events();
+    let mut typed = std::collections::BTreeSet::new();
+    for e in &events {
+        match Kind::decode(&e.kind, &e.payload) {
+            Kind::Unreadable { kind, error } => panic!("{} #{}: {kind}: {error}", e.run_id, e.seq),
+            Kind::Other => {}
+            k => {
+                let again = k.to_value().unwrap().to_string();
+                assert_eq!(again, e.payload.to_string(), "{} #{}", e.kind, e.seq);
+                typed.insert(e.kind.clone());
+            }
+        }
+    }
+    // The kinds a resume reads are among them.
+    for kind in [
+        "run_started",
+        "task_submitted",
+        "task_finished",
+        "run_finished",
+        "session_started",
+        "user_message",
+        "model_item",
+        "turn_finished",
+        "tool_started",
+        "tool_finished",
+        "validation",
+        "session_finished",
+        "phase_started",
+        "phase_finished",
+        "queue_ordered",
+    ] {
+        assert!(typed.contains(kind), "no {kind} event in the fixtures");
+    }
 }
 
 #[test]
