@@ -74,6 +74,11 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     Ok(0)
 }
 
+/// A run's row, `None` when the store cannot be read.
+pub(super) fn run_row(home: &Path, run_id: &str) -> Option<RunRow> {
+    open_viewer_store(home).ok()?.run(Some(run_id)).ok()
+}
+
 /// `6 sessions finished, 0 winners (…)` for a run, from its recorded events; `None` when the
 /// store cannot be read.
 pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {

@@ -183,13 +183,18 @@ fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     for s in r.phase.results.values() {
         *counts.entry(s.word()).or_default() += 1;
     }
-    let sim = r.run_id.contains("-sim-");
+    let home = r.run_dir.parent().and_then(Path::parent);
+    let sim = home
+        .and_then(|h| super::session::run_row(h, &r.run_id))
+        .map_or_else(
+            || crate::event::simulated_by_id(&r.run_id),
+            |row| row.simulated,
+        );
     print!("{}", crate::report::sim_banner(sim));
     println!("run       {}", r.run_id);
     println!("status    {}", r.status);
     // The sessions' ends and their candidates' verdicts, as recorded; the status words only
     // when the store cannot be read.
-    let home = r.run_dir.parent().and_then(Path::parent);
     match home.and_then(|h| super::session::outcome_line(h, &r.run_id)) {
         Some(line) => println!("outcome   {line}"),
         None => {
@@ -244,17 +249,15 @@ fn print_spent(home: &Path, run_id: &str) {
     if let Ok(spent) = crate::scheduler::budget::recorded_spend(&store, run_id, true) {
         println!("spent     {}", spent.describe());
     }
-    if let Some(e) = store.events(run_id, None, 0).ok().and_then(|events| {
+    if let Some(b) = store.events(run_id, None, 0).ok().and_then(|events| {
         events
-            .into_iter()
+            .iter()
             .rev()
-            .find(|e| e.kind == "budget_reached")
+            .find_map(|e| e.payload_as::<crate::event::BudgetReached>())
     }) {
         println!(
             "stopped   {} (raise the cap and `resume` to continue)",
-            e.payload["reason"]
-                .as_str()
-                .unwrap_or("campaign budget reached")
+            b.reason
         );
     }
 }

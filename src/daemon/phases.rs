@@ -31,7 +31,8 @@ use tokio_util::sync::CancellationToken;
 use super::plan::Plan;
 use crate::error::Error;
 use crate::event::{
-    Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, SequentialResults,
+    Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, SequentialFinished,
+    SequentialResults,
 };
 use crate::run::RunJournal;
 use crate::scheduler::{self, PhaseReport, SchedulerParams, SessionRunner, SessionStatus};
@@ -226,13 +227,12 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
     if !interrupted && failure.is_none() {
         match sequential::finish(&driver, &dir, &gates, &ctx.root).await {
             Ok(g) => {
-                j.record(
-                    "sequential_finished",
-                    None,
-                    json!({"winners": g.winners.iter().map(|d| &d.target).collect::<Vec<_>>(),
-                           "dropped": g.dropped.iter().map(|d| &d.target).collect::<Vec<_>>(),
-                           "gate": dir.join("gate.json")}),
-                )?;
+                let finished = SequentialFinished {
+                    winners: g.winners.iter().map(|d| d.target.clone()).collect(),
+                    dropped: g.dropped.iter().map(|d| d.target.clone()).collect(),
+                    gate: dir.join("gate.json"),
+                };
+                j.record_event(None, &finished)?;
                 notes.push(format!(
                     "sequential results {} ({} winners kept, {} dropped in composition)",
                     dir.display(),

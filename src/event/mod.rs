@@ -101,6 +101,7 @@ kinds! {
     PhaseFinished(PhaseFinished) = "phase_finished",
     PhaseFailed(PhaseFailed) = "phase_failed",
     SequentialResults(SequentialResults) = "sequential_results",
+    SequentialFinished(SequentialFinished) = "sequential_finished",
     Compared(Compared) = "compared",
     RunFinished(RunFinished) = "run_finished",
 }
@@ -228,6 +229,19 @@ mod tests {
         for (typed, untyped) in cases {
             assert_eq!(typed.to_string(), untyped.to_string());
         }
+    }
+
+    #[test]
+    fn a_run_is_simulated_as_recorded_and_only_an_old_run_by_its_id() {
+        let recorded = |simulated, run_id: &str| RunStarted {
+            run_id: run_id.into(),
+            simulated,
+            ..RunStarted::default()
+        };
+        assert!(!recorded(Some(false), "20261205-0754-ind-l1-sim-1a2b").is_simulated());
+        assert!(recorded(Some(true), "20261205-0754-ind-l1-1a2b").is_simulated());
+        assert!(recorded(None, "20261205-0754-ind-l1-sim-1a2b").is_simulated());
+        assert!(!recorded(None, "20261205-0754-ind-l1-1a2b").is_simulated());
     }
 
     #[test]

@@ -42,9 +42,17 @@ impl RunStarted {
     /// its id says.
     pub fn is_simulated(&self) -> bool {
         self.simulated
-            .unwrap_or_else(|| self.run_id.contains("-sim-"))
+            .unwrap_or_else(|| simulated_by_id(&self.run_id))
     }
 }
+
+/// Whether a run id names a simulated run (`…-sim-…`): only for runs whose record does not
+/// say, since the flag is recorded (the `runs` row, `run_started.simulated`).
+pub fn simulated_by_id(run_id: &str) -> bool {
+    run_id.contains("-sim-")
+}
+
+impl RunStarted {}
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -68,6 +76,9 @@ pub struct TaskFinished {
     pub status: StatusWord,
     #[serde(default)]
     pub result: SessionResult,
+    /// Read from runs of releases that wrote a reason beside the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -123,6 +134,15 @@ pub struct PhaseFailed {
 #[serde(default)]
 pub struct SequentialResults {
     pub dir: PathBuf,
+}
+
+/// The final composed bench of a sequential run: the winners it kept and dropped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SequentialFinished {
+    pub winners: Vec<TargetId>,
+    pub dropped: Vec<TargetId>,
+    pub gate: PathBuf,
 }
 
 /// The comparison of a `--mode all` pair, written beside the sequential results.

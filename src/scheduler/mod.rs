@@ -472,6 +472,7 @@ fn finish(
         task_name: name.clone(),
         status: status.clone().into(),
         result,
+        reason: None,
     };
     journal.record_event(Some(&name), &done)?;
     set_state(journal, target, status.state(), done.result.to_value())
