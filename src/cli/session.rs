@@ -9,7 +9,7 @@ use super::open_viewer_store;
 use super::term::{stdout_color, stdout_width};
 use crate::control::client::ControlClient;
 use crate::error::Error;
-use crate::event::{Payload, TaskFinished, TurnFinished};
+use crate::event::{Payload, RunState, TaskFinished, TurnFinished};
 use crate::inspect::{self, RenderOptions, SessionView};
 use crate::report::{self, TableOptions};
 use crate::store::leases::LeaseRow;
@@ -218,7 +218,7 @@ async fn cmd_follow(
             }
             events.push(e);
         }
-        let run_over = !ended && store.run(Some(&run_row.id))?.status != "running";
+        let run_over = !ended && !store.run(Some(&run_row.id))?.is_running();
         if !json {
             render.settled_only = !(ended || run_over);
             let leases = session_leases(store, &name, &events)?;
@@ -243,7 +243,11 @@ async fn cmd_follow(
                 "run {} is {}; the session has no more events",
                 row.id, row.status
             );
-            return Ok(if row.status == "interrupted" { 1 } else { 0 });
+            return Ok(if row.state() == Some(RunState::Interrupted) {
+                1
+            } else {
+                0
+            });
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }

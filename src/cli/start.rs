@@ -97,9 +97,12 @@ fn unfinished_run(home: &Path) -> Result<Option<String>, Error> {
         .runs()?
         .into_iter()
         .find(|r| {
-            r.status == "interrupted"
-                || r.status == "running"
-                || (r.status == "failed" && infra_failed(&r.id))
+            use crate::event::RunState;
+            match r.state() {
+                Some(RunState::Interrupted | RunState::Running) => true,
+                Some(RunState::Failed) => infra_failed(&r.id),
+                _ => false,
+            }
         })
         .map(|r| r.id))
 }

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::config::{Config, Flags, Mode};
 use crate::error::Error;
-use crate::event::RunStarted;
+use crate::event::{RunStarted, RunState};
 use crate::run::{NewRun, RunJournal};
 use crate::store::Store;
 use crate::target::TargetId;
@@ -150,8 +150,9 @@ fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal
     Ok(Arc::new(journal))
 }
 
-fn ended(status: &str) -> bool {
-    status != "running" && status != "interrupted"
+/// Whether a run's row says it ended for good (`resume` has nothing left to run).
+fn ended(row: &crate::store::RunRow) -> bool {
+    !matches!(row.state(), Some(RunState::Running | RunState::Interrupted))
 }
 
 /// The runs of a resumed campaign: the run itself, or both halves of an `all` pair.
@@ -168,10 +169,10 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             (run_id.to_string(), pair)
         };
         let (ind_row, seq_row) = (store.run(Some(&ind_id))?, store.run(Some(&seq_id))?);
-        if ended(&ind_row.status) && ended(&seq_row.status) {
+        if ended(&ind_row) && ended(&seq_row) {
             return Err(finished_error(run_id));
         }
-        let ind_done = ended(&ind_row.status);
+        let ind_done = ended(&ind_row);
         let ind = if ind_done {
             Arc::new(RunJournal::open(store, &config.home, &ind_id)?)
         } else {
@@ -185,7 +186,7 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             ind_done,
         });
     }
-    if row.status == "finished" {
+    if row.state() == Some(RunState::Finished) {
         return Err(finished_error(run_id));
     }
     let j = reopen(store, config, run_id)?;

@@ -173,7 +173,7 @@ pub fn verdict_key(v: &Verdict) -> &'static str {
 pub fn state_group(state: &str) -> &'static str {
     match state {
         "queued" => "queued",
-        "finished" | "failed" | "timed out" | "interrupted" | "skipped" => "ended",
+        s if crate::event::SessionStatus::is_end_state(s) => "ended",
         _ => "running",
     }
 }
@@ -304,7 +304,7 @@ impl RunView {
     /// Seconds left at the pace so far; `None` before a session ended or after the run.
     pub fn eta_s(&self) -> Option<f64> {
         let c = self.counts();
-        if self.run.status != "running" || c.ended == 0 {
+        if !self.run.is_running() || c.ended == 0 {
             return None;
         }
         Some(self.elapsed_s() / c.ended as f64 * (c.targets - c.ended) as f64)

@@ -59,6 +59,20 @@ impl SessionStatus {
         }
     }
 
+    /// Whether a session row's state is one of the end words above (an interrupted session
+    /// included); a live session's state names what it does (`thinking`, `validating`, …).
+    pub fn is_end_state(state: &str) -> bool {
+        [
+            Self::Finished,
+            Self::Failed,
+            Self::TimedOut,
+            Self::Interrupted,
+            Self::Skipped(String::new()),
+        ]
+        .iter()
+        .any(|s| s.state() == state)
+    }
+
     /// The end a session row's state records (`skip_reason` for a skip); `None` for the
     /// states of a session without an end (queued, running, interrupted, …).
     pub fn from_state(state: &str, skip_reason: &str) -> Option<Self> {

@@ -155,6 +155,11 @@ impl RunRow {
     pub fn state(&self) -> Option<RunState> {
         RunState::parse(&self.status)
     }
+
+    /// Whether the run has not ended (as far as its row says).
+    pub fn is_running(&self) -> bool {
+        self.state() == Some(RunState::Running)
+    }
 }
 
 /// One row of the `sessions` table (the latest known state of one target's agent).
