@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 use super::plan::Plan;
 use crate::error::Error;
 use crate::event::{
-    Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, SequentialFinished,
-    SequentialResults,
+    Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, Scored,
+    SequentialFinished, SequentialResults,
 };
 use crate::run::RunJournal;
 use crate::scheduler::{self, PhaseReport, SchedulerParams, SessionRunner, SessionStatus};
@@ -327,11 +327,11 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
-    ind.record(
-        "scored",
-        None,
-        json!({"generation": report.generation, "simulated": report.simulated}),
-    )?;
+    let scored = Scored {
+        generation: report.generation.clone(),
+        simulated: report.simulated,
+    };
+    ind.record_event(None, &scored)?;
     Ok(format!(
         "independent results {} (ind/, comp/)",
         report.generation.display()

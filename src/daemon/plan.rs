@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::config::{Config, Flags, Mode};
 use crate::error::Error;
-use crate::event::{RunStarted, RunState};
+use crate::event::{RunResumed, RunStarted, RunState};
 use crate::run::{NewRun, RunJournal};
 use crate::store::Store;
 use crate::target::TargetId;
@@ -142,11 +142,11 @@ fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal
     let row = store.run(Some(run_id))?;
     let journal = RunJournal::open(store, &config.home, run_id)?;
     store.set_run_status(run_id, crate::event::RunState::Running)?;
-    journal.record(
-        "run_resumed",
-        None,
-        json!({"pid": std::process::id(), "previous_status": row.status}),
-    )?;
+    let resumed = RunResumed {
+        pid: std::process::id(),
+        previous_status: row.status,
+    };
+    journal.record_event(None, &resumed)?;
     Ok(Arc::new(journal))
 }
 

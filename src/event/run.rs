@@ -54,6 +54,31 @@ pub fn simulated_by_id(run_id: &str) -> bool {
 
 impl RunStarted {}
 
+/// A run opened again by `resume`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunResumed {
+    pub pid: u32,
+    /// The run's state before the resume (`interrupted`, `failed`, …), as its row said.
+    pub previous_status: String,
+}
+
+/// A session that could not be set up (workspace, prompt, codex home): an infrastructure
+/// failure, recorded before its task ends.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionFailedToStart {
+    pub reason: String,
+}
+
+/// The independent half of a `--mode all` pair, scored.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Scored {
+    pub generation: PathBuf,
+    pub simulated: bool,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Job {

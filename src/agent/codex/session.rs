@@ -25,8 +25,8 @@ use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
 use crate::event::{
-    SessionFinished, SessionResult, SessionResumed, SessionStarted, StatusWord, TurnFinished,
-    UserMessage,
+    SessionFailedToStart, SessionFinished, SessionResult, SessionResumed, SessionStarted,
+    StatusWord, TurnFinished, UserMessage,
 };
 use crate::llm::user_message;
 use crate::run::{RunError, RunJournal};
@@ -93,11 +93,10 @@ pub(super) async fn run(
     let prepared = match prepare(&inner, &target, &run, slot, &cancel) {
         Ok(p) => p,
         Err(reason) => {
-            let _ = run.record(
-                "session_failed_to_start",
-                Some(&target.to_string()),
-                json!({"reason": reason}),
-            );
+            let failed = SessionFailedToStart {
+                reason: reason.clone(),
+            };
+            let _ = run.record_event(Some(&target.to_string()), &failed);
             return SessionOutcome {
                 status: SessionStatus::Failed,
                 result: SessionResult::infra(reason).to_value(),
