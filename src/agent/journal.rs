@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::event::{OrText, SessionResult, Speedup};
+use crate::event::{Elapsed, SessionResult, Speedup};
 use crate::run::{RunError, RunJournal};
 use crate::scheduler::set_state;
 use crate::store::Event;
@@ -111,7 +111,7 @@ impl SessionJournal {
                     .best_speedup
                     .map(|s| Speedup::Number((s * 1e3).round() / 1e3)),
             ),
-            elapsed: Some(OrText::Number(self.started.elapsed().as_secs())),
+            elapsed: Some(Elapsed::Seconds(self.started.elapsed().as_secs())),
             last_event: Some(snapshot.last_event),
             ..SessionResult::default()
         }

@@ -74,6 +74,8 @@ pub struct TurnFinished {
     pub turn: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub response_id: Option<String>,
+    /// Requests the turn took (1 when not recorded).
+    #[serde(default = "one")]
     pub attempts: u32,
     pub usage: TurnUsage,
     /// The codex backend: the thread's usage so far, which the next report is counted from.
@@ -83,6 +85,10 @@ pub struct TurnFinished {
     pub usage_from: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A tool call, recorded before it runs.
@@ -173,8 +179,8 @@ impl Validation {
     }
 }
 
-/// A counter as a result records it: a number, or the text earlier releases wrote instead
-/// (`1.23x` for a speedup, `0:00:22` for a duration), kept as it was written.
+/// A number as a result records it, or the text earlier releases wrote instead (`1.23x` for
+/// a speedup), kept as it was written.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum OrText<T> {
@@ -190,6 +196,29 @@ impl Speedup {
         match self {
             Self::Number(x) => Some(*x),
             Self::Text(t) => t.trim_end_matches('x').parse().ok(),
+        }
+    }
+}
+
+/// How long a session ran, as its result records it: whole seconds; a fraction or `h:mm:ss`
+/// text in results of earlier releases, kept as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Elapsed {
+    Seconds(u64),
+    Fraction(f64),
+    Text(String),
+}
+
+impl Elapsed {
+    /// The seconds it says; `None` for text that is not `h:mm:ss`.
+    pub fn seconds(&self) -> Option<f64> {
+        match self {
+            Self::Seconds(n) => Some(*n as f64),
+            Self::Fraction(x) => Some(*x),
+            Self::Text(s) => s.split(':').try_fold(0.0, |acc, part| {
+                Some(acc * 60.0 + part.trim().parse::<f64>().ok()?)
+            }),
         }
     }
 }
@@ -210,9 +239,8 @@ pub struct SessionResult {
     pub gpu_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", with = "super::nullable")]
     pub best_speedup: Option<Option<Speedup>>,
-    /// Seconds (`h:mm:ss` as text).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub elapsed: Option<OrText<u64>>,
+    pub elapsed: Option<Elapsed>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_event: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -18,7 +18,7 @@ use super::compare::{
     Outcome, Side, Spend, backend_of, independent_outcome, sequential_outcome, side, spent,
 };
 use super::render::{banner, fit_table, group_f};
-use crate::event::{OrText, SessionResult, TurnFinished};
+use crate::event::{Elapsed, SessionResult, TurnFinished};
 use crate::store::Store;
 use crate::target::TargetId;
 
@@ -93,7 +93,7 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
     let mut wall = BTreeMap::new();
     for s in store.sessions(run)? {
         let elapsed = SessionResult::from_value(s.detail).elapsed;
-        if let (Ok(t), Some(OrText::Number(secs))) = (s.target.parse(), elapsed) {
+        if let (Ok(t), Some(Elapsed::Seconds(secs))) = (s.target.parse(), elapsed) {
             wall.insert(t, secs);
         }
     }

@@ -489,16 +489,22 @@ impl Store {
             .prepare(
                 "SELECT e.target, json_extract(e.payload, '$.result.session_s')
                  FROM events e JOIN runs r ON r.id = e.run_id
-                 WHERE e.kind = 'task_finished' AND r.simulated = ?1 AND r.id != ?2
-                   AND json_extract(e.payload, '$.status') != 'INTERRUPTED'
+                 WHERE e.kind = ?3 AND r.simulated = ?1 AND r.id != ?2
+                   AND json_extract(e.payload, '$.status') != ?4
                    AND json_extract(e.payload, '$.result.session_s') IS NOT NULL
                  ORDER BY e.run_id, e.seq",
             )
             .map_err(|e| self.sql_err(e))?;
         let rows = stmt
-            .query_map(params![simulated, except_run], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
-            })
+            .query_map(
+                params![
+                    simulated,
+                    except_run,
+                    crate::event::TaskFinished::KIND,
+                    crate::event::SessionStatus::Interrupted.word()
+                ],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)),
+            )
             .map_err(|e| self.sql_err(e))?;
         // Oldest first, so the latest session of each target is the one kept.
         rows.collect::<Result<_, _>>().map_err(|e| self.sql_err(e))
