@@ -15,6 +15,12 @@
 //! line keep their bytes; a payload written by an older release still decodes (fields added
 //! later have defaults); an event whose payload does not fit its kind is
 //! [`Kind::Unreadable`], never a zeroed payload.
+//!
+//! Kinds whose payload is another module's serialized struct: `facts` ([`crate::facts`]),
+//! `llm_retry`, `rate_limit_wait` ([`crate::llm::LlmEvent`]), `e2e_evaluated`. Still untyped
+//! here: `token_reloaded` (recorded in three shapes over the releases), and the codex
+//! backend's process notes (`codex_config`, `codex_started`, `codex_stopped`,
+//! `codex_resume_failed`, `codex_error`, `codex_item`); no resume decision reads them.
 
 pub mod run;
 pub mod session;
@@ -82,6 +88,7 @@ macro_rules! kinds {
 kinds! {
     SessionStarted(SessionStarted) = "session_started",
     SessionResumed(SessionResumed) = "session_resumed",
+    CodexThread(CodexThread) = "codex_thread",
     UserMessage(UserMessage) = "user_message",
     ModelItem(ModelItem) = "model_item",
     TurnFinished(TurnFinished) = "turn_finished",

@@ -3,7 +3,7 @@
 //! and the `sessions` row's detail).
 //!
 //! Fields a writer of either backend leaves out are `Option` and skipped when `None`; fields
-//! written as `null` stay `null` (see [`super::nullable`]).
+//! written as `null` stay `null` (the `nullable` field helper).
 
 use std::collections::BTreeMap;
 
@@ -35,6 +35,13 @@ pub struct SessionResumed {
     pub thread_id: Option<Option<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+}
+
+/// The codex backend: the thread codex named, which `resume` continues.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexThread {
+    pub thread_id: String,
 }
 
 /// A message in the model's input: the prompt, or a nudge to go on.

@@ -16,7 +16,9 @@
 
 use serde_json::{Value, json};
 
-use crate::event::{ModelItem, Payload, ToolFinished, ToolStarted, TurnFinished, TurnUsage};
+use crate::event::{
+    CodexThread, ModelItem, Payload, ToolFinished, ToolStarted, TurnFinished, TurnUsage,
+};
 
 /// What the runner must act on, beside recording.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -152,7 +154,9 @@ impl Translator {
                     self.last = Usage::default();
                 }
                 self.thread = Some(id.clone());
-                out.events.push(("codex_thread", json!({"thread_id": id})));
+                out.push(&CodexThread {
+                    thread_id: id.to_string(),
+                });
                 out.signal = Some(Signal::Thread(id));
             }
             "turn.started" => {}

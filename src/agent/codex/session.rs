@@ -25,8 +25,8 @@ use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
 use crate::event::{
-    SessionFailedToStart, SessionFinished, SessionResult, SessionResumed, SessionStarted,
-    StatusWord, TurnFinished, UserMessage,
+    CodexThread, SessionFailedToStart, SessionFinished, SessionResult, SessionResumed,
+    SessionStarted, StatusWord, TurnFinished, UserMessage,
 };
 use crate::llm::user_message;
 use crate::run::{RunError, RunJournal};
@@ -218,8 +218,8 @@ fn before(j: &SessionJournal) -> Result<Before, RunError> {
     let thread = events
         .iter()
         .rev()
-        .find(|e| e.kind == "codex_thread")
-        .and_then(|e| e.payload["thread_id"].as_str().map(str::to_string))
+        .find_map(|e| e.payload_as::<CodexThread>())
+        .map(|t| t.thread_id)
         .filter(|t| !t.is_empty());
     let usage = events
         .iter()
