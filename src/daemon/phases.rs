@@ -206,8 +206,8 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
                 let path = dir.join(format!("L{level}/gate.json"));
                 let finished = PhaseFinished {
                     level,
-                    winners: g.winners.clone(),
-                    new_winners: g.new_winners.clone(),
+                    winners: names(&g.winners),
+                    new_winners: names(&g.new_winners),
                     dropped: Some(g.dropped.iter().map(|d| json!(d)).collect()),
                     gate: path,
                 };
@@ -228,8 +228,8 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
         match sequential::finish(&driver, &dir, &gates, &ctx.root).await {
             Ok(g) => {
                 let finished = SequentialFinished {
-                    winners: g.winners.iter().map(|d| d.target.clone()).collect(),
-                    dropped: g.dropped.iter().map(|d| d.target.clone()).collect(),
+                    winners: g.winners.iter().map(|d| d.target.to_string()).collect(),
+                    dropped: g.dropped.iter().map(|d| d.target.to_string()).collect(),
                     gate: dir.join("gate.json"),
                 };
                 j.record_event(None, &finished)?;
@@ -273,6 +273,10 @@ fn level_losses(g: &sequential::LevelGate) -> Option<String> {
     ))
 }
 
+fn names(targets: &[TargetId]) -> Vec<String> {
+    targets.iter().map(ToString::to_string).collect()
+}
+
 /// One level's sessions, with the lower winners installed first.
 async fn level_phase(
     ctx: &Ctx,
@@ -287,8 +291,8 @@ async fn level_phase(
     }
     let started = PhaseStarted {
         level,
-        targets: targets.to_vec(),
-        installed,
+        targets: names(targets),
+        installed: names(&installed),
     };
     j.record_event(None, &started)?;
     Ok(scheduler::run_phase(

@@ -1,5 +1,8 @@
 //! The payloads of run-level events: a run's start and end, the scheduler's tasks and queue,
 //! the campaign budget, and the phases of a sequential run.
+//!
+//! Targets are their names (`L1/gelu`): the event log sits below [`crate::target`] in the
+//! import graph.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,7 +12,6 @@ use serde_json::Value;
 
 use super::session::SessionResult;
 use super::status::{RunOutcome, StatusWord};
-use crate::target::TargetId;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -129,8 +131,8 @@ pub struct BudgetReached {
 #[serde(default)]
 pub struct PhaseStarted {
     pub level: u8,
-    pub targets: Vec<TargetId>,
-    pub installed: Vec<TargetId>,
+    pub targets: Vec<String>,
+    pub installed: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -138,8 +140,8 @@ pub struct PhaseStarted {
 pub struct PhaseFinished {
     pub level: u8,
     /// Winners of every level so far.
-    pub winners: Vec<TargetId>,
-    pub new_winners: Vec<TargetId>,
+    pub winners: Vec<String>,
+    pub new_winners: Vec<String>,
     /// The gate's decisions for the candidates it dropped, as its gate file keeps them (left
     /// out by runs recorded before the field).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -165,8 +167,8 @@ pub struct SequentialResults {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SequentialFinished {
-    pub winners: Vec<TargetId>,
-    pub dropped: Vec<TargetId>,
+    pub winners: Vec<String>,
+    pub dropped: Vec<String>,
     pub gate: PathBuf,
 }
 

@@ -491,9 +491,45 @@ fn secs_of_ms(v: &Value) -> String {
 
 /// The note for an event the session records around its turns.
 fn note_of(e: &Event) -> Option<Note> {
+    let text = typed_note(e).unwrap_or_else(|| untyped_note(e));
+    Some(Note {
+        at: e.at.clone(),
+        kind: e.kind.clone(),
+        text,
+    })
+}
+
+/// The note of a typed kind.
+fn typed_note(e: &Event) -> Option<String> {
+    Some(match e.decoded() {
+        Kind::Compacted(c) => format!(
+            "history compacted ({}): {} bytes of old tool output elided",
+            c.why, c.elided_bytes
+        ),
+        Kind::SessionResumed(r) => format!(
+            "resumed after a restart at turn {} ({} call(s) pending)",
+            r.turns,
+            r.pending_calls
+                .map_or_else(|| "null".to_string(), |n| n.to_string())
+        ),
+        Kind::ToolInfraRetry(r) => format!(
+            "{} failed for infrastructure reasons; retry {} in {} s: {}",
+            r.name, r.attempt, r.delay_s, r.why
+        ),
+        Kind::ToolInfraError(r) => {
+            format!("{} failed for infrastructure reasons: {}", r.name, r.why)
+        }
+        Kind::SessionFailedToStart(f) => format!("the session could not start: {}", f.reason),
+        _ => return None,
+    })
+}
+
+/// The note of a kind without a typed payload (the provider's notes; anything else is shown
+/// as its JSON).
+fn untyped_note(e: &Event) -> String {
     let p = &e.payload;
     let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
-    let text = match e.kind.as_str() {
+    match e.kind.as_str() {
         "token_reloaded" => {
             let age = match (p["age_s"].as_u64(), p["age"].as_f64()) {
                 (Some(s), _) => format!("{s} s old"),
@@ -523,35 +559,8 @@ fn note_of(e: &Event) -> Option<Note> {
             secs_of_ms(&p["delay"]),
             s("reason").replace('_', " ")
         ),
-        "compacted" => format!(
-            "history compacted ({}): {} bytes of old tool output elided",
-            s("why"),
-            p["elided_bytes"]
-        ),
-        "session_resumed" => format!(
-            "resumed after a restart at turn {} ({} call(s) pending)",
-            p["turns"], p["pending_calls"]
-        ),
-        "tool_infra_retry" => format!(
-            "{} failed for infrastructure reasons; retry {} in {} s: {}",
-            s("name"),
-            p["attempt"],
-            p["delay_s"],
-            s("why")
-        ),
-        "tool_infra_error" => format!(
-            "{} failed for infrastructure reasons: {}",
-            s("name"),
-            s("why")
-        ),
-        "session_failed_to_start" => format!("the session could not start: {}", s("reason")),
         other => format!("{other} {}", short_json(p)),
-    };
-    Some(Note {
-        at: e.at.clone(),
-        kind: e.kind.clone(),
-        text,
-    })
+    }
 }
 
 /// An unknown event's payload on one line, without any reasoning content.
