@@ -15,6 +15,7 @@
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |
 //! | [`run`]       | run ids (and unique prefixes), run directories, the journal (store first, then `run.jsonl`) |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
+//! | [`event`]     | the typed event log: each kind's payload struct, decoding, the status words (session, run) |
 //! | [`store`]     | SQLite (WAL, checkpointed off the commit path): events, runs, sessions, lease journal; migrations |
 //! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, GPU cgroups, reclaim, health |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
@@ -51,6 +52,7 @@ pub mod daemon;
 pub mod dashboard;
 pub mod digest;
 pub mod error;
+pub mod event;
 pub mod exit;
 pub mod facts;
 pub mod gpu;

@@ -83,7 +83,7 @@ pub fn offline_status(home: &str, last: Option<&RunRow>) -> String {
     match last {
         Some(r) => {
             // No daemon, yet the run never recorded its end: it was killed (SIGKILL, power).
-            let status = if r.status == "running" {
+            let status = if r.is_running() {
                 "interrupted: its daemon is gone"
             } else {
                 r.status.as_str()
@@ -101,7 +101,7 @@ pub fn offline_status(home: &str, last: Option<&RunRow>) -> String {
         }
         None => out.push_str("last run  none yet\n"),
     }
-    if let Some(r) = last.filter(|r| r.status == "running") {
+    if let Some(r) = last.filter(|r| r.is_running()) {
         let _ = writeln!(out, "next      fk-agentd resume {}", r.id);
     }
     out

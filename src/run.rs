@@ -245,6 +245,15 @@ impl RunJournal {
         &self.store
     }
 
+    /// Stores a typed event (durably), then mirrors it to `run.jsonl`.
+    pub fn record_event<P: crate::event::Payload>(
+        &self,
+        target: Option<&str>,
+        payload: &P,
+    ) -> Result<Event, RunError> {
+        self.record(P::KIND, target, payload.to_value())
+    }
+
     /// Stores the event (durably), then mirrors it to `run.jsonl`.
     pub fn record(
         &self,

@@ -342,8 +342,17 @@ fn screen_text(ws: &Workspace, candidate: &std::path::Path) -> String {
 }
 
 fn record_validation(journal: &SessionJournal, n: u32, v: &TargetVerdict, gpu_s: f64) {
-    let payload = json!({"n": n, "winner": v.winner, "geomean": v.geomean, "reason": v.reason, "rows": v.rows, "skipped": v.skipped, "failing": v.failing_statuses, "gpu_s": gpu_s});
-    if let Err(e) = journal.record(crate::agent::history::kind::VALIDATION, payload) {
+    let validation = crate::event::Validation {
+        n,
+        winner: v.winner,
+        geomean: v.geomean,
+        reason: v.reason.clone(),
+        rows: v.rows,
+        skipped: v.skipped,
+        failing: Some(v.failing_statuses.clone()),
+        gpu_s,
+    };
+    if let Err(e) = journal.record_event(&validation) {
         tracing::warn!(error = %e, "cannot record a validation");
     }
     if v.failing_statuses.is_empty() && v.rows > 0 {

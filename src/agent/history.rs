@@ -10,20 +10,23 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
+use crate::event::{Kind, SessionResult};
 use crate::llm::{FunctionCall, function_call_output, function_calls};
 use crate::store::Event;
 
-/// Event kinds a session writes and replays.
+/// Event kinds a session writes and replays (their payloads are in [`crate::event`]).
 pub mod kind {
-    pub const SESSION_STARTED: &str = "session_started";
-    pub const USER_MESSAGE: &str = "user_message";
-    pub const MODEL_ITEM: &str = "model_item";
-    pub const TURN_FINISHED: &str = "turn_finished";
-    pub const TOOL_STARTED: &str = "tool_started";
-    pub const TOOL_FINISHED: &str = "tool_finished";
-    pub const COMPACTED: &str = "compacted";
-    pub const SESSION_FINISHED: &str = "session_finished";
-    pub const VALIDATION: &str = "validation";
+    use crate::event::{self, Payload};
+
+    pub const SESSION_STARTED: &str = event::SessionStarted::KIND;
+    pub const USER_MESSAGE: &str = event::UserMessage::KIND;
+    pub const MODEL_ITEM: &str = event::ModelItem::KIND;
+    pub const TURN_FINISHED: &str = event::TurnFinished::KIND;
+    pub const TOOL_STARTED: &str = event::ToolStarted::KIND;
+    pub const TOOL_FINISHED: &str = event::ToolFinished::KIND;
+    pub const COMPACTED: &str = event::Compacted::KIND;
+    pub const SESSION_FINISHED: &str = event::SessionFinished::KIND;
+    pub const VALIDATION: &str = event::Validation::KIND;
 }
 
 /// What the output of a call interrupted by a restart says to the model.
@@ -44,7 +47,7 @@ pub struct Replay {
     /// Calls without an output yet, in order, and whether each was started.
     pub pending: Vec<(FunctionCall, bool)>,
     /// The `session_finished` payload, when the session already ended.
-    pub finished: Option<Value>,
+    pub finished: Option<SessionResult>,
     pub started: bool,
 }
 
@@ -53,35 +56,24 @@ pub fn replay(events: &[Event]) -> Replay {
     let mut r = Replay::default();
     let mut started_calls = BTreeSet::new();
     for e in events {
-        let p = &e.payload;
-        match e.kind.as_str() {
-            kind::SESSION_STARTED => r.started = true,
-            kind::USER_MESSAGE => r.history.push(p["item"].clone()),
-            kind::MODEL_ITEM => r.history.push(p["item"].clone()),
-            kind::TURN_FINISHED => {
-                r.turns = r.turns.max(p["turn"].as_u64().unwrap_or(0) as u32);
-                r.tokens += p["usage"]["total"].as_u64().unwrap_or(0);
+        match e.decoded() {
+            Kind::SessionStarted(_) => r.started = true,
+            Kind::UserMessage(m) => r.history.push(m.item),
+            Kind::ModelItem(m) => r.history.push(m.item),
+            Kind::TurnFinished(t) => {
+                r.turns = r.turns.max(t.turn);
+                r.tokens += t.usage.total;
             }
-            kind::TOOL_STARTED => {
-                started_calls.insert(p["call_id"].as_str().unwrap_or("").to_string());
+            Kind::ToolStarted(t) => {
+                started_calls.insert(t.call_id);
             }
-            kind::TOOL_FINISHED => {
-                let call_id = p["call_id"].as_str().unwrap_or("");
-                r.history.push(function_call_output(
-                    call_id,
-                    p["output"].as_str().unwrap_or(""),
-                ));
-            }
-            kind::COMPACTED => {
-                if let Some(items) = p["history"].as_array() {
-                    r.history = items.clone();
-                }
-            }
-            kind::SESSION_FINISHED => r.finished = Some(p.clone()),
-            kind::VALIDATION => {
+            Kind::ToolFinished(t) => r.history.push(function_call_output(&t.call_id, &t.output)),
+            Kind::Compacted(c) => r.history = c.history,
+            Kind::SessionFinished(f) => r.finished = Some(f.0),
+            Kind::Validation(v) => {
                 r.leases += 1;
-                r.gpu_s += p["gpu_s"].as_f64().unwrap_or(0.0);
-                if let Some(g) = p["geomean"].as_f64().filter(|_| passed_every_scenario(p)) {
+                r.gpu_s += v.gpu_s;
+                if let Some(g) = v.geomean.filter(|_| v.passed_every_scenario()) {
                     r.best_speedup = Some(r.best_speedup.map_or(g, |b| b.max(g)));
                 }
             }
@@ -96,23 +88,6 @@ pub fn replay(events: &[Event]) -> Replay {
         })
         .collect();
     r
-}
-
-/// Whether a `validation` payload passed every scenario it ran (a geomean that counts as the
-/// session's best). Payloads written before `failing` was recorded tell it by their reason.
-fn passed_every_scenario(p: &Value) -> bool {
-    if p["rows"].as_u64().unwrap_or(0) == 0 {
-        return false;
-    }
-    match p["failing"].as_array() {
-        Some(failing) => failing.is_empty(),
-        None => {
-            p["winner"] == true
-                || p["reason"]
-                    .as_str()
-                    .is_some_and(|r| r.starts_with("geomean"))
-        }
-    }
 }
 
 /// Function calls in `history` that have no output yet, in order.

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use crate::event::{Elapsed, SessionResult, Speedup};
 use crate::run::{RunError, RunJournal};
 use crate::scheduler::set_state;
 use crate::store::Event;
@@ -70,6 +71,11 @@ impl SessionJournal {
         &self.target
     }
 
+    /// Records a typed event (store, then transcript).
+    pub fn record_event<P: crate::event::Payload>(&self, payload: &P) -> Result<Event, RunError> {
+        self.record(P::KIND, payload.to_value())
+    }
+
     /// Records an event (store, then transcript).
     pub fn record(&self, kind: &str, payload: Value) -> Result<Event, RunError> {
         let event = self.run.record(kind, Some(&self.name), payload)?;
@@ -88,22 +94,27 @@ impl SessionJournal {
             let mut p = self.progress.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut p);
         }
-        set_state(&self.run, &self.target, state, self.detail())
+        set_state(&self.run, &self.target, state, self.detail().to_value())
     }
 
     /// The counters as shown by `sessions` (also the base of `task_finished.result`).
-    pub fn detail(&self) -> Value {
+    pub fn detail(&self) -> SessionResult {
         let snapshot = self.progress();
-        json!({
-            "turns": snapshot.turns,
-            "tokens": snapshot.tokens,
-            "leases": snapshot.leases,
-            "gpu_s": (snapshot.gpu_s * 10.0).round() / 10.0,
+        SessionResult {
+            turns: Some(snapshot.turns),
+            tokens: Some(snapshot.tokens),
+            leases: Some(snapshot.leases),
+            gpu_s: Some((snapshot.gpu_s * 10.0).round() / 10.0),
             // Numbers, not text: `--json` readers compute with them; renderers add the `x`.
-            "best_speedup": snapshot.best_speedup.map(|s| (s * 1e3).round() / 1e3),
-            "elapsed": self.started.elapsed().as_secs(),
-            "last_event": snapshot.last_event,
-        })
+            best_speedup: Some(
+                snapshot
+                    .best_speedup
+                    .map(|s| Speedup::Number((s * 1e3).round() / 1e3)),
+            ),
+            elapsed: Some(Elapsed::Seconds(self.started.elapsed().as_secs())),
+            last_event: Some(snapshot.last_event),
+            ..SessionResult::default()
+        }
     }
 
     pub fn progress(&self) -> Progress {

@@ -17,7 +17,7 @@ pub mod session;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde_json::json;
+use crate::event::{SessionFailedToStart, SessionResult};
 use tokio_util::sync::CancellationToken;
 
 use crate::llm::LlmClient;
@@ -90,14 +90,13 @@ impl SessionRunner for AgentRunner {
             match prepare(&p, &target, &run, slot) {
                 Ok(setup) => session::run(setup, cancel).await,
                 Err(reason) => {
-                    let _ = run.record(
-                        "session_failed_to_start",
-                        Some(&target.to_string()),
-                        json!({"reason": reason}),
-                    );
+                    let failed = SessionFailedToStart {
+                        reason: reason.clone(),
+                    };
+                    let _ = run.record_event(Some(&target.to_string()), &failed);
                     SessionOutcome {
                         status: SessionStatus::Failed,
-                        result: json!({"reason": reason, "infra": true}),
+                        result: SessionResult::infra(reason).to_value(),
                     }
                 }
             }

@@ -12,8 +12,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::history::{self, INTERRUPTED_OUTPUT, Replay, kind};
+use super::history::{self, INTERRUPTED_OUTPUT, Replay};
 use super::journal::SessionJournal;
+use crate::event::{
+    Compacted, ModelItem, SessionFinished, SessionResult, SessionResumed, SessionStarted,
+    StatusWord, ToolFinished, ToolInfraError, ToolInfraRetry, ToolStarted, TurnFinished, TurnUsage,
+    UserMessage,
+};
 use crate::llm::{
     FunctionCall, LlmClient, LlmError, LlmEvent, ToolSpec, TurnRequest, function_call_output,
     user_message,
@@ -72,7 +77,7 @@ struct End {
     summary: Option<String>,
     infra: bool,
     /// The `session_finished` payload of a session that ended before a resume.
-    recorded: Option<Value>,
+    recorded: Option<SessionResult>,
 }
 
 impl End {
@@ -110,24 +115,28 @@ fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
     if let Some(result) = end.recorded {
         return SessionOutcome {
             status: end.status,
-            result,
+            result: result.to_value(),
         };
     }
-    let mut result = journal.detail();
-    result["reason"] = json!(end.reason);
-    result["summary"] = json!(end.summary);
-    result["infra"] = json!(end.infra);
-    result["last_event"] = json!(format!("{}: {}", end.status.word(), end.reason));
+    let result = SessionResult {
+        reason: Some(end.reason.clone()),
+        summary: Some(end.summary),
+        infra: Some(end.infra),
+        last_event: Some(format!("{}: {}", end.status.word(), end.reason)),
+        ..journal.detail()
+    };
     if end.status != SessionStatus::Interrupted {
-        let mut payload = result.clone();
-        payload["status"] = json!(end.status.word());
-        if let Err(e) = journal.record(kind::SESSION_FINISHED, payload) {
+        let finished = SessionFinished(SessionResult {
+            status: Some(end.status.clone().into()),
+            ..result.clone()
+        });
+        if let Err(e) = journal.record_event(&finished) {
             tracing::error!(error = %e, "cannot record the end of a session");
         }
     }
     SessionOutcome {
         status: end.status,
-        result,
+        result: result.to_value(),
     }
 }
 
@@ -140,11 +149,10 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
     let replay = history::replay(&events);
     // A session that ended for the infrastructure's sake (endpoint, token, GPU) goes on from
     // its history on resume; any other recorded end is final.
-    if let Some(done) = replay.finished.as_ref().filter(|d| d["infra"] != true) {
-        let status = if done["status"] == "PASS" {
-            SessionStatus::Finished
-        } else {
-            SessionStatus::Failed
+    if let Some(done) = replay.finished.as_ref().filter(|d| !d.is_infra()) {
+        let status = match done.status.as_ref().and_then(StatusWord::status) {
+            Some(SessionStatus::Finished) => SessionStatus::Finished,
+            _ => SessionStatus::Failed,
         };
         return Ok(End {
             recorded: Some(done.clone()),
@@ -177,7 +185,13 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
     }
     for (call, started) in replay.pending {
         if started {
-            j.record(kind::TOOL_FINISHED, json!({"call_id": call.call_id, "name": call.name, "output": INTERRUPTED_OUTPUT, "is_error": true, "interrupted": true}))?;
+            j.record_event(&ToolFinished {
+                call_id: call.call_id.clone(),
+                name: call.name.clone(),
+                output: INTERRUPTED_OUTPUT.into(),
+                is_error: true,
+                interrupted: Some(true),
+            })?;
             history.push(function_call_output(&call.call_id, INTERRUPTED_OUTPUT));
         } else if let Some(end) = run_call(s, &call, &mut history, cancel).await? {
             return Ok(end);
@@ -189,19 +203,23 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
 /// A fresh session records its prompt; a resumed one continues from its replayed history.
 fn start(s: &SessionSetup, replay: &Replay) -> Result<Vec<Value>, RunError> {
     if replay.started {
-        s.journal.record(
-            "session_resumed",
-            json!({"turns": replay.turns, "pending_calls": replay.pending.len()}),
-        )?;
+        s.journal.record_event(&SessionResumed {
+            turns: replay.turns,
+            pending_calls: Some(replay.pending.len()),
+            ..SessionResumed::default()
+        })?;
         return Ok(replay.history.clone());
     }
-    s.journal.record(
-        kind::SESSION_STARTED,
-        json!({"prompt_sha256": s.prompt_sha256, "cache_key": s.cache_key}),
-    )?;
+    s.journal.record_event(&SessionStarted {
+        prompt_sha256: s.prompt_sha256.clone(),
+        cache_key: Some(s.cache_key.clone()),
+        ..SessionStarted::default()
+    })?;
     let item = user_message(&s.prompt_text);
-    s.journal
-        .record(kind::USER_MESSAGE, json!({"item": item}))?;
+    s.journal.record_event(&UserMessage {
+        item: item.clone(),
+        nudge: None,
+    })?;
     Ok(vec![item])
 }
 
@@ -273,7 +291,10 @@ async fn turn_loop(
             let item = user_message(
                 "Continue with the tools. Call `finish` with a short summary when the candidate is final.",
             );
-            j.record(kind::USER_MESSAGE, json!({"item": item, "nudge": nudges}))?;
+            j.record_event(&UserMessage {
+                item: item.clone(),
+                nudge: Some(nudges),
+            })?;
             history.push(item);
             continue;
         }
@@ -299,11 +320,13 @@ fn record_compaction(
     elided: usize,
     why: &str,
 ) -> Result<Vec<Value>, RunError> {
-    j.record(
-        kind::COMPACTED,
-        json!({"why": why, "elided_bytes": elided, "history": history}),
-    )?;
-    Ok(history)
+    let compacted = Compacted {
+        why: why.to_string(),
+        elided_bytes: elided,
+        history,
+    };
+    j.record_event(&compacted)?;
+    Ok(compacted.history)
 }
 
 /// One model turn; provider errors come back as the inner `Err` (the loop decides).
@@ -348,16 +371,27 @@ async fn model_turn(
         Err(e) => return Ok(Err(e)),
     };
     for item in &resp.output {
-        j.record(kind::MODEL_ITEM, json!({"turn": turn, "item": item}))?;
+        j.record_event(&ModelItem {
+            turn,
+            item: item.clone(),
+        })?;
     }
     let u = &resp.usage;
     let total = u.total_tokens();
-    j.record(
-        kind::TURN_FINISHED,
-        json!({"turn": turn, "response_id": resp.response_id, "attempts": resp.attempts,
-               "usage": {"input": u.input_tokens, "cached": u.cached_tokens, "output": u.output_tokens,
-                         "reasoning": u.reasoning_tokens, "total": total}}),
-    )?;
+    j.record_event(&TurnFinished {
+        turn,
+        response_id: Some(resp.response_id.clone()),
+        attempts: resp.attempts,
+        usage: TurnUsage {
+            input: u.input_tokens,
+            cached: u.cached_tokens,
+            output: u.output_tokens,
+            reasoning: u.reasoning_tokens,
+            total,
+            cost_usd: None,
+        },
+        ..TurnFinished::default()
+    })?;
     j.update("running", |p| {
         p.turns = turn;
         p.tokens += total;
@@ -386,10 +420,12 @@ async fn run_call(
     cancel: &CancellationToken,
 ) -> Result<Option<End>, RunError> {
     let j = &s.journal;
-    j.record(
-        kind::TOOL_STARTED,
-        json!({"call_id": call.call_id, "name": call.name, "arguments": call.arguments}),
-    )?;
+    j.record_event(&ToolStarted {
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        arguments: call.arguments.clone(),
+        via: None,
+    })?;
     j.update(state_for(&call.name), |p| {
         p.last_event = format!("{} started", call.name)
     })?;
@@ -412,10 +448,13 @@ async fn run_call(
             }
             Err(ToolError::Cancelled { .. }) => {
                 if let Some(why) = s.slot.timed_out() {
-                    j.record(
-                        kind::TOOL_FINISHED,
-                        json!({"call_id": call.call_id, "name": call.name, "output": format!("stopped: {why}"), "is_error": true}),
-                    )?;
+                    j.record_event(&ToolFinished {
+                        call_id: call.call_id.clone(),
+                        name: call.name.clone(),
+                        output: format!("stopped: {why}"),
+                        is_error: true,
+                        interrupted: None,
+                    })?;
                 }
                 return Ok(Some(End::new(
                     SessionStatus::Interrupted,
@@ -425,7 +464,13 @@ async fn run_call(
             Err(e) if e.is_retryable() && attempt < s.params.infra_retries => {
                 attempt += 1;
                 let delay = Duration::from_secs(5 * u64::from(attempt));
-                j.record("tool_infra_retry", json!({"call_id": call.call_id, "name": call.name, "attempt": attempt, "why": e.to_string(), "delay_s": delay.as_secs()}))?;
+                j.record_event(&ToolInfraRetry {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    attempt,
+                    why: e.to_string(),
+                    delay_s: delay.as_secs(),
+                })?;
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = cancel.cancelled() => return Ok(Some(End::new(SessionStatus::Interrupted, "stopped"))),
@@ -433,10 +478,11 @@ async fn run_call(
             }
             Err(e) => {
                 // The call stays recorded as started: on resume the model is told it was interrupted.
-                j.record(
-                    "tool_infra_error",
-                    json!({"call_id": call.call_id, "name": call.name, "why": e.to_string()}),
-                )?;
+                j.record_event(&ToolInfraError {
+                    call_id: call.call_id.clone(),
+                    name: call.name.clone(),
+                    why: e.to_string(),
+                })?;
                 return Ok(Some(End {
                     infra: true,
                     ..End::new(
@@ -447,10 +493,13 @@ async fn run_call(
             }
         }
     };
-    j.record(
-        kind::TOOL_FINISHED,
-        json!({"call_id": call.call_id, "name": call.name, "output": output.text, "is_error": output.is_error}),
-    )?;
+    j.record_event(&ToolFinished {
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        output: output.text.clone(),
+        is_error: output.is_error,
+        interrupted: None,
+    })?;
     j.update("running", |p| {
         p.last_event = format!(
             "{} {}",

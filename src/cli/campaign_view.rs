@@ -14,13 +14,18 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     for s in r.phase.results.values() {
         *counts.entry(s.word()).or_default() += 1;
     }
-    let sim = r.run_id.contains("-sim-");
+    let home = r.run_dir.parent().and_then(Path::parent);
+    let sim = home
+        .and_then(|h| super::session::run_row(h, &r.run_id))
+        .map_or_else(
+            || crate::event::simulated_by_id(&r.run_id),
+            |row| row.simulated,
+        );
     print!("{}", crate::report::sim_banner(sim));
     println!("run       {}", r.run_id);
     println!("status    {}", r.status);
     // The sessions' ends and their candidates' verdicts, as recorded; the status words only
     // when the store cannot be read.
-    let home = r.run_dir.parent().and_then(Path::parent);
     match home.and_then(|h| super::session::outcome_line(h, &r.run_id)) {
         Some(line) => println!("outcome   {line}"),
         None => {
@@ -49,7 +54,7 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
         .map(|(t, _)| t.to_string())
         .unwrap_or_else(|| "L1/gelu".into());
     println!("\n{}", next_hint(global, r, &example));
-    if r.status == "INTERRUPTED" {
+    if r.status == crate::event::RunOutcome::Interrupted {
         println!(
             "this run was interrupted: continue it with `{} resume {}`",
             invocation(global),
@@ -75,17 +80,15 @@ fn print_spent(home: &Path, run_id: &str) {
     if let Ok(spent) = crate::scheduler::budget::recorded_spend(&store, run_id, true) {
         println!("spent     {}", spent.describe());
     }
-    if let Some(e) = store.events(run_id, None, 0).ok().and_then(|events| {
+    if let Some(b) = store.events(run_id, None, 0).ok().and_then(|events| {
         events
-            .into_iter()
+            .iter()
             .rev()
-            .find(|e| e.kind == "budget_reached")
+            .find_map(|e| e.payload_as::<crate::event::BudgetReached>())
     }) {
         println!(
             "stopped   {} (raise the cap and `resume` to continue)",
-            e.payload["reason"]
-                .as_str()
-                .unwrap_or("campaign budget reached")
+            b.reason
         );
     }
 }
@@ -138,7 +141,7 @@ fn next_hint(global: &GlobalArgs, r: &CampaignReport, example: &str) -> String {
 /// session says `infra`: the endpoint, the token, the GPUs), so scripts can tell "fix the host
 /// and `resume`" from "the agents failed" (1).
 pub(super) fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
-    if report.status == "PASS" {
+    if report.status == crate::event::RunOutcome::Pass {
         return 0;
     }
     let only_infra = crate::app::open_store(home)
@@ -208,7 +211,7 @@ mod exit_tests {
                 results: BTreeMap::new(),
                 interrupted: false,
             },
-            status: "FAIL".into(),
+            status: crate::event::RunOutcome::Fail,
             pair: None,
             notes: vec![],
         };

@@ -74,7 +74,7 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
         .runs()
         .ok()?
         .into_iter()
-        .filter(|r| r.status == "running")
+        .filter(|r| r.is_running())
         .collect();
     let run = running
         .iter()
@@ -84,12 +84,7 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
     let sessions = store.sessions(&run.id).ok()?;
     // A live session's state names what it does (`thinking`, `validating`, …); an ended one's
     // is one of the scheduler's end words.
-    let ended = |state: &str| {
-        matches!(
-            state,
-            "finished" | "failed" | "timed out" | "interrupted" | "skipped"
-        )
-    };
+    let ended = crate::event::SessionStatus::is_end_state;
     let winner = |d: &serde_json::Value| d["best_speedup"].as_f64().is_some_and(|g| g >= 1.0);
     let gpus_busy = store
         .open_leases()

@@ -84,8 +84,8 @@ fn winners(store: &Store, row: &RunRow, run_dir: &Path) -> Option<usize> {
     events
         .iter()
         .rev()
-        .find(|e| e.kind == "sequential_finished")
-        .and_then(|e| e.payload["winners"].as_array().map(Vec::len))
+        .find_map(|e| e.payload_as::<crate::event::SequentialFinished>())
+        .map(|f| f.winners.len())
 }
 
 /// The `score.json` of the newest results generation (`results`, `results-2`, …).

@@ -9,6 +9,7 @@ use super::open_viewer_store;
 use super::term::{stdout_color, stdout_width};
 use crate::control::client::ControlClient;
 use crate::error::Error;
+use crate::event::{Payload, RunState, TaskFinished, TurnFinished};
 use crate::inspect::{self, RenderOptions, SessionView};
 use crate::report::{self, TableOptions};
 use crate::store::leases::LeaseRow;
@@ -71,6 +72,11 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     }
     let _ = write!(out, "{}", crate::daemon::phases::phase_line(&phases));
     Ok(0)
+}
+
+/// A run's row, `None` when the store cannot be read.
+pub(super) fn run_row(home: &Path, run_id: &str) -> Option<RunRow> {
+    open_viewer_store(home).ok()?.run(Some(run_id)).ok()
 }
 
 /// `6 sessions finished, 0 winners (…)` for a run, from its recorded events; `None` when the
@@ -145,8 +151,8 @@ fn session_cost(store: &Store, run_id: &str, events: &[Event]) -> String {
         .ok()
         .flatten();
     let mut usage = crate::llm::Usage::default();
-    for e in events.iter().filter(|e| e.kind == "turn_finished") {
-        usage.add(&crate::llm::Usage::from_recorded(&e.payload["usage"]));
+    for turn in events.iter().filter_map(Event::payload_as::<TurnFinished>) {
+        usage.add(&crate::llm::Usage::from_turn(&turn.usage));
     }
     match prices {
         Some(p) => format!(
@@ -167,7 +173,7 @@ fn session_leases(store: &Store, name: &str, events: &[Event]) -> Result<Vec<Lea
     let Some(first) = events.first() else {
         return Ok(Vec::new());
     };
-    let ended = events.iter().any(|e| e.kind == "task_finished");
+    let ended = events.iter().any(|e| e.kind == TaskFinished::KIND);
     let until = events.last().filter(|_| ended).map(|e| e.at.as_str());
     Ok(store.session_leases(name, &first.at, until)?)
 }
@@ -212,7 +218,7 @@ async fn cmd_follow(
             }
             events.push(e);
         }
-        let run_over = !ended && store.run(Some(&run_row.id))?.status != "running";
+        let run_over = !ended && !store.run(Some(&run_row.id))?.is_running();
         if !json {
             render.settled_only = !(ended || run_over);
             let leases = session_leases(store, &name, &events)?;
@@ -237,7 +243,11 @@ async fn cmd_follow(
                 "run {} is {}; the session has no more events",
                 row.id, row.status
             );
-            return Ok(if row.status == "interrupted" { 1 } else { 0 });
+            return Ok(if row.state() == Some(RunState::Interrupted) {
+                1
+            } else {
+                0
+            });
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }

@@ -88,12 +88,10 @@ pub async fn cmd_resume(
     flags.sim = row.simulated;
     flags.mode = Some(row.mode.clone());
     // The resumed sessions bench on a copy patched as the run's first sessions did.
-    flags.patches = started["settings"]["fastkernels.patches"][0]
-        .as_str()
-        .map(str::to_string);
+    flags.patches = started.setting("fastkernels.patches").map(str::to_string);
     let mut config = Config::load(&flags, env, catalog)?;
     crate::captures::settle(&mut config)?;
-    let include = started["settings"]["campaign.skipped_uncaptured"].is_null();
+    let include = !started.settings.contains_key("campaign.skipped_uncaptured");
     super::captures::screen_uncaptured(&mut config, include)?;
     // A prefix names the run; from here on, its full id.
     let report = run(config, env, Some(row.id)).await?;

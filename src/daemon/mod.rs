@@ -98,7 +98,7 @@ pub struct CampaignReport {
     pub run_dir: PathBuf,
     pub phase: PhaseReport,
     /// `PASS`, `FAIL` or `INTERRUPTED` (for a pair, the worse of the two).
-    pub status: String,
+    pub status: crate::event::RunOutcome,
     /// The other run of an `all` pair.
     pub pair: Option<String>,
     /// Where results and the comparison went, and what did not complete.
@@ -201,15 +201,6 @@ pub async fn run_campaign(
         pair: end.pair,
         notes: end.notes,
     })
-}
-
-fn run_status_word(status: &str) -> String {
-    match status {
-        "PASS" => "finished",
-        "INTERRUPTED" => "interrupted",
-        _ => "failed",
-    }
-    .to_string()
 }
 
 fn status_fn(

@@ -30,6 +30,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::plan::Plan;
 use crate::error::Error;
+use crate::event::{
+    Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, Scored,
+    SequentialFinished, SequentialResults,
+};
 use crate::run::RunJournal;
 use crate::scheduler::{self, PhaseReport, SchedulerParams, SessionRunner, SessionStatus};
 use crate::score::ScoreError;
@@ -61,7 +65,7 @@ pub(super) struct Ctx {
 pub(super) struct RunEnd {
     pub journal: Arc<RunJournal>,
     pub phase: PhaseReport,
-    pub status: String,
+    pub status: RunOutcome,
     pub pair: Option<String>,
     pub notes: Vec<String>,
 }
@@ -111,13 +115,12 @@ fn end_run(
 ) -> Result<RunEnd, Error> {
     let mut finished = scheduler::run_finished_payload(targets, &phase);
     if let (Some(why), false) = (&failure, phase.interrupted) {
-        finished["status"] = json!("FAIL");
-        finished["reason"] = json!(why);
+        finished.status = RunOutcome::Fail;
+        finished.reason = Some(why.clone());
     }
-    let status = finished["status"].as_str().unwrap_or("FAIL").to_string();
-    j.record("run_finished", None, finished)?;
-    ctx.store
-        .set_run_status(j.run_id(), &super::run_status_word(&status))?;
+    let status = finished.status;
+    j.record_event(None, &finished)?;
+    ctx.store.set_run_status(j.run_id(), status.state())?;
     Ok(RunEnd {
         journal: j.clone(),
         phase,
@@ -155,14 +158,14 @@ fn seq_dir(ctx: &Ctx, j: &RunJournal) -> Result<PathBuf, Error> {
         .events(j.run_id(), None, 0)?
         .into_iter()
         .rev()
-        .find(|e| e.kind == "sequential_results")
-        .and_then(|e| e.payload["dir"].as_str().map(PathBuf::from));
+        .find_map(|e| e.payload_as::<SequentialResults>())
+        .map(|s| s.dir);
     if let Some(dir) = named {
         return Ok(dir);
     }
     let dir = new_generation(j.dir())?.join("seq");
     std::fs::create_dir_all(&dir).map_err(|e| ScoreError::io(&dir)(e))?;
-    j.record("sequential_results", None, json!({"dir": dir}))?;
+    j.record_event(None, &SequentialResults { dir: dir.clone() })?;
     Ok(dir)
 }
 
@@ -201,20 +204,19 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
         match sequential::gate_level(&driver, &p, &ctx.root).await {
             Ok(g) => {
                 let path = dir.join(format!("L{level}/gate.json"));
-                j.record(
-                    "phase_finished",
-                    None,
-                    json!({"level": level, "winners": g.winners, "new_winners": g.new_winners,
-                           "dropped": g.dropped, "gate": path}),
-                )?;
+                let finished = PhaseFinished {
+                    level,
+                    winners: names(&g.winners),
+                    new_winners: names(&g.new_winners),
+                    dropped: Some(g.dropped.iter().map(|d| json!(d)).collect()),
+                    gate: path,
+                };
+                j.record_event(None, &finished)?;
                 gates.push(g);
             }
             Err(e) => {
-                j.record(
-                    "phase_failed",
-                    None,
-                    json!({"level": level, "reason": e.to_string()}),
-                )?;
+                let reason = e.to_string();
+                j.record_event(None, &PhaseFailed { level, reason })?;
                 interrupted = ctx.root.is_cancelled();
                 failure = Some(format!("L{level} gate: {e}"));
                 break;
@@ -225,13 +227,12 @@ async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Res
     if !interrupted && failure.is_none() {
         match sequential::finish(&driver, &dir, &gates, &ctx.root).await {
             Ok(g) => {
-                j.record(
-                    "sequential_finished",
-                    None,
-                    json!({"winners": g.winners.iter().map(|d| &d.target).collect::<Vec<_>>(),
-                           "dropped": g.dropped.iter().map(|d| &d.target).collect::<Vec<_>>(),
-                           "gate": dir.join("gate.json")}),
-                )?;
+                let finished = SequentialFinished {
+                    winners: g.winners.iter().map(|d| d.target.to_string()).collect(),
+                    dropped: g.dropped.iter().map(|d| d.target.to_string()).collect(),
+                    gate: dir.join("gate.json"),
+                };
+                j.record_event(None, &finished)?;
                 notes.push(format!(
                     "sequential results {} ({} winners kept, {} dropped in composition)",
                     dir.display(),
@@ -272,6 +273,10 @@ fn level_losses(g: &sequential::LevelGate) -> Option<String> {
     ))
 }
 
+fn names(targets: &[TargetId]) -> Vec<String> {
+    targets.iter().map(ToString::to_string).collect()
+}
+
 /// One level's sessions, with the lower winners installed first.
 async fn level_phase(
     ctx: &Ctx,
@@ -284,11 +289,12 @@ async fn level_phase(
     if let Some(prev) = previous {
         install_winners(&prev.win_candidates, j.dir(), targets)?;
     }
-    j.record(
-        "phase_started",
-        None,
-        json!({"level": level, "targets": targets, "installed": installed}),
-    )?;
+    let started = PhaseStarted {
+        level,
+        targets: names(targets),
+        installed: names(&installed),
+    };
+    j.record_event(None, &started)?;
     Ok(scheduler::run_phase(
         j.clone(),
         ctx.runner.clone(),
@@ -325,11 +331,11 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
-    ind.record(
-        "scored",
-        None,
-        json!({"generation": report.generation, "simulated": report.simulated}),
-    )?;
+    let scored = Scored {
+        generation: report.generation.clone(),
+        simulated: report.simulated,
+    };
+    ind.record_event(None, &scored)?;
     Ok(format!(
         "independent results {} (ind/, comp/)",
         report.generation.display()
@@ -344,12 +350,13 @@ async fn all(
     ind_done: bool,
 ) -> Result<RunEnd, Error> {
     let mut notes = Vec::new();
-    let mut ind_status = "PASS".to_string();
+    let mut ind_status = RunOutcome::Pass;
     if !ind_done {
         let end = independent(ctx, ind, targets).await?;
-        ind_status = end.status.clone();
-        if end.status == "INTERRUPTED" {
-            ctx.store.set_run_status(seq.run_id(), "interrupted")?;
+        ind_status = end.status;
+        if end.status == RunOutcome::Interrupted {
+            ctx.store
+                .set_run_status(seq.run_id(), RunOutcome::Interrupted.state())?;
             return Ok(RunEnd {
                 pair: Some(seq.run_id().to_string()),
                 ..end
@@ -363,21 +370,21 @@ async fn all(
     }
     let mut end = sequential(ctx, seq, targets).await?;
     notes.extend(std::mem::take(&mut end.notes));
-    if end.status != "INTERRUPTED" {
+    if end.status != RunOutcome::Interrupted {
         let runs = seq.dir().parent().unwrap_or(seq.dir()).to_path_buf();
         match crate::score::compare::load(&ctx.store, &runs, ind.run_id(), seq.run_id()) {
             Ok(c) => {
                 let path = crate::score::compare::write(&c)?;
-                seq.record(
-                    "compared",
-                    None,
-                    json!({"pair": ind.run_id(), "compare": path}),
-                )?;
+                let compared = Compared {
+                    pair: ind.run_id().to_string(),
+                    compare: path.clone(),
+                };
+                seq.record_event(None, &compared)?;
                 notes.push(format!("comparison {}", path.display()));
             }
             Err(e) => notes.push(format!("no comparison: {e}")),
         }
-        if ind_status != "PASS" && end.status == "PASS" {
+        if ind_status != RunOutcome::Pass && end.status == RunOutcome::Pass {
             end.status = ind_status;
         }
     }
@@ -400,15 +407,13 @@ pub struct PhaseState {
 pub fn phase_states(events: &[crate::store::Event]) -> Vec<PhaseState> {
     let mut out: Vec<PhaseState> = Vec::new();
     for e in events {
-        let Some(level) = e.payload["level"].as_u64() else {
-            continue;
-        };
-        let (state, winners) = match e.kind.as_str() {
-            "phase_started" => ("running", None),
-            "phase_finished" => ("gated", e.payload["winners"].as_array().map(Vec::len)),
-            "phase_failed" => ("failed", None),
+        let (level, state, winners) = match e.decoded() {
+            Kind::PhaseStarted(p) => (p.level, "running", None),
+            Kind::PhaseFinished(p) => (p.level, "gated", Some(p.winners.len())),
+            Kind::PhaseFailed(p) => (p.level, "failed", None),
             _ => continue,
         };
+        let level = u64::from(level);
         let s = PhaseState {
             level,
             state: state.into(),

@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::config::{Config, Flags, Mode};
 use crate::error::Error;
+use crate::event::{RunResumed, RunStarted, RunState};
 use crate::run::{NewRun, RunJournal};
 use crate::store::Store;
 use crate::target::TargetId;
@@ -58,20 +59,22 @@ fn record_started(
     pair: Option<&str>,
 ) -> Result<(), Error> {
     let targets: Vec<String> = config.targets.iter().map(ToString::to_string).collect();
-    let mut payload = json!({
-        "run_id": j.run_id(),
-        "simulated": config.sim,
-        "mode": mode.as_str(),
-        "targets": targets,
-        "job_count": targets.len(),
-        "pid": std::process::id(),
-        "settings": config.settings,
-    });
-    if let Some(p) = pair {
-        payload["campaign"] = json!("all");
-        payload["pair"] = json!(p);
-    }
-    j.record("run_started", None, payload)?;
+    let started = RunStarted {
+        run_id: j.run_id().to_string(),
+        simulated: Some(config.sim),
+        mode: mode.as_str().to_string(),
+        job_count: targets.len(),
+        targets,
+        pid: std::process::id(),
+        settings: config
+            .settings
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v)))
+            .collect(),
+        campaign: pair.map(|_| "all".to_string()),
+        pair: pair.map(str::to_string),
+    };
+    j.record_event(None, &started)?;
     Ok(())
 }
 
@@ -103,21 +106,16 @@ pub(super) fn plan_new(store: &Store, config: &Config) -> Result<Plan, Error> {
     })
 }
 
-/// `run_started` of a run (its first event).
-pub fn run_started(store: &Store, run_id: &str) -> Result<Value, Error> {
-    Ok(store
-        .events(run_id, None, 0)?
-        .into_iter()
-        .find(|e| e.kind == "run_started")
-        .map(|e| e.payload)
-        .unwrap_or(Value::Null))
+/// `run_started` of a run (its first event); empty when none was recorded.
+pub fn run_started(store: &Store, run_id: &str) -> Result<RunStarted, Error> {
+    Ok(crate::scheduler::budget::run_started(store, run_id)?)
 }
 
 /// The campaign settings a run was started with (`run_started.settings`), as flags for its
 /// resume: a resumed run keeps its targets, cap, timeouts and provider even when they came from
 /// flags that `resume` does not take, or from a config file edited since.
-pub fn resume_flags(mut flags: Flags, run_started: &Value) -> Flags {
-    let recorded = |key: &str| run_started["settings"][key][0].as_str().map(str::to_string);
+pub fn resume_flags(mut flags: Flags, run_started: &RunStarted) -> Flags {
+    let recorded = |key: &str| run_started.setting(key).map(str::to_string);
     flags.targets = recorded("campaign.targets").or(flags.targets);
     flags.max_agents = recorded("campaign.max_agents")
         .and_then(|v| v.parse().ok())
@@ -137,25 +135,24 @@ pub fn resume_flags(mut flags: Flags, run_started: &Value) -> Flags {
 
 /// The other half of an `all` pair, if `run_id` is one.
 pub fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, Error> {
-    Ok(run_started(store, run_id)?["pair"]
-        .as_str()
-        .map(str::to_string))
+    Ok(run_started(store, run_id)?.pair)
 }
 
 fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal>, Error> {
     let row = store.run(Some(run_id))?;
     let journal = RunJournal::open(store, &config.home, run_id)?;
-    store.set_run_status(run_id, "running")?;
-    journal.record(
-        "run_resumed",
-        None,
-        json!({"pid": std::process::id(), "previous_status": row.status}),
-    )?;
+    store.set_run_status(run_id, crate::event::RunState::Running)?;
+    let resumed = RunResumed {
+        pid: std::process::id(),
+        previous_status: row.status,
+    };
+    journal.record_event(None, &resumed)?;
     Ok(Arc::new(journal))
 }
 
-fn ended(status: &str) -> bool {
-    status != "running" && status != "interrupted"
+/// Whether a run's row says it ended for good (`resume` has nothing left to run).
+fn ended(row: &crate::store::RunRow) -> bool {
+    !matches!(row.state(), Some(RunState::Running | RunState::Interrupted))
 }
 
 /// The runs of a resumed campaign: the run itself, or both halves of an `all` pair.
@@ -172,10 +169,10 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             (run_id.to_string(), pair)
         };
         let (ind_row, seq_row) = (store.run(Some(&ind_id))?, store.run(Some(&seq_id))?);
-        if ended(&ind_row.status) && ended(&seq_row.status) {
+        if ended(&ind_row) && ended(&seq_row) {
             return Err(finished_error(run_id));
         }
-        let ind_done = ended(&ind_row.status);
+        let ind_done = ended(&ind_row);
         let ind = if ind_done {
             Arc::new(RunJournal::open(store, &config.home, &ind_id)?)
         } else {
@@ -189,7 +186,7 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             ind_done,
         });
     }
-    if row.status == "finished" {
+    if row.state() == Some(RunState::Finished) {
         return Err(finished_error(run_id));
     }
     let j = reopen(store, config, run_id)?;
@@ -220,9 +217,12 @@ pub fn unfinished_run(store: &Store) -> Result<Option<String>, Error> {
         .runs()?
         .into_iter()
         .find(|r| {
-            r.status == "interrupted"
-                || r.status == "running"
-                || (r.status == "failed" && infra_failed(&r.id))
+            use crate::event::RunState;
+            match r.state() {
+                Some(RunState::Interrupted | RunState::Running) => true,
+                Some(RunState::Failed) => infra_failed(&r.id),
+                _ => false,
+            }
         })
         .map(|r| r.id))
 }

@@ -74,7 +74,7 @@ pub fn session_body(
     events: &[Event],
 ) -> Markup {
     let (sv, text) = view_text(&view.run.id, view.run.simulated, events);
-    let ended = sv.outcome.end != SessionEnd::Running || view.run.status != "running";
+    let ended = sv.outcome.end != SessionEnd::Running || !view.run.is_running();
     let after = events.last().map_or(0, |e| e.seq);
     let leases: Vec<_> = view.leases.iter().filter(|l| l.session == target).collect();
     html! {
@@ -161,7 +161,7 @@ impl SessionFeed {
             });
             out.push(SseEvent::default().event("view").data(data.to_string()));
         }
-        let run_over = self.state.store.run(Some(&self.run_id))?.status != "running";
+        let run_over = !self.state.store.run(Some(&self.run_id))?.is_running();
         if ended || run_over {
             out.push(SseEvent::default().event("end").data("ended"));
             self.done = true;

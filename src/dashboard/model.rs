@@ -12,6 +12,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::DashboardState;
+use crate::event::{RunStarted, TurnFinished};
 use crate::inspect::{Outcome, Verdict};
 use crate::store::drains::DrainRow;
 use crate::store::leases::LeaseRow;
@@ -78,7 +79,11 @@ impl Tally {
                     self.turn_start.insert(target, at);
                 }
             }
-            "turn_finished" => self.fold_turn(&target, &e.at, p),
+            "turn_finished" => {
+                if let Some(turn) = e.payload_as::<TurnFinished>() {
+                    self.fold_turn(&target, &e.at, &turn);
+                }
+            }
             "llm_retry" => {
                 self.retries += 1;
                 let reason = p["reason"].as_str().unwrap_or_default();
@@ -87,27 +92,30 @@ impl Tally {
                 }
             }
             "token_reloaded" => self.token_reloads += 1,
-            "run_started" => self.prices = crate::scheduler::budget::prices_of(p),
+            "run_started" => {
+                self.prices = e
+                    .payload_as::<RunStarted>()
+                    .and_then(|s| crate::scheduler::budget::prices_of(&s))
+            }
             // Later facts (a score's) may not name the campaign's GPUs: keep what was known.
             "facts" => self.gpu_count = gpu_count_of(&p["gpus"]).or(self.gpu_count),
             _ => {}
         }
     }
 
-    fn fold_turn(&mut self, target: &str, at: &str, p: &Value) {
+    fn fold_turn(&mut self, target: &str, at: &str, turn: &TurnFinished) {
         self.turns += 1;
-        let u = &p["usage"];
-        let n = |k: &str| u[k].as_u64().unwrap_or(0);
-        self.tokens.input += n("input");
-        self.tokens.cached += n("cached");
-        self.tokens.output += n("output");
-        self.tokens.reasoning += n("reasoning");
-        self.tokens.total += n("total");
+        let u = &turn.usage;
+        self.tokens.input += u.input;
+        self.tokens.cached += u.cached;
+        self.tokens.output += u.output;
+        self.tokens.reasoning += u.reasoning;
+        self.tokens.total += u.total;
         let priced = self
             .prices
             .as_ref()
-            .map(|prices| crate::llm::Usage::from_recorded(u).cost_usd(prices));
-        if let Some(c) = u["cost_usd"].as_f64().or(p["cost_usd"].as_f64()).or(priced) {
+            .map(|prices| crate::llm::Usage::from_turn(u).cost_usd(prices));
+        if let Some(c) = u.cost_usd.or(turn.cost_usd).or(priced) {
             self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + c);
         }
         if let (Some(start), Some(end)) = (self.turn_start.get(target).copied(), parse_at(at)) {
@@ -165,7 +173,7 @@ pub fn verdict_key(v: &Verdict) -> &'static str {
 pub fn state_group(state: &str) -> &'static str {
     match state {
         "queued" => "queued",
-        "finished" | "failed" | "timed out" | "interrupted" | "skipped" => "ended",
+        s if crate::event::SessionStatus::is_end_state(s) => "ended",
         _ => "running",
     }
 }
@@ -296,7 +304,7 @@ impl RunView {
     /// Seconds left at the pace so far; `None` before a session ended or after the run.
     pub fn eta_s(&self) -> Option<f64> {
         let c = self.counts();
-        if self.run.status != "running" || c.ended == 0 {
+        if !self.run.is_running() || c.ended == 0 {
             return None;
         }
         Some(self.elapsed_s() / c.ended as f64 * (c.targets - c.ended) as f64)

@@ -190,7 +190,7 @@ pub async fn overview(State(state): State<DashboardState>, Query(q): Query<PageQ
             (card("card-gpu", "GPU busy", html! { @match view.gpu_busy() { Some(b) => { (pct(b)) }, None => { "—" } } },
                 html! { (view.gpu_count()) " GPUs · " (view.leases.len()) " leases" }))
             (card("card-elapsed", "Elapsed", html! { (fmt_secs(view.elapsed_s())) },
-                html! { "ETA " @match view.eta_s() { Some(e) => { (fmt_secs(e)) }, None => { @if view.run.status == "running" { "after the first session ends" } @else { "— (run " (view.run.status) ")" } } } }))
+                html! { "ETA " @match view.eta_s() { Some(e) => { (fmt_secs(e)) }, None => { @if view.run.is_running() { "after the first session ends" } @else { "— (run " (view.run.status) ")" } } } }))
         }
         p.outcomes id="outcomes" { (OutcomeTally::of(view.tally.outcomes.values()).line()) }
         div.progress title=(format!("{} of {} sessions ended", c.ended, c.targets)) {

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
-use serde_json::Value;
 
+use crate::event::{Kind, SessionFinished, SessionStatus, StatusWord, Validation};
 use crate::store::Event;
 
 /// How a session ended, from `session_finished` / `task_finished`.
@@ -36,15 +36,20 @@ pub enum SessionEnd {
 impl SessionEnd {
     /// From the status word of `session_finished` / `task_finished` (`PASS`, `FAIL`, …).
     pub fn from_word(word: &str, reason: &str) -> Self {
-        match word {
-            "PASS" => Self::Finished,
-            "FAIL" => Self::Failed(reason.to_string()),
-            "TIMEOUT" => Self::TimedOut,
-            "INTERRUPTED" => Self::Cancelled,
-            w => match w.strip_prefix("SKIP(").and_then(|r| r.strip_suffix(')')) {
-                Some(why) => Self::Skipped(why.to_string()),
-                None => Self::Failed(format!("unknown status {w}: {reason}")),
-            },
+        match SessionStatus::from_word(word) {
+            Some(status) => Self::from_status(&status, reason),
+            None => Self::Failed(format!("unknown status {word}: {reason}")),
+        }
+    }
+
+    /// From a session's recorded status.
+    pub fn from_status(status: &SessionStatus, reason: &str) -> Self {
+        match status {
+            SessionStatus::Finished => Self::Finished,
+            SessionStatus::Failed => Self::Failed(reason.to_string()),
+            SessionStatus::TimedOut => Self::TimedOut,
+            SessionStatus::Interrupted => Self::Cancelled,
+            SessionStatus::Skipped(why) => Self::Skipped(why.clone()),
         }
     }
 
@@ -193,7 +198,7 @@ pub struct Outcome {
 /// What one `validate` call answered.
 #[derive(Clone, Debug, Default)]
 struct ValidateCall {
-    validation: Option<Value>,
+    validation: Option<Validation>,
     output: String,
 }
 
@@ -204,20 +209,24 @@ impl Outcome {
         let mut current: Option<ValidateCall> = None;
         let mut last: Option<ValidateCall> = None;
         for e in events {
-            let p = &e.payload;
-            match e.kind.as_str() {
-                "session_finished" => end = end_of(p),
+            match e.decoded() {
+                Kind::SessionFinished(SessionFinished(r)) => {
+                    end = end_of(r.status.as_ref(), r.reason.as_deref())
+                }
                 // The scheduler's word wins: a timeout is only known there.
-                "task_finished" => end = end_of(&merged_task(p)),
-                "tool_started" if p["name"] == "validate" => {
+                Kind::TaskFinished(t) => {
+                    let reason = t.result.reason.as_deref().or(t.reason.as_deref());
+                    end = end_of(Some(&t.status), reason)
+                }
+                Kind::ToolStarted(t) if t.name == "validate" => {
                     current = Some(ValidateCall::default())
                 }
-                "validation" => {
-                    current.get_or_insert_with(Default::default).validation = Some(p.clone())
+                Kind::Validation(v) => {
+                    current.get_or_insert_with(Default::default).validation = Some(v)
                 }
-                "tool_finished" if p["name"] == "validate" => {
+                Kind::ToolFinished(t) if t.name == "validate" => {
                     let mut call = current.take().unwrap_or_default();
-                    call.output = p["output"].as_str().unwrap_or("").to_string();
+                    call.output = t.output;
                     last = Some(call);
                 }
                 _ => {}
@@ -234,24 +243,13 @@ impl Outcome {
     }
 }
 
-fn end_of(p: &Value) -> SessionEnd {
-    SessionEnd::from_word(
-        p["status"].as_str().unwrap_or(""),
-        p["reason"].as_str().unwrap_or(""),
-    )
-}
-
-/// `task_finished` keeps the session's result under `result`; its status is the task's.
-fn merged_task(p: &Value) -> Value {
-    let mut v = p.get("result").cloned().unwrap_or(Value::Null);
-    if !v.is_object() {
-        v = serde_json::json!({});
+fn end_of(status: Option<&StatusWord>, reason: Option<&str>) -> SessionEnd {
+    let reason = reason.unwrap_or("");
+    match status {
+        Some(StatusWord::Known(s)) => SessionEnd::from_status(s, reason),
+        Some(StatusWord::Unknown(w)) => SessionEnd::from_word(w, reason),
+        None => SessionEnd::from_word("", reason),
     }
-    v["status"] = p["status"].clone();
-    if v["reason"].is_null() {
-        v["reason"] = p["reason"].clone();
-    }
-    v
 }
 
 /// The screen's findings in a `validate` output (`  line N: [rule] message` lines).
@@ -288,10 +286,10 @@ fn verdict_of(call: &ValidateCall) -> Verdict {
             screen,
         };
     };
-    let geomean = v["geomean"].as_f64();
-    let detail = v["reason"].as_str().unwrap_or("").to_string();
+    let geomean = v.geomean;
+    let detail = v.reason.clone().unwrap_or_default();
     let failing = failing_category(&detail);
-    let reason = match (failing, v["winner"].as_bool().unwrap_or(false)) {
+    let reason = match (failing, v.winner) {
         (Some(r), _) => r,
         (None, _) if !screen.is_empty() => LossReason::BlockedByScreen,
         (None, true) => {
@@ -438,7 +436,7 @@ fn plural<'a>(n: usize, one: &'a str, many: &'a str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn ev(kind: &str, payload: Value) -> Event {
         Event {

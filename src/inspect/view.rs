@@ -12,6 +12,10 @@ use serde_json::Value;
 use super::leases::LeaseView;
 use super::outcome::Outcome;
 use super::tools::{ToolDetail, detail_of};
+use crate::event::{
+    Elapsed, Kind, ModelItem, SessionResult, StatusWord, TaskFinished, ToolFinished, ToolStarted,
+    TurnFinished, UserMessage,
+};
 use crate::store::Event;
 
 /// One session, ready to render as text or HTML.
@@ -197,17 +201,18 @@ impl Builder {
             self.target = e.target.clone();
         }
         let p = &e.payload;
-        match e.kind.as_str() {
-            "session_started" => {
+        match e.decoded() {
+            Kind::SessionStarted(s) => {
                 self.started_at = Some(e.at.clone());
-                self.prompt_sha256 = p["prompt_sha256"].as_str().map(str::to_string);
+                self.prompt_sha256 = Some(s.prompt_sha256).filter(|s| !s.is_empty());
             }
-            "user_message" => self.user_message(e),
-            "model_item" => self.model_item(e),
-            "turn_finished" => self.turn_finished(e),
-            "tool_started" => self.tool_started(e),
-            "tool_finished" => self.tool_finished(e),
-            "validation" => {
+            Kind::UserMessage(m) => self.user_message(e, &m),
+            Kind::ModelItem(m) => self.model_item(e, &m),
+            Kind::TurnFinished(t) => self.turn_finished(e, &t),
+            Kind::ToolStarted(t) => self.tool_started(e, &t),
+            Kind::ToolFinished(t) => self.tool_finished(e, t),
+            // Kept as recorded: `session --json` shows the validation as it was written.
+            Kind::Validation(_) => {
                 // The open `validate` call, else the last open one: a codex session's shell
                 // command that runs `fk-agentd tool validate` may be recorded after the
                 // `validate` call it made, and is open as well.
@@ -221,10 +226,10 @@ impl Builder {
                     call.validation = Some(p.clone());
                 }
             }
-            "session_finished" => self.end = Some(end_detail(&e.at, p)),
-            "task_finished" => self.task_finished(e),
+            Kind::SessionFinished(f) => self.end = Some(end_detail(&e.at, &f.0)),
+            Kind::TaskFinished(t) => self.task_finished(e, &t),
             // The scheduler's bookkeeping says nothing the session's own events do not.
-            "task_submitted" => {}
+            Kind::TaskSubmitted(_) => {}
             _ => {
                 if let Some(note) = note_of(e) {
                     self.note(note);
@@ -247,9 +252,9 @@ impl Builder {
         }
     }
 
-    fn user_message(&mut self, e: &Event) {
-        let text = item_text(&e.payload["item"]);
-        if self.prompt.is_none() && e.payload.get("nudge").is_none() {
+    fn user_message(&mut self, e: &Event, m: &UserMessage) {
+        let text = item_text(&m.item);
+        if self.prompt.is_none() && m.nudge.is_none() {
             self.prompt = Some(text);
             return;
         }
@@ -276,9 +281,9 @@ impl Builder {
         self.turns.last_mut().expect("pushed above")
     }
 
-    fn model_item(&mut self, e: &Event) {
-        let n = e.payload["turn"].as_u64().unwrap_or(0) as u32;
-        let item = &e.payload["item"];
+    fn model_item(&mut self, e: &Event, m: &ModelItem) {
+        let n = m.turn;
+        let item = &m.item;
         let entry = match item["type"].as_str().unwrap_or("") {
             "reasoning" => Entry::Reasoning {
                 summary: item["summary"]
@@ -303,19 +308,17 @@ impl Builder {
         self.current_turn(n, &e.at).entries.push(entry);
     }
 
-    fn turn_finished(&mut self, e: &Event) {
-        let p = &e.payload;
-        let n = p["turn"].as_u64().unwrap_or(0) as u32;
-        let turn = self.current_turn(n, &e.at);
-        let u = &p["usage"];
+    fn turn_finished(&mut self, e: &Event, t: &TurnFinished) {
+        let turn = self.current_turn(t.turn, &e.at);
+        let u = &t.usage;
         turn.usage = Some(Usage {
-            input: u["input"].as_u64().unwrap_or(0),
-            cached: u["cached"].as_u64().unwrap_or(0),
-            output: u["output"].as_u64().unwrap_or(0),
-            reasoning: u["reasoning"].as_u64().unwrap_or(0),
-            total: u["total"].as_u64().unwrap_or(0),
+            input: u.input,
+            cached: u.cached,
+            output: u.output,
+            reasoning: u.reasoning,
+            total: u.total,
         });
-        turn.attempts = p["attempts"].as_u64().unwrap_or(1) as u32;
+        turn.attempts = t.attempts;
         turn.at = Some(e.at.clone());
         turn.settled = true;
         let begin = self.turn_from.clone();
@@ -350,14 +353,13 @@ impl Builder {
         })
     }
 
-    fn tool_started(&mut self, e: &Event) {
-        let id = e.payload["call_id"].as_str().unwrap_or("").to_string();
+    fn tool_started(&mut self, e: &Event, t: &ToolStarted) {
         let at = e.at.clone();
-        match self.open_call(Some(&id)) {
+        match self.open_call(Some(&t.call_id)) {
             Some(call) => call.started_at = Some(at),
             None => {
                 // A resumed session runs calls of a turn recorded before the restart.
-                let call = new_call(&e.payload, Some(at));
+                let call = call_of(&t.call_id, &t.name, &t.arguments, Some(at));
                 let n = self.turns.last().map(|t| t.n).unwrap_or(0);
                 self.current_turn(n, &e.at)
                     .entries
@@ -366,9 +368,8 @@ impl Builder {
         }
     }
 
-    fn tool_finished(&mut self, e: &Event) {
-        let p = &e.payload;
-        let id = p["call_id"].as_str().unwrap_or("").to_string();
+    fn tool_finished(&mut self, e: &Event, t: ToolFinished) {
+        let id = t.call_id;
         // In the current turn, else an earlier one (a codex session records the next step's
         // items as they arrive, possibly before a long call ends).
         let in_turn = self.open_call(Some(&id)).is_some();
@@ -385,25 +386,24 @@ impl Builder {
         let Some(call) = call else {
             return;
         };
-        let output = p["output"].as_str().unwrap_or("").to_string();
+        let output = t.output;
         call.finished_at = Some(e.at.clone());
         call.elapsed_s = call
             .started_at
             .as_deref()
             .and_then(|s| seconds_between(s, &e.at));
-        call.is_error = p["is_error"].as_bool().unwrap_or(false);
+        call.is_error = t.is_error;
         call.detail = detail_of(&call.name, &call.arguments, Some(&output));
         call.output = Some(output);
     }
 
-    fn task_finished(&mut self, e: &Event) {
-        let p = &e.payload;
-        let status = p["status"].as_str().unwrap_or("").to_string();
+    fn task_finished(&mut self, e: &Event, t: &TaskFinished) {
+        let status = t.status.word();
         match &mut self.end {
             // The scheduler's status is the final word (a timeout is only known there).
             Some(end) => end.status = status,
             None => {
-                let mut detail = end_detail(&e.at, &p["result"]);
+                let mut detail = end_detail(&e.at, &t.result);
                 detail.status = status;
                 self.end = Some(detail);
             }
@@ -429,12 +429,20 @@ impl Builder {
 }
 
 fn new_call(item: &Value, started_at: Option<String>) -> ToolCall {
-    let name = item["name"].as_str().unwrap_or("?").to_string();
-    let raw = item["arguments"].as_str().unwrap_or("");
+    call_of(
+        item["call_id"].as_str().unwrap_or(""),
+        item["name"].as_str().unwrap_or("?"),
+        item["arguments"].as_str().unwrap_or(""),
+        started_at,
+    )
+}
+
+fn call_of(call_id: &str, name: &str, raw: &str, started_at: Option<String>) -> ToolCall {
+    let name = name.to_string();
     let arguments = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()));
     let detail = detail_of(&name, &arguments, None);
     ToolCall {
-        call_id: item["call_id"].as_str().unwrap_or("").to_string(),
+        call_id: call_id.to_string(),
         name,
         arguments,
         started_at,
@@ -460,29 +468,18 @@ fn item_text(item: &Value) -> String {
     }
 }
 
-fn end_detail(at: &str, p: &Value) -> EndDetail {
+fn end_detail(at: &str, r: &SessionResult) -> EndDetail {
     EndDetail {
         at: at.to_string(),
-        status: p["status"].as_str().unwrap_or("").to_string(),
-        reason: p["reason"].as_str().unwrap_or("").to_string(),
-        summary: p["summary"].as_str().map(str::to_string),
-        turns: p["turns"].as_u64(),
-        tokens: p["tokens"].as_u64(),
-        leases: p["leases"].as_u64(),
-        gpu_s: p["gpu_s"].as_f64(),
-        elapsed_s: elapsed_secs(&p["elapsed"]),
-        infra: p["infra"].as_bool().unwrap_or(false),
-    }
-}
-
-/// Seconds of a recorded `elapsed`: a number, or the `H:MM:SS` text of older runs.
-fn elapsed_secs(v: &Value) -> Option<f64> {
-    match v {
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => s.split(':').try_fold(0.0, |acc, part| {
-            Some(acc * 60.0 + part.trim().parse::<f64>().ok()?)
-        }),
-        _ => None,
+        status: r.status.as_ref().map(StatusWord::word).unwrap_or_default(),
+        reason: r.reason.clone().unwrap_or_default(),
+        summary: r.summary.clone().flatten(),
+        turns: r.turns.map(u64::from),
+        tokens: r.tokens,
+        leases: r.leases.map(u64::from),
+        gpu_s: r.gpu_s,
+        elapsed_s: r.elapsed.as_ref().and_then(Elapsed::seconds),
+        infra: r.is_infra(),
     }
 }
 
@@ -494,9 +491,45 @@ fn secs_of_ms(v: &Value) -> String {
 
 /// The note for an event the session records around its turns.
 fn note_of(e: &Event) -> Option<Note> {
+    let text = typed_note(e).unwrap_or_else(|| untyped_note(e));
+    Some(Note {
+        at: e.at.clone(),
+        kind: e.kind.clone(),
+        text,
+    })
+}
+
+/// The note of a typed kind.
+fn typed_note(e: &Event) -> Option<String> {
+    Some(match e.decoded() {
+        Kind::Compacted(c) => format!(
+            "history compacted ({}): {} bytes of old tool output elided",
+            c.why, c.elided_bytes
+        ),
+        Kind::SessionResumed(r) => format!(
+            "resumed after a restart at turn {} ({} call(s) pending)",
+            r.turns,
+            r.pending_calls
+                .map_or_else(|| "null".to_string(), |n| n.to_string())
+        ),
+        Kind::ToolInfraRetry(r) => format!(
+            "{} failed for infrastructure reasons; retry {} in {} s: {}",
+            r.name, r.attempt, r.delay_s, r.why
+        ),
+        Kind::ToolInfraError(r) => {
+            format!("{} failed for infrastructure reasons: {}", r.name, r.why)
+        }
+        Kind::SessionFailedToStart(f) => format!("the session could not start: {}", f.reason),
+        _ => return None,
+    })
+}
+
+/// The note of a kind without a typed payload (the provider's notes; anything else is shown
+/// as its JSON).
+fn untyped_note(e: &Event) -> String {
     let p = &e.payload;
     let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
-    let text = match e.kind.as_str() {
+    match e.kind.as_str() {
         "token_reloaded" => {
             let age = match (p["age_s"].as_u64(), p["age"].as_f64()) {
                 (Some(s), _) => format!("{s} s old"),
@@ -526,35 +559,8 @@ fn note_of(e: &Event) -> Option<Note> {
             secs_of_ms(&p["delay"]),
             s("reason").replace('_', " ")
         ),
-        "compacted" => format!(
-            "history compacted ({}): {} bytes of old tool output elided",
-            s("why"),
-            p["elided_bytes"]
-        ),
-        "session_resumed" => format!(
-            "resumed after a restart at turn {} ({} call(s) pending)",
-            p["turns"], p["pending_calls"]
-        ),
-        "tool_infra_retry" => format!(
-            "{} failed for infrastructure reasons; retry {} in {} s: {}",
-            s("name"),
-            p["attempt"],
-            p["delay_s"],
-            s("why")
-        ),
-        "tool_infra_error" => format!(
-            "{} failed for infrastructure reasons: {}",
-            s("name"),
-            s("why")
-        ),
-        "session_failed_to_start" => format!("the session could not start: {}", s("reason")),
         other => format!("{other} {}", short_json(p)),
-    };
-    Some(Note {
-        at: e.at.clone(),
-        kind: e.kind.clone(),
-        text,
-    })
+    }
 }
 
 /// An unknown event's payload on one line, without any reasoning content.
@@ -575,7 +581,10 @@ mod tests {
 
     #[test]
     fn elapsed_is_read_as_seconds_whether_a_number_or_older_text() {
-        let of = |v| super::end_detail("t", &json!({ "elapsed": v })).elapsed_s;
+        let of = |v| {
+            let result = serde_json::from_value(json!({ "elapsed": v })).unwrap();
+            super::end_detail("t", &result).elapsed_s
+        };
         assert_eq!(of(json!(61)), Some(61.0));
         assert_eq!(of(json!(1.5)), Some(1.5));
         assert_eq!(of(json!("1:02:03")), Some(3723.0));

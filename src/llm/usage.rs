@@ -31,13 +31,12 @@ impl Usage {
 
     /// `turn_finished.usage` as the agent records it (`input`, `cached`, `output`,
     /// `reasoning`); missing fields count as zero.
-    pub fn from_recorded(u: &Value) -> Self {
-        let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    pub fn from_turn(u: &crate::event::TurnUsage) -> Self {
         Self {
-            input_tokens: n("input"),
-            cached_tokens: n("cached"),
-            output_tokens: n("output"),
-            reasoning_tokens: n("reasoning"),
+            input_tokens: u.input,
+            cached_tokens: u.cached,
+            output_tokens: u.output,
+            reasoning_tokens: u.reasoning,
         }
     }
 

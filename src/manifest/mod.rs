@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::event::{RunFinished, RunStarted, SessionStarted, TaskFinished};
 use crate::facts::{FACTS_EVENT, HostFacts, SettingFact};
 use crate::store::{Event, RunRow, Store, StoreError};
 
@@ -161,12 +162,23 @@ fn absorb(data: &mut ManifestData, event: &Event) {
                 data.facts.push(f);
             }
         }
-        "run_started" => data.run_started_settings = settings_of_run_started(&p["settings"]),
+        "run_started" => {
+            if let Some(started) = event.payload_as::<RunStarted>() {
+                let settings = started.settings.into_iter().collect();
+                data.run_started_settings = settings_of_run_started(&Value::Object(settings));
+            }
+        }
         "task_finished" => {
-            let word = p["status"].as_str().unwrap_or("?").to_string();
+            let word = event
+                .payload_as::<TaskFinished>()
+                .map_or_else(|| "?".to_string(), |t| t.status.word());
             *data.sessions.counts.entry(word).or_default() += 1;
         }
-        "run_finished" => data.sessions.run_status = p["status"].as_str().map(str::to_string),
+        "run_finished" => {
+            data.sessions.run_status = event
+                .payload_as::<RunFinished>()
+                .map(|f| f.status.word().to_string())
+        }
         "token_reloaded" => data.rotations.push(Rotation {
             at: event.at.clone(),
             age: token_age(p),
@@ -179,8 +191,12 @@ fn absorb(data: &mut ManifestData, event: &Event) {
         }),
         _ => {}
     }
-    if let (Some(target), Some(sha)) = (&event.target, p["prompt_sha256"].as_str()) {
-        data.prompt_hashes.insert(target.clone(), sha.to_string());
+    let started = event.payload_as::<SessionStarted>();
+    if let (Some(target), Some(started)) = (&event.target, started) {
+        if !started.prompt_sha256.is_empty() {
+            data.prompt_hashes
+                .insert(target.clone(), started.prompt_sha256);
+        }
     }
 }
 

@@ -14,10 +14,9 @@ pub const PRICES_SETTING: &str = "provider.prices";
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
 use crate::config::limits::CampaignLimits;
 use crate::config::provider::Prices;
+use crate::event::{RunStarted, TurnFinished};
 use crate::llm::Usage;
 use crate::store::{Store, StoreError};
 
@@ -64,8 +63,8 @@ pub fn recorded_spend(store: &Store, run_id: &str, with_pair: bool) -> Result<Sp
     });
     meter.after.insert(run_id.to_string(), 0);
     if with_pair {
-        if let Some(pair) = started["pair"].as_str() {
-            meter.after.insert(pair.to_string(), 0);
+        if let Some(pair) = started.pair {
+            meter.after.insert(pair, 0);
         }
     }
     meter.poll(store, run_id)?;
@@ -79,9 +78,9 @@ pub fn recorded_prices(store: &Store, run_id: &str) -> Result<Option<Prices>, St
 }
 
 /// The price table a run recorded in its `run_started` settings, if its provider had one.
-pub fn prices_of(run_started: &Value) -> Option<Prices> {
-    run_started["settings"][PRICES_SETTING][0]
-        .as_str()
+pub fn prices_of(run_started: &RunStarted) -> Option<Prices> {
+    run_started
+        .setting(PRICES_SETTING)
         .and_then(|text| serde_json::from_str(text).ok())
 }
 
@@ -126,8 +125,8 @@ impl Meter {
         for (run, after) in self.after.iter_mut() {
             for e in store.events(run, None, *after)? {
                 *after = e.seq;
-                if e.kind == "turn_finished" {
-                    self.usage.add(&Usage::from_recorded(&e.payload["usage"]));
+                if let Some(turn) = e.payload_as::<TurnFinished>() {
+                    self.usage.add(&Usage::from_turn(&turn.usage));
                 }
             }
         }
@@ -156,18 +155,16 @@ impl Meter {
 
 /// The other half of a `--mode all` pair, from `run_started.pair`.
 fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, StoreError> {
-    Ok(run_started(store, run_id)?["pair"]
-        .as_str()
-        .map(str::to_string))
+    Ok(run_started(store, run_id)?.pair)
 }
 
-fn run_started(store: &Store, run_id: &str) -> Result<Value, StoreError> {
+/// `run_started` of a run (its first event); empty when none was recorded.
+pub fn run_started(store: &Store, run_id: &str) -> Result<RunStarted, StoreError> {
     Ok(store
         .events(run_id, None, 0)?
-        .into_iter()
-        .find(|e| e.kind == "run_started")
-        .map(|e| e.payload)
-        .unwrap_or(Value::Null))
+        .iter()
+        .find_map(|e| e.payload_as::<RunStarted>())
+        .unwrap_or_default())
 }
 
 impl Spent {

@@ -26,56 +26,21 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{AgentSlot, QueueOrder};
+use crate::event::{
+    BudgetReached, Job, Payload, QueueOrdered, RunFinished, RunOutcome, SessionResult,
+    TaskFinished, TaskSubmitted,
+};
 use crate::run::{RunError, RunJournal};
 use crate::store::{SessionRow, now_rfc3339};
 use crate::target::TargetId;
 
-/// How one session ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionStatus {
-    /// The agent finished with a candidate.
-    Finished,
-    /// The session ran and failed (fatal provider error, no candidate, …).
-    Failed,
-    /// The session timeout fired.
-    TimedOut,
-    /// The daemon stopped it (stop, SIGINT/SIGTERM); it can be resumed.
-    Interrupted,
-    /// Not run on this host, with the reason (e.g. `missing: vllm`).
-    Skipped(String),
-}
-
-impl SessionStatus {
-    /// The status word of `task_finished` and `run_finished` (`SKIP(reason)` for skips).
-    pub fn word(&self) -> String {
-        match self {
-            Self::Finished => "PASS".into(),
-            Self::Failed => "FAIL".into(),
-            Self::TimedOut => "TIMEOUT".into(),
-            Self::Interrupted => "INTERRUPTED".into(),
-            Self::Skipped(why) => format!("SKIP({why})"),
-        }
-    }
-
-    /// The state shown by `sessions`.
-    pub fn state(&self) -> &'static str {
-        match self {
-            Self::Finished => "finished",
-            Self::Failed => "failed",
-            Self::TimedOut => "timed out",
-            Self::Interrupted => "interrupted",
-            Self::Skipped(_) => "skipped",
-        }
-    }
-}
+pub use crate::event::SessionStatus;
 
 /// What a session reports when it ends.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,7 +106,7 @@ pub async fn run_phase(
     shutdown: CancellationToken,
 ) -> Result<PhaseReport, RunError> {
     let slots = Slots::new(params.agent_slot, params.max_agents, params.gpus);
-    let mut tasks: JoinSet<(TargetId, SessionStatus, Value)> = JoinSet::new();
+    let mut tasks: JoinSet<(TargetId, SessionStatus, SessionResult)> = JoinSet::new();
     // Which target each task runs, so a session that panicked is still recorded as its own.
     let mut task_targets: HashMap<tokio::task::Id, TargetId> = HashMap::new();
     let mut index_of = BTreeMap::new();
@@ -153,11 +118,15 @@ pub async fn run_phase(
         if results.contains_key(target) {
             continue;
         }
-        journal.record(
-            "task_submitted",
-            Some(&target.to_string()),
-            json!({"task_name": target.to_string(), "job": {"index": index, "name": target.to_string()}}),
-        )?;
+        let name = target.to_string();
+        let submitted = TaskSubmitted {
+            task_name: name.clone(),
+            job: Job {
+                index,
+                name: name.clone(),
+            },
+        };
+        journal.record_event(Some(&name), &submitted)?;
         set_state(&journal, target, "queued", json!({}))?;
     }
     let pending: Vec<TargetId> = targets
@@ -197,12 +166,14 @@ pub async fn run_phase(
                 let grace = params.drain_deadline;
                 let handle = tasks.spawn(async move {
                     let started = tokio::time::Instant::now();
-                    let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
+                    let (status, result) = timed(fut, &slot, &cancel, timeout, grace).await;
                     drop(slot);
-                    if let Value::Object(m) = &mut result {
+                    let reported = result.is_object();
+                    let mut result = SessionResult::from_value(result);
+                    if reported {
                         // What `campaign.order = "longest-first"` reads in later runs.
                         let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
-                        m.insert("session_s".into(), json!(secs));
+                        result.session_s = Some(secs);
                     }
                     (target, status, result)
                 });
@@ -211,7 +182,7 @@ pub async fn run_phase(
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Some((target, status, mut result)) = joined_session(joined, &task_targets) {
                     if let (Some(why), SessionStatus::Interrupted) = (&over_budget, &status) {
-                        result["reason"] = json!(why);
+                        result.reason = Some(why.clone());
                     }
                     finish(&journal, &index_of, &target, &status, result)?;
                     results.insert(target, status);
@@ -247,7 +218,10 @@ pub async fn run_phase(
                 &index_of,
                 target,
                 &status,
-                json!({"reason": never_started}),
+                SessionResult {
+                    reason: Some(never_started.clone()),
+                    ..SessionResult::default()
+                },
             )?;
             results.insert(target.clone(), status);
         }
@@ -341,43 +315,24 @@ fn repair_rows(journal: &RunJournal, targets: &[TargetId]) -> Result<(), RunErro
             .events(journal.run_id(), Some(&name), 0)?
             .into_iter()
             .rev()
-            .find(|e| e.kind == "task_finished" || e.kind == "task_submitted");
-        let Some(done) = last.filter(|e| e.kind == "task_finished") else {
+            .find(|e| e.kind == TaskFinished::KIND || e.kind == TaskSubmitted::KIND);
+        let Some(done) = last.as_ref().and_then(|e| e.payload_as::<TaskFinished>()) else {
             continue;
         };
-        let status = match done.payload["status"].as_str().unwrap_or("") {
-            "PASS" => SessionStatus::Finished,
-            "FAIL" => SessionStatus::Failed,
-            "TIMEOUT" => SessionStatus::TimedOut,
-            w if w.starts_with("SKIP(") => SessionStatus::Skipped(
-                w.trim_start_matches("SKIP(")
-                    .trim_end_matches(')')
-                    .to_string(),
-            ),
-            _ => continue,
+        let status = match done.status.status() {
+            Some(SessionStatus::Interrupted) | None => continue,
+            Some(s) => s.clone(),
         };
         tracing::info!(target = %name, "its end was recorded but not its session row: repaired");
-        set_state(
-            journal,
-            target,
-            status.state(),
-            done.payload["result"].clone(),
-        )?;
+        set_state(journal, target, status.state(), done.result.to_value())?;
     }
     Ok(())
 }
 
 /// The end a session's row records; `None` while it has none (queued, running, interrupted).
 pub fn recorded_status(row: &SessionRow) -> Option<SessionStatus> {
-    Some(match row.state.as_str() {
-        "finished" => SessionStatus::Finished,
-        "failed" => SessionStatus::Failed,
-        "timed out" => SessionStatus::TimedOut,
-        "skipped" => {
-            SessionStatus::Skipped(row.detail["reason"].as_str().unwrap_or("").to_string())
-        }
-        _ => return None,
-    })
+    let skip_reason = row.detail["reason"].as_str().unwrap_or("");
+    SessionStatus::from_state(&row.state, skip_reason)
 }
 
 /// Whether a recorded end is final for `resume`: a failure of the infrastructure (endpoint,
@@ -394,12 +349,14 @@ fn stop_for_budget(journal: &RunJournal, meter: &budget::Meter, why: &str) -> Re
         reason = why,
         "campaign budget reached; cancelling the running sessions"
     );
-    journal.record(
-        "budget_reached",
-        None,
-        json!({"reason": why, "tokens": spent.tokens, "cost_usd": spent.cost_usd,
-               "max_tokens": b.max_tokens, "max_cost_usd": b.max_cost_usd}),
-    )?;
+    let reached = BudgetReached {
+        reason: why.to_string(),
+        tokens: spent.tokens,
+        cost_usd: spent.cost_usd,
+        max_tokens: b.max_tokens,
+        max_cost_usd: b.max_cost_usd,
+    };
+    journal.record_event(None, &reached)?;
     Ok(())
 }
 
@@ -426,17 +383,19 @@ fn start_order(
         }
     };
     let first: Vec<String> = ordered.iter().take(12).map(ToString::to_string).collect();
-    journal.record(
-        "queue_ordered",
-        None,
-        json!({"order": order.as_str(), "targets": targets.len(), "with_history": known, "first": first}),
-    )?;
+    let ordered_event = QueueOrdered {
+        order: order.as_str().to_string(),
+        targets: targets.len(),
+        with_history: known,
+        first,
+    };
+    journal.record_event(None, &ordered_event)?;
     Ok(ordered)
 }
 
 async fn drain(
     journal: &RunJournal,
-    tasks: &mut JoinSet<(TargetId, SessionStatus, Value)>,
+    tasks: &mut JoinSet<(TargetId, SessionStatus, SessionResult)>,
     task_targets: &HashMap<tokio::task::Id, TargetId>,
     index_of: &BTreeMap<TargetId, usize>,
     results: &mut BTreeMap<TargetId, SessionStatus>,
@@ -470,9 +429,9 @@ async fn drain(
 /// agent's: recorded as an infrastructure failure with the panic's message (it was taken for
 /// "not started" before). An aborted task (the drain deadline) has no end to record here.
 fn joined_session(
-    joined: Result<(TargetId, SessionStatus, Value), tokio::task::JoinError>,
+    joined: Result<(TargetId, SessionStatus, SessionResult), tokio::task::JoinError>,
     task_targets: &HashMap<tokio::task::Id, TargetId>,
-) -> Option<(TargetId, SessionStatus, Value)> {
+) -> Option<(TargetId, SessionStatus, SessionResult)> {
     match joined {
         Ok(ended) => Some(ended),
         Err(e) if e.is_panic() => {
@@ -487,7 +446,11 @@ fn joined_session(
             Some((
                 target,
                 SessionStatus::Failed,
-                json!({"reason": format!("session panicked: {message}"), "infra": true}),
+                SessionResult {
+                    reason: Some(format!("session panicked: {message}")),
+                    infra: Some(true),
+                    ..SessionResult::default()
+                },
             ))
         }
         Err(_) => None,
@@ -499,22 +462,20 @@ fn finish(
     index_of: &BTreeMap<TargetId, usize>,
     target: &TargetId,
     status: &SessionStatus,
-    result: Value,
+    mut result: SessionResult,
 ) -> Result<(), RunError> {
     let name = target.to_string();
-    let mut result = match result {
-        Value::Object(m) => Value::Object(m),
-        other => json!({"detail": other}),
+    result.index = Some(index_of.get(target).copied());
+    result.name = Some(name.clone());
+    result.status = Some(status.clone().into());
+    let done = TaskFinished {
+        task_name: name.clone(),
+        status: status.clone().into(),
+        result,
+        reason: None,
     };
-    result["index"] = json!(index_of.get(target));
-    result["name"] = json!(name);
-    result["status"] = json!(status.word());
-    journal.record(
-        "task_finished",
-        Some(&name),
-        json!({"task_name": name, "status": status.word(), "result": result}),
-    )?;
-    set_state(journal, target, status.state(), result)
+    journal.record_event(Some(&name), &done)?;
+    set_state(journal, target, status.state(), done.result.to_value())
 }
 
 /// Records a session's current state in the derived `sessions` table.
@@ -534,31 +495,38 @@ pub fn set_state(
     Ok(())
 }
 
-/// The `run_finished` payload: overall status and `results{index: status}`.
-pub fn run_finished_payload(targets: &[TargetId], report: &PhaseReport) -> Value {
-    let mut results = serde_json::Map::new();
-    for (i, t) in targets.iter().enumerate() {
-        let word = report
-            .results
-            .get(t)
-            .map(SessionStatus::word)
-            .unwrap_or_else(|| "INTERRUPTED".into());
-        results.insert(i.to_string(), json!(word));
-    }
+/// The `run_finished` payload: overall outcome and `results{index: status}`.
+pub fn run_finished_payload(targets: &[TargetId], report: &PhaseReport) -> RunFinished {
+    let results = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let status = report
+                .results
+                .get(t)
+                .cloned()
+                .unwrap_or(SessionStatus::Interrupted);
+            (i.to_string(), status.into())
+        })
+        .collect();
     let any_interrupted = report
         .results
         .values()
         .any(|s| *s == SessionStatus::Interrupted);
     let status = if report.interrupted || any_interrupted {
-        "INTERRUPTED"
+        RunOutcome::Interrupted
     } else if report
         .results
         .values()
         .all(|s| matches!(s, SessionStatus::Finished | SessionStatus::Skipped(_)))
     {
-        "PASS"
+        RunOutcome::Pass
     } else {
-        "FAIL"
+        RunOutcome::Fail
     };
-    json!({"status": status, "results": results})
+    RunFinished {
+        status,
+        results,
+        reason: None,
+    }
 }

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::event::{TurnFinished, Validation};
 use crate::inspect::group;
 use crate::report::table;
 use crate::score::ScoreError;
@@ -165,13 +166,13 @@ fn row(label: String, input: &CompareInput, targets: &[&TargetId]) -> LevelRow {
 pub fn spent(events: &[Event], bench_gpu_s: f64) -> Spend {
     let tokens = events
         .iter()
-        .filter(|e| e.kind == "turn_finished")
-        .filter_map(|e| e.payload["usage"]["total"].as_u64())
+        .filter_map(Event::payload_as::<TurnFinished>)
+        .map(|t| t.usage.total)
         .sum();
     let agent_gpu_s: f64 = events
         .iter()
-        .filter(|e| e.kind == "validation")
-        .filter_map(|e| e.payload["gpu_s"].as_f64())
+        .filter_map(Event::payload_as::<Validation>)
+        .map(|v| v.gpu_s)
         .sum();
     Spend {
         tokens,
@@ -415,11 +416,7 @@ fn names(ts: &[TargetId]) -> String {
 pub fn backend_of(store: &Store, run: &str) -> String {
     crate::daemon::plan::run_started(store, run)
         .ok()
-        .and_then(|v| {
-            v["settings"]["agent.backend"][0]
-                .as_str()
-                .map(str::to_string)
-        })
+        .and_then(|v| v.setting("agent.backend").map(str::to_string))
         .unwrap_or_else(|| "native".into())
 }
 

@@ -18,6 +18,7 @@ use super::compare::{
     Outcome, Side, Spend, backend_of, independent_outcome, sequential_outcome, side, spent,
 };
 use super::render::{banner, fit_table, group_f};
+use crate::event::{Elapsed, SessionResult, TurnFinished};
 use crate::store::Store;
 use crate::target::TargetId;
 
@@ -83,14 +84,16 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
     };
     let events = store.events(run, None, 0)?;
     let mut tokens: BTreeMap<TargetId, u64> = BTreeMap::new();
-    for e in events.iter().filter(|e| e.kind == "turn_finished") {
-        if let Some(t) = e.target.as_deref().and_then(|t| t.parse().ok()) {
-            *tokens.entry(t).or_default() += e.payload["usage"]["total"].as_u64().unwrap_or(0);
+    for e in &events {
+        let target = e.target.as_deref().and_then(|t| t.parse().ok());
+        if let (Some(t), Some(turn)) = (target, e.payload_as::<TurnFinished>()) {
+            *tokens.entry(t).or_default() += turn.usage.total;
         }
     }
     let mut wall = BTreeMap::new();
     for s in store.sessions(run)? {
-        if let (Ok(t), Some(secs)) = (s.target.parse(), s.detail["elapsed"].as_u64()) {
+        let elapsed = SessionResult::from_value(s.detail).elapsed;
+        if let (Ok(t), Some(Elapsed::Seconds(secs))) = (s.target.parse(), elapsed) {
             wall.insert(t, secs);
         }
     }

@@ -25,6 +25,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::event::{Kind, Payload, RunState};
+
 /// Errors of the store boundary.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -120,18 +122,44 @@ pub struct Event {
     pub payload: Value,
 }
 
+impl Event {
+    /// The event decoded by its kind.
+    pub fn decoded(&self) -> Kind {
+        Kind::decode(&self.kind, &self.payload)
+    }
+
+    /// The payload as `P`, when the event is of `P`'s kind and its payload fits.
+    pub fn payload_as<P: Payload>(&self) -> Option<P> {
+        (self.kind == P::KIND)
+            .then(|| crate::event::decode_as_payload(&self.payload, self.seq))
+            .flatten()
+    }
+}
+
 /// One row of the `runs` table.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunRow {
     pub id: String,
     pub started_at: String,
     pub finished_at: Option<String>,
-    /// `running`, `finished`, `failed`, `interrupted`.
+    /// `running`, `finished`, `failed`, `interrupted` ([`RunState`]).
     pub status: String,
     pub mode: String,
     pub targets: Vec<String>,
     pub simulated: bool,
     pub pid: Option<i64>,
+}
+
+impl RunRow {
+    /// The row's state; `None` for a word no release wrote.
+    pub fn state(&self) -> Option<RunState> {
+        RunState::parse(&self.status)
+    }
+
+    /// Whether the run has not ended (as far as its row says).
+    pub fn is_running(&self) -> bool {
+        self.state() == Some(RunState::Running)
+    }
 }
 
 /// One row of the `sessions` table (the latest known state of one target's agent).
@@ -297,9 +325,10 @@ impl Store {
         Ok(())
     }
 
-    /// Sets a run's status (and its finish time when it is no longer running).
-    pub fn set_run_status(&self, run_id: &str, status: &str) -> Result<(), StoreError> {
-        let finished = (status != "running").then(now_rfc3339);
+    /// Sets a run's state (and its finish time when it is no longer running).
+    pub fn set_run_status(&self, run_id: &str, state: RunState) -> Result<(), StoreError> {
+        let status = state.as_str();
+        let finished = (state != RunState::Running).then(now_rfc3339);
         let n = self
             .lock()
             .execute(
@@ -460,16 +489,22 @@ impl Store {
             .prepare(
                 "SELECT e.target, json_extract(e.payload, '$.result.session_s')
                  FROM events e JOIN runs r ON r.id = e.run_id
-                 WHERE e.kind = 'task_finished' AND r.simulated = ?1 AND r.id != ?2
-                   AND json_extract(e.payload, '$.status') != 'INTERRUPTED'
+                 WHERE e.kind = ?3 AND r.simulated = ?1 AND r.id != ?2
+                   AND json_extract(e.payload, '$.status') != ?4
                    AND json_extract(e.payload, '$.result.session_s') IS NOT NULL
                  ORDER BY e.run_id, e.seq",
             )
             .map_err(|e| self.sql_err(e))?;
         let rows = stmt
-            .query_map(params![simulated, except_run], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?))
-            })
+            .query_map(
+                params![
+                    simulated,
+                    except_run,
+                    crate::event::TaskFinished::KIND,
+                    crate::event::SessionStatus::Interrupted.word()
+                ],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)),
+            )
             .map_err(|e| self.sql_err(e))?;
         // Oldest first, so the latest session of each target is the one kept.
         rows.collect::<Result<_, _>>().map_err(|e| self.sql_err(e))

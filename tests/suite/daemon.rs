@@ -355,7 +355,7 @@ fn a_resumed_run_keeps_the_settings_it_was_started_with() {
     ] {
         settings.insert(key.into(), (value.into(), SettingSource::Flag));
     }
-    let run_started = json!({ "settings": settings });
+    let run_started = serde_json::from_value(json!({ "settings": settings })).unwrap();
     // The config file changed since the start; `resume` takes no campaign flags.
     std::fs::write(
         home.path().join("fk-agentd.toml"),
@@ -387,7 +387,7 @@ fn a_resumed_run_keeps_the_settings_it_was_started_with() {
         )
     );
     // A run recorded before settings were kept falls back to the usual precedence.
-    let old = daemon::plan::resume_flags(flags_for(home.path()), &json!({}));
+    let old = daemon::plan::resume_flags(flags_for(home.path()), &Default::default());
     let fallback = Config::load(&old, &env, &Catalog::embedded()).unwrap();
     assert_eq!(fallback.max_agents, 9);
 }

@@ -210,7 +210,9 @@ fn follow_exits_1_when_the_run_was_interrupted() {
     assert_eq!(done.status.code(), Some(0), "{done:?}");
     let store = fk_agentd::app::open_store(h).unwrap();
     let run = store.run(None).unwrap();
-    store.set_run_status(&run.id, "interrupted").unwrap();
+    store
+        .set_run_status(&run.id, fk_agentd::event::RunState::Interrupted)
+        .unwrap();
     drop(store);
     let cut = follow(h);
     assert_eq!(cut.status.code(), Some(1), "{cut:?}");

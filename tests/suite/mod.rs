@@ -30,6 +30,7 @@ mod manifest;
 mod manifest_events;
 mod manifest_score;
 mod modules;
+mod old_runs;
 mod props;
 mod protect;
 mod report;

@@ -181,7 +181,9 @@ fn reopening_applies_no_migration_twice_and_keeps_sessions() {
             ..row
         }]
     );
-    store.set_run_status("r1", "finished").unwrap();
+    store
+        .set_run_status("r1", fk_agentd::event::RunState::Finished)
+        .unwrap();
     assert!(store.run(Some("r1")).unwrap().finished_at.is_some());
 }
 

@@ -16,7 +16,9 @@
 
 use serde_json::{Value, json};
 
-use crate::agent::history::kind;
+use crate::event::{
+    CodexThread, ModelItem, Payload, ToolFinished, ToolStarted, TurnFinished, TurnUsage,
+};
 
 /// What the runner must act on, beside recording.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,20 +52,25 @@ impl Usage {
     }
 
     /// From a recorded `turn_finished` (its `codex_cumulative`).
-    pub fn from_recorded(p: &Value) -> Self {
-        let c = &p["codex_cumulative"];
-        let n = |k: &str| c[k].as_u64().unwrap_or(0);
+    pub fn from_recorded(t: &TurnFinished) -> Self {
+        let c = t.codex_cumulative.unwrap_or_default();
         Self {
-            input: n("input"),
-            cached: n("cached"),
-            output: n("output"),
-            reasoning: n("reasoning"),
+            input: c.input,
+            cached: c.cached,
+            output: c.output,
+            reasoning: c.reasoning,
         }
     }
 
-    fn json(&self) -> Value {
-        json!({"input": self.input, "cached": self.cached, "output": self.output,
-               "reasoning": self.reasoning, "total": self.input + self.output})
+    fn recorded(&self) -> TurnUsage {
+        TurnUsage {
+            input: self.input,
+            cached: self.cached,
+            output: self.output,
+            reasoning: self.reasoning,
+            total: self.input + self.output,
+            cost_usd: None,
+        }
     }
 
     /// `self − before`, field by field (never below zero: a report older than `before`, read
@@ -89,6 +96,12 @@ pub struct Translated {
     pub signal: Option<Signal>,
     /// Tokens this line added (a `turn.completed`).
     pub tokens: u64,
+}
+
+impl Translated {
+    fn push<P: Payload>(&mut self, payload: &P) {
+        self.events.push((P::KIND, payload.to_value()));
+    }
 }
 
 /// The translator's state across one session (and its resumed processes).
@@ -141,7 +154,9 @@ impl Translator {
                     self.last = Usage::default();
                 }
                 self.thread = Some(id.clone());
-                out.events.push(("codex_thread", json!({"thread_id": id})));
+                out.push(&CodexThread {
+                    thread_id: id.to_string(),
+                });
                 out.signal = Some(Signal::Thread(id));
             }
             "turn.started" => {}
@@ -203,11 +218,14 @@ impl Translator {
             reasoning: now.reasoning.max(self.last.reasoning),
         };
         out.tokens += delta.total();
-        out.events.push((
-            kind::TURN_FINISHED,
-            json!({"turn": self.turn.max(1), "attempts": 1, "usage": delta.json(),
-                   "codex_cumulative": self.last.json(), "usage_from": source}),
-        ));
+        out.push(&TurnFinished {
+            turn: self.turn.max(1),
+            attempts: 1,
+            usage: delta.recorded(),
+            codex_cumulative: Some(self.last.recorded()),
+            usage_from: Some(source.to_string()),
+            ..TurnFinished::default()
+        });
     }
 
     fn item(&mut self, item: &Value, completed: bool, out: &mut Translated) {
@@ -216,20 +234,20 @@ impl Translator {
             "agent_message" if completed => {
                 let turn = self.model_step();
                 let text = item["text"].as_str().unwrap_or("");
-                out.events.push((
-                    kind::MODEL_ITEM,
-                    json!({"turn": turn, "item": {"type": "message", "role": "assistant",
-                           "content": [{"type": "output_text", "text": text}]}}),
-                ));
+                out.push(&ModelItem {
+                    turn,
+                    item: json!({"type": "message", "role": "assistant",
+                                 "content": [{"type": "output_text", "text": text}]}),
+                });
             }
             "reasoning" if completed => {
                 let turn = self.model_step();
                 let text = item["text"].as_str().unwrap_or("");
-                out.events.push((
-                    kind::MODEL_ITEM,
-                    json!({"turn": turn, "item": {"type": "reasoning", "id": id,
-                           "summary": [{"type": "summary_text", "text": text}]}}),
-                ));
+                out.push(&ModelItem {
+                    turn,
+                    item: json!({"type": "reasoning", "id": id,
+                                 "summary": [{"type": "summary_text", "text": text}]}),
+                });
             }
             "command_execution" => {
                 let args = json!({"cmd": item["command"]}).to_string();
@@ -285,15 +303,16 @@ impl Translator {
             return;
         }
         let turn = self.model_step();
-        out.events.push((
-            kind::MODEL_ITEM,
-            json!({"turn": turn, "item": {"type": "function_call", "call_id": id, "name": name,
-                   "arguments": args}}),
-        ));
-        out.events.push((
-            kind::TOOL_STARTED,
-            json!({"call_id": id, "name": name, "arguments": args}),
-        ));
+        out.push(&ModelItem {
+            turn,
+            item: json!({"type": "function_call", "call_id": id, "name": name, "arguments": args}),
+        });
+        out.push(&ToolStarted {
+            call_id: id.to_string(),
+            name: name.to_string(),
+            arguments: args.to_string(),
+            via: None,
+        });
     }
 
     fn call_finished(
@@ -305,10 +324,13 @@ impl Translator {
         out: &mut Translated,
     ) {
         self.after_tool = true;
-        out.events.push((
-            kind::TOOL_FINISHED,
-            json!({"call_id": id, "name": name, "output": output, "is_error": failed}),
-        ));
+        out.push(&ToolFinished {
+            call_id: id.to_string(),
+            name: name.to_string(),
+            output,
+            is_error: failed,
+            interrupted: None,
+        });
     }
 }
 
@@ -372,7 +394,7 @@ mod tests {
             json!({"input": 200, "cached": 20, "output": 40, "reasoning": 10, "total": 240})
         );
         assert_eq!(
-            Usage::from_recorded(&done.events[0].1),
+            Usage::from_recorded(&serde_json::from_value(done.events[0].1.clone()).unwrap()),
             Usage {
                 input: 300,
                 cached: 30,

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{self, Endpoint};
@@ -22,8 +22,12 @@ use super::process::{CodexProcess, Spawn};
 use super::tools::SessionTools;
 use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
-use crate::agent::history::{self, kind};
+use crate::agent::history;
 use crate::agent::journal::SessionJournal;
+use crate::event::{
+    CodexThread, SessionFailedToStart, SessionFinished, SessionResult, SessionResumed,
+    SessionStarted, StatusWord, TurnFinished, UserMessage,
+};
 use crate::llm::user_message;
 use crate::run::{RunError, RunJournal};
 use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
@@ -44,7 +48,7 @@ struct End {
     reason: String,
     summary: Option<String>,
     infra: bool,
-    recorded: Option<Value>,
+    recorded: Option<SessionResult>,
 }
 
 impl End {
@@ -89,14 +93,13 @@ pub(super) async fn run(
     let prepared = match prepare(&inner, &target, &run, slot, &cancel) {
         Ok(p) => p,
         Err(reason) => {
-            let _ = run.record(
-                "session_failed_to_start",
-                Some(&target.to_string()),
-                json!({"reason": reason}),
-            );
+            let failed = SessionFailedToStart {
+                reason: reason.clone(),
+            };
+            let _ = run.record_event(Some(&target.to_string()), &failed);
             return SessionOutcome {
                 status: SessionStatus::Failed,
-                result: json!({"reason": reason, "infra": true}),
+                result: SessionResult::infra(reason).to_value(),
             };
         }
     };
@@ -215,14 +218,14 @@ fn before(j: &SessionJournal) -> Result<Before, RunError> {
     let thread = events
         .iter()
         .rev()
-        .find(|e| e.kind == "codex_thread")
-        .and_then(|e| e.payload["thread_id"].as_str().map(str::to_string))
+        .find_map(|e| e.payload_as::<CodexThread>())
+        .map(|t| t.thread_id)
         .filter(|t| !t.is_empty());
     let usage = events
         .iter()
         .rev()
-        .find(|e| e.kind == kind::TURN_FINISHED)
-        .map(|e| Usage::from_recorded(&e.payload))
+        .find_map(|e| e.payload_as::<TurnFinished>())
+        .map(|t| Usage::from_recorded(&t))
         .unwrap_or_default();
     Ok(Before {
         thread,
@@ -234,16 +237,10 @@ fn before(j: &SessionJournal) -> Result<Before, RunError> {
 async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Result<End, RunError> {
     let j = &s.journal;
     let before = before(j)?;
-    if let Some(done) = before
-        .replay
-        .finished
-        .as_ref()
-        .filter(|d| d["infra"] != true)
-    {
-        let status = if done["status"] == "PASS" {
-            SessionStatus::Finished
-        } else {
-            SessionStatus::Failed
+    if let Some(done) = before.replay.finished.as_ref().filter(|d| !d.is_infra()) {
+        let status = match done.status.as_ref().and_then(StatusWord::status) {
+            Some(SessionStatus::Finished) => SessionStatus::Finished,
+            _ => SessionStatus::Failed,
         };
         return Ok(End {
             recorded: Some(done.clone()),
@@ -251,17 +248,23 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         });
     }
     if before.replay.started {
-        j.record(
-            "session_resumed",
-            json!({"turns": before.replay.turns, "thread_id": before.thread, "backend": "codex"}),
-        )?;
+        j.record_event(&SessionResumed {
+            turns: before.replay.turns,
+            thread_id: Some(before.thread.clone()),
+            backend: Some("codex".into()),
+            ..SessionResumed::default()
+        })?;
     } else {
-        j.record(
-            kind::SESSION_STARTED,
-            json!({"prompt_sha256": s.prompt_sha256, "backend": "codex",
-                   "codex_version": inner.setup.version}),
-        )?;
-        j.record(kind::USER_MESSAGE, json!({"item": user_message(&s.prompt)}))?;
+        j.record_event(&SessionStarted {
+            prompt_sha256: s.prompt_sha256.clone(),
+            backend: Some("codex".into()),
+            codex_version: Some(inner.setup.version.clone()),
+            ..SessionStarted::default()
+        })?;
+        j.record_event(&UserMessage {
+            item: user_message(&s.prompt),
+            nudge: None,
+        })?;
     }
     j.update("running", |p| {
         p.turns = before.replay.turns;
@@ -413,10 +416,10 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
                     ));
                 }
                 nudges += 1;
-                j.record(
-                    kind::USER_MESSAGE,
-                    json!({"item": user_message(NUDGE), "nudge": nudges}),
-                )?;
+                j.record_event(&UserMessage {
+                    item: user_message(NUDGE),
+                    nudge: Some(nudges),
+                })?;
                 next = Some(NUDGE.to_string());
             }
         }
@@ -467,24 +470,28 @@ fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
     if let Some(result) = end.recorded {
         return SessionOutcome {
             status: end.status,
-            result,
+            result: result.to_value(),
         };
     }
-    let mut result = journal.detail();
-    result["reason"] = json!(end.reason);
-    result["summary"] = json!(end.summary);
-    result["infra"] = json!(end.infra);
-    result["backend"] = json!("codex");
-    result["last_event"] = json!(format!("{}: {}", end.status.word(), end.reason));
+    let result = SessionResult {
+        reason: Some(end.reason.clone()),
+        summary: Some(end.summary),
+        infra: Some(end.infra),
+        backend: Some("codex".into()),
+        last_event: Some(format!("{}: {}", end.status.word(), end.reason)),
+        ..journal.detail()
+    };
     if end.status != SessionStatus::Interrupted {
-        let mut payload = result.clone();
-        payload["status"] = json!(end.status.word());
-        if let Err(e) = journal.record(kind::SESSION_FINISHED, payload) {
+        let finished = SessionFinished(SessionResult {
+            status: Some(end.status.clone().into()),
+            ..result.clone()
+        });
+        if let Err(e) = journal.record_event(&finished) {
             tracing::error!(error = %e, "cannot record the end of a session");
         }
     }
     SessionOutcome {
         status: end.status,
-        result,
+        result: result.to_value(),
     }
 }

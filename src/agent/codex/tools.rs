@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{ToolHandler, ToolReply};
-use crate::agent::history::kind;
 use crate::agent::journal::SessionJournal;
+use crate::event::{ToolFinished, ToolInfraError, ToolInfraRetry, ToolStarted};
 use crate::llm::LlmClient;
 use crate::scheduler::SessionSlot;
 use crate::tools::{ToolError, Toolbox};
@@ -93,10 +93,13 @@ impl SessionTools {
         let call_id = format!("fk_tool_{n}");
         let args = arguments.to_string();
         let j = &self.journal;
-        if let Err(e) = j.record(
-            kind::TOOL_STARTED,
-            json!({"call_id": call_id, "name": tool, "arguments": args, "via": "fk-agentd tool"}),
-        ) {
+        let started = ToolStarted {
+            call_id: call_id.clone(),
+            name: tool.clone(),
+            arguments: args.clone(),
+            via: Some("fk-agentd tool".into()),
+        };
+        if let Err(e) = j.record_event(&started) {
             return ToolReply::infra(format!("cannot record the call: {e}"));
         }
         let state = match tool.as_str() {
@@ -124,27 +127,38 @@ impl SessionTools {
                 Err(e) if e.is_retryable() && attempt < self.infra_retries => {
                     attempt += 1;
                     let delay = Duration::from_secs(5 * u64::from(attempt));
-                    let _ = j.record("tool_infra_retry", json!({"call_id": call_id, "name": tool, "attempt": attempt, "why": e.to_string(), "delay_s": delay.as_secs()}));
+                    let _ = j.record_event(&ToolInfraRetry {
+                        call_id: call_id.clone(),
+                        name: tool.clone(),
+                        attempt,
+                        why: e.to_string(),
+                        delay_s: delay.as_secs(),
+                    });
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
                         _ = self.cancel.cancelled() => return ToolReply::infra("the session was stopped"),
                     }
                 }
                 Err(e) => {
-                    let _ = j.record(
-                        "tool_infra_error",
-                        json!({"call_id": call_id, "name": tool, "why": e.to_string()}),
-                    );
+                    let _ = j.record_event(&ToolInfraError {
+                        call_id: call_id.clone(),
+                        name: tool.clone(),
+                        why: e.to_string(),
+                    });
                     let why = format!("infrastructure failure in {tool}: {e}");
                     self.end_with(|end| end.infra = Some(why.clone()));
                     return ToolReply::infra(why);
                 }
             }
         };
-        if let Err(e) = j.record(
-            kind::TOOL_FINISHED,
-            json!({"call_id": call_id, "name": tool, "output": output.text, "is_error": output.is_error}),
-        ) {
+        let finished = ToolFinished {
+            call_id,
+            name: tool.clone(),
+            output: output.text.clone(),
+            is_error: output.is_error,
+            interrupted: None,
+        };
+        if let Err(e) = j.record_event(&finished) {
             return ToolReply::infra(format!("cannot record the result: {e}"));
         }
         let _ = j.update("running", |p| {

@@ -1,0 +1,261 @@
+//! The status vocabulary, each word written and parsed here only: how a session ended
+//! ([`SessionStatus`]: `PASS`, `FAIL`, … in events; `finished`, `failed`, … as a session
+//! row's state), how a run ended ([`RunOutcome`]: `run_finished.status`) and where a run
+//! stands ([`RunState`]: the `runs` table). The readable ends and verdicts that `sessions`
+//! prints are derived from these in [`crate::inspect`].
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// How one session ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// The agent finished with a candidate.
+    Finished,
+    /// The session ran and failed (fatal provider error, no candidate, …).
+    Failed,
+    /// The session timeout fired.
+    TimedOut,
+    /// The daemon stopped it (stop, SIGINT/SIGTERM); it can be resumed.
+    Interrupted,
+    /// Not run on this host, with the reason (e.g. `missing: vllm`).
+    Skipped(String),
+}
+
+impl SessionStatus {
+    /// The status word of `session_finished`, `task_finished` and `run_finished`
+    /// (`SKIP(reason)` for skips).
+    pub fn word(&self) -> String {
+        match self {
+            Self::Finished => "PASS".into(),
+            Self::Failed => "FAIL".into(),
+            Self::TimedOut => "TIMEOUT".into(),
+            Self::Interrupted => "INTERRUPTED".into(),
+            Self::Skipped(why) => format!("SKIP({why})"),
+        }
+    }
+
+    /// The status of a recorded word; `None` for a word no release wrote.
+    pub fn from_word(word: &str) -> Option<Self> {
+        Some(match word {
+            "PASS" => Self::Finished,
+            "FAIL" => Self::Failed,
+            "TIMEOUT" => Self::TimedOut,
+            "INTERRUPTED" => Self::Interrupted,
+            w => Self::Skipped(w.strip_prefix("SKIP(")?.strip_suffix(')')?.to_string()),
+        })
+    }
+
+    /// The state shown by `sessions` (and kept in the session's row).
+    pub fn state(&self) -> &'static str {
+        match self {
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+            Self::TimedOut => "timed out",
+            Self::Interrupted => "interrupted",
+            Self::Skipped(_) => "skipped",
+        }
+    }
+
+    /// Whether a session row's state is one of the end words above (an interrupted session
+    /// included); a live session's state names what it does (`thinking`, `validating`, …).
+    pub fn is_end_state(state: &str) -> bool {
+        [
+            Self::Finished,
+            Self::Failed,
+            Self::TimedOut,
+            Self::Interrupted,
+            Self::Skipped(String::new()),
+        ]
+        .iter()
+        .any(|s| s.state() == state)
+    }
+
+    /// The end a session row's state records (`skip_reason` for a skip); `None` for the
+    /// states of a session without an end (queued, running, interrupted, …).
+    pub fn from_state(state: &str, skip_reason: &str) -> Option<Self> {
+        Some(match state {
+            "finished" => Self::Finished,
+            "failed" => Self::Failed,
+            "timed out" => Self::TimedOut,
+            "skipped" => Self::Skipped(skip_reason.to_string()),
+            _ => return None,
+        })
+    }
+}
+
+/// A payload field holding a [`SessionStatus`] as its word; a word this release does not
+/// know is kept as it was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatusWord {
+    Known(SessionStatus),
+    Unknown(String),
+}
+
+impl StatusWord {
+    pub fn status(&self) -> Option<&SessionStatus> {
+        match self {
+            Self::Known(s) => Some(s),
+            Self::Unknown(_) => None,
+        }
+    }
+
+    pub fn word(&self) -> String {
+        match self {
+            Self::Known(s) => s.word(),
+            Self::Unknown(w) => w.clone(),
+        }
+    }
+}
+
+impl From<SessionStatus> for StatusWord {
+    fn from(s: SessionStatus) -> Self {
+        Self::Known(s)
+    }
+}
+
+impl Serialize for StatusWord {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.word())
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusWord {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = String::deserialize(d)?;
+        Ok(match SessionStatus::from_word(&w) {
+            Some(s) => Self::Known(s),
+            None => Self::Unknown(w),
+        })
+    }
+}
+
+/// How a run (or a phase of it) ended: `run_finished.status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// Every session finished (or was skipped).
+    Pass,
+    /// A session failed or timed out, or the run failed outside its sessions.
+    Fail,
+    /// Stopped before its end; `resume` goes on.
+    Interrupted,
+}
+
+impl RunOutcome {
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Pass => "PASS",
+            Self::Fail => "FAIL",
+            Self::Interrupted => "INTERRUPTED",
+        }
+    }
+
+    /// The run's state once it ended so.
+    pub fn state(self) -> RunState {
+        match self {
+            Self::Pass => RunState::Finished,
+            Self::Fail => RunState::Failed,
+            Self::Interrupted => RunState::Interrupted,
+        }
+    }
+}
+
+impl fmt::Display for RunOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.word())
+    }
+}
+
+/// A run's outcome against its recorded word (`PASS`, …): what scripts and tests compare.
+impl PartialEq<&str> for RunOutcome {
+    fn eq(&self, word: &&str) -> bool {
+        self.word() == *word
+    }
+}
+
+impl Serialize for RunOutcome {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.word())
+    }
+}
+
+impl<'de> Deserialize<'de> for RunOutcome {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = String::deserialize(d)?;
+        Ok(match w.as_str() {
+            "PASS" => Self::Pass,
+            "INTERRUPTED" => Self::Interrupted,
+            _ => Self::Fail,
+        })
+    }
+}
+
+/// Where a run stands: the `status` of its row in the `runs` table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunState {
+    Running,
+    Finished,
+    Failed,
+    Interrupted,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Finished => "finished",
+            Self::Failed => "failed",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// The state a row's word names; `None` for a word no release wrote.
+    pub fn parse(word: &str) -> Option<Self> {
+        Some(match word {
+            "running" => Self::Running,
+            "finished" => Self::Finished,
+            "failed" => Self::Failed,
+            "interrupted" => Self::Interrupted,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_word_reads_back_as_itself() {
+        for s in [
+            SessionStatus::Finished,
+            SessionStatus::Failed,
+            SessionStatus::TimedOut,
+            SessionStatus::Interrupted,
+            SessionStatus::Skipped("missing: vllm".into()),
+        ] {
+            assert_eq!(SessionStatus::from_word(&s.word()), Some(s.clone()));
+            let reason = match &s {
+                SessionStatus::Skipped(r) => r.as_str(),
+                _ => "",
+            };
+            if s != SessionStatus::Interrupted {
+                assert_eq!(SessionStatus::from_state(s.state(), reason), Some(s));
+            }
+        }
+        assert_eq!(SessionStatus::from_word("DONE"), None);
+        for o in [RunOutcome::Pass, RunOutcome::Fail, RunOutcome::Interrupted] {
+            let v = serde_json::to_value(o).unwrap();
+            assert_eq!(serde_json::from_value::<RunOutcome>(v).unwrap(), o);
+            assert_eq!(RunState::parse(o.state().as_str()), Some(o.state()));
+        }
+    }
+}
