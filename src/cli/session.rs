@@ -256,7 +256,7 @@ async fn cmd_follow(
 /// `session TARGET --diff`: the candidate against the baseline it started from.
 fn cmd_diff(home: &Path, id: &TargetId, run_row: &RunRow) -> Result<i32, Error> {
     let dir = crate::workspace::session_dir_for(&crate::run::runs_dir(home).join(&run_row.id), id);
-    let rel = Path::new(&format!("L{}", id.level())).join(format!("{}.py", id.stem()));
+    let rel = id.candidate_path();
     let baseline = dir.join("workspace").join("baseline").join(&rel);
     let candidate = dir.join("candidate").join(&rel);
     let read = |p: &Path, what: &str| {
@@ -274,8 +274,8 @@ fn cmd_diff(home: &Path, id: &TargetId, run_row: &RunRow) -> Result<i32, Error> 
     let text = unified_diff(
         &base,
         &cand,
-        &format!("baseline/{}", rel.display()),
-        &format!("candidate/{}", rel.display()),
+        &format!("baseline/{rel}"),
+        &format!("candidate/{rel}"),
     );
     if text.is_empty() {
         println!("the candidate of {id} is identical to the baseline");

@@ -56,7 +56,7 @@ impl PromptFacts {
             .join(", ");
         [
             ("target", self.target.id.to_string()),
-            ("level", format!("L{}", self.target.id.level())),
+            ("level", self.target.id.level_dir()),
             ("classes", classes),
             ("baseline_path", self.baseline_path.clone()),
             ("captures", self.captures.clone()),

@@ -134,8 +134,7 @@ fn prepare(
     let session_dir = session_dir_for(run.dir(), target);
     let baseline = p
         .baseline_root
-        .join(format!("L{}", target.level()))
-        .join(format!("{}.py", target.stem()));
+        .join(target.candidate_path());
     let ws = Workspace::create(&WorkspaceParams {
         session_dir: session_dir.clone(),
         target: target.clone(),
