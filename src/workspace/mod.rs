@@ -134,10 +134,7 @@ impl Workspace {
     /// any path into the clean checkout. The directories stay writable so a run directory can
     /// be removed; the jail, not the mode bits, is what keeps the tools off them.
     fn copy_baseline(&self) -> Result<(), WorkspaceError> {
-        let dest_dir = self
-            .scratch
-            .join("baseline")
-            .join(self.target.level_dir());
+        let dest_dir = self.scratch.join("baseline").join(self.target.level_dir());
         if dest_dir.exists() {
             fs::remove_dir_all(&dest_dir).map_err(io_err("refresh", &dest_dir))?;
         }

@@ -695,6 +695,40 @@ impl Drop for Resume<'_> {
     }
 }
 
+/// Runs a lease on n1's first GPU (slots are in node order), puts n1 in `state` with
+/// `reason` once the step runs, and returns the lease's outcome and how long after the change
+/// it ended.
+async fn n1_leased_then(
+    cluster: &Path,
+    rig: &Rig,
+    state: &str,
+    reason: &str,
+) -> (LeaseOutcome, Duration) {
+    let dir = rig.dir.path().to_path_buf();
+    let (b, d) = (rig.broker.clone(), dir.clone());
+    let lease = tokio::spawn(async move {
+        b.run(
+            req("d", LeaseClass::Validate, 1, Duration::from_secs(120)),
+            sh(&d, "n1", "echo $SLURMD_NODENAME; exec sleep 100"),
+            &CancellationToken::new(),
+        )
+        .await
+    });
+    let out = dir.join("n1.out");
+    super::support::until("the step runs on n1", || {
+        std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
+    })
+    .await;
+    let changed_at = Instant::now();
+    slurm(
+        cluster,
+        "scontrol",
+        &["update", "nodename=n1", state, reason],
+    );
+    let o = lease.await.expect("join").expect("outcome");
+    (o, changed_at.elapsed())
+}
+
 /// A node that goes DOWN mid-lease takes its jobs with it (Slurm ends the holder job and the
 /// step at once): the lease ends as the infrastructure's, naming the node, not as a failure of
 /// the command it ran.
@@ -704,30 +738,8 @@ async fn a_node_set_down_mid_lease_ends_it_as_infrastructure() {
     let _serial = SERIAL.lock().await;
     let _holders = Holders::cleared(&cluster);
     let rig = rig(&cluster, Duration::from_secs(2)).await;
-    let dir = rig.dir.path().to_path_buf();
-    let (b, d) = (rig.broker.clone(), dir.clone());
-    let lease = tokio::spawn(async move {
-        b.run(
-            req("d", LeaseClass::Validate, 1, Duration::from_secs(120)),
-            sh(&d, "down", "echo $SLURMD_NODENAME; exec sleep 100"),
-            &CancellationToken::new(),
-        )
-        .await
-    });
-    let out = dir.join("down.out");
-    super::support::until("the step runs on n1", || {
-        std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
-    })
-    .await;
     let _resume = Resume(&cluster, "n1");
-    let down_at = Instant::now();
-    slurm(
-        &cluster,
-        "scontrol",
-        &["update", "nodename=n1", "state=down", "reason=fk-test-down"],
-    );
-    let o = lease.await.expect("join").expect("outcome");
-    let ended_in = down_at.elapsed();
+    let (o, ended_in) = n1_leased_then(&cluster, &rig, "state=down", "reason=fk-test-down").await;
     assert!(o.infra, "{o:?}");
     let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
         panic!("not ended as a GPU fault: {o:?}");
@@ -772,30 +784,8 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
     let _holders = Holders::cleared(&cluster);
     let rig = rig(&cluster, Duration::from_secs(2)).await;
     let dir = rig.dir.path().to_path_buf();
-    let (b, d) = (rig.broker.clone(), dir.clone());
-    // The first free slot is n1's first GPU (slots are in node order).
-    let lease = tokio::spawn(async move {
-        b.run(
-            req("d", LeaseClass::Validate, 1, Duration::from_secs(120)),
-            sh(&d, "drained", "echo $SLURMD_NODENAME; exec sleep 100"),
-            &CancellationToken::new(),
-        )
-        .await
-    });
-    let out = dir.join("drained.out");
-    super::support::until("the step runs on n1", || {
-        std::fs::read_to_string(&out).is_ok_and(|t| t.trim() == "n1")
-    })
-    .await;
     let _resume = Resume(&cluster, "n1");
-    let drained_at = Instant::now();
-    slurm(
-        &cluster,
-        "scontrol",
-        &["update", "nodename=n1", "state=drain", "reason=fk-test"],
-    );
-    let o = lease.await.expect("join").expect("outcome");
-    let ended_in = drained_at.elapsed();
+    let (o, ended_in) = n1_leased_then(&cluster, &rig, "state=drain", "reason=fk-test").await;
     let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
         panic!("not ended as a GPU fault: {o:?}");
     };

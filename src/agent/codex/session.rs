@@ -132,9 +132,7 @@ fn prepare(
         .get(target)
         .ok_or_else(|| format!("{target} is not in the catalog"))?;
     let session_dir = session_dir_for(run.dir(), target);
-    let baseline = p
-        .baseline_root
-        .join(target.candidate_path());
+    let baseline = p.baseline_root.join(target.candidate_path());
     let ws = Workspace::create(&WorkspaceParams {
         session_dir: session_dir.clone(),
         target: target.clone(),
