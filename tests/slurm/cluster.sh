@@ -148,6 +148,7 @@ InactiveLimit=0
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
+AccountingStorageTRES=gres/gpu
 # The munge socket for talking to slurmdbd (Slurm reads it from this key, not AuthInfo).
 AccountingStoragePass=$W/munge/sock
 JobAcctGatherType=jobacct_gather/none

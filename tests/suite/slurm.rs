@@ -200,6 +200,92 @@ async fn a_step_cannot_read_the_token_file_on_its_node() {
     broker.shutdown().await;
 }
 
+/// Job mode (`slurm.mode = "job"`), for clusters that forbid long allocations: each lease is a
+/// job of its own, on the node of its granted GPUs, a two-GPU lease included, and nothing is
+/// held between leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = std::fs::read_to_string(cluster.join("fk-agentd.toml")).expect("cluster config");
+    let job_toml = dir.path().join("job-mode.toml");
+    std::fs::write(
+        &job_toml,
+        toml.replace("[slurm]\n", "[slurm]\nmode = \"job\"\n"),
+    )
+    .expect("config");
+    let flags = Flags {
+        home: Some(dir.path().to_path_buf()),
+        config: Some(job_toml),
+        lease_timeout: Some("5m".into()),
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    let config =
+        Config::load(&flags, &env, &fk_agentd::target::Catalog::embedded()).expect("config");
+    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+    let slurm_cfg = config.slurm.clone().expect("a [slurm] table");
+    let (backend, inventory) = fk_agentd::gpu::slurm::start_for(&config, &slurm_cfg, &store)
+        .await
+        .expect("the Slurm backend starts");
+    let mut params = BrokerParams::from_config(&config);
+    params.session_limits = None;
+    params.spool_dir = dir.path().join("leases");
+    let broker = Broker::with_backend(inventory, params, store, std::sync::Arc::new(backend));
+    let held = slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
+    assert!(
+        !held.contains("fk-agentd-"),
+        "job mode holds nothing: {held}"
+    );
+    let script = "echo \"$SLURM_JOB_ID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\"";
+    let mut runs = Vec::new();
+    for (i, gpus) in [1u32, 2].into_iter().enumerate() {
+        let (b, d) = (broker.clone(), dir.path().to_path_buf());
+        runs.push(tokio::spawn(async move {
+            b.run(
+                req(
+                    &format!("L1/t{i}"),
+                    LeaseClass::Validate,
+                    gpus,
+                    Duration::from_secs(60),
+                ),
+                sh(&d, &format!("t{i}"), script),
+                &CancellationToken::new(),
+            )
+            .await
+        }));
+    }
+    let mut jobs = BTreeSet::new();
+    for (i, r) in runs.into_iter().enumerate() {
+        let o = r.await.expect("join").expect("outcome");
+        assert!(o.succeeded(), "{o:?}");
+        let out = std::fs::read_to_string(dir.path().join(format!("t{i}.out"))).expect("out");
+        let f: Vec<&str> = out.split_whitespace().collect();
+        let [job, node, devices] = f[..] else {
+            panic!("{out}")
+        };
+        assert!(jobs.insert(job.to_string()), "two leases in one job: {out}");
+        assert!(
+            o.gpus
+                .iter()
+                .all(|g| g.starts_with(&format!("slurm:{node}:"))),
+            "{o:?} ran on {node}"
+        );
+        assert_eq!(devices.split(',').count(), o.gpus.len(), "{out}");
+    }
+    let left = slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
+    assert!(
+        !left.contains("lease-"),
+        "a lease's job outlived it: {left}"
+    );
+    broker.shutdown().await;
+}
+
 /// Per GPU, the journal's `(granted, finished)` spans, in Unix ms.
 fn journal_spans(db: &Path) -> BTreeMap<String, Vec<(i128, i128)>> {
     let conn = rusqlite::Connection::open(db).expect("db");
