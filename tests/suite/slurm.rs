@@ -900,23 +900,14 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
     };
     assert_eq!(down(&rig.broker), 4);
     // While n1 is drained, every lease runs on n2.
-    let mut runs = Vec::new();
-    for i in 0..4 {
-        let (b, d) = (rig.broker.clone(), dir.clone());
-        runs.push(tokio::spawn(async move {
-            b.run(
-                req(
-                    &format!("n{i}"),
-                    LeaseClass::Validate,
-                    1,
-                    Duration::from_secs(60),
-                ),
-                sh(&d, &format!("n{i}"), "echo $SLURMD_NODENAME; sleep 1"),
-                &CancellationToken::new(),
-            )
-            .await
-        }));
-    }
+    let runs = spawn_leases(
+        &rig.broker,
+        &dir,
+        4,
+        LeaseClass::Validate,
+        "n",
+        "echo $SLURMD_NODENAME; sleep 1",
+    );
     for r in runs {
         let o = r.await.expect("join").expect("outcome");
         assert!(o.succeeded(), "{o:?}");
@@ -926,6 +917,34 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
     let b = rig.broker.clone();
     super::support::until("n1's GPUs return to the pool", move || down(&b) == 0).await;
     rig.broker.shutdown().await;
+}
+
+type Running = tokio::task::JoinHandle<Result<LeaseOutcome, fk_agentd::gpu::LeaseError>>;
+
+/// Starts `n` one-GPU leases of `class` at once, each running `script` in `dir` as
+/// `<prefix><i>` (its session and output files), with a minute's deadline.
+fn spawn_leases(
+    broker: &Broker,
+    dir: &Path,
+    n: usize,
+    class: LeaseClass,
+    prefix: &str,
+    script: &str,
+) -> Vec<Running> {
+    (0..n)
+        .map(|i| {
+            let (b, d) = (broker.clone(), dir.to_path_buf());
+            let (name, script) = (format!("{prefix}{i}"), script.to_string());
+            tokio::spawn(async move {
+                b.run(
+                    req(&name, class, 1, Duration::from_secs(60)),
+                    sh(&d, &name, &script),
+                    &CancellationToken::new(),
+                )
+                .await
+            })
+        })
+        .collect()
 }
 
 /// `ncu` leases are capped per node: with a cap of 1 and two nodes, two run at once, one on
@@ -938,23 +957,7 @@ async fn ncu_leases_are_capped_per_node() {
     let rig = rig(&cluster, Duration::from_secs(2)).await;
     assert_eq!(rig.broker.params().ncu_cap, 1);
     let dir = rig.dir.path().to_path_buf();
-    let mut runs = Vec::new();
-    for i in 0..4 {
-        let (b, d) = (rig.broker.clone(), dir.clone());
-        runs.push(tokio::spawn(async move {
-            b.run(
-                req(
-                    &format!("p{i}"),
-                    LeaseClass::Ncu,
-                    1,
-                    Duration::from_secs(60),
-                ),
-                sh(&d, &format!("p{i}"), "sleep 2"),
-                &CancellationToken::new(),
-            )
-            .await
-        }));
-    }
+    let runs = spawn_leases(&rig.broker, &dir, 4, LeaseClass::Ncu, "p", "sleep 2");
     for r in runs {
         assert!(r.await.expect("join").expect("outcome").succeeded());
     }
