@@ -24,6 +24,7 @@
 //! pool until the node is usable again, and a lease on one ends as infrastructure (its step
 //! cancelled), as does one whose holder job was lost with its node. Where the cluster keeps
 //! accounting, a step that ended unwatched is closed with the exit code `sacct` recorded.
+//! In job mode, a lease whose job slurmctld ended `NODE_FAIL` ends as infrastructure too.
 //! With a secret file to hide, every step runs through `fk-agentd confined-exec` on its node.
 //! Not yet: multi-GPU leases in allocation mode (refused with a reason).
 
@@ -146,6 +147,21 @@ fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl SlurmBackend {
+    /// Why a lease's own job (job mode) ended by the infrastructure's doing: slurmctld, which
+    /// remembers an ended job for `MinJobAge`, says `NODE_FAIL` (its node failed under it).
+    /// `None` for any other end, or when slurmctld no longer knows the job.
+    fn job_lost(&self, node: &str, name: &str) -> Option<String> {
+        match self.cli.newest_job_named(name) {
+            Ok(Some((id, state, _))) if state == "NODE_FAIL" => Some(format!(
+                "the lease's Slurm job {id} on node {node} ended NODE_FAIL: the node failed mid-lease"
+            )),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read how a lease's Slurm job ended");
+                None
+            }
+        }
+    }
     /// The slots, in inventory order.
     pub fn slots(&self) -> &[SlotGpu] {
         &self.slots
@@ -401,9 +417,10 @@ impl LeaseBackend for SlurmBackend {
     }
 
     fn lost(&self, job: &JobRef) -> Option<String> {
-        let Some(Container::Step { holder, .. }) = job.cgroup.as_deref().and_then(Container::parse)
-        else {
-            return None;
+        let holder = match job.cgroup.as_deref().and_then(Container::parse)? {
+            Container::Step { holder, .. } => holder,
+            Container::Job { node, name, .. } => return self.job_lost(&node, &name),
+            Container::Refused { .. } => return None,
         };
         let node = self
             .slots

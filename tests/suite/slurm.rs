@@ -106,9 +106,26 @@ impl Drop for Holders {
 }
 
 fn config(cluster: &Path, home: &Path) -> Config {
+    load(&cluster.join("fk-agentd.toml"), home)
+}
+
+/// The test cluster's configuration in job mode (each lease a job of its own), written under
+/// `home`.
+fn job_mode_config(cluster: &Path, home: &Path) -> Config {
+    let toml = std::fs::read_to_string(cluster.join("fk-agentd.toml")).expect("cluster config");
+    let file = home.join("job-mode.toml");
+    std::fs::write(
+        &file,
+        toml.replace("[slurm]\n", "[slurm]\nmode = \"job\"\n"),
+    )
+    .expect("config");
+    load(&file, home)
+}
+
+fn load(file: &Path, home: &Path) -> Config {
     let flags = Flags {
         home: Some(home.to_path_buf()),
-        config: Some(cluster.join("fk-agentd.toml")),
+        config: Some(file.to_path_buf()),
         lease_timeout: Some("5m".into()),
         ..Flags::default()
     };
@@ -133,13 +150,17 @@ async fn rig(cluster: &Path, grace: Duration) -> Rig {
 
 /// A broker on the Slurm backend with its home (store, spool) in `dir`.
 async fn rig_in(cluster: &Path, dir: &Path, grace: Duration) -> Broker {
-    let config = config(cluster, dir);
+    broker_for(&config(cluster, dir), dir, grace).await
+}
+
+/// A broker for `config` on the Slurm backend, its home in `dir`.
+async fn broker_for(config: &Config, dir: &Path, grace: Duration) -> Broker {
     let store = Store::open(&dir.join("fk-agentd.db")).expect("store");
     let slurm = config.slurm.clone().expect("a [slurm] table");
-    let (backend, inventory) = fk_agentd::gpu::slurm::start_for(&config, &slurm, &store)
+    let (backend, inventory) = fk_agentd::gpu::slurm::start_for(config, &slurm, &store)
         .await
         .expect("the Slurm backend starts");
-    let mut params = BrokerParams::from_config(&config);
+    let mut params = BrokerParams::from_config(config);
     params.grace = grace;
     params.session_limits = None;
     params.spool_dir = dir.join("leases");
@@ -209,34 +230,8 @@ async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
     let _serial = SERIAL.lock().await;
     let _holders = Holders::cleared(&cluster);
     let dir = tempfile::tempdir().expect("tempdir");
-    let toml = std::fs::read_to_string(cluster.join("fk-agentd.toml")).expect("cluster config");
-    let job_toml = dir.path().join("job-mode.toml");
-    std::fs::write(
-        &job_toml,
-        toml.replace("[slurm]\n", "[slurm]\nmode = \"job\"\n"),
-    )
-    .expect("config");
-    let flags = Flags {
-        home: Some(dir.path().to_path_buf()),
-        config: Some(job_toml),
-        lease_timeout: Some("5m".into()),
-        ..Flags::default()
-    };
-    let env = Env {
-        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        ..Env::default()
-    };
-    let config =
-        Config::load(&flags, &env, &fk_agentd::target::Catalog::embedded()).expect("config");
-    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
-    let slurm_cfg = config.slurm.clone().expect("a [slurm] table");
-    let (backend, inventory) = fk_agentd::gpu::slurm::start_for(&config, &slurm_cfg, &store)
-        .await
-        .expect("the Slurm backend starts");
-    let mut params = BrokerParams::from_config(&config);
-    params.session_limits = None;
-    params.spool_dir = dir.path().join("leases");
-    let broker = Broker::with_backend(inventory, params, store, std::sync::Arc::new(backend));
+    let config = job_mode_config(&cluster, dir.path());
+    let broker = broker_for(&config, dir.path(), Duration::from_secs(10)).await;
     let held = slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
     assert!(
         !held.contains("fk-agentd-"),
@@ -857,6 +852,33 @@ async fn a_node_set_down_mid_lease_ends_it_as_infrastructure() {
             == 4
     })
     .await;
+    drop(_resume);
+    rig.broker.shutdown().await;
+}
+
+/// In job mode too: a node that fails under a lease's own job ends the lease as the
+/// infrastructure's (slurmctld ends the job NODE_FAIL), not as its command's failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_job_mode_a_node_set_down_mid_lease_ends_it_as_infrastructure() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = job_mode_config(&cluster, dir.path());
+    let broker = broker_for(&config, dir.path(), Duration::from_secs(2)).await;
+    let rig = Rig { dir, broker };
+    let _resume = Resume(&cluster, "n1");
+    let (o, ended_in) = n1_leased_then(&cluster, &rig, "state=down", "reason=fk-test-down").await;
+    assert!(o.infra, "{o:?}");
+    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
+        panic!("not ended as a GPU fault: {o:?}");
+    };
+    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    assert!(detail.contains("on node n1 ended NODE_FAIL"), "{detail}");
+    assert!(
+        ended_in < Duration::from_secs(8),
+        "ended {ended_in:?} after the node went down"
+    );
     drop(_resume);
     rig.broker.shutdown().await;
 }

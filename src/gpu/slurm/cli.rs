@@ -146,6 +146,23 @@ impl SlurmCli {
             .collect())
     }
 
+    /// The newest job named `name` that slurmctld still remembers, ended ones included (for
+    /// `MinJobAge` after their end), as `(job id, state, node)`.
+    pub fn newest_job_named(&self, name: &str) -> Result<Option<(u64, String, String)>, String> {
+        let args = [
+            "-h".into(),
+            "--states=all".into(),
+            format!("--name={name}"),
+            "-o".into(),
+            "%i|%T|%N".into(),
+        ];
+        let out = self.run("squeue", &args)?;
+        Ok(parse_rows(&out, 3)
+            .into_iter()
+            .filter_map(|r| Some((r[0].parse::<u64>().ok()?, r[1].clone(), r[2].clone())))
+            .max_by_key(|r| r.0))
+    }
+
     /// `scancel` with `args` (e.g. `--signal=TERM 12.3`); a job or step that is already gone
     /// is no error.
     pub fn scancel(&self, args: &[String]) -> Result<(), String> {
