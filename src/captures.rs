@@ -1,11 +1,11 @@
-//! The capture directory a campaign reads shapes from, settled before anything uses it.
+//! The capture directory a campaign reads shapes from.
 //!
-//! Owns the shipped default captures (`captures/default/…`, embedded in the binary) and the
-//! check that a configured capture directory exists. The default path is relative to a
-//! fk-agentd checkout; run anywhere else, the embedded copy is written under
-//! `<home>/captures/default/` and used instead, so `fk-agentd start` works from any folder.
-//! A configured directory that does not exist is a usage error naming `campaign.captures`,
-//! raised before a session starts (otherwise every validation would fail the same way, late).
+//! Owns the shipped default captures (`captures/default/…`, embedded in the binary). The
+//! default path is relative to a fk-agentd checkout; run anywhere else, the embedded copy is
+//! written under `<home>/captures/default/` ([`write_embedded`]) and used instead, so
+//! `fk-agentd start` works from any folder. The configuration settles which folder a campaign
+//! uses before anything reads it (`Config::settle_captures` in `config::selection`: a
+//! configured folder that does not exist is a usage error naming `campaign.captures`).
 //!
 //! Also reads what a capture folder holds ([`report`]: reports, operators, per-target
 //! coverage), for `--targets captured`, the `SKIP(no captured case)` screen and `fk-agentd
@@ -19,9 +19,11 @@ pub mod report;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, ConfigError, DEFAULT_CAPTURES, SettingSource};
 use crate::error::Error;
 use report::CaptureReport;
+
+/// The shipped default capture folder, relative to a checkout (and to a home).
+pub const DEFAULT_CAPTURES: &str = "captures/default/b200";
 
 /// One shipped file: its path below the repository's `captures/` (and the home's), and contents.
 macro_rules! shipped {
@@ -40,34 +42,6 @@ const EMBEDDED: &[(&str, &[u8])] = &[
         "default/h200/09_BAAI__bge-m3_tp1_float16/report_BAAI__bge-m3_tp1_float16_single-request_req1000000_seqsauto_eager.json"
     ),
 ];
-
-/// Makes `config.captures` an existing directory: as configured, or the embedded default
-/// written under the home. Records where the default came from in `config.settings`.
-pub fn settle(config: &mut Config) -> Result<(), Error> {
-    if config.captures.is_dir() {
-        return Ok(());
-    }
-    let source = config.settings.get("campaign.captures").map(|(_, s)| *s);
-    if source != Some(SettingSource::Default) {
-        return Err(ConfigError::because(
-            "campaign.captures",
-            config.captures.display().to_string(),
-            "no such directory (set it to a fastkernels capture directory, or leave it out for the shipped default)",
-        )
-        .into());
-    }
-    // The home mirrors the repository's layout, so the default's relative path works there.
-    write_embedded(&config.home)?;
-    config.captures = config.home.join(DEFAULT_CAPTURES);
-    config.settings.insert(
-        "campaign.captures".into(),
-        (
-            format!("{} (embedded default)", config.captures.display()),
-            SettingSource::Default,
-        ),
-    );
-    Ok(())
-}
 
 /// Writes the embedded captures below `<root>/captures/`, leaving identical files untouched.
 pub fn write_embedded(root: &Path) -> Result<(), Error> {
@@ -89,7 +63,7 @@ pub fn write_embedded(root: &Path) -> Result<(), Error> {
 }
 
 /// The reports of the capture folder `dir`; the shipped default is read from the embedded
-/// copy when it has not been written yet (a selection is resolved before [`settle`]).
+/// copy when it has not been written yet (a selection is resolved before `Config::settle_captures`).
 pub fn reports_for(dir: &Path) -> Result<Vec<CaptureReport>, String> {
     if dir.is_dir() {
         return report::read_dir(dir);

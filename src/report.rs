@@ -5,7 +5,6 @@ use std::fmt::Write;
 
 use std::collections::BTreeMap;
 
-use crate::control::DaemonStatus;
 use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
 use crate::store::{RunRow, SessionRow};
 
@@ -48,33 +47,6 @@ pub fn sim_banner(simulated: bool) -> &'static str {
     } else {
         ""
     }
-}
-
-/// `fk-agentd status` with a daemon running.
-pub fn daemon_status(s: &DaemonStatus) -> String {
-    let mut out = String::new();
-    out.push_str(sim_banner(s.simulated));
-    let _ = writeln!(
-        out,
-        "daemon    running (pid {}){}",
-        s.pid,
-        if s.stopping { ", stopping" } else { "" }
-    );
-    let _ = writeln!(out, "home      {}", s.home);
-    let _ = writeln!(out, "started   {}", s.started_at);
-    if let Some(run) = &s.run_id {
-        let _ = writeln!(
-            out,
-            "run       {run} ({}, {} targets)",
-            s.mode.as_deref().unwrap_or("?"),
-            s.targets
-        );
-    }
-    if !s.states.is_empty() {
-        let states: Vec<String> = s.states.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        let _ = writeln!(out, "sessions  {}", states.join(", "));
-    }
-    out
 }
 
 /// `fk-agentd status` without a daemon: what the store says about the last run.

@@ -5,9 +5,9 @@
 //! the parsing of target selections (`L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu`, `all`,
 //! `captured`).
 //!
-//! The catalog can be widened ([`select_for_config`]) with what a fastkernels checkout offers
-//! (its `tasks/baseline/L<n>/*.py`, read statically by [`crate::harness::catalog`]) and what
-//! the configured captures name. Widened ids are selectable by id and by `captured` (the
+//! The catalog can be widened ([`Catalog::with_targets`], [`Catalog::with_captured`]; the
+//! configuration does it, `crate::config::selection`) with what a fastkernels checkout offers
+//! (its `tasks/baseline/L<n>/*.py`) and what the configured captures name. Widened ids are selectable by id and by `captured` (the
 //! targets with at least one forward case in the captures); levels and `all` keep meaning the
 //! default list, so the default selection stays the 133 ids.
 //!
@@ -17,7 +17,6 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::path::Path;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -386,64 +385,6 @@ impl Catalog {
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         scored.into_iter().take(3).map(|(_, id)| id).collect()
     }
-}
-
-/// What a campaign's target selection is resolved against.
-pub struct SelectionInputs<'a> {
-    pub catalog: &'a Catalog,
-    pub spec: &'a str,
-    /// The configured fastkernels checkout, whose baselines widen the catalog.
-    pub checkout: Option<&'a Path>,
-    /// The configured capture folder (`captured`, and ids only the captures name).
-    pub captures: &'a Path,
-}
-
-/// Resolves a selection. The default catalog answers a selection of its own ids; `captured`
-/// or an id it lacks widens it with the checkout's baselines and the captures' operators
-/// first. Returns the ids and the catalog they came from (sessions need their classes).
-pub fn select_for_config(i: &SelectionInputs<'_>) -> Result<(Vec<TargetId>, Catalog), TargetError> {
-    let wants_captured = i
-        .spec
-        .split(',')
-        .any(|item| item.eq_ignore_ascii_case("captured"));
-    if !wants_captured {
-        match i.catalog.select(i.spec) {
-            Ok(ids) => return Ok((ids, i.catalog.clone())),
-            Err(TargetError::UnknownTarget { .. }) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let offered: Option<Vec<Target>> = i
-        .checkout
-        .and_then(|dir| crate::harness::catalog::read_checkout(dir).ok())
-        .filter(|t| !t.is_empty());
-    let mut wide = i.catalog.clone();
-    if let Some(found) = &offered {
-        wide = wide.with_targets(found.iter().cloned());
-    }
-    match crate::captures::reports_for(i.captures) {
-        Ok(reports) => {
-            let cov = crate::captures::report::coverage(&reports);
-            let mut captured = crate::captures::report::captured_ids(&cov);
-            // With a checkout, only what it offers can be benched there.
-            if let Some(found) = &offered {
-                let ids: BTreeSet<&TargetId> = found.iter().map(|t| &t.id).collect();
-                captured.retain(|id| ids.contains(id));
-            }
-            if offered.is_none() {
-                wide = wide.with_targets(crate::captures::report::targets_of(&cov));
-            }
-            wide = wide.with_captured(captured);
-        }
-        Err(why) if wants_captured => {
-            return Err(TargetError::Captured {
-                why: format!("cannot read campaign.captures: {why}"),
-            });
-        }
-        Err(_) => {}
-    }
-    let ids = wide.select(i.spec)?;
-    Ok((ids, wide))
 }
 
 crate::exit_code!(TargetError, |self| crate::exit::EXIT_USAGE);

@@ -159,6 +159,10 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 }
             }
             let screen = screen_text(&ws, &candidate);
+            // What was benched, so scoring can tell its later benches of the same file.
+            let sha = std::fs::read(&candidate)
+                .ok()
+                .map(|b| crate::digest::sha256_hex(&b));
             let work = ws.session_dir().join("validations").join(format!("{n:03}"));
             let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
                 .for_session(&ws.target().to_string(), &ws.cache_dir());
@@ -175,7 +179,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                         .get(ws.target())
                         .cloned()
                         .unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
-                    record_validation(&journal, n, &v, gpu_s);
+                    record_validation(&journal, &work, n, &v, gpu_s, sha.clone());
                     let band = match v.geomean {
                         Some(_) => noise_band(&driver, &ws, &cancel).await,
                         None => Err(String::new()),
@@ -197,7 +201,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 }),
                 Err(f) => {
                     let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
-                    record_validation(&journal, n, &v, gpu_s);
+                    record_validation(&journal, &work, n, &v, gpu_s, sha.clone());
                     Ok(ToolOutput::error(format!(
                         "validation {n} failed: {}{screen}",
                         f.describe()
@@ -341,7 +345,16 @@ fn screen_text(ws: &Workspace, candidate: &std::path::Path) -> String {
     out
 }
 
-fn record_validation(journal: &SessionJournal, n: u32, v: &TargetVerdict, gpu_s: f64) {
+/// Records a validation as an event and beside its bench (`<work>/validation.json`, read back
+/// by scoring: [`crate::score::candidates::earlier_benches`]).
+fn record_validation(
+    journal: &SessionJournal,
+    work: &std::path::Path,
+    n: u32,
+    v: &TargetVerdict,
+    gpu_s: f64,
+    candidate_sha256: Option<String>,
+) {
     let validation = crate::event::Validation {
         n,
         winner: v.winner,
@@ -351,9 +364,14 @@ fn record_validation(journal: &SessionJournal, n: u32, v: &TargetVerdict, gpu_s:
         skipped: v.skipped,
         failing: Some(v.failing_statuses.clone()),
         gpu_s,
+        candidate_sha256,
     };
     if let Err(e) = journal.record_event(&validation) {
         tracing::warn!(error = %e, "cannot record a validation");
+    }
+    let record = work.join(crate::score::candidates::VALIDATION_RECORD);
+    if let Err(e) = crate::score::pipeline::write_json(&record, &validation) {
+        tracing::warn!(error = %e, "cannot keep a validation beside its bench");
     }
     if v.failing_statuses.is_empty() && v.rows > 0 {
         if let Some(g) = v.geomean {

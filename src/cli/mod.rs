@@ -214,7 +214,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             let mut f = flags(&cli.global, None);
             f.patches = args.patches.clone();
             let mut config = Config::load(&f, &env, &catalog)?;
-            crate::captures::settle(&mut config)?;
+            config.settle_captures()?;
             score::cmd_score(&config, &env, args).await
         }
         Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
@@ -272,12 +272,12 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             f.targets = targets.clone();
             f.patches = patches.clone();
             let mut config = Config::load(&f, &env, &catalog)?;
-            crate::captures::settle(&mut config)?;
+            config.settle_captures()?;
             doctor::cmd_doctor(&config, json).await
         }
         Command::Captures(ref command) => {
             let mut config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
-            crate::captures::settle(&mut config)?;
+            config.settle_captures()?;
             captures::cmd_captures(&config, command)
         }
         Command::Completions { shell } => {
@@ -330,7 +330,7 @@ async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
                         serde_json::to_string_pretty(&value).unwrap_or_default()
                     );
                 } else {
-                    print!("{}", report::daemon_status(&s));
+                    print!("{}", s.render());
                     let run = s.run_id.as_deref();
                     if let Some(line) = run.and_then(|r| session::outcome_line(home, r)) {
                         println!("outcome   {line}");

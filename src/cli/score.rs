@@ -173,6 +173,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         repeats: args.repeats as usize,
         noise_sample: args.noise_sample as usize,
         screen_waive: config.screen_waive.clone(),
+        earlier: Default::default(),
     };
     let cancel = CancellationToken::new();
     let report = match &from_run {

@@ -18,7 +18,7 @@ pub async fn cmd_start(
     catalog: &Catalog,
 ) -> Result<i32, Error> {
     let mut config = Config::load(&super::flags(global, Some(start)), env, catalog)?;
-    crate::captures::settle(&mut config)?;
+    config.settle_captures()?;
     if start.e2e.is_some() && config.mode != crate::config::Mode::All {
         return Err(Error::Usage(format!(
             "--e2e with campaign.mode (--mode) = {}: the end-to-end eval of a campaign needs              --mode all (score a single run first, then `fk-agentd score --run RUN --e2e SCENARIOS`)",
@@ -90,7 +90,7 @@ pub async fn cmd_resume(
     // The resumed sessions bench on a copy patched as the run's first sessions did.
     flags.patches = started.setting("fastkernels.patches").map(str::to_string);
     let mut config = Config::load(&flags, env, catalog)?;
-    crate::captures::settle(&mut config)?;
+    config.settle_captures()?;
     let include = !started.settings.contains_key("campaign.skipped_uncaptured");
     super::captures::screen_uncaptured(&mut config, include)?;
     // A prefix names the run; from here on, its full id.

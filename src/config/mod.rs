@@ -8,9 +8,11 @@
 //! Every rejection is a [`ConfigError`] naming the key, the value and what was expected.
 
 pub mod agent;
+pub mod gate;
 mod gpus;
 pub mod limits;
 pub mod provider;
+pub mod selection;
 mod slurm;
 
 use std::collections::BTreeMap;
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::run::Mode;
 use crate::target::{Catalog, TargetId};
 
 pub use gpus::{DEFAULT_CGROUP_ROOT, GpuDevices, describe_devices};
@@ -176,47 +179,17 @@ impl QueueOrder {
     }
 }
 
-/// How the campaign schedules its targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Every target at once, under the agent cap.
-    Independent,
-    /// Level by level, each level building on the winners of the levels below.
-    Sequential,
-    /// Independent, then sequential, then the comparison.
-    All,
-}
-
-impl Mode {
-    pub fn parse(key: &str, value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "independent" => Ok(Self::Independent),
-            "sequential" => Ok(Self::Sequential),
-            "all" => Ok(Self::All),
-            _ => Err(ConfigError::new(
-                key,
-                value,
-                "one of independent, sequential, all",
-            )),
-        }
-    }
-
-    /// The short form used in run ids.
-    pub fn short(self) -> &'static str {
-        match self {
-            Self::Independent => "ind",
-            Self::Sequential => "seq",
-            Self::All => "all",
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Independent => "independent",
-            Self::Sequential => "sequential",
-            Self::All => "all",
-        }
+/// `campaign.mode`: one of the three [`Mode`]s.
+fn parse_mode(key: &str, value: &str) -> Result<Mode, ConfigError> {
+    match value {
+        "independent" => Ok(Mode::Independent),
+        "sequential" => Ok(Mode::Sequential),
+        "all" => Ok(Mode::All),
+        _ => Err(ConfigError::new(
+            key,
+            value,
+            "one of independent, sequential, all",
+        )),
     }
 }
 
@@ -394,7 +367,7 @@ pub struct Config {
     #[serde(skip)]
     pub prices: Option<provider::Prices>,
     /// The winner gate of every scoring (`[score] gate`, `[score] confirm`).
-    pub gate: crate::score::gate::WinnerGate,
+    pub gate: gate::WinnerGate,
     /// Where the dashboard listens while a campaign runs (`None`: `[dashboard] listen = "off"`).
     pub dashboard_listen: Option<std::net::SocketAddr>,
     /// Environment variables that hold secrets (the provider's `token_env`): removed from every
@@ -418,7 +391,7 @@ pub const DEFAULT_MAX_AGENTS: i64 = 12;
 pub const MAX_AGENTS_LIMIT: i64 = 256;
 pub const DEFAULT_SESSION_TIMEOUT: &str = "5h";
 pub const DEFAULT_LEASE_TIMEOUT: &str = "15m";
-pub const DEFAULT_CAPTURES: &str = "captures/default/b200";
+pub use crate::captures::DEFAULT_CAPTURES;
 pub const DEFAULT_PROVIDER: &str = "cortex";
 
 /// The daemon home: `--home`, else `FK_AGENTD_HOME`, else `$XDG_STATE_HOME/fk-agentd`, else
@@ -553,7 +526,7 @@ impl Config {
             DEFAULT_PROVIDER,
         );
 
-        let mode = Mode::parse("campaign.mode (--mode)", &mode)?;
+        let mode = parse_mode("campaign.mode (--mode)", &mode)?;
         let max_agents = parse_count(
             "campaign.max_agents (--max-agents)",
             &max_agents,
@@ -592,16 +565,15 @@ impl Config {
         let (fastkernels_dir, fastkernels_command) =
             validate_fastkernels(raw.fastkernels, env, &mut settings)?;
         let captures = expand_tilde(&captures, env);
-        let (targets, catalog) =
-            crate::target::select_for_config(&crate::target::SelectionInputs {
-                catalog,
-                spec: &targets_spec,
-                checkout: fastkernels_dir.as_deref(),
-                captures: &captures,
-            })
-            .map_err(|e| {
-                ConfigError::because("campaign.targets (--targets)", &targets_spec, e.to_string())
-            })?;
+        let (targets, catalog) = selection::select_for_config(&selection::SelectionInputs {
+            catalog,
+            spec: &targets_spec,
+            checkout: fastkernels_dir.as_deref(),
+            captures: &captures,
+        })
+        .map_err(|e| {
+            ConfigError::because("campaign.targets (--targets)", &targets_spec, e.to_string())
+        })?;
         if flags.sim {
             settings.insert("sim".into(), ("true".into(), SettingSource::Flag));
         }
@@ -675,8 +647,8 @@ fn score_gate(
     flags: &Flags,
     raw: &RawScore,
     settings: &mut BTreeMap<String, (String, SettingSource)>,
-) -> Result<crate::score::gate::WinnerGate, ConfigError> {
-    use crate::score::gate::{DEFAULT_CONFIRM, GateKind, WinnerGate};
+) -> Result<gate::WinnerGate, ConfigError> {
+    use gate::{DEFAULT_CONFIRM, GateKind, WinnerGate};
     let pick = |flag: Option<String>, file: Option<String>| match (flag, file) {
         (Some(v), _) => Some((v, SettingSource::Flag)),
         (None, Some(v)) => Some((v, SettingSource::File)),

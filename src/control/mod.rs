@@ -26,6 +26,7 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{SessionRow, Store};
+use std::fmt::Write as _;
 
 /// Errors of the control boundary (serving or calling).
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +81,36 @@ pub struct DaemonStatus {
     /// Session counts by state.
     pub states: std::collections::BTreeMap<String, usize>,
     pub stopping: bool,
+}
+
+impl DaemonStatus {
+    /// `fk-agentd status` with a daemon running.
+    pub fn render(&self) -> String {
+        let s = self;
+        let mut out = String::new();
+        out.push_str(crate::report::sim_banner(s.simulated));
+        let _ = writeln!(
+            out,
+            "daemon    running (pid {}){}",
+            s.pid,
+            if s.stopping { ", stopping" } else { "" }
+        );
+        let _ = writeln!(out, "home      {}", s.home);
+        let _ = writeln!(out, "started   {}", s.started_at);
+        if let Some(run) = &s.run_id {
+            let _ = writeln!(
+                out,
+                "run       {run} ({}, {} targets)",
+                s.mode.as_deref().unwrap_or("?"),
+                s.targets
+            );
+        }
+        if !s.states.is_empty() {
+            let states: Vec<String> = s.states.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(out, "sessions  {}", states.join(", "));
+        }
+        out
+    }
 }
 
 /// What the handlers may read and do.

@@ -326,6 +326,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         repeats: 1,
         noise_sample: 3,
         screen_waive: ctx.screen_waive.clone(),
+        earlier: Default::default(),
     };
     let report = score_run(&driver, &params, &ctx.root).await?;
     if !report.incomplete.is_empty() {

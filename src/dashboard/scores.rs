@@ -143,9 +143,9 @@ fn comparison_chart(c: &Comparison) -> Markup {
 
 /// The comparison of this run's `--mode all` pair, when both halves are scored.
 fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>, String> {
-    let Some(pair) =
-        crate::daemon::plan::pair_of(&state.store, &run.id).map_err(|e| e.to_string())?
-    else {
+    let started =
+        crate::scheduler::budget::run_started(&state.store, &run.id).map_err(|e| e.to_string())?;
+    let Some(pair) = started.pair else {
         return Ok(None);
     };
     let (ind, seq) = if run.mode == "sequential" {
@@ -162,7 +162,9 @@ fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>
 /// The scores page's body (blocking: reads files and the store).
 pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
     let run_dir = crate::run::runs_dir(&state.home).join(&run.id);
-    let generation = compare::generations(&run_dir).into_iter().next();
+    let generation = crate::score::candidates::generations(&run_dir)
+        .into_iter()
+        .next();
     let score: Option<Value> = generation
         .as_ref()
         .and_then(|g| std::fs::read(g.join("score.json")).ok())

@@ -164,6 +164,9 @@ pub struct Validation {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failing: Option<Vec<String>>,
     pub gpu_s: f64,
+    /// sha256 of the candidate file it benched; left out by payloads older than the field.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate_sha256: Option<String>,
 }
 
 impl Validation {

@@ -8,7 +8,7 @@
 //!
 //! Invariant: a results generation directory is created exclusively and never reused.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::score::ScoreError;
@@ -246,4 +246,79 @@ pub fn gather_sessions(sessions: &[(TargetId, PathBuf)], dest: &Path) -> Result<
         }
     }
     Ok(())
+}
+
+/// Copies every file under `src` into `dst` (same relative paths); returns them, sorted.
+pub fn copy_tree(src: &Path, dst: &Path) -> Result<Vec<PathBuf>, ScoreError> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = src.join(&rel);
+        for e in std::fs::read_dir(&dir).map_err(ScoreError::io(&dir))? {
+            let e = e.map_err(ScoreError::io(&dir))?;
+            let (kind, name) = (e.file_type().map_err(ScoreError::io(&dir))?, e.file_name());
+            if kind.is_dir() && name != "__pycache__" {
+                stack.push(rel.join(&name));
+            } else if kind.is_file() {
+                let to = dst.join(&rel).join(&name);
+                std::fs::create_dir_all(dst.join(&rel)).map_err(ScoreError::io(dst))?;
+                std::fs::copy(e.path(), &to).map_err(ScoreError::io(&to))?;
+                out.push(rel.join(&name));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Result generations of a run, newest first (`results-3`, `results-2`, `results`).
+pub fn generations(run_dir: &Path) -> Vec<PathBuf> {
+    let mut gens: Vec<(u32, PathBuf)> = std::fs::read_dir(run_dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((generation_number(&name)?, e.path()))
+        })
+        .collect();
+    gens.sort_by_key(|g| std::cmp::Reverse(g.0));
+    gens.into_iter().map(|(_, p)| p).collect()
+}
+
+/// The file of a `validate` call's record ([`crate::event::Validation`]), in the folder of its
+/// bench (`<session>/validations/<NNN>/`).
+pub const VALIDATION_RECORD: &str = "validation.json";
+
+/// The geomeans of the earlier benches of each session's final candidate: its `validate` calls
+/// that benched the very same file (by sha256) and passed every scenario they ran. A session's
+/// folder is the parent of its `candidate/`; records that cannot be read are left out.
+pub fn earlier_benches(sessions: &[(TargetId, PathBuf)]) -> BTreeMap<TargetId, Vec<f64>> {
+    let mut out = BTreeMap::new();
+    for (target, cand) in sessions {
+        let (Some(session), Ok(bytes)) = (
+            cand.parent(),
+            std::fs::read(cand.join(target.candidate_path())),
+        ) else {
+            continue;
+        };
+        let sha = crate::digest::sha256_hex(&bytes);
+        let Ok(entries) = std::fs::read_dir(session.join("validations")) else {
+            continue;
+        };
+        let mut dirs: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+        dirs.sort();
+        let geomeans: Vec<f64> = dirs
+            .iter()
+            .filter_map(|d| std::fs::read(d.join(VALIDATION_RECORD)).ok())
+            .filter_map(|b| serde_json::from_slice::<crate::event::Validation>(&b).ok())
+            .filter(|v| v.candidate_sha256.as_deref() == Some(sha.as_str()))
+            .filter(|v| v.passed_every_scenario())
+            .filter_map(|v| v.geomean)
+            .collect();
+        if !geomeans.is_empty() {
+            out.insert(target.clone(), geomeans);
+        }
+    }
+    out
 }

@@ -25,6 +25,7 @@ use crate::event::{TurnFinished, Validation};
 use crate::inspect::group;
 use crate::report::table;
 use crate::score::ScoreError;
+use crate::score::candidates::generations;
 use crate::score::export::Manifest;
 use crate::score::gate::geomean;
 use crate::score::render::{banner, group_f, wrap};
@@ -225,21 +226,6 @@ pub fn compare(input: &CompareInput) -> Comparison {
     }
 }
 
-/// Result generations of a run, newest first (`results-3`, `results-2`, `results`).
-pub fn generations(run_dir: &Path) -> Vec<PathBuf> {
-    let mut gens: Vec<(u32, PathBuf)> = std::fs::read_dir(run_dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            Some((super::candidates::generation_number(&name)?, e.path()))
-        })
-        .collect();
-    gens.sort_by_key(|g| std::cmp::Reverse(g.0));
-    gens.into_iter().map(|(_, p)| p).collect()
-}
-
 /// The independent outcome from a run's newest `score.json`.
 pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, PathBuf), ScoreError> {
     let path = generations(run_dir)
@@ -414,7 +400,7 @@ fn names(ts: &[TargetId]) -> String {
 /// The agent backend a run's sessions ran, from its recorded settings (`native` before the
 /// setting existed).
 pub fn backend_of(store: &Store, run: &str) -> String {
-    crate::daemon::plan::run_started(store, run)
+    crate::scheduler::budget::run_started(store, run)
         .ok()
         .and_then(|v| v.setting("agent.backend").map(str::to_string))
         .unwrap_or_else(|| "native".into())

@@ -30,10 +30,12 @@
 //!   95 % interval of the geomean starts at ≥ threshold. At least two kept benches stand behind
 //!   every confirmation, so no single bench decides alone.
 //!
-//! A first bench below the published threshold normally ends a candidate (one bench). When it
-//! lies far below it ([`first_bench_is_outlier`]: more than `outlier_spreads` prior spreads),
+//! A first bench below the published threshold normally ends a candidate (one bench). When the
+//! candidate's own earlier benches of the same file (its `validate` calls) passed and this one
+//! lies far below them ([`first_bench_is_outlier`]: more than `outlier_spreads` prior spreads),
 //! it may be one of the rare wild benches, so the candidate gets one more bench and that
-//! decides whether it passed the first-bench gate.
+//! decides whether it passed the first-bench gate. A candidate with no earlier passing bench is
+//! never re-benched, so a campaign where most candidates lose costs about one bench each.
 
 use serde::{Deserialize, Serialize};
 
@@ -131,10 +133,23 @@ pub enum Step {
     Done(Confirmation),
 }
 
-/// Whether a first bench that lost is so far below the threshold that it may be a wild bench:
-/// then one more bench decides the first-bench verdict.
-pub fn first_bench_is_outlier(geomean: f64, rule: &ConfirmRule) -> bool {
-    geomean > 0.0 && geomean.ln() < rule.threshold.ln() - rule.outlier_spreads * rule.sigma
+/// Whether a first bench that lost may be a wild bench: the candidate's own earlier benches of
+/// the same file (`earlier`, the geomeans of its `validate` calls in the campaign) say it wins
+/// (their median is at or above the threshold), and this bench lies more than
+/// `outlier_spreads` prior spreads below that median. Then one more bench decides the
+/// first-bench verdict. Without earlier benches, or when they lost too, the first bench stands:
+/// a candidate that is really slow costs one bench.
+pub fn first_bench_is_outlier(geomean: f64, earlier: &[f64], rule: &ConfirmRule) -> bool {
+    let logs: Vec<f64> = earlier
+        .iter()
+        .filter(|g| **g > 0.0)
+        .map(|g| g.ln())
+        .collect();
+    if geomean <= 0.0 || logs.is_empty() {
+        return false;
+    }
+    let before = median(&logs);
+    before >= rule.threshold.ln() && before - geomean.ln() > rule.outlier_spreads * rule.sigma
 }
 
 /// Which of the log values are outliers by the robust rule (see the module docs).
@@ -401,12 +416,18 @@ mod tests {
     }
 
     #[test]
-    fn only_a_first_bench_far_below_the_band_is_rescued() {
+    fn only_a_first_bench_far_below_its_own_passing_benches_is_rescued() {
         let rule = ConfirmRule::new(1.0, 4);
+        let passed = [1.08, 1.12, 1.05];
         let got: Vec<bool> = [0.25, 0.80, 0.90, 0.99]
             .iter()
-            .map(|g| first_bench_is_outlier(*g, &rule))
+            .map(|g| first_bench_is_outlier(*g, &passed, &rule))
             .collect();
         assert_eq!(got, [true, true, false, false]);
+        // Far below the threshold, yet as slow as it always was, or with nothing to compare.
+        assert!(!first_bench_is_outlier(0.5, &[0.52, 0.49], &rule));
+        assert!(!first_bench_is_outlier(0.25, &[], &rule));
+        // Earlier benches that did not pass do not make a slow bench wild.
+        assert!(!first_bench_is_outlier(0.25, &[0.97], &rule));
     }
 }

@@ -7,9 +7,10 @@
 //! first. The confirmed verdict becomes the verdict's `winner`; the published one stays in
 //! `published`.
 //!
-//! Before it, [`rescue_outliers`]: a correct candidate whose first bench lost far below the
-//! threshold ([`crate::score::confirm::first_bench_is_outlier`]) gets one more bench in
-//! `rescue/`, because a wild bench may not decide a verdict alone. When that bench passes, the
+//! Before it, [`rescue_outliers`]: a correct candidate whose first bench lost far below its own
+//! earlier passing benches of the same file (the campaign's `validate` calls;
+//! [`crate::score::confirm::first_bench_is_outlier`]) gets one more bench in `rescue/`, because
+//! a wild bench may not decide a verdict alone. When that bench passes, the
 //! candidate goes on to confirmation like a first-bench winner (its published verdict stays
 //! the first bench's "no"); the pipeline runs the reward-hack screen after the rescue, so a
 //! rescued candidate is screened like every other.
@@ -22,11 +23,12 @@ use tokio_util::sync::CancellationToken;
 use crate::score::confirm::{ConfirmRule, Confirmation, Step, first_bench_is_outlier, step};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::WinnerGate;
-use crate::score::pipeline::{RunSummary, StageReport};
+use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
-/// Re-benches each correct first-bench loser of `stage` whose geomean lies so far below the
-/// threshold that it may be a wild bench (in `<dir>/L<n>_<stem>/rescue/`). The second bench
+/// Re-benches each correct first-bench loser of `stage` whose geomean lies so far below its
+/// `earlier` benches (by target: geomeans of the same candidate file, benched before scoring)
+/// that it may be a wild bench (in `<dir>/L<n>_<stem>/rescue/`). The second bench
 /// decides the first-bench verdict: a pass makes the target a winner for [`confirm_winners`]
 /// (not for the published gate), a loss keeps it a loser with both numbers in its reason.
 /// Returns the rescued targets with the outlier they started from.
@@ -35,6 +37,7 @@ pub async fn rescue_outliers<L: BenchLauncher>(
     dir: &Path,
     stage: &mut StageReport,
     gate: &WinnerGate,
+    earlier: &BTreeMap<TargetId, Vec<f64>>,
     cancel: &CancellationToken,
 ) -> BTreeMap<TargetId, f64> {
     let rule = ConfirmRule::new(gate.threshold, gate.confirm);
@@ -44,7 +47,10 @@ pub async fn rescue_outliers<L: BenchLauncher>(
         .iter()
         .filter(|v| !v.winner && v.failing_statuses.is_empty())
         .filter_map(|v| Some((v.target.clone(), v.geomean?)))
-        .filter(|(_, g)| first_bench_is_outlier(*g, &rule))
+        .filter(|(t, g)| {
+            let before = earlier.get(t).map_or(&[][..], Vec::as_slice);
+            first_bench_is_outlier(*g, before, &rule)
+        })
         .collect();
     let mut rescued = BTreeMap::new();
     if picked.is_empty() || cancel.is_cancelled() {

@@ -31,7 +31,7 @@ mod launch;
 pub mod rows;
 
 use super::ScoreError;
-use super::compare::generations;
+use super::candidates::generations;
 use super::driver::{Invocation, ProcessExit};
 
 /// Starts an eval process holding `gpus` GPUs and waits for it.
@@ -75,7 +75,7 @@ pub fn winner_set(run_id: &str, run_dir: &Path, mode: &str) -> Result<WinnerSet,
             };
             let dir = seq.join("e2e_candidates");
             if !dir.is_dir() {
-                super::sequential::copy_tree(&gate.win_candidates, &dir)?;
+                super::candidates::copy_tree(&gate.win_candidates, &dir)?;
                 for d in &gate.dropped {
                     let _ = std::fs::remove_file(dir.join(d.target.candidate_path()));
                 }

@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::score::ScoreError;
 use crate::score::candidates::CandidateSet;
+use crate::score::driver::CheckoutState;
 use crate::score::gate::TargetVerdict;
-use crate::score::pipeline::{ScoreMode, ScoreReport, write_json};
+use crate::score::stage::{ScoreMode, StageReport, write_json};
 use crate::target::TargetId;
 
 /// A kept kernel.
@@ -112,16 +113,27 @@ fn entry(v: &TargetVerdict, composed: Option<f64>, standalone: Option<f64>) -> K
     }
 }
 
-/// Decides the kept and dropped kernels from a report, copies the kept ones into
+/// What a final set is decided from: the stages of one score and where it was written.
+pub struct SetSource<'a> {
+    pub standalone: Option<&'a StageReport>,
+    pub composed: Option<&'a StageReport>,
+    /// The results generation (`<generation>/sets/<name>/` receives the set).
+    pub generation: &'a Path,
+    pub mode: ScoreMode,
+    pub simulated: bool,
+    pub checkout: &'a CheckoutState,
+}
+
+/// Decides the kept and dropped kernels from a score, copies the kept ones into
 /// `<generation>/sets/<name>/` and writes its manifest.
 pub fn build_final_set(
     set: &CandidateSet,
-    report: &ScoreReport,
+    report: &SetSource<'_>,
     name: &str,
     win_dir: &Path,
 ) -> Result<FinalSet, ScoreError> {
-    let standalone = report.standalone.as_ref().map(|s| &s.gate);
-    let composed = report.composed.as_ref().map(|s| &s.gate);
+    let standalone = report.standalone.map(|s| &s.gate);
+    let composed = report.composed.map(|s| &s.gate);
     let mut kernels = Vec::new();
     let mut dropped = Vec::new();
     let pool: Vec<TargetId> = match standalone {

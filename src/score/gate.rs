@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::score::result::{BenchResult, ScenarioRow, Status};
 use crate::target::TargetId;
@@ -24,82 +24,7 @@ use crate::target::TargetId;
 /// Speedups above this are flagged for a human to check.
 pub const REVIEW_SPEEDUP: f64 = 10.0;
 
-/// Which verdict decides a winner (`[score] gate`, `--gate`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GateKind {
-    /// The published gate on the first bench, then confirmation (see [`crate::score::confirm`]).
-    #[default]
-    Confirmed,
-    /// The published gate alone: one bench, geomean ≥ threshold.
-    Published,
-    /// Every candidate benched `--repeats` times; the bootstrap interval's lower end decides.
-    LowerBound,
-}
-
-impl GateKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GateKind::Confirmed => "confirmed",
-            GateKind::Published => "published",
-            GateKind::LowerBound => "lower-bound",
-        }
-    }
-}
-
-impl std::str::FromStr for GateKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "confirmed" => Ok(GateKind::Confirmed),
-            "published" => Ok(GateKind::Published),
-            "lower-bound" => Ok(GateKind::LowerBound),
-            other => Err(format!(
-                "gate = {other:?}: expected \"confirmed\", \"published\" or \"lower-bound\""
-            )),
-        }
-    }
-}
-
-/// Default benches after the first for a confirmation (`[score] confirm`).
-pub const DEFAULT_CONFIRM: usize = 4;
-
-/// The gate's parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct WinnerGate {
-    /// Minimum geometric-mean speedup of a winner (inclusive).
-    pub threshold: f64,
-    /// Which verdict decides (the published one is always computed and kept).
-    pub kind: GateKind,
-    /// Benches after the first at most, for [`GateKind::Confirmed`].
-    pub confirm: usize,
-}
-
-impl Default for WinnerGate {
-    fn default() -> Self {
-        Self {
-            threshold: 1.0,
-            kind: GateKind::Confirmed,
-            confirm: DEFAULT_CONFIRM,
-        }
-    }
-}
-
-impl WinnerGate {
-    /// The published gate: one bench decides.
-    pub fn published() -> Self {
-        Self {
-            kind: GateKind::Published,
-            ..Self::default()
-        }
-    }
-
-    /// `--gate lower-bound`: the interval of `--repeats` benches decides.
-    pub fn lower_bound(&self) -> bool {
-        self.kind == GateKind::LowerBound
-    }
-}
+pub use crate::config::gate::{DEFAULT_CONFIRM, GateKind, WinnerGate};
 
 /// The gate's answer for one target.
 #[derive(Clone, Debug, PartialEq, Serialize)]

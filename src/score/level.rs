@@ -22,11 +22,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
 use crate::score::candidates::CandidateSet;
+use crate::score::candidates::copy_tree;
 use crate::score::confirmation::confirm_winners;
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
 use crate::score::pipeline::{MixParams, RunSummary, StageReport, score_mix, write_json};
-use crate::score::sequential::copy_tree;
 use crate::target::TargetId;
 
 /// What a level's benches need.

@@ -10,6 +10,7 @@
 //! | [`noise`]      | self-test noise floor, repeats: medians and bootstrap intervals     |
 //! | [`confirm`]    | confirmation of a one-shot winner: adaptive repeats, outliers       |
 //! | [`confirmation`] | the confirmation benches, round by round                          |
+//! | [`stage`]      | what a bench stage reports, and how reports are written (JSON)      |
 //! | [`pipeline`]   | standalone → winners → composed → final set; [`pipeline::score_mix`] |
 //! | [`export`]     | the final set as `agent-candidates/<set>/manifest.json`             |
 //! | [`render`]     | the human table of a score                                          |
@@ -37,6 +38,7 @@ pub mod pipeline;
 pub mod render;
 pub mod result;
 pub mod sequential;
+pub mod stage;
 
 use std::path::PathBuf;
 

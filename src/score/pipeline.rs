@@ -28,25 +28,16 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
-use crate::score::candidates::{CandidateSet, gather_sessions, new_generation, session_candidates};
+use crate::score::candidates::{
+    CandidateSet, earlier_benches, gather_sessions, new_generation, session_candidates,
+};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
-use crate::score::export::{FinalSet, build_final_set};
+use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
-use crate::score::noise::{NoiseFloor, Spread, merge_repeats, noise_floor, sample, spread};
+use crate::score::noise::{NoiseFloor, merge_repeats, noise_floor, sample, spread};
 use crate::score::result::{BenchResult, ScenarioRow};
+pub use crate::score::stage::{RunSummary, ScoreMode, StageReport, write_json};
 use crate::target::TargetId;
-
-/// Which benches to run on a folder.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ScoreMode {
-    /// Standalone bench and gate only.
-    Standalone,
-    /// Composed bench of the whole folder (already a winner set), correctness gate only.
-    Composed,
-    /// Standalone, then composed of the standalone winners.
-    Both,
-}
 
 /// What to score and where.
 #[derive(Clone, Debug)]
@@ -65,54 +56,10 @@ pub struct ScoreParams {
     pub noise_sample: usize,
     /// Reward-hack screen rules that do not block a winner.
     pub screen_waive: Vec<String>,
-}
-
-/// One bench invocation as reported.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RunSummary {
-    pub label: String,
-    pub exit_code: Option<i32>,
-    pub wall_s: Option<f64>,
-    /// Why it gave no usable JSON (`None` when it did).
-    pub failure: Option<String>,
-    pub infrastructure: bool,
-    pub json: Option<PathBuf>,
-}
-
-impl RunSummary {
-    pub(crate) fn of(run: &BenchRun) -> Self {
-        let failure = run.result.as_ref().err();
-        Self {
-            label: run.request.label.clone(),
-            exit_code: run.exit.as_ref().and_then(|e| e.code),
-            wall_s: run.exit.as_ref().map(|e| e.wall_s),
-            failure: failure.map(|f| f.describe()),
-            infrastructure: failure.is_some_and(|f| f.is_infrastructure()),
-            json: run.result.is_ok().then(|| run.request.output()),
-        }
-    }
-}
-
-/// A bench stage: its verdicts and its invocations.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StageReport {
-    pub gate: GateReport,
-    pub runs: Vec<RunSummary>,
-    /// True when any row came from the simulated bench.
-    pub simulated: bool,
-    /// Bootstrap intervals by target (only with repeats).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub spreads: BTreeMap<String, Spread>,
-}
-
-impl StageReport {
-    fn infrastructure_failures(&self) -> Vec<String> {
-        self.runs
-            .iter()
-            .filter(|r| r.infrastructure)
-            .map(|r| format!("{}: {}", r.label, r.failure.clone().unwrap_or_default()))
-            .collect()
-    }
+    /// Geomeans of earlier benches of each candidate's very file (a campaign's `validate`
+    /// calls): a first bench far below passing ones may be wild and gets one more bench.
+    /// Scoring a run fills it from its sessions; empty, every first bench stands.
+    pub earlier: BTreeMap<TargetId, Vec<f64>>,
 }
 
 /// Everything a score produced.
@@ -375,6 +322,7 @@ pub async fn score_run_with<L: BenchLauncher>(
     let set = CandidateSet::scan(&dest)?;
     let params = ScoreParams {
         candidates: dest,
+        earlier: earlier_benches(&sessions),
         ..params.clone()
     };
     score_set(driver, &params, set, gen_dir, progress, cancel).await
@@ -424,6 +372,7 @@ async fn score_set<L: BenchLauncher>(
                     &dir,
                     &mut stage,
                     &params.gate,
+                    &params.earlier,
                     cancel,
                 )
                 .await
@@ -471,7 +420,15 @@ async fn score_set<L: BenchLauncher>(
         report.composed = Some(stage);
     }
     if report.incomplete.is_empty() {
-        let final_set = build_final_set(&set, &report, &params.set_name, &win_dir)?;
+        let source = SetSource {
+            standalone: report.standalone.as_ref(),
+            composed: report.composed.as_ref(),
+            generation: &report.generation,
+            mode: report.mode,
+            simulated: report.simulated,
+            checkout: &report.checkout,
+        };
+        let final_set = build_final_set(&set, &source, &params.set_name, &win_dir)?;
         report.final_set = Some(final_set);
     }
     write_json(&gen_dir.join("score.json"), &report)?;
@@ -552,22 +509,6 @@ async fn compose<L: BenchLauncher>(
     write_json(&comp.join("bench.json"), &outcome.result)?;
     write_json(&comp.join("gate.json"), &outcome.stage)?;
     Ok(outcome.stage)
-}
-
-/// Writes pretty JSON (indent 1, trailing newline, like the published files).
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ScoreError> {
-    let mut buf = Vec::new();
-    let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
-    let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
-    value.serialize(&mut ser).map_err(|e| ScoreError::Io {
-        path: path.to_path_buf(),
-        source: std::io::Error::other(e),
-    })?;
-    buf.push(b'\n');
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(ScoreError::io(parent))?;
-    }
-    std::fs::write(path, buf).map_err(ScoreError::io(path))
 }
 
 #[cfg(test)]

@@ -185,8 +185,8 @@ fn confirmed_stage(out: &mut String, s: &StageReport, width: usize) {
     ));
     out.push_str(&wrap(
         &format!(
-            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a first bench that lost far below {:.2} gets one more bench, which decides (rescued)",
-            g.confirm, g.threshold
+            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a first bench that lost far below the candidate's own passing validate benches gets one more bench, which decides (rescued)",
+            g.confirm
         ),
         width,
         2,

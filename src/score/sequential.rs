@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::report::{sim_banner, table};
 use crate::score::ScoreError;
-use crate::score::candidates::{CandidateSet, gather_sessions, session_candidates};
+use crate::score::candidates::{CandidateSet, copy_tree, gather_sessions, session_candidates};
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::export::dropped_reason;
 use crate::score::gate::{TargetVerdict, WinnerGate};
@@ -155,29 +155,6 @@ pub fn read_level_gate(seq_dir: &Path, level: u8) -> Result<Option<LevelGate>, S
 /// The final gate, if the sequential scoring finished.
 pub fn read_seq_gate(seq_dir: &Path) -> Result<Option<SeqGate>, ScoreError> {
     read_json(&seq_dir.join("gate.json"))
-}
-
-/// Copies every file under `src` into `dst` (same relative paths); returns them, sorted.
-pub fn copy_tree(src: &Path, dst: &Path) -> Result<Vec<PathBuf>, ScoreError> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = src.join(&rel);
-        for e in std::fs::read_dir(&dir).map_err(ScoreError::io(&dir))? {
-            let e = e.map_err(ScoreError::io(&dir))?;
-            let (kind, name) = (e.file_type().map_err(ScoreError::io(&dir))?, e.file_name());
-            if kind.is_dir() && name != "__pycache__" {
-                stack.push(rel.join(&name));
-            } else if kind.is_file() {
-                let to = dst.join(&rel).join(&name);
-                std::fs::create_dir_all(dst.join(&rel)).map_err(ScoreError::io(dst))?;
-                std::fs::copy(e.path(), &to).map_err(ScoreError::io(&to))?;
-                out.push(rel.join(&name));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
 }
 
 /// Installs the winners in `win_dir` into the candidate folder of each target's session

@@ -17,6 +17,7 @@ mod digest;
 pub mod drains;
 pub mod leases;
 mod migrations;
+pub mod run_id;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,10 +63,16 @@ pub enum StoreError {
     UnknownRun(String),
     /// A run id typed by the user that names no run, or several (a prefix).
     #[error(transparent)]
-    RunId(#[from] crate::run::RunIdError),
+    RunId(#[from] run_id::RunIdError),
     #[error("store task failed: {0}")]
     Join(String),
 }
+
+// An unknown run is bad input; anything else, a store that cannot serve.
+crate::exit_code!(StoreError, |self| match self {
+    Self::UnknownRun(_) | Self::RunId(_) => crate::exit::EXIT_USAGE,
+    _ => crate::exit::EXIT_UNAVAILABLE,
+});
 
 impl StoreError {
     /// A SQLite error of `path`, told as damage when SQLite says the file is damaged.
@@ -451,7 +458,7 @@ impl Store {
         match id {
             Some(id) => {
                 let ids: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
-                let found = crate::run::resolve_run_id(&ids, id)?.to_string();
+                let found = run_id::resolve_run_id(&ids, id)?.to_string();
                 runs.into_iter()
                     .find(|r| r.id == found)
                     .ok_or(StoreError::UnknownRun(found))

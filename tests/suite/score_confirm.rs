@@ -21,6 +21,16 @@ struct Scored {
 }
 
 async fn score(candidates: &[(&str, &str)], gate: WinnerGate) -> Scored {
+    score_after(candidates, gate, &[]).await
+}
+
+/// [`score`], where the campaign had benched some candidates before (their `validate` calls):
+/// `earlier` gives their geomeans by target.
+async fn score_after(
+    candidates: &[(&str, &str)],
+    gate: WinnerGate,
+    earlier: &[(&str, &[f64])],
+) -> Scored {
     let tmp = tempfile::tempdir().unwrap();
     let cands = tmp.path().join("cands");
     for (target, content) in candidates {
@@ -47,6 +57,10 @@ async fn score(candidates: &[(&str, &str)], gate: WinnerGate) -> Scored {
         repeats: 1,
         noise_sample: 0,
         screen_waive: Vec::new(),
+        earlier: earlier
+            .iter()
+            .map(|(t, g)| (t.parse().unwrap(), g.to_vec()))
+            .collect(),
     };
     let report = score_candidates(&driver, &score, &CancellationToken::new())
         .await
@@ -229,25 +243,35 @@ async fn both_verdicts_reach_the_results_json_and_the_exported_set() {
 
 #[tokio::test(start_paused = true)]
 async fn a_wild_first_bench_does_not_decide_alone_but_a_really_slow_candidate_still_loses() {
-    let s = score(
+    let s = score_after(
         &[
             // A 1.11× kernel whose first bench was wild.
             ("L1/bmm", "# sim: runs=0.25,1.12,1.10,1.11\n"),
-            // A kernel really twice as slow: one more bench, and it still loses.
+            // A kernel really twice as slow, although its validate once said 1.05×: one more
+            // bench, and it still loses.
             ("L1/quickgelu", "# sim: speedup=0.5\n"),
+            // Twice as slow, and its validate said so too: benched once.
+            ("L1/silu", "# sim: speedup=0.5\n"),
             // A near miss inside the noise: benched once, as every ordinary loser.
             ("L1/gelu", "# sim: speedup=0.95\n"),
         ],
         WinnerGate::default(),
+        &[
+            ("L1/bmm", &[1.09, 1.13]),
+            ("L1/quickgelu", &[1.05]),
+            ("L1/silu", &[0.51]),
+            ("L1/gelu", &[1.01]),
+        ],
     )
     .await;
-    let got = s.outcomes(&["bmm", "quickgelu", "gelu"]);
+    let got = s.outcomes(&["bmm", "quickgelu", "silu", "gelu"]);
     assert_eq!(
         got,
         vec![
             // (published, confirmed), benches
             ("bmm", (false, true), 3),
             ("quickgelu", (false, false), 2),
+            ("silu", (false, false), 1),
             ("gelu", (false, false), 1),
         ]
     );
@@ -268,4 +292,60 @@ async fn a_wild_first_bench_does_not_decide_alone_but_a_really_slow_candidate_st
         reason.contains("a second bench, since the first looked wild: 0.500×"),
         "{reason}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_earlier_benches_every_first_bench_stands() {
+    let s = score(
+        &[
+            ("L1/bmm", "# sim: runs=0.25,1.12,1.10,1.11\n"),
+            ("L1/quickgelu", "# sim: speedup=0.5\n"),
+        ],
+        WinnerGate::default(),
+    )
+    .await;
+    assert_eq!(
+        s.outcomes(&["bmm", "quickgelu"]),
+        vec![("bmm", (false, false), 1), ("quickgelu", (false, false), 1)]
+    );
+}
+
+#[test]
+fn earlier_benches_are_the_passing_validations_of_the_very_file_scored() {
+    use fk_agentd::event::Validation;
+    use fk_agentd::score::candidates::{VALIDATION_RECORD, earlier_benches};
+    let tmp = tempfile::tempdir().unwrap();
+    let session = tmp.path().join("sessions/L1/gelu");
+    let file = session.join("candidate/L1/gelu.py");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, "final = True\n").unwrap();
+    let sha = fk_agentd::digest::sha256_hex(b"final = True\n");
+    let record = |n: u32, sha: &str, geomean: f64, failing: &[&str]| {
+        let v = Validation {
+            n,
+            winner: failing.is_empty() && geomean >= 1.0,
+            geomean: Some(geomean),
+            rows: 3,
+            failing: Some(failing.iter().map(|s| s.to_string()).collect()),
+            candidate_sha256: Some(sha.to_string()),
+            ..Validation::default()
+        };
+        let dir = session.join(format!("validations/{n:03}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(VALIDATION_RECORD), serde_json::to_vec(&v).unwrap()).unwrap();
+    };
+    record(1, "an earlier draft", 1.30, &[]);
+    record(2, &sha, 1.08, &[]);
+    record(3, &sha, 0.97, &[]);
+    record(4, &sha, 1.40, &["INCORRECT"]);
+    // A validation from before the field existed names no file: it counts for nothing.
+    std::fs::create_dir_all(session.join("validations/005")).unwrap();
+    std::fs::write(
+        session.join("validations/005").join(VALIDATION_RECORD),
+        r#"{"n": 5, "winner": true, "geomean": 1.5, "rows": 3, "failing": []}"#,
+    )
+    .unwrap();
+    let target: fk_agentd::target::TargetId = "L1/gelu".parse().unwrap();
+    let got = earlier_benches(&[(target.clone(), session.join("candidate"))]);
+    assert_eq!(got.get(&target), Some(&vec![1.08, 0.97]));
 }
