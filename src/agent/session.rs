@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::history::{self, INTERRUPTED_OUTPUT, Replay};
@@ -174,7 +174,7 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
     })?;
     match s.llm.refresh_token().await {
         Ok(status) => {
-            j.record("token_reloaded", json!({"source": status.source, "age_s": status.age.map(|a| a.as_secs()), "changed": status.changed, "why": "session start"}))?;
+            j.record_event(&token_read_at_start(&status))?;
         }
         Err(e) => {
             return Ok(End {
@@ -524,4 +524,15 @@ async fn run_call(
         }));
     }
     Ok(None)
+}
+
+/// The `token_reloaded` event of a session's start (the provider's token read again).
+pub(crate) fn token_read_at_start(status: &crate::llm::TokenStatus) -> crate::event::TokenReloaded {
+    crate::event::TokenReloaded {
+        source: Some(status.source.clone()),
+        age_s: Some(status.age.map(|a| a.as_secs().into())),
+        changed: Some(status.changed),
+        why: Some("session start".into()),
+        ..Default::default()
+    }
 }

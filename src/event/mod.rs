@@ -17,10 +17,8 @@
 //! [`Kind::Unreadable`], never a zeroed payload.
 //!
 //! Kinds whose payload is another module's serialized struct: `facts` ([`crate::facts`]),
-//! `llm_retry`, `rate_limit_wait` ([`crate::llm::LlmEvent`]), `e2e_evaluated`. Still untyped
-//! here: `token_reloaded` (recorded in three shapes over the releases), and the codex
-//! backend's process notes (`codex_config`, `codex_started`, `codex_stopped`,
-//! `codex_resume_failed`, `codex_error`, `codex_item`); no resume decision reads them.
+//! `llm_retry`, `rate_limit_wait` ([`crate::llm::LlmEvent`], whose `token_reloaded` is also
+//! read as [`TokenReloaded`]), `e2e_evaluated`.
 
 pub mod run;
 pub mod session;
@@ -89,6 +87,15 @@ kinds! {
     SessionStarted(SessionStarted) = "session_started",
     SessionResumed(SessionResumed) = "session_resumed",
     CodexThread(CodexThread) = "codex_thread",
+    CodexConfig(CodexConfig) = "codex_config",
+    CodexStarted(CodexStarted) = "codex_started",
+    CodexStopped(CodexStopped) = "codex_stopped",
+    CodexResumeFailed(CodexResumeFailed) = "codex_resume_failed",
+    CodexError(CodexError) = "codex_error",
+    CodexItem(CodexItem) = "codex_item",
+    CodexEvent(CodexEvent) = "codex_event",
+    CodexOutput(CodexOutput) = "codex_output",
+    TokenReloaded(TokenReloaded) = "token_reloaded",
     UserMessage(UserMessage) = "user_message",
     ModelItem(ModelItem) = "model_item",
     TurnFinished(TurnFinished) = "turn_finished",
@@ -239,6 +246,85 @@ mod tests {
         for (typed, untyped) in cases {
             assert_eq!(typed.to_string(), untyped.to_string());
         }
+    }
+
+    /// Every shape `token_reloaded` and the codex notes were stored in decodes to its typed
+    /// payload and encodes back to the very same JSON; the readers' accessors read each shape.
+    #[test]
+    fn token_reloads_and_codex_notes_of_every_shape_round_trip() {
+        let stored = [
+            (
+                "token_reloaded",
+                json!({"source": "file t", "age_s": 354, "changed": false, "why": "session start"}),
+            ),
+            (
+                "token_reloaded",
+                json!({"source": "file t", "age_s": null, "changed": true, "why": "session start"}),
+            ),
+            (
+                "token_reloaded",
+                json!({"kind": "token_reloaded", "source": "env X", "age": 1500, "changed": true, "why": "401"}),
+            ),
+            (
+                "token_reloaded",
+                json!({"reason": "rotation", "token_age_s": 2.5, "changed": true}),
+            ),
+            ("token_reloaded", json!({"age": "5m", "why": "start"})),
+            (
+                "codex_config",
+                json!({"codex_version": "0.1", "config_toml": "model = \"m\"\n"}),
+            ),
+            ("codex_started", json!({"pid": 42, "resume": true})),
+            ("codex_started", json!({"pid": null, "resume": false})),
+            ("codex_stopped", json!({"why": "finish was called"})),
+            (
+                "codex_resume_failed",
+                json!({"status": "exit 1", "stderr": "gone"}),
+            ),
+            ("codex_error", json!({"message": "m", "fatal": true})),
+            ("codex_error", json!({"message": "m"})),
+            (
+                "codex_item",
+                json!({"turn": 2, "item": {"type": "todo_list"}}),
+            ),
+            (
+                "codex_event",
+                json!({"type": "x.y", "event": {"type": "x.y", "n": 1}}),
+            ),
+            ("codex_output", json!({"text": "not json"})),
+        ];
+        for (kind, payload) in stored {
+            let decoded = Kind::decode(kind, &payload);
+            assert!(
+                !matches!(decoded, Kind::Other | Kind::Unreadable { .. }),
+                "{kind}: {decoded:?}"
+            );
+            assert_eq!(decoded.to_value(), Some(payload), "{kind}");
+        }
+        let token = |p: Value| match Kind::decode("token_reloaded", &p) {
+            Kind::TokenReloaded(t) => (
+                t.age_secs(),
+                t.age_text().map(str::to_string),
+                t.why().to_string(),
+            ),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            token(json!({"age_s": 354, "why": "session start"})),
+            (Some(354.0), None, "session start".into())
+        );
+        assert_eq!(
+            token(json!({"age": 1500, "why": "401"})),
+            (Some(1.5), None, "401".into())
+        );
+        assert_eq!(
+            token(json!({"token_age_s": 2.5, "reason": "rotation"})),
+            (Some(2.5), None, "rotation".into())
+        );
+        assert_eq!(
+            token(json!({"age": "5m"})),
+            (None, Some("5m".into()), "".into())
+        );
     }
 
     #[test]

@@ -189,6 +189,125 @@ impl Validation {
     }
 }
 
+/// The provider's token file read again (`token_reloaded`); never the token itself. Releases
+/// wrote it in several shapes, all read here, each field kept as written: at a session's start
+/// `{source, age_s, changed, why}`; from the provider client mid-turn `{kind, source, age (ms),
+/// changed, why}`; earlier, `reason` for `why`, `token_age_s`, or `age` as text.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TokenReloaded {
+    /// `token_reloaded`, in the provider client's shape (its own tag).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The file's age in whole seconds; `null` when unknown.
+    #[serde(skip_serializing_if = "Option::is_none", with = "super::nullable")]
+    pub age_s: Option<Option<serde_json::Number>>,
+    #[serde(skip_serializing_if = "Option::is_none", with = "super::nullable")]
+    pub token_age_s: Option<Option<serde_json::Number>>,
+    /// Milliseconds (the provider client), or text (an early release).
+    #[serde(skip_serializing_if = "Option::is_none", with = "super::nullable")]
+    pub age: Option<Option<OrText<serde_json::Number>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl TokenReloaded {
+    /// Why the file was read (`why`, or an early release's `reason`).
+    pub fn why(&self) -> &str {
+        self.why.as_deref().or(self.reason.as_deref()).unwrap_or("")
+    }
+
+    /// The file's age in seconds, where the shape recorded a number.
+    pub fn age_secs(&self) -> Option<f64> {
+        let number = |n: &Option<Option<serde_json::Number>>| n.clone().flatten()?.as_f64();
+        number(&self.age_s)
+            .or_else(|| number(&self.token_age_s))
+            .or_else(|| match self.age.clone().flatten()? {
+                OrText::Number(ms) => Some(ms.as_f64()? / 1000.0),
+                OrText::Text(_) => None,
+            })
+    }
+
+    /// The age as an early release wrote it, in words.
+    pub fn age_text(&self) -> Option<&str> {
+        match self.age.as_ref()?.as_ref()? {
+            OrText::Text(t) => Some(t),
+            OrText::Number(_) => None,
+        }
+    }
+}
+
+/// The codex backend's generated configuration for a session (`codex_config`; no secret in it).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexConfig {
+    pub codex_version: String,
+    pub config_toml: String,
+}
+
+/// A codex process started (`codex_started`), fresh or resuming its thread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexStarted {
+    pub pid: Option<u32>,
+    pub resume: bool,
+}
+
+/// fk-agentd ended a codex process itself (`codex_stopped`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexStopped {
+    pub why: String,
+}
+
+/// A codex process could not resume its thread and ended without output
+/// (`codex_resume_failed`); the session starts a fresh thread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexResumeFailed {
+    pub status: String,
+    pub stderr: String,
+}
+
+/// An error codex reported (`codex_error`); `fatal` when it failed the turn.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexError {
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fatal: Option<bool>,
+}
+
+/// A completed codex item of a type fk-agentd does not translate (`codex_item`), kept whole.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexItem {
+    pub turn: u32,
+    pub item: Value,
+}
+
+/// A codex event line of a type fk-agentd does not translate (`codex_event`), kept whole.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexEvent {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub event: Value,
+}
+
+/// A line codex wrote that is not JSON (`codex_output`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexOutput {
+    pub text: String,
+}
+
 /// A number as a result records it, or the text earlier releases wrote instead (`1.23x` for
 /// a speedup), kept as it was written.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

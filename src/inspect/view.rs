@@ -520,6 +520,23 @@ fn typed_note(e: &Event) -> Option<String> {
             format!("{} failed for infrastructure reasons: {}", r.name, r.why)
         }
         Kind::SessionFailedToStart(f) => format!("the session could not start: {}", f.reason),
+        Kind::TokenReloaded(t) => {
+            let age = match (t.age_secs(), t.age_text()) {
+                (Some(s), _) => format!("{s:.0} s old"),
+                (None, Some(text)) => format!("{text} old"),
+                _ => "age unknown".into(),
+            };
+            let changed = if t.changed == Some(true) {
+                "changed"
+            } else {
+                "unchanged"
+            };
+            format!(
+                "token reloaded ({}): {}, {age}, {changed}",
+                t.why(),
+                t.source.as_deref().unwrap_or("")
+            )
+        }
         _ => return None,
     })
 }
@@ -530,23 +547,6 @@ fn untyped_note(e: &Event) -> String {
     let p = &e.payload;
     let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
     match e.kind.as_str() {
-        "token_reloaded" => {
-            let age = match (p["age_s"].as_u64(), p["age"].as_f64()) {
-                (Some(s), _) => format!("{s} s old"),
-                (None, Some(ms)) => format!("{:.0} s old", ms / 1000.0),
-                _ => "age unknown".into(),
-            };
-            let changed = if p["changed"].as_bool().unwrap_or(false) {
-                "changed"
-            } else {
-                "unchanged"
-            };
-            format!(
-                "token reloaded ({}): {}, {age}, {changed}",
-                s("why"),
-                s("source")
-            )
-        }
         "llm_retry" => format!(
             "provider retry {}/{} in {}: {}",
             p["attempt"],

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::event::{RunFinished, RunStarted, SessionStarted, TaskFinished};
+use crate::event::{RunFinished, RunStarted, SessionStarted, TaskFinished, TokenReloaded};
 use crate::facts::{FACTS_EVENT, HostFacts, SettingFact};
 use crate::store::{Event, RunRow, Store, StoreError};
 
@@ -179,16 +179,16 @@ fn absorb(data: &mut ManifestData, event: &Event) {
                 .payload_as::<RunFinished>()
                 .map(|f| f.status.word().to_string())
         }
-        "token_reloaded" => data.rotations.push(Rotation {
-            at: event.at.clone(),
-            age: token_age(p),
-            reason: p["reason"]
-                .as_str()
-                .or_else(|| p["why"].as_str())
-                .unwrap_or("")
-                .to_string(),
-            changed: p["changed"].as_bool().unwrap_or(false),
-        }),
+        "token_reloaded" => {
+            if let Some(t) = event.payload_as::<TokenReloaded>() {
+                data.rotations.push(Rotation {
+                    at: event.at.clone(),
+                    age: token_age(&t),
+                    reason: t.why().to_string(),
+                    changed: t.changed == Some(true),
+                })
+            }
+        }
         _ => {}
     }
     let started = event.payload_as::<SessionStarted>();
@@ -224,9 +224,8 @@ fn settings_of_run_started(v: &Value) -> BTreeMap<String, SettingFact> {
 }
 
 /// The token's age from a rotation event: `age_s` / `token_age_s` (seconds) or `age` (text).
-fn token_age(p: &Value) -> String {
-    let secs = p["token_age_s"].as_f64().or_else(|| p["age_s"].as_f64());
-    match (secs, p["age"].as_str()) {
+fn token_age(t: &TokenReloaded) -> String {
+    match (t.age_secs(), t.age_text()) {
         (Some(s), _) => {
             crate::config::format_duration(std::time::Duration::from_secs_f64(s.max(0.0)))
         }

@@ -17,7 +17,8 @@
 use serde_json::{Value, json};
 
 use crate::event::{
-    CodexThread, ModelItem, Payload, ToolFinished, ToolStarted, TurnFinished, TurnUsage,
+    CodexError, CodexEvent, CodexItem, CodexOutput, CodexThread, ModelItem, Payload, ToolFinished,
+    ToolStarted, TurnFinished, TurnUsage,
 };
 
 /// What the runner must act on, beside recording.
@@ -142,8 +143,9 @@ impl Translator {
         let mut out = Translated::default();
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             if !line.trim().is_empty() {
-                out.events
-                    .push(("codex_output", json!({"text": line.trim_end()})));
+                out.push(&CodexOutput {
+                    text: line.trim_end().to_string(),
+                });
             }
             return out;
         };
@@ -169,20 +171,26 @@ impl Translator {
                     .as_str()
                     .unwrap_or("turn failed")
                     .to_string();
-                out.events
-                    .push(("codex_error", json!({"message": msg, "fatal": true})));
+                out.push(&CodexError {
+                    message: msg.clone(),
+                    fatal: Some(true),
+                });
                 out.signal = Some(signal_of_error(msg, true));
             }
             "error" => {
                 let msg = v["message"].as_str().unwrap_or("").to_string();
-                out.events.push(("codex_error", json!({"message": msg})));
+                out.push(&CodexError {
+                    message: msg.clone(),
+                    fatal: None,
+                });
                 if is_unauthorized(&msg) {
                     out.signal = Some(Signal::Unauthorized(msg));
                 }
             }
-            other => out
-                .events
-                .push(("codex_event", json!({"type": other, "event": v}))),
+            other => out.push(&CodexEvent {
+                kind: other.to_string(),
+                event: v.clone(),
+            }),
         }
         out
     }
@@ -289,11 +297,15 @@ impl Translator {
             }
             "error" if completed => {
                 let msg = item["message"].as_str().unwrap_or("").to_string();
-                out.events.push(("codex_error", json!({"message": msg})));
+                out.push(&CodexError {
+                    message: msg,
+                    fatal: None,
+                });
             }
-            _ if completed => out
-                .events
-                .push(("codex_item", json!({"turn": self.turn, "item": item}))),
+            _ if completed => out.push(&CodexItem {
+                turn: self.turn,
+                item: item.clone(),
+            }),
             _ => {}
         }
     }

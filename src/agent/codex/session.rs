@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{self, Endpoint};
@@ -25,8 +24,9 @@ use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
 use crate::event::{
-    CodexThread, SessionFailedToStart, SessionFinished, SessionResult, SessionResumed,
-    SessionStarted, StatusWord, TurnFinished, UserMessage,
+    CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionFailedToStart,
+    SessionFinished, SessionResult, SessionResumed, SessionStarted, StatusWord, TurnFinished,
+    UserMessage,
 };
 use crate::llm::user_message;
 use crate::run::{RunError, RunJournal};
@@ -277,7 +277,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     // The token is read again before every session (and every resume of one).
     match llm.refresh_token().await {
         Ok(status) => {
-            j.record("token_reloaded", json!({"source": status.source, "age_s": status.age.map(|a| a.as_secs()), "changed": status.changed, "why": "session start"}))?;
+            j.record_event(&crate::agent::session::token_read_at_start(&status))?;
         }
         Err(e) => return Ok(End::infra(format!("provider token: {e}"))),
     }
@@ -298,10 +298,10 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             source: std::io::Error::other(e),
         }
     })?;
-    j.record(
-        "codex_config",
-        json!({"codex_version": inner.setup.version, "config_toml": config}),
-    )?;
+    j.record_event(&CodexConfig {
+        codex_version: inner.setup.version.clone(),
+        config_toml: config,
+    })?;
     let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| RunError::Io {
         path: s.layout.codex_home.clone(),
         source: std::io::Error::other(e.to_string()),
@@ -341,10 +341,10 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             Ok(p) => p,
             Err(e) => return Ok(End::infra(format!("cannot start codex: {e}"))),
         };
-        j.record(
-            "codex_started",
-            json!({"pid": process.pid(), "resume": next.is_some() && thread.is_some()}),
-        )?;
+        j.record_event(&CodexStarted {
+            pid: process.pid(),
+            resume: next.is_some() && thread.is_some(),
+        })?;
         let watched = Watched {
             journal: j,
             tools: &s.tools,
@@ -384,10 +384,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
                 }
                 if next.is_some() && !saw_events {
                     // The thread could not be resumed (its rollout is gone): start afresh.
-                    j.record(
-                        "codex_resume_failed",
-                        json!({"status": status, "stderr": stderr}),
-                    )?;
+                    j.record_event(&CodexResumeFailed { status, stderr })?;
                     thread = None;
                     next = None;
                     continue;

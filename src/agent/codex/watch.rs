@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::events::{Signal, Translator};
@@ -146,7 +145,7 @@ pub(super) async fn watch(
                 continue;
             }
             _ = async { grace.as_mut().expect("guarded").await }, if grace.is_some() => {
-                j.record("codex_stopped", json!({"why": "finish was called; codex did not end its turn in time"}))?;
+                j.record_event(&crate::event::CodexStopped { why: "finish was called; codex did not end its turn in time".into() })?;
                 process.kill();
                 let _ = process.wait().await;
                 return Ok(ProcessEnd::Exited { success: true, status: "killed after finish".into(), turn_failed: None, stderr: String::new(), saw_events: true });
