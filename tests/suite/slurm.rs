@@ -148,6 +148,14 @@ async fn rig(cluster: &Path, grace: Duration) -> Rig {
     Rig { dir, broker }
 }
 
+/// [`rig`] in job mode: each lease a Slurm job of its own.
+async fn job_rig(cluster: &Path, grace: Duration) -> Rig {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = job_mode_config(cluster, dir.path());
+    let broker = broker_for(&config, dir.path(), grace).await;
+    Rig { dir, broker }
+}
+
 /// A broker on the Slurm backend with its home (store, spool) in `dir`.
 async fn rig_in(cluster: &Path, dir: &Path, grace: Duration) -> Broker {
     broker_for(&config(cluster, dir), dir, grace).await
@@ -229,9 +237,7 @@ async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
     let Some(cluster) = cluster() else { return };
     let _serial = SERIAL.lock().await;
     let _holders = Holders::cleared(&cluster);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = job_mode_config(&cluster, dir.path());
-    let broker = broker_for(&config, dir.path(), Duration::from_secs(10)).await;
+    let Rig { dir, broker } = job_rig(&cluster, Duration::from_secs(10)).await;
     let held = slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
     assert!(
         !held.contains("fk-agentd-"),
@@ -863,10 +869,7 @@ async fn in_job_mode_a_node_set_down_mid_lease_ends_it_as_infrastructure() {
     let Some(cluster) = cluster() else { return };
     let _serial = SERIAL.lock().await;
     let _holders = Holders::cleared(&cluster);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = job_mode_config(&cluster, dir.path());
-    let broker = broker_for(&config, dir.path(), Duration::from_secs(2)).await;
-    let rig = Rig { dir, broker };
+    let rig = job_rig(&cluster, Duration::from_secs(2)).await;
     let _resume = Resume(&cluster, "n1");
     let (o, ended_in) = n1_leased_then(&cluster, &rig, "state=down", "reason=fk-test-down").await;
     assert!(o.infra, "{o:?}");
