@@ -417,8 +417,9 @@ pub struct ScoreArgs {
     )]
     pub noise_sample: u32,
     /// `confirmed`: the published gate on a first bench, then up to `--confirm` more benches
-    /// of its winners until a sequential test decides (a first bench far below 1.0 gets one
-    /// more bench, which decides instead).
+    /// of its winners until a sequential test decides (a first bench far below the candidate's
+    /// own passing `validate` benches of the same file gets one more bench, which decides
+    /// instead; `score --run` finds them in the sessions).
     /// `published`: geomean ≥ 1.0 on one bench. `lower-bound`: every candidate benched
     /// `--repeats` times (≥ 2), the interval's lower end must reach 1.0. Default: `[score] gate`
     /// (confirmed).
