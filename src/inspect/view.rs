@@ -136,22 +136,6 @@ impl SessionView {
         }
         b.finish(events)
     }
-
-    /// Builds the view from the lines of a `transcript.jsonl` (`{type, seq, timestamp,
-    /// payload}` per line); unreadable lines are skipped.
-    pub fn from_transcript(text: &str, target: Option<&str>) -> Self {
-        Self::from_events(&transcript_events(text, target))
-    }
-
-    /// Every tool call, in order.
-    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
-        self.turns.iter().flat_map(|t| {
-            t.entries.iter().filter_map(|e| match e {
-                Entry::Tool(c) => Some(c.as_ref()),
-                _ => None,
-            })
-        })
-    }
 }
 
 /// The events of a `transcript.jsonl`, as the store holds them.
