@@ -6,19 +6,19 @@
 //! | module        | owns                                                                     |
 //! |---------------|--------------------------------------------------------------------------|
 //! | [`cli`]       | argument parsing, printing for humans, exit codes (the only printer)     |
-//! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files |
+//! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files; the target selection and capture folder settled against what is there |
 //! | [`target`]    | [`target::TargetId`] (`L1/rms_norm`), the catalog, selections (`L1-L3`, `captured`) |
-//! | [`captures`]  | the capture folder: checked or the embedded default; its reports, per-target coverage, import |
+//! | [`captures`]  | capture folders: the embedded default, their reports, per-target coverage, import |
 //! | [`app`]       | the one assembler: opens a home (lock, store, broker keeping the provider token from children), builds real or simulated campaigns |
 //! | [`daemon`]    | lifecycle of a campaign on the parts app hands it: run creation, control socket, shutdown; the lock type |
 //! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools; the codex backend |
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |
-//! | [`run`]       | run ids (and unique prefixes), run directories, the journal (store first, then `run.jsonl`) |
+//! | [`run`]       | run directories, the campaign mode, the journal (store first, then `run.jsonl`) |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
 //! | [`event`]     | the typed event log: each kind's payload struct, decoding, the status words (session, run) |
-//! | [`store`]     | SQLite (WAL, checkpointed off the commit path): events, runs, sessions, lease journal; migrations |
+//! | [`store`]     | SQLite (WAL, checkpointed off the commit path): events, runs (ids, unique prefixes), sessions, lease journal; migrations |
 //! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, GPU cgroups, reclaim, health |
-//! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid) and its client   |
+//! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid), its client, the daemon's status |
 //! | [`dashboard`] | the web dashboard and `/metrics` on loopback: token, pages, SVG, SSE  |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
 //! | [`inspect`]   | one session's events → a readable view; outcome words (end, verdict)      |
