@@ -104,12 +104,24 @@ impl SessionRunner for AgentRunner {
     }
 }
 
-fn prepare(
+/// What a session of either backend starts from: its folder, workspace and journal, the
+/// rendered optimize prompt, and its tools' shell environment (with a lease token of its own
+/// when the daemon lends GPUs to the agent's shell, which the session holds until it ends).
+pub(crate) struct Opened {
+    pub session_dir: PathBuf,
+    pub ws: Workspace,
+    pub journal: Arc<SessionJournal>,
+    pub prompt: crate::tools::prompt::RenderedPrompt,
+    pub shell_env: ShellEnv,
+    pub lease_token: Option<crate::gpu::SessionToken>,
+}
+
+/// Opens the session of `target` in `run` (see [`Opened`]).
+pub(crate) fn open_session(
     p: &AgentRunnerParams,
     target: &TargetId,
     run: &Arc<RunJournal>,
-    slot: Arc<SessionSlot>,
-) -> Result<SessionSetup, String> {
+) -> Result<Opened, String> {
     let spec = p
         .catalog
         .get(target)
@@ -144,6 +156,30 @@ fn prepare(
             .with_extra("FK_AGENTD_SOCKET", &access.socket.display().to_string());
         lease_token = Some(token);
     }
+    Ok(Opened {
+        session_dir,
+        ws,
+        journal,
+        prompt,
+        shell_env,
+        lease_token,
+    })
+}
+
+fn prepare(
+    p: &AgentRunnerParams,
+    target: &TargetId,
+    run: &Arc<RunJournal>,
+    slot: Arc<SessionSlot>,
+) -> Result<SessionSetup, String> {
+    let Opened {
+        ws,
+        journal,
+        prompt,
+        shell_env,
+        lease_token,
+        ..
+    } = open_session(p, target, run)?;
     let toolbox = Toolbox::new(ToolboxParams {
         workspace: ws,
         gpu: p.gpu.make(journal.clone()),

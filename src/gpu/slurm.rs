@@ -437,11 +437,23 @@ impl LeaseBackend for SlurmBackend {
             }
         };
         // Requeued after a node failure, the holder is pending again under the same id; the
-        // accounting keeps how its run ended (NODE_FAIL).
-        let how = match self.cli.accounted_state(holder) {
-            Ok(Some(state)) => format!(", its last run {state} in Slurm's accounting"),
-            _ => String::new(),
-        };
+        // accounting keeps how its run ended (NODE_FAIL), once slurmctld has handed it to
+        // slurmdbd, a moment after the job ended.
+        let mut how = String::new();
+        for attempt in 0..10 {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            match self.cli.accounted_state(holder) {
+                Ok(Some(state)) => {
+                    how = format!(", its last run {state} in Slurm's accounting");
+                    break;
+                }
+                Ok(None) => continue,
+                // No accounting on this cluster: the state above is all there is.
+                Err(_) => break,
+            }
+        }
         Some(format!(
             "the Slurm allocation holding it (job {holder} on node {node}) was lost mid-lease: the job is {now}{how}"
         ))

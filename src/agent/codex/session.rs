@@ -23,6 +23,7 @@ use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
+use crate::agent::{Opened, open_session};
 use crate::event::{
     CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionFailedToStart,
     SessionFinished, SessionResult, SessionResumed, SessionStarted, StatusWord, TurnFinished,
@@ -32,9 +33,7 @@ use crate::llm::user_message;
 use crate::run::{RunError, RunJournal};
 use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
 use crate::target::TargetId;
-use crate::tools::prompt::{PromptFacts, render_optimize};
 use crate::tools::{ToolLimits, Toolbox, ToolboxParams};
-use crate::workspace::{Workspace, WorkspaceParams, session_dir_for};
 
 /// What a nudge tells a codex session that stopped without `finish`.
 const NUDGE: &str = "Continue. When the candidate is final, run `fk-agentd tool finish --summary \"...\"` \
@@ -127,46 +126,20 @@ fn prepare(
     cancel: &CancellationToken,
 ) -> Result<Prepared, String> {
     let p = &inner.agent;
-    let spec = p
-        .catalog
-        .get(target)
-        .ok_or_else(|| format!("{target} is not in the catalog"))?;
-    let session_dir = session_dir_for(run.dir(), target);
-    let baseline = p.baseline_root.join(target.candidate_path());
-    let ws = Workspace::create(&WorkspaceParams {
-        session_dir: session_dir.clone(),
-        target: target.clone(),
-        baseline,
-    })
-    .map_err(|e| format!("workspace: {e}"))?;
-    let journal = Arc::new(
-        SessionJournal::open(run.clone(), target, &session_dir).map_err(|e| e.to_string())?,
-    );
-    let shapes = crate::tools::shapes::captured_shapes(&p.captures, spec, 12)
-        .unwrap_or_else(|e| format!("(no captured shapes available: {e})"));
-    let rendered = render_optimize(&PromptFacts {
-        target: spec.clone(),
-        baseline_path: ws.baseline_rel(),
-        captures: p.captures.display().to_string(),
-        candidate_path: ws.candidate_rel(),
-        shapes,
-    })
-    .map_err(|e| format!("prompt: {e}"))?;
+    let Opened {
+        session_dir,
+        ws,
+        journal,
+        prompt: rendered,
+        shell_env,
+        lease_token,
+    } = open_session(p, target, run)?;
     let prompt = format!(
         "{}\n\n{}",
         rendered.text,
         prompt_addendum(&ws.candidate_rel())
     );
     let prompt_sha256 = crate::digest::sha256_hex(prompt.as_bytes());
-    let mut shell_env = p.shell_env.clone();
-    let mut lease_token = None;
-    if let Some(access) = &p.lease_access {
-        let token = access.broker.issue_session_token(&target.to_string());
-        shell_env = shell_env
-            .with_extra("FK_AGENTD_LEASE_TOKEN", token.expose())
-            .with_extra("FK_AGENTD_SOCKET", &access.socket.display().to_string());
-        lease_token = Some(token);
-    }
     let env = shell_env.vars(&ws);
     let layout = HomeLayout {
         codex_home: session_dir.join("codex-home"),
