@@ -54,6 +54,19 @@ impl BenchLauncher for LeaseLauncher {
             session,
             idempotency_key: key,
         };
+        self.run_leased(&inv, req, cancel).await
+    }
+}
+
+impl LeaseLauncher {
+    /// Runs invocation `inv` as the lease `req` asks for, and tells its end as a bench
+    /// process's; a lease refused or ended by the infrastructure is a launch error.
+    pub(crate) async fn run_leased(
+        &self,
+        inv: &Invocation,
+        req: LeaseRequest,
+        cancel: CancellationToken,
+    ) -> Result<ProcessExit, ScoreError> {
         let mut argv = vec![inv.program.clone()];
         argv.extend(inv.args.iter().cloned());
         let cmd = LeaseCommand {
@@ -66,22 +79,20 @@ impl BenchLauncher for LeaseLauncher {
             stdout: inv.stdout.clone(),
             stderr: inv.stderr.clone(),
         };
+        let launch_err = |why: String| ScoreError::Launch {
+            program: inv.program.clone(),
+            why,
+        };
         let out = self
             .broker
             .run(req, cmd, &cancel)
             .await
-            .map_err(|e| ScoreError::Launch {
-                program: inv.program.clone(),
-                why: format!("lease refused: {e}"),
-            })?;
+            .map_err(|e| launch_err(format!("lease refused: {e}")))?;
         if out.infra {
-            return Err(ScoreError::Launch {
-                program: inv.program,
-                why: format!(
-                    "lease {} failed for infrastructure reasons: {:?}",
-                    out.lease_id, out.killed_reason
-                ),
-            });
+            return Err(launch_err(format!(
+                "lease {} failed for infrastructure reasons: {:?}",
+                out.lease_id, out.killed_reason
+            )));
         }
         Ok(ProcessExit {
             code: out.exit_code,
