@@ -70,24 +70,32 @@ pub struct SessionSetup {
     pub lease_token: Option<crate::gpu::SessionToken>,
 }
 
-/// How the loop ends, before it is recorded.
-struct End {
-    status: SessionStatus,
-    reason: String,
-    summary: Option<String>,
-    infra: bool,
+/// How a session ends, before it is recorded (either backend).
+pub(crate) struct End {
+    pub status: SessionStatus,
+    pub reason: String,
+    pub summary: Option<String>,
+    pub infra: bool,
     /// The `session_finished` payload of a session that ended before a resume.
-    recorded: Option<SessionResult>,
+    pub recorded: Option<SessionResult>,
 }
 
 impl End {
-    fn new(status: SessionStatus, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(status: SessionStatus, reason: impl Into<String>) -> Self {
         Self {
             status,
             reason: reason.into(),
             summary: None,
             infra: false,
             recorded: None,
+        }
+    }
+
+    /// A failure of the infrastructure (endpoint, token, GPU, recording): resume goes on.
+    pub(crate) fn infra(reason: impl Into<String>) -> Self {
+        Self {
+            infra: true,
+            ..Self::new(SessionStatus::Failed, reason)
         }
     }
 }
@@ -97,21 +105,20 @@ pub async fn run(setup: SessionSetup, cancel: CancellationToken) -> SessionOutco
     let journal = setup.journal.clone();
     let end = match drive(&setup, &cancel).await {
         Ok(end) => end,
-        Err(e) => End {
-            infra: true,
-            ..End::new(SessionStatus::Failed, format!("recording failed: {e}"))
-        },
+        Err(e) => End::infra(format!("recording failed: {e}")),
     };
     // Stopped by its timeout, the session's end is final and recorded, not left for resume.
     match setup.slot.timed_out() {
         Some(why) if end.status == SessionStatus::Interrupted => {
-            finish(&journal, End::new(SessionStatus::TimedOut, why))
+            finish(&journal, End::new(SessionStatus::TimedOut, why), None)
         }
-        _ => finish(&journal, end),
+        _ => finish(&journal, end, None),
     }
 }
 
-fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
+/// Records how a session ended (`session_finished`, unless it was only interrupted) and tells
+/// the scheduler; `backend` is recorded for a backend other than the native one.
+pub(crate) fn finish(journal: &SessionJournal, end: End, backend: Option<&str>) -> SessionOutcome {
     if let Some(result) = end.recorded {
         return SessionOutcome {
             status: end.status,
@@ -122,6 +129,7 @@ fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
         reason: Some(end.reason.clone()),
         summary: Some(end.summary),
         infra: Some(end.infra),
+        backend: backend.map(str::to_string),
         last_event: Some(format!("{}: {}", end.status.word(), end.reason)),
         ..journal.detail()
     };

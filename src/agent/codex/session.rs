@@ -23,11 +23,11 @@ use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
+use crate::agent::session::End;
 use crate::agent::{Opened, open_session};
 use crate::event::{
-    CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionFailedToStart,
-    SessionFinished, SessionResult, SessionResumed, SessionStarted, StatusWord, TurnFinished,
-    UserMessage,
+    CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionFailedToStart, SessionResult,
+    SessionResumed, SessionStarted, StatusWord, TurnFinished, UserMessage,
 };
 use crate::llm::user_message;
 use crate::run::{RunError, RunJournal};
@@ -41,33 +41,6 @@ const NUDGE: &str = "Continue. When the candidate is final, run `fk-agentd tool 
 /// What a session resumed after a restart is told.
 const RESUMED: &str = "fk-agentd was restarted while you worked; continue where you left off. Check the \
 candidate file before repeating a step, and end with `fk-agentd tool finish --summary \"...\"`.";
-
-struct End {
-    status: SessionStatus,
-    reason: String,
-    summary: Option<String>,
-    infra: bool,
-    recorded: Option<SessionResult>,
-}
-
-impl End {
-    fn new(status: SessionStatus, reason: impl Into<String>) -> Self {
-        Self {
-            status,
-            reason: reason.into(),
-            summary: None,
-            infra: false,
-            recorded: None,
-        }
-    }
-
-    fn infra(reason: impl Into<String>) -> Self {
-        Self {
-            infra: true,
-            ..Self::new(SessionStatus::Failed, reason)
-        }
-    }
-}
 
 struct Prepared {
     journal: Arc<SessionJournal>,
@@ -434,31 +407,5 @@ fn resume_args(thread: &str) -> Vec<String> {
 }
 
 fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
-    if let Some(result) = end.recorded {
-        return SessionOutcome {
-            status: end.status,
-            result: result.to_value(),
-        };
-    }
-    let result = SessionResult {
-        reason: Some(end.reason.clone()),
-        summary: Some(end.summary),
-        infra: Some(end.infra),
-        backend: Some("codex".into()),
-        last_event: Some(format!("{}: {}", end.status.word(), end.reason)),
-        ..journal.detail()
-    };
-    if end.status != SessionStatus::Interrupted {
-        let finished = SessionFinished(SessionResult {
-            status: Some(end.status.clone().into()),
-            ..result.clone()
-        });
-        if let Err(e) = journal.record_event(&finished) {
-            tracing::error!(error = %e, "cannot record the end of a session");
-        }
-    }
-    SessionOutcome {
-        status: end.status,
-        result: result.to_value(),
-    }
+    crate::agent::session::finish(journal, end, Some("codex"))
 }
