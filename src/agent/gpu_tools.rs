@@ -158,11 +158,12 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     return Ok(refused);
                 }
             }
-            let screen = screen_text(&ws, &candidate);
+            let source = std::fs::read(&candidate).ok();
+            let screen = source.as_ref().map_or_else(String::new, |b| {
+                screen_text(&ws, &String::from_utf8_lossy(b))
+            });
             // What was benched, so scoring can tell its later benches of the same file.
-            let sha = std::fs::read(&candidate)
-                .ok()
-                .map(|b| crate::digest::sha256_hex(&b));
+            let sha = source.as_ref().map(|b| crate::digest::sha256_hex(b));
             let work = ws.session_dir().join("validations").join(format!("{n:03}"));
             let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
                 .for_session(&ws.target().to_string(), &ws.cache_dir());
@@ -179,7 +180,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                         .get(ws.target())
                         .cloned()
                         .unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
-                    record_validation(&journal, &work, n, &v, gpu_s, sha.clone());
+                    record_validation(&journal, &work, n, &v, gpu_s, sha);
                     let band = match v.geomean {
                         Some(_) => noise_band(&driver, &ws, &cancel).await,
                         None => Err(String::new()),
@@ -201,7 +202,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 }),
                 Err(f) => {
                     let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
-                    record_validation(&journal, &work, n, &v, gpu_s, sha.clone());
+                    record_validation(&journal, &work, n, &v, gpu_s, sha);
                     Ok(ToolOutput::error(format!(
                         "validation {n} failed: {}{screen}",
                         f.describe()
@@ -300,7 +301,7 @@ async fn noise_band<L: BenchLauncher>(
         .ok_or("self-test: no timed row")?;
     let band = worst.max(0.01);
     let record = json!({"target": t, "captures": captures, "band": band, "rows": result.scenarios.len(), "simulated": result.simulated});
-    let _ = crate::score::pipeline::write_json(&file, &record);
+    let _ = crate::score::stage::write_json(&file, &record);
     Ok(band)
 }
 
@@ -325,16 +326,13 @@ fn noise_text(geomean: Option<f64>, band: &Result<f64, String>) -> String {
     }
 }
 
-fn screen_text(ws: &Workspace, candidate: &std::path::Path) -> String {
-    let Ok(source) = std::fs::read_to_string(candidate) else {
-        return String::new();
-    };
+fn screen_text(ws: &Workspace, source: &str) -> String {
     let ctx = crate::screen::ScreenContext {
         target: ws.target().clone(),
         classes: Vec::new(),
         captured_dims: Default::default(),
     };
-    let findings = crate::screen::screen(&source, &ctx);
+    let findings = crate::screen::screen(source, &ctx);
     if findings.is_empty() {
         return String::new();
     }
@@ -370,7 +368,7 @@ fn record_validation(
         tracing::warn!(error = %e, "cannot record a validation");
     }
     let record = work.join(crate::score::candidates::VALIDATION_RECORD);
-    if let Err(e) = crate::score::pipeline::write_json(&record, &validation) {
+    if let Err(e) = crate::score::stage::write_json(&record, &validation) {
         tracing::warn!(error = %e, "cannot keep a validation beside its bench");
     }
     if v.failing_statuses.is_empty() && v.rows > 0 {

@@ -121,6 +121,6 @@ fn save(c: &compare::Comparison) -> Result<PathBuf, Error> {
         .and_then(Path::parent)
         .unwrap_or(Path::new("."));
     let path = generation.join("compare.json");
-    crate::score::pipeline::write_json(&path, c)?;
+    crate::score::stage::write_json(&path, c)?;
     Ok(path)
 }

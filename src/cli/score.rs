@@ -15,8 +15,9 @@ use crate::error::Error;
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::gate::WinnerGate;
 use crate::score::pipeline::{
-    ScoreMode, ScoreParams, ScoreProgress, Stage, score_candidates_with, score_run_with,
+    ScoreParams, ScoreProgress, Stage, score_candidates_with, score_run_with,
 };
+use crate::score::stage::ScoreMode;
 use crate::score::{ScoreError, render, sequential};
 use crate::sim::bench::{SimAction, SimBenchParams};
 use crate::target::Catalog;

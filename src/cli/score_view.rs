@@ -2,7 +2,8 @@
 //! exit code (1 when a candidate failed its bench: the work ran and found failures).
 
 use super::args::OnlyArg;
-use crate::score::pipeline::{ScoreReport, StageReport};
+use crate::score::pipeline::ScoreReport;
+use crate::score::stage::StageReport;
 
 /// The rendered score with only the gate rows `only` asks for. Rows are dropped from the
 /// rendered text rather than from the report, so each stage's counts still tell the whole

@@ -86,27 +86,30 @@ pub struct DaemonStatus {
 impl DaemonStatus {
     /// `fk-agentd status` with a daemon running.
     pub fn render(&self) -> String {
-        let s = self;
         let mut out = String::new();
-        out.push_str(crate::report::sim_banner(s.simulated));
+        out.push_str(crate::report::sim_banner(self.simulated));
         let _ = writeln!(
             out,
             "daemon    running (pid {}){}",
-            s.pid,
-            if s.stopping { ", stopping" } else { "" }
+            self.pid,
+            if self.stopping { ", stopping" } else { "" }
         );
-        let _ = writeln!(out, "home      {}", s.home);
-        let _ = writeln!(out, "started   {}", s.started_at);
-        if let Some(run) = &s.run_id {
+        let _ = writeln!(out, "home      {}", self.home);
+        let _ = writeln!(out, "started   {}", self.started_at);
+        if let Some(run) = &self.run_id {
             let _ = writeln!(
                 out,
                 "run       {run} ({}, {} targets)",
-                s.mode.as_deref().unwrap_or("?"),
-                s.targets
+                self.mode.as_deref().unwrap_or("?"),
+                self.targets
             );
         }
-        if !s.states.is_empty() {
-            let states: Vec<String> = s.states.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        if !self.states.is_empty() {
+            let states: Vec<String> = self
+                .states
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
             let _ = writeln!(out, "sessions  {}", states.join(", "));
         }
         out

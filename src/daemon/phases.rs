@@ -41,8 +41,9 @@ use crate::score::candidates::new_generation;
 use crate::score::driver::BenchDriver;
 use crate::score::gate::WinnerGate;
 use crate::score::lease::LeaseLauncher;
-use crate::score::pipeline::{ScoreMode, ScoreParams, score_run};
+use crate::score::pipeline::{ScoreParams, score_run};
 use crate::score::sequential::{self, LevelParams, by_level, install_winners};
+use crate::score::stage::ScoreMode;
 use crate::store::Store;
 use crate::target::TargetId;
 

@@ -162,6 +162,7 @@ impl SlurmBackend {
             }
         }
     }
+
     /// The slots, in inventory order.
     pub fn slots(&self) -> &[SlotGpu] {
         &self.slots
@@ -238,6 +239,26 @@ impl SlurmBackend {
         args.extend(self.cfg.srun_args.iter().cloned());
         Ok(args)
     }
+}
+
+/// What Slurm's accounting says, asked by `read` up to 10 times 200 ms apart until it knows:
+/// slurmctld hands a job's or step's end to slurmdbd a moment after the end. `None` when it
+/// never knows, or where the cluster keeps no accounting (`read` fails).
+fn from_accounting<T>(mut read: impl FnMut() -> Result<Option<T>, String>) -> Option<T> {
+    for attempt in 0..10 {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        match read() {
+            Ok(Some(known)) => return Some(known),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "no Slurm accounting to read from");
+                return None;
+            }
+        }
+    }
+    None
 }
 
 /// A job state in which it may still have processes.
@@ -437,23 +458,11 @@ impl LeaseBackend for SlurmBackend {
             }
         };
         // Requeued after a node failure, the holder is pending again under the same id; the
-        // accounting keeps how its run ended (NODE_FAIL), once slurmctld has handed it to
-        // slurmdbd, a moment after the job ended.
-        let mut how = String::new();
-        for attempt in 0..10 {
-            if attempt > 0 {
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            }
-            match self.cli.accounted_state(holder) {
-                Ok(Some(state)) => {
-                    how = format!(", its last run {state} in Slurm's accounting");
-                    break;
-                }
-                Ok(None) => continue,
-                // No accounting on this cluster: the state above is all there is.
-                Err(_) => break,
-            }
-        }
+        // accounting keeps how its run ended (NODE_FAIL). Without accounting, the state above
+        // is all there is.
+        let how = from_accounting(|| self.cli.accounted_state(holder))
+            .map(|state| format!(", its last run {state} in Slurm's accounting"))
+            .unwrap_or_default();
         Some(format!(
             "the Slurm allocation holding it (job {holder} on node {node}) was lost mid-lease: the job is {now}{how}"
         ))
@@ -465,19 +474,9 @@ impl LeaseBackend for SlurmBackend {
             Container::Job { name, .. } => (None, name),
             Container::Refused { .. } => return None,
         };
-        // slurmctld hands a step's end to slurmdbd a moment after the step is gone.
-        for attempt in 0..10 {
-            if attempt > 0 {
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            }
-            let rows = match self.cli.accounted(holder, &name) {
-                Ok(rows) => rows,
-                Err(e) => {
-                    tracing::debug!(error = %e, "no Slurm accounting to read a lease's end from");
-                    return None;
-                }
-            };
-            let ended = rows.iter().rev().find_map(|(id, state, exit, node)| {
+        from_accounting(|| {
+            let rows = self.cli.accounted(holder, &name)?;
+            Ok(rows.iter().rev().find_map(|(id, state, exit, node)| {
                 let (exit_code, signal) = cli::recorded_end(state, exit)?;
                 let how = match (exit_code, signal) {
                     (_, Some(s)) => format!("signal {s}"),
@@ -490,12 +489,8 @@ impl LeaseBackend for SlurmBackend {
                     signal,
                     note: format!("Slurm accounting: {id} on {node} {state}, {how}"),
                 })
-            });
-            if ended.is_some() {
-                return ended;
-            }
-        }
-        None
+            }))
+        })
     }
 
     fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {

@@ -378,7 +378,7 @@ pub fn write(c: &Comparison) -> Result<PathBuf, ScoreError> {
         path = generation.join(format!("compare-{n}.json"));
         n += 1;
     }
-    crate::score::pipeline::write_json(&path, c)?;
+    crate::score::stage::write_json(&path, c)?;
     Ok(path)
 }
 

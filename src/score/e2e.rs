@@ -295,7 +295,7 @@ pub async fn evaluate<L: EvalLauncher>(
         outcome.reports.clear();
     }
     outcome.simulated = outcome.reports.iter().any(|r| r.simulated);
-    super::pipeline::write_json(&dir.join("e2e.json"), &outcome)?;
+    super::stage::write_json(&dir.join("e2e.json"), &outcome)?;
     Ok(outcome)
 }
 

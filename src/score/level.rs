@@ -26,7 +26,8 @@ use crate::score::candidates::copy_tree;
 use crate::score::confirmation::confirm_winners;
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
-use crate::score::pipeline::{MixParams, RunSummary, StageReport, score_mix, write_json};
+use crate::score::pipeline::{MixParams, score_mix};
+use crate::score::stage::{RunSummary, StageReport, write_json};
 use crate::target::TargetId;
 
 /// What a level's benches need.

@@ -36,7 +36,7 @@ use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
 use crate::score::noise::{NoiseFloor, merge_repeats, noise_floor, sample, spread};
 use crate::score::result::{BenchResult, ScenarioRow};
-pub use crate::score::stage::{RunSummary, ScoreMode, StageReport, write_json};
+use crate::score::stage::{RunSummary, ScoreMode, StageReport, write_json};
 use crate::target::TargetId;
 
 /// What to score and where.

@@ -12,7 +12,8 @@ use crate::inspect::{clip, group};
 use crate::report::{sim_banner, table};
 use crate::score::confirm::Confirmation;
 use crate::score::gate::{GateKind, REVIEW_SPEEDUP, TargetVerdict};
-use crate::score::pipeline::{ScoreReport, StageReport};
+use crate::score::pipeline::ScoreReport;
+use crate::score::stage::StageReport;
 
 fn speed(x: Option<f64>) -> String {
     match x {

@@ -41,8 +41,9 @@ use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::export::dropped_reason;
 use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::level::LevelBench;
-use crate::score::pipeline::{MixParams, RunSummary, StageReport, score_mix, write_json};
+use crate::score::pipeline::{MixParams, score_mix};
 use crate::score::pipeline::{ScoreProgress, Stage};
+use crate::score::stage::{RunSummary, StageReport, write_json};
 use crate::target::TargetId;
 use crate::workspace::session_dir_for;
 

@@ -298,7 +298,8 @@ fn a_winner_set_of_130_targets_is_never_empty() {
 #[test]
 fn the_human_table_of_the_published_standalone_results() {
     use fk_agentd::score::driver::CheckoutState;
-    use fk_agentd::score::pipeline::{ScoreMode, ScoreReport, StageReport};
+    use fk_agentd::score::pipeline::ScoreReport;
+    use fk_agentd::score::stage::{ScoreMode, StageReport};
     // The published results were judged by the published gate (one bench each).
     let gate = WinnerGate::published();
     let mut verdicts = Vec::new();

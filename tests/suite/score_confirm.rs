@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use fk_agentd::score::driver::{BenchDriver, DriverParams};
 use fk_agentd::score::gate::{GateKind, WinnerGate};
-use fk_agentd::score::pipeline::{ScoreMode, ScoreParams, ScoreReport, score_candidates};
+use fk_agentd::score::pipeline::{ScoreParams, ScoreReport, score_candidates};
 use fk_agentd::score::render::score_table;
+use fk_agentd::score::stage::ScoreMode;
 use fk_agentd::sim::in_process::InProcessLauncher;
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;

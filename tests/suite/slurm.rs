@@ -472,7 +472,16 @@ fn a_simulated_campaign_runs_its_validations_as_slurm_steps() {
     let _serial = SERIAL.blocking_lock();
     let _holders = Holders::cleared(&cluster);
     let home = tempfile::tempdir().expect("home");
-    let out = fk(home.path(), &cluster.join("fk-agentd.toml"))
+    // One GPU held per node: any two leases at once run on both nodes (with four per node, the
+    // broker fills n1 first and a lightly loaded campaign may never need n2).
+    let toml = std::fs::read_to_string(cluster.join("fk-agentd.toml")).expect("cluster config");
+    let config = home.path().join("one-per-node.toml");
+    std::fs::write(
+        &config,
+        toml.replace("gpus_per_node = 4", "gpus_per_node = 1"),
+    )
+    .expect("config");
+    let out = fk(home.path(), &config)
         .args(["start", "--sim", "--targets", "L1", "--max-agents", "12"])
         .output()
         .expect("start");
@@ -816,6 +825,16 @@ async fn n1_leased_then(
     (o, changed_at.elapsed())
 }
 
+/// The detail of a lease that ended as the infrastructure's, as a GPU fault on n1.
+fn n1_fault(o: &LeaseOutcome) -> String {
+    assert!(o.infra, "{o:?}");
+    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
+        panic!("not ended as a GPU fault: {o:?}");
+    };
+    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    detail
+}
+
 /// A node that goes DOWN mid-lease takes its jobs with it (Slurm ends the holder job and the
 /// step at once): the lease ends as the infrastructure's, naming the node, not as a failure of
 /// the command it ran.
@@ -827,11 +846,7 @@ async fn a_node_set_down_mid_lease_ends_it_as_infrastructure() {
     let rig = rig(&cluster, Duration::from_secs(2)).await;
     let _resume = Resume(&cluster, "n1");
     let (o, ended_in) = n1_leased_then(&cluster, &rig, "state=down", "reason=fk-test-down").await;
-    assert!(o.infra, "{o:?}");
-    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
-        panic!("not ended as a GPU fault: {o:?}");
-    };
-    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    let detail = n1_fault(&o);
     // The test cluster returns a node to service at once (ReturnToService=2), so the node's
     // state cannot tell; the holder job, requeued by Slurm, does.
     assert!(
@@ -872,11 +887,7 @@ async fn in_job_mode_a_node_set_down_mid_lease_ends_it_as_infrastructure() {
     let rig = job_rig(&cluster, Duration::from_secs(2)).await;
     let _resume = Resume(&cluster, "n1");
     let (o, ended_in) = n1_leased_then(&cluster, &rig, "state=down", "reason=fk-test-down").await;
-    assert!(o.infra, "{o:?}");
-    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
-        panic!("not ended as a GPU fault: {o:?}");
-    };
-    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    let detail = n1_fault(&o);
     assert!(detail.contains("on node n1 ended NODE_FAIL"), "{detail}");
     assert!(
         ended_in < Duration::from_secs(8),
@@ -897,11 +908,7 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
     let dir = rig.dir.path().to_path_buf();
     let _resume = Resume(&cluster, "n1");
     let (o, ended_in) = n1_leased_then(&cluster, &rig, "state=drain", "reason=fk-test").await;
-    let Some(KilledReason::GpuFault { uuid, detail }) = o.killed_reason.clone() else {
-        panic!("not ended as a GPU fault: {o:?}");
-    };
-    assert!(o.infra, "{o:?}");
-    assert!(uuid.starts_with("slurm:n1:"), "{uuid}");
+    let detail = n1_fault(&o);
     assert!(
         detail.contains("Slurm node n1 is drain") && detail.contains("fk-test"),
         "{detail}"
