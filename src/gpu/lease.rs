@@ -87,6 +87,8 @@ struct Ended {
     exit: Option<ExitInfo>,
     why: Option<KilledReason>,
     wall_ms: u64,
+    /// From spawn to the SIGKILL past the grace, when one ended it.
+    kill_ms: Option<u64>,
     peak: Option<u64>,
 }
 
@@ -165,8 +167,10 @@ pub(crate) async fn execute(
     };
     let sampler = spawn_sampler(broker, watched, stop_sampling.clone());
     let deadline = spawned + g.req.max_run;
-    let (exit, why) = supervise(broker, &job, exit, deadline, cancel, &fault_notify).await;
+    let Supervised { exit, why, killed } =
+        supervise(broker, &job, exit, deadline, cancel, &fault_notify).await;
     let wall_ms = spawned.elapsed().as_millis() as u64;
+    let kill_ms = killed.map(|k| k.duration_since(spawned).as_millis() as u64);
     stop_sampling.cancel();
     let peak = sampler.await.ok().flatten();
     let ended = Ended {
@@ -175,6 +179,7 @@ pub(crate) async fn execute(
         exit,
         why,
         wall_ms,
+        kill_ms,
         peak,
     };
     let outcome = conclude(broker, &g, ended).await;
@@ -260,6 +265,17 @@ async fn launch(
     Ok(launched)
 }
 
+/// The lateness of a kill past the grace: when the SIGKILL went out against when it was due,
+/// and how long the backend then took to confirm nothing of the job was left.
+pub(crate) fn kill_note(due: Duration, kill_ms: u64, wall_ms: u64) -> String {
+    let late = kill_ms as i64 - due.as_millis() as i64;
+    format!(
+        "SIGKILL sent {late} ms after deadline + grace ({:.1} s); its end confirmed {} ms later",
+        due.as_secs_f64(),
+        wall_ms.saturating_sub(kill_ms)
+    )
+}
+
 /// Everything after the job is gone: stragglers, reclaim, health, the journaled outcome.
 async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
     let inner = &broker.inner;
@@ -298,6 +314,13 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
                 .into(),
         );
     }
+    if let (Some(kill_ms), Some(KilledReason::Deadline)) = (e.kill_ms, &e.why) {
+        notes.push(kill_note(
+            g.req.max_run + inner.params.grace,
+            kill_ms,
+            e.wall_ms,
+        ));
+    }
     let (killed_reason, infra, xids) = verdict(broker, &g.lease_id, e.why, &mut notes);
     let mut outcome = LeaseOutcome {
         lease_id: g.lease_id.clone(),
@@ -306,6 +329,7 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
         exit_code: e.exit.and_then(|x| x.code),
         signal: e.exit.and_then(|x| x.signal),
         wall_ms: e.wall_ms,
+        kill_ms: e.kill_ms,
         queued_ms: g.queued_ms,
         gpus: g.gpus.clone(),
         stdout: g.cmd.stdout.clone(),
@@ -430,6 +454,16 @@ fn mentions_counter_permission(cmd: &LeaseCommand) -> bool {
     })
 }
 
+/// How supervision ended a job.
+pub(crate) struct Supervised {
+    pub exit: Option<ExitInfo>,
+    /// Why the broker ended it; `None` when it ended on its own.
+    pub why: Option<KilledReason>,
+    /// When the SIGKILL that ended it past its grace was delivered (the signal call returned);
+    /// `None` when it ended on its own or on the TERM.
+    pub killed: Option<Instant>,
+}
+
 /// Waits for the job to end on its own, or ends it at the deadline, on cancel, or on a GPU
 /// fault or violation: SIGTERM to the group and cgroup, the grace, then SIGKILL to whatever
 /// is left of either.
@@ -440,7 +474,7 @@ pub(crate) async fn supervise(
     deadline: Instant,
     cancel: &CancellationToken,
     fault: &Notify,
-) -> (Option<ExitInfo>, Option<KilledReason>) {
+) -> Supervised {
     let backend = broker.inner.backend.clone();
     let reason = tokio::select! {
         r = &mut exit => {
@@ -450,7 +484,7 @@ pub(crate) async fn supervise(
                 backend.signal(job, true);
                 wait_gone(backend.as_ref(), job, KILL_WAIT).await;
             }
-            return (r, None);
+            return Supervised { exit: r, why: None, killed: None };
         }
         _ = tokio::time::sleep_until(deadline) => KilledReason::Deadline,
         _ = cancel.cancelled() => KilledReason::Cancelled,
@@ -464,6 +498,7 @@ pub(crate) async fn supervise(
     backend.signal(job, false);
     let mut info = None;
     let mut exited = false;
+    let mut killed = None;
     loop {
         let tick = (Instant::now() + POLL).min(grace_end);
         if exited {
@@ -479,6 +514,7 @@ pub(crate) async fn supervise(
         }
         if Instant::now() >= grace_end {
             backend.signal(job, true);
+            killed = Some(Instant::now());
             break;
         }
     }
@@ -486,7 +522,11 @@ pub(crate) async fn supervise(
         info = tokio::time::timeout(KILL_WAIT, exit).await.ok().flatten();
     }
     wait_gone(backend.as_ref(), job, KILL_WAIT).await;
-    (info, Some(reason))
+    Supervised {
+        exit: info,
+        why: Some(reason),
+        killed,
+    }
 }
 
 /// Repeats SIGKILL at the job until nothing of it is alive (a cgroup's `cgroup.procs` is

@@ -26,7 +26,7 @@ use super::audit::{Watched, spawn_sampler};
 use super::backend::{JobRef, LeaseBackend, RecordedEnd};
 use super::broker::{Broker, LiveLease};
 use super::cgroup;
-use super::lease::{end_job, supervise, unix_ms, verdict, wait_gone};
+use super::lease::{Supervised, end_job, kill_note, supervise, unix_ms, verdict, wait_gone};
 use super::reclaim::reclaim;
 use super::types::{Containment, KilledReason, LeaseClass, LeaseError, LeaseOutcome};
 use crate::store::leases::{LeaseRow, LeaseWrite};
@@ -165,7 +165,7 @@ impl Broker {
                 gpus: row.gpus.clone(),
             };
             let sampler = spawn_sampler(&broker, watched, stop_sampling.clone());
-            let (_, why) =
+            let Supervised { why, killed, .. } =
                 supervise(&broker, &job, exit, started + left, &cancel, &fault_notify).await;
             stop_sampling.cancel();
             let peak = sampler.await.ok().flatten();
@@ -182,7 +182,15 @@ impl Broker {
             end_job(&broker, &row.id, &job, containment, &mut notes).await;
             reclaim(&broker, &slots, &mut notes).await;
             let (why, _, xids) = verdict(&broker, &row.id, why, &mut notes);
-            let mut outcome = orphan_outcome(&row, why, started.elapsed(), notes, containment);
+            // An adopted lease's times count from its adoption, as its deadline's rest does.
+            let wall = started.elapsed();
+            let kill_ms = killed.map(|k| k.duration_since(started).as_millis() as u64);
+            if let (Some(kill_ms), Some(KilledReason::Deadline)) = (kill_ms, &why) {
+                let due = left + broker.inner.params.grace;
+                notes.push(kill_note(due, kill_ms, wall.as_millis() as u64));
+            }
+            let mut outcome = orphan_outcome(&row, why, wall, notes, containment);
+            outcome.kill_ms = kill_ms;
             if let Some(end) = recorded {
                 (outcome.exit_code, outcome.signal) = (end.exit_code, end.signal);
             }
@@ -301,6 +309,7 @@ fn orphan_outcome(
         exit_code: None,
         signal: None,
         wall_ms: wall.as_millis() as u64,
+        kill_ms: None,
         queued_ms: 0,
         gpus: row.gpus.clone(),
         stdout: PathBuf::from(&row.stdout),

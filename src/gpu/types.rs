@@ -130,6 +130,10 @@ pub struct LeaseOutcome {
     pub signal: Option<i32>,
     /// From spawn to the last process of the group gone.
     pub wall_ms: u64,
+    /// From spawn to the SIGKILL that ended it past its grace; `None` when it ended on its own
+    /// or on the TERM. `wall_ms − kill_ms` is how long the backend took to confirm its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_ms: Option<u64>,
     /// Time spent waiting in the queue.
     pub queued_ms: u64,
     /// GPU UUIDs in `CUDA_VISIBLE_DEVICES` order.

@@ -35,10 +35,19 @@ async fn the_deadline_kills_a_grandchild_that_ignores_sigterm() {
         (o.killed_reason, o.exit_code, o.signal),
         (Some(KilledReason::Deadline), None, Some(9))
     );
+    // The grace is 1 s: the SIGKILL goes out at 3 s, and the outcome says how late it was.
+    let kill = o.kill_ms.expect("a SIGKILL past the grace");
     assert!(
-        o.wall_ms >= 2000,
-        "killed before its deadline: {} ms",
+        (3000..=o.wall_ms).contains(&kill),
+        "SIGKILL at {kill} ms, wall {} ms",
         o.wall_ms
+    );
+    assert!(
+        o.notes
+            .iter()
+            .any(|n| n.starts_with("SIGKILL sent ") && n.contains("after deadline + grace (3.0 s)")),
+        "{:?}",
+        o.notes
     );
     assert!(!alive(pid), "grandchild {pid} survived the deadline");
     assert_eq!(rig.broker.snapshot().gpus[0].state, GpuState::Free);

@@ -418,6 +418,35 @@ async fn leases_run_as_steps_on_both_nodes_with_no_gpu_double_booked() {
     );
 }
 
+/// When both processes named by pid files in `dir` are gone: each file is awaited, then its
+/// process polled every 5 ms; `None` when either is still there after a minute.
+fn watch_death(dir: PathBuf, files: [&'static str; 2]) -> std::thread::JoinHandle<Option<Instant>> {
+    std::thread::spawn(move || {
+        let until = Instant::now() + Duration::from_secs(60);
+        let mut pids = Vec::new();
+        for f in files {
+            loop {
+                let read = std::fs::read_to_string(dir.join(f)).ok();
+                if let Some(pid) = read.and_then(|t| t.trim().parse::<i32>().ok()) {
+                    pids.push(pid);
+                    break;
+                }
+                if Instant::now() > until {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        while pids.iter().any(|&p| super::support::alive(p)) {
+            if Instant::now() > until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Some(Instant::now())
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_that_ignores_sigterm_is_killed_within_a_second_of_deadline_plus_grace() {
     let Some(cluster) = cluster() else { return };
@@ -427,6 +456,10 @@ async fn a_step_that_ignores_sigterm_is_killed_within_a_second_of_deadline_plus_
     let rig = rig(&cluster, grace).await;
     let dir = rig.dir.path().to_path_buf();
     let deadline = Duration::from_secs(5);
+    // The test cluster's nodes run on this host: the step's processes are visible here, so
+    // their death is timed apart from what the broker reports.
+    let died = watch_death(dir.clone(), ["step.pid", "sleep.pid"]);
+    let asked = Instant::now();
     let o = rig
         .broker
         .run(
@@ -434,22 +467,42 @@ async fn a_step_that_ignores_sigterm_is_killed_within_a_second_of_deadline_plus_
             sh(
                 &dir,
                 "k",
-                "trap '' TERM; echo started; sleep 60 & wait; wait",
+                "trap '' TERM; echo $$ > step.pid; sleep 60 & echo $! > sleep.pid; wait; wait",
             ),
             &CancellationToken::new(),
         )
         .await
         .expect("outcome");
+    let died = died
+        .join()
+        .expect("watcher")
+        .expect("the step's processes died");
     assert_eq!(
         (o.killed_reason.clone(), o.exit_code, o.signal),
         (Some(KilledReason::Deadline), None, Some(9)),
         "{o:?}"
     );
     let end = deadline + grace;
-    let wall = Duration::from_millis(o.wall_ms);
+    let second = Duration::from_secs(1);
+    // The broker sent the SIGKILL on time (counted from the step's spawn) ...
+    let kill = Duration::from_millis(o.kill_ms.expect("a SIGKILL past the grace"));
     assert!(
-        wall >= end && wall <= end + Duration::from_secs(1),
-        "ended {wall:?} after its start; deadline + grace is {end:?}"
+        kill >= end && kill <= end + second,
+        "SIGKILL sent {kill:?} after the spawn; deadline + grace is {end:?}"
+    );
+    // ... and the step's processes were gone within the second, counted from the request
+    // (before the spawn, so the grant and the step's start count against it too). Slurm then
+    // takes up to a second more to list the step as ended; the lease ends only after that.
+    let died = died - asked;
+    assert!(
+        died >= end && died <= end + second,
+        "the step's processes died {died:?} after the request; deadline + grace is {end:?}"
+    );
+    assert!(o.wall_ms >= o.kill_ms.unwrap_or(0), "{o:?}");
+    assert!(
+        o.notes.iter().any(|n| n.starts_with("SIGKILL sent ")),
+        "{:?}",
+        o.notes
     );
     // Slurm confirms the step is gone.
     let steps = slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]);
