@@ -48,6 +48,11 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
     let codex = crate::agent::codex::CodexCheck::run(config, path_var.as_deref());
     let uncaptured = crate::captures::uncaptured(&config.targets, &config.captures)
         .map_err(|why| Error::Usage(format!("campaign.captures = {why}")))?;
+    // Under Slurm the GPUs are the ones the `[slurm]` table asks to hold, not this host's.
+    let devices = match config.backend {
+        crate::config::LeaseBackendKind::Slurm => "held through Slurm".to_string(),
+        crate::config::LeaseBackendKind::Local => crate::config::describe_devices(&config.gpus),
+    };
     let mut out = std::io::stdout().lock();
     if json {
         let (count, gpu_error) = match &gpus {
@@ -58,7 +63,7 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
             "harness": harness,
             "preflight": report,
             "gpus": {"count": count, "error": gpu_error,
-                     "devices": crate::config::describe_devices(&config.gpus),
+                     "devices": devices,
                      "backend": config.backend.as_str()},
             "verdict": verdict,
             "codex": codex,
@@ -109,11 +114,7 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
             );
         }
         let _ = match &gpus {
-            Ok(n) => writeln!(
-                out,
-                "GPUs: {n} ({})",
-                crate::config::describe_devices(&config.gpus)
-            ),
+            Ok(n) => writeln!(out, "GPUs: {n} ({devices})"),
             Err(e) => writeln!(out, "GPUs: {e}"),
         };
         if let Some(Ok((_, text))) = &slurm {

@@ -26,7 +26,7 @@ use crate::target::{Catalog, TargetId};
 
 pub use gpus::{DEFAULT_CGROUP_ROOT, GpuDevices, describe_devices};
 use gpus::{GpuSettings, RawGpus};
-pub use slurm::{LeaseBackendKind, SlurmConfig, SlurmMode, SlurmNodes};
+pub use slurm::{LeaseBackendKind, SlurmConfig, SlurmHold, SlurmMode, SlurmNodes};
 
 /// A setting that was rejected: which key, what value, what was expected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

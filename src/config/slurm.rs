@@ -52,6 +52,29 @@ impl SlurmMode {
     }
 }
 
+/// What one holder job holds in allocation mode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlurmHold {
+    /// One single-GPU holder per GPU: Slurm's cgroup gives each step exactly its GPU; a lease
+    /// gets one GPU.
+    #[default]
+    Gpu,
+    /// One holder per node with all its `gpus_per_node` GPUs: a lease may take several GPUs of
+    /// the node; its steps' cgroups admit every GPU of the holder, and the step's
+    /// `CUDA_VISIBLE_DEVICES` names the leased ones.
+    Node,
+}
+
+impl SlurmHold {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gpu => "gpu",
+            Self::Node => "node",
+        }
+    }
+}
+
 /// Which nodes to hold GPUs on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
@@ -73,6 +96,8 @@ pub struct SlurmConfig {
     pub nodes: SlurmNodes,
     pub gpus_per_node: u32,
     pub mode: SlurmMode,
+    /// What one holder job holds (allocation mode).
+    pub hold: SlurmHold,
     /// The holder jobs' `--time` (allocation mode).
     #[serde(serialize_with = "super::ser_duration")]
     pub hold_time: Duration,
@@ -96,6 +121,7 @@ pub(super) struct RawSlurm {
     nodes: Option<toml::Value>,
     gpus_per_node: Option<i64>,
     mode: Option<String>,
+    hold: Option<String>,
     hold_time: Option<String>,
     start_timeout: Option<String>,
     sbatch_args: Option<Vec<String>>,
@@ -228,6 +254,14 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         }
     };
     set("mode", mode.as_str().into());
+    let hold = match raw.hold.as_deref() {
+        None | Some("gpu") => SlurmHold::Gpu,
+        Some("node") => SlurmHold::Node,
+        Some(other) => {
+            return Err(ConfigError::new("slurm.hold", other, "\"gpu\" or \"node\""));
+        }
+    };
+    set("hold", hold.as_str().into());
     let hold_time =
         super::parse_duration("slurm.hold_time", raw.hold_time.as_deref().unwrap_or("12h"))?;
     if hold_time < Duration::from_secs(60) {
@@ -268,6 +302,7 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         nodes,
         gpus_per_node,
         mode,
+        hold,
         hold_time,
         start_timeout,
         sbatch_args,
@@ -361,9 +396,16 @@ mod tests {
         let cfg = cfg.unwrap();
         assert_eq!(cfg.nodes, SlurmNodes::Names(vec!["n1".into(), "n2".into()]));
         assert_eq!(
-            (cfg.gpus_per_node, cfg.mode, cfg.hold_time),
-            (4, SlurmMode::Allocation, Duration::from_secs(12 * 3600))
+            (cfg.gpus_per_node, cfg.mode, cfg.hold, cfg.hold_time),
+            (
+                4,
+                SlurmMode::Allocation,
+                SlurmHold::Gpu,
+                Duration::from_secs(12 * 3600)
+            )
         );
+        let (_, node) = parse("backend = \"slurm\"\n[slurm]\nhold = \"node\"").unwrap();
+        assert_eq!(node.map(|c| c.hold), Some(SlurmHold::Node));
         assert_eq!(cfg.partition.as_deref(), Some("gpu"));
         assert_eq!(cfg.srun_args, vec!["--mem=0".to_string()]);
     }
@@ -398,6 +440,11 @@ mod tests {
                 "backend = \"slurm\"\n[slurm]\nmode = \"array\"",
                 "slurm.mode",
                 "array",
+            ),
+            (
+                "backend = \"slurm\"\n[slurm]\nhold = \"rack\"",
+                "slurm.hold",
+                "rack",
             ),
             (
                 "backend = \"slurm\"\n[slurm]\npartition = \"a,b\"",

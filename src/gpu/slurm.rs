@@ -5,7 +5,10 @@
 //! inventory slot is one holder: its node and GPU index are read from Slurm, so the journal's
 //! GPU column (`slurm:<node>:gpu<idx>`) names exactly the device the step gets. A lease is
 //! `srun --jobid=<holder> --overlap --job-name=<lease id> …`: it starts without a scheduling
-//! round-trip and Slurm's cgroup gives it that GPU only. In job mode each lease is its own job
+//! round-trip and Slurm's cgroup gives it that GPU only. With `slurm.hold = "node"` one holder
+//! per node holds all its GPUs (one slot each); a lease of several GPUs of the node is a step
+//! of that holder, which sees all of them, and [`PICK_GPUS`] narrows the step's
+//! `CUDA_VISIBLE_DEVICES` to the leased ones. In job mode each lease is its own job
 //! (`srun -w <node> --gres=gpu:N …`), for clusters that forbid long allocations; Slurm then
 //! picks the GPU on the node.
 //!
@@ -26,7 +29,7 @@
 //! accounting, a step that ended unwatched is closed with the exit code `sacct` recorded.
 //! In job mode, a lease whose job slurmctld ended `NODE_FAIL` ends as infrastructure too.
 //! With a secret file to hide, every step runs through `fk-agentd confined-exec` on its node.
-//! Not yet: multi-GPU leases in allocation mode (refused with a reason).
+//! With single-GPU holders a multi-GPU lease is refused with a reason naming `slurm.hold`.
 
 mod cli;
 mod hold;
@@ -61,6 +64,9 @@ pub struct SlotGpu {
     pub node: String,
     pub gpu: u32,
     pub holder: Option<u64>,
+    /// Node hold: where this GPU stands in its holder's GPUs (index order), which is its entry
+    /// in a step's `CUDA_VISIBLE_DEVICES`. `None`: Slurm gives the step this GPU alone.
+    pub position: Option<u32>,
 }
 
 impl SlotGpu {
@@ -206,6 +212,25 @@ impl SlurmBackend {
         }
     }
 
+    /// Node hold: the leased GPUs' positions among their holder's (`1,2`), from the broker's
+    /// `CUDA_VISIBLE_DEVICES` (the slots' ids); `None` where Slurm gives a step its GPU alone.
+    fn positions(&self, env: &[(String, String)]) -> Result<Option<String>, LeaseError> {
+        let Some((_, ids)) = env.iter().find(|(k, _)| k == "CUDA_VISIBLE_DEVICES") else {
+            return Ok(None);
+        };
+        let mut positions = Vec::new();
+        for id in ids.split(',') {
+            let slot = self.slots.iter().find(|s| s.uuid() == id).ok_or_else(|| {
+                LeaseError::Slurm(format!("the lease names GPU `{id}`, which no holder holds"))
+            })?;
+            match slot.position {
+                Some(p) => positions.push(p.to_string()),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(positions.join(",")))
+    }
+
     fn srun_args(&self, c: &Container, spec: &LaunchSpec<'_>) -> Result<Vec<String>, LeaseError> {
         let mut args = Vec::new();
         match c {
@@ -240,6 +265,25 @@ impl SlurmBackend {
         Ok(args)
     }
 }
+
+/// Run before a node-hold step's command (`sh -c PICK_GPUS name POSITIONS CMD…`): the step
+/// sees every GPU of its holder, and `CUDA_VISIBLE_DEVICES` is narrowed to the entries at the
+/// leased positions; a step that does not see them fails with exit 125 and the reason.
+const PICK_GPUS: &str = r#"want=$1; shift; set -f; IFS=,; picked=; k=0; m=0
+for w in $want; do
+  m=$((m + 1)); n=0
+  for d in ${CUDA_VISIBLE_DEVICES-}; do
+    if [ "$n" = "$w" ]; then picked=${picked:+$picked,}$d; k=$((k + 1)); fi
+    n=$((n + 1))
+  done
+done
+unset IFS; set +f
+if [ "$k" != "$m" ]; then
+  echo "fk-agentd: the step sees GPUs '${CUDA_VISIBLE_DEVICES-}', not positions $want of its holder" >&2
+  exit 125
+fi
+CUDA_VISIBLE_DEVICES=$picked; export CUDA_VISIBLE_DEVICES
+exec "$@""#;
 
 /// What Slurm's accounting says, asked by `read` up to 10 times 200 ms apart until it knows:
 /// slurmctld hands a job's or step's end to slurmdbd a moment after the end. `None` when it
@@ -281,17 +325,20 @@ impl LeaseBackend for SlurmBackend {
             (_, []) => Container::Refused {
                 why: "no Slurm GPU for this lease".into(),
             },
-            (SlurmMode::Allocation, [one]) => match one.holder {
-                Some(holder) => Container::Step { holder, name },
+            (SlurmMode::Allocation, [first, rest @ ..]) => match first.holder {
                 None => Container::Refused {
                     why: "the GPU has no holder job".into(),
                 },
-            },
-            (SlurmMode::Allocation, _) => Container::Refused {
-                why: format!(
-                    "{} GPUs in one lease: Slurm allocation mode runs single-GPU leases (set slurm.mode = \"job\" for multi-GPU ones)",
-                    gpus.len()
-                ),
+                Some(holder) if rest.iter().all(|g| g.holder == Some(holder)) => {
+                    Container::Step { holder, name }
+                }
+                Some(_) => Container::Refused {
+                    why: format!(
+                        "{} GPUs in one lease span holder jobs; with slurm.hold = \"{}\" a lease gets the GPUs of one holder (set slurm.hold = \"node\", or slurm.mode = \"job\", for multi-GPU leases)",
+                        gpus.len(),
+                        self.cfg.hold.as_str()
+                    ),
+                },
             },
             (SlurmMode::Job, [first, rest @ ..]) => {
                 if rest.iter().any(|g| g.node != first.node) {
@@ -340,6 +387,9 @@ impl LeaseBackend for SlurmBackend {
                 std_cmd.arg("--hide").arg(h);
             }
             std_cmd.arg("--");
+        }
+        if let Some(positions) = self.positions(&spec.env)? {
+            std_cmd.args(["sh", "-c", PICK_GPUS, "fk-agentd-pick-gpus", &positions]);
         }
         std_cmd.args(spec.argv);
         for k in spec.env_remove {
@@ -703,12 +753,39 @@ mod tests {
         assert_eq!(Container::parse(Path::new("/sys/fs/cgroup/x")), None);
     }
 
+    /// Runs [`PICK_GPUS`] as a node-hold step would, with Slurm's `CUDA_VISIBLE_DEVICES`.
+    fn pick(seen: &str, positions: &str) -> std::process::Output {
+        std::process::Command::new("sh")
+            .args(["-c", PICK_GPUS, "pick", positions])
+            .args(["sh", "-c", "echo \"[$CUDA_VISIBLE_DEVICES]\""])
+            .env("CUDA_VISIBLE_DEVICES", seen)
+            .output()
+            .expect("sh")
+    }
+
+    #[test]
+    fn a_node_hold_step_keeps_the_gpus_at_its_positions_and_refuses_missing_ones() {
+        let out = pick("0,1,2,3", "1,3");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "[1,3]\n");
+        // Physical indices (no device constraint) are picked by position all the same.
+        let out = pick("4,5,6,7", "0");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "[4]\n");
+        let out = pick("0,1", "1,2");
+        assert_eq!(out.status.code(), Some(125));
+        assert!(out.stdout.is_empty());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("sees GPUs '0,1', not positions 1,2"),
+            "{out:?}"
+        );
+    }
+
     #[test]
     fn a_slot_is_named_by_node_and_gpu() {
         let s = SlotGpu {
             node: "n2".into(),
             gpu: 3,
             holder: Some(9),
+            position: None,
         };
         assert_eq!(s.uuid(), "slurm:n2:gpu3");
     }

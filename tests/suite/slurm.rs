@@ -112,11 +112,17 @@ fn config(cluster: &Path, home: &Path) -> Config {
 /// The test cluster's configuration in job mode (each lease a job of its own), written under
 /// `home`.
 fn job_mode_config(cluster: &Path, home: &Path) -> Config {
+    config_with(cluster, home, "mode = \"job\"")
+}
+
+/// The test cluster's configuration with `line` added to its `[slurm]` table, written under
+/// `home`.
+fn config_with(cluster: &Path, home: &Path, line: &str) -> Config {
     let toml = std::fs::read_to_string(cluster.join("fk-agentd.toml")).expect("cluster config");
-    let file = home.join("job-mode.toml");
+    let file = home.join("fk-agentd-variant.toml");
     std::fs::write(
         &file,
-        toml.replace("[slurm]\n", "[slurm]\nmode = \"job\"\n"),
+        toml.replace("[slurm]\n", &format!("[slurm]\n{line}\n")),
     )
     .expect("config");
     load(&file, home)
@@ -284,6 +290,114 @@ async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
         !left.contains("lease-"),
         "a lease's job outlived it: {left}"
     );
+    broker.shutdown().await;
+}
+
+/// With `slurm.hold = "node"` the daemon holds one job per node with all its GPUs, and a
+/// lease may take several GPUs of one node: its step runs in that node's holder and its
+/// `CUDA_VISIBLE_DEVICES` names exactly the leased GPUs. With the default single-GPU holders a
+/// multi-GPU lease is refused, naming the setting that allows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_node_holders_a_lease_takes_several_gpus_of_one_node_and_sees_only_them() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node_hold = config_with(&cluster, dir.path(), "hold = \"node\"");
+    let broker = broker_for(&node_hold, dir.path(), Duration::from_secs(10)).await;
+    let holders: BTreeMap<String, String> = slurm(&cluster, "squeue", &["-h", "-o", "%N|%i|%j"])
+        .lines()
+        .filter(|l| l.contains("|fk-agentd-"))
+        .filter_map(|l| {
+            let mut f = l.split('|');
+            Some((f.next()?.to_string(), f.next()?.to_string()))
+        })
+        .collect();
+    assert_eq!(
+        holders.keys().cloned().collect::<Vec<_>>(),
+        ["n1", "n2"],
+        "one holder per node: {holders:?}"
+    );
+    assert_eq!(broker.inventory().len(), 8);
+    // 2 + 2 + 3 + 1 GPUs at once: all eight, spread over both nodes by the queue.
+    let script = "echo \"$SLURM_JOB_ID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\"; sleep 1";
+    let mut runs = Vec::new();
+    for (i, gpus) in [2u32, 2, 3, 1].into_iter().enumerate() {
+        let (b, d) = (broker.clone(), dir.path().to_path_buf());
+        runs.push(tokio::spawn(async move {
+            b.run(
+                req(
+                    &format!("L1/t{i}"),
+                    LeaseClass::Validate,
+                    gpus,
+                    Duration::from_secs(60),
+                ),
+                sh(&d, &format!("t{i}"), script),
+                &CancellationToken::new(),
+            )
+            .await
+        }));
+    }
+    for (i, r) in runs.into_iter().enumerate() {
+        let o = r.await.expect("join").expect("outcome");
+        assert!(o.succeeded(), "{o:?}");
+        let out = std::fs::read_to_string(dir.path().join(format!("t{i}.out"))).expect("out");
+        let f: Vec<&str> = out.split_whitespace().collect();
+        let [job, node, devices] = f[..] else {
+            panic!("{out}")
+        };
+        assert_eq!(Some(&job.to_string()), holders.get(node), "{out}");
+        // The holders hold GPUs 0-3 of their node; the step sees the leased ones only.
+        let leased: Vec<String> = o
+            .gpus
+            .iter()
+            .map(|g| {
+                g.strip_prefix(&format!("slurm:{node}:gpu"))
+                    .unwrap_or_else(|| panic!("{g} is not on {node}"))
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(devices, leased.join(","), "{o:?}");
+    }
+    let gpus = assert_no_double_booking(&dir.path().join("fk-agentd.db"));
+    assert_eq!(gpus.len(), 8, "{gpus:?}");
+    // A start of the same home with single-GPU holders is refused while the node holders
+    // run, naming them, and leaves them alone.
+    let gpu_hold = config(&cluster, dir.path());
+    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+    let slurm_table = gpu_hold.slurm.clone().expect("a [slurm] table");
+    let err = match fk_agentd::gpu::slurm::start_for(&gpu_hold, &slurm_table, &store).await {
+        Ok(_) => panic!("a start with the other slurm.hold was not refused"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("submitted with another slurm.hold or gpus_per_node")
+            && err.contains("(4 GPU(s))"),
+        "{err}"
+    );
+    for id in holders.values() {
+        assert!(err.contains(id.as_str()), "{err} does not name holder {id}");
+    }
+    let still = slurm(&cluster, "squeue", &["-h", "-o", "%i|%j"]);
+    assert_eq!(still.matches("|fk-agentd-").count(), 2, "{still}");
+    broker.shutdown().await;
+    drop(_holders);
+
+    // Single-GPU holders (the default) refuse a lease of two GPUs, and say what allows it.
+    let _holders = Holders::cleared(&cluster);
+    let Rig { dir, broker } = rig(&cluster, Duration::from_secs(10)).await;
+    let refused = broker
+        .run(
+            req("L1/two", LeaseClass::Validate, 2, Duration::from_secs(60)),
+            sh(dir.path(), "two", "true"),
+            &CancellationToken::new(),
+        )
+        .await;
+    let text = match refused {
+        Ok(o) => format!("{o:?}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(text.contains("slurm.hold = \"node\""), "{text}");
     broker.shutdown().await;
 }
 
@@ -517,6 +631,64 @@ fn fk(home: &Path, config: &Path) -> Command {
         .args(["--home", &home.display().to_string()])
         .args(["--config", &config.display().to_string()]);
     cmd
+}
+
+/// `fk-agentd gpus` and `doctor` on a Slurm configuration show the partition's nodes with
+/// their GPUs and state and this home's holder jobs: none before a start, every one while a
+/// broker of the home holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_and_doctor_show_the_nodes_and_this_homes_allocation() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = cluster.join("fk-agentd.toml");
+    let run = |sub: &str| {
+        let out = fk(dir.path(), &file).arg(sub).output().expect("fk-agentd");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // `(gpus, held)` per node, from the table `gpus` and `doctor` print.
+    let nodes = |text: &str| -> BTreeMap<String, (u32, u32)> {
+        text.lines()
+            .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+                [node @ ("n1" | "n2"), gpus, held, _state] => {
+                    Some((node.to_string(), (gpus.parse().ok()?, held.parse().ok()?)))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let (code, before) = run("gpus");
+    assert_eq!(code, Some(0), "{before}");
+    assert!(
+        before.starts_with(
+            "Slurm backend: partition gpu, allocation mode (one holder job per GPU), 4 GPU(s) per node"
+        ),
+        "{before}"
+    );
+    assert_eq!(
+        nodes(&before),
+        BTreeMap::from([("n1".into(), (4, 0)), ("n2".into(), (4, 0))]),
+        "{before}"
+    );
+    assert!(before.contains("allocation: none held"), "{before}");
+    let (_, doctor) = run("doctor");
+    assert!(doctor.contains("GPUs: 8 (held through Slurm)"), "{doctor}");
+    assert_eq!(nodes(&doctor), nodes(&before), "{doctor}");
+
+    let broker = rig_in(&cluster, dir.path(), Duration::from_secs(2)).await;
+    let (code, held) = run("gpus");
+    assert_eq!(code, Some(0), "{held}");
+    assert_eq!(
+        nodes(&held),
+        BTreeMap::from([("n1".into(), (4, 4)), ("n2".into(), (4, 4))]),
+        "{held}"
+    );
+    assert!(held.contains("allocation: 8 holder job(s): "), "{held}");
+    broker.shutdown().await;
 }
 
 #[test]

@@ -146,6 +146,22 @@ impl SlurmCli {
             .collect())
     }
 
+    /// GPUs asked per node by each job named `name` (`squeue %b`: `gres:gpu:4`,
+    /// `gres/gpu:h200:4`), as `(job id, state, gpus)`; a job that asks none reads as 0.
+    pub fn gpus_of_jobs_named(&self, name: &str) -> Result<Vec<(u64, String, u32)>, String> {
+        let args = [
+            "-h".into(),
+            format!("--name={name}"),
+            "-o".into(),
+            "%i|%T|%b".into(),
+        ];
+        let out = self.run("squeue", &args)?;
+        Ok(parse_rows(&out, 3)
+            .into_iter()
+            .filter_map(|r| Some((r[0].parse().ok()?, r[1].clone(), gres_gpus(&r[2]))))
+            .collect())
+    }
+
     /// The newest job named `name` that slurmctld still remembers, ended ones included (for
     /// `MinJobAge` after their end), as `(job id, state, node)`.
     pub fn newest_job_named(&self, name: &str) -> Result<Option<(u64, String, String)>, String> {
@@ -174,6 +190,14 @@ impl SlurmCli {
             Err(e) => Err(e),
         }
     }
+}
+
+/// GPUs in a gres text (`gres:gpu:4`, `gres/gpu:h200:2`, `gpu:1`); 0 when it names none.
+pub fn gres_gpus(text: &str) -> u32 {
+    text.split(',')
+        .filter(|g| g.contains("gpu"))
+        .filter_map(|g| g.split('(').next()?.rsplit(':').next()?.parse::<u32>().ok())
+        .sum()
 }
 
 /// `|`-separated rows with at least `fields` fields; blank lines skipped.
@@ -295,6 +319,20 @@ mod tests {
             Some(("gpu-07".into(), vec![0, 1, 5]))
         );
         assert_eq!(job_gpus("   JOB_GRES=(null)"), None);
+    }
+
+    #[test]
+    fn a_jobs_gpus_are_read_from_its_gres() {
+        for (text, gpus) in [
+            ("gres:gpu:4", 4),
+            ("gres/gpu:h200:2", 2),
+            ("gpu:1", 1),
+            ("gpu:h200:8(S:0-1)", 8),
+            ("N/A", 0),
+            ("(null)", 0),
+        ] {
+            assert_eq!(gres_gpus(text), gpus, "{text}");
+        }
     }
 
     #[test]

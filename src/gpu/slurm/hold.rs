@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::cli::{self, SlurmCli};
 use super::{SlotGpu, SlurmBackend};
-use crate::config::{Config, SlurmConfig, SlurmMode, SlurmNodes};
+use crate::config::{Config, SlurmConfig, SlurmHold, SlurmMode, SlurmNodes};
 use crate::gpu::inventory::{GpuInfo, Inventory};
 use crate::gpu::types::LeaseError;
 
@@ -163,6 +163,7 @@ fn job_slots(
                 node: n.clone(),
                 gpu: g,
                 holder: None,
+                position: None,
             })
         })
         .collect())
@@ -176,14 +177,37 @@ fn hold(
     prefix: &str,
     _nodes: &[(String, u32, String)],
 ) -> Result<Vec<SlotGpu>, LeaseError> {
+    // Holder jobs per node, and GPUs per holder.
+    let (per_node, gres) = match cfg.hold {
+        SlurmHold::Gpu => (cfg.gpus_per_node, 1),
+        SlurmHold::Node => (1, cfg.gpus_per_node),
+    };
     let wanted: Vec<(Option<String>, u32)> = match &cfg.nodes {
-        SlurmNodes::Names(names) => names
-            .iter()
-            .map(|n| (Some(n.clone()), cfg.gpus_per_node))
-            .collect(),
-        SlurmNodes::Count(c) => vec![(None, c * cfg.gpus_per_node)],
+        SlurmNodes::Names(names) => names.iter().map(|n| (Some(n.clone()), per_node)).collect(),
+        SlurmNodes::Count(c) => vec![(None, c * per_node)],
     };
     let slurm = |e: String| LeaseError::Slurm(e);
+    // Holders of another size (left by a start with another `slurm.hold` or `gpus_per_node`)
+    // would keep the nodes' GPUs from the ones this start submits: refused before anything is
+    // cancelled or submitted.
+    let mut other = Vec::new();
+    for (node, _) in &wanted {
+        let name = holder_name(prefix, node.as_deref());
+        other.extend(
+            cli.gpus_of_jobs_named(&name)
+                .map_err(slurm)?
+                .into_iter()
+                .filter(|(_, state, gpus)| is_holding(state) && *gpus != gres)
+                .map(|(id, _, gpus)| format!("{id} ({gpus} GPU(s))")),
+        );
+    }
+    if !other.is_empty() {
+        return Err(LeaseError::Slurm(format!(
+            "this home's holder job(s) {} were submitted with another slurm.hold or gpus_per_node; slurm.hold = \"{}\" holds {gres} GPU(s) per job: `fk-agentd stop` (or scancel) gives them back first",
+            other.join(", "),
+            cfg.hold.as_str()
+        )));
+    }
     let mut jobs: Vec<u64> = Vec::new();
     let mut submitted = Vec::new();
     for (node, count) in &wanted {
@@ -192,7 +216,7 @@ fn hold(
             .jobs_named(&name)
             .map_err(slurm)?
             .into_iter()
-            .filter(|(_, state, _)| matches!(state.as_str(), "RUNNING" | "PENDING" | "CONFIGURING"))
+            .filter(|(_, state, _)| is_holding(state))
             .map(|(id, ..)| id)
             .collect();
         found.sort_unstable();
@@ -209,7 +233,7 @@ fn hold(
             tracing::info!(jobs = ?found, name, "found this daemon's Slurm holder jobs");
         }
         for _ in found.len()..*count as usize {
-            let id = submit(cli, cfg, &name, node.as_deref()).map_err(slurm)?;
+            let id = submit(cli, cfg, &name, node.as_deref(), gres).map_err(slurm)?;
             submitted.push(id);
             found.push(id);
         }
@@ -233,16 +257,24 @@ fn hold(
                 "holder job {job} holds no GPU Slurm can name (no `GRES=gpu:1(IDX:…)` in scontrol)"
             )));
         };
-        let [gpu] = gpus.as_slice() else {
+        if gpus.len() != gres as usize {
             return Err(LeaseError::Slurm(format!(
-                "holder job {job} holds GPUs {gpus:?}; expected exactly one"
+                "holder job {job} holds GPUs {gpus:?}; slurm.hold = \"{}\" expects {gres} per holder \
+                 (a holder left by a start with the other slurm.hold: `fk-agentd stop` or \
+                 `scancel {job}` gives it back)",
+                cfg.hold.as_str()
             )));
-        };
-        slots.push(SlotGpu {
-            node,
-            gpu: *gpu,
+        }
+        let mut gpus = gpus;
+        gpus.sort_unstable();
+        // A node holder's steps see its GPUs in index order (`CUDA_VISIBLE_DEVICES`).
+        let position = |i: usize| (cfg.hold == SlurmHold::Node).then_some(i as u32);
+        slots.extend(gpus.iter().enumerate().map(|(i, &gpu)| SlotGpu {
+            node: node.clone(),
+            gpu,
             holder: Some(job),
-        });
+            position: position(i),
+        }));
     }
     slots.sort_by(|a, b| (&a.node, a.gpu).cmp(&(&b.node, b.gpu)));
     if let Some(w) = slots
@@ -257,18 +289,24 @@ fn hold(
     Ok(slots)
 }
 
+/// A holder job state that holds (or is about to hold) its GPUs.
+fn is_holding(state: &str) -> bool {
+    matches!(state, "RUNNING" | "PENDING" | "CONFIGURING")
+}
+
 fn submit(
     cli: &SlurmCli,
     cfg: &SlurmConfig,
     name: &str,
     node: Option<&str>,
+    gpus: u32,
 ) -> Result<u64, String> {
     let mut args = vec![
         "--parsable".to_string(),
         format!("--job-name={name}"),
         "--nodes=1".into(),
         "--ntasks=1".into(),
-        "--gres=gpu:1".into(),
+        format!("--gres=gpu:{gpus}"),
         format!("--time={}", minutes(cfg.hold_time)),
         "--output=/dev/null".into(),
         "--error=/dev/null".into(),
@@ -467,9 +505,14 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
     let scope = crate::gpu::cgroup::scope_for(&config.home.join("fk-agentd.db"));
     let v = view(slurm, &scope, &config.secret_env)?;
     let mut out = String::new();
+    let holders = match (v.mode, slurm.hold) {
+        (SlurmMode::Job, _) => "",
+        (SlurmMode::Allocation, SlurmHold::Gpu) => " (one holder job per GPU)",
+        (SlurmMode::Allocation, SlurmHold::Node) => " (one holder job per node)",
+    };
     let _ = writeln!(
         out,
-        "Slurm backend: partition {}, {} mode, {} GPU(s) per node",
+        "Slurm backend: partition {}, {} mode{holders}, {} GPU(s) per node",
         v.partition.as_deref().unwrap_or("(default)"),
         v.mode.as_str(),
         slurm.gpus_per_node
