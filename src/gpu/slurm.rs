@@ -180,7 +180,13 @@ impl SlurmBackend {
 
     /// The holder jobs, in slot order (allocation mode).
     pub fn holders(&self) -> Vec<u64> {
-        self.slots.iter().filter_map(|s| s.holder).collect()
+        // A node holder holds several slots; each job is named once.
+        let mut seen = std::collections::HashSet::new();
+        self.slots
+            .iter()
+            .filter_map(|s| s.holder)
+            .filter(|h| seen.insert(*h))
+            .collect()
     }
 
     /// The running step id (`J.S`) of lease `name` in `holder`, from the cache or `squeue`.
