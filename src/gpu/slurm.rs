@@ -253,7 +253,12 @@ impl SlurmBackend {
                 args.extend(hold::placement_args(&self.cfg));
             }
             Container::Refused { why } => {
-                return Err(LeaseError::bad("gpus", spec.lease_id, why.clone()));
+                let gpus = spec
+                    .env
+                    .iter()
+                    .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+                    .map_or(0, |(_, ids)| ids.split(',').count());
+                return Err(LeaseError::bad("gpus", gpus, why.clone()));
             }
         }
         args.extend(
