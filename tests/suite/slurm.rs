@@ -249,41 +249,22 @@ async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
         !held.contains("fk-agentd-"),
         "job mode holds nothing: {held}"
     );
-    let script = "echo \"$SLURM_JOB_ID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\"";
-    let mut runs = Vec::new();
-    for (i, gpus) in [1u32, 2].into_iter().enumerate() {
-        let (b, d) = (broker.clone(), dir.path().to_path_buf());
-        runs.push(tokio::spawn(async move {
-            b.run(
-                req(
-                    &format!("L1/t{i}"),
-                    LeaseClass::Validate,
-                    gpus,
-                    Duration::from_secs(60),
-                ),
-                sh(&d, &format!("t{i}"), script),
-                &CancellationToken::new(),
-            )
-            .await
-        }));
-    }
     let mut jobs = BTreeSet::new();
-    for (i, r) in runs.into_iter().enumerate() {
-        let o = r.await.expect("join").expect("outcome");
-        assert!(o.succeeded(), "{o:?}");
-        let out = std::fs::read_to_string(dir.path().join(format!("t{i}.out"))).expect("out");
-        let f: Vec<&str> = out.split_whitespace().collect();
-        let [job, node, devices] = f[..] else {
-            panic!("{out}")
-        };
-        assert!(jobs.insert(job.to_string()), "two leases in one job: {out}");
+    for Placed {
+        outcome: o,
+        job,
+        node,
+        devices,
+    } in placed_at_once(&broker, dir.path(), &[1, 2], "").await
+    {
+        assert!(jobs.insert(job.clone()), "two leases in job {job}");
         assert!(
             o.gpus
                 .iter()
                 .all(|g| g.starts_with(&format!("slurm:{node}:"))),
             "{o:?} ran on {node}"
         );
-        assert_eq!(devices.split(',').count(), o.gpus.len(), "{out}");
+        assert_eq!(devices.split(',').count(), o.gpus.len(), "{devices}");
     }
     let left = slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
     assert!(
@@ -291,6 +272,52 @@ async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
         "a lease's job outlived it: {left}"
     );
     broker.shutdown().await;
+}
+
+/// Where a lease ran, as its step saw it.
+struct Placed {
+    outcome: LeaseOutcome,
+    job: String,
+    node: String,
+    /// The step's `CUDA_VISIBLE_DEVICES`.
+    devices: String,
+}
+
+/// Starts one lease per entry of `gpus` (that many GPUs each) at once, each printing its job,
+/// node and devices and then running `then`; every one must succeed.
+async fn placed_at_once(broker: &Broker, dir: &Path, gpus: &[u32], then: &str) -> Vec<Placed> {
+    let script = format!("echo \"$SLURM_JOB_ID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\"{then}");
+    let mut runs = Vec::new();
+    for (i, &gpus) in gpus.iter().enumerate() {
+        let (b, d, script) = (broker.clone(), dir.to_path_buf(), script.clone());
+        runs.push(tokio::spawn(async move {
+            let cmd = sh(&d, &format!("t{i}"), &script);
+            let req = req(
+                &format!("L1/t{i}"),
+                LeaseClass::Validate,
+                gpus,
+                Duration::from_secs(60),
+            );
+            b.run(req, cmd, &CancellationToken::new()).await
+        }));
+    }
+    let mut placed = Vec::new();
+    for (i, r) in runs.into_iter().enumerate() {
+        let outcome = r.await.expect("join").expect("outcome");
+        assert!(outcome.succeeded(), "{outcome:?}");
+        let out = std::fs::read_to_string(dir.join(format!("t{i}.out"))).expect("out");
+        let [job, node, devices] = out.split_whitespace().collect::<Vec<_>>()[..] else {
+            panic!("{out}")
+        };
+        let (job, node, devices) = (job.into(), node.into(), devices.into());
+        placed.push(Placed {
+            outcome,
+            job,
+            node,
+            devices,
+        });
+    }
+    placed
 }
 
 /// With `slurm.hold = "node"` the daemon holds one job per node with all its GPUs, and a
@@ -320,33 +347,14 @@ async fn with_node_holders_a_lease_takes_several_gpus_of_one_node_and_sees_only_
     );
     assert_eq!(broker.inventory().len(), 8);
     // 2 + 2 + 3 + 1 GPUs at once.
-    let script = "echo \"$SLURM_JOB_ID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES\"; sleep 1";
-    let mut runs = Vec::new();
-    for (i, gpus) in [2u32, 2, 3, 1].into_iter().enumerate() {
-        let (b, d) = (broker.clone(), dir.path().to_path_buf());
-        runs.push(tokio::spawn(async move {
-            b.run(
-                req(
-                    &format!("L1/t{i}"),
-                    LeaseClass::Validate,
-                    gpus,
-                    Duration::from_secs(60),
-                ),
-                sh(&d, &format!("t{i}"), script),
-                &CancellationToken::new(),
-            )
-            .await
-        }));
-    }
-    for (i, r) in runs.into_iter().enumerate() {
-        let o = r.await.expect("join").expect("outcome");
-        assert!(o.succeeded(), "{o:?}");
-        let out = std::fs::read_to_string(dir.path().join(format!("t{i}.out"))).expect("out");
-        let f: Vec<&str> = out.split_whitespace().collect();
-        let [job, node, devices] = f[..] else {
-            panic!("{out}")
-        };
-        assert_eq!(Some(&job.to_string()), holders.get(node), "{out}");
+    for Placed {
+        outcome: o,
+        job,
+        node,
+        devices,
+    } in placed_at_once(&broker, dir.path(), &[2, 2, 3, 1], "; sleep 1").await
+    {
+        assert_eq!(Some(&job), holders.get(&node), "{o:?}");
         // The holders hold GPUs 0-3 of their node; the step sees the leased ones only.
         let leased: Vec<String> = o
             .gpus
