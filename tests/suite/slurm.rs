@@ -322,8 +322,9 @@ async fn placed_at_once(broker: &Broker, dir: &Path, gpus: &[u32], then: &str) -
 
 /// With `slurm.hold = "node"` the daemon holds one job per node with all its GPUs, and a
 /// lease may take several GPUs of one node: its step runs in that node's holder and its
-/// `CUDA_VISIBLE_DEVICES` names exactly the leased GPUs. With the default single-GPU holders a
-/// multi-GPU lease is refused, naming the setting that allows it.
+/// `CUDA_VISIBLE_DEVICES` names exactly the leased GPUs. A restart finds the node holders
+/// again; a start with single-GPU holders is refused while they run. With the default
+/// single-GPU holders a multi-GPU lease is refused, naming the setting that allows it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_node_holders_a_lease_takes_several_gpus_of_one_node_and_sees_only_them() {
     let Some(cluster) = cluster() else { return };
@@ -372,10 +373,22 @@ async fn with_node_holders_a_lease_takes_several_gpus_of_one_node_and_sees_only_
     let gpus = assert_no_double_booking(&dir.path().join("fk-agentd.db"));
     let nodes: BTreeSet<&str> = gpus.iter().filter_map(|g| g.split(':').nth(1)).collect();
     assert_eq!(nodes, BTreeSet::from(["n1", "n2"]), "{gpus:?}");
+    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+    // A restart of the home (a second start while they run) finds the node holders again
+    // and submits nothing.
+    let slurm_table = node_hold.slurm.clone().expect("a [slurm] table");
+    let (again, inventory) = fk_agentd::gpu::slurm::start_for(&node_hold, &slurm_table, &store)
+        .await
+        .expect("a restart with the same table");
+    let mut found: Vec<String> = again.holders().iter().map(u64::to_string).collect();
+    found.sort();
+    let mut held: Vec<String> = holders.values().cloned().collect();
+    held.sort();
+    assert_eq!((found, inventory.len()), (held, 8));
+    drop(again);
     // A start of the same home with single-GPU holders is refused while the node holders
     // run, naming them, and leaves them alone.
     let gpu_hold = config(&cluster, dir.path());
-    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
     let slurm_table = gpu_hold.slurm.clone().expect("a [slurm] table");
     let err = match fk_agentd::gpu::slurm::start_for(&gpu_hold, &slurm_table, &store).await {
         Ok(_) => panic!("a start with the other slurm.hold was not refused"),
