@@ -221,7 +221,7 @@ impl SlurmBackend {
     /// Node hold: the leased GPUs' positions among their holder's (`1,2`), from the broker's
     /// `CUDA_VISIBLE_DEVICES` (the slots' ids); `None` where Slurm gives a step its GPU alone.
     fn positions(&self, env: &[(String, String)]) -> Result<Option<String>, LeaseError> {
-        let Some((_, ids)) = env.iter().find(|(k, _)| k == "CUDA_VISIBLE_DEVICES") else {
+        let Some(ids) = leased_ids(env) else {
             return Ok(None);
         };
         let mut positions = Vec::new();
@@ -253,11 +253,7 @@ impl SlurmBackend {
                 args.extend(hold::placement_args(&self.cfg));
             }
             Container::Refused { why } => {
-                let gpus = spec
-                    .env
-                    .iter()
-                    .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
-                    .map_or(0, |(_, ids)| ids.split(',').count());
+                let gpus = leased_ids(&spec.env).map_or(0, |ids| ids.split(',').count());
                 return Err(LeaseError::bad("gpus", gpus, why.clone()));
             }
         }
@@ -275,6 +271,13 @@ impl SlurmBackend {
         args.extend(self.cfg.srun_args.iter().cloned());
         Ok(args)
     }
+}
+
+/// The broker's `CUDA_VISIBLE_DEVICES` for a lease: its slots' ids (`slurm:n1:gpu2,…`).
+fn leased_ids(env: &[(String, String)]) -> Option<&str> {
+    env.iter()
+        .find(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+        .map(|(_, ids)| ids.as_str())
 }
 
 /// Run before a node-hold step's command (`sh -c PICK_GPUS name POSITIONS CMD…`): the step

@@ -187,20 +187,29 @@ fn hold(
         SlurmNodes::Count(c) => vec![(None, c * per_node)],
     };
     let slurm = |e: String| LeaseError::Slurm(e);
+    // This home's live holders per wanted entry, with the GPUs each asks for: one `squeue`
+    // per holder name.
+    let mut live = Vec::new();
+    for (node, count) in &wanted {
+        let name = holder_name(prefix, node.as_deref());
+        let rows: Vec<(u64, u32)> = cli
+            .gpus_of_jobs_named(&name)
+            .map_err(slurm)?
+            .into_iter()
+            .filter(|(_, state, _)| is_holding(state))
+            .map(|(id, _, gpus)| (id, gpus))
+            .collect();
+        live.push((name, node.as_deref(), *count, rows));
+    }
     // Holders of another size (left by a start with another `slurm.hold` or `gpus_per_node`)
     // would keep the nodes' GPUs from the ones this start submits: refused before anything is
     // cancelled or submitted.
-    let mut other = Vec::new();
-    for (node, _) in &wanted {
-        let name = holder_name(prefix, node.as_deref());
-        other.extend(
-            cli.gpus_of_jobs_named(&name)
-                .map_err(slurm)?
-                .into_iter()
-                .filter(|(_, state, gpus)| is_holding(state) && *gpus != gres)
-                .map(|(id, _, gpus)| format!("{id} ({gpus} GPU(s))")),
-        );
-    }
+    let other: Vec<String> = live
+        .iter()
+        .flat_map(|(.., rows)| rows)
+        .filter(|(_, gpus)| *gpus != gres)
+        .map(|(id, gpus)| format!("{id} ({gpus} GPU(s))"))
+        .collect();
     if !other.is_empty() {
         return Err(LeaseError::Slurm(format!(
             "this home's holder job(s) {} were submitted with another slurm.hold or gpus_per_node; slurm.hold = \"{}\" holds {gres} GPU(s) per job: `fk-agentd stop` (or scancel) gives them back first",
@@ -210,20 +219,13 @@ fn hold(
     }
     let mut jobs: Vec<u64> = Vec::new();
     let mut submitted = Vec::new();
-    for (node, count) in &wanted {
-        let name = holder_name(prefix, node.as_deref());
-        let mut found: Vec<u64> = cli
-            .jobs_named(&name)
-            .map_err(slurm)?
-            .into_iter()
-            .filter(|(_, state, _)| is_holding(state))
-            .map(|(id, ..)| id)
-            .collect();
+    for (name, node, count, rows) in live {
+        let mut found: Vec<u64> = rows.into_iter().map(|(id, _)| id).collect();
         found.sort_unstable();
-        if found.len() > *count as usize {
+        if found.len() > count as usize {
             // More than wanted (the table shrank): the newest go.
             let extra: Vec<String> = found
-                .split_off(*count as usize)
+                .split_off(count as usize)
                 .iter()
                 .map(u64::to_string)
                 .collect();
@@ -232,8 +234,8 @@ fn hold(
         if !found.is_empty() {
             tracing::info!(jobs = ?found, name, "found this daemon's Slurm holder jobs");
         }
-        for _ in found.len()..*count as usize {
-            let id = submit(cli, cfg, &name, node.as_deref(), gres).map_err(slurm)?;
+        for _ in found.len()..count as usize {
+            let id = submit(cli, cfg, &name, node, gres).map_err(slurm)?;
             submitted.push(id);
             found.push(id);
         }
