@@ -164,10 +164,7 @@ pub struct ProviderFacts {
 
 impl ProviderFacts {
     pub fn from_config(p: &ProviderConfig) -> Self {
-        let effort = serde_json::to_value(p.reasoning_effort)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let effort = p.reasoning_effort.to_string();
         let token_source = match &p.token {
             TokenSource::File { path } => format!("file {}", path.display()),
             TokenSource::Env { var } => format!("environment variable {var}"),

@@ -36,6 +36,7 @@
 //! | [`error`]     | the crate [`Error`], gathering the module errors for the CLI             |
 //! | [`exit`]      | the exit codes of the contract (a leaf: imports nothing of the crate)    |
 //! | [`digest`]    | sha256 as hex, of bytes and of a folder's tree (a leaf)                 |
+//! | [`words`]     | `words!`: the one table of an enum's words (`as_str`, `from_word`, `Display`; a leaf) |
 //!
 //! Invariants that cross modules: an event is stored before it is shown; the provider token is
 //! never written anywhere; a bench's exit code is not its verdict; every simulated output says
@@ -71,6 +72,7 @@ pub mod store;
 pub mod target;
 pub mod tls;
 pub mod tools;
+pub mod words;
 pub mod workspace;
 
 pub use error::{Error, Result};

@@ -273,12 +273,10 @@ impl Mode {
             Self::All => "all",
         }
     }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Independent => "independent",
-            Self::Sequential => "sequential",
-            Self::All => "all",
-        }
-    }
 }
+
+crate::words!(Mode {
+    Independent = "independent",
+    Sequential = "sequential",
+    All = "all",
+});

@@ -19,22 +19,10 @@ pub enum AgentBackend {
     Codex,
 }
 
-impl AgentBackend {
-    pub fn parse(key: &str, value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "native" => Ok(Self::Native),
-            "codex" => Ok(Self::Codex),
-            _ => Err(ConfigError::new(key, value, "one of native, codex")),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Native => "native",
-            Self::Codex => "codex",
-        }
-    }
-}
+crate::words!(AgentBackend {
+    Native = "native",
+    Codex = "codex",
+});
 
 /// The validated `[agent]` section.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -66,7 +54,12 @@ pub(super) fn validate(
             SettingSource::Default,
         ),
     };
-    let backend = AgentBackend::parse("agent.backend (--agent-backend)", &text)?;
+    let backend = super::word(
+        "agent.backend (--agent-backend)",
+        &text,
+        AgentBackend::from_word,
+        AgentBackend::WORDS,
+    )?;
     settings.insert("agent.backend".into(), (text, source));
     let codex = match raw.codex {
         None => None,

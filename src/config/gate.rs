@@ -16,30 +16,11 @@ pub enum GateKind {
     LowerBound,
 }
 
-impl GateKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            GateKind::Confirmed => "confirmed",
-            GateKind::Published => "published",
-            GateKind::LowerBound => "lower-bound",
-        }
-    }
-}
-
-impl std::str::FromStr for GateKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "confirmed" => Ok(GateKind::Confirmed),
-            "published" => Ok(GateKind::Published),
-            "lower-bound" => Ok(GateKind::LowerBound),
-            other => Err(format!(
-                "gate = {other:?}: expected \"confirmed\", \"published\" or \"lower-bound\""
-            )),
-        }
-    }
-}
+crate::words!(GateKind {
+    Confirmed = "confirmed",
+    Published = "published",
+    LowerBound = "lower-bound",
+});
 
 /// Default benches after the first for a confirmation (`[score] confirm`).
 pub const DEFAULT_CONFIRM: usize = 4;

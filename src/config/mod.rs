@@ -128,22 +128,10 @@ pub enum AgentSlot {
     Thinking,
 }
 
-impl AgentSlot {
-    pub fn parse(key: &str, value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "session" => Ok(Self::Session),
-            "thinking" => Ok(Self::Thinking),
-            _ => Err(ConfigError::new(key, value, "one of session, thinking")),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Session => "session",
-            Self::Thinking => "thinking",
-        }
-    }
-}
+crate::words!(AgentSlot {
+    Session = "session",
+    Thinking = "thinking",
+});
 
 /// The order in which a phase starts its sessions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,39 +146,21 @@ pub enum QueueOrder {
     Catalog,
 }
 
-impl QueueOrder {
-    pub fn parse(key: &str, value: &str) -> Result<Self, ConfigError> {
-        match value {
-            "longest-first" => Ok(Self::LongestFirst),
-            "catalog" => Ok(Self::Catalog),
-            _ => Err(ConfigError::new(
-                key,
-                value,
-                "one of longest-first, catalog",
-            )),
-        }
-    }
+crate::words!(QueueOrder {
+    LongestFirst = "longest-first",
+    Catalog = "catalog",
+});
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::LongestFirst => "longest-first",
-            Self::Catalog => "catalog",
-        }
-    }
-}
-
-/// `campaign.mode`: one of the three [`Mode`]s.
-fn parse_mode(key: &str, value: &str) -> Result<Mode, ConfigError> {
-    match value {
-        "independent" => Ok(Mode::Independent),
-        "sequential" => Ok(Mode::Sequential),
-        "all" => Ok(Mode::All),
-        _ => Err(ConfigError::new(
-            key,
-            value,
-            "one of independent, sequential, all",
-        )),
-    }
+/// The word of `words` that `value` is (`from_word` of a [`crate::words!`] enum), or an error
+/// naming `key`, `value` and every word.
+pub(crate) fn word<T>(
+    key: &str,
+    value: &str,
+    from_word: fn(&str) -> Option<T>,
+    words: &[&str],
+) -> Result<T, ConfigError> {
+    from_word(value)
+        .ok_or_else(|| ConfigError::new(key, value, format!("one of {}", words.join(", "))))
 }
 
 /// Where a setting's value came from, for the manifest.
@@ -526,15 +496,30 @@ impl Config {
             DEFAULT_PROVIDER,
         );
 
-        let mode = parse_mode("campaign.mode (--mode)", &mode)?;
+        let mode = word(
+            "campaign.mode (--mode)",
+            &mode,
+            Mode::from_word,
+            Mode::WORDS,
+        )?;
         let max_agents = parse_count(
             "campaign.max_agents (--max-agents)",
             &max_agents,
             1,
             MAX_AGENTS_LIMIT,
         )?;
-        let agent_slot = AgentSlot::parse("campaign.agent_slot (--agent-slot)", &agent_slot)?;
-        let order = QueueOrder::parse("campaign.order (--order)", &order)?;
+        let agent_slot = word(
+            "campaign.agent_slot (--agent-slot)",
+            &agent_slot,
+            AgentSlot::from_word,
+            AgentSlot::WORDS,
+        )?;
+        let order = word(
+            "campaign.order (--order)",
+            &order,
+            QueueOrder::from_word,
+            QueueOrder::WORDS,
+        )?;
         let session_timeout = parse_duration(
             "campaign.session_timeout (--session-timeout)",
             &session_timeout,
@@ -656,7 +641,7 @@ fn score_gate(
     };
     let (kind_text, kind_src) = pick(flags.gate.clone(), raw.gate.clone())
         .unwrap_or_else(|| ("confirmed".into(), SettingSource::Default));
-    let kind: GateKind = kind_text.parse().map_err(|_| {
+    let kind = GateKind::from_word(&kind_text).ok_or_else(|| {
         ConfigError::new(
             "score.gate",
             &kind_text,

@@ -31,6 +31,15 @@ pub enum ReasoningEffort {
     Xhigh,
 }
 
+crate::words!(ReasoningEffort {
+    None = "none",
+    Minimal = "minimal",
+    Low = "low",
+    Medium = "medium",
+    High = "high",
+    Xhigh = "xhigh",
+});
+
 /// Where the provider token is read from. Holds no secret itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -225,21 +234,12 @@ impl ProviderConfig {
         let model = validate_model(&key("model"), &raw.model)?;
         let base_url =
             resolve_base_url(&key("base_url"), &raw.base_url, raw.account.as_deref(), env)?;
-        let reasoning_effort = match raw.reasoning_effort.as_deref().unwrap_or("high") {
-            "none" => ReasoningEffort::None,
-            "minimal" => ReasoningEffort::Minimal,
-            "low" => ReasoningEffort::Low,
-            "medium" => ReasoningEffort::Medium,
-            "high" => ReasoningEffort::High,
-            "xhigh" => ReasoningEffort::Xhigh,
-            other => {
-                return Err(ConfigError::new(
-                    key("reasoning_effort"),
-                    other,
-                    "one of none, minimal, low, medium, high, xhigh",
-                ));
-            }
-        };
+        let reasoning_effort = super::word(
+            &key("reasoning_effort"),
+            raw.reasoning_effort.as_deref().unwrap_or("high"),
+            ReasoningEffort::from_word,
+            ReasoningEffort::WORDS,
+        )?;
         let reasoning_summary = raw.reasoning_summary.unwrap_or_else(|| "auto".into());
         if !["auto", "concise", "detailed"].contains(&reasoning_summary.as_str()) {
             return Err(ConfigError::new(

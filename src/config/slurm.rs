@@ -22,14 +22,10 @@ pub enum LeaseBackendKind {
     Slurm,
 }
 
-impl LeaseBackendKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Local => "local",
-            Self::Slurm => "slurm",
-        }
-    }
-}
+crate::words!(LeaseBackendKind {
+    Local = "local",
+    Slurm = "slurm",
+});
 
 /// How leases map onto Slurm jobs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,14 +39,10 @@ pub enum SlurmMode {
     Job,
 }
 
-impl SlurmMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allocation => "allocation",
-            Self::Job => "job",
-        }
-    }
-}
+crate::words!(SlurmMode {
+    Allocation = "allocation",
+    Job = "job",
+});
 
 /// What one holder job holds in allocation mode.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,14 +58,10 @@ pub enum SlurmHold {
     Node,
 }
 
-impl SlurmHold {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Gpu => "gpu",
-            Self::Node => "node",
-        }
-    }
-}
+crate::words!(SlurmHold {
+    Gpu = "gpu",
+    Node = "node",
+});
 
 /// Which nodes to hold GPUs on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -158,12 +146,12 @@ pub(super) fn validate(
     settings: &mut SettingMap,
 ) -> Result<(LeaseBackendKind, Option<SlurmConfig>), ConfigError> {
     let key = "gpus.backend";
-    let kind = match backend.as_deref() {
-        None => LeaseBackendKind::Local,
-        Some("local") => LeaseBackendKind::Local,
-        Some("slurm") => LeaseBackendKind::Slurm,
-        Some(other) => return Err(ConfigError::new(key, other, "\"local\" or \"slurm\"")),
-    };
+    let kind = backend
+        .as_deref()
+        .map_or(Ok(LeaseBackendKind::Local), |w| {
+            LeaseBackendKind::from_word(w)
+                .ok_or_else(|| ConfigError::new(key, w, "\"local\" or \"slurm\""))
+        })?;
     let source = if backend.is_some() {
         SettingSource::File
     } else {
@@ -242,25 +230,15 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         64,
     )? as u32;
     set("gpus_per_node", gpus_per_node.to_string());
-    let mode = match raw.mode.as_deref() {
-        None | Some("allocation") => SlurmMode::Allocation,
-        Some("job") => SlurmMode::Job,
-        Some(other) => {
-            return Err(ConfigError::new(
-                "slurm.mode",
-                other,
-                "\"allocation\" or \"job\"",
-            ));
-        }
-    };
+    let mode = raw.mode.as_deref().map_or(Ok(SlurmMode::Allocation), |w| {
+        SlurmMode::from_word(w)
+            .ok_or_else(|| ConfigError::new("slurm.mode", w, "\"allocation\" or \"job\""))
+    })?;
     set("mode", mode.as_str().into());
-    let hold = match raw.hold.as_deref() {
-        None | Some("gpu") => SlurmHold::Gpu,
-        Some("node") => SlurmHold::Node,
-        Some(other) => {
-            return Err(ConfigError::new("slurm.hold", other, "\"gpu\" or \"node\""));
-        }
-    };
+    let hold = raw.hold.as_deref().map_or(Ok(SlurmHold::Gpu), |w| {
+        SlurmHold::from_word(w)
+            .ok_or_else(|| ConfigError::new("slurm.hold", w, "\"gpu\" or \"node\""))
+    })?;
     set("hold", hold.as_str().into());
     let hold_time =
         super::parse_duration("slurm.hold_time", raw.hold_time.as_deref().unwrap_or("12h"))?;

@@ -26,21 +26,11 @@ pub enum Holder {
     LocalLease,
 }
 
-impl Holder {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Holder::Daemon => "daemon",
-            Holder::Score => "score",
-            Holder::LocalLease => "lease --local",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        [Holder::Daemon, Holder::Score, Holder::LocalLease]
-            .into_iter()
-            .find(|h| h.as_str() == s)
-    }
-}
+crate::words!(Holder {
+    Daemon = "daemon",
+    Score = "score",
+    LocalLease = "lease --local",
+});
 
 /// Who holds a home's lock: its pid, and what it is when the file says (a lock file of an
 /// older build names the pid only).
@@ -63,7 +53,7 @@ impl Held {
         let mut lines = text.lines().map(str::trim);
         Self {
             pid: lines.next().and_then(|l| l.parse().ok()),
-            holder: lines.next().and_then(Holder::parse),
+            holder: lines.next().and_then(Holder::from_word),
         }
     }
 }

@@ -201,33 +201,12 @@ pub enum RunState {
     Interrupted,
 }
 
-impl RunState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Running => "running",
-            Self::Finished => "finished",
-            Self::Failed => "failed",
-            Self::Interrupted => "interrupted",
-        }
-    }
-
-    /// The state a row's word names; `None` for a word no release wrote.
-    pub fn parse(word: &str) -> Option<Self> {
-        Some(match word {
-            "running" => Self::Running,
-            "finished" => Self::Finished,
-            "failed" => Self::Failed,
-            "interrupted" => Self::Interrupted,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for RunState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+crate::words!(RunState {
+    Running = "running",
+    Finished = "finished",
+    Failed = "failed",
+    Interrupted = "interrupted",
+});
 
 #[cfg(test)]
 mod tests {
@@ -255,7 +234,7 @@ mod tests {
         for o in [RunOutcome::Pass, RunOutcome::Fail, RunOutcome::Interrupted] {
             let v = serde_json::to_value(o).unwrap();
             assert_eq!(serde_json::from_value::<RunOutcome>(v).unwrap(), o);
-            assert_eq!(RunState::parse(o.state().as_str()), Some(o.state()));
+            assert_eq!(RunState::from_word(o.state().as_str()), Some(o.state()));
         }
     }
 }

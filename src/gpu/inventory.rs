@@ -28,16 +28,12 @@ pub enum InventorySource {
     Slurm,
 }
 
-impl InventorySource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Nvml => "nvml",
-            Self::Declared => "declared",
-            Self::Fake => "fake",
-            Self::Slurm => "slurm",
-        }
-    }
-}
+crate::words!(InventorySource {
+    Nvml = "nvml",
+    Declared = "declared",
+    Fake = "fake",
+    Slurm = "slurm",
+});
 
 /// One GPU.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

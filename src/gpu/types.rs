@@ -21,28 +21,18 @@ pub enum LeaseClass {
     Bench,
 }
 
-impl LeaseClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Validate => "validate",
-            Self::Ncu => "ncu",
-            Self::Nsys => "nsys",
-            Self::Bench => "bench",
-        }
-    }
+crate::words!(LeaseClass {
+    Validate = "validate",
+    Ncu = "ncu",
+    Nsys = "nsys",
+    Bench = "bench",
+});
 
+impl LeaseClass {
     pub fn parse(value: &str) -> Result<Self, LeaseError> {
-        match value {
-            "validate" => Ok(Self::Validate),
-            "ncu" => Ok(Self::Ncu),
-            "nsys" => Ok(Self::Nsys),
-            "bench" => Ok(Self::Bench),
-            _ => Err(LeaseError::bad(
-                "class",
-                value,
-                "one of validate, ncu, nsys, bench",
-            )),
-        }
+        Self::from_word(value).ok_or_else(|| {
+            LeaseError::bad("class", value, format!("one of {}", Self::WORDS.join(", ")))
+        })
     }
 }
 

@@ -63,10 +63,7 @@ pub async fn check(
         origin: provider.origin.clone(),
         url: format!("{}/responses", provider.base_url.trim_end_matches('/')),
         model: provider.model.clone(),
-        effort: serde_json::to_value(provider.reasoning_effort)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default(),
+        effort: provider.reasoning_effort.to_string(),
         token_source: token.describe(),
         token: None,
         latency: Duration::ZERO,

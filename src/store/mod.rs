@@ -160,7 +160,7 @@ pub struct RunRow {
 impl RunRow {
     /// The row's state; `None` for a word no release wrote.
     pub fn state(&self) -> Option<RunState> {
-        RunState::parse(&self.status)
+        RunState::from_word(&self.status)
     }
 
     /// Whether the run has not ended (as far as its row says).

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::config::provider::{ProviderConfig, ReasoningEffort};
+use crate::config::provider::ProviderConfig;
 
 /// The only variable that holds the provider token, set on the codex process alone.
 pub const PROVIDER_TOKEN_ENV: &str = "FK_AGENTD_CODEX_PROVIDER_TOKEN";
@@ -109,23 +109,12 @@ const FEATURES_OFF: &[&str] = &[
     "tool_suggest",
 ];
 
-pub fn effort_word(e: ReasoningEffort) -> &'static str {
-    match e {
-        ReasoningEffort::None => "none",
-        ReasoningEffort::Minimal => "minimal",
-        ReasoningEffort::Low => "low",
-        ReasoningEffort::Medium => "medium",
-        ReasoningEffort::High => "high",
-        ReasoningEffort::Xhigh => "xhigh",
-    }
-}
-
 /// The text of `config.toml` for `provider` in `layout`.
 pub fn config_toml(provider: &ProviderConfig, layout: &HomeLayout) -> Result<String, String> {
     let config = CodexConfig {
         model: provider.model.clone(),
         model_provider: PROVIDER_ID.into(),
-        model_reasoning_effort: effort_word(provider.reasoning_effort).into(),
+        model_reasoning_effort: provider.reasoning_effort.as_str().into(),
         model_reasoning_summary: provider.reasoning_summary.clone(),
         model_context_window: provider.limits.context_window,
         model_catalog_json: layout.codex_home.join("model_catalog.json"),
@@ -176,7 +165,7 @@ pub fn config_toml(provider: &ProviderConfig, layout: &HomeLayout) -> Result<Str
 /// effort among the supported levels.
 pub fn catalog_entry(template: &Value, provider: &ProviderConfig) -> Value {
     let mut entry = template.clone();
-    let effort = effort_word(provider.reasoning_effort);
+    let effort = provider.reasoning_effort.as_str();
     entry["slug"] = json!(provider.model);
     entry["display_name"] = json!(provider.model);
     entry["description"] = json!(format!(
@@ -250,6 +239,7 @@ pub fn recorded_config(provider: &ProviderConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::provider::ReasoningEffort;
     use crate::sim::setup::sim_provider;
 
     fn layout() -> HomeLayout {
