@@ -121,7 +121,16 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
     let io = |what: String| move |source| Error::Io { what, source };
     let (sha, files, bytes) =
         crate::digest::tree_sha256(src).map_err(io(format!("hashing {}", src.display())))?;
-    if dest.exists() {
+    let unchanged = dest.exists();
+    let imported = Imported {
+        dest: dest.clone(),
+        sha256: sha.clone(),
+        files,
+        bytes,
+        reports,
+        unchanged,
+    };
+    if unchanged {
         let (have, _, _) =
             crate::digest::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
         if have != sha {
@@ -130,14 +139,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
                 dest.display()
             )));
         }
-        return Ok(Imported {
-            dest,
-            sha256: sha,
-            files,
-            bytes,
-            reports,
-            unchanged: true,
-        });
+        return Ok(imported);
     }
     for rel in crate::digest::files_under(src).map_err(io(format!("listing {}", src.display())))? {
         let to = dest.join(&rel);
@@ -156,14 +158,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
             dest.display()
         )));
     }
-    Ok(Imported {
-        dest,
-        sha256: sha,
-        files,
-        bytes,
-        reports,
-        unchanged: false,
-    })
+    Ok(imported)
 }
 
 /// The `targets` without a forward case in the capture folder `dir`.

@@ -2,7 +2,6 @@
 //! nothing of the crate, so any module may hash without importing the modules that record
 //! hashes (facts, harness, score).
 
-use std::io::Read;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -46,21 +45,21 @@ pub fn tree_sha256(root: &Path) -> std::io::Result<(String, usize, u64)> {
     let files = files_under(root)?;
     let mut hasher = Sha256::new();
     let mut total = 0u64;
-    let mut buf = vec![0u8; 1 << 16];
     for rel in &files {
         let mut f = std::fs::File::open(root.join(rel))?;
         let len = f.metadata()?.len();
         hasher.update(rel.as_bytes());
         hasher.update([0u8]);
         hasher.update(len.to_le_bytes());
-        loop {
-            let n = f.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-        }
+        std::io::copy(&mut f, &mut hasher)?;
         total += len;
     }
     Ok((hex(&hasher.finalize()), files.len(), total))
+}
+
+/// sha256 of one file's bytes, as hex (read in blocks, never whole).
+pub fn file_sha256(path: &Path) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(hex(&hasher.finalize()))
 }

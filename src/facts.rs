@@ -261,9 +261,7 @@ pub async fn gather(source: &dyn FactsSource, params: &GatherParams<'_>) -> Host
                 checkout: state.dir,
                 commit: state.commit,
                 dirty: state.dirty,
-                copy: None,
-                patches: Vec::new(),
-                patch_decision: None,
+                ..Default::default()
             }
         }
     };
@@ -311,17 +309,9 @@ fn settings_of(config: &Config) -> BTreeMap<String, SettingFact> {
         .settings
         .iter()
         .map(|(k, (value, source))| {
-            let source = serde_json::to_value(source)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            (
-                k.clone(),
-                SettingFact {
-                    value: value.clone(),
-                    source,
-                },
-            )
+            let value = value.clone();
+            let source = source.to_string();
+            (k.clone(), SettingFact { value, source })
         })
         .collect()
 }

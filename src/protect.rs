@@ -12,11 +12,9 @@
 //! with `PYTHONDONTWRITEBYTECODE=1` so a planted `.pyc` has nothing to hide behind.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// What a candidate must never change, relative to the fastkernels root. A path ending in `/`
 /// is a folder protected recursively; others are single files (absent ones are skipped).
@@ -91,44 +89,20 @@ impl ProtectedSet {
     pub fn verify(&self, root: &Path) -> Result<(), ProtectError> {
         let prefixes: Vec<&str> = self.prefixes.iter().map(String::as_str).collect();
         let now = hash_all(root, &prefixes)?;
-        let mut old = self.files.iter().peekable();
-        let mut new = now.iter().peekable();
-        loop {
-            match (old.peek(), new.peek()) {
-                (None, None) => return Ok(()),
-                (Some((f, _)), None) => {
-                    return Err(ProtectError::Missing {
-                        file: f.to_string(),
-                    });
-                }
-                (None, Some((f, _))) => {
-                    return Err(ProtectError::Added {
-                        file: f.to_string(),
-                    });
-                }
-                (Some((fo, ho)), Some((fn_, hn))) => {
-                    if fo < fn_ {
-                        return Err(ProtectError::Missing {
-                            file: fo.to_string(),
-                        });
-                    }
-                    if fn_ < fo {
-                        return Err(ProtectError::Added {
-                            file: fn_.to_string(),
-                        });
-                    }
-                    if ho != hn {
-                        return Err(ProtectError::Changed {
-                            file: fo.to_string(),
-                            expected: ho.to_string(),
-                            found: hn.to_string(),
-                        });
-                    }
-                    old.next();
-                    new.next();
-                }
-            }
-        }
+        let first = (self.files.keys().chain(now.keys()))
+            .filter(|f| self.files.get(*f) != now.get(*f))
+            .min();
+        let Some(f) = first else { return Ok(()) };
+        let file = f.to_string();
+        Err(match (self.files.get(f), now.get(f)) {
+            (Some(expected), Some(found)) => ProtectError::Changed {
+                file,
+                expected: expected.clone(),
+                found: found.clone(),
+            },
+            (Some(_), None) => ProtectError::Missing { file },
+            _ => ProtectError::Added { file },
+        })
     }
 }
 
@@ -148,7 +122,10 @@ fn hash_all(root: &Path, prefixes: &[&str]) -> Result<BTreeMap<String, String>, 
                 hash_dir(root, &path, &mut out)?;
             }
         } else if path.is_file() {
-            out.insert(prefix.to_string(), hash_file(&path)?);
+            out.insert(
+                prefix.to_string(),
+                crate::digest::file_sha256(&path).map_err(io_err(&path))?,
+            );
         }
     }
     Ok(out)
@@ -174,28 +151,13 @@ fn hash_dir(
                 .strip_prefix(root)
                 .map(|r| r.to_string_lossy().replace('\\', "/"))
                 .unwrap_or_else(|_| path.display().to_string());
-            out.insert(rel, hash_file(&path)?);
+            out.insert(
+                rel,
+                crate::digest::file_sha256(&path).map_err(io_err(&path))?,
+            );
         }
     }
     Ok(())
-}
-
-fn hash_file(path: &Path) -> Result<String, ProtectError> {
-    let mut f = std::fs::File::open(path).map_err(io_err(path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = [0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
 }
 
 crate::exit_code!(ProtectError, |self| match self {

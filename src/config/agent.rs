@@ -3,7 +3,6 @@
 //! (`crate::agent::codex`). `codex = "path"` names another codex binary; without it the binary
 //! is looked up where `tests/codex/install.sh` puts it, then on `PATH`, when the campaign starts.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -44,23 +43,18 @@ pub(super) fn validate(
     raw: RawAgent,
     flag: Option<String>,
     env: &Env,
-    settings: &mut BTreeMap<String, (String, SettingSource)>,
+    settings: &mut super::SettingMap,
 ) -> Result<AgentConfig, ConfigError> {
-    let (text, source) = match (flag, raw.backend) {
-        (Some(v), _) => (v, SettingSource::Flag),
-        (None, Some(v)) => (v, SettingSource::File),
-        (None, None) => (
-            AgentBackend::default().as_str().into(),
-            SettingSource::Default,
-        ),
-    };
+    let (text, source) = super::layered(flag, raw.backend, || {
+        AgentBackend::default().as_str().into()
+    });
     let backend = super::word(
         "agent.backend (--agent-backend)",
         &text,
         AgentBackend::from_word,
         AgentBackend::WORDS,
     )?;
-    settings.insert("agent.backend".into(), (text, source));
+    super::record(settings, "agent.backend", text, source);
     let codex = match raw.codex {
         None => None,
         Some(p) if p.trim().is_empty() => {
@@ -79,10 +73,7 @@ pub(super) fn validate(
                     format!("{} is not a file", path.display()),
                 ));
             }
-            settings.insert(
-                "agent.codex".into(),
-                (path.display().to_string(), SettingSource::File),
-            );
+            super::record(settings, "agent.codex", path.display(), SettingSource::File);
             Some(path)
         }
     };

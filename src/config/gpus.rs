@@ -100,13 +100,8 @@ pub(super) fn validate(
     };
     settings.insert(key.into(), (describe_devices(&devices), source));
     let mut cap = |k: &str, v: Option<i64>, default: i64| {
-        let source = if v.is_some() {
-            SettingSource::File
-        } else {
-            SettingSource::Default
-        };
-        let v = v.unwrap_or(default);
-        settings.insert(k.to_string(), (v.to_string(), source));
+        let (v, source) = super::layered(None, v, || default);
+        super::record(settings, k, v, source);
         parse_count(k, &v.to_string(), 1, 64)
     };
     let ncu = cap("gpus.ncu_cap", raw.ncu_cap, 1)?;
@@ -154,11 +149,8 @@ fn cgroup_root(
     settings: &mut SettingMap,
 ) -> Result<Option<PathBuf>, ConfigError> {
     let key = "gpus.cgroup_root";
-    let (value, source) = match raw {
-        Some(v) => (v, SettingSource::File),
-        None => (DEFAULT_CGROUP_ROOT.to_string(), SettingSource::Default),
-    };
-    settings.insert(key.into(), (value.clone(), source));
+    let (value, source) = super::layered(None, raw, || DEFAULT_CGROUP_ROOT.to_string());
+    super::record(settings, key, &value, source);
     if value == "off" {
         return Ok(None);
     }

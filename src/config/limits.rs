@@ -74,23 +74,15 @@ pub fn parse(raw: RawLimits, settings: &mut Settings) -> Result<CampaignLimits, 
         None => DEFAULT_MAX_TURNS,
     };
     // Only limits the file set are listed, so a manifest shows the caps a campaign ran under.
+    let file = SettingSource::File;
     if let Some(n) = max_tokens {
-        settings.insert(
-            "campaign.max_tokens".into(),
-            (n.to_string(), SettingSource::File),
-        );
+        super::record(settings, "campaign.max_tokens", n, file);
     }
     if let Some(x) = max_cost_usd {
-        settings.insert(
-            "campaign.max_cost_usd".into(),
-            (x.to_string(), SettingSource::File),
-        );
+        super::record(settings, "campaign.max_cost_usd", x, file);
     }
     if raw.max_turns.is_some() {
-        settings.insert(
-            "campaign.max_turns".into(),
-            (max_turns.to_string(), SettingSource::File),
-        );
+        super::record(settings, "campaign.max_turns", max_turns, file);
     }
     Ok(CampaignLimits {
         max_tokens,

@@ -173,6 +173,13 @@ pub enum SettingSource {
     Flag,
 }
 
+crate::words!(SettingSource {
+    Default = "default",
+    File = "file",
+    Env = "env",
+    Flag = "flag",
+});
+
 /// What the user typed on the command line (already parsed by clap, not yet validated).
 #[derive(Clone, Debug, Default)]
 pub struct Flags {
@@ -437,12 +444,8 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         let mut settings = BTreeMap::new();
         let mut pick = |key: &str, flag: Option<String>, file: Option<String>, default: &str| {
-            let (value, source) = match (flag, file) {
-                (Some(v), _) => (v, SettingSource::Flag),
-                (None, Some(v)) => (v, SettingSource::File),
-                (None, None) => (default.to_string(), SettingSource::Default),
-            };
-            settings.insert(key.to_string(), (value.clone(), source));
+            let (value, source) = layered(flag, file, || default.to_string());
+            record(&mut settings, key, &value, source);
             value
         };
         let c = raw.campaign;
@@ -631,16 +634,12 @@ impl Config {
 fn score_gate(
     flags: &Flags,
     raw: &RawScore,
-    settings: &mut BTreeMap<String, (String, SettingSource)>,
+    settings: &mut SettingMap,
 ) -> Result<gate::WinnerGate, ConfigError> {
     use gate::{DEFAULT_CONFIRM, GateKind, WinnerGate};
-    let pick = |flag: Option<String>, file: Option<String>| match (flag, file) {
-        (Some(v), _) => Some((v, SettingSource::Flag)),
-        (None, Some(v)) => Some((v, SettingSource::File)),
-        (None, None) => None,
-    };
-    let (kind_text, kind_src) = pick(flags.gate.clone(), raw.gate.clone())
-        .unwrap_or_else(|| ("confirmed".into(), SettingSource::Default));
+    let (kind_text, kind_src) = layered(flags.gate.clone(), raw.gate.clone(), || {
+        GateKind::Confirmed.as_str().into()
+    });
     let kind = GateKind::from_word(&kind_text).ok_or_else(|| {
         ConfigError::new(
             "score.gate",
@@ -648,11 +647,7 @@ fn score_gate(
             "\"confirmed\", \"published\" or \"lower-bound\"",
         )
     })?;
-    let (confirm, confirm_src) = match (flags.confirm, raw.confirm) {
-        (Some(v), _) => (v, SettingSource::Flag),
-        (None, Some(v)) => (v, SettingSource::File),
-        (None, None) => (DEFAULT_CONFIRM as i64, SettingSource::Default),
-    };
+    let (confirm, confirm_src) = layered(flags.confirm, raw.confirm, || DEFAULT_CONFIRM as i64);
     if !(2..=20).contains(&confirm) {
         return Err(ConfigError::new(
             "score.confirm",
@@ -660,8 +655,8 @@ fn score_gate(
             "a number of benches from 2 to 20",
         ));
     }
-    settings.insert("score.gate".into(), (kind_text, kind_src));
-    settings.insert("score.confirm".into(), (confirm.to_string(), confirm_src));
+    record(settings, "score.gate", kind_text, kind_src);
+    record(settings, "score.confirm", confirm, confirm_src);
     Ok(WinnerGate {
         kind,
         confirm: confirm as usize,
@@ -734,6 +729,29 @@ pub(crate) fn parse_count(key: &str, value: &str, lo: i64, hi: i64) -> Result<us
 
 pub(crate) type SettingMap = BTreeMap<String, (String, SettingSource)>;
 
+/// A flag's value over the file's over the default, with where it came from.
+pub(crate) fn layered<T>(
+    flag: Option<T>,
+    file: Option<T>,
+    default: impl FnOnce() -> T,
+) -> (T, SettingSource) {
+    match (flag, file) {
+        (Some(v), _) => (v, SettingSource::Flag),
+        (None, Some(v)) => (v, SettingSource::File),
+        (None, None) => (default(), SettingSource::Default),
+    }
+}
+
+/// Records a setting's value and source for the manifest.
+pub(crate) fn record(
+    settings: &mut SettingMap,
+    key: &str,
+    value: impl ToString,
+    src: SettingSource,
+) {
+    settings.insert(key.to_string(), (value.to_string(), src));
+}
+
 /// `[fastkernels] patches` / `--patches`: `auto`, `shipped`, `none` or a series folder.
 fn pick_patches(
     flags: &Flags,
@@ -741,14 +759,10 @@ fn pick_patches(
     env: &Env,
     settings: &mut SettingMap,
 ) -> Result<crate::harness::choice::PatchChoice, ConfigError> {
-    let (value, source) = match (flags.patches.clone(), file) {
-        (Some(v), _) => (v, SettingSource::Flag),
-        (None, Some(v)) => (v, SettingSource::File),
-        (None, None) => ("auto".to_string(), SettingSource::Default),
-    };
+    let (value, source) = layered(flags.patches.clone(), file, || "auto".to_string());
     let choice = crate::harness::choice::PatchChoice::parse(&value, |d| expand_tilde(d, env))
         .map_err(|why| ConfigError::new(crate::harness::choice::OPTION, &value, why))?;
-    settings.insert("fastkernels.patches".into(), (choice.as_setting(), source));
+    record(settings, "fastkernels.patches", choice.as_setting(), source);
     Ok(choice)
 }
 
@@ -762,10 +776,8 @@ fn validate_fastkernels(
         (None, Some(d)) => (Some(d), SettingSource::File),
         (None, None) => (None, SettingSource::Default),
     };
-    settings.insert(
-        "fastkernels.dir".into(),
-        (dir.clone().unwrap_or_else(|| "(not set)".into()), source),
-    );
+    let shown = dir.clone().unwrap_or_else(|| "(not set)".into());
+    record(settings, "fastkernels.dir", shown, source);
     let command = match raw.command {
         Some(c) if c.is_empty() || c.iter().any(|w| w.is_empty()) => {
             return Err(ConfigError::new(
@@ -775,17 +787,21 @@ fn validate_fastkernels(
             ));
         }
         Some(c) => {
-            settings.insert(
-                "fastkernels.command".into(),
-                (c.join(" "), SettingSource::File),
+            record(
+                settings,
+                "fastkernels.command",
+                c.join(" "),
+                SettingSource::File,
             );
             c
         }
         None => {
             let c: Vec<String> = ["python3", "-m", "fastkernels"].map(String::from).to_vec();
-            settings.insert(
-                "fastkernels.command".into(),
-                (c.join(" "), SettingSource::Default),
+            record(
+                settings,
+                "fastkernels.command",
+                c.join(" "),
+                SettingSource::Default,
             );
             c
         }

@@ -157,7 +157,7 @@ pub(super) fn validate(
     } else {
         SettingSource::Default
     };
-    settings.insert(key.into(), (kind.as_str().into(), source));
+    super::record(settings, key, kind, source);
     match (kind, raw) {
         (LeaseBackendKind::Local, None) => Ok((kind, None)),
         (LeaseBackendKind::Local, Some(_)) => Err(ConfigError::because(

@@ -54,8 +54,6 @@ pub fn simulated_by_id(run_id: &str) -> bool {
     run_id.contains("-sim-")
 }
 
-impl RunStarted {}
-
 /// A run opened again by `resume`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

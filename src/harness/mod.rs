@@ -43,6 +43,12 @@ pub enum HarnessError {
 
 impl HarnessError {
     /// Bad input (a series or checkout the user must fix) is 2; nothing here is transient.
+    /// An I/O error of doing `what`, for `map_err`.
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let what = what.into();
+        move |source| Self::Io { what, source }
+    }
+
     pub fn exit_code(&self) -> i32 {
         match self {
             HarnessError::Io { .. } => crate::exit::EXIT_UNAVAILABLE,
@@ -74,7 +80,7 @@ pub const SHIPPED_SERIES: &[(&str, &str)] = &[
 /// the series always matches this binary) and returns that folder.
 pub fn write_shipped_series(home: &std::path::Path) -> Result<PathBuf, HarnessError> {
     let dir = home.join("patches").join("fastkernels");
-    let io = |what: String| move |source| HarnessError::Io { what, source };
+    let io = HarnessError::io;
     std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
     for (name, text) in SHIPPED_SERIES {
         let path = dir.join(name);

@@ -143,13 +143,10 @@ fn parse_checks(path: &Path) -> Result<(Vec<BaseCheck>, Vec<GrepCheck>), String>
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
+        let bad = |what: &str| format!("{} line {}: {what}", path.display(), i + 1);
         if let Some(rest) = line.strip_prefix("sha256 ") {
             let Some((file, hex)) = rest.split_once(' ') else {
-                return Err(format!(
-                    "{} line {}: expected `sha256 <file> <hex>`",
-                    path.display(),
-                    i + 1
-                ));
+                return Err(bad("expected `sha256 <file> <hex>`"));
             };
             base.push(BaseCheck {
                 file: file.to_string(),
@@ -160,19 +157,11 @@ fn parse_checks(path: &Path) -> Result<(Vec<BaseCheck>, Vec<GrepCheck>), String>
         let mut parts = line.splitn(3, ' ');
         let (Some(file), Some(count), Some(needle)) = (parts.next(), parts.next(), parts.next())
         else {
-            return Err(format!(
-                "{} line {}: expected `<file> <count> <fixed string>`",
-                path.display(),
-                i + 1
-            ));
+            return Err(bad("expected `<file> <count> <fixed string>`"));
         };
-        let count = count.parse().map_err(|_| {
-            format!(
-                "{} line {}: `{count}` is not a count",
-                path.display(),
-                i + 1
-            )
-        })?;
+        let count = count
+            .parse()
+            .map_err(|_| bad(&format!("`{count}` is not a count")))?;
         checks.push(GrepCheck {
             file: file.to_string(),
             count,
@@ -220,7 +209,7 @@ pub fn prepare(
     dest: &Path,
 ) -> Result<PreparedHarness, HarnessError> {
     let (commit, checkout_dirty) = checkout_state(checkout)?;
-    let io = |what: String| move |source| HarnessError::Io { what, source };
+    let io = HarnessError::io;
     std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
     let tar = dest.with_extension("tar");
     git(
@@ -266,10 +255,8 @@ pub fn prepare(
             checks,
         });
     }
-    let tree = crate::digest::tree_sha256(dest).map_err(|source| HarnessError::Io {
-        what: format!("hash {}", dest.display()),
-        source,
-    })?;
+    let tree = crate::digest::tree_sha256(dest)
+        .map_err(HarnessError::io(format!("hash {}", dest.display())))?;
     let prepared = PreparedHarness {
         checkout: checkout.to_path_buf(),
         copy: dest.to_path_buf(),
@@ -284,10 +271,8 @@ pub fn prepare(
     // it is (beside, not inside, so the tree hash does not cover it).
     let marker = marker_path(dest);
     let text = serde_json::to_string_pretty(&prepared).unwrap_or_default();
-    std::fs::write(&marker, text).map_err(|source| HarnessError::Io {
-        what: format!("write {}", marker.display()),
-        source,
-    })?;
+    std::fs::write(&marker, text)
+        .map_err(HarnessError::io(format!("write {}", marker.display())))?;
     Ok(prepared)
 }
 
@@ -354,10 +339,10 @@ pub fn prepare_cached(
             "stale-{}",
             time::OffsetDateTime::now_utc().unix_timestamp()
         ));
-        std::fs::rename(dest, &stale).map_err(|source| HarnessError::Io {
-            what: format!("move the stale copy {} aside", dest.display()),
-            source,
-        })?;
+        std::fs::rename(dest, &stale).map_err(HarnessError::io(format!(
+            "move the stale copy {} aside",
+            dest.display()
+        )))?;
         let _ = std::fs::remove_file(marker_path(dest));
     }
     prepare(checkout, series, dest)
@@ -388,10 +373,7 @@ fn apply_one(dest: &Path, patch: &Patch, commit: &str) -> Result<(), HarnessErro
         .args(["apply", "--unidiff-zero", "--verbose"])
         .arg(&patch.path)
         .output()
-        .map_err(|source| HarnessError::Io {
-            what: "run git apply".into(),
-            source,
-        })?;
+        .map_err(HarnessError::io("run git apply"))?;
     if !out.status.success() {
         return Err(HarnessError::DoesNotApply {
             patch: patch.name.clone(),

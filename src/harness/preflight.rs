@@ -81,13 +81,16 @@ pub struct Preflight {
     pub targets: BTreeMap<String, Importable>,
 }
 
-async fn run_probe(name: &str, argv: &[&str], env: &[(&str, &str)]) -> Probe {
+fn command(argv: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(argv[0]);
-    cmd.args(&argv[1..]).kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output()).await;
+    cmd.args(&argv[1..])
+        .kill_on_drop(true)
+        .envs(env.iter().copied());
+    cmd
+}
+
+async fn run_probe(name: &str, argv: &[&str], env: &[(&str, &str)]) -> Probe {
+    let out = tokio::time::timeout(Duration::from_secs(120), command(argv, env).output()).await;
     let (found, detail) = match out {
         Ok(Ok(o)) if o.status.success() => {
             let text = String::from_utf8_lossy(&o.stdout).to_string()
@@ -213,7 +216,11 @@ pub async fn probe_package(python: &[String], name: &str) -> Probe {
         };
     }
     let argv: Vec<&str> = [&py[..], &["-c", PACKAGE_PROBE, name]].concat();
-    let value = run_json(&argv, &[]).await;
+    package_probe(&run_json(&argv, &[]).await, name)
+}
+
+/// One package's `[found, detail]` entry of the probe's JSON answer.
+fn package_probe(value: &serde_json::Value, name: &str) -> Probe {
     let entry = &value[name];
     Probe {
         name: name.to_string(),
@@ -226,12 +233,7 @@ pub async fn probe_package(python: &[String], name: &str) -> Probe {
 }
 
 async fn run_json(argv: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
-    let mut cmd = Command::new(argv[0]);
-    cmd.args(&argv[1..]).kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    match tokio::time::timeout(Duration::from_secs(600), cmd.output()).await {
+    match tokio::time::timeout(Duration::from_secs(600), command(argv, env).output()).await {
         Ok(Ok(o)) => {
             let text = String::from_utf8_lossy(&o.stdout);
             text.lines()
@@ -246,18 +248,7 @@ async fn run_json(argv: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
 fn parse_packages(value: &serde_json::Value) -> BTreeMap<String, Probe> {
     PACKAGES
         .iter()
-        .map(|name| {
-            let entry = &value[*name];
-            let probe = Probe {
-                name: name.to_string(),
-                found: entry[0].as_bool().unwrap_or(false),
-                detail: entry[1]
-                    .as_str()
-                    .unwrap_or("python did not answer")
-                    .to_string(),
-            };
-            (name.to_string(), probe)
-        })
+        .map(|name| (name.to_string(), package_probe(value, name)))
         .collect()
 }
 
@@ -267,35 +258,18 @@ pub fn render(p: &Preflight) -> String {
     let mark = |found: bool| if found { "ok " } else { "-- " };
     let kind = |required: bool| if required { "required" } else { "optional" };
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{}{:<16} {:<9}{}",
-        mark(p.python.found),
-        "python",
-        kind(true),
-        p.python.detail
-    );
-    for probe in p.packages.values() {
-        let required = REQUIRED_PACKAGES.contains(&probe.name.as_str());
-        let _ = writeln!(
-            out,
-            "{}{:<16} {:<9}{}",
-            mark(probe.found),
-            probe.name,
-            kind(required),
-            probe.detail
-        );
-    }
-    for probe in &p.tools {
-        let required = REQUIRED_TOOLS.contains(&probe.name.as_str());
-        let _ = writeln!(
-            out,
-            "{}{:<16} {:<9}{}",
-            mark(probe.found),
-            probe.name,
-            kind(required),
-            probe.detail
-        );
+    let rows = std::iter::once(("python", &p.python, true))
+        .chain(p.packages.values().map(|probe| {
+            let name = probe.name.as_str();
+            (name, probe, REQUIRED_PACKAGES.contains(&name))
+        }))
+        .chain(p.tools.iter().map(|probe| {
+            let name = probe.name.as_str();
+            (name, probe, REQUIRED_TOOLS.contains(&name))
+        }));
+    for (name, probe, required) in rows {
+        let (found, detail) = (mark(probe.found), &probe.detail);
+        let _ = writeln!(out, "{found}{name:<16} {:<9}{detail}", kind(required));
     }
     if !p.targets.is_empty() {
         let ok = p.targets.values().filter(|t| **t == Importable::Ok).count();

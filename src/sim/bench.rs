@@ -58,6 +58,17 @@ pub enum SimAction {
     Hang { stderr: String },
 }
 
+impl SimAction {
+    /// Print `stdout`/`stderr` and exit with `code`.
+    pub fn exit(code: i32, stdout: impl Into<String>, stderr: impl Into<String>) -> Self {
+        Self::Exit {
+            code,
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+        }
+    }
+}
+
 /// The argv prefix that runs this simulated bench in place of `python3 -m fastkernels`
 /// (`exe` is the fk-agentd binary, e.g. `std::env::current_exe()` read by the CLI).
 pub fn command(exe: &Path, seed: u64) -> Vec<String> {
@@ -387,10 +398,12 @@ fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
 
 /// Runs the simulated bench: selects targets, writes the result JSON, returns what to do.
 pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
-    let usage = |why: String| SimAction::Exit {
-        code: 2,
-        stdout: String::new(),
-        stderr: format!("fastkernels bench (simulated): error: {why}\n"),
+    let usage = |why: String| {
+        SimAction::exit(
+            2,
+            "",
+            format!("fastkernels bench (simulated): error: {why}\n"),
+        )
     };
     match &params.captures {
         Some(c) if !c.is_dir() => {
@@ -472,20 +485,20 @@ fn process_knob(ks: &[Knob], target: &TargetId, mix: bool) -> Option<SimAction> 
         });
     }
     if ks.contains(&Knob::Crash) || (mix && ks.contains(&Knob::MixCrash)) {
-        return Some(SimAction::Exit {
-            code: 1,
-            stdout: String::new(),
-            stderr: format!(
+        return Some(SimAction::exit(
+            1,
+            "",
+            format!(
                 "Traceback (most recent call last):\n  simulated crash of the bench parent while benching {target} (# sim: crash)\n"
             ),
-        });
+        ));
     }
     if ks.contains(&Knob::Infra) {
-        return Some(SimAction::Exit {
-            code: 2,
-            stdout: String::new(),
-            stderr: "fastkernels bench (simulated): error: no GPU found (# sim: infra)\n".into(),
-        });
+        return Some(SimAction::exit(
+            2,
+            "",
+            "fastkernels bench (simulated): error: no GPU found (# sim: infra)\n",
+        ));
     }
     None
 }
@@ -541,11 +554,7 @@ fn finish(params: &SimBenchParams, rows: Vec<ScenarioRow>) -> SimAction {
         result.skipped,
         output.display()
     ));
-    SimAction::Exit {
-        code: if result.failed > 0 { 1 } else { 0 },
-        stdout,
-        stderr: String::new(),
-    }
+    SimAction::exit(i32::from(result.failed > 0), stdout, "")
 }
 
 fn output_path(params: &SimBenchParams) -> PathBuf {
@@ -557,14 +566,11 @@ fn output_path(params: &SimBenchParams) -> PathBuf {
 }
 
 fn io_failure(output: &Path, why: &str) -> SimAction {
-    SimAction::Exit {
-        code: 1,
-        stdout: String::new(),
-        stderr: format!(
-            "fastkernels bench (simulated): cannot write {}: {why}\n",
-            output.display()
-        ),
-    }
+    let why = format!(
+        "fastkernels bench (simulated): cannot write {}: {why}\n",
+        output.display()
+    );
+    SimAction::exit(1, "", why)
 }
 
 #[cfg(test)]

@@ -176,23 +176,23 @@ pub fn run(p: &SimEvalParams) -> SimAction {
         None => match std::fs::read_to_string(&p.scenarios) {
             Ok(text) => from_yaml(&text),
             Err(e) => {
-                return SimAction::Exit {
-                    code: 2,
-                    stdout: format!(
+                return SimAction::exit(
+                    2,
+                    format!(
                         "  !! could not load scenarios {:?}: {e} (simulated eval)\n",
                         p.scenarios
                     ),
-                    stderr: String::new(),
-                };
+                    "",
+                );
             }
         },
     };
     if scenarios.is_empty() {
-        return SimAction::Exit {
-            code: 2,
-            stdout: format!("  !! no scenarios in {:?} (simulated eval)\n", p.scenarios),
-            stderr: String::new(),
-        };
+        return SimAction::exit(
+            2,
+            format!("  !! no scenarios in {:?} (simulated eval)\n", p.scenarios),
+            "",
+        );
     }
     let files = candidates(p.candidate_dir.as_deref());
     let multi = scenarios.len() > 1;
@@ -207,11 +207,7 @@ pub fn run(p: &SimEvalParams) -> SimAction {
         }
         let text = serde_json::to_string_pretty(&value).unwrap_or_default();
         if let Err(e) = std::fs::write(&path, text) {
-            return SimAction::Exit {
-                code: 2,
-                stdout,
-                stderr: format!("cannot write {}: {e}\n", path.display()),
-            };
+            return SimAction::exit(2, stdout, format!("cannot write {}: {e}\n", path.display()));
         }
         stdout.push_str(&format!(
             "  [{}] {} (tp={}) -> {}\n",
@@ -225,11 +221,7 @@ pub fn run(p: &SimEvalParams) -> SimAction {
             path.display()
         ));
     }
-    SimAction::Exit {
-        code: if all_ok { 0 } else { 1 },
-        stdout,
-        stderr: String::new(),
-    }
+    SimAction::exit(i32::from(!all_ok), stdout, "")
 }
 
 #[cfg(test)]

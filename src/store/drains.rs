@@ -22,41 +22,31 @@ pub struct DrainRow {
 impl Store {
     /// Records that a GPU is drained (a second drain replaces the reason).
     pub fn set_drain(&self, uuid: &str, reason: &str) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "INSERT INTO gpu_drains (uuid, reason, since) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (uuid) DO UPDATE SET reason = excluded.reason, since = excluded.since",
-                params![uuid, reason, now_rfc3339()],
-            )
-            .map_err(|e| self.sql_err(e))?;
+        self.exec(
+            "INSERT INTO gpu_drains (uuid, reason, since) VALUES (?1, ?2, ?3)
+             ON CONFLICT (uuid) DO UPDATE SET reason = excluded.reason, since = excluded.since",
+            params![uuid, reason, now_rfc3339()],
+        )?;
         Ok(())
     }
 
     /// Forgets a GPU's drain; true when it was drained.
     pub fn clear_drain(&self, uuid: &str) -> Result<bool, StoreError> {
-        let n = self
-            .lock()
-            .execute("DELETE FROM gpu_drains WHERE uuid = ?1", [uuid])
-            .map_err(|e| self.sql_err(e))?;
-        Ok(n > 0)
+        Ok(self.exec("DELETE FROM gpu_drains WHERE uuid = ?1", [uuid])? > 0)
     }
 
     /// Every drained GPU, by UUID.
     pub fn drains(&self) -> Result<Vec<DrainRow>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("SELECT uuid, reason, since FROM gpu_drains ORDER BY uuid")
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map([], |r| {
+        self.query(
+            "SELECT uuid, reason, since FROM gpu_drains ORDER BY uuid",
+            [],
+            |r| {
                 Ok(DrainRow {
                     uuid: r.get(0)?,
                     reason: r.get(1)?,
                     since: r.get(2)?,
                 })
-            })
-            .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.sql_err(e))
+            },
+        )
     }
 }

@@ -334,15 +334,13 @@ impl Store {
 
     /// Leases not yet closed (granted or running), oldest first.
     pub fn open_leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(&format!(
+        self.query(
+            &format!(
                 "SELECT {COLUMNS} FROM leases WHERE state IN ('granted', 'running') ORDER BY granted_at, id"
-            ))
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt.query_map([], from_row).map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.sql_err(e))
+            ),
+            [],
+            from_row,
+        )
     }
 
     /// The newest finished lease of a session with this idempotency key.
@@ -379,18 +377,14 @@ impl Store {
         from: &str,
         until: Option<&str>,
     ) -> Result<Vec<LeaseRow>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(&format!(
+        self.query(
+            &format!(
                 "SELECT {COLUMNS} FROM leases WHERE granted_at >= ?1 \
                  AND (?2 IS NULL OR granted_at <= ?2) ORDER BY granted_at, id"
-            ))
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map(params![from, until], from_row)
-            .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.sql_err(e))
+            ),
+            params![from, until],
+            from_row,
+        )
     }
 
     /// The leases held by `session` (a target id) granted at or after `from` (and before
@@ -402,18 +396,14 @@ impl Store {
         from: &str,
         until: Option<&str>,
     ) -> Result<Vec<LeaseRow>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(&format!(
+        self.query(
+            &format!(
                 "SELECT {COLUMNS} FROM leases WHERE session = ?1 AND granted_at >= ?2 \
                  AND (?3 IS NULL OR granted_at <= ?3) ORDER BY granted_at, id"
-            ))
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map(params![session, from, until], from_row)
-            .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.sql_err(e))
+            ),
+            params![session, from, until],
+            from_row,
+        )
     }
 }
 

@@ -205,6 +205,14 @@ pub fn now_rfc3339() -> String {
 }
 
 impl Store {
+    fn of(conn: Connection, path: &Path) -> Self {
+        Self {
+            conn: Arc::new(Mutex::new(conn)),
+            leases: Arc::default(),
+            path: path.to_path_buf(),
+        }
+    }
+
     /// Opens (creating if needed) the database and brings its schema up to date.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         let err = |source| StoreError::from_sqlite(path, source);
@@ -221,11 +229,7 @@ impl Store {
         migrations::apply(&mut conn, path)?;
         digest::verify_events(&conn, path)?;
         checkpoint::start(&mut conn, path);
-        Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
-            leases: Arc::default(),
-            path: path.to_path_buf(),
-        })
+        Ok(Self::of(conn, path))
     }
 
     /// A read-only handle on an existing store, for viewers (the dashboard): a connection of
@@ -255,11 +259,7 @@ impl Store {
             .map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(err)?;
-        Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
-            leases: Arc::default(),
-            path: path.to_path_buf(),
-        })
+        Ok(Self::of(conn, path))
     }
 
     /// A handle for commands that only read (`status`, `sessions`, `session`, `runs`,
@@ -298,6 +298,26 @@ impl Store {
         StoreError::from_sqlite(&self.path, source)
     }
 
+    /// The rows of one query, each mapped by `row`, collected.
+    fn query<T, C: FromIterator<T>>(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+        row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Result<C, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(sql).map_err(|e| self.sql_err(e))?;
+        let rows = stmt.query_map(params, row).map_err(|e| self.sql_err(e))?;
+        rows.collect::<Result<C, _>>().map_err(|e| self.sql_err(e))
+    }
+
+    /// Runs one statement; the number of rows it changed.
+    fn exec(&self, sql: &str, params: impl rusqlite::Params) -> Result<usize, StoreError> {
+        self.lock()
+            .execute(sql, params)
+            .map_err(|e| self.sql_err(e))
+    }
+
     /// Runs a store call on the blocking pool.
     pub async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>
     where
@@ -313,22 +333,20 @@ impl Store {
     /// Records the start of a run.
     pub fn create_run(&self, run: &RunRow) -> Result<(), StoreError> {
         let targets = serde_json::to_string(&run.targets).unwrap_or_default();
-        self.lock()
-            .execute(
-                "INSERT INTO runs (id, started_at, finished_at, status, mode, targets, simulated, pid)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![
-                    run.id,
-                    run.started_at,
-                    run.finished_at,
-                    run.status,
-                    run.mode,
-                    targets,
-                    run.simulated,
-                    run.pid
-                ],
-            )
-            .map_err(|e| self.sql_err(e))?;
+        self.exec(
+            "INSERT INTO runs (id, started_at, finished_at, status, mode, targets, simulated, pid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                run.id,
+                run.started_at,
+                run.finished_at,
+                run.status,
+                run.mode,
+                targets,
+                run.simulated,
+                run.pid
+            ],
+        )?;
         Ok(())
     }
 
@@ -336,13 +354,10 @@ impl Store {
     pub fn set_run_status(&self, run_id: &str, state: RunState) -> Result<(), StoreError> {
         let status = state.as_str();
         let finished = (state != RunState::Running).then(now_rfc3339);
-        let n = self
-            .lock()
-            .execute(
-                "UPDATE runs SET status = ?2, finished_at = ?3 WHERE id = ?1",
-                params![run_id, status, finished],
-            )
-            .map_err(|e| self.sql_err(e))?;
+        let n = self.exec(
+            "UPDATE runs SET status = ?2, finished_at = ?3 WHERE id = ?1",
+            params![run_id, status, finished],
+        )?;
         if n == 0 {
             return Err(StoreError::UnknownRun(run_id.to_string()));
         }
@@ -400,15 +415,11 @@ impl Store {
         target: Option<&str>,
         after_seq: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT run_id, seq, at, kind, target, payload FROM events
-                 WHERE run_id = ?1 AND seq > ?2 AND (?3 IS NULL OR target = ?3) ORDER BY seq",
-            )
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map(params![run_id, after_seq, target], |r| {
+        self.query(
+            "SELECT run_id, seq, at, kind, target, payload FROM events
+             WHERE run_id = ?1 AND seq > ?2 AND (?3 IS NULL OR target = ?3) ORDER BY seq",
+            params![run_id, after_seq, target],
+            |r| {
                 let payload: String = r.get(5)?;
                 Ok(Event {
                     run_id: r.get(0)?,
@@ -418,23 +429,17 @@ impl Store {
                     target: r.get(4)?,
                     payload: serde_json::from_str(&payload).unwrap_or(Value::Null),
                 })
-            })
-            .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.sql_err(e))
+            },
+        )
     }
 
     /// All runs, newest first.
     pub fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT id, started_at, finished_at, status, mode, targets, simulated, pid
-                 FROM runs ORDER BY id DESC",
-            )
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map([], |r| {
+        self.query(
+            "SELECT id, started_at, finished_at, status, mode, targets, simulated, pid
+             FROM runs ORDER BY id DESC",
+            [],
+            |r| {
                 let targets: String = r.get(5)?;
                 Ok(RunRow {
                     id: r.get(0)?,
@@ -446,10 +451,8 @@ impl Store {
                     simulated: r.get(6)?,
                     pid: r.get(7)?,
                 })
-            })
-            .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.sql_err(e))
+            },
+        )
     }
 
     /// One run by id or unique id prefix, or the newest when `id` is `None`.
@@ -472,13 +475,11 @@ impl Store {
 
     /// Inserts or replaces the derived state of one session.
     pub fn upsert_session(&self, row: &SessionRow) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "INSERT INTO sessions (run_id, target, state, detail, updated_at) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (run_id, target) DO UPDATE SET state = ?3, detail = ?4, updated_at = ?5",
-                params![row.run_id, row.target, row.state, row.detail.to_string(), row.updated_at],
-            )
-            .map_err(|e| self.sql_err(e))?;
+        self.exec(
+            "INSERT INTO sessions (run_id, target, state, detail, updated_at) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (run_id, target) DO UPDATE SET state = ?3, detail = ?4, updated_at = ?5",
+            params![row.run_id, row.target, row.state, row.detail.to_string(), row.updated_at],
+        )?;
         Ok(())
     }
 
@@ -491,42 +492,30 @@ impl Store {
         simulated: bool,
         except_run: &str,
     ) -> Result<std::collections::HashMap<String, f64>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT e.target, json_extract(e.payload, '$.result.session_s')
-                 FROM events e JOIN runs r ON r.id = e.run_id
-                 WHERE e.kind = ?3 AND r.simulated = ?1 AND r.id != ?2
-                   AND json_extract(e.payload, '$.status') != ?4
-                   AND json_extract(e.payload, '$.result.session_s') IS NOT NULL
-                 ORDER BY e.run_id, e.seq",
-            )
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map(
-                params![
-                    simulated,
-                    except_run,
-                    crate::event::TaskFinished::KIND,
-                    crate::event::SessionStatus::Interrupted.word()
-                ],
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)),
-            )
-            .map_err(|e| self.sql_err(e))?;
         // Oldest first, so the latest session of each target is the one kept.
-        rows.collect::<Result<_, _>>().map_err(|e| self.sql_err(e))
+        self.query(
+            "SELECT e.target, json_extract(e.payload, '$.result.session_s')
+             FROM events e JOIN runs r ON r.id = e.run_id
+             WHERE e.kind = ?3 AND r.simulated = ?1 AND r.id != ?2
+               AND json_extract(e.payload, '$.status') != ?4
+               AND json_extract(e.payload, '$.result.session_s') IS NOT NULL
+             ORDER BY e.run_id, e.seq",
+            params![
+                simulated,
+                except_run,
+                crate::event::TaskFinished::KIND,
+                crate::event::SessionStatus::Interrupted.word()
+            ],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, f64>(1)?)),
+        )
     }
 
     /// The sessions of a run, ordered by target.
     pub fn sessions(&self, run_id: &str) -> Result<Vec<SessionRow>, StoreError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare(
-                "SELECT run_id, target, state, detail, updated_at FROM sessions WHERE run_id = ?1 ORDER BY target",
-            )
-            .map_err(|e| self.sql_err(e))?;
-        let rows = stmt
-            .query_map([run_id], |r| {
+        self.query(
+            "SELECT run_id, target, state, detail, updated_at FROM sessions WHERE run_id = ?1 ORDER BY target",
+            [run_id],
+            |r| {
                 let detail: String = r.get(3)?;
                 Ok(SessionRow {
                     run_id: r.get(0)?,
@@ -535,9 +524,7 @@ impl Store {
                     detail: serde_json::from_str(&detail).unwrap_or(Value::Null),
                     updated_at: r.get(4)?,
                 })
-            })
-            .map_err(|e| self.sql_err(e))?;
-        rows.collect::<Result<Vec<_>, _>>()
-            .map_err(|e| self.sql_err(e))
+            },
+        )
     }
 }
