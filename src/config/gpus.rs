@@ -57,28 +57,13 @@ pub(super) fn validate(
         None => (GpuDevices::Nvml, SettingSource::Default),
         Some(toml::Value::String(s)) => (parse_devices(key, &s)?, SettingSource::File),
         Some(toml::Value::Array(items)) => {
-            let mut uuids = Vec::new();
-            for item in items {
-                match item.as_str() {
-                    Some(u) if uuids.iter().any(|seen| seen == u) => {
-                        return Err(ConfigError::new(
-                            key,
-                            u,
-                            "each GPU UUID once (a GPU listed twice would be leased twice)",
-                        ));
-                    }
-                    Some(u) if u.starts_with("GPU-") || u.starts_with("MIG-") => {
-                        uuids.push(u.to_string())
-                    }
-                    _ => {
-                        return Err(ConfigError::new(
-                            key,
-                            item.to_string(),
-                            "GPU UUIDs such as \"GPU-8f2c…\"",
-                        ));
-                    }
-                }
-            }
+            let uuids = super::unique_strings(
+                key,
+                items,
+                |u| u.starts_with("GPU-") || u.starts_with("MIG-"),
+                "each GPU UUID once (a GPU listed twice would be leased twice)",
+                "GPU UUIDs such as \"GPU-8f2c…\"",
+            )?;
             if uuids.is_empty() {
                 return Err(ConfigError::new(key, "[]", "at least one GPU UUID"));
             }

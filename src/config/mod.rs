@@ -742,6 +742,28 @@ pub(crate) fn layered<T>(
     }
 }
 
+/// The strings of a TOML list, each `valid` and none twice; an error names `key` and the first
+/// item listed again (`twice` says why that is wrong) or not valid (`expected`).
+pub(crate) fn unique_strings(
+    key: &str,
+    items: Vec<toml::Value>,
+    valid: impl Fn(&str) -> bool,
+    twice: &str,
+    expected: &str,
+) -> Result<Vec<String>, ConfigError> {
+    let mut out: Vec<String> = Vec::new();
+    for item in items {
+        match item.as_str() {
+            Some(s) if out.iter().any(|seen| seen == s) => {
+                return Err(ConfigError::new(key, s, twice));
+            }
+            Some(s) if valid(s) => out.push(s.to_string()),
+            _ => return Err(ConfigError::new(key, item.to_string(), expected)),
+        }
+    }
+    Ok(out)
+}
+
 /// Records a setting's value and source for the manifest.
 pub(crate) fn record(
     settings: &mut SettingMap,

@@ -193,28 +193,24 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         }
         None => None,
     };
-    let name = |k: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
+    let mut name = |k: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
         match v {
             Some(v) if !is_slurm_name(&v) => Err(ConfigError::new(
                 format!("slurm.{k}"),
                 v,
                 "a Slurm name (letters, digits, `-`, `_`, `.`)",
             )),
-            v => Ok(v),
+            v => {
+                if let Some(v) = &v {
+                    set(k, v.clone());
+                }
+                Ok(v)
+            }
         }
     };
     let partition = name("partition", raw.partition)?;
     let account = name("account", raw.account)?;
     let qos = name("qos", raw.qos)?;
-    for (k, v) in [
-        ("partition", &partition),
-        ("account", &account),
-        ("qos", &qos),
-    ] {
-        if let Some(v) = v {
-            set(k, v.clone());
-        }
-    }
     let nodes = nodes(raw.nodes)?;
     set(
         "nodes",
@@ -296,21 +292,8 @@ fn nodes(raw: Option<toml::Value>) -> Result<SlurmNodes, ConfigError> {
         None => Ok(SlurmNodes::Count(1)),
         Some(toml::Value::Integer(n)) if (1..=1024).contains(&n) => Ok(SlurmNodes::Count(n as u32)),
         Some(toml::Value::Array(items)) if !items.is_empty() => {
-            let mut names: Vec<String> = Vec::new();
-            for item in items {
-                match item.as_str() {
-                    Some(n) if names.iter().any(|seen| seen == n) => {
-                        return Err(ConfigError::new(
-                            key,
-                            n,
-                            "each node once (a node listed twice would have its GPUs leased twice)",
-                        ));
-                    }
-                    Some(n) if is_slurm_name(n) => names.push(n.to_string()),
-                    _ => return Err(ConfigError::new(key, item.to_string(), expected)),
-                }
-            }
-            Ok(SlurmNodes::Names(names))
+            let twice = "each node once (a node listed twice would have its GPUs leased twice)";
+            super::unique_strings(key, items, is_slurm_name, twice, expected).map(SlurmNodes::Names)
         }
         Some(other) => Err(ConfigError::new(key, other.to_string(), expected)),
     }

@@ -13,7 +13,7 @@
 
 use serde_json::{Value, json};
 
-use super::server::{call, candidate_text, sealed, validation_passed};
+use super::server::{call, candidate_text, turn_items, validation_passed};
 
 /// A codex request: its tools include `exec_command`.
 pub fn is_codex(body: &Value) -> bool {
@@ -163,15 +163,7 @@ pub fn items(input: &[Value], turn_id: &str, seed: u64) -> Vec<Value> {
             ];
         }
     };
-    let rs_id = format!("rs_sim_{}", &turn_id[..12]);
-    let reasoning = json!({
-        "type": "reasoning", "id": rs_id, "encrypted_content": sealed(&rs_id),
-        "summary": [{"type": "summary_text", "text": format!("(simulated) {thought}")}]
-    });
-    let mut item = item;
-    item["id"] = json!(format!("fc_sim_{}", &turn_id[12..24]));
-    item["call_id"] = json!(format!("call_sim_{}", &turn_id[24..36]));
-    vec![reasoning, item]
+    turn_items(turn_id, thought, item)
 }
 
 #[cfg(test)]

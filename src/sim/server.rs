@@ -315,7 +315,6 @@ impl Step {
     }
 
     fn items(&self, target: &str, turn_id: &str, seed: u64) -> Vec<Value> {
-        let rs_id = format!("rs_sim_{}", &turn_id[..12]);
         let (thought, call) = match self {
             Step::Explore => (
                 "Look at the workspace and the baseline first.",
@@ -343,15 +342,21 @@ impl Step {
                 ),
             ),
         };
-        let reasoning = json!({
-            "type": "reasoning", "id": rs_id, "encrypted_content": sealed(&rs_id),
-            "summary": [{"type": "summary_text", "text": format!("(simulated) {thought}")}]
-        });
-        let mut call = call;
-        call["id"] = json!(format!("fc_sim_{}", &turn_id[12..24]));
-        call["call_id"] = json!(format!("call_sim_{}", &turn_id[24..36]));
-        vec![reasoning, call]
+        turn_items(turn_id, thought, call)
     }
+}
+
+/// A simulated turn's output: a reasoning item saying `thought`, then `call` with ids drawn
+/// from the turn id.
+pub(crate) fn turn_items(turn_id: &str, thought: &str, mut call: Value) -> Vec<Value> {
+    let rs_id = format!("rs_sim_{}", &turn_id[..12]);
+    let reasoning = json!({
+        "type": "reasoning", "id": rs_id, "encrypted_content": sealed(&rs_id),
+        "summary": [{"type": "summary_text", "text": format!("(simulated) {thought}")}]
+    });
+    call["id"] = json!(format!("fc_sim_{}", &turn_id[12..24]));
+    call["call_id"] = json!(format!("call_sim_{}", &turn_id[24..36]));
+    vec![reasoning, call]
 }
 
 pub(crate) fn validation_passed(output: &str) -> bool {
