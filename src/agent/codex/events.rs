@@ -130,7 +130,11 @@ impl Translator {
                     message: msg.clone(),
                     fatal: Some(true),
                 });
-                out.signal = Some(signal_of_error(msg, true));
+                out.signal = Some(if is_unauthorized(&msg) {
+                    Signal::Unauthorized(msg)
+                } else {
+                    Signal::TurnFailed(msg)
+                });
             }
             "error" => {
                 let msg = v["message"].as_str().unwrap_or("").to_string();
@@ -299,14 +303,6 @@ impl Translator {
 
 fn is_unauthorized(msg: &str) -> bool {
     msg.contains("401 Unauthorized") || msg.contains("status 401")
-}
-
-fn signal_of_error(msg: String, _fatal: bool) -> Signal {
-    if is_unauthorized(&msg) {
-        Signal::Unauthorized(msg)
-    } else {
-        Signal::TurnFailed(msg)
-    }
 }
 
 #[cfg(test)]

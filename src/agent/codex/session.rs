@@ -42,7 +42,6 @@ const RESUMED: &str = "fk-agentd was restarted while you worked; continue where 
 candidate file before repeating a step, and end with `fk-agentd tool finish --summary \"...\"`.";
 
 struct Prepared {
-    journal: Arc<SessionJournal>,
     tools: Arc<SessionTools>,
     layout: HomeLayout,
     prompt: String,
@@ -66,7 +65,7 @@ pub(super) async fn run(
     let end = drive(&inner, &prepared, &cancel).await;
     prepared.tools.cancel.cancel();
     drop(prepared.lease_token);
-    let (journal, slot) = (&prepared.journal, &prepared.tools.slot);
+    let (journal, slot) = (&prepared.tools.journal, &prepared.tools.slot);
     crate::agent::session::finish(journal, slot, end, Some("codex"))
 }
 
@@ -100,14 +99,13 @@ fn prepare(
     };
     let tools = Arc::new(SessionTools::new(
         toolbox,
-        journal.clone(),
+        journal,
         slot,
         p.llm.clone(),
         // Its own child, so a call still running when the session ends is stopped with it.
         cancel.child_token(),
     ));
     Ok(Prepared {
-        journal,
         tools,
         layout,
         prompt,
@@ -149,7 +147,7 @@ fn before(j: &SessionJournal) -> Result<Before, RunError> {
 }
 
 async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Result<End, RunError> {
-    let j = &s.journal;
+    let j = &s.tools.journal;
     let before = before(j)?;
     if let Some(end) = End::recorded_final(&before.replay) {
         return Ok(end);
@@ -199,20 +197,16 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     let Some(token) = token else {
         return Ok(End::infra("provider token: not a bearer token"));
     };
-    let config = home::write(llm.provider(), &s.layout, &inner.setup.template).map_err(|e| {
-        RunError::Io {
-            path: s.layout.codex_home.clone(),
-            source: std::io::Error::other(e),
-        }
-    })?;
+    let io = |e: String| RunError::Io {
+        path: s.layout.codex_home.clone(),
+        source: std::io::Error::other(e),
+    };
+    let config = home::write(llm.provider(), &s.layout, &inner.setup.template).map_err(io)?;
     j.record_event(&CodexConfig {
         codex_version: inner.setup.version.clone(),
         config_toml: config,
     })?;
-    let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| RunError::Io {
-        path: s.layout.codex_home.clone(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| io(e.to_string()))?;
     let mut env = s.env.clone();
     env.insert(
         "CODEX_HOME".into(),
