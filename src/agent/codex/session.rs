@@ -247,9 +247,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             resume: next.is_some() && thread.is_some(),
         })?;
         let watched = Watched {
-            journal: j,
             tools: &s.tools,
-            llm: &inner.agent.llm,
             codex_home: &s.layout.codex_home,
             max_turns: inner.agent.loop_params.max_turns,
         };
