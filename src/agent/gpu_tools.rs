@@ -22,6 +22,7 @@ use super::GpuToolsFactory;
 use super::journal::SessionJournal;
 use crate::gpu::Broker;
 use crate::harness::import_check::{ImportCheck, ImportVerdict};
+use crate::inspect::clip;
 use crate::protect::ProtectedSet;
 use crate::score::driver::{BenchDriver, BenchFailure, BenchLauncher, BenchRequest};
 use crate::score::gate::{TargetVerdict, WinnerGate};
@@ -232,7 +233,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             let Checks::Real(real) = checks else {
                 return Ok(ToolOutput::ok(format!(
                     "SIMULATED {} profile of {}: no profiler ran; this is placeholder text from the simulation.",
-                    kind.tool_name(),
+                    kind.as_str(),
                     ws.target()
                 )));
             };
@@ -390,9 +391,9 @@ fn render(result: &BenchResult, v: &TargetVerdict, screen: &str) -> String {
             "{:<22} {:<10} {:<24} {:>8.3}x  {}\n",
             row.status.as_str(),
             row.dtype,
-            truncate(&row.shape, 24),
+            clip(&row.shape, 24),
             row.speedup,
-            truncate(&row.detail, 100)
+            clip(&row.detail, 100)
         ));
     }
     match (&v.reason, v.geomean) {
@@ -405,14 +406,6 @@ fn render(result: &BenchResult, v: &TargetVerdict, screen: &str) -> String {
     }
     out.push_str(screen);
     out
-}
-
-fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        s.chars().take(n - 1).collect::<String>() + "…"
-    }
 }
 
 #[cfg(test)]

@@ -14,21 +14,6 @@ use crate::event::{Kind, SessionResult};
 use crate::llm::{FunctionCall, function_call_output, function_calls};
 use crate::store::Event;
 
-/// Event kinds a session writes and replays (their payloads are in [`crate::event`]).
-pub mod kind {
-    use crate::event::{self, Payload};
-
-    pub const SESSION_STARTED: &str = event::SessionStarted::KIND;
-    pub const USER_MESSAGE: &str = event::UserMessage::KIND;
-    pub const MODEL_ITEM: &str = event::ModelItem::KIND;
-    pub const TURN_FINISHED: &str = event::TurnFinished::KIND;
-    pub const TOOL_STARTED: &str = event::ToolStarted::KIND;
-    pub const TOOL_FINISHED: &str = event::ToolFinished::KIND;
-    pub const COMPACTED: &str = event::Compacted::KIND;
-    pub const SESSION_FINISHED: &str = event::SessionFinished::KIND;
-    pub const VALIDATION: &str = event::Validation::KIND;
-}
-
 /// What the output of a call interrupted by a restart says to the model.
 pub const INTERRUPTED_OUTPUT: &str = "interrupted: this tool call was started before fk-agentd restarted and was \
      not run again; check its effects (e.g. read the file) before repeating it";
@@ -151,6 +136,10 @@ pub fn estimate_tokens(history: &[Value]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{
+        ModelItem, Payload, SessionStarted, ToolFinished, ToolStarted, TurnFinished, UserMessage,
+        Validation,
+    };
     use crate::llm::user_message;
 
     #[test]
@@ -158,44 +147,44 @@ mod tests {
         assert!(INTERRUPTED_OUTPUT.starts_with(crate::sim::server::INTERRUPTED_PREFIX));
     }
 
-    fn ev(seq: i64, kind: &str, payload: Value) -> Event {
-        Event {
-            run_id: "r".into(),
-            seq,
-            at: String::new(),
-            kind: kind.into(),
-            target: Some("L1/gelu".into()),
-            payload,
-        }
+    /// Events of one session, numbered from 1.
+    fn evs(events: Vec<(&str, Value)>) -> Vec<Event> {
+        let events = events.into_iter().zip(1..);
+        events
+            .map(|((kind, payload), seq)| Event {
+                run_id: "r".into(),
+                seq,
+                at: String::new(),
+                kind: kind.into(),
+                target: Some("L1/gelu".into()),
+                payload,
+            })
+            .collect()
     }
 
     /// D2: a resumed session's `sessions` row keeps its leases, GPU time and best speedup.
     #[test]
     fn validations_carry_leases_gpu_time_and_the_best_passing_geomean_over_a_resume() {
-        let events = vec![
-            ev(1, kind::SESSION_STARTED, json!({})),
-            ev(
-                2,
-                kind::VALIDATION,
+        let events = evs(vec![
+            (SessionStarted::KIND, json!({})),
+            (
+                Validation::KIND,
                 json!({"n": 1, "geomean": 1.591, "rows": 3, "failing": [], "gpu_s": 2.5}),
             ),
-            ev(
-                3,
-                kind::VALIDATION,
+            (
+                Validation::KIND,
                 json!({"n": 2, "geomean": 2.4, "rows": 3, "failing": ["FAILED"], "gpu_s": 1.0}),
             ),
-            ev(
-                4,
-                kind::VALIDATION,
+            (
+                Validation::KIND,
                 json!({"n": 3, "geomean": null, "rows": 0, "reason": "no result", "gpu_s": 0.5}),
             ),
             // Written before `failing` was recorded: its reason tells.
-            ev(
-                5,
-                kind::VALIDATION,
+            (
+                Validation::KIND,
                 json!({"n": 4, "geomean": 1.2, "rows": 2, "reason": "geomean 1.2 < 1.3", "gpu_s": 1.0}),
             ),
-        ];
+        ]);
         let r = replay(&events);
         assert_eq!((r.leases, r.gpu_s, r.best_speedup), (4, 5.0, Some(1.591)));
     }
@@ -206,37 +195,29 @@ mod tests {
 
     #[test]
     fn replay_answers_finished_calls_and_marks_started_ones_as_pending_started() {
-        let events = vec![
-            ev(1, kind::SESSION_STARTED, json!({})),
-            ev(2, kind::USER_MESSAGE, json!({"item": user_message("go")})),
-            ev(
-                3,
-                kind::MODEL_ITEM,
+        let events = evs(vec![
+            (SessionStarted::KIND, json!({})),
+            (UserMessage::KIND, json!({"item": user_message("go")})),
+            (
+                ModelItem::KIND,
                 json!({"turn": 1, "item": call("a", "shell")}),
             ),
-            ev(
-                4,
-                kind::MODEL_ITEM,
+            (
+                ModelItem::KIND,
                 json!({"turn": 1, "item": call("b", "validate")}),
             ),
-            ev(
-                5,
-                kind::MODEL_ITEM,
+            (
+                ModelItem::KIND,
                 json!({"turn": 1, "item": call("c", "read_file")}),
             ),
-            ev(
-                6,
-                kind::TURN_FINISHED,
+            (
+                TurnFinished::KIND,
                 json!({"turn": 1, "usage": {"total": 100}}),
             ),
-            ev(7, kind::TOOL_STARTED, json!({"call_id": "a"})),
-            ev(
-                8,
-                kind::TOOL_FINISHED,
-                json!({"call_id": "a", "output": "ok"}),
-            ),
-            ev(9, kind::TOOL_STARTED, json!({"call_id": "b"})),
-        ];
+            (ToolStarted::KIND, json!({"call_id": "a"})),
+            (ToolFinished::KIND, json!({"call_id": "a", "output": "ok"})),
+            (ToolStarted::KIND, json!({"call_id": "b"})),
+        ]);
         let r = replay(&events);
         assert_eq!((r.turns, r.tokens, r.history.len()), (1, 100, 5));
         let pending: Vec<(String, bool)> = r

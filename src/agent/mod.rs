@@ -89,27 +89,36 @@ impl SessionRunner for AgentRunner {
         Box::pin(async move {
             match prepare(&p, &target, &run, slot) {
                 Ok(setup) => session::run(setup, cancel).await,
-                Err(reason) => {
-                    let failed = SessionFailedToStart {
-                        reason: reason.clone(),
-                    };
-                    let _ = run.record_event(Some(&target.to_string()), &failed);
-                    SessionOutcome {
-                        status: SessionStatus::Failed,
-                        result: SessionResult::infra(reason).to_value(),
-                    }
-                }
+                Err(reason) => failed_to_start(&run, &target, reason),
             }
         })
     }
 }
 
-/// What a session of either backend starts from: its folder, workspace and journal, the
-/// rendered optimize prompt, and its tools' shell environment (with a lease token of its own
-/// when the daemon lends GPUs to the agent's shell, which the session holds until it ends).
+/// Records that the session of `target` could not start (`session_failed_to_start`) and tells
+/// the scheduler, for either backend.
+pub(crate) fn failed_to_start(
+    run: &RunJournal,
+    target: &TargetId,
+    reason: String,
+) -> SessionOutcome {
+    let failed = SessionFailedToStart {
+        reason: reason.clone(),
+    };
+    let _ = run.record_event(Some(&target.to_string()), &failed);
+    SessionOutcome {
+        status: SessionStatus::Failed,
+        result: SessionResult::infra(reason).to_value(),
+    }
+}
+
+/// What a session of either backend starts from: its folder, toolbox (over its workspace) and
+/// journal, the rendered optimize prompt, and its tools' shell environment (with a lease token
+/// of its own when the daemon lends GPUs to the agent's shell, which the session holds until it
+/// ends).
 pub(crate) struct Opened {
     pub session_dir: PathBuf,
-    pub ws: Workspace,
+    pub toolbox: Toolbox,
     pub journal: Arc<SessionJournal>,
     pub prompt: crate::tools::prompt::RenderedPrompt,
     pub shell_env: ShellEnv,
@@ -158,7 +167,12 @@ pub(crate) fn open_session(
     }
     Ok(Opened {
         session_dir,
-        ws,
+        toolbox: Toolbox::new(ToolboxParams {
+            workspace: ws,
+            gpu: p.gpu.make(journal.clone()),
+            shell_env: shell_env.clone(),
+            limits: ToolLimits::default(),
+        }),
         journal,
         prompt,
         shell_env,
@@ -173,19 +187,12 @@ fn prepare(
     slot: Arc<SessionSlot>,
 ) -> Result<SessionSetup, String> {
     let Opened {
-        ws,
+        toolbox,
         journal,
         prompt,
-        shell_env,
         lease_token,
         ..
     } = open_session(p, target, run)?;
-    let toolbox = Toolbox::new(ToolboxParams {
-        workspace: ws,
-        gpu: p.gpu.make(journal.clone()),
-        shell_env,
-        limits: ToolLimits::default(),
-    });
     Ok(SessionSetup {
         journal,
         toolbox,

@@ -73,16 +73,6 @@ async fn leased<L: BenchLauncher>(
     Ok((out.exit_code, text))
 }
 
-fn bench_invocation<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    ws: &Workspace,
-    work: &Path,
-) -> Invocation {
-    let req = BenchRequest::target(ws.target(), ws.candidate_root(), work)
-        .for_session(&ws.target().to_string(), &ws.cache_dir());
-    driver.invocation(&req)
-}
-
 fn with_bench(mut argv: Vec<String>, inv: &Invocation) -> Vec<String> {
     argv.push(inv.program.clone());
     argv.extend(inv.args.iter().cloned());
@@ -107,7 +97,10 @@ impl<L: BenchLauncher> ProfileParams<'_, L> {
             .session_dir()
             .join("profiles")
             .join(format!("{:03}-{tool}", self.n));
-        let inv = bench_invocation(self.driver, self.ws, &work);
+        let ws = self.ws;
+        let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
+            .for_session(&ws.target().to_string(), &ws.cache_dir());
+        let inv = self.driver.invocation(&req);
         (work, inv)
     }
 }

@@ -6,6 +6,7 @@
 //! resumed session never runs a call twice; an infrastructure failure of a tool is retried and
 //! then ends the session with an `infra` reason, never silently charged to the agent.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use super::history::{self, INTERRUPTED_OUTPUT, Replay};
 use super::journal::SessionJournal;
 use crate::event::{
     Compacted, ModelItem, SessionFinished, SessionResult, SessionResumed, SessionStarted,
-    StatusWord, ToolFinished, ToolInfraError, ToolInfraRetry, ToolStarted, TurnFinished, TurnUsage,
+    StatusWord, ToolFinished, ToolInfraError, ToolInfraRetry, ToolStarted, TurnFinished,
     UserMessage,
 };
 use crate::llm::{
@@ -25,7 +26,7 @@ use crate::llm::{
 };
 use crate::run::RunError;
 use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
-use crate::tools::{ToolError, Toolbox};
+use crate::tools::{ToolError, ToolOutput, Toolbox};
 
 /// Limits and texts of the loop.
 #[derive(Clone, Debug)]
@@ -98,27 +99,60 @@ impl End {
             ..Self::new(SessionStatus::Failed, reason)
         }
     }
+
+    /// How `finish` ends a session: finished, or failed when there is no candidate.
+    pub(crate) fn finished_by_agent(summary: String, candidate: &Path) -> Self {
+        let (status, reason) = if candidate.is_file() {
+            (SessionStatus::Finished, "the agent called finish")
+        } else {
+            (
+                SessionStatus::Failed,
+                "the agent finished without writing a candidate",
+            )
+        };
+        Self {
+            summary: Some(summary),
+            ..Self::new(status, reason)
+        }
+    }
+
+    /// The end recorded before this resume, if it is final: a session that ended for the
+    /// infrastructure's sake (endpoint, token, GPU) goes on from its history instead.
+    pub(crate) fn recorded_final(replay: &Replay) -> Option<Self> {
+        let done = replay.finished.as_ref().filter(|d| !d.is_infra())?;
+        let status = match done.status.as_ref().and_then(StatusWord::status) {
+            Some(SessionStatus::Finished) => SessionStatus::Finished,
+            _ => SessionStatus::Failed,
+        };
+        Some(End {
+            recorded: Some(done.clone()),
+            ..End::new(status, "finished before this resume; not run again")
+        })
+    }
 }
 
 /// Runs (or resumes) a session to its end.
 pub async fn run(setup: SessionSetup, cancel: CancellationToken) -> SessionOutcome {
-    let journal = setup.journal.clone();
-    let end = match drive(&setup, &cancel).await {
-        Ok(end) => end,
-        Err(e) => End::infra(format!("recording failed: {e}")),
-    };
-    // Stopped by its timeout, the session's end is final and recorded, not left for resume.
-    match setup.slot.timed_out() {
-        Some(why) if end.status == SessionStatus::Interrupted => {
-            finish(&journal, End::new(SessionStatus::TimedOut, why), None)
-        }
-        _ => finish(&journal, end, None),
-    }
+    let end = drive(&setup, &cancel).await;
+    finish(&setup.journal, &setup.slot, end, None)
 }
 
 /// Records how a session ended (`session_finished`, unless it was only interrupted) and tells
 /// the scheduler; `backend` is recorded for a backend other than the native one.
-pub(crate) fn finish(journal: &SessionJournal, end: End, backend: Option<&str>) -> SessionOutcome {
+pub(crate) fn finish(
+    journal: &SessionJournal,
+    slot: &SessionSlot,
+    end: Result<End, RunError>,
+    backend: Option<&str>,
+) -> SessionOutcome {
+    let end = end.unwrap_or_else(|e| End::infra(format!("recording failed: {e}")));
+    // Stopped by its timeout, the session's end is final and recorded, not left for resume.
+    let end = match slot.timed_out() {
+        Some(why) if end.status == SessionStatus::Interrupted => {
+            End::new(SessionStatus::TimedOut, why)
+        }
+        _ => end,
+    };
     if let Some(result) = end.recorded {
         return SessionOutcome {
             status: end.status,
@@ -155,17 +189,8 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
         .store()
         .events(run.run_id(), Some(&j.target().to_string()), 0)?;
     let replay = history::replay(&events);
-    // A session that ended for the infrastructure's sake (endpoint, token, GPU) goes on from
-    // its history on resume; any other recorded end is final.
-    if let Some(done) = replay.finished.as_ref().filter(|d| !d.is_infra()) {
-        let status = match done.status.as_ref().and_then(StatusWord::status) {
-            Some(SessionStatus::Finished) => SessionStatus::Finished,
-            _ => SessionStatus::Failed,
-        };
-        return Ok(End {
-            recorded: Some(done.clone()),
-            ..End::new(status, "finished before this resume; not run again")
-        });
+    if let Some(end) = End::recorded_final(&replay) {
+        return Ok(end);
     }
     let mut history = start(s, &replay)?;
     j.update("running", |p| {
@@ -180,16 +205,8 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
             "started".into()
         };
     })?;
-    match s.llm.refresh_token().await {
-        Ok(status) => {
-            j.record_event(&token_read_at_start(&status))?;
-        }
-        Err(e) => {
-            return Ok(End {
-                infra: true,
-                ..End::new(SessionStatus::Failed, format!("provider token: {e}"))
-            });
-        }
+    if let Some(end) = token_at_start(j, &s.llm).await? {
+        return Ok(end);
     }
     for (call, started) in replay.pending {
         if started {
@@ -384,20 +401,12 @@ async fn model_turn(
             item: item.clone(),
         })?;
     }
-    let u = &resp.usage;
-    let total = u.total_tokens();
+    let total = resp.usage.total_tokens();
     j.record_event(&TurnFinished {
         turn,
         response_id: Some(resp.response_id.clone()),
         attempts: resp.attempts,
-        usage: TurnUsage {
-            input: u.input_tokens,
-            cached: u.cached_tokens,
-            output: u.output_tokens,
-            reasoning: u.reasoning_tokens,
-            total,
-            cost_usd: None,
-        },
+        usage: resp.usage.to_turn(),
         ..TurnFinished::default()
     })?;
     j.update("running", |p| {
@@ -412,7 +421,7 @@ fn leases_a_gpu(tool: &str) -> bool {
     matches!(tool, "validate" | "profile_ncu" | "profile_nsys")
 }
 
-fn state_for(tool: &str) -> &'static str {
+pub(crate) fn state_for(tool: &str) -> &'static str {
     match tool {
         "validate" => "validating",
         "profile_ncu" | "profile_nsys" => "profiling",
@@ -437,69 +446,33 @@ async fn run_call(
     j.update(state_for(&call.name), |p| {
         p.last_event = format!("{} started", call.name)
     })?;
-    let mut attempt = 0;
-    let output = loop {
-        let call_fut = s
-            .toolbox
-            .call(&call.name, &call.arguments, cancel.child_token());
-        let result = if leases_a_gpu(&call.name) {
-            s.slot.off_slot(call_fut).await
-        } else {
-            call_fut.await
-        };
-        match result {
-            // The shell is not jailed: whatever it printed is scrubbed of the provider token
-            // before it is stored or sent.
-            Ok(mut out) => {
-                out.text = s.llm.token().scrub(&out.text);
-                break out;
-            }
-            Err(ToolError::Cancelled { .. }) => {
-                if let Some(why) = s.slot.timed_out() {
-                    j.record_event(&ToolFinished {
-                        call_id: call.call_id.clone(),
-                        name: call.name.clone(),
-                        output: format!("stopped: {why}"),
-                        is_error: true,
-                        interrupted: None,
-                    })?;
-                }
-                return Ok(Some(End::new(
-                    SessionStatus::Interrupted,
-                    format!("stopped during {}", call.name),
-                )));
-            }
-            Err(e) if e.is_retryable() && attempt < s.params.infra_retries => {
-                attempt += 1;
-                let delay = Duration::from_secs(5 * u64::from(attempt));
-                j.record_event(&ToolInfraRetry {
+    let tools = ToolCalls {
+        toolbox: &s.toolbox,
+        slot: &s.slot,
+        llm: &s.llm,
+        journal: j,
+        retries: s.params.infra_retries,
+        strict: true,
+    };
+    let output = match call_with_retries(&tools, call, cancel).await? {
+        CallEnd::Output(output) => output,
+        CallEnd::Cancelled => {
+            if let Some(why) = s.slot.timed_out() {
+                j.record_event(&ToolFinished {
                     call_id: call.call_id.clone(),
                     name: call.name.clone(),
-                    attempt,
-                    why: e.to_string(),
-                    delay_s: delay.as_secs(),
+                    output: format!("stopped: {why}"),
+                    is_error: true,
+                    interrupted: None,
                 })?;
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = cancel.cancelled() => return Ok(Some(End::new(SessionStatus::Interrupted, "stopped"))),
-                }
             }
-            Err(e) => {
-                // The call stays recorded as started: on resume the model is told it was interrupted.
-                j.record_event(&ToolInfraError {
-                    call_id: call.call_id.clone(),
-                    name: call.name.clone(),
-                    why: e.to_string(),
-                })?;
-                return Ok(Some(End {
-                    infra: true,
-                    ..End::new(
-                        SessionStatus::Failed,
-                        format!("infrastructure failure in {}: {e}", call.name),
-                    )
-                }));
-            }
+            let why = format!("stopped during {}", call.name);
+            return Ok(Some(End::new(SessionStatus::Interrupted, why)));
         }
+        CallEnd::StoppedWaiting => {
+            return Ok(Some(End::new(SessionStatus::Interrupted, "stopped")));
+        }
+        CallEnd::Infra(why) => return Ok(Some(End::infra(why))),
     };
     j.record_event(&ToolFinished {
         call_id: call.call_id.clone(),
@@ -516,31 +489,109 @@ async fn run_call(
         )
     })?;
     history.push(function_call_output(&call.call_id, &output.text));
-    if let Some(summary) = output.finished {
-        if !s.toolbox.workspace().candidate_file().is_file() {
-            return Ok(Some(End {
-                summary: Some(summary),
-                ..End::new(
-                    SessionStatus::Failed,
-                    "the agent finished without writing a candidate",
-                )
-            }));
-        }
-        return Ok(Some(End {
-            summary: Some(summary),
-            ..End::new(SessionStatus::Finished, "the agent called finish")
-        }));
-    }
-    Ok(None)
+    let candidate = s.toolbox.workspace().candidate_file();
+    Ok(output
+        .finished
+        .map(|summary| End::finished_by_agent(summary, &candidate)))
 }
 
-/// The `token_reloaded` event of a session's start (the provider's token read again).
-pub(crate) fn token_read_at_start(status: &crate::llm::TokenStatus) -> crate::event::TokenReloaded {
-    crate::event::TokenReloaded {
-        source: Some(status.source.clone()),
-        age_s: Some(status.age.map(|a| a.as_secs().into())),
-        changed: Some(status.changed),
-        why: Some("session start".into()),
-        ..Default::default()
+/// What running a tool call needs (either backend).
+pub(crate) struct ToolCalls<'a> {
+    pub toolbox: &'a Toolbox,
+    pub slot: &'a SessionSlot,
+    pub llm: &'a LlmClient,
+    pub journal: &'a SessionJournal,
+    /// Retries of an infrastructure failure before the call gives up.
+    pub retries: u32,
+    /// Whether a failure to record a retry or an infrastructure failure ends the call with it.
+    pub strict: bool,
+}
+
+/// How [`call_with_retries`] ended.
+pub(crate) enum CallEnd {
+    Output(ToolOutput),
+    /// The call itself was cancelled.
+    Cancelled,
+    /// Cancelled while waiting to retry.
+    StoppedWaiting,
+    /// The infrastructure failed for good (recorded as `tool_infra_error`): the reason.
+    Infra(String),
+}
+
+/// Runs one call, retrying an infrastructure failure (`tool_infra_retry`) with a growing delay.
+pub(crate) async fn call_with_retries(
+    t: &ToolCalls<'_>,
+    call: &FunctionCall,
+    cancel: &CancellationToken,
+) -> Result<CallEnd, RunError> {
+    // Codex's tool calls go on when a retry or failure cannot be recorded; native ones end.
+    let keep = |recorded: Result<crate::store::Event, RunError>| match recorded {
+        Err(e) if t.strict => Err(e),
+        _ => Ok(()),
+    };
+    let mut attempt = 0;
+    loop {
+        let call_fut = t
+            .toolbox
+            .call(&call.name, &call.arguments, cancel.child_token());
+        let result = if leases_a_gpu(&call.name) {
+            t.slot.off_slot(call_fut).await
+        } else {
+            call_fut.await
+        };
+        let e = match result {
+            // The shell is not jailed: whatever it printed is scrubbed of the provider token
+            // before it is stored or sent.
+            Ok(mut out) => {
+                out.text = t.llm.token().scrub(&out.text);
+                return Ok(CallEnd::Output(out));
+            }
+            Err(ToolError::Cancelled { .. }) => return Ok(CallEnd::Cancelled),
+            Err(e) => e,
+        };
+        if !e.is_retryable() || attempt >= t.retries {
+            // The call stays recorded as started: on resume the model is told it was interrupted.
+            keep(t.journal.record_event(&ToolInfraError {
+                call_id: call.call_id.clone(),
+                name: call.name.clone(),
+                why: e.to_string(),
+            }))?;
+            let why = format!("infrastructure failure in {}: {e}", call.name);
+            return Ok(CallEnd::Infra(why));
+        }
+        attempt += 1;
+        let delay = Duration::from_secs(5 * u64::from(attempt));
+        keep(t.journal.record_event(&ToolInfraRetry {
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            attempt,
+            why: e.to_string(),
+            delay_s: delay.as_secs(),
+        }))?;
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = cancel.cancelled() => return Ok(CallEnd::StoppedWaiting),
+        }
+    }
+}
+
+/// Reads the provider's token again at a session's start (or resume), recorded as
+/// `token_reloaded`; the session ends for the infrastructure's sake when it cannot be read.
+pub(crate) async fn token_at_start(
+    j: &SessionJournal,
+    llm: &LlmClient,
+) -> Result<Option<End>, RunError> {
+    match llm.refresh_token().await {
+        Ok(status) => {
+            j.record_event(&crate::event::TokenReloaded {
+                source: Some(status.source.clone()),
+                age_s: Some(status.age.map(|a| a.as_secs().into())),
+                changed: Some(status.changed),
+                why: Some("session start".into()),
+                ..Default::default()
+            })?;
+            Ok(None)
+        }
+        Err(e) => Ok(Some(End::infra(format!("provider token: {e}")))),
     }
 }

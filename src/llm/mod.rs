@@ -98,13 +98,13 @@ pub enum LlmEvent {
         attempt: u32,
         max_retries: u32,
         reason: String,
-        #[serde(with = "millis")]
+        #[serde(serialize_with = "millis")]
         delay: Duration,
     },
     /// The token was read again; never carries the value.
     TokenReloaded {
         source: String,
-        #[serde(with = "opt_millis")]
+        #[serde(serialize_with = "opt_millis")]
         age: Option<Duration>,
         changed: bool,
         why: &'static str,
@@ -112,28 +112,18 @@ pub enum LlmEvent {
     /// The request waits before being sent.
     RateLimitWait {
         reason: WaitReason,
-        #[serde(with = "millis")]
+        #[serde(serialize_with = "millis")]
         delay: Duration,
     },
 }
 
-mod millis {
-    pub fn serialize<S: serde::Serializer>(
-        d: &std::time::Duration,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_millis().try_into().unwrap_or(u64::MAX))
-    }
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(d.as_millis().try_into().unwrap_or(u64::MAX))
 }
 
-mod opt_millis {
-    pub fn serialize<S: serde::Serializer>(
-        d: &Option<std::time::Duration>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => super::millis::serialize(d, s),
-            None => s.serialize_none(),
-        }
+fn opt_millis<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => millis(d, s),
+        None => s.serialize_none(),
     }
 }

@@ -47,17 +47,14 @@ pub fn build_body(provider: &ProviderConfig, req: &TurnRequest) -> Result<Vec<u8
         prompt_cache_key: req.prompt_cache_key.clone(),
         ..CreateResponse::default()
     };
-    let mut body = serde_json::to_value(&typed).map_err(|e| LlmError::Config {
+    let bad = |e: serde_json::Error| LlmError::Config {
         field: "request".into(),
         value: provider.model.clone(),
         reason: format!("cannot serialize the request ({e})"),
-    })?;
+    };
+    let mut body = serde_json::to_value(&typed).map_err(bad)?;
     body["input"] = Value::Array(req.input.clone());
-    serde_json::to_vec(&body).map_err(|e| LlmError::Config {
-        field: "request".into(),
-        value: provider.model.clone(),
-        reason: format!("cannot serialize the request ({e})"),
-    })
+    serde_json::to_vec(&body).map_err(bad)
 }
 
 fn effort(e: ReasoningEffort) -> Effort {

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::error::classify_failure;
+use super::error::{classify_failure, json_text as text};
 use super::{LlmError, LlmEvent, Usage};
 
 /// A finished response.
@@ -114,11 +114,7 @@ impl Assembler {
             }
             "error" => {
                 let v: Value = serde_json::from_str(data).unwrap_or_default();
-                let err = if v["error"].is_object() {
-                    &v["error"]
-                } else {
-                    &v
-                };
+                let err = v.get("error").filter(|e| e.is_object()).unwrap_or(&v);
                 Some(Err(classify_failure(
                     text(&err["code"]).or_else(|| text(&err["type"])),
                     text(&err["message"]).unwrap_or_else(|| "error event".into()),
@@ -148,14 +144,6 @@ impl Assembler {
 fn parse(raw: Option<&RawValue>) -> Value {
     raw.and_then(|r| serde_json::from_str(r.get()).ok())
         .unwrap_or_default()
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Null => None,
-        other => Some(other.to_string()),
-    }
 }
 
 /// Reads a Responses SSE byte stream to its terminal event. Each gap between events longer

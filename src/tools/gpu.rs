@@ -10,22 +10,17 @@ use tokio_util::sync::CancellationToken;
 use super::{ToolError, ToolOutput};
 use crate::workspace::Workspace;
 
-/// Which profiler a `profile_*` call asks for.
+/// Which profiler a `profile_*` call asks for; its word is the tool name the model used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ProfileKind {
     Ncu,
     Nsys,
 }
 
-impl ProfileKind {
-    /// The tool name the model used.
-    pub fn tool_name(self) -> &'static str {
-        match self {
-            ProfileKind::Ncu => "profile_ncu",
-            ProfileKind::Nsys => "profile_nsys",
-        }
-    }
-}
+crate::words!(ProfileKind {
+    Ncu = "profile_ncu",
+    Nsys = "profile_nsys",
+});
 
 /// GPU work on behalf of one session. Implementations take a lease of the right class, run
 /// the work against `ws.candidate_root()`, and return what the model should read. A verdict
@@ -79,6 +74,6 @@ impl GpuTools for NoGpuTools {
         _ws: &Workspace,
         _cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        Box::pin(async move { Err(Self::unavailable(kind.tool_name())) })
+        Box::pin(async move { Err(Self::unavailable(kind.as_str())) })
     }
 }

@@ -210,11 +210,7 @@ impl Toolbox {
                 Err(out) => Ok(out),
             },
             "profile_ncu" | "profile_nsys" => {
-                let kind = if name == "profile_ncu" {
-                    ProfileKind::Ncu
-                } else {
-                    ProfileKind::Nsys
-                };
+                let kind = ProfileKind::from_word(name).expect("a profile tool's name");
                 match parse_args::<ProfileArgs>(name, arguments_json) {
                     Ok(a) => self.profile(kind, a.args, cancel).await,
                     Err(out) => Ok(out),

@@ -18,8 +18,9 @@ use serde_json::{Value, json};
 
 use crate::event::{
     CodexError, CodexEvent, CodexItem, CodexOutput, CodexThread, ModelItem, Payload, ToolFinished,
-    ToolStarted, TurnFinished, TurnUsage,
+    ToolStarted, TurnFinished,
 };
+use crate::llm::Usage;
 
 /// What the runner must act on, beside recording.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,61 +33,14 @@ pub enum Signal {
     TurnFailed(String),
 }
 
-/// The cumulative usage codex last reported for the thread.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input: u64,
-    pub cached: u64,
-    pub output: u64,
-    pub reasoning: u64,
-}
-
-impl Usage {
-    fn of(u: &Value) -> Self {
-        let n = |k: &str| u[k].as_u64().unwrap_or(0);
-        Self {
-            input: n("input_tokens"),
-            cached: n("cached_input_tokens"),
-            output: n("output_tokens"),
-            reasoning: n("reasoning_output_tokens"),
-        }
-    }
-
-    /// From a recorded `turn_finished` (its `codex_cumulative`).
-    pub fn from_recorded(t: &TurnFinished) -> Self {
-        let c = t.codex_cumulative.unwrap_or_default();
-        Self {
-            input: c.input,
-            cached: c.cached,
-            output: c.output,
-            reasoning: c.reasoning,
-        }
-    }
-
-    fn recorded(&self) -> TurnUsage {
-        TurnUsage {
-            input: self.input,
-            cached: self.cached,
-            output: self.output,
-            reasoning: self.reasoning,
-            total: self.input + self.output,
-            cost_usd: None,
-        }
-    }
-
-    /// `self − before`, field by field (never below zero: a report older than `before`, read
-    /// again, adds nothing).
-    fn since(&self, before: &Usage) -> Usage {
-        Usage {
-            input: self.input.saturating_sub(before.input),
-            cached: self.cached.saturating_sub(before.cached),
-            output: self.output.saturating_sub(before.output),
-            reasoning: self.reasoning.saturating_sub(before.reasoning),
-        }
-    }
-
-    fn total(&self) -> u64 {
-        self.input + self.output
+/// The cumulative usage of a codex report (codex's key names).
+pub fn usage_of(u: &Value) -> Usage {
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    Usage {
+        input_tokens: n("input_tokens"),
+        cached_tokens: n("cached_input_tokens"),
+        output_tokens: n("output_tokens"),
+        reasoning_tokens: n("reasoning_output_tokens"),
     }
 }
 
@@ -111,6 +65,7 @@ pub struct Translator {
     /// The current step (turn) number.
     pub turn: u32,
     after_tool: bool,
+    /// The cumulative usage codex last reported for the thread.
     last: Usage,
     /// The thread `last` counts (a new thread counts from zero).
     thread: Option<String>,
@@ -165,7 +120,7 @@ impl Translator {
             "item.started" => self.item(&v["item"], false, &mut out),
             "item.updated" => {}
             "item.completed" => self.item(&v["item"], true, &mut out),
-            "turn.completed" => self.account(Usage::of(&v["usage"]), "turn", &mut out),
+            "turn.completed" => self.account(usage_of(&v["usage"]), "turn", &mut out),
             "turn.failed" => {
                 let msg = v["error"]["message"]
                     .as_str()
@@ -175,7 +130,11 @@ impl Translator {
                     message: msg.clone(),
                     fatal: Some(true),
                 });
-                out.signal = Some(signal_of_error(msg, true));
+                out.signal = Some(if is_unauthorized(&msg) {
+                    Signal::Unauthorized(msg)
+                } else {
+                    Signal::TurnFailed(msg)
+                });
             }
             "error" => {
                 let msg = v["message"].as_str().unwrap_or("").to_string();
@@ -207,7 +166,7 @@ impl Translator {
         if v["type"] == "event_msg" && p["type"] == "token_count" {
             let total = &p["info"]["total_token_usage"];
             if total.is_object() {
-                self.account(Usage::of(total), "request", &mut out);
+                self.account(usage_of(total), "request", &mut out);
             }
         }
         out
@@ -216,21 +175,17 @@ impl Translator {
     /// Records what a cumulative report adds to the last one, if anything.
     fn account(&mut self, now: Usage, source: &str, out: &mut Translated) {
         let delta = now.since(&self.last);
-        if delta.total() == 0 {
+        if delta.total_tokens() == 0 {
             return;
         }
-        self.last = Usage {
-            input: now.input.max(self.last.input),
-            cached: now.cached.max(self.last.cached),
-            output: now.output.max(self.last.output),
-            reasoning: now.reasoning.max(self.last.reasoning),
-        };
-        out.tokens += delta.total();
+        // Field by field the larger of the two: `last` plus what `now` adds to it.
+        self.last.add(&delta);
+        out.tokens += delta.total_tokens();
         out.push(&TurnFinished {
             turn: self.turn.max(1),
             attempts: 1,
-            usage: delta.recorded(),
-            codex_cumulative: Some(self.last.recorded()),
+            usage: delta.to_turn(),
+            codex_cumulative: Some(self.last.to_turn()),
             usage_from: Some(source.to_string()),
             ..TurnFinished::default()
         });
@@ -350,14 +305,6 @@ fn is_unauthorized(msg: &str) -> bool {
     msg.contains("401 Unauthorized") || msg.contains("status 401")
 }
 
-fn signal_of_error(msg: String, _fatal: bool) -> Signal {
-    if is_unauthorized(&msg) {
-        Signal::Unauthorized(msg)
-    } else {
-        Signal::TurnFailed(msg)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,10 +339,10 @@ mod tests {
         let mut t = Translator::resume(
             3,
             Usage {
-                input: 100,
-                cached: 10,
-                output: 20,
-                reasoning: 5,
+                input_tokens: 100,
+                cached_tokens: 10,
+                output_tokens: 20,
+                reasoning_tokens: 5,
             },
             Some("t".into()),
         );
@@ -405,13 +352,14 @@ mod tests {
             done.events[0].1["usage"],
             json!({"input": 200, "cached": 20, "output": 40, "reasoning": 10, "total": 240})
         );
+        let recorded: TurnFinished = serde_json::from_value(done.events[0].1.clone()).unwrap();
         assert_eq!(
-            Usage::from_recorded(&serde_json::from_value(done.events[0].1.clone()).unwrap()),
+            Usage::from_turn(&recorded.codex_cumulative.unwrap()),
             Usage {
-                input: 300,
-                cached: 30,
-                output: 60,
-                reasoning: 15
+                input_tokens: 300,
+                cached_tokens: 30,
+                output_tokens: 60,
+                reasoning_tokens: 15
             }
         );
         // The rollout told the same usage already: the turn's end adds nothing twice.

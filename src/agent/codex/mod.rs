@@ -139,22 +139,18 @@ pub struct CodexCheck {
 
 impl CodexCheck {
     pub fn run(config: &Config, path_var: Option<&str>) -> Self {
-        let needed = config.agent.backend == AgentBackend::Codex;
-        let mut check = Self {
-            needed,
+        let (path, version, error) =
+            match CodexBinary::locate(config.agent.codex.as_deref(), path_var) {
+                Ok(bin) => (Some(bin.path), Some(bin.version), None),
+                Err(e) => (None, None, Some(e.to_string())),
+            };
+        Self {
+            needed: config.agent.backend == AgentBackend::Codex,
             pinned: CODEX_VERSION,
-            path: None,
-            version: None,
-            error: None,
-        };
-        match CodexBinary::locate(config.agent.codex.as_deref(), path_var) {
-            Ok(bin) => {
-                check.path = Some(bin.path);
-                check.version = Some(bin.version);
-            }
-            Err(e) => check.error = Some(e.to_string()),
+            path,
+            version,
+            error,
         }
-        check
     }
 
     /// False when a codex campaign could not start.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{self, Endpoint};
-use super::events::{Translator, Usage};
+use super::events::Translator;
 use super::home::{self, HomeLayout, PROVIDER_TOKEN_ENV};
 use super::process::{CodexProcess, Spawn};
 use super::tools::SessionTools;
@@ -23,17 +23,16 @@ use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
-use crate::agent::session::End;
-use crate::agent::{Opened, open_session};
+use crate::agent::session::{End, token_at_start};
+use crate::agent::{Opened, failed_to_start, open_session};
 use crate::event::{
-    CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionFailedToStart, SessionResult,
-    SessionResumed, SessionStarted, StatusWord, TurnFinished, UserMessage,
+    CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionResumed, SessionStarted,
+    TurnFinished, UserMessage,
 };
-use crate::llm::user_message;
+use crate::llm::{Usage, user_message};
 use crate::run::{RunError, RunJournal};
 use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
 use crate::target::TargetId;
-use crate::tools::{ToolLimits, Toolbox, ToolboxParams};
 
 /// What a nudge tells a codex session that stopped without `finish`.
 const NUDGE: &str = "Continue. When the candidate is final, run `fk-agentd tool finish --summary \"...\"` \
@@ -43,10 +42,7 @@ const RESUMED: &str = "fk-agentd was restarted while you worked; continue where 
 candidate file before repeating a step, and end with `fk-agentd tool finish --summary \"...\"`.";
 
 struct Prepared {
-    journal: Arc<SessionJournal>,
     tools: Arc<SessionTools>,
-    ws_dir: std::path::PathBuf,
-    candidate: std::path::PathBuf,
     layout: HomeLayout,
     prompt: String,
     prompt_sha256: String,
@@ -64,31 +60,13 @@ pub(super) async fn run(
 ) -> SessionOutcome {
     let prepared = match prepare(&inner, &target, &run, slot, &cancel) {
         Ok(p) => p,
-        Err(reason) => {
-            let failed = SessionFailedToStart {
-                reason: reason.clone(),
-            };
-            let _ = run.record_event(Some(&target.to_string()), &failed);
-            return SessionOutcome {
-                status: SessionStatus::Failed,
-                result: SessionResult::infra(reason).to_value(),
-            };
-        }
+        Err(reason) => return failed_to_start(&run, &target, reason),
     };
-    let journal = prepared.journal.clone();
-    let end = match drive(&inner, &prepared, &cancel).await {
-        Ok(end) => end,
-        Err(e) => End::infra(format!("recording failed: {e}")),
-    };
+    let end = drive(&inner, &prepared, &cancel).await;
     prepared.tools.cancel.cancel();
     drop(prepared.lease_token);
-    // Stopped by its timeout, the session's end is final and recorded, not left for resume.
-    match prepared.tools.slot.timed_out() {
-        Some(why) if end.status == SessionStatus::Interrupted => {
-            finish(&journal, End::new(SessionStatus::TimedOut, why))
-        }
-        _ => finish(&journal, end),
-    }
+    let (journal, slot) = (&prepared.tools.journal, &prepared.tools.slot);
+    crate::agent::session::finish(journal, slot, end, Some("codex"))
 }
 
 fn prepare(
@@ -101,43 +79,34 @@ fn prepare(
     let p = &inner.agent;
     let Opened {
         session_dir,
-        ws,
+        toolbox,
         journal,
         prompt: rendered,
         shell_env,
         lease_token,
     } = open_session(p, target, run)?;
+    let ws = toolbox.workspace();
     let prompt = format!(
         "{}\n\n{}",
         rendered.text,
         prompt_addendum(&ws.candidate_rel())
     );
     let prompt_sha256 = crate::digest::sha256_hex(prompt.as_bytes());
-    let env = shell_env.vars(&ws);
+    let env = shell_env.vars(ws);
     let layout = HomeLayout {
         codex_home: session_dir.join("codex-home"),
         writable_roots: vec![ws.candidate_root().to_path_buf(), ws.cache_dir()],
     };
-    let (ws_dir, candidate) = (ws.scratch_dir().to_path_buf(), ws.candidate_file());
-    let toolbox = Toolbox::new(ToolboxParams {
-        gpu: p.gpu.make(journal.clone()),
-        workspace: ws,
-        shell_env,
-        limits: ToolLimits::default(),
-    });
     let tools = Arc::new(SessionTools::new(
         toolbox,
-        journal.clone(),
+        journal,
         slot,
         p.llm.clone(),
         // Its own child, so a call still running when the session ends is stopped with it.
         cancel.child_token(),
     ));
     Ok(Prepared {
-        journal,
         tools,
-        ws_dir,
-        candidate,
         layout,
         prompt,
         prompt_sha256,
@@ -168,7 +137,7 @@ fn before(j: &SessionJournal) -> Result<Before, RunError> {
         .iter()
         .rev()
         .find_map(|e| e.payload_as::<TurnFinished>())
-        .map(|t| Usage::from_recorded(&t))
+        .map(|t| Usage::from_turn(&t.codex_cumulative.unwrap_or_default()))
         .unwrap_or_default();
     Ok(Before {
         thread,
@@ -178,17 +147,10 @@ fn before(j: &SessionJournal) -> Result<Before, RunError> {
 }
 
 async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Result<End, RunError> {
-    let j = &s.journal;
+    let j = &s.tools.journal;
     let before = before(j)?;
-    if let Some(done) = before.replay.finished.as_ref().filter(|d| !d.is_infra()) {
-        let status = match done.status.as_ref().and_then(StatusWord::status) {
-            Some(SessionStatus::Finished) => SessionStatus::Finished,
-            _ => SessionStatus::Failed,
-        };
-        return Ok(End {
-            recorded: Some(done.clone()),
-            ..End::new(status, "finished before this resume; not run again")
-        });
+    if let Some(end) = End::recorded_final(&before.replay) {
+        return Ok(end);
     }
     if before.replay.started {
         j.record_event(&SessionResumed {
@@ -221,11 +183,8 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     })?;
     let llm = &inner.agent.llm;
     // The token is read again before every session (and every resume of one).
-    match llm.refresh_token().await {
-        Ok(status) => {
-            j.record_event(&crate::agent::session::token_read_at_start(&status))?;
-        }
-        Err(e) => return Ok(End::infra(format!("provider token: {e}"))),
+    if let Some(end) = token_at_start(j, llm).await? {
+        return Ok(end);
     }
     let token = match llm.token().header().await {
         Ok(h) => h
@@ -238,20 +197,16 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     let Some(token) = token else {
         return Ok(End::infra("provider token: not a bearer token"));
     };
-    let config = home::write(llm.provider(), &s.layout, &inner.setup.template).map_err(|e| {
-        RunError::Io {
-            path: s.layout.codex_home.clone(),
-            source: std::io::Error::other(e),
-        }
-    })?;
+    let io = |e: String| RunError::Io {
+        path: s.layout.codex_home.clone(),
+        source: std::io::Error::other(e),
+    };
+    let config = home::write(llm.provider(), &s.layout, &inner.setup.template).map_err(io)?;
     j.record_event(&CodexConfig {
         codex_version: inner.setup.version.clone(),
         config_toml: config,
     })?;
-    let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| RunError::Io {
-        path: s.layout.codex_home.clone(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| io(e.to_string()))?;
     let mut env = s.env.clone();
     env.insert(
         "CODEX_HOME".into(),
@@ -272,14 +227,14 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         if cancel.is_cancelled() {
             return Ok(End::new(SessionStatus::Interrupted, "stopped"));
         }
-        let (args, stdin) = match (&next, &thread) {
-            (Some(text), Some(id)) => (resume_args(id), text.clone()),
-            _ => (fresh_args(), s.prompt.clone()),
+        let (args, stdin) = match (&next, thread.as_deref()) {
+            (Some(text), Some(id)) => (exec_args(Some(id)), text.clone()),
+            _ => (exec_args(None), s.prompt.clone()),
         };
         let process = CodexProcess::spawn(Spawn {
             binary: inner.setup.binary.clone(),
             args,
-            cwd: s.ws_dir.clone(),
+            cwd: s.tools.toolbox.workspace().scratch_dir().to_path_buf(),
             env: env.clone(),
             stdin,
         });
@@ -292,9 +247,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             resume: next.is_some() && thread.is_some(),
         })?;
         let watched = Watched {
-            journal: j,
             tools: &s.tools,
-            llm: &inner.agent.llm,
             codex_home: &s.layout.codex_home,
             max_turns: inner.agent.loop_params.max_turns,
         };
@@ -326,7 +279,8 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
                 saw_events,
             } => {
                 if let Some(summary) = s.tools.ending().finished {
-                    return Ok(ended_by_finish(s, summary));
+                    let candidate = s.tools.toolbox.workspace().candidate_file();
+                    return Ok(End::finished_by_agent(summary, &candidate));
                 }
                 if next.is_some() && !saw_events {
                     // The thread could not be resumed (its rollout is gone): start afresh.
@@ -339,14 +293,8 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
                     return Ok(End::infra(format!("provider: {msg}")));
                 }
                 if !success {
-                    let tail: String = stderr
-                        .chars()
-                        .rev()
-                        .take(600)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev()
-                        .collect();
+                    let cut = stderr.char_indices().rev().nth(599).map_or(0, |(i, _)| i);
+                    let tail = &stderr[cut..];
                     return Ok(End::infra(format!("codex exited with {status}: {tail}")));
                 }
                 if nudges >= inner.agent.loop_params.nudges || thread.is_none() {
@@ -366,46 +314,17 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     }
 }
 
-fn ended_by_finish(s: &Prepared, summary: String) -> End {
-    if !s.candidate.is_file() {
-        return End {
-            summary: Some(summary),
-            ..End::new(
-                SessionStatus::Failed,
-                "the agent finished without writing a candidate",
-            )
-        };
-    }
-    End {
-        summary: Some(summary),
-        ..End::new(SessionStatus::Finished, "the agent called finish")
-    }
-}
-
-fn common_args() -> Vec<String> {
-    [
+/// `codex exec` reading its prompt from stdin, resuming `thread` when there is one.
+fn exec_args(thread: Option<&str>) -> Vec<String> {
+    let mut a = [
         "exec",
         "--json",
         "--skip-git-repo-check",
         "--color",
         "never",
     ]
-    .map(String::from)
-    .to_vec()
-}
-
-fn fresh_args() -> Vec<String> {
-    let mut a = common_args();
-    a.push("-".into());
-    a
-}
-
-fn resume_args(thread: &str) -> Vec<String> {
-    let mut a = common_args();
-    a.extend(["resume".to_string(), thread.to_string(), "-".to_string()]);
-    a
-}
-
-fn finish(journal: &SessionJournal, end: End) -> SessionOutcome {
-    crate::agent::session::finish(journal, end, Some("codex"))
+    .to_vec();
+    a.extend(thread.map(|t| ["resume", t]).into_iter().flatten());
+    a.push("-");
+    a.into_iter().map(String::from).collect()
 }

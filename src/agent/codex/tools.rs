@@ -8,7 +8,6 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::Value;
@@ -17,10 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{ToolHandler, ToolReply};
 use crate::agent::journal::SessionJournal;
-use crate::event::{ToolFinished, ToolInfraError, ToolInfraRetry, ToolStarted};
-use crate::llm::LlmClient;
+use crate::agent::session::{CallEnd, ToolCalls, call_with_retries, state_for};
+use crate::event::{ToolFinished, ToolStarted};
+use crate::llm::{FunctionCall, LlmClient};
 use crate::scheduler::SessionSlot;
-use crate::tools::{ToolError, Toolbox};
+use crate::tools::Toolbox;
 
 /// The tools a codex session reaches through `fk-agentd tool`.
 pub const TOOLS: &[&str] = &["validate", "profile_ncu", "profile_nsys", "finish"];
@@ -90,69 +90,47 @@ impl SessionTools {
             };
         }
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        let call_id = format!("fk_tool_{n}");
-        let args = arguments.to_string();
+        let call = FunctionCall {
+            call_id: format!("fk_tool_{n}"),
+            name: tool.clone(),
+            arguments: arguments.to_string(),
+        };
         let j = &self.journal;
         let started = ToolStarted {
-            call_id: call_id.clone(),
+            call_id: call.call_id.clone(),
             name: tool.clone(),
-            arguments: args.clone(),
+            arguments: call.arguments.clone(),
             via: Some("fk-agentd tool".into()),
         };
         if let Err(e) = j.record_event(&started) {
             return ToolReply::infra(format!("cannot record the call: {e}"));
         }
-        let state = match tool.as_str() {
-            "validate" => "validating",
-            "profile_ncu" | "profile_nsys" => "profiling",
-            _ => "running",
+        let _ = j.update(state_for(&tool), |p| {
+            p.last_event = format!("{tool} started")
+        });
+        let tools = ToolCalls {
+            toolbox: &self.toolbox,
+            slot: &self.slot,
+            llm: &self.llm,
+            journal: j,
+            retries: self.infra_retries,
+            strict: false,
         };
-        let _ = j.update(state, |p| p.last_event = format!("{tool} started"));
-        let mut attempt = 0;
-        let output = loop {
-            let call = self.toolbox.call(&tool, &args, self.cancel.child_token());
-            let result = if tool == "finish" {
-                call.await
-            } else {
-                self.slot.off_slot(call).await
-            };
-            match result {
-                Ok(mut out) => {
-                    out.text = self.llm.token().scrub(&out.text);
-                    break out;
-                }
-                Err(ToolError::Cancelled { .. }) => {
-                    return ToolReply::infra("the session was stopped during this call");
-                }
-                Err(e) if e.is_retryable() && attempt < self.infra_retries => {
-                    attempt += 1;
-                    let delay = Duration::from_secs(5 * u64::from(attempt));
-                    let _ = j.record_event(&ToolInfraRetry {
-                        call_id: call_id.clone(),
-                        name: tool.clone(),
-                        attempt,
-                        why: e.to_string(),
-                        delay_s: delay.as_secs(),
-                    });
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
-                        _ = self.cancel.cancelled() => return ToolReply::infra("the session was stopped"),
-                    }
-                }
-                Err(e) => {
-                    let _ = j.record_event(&ToolInfraError {
-                        call_id: call_id.clone(),
-                        name: tool.clone(),
-                        why: e.to_string(),
-                    });
-                    let why = format!("infrastructure failure in {tool}: {e}");
-                    self.end_with(|end| end.infra = Some(why.clone()));
-                    return ToolReply::infra(why);
-                }
+        let output = match call_with_retries(&tools, &call, &self.cancel).await {
+            Ok(CallEnd::Output(output)) => output,
+            Ok(CallEnd::Cancelled) => {
+                return ToolReply::infra("the session was stopped during this call");
             }
+            Ok(CallEnd::StoppedWaiting) => return ToolReply::infra("the session was stopped"),
+            Ok(CallEnd::Infra(why)) => {
+                self.end_with(|end| end.infra = Some(why.clone()));
+                return ToolReply::infra(why);
+            }
+            // Not strict: a failure to record is not an end.
+            Err(e) => return ToolReply::infra(format!("cannot record the call: {e}")),
         };
         let finished = ToolFinished {
-            call_id,
+            call_id: call.call_id,
             name: tool.clone(),
             output: output.text.clone(),
             is_error: output.is_error,

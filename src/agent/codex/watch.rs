@@ -12,14 +12,11 @@ use super::events::{Signal, Translator};
 use super::process::CodexProcess;
 use super::tools::SessionTools;
 use crate::agent::journal::SessionJournal;
-use crate::llm::LlmClient;
 use crate::run::RunError;
 
-/// What a watch reads and records into.
+/// What a watch reads and records into (the session's journal and client are its tools').
 pub(super) struct Watched<'a> {
-    pub journal: &'a SessionJournal,
     pub tools: &'a SessionTools,
-    pub llm: &'a LlmClient,
     pub codex_home: &'a Path,
     pub max_turns: u32,
 }
@@ -118,7 +115,7 @@ pub(super) async fn watch(
     thread: &mut Option<String>,
     cancel: &CancellationToken,
 ) -> Result<ProcessEnd, RunError> {
-    let (j, llm, max_turns) = (w.journal, w.llm, w.max_turns);
+    let (j, llm, max_turns) = (&*w.tools.journal, &*w.tools.llm, w.max_turns);
     let mut turn_failed = None;
     let mut saw_events = false;
     let mut grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
