@@ -16,6 +16,7 @@
 //! `TORCH_EXTENSIONS_DIR` and `TRITON_CACHE_DIR`, because the real bench writes fixed log
 //! names under its results dir and concurrent runs sharing one would clobber each other.
 
+use crate::workspace::exec::kill_group;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -129,14 +130,6 @@ impl BenchLauncher for DirectLauncher {
             wall_s: started.elapsed().as_secs_f64(),
         })
     }
-}
-
-fn kill_group(pid: Option<u32>) {
-    let Some(pid) = pid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) else {
-        return;
-    };
-    // ESRCH (the group is already gone) is the normal case after a clean exit.
-    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
 }
 
 /// The fastkernels checkout the bench runs from, as recorded beside every number.

@@ -251,7 +251,7 @@ async fn read_into(stdout: Option<ChildStdout>, capture: &mut Capture) {
     }
 }
 
-fn kill_group(pgid: Option<u32>) {
+pub(crate) fn kill_group(pgid: Option<u32>) {
     let pid = pgid
         .and_then(|p| i32::try_from(p).ok())
         .and_then(rustix::process::Pid::from_raw);

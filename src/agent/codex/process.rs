@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 
+use crate::workspace::exec::kill_group;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -141,14 +142,5 @@ impl CodexProcess {
 impl Drop for CodexProcess {
     fn drop(&mut self) {
         kill_group(self.pgid);
-    }
-}
-
-fn kill_group(pgid: Option<u32>) {
-    if let Some(pid) = pgid
-        .and_then(|p| i32::try_from(p).ok())
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
 }
