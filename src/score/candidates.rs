@@ -147,8 +147,6 @@ fn helper_closure(
     Ok(found.into_iter().collect())
 }
 
-/// Creates a new results generation under `out`: `results`, else `results-2`, `results-3`, …
-/// (never an existing one).
 /// The names of the plain files in `dir`, sorted.
 fn file_names(dir: &Path) -> Result<Vec<String>, ScoreError> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -163,12 +161,48 @@ fn file_names(dir: &Path) -> Result<Vec<String>, ScoreError> {
 
 /// The number of a results generation folder: `results` is 1, `results-<n>` is n.
 pub fn generation_number(name: &str) -> Option<u32> {
-    match name.strip_prefix("results")? {
+    number_of(name, "results")
+}
+
+/// The number of a numbered folder: `<prefix>` is 1, `<prefix>-<n>` is n.
+fn number_of(name: &str, prefix: &str) -> Option<u32> {
+    match name.strip_prefix(prefix)? {
         "" => Some(1),
         rest => rest.strip_prefix('-')?.parse().ok(),
     }
 }
 
+/// The folders `<parent>/<prefix>` (number 1) and `<parent>/<prefix>-<n>`, by number, lowest
+/// first.
+pub(crate) fn numbered_dirs(parent: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir(parent)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            Some((
+                number_of(&e.file_name().to_string_lossy(), prefix)?,
+                e.path(),
+            ))
+        })
+        .collect();
+    dirs.sort_by_key(|d| d.0);
+    dirs.into_iter().map(|(_, p)| p).collect()
+}
+
+/// `<parent>/<name><ext>`, else the first free `<parent>/<name>-<n><ext>` from n = 2.
+pub(crate) fn next_free(parent: &Path, name: &str, ext: &str) -> PathBuf {
+    let mut path = parent.join(format!("{name}{ext}"));
+    let mut n = 2;
+    while path.exists() {
+        path = parent.join(format!("{name}-{n}{ext}"));
+        n += 1;
+    }
+    path
+}
+
+/// Creates a new results generation under `out`: `results`, else `results-2`, `results-3`, …
+/// (never an existing one).
 pub fn new_generation(out: &Path) -> Result<PathBuf, ScoreError> {
     std::fs::create_dir_all(out).map_err(ScoreError::io(out))?;
     for n in 1..10_000u32 {
@@ -273,17 +307,9 @@ pub fn copy_tree(src: &Path, dst: &Path) -> Result<Vec<PathBuf>, ScoreError> {
 
 /// Result generations of a run, newest first (`results-3`, `results-2`, `results`).
 pub fn generations(run_dir: &Path) -> Vec<PathBuf> {
-    let mut gens: Vec<(u32, PathBuf)> = std::fs::read_dir(run_dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            Some((generation_number(&name)?, e.path()))
-        })
-        .collect();
-    gens.sort_by_key(|g| std::cmp::Reverse(g.0));
-    gens.into_iter().map(|(_, p)| p).collect()
+    let mut gens = numbered_dirs(run_dir, "results");
+    gens.reverse();
+    gens
 }
 
 /// The file of a `validate` call's record ([`crate::event::Validation`]), in the folder of its

@@ -25,10 +25,10 @@ use crate::event::{TurnFinished, Validation};
 use crate::inspect::group;
 use crate::report::table;
 use crate::score::ScoreError;
-use crate::score::candidates::generations;
+use crate::score::candidates::{generations, next_free};
 use crate::score::export::Manifest;
 use crate::score::gate::geomean;
-use crate::score::render::{banner, group_f, wrap};
+use crate::score::render::{banner, group_f, speed_or_dash, wrap};
 use crate::score::sequential::{SeqGate, read_seq_gate};
 use crate::store::{Event, Store};
 use crate::target::TargetId;
@@ -163,6 +163,23 @@ fn row(label: String, input: &CompareInput, targets: &[&TargetId]) -> LevelRow {
     }
 }
 
+/// One row per level of `targets` (ascending), and the `all` row.
+pub(crate) fn per_level<T>(
+    targets: &[TargetId],
+    mut row: impl FnMut(String, &[&TargetId]) -> T,
+) -> (Vec<T>, T) {
+    let mut by_level: BTreeMap<u8, Vec<&TargetId>> = BTreeMap::new();
+    for t in targets {
+        by_level.entry(t.level()).or_default().push(t);
+    }
+    let levels = by_level
+        .iter()
+        .map(|(l, ts)| row(format!("L{l}"), ts))
+        .collect();
+    let all: Vec<&TargetId> = targets.iter().collect();
+    (levels, row("all".into(), &all))
+}
+
 /// Tokens and agent GPU seconds from a run's events.
 pub fn spent(events: &[Event], bench_gpu_s: f64) -> Spend {
     let tokens = events
@@ -185,24 +202,9 @@ pub fn spent(events: &[Event], bench_gpu_s: f64) -> Spend {
 
 /// The comparison of two outcomes.
 pub fn compare(input: &CompareInput) -> Comparison {
-    let mut levels = Vec::new();
-    let mut by_level: BTreeMap<u8, Vec<&TargetId>> = BTreeMap::new();
-    for t in &input.targets {
-        by_level.entry(t.level()).or_default().push(t);
-    }
-    for (l, ts) in &by_level {
-        levels.push(row(format!("L{l}"), input, ts));
-    }
-    let all: Vec<&TargetId> = input.targets.iter().collect();
-    let mut spent_map = BTreeMap::new();
-    spent_map.insert(
-        "independent".to_string(),
-        spent(&input.ind_events, input.ind.bench_gpu_s),
-    );
-    spent_map.insert(
-        "sequential".to_string(),
-        spent(&input.seq_events, input.seq.bench_gpu_s),
-    );
+    let (levels, overall) = per_level(&input.targets, |label, ts| row(label, input, ts));
+    let ind = spent(&input.ind_events, input.ind.bench_gpu_s);
+    let seq = spent(&input.seq_events, input.seq.bench_gpu_s);
     Comparison {
         simulated: input.ind.simulated || input.seq.simulated,
         independent_run: input.ind_run.clone(),
@@ -210,8 +212,8 @@ pub fn compare(input: &CompareInput) -> Comparison {
         independent_results: input.ind_results.clone(),
         sequential_results: input.seq_results.clone(),
         levels,
-        overall: row("all".into(), input, &all),
-        spent: spent_map,
+        overall,
+        spent: BTreeMap::from([("independent".into(), ind), ("sequential".into(), seq)]),
         sequential_lost: input
             .seq
             .lost
@@ -253,32 +255,27 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
         simulated: v["simulated"].as_bool().unwrap_or(false),
         ..Outcome::default()
     };
-    for k in &manifest.kernels {
+    out.kept.extend(manifest.kernels.iter().filter_map(|k| {
         let speed = k.composed_speedup.or(k.standalone_speedup).unwrap_or(1.0);
-        if let Ok(t) = TargetId::new(k.level, &k.stem) {
-            out.kept.insert(t, speed);
-        }
-    }
-    for d in &manifest.dropped {
-        if let Ok(t) = TargetId::new(d.level, &d.stem) {
-            out.dropped.insert(t);
-        }
-    }
-    for v in v["standalone"]["gate"]["verdicts"]
+        Some((TargetId::new(k.level, &k.stem).ok()?, speed))
+    }));
+    let dropped = manifest.dropped.iter();
+    out.dropped
+        .extend(dropped.filter_map(|d| TargetId::new(d.level, &d.stem).ok()));
+    let verdicts = v["standalone"]["gate"]["verdicts"]
         .as_array()
         .into_iter()
-        .flatten()
-    {
-        let won = v["published"].as_bool().unwrap_or(false);
-        if let (true, Some(Ok(t))) = (won, v["target"].as_str().map(str::parse::<TargetId>)) {
-            out.published.insert(t);
-        }
-    }
-    for stage in ["standalone", "composed"] {
-        for r in v[stage]["runs"].as_array().into_iter().flatten() {
-            out.bench_gpu_s += r["wall_s"].as_f64().unwrap_or(0.0);
-        }
-    }
+        .flatten();
+    out.published.extend(
+        verdicts
+            .filter(|x| x["published"].as_bool().unwrap_or(false))
+            .filter_map(|x| x["target"].as_str()?.parse().ok()),
+    );
+    let runs = ["standalone", "composed"].map(|stage| v[stage]["runs"].as_array());
+    let walls = runs.into_iter().flatten().flatten();
+    out.bench_gpu_s += walls
+        .map(|r| r["wall_s"].as_f64().unwrap_or(0.0))
+        .sum::<f64>();
     Ok((out, path))
 }
 
@@ -372,18 +369,9 @@ pub fn write(c: &Comparison) -> Result<PathBuf, ScoreError> {
         .and_then(Path::parent)
         .unwrap_or(Path::new("."))
         .to_path_buf();
-    let mut path = generation.join("compare.json");
-    let mut n = 2;
-    while path.exists() {
-        path = generation.join(format!("compare-{n}.json"));
-        n += 1;
-    }
+    let path = next_free(&generation, "compare", ".json");
     crate::score::stage::write_json(&path, c)?;
     Ok(path)
-}
-
-fn speed(x: Option<f64>) -> String {
-    x.map(|v| format!("{v:.3}×")).unwrap_or_else(|| "-".into())
 }
 
 fn names(ts: &[TargetId]) -> String {
@@ -428,40 +416,25 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
             _ => run.to_string(),
         }
     };
-    source_line(
-        &mut out,
-        "independent",
-        &run_label(&c.independent_run),
-        &c.independent_results,
-        width,
-    );
-    source_line(
-        &mut out,
-        "sequential",
-        &run_label(&c.sequential_run),
-        &c.sequential_results,
-        width,
-    );
+    for (label, run, results) in [
+        ("independent", &c.independent_run, &c.independent_results),
+        ("sequential", &c.sequential_run, &c.sequential_results),
+    ] {
+        source_line(&mut out, label, &run_label(run), results, width);
+    }
     let mut rows = Vec::new();
     for r in c.levels.iter().chain(std::iter::once(&c.overall)) {
         for (mode, s) in [("ind", &r.independent), ("seq", &r.sequential)] {
+            let first = |x: String| if mode == "ind" { x } else { String::new() };
             rows.push(vec![
-                if mode == "ind" {
-                    r.level.clone()
-                } else {
-                    String::new()
-                },
-                if mode == "ind" {
-                    r.targets.to_string()
-                } else {
-                    String::new()
-                },
+                first(r.level.clone()),
+                first(r.targets.to_string()),
                 mode.to_string(),
                 s.published.to_string(),
                 s.winners.to_string(),
                 s.dropped.to_string(),
-                speed(s.geomean_winners),
-                speed(s.geomean_all),
+                speed_or_dash(s.geomean_winners),
+                speed_or_dash(s.geomean_all),
             ]);
         }
     }

@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::compare::{
-    Outcome, Side, Spend, backend_of, independent_outcome, sequential_outcome, side, spent,
+    Outcome, Side, Spend, backend_of, independent_outcome, per_level, sequential_outcome, side,
+    spent,
 };
-use super::render::{banner, fit_table, group_f};
+use super::render::{banner, fit_table, group_f, speed_or_dash};
 use crate::event::{Elapsed, SessionResult, TurnFinished};
 use crate::store::Store;
 use crate::target::TargetId;
@@ -136,21 +137,13 @@ fn compare(a: &Loaded, b: &Loaded, targets: &[TargetId]) -> AbComparison {
         a: side(&a.outcome, ts),
         b: side(&b.outcome, ts),
     };
-    let mut by_level: BTreeMap<u8, Vec<&TargetId>> = BTreeMap::new();
-    for t in targets {
-        by_level.entry(t.level()).or_default().push(t);
-    }
-    let levels = by_level
-        .iter()
-        .map(|(l, ts)| level(format!("L{l}"), ts))
-        .collect();
-    let all: Vec<&TargetId> = targets.iter().collect();
+    let (levels, overall) = per_level(targets, level);
     AbComparison {
         simulated: a.outcome.simulated || b.outcome.simulated,
         a: a.run.clone(),
         b: b.run.clone(),
         levels,
-        overall: level("all".into(), &all),
+        overall,
         targets: targets
             .iter()
             .map(|t| AbTarget {
@@ -164,10 +157,6 @@ fn compare(a: &Loaded, b: &Loaded, targets: &[TargetId]) -> AbComparison {
             })
             .collect(),
     }
-}
-
-fn speed(x: Option<f64>) -> String {
-    x.map(|v| format!("{v:.3}×")).unwrap_or_else(|| "-".into())
 }
 
 fn wall(s: Option<u64>) -> String {
@@ -191,21 +180,14 @@ pub fn render(c: &AbComparison, width: usize) -> String {
     let mut rows = Vec::new();
     for l in c.levels.iter().chain(std::iter::once(&c.overall)) {
         for (run, s) in [("A", &l.a), ("B", &l.b)] {
+            let first = |x: String| if run == "A" { x } else { String::new() };
             rows.push(vec![
-                if run == "A" {
-                    l.level.clone()
-                } else {
-                    String::new()
-                },
-                if run == "A" {
-                    l.targets.to_string()
-                } else {
-                    String::new()
-                },
+                first(l.level.clone()),
+                first(l.targets.to_string()),
                 run.to_string(),
                 s.winners.to_string(),
-                speed(s.geomean_winners),
-                speed(s.geomean_all),
+                speed_or_dash(s.geomean_winners),
+                speed_or_dash(s.geomean_all),
             ]);
         }
     }
@@ -238,8 +220,8 @@ pub fn render(c: &AbComparison, width: usize) -> String {
         .map(|t| {
             vec![
                 t.target.to_string(),
-                speed(t.a_speedup),
-                speed(t.b_speedup),
+                speed_or_dash(t.a_speedup),
+                speed_or_dash(t.b_speedup),
                 group_f(t.a_tokens as f64, 0),
                 group_f(t.b_tokens as f64, 0),
                 wall(t.a_wall_s),

@@ -29,13 +29,6 @@
 //!   `1 + max_extra` benches, after which it is confirmed only when the ratio is ≥ 0 and the
 //!   95 % interval of the geomean starts at ≥ threshold. At least two kept benches stand behind
 //!   every confirmation, so no single bench decides alone.
-//!
-//! A first bench below the published threshold normally ends a candidate (one bench). When the
-//! candidate's own earlier benches of the same file (its `validate` calls) passed and this one
-//! lies far below them ([`first_bench_is_outlier`]: more than `outlier_spreads` prior spreads),
-//! it may be one of the rare wild benches, so the candidate gets one more bench and that
-//! decides whether it passed the first-bench gate. A candidate with no earlier passing bench is
-//! never re-benched, so a campaign where most candidates lose costs about one bench each.
 
 use serde::{Deserialize, Serialize};
 
@@ -222,14 +215,14 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     } else if test.llr <= reject || (last_chance && test.mean < rule.threshold.ln()) {
         c.reason = Some(if test.mean < rule.threshold.ln() {
             format!(
-                "geomean of {m} benches {g}, below {}",
-                plain(rule.threshold)
+                "geomean of {m} benches {g}, below {}×",
+                short(rule.threshold)
             )
         } else {
             format!(
-                "geomean of {m} benches {g}: too close to {} for a {} win (sequential test stopped)",
-                plain(rule.threshold),
-                plain(rule.threshold * rule.worth)
+                "geomean of {m} benches {g}: too close to {}× for a {}× win (sequential test stopped)",
+                short(rule.threshold),
+                short(rule.threshold * rule.worth)
             )
         });
     } else if !last_chance {
@@ -301,19 +294,17 @@ pub fn ratio(x: f64, threshold: f64) -> String {
     format!("{x:.digits$}×")
 }
 
-/// `1.0×`, `1.1×`, `1.05×`.
-fn plain(x: f64) -> String {
+/// `0.970` → `0.97`, `0.9963` → `0.996`.
+pub(crate) fn short(x: f64) -> String {
     let s = format!("{x:.3}");
     let s = s.trim_end_matches('0');
-    let s = if s.ends_with('.') {
-        format!("{s}0")
-    } else {
-        s.to_string()
-    };
-    format!("{s}×")
+    s.strip_suffix('.')
+        .map(|t| format!("{t}.0"))
+        .unwrap_or_else(|| s.to_string())
 }
 
-fn median(xs: &[f64]) -> f64 {
+/// The median of `xs` (the mean of the middle two for an even count).
+pub(crate) fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();

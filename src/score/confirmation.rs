@@ -6,21 +6,13 @@
 //! once; the order of a round is reversed every other round, so no candidate is always benched
 //! first. The confirmed verdict becomes the verdict's `winner`; the published one stays in
 //! `published`.
-//!
-//! Before it, [`rescue_outliers`]: a correct candidate whose first bench lost far below its own
-//! earlier passing benches of the same file (the campaign's `validate` calls;
-//! [`crate::score::confirm::first_bench_is_outlier`]) gets one more bench in `rescue/`, because
-//! a wild bench may not decide a verdict alone. When that bench passes, the
-//! candidate goes on to confirmation like a first-bench winner (its published verdict stays
-//! the first bench's "no"); the pipeline runs the reward-hack screen after the rescue, so a
-//! rescued candidate is screened like every other.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::score::confirm::{ConfirmRule, Confirmation, Step, first_bench_is_outlier, step};
+use crate::score::confirm::{ConfirmRule, Confirmation, Step, first_bench_is_outlier, ratio, step};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::WinnerGate;
 use crate::score::stage::{RunSummary, StageReport};
@@ -69,31 +61,25 @@ pub async fn rescue_outliers<L: BenchLauncher>(
         let Some(v) = stage.gate.verdicts.iter_mut().find(|v| v.target == target) else {
             continue;
         };
-        let was = crate::score::confirm::ratio(first, gate.threshold);
-        match confirmation_geomean(&target, run) {
-            Ok(g) if g >= gate.threshold => {
-                v.winner = true;
-                v.geomean = Some(g);
-                v.reason = None;
-                v.review.push(format!(
-                    "first bench {was} looked wild; a second bench gave {} and decided",
-                    crate::score::confirm::ratio(g, gate.threshold)
-                ));
-                rescued.insert(target, first);
-            }
-            Ok(g) => {
-                v.reason = Some(format!(
-                    "{} (a second bench, since the first looked wild: {})",
-                    v.reason.clone().unwrap_or_default(),
-                    crate::score::confirm::ratio(g, gate.threshold)
-                ));
-            }
-            Err(why) => {
-                v.reason = Some(format!(
-                    "{} (a second bench, since the first looked wild: {why})",
-                    v.reason.clone().unwrap_or_default()
-                ));
-            }
+        let was = ratio(first, gate.threshold);
+        let second = confirmation_geomean(&target, run);
+        if let Ok(g) = second
+            && g >= gate.threshold
+        {
+            v.winner = true;
+            v.geomean = Some(g);
+            v.reason = None;
+            let now = ratio(g, gate.threshold);
+            v.review.push(format!(
+                "first bench {was} looked wild; a second bench gave {now} and decided"
+            ));
+            rescued.insert(target, first);
+        } else {
+            let second = second.map_or_else(|why| why, |g| ratio(g, gate.threshold));
+            v.reason = Some(format!(
+                "{} (a second bench, since the first looked wild: {second})",
+                v.reason.clone().unwrap_or_default()
+            ));
         }
     }
     rescued
@@ -108,11 +94,9 @@ pub fn mark_rescued(stage: &mut StageReport, rescued: &BTreeMap<TargetId, f64>) 
     }
 }
 
-/// The confirmation stage of the confirmed gate: every published winner of `stage` is benched
-/// again (fresh processes in `<dir>/L<n>_<stem>/confirm-<k>/`, one round at a time, the order
-/// of the round reversed every other round) until [`crate::score::confirm::step`] decides;
-/// its verdict becomes the winner flag, the published verdict stays in `published`. A
-/// candidate that lost the first bench is never benched again.
+/// Benches every published winner of `stage` again (`<dir>/L<n>_<stem>/confirm-<k>/`) until
+/// [`crate::score::confirm::step`] decides. A candidate that lost the first bench is never
+/// benched again.
 pub async fn confirm_winners<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     dir: &Path,

@@ -80,11 +80,10 @@ impl BenchLauncher for DirectLauncher {
         inv: Invocation,
         cancel: CancellationToken,
     ) -> Result<ProcessExit, ScoreError> {
-        let open = |p: &Path| {
-            std::fs::File::create(p).map_err(|source| ScoreError::Io {
-                path: p.to_path_buf(),
-                source,
-            })
+        let open = |p: &Path| std::fs::File::create(p).map_err(ScoreError::io(p));
+        let launch_err = |e: std::io::Error| ScoreError::Launch {
+            program: inv.program.clone(),
+            why: e.to_string(),
         };
         let mut cmd = tokio::process::Command::new(&inv.program);
         cmd.args(&inv.args)
@@ -98,10 +97,7 @@ impl BenchLauncher for DirectLauncher {
             cmd.current_dir(cwd);
         }
         let started = Instant::now();
-        let mut child = cmd.spawn().map_err(|e| ScoreError::Launch {
-            program: inv.program.clone(),
-            why: e.to_string(),
-        })?;
+        let mut child = cmd.spawn().map_err(launch_err)?;
         let pid = child.id();
         let (status, timed_out, cancelled) = tokio::select! {
             s = child.wait() => (s, false, false),
@@ -116,10 +112,7 @@ impl BenchLauncher for DirectLauncher {
         };
         // Workers the bench left behind die with their group, so a GPU is never left busy.
         kill_group(pid);
-        let status = status.map_err(|e| ScoreError::Launch {
-            program: inv.program.clone(),
-            why: e.to_string(),
-        })?;
+        let status = status.map_err(launch_err)?;
         use std::os::unix::process::ExitStatusExt;
         Ok(ProcessExit {
             code: status.code(),
@@ -223,12 +216,7 @@ impl BenchRequest {
         Self {
             label: target.to_string(),
             target: Some(target.clone()),
-            level: Some(target.level()),
-            self_test: false,
-            candidate_dir: candidate_dir.to_path_buf(),
-            work_dir: work_dir.to_path_buf(),
-            cache_dir: None,
-            session: None,
+            ..Self::level(target.level(), candidate_dir, work_dir)
         }
     }
 
@@ -428,26 +416,26 @@ impl<L: BenchLauncher> BenchDriver<L> {
     /// Runs one bench and interprets how it ended.
     pub async fn run(&self, req: BenchRequest, cancel: CancellationToken) -> BenchRun {
         let inv = self.invocation(&req);
-        for d in ["results", "torch_extensions", "triton_cache"] {
-            if let Err(e) = std::fs::create_dir_all(req.work_dir.join(d)) {
-                let why = format!("{}: {e}", req.work_dir.display());
+        let stderr_path = inv.stderr.clone();
+        let launched = async {
+            for d in ["results", "torch_extensions", "triton_cache"] {
+                std::fs::create_dir_all(req.work_dir.join(d))
+                    .map_err(|e| format!("{}: {e}", req.work_dir.display()))?;
+            }
+            // A JSON left by an earlier run in this folder must never be read as this run's.
+            let _ = std::fs::remove_file(req.output());
+            self.launcher
+                .launch(inv, cancel)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let exit = match launched.await {
+            Ok(e) => e,
+            Err(why) => {
                 return BenchRun {
                     request: req,
                     exit: None,
                     result: Err(BenchFailure::Launch { why }),
-                };
-            }
-        }
-        // A JSON left by an earlier run in this folder must never be read as this run's.
-        let _ = std::fs::remove_file(req.output());
-        let stderr_path = inv.stderr.clone();
-        let exit = match self.launcher.launch(inv, cancel).await {
-            Ok(e) => e,
-            Err(e) => {
-                return BenchRun {
-                    request: req,
-                    exit: None,
-                    result: Err(BenchFailure::Launch { why: e.to_string() }),
                 };
             }
         };

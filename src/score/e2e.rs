@@ -31,7 +31,7 @@ mod launch;
 pub mod rows;
 
 use super::ScoreError;
-use super::candidates::generations;
+use super::candidates::{generations, next_free, numbered_dirs};
 use super::driver::{Invocation, ProcessExit};
 
 /// Starts an eval process holding `gpus` GPUs and waits for it.
@@ -67,6 +67,13 @@ fn kernel_count(dir: &Path) -> usize {
 /// The winner set of `run_dir`'s newest complete scoring, for its `mode` (`independent` or
 /// `sequential`).
 pub fn winner_set(run_id: &str, run_dir: &Path, mode: &str) -> Result<WinnerSet, ScoreError> {
+    let set = |generation, dir: PathBuf| WinnerSet {
+        mode: mode.into(),
+        run_id: run_id.into(),
+        generation,
+        kernels: kernel_count(&dir),
+        dir,
+    };
     if mode == "sequential" {
         for g in generations(run_dir) {
             let seq = g.join("seq");
@@ -80,13 +87,7 @@ pub fn winner_set(run_id: &str, run_dir: &Path, mode: &str) -> Result<WinnerSet,
                     let _ = std::fs::remove_file(dir.join(d.target.candidate_path()));
                 }
             }
-            return Ok(WinnerSet {
-                mode: mode.into(),
-                run_id: run_id.into(),
-                generation: g,
-                kernels: kernel_count(&dir),
-                dir,
-            });
+            return Ok(set(g, dir));
         }
         return Err(ScoreError::Usage(format!(
             "run {run_id} has no sequential results to evaluate (results*/seq/gate.json)"
@@ -103,13 +104,7 @@ pub fn winner_set(run_id: &str, run_dir: &Path, mode: &str) -> Result<WinnerSet,
                 why: e.to_string(),
             })?;
         if let Some(dir) = v["final_set"]["dir"].as_str().map(PathBuf::from) {
-            return Ok(WinnerSet {
-                mode: mode.into(),
-                run_id: run_id.into(),
-                generation: g,
-                kernels: kernel_count(&dir),
-                dir,
-            });
+            return Ok(set(g, dir));
         }
     }
     Err(ScoreError::Usage(format!(
@@ -220,12 +215,7 @@ pub fn gpus_needed(scenarios: &str) -> usize {
 
 /// A new `e2e`, `e2e-2`, … folder of the generation.
 fn new_e2e_dir(generation: &Path) -> Result<PathBuf, ScoreError> {
-    let mut dir = generation.join("e2e");
-    let mut n = 2;
-    while dir.exists() {
-        dir = generation.join(format!("e2e-{n}"));
-        n += 1;
-    }
+    let dir = next_free(generation, "e2e", "");
     std::fs::create_dir_all(&dir).map_err(ScoreError::io(&dir))?;
     Ok(dir)
 }
@@ -394,22 +384,9 @@ pub fn describe(o: &E2eOutcome) -> Vec<String> {
 
 /// Every e2e outcome of one generation folder, oldest first.
 pub fn of_generation(generation: &Path) -> Vec<E2eOutcome> {
-    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir(generation)
+    numbered_dirs(generation, "e2e")
         .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let n = match name.as_str() {
-                "e2e" => 1,
-                other => other.strip_prefix("e2e-")?.parse().ok()?,
-            };
-            Some((n, e.path()))
-        })
-        .collect();
-    dirs.sort_by_key(|d| d.0);
-    dirs.into_iter()
-        .filter_map(|(_, d)| {
+        .filter_map(|d| {
             std::fs::read(d.join("e2e.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())

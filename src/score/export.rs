@@ -103,6 +103,14 @@ pub fn dropped_reason(v: &TargetVerdict) -> String {
     }
 }
 
+fn dropped_entry(t: &TargetId, reason: String) -> DroppedEntry {
+    DroppedEntry {
+        level: t.level(),
+        stem: t.stem().to_string(),
+        reason,
+    }
+}
+
 fn entry(v: &TargetVerdict, composed: Option<f64>, standalone: Option<f64>) -> KernelEntry {
     KernelEntry {
         level: v.target.level(),
@@ -150,16 +158,8 @@ pub fn build_final_set(
                 }
             }
             Some(Some(v)) if v.winner => kernels.push(entry(v, v.geomean, alone_speed)),
-            Some(Some(v)) => dropped.push(DroppedEntry {
-                level: t.level(),
-                stem: t.stem().to_string(),
-                reason: dropped_reason(v),
-            }),
-            Some(None) => dropped.push(DroppedEntry {
-                level: t.level(),
-                stem: t.stem().to_string(),
-                reason: "not in composed bench".into(),
-            }),
+            Some(Some(v)) => dropped.push(dropped_entry(t, dropped_reason(v))),
+            Some(None) => dropped.push(dropped_entry(t, "not in composed bench".into())),
         }
     }
     let dir = report.generation.join("sets").join(name);
@@ -225,11 +225,7 @@ fn unconfirmed(standalone: Option<&crate::score::gate::GateReport>) -> Vec<Dropp
         .into_iter()
         .flat_map(|g| g.verdicts.iter())
         .filter(|v| v.published && !v.winner && v.confirmation.is_some())
-        .map(|v| DroppedEntry {
-            level: v.target.level(),
-            stem: v.target.stem().to_string(),
-            reason: v.reason.clone().unwrap_or_default(),
-        })
+        .map(|v| dropped_entry(&v.target, v.reason.clone().unwrap_or_default()))
         .collect()
 }
 

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::score::confirm::short;
 use crate::score::result::{BenchResult, ScenarioRow, Status};
 use crate::target::TargetId;
 
@@ -120,21 +121,15 @@ impl WinnerGate {
             .copied()
             .filter(|r| r.status != Status::Skipped)
             .collect();
+        // "no result" until the rows decide.
         let mut verdict = TargetVerdict {
-            target: target.clone(),
-            winner: false,
-            geomean: None,
             rows: kept.len(),
             skipped: rows.len() - kept.len(),
-            reason: None,
             review: review_notes(&kept),
             classes,
-            failing_statuses: Vec::new(),
-            published: false,
-            confirmation: None,
+            ..TargetVerdict::no_result(target.clone(), "")
         };
         if rows.is_empty() {
-            verdict.reason = Some("no result".into());
             return verdict;
         }
         if kept.is_empty() {
@@ -164,6 +159,7 @@ impl WinnerGate {
         if g >= self.threshold {
             verdict.winner = true;
             verdict.published = true;
+            verdict.reason = None;
         } else {
             verdict.reason = Some(format!(
                 "geomean {} < {}",
@@ -225,15 +221,6 @@ fn first_detail(rows: &[&ScenarioRow]) -> String {
         .find(|d| !d.is_empty())
         .map(|d| format!(" ({d})"))
         .unwrap_or_default()
-}
-
-/// `0.970` → `0.97`, `0.9963` → `0.996`.
-fn short(x: f64) -> String {
-    let s = format!("{x:.3}");
-    let s = s.trim_end_matches('0');
-    s.strip_suffix('.')
-        .map(|t| format!("{t}.0"))
-        .unwrap_or_else(|| s.to_string())
 }
 
 fn fmt_threshold(t: f64) -> String {

@@ -15,8 +15,7 @@
 //!
 //! Not here: the level's `gate.json` and winner folders ([`crate::score::sequential`]).
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
@@ -24,9 +23,9 @@ use crate::score::ScoreError;
 use crate::score::candidates::CandidateSet;
 use crate::score::candidates::copy_tree;
 use crate::score::confirmation::confirm_winners;
-use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest};
-use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
-use crate::score::pipeline::{MixParams, score_mix};
+use crate::score::driver::{BenchDriver, BenchLauncher};
+use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};
+use crate::score::pipeline::{MixParams, bench_alone, score_mix};
 use crate::score::stage::{RunSummary, StageReport, write_json};
 use crate::target::TargetId;
 
@@ -39,7 +38,6 @@ pub struct LevelBench<'a, L> {
     pub lower: Option<&'a Path>,
     /// `<seq>/L<n>`.
     pub dir: &'a Path,
-    pub level: u8,
     pub gate: WinnerGate,
     pub cancel: &'a CancellationToken,
 }
@@ -52,7 +50,7 @@ pub struct Breaker {
 }
 
 /// The outcome of the level's mix benches.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct MixResult {
     /// Verdicts of the members in the last mix that gave a result (correctness only).
     pub verdicts: Vec<TargetVerdict>,
@@ -64,12 +62,6 @@ pub struct MixResult {
 }
 
 impl<L: BenchLauncher> LevelBench<'_, L> {
-    fn private(&self, t: &TargetId) -> PathBuf {
-        self.dir
-            .join("standalone")
-            .join(format!("L{}_{}", t.level(), t.stem()))
-    }
-
     /// A folder holding the lower winners and exactly `members`.
     fn folder(&self, dest: &Path, members: &[TargetId]) -> Result<(), ScoreError> {
         self.set.materialize(members, dest)?;
@@ -82,56 +74,29 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
     /// Benches each of `targets` alone (lower winners beside it), gates it with the level's
     /// gate and confirms the published winners when the gate is the confirmed one.
     pub async fn standalone(&self, targets: &[TargetId]) -> Result<StageReport, ScoreError> {
-        let mut reqs = Vec::new();
-        for t in targets {
-            let base = self.private(t);
-            self.folder(&base.join("candidate"), std::slice::from_ref(t))?;
-            reqs.push(BenchRequest::target(t, &base.join("candidate"), &base));
-        }
-        let runs = self.driver.run_many(reqs, self.cancel).await;
-        let mut stage = StageReport {
-            gate: GateReport {
-                gate: self.gate,
-                verdicts: Vec::new(),
-            },
-            runs: runs.iter().map(RunSummary::of).collect(),
-            simulated: false,
-            spreads: BTreeMap::new(),
-        };
-        for (t, run) in targets.iter().zip(&runs) {
-            let v = match &run.result {
-                Ok(r) => {
-                    stage.simulated |= r.simulated;
-                    let (groups, _) = r.by_target();
-                    match groups.get(t) {
-                        Some(rows) => self.gate.judge(t, rows),
-                        None => {
-                            TargetVerdict::no_result(t.clone(), "the bench wrote no row for it")
-                        }
-                    }
-                }
-                Err(f) => TargetVerdict::no_result(t.clone(), &f.describe()),
-            };
-            stage.gate.verdicts.push(v);
-        }
+        let dir = self.dir.join("standalone");
+        let folder = |t: &TargetId, p: &Path| self.folder(p, std::slice::from_ref(t));
+        let mut stage = bench_alone(
+            self.driver,
+            targets,
+            &dir,
+            &self.gate,
+            1,
+            self.cancel,
+            folder,
+        )
+        .await?;
         if self.gate.kind == GateKind::Confirmed {
-            let dir = self.dir.join("standalone");
             confirm_winners(self.driver, &dir, &mut stage, &self.gate, self.cancel).await;
         }
-        write_json(&self.dir.join("standalone/gate.json"), &stage)?;
+        write_json(&dir.join("gate.json"), &stage)?;
         Ok(stage)
     }
 
     /// Mixes `winners` (lower winners loaded) until a mix gives a result, dropping the
     /// candidates that break it.
     pub async fn mix(&self, winners: &[TargetId]) -> Result<MixResult, ScoreError> {
-        let mut out = MixResult {
-            verdicts: Vec::new(),
-            breakers: Vec::new(),
-            runs: Vec::new(),
-            simulated: false,
-            result: None,
-        };
+        let mut out = MixResult::default();
         let mut members = winners.to_vec();
         let mut attempt = 0;
         while !members.is_empty() && !self.cancel.is_cancelled() {
@@ -170,7 +135,6 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
         let cand = work.join("candidates");
         self.folder(&cand, members)?;
         let mix = MixParams {
-            levels: &[self.level],
             candidates: &cand,
             work: &work,
             gate: &WinnerGate::correctness_only(),

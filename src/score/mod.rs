@@ -1,24 +1,6 @@
 //! Scoring: run the fastkernels bench on candidates, gate the winners, compose them, and
 //! export the final set.
 //!
-//! | module         | owns                                                                |
-//! |----------------|---------------------------------------------------------------------|
-//! | [`result`]     | the bench JSON model and the `op` → target grouping                 |
-//! | [`gate`]       | [`gate::WinnerGate`]: winners and the reason for every non-winner   |
-//! | [`driver`]     | the bench subprocess: argv, private dirs, exit-code rules, launcher |
-//! | [`candidates`] | candidate folders (`L<n>/<stem>.py` + helpers), result generations  |
-//! | [`noise`]      | self-test noise floor, repeats: medians and bootstrap intervals     |
-//! | [`confirm`]    | confirmation of a one-shot winner: adaptive repeats, outliers       |
-//! | [`confirmation`] | the confirmation benches, round by round                          |
-//! | [`stage`]      | what a bench stage reports, and how reports are written (JSON)      |
-//! | [`pipeline`]   | standalone → winners → composed → final set; [`pipeline::score_mix`] |
-//! | [`export`]     | the final set as `agent-candidates/<set>/manifest.json`             |
-//! | [`render`]     | the human table of a score                                          |
-//! | [`sequential`] | per-level gates of a sequential campaign, `seq/`                    |
-//! | [`level`]      | one level: standalone gate, mix of its winners, breakers bisected   |
-//! | [`compare`]    | independent vs sequential: `compare.json` and its table             |
-//! | [`compare_ab`] | two runs of one mode (e.g. two agent backends), target by target   |
-//!
 //! Not here: running the sequential campaign's sessions (the daemon), GPU leases (a
 //! lease-backed [`driver::BenchLauncher`] is plugged in).
 

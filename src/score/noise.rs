@@ -16,6 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::score::confirm::median;
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest};
 use crate::score::gate::geomean;
 use crate::score::result::{BenchResult, ScenarioRow, Status};
@@ -104,16 +105,6 @@ fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
     Some(sorted[i.min(sorted.len() - 1)])
 }
 
-fn median(xs: &mut [f64]) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
-}
-
 /// Rows keyed by (op, index within op), in first-seen order.
 fn keyed(result: &BenchResult) -> Vec<((String, usize), &ScenarioRow)> {
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
@@ -146,14 +137,14 @@ pub fn merge_repeats(results: &[BenchResult]) -> BenchResult {
             rows.push((*bad).clone());
             continue;
         }
-        let mut speeds: Vec<f64> = same
+        let speeds: Vec<f64> = same
             .iter()
             .filter(|r| r.status == Status::Passed)
             .map(|r| r.speedup)
             .collect();
         let mut merged = row.clone();
         if row.status == Status::Passed && !speeds.is_empty() {
-            merged.speedup = median(&mut speeds);
+            merged.speedup = median(&speeds);
         }
         rows.push(merged);
     }

@@ -31,6 +31,7 @@ use crate::score::ScoreError;
 use crate::score::candidates::{
     CandidateSet, earlier_benches, gather_sessions, new_generation, session_candidates,
 };
+use crate::score::confirmation::{confirm_winners, mark_rescued, rescue_outliers};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
@@ -97,10 +98,9 @@ pub async fn score_mix<L: BenchLauncher>(
     mix: &MixParams<'_>,
     cancel: &CancellationToken,
 ) -> MixOutcome {
-    let reqs = mix
-        .levels
-        .iter()
-        .map(|l| BenchRequest::level(*l, mix.candidates, &mix.work.join(format!("L{l}"))))
+    let reqs = levels_of(mix.expected)
+        .into_iter()
+        .map(|l| BenchRequest::level(l, mix.candidates, &mix.work.join(format!("L{l}"))))
         .collect();
     let runs = driver.run_many(reqs, cancel).await;
     let mut rows: Vec<ScenarioRow> = Vec::new();
@@ -135,13 +135,20 @@ pub async fn score_mix<L: BenchLauncher>(
 /// Inputs of [`score_mix`].
 #[derive(Clone, Debug)]
 pub struct MixParams<'a> {
-    pub levels: &'a [u8],
     pub candidates: &'a Path,
     /// Private folder for the level invocations (`<work>/L<n>/`).
     pub work: &'a Path,
     pub gate: &'a WinnerGate,
     /// Targets to judge; the others in the rows are ignored.
     pub expected: &'a [TargetId],
+}
+
+/// The levels of `targets`, ascending, each once.
+fn levels_of(targets: &[TargetId]) -> Vec<u8> {
+    let mut levels: Vec<u8> = targets.iter().map(TargetId::level).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    levels
 }
 
 /// Benches every candidate alone (in a private folder holding only it and its helpers),
@@ -154,19 +161,39 @@ pub async fn score_standalone<L: BenchLauncher>(
     repeats: usize,
     cancel: &CancellationToken,
 ) -> Result<StageReport, ScoreError> {
+    let materialize =
+        |t: &TargetId, p: &Path| set.materialize(std::slice::from_ref(t), p).map(drop);
+    let targets = set.targets();
+    let mut stage = bench_alone(driver, &targets, dir, gate, repeats, cancel, materialize).await?;
+    stage.gate.verdicts.sort_by(|a, b| a.target.cmp(&b.target));
+    write_json(&dir.join("gate.json"), &stage)?;
+    Ok(stage)
+}
+
+/// Benches each of `targets` alone, `repeats` times, from `<dir>/L<n>_<stem>/candidate/`
+/// (filled by `materialize`), and judges each with `gate`, in the order of `targets`.
+pub(crate) async fn bench_alone<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    targets: &[TargetId],
+    dir: &Path,
+    gate: &WinnerGate,
+    repeats: usize,
+    cancel: &CancellationToken,
+    materialize: impl Fn(&TargetId, &Path) -> Result<(), ScoreError>,
+) -> Result<StageReport, ScoreError> {
     let repeats = repeats.max(1);
     let mut reqs = Vec::new();
-    for c in &set.candidates {
-        let base = dir.join(format!("L{}_{}", c.target.level(), c.target.stem()));
+    for t in targets {
+        let base = dir.join(format!("L{}_{}", t.level(), t.stem()));
         let private = base.join("candidate");
-        set.materialize(std::slice::from_ref(&c.target), &private)?;
+        materialize(t, &private)?;
         for k in 1..=repeats {
             let work = if repeats == 1 {
                 base.clone()
             } else {
                 base.join(format!("rep-{k}"))
             };
-            reqs.push(BenchRequest::target(&c.target, &private, &work));
+            reqs.push(BenchRequest::target(t, &private, &work));
         }
     }
     let runs = driver.run_many(reqs, cancel).await;
@@ -179,12 +206,10 @@ pub async fn score_standalone<L: BenchLauncher>(
         simulated: false,
         spreads: BTreeMap::new(),
     };
-    for (c, reps) in set.candidates.iter().zip(runs.chunks(repeats)) {
-        let verdict = judge_repeats(&c.target, reps, gate, dir, &mut stage)?;
+    for (t, reps) in targets.iter().zip(runs.chunks(repeats)) {
+        let verdict = judge_repeats(t, reps, gate, dir, &mut stage)?;
         stage.gate.verdicts.push(verdict);
     }
-    stage.gate.verdicts.sort_by(|a, b| a.target.cmp(&b.target));
-    write_json(&dir.join("gate.json"), &stage)?;
     Ok(stage)
 }
 
@@ -363,42 +388,24 @@ async fn score_set<L: BenchLauncher>(
         let dir = gen_dir.join("ind/standalone");
         let benches = set.candidates.len() * params.repeats.max(1);
         progress.started(Stage::Standalone, benches);
-        let mut stage =
-            score_standalone(driver, &set, &dir, &params.gate, params.repeats, cancel).await?;
-        let rescued = match params.gate.kind {
-            GateKind::Confirmed => {
-                crate::score::confirmation::rescue_outliers(
-                    driver,
-                    &dir,
-                    &mut stage,
-                    &params.gate,
-                    &params.earlier,
-                    cancel,
-                )
-                .await
-            }
-            _ => Default::default(),
+        let gate = &params.gate;
+        let mut stage = score_standalone(driver, &set, &dir, gate, params.repeats, cancel).await?;
+        let rescued = if gate.kind == GateKind::Confirmed {
+            rescue_outliers(driver, &dir, &mut stage, gate, &params.earlier, cancel).await
+        } else {
+            Default::default()
         };
         screen_winners(&set, &mut stage, &params.screen_waive);
         let judged = stage.gate.verdicts.len();
         progress.finished(Stage::Standalone, stage.gate.winner_count(), judged);
-        match params.gate.kind {
-            GateKind::LowerBound => gate_on_lower_bound(&mut stage, params.gate.threshold),
-            GateKind::Confirmed => {
-                let published = stage.gate.winner_count();
-                progress.started(Stage::Confirmation, published * params.gate.confirm);
-                crate::score::confirmation::confirm_winners(
-                    driver,
-                    &dir,
-                    &mut stage,
-                    &params.gate,
-                    cancel,
-                )
-                .await;
-                crate::score::confirmation::mark_rescued(&mut stage, &rescued);
-                progress.finished(Stage::Confirmation, stage.gate.winner_count(), published);
-            }
-            GateKind::Published => {}
+        if gate.kind == GateKind::LowerBound {
+            gate_on_lower_bound(&mut stage, gate.threshold);
+        } else if gate.kind == GateKind::Confirmed {
+            let published = stage.gate.winner_count();
+            progress.started(Stage::Confirmation, published * gate.confirm);
+            confirm_winners(driver, &dir, &mut stage, gate, cancel).await;
+            mark_rescued(&mut stage, &rescued);
+            progress.finished(Stage::Confirmation, stage.gate.winner_count(), published);
         }
         write_json(&dir.join("gate.json"), &stage)?;
         pool = stage.gate.winners().map(|v| v.target.clone()).collect();
@@ -409,10 +416,7 @@ async fn score_set<L: BenchLauncher>(
     let win_dir = gen_dir.join("ind/win_candidates");
     set.materialize(&pool, &win_dir)?;
     if params.mode != ScoreMode::Standalone && !pool.is_empty() {
-        let mut levels: Vec<u8> = pool.iter().map(TargetId::level).collect();
-        levels.sort_unstable();
-        levels.dedup();
-        progress.started(Stage::Composed, levels.len());
+        progress.started(Stage::Composed, levels_of(&pool).len());
         let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
         progress.finished(Stage::Composed, stage.gate.winner_count(), pool.len());
         report.incomplete.extend(stage.infrastructure_failures());
@@ -495,11 +499,7 @@ async fn compose<L: BenchLauncher>(
     comp: &Path,
     cancel: &CancellationToken,
 ) -> Result<StageReport, ScoreError> {
-    let mut levels: Vec<u8> = pool.iter().map(TargetId::level).collect();
-    levels.sort_unstable();
-    levels.dedup();
     let mix = MixParams {
-        levels: &levels,
         candidates: win_dir,
         work: comp,
         gate: &WinnerGate::correctness_only(),
@@ -517,15 +517,17 @@ mod lower_bound_tests {
     use crate::score::noise::Spread;
 
     fn winner(t: &str, geomean: f64) -> TargetVerdict {
-        let mut v = TargetVerdict::no_result(t.parse().unwrap(), "");
-        v.winner = true;
-        v.reason = None;
-        v.geomean = Some(geomean);
-        v
+        TargetVerdict {
+            winner: true,
+            reason: None,
+            geomean: Some(geomean),
+            ..TargetVerdict::no_result(t.parse().unwrap(), "")
+        }
     }
 
     #[test]
     fn only_winners_whose_interval_clears_the_threshold_stay_winners() {
+        let spread = |ci95| Spread { repeats: 3, ci95 };
         let mut stage = StageReport {
             gate: GateReport {
                 gate: WinnerGate::default(),
@@ -537,44 +539,21 @@ mod lower_bound_tests {
             },
             runs: Vec::new(),
             simulated: false,
-            spreads: BTreeMap::new(),
+            spreads: BTreeMap::from([
+                ("L1/gelu".into(), spread((1.1, 1.3))),
+                ("L1/bmm".into(), spread((0.97, 1.12))),
+            ]),
         };
-        stage.spreads.insert(
-            "L1/gelu".into(),
-            Spread {
-                repeats: 3,
-                ci95: (1.1, 1.3),
-            },
-        );
-        stage.spreads.insert(
-            "L1/bmm".into(),
-            Spread {
-                repeats: 3,
-                ci95: (0.97, 1.12),
-            },
-        );
         gate_on_lower_bound(&mut stage, 1.0);
         let won: Vec<String> = stage.gate.winners().map(|v| v.target.to_string()).collect();
         assert_eq!(won, vec!["L1/gelu".to_string()]);
-        let bmm = stage
-            .gate
-            .verdicts
-            .iter()
-            .find(|v| v.target.stem() == "bmm")
-            .unwrap();
+        let reason = |t: &str| stage.gate.get(&t.parse().unwrap()).unwrap().reason.clone();
         assert_eq!(
-            bmm.reason.as_deref(),
+            reason("L1/bmm").as_deref(),
             Some("95% interval lower end 0.970 < 1.0 (geomean 1.050)")
         );
-        let emb = stage
-            .gate
-            .verdicts
-            .iter()
-            .find(|v| v.target.stem() == "embedding")
-            .unwrap();
         assert!(
-            emb.reason
-                .as_deref()
+            reason("L1/embedding")
                 .unwrap()
                 .starts_with("no bootstrap interval")
         );

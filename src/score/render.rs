@@ -15,11 +15,15 @@ use crate::score::gate::{GateKind, REVIEW_SPEEDUP, TargetVerdict};
 use crate::score::pipeline::ScoreReport;
 use crate::score::stage::StageReport;
 
+/// `1.234×`, or `-` for no speedup.
+pub(crate) fn speed_or_dash(x: Option<f64>) -> String {
+    x.map(|v| format!("{v:.3}×")).unwrap_or_else(|| "-".into())
+}
+
 fn speed(x: Option<f64>) -> String {
     match x {
         Some(v) if v > REVIEW_SPEEDUP => format!("{v:.3}×!"),
-        Some(v) => format!("{v:.3}×"),
-        None => "-".into(),
+        _ => speed_or_dash(x),
     }
 }
 

@@ -200,10 +200,7 @@ impl BenchResult {
 
     /// Reads and parses a bench JSON file.
     pub fn read(path: &Path) -> Result<Self, ScoreError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScoreError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(ScoreError::io(path))?;
         Self::parse(&text).map_err(|e| ScoreError::BadResult {
             path: path.to_path_buf(),
             why: e.to_string(),

@@ -43,6 +43,7 @@ use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::level::LevelBench;
 use crate::score::pipeline::{MixParams, score_mix};
 use crate::score::pipeline::{ScoreProgress, Stage};
+use crate::score::render::speed_or_dash;
 use crate::score::stage::{RunSummary, StageReport, write_json};
 use crate::target::TargetId;
 use crate::workspace::session_dir_for;
@@ -192,12 +193,7 @@ fn wall(runs: &[RunSummary]) -> f64 {
 
 /// Scoring cannot go on: an infrastructure failure, or a cancellation.
 fn check_complete(stage: &StageReport, cancel: &CancellationToken) -> Result<(), ScoreError> {
-    let infra: Vec<String> = stage
-        .runs
-        .iter()
-        .filter(|r| r.infrastructure)
-        .map(|r| format!("{}: {}", r.label, r.failure.clone().unwrap_or_default()))
-        .collect();
+    let infra = stage.infrastructure_failures();
     if cancel.is_cancelled() {
         return Err(ScoreError::Incomplete("cancelled".into()));
     }
@@ -237,7 +233,6 @@ pub async fn gate_level<L: BenchLauncher>(
         set: &set,
         lower: p.previous.map(|g| g.win_candidates.as_path()),
         dir: &dir,
-        level: p.level,
         gate: p.gate,
         cancel,
     };
@@ -265,18 +260,17 @@ pub async fn gate_level<L: BenchLauncher>(
         if let Some(result) = &mix.result {
             write_json(&dir.join("bench.json"), result)?;
         }
-        for v in mix.verdicts.iter().filter(|v| !v.winner) {
-            let d = decisions.get_mut(&v.target);
-            if let Some(d) = d {
+        let failed = mix.verdicts.iter().filter(|v| !v.winner).map(|v| {
+            (
+                &v.target,
+                format!("failed the level mix: {}", dropped_reason(v)),
+            )
+        });
+        let broke = mix.breakers.iter().map(|b| (&b.target, b.reason.clone()));
+        for (t, reason) in failed.chain(broke) {
+            if let Some(d) = decisions.get_mut(t) {
                 d.winner = false;
-                d.reason = Some(format!("failed the level mix: {}", dropped_reason(v)));
-                dropped.push(d.clone());
-            }
-        }
-        for b in &mix.breakers {
-            if let Some(d) = decisions.get_mut(&b.target) {
-                d.winner = false;
-                d.reason = Some(b.reason.clone());
+                d.reason = Some(reason);
                 dropped.push(d.clone());
             }
         }
@@ -349,11 +343,7 @@ pub async fn finish<L: BenchLauncher>(
     let winners = levels.last().map(|l| l.winners.clone()).unwrap_or_default();
     if let (Some(last), false) = (levels.last(), winners.is_empty()) {
         copy_tree(&last.win_candidates, &win)?;
-        let mut lv: Vec<u8> = winners.iter().map(TargetId::level).collect();
-        lv.sort_unstable();
-        lv.dedup();
         let mix = MixParams {
-            levels: &lv,
             candidates: &win,
             work: &work,
             gate: &WinnerGate::correctness_only(),
@@ -372,11 +362,9 @@ pub async fn finish<L: BenchLauncher>(
                 .flat_map(|l| &l.decisions)
                 .any(|d| d.target == v.target && d.published);
             let d = Decision {
-                target: v.target.clone(),
-                winner: v.winner,
-                geomean: v.geomean,
                 reason: (!v.winner).then(|| dropped_reason(v)),
                 published,
+                ..Decision::of(v)
             };
             if v.winner {
                 gate.winners.push(d);
@@ -432,8 +420,15 @@ pub fn by_level(targets: &[TargetId]) -> BTreeMap<u8, Vec<TargetId>> {
     out
 }
 
-fn speed(x: Option<f64>) -> String {
-    x.map(|v| format!("{v:.3}×")).unwrap_or_else(|| "-".into())
+fn dropped_lines(out: &mut String, dropped: &[Decision]) {
+    for d in dropped {
+        let _ = writeln!(
+            out,
+            "  dropped {}: {}",
+            d.target,
+            d.reason.as_deref().unwrap_or("")
+        );
+    }
 }
 
 /// The sequential scoring as text.
@@ -458,7 +453,7 @@ pub fn seq_table(r: &SeqReport) -> String {
                     d.target.to_string(),
                     if d.published { "WIN" } else { "no" }.into(),
                     if d.winner { "WIN" } else { "no" }.into(),
-                    speed(d.geomean),
+                    speed_or_dash(d.geomean),
                     d.reason.clone().unwrap_or_default(),
                 ]
             })
@@ -467,14 +462,7 @@ pub fn seq_table(r: &SeqReport) -> String {
             &["target", "published", "verdict", "geomean", "reason"],
             &rows,
         ));
-        for d in &g.dropped {
-            let _ = writeln!(
-                out,
-                "  dropped {}: {}",
-                d.target,
-                d.reason.clone().unwrap_or_default()
-            );
-        }
+        dropped_lines(&mut out, &g.dropped);
     }
     let _ = writeln!(
         out,
@@ -482,14 +470,7 @@ pub fn seq_table(r: &SeqReport) -> String {
         r.gate.winners.len(),
         r.gate.dropped.len()
     );
-    for d in &r.gate.dropped {
-        let _ = writeln!(
-            out,
-            "  dropped {}: {}",
-            d.target,
-            d.reason.clone().unwrap_or_default()
-        );
-    }
+    dropped_lines(&mut out, &r.gate.dropped);
     let _ = writeln!(
         out,
         "gate         {}",

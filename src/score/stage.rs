@@ -76,10 +76,9 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ScoreError
     let mut buf = Vec::new();
     let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
     let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
-    value.serialize(&mut ser).map_err(|e| ScoreError::Io {
-        path: path.to_path_buf(),
-        source: std::io::Error::other(e),
-    })?;
+    value
+        .serialize(&mut ser)
+        .map_err(|e| ScoreError::io(path)(std::io::Error::other(e)))?;
     buf.push(b'\n');
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(ScoreError::io(parent))?;

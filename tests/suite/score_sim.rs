@@ -197,14 +197,11 @@ async fn a_mix_of_130_winners_is_read_as_130_winners() {
         .iter()
         .map(|t| b.candidate(&t.id.to_string(), "# sim: speedup=1.2\n"))
         .collect();
-    let mut levels: Vec<u8> = ids.iter().map(TargetId::level).collect();
-    levels.dedup();
     let cands = b.tmp.path().join("cands");
     let work = b.tmp.path().join("mix");
     let outcome = score_mix(
         &b.driver,
         &MixParams {
-            levels: &levels,
             candidates: &cands,
             work: &work,
             gate: &WinnerGate::correctness_only(),

@@ -4,11 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::score::render::{group_f, wrap};
-
-fn speed(x: Option<f64>) -> String {
-    x.map(|v| format!("{v:.3}×")).unwrap_or_else(|| "-".into())
-}
+use crate::score::render::{group_f, speed_or_dash, wrap};
 
 /// One tokens/s row of an end-to-end eval, beside the kernel-level results.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -86,7 +82,7 @@ pub fn table(rows: &[E2eRow], width: usize) -> String {
                 r.workload.clone(),
                 tok(r.baseline_tok_per_s),
                 tok(r.candidate_tok_per_s),
-                speed(r.speedup),
+                speed_or_dash(r.speedup),
                 match r.correct {
                     Some(true) => "yes".into(),
                     Some(false) => "NO".into(),
