@@ -5,7 +5,6 @@
 //! exported set, else its standalone gate), else the sequential campaign's
 //! `sequential_finished` event; a run never scored shows none.
 
-use std::io::Write;
 use std::path::Path;
 
 use serde::Serialize;
@@ -41,16 +40,7 @@ pub fn cmd_runs(home: &Path, json: bool) -> Result<i32, Error> {
     } else {
         Vec::new()
     };
-    let mut out = std::io::stdout().lock();
-    if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&lines).unwrap_or_default()
-        );
-    } else {
-        let _ = write!(out, "{}", render(&lines, super::term::stdout_width()));
-    }
+    super::emit(json, &lines, || render(&lines, super::term::stdout_width()));
     Ok(0)
 }
 
@@ -258,13 +248,6 @@ mod tests {
         let text = render(&sample(), 80);
         insta::assert_snapshot!(text);
         assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
-    }
-
-    #[test]
-    fn grouped_digits() {
-        let cases = [0, 12, 999, 1_000, 21_607, 1_234_567];
-        let shown: Vec<String> = cases.iter().map(|n| group(*n)).collect();
-        assert_eq!(shown, ["0", "12", "999", "1,000", "21,607", "1,234,567"]);
     }
 
     #[test]

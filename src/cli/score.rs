@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
+use super::emit;
 use crate::app::Home;
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
@@ -192,19 +193,11 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         }
     };
     home.broker.shutdown().await;
-    if args.json {
-        let shown = super::score_view::only(&report, args.only);
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&shown).unwrap_or_default()
-        );
-    } else {
+    let shown = super::score_view::only(&report, args.only);
+    emit(args.json, &shown, || {
         let text = render::score_table_width(&report, super::term::stdout_width());
-        print!(
-            "{}",
-            super::score_view::only_text(&text, &report, args.only)
-        );
-    }
+        super::score_view::only_text(&text, &report, args.only)
+    });
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
@@ -341,14 +334,7 @@ async fn score_sequential(
         levels,
         gate,
     };
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
-    } else {
-        print!("{}", sequential::seq_table(&report));
-    }
+    emit(args.json, &report, || sequential::seq_table(&report));
     Ok(0)
 }
 

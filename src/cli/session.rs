@@ -5,8 +5,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::open_viewer_store;
+use super::args::SessionArgs;
 use super::term::{stdout_color, stdout_width};
+use super::{open_viewer_store, print_json};
 use crate::control::client::ControlClient;
 use crate::error::Error;
 use crate::event::{Payload, RunState, TaskFinished, TurnFinished};
@@ -15,15 +16,6 @@ use crate::report::{self, TableOptions};
 use crate::store::leases::LeaseRow;
 use crate::store::{Event, RunRow, Store};
 use crate::target::{Catalog, TargetId};
-
-/// What `session TARGET` prints.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SessionOpts {
-    pub follow: bool,
-    pub transcript: bool,
-    pub json: bool,
-    pub diff: bool,
-}
 
 pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
     let store = open_viewer_store(home)?;
@@ -45,11 +37,7 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         let tally = inspect::OutcomeTally::of(outcomes.values());
         let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
             "sessions": rows, "outcomes": outcomes, "summary": tally.line(), "spent": spent});
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        print_json(&value);
         return Ok(0);
     }
     let opts = TableOptions {
@@ -89,14 +77,8 @@ pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {
 }
 
 /// `session TARGET` in all its forms.
-pub async fn cmd_session(
-    home: &Path,
-    target: &str,
-    run: Option<&str>,
-    opts: SessionOpts,
-    catalog: &Catalog,
-) -> Result<i32, Error> {
-    let (id, store, run_row) = open_session(home, target, run, catalog)?;
+pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> Result<i32, Error> {
+    let (id, store, run_row) = open_session(home, &opts.target, opts.run.as_deref(), catalog)?;
     if opts.diff {
         return cmd_diff(home, &id, &run_row);
     }
@@ -117,10 +99,7 @@ pub async fn cmd_session(
         let events: Vec<Event> = events.into_iter().map(withheld).collect();
         let value = serde_json::json!({"run": run_row, "target": name, "state": state,
             "leases": leases, "events": events});
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        print_json(&value);
         return Ok(0);
     }
     if events.is_empty() {

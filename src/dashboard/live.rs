@@ -119,19 +119,12 @@ struct SessionFeed {
 
 impl SessionFeed {
     fn blocking_poll(&mut self) -> Result<Vec<SseEvent>, crate::store::StoreError> {
-        if self.events.is_empty() {
-            self.events = self
-                .state
-                .store
-                .events(&self.run_id, Some(&self.target), 0)?;
-        } else {
-            let last = self.events.last().map_or(0, |e| e.seq);
-            let new = self
-                .state
-                .store
-                .events(&self.run_id, Some(&self.target), last)?;
-            self.events.extend(new);
-        }
+        let last = self.events.last().map_or(0, |e| e.seq);
+        let new = self
+            .state
+            .store
+            .events(&self.run_id, Some(&self.target), last)?;
+        self.events.extend(new);
         let last = self.events.last().map_or(0, |e| e.seq);
         let mut out = Vec::new();
         let mut ended = false;
