@@ -286,48 +286,37 @@ fn spent_of(home: &std::path::Path, run_id: &str) -> Option<crate::scheduler::bu
 }
 
 async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
-    match ControlClient::new(home) {
-        Ok(client) => match client.status().await {
-            Ok(s) => {
-                let spent = s.run_id.as_deref().and_then(|r| spent_of(home, r));
-                if json {
-                    let value = serde_json::json!({"running": true, "daemon": s, "spent": spent});
-                    print_json(&value);
-                } else {
-                    print!("{}", s.render());
-                    let run = s.run_id.as_deref();
-                    if let Some(line) = run.and_then(|r| session::outcome_line(home, r)) {
-                        println!("outcome   {line}");
-                    }
-                    if let Some(spent) = spent {
-                        println!("spent     {}", spent.describe());
-                    }
-                }
-                return Ok(0);
-            }
-            Err(ControlError::NoDaemon { .. }) => {}
-            Err(e) => return Err(e.into()),
-        },
-        Err(ControlError::NoDaemon { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let last = if home.join("fk-agentd.db").exists() {
-        open_viewer_store(home)?.runs()?.into_iter().next()
-    } else {
-        None
+    let live = match ControlClient::new(home) {
+        Ok(client) => client.status().await,
+        Err(e) => Err(e),
     };
-    let spent = last.as_ref().and_then(|r| spent_of(home, &r.id));
+    let (mut value, text, run_id) = match live {
+        Ok(s) => (
+            serde_json::json!({"running": true, "daemon": &s}),
+            s.render(),
+            s.run_id.clone(),
+        ),
+        Err(ControlError::NoDaemon { .. }) => {
+            let last = if home.join("fk-agentd.db").exists() {
+                open_viewer_store(home)?.runs()?.into_iter().next()
+            } else {
+                None
+            };
+            let text = report::offline_status(&home.display().to_string(), last.as_ref());
+            let run_id = last.as_ref().map(|r| r.id.clone());
+            let value = serde_json::json!({"running": false, "home": home, "last_run": last});
+            (value, text, run_id)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let spent = run_id.as_deref().and_then(|r| spent_of(home, r));
     if json {
-        let value = serde_json::json!({"running": false, "home": home, "last_run": last,
-                                       "spent": spent});
+        value["spent"] = serde_json::json!(spent);
         print_json(&value);
         return Ok(0);
     }
-    print!(
-        "{}",
-        report::offline_status(&home.display().to_string(), last.as_ref())
-    );
-    if let Some(line) = last.and_then(|r| session::outcome_line(home, &r.id)) {
+    print!("{text}");
+    if let Some(line) = run_id.and_then(|r| session::outcome_line(home, &r)) {
         println!("outcome   {line}");
     }
     if let Some(spent) = spent {

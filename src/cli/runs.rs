@@ -80,23 +80,10 @@ fn winners(store: &Store, row: &RunRow, run_dir: &Path) -> Option<usize> {
 
 /// The `score.json` of the newest results generation (`results`, `results-2`, …).
 fn newest_score(run_dir: &Path) -> Option<serde_json::Value> {
-    let generation = |name: &str| -> Option<u32> {
-        match name.strip_prefix("results") {
-            Some("") => Some(1),
-            Some(rest) => rest.strip_prefix('-')?.parse().ok(),
-            None => None,
-        }
-    };
-    let newest = std::fs::read_dir(run_dir)
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let n = generation(e.file_name().to_str()?)?;
-            Some((n, e.path()))
-        })
-        .filter(|(_, p)| p.join("score.json").is_file())
-        .max_by_key(|(n, _)| *n)?;
-    let text = std::fs::read_to_string(newest.1.join("score.json")).ok()?;
+    let newest = crate::score::candidates::generations(run_dir)
+        .into_iter()
+        .find(|p| p.join("score.json").is_file())?;
+    let text = std::fs::read_to_string(newest.join("score.json")).ok()?;
     serde_json::from_str(&text).ok()
 }
 

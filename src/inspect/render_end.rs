@@ -85,7 +85,7 @@ pub(super) fn footer(out: &mut Out<'_>, view: &SessionView) {
             stats.push(format!("{g:.1} GPU-s"));
         }
         if let Some(e) = d.elapsed_s {
-            stats.push(clock(e));
+            stats.push(crate::report::clock(e.round() as u64));
         }
         if d.infra {
             stats.push(out.paint("infrastructure", Style::Red));
@@ -127,10 +127,4 @@ fn short_secs(s: f64) -> String {
     } else {
         format!("{s:.1} s")
     }
-}
-
-/// `0:00:42`: a session's wall time.
-fn clock(secs: f64) -> String {
-    let s = secs.round() as u64;
-    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
