@@ -8,11 +8,6 @@ use std::collections::BTreeMap;
 use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
 use crate::store::{RunRow, SessionRow};
 
-/// `0:00:42`: a wall time as H:MM:SS.
-pub fn clock(secs: u64) -> String {
-    format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
-}
-
 /// A plain text table with left-aligned columns separated by two spaces.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
@@ -339,7 +334,9 @@ fn best(r: &SessionRow) -> String {
 /// Elapsed time, stored as seconds or, by older daemons, as `"0:01:20"`.
 fn elapsed(r: &SessionRow) -> String {
     match r.detail.get("elapsed") {
-        Some(serde_json::Value::Number(n)) => clock(n.as_f64().unwrap_or(0.0).round() as u64),
+        Some(serde_json::Value::Number(n)) => {
+            crate::inspect::clock(n.as_f64().unwrap_or(0.0).round() as u64)
+        }
         _ => detail_str(r, "elapsed"),
     }
 }

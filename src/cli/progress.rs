@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::report::clock;
+use crate::inspect::clock;
 use crate::store::Store;
 
 /// How often the store is read.

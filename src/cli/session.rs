@@ -93,8 +93,7 @@ pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> 
             .into_iter()
             .find(|s| s.target == name);
         // Placed as the readable view places them, so each says the call it was granted during.
-        let rows = session_leases(&store, &name, &events)?;
-        let view = SessionView::from_events(&events).with_leases(&rows);
+        let view = view(&store, &name, &events)?;
         let leases = view.all_leases();
         let events: Vec<Event> = events.into_iter().map(withheld).collect();
         let value = serde_json::json!({"run": run_row, "target": name, "state": state,
@@ -110,15 +109,8 @@ pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> 
         );
         return Ok(0);
     }
-    let leases = session_leases(&store, &name, &events)?;
-    let view = SessionView::from_events(&events).with_leases(&leases);
-    let render = RenderOptions {
-        color: stdout_color(),
-        full: opts.transcript,
-        settled_only: false,
-        run_id: Some(run_row.id.clone()),
-        simulated: run_row.simulated,
-    };
+    let view = view(&store, &name, &events)?;
+    let render = render_options(&run_row, opts.transcript, false);
     print!("{}", inspect::render_text(&view, &render));
     println!("cost     {}", session_cost(&store, &run_row.id, &events));
     Ok(0)
@@ -157,6 +149,22 @@ fn session_leases(store: &Store, name: &str, events: &[Event]) -> Result<Vec<Lea
     Ok(store.session_leases(name, &first.at, until)?)
 }
 
+/// The readable view of a session's events, its leases placed in it.
+fn view(store: &Store, name: &str, events: &[Event]) -> Result<SessionView, Error> {
+    Ok(SessionView::from_events(events).with_leases(&session_leases(store, name, events)?))
+}
+
+/// How `session` renders on this terminal.
+fn render_options(run_row: &RunRow, full: bool, settled_only: bool) -> RenderOptions {
+    RenderOptions {
+        color: stdout_color(),
+        full,
+        settled_only,
+        run_id: Some(run_row.id.clone()),
+        simulated: run_row.simulated,
+    }
+}
+
 /// An event as `--json` prints it: reasoning's encrypted content replaced by a marker.
 fn withheld(mut e: Event) -> Event {
     inspect::strip_encrypted(&mut e.payload);
@@ -176,13 +184,7 @@ async fn cmd_follow(
     if json {
         eprint!("{}", report::sim_banner(run_row.simulated));
     }
-    let mut render = RenderOptions {
-        color: stdout_color(),
-        full: false,
-        settled_only: true,
-        run_id: Some(run_row.id.clone()),
-        simulated: run_row.simulated,
-    };
+    let mut render = render_options(run_row, false, true);
     let mut events: Vec<Event> = Vec::new();
     let mut printed = 0;
     let mut out = std::io::stdout();
@@ -200,8 +202,7 @@ async fn cmd_follow(
         let run_over = !ended && !store.run(Some(&run_row.id))?.is_running();
         if !json {
             render.settled_only = !(ended || run_over);
-            let leases = session_leases(store, &name, &events)?;
-            let view = SessionView::from_events(&events).with_leases(&leases);
+            let view = view(store, &name, &events)?;
             // Nothing until the first turn settles: the header is complete by then.
             let ready = !render.settled_only || view.turns.iter().any(|t| t.settled);
             if ready {
