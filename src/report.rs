@@ -335,8 +335,7 @@ fn best(r: &SessionRow) -> String {
 fn elapsed(r: &SessionRow) -> String {
     match r.detail.get("elapsed") {
         Some(serde_json::Value::Number(n)) => {
-            let s = n.as_f64().unwrap_or(0.0).round() as u64;
-            format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+            crate::inspect::clock(n.as_f64().unwrap_or(0.0).round() as u64)
         }
         _ => detail_str(r, "elapsed"),
     }

@@ -69,46 +69,11 @@ pub enum Command {
         json: bool,
     },
     /// One target's session: header and timeline of turns and tool calls.
-    Session {
-        /// Target id such as L1/gelu.
-        target: String,
-        /// Run id (default: the newest run).
-        #[arg(long)]
-        run: Option<String>,
-        /// Print the readable lines live until the session ends (with --json: one event
-        /// per line, NDJSON).
-        #[arg(long)]
-        follow: bool,
-        /// The readable view with every line: full tool outputs, the prompt, written files.
-        #[arg(long)]
-        transcript: bool,
-        /// The raw events as JSON (reasoning's encrypted content withheld).
-        #[arg(long)]
-        json: bool,
-        /// The candidate against the baseline it started from, as a unified diff.
-        #[arg(long, conflicts_with_all = ["follow", "transcript", "json"])]
-        diff: bool,
-    },
+    Session(SessionArgs),
     /// Run a command of an agent's own under a GPU lease (inside a session's shell).
     Lease(LeaseArgs),
     /// GPUs: state, holder, queue, drained reason (works without a daemon too).
-    Gpus {
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
-        /// Run the CUDA sanity kernel on every GPU of the inventory (needs a real GPU).
-        #[arg(long)]
-        sanity: bool,
-        /// Take a GPU (UUID or index) out of the running daemon's pool.
-        #[arg(long, value_name = "GPU", conflicts_with_all = ["undrain", "sanity"])]
-        drain: Option<String>,
-        /// Why the GPU is drained (with --drain).
-        #[arg(long, requires = "drain")]
-        reason: Option<String>,
-        /// Return a drained GPU (UUID or index) to the running daemon's pool.
-        #[arg(long, value_name = "GPU", conflicts_with = "sanity")]
-        undrain: Option<String>,
-    },
+    Gpus(GpusArgs),
     /// Score candidates with the real fastkernels bench and gate the winners.
     ///
     /// Takes every GPU through its own broker, so it holds the home like a daemon: refused
@@ -117,31 +82,10 @@ pub enum Command {
     /// Compare two campaigns: the independent one with the sequential one of a `--mode all`
     /// run, or any two runs of one mode (e.g. the native and the codex backend on the same
     /// targets): winners, geomeans, tokens, GPU-hours and wall time per target.
-    Compare {
-        /// Two run ids to compare (an independent and a sequential run, or two runs of one
-        /// mode). Without them, the newest `--mode all` pair.
-        runs: Vec<String>,
-        /// A `--mode all` run holding both campaigns.
-        #[arg(long)]
-        run: Option<String>,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
-        /// Also write `compare.json` beside the sequential results (replacing the one a
-        /// previous `--save` wrote). Without it, compare only reads.
-        #[arg(long)]
-        save: bool,
-    },
+    Compare(CompareArgs),
     /// Serve the web dashboard and /metrics of a run from the store (loopback, with an
     /// access token in the URL; the URL is printed and written to <home>/dashboard.url).
-    Dashboard {
-        /// Run id (default: the newest run).
-        #[arg(long)]
-        run: Option<String>,
-        /// Address to listen on (default: `[dashboard] listen`, else 127.0.0.1:0).
-        #[arg(long, value_name = "ADDR")]
-        listen: Option<String>,
-    },
+    Dashboard(DashboardArgs),
     /// Render MANIFEST.md and manifest.json for a run from recorded facts.
     Manifest {
         /// Run id (default: the newest run).
@@ -270,6 +214,74 @@ pub struct SimBenchBenchArgs {
     /// Accepted for compatibility; the simulated bench prints the table only.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct SessionArgs {
+    /// Target id such as L1/gelu.
+    pub target: String,
+    /// Run id (default: the newest run).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Print the readable lines live until the session ends (with --json: one event
+    /// per line, NDJSON).
+    #[arg(long)]
+    pub follow: bool,
+    /// The readable view with every line: full tool outputs, the prompt, written files.
+    #[arg(long)]
+    pub transcript: bool,
+    /// The raw events as JSON (reasoning's encrypted content withheld).
+    #[arg(long)]
+    pub json: bool,
+    /// The candidate against the baseline it started from, as a unified diff.
+    #[arg(long, conflicts_with_all = ["follow", "transcript", "json"])]
+    pub diff: bool,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct GpusArgs {
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Run the CUDA sanity kernel on every GPU of the inventory (needs a real GPU).
+    #[arg(long)]
+    pub sanity: bool,
+    /// Take a GPU (UUID or index) out of the running daemon's pool.
+    #[arg(long, value_name = "GPU", conflicts_with_all = ["undrain", "sanity"])]
+    pub drain: Option<String>,
+    /// Why the GPU is drained (with --drain).
+    #[arg(long, requires = "drain")]
+    pub reason: Option<String>,
+    /// Return a drained GPU (UUID or index) to the running daemon's pool.
+    #[arg(long, value_name = "GPU", conflicts_with = "sanity")]
+    pub undrain: Option<String>,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct CompareArgs {
+    /// Two run ids to compare (an independent and a sequential run, or two runs of one
+    /// mode). Without them, the newest `--mode all` pair.
+    pub runs: Vec<String>,
+    /// A `--mode all` run holding both campaigns.
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write `compare.json` beside the sequential results (replacing the one a
+    /// previous `--save` wrote). Without it, compare only reads.
+    #[arg(long)]
+    pub save: bool,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct DashboardArgs {
+    /// Run id (default: the newest run).
+    #[arg(long)]
+    pub run: Option<String>,
+    /// Address to listen on (default: `[dashboard] listen`, else 127.0.0.1:0).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Args, Clone, Default)]

@@ -3,6 +3,7 @@
 //! are in [`crate::captures`]; this prints.
 
 use super::args::CapturesCommand;
+use super::emit;
 use crate::captures::{render, report};
 use crate::config::Config;
 use crate::error::Error;
@@ -16,15 +17,13 @@ pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, E
     match command {
         CapturesCommand::List { json } => {
             let reports = read()?;
-            if *json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&reports).unwrap_or_default()
-                );
-            } else {
-                println!("captures {}", config.captures.display());
-                print!("{}", render::list(&reports));
-            }
+            emit(*json, &reports, || {
+                format!(
+                    "captures {}\n{}",
+                    config.captures.display(),
+                    render::list(&reports)
+                )
+            });
             Ok(0)
         }
         CapturesCommand::Coverage { targets, json } => {
@@ -45,25 +44,18 @@ pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, E
                 }
                 None => None,
             };
-            if *json {
-                let rows: Vec<serde_json::Value> = match &selected {
-                    Some(ids) => ids
-                        .iter()
-                        .map(|id| serde_json::json!({"target": id, "coverage": cov.get(id)}))
-                        .collect(),
-                    None => cov
-                        .iter()
-                        .map(|(id, c)| serde_json::json!({"target": id, "coverage": c}))
-                        .collect(),
-                };
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&rows).unwrap_or_default()
-                );
-            } else {
-                println!("captures {}", config.captures.display());
-                print!("{}", render::coverage(&reports, &cov, selected.as_deref()));
-            }
+            let ids: Vec<&crate::target::TargetId> = match &selected {
+                Some(ids) => ids.iter().collect(),
+                None => cov.keys().collect(),
+            };
+            let rows: Vec<serde_json::Value> = ids
+                .into_iter()
+                .map(|id| serde_json::json!({"target": id, "coverage": cov.get(id)}))
+                .collect();
+            emit(*json, &rows, || {
+                let text = render::coverage(&reports, &cov, selected.as_deref());
+                format!("captures {}\n{text}", config.captures.display())
+            });
             Ok(0)
         }
         CapturesCommand::Import { dir } => {

@@ -8,6 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+use super::args::CompareArgs;
+use super::{emit, print_json};
 use crate::daemon::plan::pair_of;
 use crate::error::Error;
 use crate::score::compare;
@@ -56,20 +58,9 @@ fn newest_pair(store: &Store) -> Result<(String, String), Error> {
     ))
 }
 
-/// How `compare` prints and whether it saves.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CompareOpts {
-    pub json: bool,
-    pub save: bool,
-}
-
 /// Compares and prints; with `--save`, (re)writes `compare.json` beside the sequential results.
-pub fn cmd_compare(
-    home: &Path,
-    runs: &[String],
-    run: Option<&str>,
-    opts: CompareOpts,
-) -> Result<i32, Error> {
+pub fn cmd_compare(home: &Path, opts: &CompareArgs) -> Result<i32, Error> {
+    let (runs, run) = (&opts.runs[..], opts.run.as_deref());
     let store = super::open_viewer_store(home)?;
     if let [a, b] = runs {
         let (a, b) = (store.run(Some(a))?, store.run(Some(b))?);
@@ -82,14 +73,9 @@ pub fn cmd_compare(
             }
             let c =
                 crate::score::compare_ab::load(&store, &crate::run::runs_dir(home), &a.id, &b.id)?;
-            if opts.json {
-                println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
-            } else {
-                print!(
-                    "{}",
-                    crate::score::compare_ab::render(&c, super::term::stdout_width())
-                );
-            }
+            emit(opts.json, &c, || {
+                crate::score::compare_ab::render(&c, super::term::stdout_width())
+            });
             return Ok(0);
         }
     }
@@ -100,7 +86,7 @@ pub fn cmd_compare(
         if let Some(path) = &saved {
             eprintln!("wrote {}", path.display());
         }
-        println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
+        print_json(&c);
     } else {
         print!(
             "{}",

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::args::GlobalArgs;
+use super::args::{DashboardArgs, GlobalArgs};
 use crate::config::{Config, DEFAULT_DASHBOARD_LISTEN, Env, parse_dashboard_listen};
 use crate::dashboard::{self, DashboardState};
 use crate::error::Error;
@@ -28,9 +28,9 @@ pub async fn cmd_dashboard(
     global: &GlobalArgs,
     env: &Env,
     catalog: &Catalog,
-    run: Option<&str>,
-    listen: Option<&str>,
+    args: &DashboardArgs,
 ) -> Result<i32, Error> {
+    let (run, listen) = (args.run.as_deref(), args.listen.as_deref());
     let config = Config::load(&super::flags(global, None), env, catalog)?;
     let addr = listen_addr(listen, &config)?;
     // Read-only: the command may run beside a daemon that writes the store.

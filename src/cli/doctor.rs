@@ -70,11 +70,7 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
             "captures": config.captures,
             "uncaptured": uncaptured,
         });
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        super::print_json(&value);
     } else {
         let _ = match &harness {
             Some(h) => writeln!(

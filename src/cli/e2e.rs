@@ -3,6 +3,7 @@
 //! under one `bench` lease of this process's own broker. The work is in
 //! [`crate::score::e2e`]; this wires the broker, the command and the printing.
 
+use super::print_json;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Env};
@@ -79,10 +80,7 @@ pub async fn cmd_e2e(
     }
     home.broker.shutdown().await;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&outcomes).unwrap_or_default()
-        );
+        print_json(&outcomes);
     } else {
         for o in &outcomes {
             let lines = e2e::describe(o);

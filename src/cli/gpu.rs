@@ -8,8 +8,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::args::{GlobalArgs, LeaseArgs, LeaseClassArg};
-use crate::config::{Config, Env, Flags, format_duration, parse_duration, resolve_home};
+use super::args::{GlobalArgs, GpusArgs, LeaseArgs, LeaseClassArg};
+use super::{emit, print_json};
+use crate::config::{Config, Env, format_duration, parse_duration, resolve_home};
 use crate::control::ControlError;
 use crate::control::gpu_routes::{GpuClient, LeaseCall, LeaseEnd, LeaseFrame};
 use crate::error::Error;
@@ -18,15 +19,6 @@ use crate::gpu::{
     SanityReport, Snapshot, run_sanity,
 };
 use crate::target::Catalog;
-
-/// Options of `fk-agentd gpus`.
-pub(super) struct GpusOpts {
-    pub json: bool,
-    pub sanity: bool,
-    pub drain: Option<String>,
-    pub reason: Option<String>,
-    pub undrain: Option<String>,
-}
 
 fn class(arg: LeaseClassArg) -> LeaseClass {
     match arg {
@@ -140,10 +132,7 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
         let _ = std::io::stderr().write_all(&child_stderr);
         let code = lease_exit_code(&outcome);
         let value = serde_json::json!({"outcome": outcome, "gpus": snapshot, "exit_code": code});
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        print_json(&value);
         return Ok(code);
     }
     let _ = std::io::stdout().write_all(&child_stdout);
@@ -202,7 +191,7 @@ pub(super) async fn cmd_gpus(
     global: &GlobalArgs,
     env: &Env,
     catalog: &Catalog,
-    opts: GpusOpts,
+    opts: &GpusArgs,
 ) -> Result<i32, Error> {
     let home = resolve_home(global.home.as_deref(), env)?;
     let socket = crate::control::socket_path(&home);
@@ -219,12 +208,7 @@ pub(super) async fn cmd_gpus(
         return Ok(0);
     }
     let inventory = || -> Result<Inventory, Error> {
-        let flags = Flags {
-            home: global.home.clone(),
-            config: global.config.clone(),
-            ..Flags::default()
-        };
-        let config = Config::load(&flags, env, catalog)?;
+        let config = Config::load(&super::flags(global, None), env, catalog)?;
         Ok(Inventory::discover(&config.gpus)?)
     };
     if opts.sanity {
@@ -237,12 +221,7 @@ pub(super) async fn cmd_gpus(
     let (snap, daemon) = match live {
         Ok(s) => (s, true),
         Err(ControlError::NoDaemon { .. }) => {
-            let flags = Flags {
-                home: global.home.clone(),
-                config: global.config.clone(),
-                ..Flags::default()
-            };
-            let config = Config::load(&flags, env, catalog)?;
+            let config = Config::load(&super::flags(global, None), env, catalog)?;
             // Slurm GPUs exist only once the daemon holds them: show the cluster instead.
             if let Some(slurm) = &config.slurm {
                 let (_, text) = crate::gpu::slurm::describe(&config, slurm)?;
@@ -253,14 +232,7 @@ pub(super) async fn cmd_gpus(
         }
         Err(e) => return Err(e.into()),
     };
-    if opts.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&snap).unwrap_or_default()
-        );
-    } else {
-        print!("{}", render_gpus(&snap, daemon));
-    }
+    emit(opts.json, &snap, || render_gpus(&snap, daemon));
     Ok(0)
 }
 
@@ -279,14 +251,7 @@ async fn cmd_sanity(inventory: Inventory, json: bool) -> Result<i32, Error> {
             .map_err(|e| LeaseError::CudaUnavailable(e.to_string()))??;
         reports.push(r);
     }
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&reports).unwrap_or_default()
-        );
-    } else {
-        print!("{}", render_sanity(&reports));
-    }
+    emit(json, &reports, || render_sanity(&reports));
     Ok(if reports.iter().all(SanityReport::passed) {
         0
     } else {

@@ -130,6 +130,20 @@ pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
     }
 }
 
+/// Prints `v` as pretty JSON and a newline.
+pub(crate) fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+/// Prints `v` as JSON with `--json`, else the text `plain` makes.
+pub(crate) fn emit<T: serde::Serialize>(json: bool, v: &T, plain: impl FnOnce() -> String) {
+    if json {
+        print_json(v);
+    } else {
+        print!("{}", plain());
+    }
+}
+
 /// `fk-agentd tool …` in a codex session's shell: the session's endpoint and token are read
 /// from the environment here, at the edge; the tool's text goes to stdout; the exit status is
 /// 0 done, 1 the tool failed (the model should act on it), 3 infrastructure.
@@ -176,40 +190,11 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         Command::Sessions { run, json } => {
             session::cmd_sessions(&home(&cli.global, &env)?, run.as_deref(), json).await
         }
-        Command::Session {
-            target,
-            run,
-            follow,
-            transcript,
-            json,
-            diff,
-        } => {
-            let opts = session::SessionOpts {
-                follow,
-                transcript,
-                json,
-                diff,
-            };
-            let home = home(&cli.global, &env)?;
-            session::cmd_session(&home, &target, run.as_deref(), opts, &catalog).await
+        Command::Session(ref args) => {
+            session::cmd_session(&home(&cli.global, &env)?, args, &catalog).await
         }
         Command::Lease(ref args) => gpu::cmd_lease(&cli.global, &env, args).await,
-        Command::Gpus {
-            json,
-            sanity,
-            ref drain,
-            ref reason,
-            ref undrain,
-        } => {
-            let opts = gpu::GpusOpts {
-                json,
-                sanity,
-                drain: drain.clone(),
-                reason: reason.clone(),
-                undrain: undrain.clone(),
-            };
-            gpu::cmd_gpus(&cli.global, &env, &catalog, opts).await
-        }
+        Command::Gpus(ref args) => gpu::cmd_gpus(&cli.global, &env, &catalog, args).await,
         Command::Score(ref args) => {
             let mut f = flags(&cli.global, None);
             f.patches = args.patches.clone();
@@ -222,27 +207,9 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             Err(Error::Usage("confined-exec runs before the runtime".into()))
         }
         Command::Tool(ref tool) => cmd_tool(tool).await,
-        Command::Compare {
-            ref runs,
-            ref run,
-            json,
-            save,
-        } => {
-            let opts = compare::CompareOpts { json, save };
-            compare::cmd_compare(&home(&cli.global, &env)?, runs, run.as_deref(), opts)
-        }
-        Command::Dashboard {
-            ref run,
-            ref listen,
-        } => {
-            dashboard::cmd_dashboard(
-                &cli.global,
-                &env,
-                &catalog,
-                run.as_deref(),
-                listen.as_deref(),
-            )
-            .await
+        Command::Compare(ref args) => compare::cmd_compare(&home(&cli.global, &env)?, args),
+        Command::Dashboard(ref args) => {
+            dashboard::cmd_dashboard(&cli.global, &env, &catalog, args).await
         }
         Command::Manifest { run, json } => {
             cmd_manifest(&home(&cli.global, &env)?, run.as_deref(), json)
@@ -319,54 +286,37 @@ fn spent_of(home: &std::path::Path, run_id: &str) -> Option<crate::scheduler::bu
 }
 
 async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
-    match ControlClient::new(home) {
-        Ok(client) => match client.status().await {
-            Ok(s) => {
-                let spent = s.run_id.as_deref().and_then(|r| spent_of(home, r));
-                if json {
-                    let value = serde_json::json!({"running": true, "daemon": s, "spent": spent});
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&value).unwrap_or_default()
-                    );
-                } else {
-                    print!("{}", s.render());
-                    let run = s.run_id.as_deref();
-                    if let Some(line) = run.and_then(|r| session::outcome_line(home, r)) {
-                        println!("outcome   {line}");
-                    }
-                    if let Some(spent) = spent {
-                        println!("spent     {}", spent.describe());
-                    }
-                }
-                return Ok(0);
-            }
-            Err(ControlError::NoDaemon { .. }) => {}
-            Err(e) => return Err(e.into()),
-        },
-        Err(ControlError::NoDaemon { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let last = if home.join("fk-agentd.db").exists() {
-        open_viewer_store(home)?.runs()?.into_iter().next()
-    } else {
-        None
+    let live = match ControlClient::new(home) {
+        Ok(client) => client.status().await,
+        Err(e) => Err(e),
     };
-    let spent = last.as_ref().and_then(|r| spent_of(home, &r.id));
+    let (mut value, text, run_id) = match live {
+        Ok(s) => (
+            serde_json::json!({"running": true, "daemon": &s}),
+            s.render(),
+            s.run_id.clone(),
+        ),
+        Err(ControlError::NoDaemon { .. }) => {
+            let last = if home.join("fk-agentd.db").exists() {
+                open_viewer_store(home)?.runs()?.into_iter().next()
+            } else {
+                None
+            };
+            let text = report::offline_status(&home.display().to_string(), last.as_ref());
+            let run_id = last.as_ref().map(|r| r.id.clone());
+            let value = serde_json::json!({"running": false, "home": home, "last_run": last});
+            (value, text, run_id)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let spent = run_id.as_deref().and_then(|r| spent_of(home, r));
     if json {
-        let value = serde_json::json!({"running": false, "home": home, "last_run": last,
-                                       "spent": spent});
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        value["spent"] = serde_json::json!(spent);
+        print_json(&value);
         return Ok(0);
     }
-    print!(
-        "{}",
-        report::offline_status(&home.display().to_string(), last.as_ref())
-    );
-    if let Some(line) = last.and_then(|r| session::outcome_line(home, &r.id)) {
+    print!("{text}");
+    if let Some(line) = run_id.and_then(|r| session::outcome_line(home, &r)) {
         println!("outcome   {line}");
     }
     if let Some(spent) = spent {

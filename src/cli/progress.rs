@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::inspect::clock;
 use crate::store::Store;
 
 /// How often the store is read.
@@ -46,7 +47,7 @@ pub fn render(s: &Snapshot) -> String {
         (0, _) => "ETA after the first session ends".to_string(),
         (done, left) => format!(
             "ETA {}",
-            clock(s.elapsed.mul_f64(left as f64 / done as f64))
+            clock(s.elapsed.mul_f64(left as f64 / done as f64).as_secs())
         ),
     };
     format!(
@@ -56,13 +57,8 @@ pub fn render(s: &Snapshot) -> String {
         s.running,
         s.winners,
         if s.winners == 1 { "" } else { "s" },
-        clock(s.elapsed)
+        clock(s.elapsed.as_secs())
     )
-}
-
-fn clock(d: Duration) -> String {
-    let s = d.as_secs();
-    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 /// Reads the run this process is running: the newest `running` run it created, else the

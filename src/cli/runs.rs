@@ -5,7 +5,6 @@
 //! exported set, else its standalone gate), else the sequential campaign's
 //! `sequential_finished` event; a run never scored shows none.
 
-use std::io::Write;
 use std::path::Path;
 
 use serde::Serialize;
@@ -41,16 +40,7 @@ pub fn cmd_runs(home: &Path, json: bool) -> Result<i32, Error> {
     } else {
         Vec::new()
     };
-    let mut out = std::io::stdout().lock();
-    if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&lines).unwrap_or_default()
-        );
-    } else {
-        let _ = write!(out, "{}", render(&lines, super::term::stdout_width()));
-    }
+    super::emit(json, &lines, || render(&lines, super::term::stdout_width()));
     Ok(0)
 }
 
@@ -90,23 +80,10 @@ fn winners(store: &Store, row: &RunRow, run_dir: &Path) -> Option<usize> {
 
 /// The `score.json` of the newest results generation (`results`, `results-2`, …).
 fn newest_score(run_dir: &Path) -> Option<serde_json::Value> {
-    let generation = |name: &str| -> Option<u32> {
-        match name.strip_prefix("results") {
-            Some("") => Some(1),
-            Some(rest) => rest.strip_prefix('-')?.parse().ok(),
-            None => None,
-        }
-    };
-    let newest = std::fs::read_dir(run_dir)
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let n = generation(e.file_name().to_str()?)?;
-            Some((n, e.path()))
-        })
-        .filter(|(_, p)| p.join("score.json").is_file())
-        .max_by_key(|(n, _)| *n)?;
-    let text = std::fs::read_to_string(newest.1.join("score.json")).ok()?;
+    let newest = crate::score::candidates::generations(run_dir)
+        .into_iter()
+        .find(|p| p.join("score.json").is_file())?;
+    let text = std::fs::read_to_string(newest.join("score.json")).ok()?;
     serde_json::from_str(&text).ok()
 }
 
@@ -258,13 +235,6 @@ mod tests {
         let text = render(&sample(), 80);
         insta::assert_snapshot!(text);
         assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
-    }
-
-    #[test]
-    fn grouped_digits() {
-        let cases = [0, 12, 999, 1_000, 21_607, 1_234_567];
-        let shown: Vec<String> = cases.iter().map(|n| group(*n)).collect();
-        assert_eq!(shown, ["0", "12", "999", "1,000", "21,607", "1,234,567"]);
     }
 
     #[test]

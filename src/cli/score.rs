@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
+use super::emit;
 use crate::app::Home;
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
@@ -160,9 +161,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     };
     let simulated = from_run.as_ref().is_some_and(|(_, sim)| *sim);
     let from_run = from_run.map(|(id, _)| id);
-    let progress = std::sync::Arc::new(StageProgress::new(std::io::IsTerminal::is_terminal(
-        &std::io::stderr(),
-    )));
+    let progress = StageProgress::new();
     let (driver, home, provider) =
         scoring_driver(config, env, &lock, simulated, (args.json, &progress)).await?;
     let score = ScoreParams {
@@ -192,19 +191,11 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         }
     };
     home.broker.shutdown().await;
-    if args.json {
-        let shown = super::score_view::only(&report, args.only);
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&shown).unwrap_or_default()
-        );
-    } else {
+    let shown = super::score_view::only(&report, args.only);
+    emit(args.json, &shown, || {
         let text = render::score_table_width(&report, super::term::stdout_width());
-        print!(
-            "{}",
-            super::score_view::only_text(&text, &report, args.only)
-        );
-    }
+        super::score_view::only_text(&text, &report, args.only)
+    });
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
@@ -316,9 +307,7 @@ async fn score_sequential(
             seq_dir.display()
         ),
     );
-    let progress = std::sync::Arc::new(StageProgress::new(std::io::IsTerminal::is_terminal(
-        &std::io::stderr(),
-    )));
+    let progress = StageProgress::new();
     let (driver, home, provider) =
         scoring_driver(config, env, lock, run.simulated, (args.json, &progress)).await?;
     let cancel = CancellationToken::new();
@@ -341,14 +330,7 @@ async fn score_sequential(
         levels,
         gate,
     };
-    if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
-    } else {
-        print!("{}", sequential::seq_table(&report));
-    }
+    emit(args.json, &report, || sequential::seq_table(&report));
     Ok(0)
 }
 
@@ -430,10 +412,18 @@ struct StageProgress {
 }
 
 impl StageProgress {
-    fn new(tty: bool) -> Self {
-        Self {
-            tty,
+    /// A bar on a terminal stderr, else plain lines.
+    fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            tty: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             current: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// One bench of the current stage ended (the driver calls this after every bench).
+    fn bench_done(&self) {
+        if let Some((bar, _)) = self.current.lock().ok().as_ref().and_then(|c| c.as_ref()) {
+            bar.inc(1);
         }
     }
 }
@@ -470,15 +460,6 @@ fn stage_end_words(stage: Stage, winners: usize, judged: usize) -> String {
             "sequential final: {winners} winner{} in the final set",
             if winners == 1 { "" } else { "s" }
         ),
-    }
-}
-
-impl StageProgress {
-    /// One bench of the current stage ended (the driver calls this after every bench).
-    fn bench_done(&self) {
-        if let Some((bar, _)) = self.current.lock().ok().as_ref().and_then(|c| c.as_ref()) {
-            bar.inc(1);
-        }
     }
 }
 

@@ -5,8 +5,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use super::open_viewer_store;
+use super::args::SessionArgs;
 use super::term::{stdout_color, stdout_width};
+use super::{open_viewer_store, print_json};
 use crate::control::client::ControlClient;
 use crate::error::Error;
 use crate::event::{Payload, RunState, TaskFinished, TurnFinished};
@@ -15,15 +16,6 @@ use crate::report::{self, TableOptions};
 use crate::store::leases::LeaseRow;
 use crate::store::{Event, RunRow, Store};
 use crate::target::{Catalog, TargetId};
-
-/// What `session TARGET` prints.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SessionOpts {
-    pub follow: bool,
-    pub transcript: bool,
-    pub json: bool,
-    pub diff: bool,
-}
 
 pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
     let store = open_viewer_store(home)?;
@@ -45,11 +37,7 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         let tally = inspect::OutcomeTally::of(outcomes.values());
         let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
             "sessions": rows, "outcomes": outcomes, "summary": tally.line(), "spent": spent});
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        print_json(&value);
         return Ok(0);
     }
     let opts = TableOptions {
@@ -89,14 +77,8 @@ pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {
 }
 
 /// `session TARGET` in all its forms.
-pub async fn cmd_session(
-    home: &Path,
-    target: &str,
-    run: Option<&str>,
-    opts: SessionOpts,
-    catalog: &Catalog,
-) -> Result<i32, Error> {
-    let (id, store, run_row) = open_session(home, target, run, catalog)?;
+pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> Result<i32, Error> {
+    let (id, store, run_row) = open_session(home, &opts.target, opts.run.as_deref(), catalog)?;
     if opts.diff {
         return cmd_diff(home, &id, &run_row);
     }
@@ -111,16 +93,12 @@ pub async fn cmd_session(
             .into_iter()
             .find(|s| s.target == name);
         // Placed as the readable view places them, so each says the call it was granted during.
-        let rows = session_leases(&store, &name, &events)?;
-        let view = SessionView::from_events(&events).with_leases(&rows);
+        let view = view(&store, &name, &events)?;
         let leases = view.all_leases();
         let events: Vec<Event> = events.into_iter().map(withheld).collect();
         let value = serde_json::json!({"run": run_row, "target": name, "state": state,
             "leases": leases, "events": events});
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        print_json(&value);
         return Ok(0);
     }
     if events.is_empty() {
@@ -131,15 +109,8 @@ pub async fn cmd_session(
         );
         return Ok(0);
     }
-    let leases = session_leases(&store, &name, &events)?;
-    let view = SessionView::from_events(&events).with_leases(&leases);
-    let render = RenderOptions {
-        color: stdout_color(),
-        full: opts.transcript,
-        settled_only: false,
-        run_id: Some(run_row.id.clone()),
-        simulated: run_row.simulated,
-    };
+    let view = view(&store, &name, &events)?;
+    let render = render_options(&run_row, opts.transcript, false);
     print!("{}", inspect::render_text(&view, &render));
     println!("cost     {}", session_cost(&store, &run_row.id, &events));
     Ok(0)
@@ -178,6 +149,22 @@ fn session_leases(store: &Store, name: &str, events: &[Event]) -> Result<Vec<Lea
     Ok(store.session_leases(name, &first.at, until)?)
 }
 
+/// The readable view of a session's events, its leases placed in it.
+fn view(store: &Store, name: &str, events: &[Event]) -> Result<SessionView, Error> {
+    Ok(SessionView::from_events(events).with_leases(&session_leases(store, name, events)?))
+}
+
+/// How `session` renders on this terminal.
+fn render_options(run_row: &RunRow, full: bool, settled_only: bool) -> RenderOptions {
+    RenderOptions {
+        color: stdout_color(),
+        full,
+        settled_only,
+        run_id: Some(run_row.id.clone()),
+        simulated: run_row.simulated,
+    }
+}
+
 /// An event as `--json` prints it: reasoning's encrypted content replaced by a marker.
 fn withheld(mut e: Event) -> Event {
     inspect::strip_encrypted(&mut e.payload);
@@ -197,13 +184,7 @@ async fn cmd_follow(
     if json {
         eprint!("{}", report::sim_banner(run_row.simulated));
     }
-    let mut render = RenderOptions {
-        color: stdout_color(),
-        full: false,
-        settled_only: true,
-        run_id: Some(run_row.id.clone()),
-        simulated: run_row.simulated,
-    };
+    let mut render = render_options(run_row, false, true);
     let mut events: Vec<Event> = Vec::new();
     let mut printed = 0;
     let mut out = std::io::stdout();
@@ -221,8 +202,7 @@ async fn cmd_follow(
         let run_over = !ended && !store.run(Some(&run_row.id))?.is_running();
         if !json {
             render.settled_only = !(ended || run_over);
-            let leases = session_leases(store, &name, &events)?;
-            let view = SessionView::from_events(&events).with_leases(&leases);
+            let view = view(store, &name, &events)?;
             // Nothing until the first turn settles: the header is complete by then.
             let ready = !render.settled_only || view.turns.iter().any(|t| t.settled);
             if ready {

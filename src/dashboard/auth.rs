@@ -136,18 +136,4 @@ mod tests {
         assert!(!t.matches(""));
         assert_ne!(t.expose(), AccessToken::random().expose());
     }
-
-    #[test]
-    fn the_token_is_found_in_query_cookie_and_bearer() {
-        assert_eq!(query_token(Some("run=x&token=abc")), Some("abc"));
-        assert_eq!(query_token(Some("run=x")), None);
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::COOKIE,
-            "a=1; fk_agentd_dashboard=xyz".parse().unwrap(),
-        );
-        h.insert(header::AUTHORIZATION, "Bearer qq".parse().unwrap());
-        assert_eq!(cookie_token(&h), Some("xyz"));
-        assert_eq!(bearer_token(&h), Some("qq"));
-    }
 }

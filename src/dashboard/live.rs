@@ -119,19 +119,12 @@ struct SessionFeed {
 
 impl SessionFeed {
     fn blocking_poll(&mut self) -> Result<Vec<SseEvent>, crate::store::StoreError> {
-        if self.events.is_empty() {
-            self.events = self
-                .state
-                .store
-                .events(&self.run_id, Some(&self.target), 0)?;
-        } else {
-            let last = self.events.last().map_or(0, |e| e.seq);
-            let new = self
-                .state
-                .store
-                .events(&self.run_id, Some(&self.target), last)?;
-            self.events.extend(new);
-        }
+        let last = self.events.last().map_or(0, |e| e.seq);
+        let new = self
+            .state
+            .store
+            .events(&self.run_id, Some(&self.target), last)?;
+        self.events.extend(new);
         let last = self.events.last().map_or(0, |e| e.seq);
         let mut out = Vec::new();
         let mut ended = false;
@@ -222,14 +215,9 @@ pub async fn session_stream(
         return (axum::http::StatusCode::BAD_REQUEST, "target = (missing)\n").into_response();
     };
     let st = state.clone();
-    let run = match tokio::task::spawn_blocking(move || model::pick_run(&st, q.run.as_deref()))
-        .await
-    {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return super::pages::error_page(e),
-        Err(e) => {
-            return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
-        }
+    let run = match super::pages::blocking(move || model::pick_run(&st, q.run.as_deref())).await {
+        Ok(r) => r,
+        Err(r) => return r,
     };
     let feed = SessionFeed {
         state: state.clone(),

@@ -73,19 +73,21 @@ fn sessions(r: &mut Registry, view: &RunView) {
     ]))
     .set(1);
     let c = view.counts();
-    gauge(r, "session_targets", "Targets of the run", c.targets as i64);
-    gauge(
-        r,
-        "session_queue_depth",
-        "Sessions waiting for an agent slot",
-        c.queued as i64,
-    );
-    gauge(
-        r,
-        "winners",
-        "Sessions whose candidate is a winner so far",
-        c.winners as i64,
-    );
+    for (name, help, v) in [
+        ("session_targets", "Targets of the run", c.targets),
+        (
+            "session_queue_depth",
+            "Sessions waiting for an agent slot",
+            c.queued,
+        ),
+        (
+            "winners",
+            "Sessions whose candidate is a winner so far",
+            c.winners,
+        ),
+    ] {
+        gauge(r, name, help, v as i64);
+    }
     let by_state = gauge_family(r, "sessions", "Sessions by state");
     let mut states: BTreeMap<String, i64> = BTreeMap::new();
     for l in view.session_lines() {
@@ -166,20 +168,22 @@ fn provider(r: &mut Registry, view: &RunView) {
             cost,
         );
     }
-    counter(r, "turns", "Model turns", t.turns);
-    counter(r, "llm_retries", "Provider requests retried", t.retries);
-    counter(
-        r,
-        "llm_rate_limited",
-        "Provider retries after a 429",
-        t.rate_limited,
-    );
-    counter(
-        r,
-        "token_reloads",
-        "Times the provider token was read again",
-        t.token_reloads,
-    );
+    for (name, help, v) in [
+        ("turns", "Model turns", t.turns),
+        ("llm_retries", "Provider requests retried", t.retries),
+        (
+            "llm_rate_limited",
+            "Provider retries after a 429",
+            t.rate_limited,
+        ),
+        (
+            "token_reloads",
+            "Times the provider token was read again",
+            t.token_reloads,
+        ),
+    ] {
+        counter(r, name, help, v);
+    }
     let turn = histogram_family(
         r,
         "turn_latency_seconds",
@@ -204,16 +208,11 @@ pub fn encode(view: &RunView) -> String {
 }
 
 /// `GET /metrics[?run=]`.
-pub async fn handler(State(state): State<DashboardState>, Query(q): Query<PageQuery>) -> Response {
-    match view_of(&state, q.run).await {
-        Ok(view) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            encode(&view),
-        )
-            .into_response(),
-        Err(r) => r,
-    }
+pub async fn handler(
+    State(state): State<DashboardState>,
+    Query(q): Query<PageQuery>,
+) -> Result<Response, Response> {
+    let view = view_of(&state, q.run).await?;
+    let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    Ok(([(header::CONTENT_TYPE, kind)], encode(&view)).into_response())
 }

@@ -55,7 +55,14 @@ pub fn error_page(e: StoreError) -> Response {
 /// Loads a run's view off the async workers.
 pub async fn view_of(state: &DashboardState, run: Option<String>) -> Result<RunView, Response> {
     let state = state.clone();
-    tokio::task::spawn_blocking(move || model::load(&state, run.as_deref()))
+    blocking(move || model::load(&state, run.as_deref())).await
+}
+
+/// Runs a store read off the async workers: a failed task is a 500, a store error its page.
+pub async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Response> {
+    tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response())?
         .map_err(error_page)
@@ -161,11 +168,11 @@ fn card(id: &str, label: &str, value: Markup, sub: Markup) -> Markup {
 }
 
 /// `/`: the campaign at a glance.
-pub async fn overview(State(state): State<DashboardState>, Query(q): Query<PageQuery>) -> Response {
-    let view = match view_of(&state, q.run.clone()).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+pub async fn overview(
+    State(state): State<DashboardState>,
+    Query(q): Query<PageQuery>,
+) -> Result<Response, Response> {
+    let view = view_of(&state, q.run.clone()).await?;
     let c = view.counts();
     let t = &view.tally.tokens;
     let mut states: BTreeMap<&str, usize> = BTreeMap::new();
@@ -210,7 +217,7 @@ pub async fn overview(State(state): State<DashboardState>, Query(q): Query<PageQ
             (view.tally.token_reloads) " token reloads" }
         p.meta { "started " (view.run.started_at) @if let Some(f) = &view.run.finished_at { " · finished " (f) } }
     };
-    layout(&view, q.run.as_deref(), "/", "Campaign overview", body).into_response()
+    Ok(layout(&view, q.run.as_deref(), "/", "Campaign overview", body).into_response())
 }
 
 fn keep(line: &SessionLine, q: &PageQuery) -> bool {
@@ -251,11 +258,11 @@ fn filter_form(q: &PageQuery, states: &[String]) -> Markup {
 }
 
 /// `/sessions`: every target of the run, filterable and sortable.
-pub async fn sessions(State(state): State<DashboardState>, Query(q): Query<PageQuery>) -> Response {
-    let view = match view_of(&state, q.run.clone()).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+pub async fn sessions(
+    State(state): State<DashboardState>,
+    Query(q): Query<PageQuery>,
+) -> Result<Response, Response> {
+    let view = view_of(&state, q.run.clone()).await?;
     let lines = view.session_lines();
     let mut states: Vec<String> = lines.iter().map(|l| l.state.clone()).collect();
     states.sort();
@@ -286,15 +293,15 @@ pub async fn sessions(State(state): State<DashboardState>, Query(q): Query<PageQ
             }
         }
     };
-    layout(&view, q.run.as_deref(), "/sessions", "Sessions", body).into_response()
+    Ok(layout(&view, q.run.as_deref(), "/sessions", "Sessions", body).into_response())
 }
 
 /// `/leases`: the lease timeline and the leases that ended badly.
-pub async fn leases(State(state): State<DashboardState>, Query(q): Query<PageQuery>) -> Response {
-    let view = match view_of(&state, q.run.clone()).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+pub async fn leases(
+    State(state): State<DashboardState>,
+    Query(q): Query<PageQuery>,
+) -> Result<Response, Response> {
+    let view = view_of(&state, q.run.clone()).await?;
     let mut by_class: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for l in &view.leases {
         *by_class
@@ -326,66 +333,57 @@ pub async fn leases(State(state): State<DashboardState>, Query(q): Query<PageQue
             ul { @for d in &view.drains { li { code { (d.uuid) } " since " (d.since) ": " (d.reason) } } }
         }
     };
-    layout(
+    Ok(layout(
         &view,
         q.run.as_deref(),
         "/leases",
         "GPU lease timeline",
         body,
     )
-    .into_response()
+    .into_response())
 }
 
 /// `/session?target=L1/gelu`: one session, live.
-pub async fn session(State(state): State<DashboardState>, Query(q): Query<PageQuery>) -> Response {
-    let view = match view_of(&state, q.run.clone()).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+pub async fn session(
+    State(state): State<DashboardState>,
+    Query(q): Query<PageQuery>,
+) -> Result<Response, Response> {
+    let view = view_of(&state, q.run.clone()).await?;
     let Some(target) = q.target.clone() else {
-        return (
+        return Err((
             StatusCode::BAD_REQUEST,
             "target = (missing): add ?target=L1/gelu\n",
         )
-            .into_response();
+            .into_response());
     };
     let store = state.store.clone();
     let (run_id, t) = (view.run.id.clone(), target.clone());
-    let events = match tokio::task::spawn_blocking(move || store.events(&run_id, Some(&t), 0)).await
-    {
-        Ok(Ok(e)) => e,
-        Ok(Err(e)) => return error_page(e),
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    };
+    let events = blocking(move || store.events(&run_id, Some(&t), 0)).await?;
     let line = view
         .session_lines()
         .into_iter()
         .find(|l| l.target == target);
     let body = super::live::session_body(&view, &target, line.as_ref(), &events);
-    layout(
+    Ok(layout(
         &view,
         q.run.as_deref(),
         "/session",
         &format!("Session {target}"),
         body,
     )
-    .into_response()
+    .into_response())
 }
 
 /// `/scores`: standalone, composed and sequential tables, and the comparison chart.
-pub async fn scores(State(state): State<DashboardState>, Query(q): Query<PageQuery>) -> Response {
-    let view = match view_of(&state, q.run.clone()).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
+pub async fn scores(
+    State(state): State<DashboardState>,
+    Query(q): Query<PageQuery>,
+) -> Result<Response, Response> {
+    let view = view_of(&state, q.run.clone()).await?;
     let st = state.clone();
     let run = view.run.clone();
-    let body =
-        match tokio::task::spawn_blocking(move || super::scores::scores_body(&st, &run)).await {
-            Ok(b) => b,
-            Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-        };
-    layout(&view, q.run.as_deref(), "/scores", "Scores", body).into_response()
+    let body = blocking(move || Ok(super::scores::scores_body(&st, &run))).await?;
+    Ok(layout(&view, q.run.as_deref(), "/scores", "Scores", body).into_response())
 }
 
 /// Marks a raw string as already-escaped markup (only for our own constant snippets).

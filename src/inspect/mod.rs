@@ -24,7 +24,7 @@ mod view;
 
 pub use leases::{LeaseEnd, LeaseView};
 pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcomes};
-pub use render::{RenderOptions, clip, group, render_lines, render_text};
+pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};
 pub use tools::{ToolDetail, strip_encrypted};
 pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, Usage, transcript_events};
 

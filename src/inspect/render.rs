@@ -35,28 +35,13 @@ const ROWS: usize = 12;
 /// Characters of one output line in the default view.
 const LINE: usize = 300;
 
-#[derive(Clone, Copy)]
-pub(super) enum Style {
-    Bold,
-    Dim,
-    Red,
-    Green,
-    Yellow,
-    Cyan,
-}
-
-impl Style {
-    fn code(self) -> &'static str {
-        match self {
-            Style::Bold => "1",
-            Style::Dim => "2",
-            Style::Red => "31",
-            Style::Green => "32",
-            Style::Yellow => "33",
-            Style::Cyan => "36",
-        }
-    }
-}
+/// SGR codes of the styles `paint` uses.
+pub(super) const BOLD: &str = "1";
+pub(super) const DIM: &str = "2";
+pub(super) const RED: &str = "31";
+pub(super) const GREEN: &str = "32";
+pub(super) const YELLOW: &str = "33";
+pub(super) const CYAN: &str = "36";
 
 pub(super) struct Out<'a> {
     pub(super) o: &'a RenderOptions,
@@ -64,9 +49,9 @@ pub(super) struct Out<'a> {
 }
 
 impl Out<'_> {
-    pub(super) fn paint(&self, text: &str, style: Style) -> String {
+    pub(super) fn paint(&self, text: &str, code: &str) -> String {
         if self.o.color && !text.is_empty() {
-            format!("\x1b[{}m{text}\x1b[0m", style.code())
+            format!("\x1b[{code}m{text}\x1b[0m")
         } else {
             text.to_string()
         }
@@ -79,7 +64,7 @@ impl Out<'_> {
     /// Output text indented under its call: all of it, or its head and tail.
     fn body(&mut self, text: &str, indent: &str) {
         let lines: Vec<&str> = text.lines().collect();
-        let bar = self.paint("│", Style::Dim);
+        let bar = self.paint("│", DIM);
         let show = |l: &str, out: &mut Self| {
             let l = if out.o.full {
                 l.to_string()
@@ -97,7 +82,7 @@ impl Out<'_> {
             "… {} more lines (--transcript shows them) …",
             lines.len() - HEAD - TAIL
         );
-        let skipped = self.paint(&skipped, Style::Dim);
+        let skipped = self.paint(&skipped, DIM);
         self.push(format!("{indent}{bar} {skipped}"));
         lines[lines.len() - TAIL..]
             .iter()
@@ -149,7 +134,7 @@ fn header(out: &mut Out<'_>, view: &SessionView) {
         Some(run) => format!("session {target} in run {run}"),
         None => format!("session {target}"),
     };
-    let title = out.paint(&title, Style::Bold);
+    let title = out.paint(&title, BOLD);
     out.push(title);
     let started = view.started_at.as_deref().unwrap_or("not started");
     let prompt = match (&view.prompt_sha256, &view.prompt) {
@@ -171,7 +156,7 @@ fn header(out: &mut Out<'_>, view: &SessionView) {
     if out.o.full {
         if let Some(p) = &view.prompt {
             out.push(String::new());
-            out.push(out.paint("prompt:", Style::Bold));
+            out.push(out.paint("prompt:", BOLD));
             out.body(p, "  ");
         }
     }
@@ -182,7 +167,7 @@ fn turn_block(out: &mut Out<'_>, turn: &Turn) {
     if let Some(at) = &turn.at {
         head.push_str(&format!(" · {}", time_of_day(at)));
     }
-    let head = out.paint(&head, Style::Bold);
+    let head = out.paint(&head, BOLD);
     let mut parts = vec![head];
     if let Some(u) = &turn.usage {
         let mut tokens = format!("{} in", group(u.input));
@@ -196,7 +181,7 @@ fn turn_block(out: &mut Out<'_>, turn: &Turn) {
         parts.push(format!("{l:.1} s"));
     }
     if turn.attempts > 1 {
-        parts.push(out.paint(&format!("{} attempts", turn.attempts), Style::Yellow));
+        parts.push(out.paint(&format!("{} attempts", turn.attempts), YELLOW));
     }
     out.push(parts.join(" · "));
     let mut reasoning_told = false;
@@ -209,7 +194,7 @@ fn turn_block(out: &mut Out<'_>, turn: &Turn) {
                     _ => "[reasoning]".to_string(),
                 };
                 reasoning_told = true;
-                let tag = out.paint(&tag, Style::Dim);
+                let tag = out.paint(&tag, DIM);
                 let text = summary.join(" ");
                 out.push(format!("  {tag} {text}").trim_end().to_string());
             }
@@ -236,9 +221,9 @@ fn turn_block(out: &mut Out<'_>, turn: &Turn) {
 
 fn note(out: &mut Out<'_>, n: &Note, indent: &str) {
     let style = match n.kind.as_str() {
-        "llm_retry" | "rate_limit_wait" | "tool_infra_retry" | "nudge" => Style::Yellow,
-        "tool_infra_error" | "session_failed_to_start" => Style::Red,
-        _ => Style::Dim,
+        "llm_retry" | "rate_limit_wait" | "tool_infra_retry" | "nudge" => YELLOW,
+        "tool_infra_error" | "session_failed_to_start" => RED,
+        _ => DIM,
     };
     let text = out.paint(&format!("· {}", n.text), style);
     out.push(format!("{indent}{text}"));
@@ -247,13 +232,13 @@ fn note(out: &mut Out<'_>, n: &Note, indent: &str) {
 /// The status part of a call's line: `exit 0 · 0.0 s`, `error · 1.2 s`, `running`.
 fn status(out: &Out<'_>, call: &ToolCall, end: Option<&str>) -> String {
     if call.output.is_none() {
-        return out.paint("running…", Style::Cyan);
+        return out.paint("running…", CYAN);
     }
     let mut parts = Vec::new();
     match end {
-        Some(e) if call.is_error => parts.push(out.paint(e, Style::Red)),
+        Some(e) if call.is_error => parts.push(out.paint(e, RED)),
         Some(e) => parts.push(e.to_string()),
-        None if call.is_error => parts.push(out.paint("error", Style::Red)),
+        None if call.is_error => parts.push(out.paint("error", RED)),
         None => {}
     }
     if let Some(s) = call.elapsed_s {
@@ -271,7 +256,7 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             output,
             ..
         } => {
-            let dollar = out.paint("$", Style::Cyan);
+            let dollar = out.paint("$", CYAN);
             if out.o.full {
                 out.push(format!("  {dollar} {cmd}"));
             } else {
@@ -292,17 +277,8 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             }
         }
         ToolDetail::WriteFile { path, lines, .. } => {
-            let st = status(out, call, None);
-            out.push(join_status(
-                format!("  write_file {path} ({lines} lines)"),
-                st,
-            ));
-            if out.o.full {
-                if let Some(content) = call.arguments["content"].as_str() {
-                    out.body(content, "    ");
-                }
-            }
-            error_output(out, call);
+            let line = format!("  write_file {path} ({lines} lines)");
+            with_arg_body(out, call, line, "content");
         }
         ToolDetail::ReadFile {
             path,
@@ -315,25 +291,19 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
                 (None, Some(l)) => format!(" (first {l} lines)"),
                 (None, None) => String::new(),
             };
-            let st = status(out, call, None);
-            out.push(join_status(format!("  read_file {path}{range}"), st));
+            headline(out, call, format!("  read_file {path}{range}"));
             if out.o.full || call.is_error {
                 output(out, call);
             }
         }
         ToolDetail::ApplyPatch { files } => {
             let list: Vec<String> = files.iter().map(|(op, p)| format!("{op} {p}")).collect();
-            let st = status(out, call, None);
-            out.push(join_status(
+            with_arg_body(
+                out,
+                call,
                 format!("  apply_patch: {}", list.join(", ")),
-                st,
-            ));
-            if out.o.full {
-                if let Some(p) = call.arguments["patch"].as_str() {
-                    out.body(p, "    ");
-                }
-            }
-            error_output(out, call);
+                "patch",
+            );
         }
         ToolDetail::Validate {
             rows,
@@ -347,9 +317,8 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             report,
             summary,
         } => {
-            let st = status(out, call, None);
             let args = args.as_deref().map(|a| format!(" {a}")).unwrap_or_default();
-            out.push(join_status(format!("  profile_{profiler}{args}"), st));
+            headline(out, call, format!("  profile_{profiler}{args}"));
             if let Some(r) = report {
                 out.push(format!("    report {r}"));
             }
@@ -376,12 +345,28 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             error_output(out, call);
         }
         ToolDetail::Other => {
-            let st = status(out, call, None);
             let args = compact_args(&call.arguments);
-            out.push(join_status(format!("  {} {args}", call.name), st));
+            headline(out, call, format!("  {} {args}", call.name));
             output(out, call);
         }
     }
+}
+
+/// A call's line with its status joined on.
+fn headline(out: &mut Out<'_>, call: &ToolCall, line: String) {
+    let st = status(out, call, None);
+    out.push(join_status(line, st));
+}
+
+/// A call's line; in the full view its argument `key` as the body; its error output.
+fn with_arg_body(out: &mut Out<'_>, call: &ToolCall, line: String, key: &str) {
+    headline(out, call, line);
+    if out.o.full {
+        if let Some(body) = call.arguments[key].as_str() {
+            out.body(body, "    ");
+        }
+    }
+    error_output(out, call);
 }
 
 fn validate(
@@ -406,11 +391,7 @@ fn validate(
     }
     let shown = if out.o.full { rows.len() } else { ROWS };
     for r in rows.iter().take(shown) {
-        let style = if r.starts_with("PASSED") {
-            Style::Green
-        } else {
-            Style::Red
-        };
+        let style = if r.starts_with("PASSED") { GREEN } else { RED };
         let word = r.split_whitespace().next().unwrap_or("");
         let painted = out.paint(word, style);
         let line = clip(r, LINE).replacen(word, &painted, 1);
@@ -421,18 +402,18 @@ fn validate(
             "… {} more rows (--transcript shows them)",
             rows.len() - shown
         );
-        out.push(format!("    {}", out.paint(&more, Style::Dim)));
+        out.push(format!("    {}", out.paint(&more, DIM)));
     }
     if let Some(v) = verdict {
         let style = if v.starts_with("WINNER") {
-            Style::Green
+            GREEN
         } else {
-            Style::Yellow
+            YELLOW
         };
         out.push(format!("    verdict: {}", out.paint(v, style)));
     }
     for f in screen {
-        out.push(format!("    {} {f}", out.paint("screen:", Style::Red)));
+        out.push(format!("    {} {f}", out.paint("screen:", RED)));
     }
 }
 
@@ -484,6 +465,11 @@ pub fn clip(s: &str, n: usize) -> String {
     } else {
         s.chars().take(n.saturating_sub(1)).collect::<String>() + "…"
     }
+}
+
+/// `0:00:42`: a wall time as H:MM:SS.
+pub fn clock(secs: u64) -> String {
+    format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
 }
 
 /// `13885` → `13,885`.

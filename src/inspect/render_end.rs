@@ -6,13 +6,13 @@
 
 use super::leases::{LeaseEnd, LeaseView};
 use super::outcome::{SessionEnd, Verdict};
-use super::render::{Out, Style, clip, group};
+use super::render::{CYAN, GREEN, Out, RED, YELLOW, clip, group};
 use super::view::SessionView;
 
 /// `lease validate · GPU-… · queued 0.2 s · ran 3.1 s · exit 0`, under the call that took it.
 pub(super) fn lease(out: &mut Out<'_>, l: &LeaseView) {
     let indent = if l.during.is_some() { "    " } else { "  " };
-    let mut head = format!("{} {}", out.paint("lease", Style::Cyan), l.class);
+    let mut head = format!("{} {}", out.paint("lease", CYAN), l.class);
     if l.self_test {
         head.push_str(" (noise self-test)");
     }
@@ -44,9 +44,9 @@ pub(super) fn lease(out: &mut Out<'_>, l: &LeaseView) {
         end.push_str(" · infrastructure");
     }
     let style = match &l.end {
-        LeaseEnd::Running => Style::Cyan,
-        e if e.succeeded() => Style::Green,
-        _ => Style::Red,
+        LeaseEnd::Running => CYAN,
+        e if e.succeeded() => GREEN,
+        _ => RED,
     };
     parts.push(out.paint(&end, style));
     out.push(format!("{indent}{}", parts.join(" · ")));
@@ -55,9 +55,9 @@ pub(super) fn lease(out: &mut Out<'_>, l: &LeaseView) {
 pub(super) fn footer(out: &mut Out<'_>, view: &SessionView) {
     let end = &view.outcome.end;
     let style = match end {
-        SessionEnd::Finished => Style::Green,
-        SessionEnd::Running | SessionEnd::Skipped(_) => Style::Cyan,
-        _ => Style::Red,
+        SessionEnd::Finished => GREEN,
+        SessionEnd::Running | SessionEnd::Skipped(_) => CYAN,
+        _ => RED,
     };
     let mut line = out.paint(end.word(), style);
     let reason = match (end, &view.end) {
@@ -85,10 +85,10 @@ pub(super) fn footer(out: &mut Out<'_>, view: &SessionView) {
             stats.push(format!("{g:.1} GPU-s"));
         }
         if let Some(e) = d.elapsed_s {
-            stats.push(clock(e));
+            stats.push(super::clock(e.round() as u64));
         }
         if d.infra {
-            stats.push(out.paint("infrastructure", Style::Red));
+            stats.push(out.paint("infrastructure", RED));
         }
         if !stats.is_empty() {
             line.push_str(&format!(" ({})", stats.join(", ")));
@@ -100,10 +100,10 @@ pub(super) fn footer(out: &mut Out<'_>, view: &SessionView) {
     }
     let v = &view.outcome.verdict;
     let style = match v {
-        Verdict::Winner { .. } => Style::Green,
-        Verdict::Pending => Style::Cyan,
-        Verdict::NotWinner { .. } => Style::Yellow,
-        Verdict::NoValidCandidate { .. } => Style::Red,
+        Verdict::Winner { .. } => GREEN,
+        Verdict::Pending => CYAN,
+        Verdict::NotWinner { .. } => YELLOW,
+        Verdict::NoValidCandidate { .. } => RED,
     };
     out.push(format!("verdict  {}", out.paint(&v.to_string(), style)));
 }
@@ -127,10 +127,4 @@ fn short_secs(s: f64) -> String {
     } else {
         format!("{s:.1} s")
     }
-}
-
-/// `0:00:42`: a session's wall time.
-fn clock(secs: f64) -> String {
-    let s = secs.round() as u64;
-    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }

@@ -91,14 +91,15 @@ pub fn detail_of(name: &str, args: &Value, output: Option<&str>) -> ToolDetail {
 }
 
 fn shell(cmd: String, output: Option<&str>) -> ToolDetail {
+    let bare = |cmd, output| ToolDetail::Shell {
+        cmd,
+        end: None,
+        exit_code: None,
+        wall_s: None,
+        output,
+    };
     let Some(out) = output else {
-        return ToolDetail::Shell {
-            cmd,
-            end: None,
-            exit_code: None,
-            wall_s: None,
-            output: None,
-        };
+        return bare(cmd, None);
     };
     let mut lines = out.splitn(3, '\n');
     let head = lines.next().unwrap_or("");
@@ -112,13 +113,7 @@ fn shell(cmd: String, output: Option<&str>) -> ToolDetail {
         .or(rest.strip_prefix("Output:"))
     else {
         // Not the shell's own format (a refusal): show it as output.
-        return ToolDetail::Shell {
-            cmd,
-            end: None,
-            exit_code: None,
-            wall_s: None,
-            output: Some(out.to_string()),
-        };
+        return bare(cmd, Some(out.to_string()));
     };
     let exit_code = head
         .strip_prefix("Exit code: ")

@@ -200,13 +200,9 @@ impl Builder {
                 // The open `validate` call, else the last open one: a codex session's shell
                 // command that runs `fk-agentd tool validate` may be recorded after the
                 // `validate` call it made, and is open as well.
-                let validate = self.open_call_named("validate").is_some();
-                let call = if validate {
-                    self.open_call_named("validate")
-                } else {
-                    self.open_call(None)
-                };
-                if let Some(call) = call {
+                if let Some(call) = self.open_call_named("validate") {
+                    call.validation = Some(p.clone());
+                } else if let Some(call) = self.open_call(None) {
                     call.validation = Some(p.clone());
                 }
             }

@@ -235,20 +235,11 @@ fn token_age(t: &TokenReloaded) -> String {
 }
 
 fn results(run_dir: &Path) -> Vec<GenerationSummary> {
-    let Ok(entries) = std::fs::read_dir(run_dir) else {
-        return Vec::new();
-    };
-    let mut dirs: Vec<(u32, String)> = entries
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            Some((crate::score::candidates::generation_number(&name)?, name))
-        })
-        .collect();
-    dirs.sort();
+    let mut dirs = crate::score::candidates::generations(run_dir);
+    dirs.reverse();
     dirs.into_iter()
-        .map(|(_, name)| generation(&run_dir.join(&name), &name))
+        .filter(|p| p.is_dir())
+        .map(|p| generation(&p, &p.file_name().unwrap_or_default().to_string_lossy()))
         .collect()
 }
 
