@@ -138,13 +138,10 @@ impl Broker {
             let why = down.iter().find(|(s, _)| *s == i).map(|(_, w)| w.clone());
             let uuid = &self.inner.inventory.gpus[i].uuid;
             if st.queue.slots[i].down != why {
-                match &why {
-                    Some(w) => {
-                        tracing::warn!(gpu = %uuid, why = %w, "GPU out of the pool: its node cannot run work")
-                    }
-                    None => {
-                        tracing::info!(gpu = %uuid, "GPU back in the pool: its node runs work again")
-                    }
+                if let Some(w) = &why {
+                    tracing::warn!(gpu = %uuid, why = %w, "GPU out of the pool: its node cannot run work")
+                } else {
+                    tracing::info!(gpu = %uuid, "GPU back in the pool: its node runs work again")
                 }
                 st.queue.slots[i].down = why.clone();
             }

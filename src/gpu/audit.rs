@@ -36,7 +36,7 @@ impl Broker {
         let inner = &self.inner;
         let fresh_for = inner.params.sample_every / 2;
         // Held across the pass on purpose: concurrent samplers wait for one pass, not make many.
-        let mut cache = inner.samples.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = super::guard(&inner.samples);
         if let Some((at, sample)) = cache.as_ref()
             && at.elapsed() < fresh_for
         {

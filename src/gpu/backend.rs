@@ -25,13 +25,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use rustix::process::{Pid, Signal};
 
 use super::cgroup::{self, Cgroups};
 use super::cgroup_spawn;
+use super::guard;
 use super::procfs;
 use super::types::{Containment, LeaseError};
 
@@ -302,16 +303,6 @@ impl LocalBackend {
         self.cgroups
             .as_ref()
             .map_or(Containment::ProcessGroup, Cgroups::kind)
-    }
-
-    fn reports(&self) -> MutexGuard<'_, HashMap<i64, UnixStream>> {
-        // Inserts and removes of whole entries cannot leave the map half-written.
-        self.reports.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn killed(&self) -> MutexGuard<'_, HashSet<PathBuf>> {
-        // As for `reports`.
-        self.killed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A v2 lease started straight in its cgroup (see [`cgroup_spawn`]); `None` when this
@@ -587,12 +578,12 @@ impl LeaseBackend for LocalBackend {
         let shared = c.slot_dir(slot);
         let held = cgroup::members(&shared);
         if held.is_empty() {
-            if !self.killed().contains(&shared) {
+            if !guard(&self.killed).contains(&shared) {
                 return Some(shared);
             }
             // One that `cgroup.kill` emptied is made afresh (see `cgroup::retire`).
             if cgroup::remove(&shared).is_ok() {
-                self.killed().remove(&shared);
+                guard(&self.killed).remove(&shared);
                 return Some(shared);
             }
         }
@@ -634,7 +625,7 @@ impl LeaseBackend for LocalBackend {
         let pid = child.id().map(i64::from).unwrap_or(0);
         let (cgroup, containment) = match (dir, report) {
             (Some(d), Some(report)) => {
-                self.reports().insert(pid, report);
+                guard(&self.reports).insert(pid, report);
                 (Some(d), self.containment())
             }
             (Some(d), None) => {
@@ -658,7 +649,7 @@ impl LeaseBackend for LocalBackend {
     }
 
     fn settle(&self, job: &JobRef) -> Option<Containment> {
-        let report = self.reports().remove(&job.pgid)?;
+        let report = guard(&self.reports).remove(&job.pgid)?;
         let mut byte = [0u8; 1];
         let entered = report.set_nonblocking(true).is_ok()
             && matches!((&report).read(&mut byte), Ok(1))
@@ -679,7 +670,7 @@ impl LeaseBackend for LocalBackend {
         if let Some(dir) = &job.cgroup
             && cgroup::signal_all(dir, hard)
         {
-            self.killed().insert(dir.clone());
+            guard(&self.killed).insert(dir.clone());
         }
     }
 
@@ -718,7 +709,7 @@ impl LeaseBackend for LocalBackend {
     }
 
     fn release(&self, job: &JobRef) -> Result<(), String> {
-        self.reports().remove(&job.pgid);
+        guard(&self.reports).remove(&job.pgid);
         let Some(dir) = &job.cgroup else {
             return Ok(());
         };
@@ -726,7 +717,7 @@ impl LeaseBackend for LocalBackend {
         if !left.is_empty() {
             return Err(format!("{} still holds {left:?}", dir.display()));
         }
-        let reuse = !self.killed().remove(dir);
+        let reuse = !guard(&self.killed).remove(dir);
         cgroup::retire(dir, reuse).map_err(|e| format!("{}: {e}", dir.display()))
     }
 

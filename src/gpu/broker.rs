@@ -136,6 +136,7 @@ impl BrokerParams {
 
 /// A lease between its grant and its end: what health events and the GPU audit need to
 /// reach it.
+#[derive(Default)]
 pub(crate) struct LiveLease {
     pub xids: Vec<u64>,
     pub fault: Option<(String, String)>,
@@ -143,17 +144,6 @@ pub(crate) struct LiveLease {
     pub violation: Option<(String, u32)>,
     /// Wakes the lease's supervisor to end it (fault or violation).
     pub fault_notify: Arc<Notify>,
-}
-
-impl LiveLease {
-    pub fn new(fault_notify: Arc<Notify>) -> Self {
-        Self {
-            xids: Vec::new(),
-            fault: None,
-            violation: None,
-            fault_notify,
-        }
-    }
 }
 
 type GrantTx = oneshot::Sender<Result<Vec<usize>, LeaseError>>;
@@ -301,8 +291,7 @@ impl Broker {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // Every mutation of the state is a few field writes that cannot panic halfway.
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        super::guard(&self.inner.state)
     }
 
     pub(crate) fn new_lease_id(&self) -> String {

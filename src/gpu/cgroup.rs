@@ -63,7 +63,7 @@ pub struct Cgroups {
 pub fn scope_for(store_path: &Path) -> String {
     let path = std::fs::canonicalize(store_path).unwrap_or_else(|_| store_path.to_path_buf());
     let digest = Sha256::digest(path.as_os_str().as_encoded_bytes());
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    crate::digest::hex(&digest[..8])
 }
 
 fn candidates(root: &Path) -> [PathBuf; 4] {

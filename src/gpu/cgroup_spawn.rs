@@ -320,13 +320,13 @@ mod imp {
     impl Stack {
         /// A free stack from the pool, else a new mapping.
         fn take() -> io::Result<Self> {
-            let kept = STACKS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let kept = crate::gpu::guard(&STACKS).pop();
             kept.map_or_else(Self::map, Ok)
         }
 
         /// Puts a stack whose child has exec'd or exited back in the pool.
         fn give_back(self) {
-            let mut free = STACKS.lock().unwrap_or_else(|p| p.into_inner());
+            let mut free = crate::gpu::guard(&STACKS);
             if free.len() < KEPT_STACKS {
                 free.push(self);
             }

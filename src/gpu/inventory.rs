@@ -48,6 +48,20 @@ pub struct GpuInfo {
     pub baseline_used_bytes: Option<u64>,
 }
 
+impl GpuInfo {
+    /// A GPU without NVML facts (no bus id, memory size or baseline).
+    pub fn unobserved(index: u32, uuid: String, name: String) -> Self {
+        GpuInfo {
+            index,
+            uuid,
+            name,
+            pci_bus_id: None,
+            memory_total_bytes: None,
+            baseline_used_bytes: None,
+        }
+    }
+}
+
 /// A process NVML lists on a GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuProcess {
@@ -148,26 +162,18 @@ impl Inventory {
     /// `count` simulated GPUs with stable fake UUIDs.
     pub fn fake(count: u32) -> Self {
         let gpus = (0..count)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-fa4e0000-0000-4000-8000-{i:012}"),
-                name: "simulated GPU (fake)".into(),
-                pci_bus_id: None,
-                memory_total_bytes: None,
-                baseline_used_bytes: None,
+            .map(|i| {
+                let uuid = format!("GPU-fa4e0000-0000-4000-8000-{i:012}");
+                GpuInfo::unobserved(i, uuid, "simulated GPU (fake)".into())
             })
             .collect();
-        Self {
-            source: InventorySource::Fake,
-            gpus,
-            monitor: Arc::new(DeclaredMonitor),
-        }
+        Self::unobserved(InventorySource::Fake, gpus)
     }
 
-    /// GPUs on Slurm nodes: nothing is observable from this host.
-    pub fn slurm(gpus: Vec<GpuInfo>) -> Self {
+    /// GPUs of which nothing is observable from this host (declared, fake, on Slurm nodes).
+    pub fn unobserved(source: InventorySource, gpus: Vec<GpuInfo>) -> Self {
         Self {
-            source: InventorySource::Slurm,
+            source,
             gpus,
             monitor: Arc::new(DeclaredMonitor),
         }
@@ -177,20 +183,9 @@ impl Inventory {
         let gpus = uuids
             .iter()
             .enumerate()
-            .map(|(i, u)| GpuInfo {
-                index: i as u32,
-                uuid: u.clone(),
-                name: "declared GPU (no NVML)".into(),
-                pci_bus_id: None,
-                memory_total_bytes: None,
-                baseline_used_bytes: None,
-            })
+            .map(|(i, u)| GpuInfo::unobserved(i as u32, u.clone(), "declared GPU (no NVML)".into()))
             .collect();
-        Self {
-            source: InventorySource::Declared,
-            gpus,
-            monitor: Arc::new(DeclaredMonitor),
-        }
+        Self::unobserved(InventorySource::Declared, gpus)
     }
 
     fn from_nvml(nvml: Arc<Nvml>, only: Option<&Vec<String>>) -> Result<Self, LeaseError> {

@@ -143,7 +143,10 @@ pub(crate) async fn execute(
         cgroup,
     };
     let fault_notify = Arc::new(Notify::new());
-    let live = LiveLease::new(fault_notify.clone());
+    let live = LiveLease {
+        fault_notify: fault_notify.clone(),
+        ..Default::default()
+    };
     broker.lock().live.insert(g.lease_id.clone(), live);
     // The output files are made while the grant commits (the spawn still waits for both);
     // what an earlier run left at their paths is emptied only once the grant is journaled.
@@ -215,9 +218,9 @@ async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
 }
 
 /// Spawns the job into `output` and journals its process group and real cgroup; a failed
-/// spawn (or output files that could not be made) closes the journal row.
-/// Spawns the job; `job` learns it at once, before the `running` journal write is awaited, so
-/// a lease future dropped during that write still kills what it started.
+/// spawn (or output files that could not be made) closes the journal row. `job` learns it at
+/// once, before the `running` journal write is awaited, so a lease future dropped during that
+/// write still kills what it started.
 async fn launch(
     broker: &Broker,
     g: &Grant,
@@ -382,7 +385,7 @@ pub(crate) fn verdict(
     (reason, false, xids)
 }
 
-async fn journal_outcome(broker: &Broker, outcome: &LeaseOutcome) {
+pub(crate) async fn journal_outcome(broker: &Broker, outcome: &LeaseOutcome) {
     let finished = LeaseWrite::Finish {
         id: outcome.lease_id.clone(),
         state: "finished".into(),

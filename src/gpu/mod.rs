@@ -44,6 +44,12 @@ pub mod slurm;
 mod token;
 mod types;
 
+/// Locks `m`, going on past a poisoned lock: every value guarded in the broker changes by
+/// whole-entry inserts and removes or a few field writes, which a panic cannot leave half-done.
+pub(crate) fn guard<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The session of an operator's own lease (`fk-agentd lease --local`): no agent waits for it.
 pub const OPERATOR_SESSION: &str = "operator";
 

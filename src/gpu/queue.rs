@@ -166,22 +166,27 @@ impl Queue {
 
     /// Marks slots as held by a lease that did not come through the queue (adopted on restart).
     pub fn adopt(&mut self, lease_id: &str, session: &str, class: LeaseClass, slots: Vec<usize>) {
-        for &i in &slots {
+        let held = Held {
+            session: session.to_string(),
+            class,
+            slots,
+            scope: None,
+        };
+        self.hold(lease_id, held);
+    }
+
+    /// Gives `held.slots` to `lease_id`; a lease of the agent scope counts as its session's.
+    fn hold(&mut self, lease_id: &str, held: Held) {
+        for &i in &held.slots {
             self.slots[i].holder = Some(lease_id.to_string());
         }
-        self.sessions
-            .entry(session.to_string())
-            .or_default()
-            .running += 1;
-        self.held.insert(
-            lease_id.to_string(),
-            Held {
-                session: session.to_string(),
-                class,
-                slots,
-                scope: None,
-            },
-        );
+        if held.scope.is_none() {
+            self.sessions
+                .entry(held.session.clone())
+                .or_default()
+                .running += 1;
+        }
+        self.held.insert(lease_id.to_string(), held);
     }
 
     /// Frees a lease's GPUs.
@@ -359,24 +364,18 @@ impl Queue {
 
     fn grant(&mut self, i: usize, slots: &[usize]) {
         let w = self.waiting[i].clone();
-        for &s in slots {
-            self.slots[s].holder = Some(w.lease_id.clone());
-        }
         self.grants += 1;
         if w.scope.is_none() {
             let st = self.sessions.entry(w.session.clone()).or_default();
-            st.running += 1;
             st.last_grant = self.grants;
         }
-        self.held.insert(
-            w.lease_id.clone(),
-            Held {
-                session: w.session,
-                class: w.class,
-                slots: slots.to_vec(),
-                scope: w.scope,
-            },
-        );
+        let held = Held {
+            session: w.session,
+            class: w.class,
+            slots: slots.to_vec(),
+            scope: w.scope,
+        };
+        self.hold(&w.lease_id, held);
     }
 
     fn try_hold_pool(&mut self) -> Option<Decision> {
@@ -403,9 +402,12 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
-    fn queue(gpus: usize) -> Queue {
+    fn queue(gpus: usize) -> (Queue, Instant) {
         let caps = HashMap::from([(LeaseClass::Ncu, 1), (LeaseClass::Nsys, 2)]);
-        Queue::new(gpus, caps, Duration::from_secs(60))
+        (
+            Queue::new(gpus, caps, Duration::from_secs(60)),
+            Instant::now(),
+        )
     }
 
     fn ask(q: &mut Queue, id: &str, session: &str, class: LeaseClass, gpus: u32, now: Instant) {
@@ -420,6 +422,14 @@ mod tests {
         });
     }
 
+    /// `n` one-GPU validate requests `{id}{i}` of sessions `{session}{i}`.
+    fn ask_n(q: &mut Queue, id: &str, session: &str, n: usize, now: Instant) {
+        for i in 0..n {
+            let (id, session) = (format!("{id}{i}"), format!("{session}{i}"));
+            ask(q, &id, &session, LeaseClass::Validate, 1, now);
+        }
+    }
+
     fn granted(ds: &[Decision]) -> Vec<(String, Vec<usize>)> {
         ds.iter()
             .filter_map(|d| match d {
@@ -431,18 +441,8 @@ mod tests {
 
     #[test]
     fn nine_requests_on_eight_gpus_leave_one_waiting() {
-        let now = Instant::now();
-        let mut q = queue(8);
-        for i in 0..9 {
-            ask(
-                &mut q,
-                &format!("l{i}"),
-                &format!("s{i}"),
-                LeaseClass::Validate,
-                1,
-                now,
-            );
-        }
+        let (mut q, now) = queue(8);
+        ask_n(&mut q, "l", "s", 9, now);
         let g = granted(&q.schedule(now, Some(1)));
         let expected: Vec<(String, Vec<usize>)> =
             (0..8).map(|i| (format!("l{i}"), vec![i])).collect();
@@ -457,8 +457,7 @@ mod tests {
 
     #[test]
     fn ncu_cap_of_one_holds_even_with_free_gpus() {
-        let now = Instant::now();
-        let mut q = queue(8);
+        let (mut q, now) = queue(8);
         ask(&mut q, "a", "s1", LeaseClass::Ncu, 1, now);
         ask(&mut q, "b", "s2", LeaseClass::Ncu, 1, now);
         ask(&mut q, "c", "s3", LeaseClass::Validate, 1, now);
@@ -473,18 +472,8 @@ mod tests {
 
     #[test]
     fn a_big_request_reserves_gpus_against_later_small_ones() {
-        let now = Instant::now();
-        let mut q = queue(4);
-        for i in 0..4 {
-            ask(
-                &mut q,
-                &format!("r{i}"),
-                &format!("s{i}"),
-                LeaseClass::Validate,
-                1,
-                now,
-            );
-        }
+        let (mut q, now) = queue(4);
+        ask_n(&mut q, "r", "s", 4, now);
         q.schedule(now, Some(1));
         ask(&mut q, "big", "sb", LeaseClass::Validate, 2, now);
         ask(&mut q, "small", "ss", LeaseClass::Validate, 1, now);
@@ -499,8 +488,7 @@ mod tests {
 
     #[test]
     fn round_robin_puts_a_sessions_second_request_after_others_first() {
-        let now = Instant::now();
-        let mut q = queue(1);
+        let (mut q, now) = queue(1);
         ask(&mut q, "hold", "x", LeaseClass::Validate, 1, now);
         q.schedule(now, None);
         ask(&mut q, "a1", "a", LeaseClass::Validate, 1, now);
@@ -516,8 +504,7 @@ mod tests {
 
     #[test]
     fn aged_requests_go_first() {
-        let t0 = Instant::now();
-        let mut q = queue(1);
+        let (mut q, t0) = queue(1);
         ask(&mut q, "hold", "x", LeaseClass::Validate, 1, t0);
         q.schedule(t0, None);
         ask(&mut q, "old2", "a", LeaseClass::Validate, 1, t0);
@@ -541,8 +528,7 @@ mod tests {
 
     #[test]
     fn pool_claim_waits_for_running_leases_then_takes_every_healthy_gpu() {
-        let now = Instant::now();
-        let mut q = queue(3);
+        let (mut q, now) = queue(3);
         q.slots[2].drained = Some("xid 79".into());
         ask(&mut q, "run", "s", LeaseClass::Validate, 1, now);
         q.schedule(now, None);
@@ -570,8 +556,7 @@ mod tests {
 
     #[test]
     fn a_request_larger_than_the_healthy_pool_is_unsatisfiable() {
-        let now = Instant::now();
-        let mut q = queue(2);
+        let (mut q, now) = queue(2);
         q.slots[0].drained = Some("unkillable".into());
         ask(&mut q, "two", "s", LeaseClass::Validate, 2, now);
         assert_eq!(
@@ -587,8 +572,7 @@ mod tests {
 
     #[test]
     fn class_caps_are_per_node_and_a_lease_stays_on_one_node() {
-        let now = Instant::now();
-        let mut q = queue(4);
+        let (mut q, now) = queue(4);
         q.set_nodes(vec![0, 0, 1, 1]);
         for (id, s) in [("a", "s1"), ("b", "s2"), ("c", "s3")] {
             ask(&mut q, id, s, LeaseClass::Ncu, 1, now);
@@ -611,8 +595,7 @@ mod tests {
 
     #[test]
     fn a_down_slot_is_out_of_the_pool_until_its_node_returns() {
-        let now = Instant::now();
-        let mut q = queue(2);
+        let (mut q, now) = queue(2);
         q.slots[0].down = Some("Slurm node n1 is drained".into());
         ask(&mut q, "a", "s1", LeaseClass::Validate, 1, now);
         ask(&mut q, "b", "s2", LeaseClass::Validate, 1, now);

@@ -26,10 +26,12 @@ use super::audit::{Watched, spawn_sampler};
 use super::backend::{JobRef, LeaseBackend, RecordedEnd};
 use super::broker::{Broker, LiveLease};
 use super::cgroup;
-use super::lease::{Supervised, end_job, kill_note, supervise, unix_ms, verdict, wait_gone};
+use super::lease::{
+    Supervised, end_job, journal_outcome, kill_note, supervise, unix_ms, verdict, wait_gone,
+};
 use super::reclaim::reclaim;
 use super::types::{Containment, KilledReason, LeaseClass, LeaseError, LeaseOutcome};
-use crate::store::leases::{LeaseRow, LeaseWrite};
+use crate::store::leases::LeaseRow;
 
 /// What a restart found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,8 +140,13 @@ impl Broker {
         {
             let mut st = self.lock();
             st.queue.adopt(&row.id, &row.session, class, slots.clone());
-            st.live
-                .insert(row.id.clone(), LiveLease::new(fault_notify.clone()));
+            st.live.insert(
+                row.id.clone(),
+                LiveLease {
+                    fault_notify: fault_notify.clone(),
+                    ..Default::default()
+                },
+            );
         }
         let broker = self.clone();
         let job = job_of(&row);
@@ -189,14 +196,12 @@ impl Broker {
                 let due = left + broker.inner.params.grace;
                 notes.push(kill_note(due, kill_ms, wall.as_millis() as u64));
             }
-            let mut outcome = orphan_outcome(&row, why, wall, notes, containment);
+            let mut outcome =
+                orphan_outcome(&row, why, wall, notes, containment, recorded.as_ref());
             outcome.kill_ms = kill_ms;
-            if let Some(end) = recorded {
-                (outcome.exit_code, outcome.signal) = (end.exit_code, end.signal);
-            }
             outcome.peak_gpu_memory_bytes = peak;
             outcome.xids = xids;
-            broker.close_row(&row.id, &outcome).await;
+            journal_outcome(&broker, &outcome).await;
             broker.release(&row.id);
         });
     }
@@ -246,23 +251,16 @@ impl Broker {
         }
         reclaim(self, &slots, &mut notes).await;
         let why = killed.then_some(KilledReason::DaemonRestart);
-        let mut outcome = orphan_outcome(&row, why, Duration::ZERO, notes, containment);
-        if let Some(end) = recorded {
-            (outcome.exit_code, outcome.signal) = (end.exit_code, end.signal);
-        }
-        self.close_row(&row.id, &outcome).await;
+        let outcome = orphan_outcome(
+            &row,
+            why,
+            Duration::ZERO,
+            notes,
+            containment,
+            recorded.as_ref(),
+        );
+        journal_outcome(self, &outcome).await;
         Ok(())
-    }
-
-    async fn close_row(&self, id: &str, outcome: &LeaseOutcome) {
-        let finished = LeaseWrite::Finish {
-            id: id.to_string(),
-            state: "finished".into(),
-            outcome: serde_json::to_value(outcome).unwrap_or_default(),
-        };
-        if let Err(e) = self.inner.store.write_lease_async(finished).await {
-            tracing::error!(error = %e, "cannot close a recovered lease in the journal");
-        }
     }
 }
 
@@ -293,21 +291,22 @@ fn containment_of(row: &LeaseRow) -> Containment {
         .unwrap_or(Containment::ProcessGroup)
 }
 
-/// The outcome of a lease whose lead process was not ours to wait on: exit code unknown, and
-/// infra, since the job's result was lost with the old daemon.
+/// The outcome of a lease whose lead process was not ours to wait on: the exit code `recorded`
+/// (else unknown), and infra, since the job's result was lost with the old daemon.
 fn orphan_outcome(
     row: &LeaseRow,
     why: Option<KilledReason>,
     wall: Duration,
     notes: Vec<String>,
     containment: Containment,
+    recorded: Option<&RecordedEnd>,
 ) -> LeaseOutcome {
     LeaseOutcome {
         lease_id: row.id.clone(),
         session: row.session.clone(),
         class: LeaseClass::parse(&row.class).unwrap_or(LeaseClass::Validate),
-        exit_code: None,
-        signal: None,
+        exit_code: recorded.and_then(|e| e.exit_code),
+        signal: recorded.and_then(|e| e.signal),
         wall_ms: wall.as_millis() as u64,
         kill_ms: None,
         queued_ms: 0,

@@ -14,13 +14,14 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::{ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend};
+use super::guard;
 use super::types::{Containment, LeaseError};
 
 /// The first word of every simulated job's argv.
@@ -61,7 +62,7 @@ impl SimBackend {
 
     /// Every job launched so far, in launch order.
     pub fn spans(&self) -> Vec<JobSpan> {
-        lock(&self.jobs).spans.clone()
+        guard(&self.jobs).spans.clone()
     }
 
     fn parse(argv: &[String]) -> Result<Duration, LeaseError> {
@@ -74,11 +75,6 @@ impl SimBackend {
             _ => Err(LeaseError::bad("command", format!("{argv:?}"), why)),
         }
     }
-}
-
-fn lock(jobs: &Mutex<Jobs>) -> MutexGuard<'_, Jobs> {
-    // Every mutation is a few field writes that cannot panic halfway.
-    jobs.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl LeaseBackend for SimBackend {
@@ -102,7 +98,7 @@ impl LeaseBackend for SimBackend {
         let kill = CancellationToken::new();
         let signal = Arc::new(Mutex::new(0));
         let job = {
-            let mut jobs = lock(&self.jobs);
+            let mut jobs = guard(&self.jobs);
             let index = jobs.spans.len();
             let id = index as i64 + 1;
             jobs.spans.push(JobSpan {
@@ -122,12 +118,12 @@ impl LeaseBackend for SimBackend {
             let exit = tokio::select! {
                 _ = tokio::time::sleep_until(launched + work) => ExitInfo { code: Some(0), signal: None },
                 _ = kill.cancelled() => {
-                    let sig = *signal.lock().unwrap_or_else(|p| p.into_inner());
+                    let sig = *guard(&signal);
                     ExitInfo { code: None, signal: Some(sig) }
                 }
             };
             {
-                let mut jobs = lock(&jobs);
+                let mut jobs = guard(&jobs);
                 if let Some((index, ..)) = jobs.running.remove(&job_id) {
                     jobs.spans[index].ended = Some(Instant::now());
                     jobs.spans[index].exit = Some(exit);
@@ -143,15 +139,15 @@ impl LeaseBackend for SimBackend {
     }
 
     fn signal(&self, job: &JobRef, hard: bool) {
-        let jobs = lock(&self.jobs);
+        let jobs = guard(&self.jobs);
         if let Some((_, kill, signal)) = jobs.running.get(&job.pgid) {
-            *signal.lock().unwrap_or_else(|p| p.into_inner()) = if hard { 9 } else { 15 };
+            *guard(signal) = if hard { 9 } else { 15 };
             kill.cancel();
         }
     }
 
     fn alive(&self, job: &JobRef) -> bool {
-        lock(&self.jobs).running.contains_key(&job.pgid)
+        guard(&self.jobs).running.contains_key(&job.pgid)
     }
 
     fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {

@@ -37,13 +37,14 @@ mod hold;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use rustix::process::{Pid, Signal};
 
 use super::backend::{
     ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, RecordedEnd,
 };
+use super::guard;
 use super::procfs;
 use super::types::{Containment, LeaseError};
 use crate::config::{SlurmConfig, SlurmMode};
@@ -52,7 +53,7 @@ use crate::config::Config;
 use crate::store::Store;
 
 pub use cli::SlurmCli;
-pub use hold::{NodeView, SlurmView, StartParams, describe, start, view};
+pub use hold::{StartParams, describe, start};
 
 /// How often the nodes' state is read: a drained node's lease ends within this (plus the
 /// grace), at the cost of one `sinfo` per period.
@@ -147,11 +148,6 @@ pub struct SlurmBackend {
     confine: Option<(PathBuf, Vec<PathBuf>)>,
 }
 
-fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Whole-entry inserts and removes cannot leave a map half-written.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl SlurmBackend {
     /// Why a lease's own job (job mode) ended by the infrastructure's doing: slurmctld, which
     /// remembers an ended job for `MinJobAge`, says `NODE_FAIL` (its node failed under it).
@@ -167,15 +163,6 @@ impl SlurmBackend {
                 None
             }
         }
-    }
-
-    /// The slots, in inventory order.
-    pub fn slots(&self) -> &[SlotGpu] {
-        &self.slots
-    }
-
-    pub fn config(&self) -> &SlurmConfig {
-        &self.cfg
     }
 
     /// The holder jobs, in slot order (allocation mode).
@@ -577,28 +564,26 @@ impl LeaseBackend for SlurmBackend {
     }
 
     fn leftovers(&self) -> Vec<(String, JobRef)> {
-        let mut out = Vec::new();
-        for holder in self.holders() {
-            let Ok(steps) = self.cli.steps_of(holder) else {
-                continue;
-            };
-            for (_, name, _) in steps {
-                if name.starts_with("lease-") {
-                    let c = Container::Step {
-                        holder,
-                        name: name.clone(),
-                    };
-                    out.push((
-                        name,
-                        JobRef {
+        self.holders()
+            .into_iter()
+            .filter_map(|holder| Some((holder, self.cli.steps_of(holder).ok()?)))
+            .flat_map(|(holder, steps)| {
+                steps
+                    .into_iter()
+                    .filter(|(_, name, _)| name.starts_with("lease-"))
+                    .map(move |(_, name, _)| {
+                        let c = Container::Step {
+                            holder,
+                            name: name.clone(),
+                        };
+                        let job = JobRef {
                             pgid: 0,
                             cgroup: Some(c.to_path()),
-                        },
-                    ));
-                }
-            }
-        }
-        out
+                        };
+                        (name, job)
+                    })
+            })
+            .collect()
     }
 
     fn slot_nodes(&self, slots: usize) -> Vec<usize> {
@@ -606,13 +591,10 @@ impl LeaseBackend for SlurmBackend {
         (0..slots)
             .map(|i| {
                 let Some(s) = self.slots.get(i) else { return 0 };
-                match names.iter().position(|n| *n == s.node) {
-                    Some(p) => p,
-                    None => {
-                        names.push(&s.node);
-                        names.len() - 1
-                    }
-                }
+                names.iter().position(|n| *n == s.node).unwrap_or_else(|| {
+                    names.push(&s.node);
+                    names.len() - 1
+                })
             })
             .collect()
     }
@@ -622,30 +604,27 @@ impl LeaseBackend for SlurmBackend {
     }
 
     fn down_slots(&self) -> Result<Vec<(usize, String)>, String> {
-        let mut args = vec!["-h".into(), "-N".into(), "-o".into(), "%N|%T|%E".into()];
-        if let Some(p) = &self.cfg.partition {
-            args.push(format!("--partition={p}"));
-        }
-        let nodes = cli::node_states(&self.cli.run("sinfo", &args)?);
+        let nodes = cli::node_states(
+            &self
+                .cli
+                .sinfo_nodes(self.cfg.partition.as_deref(), "%N|%T|%E")?,
+        );
         // A holder job that is not running (requeued after its node failed) cannot host steps.
         let holders = self.holders();
         let held: Vec<(u64, String)> = if holders.is_empty() {
             Vec::new()
         } else {
             let ids: Vec<String> = holders.iter().map(u64::to_string).collect();
-            let args = [
-                "-h".into(),
-                format!("--jobs={}", ids.join(",")),
-                "-o".into(),
-                "%i|%T".into(),
-            ];
-            let listed = match self.cli.run("squeue", &args) {
-                Ok(out) => out,
+            let listed = match self
+                .cli
+                .squeue(&[format!("--jobs={}", ids.join(","))], "%i|%T")
+            {
+                Ok(rows) => rows,
                 // squeue refuses a list of ids it has all forgotten: every holder is gone.
-                Err(e) if e.contains("Invalid job id") => String::new(),
+                Err(e) if e.contains("Invalid job id") => Vec::new(),
                 Err(e) => return Err(e),
             };
-            cli::parse_rows(&listed, 2)
+            listed
                 .into_iter()
                 .filter_map(|r| Some((r[0].parse().ok()?, r[1].clone())))
                 .collect()

@@ -48,8 +48,7 @@ impl TokenBook {
     pub fn issue(&self, session: &str) -> LeaseToken {
         let mut bytes = [0u8; 32];
         rand::rng().fill_bytes(&mut bytes);
-        let value: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let value = format!("fkl_{value}");
+        let value = format!("fkl_{}", crate::digest::hex(&bytes));
         self.lock().insert(digest(&value), session.to_string());
         LeaseToken::new(value)
     }
@@ -63,6 +62,6 @@ impl TokenBook {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], String>> {
-        self.by_digest.lock().unwrap_or_else(|p| p.into_inner())
+        super::guard(&self.by_digest)
     }
 }

@@ -17,6 +17,23 @@ pub struct SlurmCli {
 }
 
 impl SlurmCli {
+    /// The commands of `cfg`'s cluster, without the variables `env_remove` names.
+    pub fn new(cfg: &crate::config::SlurmConfig, env_remove: &[String]) -> Self {
+        SlurmCli {
+            conf: cfg.conf.clone(),
+            env_remove: env_remove.to_vec(),
+        }
+    }
+
+    /// `sinfo -h -N -o FORMAT` (of `partition` when given): one row per node.
+    pub fn sinfo_nodes(&self, partition: Option<&str>, format: &str) -> Result<String, String> {
+        let mut args = vec!["-h".into(), "-N".into(), "-o".into(), format.into()];
+        if let Some(p) = partition {
+            args.push(format!("--partition={p}"));
+        }
+        self.run("sinfo", &args)
+    }
+
     /// A command with the cluster's environment.
     pub fn command(&self, program: &str) -> Command {
         let mut cmd = Command::new(program);
@@ -78,20 +95,25 @@ impl SlurmCli {
             .collect())
     }
 
+    /// `squeue -h FILTER… -o FORMAT`, as rows of FORMAT's `|`-separated fields.
+    pub(super) fn squeue(
+        &self,
+        filter: &[String],
+        format: &str,
+    ) -> Result<Vec<Vec<String>>, String> {
+        let mut args = vec!["-h".to_string()];
+        args.extend_from_slice(filter);
+        args.extend(["-o".into(), format.into()]);
+        Ok(parse_rows(
+            &self.run("squeue", &args)?,
+            format.split('|').count(),
+        ))
+    }
+
     /// The state squeue lists for job `id`; `None` once squeue no longer knows it.
     pub fn job_state(&self, id: u64) -> Result<Option<String>, String> {
-        let args = [
-            "-h".into(),
-            format!("--jobs={id}"),
-            "-o".into(),
-            "%T".into(),
-        ];
-        match self.run("squeue", &args) {
-            Ok(out) => Ok(out
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty())
-                .map(String::from)),
+        match self.squeue(&[format!("--jobs={id}")], "%T") {
+            Ok(rows) => Ok(rows.into_iter().next().map(|mut r| r.swap_remove(0))),
             Err(e) if e.contains("Invalid job id") => Ok(None),
             Err(e) => Err(e),
         }
@@ -113,50 +135,32 @@ impl SlurmCli {
 
     /// The running steps of `job`, as `(step id "J.S", step name, node)`.
     pub fn steps_of(&self, job: u64) -> Result<Vec<(String, String, String)>, String> {
-        let out = self.run(
-            "squeue",
-            &[
-                "-h".into(),
-                "-s".into(),
-                format!("--jobs={job}"),
-                "-o".into(),
-                "%i|%j|%N".into(),
-            ],
-        )?;
-        Ok(parse_rows(&out, 3)
+        Ok(self
+            .squeue(&["-s".into(), format!("--jobs={job}")], "%i|%j|%N")?
             .into_iter()
             .map(|r| (r[0].clone(), r[1].clone(), r[2].clone()))
             .collect())
     }
 
-    /// Jobs named `name` of any state squeue still lists, as `(job id, state, node)`.
-    pub fn jobs_named(&self, name: &str) -> Result<Vec<(u64, String, String)>, String> {
-        let out = self.run(
-            "squeue",
-            &[
-                "-h".into(),
-                format!("--name={name}"),
-                "-o".into(),
-                "%i|%T|%N".into(),
-            ],
-        )?;
-        Ok(parse_rows(&out, 3)
+    /// Jobs matching `filter`, as `(job id, state, node)`.
+    fn jobs(&self, filter: &[String]) -> Result<Vec<(u64, String, String)>, String> {
+        Ok(self
+            .squeue(filter, "%i|%T|%N")?
             .into_iter()
             .filter_map(|r| Some((r[0].parse().ok()?, r[1].clone(), r[2].clone())))
             .collect())
     }
 
+    /// Jobs named `name` of any state squeue still lists, as `(job id, state, node)`.
+    pub fn jobs_named(&self, name: &str) -> Result<Vec<(u64, String, String)>, String> {
+        self.jobs(&[format!("--name={name}")])
+    }
+
     /// GPUs asked per node by each job named `name` (`squeue %b`: `gres:gpu:4`,
     /// `gres/gpu:h200:4`), as `(job id, state, gpus)`; a job that asks none reads as 0.
     pub fn gpus_of_jobs_named(&self, name: &str) -> Result<Vec<(u64, String, u32)>, String> {
-        let args = [
-            "-h".into(),
-            format!("--name={name}"),
-            "-o".into(),
-            "%i|%T|%b".into(),
-        ];
-        let out = self.run("squeue", &args)?;
-        Ok(parse_rows(&out, 3)
+        Ok(self
+            .squeue(&[format!("--name={name}")], "%i|%T|%b")?
             .into_iter()
             .filter_map(|r| Some((r[0].parse().ok()?, r[1].clone(), gres_gpus(&r[2]))))
             .collect())
@@ -165,17 +169,9 @@ impl SlurmCli {
     /// The newest job named `name` that slurmctld still remembers, ended ones included (for
     /// `MinJobAge` after their end), as `(job id, state, node)`.
     pub fn newest_job_named(&self, name: &str) -> Result<Option<(u64, String, String)>, String> {
-        let args = [
-            "-h".into(),
-            "--states=all".into(),
-            format!("--name={name}"),
-            "-o".into(),
-            "%i|%T|%N".into(),
-        ];
-        let out = self.run("squeue", &args)?;
-        Ok(parse_rows(&out, 3)
+        Ok(self
+            .jobs(&["--states=all".into(), format!("--name={name}")])?
             .into_iter()
-            .filter_map(|r| Some((r[0].parse::<u64>().ok()?, r[1].clone(), r[2].clone())))
             .max_by_key(|r| r.0))
     }
 

@@ -8,12 +8,10 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use super::cli::{self, SlurmCli};
 use super::{SlotGpu, SlurmBackend};
 use crate::config::{Config, SlurmConfig, SlurmHold, SlurmMode, SlurmNodes};
-use crate::gpu::inventory::{GpuInfo, Inventory};
+use crate::gpu::inventory::{GpuInfo, Inventory, InventorySource};
 use crate::gpu::types::LeaseError;
 
 /// What the backend needs besides the `[slurm]` table.
@@ -63,15 +61,12 @@ pub fn start(
     cfg: &SlurmConfig,
     params: StartParams,
 ) -> Result<(SlurmBackend, Inventory), LeaseError> {
-    let cli = SlurmCli {
-        conf: cfg.conf.clone(),
-        env_remove: params.env_remove.clone(),
-    };
+    let cli = SlurmCli::new(cfg, &params.env_remove);
     let hold_prefix = format!("fk-agentd-{}", params.scope);
-    let nodes = cluster_nodes(&cli, cfg)?;
+    cluster_nodes(&cli, cfg)?;
     let slots = match cfg.mode {
-        SlurmMode::Allocation => hold(&cli, cfg, &hold_prefix, &nodes)?,
-        SlurmMode::Job => job_slots(cfg, &nodes)?,
+        SlurmMode::Allocation => hold(&cli, cfg, &hold_prefix)?,
+        SlurmMode::Job => job_slots(cfg)?,
     };
     let backend = SlurmBackend {
         cli,
@@ -90,20 +85,16 @@ pub fn start(
         .slots
         .iter()
         .enumerate()
-        .map(|(i, s)| GpuInfo {
-            index: i as u32,
-            uuid: s.uuid(),
-            name: match s.holder {
+        .map(|(i, s)| {
+            let name = match s.holder {
                 Some(job) => format!("Slurm {} GPU {} (holder job {job})", s.node, s.gpu),
                 None => format!("Slurm {} GPU slot {}", s.node, s.gpu),
-            },
-            pci_bus_id: None,
-            memory_total_bytes: None,
-            baseline_used_bytes: None,
+            };
+            GpuInfo::unobserved(i as u32, s.uuid(), name)
         })
         .collect();
     tracing::info!(gpus = backend.slots.len(), holders = ?backend.holders(), prefix = %backend.hold_prefix, "Slurm backend ready");
-    Ok((backend, Inventory::slurm(gpus)))
+    Ok((backend, Inventory::unobserved(InventorySource::Slurm, gpus)))
 }
 
 /// `(node, gpus, state)` of the partition's nodes; an error when Slurm does not answer.
@@ -111,12 +102,8 @@ fn cluster_nodes(
     cli: &SlurmCli,
     cfg: &SlurmConfig,
 ) -> Result<Vec<(String, u32, String)>, LeaseError> {
-    let mut args = vec!["-h".into(), "-N".into(), "-o".into(), "%N|%G|%T".into()];
-    if let Some(p) = &cfg.partition {
-        args.push(format!("--partition={p}"));
-    }
     let out = cli
-        .run("sinfo", &args)
+        .sinfo_nodes(cfg.partition.as_deref(), "%N|%G|%T")
         .map_err(|e| LeaseError::Slurm(format!("cannot reach the cluster: {e}")))?;
     let nodes = cli::node_gpus(&out);
     if nodes.is_empty() {
@@ -147,10 +134,7 @@ fn cluster_nodes(
 }
 
 /// Job mode: every GPU of the named nodes is a slot; Slurm picks the device per lease.
-fn job_slots(
-    cfg: &SlurmConfig,
-    _nodes: &[(String, u32, String)],
-) -> Result<Vec<SlotGpu>, LeaseError> {
+fn job_slots(cfg: &SlurmConfig) -> Result<Vec<SlotGpu>, LeaseError> {
     let SlurmNodes::Names(names) = &cfg.nodes else {
         return Err(LeaseError::Slurm(
             "slurm.mode = \"job\" needs slurm.nodes as node names".into(),
@@ -171,12 +155,7 @@ fn job_slots(
 
 /// Allocation mode: finds this home's holder jobs, submits the missing ones, waits until all
 /// run, and reads each one's node and GPU.
-fn hold(
-    cli: &SlurmCli,
-    cfg: &SlurmConfig,
-    prefix: &str,
-    _nodes: &[(String, u32, String)],
-) -> Result<Vec<SlotGpu>, LeaseError> {
+fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>, LeaseError> {
     // Holder jobs per node, and GPUs per holder.
     let (per_node, gres) = match cfg.hold {
         SlurmHold::Gpu => (cfg.gpus_per_node, 1),
@@ -335,16 +314,7 @@ fn wait_running(cli: &SlurmCli, jobs: &[u64], timeout: Duration) -> Result<(), S
         .join(",");
     let until = Instant::now() + timeout;
     loop {
-        let out = cli.run(
-            "squeue",
-            &[
-                "-h".into(),
-                format!("--jobs={ids}"),
-                "-o".into(),
-                "%i|%T|%r".into(),
-            ],
-        )?;
-        let rows = cli::parse_rows(&out, 3);
+        let rows = cli.squeue(&[format!("--jobs={ids}")], "%i|%T|%r")?;
         let waiting: Vec<String> = rows
             .iter()
             .filter(|r| r[1] != "RUNNING")
@@ -424,66 +394,6 @@ fn probe(backend: &SlurmBackend, paths: &[PathBuf]) -> Result<(), LeaseError> {
     Ok(())
 }
 
-/// One node as `gpus`/`doctor` show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct NodeView {
-    pub name: String,
-    pub gpus: u32,
-    pub state: String,
-    /// Holder jobs of this daemon home on the node.
-    pub held: u32,
-}
-
-/// The cluster as this daemon home sees it, read without submitting anything.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SlurmView {
-    pub partition: Option<String>,
-    pub mode: SlurmMode,
-    pub nodes: Vec<NodeView>,
-    /// `(job id, state, node)` of this home's holder jobs.
-    pub holders: Vec<(u64, String, String)>,
-}
-
-/// Reads the partition's nodes and this home's holder jobs.
-pub fn view(
-    cfg: &SlurmConfig,
-    scope: &str,
-    env_remove: &[String],
-) -> Result<SlurmView, LeaseError> {
-    let cli = SlurmCli {
-        conf: cfg.conf.clone(),
-        env_remove: env_remove.to_vec(),
-    };
-    let prefix = format!("fk-agentd-{scope}");
-    let nodes = cluster_nodes(&cli, cfg)?;
-    let names: Vec<Option<String>> = match &cfg.nodes {
-        SlurmNodes::Names(n) => n.iter().cloned().map(Some).collect(),
-        SlurmNodes::Count(_) => vec![None],
-    };
-    let mut holders = Vec::new();
-    for n in names {
-        holders.extend(
-            cli.jobs_named(&holder_name(&prefix, n.as_deref()))
-                .map_err(LeaseError::Slurm)?,
-        );
-    }
-    let nodes = nodes
-        .into_iter()
-        .map(|(name, gpus, state)| NodeView {
-            held: holders.iter().filter(|(_, _, n)| *n == name).count() as u32,
-            name,
-            gpus,
-            state,
-        })
-        .collect();
-    Ok(SlurmView {
-        partition: cfg.partition.clone(),
-        mode: cfg.mode,
-        nodes,
-        holders,
-    })
-}
-
 /// The Slurm programs the backend calls.
 const PROGRAMS: [&str; 6] = ["sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo"];
 
@@ -505,29 +415,39 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
         )));
     }
     let scope = crate::gpu::cgroup::scope_for(&config.home.join("fk-agentd.db"));
-    let v = view(slurm, &scope, &config.secret_env)?;
+    let cli = SlurmCli::new(slurm, &config.secret_env);
+    let prefix = format!("fk-agentd-{scope}");
+    let nodes = cluster_nodes(&cli, slurm)?;
+    let names: Vec<Option<String>> = match &slurm.nodes {
+        SlurmNodes::Names(n) => n.iter().cloned().map(Some).collect(),
+        SlurmNodes::Count(_) => vec![None],
+    };
+    let mut holders = Vec::new();
+    for n in names {
+        holders.extend(
+            cli.jobs_named(&holder_name(&prefix, n.as_deref()))
+                .map_err(LeaseError::Slurm)?,
+        );
+    }
     let mut out = String::new();
-    let holders = match (v.mode, slurm.hold) {
+    let holder_jobs = match (slurm.mode, slurm.hold) {
         (SlurmMode::Job, _) => "",
         (SlurmMode::Allocation, SlurmHold::Gpu) => " (one holder job per GPU)",
         (SlurmMode::Allocation, SlurmHold::Node) => " (one holder job per node)",
     };
     let _ = writeln!(
         out,
-        "Slurm backend: partition {}, {} mode{holders}, {} GPU(s) per node",
-        v.partition.as_deref().unwrap_or("(default)"),
-        v.mode.as_str(),
+        "Slurm backend: partition {}, {} mode{holder_jobs}, {} GPU(s) per node",
+        slurm.partition.as_deref().unwrap_or("(default)"),
+        slurm.mode.as_str(),
         slurm.gpus_per_node
     );
     let _ = writeln!(out, "{:<16} {:>5} {:>5}  state", "node", "gpus", "held");
-    for n in &v.nodes {
-        let _ = writeln!(
-            out,
-            "{:<16} {:>5} {:>5}  {}",
-            n.name, n.gpus, n.held, n.state
-        );
+    for (name, gpus, state) in &nodes {
+        let held = holders.iter().filter(|(_, _, n)| n == name).count();
+        let _ = writeln!(out, "{:<16} {:>5} {:>5}  {}", name, gpus, held, state);
     }
-    let _ = match v.holders.len() {
+    let _ = match holders.len() {
         0 => writeln!(
             out,
             "allocation: none held (the daemon submits it at start)"
@@ -535,16 +455,12 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
         n => writeln!(
             out,
             "allocation: {n} holder job(s): {}",
-            v.holders
+            holders
                 .iter()
                 .map(|(id, state, node)| format!("{id} {state} {node}"))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    };
-    let cli = SlurmCli {
-        conf: slurm.conf.clone(),
-        env_remove: config.secret_env.clone(),
     };
     let accounting = ["-n", "-X", "-S", "now", "-o", "JobID"].map(String::from);
     let _ = match cli.run("sacct", &accounting) {
@@ -558,8 +474,8 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
         ),
     };
     let wanted = match &slurm.nodes {
-        crate::config::SlurmNodes::Names(n) => n.len(),
-        crate::config::SlurmNodes::Count(c) => *c as usize,
+        SlurmNodes::Names(n) => n.len(),
+        SlurmNodes::Count(c) => *c as usize,
     } * slurm.gpus_per_node as usize;
     Ok((wanted, out))
 }
