@@ -146,11 +146,6 @@ impl Confinement {
         &self.status
     }
 
-    /// The paths kept out of reach (canonical).
-    pub fn hidden(&self) -> &[PathBuf] {
-        &self.hidden
-    }
-
     /// The ruleset's descriptor for [`enter`]; `None` when nothing is enforced.
     pub fn raw_fd(&self) -> Option<RawFd> {
         self.fd.as_ref().map(|fd| fd.as_raw_fd())

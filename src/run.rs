@@ -113,10 +113,7 @@ impl RunJournal {
     /// Creates a fresh run: a new id, an exclusive directory, the `runs` row.
     pub fn create(store: &Store, home: &Path, new: &NewRun<'_>) -> Result<Self, RunError> {
         let runs = runs_dir(home);
-        std::fs::create_dir_all(&runs).map_err(|source| RunError::Io {
-            path: runs.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&runs).map_err(io_err(&runs))?;
         let parts = RunIdParts {
             mode: new.mode,
             targets_spec: new.targets_spec,
@@ -151,11 +148,7 @@ impl RunJournal {
     pub fn open(store: &Store, home: &Path, run_id: &str) -> Result<Self, RunError> {
         let dir = runs_dir(home).join(run_id);
         let path = dir.join("run.jsonl");
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| RunError::Io { path, source }
-        };
-        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
         let mirror: String = store
             .events(run_id, None, 0)?
             .iter()
@@ -163,12 +156,12 @@ impl RunJournal {
             .collect();
         // Rewritten in place (not renamed over), so any other handle of this run appending to
         // the file keeps writing to the same file; a crash half-way is repaired by the next open.
-        std::fs::write(&path, mirror).map_err(io(&path))?;
+        std::fs::write(&path, mirror).map_err(io_err(&path))?;
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
-            .map_err(|source| RunError::Io { path, source })?;
+            .map_err(io_err(&path))?;
         Ok(Self {
             store: store.clone(),
             run_id: run_id.to_string(),
@@ -210,11 +203,8 @@ impl RunJournal {
         let mut file = self.jsonl.lock().unwrap_or_else(|p| p.into_inner());
         let event = self.store.append(&self.run_id, kind, target, &payload)?;
         let line = jsonl_line(&event);
-        let io = |source| RunError::Io {
-            path: self.dir.join("run.jsonl"),
-            source,
-        };
-        let end = file.metadata().map_err(io)?.len();
+        let io = io_err(&self.dir.join("run.jsonl"));
+        let end = file.metadata().map_err(&io)?.len();
         if let Err(e) = file.write_all(line.as_bytes()) {
             // A short write (disk full) must not leave half a line for the next event to be
             // glued to; the store keeps the event and resume rewrites the mirror.
@@ -280,3 +270,12 @@ crate::words!(Mode {
     Sequential = "sequential",
     All = "all",
 });
+
+/// An I/O error at `path`, for `map_err`.
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + use<> {
+    let path = path.to_path_buf();
+    move |source| RunError::Io {
+        path: path.clone(),
+        source,
+    }
+}

@@ -60,29 +60,23 @@ pub struct TargetId {
 
 impl TargetId {
     pub fn new(level: u8, stem: &str) -> Result<Self, TargetError> {
-        let value = format!("L{level}/{stem}");
+        let malformed = |why: String| {
+            let value = format!("L{level}/{stem}");
+            Err(TargetError::Malformed { value, why })
+        };
         if !(1..=4).contains(&level) {
-            return Err(TargetError::Malformed {
-                value,
-                why: "the level must be 1 to 4".into(),
-            });
+            return malformed("the level must be 1 to 4".into());
         }
         if stem.is_empty() || stem.len() > 96 {
-            return Err(TargetError::Malformed {
-                value,
-                why: "the stem must be 1 to 96 characters".into(),
-            });
+            return malformed("the stem must be 1 to 96 characters".into());
         }
         if let Some(bad) = stem
             .chars()
             .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_'))
         {
-            return Err(TargetError::Malformed {
-                value,
-                why: format!(
-                    "character {bad:?} is not allowed (stems are [a-z0-9_], they become paths)"
-                ),
-            });
+            return malformed(format!(
+                "character {bad:?} is not allowed (stems are [a-z0-9_], they become paths)"
+            ));
         }
         Ok(Self {
             level,

@@ -106,10 +106,7 @@ pub(super) fn plan_new(store: &Store, config: &Config) -> Result<Plan, Error> {
     })
 }
 
-/// `run_started` of a run (its first event); empty when none was recorded.
-pub fn run_started(store: &Store, run_id: &str) -> Result<RunStarted, Error> {
-    Ok(crate::scheduler::budget::run_started(store, run_id)?)
-}
+pub use crate::scheduler::budget::{pair_of, run_started};
 
 /// The campaign settings a run was started with (`run_started.settings`), as flags for its
 /// resume: a resumed run keeps its targets, cap, timeouts and provider even when they came from
@@ -131,11 +128,6 @@ pub fn resume_flags(mut flags: Flags, run_started: &RunStarted) -> Flags {
         .and_then(|v| v.parse().ok())
         .or(flags.confirm);
     flags
-}
-
-/// The other half of an `all` pair, if `run_id` is one.
-pub fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, Error> {
-    Ok(run_started(store, run_id)?.pair)
 }
 
 fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal>, Error> {

@@ -154,7 +154,7 @@ impl Meter {
 }
 
 /// The other half of a `--mode all` pair, from `run_started.pair`.
-fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, StoreError> {
+pub fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, StoreError> {
     Ok(run_started(store, run_id)?.pair)
 }
 

@@ -89,16 +89,6 @@ pub struct SessionSlot {
 }
 
 impl SessionSlot {
-    /// A slot held for good, outside any scheduler (tests, one-off sessions).
-    pub fn held() -> Self {
-        Self {
-            give_back: None,
-            thinking: Mutex::new(None),
-            _live: None,
-            timed_out: OnceLock::new(),
-        }
-    }
-
     /// Marks the session as stopped by its timeout, with the reason its end records.
     pub fn time_out(&self, reason: String) {
         let _ = self.timed_out.set(reason);

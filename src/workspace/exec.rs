@@ -89,31 +89,24 @@ impl ShellEnv {
     pub fn vars(&self, ws: &Workspace) -> BTreeMap<String, String> {
         let mut vars = self.extras.clone();
         let cache = ws.cache_dir();
+        let show = |p: &std::path::Path| p.display().to_string();
         let derived = [
             ("PATH", self.path.clone()),
             ("LANG", self.lang.clone()),
-            ("HOME", ws.scratch_dir().display().to_string()),
-            ("TMPDIR", ws.tmp_dir().display().to_string()),
+            ("HOME", show(ws.scratch_dir())),
+            ("TMPDIR", show(&ws.tmp_dir())),
             (
                 "TORCH_EXTENSIONS_DIR",
-                cache.join("torch_extensions").display().to_string(),
+                show(&cache.join("torch_extensions")),
             ),
-            (
-                "TRITON_CACHE_DIR",
-                cache.join("triton").display().to_string(),
-            ),
-            (
-                "FASTKERNELS_CANDIDATE_DIR",
-                ws.candidate_root().display().to_string(),
-            ),
+            ("TRITON_CACHE_DIR", show(&cache.join("triton"))),
+            ("FASTKERNELS_CANDIDATE_DIR", show(ws.candidate_root())),
             (
                 "FASTKERNELS_RESULTS_DIR",
-                ws.scratch_dir().join("results").display().to_string(),
+                show(&ws.scratch_dir().join("results")),
             ),
         ];
-        for (k, v) in derived {
-            vars.insert(k.to_string(), v);
-        }
+        vars.extend(derived.map(|(k, v)| (k.to_string(), v)));
         vars
     }
 }
