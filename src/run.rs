@@ -203,8 +203,8 @@ impl RunJournal {
         let mut file = self.jsonl.lock().unwrap_or_else(|p| p.into_inner());
         let event = self.store.append(&self.run_id, kind, target, &payload)?;
         let line = jsonl_line(&event);
-        let io = io_err(&self.dir.join("run.jsonl"));
-        let end = file.metadata().map_err(&io)?.len();
+        let io = |e| io_err(&self.dir.join("run.jsonl"))(e);
+        let end = file.metadata().map_err(io)?.len();
         if let Err(e) = file.write_all(line.as_bytes()) {
             // A short write (disk full) must not leave half a line for the next event to be
             // glued to; the store keeps the event and resume rewrites the mirror.

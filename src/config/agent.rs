@@ -48,12 +48,7 @@ pub(super) fn validate(
     let (text, source) = super::layered(flag, raw.backend, || {
         AgentBackend::default().as_str().into()
     });
-    let backend = super::word(
-        "agent.backend (--agent-backend)",
-        &text,
-        AgentBackend::from_word,
-        AgentBackend::WORDS,
-    )?;
+    let backend = super::word::<AgentBackend>("agent.backend (--agent-backend)", &text)?;
     super::record(settings, "agent.backend", text, source);
     let codex = match raw.codex {
         None => None,

@@ -151,16 +151,11 @@ crate::words!(QueueOrder {
     Catalog = "catalog",
 });
 
-/// The word of `words` that `value` is (`from_word` of a [`crate::words!`] enum), or an error
-/// naming `key`, `value` and every word.
-pub(crate) fn word<T>(
-    key: &str,
-    value: &str,
-    from_word: fn(&str) -> Option<T>,
-    words: &[&str],
-) -> Result<T, ConfigError> {
-    from_word(value)
-        .ok_or_else(|| ConfigError::new(key, value, format!("one of {}", words.join(", "))))
+/// The value of a [`crate::words!`] enum that `value` names, or an error naming `key`, `value`
+/// and every word.
+pub(crate) fn word<T: crate::words::Words>(key: &str, value: &str) -> Result<T, ConfigError> {
+    T::from_word(value)
+        .ok_or_else(|| ConfigError::new(key, value, format!("one of {}", T::WORDS.join(", "))))
 }
 
 /// Where a setting's value came from, for the manifest.
@@ -499,30 +494,15 @@ impl Config {
             DEFAULT_PROVIDER,
         );
 
-        let mode = word(
-            "campaign.mode (--mode)",
-            &mode,
-            Mode::from_word,
-            Mode::WORDS,
-        )?;
+        let mode = word::<Mode>("campaign.mode (--mode)", &mode)?;
         let max_agents = parse_count(
             "campaign.max_agents (--max-agents)",
             &max_agents,
             1,
             MAX_AGENTS_LIMIT,
         )?;
-        let agent_slot = word(
-            "campaign.agent_slot (--agent-slot)",
-            &agent_slot,
-            AgentSlot::from_word,
-            AgentSlot::WORDS,
-        )?;
-        let order = word(
-            "campaign.order (--order)",
-            &order,
-            QueueOrder::from_word,
-            QueueOrder::WORDS,
-        )?;
+        let agent_slot = word::<AgentSlot>("campaign.agent_slot (--agent-slot)", &agent_slot)?;
+        let order = word::<QueueOrder>("campaign.order (--order)", &order)?;
         let session_timeout = parse_duration(
             "campaign.session_timeout (--session-timeout)",
             &session_timeout,
@@ -832,3 +812,18 @@ fn validate_fastkernels(
 }
 
 crate::exit_code!(ConfigError, |self| crate::exit::EXIT_USAGE);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_word_outside_its_table_names_key_value_and_every_word() {
+        assert_eq!(word::<Mode>("campaign.mode", "all").unwrap(), Mode::All);
+        let e = word::<QueueOrder>("campaign.order (--order)", "random").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid campaign.order (--order) = `random`: expected one of longest-first, catalog"
+        );
+    }
+}

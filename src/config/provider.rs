@@ -234,11 +234,9 @@ impl ProviderConfig {
         let model = validate_model(&key("model"), &raw.model)?;
         let base_url =
             resolve_base_url(&key("base_url"), &raw.base_url, raw.account.as_deref(), env)?;
-        let reasoning_effort = super::word(
+        let reasoning_effort = super::word::<ReasoningEffort>(
             &key("reasoning_effort"),
             raw.reasoning_effort.as_deref().unwrap_or("high"),
-            ReasoningEffort::from_word,
-            ReasoningEffort::WORDS,
         )?;
         let reasoning_summary = raw.reasoning_summary.unwrap_or_else(|| "auto".into());
         if !["auto", "concise", "detailed"].contains(&reasoning_summary.as_str()) {
