@@ -73,14 +73,9 @@ pub struct ProtectedSet {
 impl ProtectedSet {
     /// Hashes the [`DEFAULT_PROTECTED`] paths under `root`.
     pub fn take(root: &Path) -> Result<Self, ProtectError> {
-        Self::take_paths(root, DEFAULT_PROTECTED)
-    }
-
-    /// Hashes the given protected paths under `root`.
-    pub fn take_paths(root: &Path, prefixes: &[&str]) -> Result<Self, ProtectError> {
         Ok(Self {
-            prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
-            files: hash_all(root, prefixes)?,
+            prefixes: DEFAULT_PROTECTED.iter().map(|p| p.to_string()).collect(),
+            files: hash_all(root, DEFAULT_PROTECTED)?,
         })
     }
 

@@ -1,4 +1,4 @@
-//! The CLI's side of the control socket.
+//! The CLI's side of the control socket, and the request path every client of it shares.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,24 +26,11 @@ impl ControlClient {
                     source,
                 });
             }
-            Err(_) => {
-                return Err(ControlError::NoDaemon {
-                    home: home.to_path_buf(),
-                    socket,
-                });
-            }
+            Err(_) => return Err(no_daemon(home, &socket)),
         }
-        crate::tls::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .unix_socket(socket.clone())
-            .timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| ControlError::Request {
-                what: "client".into(),
-                why: e.to_string(),
-            })?;
+        let builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
         Ok(Self {
-            http,
+            http: http(builder, &socket)?,
             home: home.to_path_buf(),
         })
     }
@@ -53,33 +40,17 @@ impl ControlClient {
         req: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<T, ControlError> {
-        let fail = |why: String| ControlError::Request {
-            what: what.to_string(),
-            why,
-        };
-        let resp = req.send().await.map_err(|e| {
-            if let Some(source) = permission_denied(&e) {
-                // Another user's daemon: its socket is 0600. Saying "not running" would be
-                // false and would invite a second daemon on the same home.
-                ControlError::Socket {
-                    path: socket_path(&self.home),
-                    source,
-                }
-            } else if e.is_connect() {
-                ControlError::NoDaemon {
-                    home: self.home.clone(),
-                    socket: socket_path(&self.home),
-                }
-            } else {
-                fail(e.to_string())
-            }
+        let socket = socket_path(&self.home);
+        let resp = req.send().await.map_err(|e| match permission_denied(&e) {
+            // Another user's daemon: its socket is 0600. Saying "not running" would be
+            // false and would invite a second daemon on the same home.
+            Some(source) => ControlError::Socket {
+                path: socket.clone(),
+                source,
+            },
+            None => send_err(e, what, &self.home, &socket),
         })?;
-        let status = resp.status();
-        let body = resp.text().await.map_err(|e| fail(e.to_string()))?;
-        if !status.is_success() {
-            return Err(fail(format!("{status}: {body}")));
-        }
-        serde_json::from_str(&body).map_err(|e| fail(format!("unreadable reply: {e}")))
+        reply(resp, what, false).await
     }
 
     pub async fn status(&self) -> Result<DaemonStatus, ControlError> {
@@ -99,6 +70,68 @@ impl ControlClient {
         }
         self.call(req, "sessions").await
     }
+}
+
+pub(super) fn request_err(what: &str, e: impl ToString) -> ControlError {
+    ControlError::Request {
+        what: what.to_string(),
+        why: e.to_string(),
+    }
+}
+
+pub(super) fn no_daemon(home: &Path, socket: &Path) -> ControlError {
+    ControlError::NoDaemon {
+        home: home.to_path_buf(),
+        socket: socket.to_path_buf(),
+    }
+}
+
+/// An HTTP client on the control socket at `socket`; `builder` sets its timeouts.
+pub(super) fn http(
+    builder: reqwest::ClientBuilder,
+    socket: &Path,
+) -> Result<reqwest::Client, ControlError> {
+    crate::tls::install_crypto_provider();
+    builder
+        .unix_socket(socket)
+        .build()
+        .map_err(|e| request_err("client", e))
+}
+
+/// A request that could not be sent: a socket that refuses connections (left by a killed
+/// daemon) is no daemon.
+pub(super) fn send_err(e: reqwest::Error, what: &str, home: &Path, socket: &Path) -> ControlError {
+    if e.is_connect() {
+        no_daemon(home, socket)
+    } else {
+        request_err(what, e)
+    }
+}
+
+/// The reply's JSON, or an error naming a failed status and its body. With `refusable`, a
+/// client error (4xx) is the daemon refusing bad input: [`ControlError::Refused`], with the
+/// body's `error` as the message.
+pub(super) async fn reply<T: DeserializeOwned>(
+    resp: reqwest::Response,
+    what: &str,
+    refusable: bool,
+) -> Result<T, ControlError> {
+    let status = resp.status();
+    let body = resp.text().await.map_err(|e| request_err(what, e))?;
+    if refusable && status.is_client_error() {
+        let message = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or(body);
+        return Err(ControlError::Refused {
+            what: what.to_string(),
+            message,
+        });
+    }
+    if !status.is_success() {
+        return Err(request_err(what, format!("{status}: {body}")));
+    }
+    serde_json::from_str(&body).map_err(|e| request_err(what, format!("unreadable reply: {e}")))
 }
 
 /// The permission error under a failed connection, if that is what it was.

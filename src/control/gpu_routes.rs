@@ -23,6 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::client::{http, no_daemon, reply, request_err, send_err};
 use super::{ControlError, ControlState};
 use crate::gpu::{
     Broker, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest, Snapshot,
@@ -99,40 +100,31 @@ async fn drain(State(state): State<ControlState>, Json(body): Json<DrainBody>) -
     let reason = body
         .reason
         .unwrap_or_else(|| "drained by an operator".into());
-    match b.drain(&body.gpu, &reason).await {
-        Ok(()) => Json(b.snapshot()).into_response(),
-        Err(e) => refuse(drain_status(&e), &e),
-    }
+    after_drain(b, b.drain(&body.gpu, &reason).await)
 }
 
 async fn undrain(State(state): State<ControlState>, Json(body): Json<DrainBody>) -> Response {
     let Some(b) = &state.broker else {
         return no_broker();
     };
-    match b.undrain(&body.gpu).await {
-        Ok(()) => Json(b.snapshot()).into_response(),
-        Err(e) => refuse(drain_status(&e), &e),
-    }
+    after_drain(b, b.undrain(&body.gpu).await)
 }
 
-/// An unknown GPU is the caller's mistake; a drain the store could not journal is not.
-fn drain_status(e: &LeaseError) -> StatusCode {
-    match e {
-        LeaseError::UnknownGpu(_) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+/// The snapshot after a drain or undrain. An unknown GPU is the caller's mistake; a drain the
+/// store could not journal is not.
+fn after_drain(b: &Broker, done: Result<(), LeaseError>) -> Response {
+    match done {
+        Ok(()) => Json(b.snapshot()).into_response(),
+        Err(e @ LeaseError::UnknownGpu(_)) => refuse(StatusCode::BAD_REQUEST, &e),
+        Err(e) => refuse(StatusCode::SERVICE_UNAVAILABLE, &e),
     }
 }
 
 fn spool_name(session: &str) -> String {
+    let keep = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
     session
         .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if keep(c) { c } else { '_' })
         .collect()
 }
 
@@ -193,17 +185,20 @@ async fn lease(
         .into_response()
 }
 
-/// Follows a file the child writes, handing out whole UTF-8 text as it grows.
+/// Follows a file the child writes, handing out whole UTF-8 text as it grows, each piece in a
+/// frame made by `frame`.
 struct Tail {
     path: PathBuf,
+    frame: fn(String) -> LeaseFrame,
     offset: u64,
     pending: Vec<u8>,
 }
 
 impl Tail {
-    fn new(path: &Path) -> Self {
+    fn new(path: &Path, frame: fn(String) -> LeaseFrame) -> Self {
         Self {
             path: path.to_path_buf(),
+            frame,
             offset: 0,
             pending: Vec::new(),
         }
@@ -242,8 +237,10 @@ async fn pump(
     cancel: CancellationToken,
     tx: mpsc::Sender<LeaseFrame>,
 ) {
-    let mut out = Tail::new(&cmd.stdout);
-    let mut err = Tail::new(&cmd.stderr);
+    let mut tails = [
+        Tail::new(&cmd.stdout, |data| LeaseFrame::Stdout { data }),
+        Tail::new(&cmd.stderr, |data| LeaseFrame::Stderr { data }),
+    ];
     let run = broker.run(req, cmd, &cancel);
     tokio::pin!(run);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -251,13 +248,13 @@ async fn pump(
         tokio::select! {
             r = &mut run => break r,
             _ = tick.tick() => {
-                if !forward(&mut out, &mut err, &tx, false).await {
+                if !forward(&mut tails, &tx, false).await {
                     cancel.cancel();
                 }
             }
         }
     };
-    forward(&mut out, &mut err, &tx, true).await;
+    forward(&mut tails, &tx, true).await;
     let last = match result {
         Ok(outcome) => LeaseFrame::Outcome {
             outcome: Box::new(outcome),
@@ -271,21 +268,13 @@ async fn pump(
 }
 
 /// Sends new output; false when the client is gone.
-async fn forward(
-    out: &mut Tail,
-    err: &mut Tail,
-    tx: &mpsc::Sender<LeaseFrame>,
-    last: bool,
-) -> bool {
-    if let Some(data) = out.read_new(last).await
-        && tx.send(LeaseFrame::Stdout { data }).await.is_err()
-    {
-        return false;
-    }
-    if let Some(data) = err.read_new(last).await
-        && tx.send(LeaseFrame::Stderr { data }).await.is_err()
-    {
-        return false;
+async fn forward(tails: &mut [Tail], tx: &mpsc::Sender<LeaseFrame>, last: bool) -> bool {
+    for tail in tails {
+        if let Some(data) = tail.read_new(last).await
+            && tx.send((tail.frame)(data)).await.is_err()
+        {
+            return false;
+        }
     }
     true
 }
@@ -308,100 +297,52 @@ pub struct GpuClient {
     socket: PathBuf,
 }
 
-fn request_err(what: &str, e: impl ToString) -> ControlError {
-    ControlError::Request {
-        what: what.to_string(),
-        why: e.to_string(),
-    }
-}
-
 impl GpuClient {
     /// A client on `socket`; [`ControlError::NoDaemon`] when there is none.
     pub fn new(home: &Path, socket: &Path) -> Result<Self, ControlError> {
         if !socket.exists() {
-            return Err(ControlError::NoDaemon {
-                home: home.to_path_buf(),
-                socket: socket.to_path_buf(),
-            });
+            return Err(no_daemon(home, socket));
         }
-        crate::tls::install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .unix_socket(socket.to_path_buf())
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| request_err("client", e))?;
+        let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
         Ok(Self {
-            http,
+            http: http(builder, socket)?,
             home: home.to_path_buf(),
             socket: socket.to_path_buf(),
         })
     }
 
-    /// Sends `req`; a socket that refuses connections (left by a killed daemon) is no daemon.
     async fn send(
         &self,
         req: reqwest::RequestBuilder,
         what: &str,
     ) -> Result<reqwest::Response, ControlError> {
-        req.send().await.map_err(|e| {
-            if e.is_connect() {
-                ControlError::NoDaemon {
-                    home: self.home.clone(),
-                    socket: self.socket.clone(),
-                }
-            } else {
-                request_err(what, e)
-            }
-        })
+        req.send()
+            .await
+            .map_err(|e| send_err(e, what, &self.home, &self.socket))
     }
 
-    async fn json<T: serde::de::DeserializeOwned>(
+    /// `POST /v1/gpus/<what>` with `body`.
+    async fn post_gpu(
         &self,
-        req: reqwest::RequestBuilder,
         what: &str,
-    ) -> Result<T, ControlError> {
-        let resp = self.send(req, what).await?;
-        let status = resp.status();
-        let body = resp.text().await.map_err(|e| request_err(what, e))?;
-        if status.is_client_error() {
-            let message = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v["error"].as_str().map(str::to_string))
-                .unwrap_or(body);
-            return Err(ControlError::Refused {
-                what: what.to_string(),
-                message,
-            });
-        }
-        if !status.is_success() {
-            return Err(request_err(what, format!("{status}: {body}")));
-        }
-        serde_json::from_str(&body).map_err(|e| request_err(what, format!("unreadable reply: {e}")))
+        body: serde_json::Value,
+    ) -> Result<Snapshot, ControlError> {
+        let req = self.http.post(format!("http://fk-agentd/v1/gpus/{what}"));
+        reply(self.send(req.json(&body), what).await?, what, true).await
     }
 
     pub async fn snapshot(&self) -> Result<Snapshot, ControlError> {
-        self.json(self.http.get("http://fk-agentd/v1/gpus"), "gpus")
-            .await
+        let req = self.http.get("http://fk-agentd/v1/gpus");
+        reply(self.send(req, "gpus").await?, "gpus", true).await
     }
 
     pub async fn drain(&self, gpu: &str, reason: Option<&str>) -> Result<Snapshot, ControlError> {
-        let body = json!({"gpu": gpu, "reason": reason});
-        self.json(
-            self.http.post("http://fk-agentd/v1/gpus/drain").json(&body),
-            "drain",
-        )
-        .await
+        self.post_gpu("drain", json!({"gpu": gpu, "reason": reason}))
+            .await
     }
 
     pub async fn undrain(&self, gpu: &str) -> Result<Snapshot, ControlError> {
-        let body = json!({"gpu": gpu});
-        self.json(
-            self.http
-                .post("http://fk-agentd/v1/gpus/undrain")
-                .json(&body),
-            "undrain",
-        )
-        .await
+        self.post_gpu("undrain", json!({"gpu": gpu})).await
     }
 
     /// Runs a lease, handing each output frame to `on_output` as it arrives.

@@ -170,20 +170,19 @@ async fn stop(State(state): State<ControlState>) -> Json<serde_json::Value> {
 }
 
 async fn sessions(State(state): State<ControlState>, Query(q): Query<RunQuery>) -> Response {
-    let store = state.store.clone();
-    let result = store
+    let result = state
+        .store
         .blocking(move |s| {
             let run = s.run(q.run.as_deref())?;
-            let rows = s.sessions(&run.id)?;
-            Ok((run.id, rows))
+            let sessions = s.sessions(&run.id)?;
+            Ok(SessionsReply {
+                run_id: run.id,
+                sessions,
+            })
         })
         .await;
     match result {
-        Ok((run_id, rows)) => Json(SessionsReply {
-            run_id,
-            sessions: rows,
-        })
-        .into_response(),
+        Ok(reply) => Json(reply).into_response(),
         Err(e) => (StatusCode::NOT_FOUND, Json(json!({"error": e.to_string()}))).into_response(),
     }
 }

@@ -102,9 +102,7 @@ pub(crate) fn spawn_sampler(
                     broker.report_violation(&watched.lease_id, uuid, p.pid);
                 }
             }
-            if let Some(s) = seen {
-                peak = Some(peak.map_or(s, |p| p.max(s)));
-            }
+            peak = peak.max(seen); // `None` orders below every `Some`.
             tokio::select! {
                 _ = stop.cancelled() => return peak,
                 _ = tokio::time::sleep(every) => {}

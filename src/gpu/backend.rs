@@ -330,12 +330,9 @@ impl LocalBackend {
                 return Err(e);
             }
         };
-        let pgid = i64::from(child.pid);
+        let (pgid, cgroup) = (i64::from(child.pid), Some(dir.to_path_buf()));
         Ok(Some(Launched {
-            job: JobRef {
-                pgid,
-                cgroup: Some(dir.to_path_buf()),
-            },
+            job: JobRef { pgid, cgroup },
             containment: Containment::CgroupV2,
             exit: Box::pin(async move { child.wait().await.ok() }),
         }))
@@ -438,11 +435,8 @@ fn resolve_in(
         }
     }
     // The errno execvp would give, so the message reads as for a process-group lease.
-    Err(io::Error::from_raw_os_error(if denied {
-        libc::EACCES
-    } else {
-        libc::ENOENT
-    }))
+    let errno = if denied { libc::EACCES } else { libc::ENOENT };
+    Err(io::Error::from_raw_os_error(errno))
 }
 
 /// Why a lease's program would not start.
@@ -488,13 +482,6 @@ fn spawn(
         }
         None => None,
     };
-    let copy = |f: &File| {
-        f.try_clone().map_err(|source| LeaseError::Spawn {
-            argv0: argv0.clone(),
-            source,
-        })
-    };
-    let (out, err) = (copy(&spec.output.stdout)?, copy(&spec.output.stderr)?);
     let (mut cmd, report) = match report {
         Some((entry, (ours, theirs))) => {
             let mut cmd = tokio::process::Command::new(SHELL);
@@ -511,11 +498,8 @@ fn spawn(
             (cmd, None)
         }
     };
-    cmd.current_dir(spec.cwd)
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .kill_on_drop(false);
+    cmd.current_dir(spec.cwd);
+    lease_command(&mut cmd, spec, spec.env.iter(), &argv0)?;
     if let Some(fd) = spec.confine {
         // Costs a fork instead of `posix_spawn` (see above), only for confined leases on hosts
         // without the clone path.
@@ -525,15 +509,37 @@ fn spawn(
             cmd.pre_exec(move || crate::confine::enter(fd));
         }
     }
-    for k in spec.env_remove {
-        cmd.env_remove(k);
-    }
-    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
-    cmd.env(LEASE_ID_ENV, spec.lease_id);
     let child = cmd
         .spawn()
         .map_err(|source| LeaseError::Spawn { argv0, source })?;
     Ok((child, report))
+}
+
+/// Gives `cmd` what every leased command gets: stdout and stderr to the lease's files (an error
+/// copying them names `argv0`), its own process group, and the daemon's environment less
+/// `env_remove`, plus `env` and the lease-id tag.
+pub(super) fn lease_command<'a>(
+    cmd: &mut tokio::process::Command,
+    spec: &LaunchSpec<'_>,
+    env: impl Iterator<Item = &'a (String, String)>,
+    argv0: &str,
+) -> Result<(), LeaseError> {
+    let copy = |f: &File| {
+        f.try_clone().map_err(|source| LeaseError::Spawn {
+            argv0: argv0.to_string(),
+            source,
+        })
+    };
+    cmd.stdout(copy(&spec.output.stdout)?)
+        .stderr(copy(&spec.output.stderr)?)
+        .process_group(0)
+        .kill_on_drop(false);
+    for k in spec.env_remove {
+        cmd.env_remove(k);
+    }
+    cmd.envs(env.map(|(k, v)| (k, v)));
+    cmd.env(LEASE_ID_ENV, spec.lease_id);
+    Ok(())
 }
 
 impl LeaseBackend for LocalBackend {
@@ -613,15 +619,11 @@ impl LeaseBackend for LocalBackend {
             return Ok(launched);
         }
         let entry = dir.as_deref().map(|d| entry_file(self.containment(), d));
-        let (mut child, report) = match spawn(&spec, entry.as_deref()) {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                if let Some(d) = &dir {
-                    let _ = cgroup::retire(d, true);
-                }
-                return Err(e);
+        let (mut child, report) = spawn(&spec, entry.as_deref()).inspect_err(|_| {
+            if let Some(d) = &dir {
+                let _ = cgroup::retire(d, true);
             }
-        };
+        })?;
         let pid = child.id().map(i64::from).unwrap_or(0);
         let (cgroup, containment) = match (dir, report) {
             (Some(d), Some(report)) => {
@@ -730,11 +732,8 @@ impl LeaseBackend for LocalBackend {
             // An idle GPU cgroup is no leftover; one still holding processes is.
             .filter(|(name, dir)| !cgroup::is_slot(name) || !cgroup::members(dir).is_empty())
             .map(|(id, dir)| {
-                let job = JobRef {
-                    pgid: 0,
-                    cgroup: Some(dir),
-                };
-                (id, job)
+                let cgroup = Some(dir);
+                (id, JobRef { pgid: 0, cgroup })
             })
             .collect()
     }

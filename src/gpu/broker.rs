@@ -148,6 +148,7 @@ pub(crate) struct LiveLease {
 
 type GrantTx = oneshot::Sender<Result<Vec<usize>, LeaseError>>;
 
+#[derive(Default)]
 pub(crate) struct State {
     pub queue: Queue,
     pub grants: HashMap<String, GrantTx>,
@@ -246,10 +247,7 @@ impl Broker {
             backend,
             state: Mutex::new(State {
                 queue,
-                grants: HashMap::new(),
-                pools: HashMap::new(),
-                live: HashMap::new(),
-                inflight: HashMap::new(),
+                ..State::default()
             }),
             tokens: TokenBook::default(),
             tracker: TaskTracker::new(),
@@ -342,7 +340,6 @@ impl Broker {
             }
         }
         let (tx, rx) = oneshot::channel();
-        let now = Instant::now();
         st.grants.insert(lease_id.to_string(), tx);
         st.queue.enqueue(Waiter {
             lease_id: lease_id.to_string(),
@@ -351,7 +348,7 @@ impl Broker {
             gpus: req.gpus,
             scope,
             seq: 0,
-            enqueued: now,
+            enqueued: Instant::now(),
         });
         self.schedule_locked(&mut st);
         Ok(rx)
@@ -442,11 +439,7 @@ impl Broker {
         let queued_at = Instant::now();
         let rx = self.enqueue(&req, &lease_id, scope)?;
         let slots = tokio::select! {
-            granted = rx => match granted {
-                Ok(Ok(slots)) => slots,
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(LeaseError::ShuttingDown),
-            },
+            granted = rx => granted.unwrap_or(Err(LeaseError::ShuttingDown))?,
             _ = cancel.cancelled() => {
                 self.withdraw(&lease_id);
                 return Err(LeaseError::Cancelled);

@@ -223,15 +223,14 @@ pub(crate) fn is_slot_dir(dir: &Path) -> bool {
 
 /// The flavour of an existing cgroup directory, from the control files it has.
 pub(crate) fn kind_of(dir: &Path) -> Option<Containment> {
-    if dir.join("cgroup.controllers").exists() {
-        Some(Containment::CgroupV2)
-    } else if dir.join("pids.max").exists() {
-        Some(Containment::CgroupV1Pids)
-    } else if dir.join("freezer.state").exists() {
-        Some(Containment::CgroupV1Freezer)
-    } else {
-        None
-    }
+    [
+        ("cgroup.controllers", Containment::CgroupV2),
+        ("pids.max", Containment::CgroupV1Pids),
+        ("freezer.state", Containment::CgroupV1Freezer),
+    ]
+    .into_iter()
+    .find(|(file, _)| dir.join(file).exists())
+    .map(|(_, kind)| kind)
 }
 
 /// The live (non-zombie) processes in a cgroup; empty when it does not exist.

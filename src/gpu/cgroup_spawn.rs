@@ -89,10 +89,8 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> Result<Child, SpawnError> {
 /// `/bin/sh -c :` there and waits for it (about a millisecond). A refused clone (a kernel before
 /// 5.7, a seccomp filter, a cgroup that cannot take processes) says no.
 pub fn enters_directly(dir: &Path) -> bool {
-    let Ok(null) = std::fs::File::open("/dev/null") else {
-        return false;
-    };
-    let Ok(cgroup) = std::fs::File::open(dir) else {
+    let (Ok(null), Ok(cgroup)) = (std::fs::File::open("/dev/null"), std::fs::File::open(dir))
+    else {
         return false;
     };
     let argv = [c"sh".to_owned(), c"-c".to_owned(), c":".to_owned()];
@@ -141,14 +139,14 @@ pub fn launch_in(
         .map_err(spawn_err)?;
     let envp = environment(spec).map_err(spawn_err)?;
     let cwd = c_string(spec.cwd.as_os_str().as_bytes().to_vec()).map_err(spawn_err)?;
-    let io_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LeaseError::Io { path, source }
+    let open = |path: &Path| {
+        std::fs::File::open(path).map_err(|source| LeaseError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     };
-    let stdin = std::fs::File::open("/dev/null").map_err(io_err(Path::new("/dev/null")))?;
-    let cgroup = dir
-        .map(|d| std::fs::File::open(d).map_err(io_err(d)))
-        .transpose()?;
+    let stdin = open(Path::new("/dev/null"))?;
+    let cgroup = dir.map(open).transpose()?;
     let spawned = spawn(&SpawnSpec {
         program: &program,
         argv: &argv,

@@ -142,17 +142,17 @@ impl std::fmt::Debug for Inventory {
     }
 }
 
-fn nvml_init() -> Result<Nvml, LeaseError> {
-    Nvml::init().map_err(|e| LeaseError::NvmlUnavailable { why: e.to_string() })
+fn nvml_err(e: nvml_wrapper::error::NvmlError) -> LeaseError {
+    LeaseError::NvmlUnavailable { why: e.to_string() }
 }
 
 impl Inventory {
     /// Discovers the GPUs the config names. `nvml` without a loadable NVML is an error.
     pub fn discover(devices: &GpuDevices) -> Result<Self, LeaseError> {
         match devices {
-            GpuDevices::Nvml => Self::from_nvml(Arc::new(nvml_init()?), None),
+            GpuDevices::Nvml => Self::from_nvml(Arc::new(Nvml::init().map_err(nvml_err)?), None),
             GpuDevices::Fake { count } => Ok(Self::fake(*count)),
-            GpuDevices::Uuids { uuids } => match nvml_init() {
+            GpuDevices::Uuids { uuids } => match Nvml::init() {
                 Ok(nvml) => Self::from_nvml(Arc::new(nvml), Some(uuids)),
                 Err(_) => Ok(Self::declared(uuids)),
             },
@@ -189,13 +189,11 @@ impl Inventory {
     }
 
     fn from_nvml(nvml: Arc<Nvml>, only: Option<&Vec<String>>) -> Result<Self, LeaseError> {
-        let nv =
-            |e: nvml_wrapper::error::NvmlError| LeaseError::NvmlUnavailable { why: e.to_string() };
-        let count = nvml.device_count().map_err(nv)?;
+        let count = nvml.device_count().map_err(nvml_err)?;
         let mut gpus = Vec::new();
         for i in 0..count {
-            let dev = nvml.device_by_index(i).map_err(nv)?;
-            let uuid = dev.uuid().map_err(nv)?;
+            let dev = nvml.device_by_index(i).map_err(nvml_err)?;
+            let uuid = dev.uuid().map_err(nvml_err)?;
             if only.is_some_and(|o| !o.contains(&uuid)) {
                 continue;
             }

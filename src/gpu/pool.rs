@@ -62,10 +62,9 @@ impl Broker {
             self.schedule_locked(&mut st);
         }
         let slots = tokio::select! {
-            r = rx => match r {
-                Ok(Ok(slots)) => slots,
-                Ok(Err(e)) => { self.release_pool(id); return Err(e); }
-                Err(_) => { self.release_pool(id); return Err(LeaseError::ShuttingDown); }
+            r = rx => match r.unwrap_or(Err(LeaseError::ShuttingDown)) {
+                Ok(slots) => slots,
+                Err(e) => { self.release_pool(id); return Err(e); }
             },
             _ = cancel.cancelled() => { self.release_pool(id); return Err(LeaseError::Cancelled); }
         };

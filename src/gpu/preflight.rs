@@ -107,11 +107,10 @@ impl Broker {
         let Ok(text) = std::fs::read_to_string(&p.nvidia_params) else {
             return Ok(());
         };
-        let restricted = text.lines().any(|l| {
-            let l = l.replace(' ', "");
-            l == "RmProfilingAdminOnly:1"
-        });
-        if restricted {
+        if text
+            .lines()
+            .any(|l| l.replace(' ', "") == "RmProfilingAdminOnly:1")
+        {
             return Err(LeaseError::ProfilerPermission {
                 detail: format!("{} has RmProfilingAdminOnly: 1", p.nvidia_params.display()),
             });

@@ -46,9 +46,8 @@ pub(crate) fn group_alive(pgid: i64) -> bool {
     if !Path::new("/proc/self/stat").exists() {
         return true;
     }
-    all_pids().into_iter().any(|p| match proc_stat(p) {
-        Some((state, pgrp)) => pgrp == pgid && state != 'Z' && state != 'X',
-        None => false,
+    all_pids().into_iter().any(|p| {
+        proc_stat(p).is_some_and(|(state, pgrp)| pgrp == pgid && state != 'Z' && state != 'X')
     })
 }
 

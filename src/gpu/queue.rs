@@ -96,7 +96,7 @@ struct SessionStats {
     last_grant: u64,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Queue {
     pub slots: Vec<Slot>,
     pub waiting: Vec<Waiter>,
@@ -115,15 +115,10 @@ impl Queue {
     pub fn new(gpus: usize, caps: HashMap<LeaseClass, usize>, age_after: Duration) -> Self {
         Self {
             slots: vec![Slot::default(); gpus],
-            waiting: Vec::new(),
-            held: BTreeMap::new(),
-            claim: None,
-            sessions: HashMap::new(),
             nodes: vec![0; gpus],
             caps,
             age_after,
-            seq: 0,
-            grants: 0,
+            ..Self::default()
         }
     }
 
@@ -155,13 +150,18 @@ impl Queue {
         let Some(pos) = self.waiting.iter().position(|w| w.lease_id == lease_id) else {
             return false;
         };
+        self.unqueue(pos);
+        true
+    }
+
+    /// Removes waiter `pos`, which then no longer counts as its session's.
+    fn unqueue(&mut self, pos: usize) {
         let w = self.waiting.remove(pos);
         if w.scope.is_none()
             && let Some(s) = self.sessions.get_mut(&w.session)
         {
             s.waiting = s.waiting.saturating_sub(1);
         }
-        true
     }
 
     /// Marks slots as held by a lease that did not come through the queue (adopted on restart).
@@ -218,11 +218,9 @@ impl Queue {
     }
 
     fn free_in(&self, scope: Scope) -> Vec<usize> {
+        let free = |s: &Slot| s.holder.is_none() && s.usable() && s.pool == scope;
         (0..self.slots.len())
-            .filter(|&i| {
-                let s = &self.slots[i];
-                s.holder.is_none() && s.usable() && s.pool == scope
-            })
+            .filter(|&i| free(&self.slots[i]))
             .collect()
     }
 
@@ -291,10 +289,7 @@ impl Queue {
     }
 
     fn capped(&self, w: &Waiter, session_running_limit: Option<usize>) -> bool {
-        let mut nodes = self.nodes.clone();
-        nodes.sort_unstable();
-        nodes.dedup();
-        let class_full = !nodes.into_iter().any(|n| self.class_room(w.class, n));
+        let class_full = !self.nodes.iter().any(|&n| self.class_room(w.class, n));
         let session_full = w.scope.is_none()
             && session_running_limit
                 .is_some_and(|lim| self.sessions.get(&w.session).map_or(0, |s| s.running) >= lim);
@@ -352,12 +347,7 @@ impl Queue {
         }
         granted.sort_unstable();
         for i in granted.into_iter().rev() {
-            let w = self.waiting.remove(i);
-            if w.scope.is_none()
-                && let Some(s) = self.sessions.get_mut(&w.session)
-            {
-                s.waiting = s.waiting.saturating_sub(1);
-            }
+            self.unqueue(i);
         }
         out
     }
@@ -379,19 +369,17 @@ impl Queue {
     }
 
     fn try_hold_pool(&mut self) -> Option<Decision> {
-        let claim = self.claim.as_ref()?;
-        if claim.held || self.held.values().any(|h| h.scope.is_none()) {
+        if self.held.values().any(|h| h.scope.is_none()) {
             return None;
         }
+        let claim = self.claim.as_mut().filter(|c| !c.held)?;
+        claim.held = true;
         let id = claim.id;
         let slots: Vec<usize> = (0..self.slots.len())
             .filter(|&i| self.slots[i].usable())
             .collect();
         for &i in &slots {
             self.slots[i].pool = Some(id);
-        }
-        if let Some(c) = self.claim.as_mut() {
-            c.held = true;
         }
         Some(Decision::PoolHeld { id, slots })
     }

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use time::format_description::well_known::Rfc3339;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -48,11 +49,7 @@ pub struct RecoveryReport {
 
 /// When the lease was granted, from its journaled `granted_at`.
 fn granted_unix_ms(row: &LeaseRow) -> Option<i64> {
-    let at = time::OffsetDateTime::parse(
-        &row.granted_at,
-        &time::format_description::well_known::Rfc3339,
-    )
-    .ok()?;
+    let at = time::OffsetDateTime::parse(&row.granted_at, &Rfc3339).ok()?;
     Some((at.unix_timestamp_nanos() / 1_000_000) as i64)
 }
 
@@ -96,10 +93,9 @@ impl Broker {
                     self.adopt(row, slots, Duration::from_millis(left_ms as u64), reused);
                 }
                 (slots, _) => {
-                    let id = row.id.clone();
+                    report.reclaimed.push(row.id.clone());
                     self.end_orphan(row, slots.unwrap_or_default(), alive, reused)
                         .await?;
-                    report.reclaimed.push(id);
                 }
             }
         }
@@ -217,11 +213,10 @@ impl Broker {
         let containment = containment_of(&row);
         let job = job_of(&row);
         let mut notes: Vec<String> = reused.into_iter().collect();
-        let mut killed = false;
+        let mut killed = alive;
         if alive {
             backend.signal(&job, true);
             wait_gone(backend.as_ref(), &job, Duration::from_secs(5)).await;
-            killed = true;
             notes.push(match &job.cgroup {
                 Some(dir) => format!(
                     "process group {} and cgroup {} killed after a daemon restart",
@@ -278,17 +273,12 @@ async fn recorded_end(
 
 /// What held a journaled lease: its cgroup's flavour while the cgroup exists.
 fn containment_of(row: &LeaseRow) -> Containment {
-    if row
-        .cgroup
-        .as_deref()
-        .is_some_and(|c| super::slurm::Container::is_slurm(std::path::Path::new(c)))
-    {
-        return Containment::SlurmStep;
+    match row.cgroup.as_deref().map(std::path::Path::new) {
+        Some(c) if super::slurm::Container::is_slurm(c) => Containment::SlurmStep,
+        c => c
+            .and_then(cgroup::kind_of)
+            .unwrap_or(Containment::ProcessGroup),
     }
-    row.cgroup
-        .as_ref()
-        .and_then(|d| cgroup::kind_of(std::path::Path::new(d)))
-        .unwrap_or(Containment::ProcessGroup)
 }
 
 /// The outcome of a lease whose lead process was not ours to wait on: the exit code `recorded`

@@ -5,7 +5,7 @@
 //! libcuda is loaded at run time; cudarc panics without it, so its presence is checked first
 //! and its absence is a [`LeaseError::CudaUnavailable`], never a panic.
 
-use std::ffi::{CString, c_void};
+use std::ffi::{CStr, c_void};
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, DevicePtrMut, DriverError, result, sys};
@@ -15,7 +15,7 @@ use super::types::LeaseError;
 
 const ELEMENTS: u32 = 1 << 20;
 
-const FILL_PTX: &str = r#"
+const FILL_PTX: &CStr = cr#"
 .version 7.0
 .target sm_50
 .address_size 64
@@ -111,18 +111,15 @@ pub fn run_sanity(uuid: &str) -> Result<SanityReport, LeaseError> {
     let name = ctx.name().unwrap_or_default();
     let stream = ctx.default_stream();
     ctx.bind_to_thread().map_err(cuda)?;
-    let ptx = CString::new(FILL_PTX).map_err(|e| LeaseError::CudaUnavailable(e.to_string()))?;
-    let entry = CString::new("fk_fill").map_err(|e| LeaseError::CudaUnavailable(e.to_string()))?;
-    // SAFETY: `ptx` is a NUL-terminated PTX text that outlives the call.
+    // SAFETY: `FILL_PTX` is a NUL-terminated PTX text that outlives the call.
     let module =
-        unsafe { result::module::load_data(ptx.as_ptr() as *const c_void) }.map_err(cuda)?;
+        unsafe { result::module::load_data(FILL_PTX.as_ptr() as *const c_void) }.map_err(cuda)?;
     let host = (|| {
         // SAFETY: `module` was just loaded and names an entry `fk_fill`.
-        let func = unsafe { result::module::get_function(module, entry) }?;
+        let func = unsafe { result::module::get_function(module, c"fk_fill".to_owned()) }?;
         let mut buf = stream.alloc_zeros::<u32>(ELEMENTS as usize)?;
         {
-            let (ptr, _sync) = buf.device_ptr_mut(&stream);
-            let mut ptr = ptr;
+            let (mut ptr, _sync) = buf.device_ptr_mut(&stream);
             let mut n = ELEMENTS;
             let mut params = [
                 (&mut ptr) as *mut _ as *mut c_void,

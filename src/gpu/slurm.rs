@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex};
 use rustix::process::{Pid, Signal};
 
 use super::backend::{
-    ExitInfo, JobRef, LEASE_ID_ENV, LaunchSpec, Launched, LeaseBackend, RecordedEnd,
+    ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend, RecordedEnd, lease_command,
 };
 use super::guard;
 use super::procfs;
@@ -372,12 +372,6 @@ impl LeaseBackend for SlurmBackend {
                 "a program name that does not start with `-`",
             ));
         }
-        let copy = |f: &std::fs::File| {
-            f.try_clone().map_err(|source| LeaseError::Spawn {
-                argv0: "srun".into(),
-                source,
-            })
-        };
         let mut std_cmd = self.cli.command("srun");
         std_cmd.args(&args);
         // The step runs on its node, out of reach of the daemon's ruleset: it builds the same
@@ -393,23 +387,11 @@ impl LeaseBackend for SlurmBackend {
             std_cmd.args(["sh", "-c", PICK_GPUS, "fk-agentd-pick-gpus", &positions]);
         }
         std_cmd.args(spec.argv);
-        for k in spec.env_remove {
-            std_cmd.env_remove(k);
-        }
+        let mut cmd = tokio::process::Command::from(std_cmd);
         // Slurm sets CUDA_VISIBLE_DEVICES for the step from its GRES; the broker's value names
         // the inventory slot, not a device the node knows.
-        std_cmd.envs(
-            spec.env
-                .iter()
-                .filter(|(k, _)| k != "CUDA_VISIBLE_DEVICES")
-                .map(|(k, v)| (k, v)),
-        );
-        std_cmd.env(LEASE_ID_ENV, spec.lease_id);
-        let mut cmd = tokio::process::Command::from(std_cmd);
-        cmd.stdout(copy(&spec.output.stdout)?)
-            .stderr(copy(&spec.output.stderr)?)
-            .process_group(0)
-            .kill_on_drop(false);
+        let env = spec.env.iter().filter(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
+        lease_command(&mut cmd, &spec, env, "srun")?;
         let mut child = cmd.spawn().map_err(|source| LeaseError::Spawn {
             argv0: "srun".into(),
             source,
@@ -432,11 +414,9 @@ impl LeaseBackend for SlurmBackend {
                 },
             })
         });
+        let cgroup = Some(container.to_path());
         Ok(Launched {
-            job: JobRef {
-                pgid: pid,
-                cgroup: Some(container.to_path()),
-            },
+            job: JobRef { pgid: pid, cgroup },
             containment: Containment::SlurmStep,
             exit,
         })
@@ -455,16 +435,13 @@ impl LeaseBackend for SlurmBackend {
             Container::Job { name, .. } => Some(format!("--name={name}")),
             Container::Refused { .. } => None,
         };
-        let told = match target {
-            Some(target) => match self.cli.scancel(&[sig, target]) {
-                Ok(()) => true,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot signal a Slurm step");
-                    false
-                }
-            },
-            None => false,
-        };
+        let told = target.is_some_and(|target| match self.cli.scancel(&[sig, target]) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot signal a Slurm step");
+                false
+            }
+        });
         // The srun client ends by itself once its step is gone; killed first, it would make
         // slurmstepd retry telling it about the task's exit, and the step end seconds later.
         // Only a client whose step Slurm does not (or no longer) list is killed here.
@@ -480,12 +457,12 @@ impl LeaseBackend for SlurmBackend {
         if job.pgid > 0 && procfs::group_alive(job.pgid) {
             return true;
         }
-        match job.cgroup.as_deref().and_then(Container::parse) {
-            // Unsure (the controller does not answer) counts as alive: nothing is reused
-            // before Slurm says the step is gone.
-            Some(c) => self.listed(&c).unwrap_or(true),
-            None => false,
-        }
+        // Unsure (the controller does not answer) counts as alive: nothing is reused before
+        // Slurm says the step is gone.
+        job.cgroup
+            .as_deref()
+            .and_then(Container::parse)
+            .is_some_and(|c| self.listed(&c).unwrap_or(true))
     }
 
     fn lost(&self, job: &JobRef) -> Option<String> {
@@ -572,15 +549,9 @@ impl LeaseBackend for SlurmBackend {
                     .into_iter()
                     .filter(|(_, name, _)| name.starts_with("lease-"))
                     .map(move |(_, name, _)| {
-                        let c = Container::Step {
-                            holder,
-                            name: name.clone(),
-                        };
-                        let job = JobRef {
-                            pgid: 0,
-                            cgroup: Some(c.to_path()),
-                        };
-                        (name, job)
+                        let lease_id = name.clone();
+                        let cgroup = Some(Container::Step { holder, name }.to_path());
+                        (lease_id, JobRef { pgid: 0, cgroup })
                     })
             })
             .collect()
@@ -631,30 +602,21 @@ impl LeaseBackend for SlurmBackend {
         };
         let mut down = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
-            if let Some(holder) = slot.holder {
-                let state = held
-                    .iter()
-                    .find(|(id, _)| *id == holder)
-                    .map(|(_, s)| s.as_str());
-                if state != Some("RUNNING") {
-                    let state = state.unwrap_or("gone");
-                    down.push((
-                        i,
-                        format!(
-                            "its Slurm allocation (job {holder} on node {}) is {state}",
-                            slot.node
-                        ),
-                    ));
-                    continue;
-                }
-            }
-            // A node sinfo no longer lists in the partition is as gone as a down one.
-            let why = match nodes.iter().find(|(n, ..)| *n == slot.node) {
-                Some((_, state, _)) if !cli::unusable(state) => continue,
-                Some((node, state, reason)) => {
+            let holder = slot.holder.map(|h| {
+                let state = held.iter().find(|(id, _)| *id == h);
+                (h, state.map_or("gone", |(_, s)| s.as_str()))
+            });
+            let why = match (holder, nodes.iter().find(|(n, ..)| *n == slot.node)) {
+                (Some((job, state)), _) if state != "RUNNING" => format!(
+                    "its Slurm allocation (job {job} on node {}) is {state}",
+                    slot.node
+                ),
+                // A node sinfo no longer lists in the partition is as gone as a down one.
+                (_, None) => format!("Slurm node {} is not listed by sinfo", slot.node),
+                (_, Some((node, state, reason))) if cli::unusable(state) => {
                     format!("Slurm node {node} is {state} (reason: {reason})")
                 }
-                None => format!("Slurm node {} is not listed by sinfo", slot.node),
+                _ => continue,
             };
             down.push((i, why));
         }

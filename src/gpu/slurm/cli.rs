@@ -122,9 +122,7 @@ impl SlurmCli {
     /// How job `id`'s allocation ended as accounting recorded it (e.g. `NODE_FAIL` for a
     /// job requeued after its node failed); `None` while it never ended.
     pub fn accounted_state(&self, id: u64) -> Result<Option<String>, String> {
-        let args = ["-n", "-P", "-X", "-o", "State"].map(String::from);
-        let mut args = args.to_vec();
-        args.push(format!("--jobs={id}"));
+        let args = ["-n", "-P", "-X", "-o", "State", &format!("--jobs={id}")].map(String::from);
         let out = self.run("sacct", &args)?;
         Ok(out
             .lines()
@@ -178,9 +176,7 @@ impl SlurmCli {
     /// `scancel` with `args` (e.g. `--signal=TERM 12.3`); a job or step that is already gone
     /// is no error.
     pub fn scancel(&self, args: &[String]) -> Result<(), String> {
-        let mut all = vec!["--quiet".to_string()];
-        all.extend(args.iter().cloned());
-        match self.run("scancel", &all) {
+        match self.run("scancel", &[&["--quiet".to_string()], args].concat()) {
             Ok(_) => Ok(()),
             Err(e) if e.contains("Invalid job id") || e.contains("already completing") => Ok(()),
             Err(e) => Err(e),

@@ -33,17 +33,14 @@ pub struct StartParams {
 
 /// `--partition`, `--account`, `--qos` from the table.
 pub(super) fn placement_args(cfg: &SlurmConfig) -> Vec<String> {
-    let mut args = Vec::new();
-    if let Some(p) = &cfg.partition {
-        args.push(format!("--partition={p}"));
-    }
-    if let Some(a) = &cfg.account {
-        args.push(format!("--account={a}"));
-    }
-    if let Some(q) = &cfg.qos {
-        args.push(format!("--qos={q}"));
-    }
-    args
+    [
+        ("partition", &cfg.partition),
+        ("account", &cfg.account),
+        ("qos", &cfg.qos),
+    ]
+    .into_iter()
+    .filter_map(|(flag, value)| Some(format!("--{flag}={}", value.as_ref()?)))
+    .collect()
 }
 
 /// Whole minutes, rounded up, at least one.
@@ -165,7 +162,6 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
         SlurmNodes::Names(names) => names.iter().map(|n| (Some(n.clone()), per_node)).collect(),
         SlurmNodes::Count(c) => vec![(None, c * per_node)],
     };
-    let slurm = |e: String| LeaseError::Slurm(e);
     // This home's live holders per wanted entry, with the GPUs each asks for: one `squeue`
     // per holder name.
     let mut live = Vec::new();
@@ -173,7 +169,7 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
         let name = holder_name(prefix, node.as_deref());
         let rows: Vec<(u64, u32)> = cli
             .gpus_of_jobs_named(&name)
-            .map_err(slurm)?
+            .map_err(LeaseError::Slurm)?
             .into_iter()
             .filter(|(_, state, _)| is_holding(state))
             .map(|(id, _, gpus)| (id, gpus))
@@ -208,13 +204,13 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
                 .iter()
                 .map(u64::to_string)
                 .collect();
-            cli.scancel(&extra).map_err(slurm)?;
+            cli.scancel(&extra).map_err(LeaseError::Slurm)?;
         }
         if !found.is_empty() {
             tracing::info!(jobs = ?found, name, "found this daemon's Slurm holder jobs");
         }
         for _ in found.len()..count as usize {
-            let id = submit(cli, cfg, &name, node, gres).map_err(slurm)?;
+            let id = submit(cli, cfg, &name, node, gres).map_err(LeaseError::Slurm)?;
             submitted.push(id);
             found.push(id);
         }
@@ -232,8 +228,8 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
                 "scontrol",
                 &["show".into(), "job".into(), "-d".into(), job.to_string()],
             )
-            .map_err(slurm)?;
-        let Some((node, gpus)) = cli::job_gpus(&text) else {
+            .map_err(LeaseError::Slurm)?;
+        let Some((node, mut gpus)) = cli::job_gpus(&text) else {
             return Err(LeaseError::Slurm(format!(
                 "holder job {job} holds no GPU Slurm can name (no `GRES=gpu:1(IDX:…)` in scontrol)"
             )));
@@ -246,7 +242,6 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
                 cfg.hold.as_str()
             )));
         }
-        let mut gpus = gpus;
         gpus.sort_unstable();
         // A node holder's steps see its GPUs in index order (`CUDA_VISIBLE_DEVICES`).
         let position = |i: usize| (cfg.hold == SlurmHold::Node).then_some(i as u32);
