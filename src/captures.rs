@@ -20,6 +20,7 @@ pub mod report;
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
+use crate::target::TargetId;
 use report::CaptureReport;
 
 /// The shipped default capture folder, relative to a checkout (and to a home).
@@ -119,8 +120,10 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
         .ok_or_else(|| usage("the folder has no name".into()))?;
     let dest = home.join("captures").join("imported").join(name);
     let io = |what: String| move |source| Error::Io { what, source };
-    let (sha, files, bytes) =
-        crate::digest::tree_sha256(src).map_err(io(format!("hashing {}", src.display())))?;
+    let hash = |dir: &Path| {
+        crate::digest::tree_sha256(dir).map_err(io(format!("hashing {}", dir.display())))
+    };
+    let (sha, files, bytes) = hash(src)?;
     let unchanged = dest.exists();
     let imported = Imported {
         dest: dest.clone(),
@@ -131,8 +134,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
         unchanged,
     };
     if unchanged {
-        let (have, _, _) =
-            crate::digest::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
+        let (have, _, _) = hash(&dest)?;
         if have != sha {
             return Err(usage(format!(
                 "{} exists with other content (sha256 {have}); move it aside first",
@@ -150,8 +152,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
         std::fs::copy(src.join(&rel), &to).map_err(io(format!("copying to {}", to.display())))?;
     }
     // The hash printed is the copy's, checked, not only the source's.
-    let (copied, _, _) =
-        crate::digest::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
+    let (copied, _, _) = hash(&dest)?;
     if copied != sha {
         return Err(usage(format!(
             "the copy in {} hashes to {copied}, not {sha} (did the folder change while copying?)",
@@ -162,10 +163,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
 }
 
 /// The `targets` without a forward case in the capture folder `dir`.
-pub fn uncaptured(
-    targets: &[crate::target::TargetId],
-    dir: &Path,
-) -> Result<Vec<crate::target::TargetId>, String> {
+pub fn uncaptured(targets: &[TargetId], dir: &Path) -> Result<Vec<TargetId>, String> {
     let reports = reports_for(dir)?;
     let captured = report::captured_ids(&report::coverage(&reports));
     Ok(targets

@@ -164,7 +164,6 @@ pub struct ProviderFacts {
 
 impl ProviderFacts {
     pub fn from_config(p: &ProviderConfig) -> Self {
-        let effort = p.reasoning_effort.to_string();
         let token_source = match &p.token {
             TokenSource::File { path } => format!("file {}", path.display()),
             TokenSource::Env { var } => format!("environment variable {var}"),
@@ -180,7 +179,7 @@ impl ProviderFacts {
             origin: p.origin.clone(),
             base_url: p.base_url.clone(),
             model: p.model.clone(),
-            reasoning_effort: effort,
+            reasoning_effort: p.reasoning_effort.to_string(),
             api: format!("POST {}/responses (streaming SSE)", p.base_url),
             token_source,
         }
@@ -309,8 +308,7 @@ fn settings_of(config: &Config) -> BTreeMap<String, SettingFact> {
         .settings
         .iter()
         .map(|(k, (value, source))| {
-            let value = value.clone();
-            let source = source.to_string();
+            let (value, source) = (value.clone(), source.to_string());
             (k.clone(), SettingFact { value, source })
         })
         .collect()

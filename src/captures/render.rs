@@ -15,12 +15,7 @@ fn short_list(items: impl Iterator<Item = String>, keep: usize) -> String {
     if all.is_empty() {
         return "-".into();
     }
-    let mut text = all
-        .iter()
-        .take(keep)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("; ");
+    let mut text = all[..keep.min(all.len())].join("; ");
     if all.len() > keep {
         let _ = write!(text, " (+{} more)", all.len() - keep);
     }
@@ -29,7 +24,6 @@ fn short_list(items: impl Iterator<Item = String>, keep: usize) -> String {
 
 /// Each report (numbered, as `coverage` refers to them) and its operators with call counts.
 pub fn list(reports: &[CaptureReport]) -> String {
-    let mut out = String::new();
     let rows: Vec<Vec<String>> = reports
         .iter()
         .enumerate()
@@ -45,10 +39,8 @@ pub fn list(reports: &[CaptureReport]) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(
-        &["report", "GPU", "model", "workload", "dtype", "operators"],
-        &rows,
-    ));
+    let header = ["report", "GPU", "model", "workload", "dtype", "operators"];
+    let mut out = table(&header, &rows);
     for (i, r) in reports.iter().enumerate() {
         let _ = writeln!(out, "\n[{}] {}", i + 1, r.path);
         let rows: Vec<Vec<String>> = r

@@ -52,13 +52,11 @@ pub struct CaptureReport {
     pub operators: BTreeMap<String, OperatorUse>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
+#[serde(default)]
 struct RawReport {
-    #[serde(default)]
     model: String,
-    #[serde(default)]
     workload: String,
-    #[serde(default)]
     dtype: String,
     operators: Option<BTreeMap<String, RawOperator>>,
 }
@@ -69,19 +67,17 @@ struct RawOperator {
     forward: Option<RawPhase>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
+#[serde(default)]
 struct RawPhase {
-    #[serde(default)]
     calls: u64,
-    #[serde(default)]
     variants: Vec<RawVariant>,
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
+#[serde(default)]
 struct RawVariant {
-    #[serde(default)]
     count: u64,
-    #[serde(default)]
     args: serde_json::Value,
 }
 
@@ -129,10 +125,7 @@ impl CaptureReport {
             .filter(|(key, _)| key.contains(".tasks.baseline."))
             .map(|(key, op)| {
                 let class = key.rsplit(':').next().unwrap_or_default().to_string();
-                let forward = op.forward.unwrap_or(RawPhase {
-                    calls: 0,
-                    variants: Vec::new(),
-                });
+                let forward = op.forward.unwrap_or_default();
                 let cases = forward
                     .variants
                     .iter()

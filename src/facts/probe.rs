@@ -32,8 +32,10 @@ async fn probe_system(python: Vec<String>) -> Probed {
     let pre = preflight::run(&python, None, &[]).await;
     let host = match std::fs::read_to_string("/proc/sys/kernel/hostname") {
         Ok(h) if !h.trim().is_empty() => h.trim().to_string(),
-        _ => command_line(&["hostname"])
+        _ => command_text(&["hostname"])
             .await
+            .map(|text| text.trim().to_string())
+            .filter(|line| !line.is_empty())
             .unwrap_or_else(|| "unknown (no /proc/sys/kernel/hostname, hostname failed)".into()),
     };
     let smi = command_text(&[
@@ -104,12 +106,6 @@ async fn command_text(argv: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-async fn command_line(argv: &[&str]) -> Option<String> {
-    let text = command_text(argv).await?;
-    let line = text.trim().to_string();
-    (!line.is_empty()).then_some(line)
 }
 
 /// Parses `nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader`.

@@ -42,12 +42,10 @@ pub fn read_checkout(checkout: &Path) -> Result<Vec<Target>, HarnessError> {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .and_then(|n| n.strip_suffix(".py"))
+                .filter(|stem| !stem.starts_with('_'))
             else {
                 continue;
             };
-            if stem.starts_with('_') {
-                continue;
-            }
             let Ok(id) = TargetId::new(level, stem) else {
                 continue;
             };

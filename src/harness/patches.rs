@@ -90,6 +90,13 @@ fn series_err(dir: &Path, why: impl Into<String>) -> HarnessError {
     }
 }
 
+fn checkout_err(checkout: &Path, why: String) -> HarnessError {
+    HarnessError::Checkout {
+        path: checkout.to_path_buf(),
+        why,
+    }
+}
+
 impl PatchSeries {
     /// Reads `<dir>/series` and each patch's `.check` file.
     pub fn load(dir: &Path) -> Result<Self, HarnessError> {
@@ -177,19 +184,11 @@ fn git(checkout: &Path, args: &[&str]) -> Result<String, HarnessError> {
         .arg(checkout)
         .args(args)
         .output()
-        .map_err(|e| HarnessError::Checkout {
-            path: checkout.to_path_buf(),
-            why: format!("cannot run git: {e}"),
-        })?;
+        .map_err(|e| checkout_err(checkout, format!("cannot run git: {e}")))?;
     if !out.status.success() {
-        return Err(HarnessError::Checkout {
-            path: checkout.to_path_buf(),
-            why: format!(
-                "git {} failed: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        });
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let why = format!("git {} failed: {}", args.join(" "), stderr.trim());
+        return Err(checkout_err(checkout, why));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
@@ -212,15 +211,10 @@ pub fn prepare(
     let io = HarnessError::io;
     std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
     let tar = dest.with_extension("tar");
+    let tar_arg = tar.to_string_lossy();
     git(
         checkout,
-        &[
-            "archive",
-            "--format=tar",
-            "-o",
-            &tar.to_string_lossy(),
-            "HEAD",
-        ],
+        &["archive", "--format=tar", "-o", &tar_arg, "HEAD"],
     )?;
     let status = Command::new("tar")
         .arg("-xf")
@@ -231,10 +225,8 @@ pub fn prepare(
         .map_err(io("run tar".into()))?;
     let _ = std::fs::remove_file(&tar);
     if !status.success() {
-        return Err(HarnessError::Checkout {
-            path: checkout.to_path_buf(),
-            why: format!("extracting the archive into {} failed", dest.display()),
-        });
+        let why = format!("extracting the archive into {} failed", dest.display());
+        return Err(checkout_err(checkout, why));
     }
     let mut applied = Vec::new();
     for patch in &series.patches {
@@ -350,9 +342,8 @@ pub fn prepare_cached(
 
 fn apply_one(dest: &Path, patch: &Patch, commit: &str) -> Result<(), HarnessError> {
     for base in &patch.base {
-        let found = std::fs::read(dest.join(&base.file))
-            .map(|b| sha256_hex(&b))
-            .unwrap_or_else(|_| "missing".into());
+        let found =
+            crate::digest::file_sha256(&dest.join(&base.file)).unwrap_or_else(|_| "missing".into());
         if found != base.sha256 {
             return Err(HarnessError::DoesNotApply {
                 patch: patch.name.clone(),

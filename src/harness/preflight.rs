@@ -8,6 +8,7 @@
 //! optional package or profiler only skips the targets or tools that need it.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
@@ -157,32 +158,33 @@ print(json.dumps(out))
 /// copy at `harness` (put first on `PYTHONPATH`).
 pub async fn run(python: &[String], harness: Option<&Path>, targets: &[TargetId]) -> Preflight {
     let py: Vec<&str> = python.iter().map(String::as_str).collect();
-    let pythonpath = harness.map(|h| h.display().to_string()).unwrap_or_default();
-    let env: Vec<(&str, &str)> = if pythonpath.is_empty() {
-        vec![]
-    } else {
-        vec![("PYTHONPATH", pythonpath.as_str())]
-    };
+    let pythonpath = harness.map(|h| h.display().to_string());
+    let env: Vec<(&str, &str)> = pythonpath
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| ("PYTHONPATH", p.as_str()))
+        .collect();
     let python_probe = run_probe("python", &[&py[..], &["--version"]].concat(), &env).await;
     let mut argv: Vec<&str> = [&py[..], &["-c", PACKAGE_PROBE]].concat();
     argv.extend(PACKAGES);
-    let packages = parse_packages(&run_json(&argv, &env).await);
+    let value = run_json(&argv, &env).await;
+    let packages = PACKAGES
+        .iter()
+        .map(|name| (name.to_string(), package_probe(&value, name)))
+        .collect();
     let mut tools = Vec::new();
-    for (name, argv) in [
-        ("nvcc", vec!["nvcc", "--version"]),
-        ("ninja", vec!["ninja", "--version"]),
-        ("ncu", vec!["ncu", "--version"]),
-        ("nsys", vec!["nsys", "--version"]),
-        (
+    for argv in [
+        &["nvcc", "--version"][..],
+        &["ninja", "--version"],
+        &["ncu", "--version"],
+        &["nsys", "--version"],
+        &[
             "nvidia-smi",
-            vec![
-                "nvidia-smi",
-                "--query-gpu=name,driver_version,memory.total",
-                "--format=csv,noheader",
-            ],
-        ),
+            "--query-gpu=name,driver_version,memory.total",
+            "--format=csv,noheader",
+        ],
     ] {
-        tools.push(run_probe(name, &argv, &[]).await);
+        tools.push(run_probe(argv[0], argv, &[]).await);
     }
     let mut targets_out = BTreeMap::new();
     if harness.is_some() && !targets.is_empty() {
@@ -245,16 +247,8 @@ async fn run_json(argv: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
     }
 }
 
-fn parse_packages(value: &serde_json::Value) -> BTreeMap<String, Probe> {
-    PACKAGES
-        .iter()
-        .map(|name| (name.to_string(), package_probe(value, name)))
-        .collect()
-}
-
 /// Renders the preflight as text.
 pub fn render(p: &Preflight) -> String {
-    use std::fmt::Write;
     let mark = |found: bool| if found { "ok " } else { "-- " };
     let kind = |required: bool| if required { "required" } else { "optional" };
     let mut out = String::new();
@@ -349,27 +343,21 @@ pub fn verdict(p: &Preflight, host: &HostChecks) -> Verdict {
 
 /// The verdict's closing lines.
 pub fn render_verdict(v: &Verdict) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
     if v.ready {
-        let _ = writeln!(
-            out,
-            "verdict: this host can run a campaign ({} optional item(s) missing)",
+        return format!(
+            "verdict: this host can run a campaign ({} optional item(s) missing)\n",
             v.warnings.len()
         );
-        return out;
     }
-    let _ = writeln!(
-        out,
-        "verdict: this host cannot run a campaign; fix {} required item(s):",
+    let mut out = format!(
+        "verdict: this host cannot run a campaign; fix {} required item(s):\n",
         v.blockers.len()
     );
     for b in &v.blockers {
         let _ = writeln!(out, "  - {b}");
     }
-    let _ = writeln!(
-        out,
-        "(`fk-agentd start --sim` needs none of these: it runs the labelled simulation)"
+    out.push_str(
+        "(`fk-agentd start --sim` needs none of these: it runs the labelled simulation)\n",
     );
     out
 }

@@ -36,6 +36,14 @@ pub enum ManifestError {
 }
 
 impl ManifestError {
+    /// An I/O (or serialization) error about `path`, for `map_err`.
+    fn io<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> Self + '_ {
+        move |e| ManifestError::Io {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        }
+    }
+
     pub fn exit_code(&self) -> i32 {
         match self {
             ManifestError::Store(StoreError::UnknownRun(_) | StoreError::RunId(_)) => {
@@ -164,8 +172,7 @@ fn absorb(data: &mut ManifestData, event: &Event) {
         }
         "run_started" => {
             if let Some(started) = event.payload_as::<RunStarted>() {
-                let settings = started.settings.into_iter().collect();
-                data.run_started_settings = settings_of_run_started(&Value::Object(settings));
+                data.run_started_settings = settings_of_run_started(&started.settings);
             }
         }
         "task_finished" => {
@@ -191,20 +198,17 @@ fn absorb(data: &mut ManifestData, event: &Event) {
         }
         _ => {}
     }
-    let started = event.payload_as::<SessionStarted>();
-    if let (Some(target), Some(started)) = (&event.target, started) {
-        if !started.prompt_sha256.is_empty() {
-            data.prompt_hashes
-                .insert(target.clone(), started.prompt_sha256);
-        }
+    if let Some(target) = &event.target
+        && let Some(started) = event.payload_as::<SessionStarted>()
+        && !started.prompt_sha256.is_empty()
+    {
+        data.prompt_hashes
+            .insert(target.clone(), started.prompt_sha256);
     }
 }
 
 /// `settings` of `run_started`: `{key: [value, source]}` as the config serializes it.
-fn settings_of_run_started(v: &Value) -> BTreeMap<String, SettingFact> {
-    let Some(map) = v.as_object() else {
-        return BTreeMap::new();
-    };
+fn settings_of_run_started(map: &BTreeMap<String, Value>) -> BTreeMap<String, SettingFact> {
     map.iter()
         .map(|(k, pair)| {
             let text = |i: usize| match &pair[i] {
@@ -279,12 +283,10 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
         }
         g.incomplete = score["incomplete"]
             .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
     }
     if let Some(seq) = read_json(&dir.join("seq").join("gate.json")) {
         // The sequential gate lists the kept winners and the ones composition dropped.
@@ -313,10 +315,7 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
 }
 
 fn archive(run_dir: &Path) -> Result<Vec<ArchiveEntry>, ManifestError> {
-    let files = crate::digest::files_under(run_dir).map_err(|e| ManifestError::Io {
-        path: run_dir.to_path_buf(),
-        why: e.to_string(),
-    })?;
+    let files = crate::digest::files_under(run_dir).map_err(ManifestError::io(run_dir))?;
     Ok(files
         .into_iter()
         .filter(|f| f != MANIFEST_MD && f != MANIFEST_JSON && !f.starts_with(".manifest-"))
@@ -341,19 +340,12 @@ pub struct Written {
 pub fn write(run_dir: &Path, data: &ManifestData) -> Result<Written, ManifestError> {
     let md_path = run_dir.join(MANIFEST_MD);
     let json_path = run_dir.join(MANIFEST_JSON);
-    let replaced = if md_path.exists() || json_path.exists() {
-        Some(
-            read_json(&json_path)
-                .and_then(|v| v["rendered_at"].as_str().map(str::to_string))
-                .unwrap_or_else(|| "an unknown time".into()),
-        )
-    } else {
-        None
-    };
-    let json = serde_json::to_string_pretty(data).map_err(|e| ManifestError::Io {
-        path: json_path.clone(),
-        why: e.to_string(),
-    })? + "\n";
+    let replaced = (md_path.exists() || json_path.exists()).then(|| {
+        read_json(&json_path)
+            .and_then(|v| v["rendered_at"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "an unknown time".into())
+    });
+    let json = serde_json::to_string_pretty(data).map_err(ManifestError::io(&json_path))? + "\n";
     replace_file(&md_path, &render::markdown(data))?;
     replace_file(&json_path, &json)?;
     Ok(Written {
@@ -368,12 +360,8 @@ fn replace_file(path: &Path, text: &str) -> Result<(), ManifestError> {
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(".manifest-{name}.tmp"));
-    let err = |e: std::io::Error| ManifestError::Io {
-        path: path.to_path_buf(),
-        why: e.to_string(),
-    };
-    std::fs::write(&tmp, text).map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    std::fs::write(&tmp, text).map_err(ManifestError::io(path))?;
+    std::fs::rename(&tmp, path).map_err(ManifestError::io(path))
 }
 
 crate::exit_code!(ManifestError, |self| ManifestError::exit_code(self));

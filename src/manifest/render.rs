@@ -43,6 +43,16 @@ fn esc(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
+/// A Markdown table: the header, its rule, then one line per row (cells as given).
+fn md_table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
+    let rule = "---|".repeat(header.len());
+    let mut out = format!("| {} |\n|{rule}\n", header.join(" | "));
+    for row in rows {
+        let _ = writeln!(out, "| {} |", row.join(" | "));
+    }
+    out
+}
+
 fn stage_name(f: &HostFacts) -> String {
     let stage = match f.stage {
         FactsStage::RunStart => "run start",
@@ -99,16 +109,12 @@ pub fn node(facts: &[HostFacts]) -> String {
         let _ = writeln!(out, "- host: {}", f.host);
         let _ = writeln!(out, "- GPUs: {}", f.gpus.summary);
         if !f.gpus.visible.is_empty() {
-            out.push_str("\n| # | GPU | memory | driver |\n|---|---|---|---|\n");
-            for (i, g) in f.gpus.visible.iter().enumerate() {
-                let _ = writeln!(
-                    out,
-                    "| {i} | {} | {} | {} |",
-                    esc(&g.name),
-                    esc(&g.memory),
-                    esc(&g.driver)
-                );
-            }
+            let rows =
+                f.gpus.visible.iter().enumerate().map(|(i, g)| {
+                    vec![i.to_string(), esc(&g.name), esc(&g.memory), esc(&g.driver)]
+                });
+            out.push('\n');
+            out.push_str(&md_table(&["#", "GPU", "memory", "driver"], rows));
         }
         out.push('\n');
     }
@@ -122,26 +128,29 @@ pub fn runtime(facts: &[HostFacts]) -> String {
         out.push_str(NO_FACTS);
         return out;
     }
-    let header: Vec<String> = facts.iter().map(stage_name).collect();
-    let _ = writeln!(out, "| component | {} |", header.join(" | "));
-    let _ = writeln!(out, "|---|{}", "---|".repeat(facts.len()));
-    let mut row = |name: &str, get: &dyn Fn(&HostFacts) -> String| {
-        let cells: Vec<String> = facts.iter().map(|f| esc(&get(f))).collect();
-        let _ = writeln!(out, "| {name} | {} |", cells.join(" | "));
+    let stages: Vec<String> = facts.iter().map(stage_name).collect();
+    let mut header = vec!["component"];
+    header.extend(stages.iter().map(String::as_str));
+    let row = |name: &str, get: &dyn Fn(&HostFacts) -> String| {
+        let cells = facts.iter().map(|f| esc(&get(f)));
+        std::iter::once(name.to_string()).chain(cells).collect()
     };
-    row("CUDA (nvcc)", &|f| f.cuda.clone());
-    row("Python", &|f| f.python.clone());
     let mut names: Vec<&String> = facts.iter().flat_map(|f| f.packages.keys()).collect();
     names.sort();
     names.dedup();
+    let mut rows = vec![
+        row("CUDA (nvcc)", &|f| f.cuda.clone()),
+        row("Python", &|f| f.python.clone()),
+    ];
     for name in names {
-        row(name, &|f| {
+        rows.push(row(name, &|f| {
             f.packages
                 .get(name)
                 .cloned()
                 .unwrap_or_else(|| "not probed".into())
-        });
+        }));
     }
+    out.push_str(&md_table(&header, rows));
     out.push('\n');
     out
 }
@@ -240,8 +249,7 @@ pub fn code(facts: &[HostFacts]) -> String {
 
 /// Each patch, its hash, and the result of every check that proved it applied.
 fn patch_table(patches: &[crate::harness::patches::AppliedPatch]) -> String {
-    let mut out = String::from("| patch | sha256 | checks |\n|---|---|---|\n");
-    for p in patches {
+    let rows = patches.iter().map(|p| {
         let checks: Vec<String> = p
             .checks
             .iter()
@@ -256,15 +264,9 @@ fn patch_table(patches: &[crate::harness::patches::AppliedPatch]) -> String {
                 )
             })
             .collect();
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} |",
-            esc(&p.name),
-            p.sha256,
-            esc(&checks.join("; "))
-        );
-    }
-    out
+        vec![esc(&p.name), p.sha256.clone(), esc(&checks.join("; "))]
+    });
+    md_table(&["patch", "sha256", "checks"], rows)
 }
 
 /// The model provider and the prompt.
@@ -293,10 +295,12 @@ pub fn agent(d: &ManifestData) -> String {
         }
     }
     if !d.prompt_hashes.is_empty() {
-        out.push_str("\n| target | prompt sha256 |\n|---|---|\n");
-        for (t, h) in &d.prompt_hashes {
-            let _ = writeln!(out, "| {t} | {h} |");
-        }
+        let rows = d
+            .prompt_hashes
+            .iter()
+            .map(|(t, h)| vec![t.clone(), h.clone()]);
+        out.push('\n');
+        out.push_str(&md_table(&["target", "prompt sha256"], rows));
     }
     out.push('\n');
     out
@@ -340,11 +344,8 @@ pub fn settings(d: &ManifestData) -> String {
 }
 
 fn settings_table<'a>(rows: impl Iterator<Item = (&'a String, &'a SettingFact)>) -> String {
-    let mut out = String::from("| setting | value | source |\n|---|---|---|\n");
-    for (k, s) in rows {
-        let _ = writeln!(out, "| {k} | {} | {} |", esc(&s.value), esc(&s.source));
-    }
-    out
+    let rows = rows.map(|(k, s)| vec![k.clone(), esc(&s.value), esc(&s.source)]);
+    md_table(&["setting", "value", "source"], rows)
 }
 
 /// The captures folder: content hash and where its files came from.
@@ -382,13 +383,12 @@ pub fn captures(facts: &[HostFacts]) -> String {
         );
     }
     if !c.readme_rows.is_empty() {
-        out.push_str(
-            "\nProvenance (captures/README.md):\n\n| path | what | source |\n|---|---|---|\n",
-        );
-        for row in &c.readme_rows {
-            let cells: Vec<String> = row.iter().map(|c| esc(c)).collect();
-            let _ = writeln!(out, "| {} |", cells.join(" | "));
-        }
+        let rows = c
+            .readme_rows
+            .iter()
+            .map(|row| row.iter().map(|c| esc(c)).collect());
+        out.push_str("\nProvenance (captures/README.md):\n\n");
+        out.push_str(&md_table(&["path", "what", "source"], rows));
     }
     if !c.derived_from.is_empty() {
         out.push_str("\nDerived files (`_derived_from`):\n\n");
@@ -426,29 +426,27 @@ pub fn credentials(d: &ManifestData) -> String {
         "- token re-read {} time(s); {changed} of them found a new value (a rotation)",
         d.rotations.len()
     );
-    out.push_str("\n| re-read at | token age | reason | rotated |\n|---|---|---|---|\n");
     let last = d.rotations.len().saturating_sub(1);
-    for (i, r) in d
+    let rows = d
         .rotations
         .iter()
         .enumerate()
         .filter(|(i, r)| r.changed || *i == 0 || *i == last)
-    {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} |",
-            r.at,
-            esc(&r.age),
-            esc(&r.reason),
-            if r.changed {
+        .map(|(i, r)| {
+            let rotated = if r.changed {
                 "yes"
             } else if i == 0 {
                 "first read"
             } else {
                 "last read"
-            }
-        );
-    }
+            };
+            vec![r.at.clone(), esc(&r.age), esc(&r.reason), rotated.into()]
+        });
+    out.push('\n');
+    out.push_str(&md_table(
+        &["re-read at", "token age", "reason", "rotated"],
+        rows,
+    ));
     out.push('\n');
     out
 }
@@ -530,9 +528,10 @@ pub fn archive(d: &ManifestData) -> String {
         "{} files, {total} bytes (MANIFEST.md and manifest.json not counted).\n",
         d.archive.len()
     );
-    out.push_str("| file | bytes |\n|---|---|\n");
-    for a in &d.archive {
-        let _ = writeln!(out, "| {} | {} |", esc(&a.path), a.bytes);
-    }
+    let rows = d
+        .archive
+        .iter()
+        .map(|a| vec![esc(&a.path), a.bytes.to_string()]);
+    out.push_str(&md_table(&["file", "bytes"], rows));
     out
 }

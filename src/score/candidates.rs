@@ -159,11 +159,6 @@ fn file_names(dir: &Path) -> Result<Vec<String>, ScoreError> {
     Ok(names)
 }
 
-/// The number of a results generation folder: `results` is 1, `results-<n>` is n.
-pub fn generation_number(name: &str) -> Option<u32> {
-    number_of(name, "results")
-}
-
 /// The number of a numbered folder: `<prefix>` is 1, `<prefix>-<n>` is n.
 fn number_of(name: &str, prefix: &str) -> Option<u32> {
     match name.strip_prefix(prefix)? {

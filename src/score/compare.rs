@@ -28,6 +28,7 @@ use crate::score::ScoreError;
 use crate::score::candidates::{generations, next_free};
 use crate::score::export::Manifest;
 use crate::score::gate::geomean;
+use crate::score::pipeline::by_level;
 use crate::score::render::{banner, group_f, speed_or_dash, wrap};
 use crate::score::sequential::{SeqGate, read_seq_gate};
 use crate::store::{Event, Store};
@@ -127,30 +128,30 @@ pub struct CompareInput {
     pub seq_events: Vec<Event>,
 }
 
-pub(crate) fn side(o: &Outcome, targets: &[&TargetId]) -> Side {
+pub(crate) fn side(o: &Outcome, targets: &[TargetId]) -> Side {
     let won: Vec<f64> = targets
         .iter()
-        .filter_map(|t| o.kept.get(*t))
+        .filter_map(|t| o.kept.get(t))
         .copied()
         .collect();
     let all = targets
         .iter()
-        .map(|t| o.kept.get(*t).copied().unwrap_or(1.0));
+        .map(|t| o.kept.get(t).copied().unwrap_or(1.0));
     Side {
         winners: won.len(),
-        dropped: targets.iter().filter(|t| o.dropped.contains(**t)).count(),
-        published: targets.iter().filter(|t| o.published.contains(**t)).count(),
+        dropped: targets.iter().filter(|t| o.dropped.contains(*t)).count(),
+        published: targets.iter().filter(|t| o.published.contains(*t)).count(),
         geomean_winners: (!won.is_empty()).then(|| geomean(won.iter().copied())),
         geomean_all: (!targets.is_empty()).then(|| geomean(all)),
     }
 }
 
-fn row(label: String, input: &CompareInput, targets: &[&TargetId]) -> LevelRow {
+fn row(label: String, input: &CompareInput, targets: &[TargetId]) -> LevelRow {
     let only = |a: &Outcome, b: &Outcome| {
         targets
             .iter()
-            .filter(|t| a.kept.contains_key(**t) && !b.kept.contains_key(**t))
-            .map(|t| (*t).clone())
+            .filter(|t| a.kept.contains_key(*t) && !b.kept.contains_key(*t))
+            .cloned()
             .collect()
     };
     LevelRow {
@@ -166,18 +167,13 @@ fn row(label: String, input: &CompareInput, targets: &[&TargetId]) -> LevelRow {
 /// One row per level of `targets` (ascending), and the `all` row.
 pub(crate) fn per_level<T>(
     targets: &[TargetId],
-    mut row: impl FnMut(String, &[&TargetId]) -> T,
+    mut row: impl FnMut(String, &[TargetId]) -> T,
 ) -> (Vec<T>, T) {
-    let mut by_level: BTreeMap<u8, Vec<&TargetId>> = BTreeMap::new();
-    for t in targets {
-        by_level.entry(t.level()).or_default().push(t);
-    }
-    let levels = by_level
+    let levels = by_level(targets)
         .iter()
         .map(|(l, ts)| row(format!("L{l}"), ts))
         .collect();
-    let all: Vec<&TargetId> = targets.iter().collect();
-    (levels, row("all".into(), &all))
+    (levels, row("all".into(), targets))
 }
 
 /// Tokens and agent GPU seconds from a run's events.
@@ -239,15 +235,11 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
                 "run {run_id} has no score yet: score it first with `fk-agentd score --run {run_id}`"
             ))
         })?;
-    let bad = |why: String| ScoreError::BadResult {
-        path: path.clone(),
-        why,
-    };
     let bytes = std::fs::read(&path).map_err(ScoreError::io(&path))?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(ScoreError::bad_result(&path))?;
     let manifest: Manifest =
         serde_json::from_value(v["final_set"]["manifest"].clone()).map_err(|_| {
-            bad(format!(
+            ScoreError::bad_result(&path)(format!(
                 "no final set (scoring did not complete); score run {run_id} again"
             ))
         })?;
@@ -330,16 +322,10 @@ pub fn load(
 ) -> Result<Comparison, crate::Error> {
     let (ind, ind_results) = independent_outcome(ind_run, &runs_dir.join(ind_run))?;
     let (seq, seq_results) = sequential_outcome(seq_run, &runs_dir.join(seq_run))?;
-    let mut targets: BTreeSet<TargetId> = BTreeSet::new();
-    for id in [ind_run, seq_run] {
-        for t in store.run(Some(id))?.targets {
-            targets.insert(t.parse()?);
-        }
-    }
     let input = CompareInput {
         ind_run: ind_run.to_string(),
         seq_run: seq_run.to_string(),
-        targets: targets.into_iter().collect(),
+        targets: targets_of(store, [ind_run, seq_run])?,
         ind,
         seq,
         ind_results,
@@ -360,16 +346,22 @@ pub fn load(
     Ok(c)
 }
 
+/// The targets of both runs, sorted, each once.
+pub(crate) fn targets_of(store: &Store, runs: [&str; 2]) -> Result<Vec<TargetId>, crate::Error> {
+    let mut targets = BTreeSet::new();
+    for id in runs {
+        for t in store.run(Some(id))?.targets {
+            targets.insert(t.parse()?);
+        }
+    }
+    Ok(targets.into_iter().collect())
+}
+
 /// Writes `compare.json` beside the sequential gate's generation (`compare-<n>.json` when one
 /// exists: nothing is overwritten). Returns its path.
 pub fn write(c: &Comparison) -> Result<PathBuf, ScoreError> {
-    let generation = c
-        .sequential_results
-        .parent()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let path = next_free(&generation, "compare", ".json");
+    let generation = c.sequential_results.parent().and_then(Path::parent);
+    let path = next_free(generation.unwrap_or(Path::new(".")), "compare", ".json");
     crate::score::stage::write_json(&path, c)?;
     Ok(path)
 }

@@ -8,7 +8,7 @@
 //! them), its events (tokens, agent GPU time) and its sessions (wall time). A run never scored
 //! is an error naming the command that scores it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::compare::{
     Outcome, Side, Spend, backend_of, independent_outcome, per_level, sequential_outcome, side,
-    spent,
+    spent, targets_of,
 };
 use super::render::{banner, fit_table, group_f, speed_or_dash};
 use crate::event::{Elapsed, SessionResult, TurnFinished};
@@ -120,18 +120,12 @@ pub fn load(
     a: &str,
     b: &str,
 ) -> Result<AbComparison, crate::Error> {
-    let (a, b) = (load_run(store, runs_dir, a)?, load_run(store, runs_dir, b)?);
-    let mut targets: BTreeSet<TargetId> = BTreeSet::new();
-    for id in [&a.run.run, &b.run.run] {
-        for t in store.run(Some(id))?.targets {
-            targets.insert(t.parse()?);
-        }
-    }
-    Ok(compare(&a, &b, &targets.into_iter().collect::<Vec<_>>()))
+    let (run_a, run_b) = (load_run(store, runs_dir, a)?, load_run(store, runs_dir, b)?);
+    Ok(compare(&run_a, &run_b, &targets_of(store, [a, b])?))
 }
 
 fn compare(a: &Loaded, b: &Loaded, targets: &[TargetId]) -> AbComparison {
-    let level = |label: String, ts: &[&TargetId]| AbLevel {
+    let level = |label: String, ts: &[TargetId]| AbLevel {
         level: label,
         targets: ts.len(),
         a: side(&a.outcome, ts),

@@ -75,7 +75,7 @@ impl ConfirmRule {
 }
 
 /// How a candidate's confirmation ended (kept in results beside the published verdict).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Confirmation {
     /// Geomean of every bench, in order; the first is the published gate's bench.
     pub benches: Vec<f64>,
@@ -102,13 +102,8 @@ impl Confirmation {
     pub fn failed(benches: Vec<f64>, why: String) -> Self {
         Self {
             benches,
-            outliers: Vec::new(),
-            geomean: None,
-            ci95: None,
-            confirmed: false,
             reason: Some(why),
-            evidence: None,
-            rescued: false,
+            ..Self::default()
         }
     }
 
@@ -152,11 +147,8 @@ pub fn flag_outliers(logs: &[f64], rule: &ConfirmRule) -> Vec<bool> {
         return vec![false; logs.len()];
     }
     let med = median(logs);
-    let deviations: Vec<f64> = logs.iter().map(|x| (x - med).abs()).collect();
-    deviations
-        .iter()
-        .map(|d| *d > rule.outlier_spreads * rule.sigma)
-        .collect()
+    let limit = rule.outlier_spreads * rule.sigma;
+    logs.iter().map(|x| (x - med).abs() > limit).collect()
 }
 
 /// The decision after the benches so far (`geomeans`, first bench first, all > 0). The first
@@ -169,10 +161,9 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     let mut c = Confirmation {
         benches: geomeans.to_vec(),
         outliers: (0..n).filter(|i| flags[*i]).collect(),
-        ..Confirmation::failed(Vec::new(), String::new())
+        rescued: geomeans.first().is_some_and(|g| *g < rule.threshold),
+        ..Confirmation::default()
     };
-    c.reason = None;
-    c.rescued = geomeans.first().is_some_and(|g| *g < rule.threshold);
     let kept: Vec<(usize, f64)> = (0..n)
         .filter(|i| !flags[*i])
         .map(|i| (i, logs[i]))

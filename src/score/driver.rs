@@ -275,12 +275,8 @@ impl BenchFailure {
     /// One line for tables and reasons.
     pub fn describe(&self) -> String {
         let tail = |t: &str| {
-            let last = t.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
-            if last.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", last.trim())
-            }
+            let last = t.lines().rev().find(|l| !l.trim().is_empty());
+            last.map(|l| format!(": {}", l.trim())).unwrap_or_default()
         };
         match self {
             Self::NoJson { code, stderr_tail } => match code {
@@ -388,15 +384,7 @@ impl<L: BenchLauncher> BenchDriver<L> {
         args.extend(["--output".into(), path_arg(&req.output())]);
         let w = &req.work_dir;
         let caches = req.cache_dir.as_deref().unwrap_or(w);
-        let mut env: Vec<(String, String)> = [
-            ("FASTKERNELS_CANDIDATE_DIR", req.candidate_dir.clone()),
-            ("FASTKERNELS_RESULTS_DIR", w.join("results")),
-            ("TORCH_EXTENSIONS_DIR", caches.join("torch_extensions")),
-            ("TRITON_CACHE_DIR", caches.join("triton_cache")),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), path_arg(&v)))
-        .collect();
+        let mut env = folder_env(&req.candidate_dir, &w.join("results"), caches);
         // A planted .pyc next to a protected file would go unnoticed by the hash check.
         env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
         if let Some(session) = &req.session {
@@ -464,8 +452,26 @@ impl<L: BenchLauncher> BenchDriver<L> {
     }
 }
 
-fn path_arg(p: &Path) -> String {
+pub(crate) fn path_arg(p: &Path) -> String {
     p.to_string_lossy().into_owned()
+}
+
+/// The private folders of a bench or eval process as its environment: the candidates, the
+/// results dir and the compiler caches under `caches`.
+pub(crate) fn folder_env(
+    candidates: &Path,
+    results: &Path,
+    caches: &Path,
+) -> Vec<(String, String)> {
+    [
+        ("FASTKERNELS_CANDIDATE_DIR", candidates.to_path_buf()),
+        ("FASTKERNELS_RESULTS_DIR", results.to_path_buf()),
+        ("TORCH_EXTENSIONS_DIR", caches.join("torch_extensions")),
+        ("TRITON_CACHE_DIR", caches.join("triton_cache")),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), path_arg(&v)))
+    .collect()
 }
 
 /// Reads the end of a log (at most 4 KiB) for error messages.

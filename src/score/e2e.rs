@@ -32,7 +32,7 @@ pub mod rows;
 
 use super::ScoreError;
 use super::candidates::{generations, next_free, numbered_dirs};
-use super::driver::{Invocation, ProcessExit};
+use super::driver::{Invocation, ProcessExit, folder_env, path_arg};
 
 /// Starts an eval process holding `gpus` GPUs and waits for it.
 pub trait EvalLauncher: Send + Sync {
@@ -45,7 +45,7 @@ pub trait EvalLauncher: Send + Sync {
 }
 
 /// The composed winner set of one mode of a scored run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WinnerSet {
     /// `independent` or `sequential`.
     pub mode: String,
@@ -99,10 +99,7 @@ pub fn winner_set(run_id: &str, run_dir: &Path, mode: &str) -> Result<WinnerSet,
             continue;
         };
         let v: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(|e| ScoreError::BadResult {
-                path: path.clone(),
-                why: e.to_string(),
-            })?;
+            serde_json::from_slice(&bytes).map_err(ScoreError::bad_result(&path))?;
         if let Some(dir) = v["final_set"]["dir"].as_str().map(PathBuf::from) {
             return Ok(set(g, dir));
         }
@@ -154,7 +151,7 @@ pub struct EvalReport {
 }
 
 /// What one eval of one winner set gave (`e2e.json`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct E2eOutcome {
     pub set: WinnerSet,
     pub scenarios: String,
@@ -213,13 +210,6 @@ pub fn gpus_needed(scenarios: &str) -> usize {
     }
 }
 
-/// A new `e2e`, `e2e-2`, … folder of the generation.
-fn new_e2e_dir(generation: &Path) -> Result<PathBuf, ScoreError> {
-    let dir = next_free(generation, "e2e", "");
-    std::fs::create_dir_all(&dir).map_err(ScoreError::io(&dir))?;
-    Ok(dir)
-}
-
 /// Runs the eval of `set`, keeps its reports and writes `e2e.json`.
 pub async fn evaluate<L: EvalLauncher>(
     launcher: &L,
@@ -228,30 +218,21 @@ pub async fn evaluate<L: EvalLauncher>(
     gpus: usize,
     cancel: &CancellationToken,
 ) -> Result<E2eOutcome, ScoreError> {
-    let dir = new_e2e_dir(&set.generation)?;
+    // A new `e2e`, `e2e-2`, … folder of the generation.
+    let dir = next_free(&set.generation, "e2e", "");
+    std::fs::create_dir_all(&dir).map_err(ScoreError::io(&dir))?;
     let mut args: Vec<String> = params.command[1..].to_vec();
     args.extend([
         "eval".into(),
         params.scenarios.clone(),
         "--output".into(),
-        dir.join("eval.json").to_string_lossy().into_owned(),
+        path_arg(&dir.join("eval.json")),
     ]);
-    let path = |p: PathBuf| p.to_string_lossy().into_owned();
-    let env = vec![
-        ("FASTKERNELS_CANDIDATE_DIR".into(), path(set.dir.clone())),
-        ("FASTKERNELS_RESULTS_DIR".into(), path(dir.join("results"))),
-        (
-            "TORCH_EXTENSIONS_DIR".into(),
-            path(dir.join("torch_extensions")),
-        ),
-        ("TRITON_CACHE_DIR".into(), path(dir.join("triton_cache"))),
-        // Spawned tp ranks re-apply the swap from here; private, so evals never share it.
-        (
-            "FASTKERNELS_EVAL_SITECUSTOMIZE_DIR".into(),
-            path(dir.join("sitecustomize")),
-        ),
-        ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
-    ];
+    let mut env = folder_env(&set.dir, &dir.join("results"), &dir);
+    // Spawned tp ranks re-apply the swap from here; private, so evals never share it.
+    let sitecustomize = path_arg(&dir.join("sitecustomize"));
+    env.push(("FASTKERNELS_EVAL_SITECUSTOMIZE_DIR".into(), sitecustomize));
+    env.push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
     let inv = Invocation {
         program: params.command[0].clone(),
         args,
@@ -265,11 +246,7 @@ pub async fn evaluate<L: EvalLauncher>(
         set: set.clone(),
         scenarios: params.scenarios.clone(),
         gpus,
-        exit_code: None,
-        wall_s: None,
-        failure: None,
-        simulated: false,
-        reports: Vec::new(),
+        ..E2eOutcome::default()
     };
     match launcher.launch_eval(inv, gpus, cancel.child_token()).await {
         Ok(exit) => {
@@ -347,7 +324,7 @@ pub fn describe(o: &E2eOutcome) -> Vec<String> {
             (Some(f), _, _) => format!("no result ({f})"),
             (None, Some(ok), g) => format!(
                 "tokens/s geomean {}, {}",
-                g.map_or("-".into(), |g| format!("{g:.3}×")),
+                super::render::speed_or_dash(g),
                 if ok { "tokens match" } else { "TOKENS DIFFER" }
             ),
             (None, None, _) => "no report".into(),

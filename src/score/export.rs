@@ -170,7 +170,9 @@ pub fn build_final_set(
     let copied = set.materialize(&kept, &dir)?;
     let mut files = BTreeMap::new();
     for rel in &copied {
-        files.insert(slash(rel), sha256_file(&dir.join(rel))?);
+        let path = dir.join(rel);
+        let sha = crate::digest::file_sha256(&path).map_err(ScoreError::io(&path))?;
+        files.insert(slash(rel), sha);
     }
     let unreferenced_sources = set
         .helpers
@@ -234,10 +236,4 @@ fn slash(p: &Path) -> String {
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join("/")
-}
-
-/// Hex sha256 of a file.
-pub fn sha256_file(path: &Path) -> Result<String, ScoreError> {
-    let bytes = std::fs::read(path).map_err(ScoreError::io(path))?;
-    Ok(crate::digest::sha256_hex(&bytes))
 }

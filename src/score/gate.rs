@@ -46,10 +46,9 @@ pub struct TargetVerdict {
     /// Distinct failing statuses, sorted (empty when none).
     pub failing_statuses: Vec<String>,
     /// The published gate's verdict on the first bench, kept whatever gate decides `winner`.
-    #[serde(default)]
     pub published: bool,
     /// The confirmation benches of a published winner under the confirmed gate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmation: Option<crate::score::confirm::Confirmation>,
 }
 

@@ -20,8 +20,7 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
-use crate::score::candidates::CandidateSet;
-use crate::score::candidates::copy_tree;
+use crate::score::candidates::{CandidateSet, copy_tree};
 use crate::score::confirmation::confirm_winners;
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};

@@ -63,6 +63,16 @@ impl ScoreError {
             source,
         }
     }
+
+    /// A bench or report file at `path` that cannot be read as what it should be, for `map_err`.
+    pub(crate) fn bad_result<E: std::fmt::Display>(
+        path: &std::path::Path,
+    ) -> impl FnOnce(E) -> ScoreError + '_ {
+        move |e| ScoreError::BadResult {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        }
+    }
 }
 
 crate::exit_code!(ScoreError, |self| ScoreError::exit_code(self));

@@ -36,7 +36,7 @@ use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, C
 use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
 use crate::score::noise::{NoiseFloor, merge_repeats, noise_floor, sample, spread};
-use crate::score::result::{BenchResult, ScenarioRow};
+use crate::score::result::BenchResult;
 use crate::score::stage::{RunSummary, ScoreMode, StageReport, write_json};
 use crate::target::TargetId;
 
@@ -98,17 +98,16 @@ pub async fn score_mix<L: BenchLauncher>(
     mix: &MixParams<'_>,
     cancel: &CancellationToken,
 ) -> MixOutcome {
-    let reqs = levels_of(mix.expected)
-        .into_iter()
+    let reqs = by_level(mix.expected)
+        .into_keys()
         .map(|l| BenchRequest::level(l, mix.candidates, &mix.work.join(format!("L{l}"))))
         .collect();
     let runs = driver.run_many(reqs, cancel).await;
-    let mut rows: Vec<ScenarioRow> = Vec::new();
-    for run in &runs {
-        if let Ok(r) = &run.result {
-            rows.extend(r.scenarios.iter().cloned());
-        }
-    }
+    let rows = runs
+        .iter()
+        .filter_map(|run| run.result.as_ref().ok())
+        .flat_map(|r| r.scenarios.iter().cloned())
+        .collect();
     let result = BenchResult::from_rows("candidate", rows);
     let mut gate = mix.gate.judge_result(&result, mix.expected);
     gate.verdicts.retain(|v| mix.expected.contains(&v.target));
@@ -143,12 +142,13 @@ pub struct MixParams<'a> {
     pub expected: &'a [TargetId],
 }
 
-/// The levels of `targets`, ascending, each once.
-fn levels_of(targets: &[TargetId]) -> Vec<u8> {
-    let mut levels: Vec<u8> = targets.iter().map(TargetId::level).collect();
-    levels.sort_unstable();
-    levels.dedup();
-    levels
+/// Targets grouped by level, ascending (the order a sequential campaign runs them in).
+pub fn by_level(targets: &[TargetId]) -> BTreeMap<u8, Vec<TargetId>> {
+    let mut out: BTreeMap<u8, Vec<TargetId>> = BTreeMap::new();
+    for t in targets {
+        out.entry(t.level()).or_default().push(t.clone());
+    }
+    out
 }
 
 /// Benches every candidate alone (in a private folder holding only it and its helpers),
@@ -416,7 +416,7 @@ async fn score_set<L: BenchLauncher>(
     let win_dir = gen_dir.join("ind/win_candidates");
     set.materialize(&pool, &win_dir)?;
     if params.mode != ScoreMode::Standalone && !pool.is_empty() {
-        progress.started(Stage::Composed, levels_of(&pool).len());
+        progress.started(Stage::Composed, by_level(&pool).len());
         let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
         progress.finished(Stage::Composed, stage.gate.winner_count(), pool.len());
         report.incomplete.extend(stage.infrastructure_failures());
@@ -467,10 +467,8 @@ fn gate_on_lower_bound(stage: &mut StageReport, threshold: f64) {
 /// waived takes the win away, with the finding as its reason.
 fn screen_winners(set: &CandidateSet, stage: &mut StageReport, waive: &[String]) {
     for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
-        let Some(c) = set.candidates.iter().find(|c| c.target == v.target) else {
-            continue;
-        };
-        let Ok(source) = std::fs::read_to_string(set.root.join(&c.file)) else {
+        let file = set.get(&v.target).map(|c| set.root.join(&c.file));
+        let Some(source) = file.and_then(|f| std::fs::read_to_string(f).ok()) else {
             continue;
         };
         let ctx = crate::screen::ScreenContext {

@@ -264,8 +264,7 @@ pub fn score_table(r: &ScoreReport) -> String {
 
 /// The score as a text report that fits `width` columns.
 pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
-    let mut out = String::new();
-    out.push_str(&banner(r.simulated, width));
+    let mut out = banner(r.simulated, width);
     // Paths stay on their line whole: a terminal wraps them better than we can.
     let _ = writeln!(
         out,
@@ -407,20 +406,13 @@ pub(crate) fn fit_table(header: &[&str], rows: &[Vec<String>], width: usize) -> 
     let text = table(&header[..n], &short);
     let mut lines = text.lines();
     let mut out = String::new();
-    let push = |line: &str, out: &mut String| {
-        out.push_str(&clip(line, width));
-        out.push('\n');
-    };
     if let Some(h) = lines.next() {
-        push(h, &mut out);
+        let _ = writeln!(out, "{}", clip(h, width));
     }
     for (line, row) in lines.zip(rows) {
-        push(line, &mut out);
-        match row.get(n) {
-            Some(last) if !last.is_empty() => {
-                out.push_str(&wrap(&format!("    {last}"), width, 6));
-            }
-            _ => {}
+        let _ = writeln!(out, "{}", clip(line, width));
+        if let Some(last) = row.get(n).filter(|last| !last.is_empty()) {
+            out.push_str(&wrap(&format!("    {last}"), width, 6));
         }
     }
     out

@@ -170,24 +170,19 @@ impl ScenarioRow {
     }
 }
 
-/// A whole bench result file.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// A whole bench result file (every field may be missing).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct BenchResult {
-    #[serde(default)]
     pub mode: String,
-    #[serde(default)]
     pub passed: u64,
-    #[serde(default)]
     pub failed: u64,
-    #[serde(default)]
     pub skipped: u64,
     /// As written by the bench. Never used for a verdict.
-    #[serde(default)]
     pub all_passed: Option<bool>,
-    #[serde(default)]
     pub scenarios: Vec<ScenarioRow>,
     /// True when the simulated bench wrote this file.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub simulated: bool,
 }
 
@@ -201,10 +196,7 @@ impl BenchResult {
     /// Reads and parses a bench JSON file.
     pub fn read(path: &Path) -> Result<Self, ScoreError> {
         let text = std::fs::read_to_string(path).map_err(ScoreError::io(path))?;
-        Self::parse(&text).map_err(|e| ScoreError::BadResult {
-            path: path.to_path_buf(),
-            why: e.to_string(),
-        })
+        Self::parse(&text).map_err(ScoreError::bad_result(path))
     }
 
     /// Rows of a `kernel_bench_logs/*.jsonl` file (one row per line; blank lines ignored),

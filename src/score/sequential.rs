@@ -41,8 +41,8 @@ use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::export::dropped_reason;
 use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::level::LevelBench;
-use crate::score::pipeline::{MixParams, score_mix};
-use crate::score::pipeline::{ScoreProgress, Stage};
+pub use crate::score::pipeline::by_level;
+use crate::score::pipeline::{MixParams, ScoreProgress, Stage, score_mix};
 use crate::score::render::speed_or_dash;
 use crate::score::stage::{RunSummary, StageReport, write_json};
 use crate::target::TargetId;
@@ -140,10 +140,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>, Sco
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| ScoreError::BadResult {
-                path: path.to_path_buf(),
-                why: e.to_string(),
-            }),
+            .map_err(ScoreError::bad_result(path)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(ScoreError::io(path)(e)),
     }
@@ -340,14 +337,13 @@ pub async fn finish<L: BenchLauncher>(
             .flat_map(|l| l.dropped.iter().cloned())
             .collect(),
     };
-    let winners = levels.last().map(|l| l.winners.clone()).unwrap_or_default();
-    if let (Some(last), false) = (levels.last(), winners.is_empty()) {
+    if let Some(last) = levels.last().filter(|l| !l.winners.is_empty()) {
         copy_tree(&last.win_candidates, &win)?;
         let mix = MixParams {
             candidates: &win,
             work: &work,
             gate: &WinnerGate::correctness_only(),
-            expected: &winners,
+            expected: &last.winners,
         };
         let outcome = score_mix(driver, &mix, cancel).await;
         write_json(&seq_dir.join("composed.json"), &outcome.stage)?;
@@ -409,15 +405,6 @@ pub async fn score_levels<L: BenchLauncher>(
     let winners = gates.last().map_or(0, |g| g.winners.len());
     progress.finished(Stage::SequentialFinal, winners, winners);
     Ok((gates, fin))
-}
-
-/// Targets grouped by level, ascending (the order a sequential campaign runs them in).
-pub fn by_level(targets: &[TargetId]) -> BTreeMap<u8, Vec<TargetId>> {
-    let mut out: BTreeMap<u8, Vec<TargetId>> = BTreeMap::new();
-    for t in targets {
-        out.entry(t.level()).or_default().push(t.clone());
-    }
-    out
 }
 
 fn dropped_lines(out: &mut String, dropped: &[Decision]) {

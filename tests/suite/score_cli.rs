@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
-use fk_agentd::score::export::{Manifest, sha256_file};
+use fk_agentd::digest::file_sha256;
+use fk_agentd::score::export::Manifest;
 use pretty_assertions::assert_eq;
 use tempfile::TempDir;
 
@@ -223,7 +224,7 @@ fn score_candidates_end_to_end_with_the_simulated_bench() {
         ]
     );
     for (rel, sha) in &manifest.files {
-        assert_eq!(&sha256_file(&set_dir.join(rel)).unwrap(), sha);
+        assert_eq!(&file_sha256(&set_dir.join(rel)).unwrap(), sha);
     }
     assert_eq!(manifest.unreferenced_sources, ["L1/unused.cu"]);
     assert!(manifest.simulated);
