@@ -86,11 +86,8 @@ async fn preflight(
     candidate: &std::path::Path,
 ) -> Result<Option<ToolOutput>, ToolError> {
     if let Err(e) = real.protected.verify(&real.import_check.harness) {
-        return Err(ToolError::Infra {
-            tool: "validate".into(),
-            why: format!("a protected harness file changed, so no result can be trusted: {e}"),
-            retryable: false,
-        });
+        let why = format!("a protected harness file changed, so no result can be trusted: {e}");
+        return Err(ToolError::infra("validate", why, false));
     }
     let classes = real
         .catalog
@@ -107,11 +104,10 @@ async fn preflight(
             "validation not run: {}\n{text}",
             ws.candidate_rel()
         )))),
-        ImportVerdict::Infrastructure(text) => Err(ToolError::Infra {
-            tool: "validate".into(),
-            why: format!("the import check could not run: {text}"),
-            retryable: false,
-        }),
+        ImportVerdict::Infrastructure(text) => {
+            let why = format!("the import check could not run: {text}");
+            Err(ToolError::infra("validate", why, false))
+        }
     }
 }
 
@@ -196,11 +192,9 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled {
                     tool: "validate".into(),
                 }),
-                Err(f) if f.is_infrastructure() => Err(ToolError::Infra {
-                    tool: "validate".into(),
-                    why: f.describe(),
-                    retryable: true,
-                }),
+                Err(f) if f.is_infrastructure() => {
+                    Err(ToolError::infra("validate", f.describe(), true))
+                }
                 Err(f) => {
                     let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
                     record_validation(&journal, &work, n, &v, gpu_s, sha);
@@ -298,7 +292,7 @@ async fn noise_band<L: BenchLauncher>(
         .iter()
         .filter(|r| r.status == crate::score::result::Status::Passed && r.speedup > 0.0)
         .map(|r| r.speedup.ln().abs())
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        .reduce(f64::max)
         .ok_or("self-test: no timed row")?;
     let band = worst.max(0.01);
     let record = json!({"target": t, "captures": captures, "band": band, "rows": result.scenarios.len(), "simulated": result.simulated});

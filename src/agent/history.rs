@@ -6,7 +6,7 @@
 //! again; reasoning items stay right before the calls they came with (compaction only shortens
 //! old tool outputs, it never drops or reorders items).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
@@ -34,6 +34,13 @@ pub struct Replay {
     /// The `session_finished` payload, when the session already ended.
     pub finished: Option<SessionResult>,
     pub started: bool,
+}
+
+impl Replay {
+    /// How this start of the session is shown: `resumed`, or `started` the first time.
+    pub fn start_word(&self) -> &'static str {
+        if self.started { "resumed" } else { "started" }
+    }
 }
 
 /// Rebuilds the history from a session's events (in order).
@@ -97,18 +104,14 @@ pub fn compact(history: &[Value], keep_recent: usize) -> (Vec<Value>, usize) {
         .filter(|(_, i)| i["type"] == "function_call_output")
         .map(|(n, _)| n)
         .collect();
-    let old: BTreeMap<usize, ()> = outputs
-        .iter()
-        .take(outputs.len().saturating_sub(keep_recent))
-        .map(|n| (*n, ()))
-        .collect();
+    let old = &outputs[..outputs.len().saturating_sub(keep_recent)];
     let mut elided = 0;
     let items = history
         .iter()
         .enumerate()
         .map(|(n, item)| {
             let text = item["output"].as_str().unwrap_or("");
-            if old.contains_key(&n) && text.len() > 200 {
+            if old.binary_search(&n).is_ok() && text.len() > 200 {
                 elided += text.len();
                 let mut short = item.clone();
                 short["output"] = json!(format!(

@@ -63,8 +63,12 @@ impl SessionJournal {
         })
     }
 
-    pub fn run(&self) -> &Arc<RunJournal> {
-        &self.run
+    /// This session's events so far, in order.
+    pub fn events(&self) -> Result<Vec<Event>, RunError> {
+        Ok(self
+            .run
+            .store()
+            .events(self.run.run_id(), Some(&self.name), 0)?)
     }
 
     pub fn target(&self) -> &TargetId {
@@ -90,10 +94,7 @@ impl SessionJournal {
 
     /// Updates the counters with `f` and publishes the session row with `state`.
     pub fn update(&self, state: &str, f: impl FnOnce(&mut Progress)) -> Result<(), RunError> {
-        {
-            let mut p = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut p);
-        }
+        f(&mut self.progress.lock().unwrap_or_else(|p| p.into_inner()));
         set_state(&self.run, &self.target, state, self.detail().to_value())
     }
 

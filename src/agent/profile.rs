@@ -15,14 +15,6 @@ use crate::workspace::truncate_output;
 
 const NOTHING_PROFILED: &str = "No kernels were profiled";
 
-fn infra(tool: &str, why: String) -> ToolError {
-    ToolError::Infra {
-        tool: tool.into(),
-        why,
-        retryable: true,
-    }
-}
-
 /// Runs `argv` (a profiler wrapping the bench) under a lease of `class`; returns its output.
 async fn leased<L: BenchLauncher>(
     p: &ProfileParams<'_, L>,
@@ -33,8 +25,9 @@ async fn leased<L: BenchLauncher>(
 ) -> Result<(Option<i32>, String), ToolError> {
     let (driver, broker, cancel) = (p.driver, p.broker, p.cancel);
     let tool = class.as_str();
+    let infra = |why: String| ToolError::infra(tool, why, true);
     std::fs::create_dir_all(work)
-        .map_err(|e| infra(tool, format!("cannot create {}: {e}", work.display())))?;
+        .map_err(|e| infra(format!("cannot create {}: {e}", work.display())))?;
     let tag = work
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -61,12 +54,10 @@ async fn leased<L: BenchLauncher>(
     let out = broker
         .run(req, cmd, cancel)
         .await
-        .map_err(|e| infra(tool, e.to_string()))?;
+        .map_err(|e| infra(e.to_string()))?;
     if out.infra {
-        return Err(infra(
-            tool,
-            format!("lease {} failed for infrastructure reasons", out.lease_id),
-        ));
+        let why = format!("lease {} failed for infrastructure reasons", out.lease_id);
+        return Err(infra(why));
     }
     let text = std::fs::read_to_string(&out.stdout).unwrap_or_default()
         + &std::fs::read_to_string(&out.stderr).unwrap_or_default();
@@ -209,13 +200,13 @@ pub async fn ncu<L: BenchLauncher>(
     } else {
         "ncu exited with an error"
     };
+    let text = format!(
+        "ncu {verdict}; report {}.ncu-rep (timings under ncu are several times too high: never compare them with bench speedups)\n{body}",
+        report.display()
+    );
     Ok(ToolOutput {
-        text: format!(
-            "ncu {verdict}; report {}.ncu-rep (timings under ncu are several times too high: never compare them with bench speedups)\n{body}",
-            report.display()
-        ),
         is_error: code != Some(0),
-        finished: None,
+        ..ToolOutput::ok(text)
     })
 }
 
@@ -236,9 +227,8 @@ pub async fn nsys<L: BenchLauncher>(
     );
     match leased(p, &inv, LeaseClass::Nsys, with_bench(argv, &inv), &work).await {
         Ok((code, text)) => Ok(ToolOutput {
-            text: truncate_output(&text, Default::default()),
             is_error: code != Some(0),
-            finished: None,
+            ..ToolOutput::ok(truncate_output(&text, Default::default()))
         }),
         Err(ToolError::Infra { why, .. }) if why.contains("nsys") => Ok(ToolOutput::error(
             format!("profile_nsys is not available on this host: {why}"),

@@ -28,6 +28,9 @@ use crate::run::RunError;
 use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
 use crate::tools::{ToolError, ToolOutput, Toolbox};
 
+/// Why a session ends whose model stopped without `finish`, after the nudges (either backend).
+pub(crate) const NO_FINISH: &str = "the model stopped without calling finish";
+
 /// Limits and texts of the loop.
 #[derive(Clone, Debug)]
 pub struct LoopParams {
@@ -98,6 +101,12 @@ impl End {
             infra: true,
             ..Self::new(SessionStatus::Failed, reason)
         }
+    }
+
+    /// The session used up its `max` turns.
+    pub(crate) fn turn_budget(max: u32) -> Self {
+        let why = format!("turn budget of {max} reached");
+        Self::new(SessionStatus::Failed, why)
     }
 
     /// How `finish` ends a session: finished, or failed when there is no candidate.
@@ -184,11 +193,7 @@ pub(crate) fn finish(
 
 async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunError> {
     let j = &s.journal;
-    let run = j.run();
-    let events = run
-        .store()
-        .events(run.run_id(), Some(&j.target().to_string()), 0)?;
-    let replay = history::replay(&events);
+    let replay = history::replay(&j.events()?);
     if let Some(end) = End::recorded_final(&replay) {
         return Ok(end);
     }
@@ -199,11 +204,7 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
         p.leases = replay.leases;
         p.gpu_s = replay.gpu_s;
         p.best_speedup = replay.best_speedup;
-        p.last_event = if replay.started {
-            "resumed".into()
-        } else {
-            "started".into()
-        };
+        p.last_event = replay.start_word().into();
     })?;
     if let Some(end) = token_at_start(j, &s.llm).await? {
         return Ok(end);
@@ -211,11 +212,8 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
     for (call, started) in replay.pending {
         if started {
             j.record_event(&ToolFinished {
-                call_id: call.call_id.clone(),
-                name: call.name.clone(),
-                output: INTERRUPTED_OUTPUT.into(),
-                is_error: true,
                 interrupted: Some(true),
+                ..tool_finished(&call, &ToolOutput::error(INTERRUPTED_OUTPUT))
             })?;
             history.push(function_call_output(&call.call_id, INTERRUPTED_OUTPUT));
         } else if let Some(end) = run_call(s, &call, &mut history, cancel).await? {
@@ -261,10 +259,7 @@ async fn turn_loop(
             return Ok(End::new(SessionStatus::Interrupted, "stopped"));
         }
         if turns >= s.params.max_turns {
-            return Ok(End::new(
-                SessionStatus::Failed,
-                format!("turn budget of {} reached", s.params.max_turns),
-            ));
+            return Ok(End::turn_budget(s.params.max_turns));
         }
         let tokens = j.progress().tokens;
         if s.params.max_tokens.is_some_and(|max| tokens >= max) {
@@ -274,20 +269,20 @@ async fn turn_loop(
             ));
         }
         if history::estimate_tokens(&history) > s.params.compact_at_tokens {
-            history = compact(j, &history, 4)?;
+            let why = "history near the context window";
+            history = compact(j, &history, 4, why)?.unwrap_or(history);
         }
         turns += 1;
         let output = match model_turn(s, &history, turns, cancel).await? {
             Ok(output) => output,
             Err(LlmError::ContextLengthExceeded { message }) => {
-                let (smaller, elided) = history::compact(&history, 0);
-                if elided == 0 {
+                let Some(smaller) = compact(j, &history, 0, "context_length_exceeded")? else {
                     return Ok(End::new(
                         SessionStatus::Failed,
                         format!("context window exceeded even after compaction: {message}"),
                     ));
-                }
-                history = record_compaction(j, smaller, elided, "context_length_exceeded")?;
+                };
+                history = smaller;
                 continue;
             }
             Err(LlmError::Cancelled) => {
@@ -307,10 +302,7 @@ async fn turn_loop(
         let calls = crate::llm::function_calls(&output);
         if calls.is_empty() {
             if nudges >= s.params.nudges {
-                return Ok(End::new(
-                    SessionStatus::Failed,
-                    "the model stopped without calling finish",
-                ));
+                return Ok(End::new(SessionStatus::Failed, NO_FINISH));
             }
             nudges += 1;
             let item = user_message(
@@ -331,27 +323,25 @@ async fn turn_loop(
     }
 }
 
-fn compact(j: &SessionJournal, history: &[Value], keep: usize) -> Result<Vec<Value>, RunError> {
-    let (smaller, elided) = history::compact(history, keep);
-    if elided == 0 {
-        return Ok(history.to_vec());
-    }
-    record_compaction(j, smaller, elided, "history near the context window")
-}
-
-fn record_compaction(
+/// The history compacted down to its newest `keep` tool outputs, recorded as `compacted`
+/// (`why`); `None` when there was nothing to shorten.
+fn compact(
     j: &SessionJournal,
-    history: Vec<Value>,
-    elided: usize,
+    history: &[Value],
+    keep: usize,
     why: &str,
-) -> Result<Vec<Value>, RunError> {
+) -> Result<Option<Vec<Value>>, RunError> {
+    let (history, elided) = history::compact(history, keep);
+    if elided == 0 {
+        return Ok(None);
+    }
     let compacted = Compacted {
         why: why.to_string(),
         elided_bytes: elided,
         history,
     };
     j.record_event(&compacted)?;
-    Ok(compacted.history)
+    Ok(Some(compacted.history))
 }
 
 /// One model turn; provider errors come back as the inner `Err` (the loop decides).
@@ -458,13 +448,8 @@ async fn run_call(
         CallEnd::Output(output) => output,
         CallEnd::Cancelled => {
             if let Some(why) = s.slot.timed_out() {
-                j.record_event(&ToolFinished {
-                    call_id: call.call_id.clone(),
-                    name: call.name.clone(),
-                    output: format!("stopped: {why}"),
-                    is_error: true,
-                    interrupted: None,
-                })?;
+                let stopped = ToolOutput::error(format!("stopped: {why}"));
+                j.record_event(&tool_finished(call, &stopped))?;
             }
             let why = format!("stopped during {}", call.name);
             return Ok(Some(End::new(SessionStatus::Interrupted, why)));
@@ -474,13 +459,7 @@ async fn run_call(
         }
         CallEnd::Infra(why) => return Ok(Some(End::infra(why))),
     };
-    j.record_event(&ToolFinished {
-        call_id: call.call_id.clone(),
-        name: call.name.clone(),
-        output: output.text.clone(),
-        is_error: output.is_error,
-        interrupted: None,
-    })?;
+    j.record_event(&tool_finished(call, &output))?;
     j.update("running", |p| {
         p.last_event = format!(
             "{} {}",
@@ -493,6 +472,17 @@ async fn run_call(
     Ok(output
         .finished
         .map(|summary| End::finished_by_agent(summary, &candidate)))
+}
+
+/// The `tool_finished` of `call` with its `output` (either backend).
+pub(crate) fn tool_finished(call: &FunctionCall, output: &ToolOutput) -> ToolFinished {
+    ToolFinished {
+        call_id: call.call_id.clone(),
+        name: call.name.clone(),
+        output: output.text.clone(),
+        is_error: output.is_error,
+        interrupted: None,
+    }
 }
 
 /// What running a tool call needs (either backend).

@@ -76,10 +76,7 @@ pub async fn check(
     let started = std::time::Instant::now();
     let result = probe(provider, token, cancel, &mut report).await;
     report.latency = started.elapsed();
-    report.outcome = match result {
-        Ok(outcome) => outcome,
-        Err(e) => diagnose(&report, e),
-    };
+    report.outcome = result.unwrap_or_else(|e| diagnose(&report, e));
     report
 }
 
@@ -185,11 +182,9 @@ fn diagnose(report: &CheckReport, err: LlmError) -> CheckOutcome {
 
 /// The report as text for a person.
 pub fn render(r: &CheckReport) -> String {
-    let token = match &r.token {
-        Some(t) => match t.age {
-            Some(age) => format!("{}, {} old", r.token_source, short(age)),
-            None => r.token_source.clone(),
-        },
+    let token = match r.token.as_ref().map(|t| t.age) {
+        Some(Some(age)) => format!("{}, {} old", r.token_source, short(age)),
+        Some(None) => r.token_source.clone(),
         None => format!("{} (not read)", r.token_source),
     };
     let mut out = format!(

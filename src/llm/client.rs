@@ -43,26 +43,22 @@ impl LlmClient {
     /// Validates the provider (a model id with `:` is refused here, before anything is sent)
     /// and builds the HTTP client.
     pub fn new(provider: ProviderConfig, token: TokenProvider) -> Result<Self, LlmError> {
-        validate_model("model", &provider.model).map_err(|e| LlmError::Config {
-            field: format!("provider {}: model", provider.name),
-            value: e.value,
-            reason: e.reason,
-        })?;
+        let invalid = |field: &str, value: String, reason: String| LlmError::Config {
+            field: format!("provider {}: {field}", provider.name),
+            value,
+            reason,
+        };
+        validate_model("model", &provider.model)
+            .map_err(|e| invalid("model", e.value, e.reason))?;
         let base = provider.base_url.trim_end_matches('/');
         if !(base.starts_with("https://") || base.starts_with("http://")) {
-            return Err(LlmError::Config {
-                field: format!("provider {}: base_url", provider.name),
-                value: provider.base_url.clone(),
-                reason: "expected an http(s) URL".into(),
-            });
+            let reason = "expected an http(s) URL".into();
+            return Err(invalid("base_url", provider.base_url.clone(), reason));
         }
         let mut headers = HeaderMap::new();
         for (name, value) in &provider.headers {
-            let bad = || LlmError::Config {
-                field: format!("provider {}: headers", provider.name),
-                value: name.clone(),
-                reason: "expected a valid HTTP header name and value".into(),
-            };
+            let reason = "expected a valid HTTP header name and value";
+            let bad = || invalid("headers", name.clone(), reason.into());
             let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?;
             if name == AUTHORIZATION {
                 return Err(bad());
@@ -139,7 +135,13 @@ impl LlmClient {
                     changed = status.changed,
                     "401: token read again"
                 );
-                send(events, token_event(status, "unauthorized")).await;
+                let event = LlmEvent::TokenReloaded {
+                    source: status.source,
+                    age: status.age,
+                    changed: status.changed,
+                    why: "unauthorized",
+                };
+                send(events, event).await;
                 continue;
             }
             if !err.is_retryable() {
@@ -262,15 +264,6 @@ fn transport(e: reqwest::Error) -> LlmError {
         source = s.source();
     }
     LlmError::Transport { message }
-}
-
-pub(crate) fn token_event(status: TokenStatus, why: &'static str) -> LlmEvent {
-    LlmEvent::TokenReloaded {
-        source: status.source,
-        age: status.age,
-        changed: status.changed,
-        why,
-    }
 }
 
 async fn send(events: &Sender<LlmEvent>, event: LlmEvent) {

@@ -138,12 +138,7 @@ impl LlmError {
 
     /// A short label for retry events.
     pub fn reason(&self) -> String {
-        let mut s = self.to_string();
-        if s.len() > 200 {
-            s.truncate(floor_char_boundary(&s, 200));
-            s.push('…');
-        }
-        s
+        clip(&self.to_string(), 200)
     }
 }
 
@@ -173,12 +168,12 @@ pub(crate) fn parse_error_body(body: &str) -> ErrorBody {
             return ErrorBody {
                 code: obj.get("code").and_then(json_text),
                 kind: obj.get("type").and_then(json_text),
-                message: clip(&message.unwrap_or_else(|| body.to_string())),
+                message: clip(&message.unwrap_or_else(|| body.to_string()), MAX_MESSAGE),
             };
         }
     }
     ErrorBody {
-        message: clip(body.trim()),
+        message: clip(body.trim(), MAX_MESSAGE),
         ..ErrorBody::default()
     }
 }
@@ -224,7 +219,7 @@ pub(crate) fn classify_status(
 
 /// Classifies the error object of `response.failed` or an `error` event.
 pub(crate) fn classify_failure(code: Option<String>, message: String) -> LlmError {
-    let message = clip(&message);
+    let message = clip(&message, MAX_MESSAGE);
     match code.as_deref() {
         Some("context_length_exceeded") => LlmError::ContextLengthExceeded { message },
         Some("insufficient_quota") => LlmError::QuotaExceeded { message },
@@ -252,11 +247,12 @@ fn try_again_in(message: &str) -> Option<Duration> {
         .map(|d| d.min(Duration::from_secs(15 * 60)))
 }
 
-fn clip(s: &str) -> String {
-    if s.len() <= MAX_MESSAGE {
+/// `s` cut to at most `max` bytes (on a character boundary), marked `…` when cut.
+fn clip(s: &str, max: usize) -> String {
+    if s.len() <= max {
         return s.to_string();
     }
-    format!("{}…", &s[..floor_char_boundary(s, MAX_MESSAGE)])
+    format!("{}…", &s[..floor_char_boundary(s, max)])
 }
 
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {

@@ -50,10 +50,6 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Items completed so far.
     pub fn items(&self) -> usize {
         self.items.len()
@@ -160,7 +156,7 @@ where
     E: std::fmt::Display,
 {
     let mut events = std::pin::pin!(bytes.eventsource());
-    let mut assembler = Assembler::new();
+    let mut assembler = Assembler::default();
     loop {
         let next = tokio::time::timeout(idle, events.next())
             .await

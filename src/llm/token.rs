@@ -87,11 +87,8 @@ impl TokenProvider {
                 refresh: *refresh,
             },
             TokenSource::Sim => {
-                return Err(LlmError::Token {
-                    source_name: "simulation".into(),
-                    reason: "the simulated provider hands its token in with TokenProvider::literal"
-                        .into(),
-                });
+                let why = "the simulated provider hands its token in with TokenProvider::literal";
+                return Err(token_error("simulation", why));
             }
         };
         Ok(Self {
@@ -124,10 +121,7 @@ impl TokenProvider {
             Source::Env { var, .. } => format!("environment variable {var}"),
             // Only the program: its arguments may carry a path or a secret.
             Source::Command { argv, .. } => {
-                format!(
-                    "command `{}`",
-                    argv.first().map(String::as_str).unwrap_or("")
-                )
+                format!("command `{}`", argv.first().map_or("", String::as_str))
             }
             Source::Literal => "a literal token".into(),
         }
@@ -215,15 +209,12 @@ impl TokenProvider {
             }
         };
         let mut state = self.lock();
-        let changed = match (fresh, state.as_ref()) {
-            (Some(new), old) => {
-                let changed =
-                    old.is_some_and(|o| o.token.expose_secret() != new.token.expose_secret());
-                *state = Some(new);
-                changed
-            }
-            (None, _) => false,
-        };
+        let mut changed = false;
+        if let Some(new) = fresh {
+            let old = state.as_ref().map(|o| o.token.expose_secret());
+            changed = old.is_some_and(|o| o != new.token.expose_secret());
+            *state = Some(new);
+        }
         Ok(TokenStatus {
             source: name,
             age: state.as_ref().and_then(age_of),

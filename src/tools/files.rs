@@ -1,7 +1,7 @@
 //! The file tools: `read_file`, `write_file` and the file-system side of `apply_patch`.
 //!
-//! Every path goes through the workspace jail first. Results are [`ToolOutput`]s: a refused
-//! path, a missing file or a patch that does not apply is an error the model reads.
+//! Every path goes through the workspace jail first. Results are [`ToolOutput`]s, the `Err` one
+//! an error the model reads: a refused path, a missing file or a patch that does not apply.
 //! `apply_patch` is all-or-nothing for anything the model got wrong: every operation is
 //! resolved and computed in memory before the first write.
 
@@ -17,6 +17,12 @@ use crate::workspace::{Access, Workspace};
 
 /// Files larger than this are not read into memory for the model.
 const READ_FILE_CAP: u64 = 32 * 1024 * 1024;
+
+/// `rel` through the jail; a refusal is what the model reads.
+fn jailed(ws: &Workspace, rel: &str, access: Access) -> Result<PathBuf, ToolOutput> {
+    ws.resolve(rel, access)
+        .map_err(|e| ToolOutput::error(e.to_string()))
+}
 
 fn read_text(path: &Path, rel: &str) -> Result<String, ToolOutput> {
     let meta =
@@ -45,29 +51,22 @@ pub fn read_file(
     offset: Option<usize>,
     limit: Option<usize>,
     limits: &ToolLimits,
-) -> ToolOutput {
-    let path = match ws.resolve(rel, Access::Read) {
-        Ok(p) => p,
-        Err(e) => return ToolOutput::error(e.to_string()),
-    };
-    let text = match read_text(&path, rel) {
-        Ok(t) => t,
-        Err(out) => return out,
-    };
+) -> Result<ToolOutput, ToolOutput> {
+    let text = read_text(&jailed(ws, rel, Access::Read)?, rel)?;
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let total = lines.len();
     let first = offset.unwrap_or(1);
     let limit = limit.unwrap_or(limits.read_default_lines);
     if first == 0 || limit == 0 {
-        return ToolOutput::error("offset and limit start at 1");
+        return Err(ToolOutput::error("offset and limit start at 1"));
     }
     if total == 0 {
-        return ToolOutput::ok(format!("[{rel}: empty file]"));
+        return Ok(ToolOutput::ok(format!("[{rel}: empty file]")));
     }
     if first > total {
-        return ToolOutput::error(format!(
+        return Err(ToolOutput::error(format!(
             "offset {first} is past the end of `{rel}` ({total} lines)"
-        ));
+        )));
     }
     let mut body = String::new();
     let mut last = first - 1;
@@ -89,7 +88,7 @@ pub fn read_file(
             last + 1
         ));
     }
-    ToolOutput::ok(out)
+    Ok(ToolOutput::ok(out))
 }
 
 /// Writes through the jail without following a final symlink (one may have been planted by
@@ -108,25 +107,26 @@ fn write_nofollow(path: &Path, content: &str) -> std::io::Result<()> {
 }
 
 /// `write_file {path, content}`.
-pub fn write_file(ws: &Workspace, rel: &str, content: &str, limits: &ToolLimits) -> ToolOutput {
+pub fn write_file(
+    ws: &Workspace,
+    rel: &str,
+    content: &str,
+    limits: &ToolLimits,
+) -> Result<ToolOutput, ToolOutput> {
     if content.len() > limits.write_max_bytes {
-        return ToolOutput::error(format!(
+        return Err(ToolOutput::error(format!(
             "content is {} bytes; the limit is {} bytes",
             content.len(),
             limits.write_max_bytes
-        ));
+        )));
     }
-    let path = match ws.resolve(rel, Access::Write) {
-        Ok(p) => p,
-        Err(e) => return ToolOutput::error(e.to_string()),
-    };
+    let path = jailed(ws, rel, Access::Write)?;
     if path.is_dir() {
-        return ToolOutput::error(format!("`{rel}` is a directory"));
+        return Err(ToolOutput::error(format!("`{rel}` is a directory")));
     }
-    match write_nofollow(&path, content) {
-        Ok(()) => ToolOutput::ok(format!("Wrote {} bytes to {rel}", content.len())),
-        Err(e) => ToolOutput::error(format!("cannot write `{rel}`: {e}")),
-    }
+    write_nofollow(&path, content)
+        .map(|()| ToolOutput::ok(format!("Wrote {} bytes to {rel}", content.len())))
+        .map_err(|e| ToolOutput::error(format!("cannot write `{rel}`: {e}")))
 }
 
 /// The staged effect of a patch: new contents (or `None` = delete) per real path.
@@ -146,10 +146,7 @@ impl Staged {
     }
 
     fn stage(&mut self, ws: &Workspace, op: &FileOp) -> Result<(), ToolOutput> {
-        let resolve = |rel: &str| {
-            ws.resolve(rel, Access::Write)
-                .map_err(|e| ToolOutput::error(e.to_string()))
-        };
+        let resolve = |rel: &str| jailed(ws, rel, Access::Write);
         match op {
             FileOp::Add { path, contents } => {
                 let real = resolve(path)?;
@@ -203,16 +200,14 @@ impl Staged {
 }
 
 /// `apply_patch {patch}`.
-pub fn apply_patch(ws: &Workspace, text: &str) -> ToolOutput {
-    let ops = match patch::parse(text) {
-        Ok(ops) => ops,
-        Err(e) => return ToolOutput::error(format!("the patch was not applied: {e}")),
-    };
+pub fn apply_patch(ws: &Workspace, text: &str) -> Result<ToolOutput, ToolOutput> {
+    let ops = patch::parse(text)
+        .map_err(|e| ToolOutput::error(format!("the patch was not applied: {e}")))?;
     let mut staged = Staged::default();
     for op in &ops {
         if let Err(mut out) = staged.stage(ws, op) {
             out.text = format!("the patch was not applied (no file changed): {}", out.text);
-            return out;
+            return Err(out);
         }
     }
     for (path, contents) in &staged.files {
@@ -221,13 +216,16 @@ pub fn apply_patch(ws: &Workspace, text: &str) -> ToolOutput {
             None => fs::remove_file(path),
         };
         if let Err(e) = result {
-            return ToolOutput::error(format!(
+            return Err(ToolOutput::error(format!(
                 "the patch was applied only in part: writing `{}` failed: {e}",
                 path.strip_prefix(ws.session_dir())
                     .unwrap_or(path)
                     .display()
-            ));
+            )));
         }
     }
-    ToolOutput::ok(format!("Patch applied:\n{}", staged.summary.join("\n")))
+    Ok(ToolOutput::ok(format!(
+        "Patch applied:\n{}",
+        staged.summary.join("\n")
+    )))
 }

@@ -50,11 +50,8 @@ pub struct NoGpuTools;
 
 impl NoGpuTools {
     fn unavailable(tool: &str) -> ToolError {
-        ToolError::Infra {
-            tool: tool.to_string(),
-            why: "no GPU broker is attached to this session (NoGpuTools)".into(),
-            retryable: false,
-        }
+        let why = "no GPU broker is attached to this session (NoGpuTools)";
+        ToolError::infra(tool, why, false)
     }
 }
 

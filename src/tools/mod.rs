@@ -50,9 +50,8 @@ impl ToolOutput {
     /// A failure the model should see and can act on.
     pub fn error(text: impl Into<String>) -> Self {
         Self {
-            text: text.into(),
             is_error: true,
-            finished: None,
+            ..Self::ok(text)
         }
     }
 }
@@ -71,6 +70,15 @@ pub enum ToolError {
 }
 
 impl ToolError {
+    /// The infrastructure under `tool` failed: `why`, and whether a retry may help.
+    pub fn infra(tool: &str, why: impl Into<String>, retryable: bool) -> Self {
+        ToolError::Infra {
+            tool: tool.into(),
+            why: why.into(),
+            retryable,
+        }
+    }
+
     pub fn is_retryable(&self) -> bool {
         match self {
             ToolError::Infra { retryable, .. } => *retryable,
@@ -197,22 +205,26 @@ impl Toolbox {
                 Err(out) => Ok(out),
             },
             "read_file" => Ok(parse_args::<ReadArgs>(name, arguments_json)
-                .map(|a| files::read_file(&self.ws, &a.path, a.offset, a.limit, &self.limits))
+                .and_then(|a| files::read_file(&self.ws, &a.path, a.offset, a.limit, &self.limits))
                 .unwrap_or_else(|e| e)),
             "write_file" => Ok(parse_args::<WriteArgs>(name, arguments_json)
-                .map(|a| files::write_file(&self.ws, &a.path, &a.content, &self.limits))
+                .and_then(|a| files::write_file(&self.ws, &a.path, &a.content, &self.limits))
                 .unwrap_or_else(|e| e)),
             "apply_patch" => Ok(parse_args::<PatchArgs>(name, arguments_json)
-                .map(|a| files::apply_patch(&self.ws, &a.patch))
+                .and_then(|a| files::apply_patch(&self.ws, &a.patch))
                 .unwrap_or_else(|e| e)),
-            "validate" => match parse_args::<NoArgs>(name, arguments_json) {
-                Ok(NoArgs {}) => self.validate(cancel).await,
+            "validate" => match parse_args::<NoArgs>(name, arguments_json)
+                .and_then(|a| self.with_candidate("validate", a))
+            {
+                Ok(NoArgs {}) => self.gpu.validate(&self.ws, cancel).await,
                 Err(out) => Ok(out),
             },
             "profile_ncu" | "profile_nsys" => {
                 let kind = ProfileKind::from_word(name).expect("a profile tool's name");
-                match parse_args::<ProfileArgs>(name, arguments_json) {
-                    Ok(a) => self.profile(kind, a.args, cancel).await,
+                match parse_args::<ProfileArgs>(name, arguments_json)
+                    .and_then(|a| self.with_candidate("profile", a))
+                {
+                    Ok(a) => self.gpu.profile(kind, a.args, &self.ws, cancel).await,
                     Err(out) => Ok(out),
                 }
             }
@@ -261,13 +273,7 @@ impl Toolbox {
                     tool: "shell".into(),
                 });
             }
-            Err(e) => {
-                return Err(ToolError::Infra {
-                    tool: "shell".into(),
-                    why: e.to_string(),
-                    retryable: false,
-                });
-            }
+            Err(e) => return Err(ToolError::infra("shell", e.to_string(), false)),
         };
         let (head, is_error) = match outcome.end {
             ShellEnd::Exited(0) => ("Exit code: 0".to_string(), false),
@@ -287,35 +293,20 @@ impl Toolbox {
             outcome.output
         );
         Ok(ToolOutput {
-            text,
             is_error,
-            finished: None,
+            ..ToolOutput::ok(text)
         })
     }
 
-    async fn validate(&self, cancel: CancellationToken) -> Result<ToolOutput, ToolError> {
-        if !self.ws.candidate_file().is_file() {
-            return Ok(ToolOutput::error(format!(
-                "there is no candidate to validate yet: write `{}` first",
-                self.ws.candidate_rel()
-            )));
+    /// `args`, unless there is no candidate to `verb` yet (what the model is told then).
+    fn with_candidate<T>(&self, verb: &str, args: T) -> Result<T, ToolOutput> {
+        if self.ws.candidate_file().is_file() {
+            return Ok(args);
         }
-        self.gpu.validate(&self.ws, cancel).await
-    }
-
-    async fn profile(
-        &self,
-        kind: ProfileKind,
-        args: Option<String>,
-        cancel: CancellationToken,
-    ) -> Result<ToolOutput, ToolError> {
-        if !self.ws.candidate_file().is_file() {
-            return Ok(ToolOutput::error(format!(
-                "there is no candidate to profile yet: write `{}` first",
-                self.ws.candidate_rel()
-            )));
-        }
-        self.gpu.profile(kind, args, &self.ws, cancel).await
+        Err(ToolOutput::error(format!(
+            "there is no candidate to {verb} yet: write `{}` first",
+            self.ws.candidate_rel()
+        )))
     }
 }
 
@@ -325,9 +316,8 @@ fn finish(args: FinishArgs) -> ToolOutput {
         return ToolOutput::error("summary is empty: say what you built and how fast it is");
     }
     ToolOutput {
-        text: "Session finished.".into(),
-        is_error: false,
         finished: Some(summary.to_string()),
+        ..ToolOutput::ok("Session finished.")
     }
 }
 

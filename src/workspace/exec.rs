@@ -46,10 +46,6 @@ impl ShellEnv {
         self
     }
 
-    pub fn confinement(&self) -> &Confinement {
-        &self.confinement
-    }
-
     /// The same environment plus one more explicit variable (a session's lease token).
     pub fn with_extra(mut self, key: &str, value: &str) -> Self {
         self.extras.insert(key.to_string(), value.to_string());
@@ -132,7 +128,6 @@ pub enum ShellEnd {
 pub struct ShellOutcome {
     pub end: ShellEnd,
     pub output: String,
-    pub total_bytes: u64,
     pub wall: Duration,
 }
 
@@ -204,7 +199,6 @@ pub async fn run(
     Ok(ShellOutcome {
         end,
         output: capture.render(req.limits),
-        total_bytes: capture.total_bytes(),
         wall: started.elapsed(),
     })
 }

@@ -26,6 +26,7 @@ pub mod truncate;
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::target::TargetId;
@@ -151,7 +152,8 @@ impl Workspace {
             };
             let dest = dest_dir.join(name);
             fs::copy(&src, &dest).map_err(io_err("copy", &src))?;
-            set_mode(&dest, 0o400)?;
+            fs::set_permissions(&dest, fs::Permissions::from_mode(0o400))
+                .map_err(io_err("chmod", &dest))?;
         }
         Ok(())
     }
@@ -223,11 +225,6 @@ fn sidecars_of(dir: &Path, stem: &str, text: &str) -> Vec<PathBuf> {
         .collect();
     out.sort();
     out
-}
-
-fn set_mode(path: &Path, mode: u32) -> Result<(), WorkspaceError> {
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io_err("chmod", path))
 }
 
 crate::exit_code!(WorkspaceError, |self| crate::exit::EXIT_UNAVAILABLE);

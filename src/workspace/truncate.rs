@@ -155,7 +155,7 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
-fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
+pub(crate) fn ceil_char_boundary(s: &str, mut i: usize) -> usize {
     while i < s.len() && !s.is_char_boundary(i) {
         i += 1;
     }

@@ -16,13 +16,13 @@ use std::os::linux::net::SocketAddrExt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
-use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::task::AbortOnDropHandle;
+
+use crate::digest::hex;
 
 /// The environment variable that names the session's endpoint (an abstract socket, `@name`).
 pub const SOCKET_ENV: &str = "FK_AGENTD_TOOL_SOCKET";
@@ -116,30 +116,23 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    rand::rng().fill_bytes(&mut buf);
-    buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn digest(s: &str) -> [u8; 32] {
-    Sha256::digest(s.as_bytes()).into()
+fn digest(token: &str) -> String {
+    crate::digest::sha256_hex(token.as_bytes())
 }
 
 impl Endpoint {
     /// Binds a fresh abstract socket and serves `handler` on it (one call at a time, in the
     /// order they arrive, as a native session runs its tools).
     pub fn bind(handler: Arc<dyn ToolHandler>) -> Result<Self, EndpointError> {
-        let name = format!("fk-agentd-tool-{}", random_hex(12));
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name)
-            .map_err(EndpointError::Bind)?;
-        let std_listener =
-            std::os::unix::net::UnixListener::bind_addr(&addr).map_err(EndpointError::Bind)?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(EndpointError::Bind)?;
-        let listener = UnixListener::from_std(std_listener).map_err(EndpointError::Bind)?;
-        let token = format!("fkt_{}", random_hex(32));
+        let name = format!("fk-agentd-tool-{}", hex(&rand::random::<[u8; 12]>()));
+        let bind = || {
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(&name)?;
+            let std_listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+            std_listener.set_nonblocking(true)?;
+            UnixListener::from_std(std_listener)
+        };
+        let listener = bind().map_err(EndpointError::Bind)?;
+        let token = format!("fkt_{}", hex(&rand::random::<[u8; 32]>()));
         let want = digest(&token);
         let serial = Arc::new(tokio::sync::Mutex::new(()));
         let task = tokio::spawn(async move {
@@ -149,6 +142,7 @@ impl Endpoint {
                     accepted = listener.accept() => {
                         let Ok((stream, _)) = accepted else { continue };
                         let (handler, serial) = (handler.clone(), serial.clone());
+                        let want = want.clone();
                         conns.spawn(async move {
                             if let Err(e) = serve_one(stream, want, handler, serial).await {
                                 tracing::warn!(error = %e, "tool endpoint connection failed");
@@ -179,7 +173,7 @@ impl Endpoint {
 
 async fn serve_one(
     stream: UnixStream,
-    want: [u8; 32],
+    want: String,
     handler: Arc<dyn ToolHandler>,
     serial: Arc<tokio::sync::Mutex<()>>,
 ) -> std::io::Result<()> {

@@ -116,9 +116,8 @@ impl Translator {
                 });
                 out.signal = Some(Signal::Thread(id));
             }
-            "turn.started" => {}
             "item.started" => self.item(&v["item"], false, &mut out),
-            "item.updated" => {}
+            "turn.started" | "item.updated" => {}
             "item.completed" => self.item(&v["item"], true, &mut out),
             "turn.completed" => self.account(usage_of(&v["usage"]), "turn", &mut out),
             "turn.failed" => {
@@ -194,23 +193,17 @@ impl Translator {
     fn item(&mut self, item: &Value, completed: bool, out: &mut Translated) {
         let id = item["id"].as_str().unwrap_or("").to_string();
         match item["type"].as_str().unwrap_or("") {
-            "agent_message" if completed => {
-                let turn = self.model_step();
+            kind @ ("agent_message" | "reasoning") if completed => {
                 let text = item["text"].as_str().unwrap_or("");
-                out.push(&ModelItem {
-                    turn,
-                    item: json!({"type": "message", "role": "assistant",
-                                 "content": [{"type": "output_text", "text": text}]}),
-                });
-            }
-            "reasoning" if completed => {
+                let item = if kind == "reasoning" {
+                    json!({"type": "reasoning", "id": id,
+                           "summary": [{"type": "summary_text", "text": text}]})
+                } else {
+                    json!({"type": "message", "role": "assistant",
+                           "content": [{"type": "output_text", "text": text}]})
+                };
                 let turn = self.model_step();
-                let text = item["text"].as_str().unwrap_or("");
-                out.push(&ModelItem {
-                    turn,
-                    item: json!({"type": "reasoning", "id": id,
-                                 "summary": [{"type": "summary_text", "text": text}]}),
-                });
+                out.push(&ModelItem { turn, item });
             }
             "command_execution" => {
                 let args = json!({"cmd": item["command"]}).to_string();
@@ -235,18 +228,13 @@ impl Translator {
                 self.call_started(&id, "apply_patch", &args, out);
                 let lines: Vec<String> = changes
                     .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|c| {
-                                format!(
-                                    "{} {}",
-                                    c["kind"].as_str().unwrap_or("?"),
-                                    c["path"].as_str().unwrap_or("?")
-                                )
-                            })
-                            .collect()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        let word = |k: &str| c[k].as_str().unwrap_or("?");
+                        format!("{} {}", word("kind"), word("path"))
                     })
-                    .unwrap_or_default();
+                    .collect();
                 let failed = item["status"] != "completed";
                 self.call_finished(&id, "apply_patch", lines.join("\n"), failed, out);
             }

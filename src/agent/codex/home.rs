@@ -177,12 +177,11 @@ pub fn catalog_entry(template: &Value, provider: &ProviderConfig) -> Value {
     entry["supports_search_tool"] = json!(false);
     entry["default_reasoning_level"] = json!(effort);
     entry["upgrade"] = Value::Null;
-    let levels = entry["supported_reasoning_levels"]
+    let mut levels = entry["supported_reasoning_levels"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     if !levels.iter().any(|l| l["effort"] == effort) {
-        let mut levels = levels;
         levels.push(json!({"effort": effort, "description": "set by the provider file"}));
         entry["supported_reasoning_levels"] = json!(levels);
     }

@@ -12,6 +12,7 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 
 use crate::workspace::exec::kill_group;
+use crate::workspace::truncate::ceil_char_boundary;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -90,10 +91,7 @@ impl CodexProcess {
                 let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
                 t.push_str(&String::from_utf8_lossy(&buf[..n]));
                 if t.len() > STDERR_TAIL {
-                    let mut cut = t.len() - STDERR_TAIL;
-                    while !t.is_char_boundary(cut) {
-                        cut += 1;
-                    }
+                    let cut = ceil_char_boundary(&t, t.len() - STDERR_TAIL);
                     t.drain(..cut);
                 }
             }

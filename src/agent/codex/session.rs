@@ -23,7 +23,7 @@ use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
-use crate::agent::session::{End, token_at_start};
+use crate::agent::session::{End, NO_FINISH, token_at_start};
 use crate::agent::{Opened, failed_to_start, open_session};
 use crate::event::{
     CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionResumed, SessionStarted,
@@ -45,7 +45,6 @@ struct Prepared {
     tools: Arc<SessionTools>,
     layout: HomeLayout,
     prompt: String,
-    prompt_sha256: String,
     /// The session's shell environment (what native shells get), codex's own base.
     env: BTreeMap<String, String>,
     lease_token: Option<crate::gpu::SessionToken>,
@@ -91,7 +90,6 @@ fn prepare(
         rendered.text,
         prompt_addendum(&ws.candidate_rel())
     );
-    let prompt_sha256 = crate::digest::sha256_hex(prompt.as_bytes());
     let env = shell_env.vars(ws);
     let layout = HomeLayout {
         codex_home: session_dir.join("codex-home"),
@@ -109,7 +107,6 @@ fn prepare(
         tools,
         layout,
         prompt,
-        prompt_sha256,
         env,
         lease_token,
     })
@@ -123,10 +120,7 @@ struct Before {
 }
 
 fn before(j: &SessionJournal) -> Result<Before, RunError> {
-    let run = j.run();
-    let events = run
-        .store()
-        .events(run.run_id(), Some(&j.target().to_string()), 0)?;
+    let events = j.events()?;
     let thread = events
         .iter()
         .rev()
@@ -161,7 +155,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         })?;
     } else {
         j.record_event(&SessionStarted {
-            prompt_sha256: s.prompt_sha256.clone(),
+            prompt_sha256: crate::digest::sha256_hex(s.prompt.as_bytes()),
             backend: Some("codex".into()),
             codex_version: Some(inner.setup.version.clone()),
             ..SessionStarted::default()
@@ -174,12 +168,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     j.update("running", |p| {
         p.turns = before.replay.turns;
         p.tokens = before.replay.tokens;
-        p.last_event = if before.replay.started {
-            "resumed"
-        } else {
-            "started"
-        }
-        .into();
+        p.last_event = before.replay.start_word().into();
     })?;
     let llm = &inner.agent.llm;
     // The token is read again before every session (and every resume of one).
@@ -218,10 +207,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     let mut translator =
         Translator::resume(before.replay.turns, before.usage, before.thread.clone());
     let mut thread = before.thread.clone();
-    let mut next = match (&thread, before.replay.started) {
-        (Some(_), true) => Some(RESUMED.to_string()),
-        _ => None,
-    };
+    let mut next = (thread.is_some() && before.replay.started).then(|| RESUMED.to_string());
     let mut nudges = 0;
     loop {
         if cancel.is_cancelled() {
@@ -253,9 +239,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         };
         let end = watch(&watched, process, &mut translator, &mut thread, cancel).await?;
         match end {
-            ProcessEnd::Cancelled => {
-                return Ok(End::new(SessionStatus::Interrupted, "stopped"));
-            }
+            ProcessEnd::Cancelled => return Ok(End::new(SessionStatus::Interrupted, "stopped")),
             ProcessEnd::Unauthorized(msg) => {
                 return Ok(End::infra(format!(
                     "provider: the token was refused (401); the codex process was ended and `resume` continues with the token read again: {msg}"
@@ -263,13 +247,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             }
             ProcessEnd::ToolInfra(why) => return Ok(End::infra(why)),
             ProcessEnd::TurnBudget => {
-                return Ok(End::new(
-                    SessionStatus::Failed,
-                    format!(
-                        "turn budget of {} reached",
-                        inner.agent.loop_params.max_turns
-                    ),
-                ));
+                return Ok(End::turn_budget(inner.agent.loop_params.max_turns));
             }
             ProcessEnd::Exited {
                 success,
@@ -298,10 +276,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
                     return Ok(End::infra(format!("codex exited with {status}: {tail}")));
                 }
                 if nudges >= inner.agent.loop_params.nudges || thread.is_none() {
-                    return Ok(End::new(
-                        SessionStatus::Failed,
-                        "the model stopped without calling finish",
-                    ));
+                    return Ok(End::new(SessionStatus::Failed, NO_FINISH));
                 }
                 nudges += 1;
                 j.record_event(&UserMessage {

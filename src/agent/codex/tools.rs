@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{ToolHandler, ToolReply};
 use crate::agent::journal::SessionJournal;
-use crate::agent::session::{CallEnd, ToolCalls, call_with_retries, state_for};
-use crate::event::{ToolFinished, ToolStarted};
+use crate::agent::session::{CallEnd, ToolCalls, call_with_retries, state_for, tool_finished};
+use crate::event::ToolStarted;
 use crate::llm::{FunctionCall, LlmClient};
 use crate::scheduler::SessionSlot;
 use crate::tools::Toolbox;
@@ -129,14 +129,7 @@ impl SessionTools {
             // Not strict: a failure to record is not an end.
             Err(e) => return ToolReply::infra(format!("cannot record the call: {e}")),
         };
-        let finished = ToolFinished {
-            call_id: call.call_id,
-            name: tool.clone(),
-            output: output.text.clone(),
-            is_error: output.is_error,
-            interrupted: None,
-        };
-        if let Err(e) = j.record_event(&finished) {
+        if let Err(e) = j.record_event(&tool_finished(&call, &output)) {
             return ToolReply::infra(format!("cannot record the result: {e}"));
         }
         let _ = j.update("running", |p| {
