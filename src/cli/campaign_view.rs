@@ -14,19 +14,17 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     for s in r.phase.results.values() {
         *counts.entry(s.word()).or_default() += 1;
     }
-    let home = r.run_dir.parent().and_then(Path::parent);
-    let sim = home
-        .and_then(|h| super::session::run_row(h, &r.run_id))
-        .map_or_else(
-            || crate::event::simulated_by_id(&r.run_id),
-            |row| row.simulated,
-        );
+    let home = home_of(r);
+    let sim = super::session::run_row(&home, &r.run_id).map_or_else(
+        || crate::event::simulated_by_id(&r.run_id),
+        |row| row.simulated,
+    );
     print!("{}", crate::report::sim_banner(sim));
     println!("run       {}", r.run_id);
     println!("status    {}", r.status);
     // The sessions' ends and their candidates' verdicts, as recorded; the status words only
     // when the store cannot be read.
-    match home.and_then(|h| super::session::outcome_line(h, &r.run_id)) {
+    match super::session::outcome_line(&home, &r.run_id) {
         Some(line) => println!("outcome   {line}"),
         None => {
             let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
@@ -36,14 +34,14 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     println!("run dir   {}", r.run_dir.display());
     if let Some(pair) = &r.pair {
         println!("pair      {pair} (the other half of this --mode all campaign)");
-        if let Some(line) = home.and_then(|h| super::session::outcome_line(h, pair)) {
+        if let Some(line) = super::session::outcome_line(&home, pair) {
             println!("          its outcome: {line}");
         }
     }
     for note in &r.notes {
         println!("          {note}");
     }
-    print_spent(&home_of(r), &r.run_id);
+    print_spent(&home, &r.run_id);
     // Point at a session of this run (a failed one first: that is the one worth reading).
     let example = r
         .phase

@@ -55,10 +55,7 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
     };
     let mut out = std::io::stdout().lock();
     if json {
-        let (count, gpu_error) = match &gpus {
-            Ok(n) => (Some(*n), None),
-            Err(e) => (None, Some(e.clone())),
-        };
+        let (count, gpu_error) = (gpus.as_ref().ok(), gpus.as_ref().err());
         let value = serde_json::json!({
             "harness": harness,
             "preflight": report,

@@ -62,8 +62,7 @@ pub async fn cmd_e2e(
                 if simulated { " — SIMULATED" } else { "" }
             );
         }
-        let outcome = e2e::evaluate(&launcher, &params, set, gpus, &cancel).await;
-        let outcome = match outcome {
+        let outcome = match e2e::evaluate(&launcher, &params, set, gpus, &cancel).await {
             Ok(o) => o,
             Err(e) => {
                 home.broker.shutdown().await;

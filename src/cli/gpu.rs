@@ -66,16 +66,8 @@ pub(super) async fn cmd_lease(
     let client = GpuClient::new(&home, &socket)?;
     let end = client
         .lease(&token, &call, |frame| match frame {
-            LeaseFrame::Stdout { data } => {
-                let mut o = std::io::stdout().lock();
-                let _ = o.write_all(data.as_bytes());
-                let _ = o.flush();
-            }
-            LeaseFrame::Stderr { data } => {
-                let mut e = std::io::stderr().lock();
-                let _ = e.write_all(data.as_bytes());
-                let _ = e.flush();
-            }
+            LeaseFrame::Stdout { data } => relay(std::io::stdout().lock(), data),
+            LeaseFrame::Stderr { data } => relay(std::io::stderr().lock(), data),
             _ => {}
         })
         .await?;
@@ -86,6 +78,12 @@ pub(super) async fn cmd_lease(
             Ok(exit_code)
         }
     }
+}
+
+/// Passes on what the leased command wrote, as it comes.
+fn relay(mut to: impl Write, data: &str) {
+    let _ = to.write_all(data.as_bytes());
+    let _ = to.flush();
 }
 
 /// `fk-agentd lease --local`: one lease through an in-process broker on the configured GPUs.
@@ -214,11 +212,8 @@ pub(super) async fn cmd_gpus(
     if opts.sanity {
         return cmd_sanity(inventory()?, opts.json).await;
     }
-    let live = match GpuClient::new(&home, &socket) {
-        Ok(client) => client.snapshot().await,
-        Err(e) => Err(e),
-    };
-    let (snap, daemon) = match live {
+    let live = async { GpuClient::new(&home, &socket)?.snapshot().await };
+    let (snap, daemon) = match live.await {
         Ok(s) => (s, true),
         Err(ControlError::NoDaemon { .. }) => {
             let config = Config::load(&super::flags(global, None), env, catalog)?;

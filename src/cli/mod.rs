@@ -278,19 +278,13 @@ fn check_json(report: &crate::llm::check::CheckReport) -> String {
 
 /// What a run's agents spent (with its pair), when the store can say.
 fn spent_of(home: &std::path::Path, run_id: &str) -> Option<crate::scheduler::budget::Spent> {
-    if !home.join("fk-agentd.db").exists() {
-        return None;
-    }
     let store = open_viewer_store(home).ok()?;
     crate::scheduler::budget::recorded_spend(&store, run_id, true).ok()
 }
 
 async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
-    let live = match ControlClient::new(home) {
-        Ok(client) => client.status().await,
-        Err(e) => Err(e),
-    };
-    let (mut value, text, run_id) = match live {
+    let live = async { ControlClient::new(home)?.status().await };
+    let (mut value, text, run_id) = match live.await {
         Ok(s) => (
             serde_json::json!({"running": true, "daemon": &s}),
             s.render(),

@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
 use super::emit;
 use crate::app::Home;
+use crate::captures::report;
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env};
 use crate::daemon::DaemonLock;
@@ -55,15 +56,12 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
         results_dir: var("FASTKERNELS_RESULTS_DIR"),
     };
     // Targets only the captures name are benchable in the simulation too.
-    let catalog = match &params.captures {
-        Some(dir) => match crate::captures::report::read_dir(dir) {
-            Ok(reports) => Catalog::embedded().with_targets(crate::captures::report::targets_of(
-                &crate::captures::report::coverage(&reports),
-            )),
-            Err(_) => Catalog::embedded(),
-        },
-        None => Catalog::embedded(),
-    };
+    let mut catalog = Catalog::embedded();
+    if let Some(dir) = &params.captures
+        && let Ok(reports) = report::read_dir(dir)
+    {
+        catalog = catalog.with_targets(report::targets_of(&report::coverage(&reports)));
+    }
     act(crate::sim::bench::run(&params, &catalog))
 }
 
@@ -101,8 +99,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     if let Some(dir) = &args.candidates {
         // Bad input is told before any GPU or folder is touched.
         crate::score::candidates::CandidateSet::scan(&crate::config::absolute(&env.cwd, dir))?;
-    }
-    if args.candidates.is_none() {
+    } else {
         // Before the lock would make the home.
         super::require_store(&config.home)?;
     }
@@ -128,7 +125,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             return score_sequential(config, env, args, &lock).await;
         }
     }
-    let (out, set_name, from_run) = match &args.candidates {
+    let (out, set_name, from_run, simulated) = match &args.candidates {
         Some(dir) => {
             let dir = crate::config::absolute(&env.cwd, dir);
             let name = folder_name(&dir);
@@ -138,7 +135,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
                 out.display()
             );
             say(args.json, &note);
-            (out, format!("{name}-ind"), None)
+            (out, format!("{name}-ind"), None, false)
         }
         None => {
             let store = super::open_existing_store(&config.home)?;
@@ -155,12 +152,11 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             (
                 run_dir,
                 format!("{}-ind", run.id),
-                Some((run.id, run.simulated)),
+                Some(run.id),
+                run.simulated,
             )
         }
     };
-    let simulated = from_run.as_ref().is_some_and(|(_, sim)| *sim);
-    let from_run = from_run.map(|(id, _)| id);
     let progress = StageProgress::new();
     let (driver, home, provider) =
         scoring_driver(config, env, &lock, simulated, (args.json, &progress)).await?;
@@ -430,7 +426,6 @@ impl StageProgress {
 
 /// `standalone: 8 benches`, `composed: 1 bench (one per level)`.
 fn stage_start_words(stage: Stage, benches: usize) -> String {
-    let plural = if benches == 1 { "" } else { "es" };
     let what = match stage {
         Stage::NoiseFloor => " (self-tests of the baseline)",
         Stage::Confirmation => " at most (repeats of the published winners)",
@@ -441,7 +436,7 @@ fn stage_start_words(stage: Stage, benches: usize) -> String {
     };
     let benches_words = match stage {
         Stage::Level(_) => format!("{benches} candidate{}", if benches == 1 { "" } else { "s" }),
-        _ => format!("{benches} bench{plural}"),
+        _ => format!("{benches} bench{}", if benches == 1 { "" } else { "es" }),
     };
     format!("{}: {benches_words}{what}", stage.name())
 }

@@ -33,7 +33,7 @@ pub fn only_text(text: &str, report: &ScoreReport, only: Option<OnlyArg>) -> Str
             stage = None;
         }
         let first = line.split_whitespace().next().unwrap_or("");
-        let hidden = stage
+        row_hidden = stage
             .and_then(|s| {
                 s.gate
                     .verdicts
@@ -41,8 +41,7 @@ pub fn only_text(text: &str, report: &ScoreReport, only: Option<OnlyArg>) -> Str
                     .find(|v| v.target.to_string() == first)
             })
             .is_some_and(|v| !keep(v.winner));
-        row_hidden = hidden;
-        if !hidden {
+        if !row_hidden {
             out.push_str(line);
             out.push('\n');
         }

@@ -20,11 +20,9 @@ use crate::target::{Catalog, TargetId};
 pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
     let store = open_viewer_store(home)?;
     let run_row = store.run(run)?;
-    let rows = match ControlClient::new(home) {
-        Ok(client) => match client.sessions(Some(&run_row.id)).await {
-            Ok(reply) => reply.sessions,
-            Err(_) => store.sessions(&run_row.id)?,
-        },
+    let live = async { ControlClient::new(home)?.sessions(Some(&run_row.id)).await };
+    let rows = match live.await {
+        Ok(reply) => reply.sessions,
         Err(_) => store.sessions(&run_row.id)?,
     };
     let events = store.events(&run_row.id, None, 0)?;
@@ -78,7 +76,9 @@ pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {
 
 /// `session TARGET` in all its forms.
 pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> Result<i32, Error> {
-    let (id, store, run_row) = open_session(home, &opts.target, opts.run.as_deref(), catalog)?;
+    let id = known_target(&opts.target, catalog)?;
+    let store = open_viewer_store(home)?;
+    let run_row = store.run(opts.run.as_deref())?;
     if opts.diff {
         return cmd_diff(home, &id, &run_row);
     }
@@ -125,16 +125,10 @@ fn session_cost(store: &Store, run_id: &str, events: &[Event]) -> String {
     for turn in events.iter().filter_map(Event::payload_as::<TurnFinished>) {
         usage.add(&crate::llm::Usage::from_turn(&turn.usage));
     }
+    let tokens = inspect::group(usage.total_tokens());
     match prices {
-        Some(p) => format!(
-            "${:.2} for {} tokens",
-            usage.cost_usd(&p),
-            inspect::group(usage.total_tokens())
-        ),
-        None => format!(
-            "unknown for {} tokens: the provider file has no [prices]",
-            inspect::group(usage.total_tokens())
-        ),
+        Some(p) => format!("${:.2} for {tokens} tokens", usage.cost_usd(&p)),
+        None => format!("unknown for {tokens} tokens: the provider file has no [prices]"),
     }
 }
 
@@ -292,19 +286,6 @@ fn paint_diff(text: &str, color: bool) -> String {
             format!("\x1b[{code}m{l}\x1b[0m\n")
         })
         .collect()
-}
-
-/// The target, the store and the run a `session` command reads.
-fn open_session(
-    home: &Path,
-    target: &str,
-    run: Option<&str>,
-    catalog: &Catalog,
-) -> Result<(TargetId, Store, RunRow), Error> {
-    let id = known_target(target, catalog)?;
-    let store = open_viewer_store(home)?;
-    let run_row = store.run(run)?;
-    Ok((id, store, run_row))
 }
 
 /// A target named on the command line, checked against the catalog.

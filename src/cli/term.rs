@@ -4,12 +4,11 @@ use std::io::IsTerminal;
 
 /// The width tables fit: the terminal's, else `COLUMNS`, else 120.
 pub fn stdout_width() -> usize {
-    if std::io::stdout().is_terminal() {
-        if let Ok(size) = rustix::termios::tcgetwinsize(std::io::stdout()) {
-            if size.ws_col > 0 {
-                return usize::from(size.ws_col);
-            }
-        }
+    if std::io::stdout().is_terminal()
+        && let Ok(size) = rustix::termios::tcgetwinsize(std::io::stdout())
+        && size.ws_col > 0
+    {
+        return usize::from(size.ws_col);
     }
     std::env::var("COLUMNS")
         .ok()

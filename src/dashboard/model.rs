@@ -9,32 +9,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 use super::DashboardState;
-use crate::event::{RunStarted, TurnFinished};
+use crate::event::{RunStarted, TurnFinished, TurnUsage};
+pub use crate::inspect::parse_at;
 use crate::inspect::{Outcome, Verdict};
 use crate::store::drains::DrainRow;
 use crate::store::leases::LeaseRow;
 use crate::store::{Event, RunRow, SessionRow, StoreError};
 
-/// Parses a stored RFC 3339 time.
-pub fn parse_at(s: &str) -> Option<OffsetDateTime> {
-    OffsetDateTime::parse(s, &Rfc3339).ok()
-}
-
 fn seconds_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
     (b - a).as_seconds_f64().max(0.0)
-}
-
-/// Token counts of a run's turns.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Tokens {
-    pub input: u64,
-    pub cached: u64,
-    pub output: u64,
-    pub reasoning: u64,
-    pub total: u64,
 }
 
 /// A run's events folded, in order. Events are append-only, so a tally is extended with the
@@ -42,7 +27,8 @@ pub struct Tokens {
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
     pub last_seq: i64,
-    pub tokens: Tokens,
+    /// Token counts summed over the run's turns (the cost is [`Tally::cost_usd`]).
+    pub tokens: TurnUsage,
     /// Sum of `usage.cost_usd` where turns recorded one (`None`: no turn was priced).
     pub cost_usd: Option<f64>,
     pub turns: u64,

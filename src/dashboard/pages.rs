@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use maud::{DOCTYPE, Markup, PreEscaped, html};
+use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 
 use super::DashboardState;
@@ -117,14 +117,8 @@ const PAGES: [(&str, &str); 4] = [
 ];
 
 /// The frame of every page: title, navigation, the SIMULATED banner, the run line.
-fn layout(
-    view: &RunView,
-    asked: Option<&str>,
-    active: &str,
-    title: &str,
-    body: Markup,
-) -> Html<String> {
-    let run = &view.run;
+fn layout(view: &RunView, q: &PageQuery, active: &str, title: &str, body: Markup) -> Response {
+    let (run, asked) = (&view.run, q.run.as_deref());
     let page = html! {
         (DOCTYPE)
         html lang="en" {
@@ -160,7 +154,7 @@ fn layout(
             }
         }
     };
-    Html(page.into_string())
+    Html(page.into_string()).into_response()
 }
 
 fn card(id: &str, label: &str, value: Markup, sub: Markup) -> Markup {
@@ -217,7 +211,7 @@ pub async fn overview(
             (view.tally.token_reloads) " token reloads" }
         p.meta { "started " (view.run.started_at) @if let Some(f) = &view.run.finished_at { " · finished " (f) } }
     };
-    Ok(layout(&view, q.run.as_deref(), "/", "Campaign overview", body).into_response())
+    Ok(layout(&view, &q, "/", "Campaign overview", body))
 }
 
 fn keep(line: &SessionLine, q: &PageQuery) -> bool {
@@ -293,7 +287,7 @@ pub async fn sessions(
             }
         }
     };
-    Ok(layout(&view, q.run.as_deref(), "/sessions", "Sessions", body).into_response())
+    Ok(layout(&view, &q, "/sessions", "Sessions", body))
 }
 
 /// `/leases`: the lease timeline and the leases that ended badly.
@@ -333,14 +327,7 @@ pub async fn leases(
             ul { @for d in &view.drains { li { code { (d.uuid) } " since " (d.since) ": " (d.reason) } } }
         }
     };
-    Ok(layout(
-        &view,
-        q.run.as_deref(),
-        "/leases",
-        "GPU lease timeline",
-        body,
-    )
-    .into_response())
+    Ok(layout(&view, &q, "/leases", "GPU lease timeline", body))
 }
 
 /// `/session?target=L1/gelu`: one session, live.
@@ -366,12 +353,11 @@ pub async fn session(
     let body = super::live::session_body(&view, &target, line.as_ref(), &events);
     Ok(layout(
         &view,
-        q.run.as_deref(),
+        &q,
         "/session",
         &format!("Session {target}"),
         body,
-    )
-    .into_response())
+    ))
 }
 
 /// `/scores`: standalone, composed and sequential tables, and the comparison chart.
@@ -383,12 +369,7 @@ pub async fn scores(
     let st = state.clone();
     let run = view.run.clone();
     let body = blocking(move || Ok(super::scores::scores_body(&st, &run))).await?;
-    Ok(layout(&view, q.run.as_deref(), "/scores", "Scores", body).into_response())
-}
-
-/// Marks a raw string as already-escaped markup (only for our own constant snippets).
-pub fn raw(s: &'static str) -> PreEscaped<&'static str> {
-    PreEscaped(s)
+    Ok(layout(&view, &q, "/scores", "Scores", body))
 }
 
 #[cfg(test)]

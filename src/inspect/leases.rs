@@ -10,9 +10,8 @@
 use serde::Serialize;
 use serde_json::Value;
 use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
-use super::view::{Entry, SessionView, Turn};
+use super::view::{Entry, SessionView, Turn, parse_at};
 use crate::store::leases::LeaseRow;
 
 /// One lease, as a session view shows it.
@@ -105,7 +104,7 @@ impl LeaseView {
             let until = row.finished_at.as_deref()?;
             super::view::seconds_between(&row.granted_at, until)
         });
-        let limit_s = parse(&row.granted_at).map(|t| {
+        let limit_s = parse_at(&row.granted_at).map(|t| {
             let granted_ms = (t.unix_timestamp_nanos() / 1_000_000) as i64;
             (row.deadline_unix_ms - granted_ms) as f64 / 1000.0
         });
@@ -125,12 +124,10 @@ impl LeaseView {
             self_test: row.argv.iter().any(|a| a == "--self-test"),
             notes: o["notes"]
                 .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|n| n.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default(),
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str().map(String::from))
+                .collect(),
         }
     }
 }
@@ -147,42 +144,33 @@ fn end_of(row: &LeaseRow, o: &Value) -> LeaseEnd {
     let killed = &o["killed_reason"];
     let text = |k: &str| killed[k].as_str().unwrap_or("?").to_string();
     match killed["kind"].as_str() {
-        Some("deadline") => return LeaseEnd::KilledAtDeadline,
-        Some("cancelled") => return LeaseEnd::Cancelled,
-        Some("daemon_restart") => return LeaseEnd::Reclaimed,
-        Some("gpu_fault") => {
-            return LeaseEnd::GpuFault {
-                gpu: text("uuid"),
-                detail: text("detail"),
-            };
-        }
-        Some("gpu_violation") => {
-            return LeaseEnd::GpuViolation {
-                gpu: text("uuid"),
-                pid: killed["pid"].as_u64().unwrap_or(0),
-            };
-        }
-        _ => {}
-    }
-    match (o["exit_code"].as_i64(), o["signal"].as_i64()) {
-        (Some(code), _) => LeaseEnd::Exited { code: code as i32 },
-        (None, Some(signal)) => LeaseEnd::Signalled {
-            signal: signal as i32,
+        Some("deadline") => LeaseEnd::KilledAtDeadline,
+        Some("cancelled") => LeaseEnd::Cancelled,
+        Some("daemon_restart") => LeaseEnd::Reclaimed,
+        Some("gpu_fault") => LeaseEnd::GpuFault {
+            gpu: text("uuid"),
+            detail: text("detail"),
         },
-        (None, None) => LeaseEnd::Unknown,
+        Some("gpu_violation") => LeaseEnd::GpuViolation {
+            gpu: text("uuid"),
+            pid: killed["pid"].as_u64().unwrap_or(0),
+        },
+        _ => match (o["exit_code"].as_i64(), o["signal"].as_i64()) {
+            (Some(code), _) => LeaseEnd::Exited { code: code as i32 },
+            (None, Some(signal)) => LeaseEnd::Signalled {
+                signal: signal as i32,
+            },
+            (None, None) => LeaseEnd::Unknown,
+        },
     }
-}
-
-fn parse(at: &str) -> Option<OffsetDateTime> {
-    OffsetDateTime::parse(at, &Rfc3339).ok()
 }
 
 /// When an entry happened, for ordering leases among entries.
 fn entry_time(e: &Entry) -> Option<OffsetDateTime> {
     match e {
-        Entry::Tool(c) => c.started_at.as_deref().and_then(parse),
-        Entry::Lease(l) => parse(&l.granted_at),
-        Entry::Note(n) => parse(&n.at),
+        Entry::Tool(c) => c.started_at.as_deref().and_then(parse_at),
+        Entry::Lease(l) => parse_at(&l.granted_at),
+        Entry::Note(n) => parse_at(&n.at),
         Entry::Reasoning { .. } | Entry::Message { .. } => None,
     }
 }
@@ -193,8 +181,8 @@ fn call_at(turns: &[Turn], t: OffsetDateTime) -> Option<(usize, usize)> {
     for (ti, turn) in turns.iter().enumerate() {
         for (ei, e) in turn.entries.iter().enumerate() {
             let Entry::Tool(c) = e else { continue };
-            let started = c.started_at.as_deref().and_then(parse);
-            let finished = c.finished_at.as_deref().and_then(parse);
+            let started = c.started_at.as_deref().and_then(parse_at);
+            let finished = c.finished_at.as_deref().and_then(parse_at);
             if started.is_some_and(|s| s <= t) && finished.is_none_or(|f| f >= t) {
                 found = Some((ti, ei));
             }
@@ -226,7 +214,7 @@ impl SessionView {
         let mut views: Vec<LeaseView> = rows.iter().map(LeaseView::from_row).collect();
         views.sort_by(|a, b| a.granted_at.cmp(&b.granted_at));
         for mut lease in views {
-            let Some(t) = parse(&lease.granted_at) else {
+            let Some(t) = parse_at(&lease.granted_at) else {
                 self.leases.push(lease);
                 continue;
             };
@@ -238,7 +226,7 @@ impl SessionView {
                     (ti, ei + 1)
                 }
                 None => {
-                    let answered = |turn: &Turn| turn.at.as_deref().and_then(parse) <= Some(t);
+                    let answered = |turn: &Turn| turn.at.as_deref().and_then(parse_at) <= Some(t);
                     let Some(ti) = self.turns.iter().rposition(answered) else {
                         self.leases.push(lease);
                         continue;

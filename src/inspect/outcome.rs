@@ -312,16 +312,9 @@ fn verdict_of(call: &ValidateCall) -> Verdict {
 fn failing_category(reason: &str) -> Option<LossReason> {
     reason
         .split(',')
-        .filter_map(|part| {
-            let word = part.split_whitespace().next()?;
-            let is_status =
-                !word.is_empty() && word.chars().all(|c| c.is_ascii_uppercase() || c == '_');
-            if is_status {
-                LossReason::of_status(word)
-            } else {
-                None
-            }
-        })
+        .filter_map(|part| part.split_whitespace().next())
+        .filter(|word| word.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .filter_map(LossReason::of_status)
         .min()
 }
 

@@ -4,8 +4,6 @@
 //! Invariants: pure (options in, text out); colour codes only when [`RenderOptions::color`]
 //! says so; the default view shows heads and tails of long outputs, `full` shows every line.
 
-use serde_json::Value;
-
 use super::leases::LeaseEnd;
 use super::outcome::SessionEnd;
 use super::render_end::{footer, lease};
@@ -82,8 +80,7 @@ impl Out<'_> {
             "… {} more lines (--transcript shows them) …",
             lines.len() - HEAD - TAIL
         );
-        let skipped = self.paint(&skipped, DIM);
-        self.push(format!("{indent}{bar} {skipped}"));
+        self.push(format!("{indent}{bar} {}", self.paint(&skipped, DIM)));
         lines[lines.len() - TAIL..]
             .iter()
             .for_each(|l| show(l, self));
@@ -134,8 +131,7 @@ fn header(out: &mut Out<'_>, view: &SessionView) {
         Some(run) => format!("session {target} in run {run}"),
         None => format!("session {target}"),
     };
-    let title = out.paint(&title, BOLD);
-    out.push(title);
+    out.push(out.paint(&title, BOLD));
     let started = view.started_at.as_deref().unwrap_or("not started");
     let prompt = match (&view.prompt_sha256, &view.prompt) {
         (Some(sha), Some(p)) => format!(
@@ -153,12 +149,12 @@ fn header(out: &mut Out<'_>, view: &SessionView) {
     for l in &view.leases {
         lease(out, l);
     }
-    if out.o.full {
-        if let Some(p) = &view.prompt {
-            out.push(String::new());
-            out.push(out.paint("prompt:", BOLD));
-            out.body(p, "  ");
-        }
+    if out.o.full
+        && let Some(p) = &view.prompt
+    {
+        out.push(String::new());
+        out.push(out.paint("prompt:", BOLD));
+        out.body(p, "  ");
     }
 }
 
@@ -167,8 +163,7 @@ fn turn_block(out: &mut Out<'_>, turn: &Turn) {
     if let Some(at) = &turn.at {
         head.push_str(&format!(" · {}", time_of_day(at)));
     }
-    let head = out.paint(&head, BOLD);
-    let mut parts = vec![head];
+    let mut parts = vec![out.paint(&head, BOLD)];
     if let Some(u) = &turn.usage {
         let mut tokens = format!("{} in", group(u.input));
         if u.cached > 0 {
@@ -188,15 +183,13 @@ fn turn_block(out: &mut Out<'_>, turn: &Turn) {
     for entry in &turn.entries {
         match entry {
             Entry::Reasoning { summary } => {
-                let tokens = turn.usage.as_ref().map(|u| u.reasoning);
-                let tag = match tokens {
+                let tag = match turn.usage.as_ref().map(|u| u.reasoning) {
                     Some(n) if !reasoning_told => format!("[reasoning: {} tokens]", group(n)),
                     _ => "[reasoning]".to_string(),
                 };
                 reasoning_told = true;
-                let tag = out.paint(&tag, DIM);
-                let text = summary.join(" ");
-                out.push(format!("  {tag} {text}").trim_end().to_string());
+                let line = format!("  {} {}", out.paint(&tag, DIM), summary.join(" "));
+                out.push(line.trim_end().to_string());
             }
             Entry::Message { text } => {
                 out.push("  model says:".into());
@@ -345,7 +338,7 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             error_output(out, call);
         }
         ToolDetail::Other => {
-            let args = compact_args(&call.arguments);
+            let args = clip(&call.arguments.to_string(), 120);
             headline(out, call, format!("  {} {args}", call.name));
             output(out, call);
         }
@@ -361,10 +354,10 @@ fn headline(out: &mut Out<'_>, call: &ToolCall, line: String) {
 /// A call's line; in the full view its argument `key` as the body; its error output.
 fn with_arg_body(out: &mut Out<'_>, call: &ToolCall, line: String, key: &str) {
     headline(out, call, line);
-    if out.o.full {
-        if let Some(body) = call.arguments[key].as_str() {
-            out.body(body, "    ");
-        }
+    if out.o.full
+        && let Some(body) = call.arguments[key].as_str()
+    {
+        out.body(body, "    ");
     }
     error_output(out, call);
 }
@@ -452,10 +445,6 @@ fn first_line_and_more(cmd: &str) -> String {
     } else {
         format!("{first}  [+{more} lines]")
     }
-}
-
-fn compact_args(args: &Value) -> String {
-    clip(&args.to_string(), 120)
 }
 
 /// At most `n` characters, with `…` when cut.

@@ -154,8 +154,7 @@ fn patch_files(patch: &str) -> Vec<(String, String)> {
 fn validate(out: &str) -> ToolDetail {
     let body = out
         .split_once("\n\n\nreward-hack screen findings")
-        .map(|(b, _)| b)
-        .unwrap_or(out);
+        .map_or(out, |(b, _)| b);
     let (mut rows, mut notes, mut verdict) = (Vec::new(), Vec::new(), None);
     for line in body.lines().filter(|l| !l.trim().is_empty()) {
         if let Some(v) = line.strip_prefix("verdict: ") {

@@ -8,13 +8,15 @@
 
 use serde::Serialize;
 use serde_json::Value;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use super::leases::LeaseView;
 use super::outcome::Outcome;
 use super::tools::{ToolDetail, detail_of};
 use crate::event::{
     Elapsed, Kind, ModelItem, SessionResult, StatusWord, TaskFinished, ToolFinished, ToolStarted,
-    TurnFinished, UserMessage,
+    TurnFinished, TurnUsage, UserMessage,
 };
 use crate::store::Event;
 
@@ -48,22 +50,13 @@ pub struct Turn {
     pub at: Option<String>,
     /// From the previous recorded event to the turn's answer.
     pub latency_s: Option<f64>,
-    pub usage: Option<Usage>,
+    /// Its token counts (without `cost_usd`: the view shows tokens, not prices).
+    pub usage: Option<TurnUsage>,
     /// Requests it took (1 when nothing was retried).
     pub attempts: u32,
     pub entries: Vec<Entry>,
     /// Whether `turn_finished` was seen (a turn still streaming is not settled).
     pub settled: bool,
-}
-
-/// Token counts of one turn.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Usage {
-    pub input: u64,
-    pub cached: u64,
-    pub output: u64,
-    pub reasoning: u64,
-    pub total: u64,
 }
 
 /// What happened inside a turn, in order.
@@ -153,13 +146,14 @@ pub fn transcript_events(text: &str, target: Option<&str>) -> Vec<Event> {
         .collect()
 }
 
+/// Parses a stored RFC 3339 time.
+pub fn parse_at(s: &str) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(s, &Rfc3339).ok()
+}
+
 /// Seconds between two RFC 3339 times, when both parse.
 pub(crate) fn seconds_between(from: &str, to: &str) -> Option<f64> {
-    use time::OffsetDateTime;
-    use time::format_description::well_known::Rfc3339;
-    let a = OffsetDateTime::parse(from, &Rfc3339).ok()?;
-    let b = OffsetDateTime::parse(to, &Rfc3339).ok()?;
-    Some((b - a).as_seconds_f64())
+    Some((parse_at(to)? - parse_at(from)?).as_seconds_f64())
 }
 
 #[derive(Default)]
@@ -210,11 +204,7 @@ impl Builder {
             Kind::TaskFinished(t) => self.task_finished(e, &t),
             // The scheduler's bookkeeping says nothing the session's own events do not.
             Kind::TaskSubmitted(_) => {}
-            _ => {
-                if let Some(note) = note_of(e) {
-                    self.note(note);
-                }
-            }
+            _ => self.note(note_of(e)),
         }
         if e.kind != "model_item" {
             self.last_at = Some(e.at.clone());
@@ -246,8 +236,7 @@ impl Builder {
     }
 
     fn current_turn(&mut self, n: u32, at: &str) -> &mut Turn {
-        let is_new = self.turns.last().is_none_or(|t| t.n != n);
-        if is_new {
+        if self.turns.last().is_none_or(|t| t.n != n) {
             let mut turn = Turn {
                 n,
                 at: Some(at.to_string()),
@@ -268,12 +257,10 @@ impl Builder {
             "reasoning" => Entry::Reasoning {
                 summary: item["summary"]
                     .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|s| s["text"].as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s["text"].as_str().map(str::to_string))
+                    .collect(),
             },
             "function_call" => Entry::Tool(Box::new(new_call(item, None))),
             "message" => Entry::Message {
@@ -290,13 +277,9 @@ impl Builder {
 
     fn turn_finished(&mut self, e: &Event, t: &TurnFinished) {
         let turn = self.current_turn(t.turn, &e.at);
-        let u = &t.usage;
-        turn.usage = Some(Usage {
-            input: u.input,
-            cached: u.cached,
-            output: u.output,
-            reasoning: u.reasoning,
-            total: u.total,
+        turn.usage = Some(TurnUsage {
+            cost_usd: None,
+            ..t.usage
         });
         turn.attempts = t.attempts;
         turn.at = Some(e.at.clone());
@@ -311,12 +294,8 @@ impl Builder {
     fn open_call(&mut self, id: Option<&str>) -> Option<&mut ToolCall> {
         let turn = self.turns.last_mut()?;
         turn.entries.iter_mut().rev().find_map(|e| match e {
-            Entry::Tool(c) if id.is_none_or(|id| c.call_id == id) => {
-                if id.is_some() || c.output.is_none() {
-                    Some(c.as_mut())
-                } else {
-                    None
-                }
+            Entry::Tool(c) if id.map_or(c.output.is_none(), |id| c.call_id == id) => {
+                Some(c.as_mut())
             }
             _ => None,
         })
@@ -366,28 +345,20 @@ impl Builder {
         let Some(call) = call else {
             return;
         };
-        let output = t.output;
         call.finished_at = Some(e.at.clone());
         call.elapsed_s = call
             .started_at
             .as_deref()
             .and_then(|s| seconds_between(s, &e.at));
         call.is_error = t.is_error;
-        call.detail = detail_of(&call.name, &call.arguments, Some(&output));
-        call.output = Some(output);
+        call.detail = detail_of(&call.name, &call.arguments, Some(&t.output));
+        call.output = Some(t.output);
     }
 
     fn task_finished(&mut self, e: &Event, t: &TaskFinished) {
-        let status = t.status.word();
-        match &mut self.end {
-            // The scheduler's status is the final word (a timeout is only known there).
-            Some(end) => end.status = status,
-            None => {
-                let mut detail = end_detail(&e.at, &t.result);
-                detail.status = status;
-                self.end = Some(detail);
-            }
-        }
+        // The scheduler's status is the final word (a timeout is only known there).
+        let end = self.end.get_or_insert_with(|| end_detail(&e.at, &t.result));
+        end.status = t.status.word();
     }
 
     fn finish(mut self, events: &[Event]) -> SessionView {
@@ -470,13 +441,12 @@ fn secs_of_ms(v: &Value) -> String {
 }
 
 /// The note for an event the session records around its turns.
-fn note_of(e: &Event) -> Option<Note> {
-    let text = typed_note(e).unwrap_or_else(|| untyped_note(e));
-    Some(Note {
+fn note_of(e: &Event) -> Note {
+    Note {
         at: e.at.clone(),
         kind: e.kind.clone(),
-        text,
-    })
+        text: typed_note(e).unwrap_or_else(|| untyped_note(e)),
+    }
 }
 
 /// The note of a typed kind.
@@ -547,12 +517,7 @@ fn untyped_note(e: &Event) -> String {
 fn short_json(p: &Value) -> String {
     let mut v = p.clone();
     super::tools::strip_encrypted(&mut v);
-    let text = v.to_string();
-    if text.chars().count() > 160 {
-        text.chars().take(159).collect::<String>() + "…"
-    } else {
-        text
-    }
+    super::render::clip(&v.to_string(), 160)
 }
 
 #[cfg(test)]
