@@ -1,41 +1,40 @@
 //! Pure renderers: data in, text out. Tables for humans; JSON comes from serde directly.
 //! Nothing here reads files, the clock or the environment, so every renderer is snapshot-tested.
 
-use std::fmt::Write;
-
 use std::collections::BTreeMap;
+use std::fmt::Write;
 
 use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
 use crate::store::{RunRow, SessionRow};
 
-/// A plain text table with left-aligned columns separated by two spaces.
-pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+/// The width of each header column: its widest cell, in characters.
+fn widths(header: &[&str], rows: &[Vec<String>]) -> Vec<usize> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            if i < widths.len() {
-                widths[i] = widths[i].max(cell.chars().count());
-            }
+        for (i, cell) in row.iter().enumerate().take(widths.len()) {
+            widths[i] = widths[i].max(cell.chars().count());
         }
     }
+    widths
+}
+
+/// A plain text table with left-aligned columns separated by two spaces.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let widths = widths(header, rows);
+    let rows = rows.iter().map(|r| r.iter().map(String::as_str).collect());
     let mut out = String::new();
-    let line = |cells: Vec<&str>, out: &mut String| {
+    for cells in std::iter::once(header.to_vec()).chain(rows) {
         let mut text = String::new();
         for (i, cell) in cells.iter().enumerate() {
             if i + 1 == cells.len() {
                 text.push_str(cell);
             } else {
-                let pad = widths[i].saturating_sub(cell.chars().count());
-                text.push_str(cell);
-                text.push_str(&" ".repeat(pad + 2));
+                // `{:<w$}` pads by characters, as the widths count them.
+                let _ = write!(text, "{cell:<w$}  ", w = widths[i]);
             }
         }
         out.push_str(text.trim_end());
         out.push('\n');
-    };
-    line(header.to_vec(), &mut out);
-    for row in rows {
-        line(row.iter().map(String::as_str).collect(), &mut out);
     }
     out
 }
@@ -136,8 +135,7 @@ pub fn sessions_table(
     } else {
         &[(0, 14), (2, 12)]
     };
-    let lines = fit_table(&header, &body, opts.width, shrink);
-    let mut lines = lines.into_iter();
+    let mut lines = fit_table(&header, &body, opts.width, shrink).into_iter();
     if let Some(h) = lines.next() {
         out.push_str(&h);
         out.push('\n');
@@ -275,12 +273,7 @@ pub fn fit_table(
     width: usize,
     shrink: &[(usize, usize)],
 ) -> Vec<String> {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate().take(widths.len()) {
-            widths[i] = widths[i].max(cell.chars().count());
-        }
-    }
+    let mut widths = widths(header, rows);
     let total = |w: &[usize]| w.iter().sum::<usize>() + 2 * w.len().saturating_sub(1);
     for &(col, min) in shrink.iter().rev() {
         let over = total(&widths).saturating_sub(width);

@@ -120,11 +120,11 @@ impl RunJournal {
             simulated: new.simulated,
         };
         // `create_dir` fails if the directory exists, so an existing run is never reused.
-        let (run_id, _dir) = loop {
+        let run_id = loop {
             let id = new_run_id(&parts, time::OffsetDateTime::now_utc());
             let dir = runs.join(&id);
             match std::fs::create_dir(&dir) {
-                Ok(()) => break (id, dir.clone()),
+                Ok(()) => break id,
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(source) => return Err(RunError::Io { path: dir, source }),
             }

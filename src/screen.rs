@@ -226,13 +226,18 @@ fn timer_patch(line: &str, add: &mut impl FnMut(&'static str, String)) {
     }
 }
 
+/// The target's own baseline module: `fastkernels.tasks.baseline.L<n>.<stem>`.
+fn baseline_module(target: &TargetId) -> String {
+    format!(
+        "fastkernels.tasks.baseline.L{}.{}",
+        target.level(),
+        target.stem()
+    )
+}
+
 /// Names this file imports from its own target's baseline module.
 fn baseline_imports(lines: &[&str], ctx: &ScreenContext) -> Vec<String> {
-    let module = format!(
-        "fastkernels.tasks.baseline.L{}.{}",
-        ctx.target.level(),
-        ctx.target.stem()
-    );
+    let module = baseline_module(&ctx.target);
     let mut names = Vec::new();
     for line in lines {
         let t = line.trim();
@@ -266,11 +271,8 @@ fn baseline_fallback(
     add: &mut impl FnMut(&'static str, String),
 ) {
     let t = line.trim();
-    let imports_own = t.contains(&format!(
-        "fastkernels.tasks.baseline.L{}.{}",
-        ctx.target.level(),
-        ctx.target.stem()
-    )) && (t.starts_with("from ") || t.starts_with("import "));
+    let imports_own = t.contains(&baseline_module(&ctx.target))
+        && (t.starts_with("from ") || t.starts_with("import "));
     if imports_own && !has_forward {
         add(
             "baseline-fallback",

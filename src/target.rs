@@ -298,11 +298,8 @@ impl Catalog {
         if item.contains('/') {
             let id: TargetId = item.parse()?;
             return match self.get(&id) {
-                Some(t) => Ok(vec![t.id.clone()]),
-                None => Err(TargetError::UnknownTarget {
-                    value: item.to_string(),
-                    nearest: self.nearest(item),
-                }),
+                Some(_) => Ok(vec![id]),
+                None => Err(self.unknown(item)),
             };
         }
         let (lo, hi) = match item.split_once('-') {
@@ -343,10 +340,7 @@ impl Catalog {
             && word.starts_with(['L', 'l'])
             && word[1..].chars().all(|c| c.is_ascii_digit());
         if !is_level_word {
-            return Err(TargetError::UnknownTarget {
-                value: item.to_string(),
-                nearest: self.nearest(item),
-            });
+            return Err(self.unknown(item));
         }
         match word[1..].parse::<u8>() {
             Ok(n) if known.contains(&n) => Ok(n),
@@ -354,6 +348,14 @@ impl Catalog {
                 value: item.to_string(),
                 known: known_text,
             }),
+        }
+    }
+
+    /// `item` names no known target: the error, with the nearest ids.
+    fn unknown(&self, item: &str) -> TargetError {
+        TargetError::UnknownTarget {
+            value: item.to_string(),
+            nearest: self.nearest(item),
         }
     }
 

@@ -21,6 +21,7 @@ use crate::error::Error;
 use crate::facts::{RunStartFacts, SystemFacts};
 use crate::gpu::LeaseClass;
 use crate::harness::import_check::ImportCheck;
+use crate::harness::patches::PreparedHarness;
 use crate::llm::{LlmClient, TokenProvider};
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::sim::faults::{SIM_FAULTS_ENV, SIM_TOKEN_FILE_ENV, SimChaos};
@@ -46,10 +47,10 @@ impl Campaign {
         let path = self.home.config.home.join("sim-faults.json");
         let report = self.home.run_campaign(self.run, shutdown).await;
         if let Some((server, chaos)) = self.server {
-            if chaos != SimChaos::default() {
-                if let Err(e) = crate::score::stage::write_json(&path, &server.fault_report()) {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot write the fault report");
-                }
+            if chaos != SimChaos::default()
+                && let Err(e) = crate::score::stage::write_json(&path, &server.fault_report())
+            {
+                tracing::warn!(path = %path.display(), error = %e, "cannot write the fault report");
             }
             server.shutdown().await;
         }
@@ -57,13 +58,41 @@ impl Campaign {
     }
 }
 
+/// What the real campaign and the simulation each prepare, for [`prepare`] to assemble.
+struct Parts {
+    home: Home,
+    runner: AgentRunnerParams,
+    /// What the run records of its provider and harness (host facts).
+    provider: ProviderConfig,
+    harness: Option<PreparedHarness>,
+    /// The bench of the campaign's own scoring.
+    scoring: DriverParams,
+    server: Option<(SimServer, SimChaos)>,
+}
+
 /// Prepares `config`'s campaign (the simulation when `config.sim`), a new run or `resume`.
 pub async fn prepare(config: Config, env: &Env, resume: Option<String>) -> Result<Campaign, Error> {
-    if config.sim {
-        simulated(config, env, resume).await
+    let parts = if config.sim {
+        simulated(config, env).await?
     } else {
-        real(config, env, resume).await
-    }
+        real(config, env).await?
+    };
+    let runner = crate::agent::codex::runner_for(&parts.home.config, parts.runner).await?;
+    let run = Run {
+        resume,
+        facts: Some(RunStartFacts {
+            source: Arc::new(SystemFacts),
+            provider: Some(parts.provider),
+            harness: parts.harness,
+        }),
+        bench: Some(parts.home.scoring_driver(parts.scoring).await?),
+        ..Run::new(runner)
+    };
+    Ok(Campaign {
+        home: parts.home,
+        run,
+        server: parts.server,
+    })
 }
 
 /// `max_cost_usd` is enforced with the provider's prices: refuse the cap without them rather
@@ -89,11 +118,7 @@ pub(super) fn this_binary() -> Result<std::path::PathBuf, Error> {
         .map_err(|e| Error::Usage(format!("cannot find the fk-agentd binary: {e}")))
 }
 
-async fn simulated(
-    mut config: Config,
-    env: &Env,
-    resume: Option<String>,
-) -> Result<Campaign, Error> {
+async fn simulated(mut config: Config, env: &Env) -> Result<Parts, Error> {
     let params = SimParams {
         exe: this_binary()?,
         seed: SIM_SEED,
@@ -102,9 +127,9 @@ async fn simulated(
         chaos: sim_chaos()?,
     };
     require_prices(&config)?;
-    let path_var = std::env::var("PATH").ok();
     // The provider the agents reach; the server's address is not known yet, nor needed here.
     let provider = sim_provider("http://127.0.0.1/v1");
+    let path_var = std::env::var("PATH").ok();
     crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
     let home = Home::open(config, env, Holder::Daemon).await?;
     let server = crate::sim::setup::start_server(&params)
@@ -112,24 +137,12 @@ async fn simulated(
         .map_err(|e| {
             DaemonError::Control(format!("cannot start the simulated Responses server: {e}"))
         })?;
-    let parts = sim_runner_params(&home, &server.base_url, &params).await?;
-    let runner = crate::agent::codex::runner_for(&home.config, parts).await?;
-    let run = Run {
-        resume,
-        facts: Some(RunStartFacts {
-            source: Arc::new(SystemFacts),
-            provider: Some(sim_provider(&server.base_url)),
-            harness: None,
-        }),
-        bench: Some(
-            home.scoring_driver(sim_bench_params(&home.config, &params))
-                .await?,
-        ),
-        ..Run::new(runner)
-    };
-    Ok(Campaign {
+    Ok(Parts {
+        runner: sim_runner_params(&home, &server.base_url, &params).await?,
+        provider: sim_provider(&server.base_url),
+        harness: None,
+        scoring: sim_bench_params(&home.config, &params),
         home,
-        run,
         server: Some((server, params.chaos)),
     })
 }
@@ -218,7 +231,7 @@ pub async fn sim_runner_params(
     })
 }
 
-async fn real(mut config: Config, env: &Env, resume: Option<String>) -> Result<Campaign, Error> {
+async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
     let provider = ProviderConfig::load(&config.provider, &config.home, env)?;
     config.prices = provider.prices.clone();
     require_prices(&config)?;
@@ -266,7 +279,7 @@ async fn real(mut config: Config, env: &Env, resume: Option<String>) -> Result<C
     };
     let launcher = home.launcher(LeaseClass::Validate, "agents");
     let driver = BenchDriver::new(bench.clone(), launcher).await?;
-    let parts = AgentRunnerParams {
+    let runner = AgentRunnerParams {
         llm: llm.clone(),
         catalog: config.catalog.clone(),
         baseline_root: prepared.copy.join("fastkernels/tasks/baseline"),
@@ -287,26 +300,15 @@ async fn real(mut config: Config, env: &Env, resume: Option<String>) -> Result<C
         },
         lease_access: Some(home.lease_access()),
     };
-    let runner = crate::agent::codex::runner_for(config, parts).await?;
-    let run = Run {
-        resume,
-        facts: Some(RunStartFacts {
-            source: Arc::new(SystemFacts),
-            provider: Some(llm.provider().clone()),
-            harness: Some(prepared),
-        }),
-        bench: Some(
-            home.scoring_driver(DriverParams {
-                parallel: 8,
-                ..bench
-            })
-            .await?,
-        ),
-        ..Run::new(runner)
-    };
-    Ok(Campaign {
+    Ok(Parts {
+        runner,
+        provider: llm.provider().clone(),
+        harness: Some(prepared),
+        scoring: DriverParams {
+            parallel: 8,
+            ..bench
+        },
         home,
-        run,
         server: None,
     })
 }

@@ -69,13 +69,7 @@ pub(super) fn validate(
             }
             (GpuDevices::Uuids { uuids }, SettingSource::File)
         }
-        Some(other) => {
-            return Err(ConfigError::new(
-                key,
-                other.to_string(),
-                "\"nvml\", \"fake:N\" or a list of GPU UUIDs",
-            ));
-        }
+        Some(other) => return Err(ConfigError::new(key, other.to_string(), DEVICES)),
     };
     // The simulation's fake GPUs replace the setting, which was checked all the same.
     let (devices, source) = if sim {
@@ -83,22 +77,25 @@ pub(super) fn validate(
     } else {
         (devices, source)
     };
-    settings.insert(key.into(), (describe_devices(&devices), source));
+    super::record(settings, key, describe_devices(&devices), source);
     let mut cap = |k: &str, v: Option<i64>, default: i64| {
         let (v, source) = super::layered(None, v, || default);
         super::record(settings, k, v, source);
         parse_count(k, &v.to_string(), 1, 64)
     };
-    let ncu = cap("gpus.ncu_cap", raw.ncu_cap, 1)?;
-    let nsys = cap("gpus.nsys_cap", raw.nsys_cap, 2)?;
+    let ncu_cap = cap("gpus.ncu_cap", raw.ncu_cap, 1)?;
+    let nsys_cap = cap("gpus.nsys_cap", raw.nsys_cap, 2)?;
     let cgroup_root = cgroup_root(raw.cgroup_root, settings)?;
     Ok(GpuSettings {
         devices,
-        ncu_cap: ncu,
-        nsys_cap: nsys,
+        ncu_cap,
+        nsys_cap,
         cgroup_root,
     })
 }
+
+/// What `gpus.devices` may be.
+const DEVICES: &str = "\"nvml\", \"fake:N\" or a list of GPU UUIDs";
 
 fn parse_devices(key: &str, s: &str) -> Result<GpuDevices, ConfigError> {
     if s == "nvml" {
@@ -110,11 +107,7 @@ fn parse_devices(key: &str, s: &str) -> Result<GpuDevices, ConfigError> {
             _ => Err(ConfigError::new(key, s, "\"fake:N\" with N from 1 to 64")),
         };
     }
-    Err(ConfigError::new(
-        key,
-        s,
-        "\"nvml\", \"fake:N\" or a list of GPU UUIDs",
-    ))
+    Err(ConfigError::new(key, s, DEVICES))
 }
 
 /// A one-line description of a device setting, e.g. `fake:8`.

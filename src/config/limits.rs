@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{ConfigError, SettingSource};
+use super::{ConfigError, SettingMap, SettingSource};
 
 /// Turns a session may take when `max_turns` is not set.
 pub const DEFAULT_MAX_TURNS: u32 = 200;
@@ -38,10 +38,8 @@ pub struct RawLimits {
     pub max_turns: Option<i64>,
 }
 
-type Settings = std::collections::BTreeMap<String, (String, SettingSource)>;
-
 /// Checks the limits and records them among the settings the manifest lists.
-pub fn parse(raw: RawLimits, settings: &mut Settings) -> Result<CampaignLimits, ConfigError> {
+pub fn parse(raw: RawLimits, settings: &mut SettingMap) -> Result<CampaignLimits, ConfigError> {
     let max_tokens = match raw.max_tokens {
         Some(n) if n < 1 => {
             return Err(ConfigError::new(
@@ -98,7 +96,7 @@ mod tests {
 
     #[test]
     fn limits_default_to_no_cap_and_200_turns() {
-        let mut settings = Settings::new();
+        let mut settings = SettingMap::new();
         assert_eq!(
             parse(RawLimits::default(), &mut settings).unwrap(),
             CampaignLimits::default()
@@ -108,7 +106,7 @@ mod tests {
 
     #[test]
     fn bad_limits_name_their_key_and_value() {
-        let mut settings = Settings::new();
+        let mut settings = SettingMap::new();
         let bad = [
             (
                 RawLimits {

@@ -543,7 +543,7 @@ impl Config {
             ConfigError::because("campaign.targets (--targets)", &targets_spec, e.to_string())
         })?;
         if flags.sim {
-            settings.insert("sim".into(), ("true".into(), SettingSource::Flag));
+            record(&mut settings, "sim", "true", SettingSource::Flag);
         }
         // Not in `settings`: where a viewer listens is no fact of the campaign's results.
         let listen = raw.dashboard.listen;
@@ -552,24 +552,18 @@ impl Config {
             listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN),
         )?;
         let screen_waive = raw.screen.waive.unwrap_or_default();
-        for rule in &screen_waive {
-            if !crate::screen::RULES.contains(&rule.as_str()) {
-                return Err(ConfigError::new(
-                    "screen.waive",
-                    rule,
-                    format!("rule ids among {}", crate::screen::RULES.join(", ")),
-                ));
-            }
+        let rules = crate::screen::RULES;
+        if let Some(rule) = screen_waive.iter().find(|r| !rules.contains(&r.as_str())) {
+            let expected = format!("rule ids among {}", rules.join(", "));
+            return Err(ConfigError::new("screen.waive", rule, expected));
         }
         let source = if screen_waive.is_empty() {
             SettingSource::Default
         } else {
             SettingSource::File
         };
-        settings.insert(
-            "screen.waive".into(),
-            (format!("[{}]", screen_waive.join(", ")), source),
-        );
+        let waived = format!("[{}]", screen_waive.join(", "));
+        record(&mut settings, "screen.waive", waived, source);
         let gate = score_gate(flags, &raw.score, &mut settings)?;
         let agent = agent::validate(raw.agent, flags.agent_backend.clone(), env, &mut settings)?;
         let limits = limits::parse(raw_limits, &mut settings)?;
@@ -675,24 +669,14 @@ fn read_config_file(
 
 /// A TOML error that names the file, the line and its text (which holds the key).
 pub(crate) fn toml_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
-    let (line_no, line) = match e.span() {
-        Some(span) => {
-            let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            (
-                line_no,
-                text.lines()
-                    .nth(line_no - 1)
-                    .unwrap_or("")
-                    .trim()
-                    .to_string(),
-            )
-        }
-        None => (0, String::new()),
-    };
+    let (line_no, line) = e.span().map_or((0, ""), |span| {
+        let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+        (line_no, text.lines().nth(line_no - 1).unwrap_or("").trim())
+    });
     ConfigError::because(
         format!("{} line {line_no}", path.display()),
         line,
-        e.message().to_string(),
+        e.message(),
     )
 }
 
@@ -780,7 +764,7 @@ fn validate_fastkernels(
     };
     let shown = dir.clone().unwrap_or_else(|| "(not set)".into());
     record(settings, "fastkernels.dir", shown, source);
-    let command = match raw.command {
+    let (command, source) = match raw.command {
         Some(c) if c.is_empty() || c.iter().any(|w| w.is_empty()) => {
             return Err(ConfigError::new(
                 "fastkernels.command",
@@ -788,26 +772,13 @@ fn validate_fastkernels(
                 "a non-empty argv prefix such as [\"python3\", \"-m\", \"fastkernels\"]",
             ));
         }
-        Some(c) => {
-            record(
-                settings,
-                "fastkernels.command",
-                c.join(" "),
-                SettingSource::File,
-            );
-            c
-        }
+        Some(c) => (c, SettingSource::File),
         None => {
-            let c: Vec<String> = ["python3", "-m", "fastkernels"].map(String::from).to_vec();
-            record(
-                settings,
-                "fastkernels.command",
-                c.join(" "),
-                SettingSource::Default,
-            );
-            c
+            let c = ["python3", "-m", "fastkernels"].map(String::from).to_vec();
+            (c, SettingSource::Default)
         }
     };
+    record(settings, "fastkernels.command", command.join(" "), source);
     Ok((dir.map(|d| expand_tilde(&d, env)), command))
 }
 

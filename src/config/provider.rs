@@ -51,18 +51,11 @@ pub enum TokenSource {
     /// A command whose trimmed stdout is the token, cached for `refresh`.
     Command {
         argv: Vec<String>,
-        #[serde(with = "duration_text")]
+        #[serde(serialize_with = "super::ser_duration")]
         refresh: Duration,
     },
     /// A literal token handed in by the embedded simulation only; never from a file.
     Sim,
-}
-
-mod duration_text {
-    use std::time::Duration;
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&super::super::format_duration(*d))
-    }
 }
 
 /// What holds a provider's token, kept from every child fk-agentd starts: the variable is
@@ -79,7 +72,7 @@ pub struct Limits {
     pub requests_per_minute: u32,
     pub tokens_per_minute: u32,
     pub max_retries: u32,
-    #[serde(with = "duration_text")]
+    #[serde(serialize_with = "super::ser_duration")]
     pub stream_idle_timeout: Duration,
     pub context_window: u64,
 }
@@ -173,7 +166,7 @@ impl ProviderConfig {
         env: &Env,
     ) -> Result<(String, String, String), ConfigError> {
         let looks_like_path = choice.contains('/') || choice.ends_with(".toml");
-        let (name, origin, text) = if looks_like_path {
+        Ok(if looks_like_path {
             let path = super::absolute(&env.cwd, Path::new(choice));
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 ConfigError::new(
@@ -217,8 +210,7 @@ impl ProviderConfig {
                     ),
                 ));
             }
-        };
-        Ok((name, origin, text))
+        })
     }
 
     /// Parses and validates provider TOML text.
@@ -398,10 +390,9 @@ fn token_source(
             "a command argv such as [\"pat\", \"print\"]",
         ));
     }
-    let refresh = match refresh {
-        Some(r) => parse_duration(&key("token_command_refresh"), &r)?,
-        None => Duration::from_secs(300),
-    };
+    let refresh = refresh.map_or(Ok(Duration::from_secs(300)), |r| {
+        parse_duration(&key("token_command_refresh"), &r)
+    })?;
     Ok(TokenSource::Command { argv, refresh })
 }
 

@@ -73,28 +73,27 @@ impl Config {
     /// Makes `config.captures` an existing directory: as configured, or the embedded default
     /// written under the home. Records where the default came from in `config.settings`.
     pub fn settle_captures(&mut self) -> Result<(), crate::error::Error> {
-        let config = self;
-        if config.captures.is_dir() {
+        if self.captures.is_dir() {
             return Ok(());
         }
-        let source = config.settings.get("campaign.captures").map(|(_, s)| *s);
+        let source = self.settings.get("campaign.captures").map(|(_, s)| *s);
         if source != Some(SettingSource::Default) {
             return Err(ConfigError::because(
                 "campaign.captures",
-                config.captures.display().to_string(),
+                self.captures.display().to_string(),
                 "no such directory (set it to a fastkernels capture directory, or leave it out for the shipped default)",
             )
             .into());
         }
         // The home mirrors the repository's layout, so the default's relative path works there.
-        crate::captures::write_embedded(&config.home)?;
-        config.captures = config.home.join(DEFAULT_CAPTURES);
-        config.settings.insert(
-            "campaign.captures".into(),
-            (
-                format!("{} (embedded default)", config.captures.display()),
-                SettingSource::Default,
-            ),
+        crate::captures::write_embedded(&self.home)?;
+        self.captures = self.home.join(DEFAULT_CAPTURES);
+        let shown = format!("{} (embedded default)", self.captures.display());
+        super::record(
+            &mut self.settings,
+            "campaign.captures",
+            shown,
+            SettingSource::Default,
         );
         Ok(())
     }

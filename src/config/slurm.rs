@@ -194,19 +194,14 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         None => None,
     };
     let mut name = |k: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
-        match v {
-            Some(v) if !is_slurm_name(&v) => Err(ConfigError::new(
-                format!("slurm.{k}"),
-                v,
-                "a Slurm name (letters, digits, `-`, `_`, `.`)",
-            )),
-            v => {
-                if let Some(v) = &v {
-                    set(k, v.clone());
-                }
-                Ok(v)
+        if let Some(v) = &v {
+            if !is_slurm_name(v) {
+                let expected = "a Slurm name (letters, digits, `-`, `_`, `.`)";
+                return Err(ConfigError::new(format!("slurm.{k}"), v, expected));
             }
+            set(k, v.clone());
         }
+        Ok(v)
     };
     let partition = name("partition", raw.partition)?;
     let account = name("account", raw.account)?;

@@ -181,7 +181,7 @@ pub async fn run_campaign(
         driver,
         current,
     };
-    let end = phases::drive(&ctx, plan).await;
+    let report = phases::drive(&ctx, plan).await;
     signal_task.abort();
     broker.shutdown().await;
     server_token.cancel();
@@ -192,15 +192,7 @@ pub async fn run_campaign(
         let _ = d.await;
     }
     let _ = std::fs::remove_file(control::socket_path(&config.home));
-    let end = end?;
-    Ok(CampaignReport {
-        run_id: end.journal.run_id().to_string(),
-        run_dir: end.journal.dir().to_path_buf(),
-        phase: end.phase,
-        status: end.status,
-        pair: end.pair,
-        notes: end.notes,
-    })
+    report
 }
 
 fn status_fn(

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::CampaignReport;
 use super::plan::Plan;
 use crate::error::Error;
 use crate::event::{
@@ -62,17 +63,8 @@ pub(super) struct Ctx {
     pub current: Arc<Mutex<String>>,
 }
 
-/// How one run ended.
-pub(super) struct RunEnd {
-    pub journal: Arc<RunJournal>,
-    pub phase: PhaseReport,
-    pub status: RunOutcome,
-    pub pair: Option<String>,
-    pub notes: Vec<String>,
-}
-
 /// Drives the plan to its end (or to a shutdown).
-pub(super) async fn drive(ctx: &Ctx, plan: Plan) -> Result<RunEnd, Error> {
+pub(super) async fn drive(ctx: &Ctx, plan: Plan) -> Result<CampaignReport, Error> {
     match plan {
         Plan::Independent(j, targets) => independent(ctx, &j, &targets).await,
         Plan::Sequential(j, targets) => sequential(ctx, &j, &targets).await,
@@ -89,20 +81,23 @@ fn show(ctx: &Ctx, j: &RunJournal) {
     *ctx.current.lock().unwrap_or_else(|p| p.into_inner()) = j.run_id().to_string();
 }
 
+/// The sessions of `targets` in run `j`, one scheduler phase.
+async fn run_phase(
+    ctx: &Ctx,
+    j: &Arc<RunJournal>,
+    targets: &[TargetId],
+) -> Result<PhaseReport, Error> {
+    let runner = ctx.runner.clone();
+    Ok(scheduler::run_phase(j.clone(), runner, targets, &ctx.sched, ctx.root.clone()).await?)
+}
+
 async fn independent(
     ctx: &Ctx,
     j: &Arc<RunJournal>,
     targets: &[TargetId],
-) -> Result<RunEnd, Error> {
+) -> Result<CampaignReport, Error> {
     show(ctx, j);
-    let phase = scheduler::run_phase(
-        j.clone(),
-        ctx.runner.clone(),
-        targets,
-        &ctx.sched,
-        ctx.root.clone(),
-    )
-    .await?;
+    let phase = run_phase(ctx, j, targets).await?;
     end_run(ctx, j, targets, phase, None)
 }
 
@@ -113,7 +108,7 @@ fn end_run(
     targets: &[TargetId],
     phase: PhaseReport,
     failure: Option<String>,
-) -> Result<RunEnd, Error> {
+) -> Result<CampaignReport, Error> {
     let mut finished = scheduler::run_finished_payload(targets, &phase);
     if let (Some(why), false) = (&failure, phase.interrupted) {
         finished.status = RunOutcome::Fail;
@@ -122,8 +117,9 @@ fn end_run(
     let status = finished.status;
     j.record_event(None, &finished)?;
     ctx.store.set_run_status(j.run_id(), status.state())?;
-    Ok(RunEnd {
-        journal: j.clone(),
+    Ok(CampaignReport {
+        run_id: j.run_id().to_string(),
+        run_dir: j.dir().to_path_buf(),
         phase,
         status,
         pair: None,
@@ -137,18 +133,13 @@ fn stored_statuses(
     run_id: &str,
     targets: &[TargetId],
 ) -> Result<BTreeMap<TargetId, SessionStatus>, Error> {
-    let mut out = BTreeMap::new();
-    for row in store.sessions(run_id)? {
-        let Ok(t) = row.target.parse::<TargetId>() else {
-            continue;
-        };
-        if !targets.contains(&t) {
-            continue;
-        }
-        let status = scheduler::recorded_status(&row).unwrap_or(SessionStatus::Interrupted);
-        out.insert(t, status);
-    }
-    Ok(out)
+    let rows = store.sessions(run_id)?;
+    let statuses = rows.iter().filter_map(|row| {
+        let t = row.target.parse().ok().filter(|t| targets.contains(t))?;
+        let status = scheduler::recorded_status(row).unwrap_or(SessionStatus::Interrupted);
+        Some((t, status))
+    });
+    Ok(statuses.collect())
 }
 
 /// The generation holding this run's sequential results: the one named by its
@@ -170,7 +161,11 @@ fn seq_dir(ctx: &Ctx, j: &RunJournal) -> Result<PathBuf, Error> {
     Ok(dir)
 }
 
-async fn sequential(ctx: &Ctx, j: &Arc<RunJournal>, targets: &[TargetId]) -> Result<RunEnd, Error> {
+async fn sequential(
+    ctx: &Ctx,
+    j: &Arc<RunJournal>,
+    targets: &[TargetId],
+) -> Result<CampaignReport, Error> {
     show(ctx, j);
     let driver = ctx.driver.clone().ok_or_else(|| {
         Error::Usage("a sequential campaign needs a bench to gate its levels".into())
@@ -296,14 +291,7 @@ async fn level_phase(
         installed: names(&installed),
     };
     j.record_event(None, &started)?;
-    Ok(scheduler::run_phase(
-        j.clone(),
-        ctx.runner.clone(),
-        targets,
-        &ctx.sched,
-        ctx.root.clone(),
-    )
-    .await?)
+    run_phase(ctx, j, targets).await
 }
 
 /// Scores the independent half unless it has a complete score already.
@@ -350,7 +338,7 @@ async fn all(
     seq: &Arc<RunJournal>,
     targets: &[TargetId],
     ind_done: bool,
-) -> Result<RunEnd, Error> {
+) -> Result<CampaignReport, Error> {
     let mut notes = Vec::new();
     let mut ind_status = RunOutcome::Pass;
     if !ind_done {
@@ -359,17 +347,15 @@ async fn all(
         if end.status == RunOutcome::Interrupted {
             ctx.store
                 .set_run_status(seq.run_id(), RunOutcome::Interrupted.state())?;
-            return Ok(RunEnd {
+            return Ok(CampaignReport {
                 pair: Some(seq.run_id().to_string()),
                 ..end
             });
         }
     }
     notes.push(format!("independent run {}: {ind_status}", ind.run_id()));
-    match score_independent(ctx, ind).await {
-        Ok(note) => notes.push(note),
-        Err(e) => notes.push(format!("independent scoring did not complete: {e}")),
-    }
+    let scored = score_independent(ctx, ind).await;
+    notes.push(scored.unwrap_or_else(|e| format!("independent scoring did not complete: {e}")));
     let mut end = sequential(ctx, seq, targets).await?;
     notes.extend(std::mem::take(&mut end.notes));
     if end.status != RunOutcome::Interrupted {

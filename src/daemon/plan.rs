@@ -36,6 +36,15 @@ impl Plan {
     pub fn needs_bench(&self) -> bool {
         !matches!(self, Plan::Independent(..))
     }
+
+    /// The plan of one run of `mode` (sequential, else independent).
+    fn single(mode: Mode, j: Arc<RunJournal>, targets: Vec<TargetId>) -> Self {
+        if mode == Mode::Sequential {
+            Plan::Sequential(j, targets)
+        } else {
+            Plan::Independent(j, targets)
+        }
+    }
 }
 
 fn new_journal(store: &Store, config: &Config, mode: Mode) -> Result<RunJournal, Error> {
@@ -85,11 +94,7 @@ pub(super) fn plan_new(store: &Store, config: &Config) -> Result<Plan, Error> {
         Mode::Independent | Mode::Sequential => {
             let j = new_journal(store, config, config.mode)?;
             record_started(&j, config, config.mode, None)?;
-            if config.mode == Mode::Sequential {
-                Plan::Sequential(Arc::new(j), targets)
-            } else {
-                Plan::Independent(Arc::new(j), targets)
-            }
+            Plan::single(config.mode, Arc::new(j), targets)
         }
         Mode::All => {
             let ind = new_journal(store, config, Mode::Independent)?;
@@ -133,7 +138,7 @@ pub fn resume_flags(mut flags: Flags, run_started: &RunStarted) -> Flags {
 fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal>, Error> {
     let row = store.run(Some(run_id))?;
     let journal = RunJournal::open(store, &config.home, run_id)?;
-    store.set_run_status(run_id, crate::event::RunState::Running)?;
+    store.set_run_status(run_id, RunState::Running)?;
     let resumed = RunResumed {
         pid: std::process::id(),
         previous_status: row.status,
@@ -181,12 +186,8 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
     if row.state() == Some(RunState::Finished) {
         return Err(finished_error(run_id));
     }
-    let j = reopen(store, config, run_id)?;
-    Ok(if row.mode == "sequential" {
-        Plan::Sequential(j, targets)
-    } else {
-        Plan::Independent(j, targets)
-    })
+    let mode = Mode::from_word(&row.mode).unwrap_or(Mode::Independent);
+    Ok(Plan::single(mode, reopen(store, config, run_id)?, targets))
 }
 
 fn finished_error(run_id: &str) -> Error {
@@ -208,13 +209,10 @@ pub fn unfinished_run(store: &Store) -> Result<Option<String>, Error> {
     Ok(store
         .runs()?
         .into_iter()
-        .find(|r| {
-            use crate::event::RunState;
-            match r.state() {
-                Some(RunState::Interrupted | RunState::Running) => true,
-                Some(RunState::Failed) => infra_failed(&r.id),
-                _ => false,
-            }
+        .find(|r| match r.state() {
+            Some(RunState::Interrupted | RunState::Running) => true,
+            Some(RunState::Failed) => infra_failed(&r.id),
+            _ => false,
         })
         .map(|r| r.id))
 }

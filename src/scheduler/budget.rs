@@ -56,16 +56,13 @@ pub struct Spent {
 /// recorded when it started.
 pub fn recorded_spend(store: &Store, run_id: &str, with_pair: bool) -> Result<Spent, StoreError> {
     let started = run_started(store, run_id)?;
-    let prices = prices_of(&started);
     let mut meter = Meter::new(Budget {
-        prices,
+        prices: prices_of(&started),
         ..Budget::default()
     });
     meter.after.insert(run_id.to_string(), 0);
-    if with_pair {
-        if let Some(pair) = started.pair {
-            meter.after.insert(pair, 0);
-        }
+    if with_pair && let Some(pair) = started.pair {
+        meter.after.insert(pair, 0);
     }
     meter.poll(store, run_id)?;
     Ok(meter.spent())
@@ -136,13 +133,13 @@ impl Meter {
     /// Why spending must stop, if a cap is reached.
     pub fn reached(&self) -> Option<String> {
         let spent = self.spent();
-        if let Some(max) = self.budget.max_tokens {
-            if spent.tokens >= max {
-                return Some(format!(
-                    "campaign token cap reached: {} tokens spent, campaign.max_tokens = {max}",
-                    spent.tokens
-                ));
-            }
+        if let Some(max) = self.budget.max_tokens
+            && spent.tokens >= max
+        {
+            return Some(format!(
+                "campaign token cap reached: {} tokens spent, campaign.max_tokens = {max}",
+                spent.tokens
+            ));
         }
         match (self.budget.max_cost_usd, spent.cost_usd) {
             (Some(max), Some(cost)) if cost >= max => Some(format!(

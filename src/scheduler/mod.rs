@@ -213,16 +213,11 @@ pub async fn run_phase(
     for target in targets {
         if !results.contains_key(target) {
             let status = SessionStatus::Interrupted;
-            finish(
-                &journal,
-                &index_of,
-                target,
-                &status,
-                SessionResult {
-                    reason: Some(never_started.clone()),
-                    ..SessionResult::default()
-                },
-            )?;
+            let result = SessionResult {
+                reason: Some(never_started.clone()),
+                ..SessionResult::default()
+            };
+            finish(&journal, &index_of, target, &status, result)?;
             results.insert(target.clone(), status);
         }
     }
@@ -298,17 +293,11 @@ fn ended_before(
 fn repair_rows(journal: &RunJournal, targets: &[TargetId]) -> Result<(), RunError> {
     let store = journal.store();
     let rows = store.sessions(journal.run_id())?;
-    let open: Vec<&TargetId> = targets
-        .iter()
-        .filter(|t| {
-            rows.iter()
-                .find(|r| r.target == t.to_string())
-                .is_some_and(|r| recorded_status(r).is_none())
-        })
-        .collect();
-    if open.is_empty() {
-        return Ok(());
-    }
+    let open = targets.iter().filter(|t| {
+        rows.iter()
+            .find(|r| r.target == t.to_string())
+            .is_some_and(|r| recorded_status(r).is_none())
+    });
     for target in open {
         let name = target.to_string();
         let last = store
@@ -443,15 +432,8 @@ fn joined_session(
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic without a message".into());
             tracing::error!(target = %target, "session panicked: {message}");
-            Some((
-                target,
-                SessionStatus::Failed,
-                SessionResult {
-                    reason: Some(format!("session panicked: {message}")),
-                    infra: Some(true),
-                    ..SessionResult::default()
-                },
-            ))
+            let result = SessionResult::infra(format!("session panicked: {message}"));
+            Some((target, SessionStatus::Failed, result))
         }
         Err(_) => None,
     }

@@ -33,12 +33,8 @@ impl Slots {
     /// `max_agents` slots; under `Thinking`, [`Slots::max_live`] live sessions at most.
     pub fn new(policy: AgentSlot, max_agents: usize, gpus: usize) -> Self {
         let max_agents = max_agents.max(1);
-        let live = match policy {
-            AgentSlot::Session => None,
-            AgentSlot::Thinking => Some(Arc::new(Semaphore::new(Self::max_live(
-                policy, max_agents, gpus,
-            )))),
-        };
+        let live = (policy == AgentSlot::Thinking)
+            .then(|| Arc::new(Semaphore::new(Self::max_live(policy, max_agents, gpus))));
         Self {
             thinking: Arc::new(Semaphore::new(max_agents)),
             live,

@@ -109,13 +109,8 @@ enum Knob {
 }
 
 fn knobs(content: &str) -> Vec<Knob> {
-    let mut out = Vec::new();
-    for line in content.lines() {
-        let Some(rest) = line.trim().strip_prefix("# sim:") else {
-            continue;
-        };
-        let word = rest.trim();
-        let knob = match word {
+    let knob = |line: &str| {
+        Some(match line.trim().strip_prefix("# sim:")?.trim() {
             "hang" => Knob::Hang,
             "crash" => Knob::Crash,
             "mix-crash" => Knob::MixCrash,
@@ -125,14 +120,10 @@ fn knobs(content: &str) -> Vec<Knob> {
             "runtime-error" => Knob::RuntimeError,
             "unloadable" => Knob::Unloadable,
             "compose-break" => Knob::ComposeBreak,
-            w => match knob_value(w) {
-                Some(k) => k,
-                None => continue,
-            },
-        };
-        out.push(knob);
-    }
-    out
+            w => knob_value(w)?,
+        })
+    };
+    content.lines().filter_map(knob).collect()
 }
 
 /// `speedup=S`, `true=S`, `runs=A,B,C` (every number > 0).
@@ -173,12 +164,8 @@ fn confirm_index(output: Option<&Path>) -> usize {
         .strip_prefix("confirm-")
         .and_then(|k| k.parse().ok())
         .unwrap_or(0);
-    let candidate_dir: std::path::PathBuf = comps[..at].iter().collect();
-    if candidate_dir.join("rescue").is_dir() {
-        k + 1
-    } else {
-        k
-    }
+    let candidate_dir: PathBuf = comps[..at].iter().collect();
+    k + usize::from(candidate_dir.join("rescue").is_dir())
 }
 
 /// The last three components of the output path: what tells one invocation from another
@@ -405,11 +392,8 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             format!("fastkernels bench (simulated): error: {why}\n"),
         )
     };
-    match &params.captures {
-        Some(c) if !c.is_dir() => {
-            return usage(format!("--captures {}: no such directory", c.display()));
-        }
-        _ => {}
+    if let Some(c) = params.captures.as_ref().filter(|c| !c.is_dir()) {
+        return usage(format!("--captures {}: no such directory", c.display()));
     }
     let selected: Vec<&Target> = catalog
         .targets()
@@ -434,24 +418,19 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
         ));
     }
     let mut rows = Vec::new();
-    let mut contents = Vec::new();
     for t in &selected {
-        let path = params
+        let content = params
             .candidate_dir
             .as_ref()
-            .map(|d| d.join(t.id.candidate_path()));
-        let content = path.and_then(|p| std::fs::read_to_string(p).ok());
-        contents.push(content);
-    }
-    for (t, content) in selected.iter().zip(&contents) {
+            .and_then(|d| std::fs::read_to_string(d.join(t.id.candidate_path())).ok());
         if params.target.is_none() && content.is_none() && !params.self_test {
             continue;
         }
         let ks = knobs(content.as_deref().unwrap_or(""));
-        if !params.self_test {
-            if let Some(action) = process_knob(&ks, &t.id, params.target.is_none()) {
-                return action;
-            }
+        if !params.self_test
+            && let Some(action) = process_knob(&ks, &t.id, params.target.is_none())
+        {
+            return action;
         }
         let lower = (1..t.id.level()).any(|l| has_candidates(params.candidate_dir.as_deref(), l));
         rows.extend(target_rows(&TargetRun {
@@ -469,13 +448,11 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
 /// Whether the candidate folder holds any `L<level>/*.py`.
 fn has_candidates(dir: Option<&Path>, level: u8) -> bool {
     let Some(dir) = dir else { return false };
-    std::fs::read_dir(dir.join(format!("L{level}")))
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .any(|e| e.path().extension().is_some_and(|x| x == "py"))
-        })
-        .unwrap_or(false)
+    std::fs::read_dir(dir.join(format!("L{level}"))).is_ok_and(|entries| {
+        entries
+            .filter_map(|e| e.ok())
+            .any(|e| e.path().extension().is_some_and(|x| x == "py"))
+    })
 }
 
 fn process_knob(ks: &[Knob], target: &TargetId, mix: bool) -> Option<SimAction> {
@@ -526,17 +503,19 @@ fn finish(params: &SimBenchParams, rows: Vec<ScenarioRow>) -> SimAction {
         result: &result,
         seed: params.seed,
     };
-    let text = match serde_json::to_string_pretty(&doc) {
-        Ok(t) => t,
-        Err(e) => return io_failure(&output, &e.to_string()),
-    };
-    if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
-        if let Err(e) = std::fs::create_dir_all(parent) {
-            return io_failure(&output, &e.to_string());
+    let write = || -> Result<(), String> {
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
         }
-    }
-    if let Err(e) = std::fs::write(&output, text) {
-        return io_failure(&output, &e.to_string());
+        std::fs::write(&output, text).map_err(|e| e.to_string())
+    };
+    if let Err(why) = write() {
+        let why = format!(
+            "fastkernels bench (simulated): cannot write {}: {why}\n",
+            output.display()
+        );
+        return SimAction::exit(1, "", why);
     }
     let mut stdout = String::from(
         "SIMULATED fastkernels bench: outcomes are generated, nothing was measured.\n",
@@ -561,16 +540,8 @@ fn output_path(params: &SimBenchParams) -> PathBuf {
     match (&params.output, &params.results_dir) {
         (Some(o), _) => o.clone(),
         (None, Some(d)) => d.join("bench_simulated.json"),
-        (None, None) => Path::new("bench_simulated.json").to_path_buf(),
+        (None, None) => PathBuf::from("bench_simulated.json"),
     }
-}
-
-fn io_failure(output: &Path, why: &str) -> SimAction {
-    let why = format!(
-        "fastkernels bench (simulated): cannot write {}: {why}\n",
-        output.display()
-    );
-    SimAction::exit(1, "", why)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //!
 //! Invariant: every report carries `"simulated": true`, and its scenario names say simulated.
 
+use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -200,7 +201,8 @@ pub fn run(p: &SimEvalParams) -> SimAction {
     let mut all_ok = true;
     for s in &scenarios {
         let value = report(p, s, &files);
-        all_ok &= value["correctness_passed"].as_bool().unwrap_or(false);
+        let ok = value["correctness_passed"].as_bool() == Some(true);
+        all_ok &= ok;
         let path = report_path(p, s, multi);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             let _ = std::fs::create_dir_all(dir);
@@ -209,17 +211,14 @@ pub fn run(p: &SimEvalParams) -> SimAction {
         if let Err(e) = std::fs::write(&path, text) {
             return SimAction::exit(2, stdout, format!("cannot write {}: {e}\n", path.display()));
         }
-        stdout.push_str(&format!(
-            "  [{}] {} (tp={}) -> {}\n",
-            if value["correctness_passed"].as_bool() == Some(true) {
-                "OK"
-            } else {
-                "FAILED"
-            },
+        let verdict = if ok { "OK" } else { "FAILED" };
+        let _ = writeln!(
+            stdout,
+            "  [{verdict}] {} (tp={}) -> {}",
             s.model,
             s.tp,
             path.display()
-        ));
+        );
     }
     SimAction::exit(i32::from(!all_ok), stdout, "")
 }

@@ -138,12 +138,11 @@ async fn respond(
         );
     }
     let input = body["input"].as_array().cloned().unwrap_or_default();
-    if let Err(msg) = check_reasoning_echo(&input) {
-        script.faults.violation();
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
-    }
-    // What Cortex refuses, refused here too: hosted tools, `name:effort` ids, stored responses.
-    if let Err(msg) = super::codex::check_cortex_rules(&body) {
+    // A function call without its reasoning item, and what Cortex refuses (hosted tools,
+    // `name:effort` ids, stored responses), refused here too.
+    let checked =
+        check_reasoning_echo(&input).and_then(|()| super::codex::check_cortex_rules(&body));
+    if let Err(msg) = checked {
         script.faults.violation();
         return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
     }
@@ -151,14 +150,11 @@ async fn respond(
         .as_str()
         .unwrap_or("unknown")
         .to_string();
+    // The key's last two components: the target (`L1/gelu`).
     let target = key
-        .rsplit('/')
-        .take(2)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect::<Vec<_>>()
-        .join("/");
+        .rmatch_indices('/')
+        .nth(1)
+        .map_or(key.as_str(), |(at, _)| &key[at + 1..]);
     let step = Step::from_history(&input);
     let turn_id = digest(&[&script.seed.to_string(), &key, &input.len().to_string()]);
     let fault = script.faults.arrive(&key, &turn_id);
@@ -190,7 +186,7 @@ async fn respond(
     let items = if super::codex::is_codex(&body) {
         super::codex::items(&input, &turn_id, script.seed)
     } else {
-        step.items(&target, &turn_id, script.seed)
+        step.items(target, &turn_id, script.seed)
     };
     let input_bytes = body.to_string().len() as u64;
     let mut stream = sse_stream(&turn_id, &items, input_bytes);

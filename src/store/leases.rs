@@ -13,7 +13,7 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::{Connection, OptionalExtension, Row, params};
+use rusqlite::{Connection, Row, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -332,42 +332,37 @@ impl Store {
         })
     }
 
+    /// The lease rows `WHERE filter` (its `ORDER BY` and `LIMIT` included), bound to `params`.
+    fn leases_where(
+        &self,
+        filter: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Vec<LeaseRow>, StoreError> {
+        let sql = format!("SELECT {COLUMNS} FROM leases WHERE {filter}");
+        self.query(&sql, params, from_row)
+    }
+
     /// Leases not yet closed (granted or running), oldest first.
     pub fn open_leases(&self) -> Result<Vec<LeaseRow>, StoreError> {
-        self.query(
-            &format!(
-                "SELECT {COLUMNS} FROM leases WHERE state IN ('granted', 'running') ORDER BY granted_at, id"
-            ),
+        self.leases_where(
+            "state IN ('granted', 'running') ORDER BY granted_at, id",
             [],
-            from_row,
         )
     }
 
     /// The newest finished lease of a session with this idempotency key.
     pub fn lease_by_key(&self, session: &str, key: &str) -> Result<Option<LeaseRow>, StoreError> {
-        let conn = self.lock();
-        conn.query_row(
-            &format!(
-                "SELECT {COLUMNS} FROM leases WHERE session = ?1 AND idempotency_key = ?2 \
-                 AND state = 'finished' ORDER BY granted_at DESC LIMIT 1"
-            ),
+        let rows = self.leases_where(
+            "session = ?1 AND idempotency_key = ?2 AND state = 'finished' \
+             ORDER BY granted_at DESC LIMIT 1",
             params![session, key],
-            from_row,
-        )
-        .optional()
-        .map_err(|e| self.sql_err(e))
+        )?;
+        Ok(rows.into_iter().next())
     }
 
     /// One lease by id.
     pub fn lease(&self, id: &str) -> Result<Option<LeaseRow>, StoreError> {
-        let conn = self.lock();
-        conn.query_row(
-            &format!("SELECT {COLUMNS} FROM leases WHERE id = ?1"),
-            [id],
-            from_row,
-        )
-        .optional()
-        .map_err(|e| self.sql_err(e))
+        Ok(self.leases_where("id = ?1", [id])?.into_iter().next())
     }
 
     /// Leases granted at or after `from` (and before `until`, when given), oldest first: the
@@ -377,13 +372,9 @@ impl Store {
         from: &str,
         until: Option<&str>,
     ) -> Result<Vec<LeaseRow>, StoreError> {
-        self.query(
-            &format!(
-                "SELECT {COLUMNS} FROM leases WHERE granted_at >= ?1 \
-                 AND (?2 IS NULL OR granted_at <= ?2) ORDER BY granted_at, id"
-            ),
+        self.leases_where(
+            "granted_at >= ?1 AND (?2 IS NULL OR granted_at <= ?2) ORDER BY granted_at, id",
             params![from, until],
-            from_row,
         )
     }
 
@@ -396,13 +387,10 @@ impl Store {
         from: &str,
         until: Option<&str>,
     ) -> Result<Vec<LeaseRow>, StoreError> {
-        self.query(
-            &format!(
-                "SELECT {COLUMNS} FROM leases WHERE session = ?1 AND granted_at >= ?2 \
-                 AND (?3 IS NULL OR granted_at <= ?3) ORDER BY granted_at, id"
-            ),
+        self.leases_where(
+            "session = ?1 AND granted_at >= ?2 AND (?3 IS NULL OR granted_at <= ?3) \
+             ORDER BY granted_at, id",
             params![session, from, until],
-            from_row,
         )
     }
 }
