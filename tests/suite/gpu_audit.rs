@@ -133,7 +133,7 @@ async fn an_adopted_lease_is_audited_like_any_other() {
     let uuids: Vec<String> = inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
     let mut lead = std::process::Command::new("sleep")
         .arg("60")
-        .env("FK_AGENTD_LEASE_ID", "a-live")
+        .env("FK_AGENTD_LEASE_ID", "audit-live")
         .process_group(0)
         .spawn()
         .expect("spawn");
@@ -142,7 +142,7 @@ async fn an_adopted_lease_is_audited_like_any_other() {
     let store = fk_agentd::store::Store::open(&dir.path().join("fk.db")).expect("store");
     store
         .insert_lease(&row(
-            "a-live",
+            "audit-live",
             &uuids[0],
             Some(i64::from(pid)),
             now_ms() + 60_000,
@@ -157,14 +157,14 @@ async fn an_adopted_lease_is_audited_like_any_other() {
     assert_eq!(
         report,
         RecoveryReport {
-            adopted: vec!["a-live".into()],
+            adopted: vec!["audit-live".into()],
             reclaimed: vec![],
             swept: vec![],
         }
     );
     let outcome = || {
         store
-            .lease("a-live")
+            .lease("audit-live")
             .expect("store")
             .and_then(|r| r.outcome)
     };
