@@ -228,14 +228,6 @@ pub struct RunStartFacts {
     pub harness: Option<PreparedHarness>,
 }
 
-impl std::fmt::Debug for RunStartFacts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunStartFacts")
-            .field("provider", &self.provider.as_ref().map(|p| &p.name))
-            .finish()
-    }
-}
-
 impl RunStartFacts {
     pub fn params<'a>(&'a self, config: &'a Config) -> GatherParams<'a> {
         GatherParams {
@@ -283,7 +275,14 @@ pub async fn gather(source: &dyn FactsSource, params: &GatherParams<'_>) -> Host
         fk_agentd: BuildFacts::current(),
         fastkernels,
         provider: params.provider.map(ProviderFacts::from_config),
-        settings: settings_of(config),
+        settings: config
+            .settings
+            .iter()
+            .map(|(k, (value, source))| {
+                let (value, source) = (value.clone(), source.to_string());
+                (k.clone(), SettingFact { value, source })
+            })
+            .collect(),
         prompt_template_sha256: sha256_hex(crate::tools::prompt::OPTIMIZE_TEMPLATE.as_bytes()),
         captures,
     }
@@ -301,17 +300,6 @@ fn python_argv(command: &[String]) -> Vec<String> {
         Some(i) if i > 0 => command[..i].to_vec(),
         _ => vec!["python3".into()],
     }
-}
-
-fn settings_of(config: &Config) -> BTreeMap<String, SettingFact> {
-    config
-        .settings
-        .iter()
-        .map(|(k, (value, source))| {
-            let (value, source) = (value.clone(), source.to_string());
-            (k.clone(), SettingFact { value, source })
-        })
-        .collect()
 }
 
 fn gpu_facts(config: &Config, visible: Vec<GpuDevice>, note: &str) -> GpuFacts {

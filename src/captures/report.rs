@@ -226,12 +226,8 @@ pub fn coverage(reports: &[CaptureReport]) -> BTreeMap<TargetId, Coverage> {
                 c.shapes.insert(case.shapes.clone());
                 c.dtypes.extend(case.dtypes.iter().cloned());
                 let dtypes: Vec<&str> = case.dtypes.iter().map(String::as_str).collect();
-                distinct.entry(id.clone()).or_default().insert(format!(
-                    "{}|{}|{}",
-                    case.class,
-                    case.shapes,
-                    dtypes.join(",")
-                ));
+                let key = format!("{}|{}|{}", case.class, case.shapes, dtypes.join(","));
+                distinct.entry(id.clone()).or_default().insert(key);
             }
         }
     }
@@ -241,8 +237,7 @@ pub fn coverage(reports: &[CaptureReport]) -> BTreeMap<TargetId, Coverage> {
         }
     }
     for c in out.values_mut() {
-        let with_cases = c.reports.clone();
-        c.init_only.retain(|r| !with_cases.contains(r));
+        c.init_only.retain(|r| !c.reports.contains(r));
     }
     out
 }

@@ -51,33 +51,20 @@ async fn probe_system(python: Vec<String>) -> Probed {
             "no NVIDIA GPU visible (nvidia-smi absent or failed)".into(),
         ),
     };
-    let cuda = pre
-        .tools
-        .iter()
-        .find(|t| t.name == "nvcc")
-        .map(|t| {
-            if t.found {
-                t.detail.clone()
-            } else if t.detail.starts_with("not found") {
-                "absent (nvcc not on PATH)".into()
-            } else {
-                format!("absent ({})", t.detail)
-            }
-        })
-        .unwrap_or_else(|| "absent".into());
-    let python_text = if pre.python.found {
-        pre.python.detail.clone()
-    } else {
-        format!("absent ({})", pre.python.detail)
+    // A probe's version, or why it is absent.
+    let text = |p: &preflight::Probe| match p.found {
+        true => p.detail.clone(),
+        false if p.name == "nvcc" && p.detail.starts_with("not found") => {
+            "absent (nvcc not on PATH)".into()
+        }
+        false => format!("absent ({})", p.detail),
     };
+    let cuda = pre.tools.iter().find(|t| t.name == "nvcc");
     let packages = STACK_PACKAGES
         .iter()
         .map(|name| {
-            let text = match pre.packages.get(*name) {
-                Some(p) if p.found => p.detail.clone(),
-                Some(p) => format!("absent ({})", p.detail),
-                None => "absent (not probed)".into(),
-            };
+            let probe = pre.packages.get(*name);
+            let text = probe.map_or("absent (not probed)".into(), text);
             (name.to_string(), text)
         })
         .collect();
@@ -85,8 +72,8 @@ async fn probe_system(python: Vec<String>) -> Probed {
         host,
         visible_gpus,
         gpu_note,
-        cuda,
-        python: python_text,
+        cuda: cuda.map_or("absent".into(), text),
+        python: text(&pre.python),
         packages,
     }
 }

@@ -183,16 +183,6 @@ pub fn decide(
     })
 }
 
-/// The series folder a decision applies (`None`: unpatched), writing the embedded series
-/// under `home` when it is the shipped one.
-pub fn series_dir(decision: &PatchDecision, home: &Path) -> Result<Option<PathBuf>, HarnessError> {
-    match &decision.series {
-        SeriesPick::Shipped => super::write_shipped_series(home).map(Some),
-        SeriesPick::Dir { dir } => Ok(Some(dir.clone())),
-        SeriesPick::Unpatched => Ok(None),
-    }
-}
-
 /// What [`prepare`] needs.
 pub struct PrepareParams<'a> {
     pub checkout: &'a Path,
@@ -215,12 +205,11 @@ pub async fn prepare(
         None
     };
     let decision = decide(params.choice, &commit, probe.as_ref())?;
-    let series = match series_dir(&decision, params.home)? {
-        Some(dir) => PatchSeries::load(&dir)?,
-        None => PatchSeries {
-            dir: PathBuf::new(),
-            patches: Vec::new(),
-        },
+    // The shipped series is written under the home first: the binary embeds it.
+    let series = match &decision.series {
+        SeriesPick::Shipped => PatchSeries::load(&super::write_shipped_series(params.home)?)?,
+        SeriesPick::Dir { dir } => PatchSeries::load(dir)?,
+        SeriesPick::Unpatched => PatchSeries::default(),
     };
     let dest = params
         .home
@@ -232,9 +221,8 @@ pub async fn prepare(
         prepare_cached(&checkout, &series, &dest)
     })
     .await
-    .map_err(|e| HarnessError::Io {
-        what: "prepare the private copy".into(),
-        source: std::io::Error::other(e.to_string()),
+    .map_err(|e| {
+        HarnessError::io("prepare the private copy")(std::io::Error::other(e.to_string()))
     })?
     .map_err(|e| match e {
         e @ (HarnessError::DoesNotApply { .. } | HarnessError::CheckFailed { .. }) => {
@@ -256,30 +244,18 @@ pub async fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn probe(found: bool) -> Probe {
-        Probe {
-            name: "deep_gemm".into(),
-            found,
-            detail: if found {
-                "2.1.0"
-            } else {
-                "ModuleNotFoundError"
-            }
-            .into(),
-        }
-    }
+    use crate::harness::preflight::tests::probe;
 
     #[test]
     fn auto_patches_only_the_series_commit_on_a_host_without_deep_gemm() {
         let other = "0123456789abcdef0123456789abcdef01234567";
         let at = |c, p: Option<&Probe>| decide(&PatchChoice::Auto, c, p).unwrap().series;
         assert_eq!(
-            at(SHIPPED_BASE_COMMIT, Some(&probe(false))),
+            at(SHIPPED_BASE_COMMIT, Some(&probe("deep_gemm", false))),
             SeriesPick::Shipped
         );
         assert_eq!(
-            at(SHIPPED_BASE_COMMIT, Some(&probe(true))),
+            at(SHIPPED_BASE_COMMIT, Some(&probe("deep_gemm", true))),
             SeriesPick::Unpatched
         );
         assert_eq!(at(other, None), SeriesPick::Unpatched);

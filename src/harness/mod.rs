@@ -42,13 +42,13 @@ pub enum HarnessError {
 }
 
 impl HarnessError {
-    /// Bad input (a series or checkout the user must fix) is 2; nothing here is transient.
     /// An I/O error of doing `what`, for `map_err`.
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();
         move |source| Self::Io { what, source }
     }
 
+    /// Bad input (a series or checkout the user must fix) is 2; nothing here is transient.
     pub fn exit_code(&self) -> i32 {
         match self {
             HarnessError::Io { .. } => crate::exit::EXIT_UNAVAILABLE,

@@ -40,7 +40,7 @@ pub struct Patch {
 }
 
 /// A loaded series.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PatchSeries {
     pub dir: PathBuf,
     pub patches: Vec<Patch>,
@@ -327,10 +327,8 @@ pub fn prepare_cached(
         }
     }
     if dest.exists() {
-        let stale = dest.with_extension(format!(
-            "stale-{}",
-            time::OffsetDateTime::now_utc().unix_timestamp()
-        ));
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let stale = dest.with_extension(format!("stale-{now}"));
         std::fs::rename(dest, &stale).map_err(HarnessError::io(format!(
             "move the stale copy {} aside",
             dest.display()

@@ -107,10 +107,8 @@ async fn run_probe(name: &str, argv: &[&str], env: &[(&str, &str)]) -> Probe {
         }
         Ok(Ok(o)) => {
             let err = String::from_utf8_lossy(&o.stderr);
-            (
-                false,
-                err.lines().last().unwrap_or("failed").trim().to_string(),
-            )
+            let last = err.lines().last().unwrap_or("failed").trim().to_string();
+            (false, last)
         }
         Ok(Err(e)) => (false, format!("not found ({e})")),
         Err(_) => (false, "timed out after 120 s".into()),
@@ -363,11 +361,12 @@ pub fn render_verdict(v: &Verdict) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
-    fn probe(name: &str, found: bool) -> Probe {
+    /// A probe that found version `1.0`, or reports `missing`.
+    pub(crate) fn probe(name: &str, found: bool) -> Probe {
         Probe {
             name: name.into(),
             found,

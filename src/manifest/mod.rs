@@ -43,15 +43,6 @@ impl ManifestError {
             why: e.to_string(),
         }
     }
-
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ManifestError::Store(StoreError::UnknownRun(_) | StoreError::RunId(_)) => {
-                crate::exit::EXIT_USAGE
-            }
-            _ => crate::exit::EXIT_UNAVAILABLE,
-        }
-    }
 }
 
 /// One token re-read: when, and how old the token was (never its value).
@@ -163,13 +154,10 @@ pub fn collect(
 }
 
 fn absorb(data: &mut ManifestData, event: &Event) {
-    let p = &event.payload;
     match event.kind.as_str() {
-        FACTS_EVENT => {
-            if let Ok(f) = serde_json::from_value::<HostFacts>(p.clone()) {
-                data.facts.push(f);
-            }
-        }
+        FACTS_EVENT => data
+            .facts
+            .extend(serde_json::from_value(event.payload.clone()).ok()),
         "run_started" => {
             if let Some(started) = event.payload_as::<RunStarted>() {
                 data.run_started_settings = settings_of_run_started(&started.settings);
@@ -187,14 +175,13 @@ fn absorb(data: &mut ManifestData, event: &Event) {
                 .map(|f| f.status.word().to_string())
         }
         "token_reloaded" => {
-            if let Some(t) = event.payload_as::<TokenReloaded>() {
-                data.rotations.push(Rotation {
-                    at: event.at.clone(),
-                    age: token_age(&t),
-                    reason: t.why().to_string(),
-                    changed: t.changed == Some(true),
-                })
-            }
+            let reload = event.payload_as::<TokenReloaded>();
+            data.rotations.extend(reload.map(|t| Rotation {
+                at: event.at.clone(),
+                age: token_age(&t),
+                reason: t.why().to_string(),
+                changed: t.changed == Some(true),
+            }))
         }
         _ => {}
     }
@@ -216,13 +203,8 @@ fn settings_of_run_started(map: &BTreeMap<String, Value>) -> BTreeMap<String, Se
                 Value::Null => String::new(),
                 other => other.to_string(),
             };
-            (
-                k.clone(),
-                SettingFact {
-                    value: text(0),
-                    source: text(1),
-                },
-            )
+            let (value, source) = (text(0), text(1));
+            (k.clone(), SettingFact { value, source })
         })
         .collect()
 }
@@ -272,10 +254,9 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
         g.scored = true;
         g.simulated = score["simulated"] == true;
         g.mode = score["mode"].as_str().map(str::to_string);
-        g.stages
-            .extend(count_verdicts("ind", &score["standalone"]["gate"]));
-        g.stages
-            .extend(count_verdicts("comp", &score["composed"]["gate"]));
+        for (stage, key) in [("ind", "standalone"), ("comp", "composed")] {
+            g.stages.extend(count_verdicts(stage, &score[key]["gate"]));
+        }
         let set = &score["final_set"];
         if let Some(set_name) = set["name"].as_str() {
             let len = |k: &str| set["manifest"][k].as_array().map_or(0, Vec::len);
@@ -290,18 +271,14 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
     }
     if let Some(seq) = read_json(&dir.join("seq").join("gate.json")) {
         // The sequential gate lists the kept winners and the ones composition dropped.
-        let kept = seq["winners"].as_array().map_or(0, Vec::len);
-        let dropped = seq["dropped"].as_array().map_or(0, Vec::len);
-        match count_verdicts("seq", &seq) {
-            Some(c) => g.stages.push(c),
-            None if seq["winners"].is_array() => g.stages.push(StageCount {
-                stage: "seq".into(),
-                judged: kept + dropped,
-                winners: kept,
-                published: None,
-            }),
-            None => {}
-        }
+        let len = |k: &str| seq[k].as_array().map(Vec::len);
+        let listed = len("winners").map(|kept| StageCount {
+            stage: "seq".into(),
+            judged: kept + len("dropped").unwrap_or(0),
+            winners: kept,
+            published: None,
+        });
+        g.stages.extend(count_verdicts("seq", &seq).or(listed));
         g.simulated |= seq["simulated"] == true;
     }
     g.e2e = crate::score::e2e::of_generation(dir)
@@ -364,4 +341,9 @@ fn replace_file(path: &Path, text: &str) -> Result<(), ManifestError> {
     std::fs::rename(&tmp, path).map_err(ManifestError::io(path))
 }
 
-crate::exit_code!(ManifestError, |self| ManifestError::exit_code(self));
+crate::exit_code!(ManifestError, |self| match self {
+    ManifestError::Store(StoreError::UnknownRun(_) | StoreError::RunId(_)) => {
+        crate::exit::EXIT_USAGE
+    }
+    _ => crate::exit::EXIT_UNAVAILABLE,
+});

@@ -67,31 +67,11 @@ pub fn campaign(d: &ManifestData) -> String {
     let mut out = String::from("## Campaign\n\n");
     let _ = writeln!(out, "- mode: {}", r.mode);
     let _ = writeln!(out, "- targets: {}", r.targets.len());
-    let _ = writeln!(
-        out,
-        "- started: {}; finished: {}",
-        r.started_at,
-        r.finished_at.as_deref().unwrap_or("not finished")
-    );
-    let _ = writeln!(
-        out,
-        "- status: {} (run_finished: {})",
-        r.status,
-        d.sessions.run_status.as_deref().unwrap_or("not recorded")
-    );
-    let sessions = match d.sessions.outcome.as_str() {
-        // A manifest.json written before the outcome words were kept.
-        "" if d.sessions.counts.is_empty() => "none finished".to_string(),
-        "" => d
-            .sessions
-            .counts
-            .iter()
-            .map(|(k, n)| format!("{k} {n}"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        words => words.to_string(),
-    };
-    let _ = writeln!(out, "- sessions: {sessions}\n");
+    let finished = r.finished_at.as_deref().unwrap_or("not finished");
+    let _ = writeln!(out, "- started: {}; finished: {finished}", r.started_at);
+    let run_finished = d.sessions.run_status.as_deref().unwrap_or("not recorded");
+    let _ = writeln!(out, "- status: {} (run_finished: {run_finished})", r.status);
+    let _ = writeln!(out, "- sessions: {}\n", d.sessions.outcome);
     out
 }
 
@@ -287,11 +267,8 @@ pub fn agent(d: &ManifestData) -> String {
                 }
                 None => out.push_str("- backend: not recorded\n"),
             }
-            let _ = writeln!(
-                out,
-                "- optimize prompt template sha256: {}",
-                f.prompt_template_sha256
-            );
+            let sha = &f.prompt_template_sha256;
+            let _ = writeln!(out, "- optimize prompt template sha256: {sha}");
         }
     }
     if !d.prompt_hashes.is_empty() {
@@ -405,11 +382,8 @@ pub fn credentials(d: &ManifestData) -> String {
     let mut out = String::from("## Credentials\n\n");
     match d.facts.last().and_then(|f| f.provider.as_ref()) {
         Some(p) => {
-            let _ = writeln!(
-                out,
-                "- token read from: {} (value never recorded)",
-                p.token_source
-            );
+            let source = &p.token_source;
+            let _ = writeln!(out, "- token read from: {source} (value never recorded)");
         }
         None if d.run.simulated => out.push_str("- token: none (the simulation needs no token)\n"),
         None => out.push_str("- token: none (no provider recorded)\n"),
@@ -433,12 +407,10 @@ pub fn credentials(d: &ManifestData) -> String {
         .enumerate()
         .filter(|(i, r)| r.changed || *i == 0 || *i == last)
         .map(|(i, r)| {
-            let rotated = if r.changed {
-                "yes"
-            } else if i == 0 {
-                "first read"
-            } else {
-                "last read"
+            let rotated = match (r.changed, i) {
+                (true, _) => "yes",
+                (false, 0) => "first read",
+                (false, _) => "last read",
             };
             vec![r.at.clone(), esc(&r.age), esc(&r.reason), rotated.into()]
         });

@@ -34,8 +34,6 @@ pub struct CandidateSet {
     pub candidates: Vec<Candidate>,
     /// Every helper source in the folder (relative paths).
     pub helpers: Vec<PathBuf>,
-    /// `.py` files whose name is not a valid target stem.
-    pub ignored: Vec<PathBuf>,
 }
 
 impl CandidateSet {
@@ -49,7 +47,6 @@ impl CandidateSet {
         }
         let mut pys = Vec::new();
         let mut helpers = Vec::new();
-        let mut ignored = Vec::new();
         for level in 1..=4u8 {
             let dir = root.join(format!("L{level}"));
             if !dir.is_dir() {
@@ -59,11 +56,13 @@ impl CandidateSet {
                 let rel = PathBuf::from(format!("L{level}")).join(&name);
                 let ext = Path::new(&name).extension().and_then(|e| e.to_str());
                 match ext {
+                    // A `.py` whose name is not a valid target stem is no candidate.
                     Some("py") => {
                         let stem = name.trim_end_matches(".py");
-                        match TargetId::new(level, stem) {
-                            Ok(t) if !stem.starts_with('_') => pys.push((t, rel)),
-                            _ => ignored.push(rel),
+                        if let Ok(t) = TargetId::new(level, stem)
+                            && !stem.starts_with('_')
+                        {
+                            pys.push((t, rel));
                         }
                     }
                     Some(e) if HELPER_EXTENSIONS.contains(&e) => helpers.push(rel),
@@ -84,7 +83,6 @@ impl CandidateSet {
             root: root.to_path_buf(),
             candidates,
             helpers,
-            ignored,
         })
     }
 
@@ -175,10 +173,8 @@ pub(crate) fn numbered_dirs(parent: &Path, prefix: &str) -> Vec<PathBuf> {
         .flatten()
         .filter_map(Result::ok)
         .filter_map(|e| {
-            Some((
-                number_of(&e.file_name().to_string_lossy(), prefix)?,
-                e.path(),
-            ))
+            let n = number_of(&e.file_name().to_string_lossy(), prefix)?;
+            Some((n, e.path()))
         })
         .collect();
     dirs.sort_by_key(|d| d.0);
@@ -246,7 +242,7 @@ pub fn session_candidates(run_dir: &Path) -> Result<Vec<(TargetId, PathBuf)>, Sc
 /// folder in the fastkernels layout. Two sessions writing a helper of the same name with
 /// different content is an error: the real bench would load only one of them.
 pub fn gather_sessions(sessions: &[(TargetId, PathBuf)], dest: &Path) -> Result<(), ScoreError> {
-    let mut owner: std::collections::BTreeMap<PathBuf, TargetId> = Default::default();
+    let mut owner: BTreeMap<PathBuf, TargetId> = BTreeMap::new();
     for (target, cand) in sessions {
         let level_dir = target.level_dir();
         let src = cand.join(&level_dir);

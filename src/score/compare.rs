@@ -334,10 +334,8 @@ pub fn load(
         seq_events: store.events(seq_run, None, 0)?,
     };
     let mut c = compare(&input);
-    for run in [ind_run, seq_run] {
-        c.backends.insert(run.to_string(), backend_of(store, run));
-    }
     for (mode, run) in [("ind", ind_run), ("seq", seq_run)] {
+        c.backends.insert(run.to_string(), backend_of(store, run));
         if let Some(o) = crate::score::e2e::latest(&runs_dir.join(run)) {
             c.simulated |= o.simulated;
             c.e2e.extend(crate::score::e2e::rows::rows(mode, &o));
@@ -448,16 +446,10 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
         levels = table(&header, &rows);
     }
     out.push_str(&levels);
-    let _ = writeln!(
-        out,
-        "\nwon by independent only: {}",
-        names(&c.overall.only_independent)
-    );
-    let _ = writeln!(
-        out,
-        "won by sequential only:  {}",
-        names(&c.overall.only_sequential)
-    );
+    let ind = names(&c.overall.only_independent);
+    let seq = names(&c.overall.only_sequential);
+    let _ = writeln!(out, "\nwon by independent only: {ind}");
+    let _ = writeln!(out, "won by sequential only:  {seq}");
     for l in &c.sequential_lost {
         let line = format!("sequential level dropped {}: {}", l.target, l.reason);
         out.push_str(&wrap(&line, width, 2));

@@ -20,6 +20,7 @@ use super::compare::{
 };
 use super::render::{banner, fit_table, group_f, speed_or_dash};
 use crate::event::{Elapsed, SessionResult, TurnFinished};
+use crate::inspect::clock;
 use crate::store::Store;
 use crate::target::TargetId;
 
@@ -154,8 +155,7 @@ fn compare(a: &Loaded, b: &Loaded, targets: &[TargetId]) -> AbComparison {
 }
 
 fn wall(s: Option<u64>) -> String {
-    s.map(|s| format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60))
-        .unwrap_or_else(|| "-".into())
+    s.map_or_else(|| "-".into(), clock)
 }
 
 /// The comparison as text that fits `width` columns.
@@ -205,7 +205,7 @@ pub fn render(c: &AbComparison, width: usize) -> String {
             "spent {label}  {} tokens · {} GPU-hours · sessions' wall {}",
             group_f(r.spent.tokens as f64, 0),
             group_f(r.spent.gpu_hours, 3),
-            wall(Some(r.session_wall_s))
+            clock(r.session_wall_s)
         );
     }
     let rows: Vec<Vec<String>> = c

@@ -106,11 +106,6 @@ impl Confirmation {
             ..Self::default()
         }
     }
-
-    /// Benches after the first.
-    pub fn extra(&self) -> usize {
-        self.benches.len().saturating_sub(1)
-    }
 }
 
 /// What to do after a bench.
@@ -180,13 +175,13 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
         ));
         return Step::Done(c);
     }
-    if kept.len() < 2 {
+    let m = kept.len();
+    if m < 2 {
         if !last_chance {
             return Step::More;
         }
         c.reason = Some(format!(
-            "{} of {n} benches left after outliers: too few to confirm",
-            kept.len()
+            "{m} of {n} benches left after outliers: too few to confirm"
         ));
         return Step::Done(c);
     }
@@ -200,20 +195,16 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
         (rule.beta / (1.0 - rule.alpha)).ln(),
     );
     let g = ratio(test.mean.exp(), rule.threshold);
-    let m = kept.len();
     if test.llr >= accept {
         c.confirmed = true;
     } else if test.llr <= reject || (last_chance && test.mean < rule.threshold.ln()) {
+        let t = short(rule.threshold);
         c.reason = Some(if test.mean < rule.threshold.ln() {
-            format!(
-                "geomean of {m} benches {g}, below {}×",
-                short(rule.threshold)
-            )
+            format!("geomean of {m} benches {g}, below {t}×")
         } else {
+            let win = short(rule.threshold * rule.worth);
             format!(
-                "geomean of {m} benches {g}: too close to {}× for a {}× win (sequential test stopped)",
-                short(rule.threshold),
-                short(rule.threshold * rule.worth)
+                "geomean of {m} benches {g}: too close to {t}× for a {win}× win (sequential test stopped)"
             )
         });
     } else if !last_chance {
@@ -351,7 +342,7 @@ mod tests {
         assert!(matches!(step(&[1.11], &rule), Step::More));
         let c = done(&[1.11, 1.09]);
         assert!(c.confirmed, "{c:?}");
-        assert_eq!(c.extra(), 1);
+        assert_eq!(c.benches.len(), 2);
     }
 
     #[test]

@@ -50,10 +50,7 @@ pub async fn rescue_outliers<L: BenchLauncher>(
     }
     let reqs = picked
         .iter()
-        .map(|(t, _)| {
-            let base = dir.join(format!("L{}_{}", t.level(), t.stem()));
-            BenchRequest::target(t, &base.join("candidate"), &base.join("rescue"))
-        })
+        .map(|(t, _)| again(dir, t, "rescue"))
         .collect();
     let runs = driver.run_many(reqs, cancel).await;
     stage.runs.extend(runs.iter().map(RunSummary::of));
@@ -118,14 +115,8 @@ pub async fn confirm_winners<L: BenchLauncher>(
         if round % 2 == 0 {
             pending.reverse();
         }
-        let reqs = pending
-            .iter()
-            .map(|(t, _)| {
-                let base = dir.join(format!("L{}_{}", t.level(), t.stem()));
-                let work = base.join(format!("confirm-{round}"));
-                BenchRequest::target(t, &base.join("candidate"), &work)
-            })
-            .collect();
+        let work = format!("confirm-{round}");
+        let reqs = pending.iter().map(|(t, _)| again(dir, t, &work)).collect();
         let runs = driver.run_many(reqs, cancel).await;
         stage.runs.extend(runs.iter().map(RunSummary::of));
         let mut next = Vec::new();
@@ -159,6 +150,12 @@ pub async fn confirm_winners<L: BenchLauncher>(
     apply_confirmations(stage, done);
 }
 
+/// One more bench of `target`'s first-bench candidate, in `<dir>/L<n>_<stem>/<work>/`.
+fn again(dir: &Path, target: &TargetId, work: &str) -> BenchRequest {
+    let base = dir.join(format!("L{}_{}", target.level(), target.stem()));
+    BenchRequest::target(target, &base.join("candidate"), &base.join(work))
+}
+
 /// The geomean of one confirmation bench, or why it has none.
 fn confirmation_geomean(target: &TargetId, run: &BenchRun) -> Result<f64, String> {
     let result = run.result.as_ref().map_err(|f| f.describe())?;
@@ -179,10 +176,8 @@ fn apply_confirmations(stage: &mut StageReport, mut done: BTreeMap<TargetId, Con
         };
         if !c.confirmed {
             v.winner = false;
-            v.reason = Some(format!(
-                "not confirmed: {}",
-                c.reason.clone().unwrap_or_default()
-            ));
+            let why = c.reason.as_deref().unwrap_or_default();
+            v.reason = Some(format!("not confirmed: {why}"));
         }
         v.confirmation = Some(c);
     }

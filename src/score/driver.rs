@@ -317,15 +317,6 @@ pub struct BenchDriver<L> {
     progress: Option<ProgressFn>,
 }
 
-impl<L> std::fmt::Debug for BenchDriver<L> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BenchDriver")
-            .field("params", &self.params)
-            .field("checkout", &self.checkout)
-            .finish()
-    }
-}
-
 impl<L: BenchLauncher> BenchDriver<L> {
     /// A driver; reads the checkout's commit and dirty state once.
     pub async fn new(params: DriverParams, launcher: L) -> Result<Self, ScoreError> {
@@ -417,23 +408,19 @@ impl<L: BenchLauncher> BenchDriver<L> {
                 .await
                 .map_err(|e| e.to_string())
         };
-        let exit = match launched.await {
-            Ok(e) => e,
-            Err(why) => {
-                return BenchRun {
-                    request: req,
-                    exit: None,
-                    result: Err(BenchFailure::Launch { why }),
-                };
+        let (exit, result) = match launched.await {
+            Ok(exit) => {
+                let result = interpret(&exit, &req.output(), &stderr_path);
+                if let Some(progress) = &self.progress {
+                    progress(&req.label, exit.wall_s, result.is_ok());
+                }
+                (Some(exit), result)
             }
+            Err(why) => (None, Err(BenchFailure::Launch { why })),
         };
-        let result = interpret(&exit, &req.output(), &stderr_path);
-        if let Some(progress) = &self.progress {
-            progress(&req.label, exit.wall_s, result.is_ok());
-        }
         BenchRun {
             request: req,
-            exit: Some(exit),
+            exit,
             result,
         }
     }

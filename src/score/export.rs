@@ -96,10 +96,8 @@ pub fn dropped_reason(v: &TargetVerdict) -> String {
             _ => "not in composed bench".into(),
         }
     } else {
-        format!(
-            "failed composed bench: {}",
-            v.reason.clone().unwrap_or_default()
-        )
+        let why = v.reason.as_deref().unwrap_or_default();
+        format!("failed composed bench: {why}")
     }
 }
 
@@ -205,7 +203,12 @@ pub fn build_final_set(
         kernels,
         dropped,
         gate: standalone.map(|g| g.gate.kind.as_str().to_string()),
-        unconfirmed: unconfirmed(standalone),
+        unconfirmed: standalone
+            .into_iter()
+            .flat_map(|g| &g.verdicts)
+            .filter(|v| v.published && !v.winner && v.confirmation.is_some())
+            .map(|v| dropped_entry(&v.target, v.reason.clone().unwrap_or_default()))
+            .collect(),
         files,
         unreferenced_sources,
         fastkernels_commit: Some(report.checkout.commit.clone()),
@@ -219,16 +222,6 @@ pub fn build_final_set(
         manifest_path,
         manifest,
     })
-}
-
-/// Published winners that their confirmation took the win from.
-fn unconfirmed(standalone: Option<&crate::score::gate::GateReport>) -> Vec<DroppedEntry> {
-    standalone
-        .into_iter()
-        .flat_map(|g| g.verdicts.iter())
-        .filter(|v| v.published && !v.winner && v.confirmation.is_some())
-        .map(|v| dropped_entry(&v.target, v.reason.clone().unwrap_or_default()))
-        .collect()
 }
 
 fn slash(p: &Path) -> String {

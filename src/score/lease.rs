@@ -28,37 +28,7 @@ impl LeaseLauncher {
             next: AtomicU64::new(0),
         }
     }
-}
 
-impl BenchLauncher for LeaseLauncher {
-    async fn launch(
-        &self,
-        inv: Invocation,
-        cancel: CancellationToken,
-    ) -> Result<ProcessExit, ScoreError> {
-        let n = self.next.fetch_add(1, Ordering::SeqCst);
-        // The work dir (where the outputs go) is unique per bench, so it keys the lease.
-        let key = format!("{}#{n}", inv.stdout.display());
-        let session = inv
-            .env
-            .iter()
-            .find(|(k, _)| k == "FK_AGENTD_SESSION")
-            .map(|(_, v)| v.clone())
-            // Benches without an agent session (scoring) are each their own lease holder, so
-            // the per-session cap of agent campaigns does not serialise them.
-            .unwrap_or_else(|| format!("{}/{n}", self.session));
-        let req = LeaseRequest {
-            class: self.class,
-            gpus: 1,
-            max_run: inv.deadline,
-            session,
-            idempotency_key: key,
-        };
-        self.run_leased(&inv, req, cancel).await
-    }
-}
-
-impl LeaseLauncher {
     /// Runs invocation `inv` as the lease `req` asks for, and tells its end as a bench
     /// process's; a lease refused or ended by the infrastructure is a launch error.
     pub(crate) async fn run_leased(
@@ -67,14 +37,12 @@ impl LeaseLauncher {
         req: LeaseRequest,
         cancel: CancellationToken,
     ) -> Result<ProcessExit, ScoreError> {
-        let mut argv = vec![inv.program.clone()];
-        argv.extend(inv.args.iter().cloned());
         let cmd = LeaseCommand {
-            argv,
-            cwd: inv
-                .cwd
-                .clone()
-                .unwrap_or_else(|| std::path::PathBuf::from("/")),
+            argv: std::iter::once(&inv.program)
+                .chain(&inv.args)
+                .cloned()
+                .collect(),
+            cwd: inv.cwd.clone().unwrap_or_else(|| "/".into()),
             env: inv.env.clone(),
             stdout: inv.stdout.clone(),
             stderr: inv.stderr.clone(),
@@ -108,5 +76,33 @@ impl LeaseLauncher {
             },
             wall_s: out.wall_ms as f64 / 1000.0,
         })
+    }
+}
+
+impl BenchLauncher for LeaseLauncher {
+    async fn launch(
+        &self,
+        inv: Invocation,
+        cancel: CancellationToken,
+    ) -> Result<ProcessExit, ScoreError> {
+        let n = self.next.fetch_add(1, Ordering::SeqCst);
+        // The work dir (where the outputs go) is unique per bench, so it keys the lease.
+        let key = format!("{}#{n}", inv.stdout.display());
+        let session = inv
+            .env
+            .iter()
+            .find(|(k, _)| k == "FK_AGENTD_SESSION")
+            .map(|(_, v)| v.clone())
+            // Benches without an agent session (scoring) are each their own lease holder, so
+            // the per-session cap of agent campaigns does not serialise them.
+            .unwrap_or_else(|| format!("{}/{n}", self.session));
+        let req = LeaseRequest {
+            class: self.class,
+            gpus: 1,
+            max_run: inv.deadline,
+            session,
+            idempotency_key: key,
+        };
+        self.run_leased(&inv, req, cancel).await
     }
 }

@@ -48,15 +48,6 @@ pub enum ScoreError {
 }
 
 impl ScoreError {
-    /// The CLI exit code: 2 bad input, 1 scoring could not complete, 3 I/O or launch trouble.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ScoreError::Usage(_) => crate::exit::EXIT_USAGE,
-            ScoreError::Incomplete(_) => crate::exit::EXIT_FAILURES,
-            _ => crate::exit::EXIT_UNAVAILABLE,
-        }
-    }
-
     pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> ScoreError + '_ {
         move |source| ScoreError::Io {
             path: path.to_path_buf(),
@@ -75,4 +66,9 @@ impl ScoreError {
     }
 }
 
-crate::exit_code!(ScoreError, |self| ScoreError::exit_code(self));
+// The CLI exit code: 2 bad input, 1 scoring could not complete, 3 I/O or launch trouble.
+crate::exit_code!(ScoreError, |self| match self {
+    ScoreError::Usage(_) => crate::exit::EXIT_USAGE,
+    ScoreError::Incomplete(_) => crate::exit::EXIT_FAILURES,
+    _ => crate::exit::EXIT_UNAVAILABLE,
+});

@@ -225,11 +225,11 @@ fn judge_repeats(
     for (k, run) in reps.iter().enumerate() {
         match &run.result {
             Ok(r) => results.push(r.clone()),
-            Err(f) if reps.len() == 1 => {
-                return Ok(TargetVerdict::no_result(target.clone(), &f.describe()));
-            }
             Err(f) => {
-                let why = format!("repeat {}: {}", k + 1, f.describe());
+                let mut why = f.describe();
+                if reps.len() > 1 {
+                    why = format!("repeat {}: {why}", k + 1);
+                }
                 return Ok(TargetVerdict::no_result(target.clone(), &why));
             }
         }
@@ -432,8 +432,7 @@ async fn score_set<L: BenchLauncher>(
             simulated: report.simulated,
             checkout: &report.checkout,
         };
-        let final_set = build_final_set(&set, &source, &params.set_name, &win_dir)?;
-        report.final_set = Some(final_set);
+        report.final_set = Some(build_final_set(&set, &source, &params.set_name, &win_dir)?);
     }
     write_json(&gen_dir.join("score.json"), &report)?;
     Ok(report)
@@ -443,23 +442,17 @@ async fn score_set<L: BenchLauncher>(
 /// has no interval) is not one.
 fn gate_on_lower_bound(stage: &mut StageReport, threshold: f64) {
     for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
-        match stage.spreads.get(&v.target.to_string()) {
-            Some(s) if s.ci95.0 >= threshold => {}
-            Some(s) => {
-                v.winner = false;
-                v.reason = Some(format!(
-                    "95% interval lower end {:.3} < {threshold:.1} (geomean {:.3})",
-                    s.ci95.0,
-                    v.geomean.unwrap_or(0.0)
-                ));
-            }
-            None => {
-                v.winner = false;
-                v.reason = Some(
-                    "no bootstrap interval (needs --repeats ≥ 2 and every repeat passing)".into(),
-                );
-            }
-        }
+        let why = match stage.spreads.get(&v.target.to_string()) {
+            Some(s) if s.ci95.0 >= threshold => continue,
+            Some(s) => format!(
+                "95% interval lower end {:.3} < {threshold:.1} (geomean {:.3})",
+                s.ci95.0,
+                v.geomean.unwrap_or(0.0)
+            ),
+            None => "no bootstrap interval (needs --repeats ≥ 2 and every repeat passing)".into(),
+        };
+        v.winner = false;
+        v.reason = Some(why);
     }
 }
 

@@ -138,12 +138,9 @@ fn confirmed_table(s: &StageReport, width: usize) -> String {
                 (true, false) => "published",
                 (false, false) => "no",
             };
+            let plural = if v.rows == 1 { "" } else { "s" };
             let detail = [
-                Some(format!(
-                    "{} row{}",
-                    v.rows,
-                    if v.rows == 1 { "" } else { "s" }
-                )),
+                Some(format!("{} row{plural}", v.rows)),
                 (benches != "-").then(|| format!("benches {benches}")),
                 Some(reason(v)).filter(|r| !r.is_empty()),
             ];
@@ -220,11 +217,8 @@ fn stage(out: &mut String, title: &str, s: &StageReport, header: &str, width: us
     } else {
         "correct, any speedup".to_string()
     };
-    let line = format!(
-        "\n{title}: {} of {} winners ({rule}; SKIPPED rows ignored)",
-        s.gate.winner_count(),
-        s.gate.verdicts.len(),
-    );
+    let (won, judged) = (s.gate.winner_count(), s.gate.verdicts.len());
+    let line = format!("\n{title}: {won} of {judged} winners ({rule}; SKIPPED rows ignored)");
     out.push_str(&wrap(&line, width, 2));
     out.push_str(&gate_table(s, header, width));
 }
@@ -235,21 +229,17 @@ fn noise_line(out: &mut String, r: &ScoreReport, width: usize) {
         return;
     };
     let names: Vec<String> = n.targets.iter().map(|t| t.to_string()).collect();
+    let names = names.join(", ");
     match (n.geomean, n.p05, n.p95) {
         (Some(g), Some(lo), Some(hi)) => {
             let line = format!(
-                "noise floor  self-test of {} ({} rows): geomean {g:.3}×, 90% of rows in [{lo:.3}×, {hi:.3}×]",
-                names.join(", "),
+                "noise floor  self-test of {names} ({} rows): geomean {g:.3}×, 90% of rows in [{lo:.3}×, {hi:.3}×]",
                 n.rows
             );
             out.push_str(&wrap(&line, width, 13));
         }
         _ => {
-            let _ = writeln!(
-                out,
-                "noise floor  self-test of {} gave no rows",
-                names.join(", ")
-            );
+            let _ = writeln!(out, "noise floor  self-test of {names} gave no rows");
         }
     }
     for f in &n.failures {
@@ -266,23 +256,15 @@ pub fn score_table(r: &ScoreReport) -> String {
 pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
     let mut out = banner(r.simulated, width);
     // Paths stay on their line whole: a terminal wraps them better than we can.
-    let _ = writeln!(
-        out,
-        "candidates   {} ({} candidates)",
-        r.candidates_dir.display(),
-        r.candidates
-    );
+    let (dir, n) = (r.candidates_dir.display(), r.candidates);
+    let _ = writeln!(out, "candidates   {dir} ({n} candidates)");
     let _ = writeln!(out, "results      {}", r.generation.display());
-    let _ = writeln!(
-        out,
-        "fastkernels  {}{}",
-        r.checkout.commit,
-        match r.checkout.dirty {
-            Some(true) => " (dirty)",
-            Some(false) => "",
-            None => " (dirty state unknown)",
-        }
-    );
+    let dirty = match r.checkout.dirty {
+        Some(true) => " (dirty)",
+        Some(false) => "",
+        None => " (dirty state unknown)",
+    };
+    let _ = writeln!(out, "fastkernels  {}{dirty}", r.checkout.commit);
     if r.repeats > 1 {
         let _ = writeln!(
             out,

@@ -36,6 +36,19 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status but [`Status::Other`].
+    const KNOWN: [Status; 9] = [
+        Status::Passed,
+        Status::Skipped,
+        Status::IncorrectNumerical,
+        Status::IncorrectShape,
+        Status::IncorrectDtype,
+        Status::RuntimeError,
+        Status::RewardHack,
+        Status::CompileError,
+        Status::Timeout,
+    ];
+
     pub fn as_str(&self) -> &str {
         match self {
             Status::Passed => "PASSED",
@@ -57,23 +70,6 @@ impl Status {
     }
 }
 
-impl From<&str> for Status {
-    fn from(s: &str) -> Self {
-        match s {
-            "PASSED" => Status::Passed,
-            "SKIPPED" => Status::Skipped,
-            "INCORRECT_NUMERICAL" => Status::IncorrectNumerical,
-            "INCORRECT_SHAPE" => Status::IncorrectShape,
-            "INCORRECT_DTYPE" => Status::IncorrectDtype,
-            "RUNTIME_ERROR" => Status::RuntimeError,
-            "REWARD_HACK" => Status::RewardHack,
-            "COMPILE_ERROR" => Status::CompileError,
-            "TIMEOUT" => Status::Timeout,
-            other => Status::Other(other.to_string()),
-        }
-    }
-}
-
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -89,7 +85,8 @@ impl Serialize for Status {
 impl<'de> Deserialize<'de> for Status {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
-        Ok(Status::from(s.as_str()))
+        let known = Status::KNOWN.into_iter().find(|k| k.as_str() == s);
+        Ok(known.unwrap_or(Status::Other(s)))
     }
 }
 
@@ -278,10 +275,6 @@ impl OpKey {
 
 /// The `op` string fastkernels uses for a baseline class.
 pub fn op_string(target: &TargetId, class: &str) -> String {
-    format!(
-        "fastkernels.tasks.baseline.L{}.{}:{}",
-        target.level(),
-        target.stem(),
-        class
-    )
+    let (level, stem) = (target.level(), target.stem());
+    format!("fastkernels.tasks.baseline.L{level}.{stem}:{class}")
 }

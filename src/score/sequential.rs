@@ -258,10 +258,8 @@ pub async fn gate_level<L: BenchLauncher>(
             write_json(&dir.join("bench.json"), result)?;
         }
         let failed = mix.verdicts.iter().filter(|v| !v.winner).map(|v| {
-            (
-                &v.target,
-                format!("failed the level mix: {}", dropped_reason(v)),
-            )
+            let reason = format!("failed the level mix: {}", dropped_reason(v));
+            (&v.target, reason)
         });
         let broke = mix.breakers.iter().map(|b| (&b.target, b.reason.clone()));
         for (t, reason) in failed.chain(broke) {
@@ -409,12 +407,8 @@ pub async fn score_levels<L: BenchLauncher>(
 
 fn dropped_lines(out: &mut String, dropped: &[Decision]) {
     for d in dropped {
-        let _ = writeln!(
-            out,
-            "  dropped {}: {}",
-            d.target,
-            d.reason.as_deref().unwrap_or("")
-        );
+        let reason = d.reason.as_deref().unwrap_or("");
+        let _ = writeln!(out, "  dropped {}: {reason}", d.target);
     }
 }
 
@@ -451,17 +445,13 @@ pub fn seq_table(r: &SeqReport) -> String {
         ));
         dropped_lines(&mut out, &g.dropped);
     }
+    let (kept, dropped) = (r.gate.winners.len(), r.gate.dropped.len());
     let _ = writeln!(
         out,
-        "\nfinal composed bench: {} kept, {} dropped",
-        r.gate.winners.len(),
-        r.gate.dropped.len()
+        "\nfinal composed bench: {kept} kept, {dropped} dropped"
     );
     dropped_lines(&mut out, &r.gate.dropped);
-    let _ = writeln!(
-        out,
-        "gate         {}",
-        r.seq_dir.join("gate.json").display()
-    );
+    let gate = r.seq_dir.join("gate.json");
+    let _ = writeln!(out, "gate         {}", gate.display());
     out
 }

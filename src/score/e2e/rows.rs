@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::score::render::{group_f, speed_or_dash, wrap};
 
 /// One tokens/s row of an end-to-end eval, beside the kernel-level results.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct E2eRow {
     /// `ind` or `seq`.
     pub mode: String,
@@ -31,12 +31,9 @@ pub fn rows(mode: &str, o: &super::E2eOutcome) -> Vec<E2eRow> {
         scenarios: o.scenarios.clone(),
         model: "-".into(),
         workload: "-".into(),
-        baseline_tok_per_s: None,
-        candidate_tok_per_s: None,
-        speedup: None,
-        correct: None,
         simulated: o.simulated,
         failure: o.failure.clone(),
+        ..E2eRow::default()
     };
     if o.reports.is_empty() {
         return vec![E2eRow {
@@ -104,13 +101,11 @@ pub fn table(rows: &[E2eRow], width: usize) -> String {
         ],
         &cells,
     ));
-    for r in rows.iter().filter(|r| r.failure.is_some()) {
-        let line = format!(
-            "e2e {} gave no result: {}",
-            r.mode,
-            r.failure.clone().unwrap_or_default()
-        );
-        out.push_str(&wrap(&line, width, 2));
+    for r in rows {
+        if let Some(why) = &r.failure {
+            let line = format!("e2e {} gave no result: {why}", r.mode);
+            out.push_str(&wrap(&line, width, 2));
+        }
     }
     out
 }
