@@ -135,13 +135,13 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let n = self.next_number(ws, "validations", "");
-        let (driver, journal, gate, ws) = (
+        let (driver, journal, gate, ws, checks) = (
             self.driver.clone(),
             self.journal.clone(),
             self.gate,
             ws.clone(),
+            self.checks.clone(),
         );
-        let checks = self.checks.clone();
         Box::pin(async move {
             let candidate = ws.candidate_file();
             if !candidate.is_file() {
@@ -150,10 +150,10 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     ws.candidate_rel()
                 )));
             }
-            if let Checks::Real(real) = &checks {
-                if let Some(refused) = preflight(real, &ws, &candidate).await? {
-                    return Ok(refused);
-                }
+            if let Checks::Real(real) = &checks
+                && let Some(refused) = preflight(real, &ws, &candidate).await?
+            {
+                return Ok(refused);
             }
             let source = std::fs::read(&candidate).ok();
             let screen = source.as_ref().map_or_else(String::new, |b| {
@@ -165,7 +165,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
                 .for_session(&ws.target().to_string(), &ws.cache_dir());
             let run = driver.run(req, cancel.clone()).await;
-            let gpu_s = run.exit.as_ref().map(|e| e.wall_s).unwrap_or(0.0);
+            let gpu_s = run.exit.as_ref().map_or(0.0, |e| e.wall_s);
             let _ = journal.update("running", |p| {
                 p.leases += 1;
                 p.gpu_s += gpu_s;
@@ -366,12 +366,12 @@ fn record_validation(
     if let Err(e) = crate::score::stage::write_json(&record, &validation) {
         tracing::warn!(error = %e, "cannot keep a validation beside its bench");
     }
-    if v.failing_statuses.is_empty() && v.rows > 0 {
-        if let Some(g) = v.geomean {
-            let _ = journal.update("running", |p| {
-                p.best_speedup = Some(p.best_speedup.map_or(g, |b| b.max(g)));
-            });
-        }
+    if validation.passed_every_scenario()
+        && let Some(g) = v.geomean
+    {
+        let _ = journal.update("running", |p| {
+            p.best_speedup = Some(p.best_speedup.map_or(g, |b| b.max(g)));
+        });
     }
 }
 

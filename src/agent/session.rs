@@ -391,7 +391,6 @@ async fn model_turn(
             item: item.clone(),
         })?;
     }
-    let total = resp.usage.total_tokens();
     j.record_event(&TurnFinished {
         turn,
         response_id: Some(resp.response_id.clone()),
@@ -401,7 +400,7 @@ async fn model_turn(
     })?;
     j.update("running", |p| {
         p.turns = turn;
-        p.tokens += total;
+        p.tokens += resp.usage.total_tokens();
     })?;
     Ok(Ok(resp.output))
 }

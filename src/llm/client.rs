@@ -104,7 +104,7 @@ impl LlmClient {
         events: &Sender<LlmEvent>,
         cancel: &CancellationToken,
     ) -> Result<TurnResponse, LlmError> {
-        let body = super::build_body(&self.provider, req)?;
+        let body = super::request::build_body(&self.provider, req)?;
         let max_retries = self.provider.limits.max_retries;
         let (mut attempts, mut retries, mut reloaded) = (0u32, 0u32, false);
         loop {

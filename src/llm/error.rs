@@ -9,6 +9,8 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 
+use crate::workspace::truncate::floor_char_boundary;
+
 /// Longest server message kept in an error.
 const MAX_MESSAGE: usize = 2000;
 
@@ -253,13 +255,6 @@ fn clip(s: &str, max: usize) -> String {
         return s.to_string();
     }
     format!("{}…", &s[..floor_char_boundary(s, max)])
-}
-
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
-    while i > 0 && !s.is_char_boundary(i) {
-        i -= 1;
-    }
-    i
 }
 
 crate::exit_code!(LlmError, |self| if self.is_bad_config() {

@@ -32,8 +32,6 @@ use serde_json::Value;
 pub use client::LlmClient;
 pub use error::LlmError;
 pub use items::{FunctionCall, function_call_output, function_calls, user_message};
-pub use request::build_body;
-pub use retry::{backoff_delay, parse_retry_after};
 pub use token::{TokenProvider, TokenStatus};
 pub use usage::Usage;
 
@@ -91,8 +89,6 @@ pub enum LlmEvent {
     TextDelta { item_id: String, delta: String },
     /// Reasoning summary text as it streams.
     ReasoningDelta { item_id: String, delta: String },
-    /// One output item finished (its type and id, for live inspection).
-    ItemDone { item_type: String, item_id: String },
     /// A failed attempt that will be retried after `delay`.
     Retry {
         attempt: u32,

@@ -50,11 +50,6 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    /// Items completed so far.
-    pub fn items(&self) -> usize {
-        self.items.len()
-    }
-
     /// Feeds one SSE event (`name` is the `event:` field, used when the data has no `type`).
     /// Returns the outcome on a terminal event, `None` otherwise.
     pub fn feed(
@@ -84,10 +79,6 @@ impl Assembler {
             }
             "response.output_item.done" => {
                 let item: Value = serde_json::from_str(ev.item?.get()).ok()?;
-                sink(LlmEvent::ItemDone {
-                    item_type: item["type"].as_str().unwrap_or("").to_string(),
-                    item_id: item["id"].as_str().unwrap_or("").to_string(),
-                });
                 let order = self.items.len();
                 let index = ev.output_index.unwrap_or(order as u64);
                 self.items.push((index, order, item));
@@ -164,7 +155,7 @@ where
         match next {
             None => {
                 return Err(LlmError::StreamClosed {
-                    items: assembler.items(),
+                    items: assembler.items.len(),
                 });
             }
             Some(Err(e)) => {

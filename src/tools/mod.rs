@@ -121,10 +121,7 @@ pub struct ToolboxParams {
 
 /// One session's tools, bound to its workspace.
 pub struct Toolbox {
-    ws: Workspace,
-    gpu: Arc<dyn GpuTools>,
-    shell_env: ShellEnv,
-    limits: ToolLimits,
+    p: ToolboxParams,
 }
 
 #[derive(Deserialize)]
@@ -180,16 +177,11 @@ fn parse_args<T: DeserializeOwned>(tool: &str, json: &str) -> Result<T, ToolOutp
 
 impl Toolbox {
     pub fn new(params: ToolboxParams) -> Self {
-        Self {
-            ws: params.workspace,
-            gpu: params.gpu,
-            shell_env: params.shell_env,
-            limits: params.limits,
-        }
+        Self { p: params }
     }
 
     pub fn workspace(&self) -> &Workspace {
-        &self.ws
+        &self.p.workspace
     }
 
     /// Runs the tool `name` with its JSON arguments.
@@ -199,24 +191,25 @@ impl Toolbox {
         arguments_json: &str,
         cancel: CancellationToken,
     ) -> Result<ToolOutput, ToolError> {
+        let (ws, gpu, limits) = (&self.p.workspace, &self.p.gpu, &self.p.limits);
         match name {
             "shell" => match parse_args::<ShellArgs>(name, arguments_json) {
                 Ok(a) => self.shell(a, &cancel).await,
                 Err(out) => Ok(out),
             },
             "read_file" => Ok(parse_args::<ReadArgs>(name, arguments_json)
-                .and_then(|a| files::read_file(&self.ws, &a.path, a.offset, a.limit, &self.limits))
+                .and_then(|a| files::read_file(ws, &a.path, a.offset, a.limit, limits))
                 .unwrap_or_else(|e| e)),
             "write_file" => Ok(parse_args::<WriteArgs>(name, arguments_json)
-                .and_then(|a| files::write_file(&self.ws, &a.path, &a.content, &self.limits))
+                .and_then(|a| files::write_file(ws, &a.path, &a.content, limits))
                 .unwrap_or_else(|e| e)),
             "apply_patch" => Ok(parse_args::<PatchArgs>(name, arguments_json)
-                .and_then(|a| files::apply_patch(&self.ws, &a.patch))
+                .and_then(|a| files::apply_patch(ws, &a.patch))
                 .unwrap_or_else(|e| e)),
             "validate" => match parse_args::<NoArgs>(name, arguments_json)
                 .and_then(|a| self.with_candidate("validate", a))
             {
-                Ok(NoArgs {}) => self.gpu.validate(&self.ws, cancel).await,
+                Ok(NoArgs {}) => gpu.validate(ws, cancel).await,
                 Err(out) => Ok(out),
             },
             "profile_ncu" | "profile_nsys" => {
@@ -224,7 +217,7 @@ impl Toolbox {
                 match parse_args::<ProfileArgs>(name, arguments_json)
                     .and_then(|a| self.with_candidate("profile", a))
                 {
-                    Ok(a) => self.gpu.profile(kind, a.args, &self.ws, cancel).await,
+                    Ok(a) => gpu.profile(kind, a.args, ws, cancel).await,
                     Err(out) => Ok(out),
                 }
             }
@@ -247,13 +240,14 @@ impl Toolbox {
         args: ShellArgs,
         cancel: &CancellationToken,
     ) -> Result<ToolOutput, ToolError> {
+        let (ws, limits) = (&self.p.workspace, &self.p.limits);
         let timeout = match args.timeout_s {
-            None => self.limits.default_timeout,
+            None => limits.default_timeout,
             Some(0) => return Ok(ToolOutput::error("timeout_s must be at least 1")),
-            Some(s) if Duration::from_secs(s) > self.limits.max_timeout => {
+            Some(s) if Duration::from_secs(s) > limits.max_timeout => {
                 return Ok(ToolOutput::error(format!(
                     "timeout_s {s} is above the limit of {} s",
-                    self.limits.max_timeout.as_secs()
+                    limits.max_timeout.as_secs()
                 )));
             }
             Some(s) => Duration::from_secs(s),
@@ -264,9 +258,9 @@ impl Toolbox {
         let req = ShellRequest {
             cmd: args.cmd,
             timeout,
-            limits: self.limits.output,
+            limits: limits.output,
         };
-        let outcome = match exec::run(&self.ws, &self.shell_env, &req, cancel).await {
+        let outcome = match exec::run(ws, &self.p.shell_env, &req, cancel).await {
             Ok(o) => o,
             Err(ExecError::Cancelled) => {
                 return Err(ToolError::Cancelled {
@@ -300,12 +294,12 @@ impl Toolbox {
 
     /// `args`, unless there is no candidate to `verb` yet (what the model is told then).
     fn with_candidate<T>(&self, verb: &str, args: T) -> Result<T, ToolOutput> {
-        if self.ws.candidate_file().is_file() {
+        if self.p.workspace.candidate_file().is_file() {
             return Ok(args);
         }
         Err(ToolOutput::error(format!(
             "there is no candidate to {verb} yet: write `{}` first",
-            self.ws.candidate_rel()
+            self.p.workspace.candidate_rel()
         )))
     }
 }

@@ -67,10 +67,6 @@ impl Hunk {
             .collect()
     }
 
-    fn is_empty(&self) -> bool {
-        self.lines.is_empty()
-    }
-
     /// The replacement for the matched lines `found`: context keeps the file's own text (a
     /// whitespace-blind match must not rewrite indentation), additions come from the hunk.
     fn replacement(&self, found: &[String]) -> Vec<String> {
@@ -145,14 +141,11 @@ pub fn parse(patch: &str) -> Result<Vec<FileOp>, PatchError> {
             });
             i += 1;
         } else if let Some(path) = line.strip_prefix(UPDATE) {
-            let mut j = i + 1;
             let move_to = body
-                .get(j)
+                .get(i + 1)
                 .and_then(|l| l.strip_prefix(MOVE))
                 .map(|p| p.trim().to_string());
-            if move_to.is_some() {
-                j += 1;
-            }
+            let j = i + 1 + usize::from(move_to.is_some());
             let (hunks, used) = parse_hunks(&body[j..], j + 2)?;
             if hunks.is_empty() {
                 return Err(syntax(n, "`*** Update File` needs at least one hunk"));
@@ -181,16 +174,12 @@ pub fn parse(patch: &str) -> Result<Vec<FileOp>, PatchError> {
     Ok(ops)
 }
 
-fn is_op_header(line: &str) -> bool {
-    [ADD, DELETE, UPDATE].iter().any(|h| line.starts_with(h))
-}
-
 /// The lines of one file operation: up to the next operation header, without trailing blank
 /// lines (models often leave one before the next header); `used` counts the blank ones too.
 fn section<'a>(lines: &'a [&'a str]) -> (&'a [&'a str], usize) {
     let used = lines
         .iter()
-        .position(|l| is_op_header(l))
+        .position(|l| [ADD, DELETE, UPDATE].iter().any(|h| l.starts_with(h)))
         .unwrap_or(lines.len());
     let mut end = used;
     while end > 0 && lines[end - 1].trim().is_empty() {
@@ -221,7 +210,7 @@ fn parse_hunks(lines: &[&str], first_line: usize) -> Result<(Vec<Hunk>, usize), 
     let mut current: Option<Hunk> = None;
     for (k, line) in lines.iter().enumerate() {
         if let Some(rest) = line.strip_prefix("@@") {
-            hunks.extend(current.take().filter(|h| !h.is_empty()));
+            hunks.extend(current.take().filter(|h| !h.lines.is_empty()));
             let anchor = rest.trim();
             current = Some(Hunk {
                 anchor: (!anchor.is_empty()).then(|| anchor.to_string()),
@@ -250,7 +239,7 @@ fn parse_hunks(lines: &[&str], first_line: usize) -> Result<(Vec<Hunk>, usize), 
             }
         }
     }
-    hunks.extend(current.filter(|h| !h.is_empty()));
+    hunks.extend(current.filter(|h| !h.lines.is_empty()));
     Ok((hunks, used))
 }
 

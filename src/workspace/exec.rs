@@ -186,7 +186,11 @@ pub async fn run(
         stop
     };
     let end = match stop? {
-        Stop::Exited(status) => exit_kind(status),
+        Stop::Exited(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => ShellEnd::Exited(code),
+            (None, Some(sig)) => ShellEnd::Signaled(sig),
+            (None, None) => ShellEnd::Exited(-1),
+        },
         Stop::TimedOut => {
             let _ = tokio::time::timeout(DRAIN_GRACE, child.wait()).await;
             ShellEnd::TimedOut
@@ -246,13 +250,5 @@ pub(crate) fn kill_group(pgid: Option<u32>) {
         // ESRCH (the group is already gone) is the normal case for a command that exited
         // cleanly with no background jobs.
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-    }
-}
-
-fn exit_kind(status: ExitStatus) -> ShellEnd {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ShellEnd::Exited(code),
-        (None, Some(sig)) => ShellEnd::Signaled(sig),
-        (None, None) => ShellEnd::Exited(-1),
     }
 }

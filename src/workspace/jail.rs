@@ -17,7 +17,7 @@
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use super::{SIDECAR_EXTENSIONS, Workspace};
+use super::{SIDECAR_EXTENSIONS, Workspace, is_sidecar};
 
 /// What the caller will do with the path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,16 +141,8 @@ fn io_error(rel: &str, e: &io::Error) -> JailError {
 fn check_slot(ws: &Workspace, inside: &Path, rel: &str) -> Result<(), JailError> {
     let (level_dir, slot_name) = (ws.target().level_dir(), ws.target().file_name());
     let parts: Vec<&str> = inside.iter().filter_map(|p| p.to_str()).collect();
-    let ok = match parts.as_slice() {
-        [dir, name] if *dir == level_dir => {
-            *name == slot_name
-                || Path::new(name)
-                    .extension()
-                    .and_then(|e| e.to_str())
-                    .is_some_and(|e| SIDECAR_EXTENSIONS.contains(&e))
-        }
-        _ => false,
-    };
+    let ok = matches!(parts.as_slice(), [dir, name]
+        if *dir == level_dir && (*name == slot_name || is_sidecar(Path::new(name))));
     if ok {
         Ok(())
     } else {

@@ -38,6 +38,13 @@ pub use truncate::{OutputLimits, truncate_output};
 /// Extensions a candidate may place beside its `.py` file.
 pub const SIDECAR_EXTENSIONS: &[&str] = &["cu", "cuh", "cpp", "cc", "h", "hpp"];
 
+/// Whether `path` has a sidecar's extension.
+fn is_sidecar(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| SIDECAR_EXTENSIONS.contains(&e))
+}
+
 /// Errors creating or using a workspace outside a tool call (infrastructure, not the model).
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
@@ -85,7 +92,6 @@ pub struct Workspace {
     scratch: PathBuf,
     candidate_root: PathBuf,
     target: TargetId,
-    baseline_source: PathBuf,
 }
 
 impl Workspace {
@@ -124,9 +130,8 @@ impl Workspace {
             scratch,
             candidate_root,
             target: target.clone(),
-            baseline_source: baseline.clone(),
         };
-        ws.copy_baseline()?;
+        ws.copy_baseline(baseline)?;
         Ok(ws)
     }
 
@@ -134,16 +139,16 @@ impl Workspace {
     /// `workspace/baseline/L<n>/` as read-only files, so the agent reads the baseline without
     /// any path into the clean checkout. The directories stay writable so a run directory can
     /// be removed; the jail, not the mode bits, is what keeps the tools off them.
-    fn copy_baseline(&self) -> Result<(), WorkspaceError> {
+    fn copy_baseline(&self, baseline: &Path) -> Result<(), WorkspaceError> {
         let dest_dir = self.scratch.join("baseline").join(self.target.level_dir());
         if dest_dir.exists() {
             fs::remove_dir_all(&dest_dir).map_err(io_err("refresh", &dest_dir))?;
         }
         fs::create_dir_all(&dest_dir).map_err(io_err("create", &dest_dir))?;
-        let text = fs::read_to_string(&self.baseline_source)
-            .map_err(|_| WorkspaceError::Baseline(self.baseline_source.clone()))?;
-        let mut files = vec![self.baseline_source.clone()];
-        if let Some(src_dir) = self.baseline_source.parent() {
+        let text = fs::read_to_string(baseline)
+            .map_err(|_| WorkspaceError::Baseline(baseline.to_path_buf()))?;
+        let mut files = vec![baseline.to_path_buf()];
+        if let Some(src_dir) = baseline.parent() {
             files.extend(sidecars_of(src_dir, self.target.stem(), &text));
         }
         for src in files {
@@ -185,10 +190,6 @@ impl Workspace {
     pub fn baseline_rel(&self) -> String {
         format!("baseline/{}", self.target.candidate_path())
     }
-    /// The original baseline in the clean checkout (never written).
-    pub fn baseline_source(&self) -> &Path {
-        &self.baseline_source
-    }
     /// Per-target compiler caches, kept across validations of this target.
     pub fn cache_dir(&self) -> PathBuf {
         self.session_dir.join("cache")
@@ -214,13 +215,9 @@ fn sidecars_of(dir: &Path, stem: &str, text: &str) -> Vec<PathBuf> {
         .map(|e| e.path())
         .filter(|p| p.is_file())
         .filter(|p| {
-            let ext_ok = p
-                .extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| SIDECAR_EXTENSIONS.contains(&e));
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
             let file_stem = p.file_stem().and_then(|n| n.to_str()).unwrap_or("");
-            ext_ok && (file_stem == stem || text.contains(&format!("\"{name}\"")))
+            is_sidecar(p) && (file_stem == stem || text.contains(&format!("\"{name}\"")))
         })
         .collect();
     out.sort();

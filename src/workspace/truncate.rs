@@ -147,7 +147,7 @@ fn take_tail(s: &str, max_lines: usize, max_bytes: usize) -> String {
     s[start..].to_string()
 }
 
-fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+pub(crate) fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i = i.min(s.len());
     while !s.is_char_boundary(i) {
         i -= 1;

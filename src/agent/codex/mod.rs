@@ -32,9 +32,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{AgentRunner, AgentRunnerParams};
-use crate::config::Config;
 use crate::config::agent::AgentBackend;
 use crate::config::provider::ProviderConfig;
+use crate::config::{Config, SettingSource, record};
 use crate::error::Error;
 use crate::run::RunJournal;
 use crate::scheduler::{SessionFuture, SessionRunner, SessionSlot};
@@ -179,15 +179,6 @@ impl CodexCheck {
     }
 }
 
-/// Everything a codex campaign needs beyond a native one.
-#[derive(Clone, Debug)]
-pub struct CodexSetup {
-    pub binary: PathBuf,
-    pub version: String,
-    /// The bundled catalog entry the model's entry is made from.
-    pub template: Value,
-}
-
 /// For a codex campaign: locates the binary and records the backend's facts (codex version,
 /// binary, the generated config) as settings, so the manifest shows them. A native campaign
 /// is left as it is.
@@ -203,15 +194,11 @@ pub fn settle(
         return Ok(());
     }
     let bin = CodexBinary::locate(config.agent.codex.as_deref(), path_var)?;
-    config.agent.codex = Some(bin.path.clone());
-    let source = crate::config::SettingSource::Default;
-    config
-        .settings
-        .insert("agent.codex_version".into(), (bin.version.clone(), source));
-    config.settings.insert(
-        "agent.codex_config".into(),
-        (home::recorded_config(provider).replace('\n', "; "), source),
-    );
+    let (settings, source) = (&mut config.settings, SettingSource::Default);
+    record(settings, "agent.codex_version", &bin.version, source);
+    let recorded = home::recorded_config(provider).replace('\n', "; ");
+    record(settings, "agent.codex_config", recorded, source);
+    config.agent.codex = Some(bin.path);
     Ok(())
 }
 
@@ -225,12 +212,7 @@ pub async fn runner_for(
         AgentBackend::Codex => {
             let bin = CodexBinary::locate(config.agent.codex.as_deref(), None)?;
             let template = bundled_template(&bin, &config.home.join("codex")).await?;
-            let setup = CodexSetup {
-                binary: bin.path,
-                version: bin.version,
-                template,
-            };
-            Ok(Arc::new(CodexRunner::new(params, setup)))
+            Ok(Arc::new(CodexRunner::new(params, bin, template)))
         }
     }
 }
@@ -287,10 +269,12 @@ These commands can take minutes (a lease may wait for a GPU): give them a long y
     )
 }
 
-/// What every codex session of a campaign shares.
+/// What every codex session of a campaign shares: a native campaign's parts, the binary, and
+/// the bundled catalog entry the model's entry is made from.
 pub(crate) struct Inner {
     pub agent: AgentRunnerParams,
-    pub setup: CodexSetup,
+    pub bin: CodexBinary,
+    pub template: Value,
 }
 
 /// Starts codex sessions for the scheduler.
@@ -299,9 +283,13 @@ pub struct CodexRunner {
 }
 
 impl CodexRunner {
-    pub fn new(agent: AgentRunnerParams, setup: CodexSetup) -> Self {
+    pub fn new(agent: AgentRunnerParams, bin: CodexBinary, template: Value) -> Self {
         Self {
-            inner: Arc::new(Inner { agent, setup }),
+            inner: Arc::new(Inner {
+                agent,
+                bin,
+                template,
+            }),
         }
     }
 }

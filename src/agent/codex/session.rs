@@ -157,7 +157,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         j.record_event(&SessionStarted {
             prompt_sha256: crate::digest::sha256_hex(s.prompt.as_bytes()),
             backend: Some("codex".into()),
-            codex_version: Some(inner.setup.version.clone()),
+            codex_version: Some(inner.bin.version.clone()),
             ..SessionStarted::default()
         })?;
         j.record_event(&UserMessage {
@@ -190,9 +190,9 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         path: s.layout.codex_home.clone(),
         source: std::io::Error::other(e),
     };
-    let config = home::write(llm.provider(), &s.layout, &inner.setup.template).map_err(io)?;
+    let config = home::write(llm.provider(), &s.layout, &inner.template).map_err(io)?;
     j.record_event(&CodexConfig {
-        codex_version: inner.setup.version.clone(),
+        codex_version: inner.bin.version.clone(),
         config_toml: config,
     })?;
     let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| io(e.to_string()))?;
@@ -218,7 +218,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             _ => (exec_args(None), s.prompt.clone()),
         };
         let process = CodexProcess::spawn(Spawn {
-            binary: inner.setup.binary.clone(),
+            binary: inner.bin.path.clone(),
             args,
             cwd: s.tools.toolbox.workspace().scratch_dir().to_path_buf(),
             env: env.clone(),

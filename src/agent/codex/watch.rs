@@ -64,7 +64,11 @@ impl RolloutTail {
         use std::io::{Read, Seek};
         if self.path.is_none() {
             let suffix = format!("{}.jsonl", thread.unwrap_or("\0"));
-            self.path = find_file(&self.root, &suffix, 4);
+            let files = crate::digest::files_under(&self.root).unwrap_or_default();
+            self.path = files
+                .iter()
+                .find(|f| f.ends_with(&suffix))
+                .map(|f| self.root.join(f));
         }
         let Some(path) = &self.path else {
             return Vec::new();
@@ -86,25 +90,6 @@ impl RolloutTail {
         let lines = std::mem::replace(&mut self.partial, rest);
         lines.lines().map(str::to_string).collect()
     }
-}
-
-/// The file under `dir` (at most `depth` folders down) whose name ends with `suffix`.
-fn find_file(dir: &Path, suffix: &str, depth: u32) -> Option<PathBuf> {
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        if path.is_dir() && depth > 0 {
-            if let Some(found) = find_file(&path, suffix, depth - 1) {
-                return Some(found);
-            }
-        } else if path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.ends_with(suffix))
-        {
-            return Some(path);
-        }
-    }
-    None
 }
 
 /// Reads one process to its end, recording what it does.
