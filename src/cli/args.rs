@@ -3,7 +3,18 @@
 
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::gpu::LeaseClass;
+use crate::score::gate::GateKind;
+use crate::words::Words;
+
+/// The parser of a flag whose values are the words of a [`crate::words!`] enum.
+fn words<T: Words + Clone + Send + Sync + 'static>() -> impl TypedValueParser<Value = T> {
+    PossibleValuesParser::new(T::WORDS)
+        .map(|w| T::from_word(&w).expect("clap passes only the listed words"))
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -327,8 +338,8 @@ pub struct StartArgs {
     pub detach: bool,
     /// Winner gate of the campaign's scoring: confirmed | published | lower-bound.
     /// Default: `[score] gate` (confirmed).
-    #[arg(long, value_enum)]
-    pub gate: Option<GateArg>,
+    #[arg(long, value_parser = words::<GateKind>())]
+    pub gate: Option<GateKind>,
     /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (4).
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
@@ -347,19 +358,11 @@ pub struct StartArgs {
     pub e2e: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LeaseClassArg {
-    Validate,
-    Ncu,
-    Nsys,
-    Bench,
-}
-
 #[derive(Debug, Args)]
 pub struct LeaseArgs {
     /// Lease class.
-    #[arg(long, value_enum, default_value = "validate")]
-    pub class: LeaseClassArg,
+    #[arg(long, value_parser = words::<LeaseClass>(), default_value = "validate")]
+    pub class: LeaseClass,
     /// GPUs to lease (at least 1, at most the node's).
     #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub gpus: u32,
@@ -377,24 +380,6 @@ pub struct LeaseArgs {
     /// The command to run.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum GateArg {
-    Confirmed,
-    Published,
-    LowerBound,
-}
-
-impl GateArg {
-    pub fn kind(self) -> crate::score::gate::GateKind {
-        use crate::score::gate::GateKind;
-        match self {
-            GateArg::Confirmed => GateKind::Confirmed,
-            GateArg::Published => GateKind::Published,
-            GateArg::LowerBound => GateKind::LowerBound,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -435,8 +420,8 @@ pub struct ScoreArgs {
     /// `published`: geomean ≥ 1.0 on one bench. `lower-bound`: every candidate benched
     /// `--repeats` times (≥ 2), the interval's lower end must reach 1.0. Default: `[score] gate`
     /// (confirmed).
-    #[arg(long, value_enum)]
-    pub gate: Option<GateArg>,
+    #[arg(long, value_parser = words::<GateKind>())]
+    pub gate: Option<GateKind>,
     /// Benches after the first at most, for `--gate confirmed`. Default: `[score] confirm` (4).
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,

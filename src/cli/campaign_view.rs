@@ -145,7 +145,7 @@ pub(super) fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
     let only_infra = crate::app::open_store(home)
         .ok()
         .and_then(|store| store.sessions(&report.run_id).ok())
-        .map(|rows| {
+        .is_some_and(|rows| {
             let lost: Vec<_> = rows
                 .iter()
                 .filter(|r| {
@@ -156,8 +156,7 @@ pub(super) fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
                 })
                 .collect();
             !lost.is_empty() && lost.iter().all(|r| !scheduler::stays_ended(r))
-        })
-        .unwrap_or(false);
+        });
     if only_infra {
         eprintln!(
             "fk-agentd: every failed session failed for infrastructure reasons (see `outcome`); \

@@ -29,15 +29,13 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
         .map(|s| crate::gpu::slurm::describe(config, s).map_err(|e| e.to_string()));
     let gpus = match (&slurm, &config.gpus) {
         (Some(described), _) => described.as_ref().map(|(n, _)| *n).map_err(Clone::clone),
-        (None, devices) => match devices {
-            // Declared fake GPUs serve the simulation; no kernel can be benched on them.
-            crate::config::GpuDevices::Fake { count } => Err(format!(
-                "gpus.devices = \"fake:{count}\" declares fake GPUs, which run only the simulation"
-            )),
-            devices => crate::gpu::Inventory::discover(devices)
-                .map(|inv| inv.len())
-                .map_err(|e| e.to_string()),
-        },
+        // Declared fake GPUs serve the simulation; no kernel can be benched on them.
+        (None, crate::config::GpuDevices::Fake { count }) => Err(format!(
+            "gpus.devices = \"fake:{count}\" declares fake GPUs, which run only the simulation"
+        )),
+        (None, devices) => crate::gpu::Inventory::discover(devices)
+            .map(|inv| inv.len())
+            .map_err(|e| e.to_string()),
     };
     let host = HostChecks {
         checkout: harness.is_some(),

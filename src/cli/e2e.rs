@@ -82,10 +82,7 @@ pub async fn cmd_e2e(
         print_json(&outcomes);
     } else {
         for o in &outcomes {
-            let lines = e2e::describe(o);
-            for (i, l) in lines.iter().enumerate() {
-                println!("{}{l}", if i == 0 { "" } else { "  " });
-            }
+            println!("{}", e2e::describe(o).join("\n  "));
         }
     }
     let all_good = outcomes.iter().all(|o| o.correct() == Some(true));

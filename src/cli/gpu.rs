@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use super::args::{GlobalArgs, GpusArgs, LeaseArgs, LeaseClassArg};
+use super::args::{GlobalArgs, GpusArgs, LeaseArgs};
 use super::{emit, print_json};
 use crate::config::{Config, Env, format_duration, parse_duration, resolve_home};
 use crate::control::ControlError;
@@ -19,15 +19,6 @@ use crate::gpu::{
     SanityReport, Snapshot, run_sanity,
 };
 use crate::target::Catalog;
-
-fn class(arg: LeaseClassArg) -> LeaseClass {
-    match arg {
-        LeaseClassArg::Validate => LeaseClass::Validate,
-        LeaseClassArg::Ncu => LeaseClass::Ncu,
-        LeaseClassArg::Nsys => LeaseClass::Nsys,
-        LeaseClassArg::Bench => LeaseClass::Bench,
-    }
-}
 
 pub(super) async fn cmd_lease(
     global: &GlobalArgs,
@@ -54,7 +45,7 @@ pub(super) async fn cmd_lease(
         .map(PathBuf::from)
         .unwrap_or_else(|| crate::control::socket_path(&home));
     let call = LeaseCall {
-        class: class(args.class),
+        class: args.class,
         gpus: args.gpus,
         timeout_ms: timeout.map(|d| d.as_millis() as u64),
         argv: args.command.clone(),
@@ -88,8 +79,7 @@ fn relay(mut to: impl Write, data: &str) {
 
 /// `fk-agentd lease --local`: one lease through an in-process broker on the configured GPUs.
 async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Result<i32, Error> {
-    let flags = crate::cli::flags(global, None);
-    let config = crate::config::Config::load(&flags, env, &crate::target::Catalog::embedded())?;
+    let config = Config::load(&super::flags(global, None), env, &Catalog::embedded())?;
     // Bad flags are told before GPUs are looked for or the home is touched.
     let timeout = match args.timeout.as_deref() {
         Some(t) => parse_duration("--timeout", t)?,
@@ -103,7 +93,7 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
     std::fs::create_dir_all(&spool)
         .map_err(|e| Error::Usage(format!("cannot create {}: {e}", spool.display())))?;
     let req = crate::gpu::LeaseRequest {
-        class: class(args.class),
+        class: args.class,
         gpus: args.gpus,
         max_run: timeout,
         session: crate::gpu::OPERATOR_SESSION.into(),
@@ -193,37 +183,34 @@ pub(super) async fn cmd_gpus(
 ) -> Result<i32, Error> {
     let home = resolve_home(global.home.as_deref(), env)?;
     let socket = crate::control::socket_path(&home);
-    if let Some(gpu) = &opts.drain {
-        let snap = GpuClient::new(&home, &socket)?
-            .drain(gpu, opts.reason.as_deref())
-            .await?;
-        print!("{}", render_gpus(&snap, true));
-        return Ok(0);
-    }
-    if let Some(gpu) = &opts.undrain {
-        let snap = GpuClient::new(&home, &socket)?.undrain(gpu).await?;
-        print!("{}", render_gpus(&snap, true));
-        return Ok(0);
-    }
-    let inventory = || -> Result<Inventory, Error> {
-        let config = Config::load(&super::flags(global, None), env, catalog)?;
-        Ok(Inventory::discover(&config.gpus)?)
+    let drained = match (&opts.drain, &opts.undrain) {
+        (Some(gpu), _) => {
+            let client = GpuClient::new(&home, &socket)?;
+            Some(client.drain(gpu, opts.reason.as_deref()).await?)
+        }
+        (None, Some(gpu)) => Some(GpuClient::new(&home, &socket)?.undrain(gpu).await?),
+        (None, None) => None,
     };
+    if let Some(snap) = drained {
+        print!("{}", render_gpus(&snap, true));
+        return Ok(0);
+    }
+    let config = || Config::load(&super::flags(global, None), env, catalog);
     if opts.sanity {
-        return cmd_sanity(inventory()?, opts.json).await;
+        return cmd_sanity(Inventory::discover(&config()?.gpus)?, opts.json).await;
     }
     let live = async { GpuClient::new(&home, &socket)?.snapshot().await };
     let (snap, daemon) = match live.await {
         Ok(s) => (s, true),
         Err(ControlError::NoDaemon { .. }) => {
-            let config = Config::load(&super::flags(global, None), env, catalog)?;
+            let config = config()?;
             // Slurm GPUs exist only once the daemon holds them: show the cluster instead.
             if let Some(slurm) = &config.slurm {
                 let (_, text) = crate::gpu::slurm::describe(&config, slurm)?;
                 print!("{text}");
                 return Ok(0);
             }
-            (inventory()?.offline_snapshot(), false)
+            (Inventory::discover(&config.gpus)?.offline_snapshot(), false)
         }
         Err(e) => return Err(e.into()),
     };

@@ -125,7 +125,7 @@ pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
         agent_backend: s.agent_backend,
         patches: s.patches,
         sim: s.sim,
-        gate: s.gate.map(|g| g.kind().as_str().to_string()),
+        gate: s.gate.map(|g| g.as_str().to_string()),
         confirm: s.confirm.map(i64::from),
     }
 }
@@ -157,9 +157,10 @@ async fn cmd_tool(tool: &args::ToolCommand) -> Result<i32, Error> {
         ToolCommand::ProfileNsys { args } => ("profile_nsys", json!({"args": args})),
         ToolCommand::Finish { summary } => ("finish", json!({"summary": summary})),
     };
-    let socket = std::env::var(endpoint::SOCKET_ENV).ok();
-    let token = std::env::var(endpoint::TOKEN_ENV).ok();
-    let (Some(socket), Some(token)) = (socket, token) else {
+    let (Ok(socket), Ok(token)) = (
+        std::env::var(endpoint::SOCKET_ENV),
+        std::env::var(endpoint::TOKEN_ENV),
+    ) else {
         eprintln!("fk-agentd tool: {}", endpoint::EndpointError::NotInSession);
         return Ok(crate::exit::EXIT_UNAVAILABLE);
     };
@@ -202,9 +203,8 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             config.settle_captures()?;
             score::cmd_score(&config, &env, args).await
         }
-        Command::SimBench(_) => Err(Error::Usage("sim-bench runs before the runtime".into())),
-        Command::ConfinedExec(_) => {
-            Err(Error::Usage("confined-exec runs before the runtime".into()))
+        Command::SimBench(_) | Command::ConfinedExec(_) => {
+            unreachable!("main runs sim-bench and confined-exec before the runtime")
         }
         Command::Tool(ref tool) => cmd_tool(tool).await,
         Command::Compare(ref args) => compare::cmd_compare(&home(&cli.global, &env)?, args),

@@ -11,7 +11,7 @@ use super::emit;
 use crate::app::Home;
 use crate::captures::report;
 use crate::config::provider::ProviderConfig;
-use crate::config::{Config, Env};
+use crate::config::{Config, Env, absolute};
 use crate::daemon::DaemonLock;
 use crate::error::Error;
 use crate::score::driver::{BenchDriver, DriverParams};
@@ -22,7 +22,7 @@ use crate::score::pipeline::{
 use crate::score::stage::ScoreMode;
 use crate::score::{ScoreError, render, sequential};
 use crate::sim::bench::{SimAction, SimBenchParams};
-use crate::target::Catalog;
+use crate::target::{Catalog, TargetId};
 
 /// Runs the simulated bench as a process would; returns the exit code. Reads the two
 /// `FASTKERNELS_*` variables the real bench reads (this is the process edge).
@@ -96,9 +96,10 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             args.repeats
         )));
     }
-    if let Some(dir) = &args.candidates {
+    let candidates = args.candidates.as_deref().map(|d| absolute(&env.cwd, d));
+    if let Some(dir) = &candidates {
         // Bad input is told before any GPU or folder is touched.
-        crate::score::candidates::CandidateSet::scan(&crate::config::absolute(&env.cwd, dir))?;
+        crate::score::candidates::CandidateSet::scan(dir)?;
     } else {
         // Before the lock would make the home.
         super::require_store(&config.home)?;
@@ -117,18 +118,9 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         ScoreModeArg::All => ScoreMode::Both,
         ScoreModeArg::Sequential => return score_sequential(config, env, args, &lock).await,
     };
-    if args.candidates.is_none() {
-        let store = super::open_existing_store(&config.home)?;
-        if store.run(args.run.as_deref())?.mode == "sequential"
-            && matches!(args.mode, ScoreModeArg::All)
-        {
-            return score_sequential(config, env, args, &lock).await;
-        }
-    }
-    let (out, set_name, from_run, simulated) = match &args.candidates {
+    let (out, set_name, from_run, simulated) = match &candidates {
         Some(dir) => {
-            let dir = crate::config::absolute(&env.cwd, dir);
-            let name = folder_name(&dir);
+            let name = folder_name(dir);
             let out = config.home.join("scores").join(score_id(&name));
             let note = format!(
                 "no run given: results go to {} (a new folder)\n",
@@ -140,6 +132,9 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         None => {
             let store = super::open_existing_store(&config.home)?;
             let run = store.run(args.run.as_deref())?;
+            if run.mode == "sequential" && matches!(args.mode, ScoreModeArg::All) {
+                return score_sequential(config, env, args, &lock).await;
+            }
             let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
             say(
                 args.json,
@@ -161,7 +156,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     let (driver, home, provider) =
         scoring_driver(config, env, &lock, simulated, (args.json, &progress)).await?;
     let score = ScoreParams {
-        candidates: args.candidates.clone().unwrap_or_default(),
+        candidates: candidates.unwrap_or_default(),
         out,
         mode,
         gate,
@@ -178,13 +173,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
             record_scoring_facts(config, run_id, provider.as_ref()).await?;
             report
         }
-        None => {
-            let score = ScoreParams {
-                candidates: crate::config::absolute(&env.cwd, &score.candidates),
-                ..score
-            };
-            score_candidates_with(&driver, &score, progress.as_ref(), &cancel).await?
-        }
+        None => score_candidates_with(&driver, &score, progress.as_ref(), &cancel).await?,
     };
     home.broker.shutdown().await;
     let shown = super::score_view::only(&report, args.only);
@@ -201,7 +190,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
 /// The gate of this score: `--gate`/`--confirm` over `[score]`.
 fn score_gate(config: &Config, args: &ScoreArgs) -> WinnerGate {
     WinnerGate {
-        kind: args.gate.map(|g| g.kind()).unwrap_or(config.gate.kind),
+        kind: args.gate.unwrap_or(config.gate.kind),
         confirm: args.confirm.map_or(config.gate.confirm, |c| c as usize),
         ..config.gate
     }
@@ -291,7 +280,7 @@ async fn score_sequential(
     }
     let mut targets = Vec::new();
     for t in &run.targets {
-        targets.push(t.parse::<crate::target::TargetId>()?);
+        targets.push(t.parse::<TargetId>()?);
     }
     let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
     let seq_dir = crate::score::candidates::new_generation(&run_dir)?.join("seq");
@@ -366,10 +355,7 @@ fn say(json: bool, line: &str) {
 }
 
 fn folder_name(p: &Path) -> String {
-    let raw = p
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let raw = p.file_name().unwrap_or_default().to_string_lossy();
     let slug: String = raw
         .chars()
         .map(|c| {
@@ -381,12 +367,8 @@ fn folder_name(p: &Path) -> String {
         })
         .take(32)
         .collect();
-    let slug = slug.trim_matches('-').to_string();
-    if slug.is_empty() {
-        "candidates".into()
-    } else {
-        slug
-    }
+    let slug = slug.trim_matches('-');
+    if slug.is_empty() { "candidates" } else { slug }.to_string()
 }
 
 fn score_id(name: &str) -> String {

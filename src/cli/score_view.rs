@@ -15,32 +15,27 @@ pub fn only_text(text: &str, report: &ScoreReport, only: Option<OnlyArg>) -> Str
     let keep = |winner: bool| winner == (only == OnlyArg::Winners);
     let mut stage: Option<&StageReport> = None;
     let mut out = String::new();
-    // A row's reason wrapped onto indented lines under it goes with the row.
     let mut row_hidden = false;
     for line in text.lines() {
-        if stage.is_some() && line.starts_with("    ") {
-            if !row_hidden {
-                out.push_str(line);
-                out.push('\n');
+        // A row's reason wrapped onto indented lines under it goes with the row.
+        if stage.is_none() || !line.starts_with("    ") {
+            if line.starts_with("standalone") {
+                stage = report.standalone.as_ref();
+            } else if line.starts_with("composed") {
+                stage = report.composed.as_ref();
+            } else if line.trim().is_empty() {
+                stage = None;
             }
-            continue;
+            let first = line.split_whitespace().next().unwrap_or("");
+            row_hidden = stage
+                .and_then(|s| {
+                    s.gate
+                        .verdicts
+                        .iter()
+                        .find(|v| v.target.to_string() == first)
+                })
+                .is_some_and(|v| !keep(v.winner));
         }
-        if line.starts_with("standalone") {
-            stage = report.standalone.as_ref();
-        } else if line.starts_with("composed") {
-            stage = report.composed.as_ref();
-        } else if line.trim().is_empty() {
-            stage = None;
-        }
-        let first = line.split_whitespace().next().unwrap_or("");
-        row_hidden = stage
-            .and_then(|s| {
-                s.gate
-                    .verdicts
-                    .iter()
-                    .find(|v| v.target.to_string() == first)
-            })
-            .is_some_and(|v| !keep(v.winner));
         if !row_hidden {
             out.push_str(line);
             out.push('\n');

@@ -245,30 +245,18 @@ fn cmd_diff(home: &Path, id: &TargetId, run_row: &RunRow) -> Result<i32, Error> 
     let base = read(&baseline, "baseline copy")?;
     let cand = read(&candidate, "candidate")?;
     print!("{}", report::sim_banner(run_row.simulated));
-    let text = unified_diff(
-        &base,
-        &cand,
-        &format!("baseline/{rel}"),
-        &format!("candidate/{rel}"),
-    );
-    if text.is_empty() {
+    if base == cand {
         println!("the candidate of {id} is identical to the baseline");
-    } else {
-        print!("{}", paint_diff(&text, stdout_color()));
+        return Ok(0);
     }
-    Ok(0)
-}
-
-/// A unified diff with three lines of context; empty when the texts are equal.
-pub fn unified_diff(old: &str, new: &str, old_name: &str, new_name: &str) -> String {
-    if old == new {
-        return String::new();
-    }
-    similar::TextDiff::from_lines(old, new)
+    // A unified diff with three lines of context.
+    let text = similar::TextDiff::from_lines(&base, &cand)
         .unified_diff()
         .context_radius(3)
-        .header(old_name, new_name)
-        .to_string()
+        .header(&format!("baseline/{rel}"), &format!("candidate/{rel}"))
+        .to_string();
+    print!("{}", paint_diff(&text, stdout_color()));
+    Ok(0)
 }
 
 fn paint_diff(text: &str, color: bool) -> String {

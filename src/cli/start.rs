@@ -39,16 +39,14 @@ pub async fn cmd_start(
     let report = run(config, env, None).await?;
     print_report(&report, global);
     let code = exit_code(&report, &home_of(&report));
-    match (&start.e2e, e2e_config) {
-        (Some(scenarios), Some(config)) => {
-            println!();
-            let lock = daemon::DaemonLock::acquire(&config.home, daemon::Holder::Score)?;
-            let run = Some(report.run_id.as_str());
-            let e2e = super::e2e::cmd_e2e(&config, env, &lock, run, scenarios, false).await?;
-            Ok(code.max(e2e))
-        }
-        _ => Ok(code),
-    }
+    let (Some(scenarios), Some(config)) = (&start.e2e, e2e_config) else {
+        return Ok(code);
+    };
+    println!();
+    let lock = daemon::DaemonLock::acquire(&config.home, daemon::Holder::Score)?;
+    let run = Some(report.run_id.as_str());
+    let e2e = super::e2e::cmd_e2e(&config, env, &lock, run, scenarios, false).await?;
+    Ok(code.max(e2e))
 }
 
 fn refuse_if_running(home: &Path) -> Result<(), Error> {

@@ -31,13 +31,7 @@ impl AccessToken {
     /// 24 random bytes as 48 hex digits.
     pub fn random() -> Self {
         let bytes: [u8; 24] = rand::random();
-        Self(
-            bytes
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-                .into(),
-        )
+        Self(crate::digest::hex(&bytes).into())
     }
 
     /// The token itself, for the URL.
@@ -82,16 +76,13 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 }
 
 fn presented(token: &AccessToken, req: &Request) -> Option<Presented> {
-    let headers = req.headers();
-    if query_token(req.uri().query()).is_some_and(|t| token.matches(t)) {
-        Some(Presented::Query)
-    } else if cookie_token(headers).is_some_and(|t| token.matches(t)) {
-        Some(Presented::Cookie)
-    } else if bearer_token(headers).is_some_and(|t| token.matches(t)) {
-        Some(Presented::Bearer)
-    } else {
-        None
-    }
+    [
+        (Presented::Query, query_token(req.uri().query())),
+        (Presented::Cookie, cookie_token(req.headers())),
+        (Presented::Bearer, bearer_token(req.headers())),
+    ]
+    .into_iter()
+    .find_map(|(how, given)| given.is_some_and(|t| token.matches(t)).then_some(how))
 }
 
 /// The middleware: 401 without the token; with `?token=`, sets the cookie.

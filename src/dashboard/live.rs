@@ -29,12 +29,7 @@ const POLL: Duration = Duration::from_millis(500);
 /// After its last message a stream stays open until the page closes it (or this long), so
 /// the page has handled every message before its request ends (a headless browser that
 /// waits for the network to settle then sees the final state).
-async fn linger(shutdown: &CancellationToken) {
-    tokio::select! {
-        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
-        _ = shutdown.cancelled() => {}
-    }
-}
+const LINGER: Duration = Duration::from_secs(30);
 
 /// Waits for the next poll; true when the dashboard is shutting down instead.
 async fn pause(shutdown: &CancellationToken, poll: Duration) -> bool {
@@ -164,7 +159,7 @@ impl SessionFeed {
 
     async fn next(mut self) -> Option<(Vec<SseEvent>, Self)> {
         if self.done {
-            linger(&self.state.shutdown).await;
+            pause(&self.state.shutdown, LINGER).await;
             return None;
         }
         loop {
@@ -243,7 +238,7 @@ struct RunFeed {
 impl RunFeed {
     async fn next(mut self) -> Option<(Vec<SseEvent>, Self)> {
         if self.done {
-            linger(&self.state.shutdown).await;
+            pause(&self.state.shutdown, LINGER).await;
             return None;
         }
         loop {

@@ -35,39 +35,6 @@ use crate::store::Store;
 
 pub use auth::AccessToken;
 
-/// Errors of the dashboard boundary.
-#[derive(Debug, thiserror::Error)]
-pub enum DashboardError {
-    #[error("dashboard.listen = {addr}: cannot listen there: {source}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl From<DashboardError> for crate::Error {
-    /// Both are the host's trouble (a port taken, a home not writable): exit 3.
-    fn from(e: DashboardError) -> Self {
-        match e {
-            DashboardError::Bind { addr, source } => crate::Error::Io {
-                what: format!("dashboard.listen = {addr}: cannot listen there"),
-                source,
-            },
-            DashboardError::Io { path, source } => crate::Error::Io {
-                what: path.display().to_string(),
-                source,
-            },
-        }
-    }
-}
-
 /// Which run a page shows when its URL names none.
 pub type DefaultRun = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
@@ -128,32 +95,28 @@ pub struct Bound {
     pub url: String,
 }
 
-/// Binds `addr` and builds the URL a browser opens.
-pub async fn bind(addr: SocketAddr, token: &AccessToken) -> Result<Bound, DashboardError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| DashboardError::Bind { addr, source })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| DashboardError::Bind { addr, source })?;
+/// Binds `addr` and builds the URL a browser opens. A port taken is the host's trouble (an
+/// I/O error: exit 3), as is a home not writable for [`write_url_file`].
+pub async fn bind(addr: SocketAddr, token: &AccessToken) -> crate::Result<Bound> {
+    let io = |source| crate::Error::Io {
+        what: format!("dashboard.listen = {addr}: cannot listen there"),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(io)?;
+    let local = listener.local_addr().map_err(io)?;
     Ok(Bound {
         listener,
         url: format!("http://{local}/?token={}", token.expose()),
     })
 }
 
-/// `<home>/dashboard.url`.
-pub fn url_file(home: &Path) -> PathBuf {
-    home.join("dashboard.url")
-}
-
 /// Writes the URL to `<home>/dashboard.url`, readable by its owner only (0600).
-pub fn write_url_file(home: &Path, url: &str) -> Result<PathBuf, DashboardError> {
+pub fn write_url_file(home: &Path, url: &str) -> crate::Result<PathBuf> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let path = url_file(home);
-    let io = |source| DashboardError::Io {
-        path: path.clone(),
+    let path = home.join("dashboard.url");
+    let io = |source| crate::Error::Io {
+        what: path.display().to_string(),
         source,
     };
     let mut f = std::fs::OpenOptions::new()
@@ -173,7 +136,7 @@ pub fn write_url_file(home: &Path, url: &str) -> Result<PathBuf, DashboardError>
 /// Removes `<home>/dashboard.url` if it still holds `url` (another dashboard may have
 /// replaced it since).
 pub fn remove_url_file(home: &Path, url: &str) {
-    let path = url_file(home);
+    let path = home.join("dashboard.url");
     if std::fs::read_to_string(&path).is_ok_and(|s| s.trim() == url) {
         let _ = std::fs::remove_file(path);
     }
@@ -196,22 +159,15 @@ pub async fn spawn_for_daemon(
     shutdown: CancellationToken,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let addr = addr?;
-    let store = match Store::open_read_only(&home.join("fk-agentd.db")) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "no dashboard: cannot open the store");
-            return None;
-        }
-    };
+    let store = Store::open_read_only(&home.join("fk-agentd.db"))
+        .inspect_err(|e| tracing::warn!(error = %e, "no dashboard: cannot open the store"))
+        .ok()?;
     let mut state = DashboardState::new(store, home, default_run);
     state.shutdown = shutdown;
-    let bound = match bind(addr, &state.token).await {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!(error = %e, "no dashboard");
-            return None;
-        }
-    };
+    let bound = bind(addr, &state.token)
+        .await
+        .inspect_err(|e| tracing::warn!(error = %e, "no dashboard"))
+        .ok()?;
     let url = bound.url.clone();
     if let Err(e) = write_url_file(home, &url) {
         tracing::warn!(error = %e, "cannot write the dashboard URL file");

@@ -12,6 +12,7 @@ use time::OffsetDateTime;
 
 use super::DashboardState;
 use crate::event::{RunStarted, TurnFinished, TurnUsage};
+use crate::gpu::guard;
 pub use crate::inspect::parse_at;
 use crate::inspect::{Outcome, Verdict};
 use crate::store::drains::DrainRow;
@@ -379,21 +380,15 @@ pub fn pick_run(state: &DashboardState, asked: Option<&str>) -> Result<RunRow, S
 
 /// The run's tally, extended with the events stored since the last call.
 fn tally(state: &DashboardState, run_id: &str) -> Result<Tally, StoreError> {
-    let cached = state
-        .tallies
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .0
-        .get(run_id)
-        .cloned();
+    // Poison-tolerant: a tally is replaced whole, so a panic cannot leave one half-written.
+    let cached = guard(&state.tallies).0.get(run_id).cloned();
     let mut t = cached.unwrap_or_default();
     for e in state.store.events(run_id, None, t.last_seq)? {
         t.fold(&e);
     }
     t.settle(|target| state.store.events(run_id, Some(target), 0))?;
-    let mut cache = state.tallies.lock().unwrap_or_else(|p| p.into_inner());
-    let keep = cache.0.get(run_id).is_none_or(|c| c.last_seq < t.last_seq);
-    if keep {
+    let mut cache = guard(&state.tallies);
+    if cache.0.get(run_id).is_none_or(|c| c.last_seq < t.last_seq) {
         cache.0.insert(run_id.to_string(), t.clone());
     }
     Ok(t)

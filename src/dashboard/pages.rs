@@ -3,7 +3,7 @@
 //! carries the run's SIMULATED label when the run was simulated, and a `data-live` mark that
 //! the embedded script uses to refresh it when the run's events move on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
@@ -31,16 +31,15 @@ pub struct PageQuery {
     pub verdict: Option<String>,
 }
 
-pub async fn css() -> Response {
-    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS).into_response()
+pub async fn css() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], CSS)
 }
 
-pub async fn js() -> Response {
+pub async fn js() -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         JS,
     )
-        .into_response()
 }
 
 /// An error as a page: an unknown run is the asker's mistake (404), the rest is ours.
@@ -78,10 +77,6 @@ pub fn fmt_secs(s: f64) -> String {
         60..3600 => format!("{}m {:02}s", s / 60, s % 60),
         _ => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
     }
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
 }
 
 /// A link to a page of the dashboard, keeping the run the user picked.
@@ -173,11 +168,8 @@ pub async fn overview(
     for s in &view.sessions {
         *states.entry(s.state.as_str()).or_default() += 1;
     }
-    let done = if c.targets == 0 {
-        0.0
-    } else {
-        c.ended as f64 / c.targets as f64
-    };
+    // Ended sessions are among the targets: none when there is no target.
+    let done = c.ended as f64 / c.targets.max(1) as f64;
     let body = html! {
         div.cards {
             (card("card-sessions", "Sessions ended", html! { (c.ended) " / " (c.targets) },
@@ -188,7 +180,7 @@ pub async fn overview(
                 html! { (group(t.input)) " in · " (group(t.output)) " out · " (group(t.reasoning)) " reasoning" }))
             (card("card-cost", "Cost", html! { @match view.tally.cost_usd { Some(c) => { "$" (format!("{c:.2}")) }, None => { "—" } } },
                 html! { @if view.tally.cost_usd.is_none() { "no price table for this provider" } }))
-            (card("card-gpu", "GPU busy", html! { @match view.gpu_busy() { Some(b) => { (pct(b)) }, None => { "—" } } },
+            (card("card-gpu", "GPU busy", html! { @match view.gpu_busy() { Some(b) => { (format!("{:.0}%", b * 100.0)) }, None => { "—" } } },
                 html! { (view.gpu_count()) " GPUs · " (view.leases.len()) " leases" }))
             (card("card-elapsed", "Elapsed", html! { (fmt_secs(view.elapsed_s())) },
                 html! { "ETA " @match view.eta_s() { Some(e) => { (fmt_secs(e)) }, None => { @if view.run.is_running() { "after the first session ends" } @else { "— (run " (view.run.status) ")" } } } }))
@@ -226,7 +218,7 @@ fn keep(line: &SessionLine, q: &PageQuery) -> bool {
     state_ok && verdict_ok
 }
 
-fn filter_form(q: &PageQuery, states: &[String]) -> Markup {
+fn filter_form(q: &PageQuery, states: &BTreeSet<&str>) -> Markup {
     let sel = |a: Option<&str>, b: &str| a == Some(b);
     html! {
         form.filters method="get" action="/sessions" {
@@ -258,9 +250,7 @@ pub async fn sessions(
 ) -> Result<Response, Response> {
     let view = view_of(&state, q.run.clone()).await?;
     let lines = view.session_lines();
-    let mut states: Vec<String> = lines.iter().map(|l| l.state.clone()).collect();
-    states.sort();
-    states.dedup();
+    let states: BTreeSet<&str> = lines.iter().map(|l| l.state.as_str()).collect();
     let shown: Vec<&SessionLine> = lines.iter().filter(|l| keep(l, &q)).collect();
     let body = html! {
         (filter_form(&q, &states))

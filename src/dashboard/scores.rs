@@ -11,7 +11,8 @@ use serde_json::Value;
 
 use super::DashboardState;
 use super::svg::{self, Series};
-use crate::score::compare::{self, Comparison};
+use crate::score::compare::{self, Comparison, LevelRow, Side};
+use crate::score::gate::geomean;
 use crate::score::sequential::{Decision, read_level_gate, read_seq_gate};
 use crate::store::RunRow;
 
@@ -37,14 +38,6 @@ fn rows_of(stage: &Value) -> Vec<Row> {
         .collect()
 }
 
-fn level_of(target: &str) -> String {
-    target.split('/').next().unwrap_or("?").to_string()
-}
-
-fn geomean(xs: &[f64]) -> Option<f64> {
-    (!xs.is_empty()).then(|| (xs.iter().map(|x| x.ln()).sum::<f64>() / xs.len() as f64).exp())
-}
-
 fn speed(g: Option<f64>) -> String {
     g.map_or("—".into(), |g| format!("{g:.3}×"))
 }
@@ -52,7 +45,8 @@ fn speed(g: Option<f64>) -> String {
 fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
     let mut levels: BTreeMap<String, (usize, Vec<f64>)> = BTreeMap::new();
     for r in rows {
-        let e = levels.entry(level_of(&r.target)).or_default();
+        let level = r.target.split('/').next().unwrap_or("?");
+        let e = levels.entry(level.to_string()).or_default();
         e.0 += 1;
         if r.winner {
             e.1.extend(r.geomean);
@@ -62,7 +56,7 @@ fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
         h2 { (name) }
         table.small id=(format!("{id}-levels")) {
             thead { tr { th { "level" } th { "targets" } th { "winners" } th { "geomean of winners" } } }
-            tbody { @for (l, (n, w)) in &levels { tr { td { (l) } td.num { (n) } td.num { (w.len()) } td.num { (speed(geomean(w))) } } } }
+            tbody { @for (l, (n, w)) in &levels { tr { td { (l) } td.num { (n) } td.num { (w.len()) } td.num { (speed((!w.is_empty()).then(|| geomean(w.iter().copied())))) } } } }
         }
         details {
             summary { "every target (" (rows.len()) ")" }
@@ -118,11 +112,9 @@ fn sequential(generation: &Path) -> Option<Markup> {
 fn comparison_chart(c: &Comparison) -> Markup {
     let rows: Vec<_> = c.levels.iter().chain(std::iter::once(&c.overall)).collect();
     let labels: Vec<String> = rows.iter().map(|r| r.level.clone()).collect();
-    let wins = |f: fn(&compare::LevelRow) -> &compare::Side| -> Vec<Option<f64>> {
-        rows.iter().map(|r| Some(f(r).winners as f64)).collect()
-    };
-    let gm = |f: fn(&compare::LevelRow) -> &compare::Side| -> Vec<Option<f64>> {
-        rows.iter().map(|r| f(r).geomean_all).collect()
+    // One campaign's `value`, level by level.
+    let of = |side: fn(&LevelRow) -> &Side, value: fn(&Side) -> Option<f64>| {
+        rows.iter().map(|r| value(side(r))).collect()
     };
     html! {
         h2 { "Independent vs sequential" }
@@ -130,12 +122,12 @@ fn comparison_chart(c: &Comparison) -> Markup {
             @if c.simulated { " · SIMULATED numbers" } }
         div.charts id="comparison" {
             (svg::bars("winners kept", &labels, &[
-                Series { name: "independent", css: "s-ind", values: wins(|r| &r.independent) },
-                Series { name: "sequential", css: "s-seq", values: wins(|r| &r.sequential) },
+                Series { name: "independent", css: "s-ind", values: of(|r| &r.independent, |s| Some(s.winners as f64)) },
+                Series { name: "sequential", css: "s-seq", values: of(|r| &r.sequential, |s| Some(s.winners as f64)) },
             ], |v| format!("{v:.0}")))
             (svg::bars("geomean speedup over all targets", &labels, &[
-                Series { name: "independent", css: "s-ind", values: gm(|r| &r.independent) },
-                Series { name: "sequential", css: "s-seq", values: gm(|r| &r.sequential) },
+                Series { name: "independent", css: "s-ind", values: of(|r| &r.independent, |s| s.geomean_all) },
+                Series { name: "sequential", css: "s-seq", values: of(|r| &r.sequential, |s| s.geomean_all) },
             ], |v| format!("{v:.3}×")))
         }
     }

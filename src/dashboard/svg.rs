@@ -6,21 +6,19 @@ use maud::{Markup, PreEscaped, html};
 use time::OffsetDateTime;
 
 use super::model::{LeaseSpan, RunView};
+use crate::gpu::LeaseClass;
 
 const WIDTH: f64 = 1100.0;
 const LABEL_W: f64 = 150.0;
 const LANE_H: f64 = 26.0;
 const AXIS_H: f64 = 26.0;
 
-/// The CSS class (and so the colour) of a lease class.
-pub fn class_css(class: &str) -> &'static str {
-    match class {
-        "validate" => "c-validate",
-        "ncu" => "c-ncu",
-        "nsys" => "c-nsys",
-        "bench" => "c-bench",
-        _ => "c-other",
-    }
+/// The CSS class (and so the colour) of a lease class: `c-validate`, …, else `c-other`.
+pub fn class_css(class: &str) -> String {
+    format!(
+        "c-{}",
+        LeaseClass::from_word(class).map_or("other", LeaseClass::as_str)
+    )
 }
 
 /// A GPU lane's label: its lane number and the end of its UUID (where fake UUIDs differ).
@@ -188,7 +186,7 @@ pub fn bars(
 pub fn legend() -> Markup {
     html! {
         div.legend {
-            @for class in ["validate", "ncu", "nsys", "bench"] {
+            @for class in LeaseClass::WORDS {
                 span { svg width="12" height="12" { rect class={"lease " (class_css(class))} width="12" height="12" {} } " " (class) }
             }
             span { svg width="12" height="12" { (PreEscaped("<path class=\"kill\" d=\"M3,9 l6,-6 m-6,0 l6,6\"/>")) } " killed (deadline or drain)" }

@@ -248,13 +248,14 @@ impl SessionView {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use serde_json::json;
 
     use super::*;
     use crate::store::Event;
 
-    fn event(seq: i64, at: &str, kind: &str, payload: Value) -> Event {
+    /// An event of `L1/gelu`'s session.
+    pub(in crate::inspect) fn event(seq: i64, at: &str, kind: &str, payload: Value) -> Event {
         Event {
             run_id: "r".into(),
             seq,

@@ -16,10 +16,11 @@ use crate::event::{Kind, SessionFinished, SessionStatus, StatusWord, Validation}
 use crate::store::Event;
 
 /// How a session ended, from `session_finished` / `task_finished`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(tag = "end", content = "reason", rename_all = "snake_case")]
 pub enum SessionEnd {
     /// Still running (no end recorded yet).
+    #[default]
     Running,
     /// The agent called `finish` with a candidate in place.
     Finished,
@@ -34,14 +35,6 @@ pub enum SessionEnd {
 }
 
 impl SessionEnd {
-    /// From the status word of `session_finished` / `task_finished` (`PASS`, `FAIL`, …).
-    pub fn from_word(word: &str, reason: &str) -> Self {
-        match SessionStatus::from_word(word) {
-            Some(status) => Self::from_status(&status, reason),
-            None => Self::Failed(format!("unknown status {word}: {reason}")),
-        }
-    }
-
     /// From a session's recorded status.
     pub fn from_status(status: &SessionStatus, reason: &str) -> Self {
         match status {
@@ -92,22 +85,20 @@ pub enum LossReason {
     SlowerThanBaseline,
 }
 
-impl LossReason {
-    pub fn words(self) -> &'static str {
-        match self {
-            Self::DidNotImport => "did not import",
-            Self::DidNotCompile => "did not compile",
-            Self::RuntimeError => "runtime error",
-            Self::Incorrect => "incorrect",
-            Self::RewardHack => "reward hack",
-            Self::BenchTimedOut => "bench timed out",
-            Self::BenchFailed => "bench failed",
-            Self::NoResult => "no result",
-            Self::BlockedByScreen => "blocked by the screen",
-            Self::SlowerThanBaseline => "slower than baseline",
-        }
-    }
+crate::words!(LossReason {
+    DidNotImport = "did not import",
+    DidNotCompile = "did not compile",
+    RuntimeError = "runtime error",
+    Incorrect = "incorrect",
+    RewardHack = "reward hack",
+    BenchTimedOut = "bench timed out",
+    BenchFailed = "bench failed",
+    NoResult = "no result",
+    BlockedByScreen = "blocked by the screen",
+    SlowerThanBaseline = "slower than baseline",
+});
 
+impl LossReason {
     /// The category of a fastkernels scenario status; `None` for `PASSED`/`SKIPPED`.
     fn of_status(status: &str) -> Option<Self> {
         Some(match status {
@@ -123,10 +114,11 @@ impl LossReason {
 }
 
 /// What the session's candidate is worth.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]
 pub enum Verdict {
     /// Nothing validated yet and the session is still running.
+    #[default]
     Pending,
     /// The last validation passed the gate and the screen.
     Winner { geomean: f64 },
@@ -153,7 +145,7 @@ impl Verdict {
         match self {
             Self::Pending => "-".into(),
             Self::Winner { .. } => "winner".into(),
-            Self::NotWinner { reason, .. } => reason.words().into(),
+            Self::NotWinner { reason, .. } => reason.as_str().into(),
             Self::NoValidCandidate { .. } => "no valid candidate".into(),
         }
     }
@@ -170,7 +162,7 @@ impl fmt::Display for Verdict {
                 screen,
                 ..
             } => {
-                write!(f, "not a winner: {}", reason.words())?;
+                write!(f, "not a winner: {reason}")?;
                 let mut why = vec![detail.clone()];
                 if !screen.is_empty() && *reason != LossReason::BlockedByScreen {
                     why.push(format!("{} screen finding(s) also block it", screen.len()));
@@ -189,7 +181,7 @@ impl fmt::Display for Verdict {
 }
 
 /// A session's end and its candidate's verdict.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Outcome {
     pub end: SessionEnd,
     pub verdict: Verdict,
@@ -243,12 +235,15 @@ impl Outcome {
     }
 }
 
+/// The end a status word (`PASS`, `FAIL`, …) and its reason say.
 fn end_of(status: Option<&StatusWord>, reason: Option<&str>) -> SessionEnd {
     let reason = reason.unwrap_or("");
-    match status {
-        Some(StatusWord::Known(s)) => SessionEnd::from_status(s, reason),
-        Some(StatusWord::Unknown(w)) => SessionEnd::from_word(w, reason),
-        None => SessionEnd::from_word("", reason),
+    match status.and_then(StatusWord::status) {
+        Some(s) => SessionEnd::from_status(s, reason),
+        None => {
+            let word = status.map(StatusWord::word).unwrap_or_default();
+            SessionEnd::Failed(format!("unknown status {word}: {reason}"))
+        }
     }
 }
 
@@ -398,7 +393,7 @@ impl OutcomeTally {
         let mut others: Vec<(usize, String)> = self
             .not_winners
             .iter()
-            .map(|(r, n)| (*n, r.words().to_string()))
+            .map(|(r, n)| (*n, r.as_str().to_string()))
             .collect();
         // Most frequent first; ties keep the category order.
         others.sort_by_key(|o| std::cmp::Reverse(o.0));
@@ -429,17 +424,11 @@ fn plural<'a>(n: usize, one: &'a str, many: &'a str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inspect::leases::tests::event;
     use serde_json::{Value, json};
 
     fn ev(kind: &str, payload: Value) -> Event {
-        Event {
-            run_id: "r".into(),
-            seq: 1,
-            at: "2026-12-04T12:00:00.000Z".into(),
-            kind: kind.into(),
-            target: Some("L1/gelu".into()),
-            payload,
-        }
+        event(1, "2026-12-04T12:00:00.000Z", kind, payload)
     }
 
     fn validated(validation: Value, output: &str) -> Vec<Event> {

@@ -89,9 +89,7 @@ impl Out<'_> {
 
 /// Renders a view as text (lines joined, each ending in a newline).
 pub fn render_text(view: &SessionView, opts: &RenderOptions) -> String {
-    let mut s = render_lines(view, opts).join("\n");
-    s.push('\n');
-    s
+    render_lines(view, opts).join("\n") + "\n"
 }
 
 /// Renders a view as lines (what `--follow` prints as they appear).

@@ -184,10 +184,7 @@ fn profile(name: &str, args: Option<&str>, output: Option<&str>) -> ToolDetail {
     let report = out
         .split_whitespace()
         .find(|w| w.ends_with(".ncu-rep") || w.ends_with(".nsys-rep"))
-        .map(|w| {
-            w.trim_matches(|c| c == '(' || c == ')' || c == ',')
-                .to_string()
-        });
+        .map(|w| w.trim_matches(['(', ')', ',']).to_string());
     ToolDetail::Profile {
         profiler: name.trim_start_matches("profile_").to_string(),
         args: args.map(str::to_string),

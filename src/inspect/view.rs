@@ -21,7 +21,7 @@ use crate::event::{
 use crate::store::Event;
 
 /// One session, ready to render as text or HTML.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct SessionView {
     pub target: Option<String>,
     pub started_at: Option<String>,
@@ -158,15 +158,10 @@ pub(crate) fn seconds_between(from: &str, to: &str) -> Option<f64> {
 
 #[derive(Default)]
 struct Builder {
-    target: Option<String>,
-    started_at: Option<String>,
-    prompt_sha256: Option<String>,
-    prompt: Option<String>,
-    prelude: Vec<Note>,
-    turns: Vec<Turn>,
+    /// The view so far (its epilogue, outcome and event count are set at the end).
+    view: SessionView,
     /// Notes waiting for the turn they came before.
     pending: Vec<Note>,
-    end: Option<EndDetail>,
     /// When the last event before the current turn's answer was recorded.
     last_at: Option<String>,
     /// Where the current turn's answer began (the event before its first item).
@@ -175,14 +170,14 @@ struct Builder {
 
 impl Builder {
     fn add(&mut self, e: &Event) {
-        if self.target.is_none() {
-            self.target = e.target.clone();
+        if self.view.target.is_none() {
+            self.view.target = e.target.clone();
         }
         let p = &e.payload;
         match e.decoded() {
             Kind::SessionStarted(s) => {
-                self.started_at = Some(e.at.clone());
-                self.prompt_sha256 = Some(s.prompt_sha256).filter(|s| !s.is_empty());
+                self.view.started_at = Some(e.at.clone());
+                self.view.prompt_sha256 = Some(s.prompt_sha256).filter(|s| !s.is_empty());
             }
             Kind::UserMessage(m) => self.user_message(e, &m),
             Kind::ModelItem(m) => self.model_item(e, &m),
@@ -200,7 +195,7 @@ impl Builder {
                     call.validation = Some(p.clone());
                 }
             }
-            Kind::SessionFinished(f) => self.end = Some(end_detail(&e.at, &f.0)),
+            Kind::SessionFinished(f) => self.view.end = Some(end_detail(&e.at, &f.0)),
             Kind::TaskFinished(t) => self.task_finished(e, &t),
             // The scheduler's bookkeeping says nothing the session's own events do not.
             Kind::TaskSubmitted(_) => {}
@@ -212,20 +207,20 @@ impl Builder {
     }
 
     fn note(&mut self, note: Note) {
-        let settled = self.turns.last().is_none_or(|t| t.settled);
-        if self.turns.is_empty() && self.started_at.is_some() && note.kind == "token_reloaded" {
-            self.prelude.push(note);
-        } else if self.turns.is_empty() || settled {
-            self.pending.push(note);
-        } else if let Some(t) = self.turns.last_mut() {
+        let first = self.view.turns.is_empty();
+        if first && self.view.started_at.is_some() && note.kind == "token_reloaded" {
+            self.view.prelude.push(note);
+        } else if let Some(t) = self.view.turns.last_mut().filter(|t| !t.settled) {
             t.entries.push(Entry::Note(note));
+        } else {
+            self.pending.push(note);
         }
     }
 
     fn user_message(&mut self, e: &Event, m: &UserMessage) {
         let text = item_text(&m.item);
-        if self.prompt.is_none() && m.nudge.is_none() {
-            self.prompt = Some(text);
+        if self.view.prompt.is_none() && m.nudge.is_none() {
+            self.view.prompt = Some(text);
             return;
         }
         self.note(Note {
@@ -236,7 +231,7 @@ impl Builder {
     }
 
     fn current_turn(&mut self, n: u32, at: &str) -> &mut Turn {
-        if self.turns.last().is_none_or(|t| t.n != n) {
+        if self.view.turns.last().is_none_or(|t| t.n != n) {
             let mut turn = Turn {
                 n,
                 at: Some(at.to_string()),
@@ -245,13 +240,12 @@ impl Builder {
             };
             turn.entries.extend(self.pending.drain(..).map(Entry::Note));
             self.turn_from = self.last_at.clone();
-            self.turns.push(turn);
+            self.view.turns.push(turn);
         }
-        self.turns.last_mut().expect("pushed above")
+        self.view.turns.last_mut().expect("pushed above")
     }
 
     fn model_item(&mut self, e: &Event, m: &ModelItem) {
-        let n = m.turn;
         let item = &m.item;
         let entry = match item["type"].as_str().unwrap_or("") {
             "reasoning" => Entry::Reasoning {
@@ -262,7 +256,12 @@ impl Builder {
                     .filter_map(|s| s["text"].as_str().map(str::to_string))
                     .collect(),
             },
-            "function_call" => Entry::Tool(Box::new(new_call(item, None))),
+            "function_call" => Entry::Tool(Box::new(call_of(
+                item["call_id"].as_str().unwrap_or(""),
+                item["name"].as_str().unwrap_or("?"),
+                item["arguments"].as_str().unwrap_or(""),
+                None,
+            ))),
             "message" => Entry::Message {
                 text: item_text(item),
             },
@@ -272,7 +271,7 @@ impl Builder {
                 text: format!("a `{other}` item"),
             }),
         };
-        self.current_turn(n, &e.at).entries.push(entry);
+        self.current_turn(m.turn, &e.at).entries.push(entry);
     }
 
     fn turn_finished(&mut self, e: &Event, t: &TurnFinished) {
@@ -285,14 +284,14 @@ impl Builder {
         turn.at = Some(e.at.clone());
         turn.settled = true;
         let begin = self.turn_from.clone();
-        if let (Some(t), Some(b)) = (self.turns.last_mut(), begin) {
+        if let (Some(t), Some(b)) = (self.view.turns.last_mut(), begin) {
             t.latency_s = seconds_between(&b, &e.at);
         }
     }
 
     /// The call with this id (or the last unfinished one) in the current turn.
     fn open_call(&mut self, id: Option<&str>) -> Option<&mut ToolCall> {
-        let turn = self.turns.last_mut()?;
+        let turn = self.view.turns.last_mut()?;
         turn.entries.iter_mut().rev().find_map(|e| match e {
             Entry::Tool(c) if id.map_or(c.output.is_none(), |id| c.call_id == id) => {
                 Some(c.as_mut())
@@ -304,7 +303,7 @@ impl Builder {
     /// The last unfinished call with this tool name (in any turn: a codex session records
     /// the next step's items as they arrive, possibly before the call's end).
     fn open_call_named(&mut self, name: &str) -> Option<&mut ToolCall> {
-        self.turns.iter_mut().rev().find_map(|t| {
+        self.view.turns.iter_mut().rev().find_map(|t| {
             t.entries.iter_mut().rev().find_map(|e| match e {
                 Entry::Tool(c) if c.name == name && c.output.is_none() => Some(c.as_mut()),
                 _ => None,
@@ -319,7 +318,7 @@ impl Builder {
             None => {
                 // A resumed session runs calls of a turn recorded before the restart.
                 let call = call_of(&t.call_id, &t.name, &t.arguments, Some(at));
-                let n = self.turns.last().map(|t| t.n).unwrap_or(0);
+                let n = self.view.turns.last().map(|t| t.n).unwrap_or(0);
                 self.current_turn(n, &e.at)
                     .entries
                     .push(Entry::Tool(Box::new(call)));
@@ -335,7 +334,7 @@ impl Builder {
         let call = if in_turn {
             self.open_call(Some(&id))
         } else {
-            self.turns.iter_mut().rev().find_map(|t| {
+            self.view.turns.iter_mut().rev().find_map(|t| {
                 t.entries.iter_mut().find_map(|e| match e {
                     Entry::Tool(c) if c.call_id == id => Some(c.as_mut()),
                     _ => None,
@@ -357,35 +356,21 @@ impl Builder {
 
     fn task_finished(&mut self, e: &Event, t: &TaskFinished) {
         // The scheduler's status is the final word (a timeout is only known there).
-        let end = self.end.get_or_insert_with(|| end_detail(&e.at, &t.result));
+        let end = self
+            .view
+            .end
+            .get_or_insert_with(|| end_detail(&e.at, &t.result));
         end.status = t.status.word();
     }
 
-    fn finish(mut self, events: &[Event]) -> SessionView {
-        let epilogue = std::mem::take(&mut self.pending);
+    fn finish(self, events: &[Event]) -> SessionView {
         SessionView {
-            target: self.target,
-            started_at: self.started_at,
-            prompt_sha256: self.prompt_sha256,
-            prompt: self.prompt,
-            prelude: self.prelude,
-            turns: self.turns,
-            epilogue,
-            leases: Vec::new(),
-            end: self.end,
+            epilogue: self.pending,
             outcome: Outcome::from_events(events),
             events: events.len(),
+            ..self.view
         }
     }
-}
-
-fn new_call(item: &Value, started_at: Option<String>) -> ToolCall {
-    call_of(
-        item["call_id"].as_str().unwrap_or(""),
-        item["name"].as_str().unwrap_or("?"),
-        item["arguments"].as_str().unwrap_or(""),
-        started_at,
-    )
 }
 
 fn call_of(call_id: &str, name: &str, raw: &str, started_at: Option<String>) -> ToolCall {
