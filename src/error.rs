@@ -54,6 +54,14 @@ impl Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What a panic said, when it said it with a string.
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> Option<&str> {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+}
+
 /// Implements [`ExitCode`] for a module error, where the error is defined:
 /// `exit_code!(ToolError, |self| EXIT_UNAVAILABLE)`.
 #[macro_export]
@@ -65,4 +73,19 @@ macro_rules! exit_code {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_is_told_by_its_message_of_either_kind() {
+        let text: Box<dyn std::any::Any + Send> = Box::new("static");
+        let owned: Box<dyn std::any::Any + Send> = Box::new(String::from("owned"));
+        let other: Box<dyn std::any::Any + Send> = Box::new(7_u8);
+        assert_eq!(panic_text(text.as_ref()), Some("static"));
+        assert_eq!(panic_text(owned.as_ref()), Some("owned"));
+        assert_eq!(panic_text(other.as_ref()), None);
+    }
 }

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use serde_json::Value;
+
 use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
 use crate::store::{RunRow, SessionRow};
 
@@ -135,14 +137,13 @@ pub fn sessions_table(
     } else {
         &[(0, 14), (2, 12)]
     };
-    let mut lines = fit_table(&header, &body, opts.width, shrink).into_iter();
-    if let Some(h) = lines.next() {
-        out.push_str(&h);
-        out.push('\n');
-    }
-    for (line, colour) in lines.zip(colours) {
-        out.push_str(&paint_column(&line, &header, colour, opts.color));
-        out.push('\n');
+    // The header line is not painted.
+    let colours = std::iter::once(None).chain(colours);
+    for (line, colour) in fit_table(&header, &body, opts.width, shrink)
+        .iter()
+        .zip(colours)
+    {
+        let _ = writeln!(out, "{}", paint_column(line, &header, colour, opts.color));
     }
     let mut tally = OutcomeTally::of(rows.iter().filter_map(|r| outcomes.get(&r.target)));
     tally.add_queued(
@@ -167,18 +168,14 @@ fn session_cells(r: &SessionRow, outcome: Option<&Outcome>, wide: bool) -> Vec<S
         state,
         verdict,
         detail_str(r, "turns"),
-        detail_u64(r, "tokens")
-            .map(group)
-            .unwrap_or_else(|| "-".into()),
+        r.detail["tokens"].as_u64().map_or("-".into(), group),
         best(r),
         elapsed(r),
     ];
     if wide {
         cells.push(detail_str(r, "leases"));
-        cells.push(match r.detail.get("gpu_s").and_then(|v| v.as_f64()) {
-            Some(g) => format!("{g:.1}"),
-            None => "-".into(),
-        });
+        let gpu_s = r.detail["gpu_s"].as_f64();
+        cells.push(gpu_s.map_or("-".into(), |g| format!("{g:.1}")));
         cells.push(note(r, outcome));
     }
     cells
@@ -230,39 +227,24 @@ fn paint_column(line: &str, header: &[&str], colour: Option<&'static str>, on: b
     };
     // Columns are separated by two or more spaces; the VERDICT cell is the third run of text.
     let starts = cell_starts(line);
-    let (Some(&from), to) = (starts.get(col), starts.get(col + 1).copied()) else {
+    let Some(&from) = starts.get(col) else {
         return line.to_string();
     };
-    let chars: Vec<char> = line.chars().collect();
-    let end = to.unwrap_or(chars.len());
-    let cell: String = chars[from..end].iter().collect();
+    let end = starts.get(col + 1).copied().unwrap_or(line.len());
+    let (before, cell, after) = (&line[..from], &line[from..end], &line[end..]);
     let text = cell.trim_end();
     let pad = &cell[text.len()..];
-    let before: String = chars[..from].iter().collect();
-    let after: String = chars[end..].iter().collect();
     format!("{before}\x1b[{colour}m{text}\x1b[0m{pad}{after}")
 }
 
-/// Where each cell of a rendered row starts (after a run of two or more spaces).
+/// Where each cell of a rendered row starts (after a run of two or more spaces), in bytes:
+/// a byte after an ASCII space starts a character.
 fn cell_starts(line: &str) -> Vec<usize> {
-    let chars: Vec<char> = line.chars().collect();
-    let mut starts = vec![0];
-    let mut i = 0;
-    while i < chars.len() {
-        if chars[i] == ' ' && chars.get(i + 1) == Some(&' ') {
-            let mut j = i;
-            while j < chars.len() && chars[j] == ' ' {
-                j += 1;
-            }
-            if j < chars.len() {
-                starts.push(j);
-            }
-            i = j;
-        } else {
-            i += 1;
-        }
-    }
-    starts
+    let b = line.as_bytes();
+    let after_gap = |i: usize| b[i] != b' ' && b[i - 1] == b' ' && b[i - 2] == b' ';
+    std::iter::once(0)
+        .chain((2..b.len()).filter(|&i| after_gap(i)))
+        .collect()
 }
 
 /// A table that fits `width`: the `shrink` columns (index, narrowest) are cut with `…`, the
@@ -303,23 +285,16 @@ pub fn fit_table(
 
 fn detail_str(row: &SessionRow, key: &str) -> String {
     match row.detail.get(key) {
-        Some(serde_json::Value::String(s)) => s.clone(),
-        Some(serde_json::Value::Null) | None => "-".into(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => "-".into(),
         Some(v) => v.to_string(),
     }
-}
-
-fn detail_u64(row: &SessionRow, key: &str) -> Option<u64> {
-    row.detail.get(key).and_then(|v| v.as_u64())
 }
 
 /// The best validated speedup, stored as a number (`1.014`) or, by older daemons, `"1.014x"`.
 fn best(r: &SessionRow) -> String {
     match r.detail.get("best_speedup") {
-        Some(serde_json::Value::Number(n)) => n
-            .as_f64()
-            .map(|g| format!("{g:.3}x"))
-            .unwrap_or_else(|| "-".into()),
+        Some(Value::Number(n)) => n.as_f64().map_or("-".into(), |g| format!("{g:.3}x")),
         _ => detail_str(r, "best_speedup"),
     }
 }
@@ -327,9 +302,7 @@ fn best(r: &SessionRow) -> String {
 /// Elapsed time, stored as seconds or, by older daemons, as `"0:01:20"`.
 fn elapsed(r: &SessionRow) -> String {
     match r.detail.get("elapsed") {
-        Some(serde_json::Value::Number(n)) => {
-            crate::inspect::clock(n.as_f64().unwrap_or(0.0).round() as u64)
-        }
+        Some(Value::Number(n)) => crate::inspect::clock(n.as_f64().unwrap_or(0.0).round() as u64),
         _ => detail_str(r, "elapsed"),
     }
 }

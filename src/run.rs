@@ -66,14 +66,10 @@ fn slug(spec: &str) -> String {
             out.push('-');
         }
     }
-    let mut out: String = out.trim_end_matches('-').chars().take(24).collect();
-    while out.ends_with('-') {
-        out.pop();
-    }
-    if out.is_empty() {
-        "targets".into()
-    } else {
-        out
+    let out: String = out.chars().take(24).collect();
+    match out.trim_end_matches('-') {
+        "" => "targets".into(),
+        cut => cut.to_string(),
     }
 }
 

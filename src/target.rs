@@ -42,6 +42,13 @@ pub enum TargetError {
     Captured { why: String },
 }
 
+impl TargetError {
+    fn malformed(value: impl Into<String>, why: impl Into<String>) -> Self {
+        let (value, why) = (value.into(), why.into());
+        Self::Malformed { value, why }
+    }
+}
+
 fn suggest(nearest: &[String]) -> String {
     if nearest.is_empty() {
         String::new()
@@ -60,10 +67,7 @@ pub struct TargetId {
 
 impl TargetId {
     pub fn new(level: u8, stem: &str) -> Result<Self, TargetError> {
-        let malformed = |why: String| {
-            let value = format!("L{level}/{stem}");
-            Err(TargetError::Malformed { value, why })
-        };
+        let malformed = |why: String| Err(TargetError::malformed(format!("L{level}/{stem}"), why));
         if !(1..=4).contains(&level) {
             return malformed("the level must be 1 to 4".into());
         }
@@ -117,10 +121,7 @@ impl fmt::Display for TargetId {
 impl FromStr for TargetId {
     type Err = TargetError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let malformed = |why: &str| TargetError::Malformed {
-            value: s.to_string(),
-            why: why.to_string(),
-        };
+        let malformed = |why: &str| TargetError::malformed(s, why);
         let (level, stem) = s
             .split_once('/')
             .ok_or_else(|| malformed("expected `L<level>/<stem>`, e.g. `L1/gelu`"))?;
@@ -252,26 +253,20 @@ impl Catalog {
 
     /// Resolves a selection such as `L1-L3`, `L2`, `L1,L3`, `L2/ada_layer_norm,L1/gelu` or `all`.
     pub fn select(&self, spec: &str) -> Result<Vec<TargetId>, TargetError> {
-        let mut out: Vec<TargetId> = Vec::new();
         if spec.trim().is_empty() {
             return Err(TargetError::Empty);
         }
         // A stray space or an empty item is more often a shell-quoting slip than intent, and
         // quietly dropping it would start a campaign over a selection nobody wrote.
         if spec.chars().any(char::is_whitespace) {
-            return Err(TargetError::Malformed {
-                value: spec.to_string(),
-                why: "whitespace is not allowed in a target selection (write `L1,L2/gelu`)"
-                    .to_string(),
-            });
+            let why = "whitespace is not allowed in a target selection (write `L1,L2/gelu`)";
+            return Err(TargetError::malformed(spec, why));
         }
         let items: Vec<&str> = spec.split(',').collect();
         if items.iter().any(|s| s.is_empty()) {
-            return Err(TargetError::Malformed {
-                value: spec.to_string(),
-                why: "an empty item between commas".to_string(),
-            });
+            return Err(TargetError::malformed(spec, "an empty item between commas"));
         }
+        let mut out = Vec::new();
         for item in items {
             out.extend(self.select_item(item)?);
         }
@@ -317,10 +312,8 @@ impl Catalog {
             }
         };
         if lo > hi {
-            return Err(TargetError::Malformed {
-                value: item.to_string(),
-                why: format!("the range runs backwards; did you mean `L{hi}-L{lo}`?"),
-            });
+            let why = format!("the range runs backwards; did you mean `L{hi}-L{lo}`?");
+            return Err(TargetError::malformed(item, why));
         }
         Ok(self
             .defaults()

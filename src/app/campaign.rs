@@ -15,7 +15,7 @@ use crate::agent::gpu_tools::{BenchToolsFactory, Checks, RealChecks};
 use crate::agent::session::LoopParams;
 use crate::agent::{AgentRunnerParams, INSTRUCTIONS};
 use crate::config::provider::ProviderConfig;
-use crate::config::{Config, Env};
+use crate::config::{Config, Env, SettingSource};
 use crate::daemon::{CampaignReport, DaemonError, Holder};
 use crate::error::Error;
 use crate::facts::{RunStartFacts, SystemFacts};
@@ -180,13 +180,13 @@ fn sim_bench_params(config: &Config, params: &SimParams) -> DriverParams {
 
 /// The simulation's shell environment: a plain `PATH`, the fk-agentd binary's folder first.
 pub fn sim_shell_env(exe: &Path) -> ShellEnv {
-    binary_first(ShellEnv::from_parent([], []), exe)
+    binary_first(ShellEnv::from_parent([], []), Some(exe))
 }
 
 /// `env` with the folder of `exe` (this binary) first on `PATH`, so the agents' shells find
 /// it for `fk-agentd lease -- CMD` and `fk-agentd tool …`.
-fn binary_first(env: ShellEnv, exe: &Path) -> ShellEnv {
-    match exe.parent() {
+fn binary_first(env: ShellEnv, exe: Option<&Path>) -> ShellEnv {
+    match exe.and_then(Path::parent) {
         Some(dir) => env.with_path_first(dir),
         None => env,
     }
@@ -237,13 +237,9 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
     require_prices(&config)?;
     if let Some(prices) = &config.prices {
         // Recorded with the run, so its cost can be shown without the provider file.
-        config.settings.insert(
-            crate::scheduler::budget::PRICES_SETTING.into(),
-            (
-                serde_json::to_string(prices).unwrap_or_default(),
-                crate::config::SettingSource::File,
-            ),
-        );
+        let text = serde_json::to_string(prices).unwrap_or_default();
+        let key = crate::scheduler::budget::PRICES_SETTING;
+        crate::config::record(&mut config.settings, key, text, SettingSource::File);
     }
     let path_var = std::env::var("PATH").ok();
     crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
@@ -273,10 +269,7 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
     let home = Home::open(config, env, Holder::Daemon).await?;
     let config = &home.config;
     let shell_env = ShellEnv::from_parent(std::env::vars(), []).confined(config.confinement());
-    let shell_env = match this_binary() {
-        Ok(exe) => binary_first(shell_env, &exe),
-        Err(_) => shell_env,
-    };
+    let shell_env = binary_first(shell_env, this_binary().ok().as_deref());
     let launcher = home.launcher(LeaseClass::Validate, "agents");
     let driver = BenchDriver::new(bench.clone(), launcher).await?;
     let runner = AgentRunnerParams {

@@ -30,13 +30,7 @@ pub(super) struct RawGpus {
     nsys_cap: Option<i64>,
     cgroup_root: Option<String>,
     /// `"local"` or `"slurm"`; validated with the `[slurm]` table (`super::slurm`).
-    backend: Option<String>,
-}
-
-impl RawGpus {
-    pub(super) fn take_backend(&mut self) -> Option<String> {
-        self.backend.take()
-    }
+    pub(super) backend: Option<String>,
 }
 
 /// `[gpus]`, validated.

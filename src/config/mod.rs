@@ -45,11 +45,7 @@ impl ConfigError {
         value: impl Into<String>,
         expected: impl Into<String>,
     ) -> Self {
-        Self {
-            key: key.into(),
-            value: value.into(),
-            reason: format!("expected {}", expected.into()),
-        }
+        Self::because(key, value, format!("expected {}", expected.into()))
     }
 
     /// A value refused for a reason stated in full.
@@ -425,18 +421,7 @@ impl Config {
     /// else `./fk-agentd.toml`; then environment and flags on top.
     pub fn load(flags: &Flags, env: &Env, catalog: &Catalog) -> Result<Self, ConfigError> {
         let home = resolve_home(flags.home.as_deref(), env)?;
-        let (config_file, raw) = read_config_file(flags, env, &home)?;
-        Self::validate(flags, env, catalog, home, config_file, raw)
-    }
-
-    fn validate(
-        flags: &Flags,
-        env: &Env,
-        catalog: &Catalog,
-        home: PathBuf,
-        config_file: Option<PathBuf>,
-        mut raw: RawFile,
-    ) -> Result<Self, ConfigError> {
+        let (config_file, mut raw) = read_config_file(flags, env, &home)?;
         let mut settings = BTreeMap::new();
         let mut pick = |key: &str, flag: Option<String>, file: Option<String>, default: &str| {
             let (value, source) = layered(flag, file, || default.to_string());
@@ -520,7 +505,7 @@ impl Config {
             ));
         }
 
-        let backend = raw.gpus.take_backend();
+        let backend = raw.gpus.backend.take();
         let (backend_kind, slurm_table) =
             slurm::validate(backend, raw.slurm.take(), env, &mut settings)?;
         let GpuSettings {
@@ -551,17 +536,13 @@ impl Config {
             "dashboard.listen",
             listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN),
         )?;
-        let screen_waive = raw.screen.waive.unwrap_or_default();
+        let waive = raw.screen.waive.filter(|w| !w.is_empty());
+        let (screen_waive, source) = layered(None, waive, Vec::new);
         let rules = crate::screen::RULES;
         if let Some(rule) = screen_waive.iter().find(|r| !rules.contains(&r.as_str())) {
             let expected = format!("rule ids among {}", rules.join(", "));
             return Err(ConfigError::new("screen.waive", rule, expected));
         }
-        let source = if screen_waive.is_empty() {
-            SettingSource::Default
-        } else {
-            SettingSource::File
-        };
         let waived = format!("[{}]", screen_waive.join(", "));
         record(&mut settings, "screen.waive", waived, source);
         let gate = score_gate(flags, &raw.score, &mut settings)?;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Env, SettingMap, SettingSource, expand_tilde, parse_count};
+use crate::words::Words;
 
 /// Which backend runs leased commands.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,17 +147,8 @@ pub(super) fn validate(
     settings: &mut SettingMap,
 ) -> Result<(LeaseBackendKind, Option<SlurmConfig>), ConfigError> {
     let key = "gpus.backend";
-    let kind = backend
-        .as_deref()
-        .map_or(Ok(LeaseBackendKind::Local), |w| {
-            LeaseBackendKind::from_word(w)
-                .ok_or_else(|| ConfigError::new(key, w, "\"local\" or \"slurm\""))
-        })?;
-    let source = if backend.is_some() {
-        SettingSource::File
-    } else {
-        SettingSource::Default
-    };
+    let kind: LeaseBackendKind = word_or(key, backend.as_deref(), "\"local\" or \"slurm\"")?;
+    let source = backend.map_or(SettingSource::Default, |_| SettingSource::File);
     super::record(settings, key, kind, source);
     match (kind, raw) {
         (LeaseBackendKind::Local, None) => Ok((kind, None)),
@@ -178,21 +170,19 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
     let mut set = |k: &str, v: String| {
         settings.insert(format!("slurm.{k}"), (v, SettingSource::File));
     };
-    let conf = match raw.conf {
-        Some(c) => {
-            let path = expand_tilde(&c, env);
-            if !path.is_file() {
-                return Err(ConfigError::because(
-                    "slurm.conf",
-                    &c,
-                    "no such file (the slurm.conf the Slurm commands are to read)",
-                ));
-            }
-            set("conf", path.display().to_string());
-            Some(path)
+    let conf = raw.conf.map(|c| {
+        let path = expand_tilde(&c, env);
+        if !path.is_file() {
+            return Err(ConfigError::because(
+                "slurm.conf",
+                &c,
+                "no such file (the slurm.conf the Slurm commands are to read)",
+            ));
         }
-        None => None,
-    };
+        set("conf", path.display().to_string());
+        Ok(path)
+    });
+    let conf = conf.transpose()?;
     let mut name = |k: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
         if let Some(v) = &v {
             if !is_slurm_name(v) {
@@ -221,15 +211,13 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         64,
     )? as u32;
     set("gpus_per_node", gpus_per_node.to_string());
-    let mode = raw.mode.as_deref().map_or(Ok(SlurmMode::Allocation), |w| {
-        SlurmMode::from_word(w)
-            .ok_or_else(|| ConfigError::new("slurm.mode", w, "\"allocation\" or \"job\""))
-    })?;
+    let mode: SlurmMode = word_or(
+        "slurm.mode",
+        raw.mode.as_deref(),
+        "\"allocation\" or \"job\"",
+    )?;
     set("mode", mode.as_str().into());
-    let hold = raw.hold.as_deref().map_or(Ok(SlurmHold::Gpu), |w| {
-        SlurmHold::from_word(w)
-            .ok_or_else(|| ConfigError::new("slurm.hold", w, "\"gpu\" or \"node\""))
-    })?;
+    let hold: SlurmHold = word_or("slurm.hold", raw.hold.as_deref(), "\"gpu\" or \"node\"")?;
     set("hold", hold.as_str().into());
     let hold_time =
         super::parse_duration("slurm.hold_time", raw.hold_time.as_deref().unwrap_or("12h"))?;
@@ -248,21 +236,19 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
     set("start_timeout", super::format_duration(start_timeout));
     let sbatch_args = extra_args("slurm.sbatch_args", raw.sbatch_args)?;
     let srun_args = extra_args("slurm.srun_args", raw.srun_args)?;
-    let shared_root = match raw.shared_root {
-        Some(r) => {
-            let path = expand_tilde(&r, env);
-            if !path.is_absolute() {
-                return Err(ConfigError::new(
-                    "slurm.shared_root",
-                    r,
-                    "an absolute path on the shared filesystem",
-                ));
-            }
-            set("shared_root", path.display().to_string());
-            Some(path)
+    let shared_root = raw.shared_root.map(|r| {
+        let path = expand_tilde(&r, env);
+        if !path.is_absolute() {
+            return Err(ConfigError::new(
+                "slurm.shared_root",
+                r,
+                "an absolute path on the shared filesystem",
+            ));
         }
-        None => None,
-    };
+        set("shared_root", path.display().to_string());
+        Ok(path)
+    });
+    let shared_root = shared_root.transpose()?;
     Ok(SlurmConfig {
         conf,
         partition,
@@ -277,6 +263,18 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         sbatch_args,
         srun_args,
         shared_root,
+    })
+}
+
+/// The `T` that `value` names (`T`'s default when unset), or an error naming `key`, the value
+/// and what was `expected`.
+fn word_or<T: Words + Default>(
+    key: &str,
+    value: Option<&str>,
+    expected: &str,
+) -> Result<T, ConfigError> {
+    value.map_or(Ok(T::default()), |w| {
+        T::from_word(w).ok_or_else(|| ConfigError::new(key, w, expected))
     })
 }
 
@@ -369,72 +367,36 @@ mod tests {
     #[test]
     fn rejections_name_the_key_and_the_value() {
         let cases = [
-            ("backend = \"ray\"", "gpus.backend", "ray"),
-            ("backend = \"slurm\"", "gpus.backend", "slurm"),
-            ("[slurm]\nnodes = 1", "gpus.backend", "local"),
+            ("backend = \"ray\"".to_string(), "gpus.backend", "ray"),
+            ("backend = \"slurm\"".to_string(), "gpus.backend", "slurm"),
+            ("[slurm]\nnodes = 1".to_string(), "gpus.backend", "local"),
+        ];
+        // Each of these is a `[slurm]` table under `backend = "slurm"`.
+        let tables = [
+            ("nodes = [\"a b\"]", "slurm.nodes", "\"a b\""),
+            ("nodes = [\"a\", \"a\"]", "slurm.nodes", "a"),
+            ("nodes = 0", "slurm.nodes", "0"),
+            ("gpus_per_node = 0", "slurm.gpus_per_node", "0"),
+            ("mode = \"array\"", "slurm.mode", "array"),
+            ("hold = \"rack\"", "slurm.hold", "rack"),
+            ("partition = \"a,b\"", "slurm.partition", "a,b"),
+            ("hold_time = \"30s\"", "slurm.hold_time", "30s"),
             (
-                "backend = \"slurm\"\n[slurm]\nnodes = [\"a b\"]",
-                "slurm.nodes",
-                "\"a b\"",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nnodes = [\"a\", \"a\"]",
-                "slurm.nodes",
-                "a",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nnodes = 0",
-                "slurm.nodes",
-                "0",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\ngpus_per_node = 0",
-                "slurm.gpus_per_node",
-                "0",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nmode = \"array\"",
-                "slurm.mode",
-                "array",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nhold = \"rack\"",
-                "slurm.hold",
-                "rack",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\npartition = \"a,b\"",
-                "slurm.partition",
-                "a,b",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nhold_time = \"30s\"",
-                "slurm.hold_time",
-                "30s",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nsrun_args = [\"--gres=gpu:8\"]",
+                "srun_args = [\"--gres=gpu:8\"]",
                 "slurm.srun_args",
                 "--gres=gpu:8",
             ),
+            ("sbatch_args = [\"x\"]", "slurm.sbatch_args", "x"),
+            ("shared_root = \"runs\"", "slurm.shared_root", "runs"),
             (
-                "backend = \"slurm\"\n[slurm]\nsbatch_args = [\"x\"]",
-                "slurm.sbatch_args",
-                "x",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nshared_root = \"runs\"",
-                "slurm.shared_root",
-                "runs",
-            ),
-            (
-                "backend = \"slurm\"\n[slurm]\nconf = \"/no/such/slurm.conf\"",
+                "conf = \"/no/such/slurm.conf\"",
                 "slurm.conf",
                 "/no/such/slurm.conf",
             ),
-        ];
-        for (text, key, value) in cases {
-            let e = parse(text).expect_err(text);
+        ]
+        .map(|(table, key, value)| (format!("backend = \"slurm\"\n[slurm]\n{table}"), key, value));
+        for (text, key, value) in cases.into_iter().chain(tables) {
+            let e = parse(&text).expect_err(&text);
             assert_eq!(
                 (e.key.as_str(), e.value.as_str()),
                 (key, value),

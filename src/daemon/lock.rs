@@ -46,10 +46,6 @@ impl Held {
         let mut text = String::new();
         let _ = file.seek(SeekFrom::Start(0));
         let _ = file.read_to_string(&mut text);
-        Self::parse(&text)
-    }
-
-    fn parse(text: &str) -> Self {
         let mut lines = text.lines().map(str::trim);
         Self {
             pid: lines.next().and_then(|l| l.parse().ok()),
@@ -250,24 +246,16 @@ mod tests {
                 holder: Some(Holder::Score)
             })
         );
-        let daemon = refusal(
-            home.path(),
-            &Held {
-                pid: Some(7),
-                holder: Some(Holder::Daemon),
-            },
-        );
+        let pid_7 = |holder| Held {
+            pid: Some(7),
+            holder: Some(holder),
+        };
+        let daemon = refusal(home.path(), &pid_7(Holder::Daemon));
         assert!(
             daemon.contains("stop it with `fk-agentd stop --home"),
             "{daemon}"
         );
-        let lease = refusal(
-            home.path(),
-            &Held {
-                pid: Some(7),
-                holder: Some(Holder::LocalLease),
-            },
-        );
+        let lease = refusal(home.path(), &pid_7(Holder::LocalLease));
         assert!(
             lease.contains("`fk-agentd lease --local` (pid 7)"),
             "{lease}"

@@ -45,12 +45,6 @@ pub enum DaemonError {
     Control(String),
 }
 
-impl DaemonError {
-    pub fn exit_code(&self) -> i32 {
-        crate::exit::EXIT_UNAVAILABLE
-    }
-}
-
 /// The default time running sessions get to end after a stop before they are aborted.
 pub const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -208,16 +202,14 @@ fn status_fn(
     let sim = config.sim;
     Arc::new(move || {
         let run_id = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut states = BTreeMap::new();
-        let mut count = 0;
-        for row in store.sessions(&run_id).unwrap_or_default() {
-            *states.entry(row.state).or_insert(0) += 1;
-            count += 1;
-        }
+        let rows = store.sessions(&run_id).unwrap_or_default();
         let targets = store
             .run(Some(&run_id))
-            .map(|r| r.targets.len())
-            .unwrap_or(count);
+            .map_or(rows.len(), |r| r.targets.len());
+        let mut states = BTreeMap::new();
+        for row in rows {
+            *states.entry(row.state).or_insert(0) += 1;
+        }
         DaemonStatus {
             pid: std::process::id(),
             home: home.clone(),
@@ -248,4 +240,4 @@ pub async fn signals() {
     }
 }
 
-crate::exit_code!(DaemonError, |self| DaemonError::exit_code(self));
+crate::exit_code!(DaemonError, |self| crate::exit::EXIT_UNAVAILABLE);

@@ -154,11 +154,8 @@ pub(crate) mod nullable {
         v: &Option<Option<T>>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(inner) => inner.serialize(s),
-            // Left out by `skip_serializing_if`; never reached.
-            None => s.serialize_none(),
-        }
+        // `None` is left out by `skip_serializing_if`; `Some(None)` is written as `null`.
+        v.as_ref().and_then(Option::as_ref).serialize(s)
     }
 
     pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(

@@ -62,15 +62,7 @@ impl SessionStatus {
     /// Whether a session row's state is one of the end words above (an interrupted session
     /// included); a live session's state names what it does (`thinking`, `validating`, …).
     pub fn is_end_state(state: &str) -> bool {
-        [
-            Self::Finished,
-            Self::Failed,
-            Self::TimedOut,
-            Self::Interrupted,
-            Self::Skipped(String::new()),
-        ]
-        .iter()
-        .any(|s| s.state() == state)
+        state == Self::Interrupted.state() || Self::from_state(state, "").is_some()
     }
 
     /// The end a session row's state records (`skip_reason` for a skip); `None` for the
@@ -133,14 +125,17 @@ impl<'de> Deserialize<'de> for StatusWord {
 }
 
 /// How a run (or a phase of it) ended: `run_finished.status`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum RunOutcome {
     /// Every session finished (or was skipped).
     Pass,
-    /// A session failed or timed out, or the run failed outside its sessions.
-    Fail,
     /// Stopped before its end; `resume` goes on.
     Interrupted,
+    /// A session failed or timed out, or the run failed outside its sessions (and any word
+    /// this release does not know).
+    #[serde(other)]
+    Fail,
 }
 
 impl RunOutcome {
@@ -172,23 +167,6 @@ impl fmt::Display for RunOutcome {
 impl PartialEq<&str> for RunOutcome {
     fn eq(&self, word: &&str) -> bool {
         self.word() == *word
-    }
-}
-
-impl Serialize for RunOutcome {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.word())
-    }
-}
-
-impl<'de> Deserialize<'de> for RunOutcome {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let w = String::deserialize(d)?;
-        Ok(match w.as_str() {
-            "PASS" => Self::Pass,
-            "INTERRUPTED" => Self::Interrupted,
-            _ => Self::Fail,
-        })
     }
 }
 
@@ -231,6 +209,8 @@ mod tests {
             }
         }
         assert_eq!(SessionStatus::from_word("DONE"), None);
+        let unknown = serde_json::from_value::<RunOutcome>("DONE".into()).unwrap();
+        assert_eq!(unknown, RunOutcome::Fail);
         for o in [RunOutcome::Pass, RunOutcome::Fail, RunOutcome::Interrupted] {
             let v = serde_json::to_value(o).unwrap();
             assert_eq!(serde_json::from_value::<RunOutcome>(v).unwrap(), o);

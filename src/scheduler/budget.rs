@@ -82,7 +82,7 @@ pub fn prices_of(run_started: &RunStarted) -> Option<Prices> {
 }
 
 /// Sums the recorded usage of a run (and its pair) and says when a cap is reached.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Meter {
     budget: Budget,
     /// The last event read, per run.
@@ -94,8 +94,7 @@ impl Meter {
     pub fn new(budget: Budget) -> Self {
         Self {
             budget,
-            after: BTreeMap::new(),
-            usage: Usage::default(),
+            ..Self::default()
         }
     }
 

@@ -113,11 +113,13 @@ pub async fn run_phase(
     // On resume, sessions that already ended for good keep their end: they are neither
     // submitted nor finished a second time (counters read `run.jsonl`).
     let mut results = ended_before(&journal, targets)?;
+    let mut pending = Vec::new();
     for (index, target) in targets.iter().enumerate() {
         index_of.insert(target.clone(), index);
         if results.contains_key(target) {
             continue;
         }
+        pending.push(target.clone());
         let name = target.to_string();
         let submitted = TaskSubmitted {
             task_name: name.clone(),
@@ -129,11 +131,6 @@ pub async fn run_phase(
         journal.record_event(Some(&name), &submitted)?;
         set_state(&journal, target, "queued", json!({}))?;
     }
-    let pending: Vec<TargetId> = targets
-        .iter()
-        .filter(|t| !results.contains_key(*t))
-        .cloned()
-        .collect();
     let mut queue: std::collections::VecDeque<TargetId> =
         start_order(&journal, &pending, params.order)?.into();
     let mut interrupted = false;
@@ -254,11 +251,10 @@ async fn timed(
         }
         Ok(outcome) => {
             let mut result = outcome.result;
-            if result.is_object() {
-                result["reason"] = json!(why);
-            } else {
-                result = json!({"reason": why});
+            if !result.is_object() {
+                result = json!({});
             }
+            result["reason"] = json!(why);
             (SessionStatus::TimedOut, result)
         }
         Err(_) => {
@@ -359,10 +355,7 @@ fn start_order(
         QueueOrder::Catalog => (targets.to_vec(), 0),
         QueueOrder::LongestFirst => {
             let store = journal.store();
-            let simulated = store
-                .run(Some(journal.run_id()))
-                .map(|r| r.simulated)
-                .unwrap_or(false);
+            let simulated = store.run(Some(journal.run_id())).is_ok_and(|r| r.simulated);
             let seconds = store.session_seconds(simulated, journal.run_id())?;
             let known = targets
                 .iter()
@@ -426,11 +419,8 @@ fn joined_session(
         Err(e) if e.is_panic() => {
             let target = task_targets.get(&e.id())?.clone();
             let payload = e.into_panic();
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".into());
+            let message =
+                crate::error::panic_text(payload.as_ref()).unwrap_or("a panic without a message");
             tracing::error!(target = %target, "session panicked: {message}");
             let result = SessionResult::infra(format!("session panicked: {message}"));
             Some((target, SessionStatus::Failed, result))

@@ -13,21 +13,14 @@ use crate::target::TargetId;
 /// `targets`, longest expected session first. Targets with no recorded length go first, in
 /// their given order (one never run may be long); ties keep their given order.
 pub fn longest_first(targets: &[TargetId], seconds: &HashMap<String, f64>) -> Vec<TargetId> {
-    let mut keyed: Vec<(usize, Option<f64>, &TargetId)> = targets
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (i, seconds.get(&t.to_string()).copied(), t))
-        .collect();
-    keyed.sort_by(|a, b| {
-        let longer = match (a.1, b.1) {
-            (None, None) => std::cmp::Ordering::Equal,
-            (None, Some(_)) => std::cmp::Ordering::Less,
-            (Some(_), None) => std::cmp::Ordering::Greater,
-            (Some(x), Some(y)) => y.total_cmp(&x),
-        };
-        longer.then(a.0.cmp(&b.0))
+    let secs = |t: &TargetId| seconds.get(&t.to_string()).copied();
+    let mut ordered = targets.to_vec();
+    // A stable sort: ties keep their given order.
+    ordered.sort_by(|a, b| match (secs(a), secs(b)) {
+        (Some(x), Some(y)) => y.total_cmp(&x),
+        (x, y) => x.is_some().cmp(&y.is_some()),
     });
-    keyed.into_iter().map(|(_, _, t)| t.clone()).collect()
+    ordered
 }
 
 #[cfg(test)]

@@ -272,6 +272,16 @@ struct TargetRun<'a> {
     output: Option<&'a Path>,
 }
 
+impl TargetRun<'_> {
+    /// A draw of this seed, target and candidate content, then `more`.
+    fn unit(&self, more: &[&[u8]]) -> f64 {
+        let seed = self.seed.to_le_bytes();
+        let id = self.target.id.to_string();
+        let content = self.content.unwrap_or("").as_bytes();
+        unit(&[&[&seed[..], id.as_bytes(), content], more].concat())
+    }
+}
+
 /// The draws that decide one target's outcome (a pure function of seed, target, content).
 struct Draw {
     knobs: Vec<Knob>,
@@ -287,28 +297,24 @@ struct Draw {
 
 impl Draw {
     fn new(t: &TargetRun<'_>) -> Self {
-        let seed = t.seed.to_le_bytes();
-        let id = t.target.id.to_string();
-        let content = t.content.unwrap_or("").as_bytes();
         let knobs = knobs(t.content.unwrap_or(""));
         let broken = t.composed_with_lower
             && t.target.id.level() > 1
             && (knobs.contains(&Knob::ComposeBreak)
-                || (!forces_pass(&knobs)
-                    && unit(&[&seed, id.as_bytes(), content, b"compose"]) < 0.25));
+                || (!forces_pass(&knobs) && t.unit(&[b"compose"]) < 0.25));
         let nonce = invocation_nonce(t.output);
         let forced = knobs.iter().find_map(|k| match k {
             Knob::Speedup(s) => Some(*s),
             Knob::True(s) => {
-                let u = |i: u8| unit(&[&seed, id.as_bytes(), content, nonce.as_bytes(), &[i]]);
+                let u = |i: u8| t.unit(&[nonce.as_bytes(), &[i]]);
                 Some(s * NoiseModel::default().factor([u(0), u(1), u(2), u(3)]))
             }
             Knob::Runs(r) => Some(r[confirm_index(t.output).min(r.len() - 1)]),
             _ => None,
         });
         Self {
-            u: unit(&[&seed, id.as_bytes(), content]),
-            base: 0.8 + 0.8 * unit(&[&seed, id.as_bytes(), content, b"speed"]),
+            u: t.unit(&[]),
+            base: 0.8 + 0.8 * t.unit(&[b"speed"]),
             broken,
             knobs,
             forced,
@@ -348,9 +354,6 @@ impl Draw {
 
 fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
     let draw = Draw::new(t);
-    let seed = t.seed.to_le_bytes();
-    let id = t.target.id.to_string();
-    let content = t.content.unwrap_or("").as_bytes();
     let mut out = Vec::new();
     for class in &t.target.classes {
         if draw.unloadable(t) {
@@ -370,8 +373,7 @@ fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
                 shape,
                 dtype,
             };
-            let n = i.to_string();
-            let jitter = unit(&[&seed, id.as_bytes(), content, n.as_bytes()]);
+            let jitter = t.unit(&[i.to_string().as_bytes()]);
             let (status, detail, speedup) = if t.self_test {
                 (Status::Passed, "self-test", 0.92 + 0.16 * jitter)
             } else {

@@ -13,7 +13,7 @@
 
 use serde_json::{Value, json};
 
-use super::server::{call, candidate_text, turn_items, validation_passed};
+use super::server::{Step, call, candidate_text, turn_items};
 
 /// A codex request: its tools include `exec_command`.
 pub fn is_codex(body: &Value) -> bool {
@@ -47,16 +47,6 @@ pub fn check_cortex_rules(body: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// Where the scripted codex agent is.
-#[derive(Debug, PartialEq)]
-enum Move {
-    Explore,
-    Write { variant: u32 },
-    Validate,
-    Finish { passed: bool, attempts: u32 },
-    Done,
-}
-
 /// The target, from the optimize prompt's title (`# Task: make `L1/gelu` faster`).
 fn target_of(input: &[Value]) -> String {
     input
@@ -77,7 +67,8 @@ fn command_of(item: &Value) -> String {
     args["cmd"].as_str().unwrap_or("").to_string()
 }
 
-fn next_move(input: &[Value]) -> Move {
+/// Where the scripted codex agent is; `None` once it called `finish` (its turn ends).
+fn next_move(input: &[Value]) -> Option<Step> {
     let commands: Vec<String> = input
         .iter()
         .filter(|i| i["type"] == "function_call" && i["name"] == "exec_command")
@@ -94,29 +85,19 @@ fn next_move(input: &[Value]) -> Move {
         .filter(|c| c.contains("fk-agentd tool validate"))
         .count() as u32;
     let writes = commands.iter().filter(|c| c.contains("cat > ")).count() as u32;
-    match commands.last() {
-        None => Move::Explore,
-        Some(c) if c.contains("fk-agentd tool finish") => Move::Done,
+    Some(match commands.last() {
+        None => Step::Explore,
+        Some(c) if c.contains("fk-agentd tool finish") => return None,
         Some(c) if c.contains("fk-agentd tool validate") => {
-            let passed = validation_passed(last_output);
-            if passed || validations >= 2 {
-                Move::Finish {
-                    passed,
-                    attempts: validations,
-                }
-            } else {
-                Move::Write {
-                    variant: writes + 1,
-                }
-            }
+            Step::after_validation(last_output, validations, writes + 1)
         }
-        Some(c) if c.contains("cat > ") => Move::Validate,
-        Some(_) if writes == 0 => Move::Write { variant: 1 },
-        Some(_) => Move::Finish {
+        Some(c) if c.contains("cat > ") => Step::Validate,
+        Some(_) if writes == 0 => Step::Write { variant: 1 },
+        Some(_) => Step::Finish {
             passed: false,
             attempts: validations,
         },
-    }
+    })
 }
 
 fn exec(cmd: String) -> Value {
@@ -127,23 +108,31 @@ fn exec(cmd: String) -> Value {
 pub fn items(input: &[Value], turn_id: &str, seed: u64) -> Vec<Value> {
     let target = target_of(input);
     let path = format!("candidate/{target}.py");
-    let (thought, item) = match next_move(input) {
-        Move::Explore => (
+    let Some(step) = next_move(input) else {
+        return vec![
+            json!({"type": "message", "role": "assistant", "status": "completed",
+            "id": format!("msg_sim_{}", &turn_id[..12]),
+            "content": [{"type": "output_text", "annotations": [],
+                         "text": "SIMULATED codex agent: finished."}]}),
+        ];
+    };
+    let (thought, item) = match step {
+        Step::Explore => (
             "Look at the workspace and what the shell sees.",
             exec("env | sort; ls -R .".into()),
         ),
-        Move::Write { variant } => (
+        Step::Write { variant } => (
             "Write a fused kernel for the captured shapes.",
             exec(format!(
                 "mkdir -p \"$(dirname {path})\" && cat > {path} <<'FK_SIM_EOF'\n{}FK_SIM_EOF",
                 candidate_text(&target, variant, seed)
             )),
         ),
-        Move::Validate => (
+        Step::Validate => (
             "Validate the candidate on a leased GPU.",
             exec("fk-agentd tool validate".into()),
         ),
-        Move::Finish { passed, attempts } => (
+        Step::Finish { passed, attempts } => (
             "Done iterating.",
             exec(format!(
                 "fk-agentd tool finish --summary 'SIMULATED codex agent: {} after {attempts} validation(s).'",
@@ -154,14 +143,6 @@ pub fn items(input: &[Value], turn_id: &str, seed: u64) -> Vec<Value> {
                 }
             )),
         ),
-        Move::Done => {
-            return vec![
-                json!({"type": "message", "role": "assistant", "status": "completed",
-                "id": format!("msg_sim_{}", &turn_id[..12]),
-                "content": [{"type": "output_text", "annotations": [],
-                             "text": "SIMULATED codex agent: finished."}]}),
-            ];
-        }
     };
     turn_items(turn_id, thought, item)
 }
@@ -183,32 +164,35 @@ mod tests {
         let prompt = json!({"type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "# Task: make `L1/gelu` faster\n..."}]});
         assert_eq!(target_of(std::slice::from_ref(&prompt)), "L1/gelu");
-        assert_eq!(next_move(std::slice::from_ref(&prompt)), Move::Explore);
+        assert_eq!(
+            next_move(std::slice::from_ref(&prompt)),
+            Some(Step::Explore)
+        );
         assert_eq!(
             next_move(&[exec_call("env | sort"), out("x")]),
-            Move::Write { variant: 1 }
+            Some(Step::Write { variant: 1 })
         );
         assert_eq!(
             next_move(&[exec_call("cat > candidate/L1/gelu.py"), out("")]),
-            Move::Validate
+            Some(Step::Validate)
         );
         let failed = [
             exec_call("cat > a"),
             exec_call("fk-agentd tool validate"),
             out("INCORRECT"),
         ];
-        assert_eq!(next_move(&failed), Move::Write { variant: 2 });
+        assert_eq!(next_move(&failed), Some(Step::Write { variant: 2 }));
         let passed = [exec_call("fk-agentd tool validate"), out("PASSED 1.2x")];
         assert_eq!(
             next_move(&passed),
-            Move::Finish {
+            Some(Step::Finish {
                 passed: true,
                 attempts: 1
-            }
+            })
         );
         assert_eq!(
             next_move(&[exec_call("fk-agentd tool finish --summary s")]),
-            Move::Done
+            None
         );
     }
 

@@ -159,20 +159,15 @@ impl FaultPlan {
         if draw >= self.rate {
             return None;
         }
-        let fault = match (draw / self.rate * 4.0) as u32 {
-            0 => Fault::TooManyRequests,
-            1 => Fault::ServerError,
-            2 => Fault::CutStream,
-            _ => Fault::Stall,
+        let (fault, seen) = match (draw / self.rate * 4.0) as u32 {
+            0 => (Fault::TooManyRequests, &mut log.report.too_many_requests),
+            1 => (Fault::ServerError, &mut log.report.server_errors),
+            2 => (Fault::CutStream, &mut log.report.cut_streams),
+            _ => (Fault::Stall, &mut log.report.stalls),
         };
-        match fault {
-            Fault::TooManyRequests => {
-                log.report.too_many_requests += 1;
-                log.not_before.insert(key.to_string(), now + RETRY_AFTER);
-            }
-            Fault::ServerError => log.report.server_errors += 1,
-            Fault::CutStream => log.report.cut_streams += 1,
-            Fault::Stall => log.report.stalls += 1,
+        *seen += 1;
+        if fault == Fault::TooManyRequests {
+            log.not_before.insert(key.to_string(), now + RETRY_AFTER);
         }
         Some(fault)
     }

@@ -67,15 +67,7 @@ impl BenchLauncher for InProcessLauncher {
         let started = tokio::time::Instant::now();
         let write =
             |path: &Path, text: &str| std::fs::write(path, text).map_err(ScoreError::io(path));
-        let mut exit = ProcessExit {
-            code: None,
-            signal: None,
-            timed_out: false,
-            cancelled: false,
-            violation: None,
-            wall_s: 0.0,
-        };
-        match run(&params, &Catalog::embedded()) {
+        let (code, signal, timed_out) = match run(&params, &Catalog::embedded()) {
             SimAction::Exit {
                 code,
                 stdout,
@@ -83,19 +75,25 @@ impl BenchLauncher for InProcessLauncher {
             } => {
                 write(&inv.stdout, &stdout)?;
                 write(&inv.stderr, &stderr)?;
-                exit.code = Some(code);
+                (Some(code), None, false)
             }
             SimAction::Hang { stderr } => {
                 write(&inv.stdout, "")?;
                 write(&inv.stderr, &stderr)?;
-                tokio::select! {
-                    _ = tokio::time::sleep(inv.deadline) => exit.timed_out = true,
-                    _ = cancel.cancelled() => exit.cancelled = true,
-                }
-                exit.signal = Some(9);
+                let timed_out = tokio::select! {
+                    _ = tokio::time::sleep(inv.deadline) => true,
+                    _ = cancel.cancelled() => false,
+                };
+                (None, Some(9), timed_out)
             }
-        }
-        exit.wall_s = started.elapsed().as_secs_f64();
-        Ok(exit)
+        };
+        Ok(ProcessExit {
+            code,
+            signal,
+            timed_out,
+            cancelled: signal.is_some() && !timed_out,
+            violation: None,
+            wall_s: started.elapsed().as_secs_f64(),
+        })
     }
 }

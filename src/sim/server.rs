@@ -12,7 +12,6 @@
 //! ([`super::codex`]). Every client is refused what Cortex refuses: hosted tools, a
 //! `:` in the model id, `store` other than false.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -45,7 +44,6 @@ pub struct SimScript {
 
 /// A running simulated server.
 pub struct SimServer {
-    pub addr: SocketAddr,
     pub base_url: String,
     faults: super::faults::FaultPlan,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -71,7 +69,6 @@ impl SimServer {
             }
         });
         Ok(Self {
-            addr,
             base_url: format!("http://{addr}/v1"),
             faults,
             task: Some(task),
@@ -244,9 +241,9 @@ fn check_reasoning_echo(input: &[Value]) -> Result<(), String> {
     Ok(())
 }
 
-/// Where the scripted agent is, read from the history.
+/// Where the scripted agent is, read from the history (of either client).
 #[derive(Debug, PartialEq)]
-enum Step {
+pub(crate) enum Step {
     Explore,
     Write { variant: u32 },
     Validate,
@@ -254,6 +251,20 @@ enum Step {
 }
 
 impl Step {
+    /// After the `validations`-th validation, which said `output`: finish once one passed or
+    /// after two, else write variant `next`.
+    pub(crate) fn after_validation(output: &str, validations: u32, next: u32) -> Self {
+        let passed = validation_passed(output);
+        if passed || validations >= 2 {
+            Step::Finish {
+                passed,
+                attempts: validations,
+            }
+        } else {
+            Step::Write { variant: next }
+        }
+    }
+
     fn from_history(input: &[Value]) -> Self {
         let outputs: Vec<&str> = input
             .iter()
@@ -291,17 +302,7 @@ impl Step {
             Some("write_file") => Step::Validate,
             Some("validate") => {
                 let last = outputs.last().copied().unwrap_or("");
-                let passed = validation_passed(last);
-                if passed || validations >= 2 {
-                    Step::Finish {
-                        passed,
-                        attempts: validations,
-                    }
-                } else {
-                    Step::Write {
-                        variant: validations + 1,
-                    }
-                }
+                Step::after_validation(last, validations, validations + 1)
             }
             Some(_) => Step::Finish {
                 passed: false,
@@ -355,7 +356,7 @@ pub(crate) fn turn_items(turn_id: &str, thought: &str, mut call: Value) -> Vec<V
     vec![reasoning, call]
 }
 
-pub(crate) fn validation_passed(output: &str) -> bool {
+fn validation_passed(output: &str) -> bool {
     output.contains("PASSED")
         && !output.contains("INCORRECT")
         && !output.contains("ERROR")

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Store, StoreError, now_rfc3339};
+use crate::error::panic_text;
 
 /// One journaled lease.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -166,15 +167,6 @@ impl Drop for Leader {
     }
 }
 
-/// What a panic said, when it said it with a string.
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
-}
-
 const STOPPED: &str = "the lease journal's commit stopped before this write was committed";
 
 fn apply(c: &Connection, w: &LeaseWrite) -> rusqlite::Result<()> {
@@ -295,7 +287,7 @@ impl Store {
                     // Nobody awaits this task: without this the panic would be seen only
                     // as the writers' STOPPED.
                     tracing::error!(
-                        panic = panic_text(panic.as_ref()),
+                        panic = panic_text(panic.as_ref()).unwrap_or("(no message)"),
                         "the lease journal's commit panicked; the writes it held failed"
                     );
                 }
@@ -432,15 +424,5 @@ mod tests {
             .expect("a new leader");
         again.run();
         assert_eq!(guard(&results).last(), Some(&(3, Ok(()))));
-    }
-
-    #[test]
-    fn a_panic_is_told_by_its_message_of_either_kind() {
-        let text: Box<dyn std::any::Any + Send> = Box::new("static");
-        let owned: Box<dyn std::any::Any + Send> = Box::new(String::from("owned"));
-        let other: Box<dyn std::any::Any + Send> = Box::new(7_u8);
-        assert_eq!(panic_text(text.as_ref()), "static");
-        assert_eq!(panic_text(owned.as_ref()), "owned");
-        assert_eq!(panic_text(other.as_ref()), "(no message)");
     }
 }

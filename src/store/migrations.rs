@@ -75,10 +75,7 @@ const MIGRATIONS: &[&str] = &[
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 pub(super) fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let err = |source| StoreError::Sqlite {
-        path: path.to_path_buf(),
-        source,
-    };
+    let err = StoreError::sqlite(path);
     let current: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(err)?;

@@ -86,10 +86,15 @@ impl StoreError {
                 path: path.to_path_buf(),
                 detail: source.to_string(),
             },
-            _ => StoreError::Sqlite {
-                path: path.to_path_buf(),
-                source,
-            },
+            _ => Self::sqlite(path)(source),
+        }
+    }
+
+    /// A SQLite error of `path` as SQLite told it, for `map_err`.
+    fn sqlite(path: &Path) -> impl Fn(rusqlite::Error) -> Self + Copy + '_ {
+        move |source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
         }
     }
 }
@@ -236,10 +241,7 @@ impl Store {
     /// its own, so its reads never wait on the writer's lock; no migrations and no checkpoint
     /// thread (the writer owns both).
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
-        let err = |source| StoreError::Sqlite {
-            path: path.to_path_buf(),
-            source,
-        };
+        let err = StoreError::sqlite(path);
         let flags =
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags)
@@ -271,10 +273,7 @@ impl Store {
         let version: i64 = ro
             .lock()
             .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|source| StoreError::Sqlite {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            .map_err(StoreError::sqlite(path))?;
         if version >= migrations::SCHEMA_VERSION {
             digest::verify_events(&ro.lock(), path)?;
             Ok(ro)
