@@ -51,9 +51,6 @@ struct Timed {
 }
 
 impl LeaseBackend for Timed {
-    fn name(&self) -> &'static str {
-        "local (timed)"
-    }
     fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<std::path::PathBuf> {
         let now = Instant::now();
         self.chosen

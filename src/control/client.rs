@@ -17,16 +17,15 @@ impl ControlClient {
     /// Connects lazily; fails with [`ControlError::NoDaemon`] when there is no socket.
     pub fn new(home: &Path) -> Result<Self, ControlError> {
         let socket = socket_path(home);
-        match std::fs::metadata(&socket) {
-            Ok(_) => {}
+        if let Err(source) = std::fs::metadata(&socket) {
             // Another user's home (0700) or socket (0600): not "no daemon".
-            Err(source) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            if source.kind() == std::io::ErrorKind::PermissionDenied {
                 return Err(ControlError::Socket {
                     path: socket,
                     source,
                 });
             }
-            Err(_) => return Err(no_daemon(home, &socket)),
+            return Err(no_daemon(home, &socket));
         }
         let builder = reqwest::Client::builder().timeout(Duration::from_secs(10));
         Ok(Self {
@@ -136,15 +135,8 @@ pub(super) async fn reply<T: DeserializeOwned>(
 
 /// The permission error under a failed connection, if that is what it was.
 fn permission_denied(e: &reqwest::Error) -> Option<std::io::Error> {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(c) = cause {
-        let denied = c
-            .downcast_ref::<std::io::Error>()
-            .filter(|io| io.kind() == std::io::ErrorKind::PermissionDenied);
-        if let Some(io) = denied {
-            return Some(std::io::Error::new(io.kind(), io.to_string()));
-        }
-        cause = c.source();
-    }
-    None
+    std::iter::successors(std::error::Error::source(e), |c| c.source())
+        .filter_map(|c| c.downcast_ref::<std::io::Error>())
+        .find(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+        .map(|io| std::io::Error::new(io.kind(), io.to_string()))
 }

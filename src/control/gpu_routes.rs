@@ -44,9 +44,7 @@ pub struct LeaseCall {
     #[serde(default)]
     pub env: Vec<(String, String)>,
     /// When present it must be the token's session.
-    #[serde(default)]
     pub session: Option<String>,
-    #[serde(default)]
     pub idempotency_key: Option<String>,
 }
 
@@ -63,7 +61,6 @@ pub enum LeaseFrame {
 #[derive(Debug, Deserialize)]
 struct DrainBody {
     gpu: String,
-    #[serde(default)]
     reason: Option<String>,
 }
 
@@ -87,10 +84,7 @@ fn no_broker() -> Response {
 }
 
 async fn gpus(State(state): State<ControlState>) -> Response {
-    match &state.broker {
-        Some(b) => Json(b.snapshot()).into_response(),
-        None => no_broker(),
-    }
+    (state.broker.as_ref()).map_or_else(no_broker, |b| Json(b.snapshot()).into_response())
 }
 
 async fn drain(State(state): State<ControlState>, Json(body): Json<DrainBody>) -> Response {
@@ -219,9 +213,8 @@ impl Tail {
         }
         // Keep a multi-byte character split across reads for the next read.
         let cut = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
             Err(e) if e.error_len().is_none() && !last => e.valid_up_to(),
-            Err(_) => self.pending.len(),
+            _ => self.pending.len(),
         };
         let rest = self.pending.split_off(cut);
         let text = String::from_utf8_lossy(&self.pending).into_owned();

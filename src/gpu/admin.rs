@@ -47,11 +47,13 @@ impl Broker {
     /// Takes a GPU out of the pool until an undrain, across daemon restarts. A lease running
     /// on it finishes; nothing new starts there.
     pub async fn drain(&self, uuid: &str, reason: &str) -> Result<(), LeaseError> {
-        let uuid = self.mark_drained(uuid, reason)?;
+        let i = self.slot_of(uuid)?;
+        self.set_drained(i, Some(reason.to_string()));
+        let id = self.inner.inventory.gpus[i].uuid.clone();
         let reason = reason.to_string();
         self.inner
             .store
-            .blocking(move |s| s.set_drain(&uuid, &reason))
+            .blocking(move |s| s.set_drain(&id, &reason))
             .await?;
         Ok(())
     }
@@ -64,19 +66,15 @@ impl Broker {
             .store
             .blocking(move |s| s.clear_drain(&id))
             .await?;
-        let mut st = self.lock();
-        st.queue.slots[i].drained = None;
-        self.schedule_locked(&mut st);
+        self.set_drained(i, None);
         Ok(())
     }
 
-    /// The in-memory half of a drain; returns the GPU's UUID.
-    fn mark_drained(&self, uuid: &str, reason: &str) -> Result<String, LeaseError> {
-        let i = self.slot_of(uuid)?;
+    /// The in-memory half of a drain or undrain of slot `i`.
+    fn set_drained(&self, i: usize, reason: Option<String>) {
         let mut st = self.lock();
-        st.queue.slots[i].drained = Some(reason.to_string());
+        st.queue.slots[i].drained = reason;
         self.schedule_locked(&mut st);
-        Ok(self.inner.inventory.gpus[i].uuid.clone())
     }
 
     pub(crate) fn slot_of(&self, uuid: &str) -> Result<usize, LeaseError> {
@@ -178,15 +176,11 @@ impl Broker {
                     GpuState::Free
                 };
                 GpuSnapshot {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    name: g.name.clone(),
-                    memory_total_bytes: g.memory_total_bytes,
-                    state,
                     lease_id: s.holder.clone(),
                     session: held.map(|h| h.session.clone()),
                     class: held.map(|h| h.class),
                     drained_reason: s.drained.clone().or_else(|| s.down.clone()),
+                    ..g.snapshot(state)
                 }
             })
             .collect();

@@ -59,11 +59,9 @@ impl Broker {
 
     /// Marks a lease as having used `uuid` and wakes its supervisor to end it (once).
     fn report_violation(&self, lease_id: &str, uuid: &str, pid: u32) {
-        let mut st = self.lock();
-        let Some(live) = st.live.get_mut(lease_id) else {
-            return;
-        };
-        if live.violation.is_none() {
+        if let Some(live) = self.lock().live.get_mut(lease_id)
+            && live.violation.is_none()
+        {
             tracing::warn!(
                 lease = lease_id,
                 gpu = uuid,

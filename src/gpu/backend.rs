@@ -48,13 +48,6 @@ pub struct JobRef {
     pub cgroup: Option<PathBuf>,
 }
 
-impl JobRef {
-    /// A job known by its process group only.
-    pub fn group(pgid: i64) -> Self {
-        Self { pgid, cgroup: None }
-    }
-}
-
 /// How the lead process of a job ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExitInfo {
@@ -94,10 +87,7 @@ impl LeaseOutput {
             (&self.stdout, &self.stdout_path),
             (&self.stderr, &self.stderr_path),
         ] {
-            file.set_len(0).map_err(|source| LeaseError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            file.set_len(0).map_err(LeaseError::io(path))?;
         }
         Ok(self)
     }
@@ -143,7 +133,6 @@ pub struct RecordedEnd {
 
 /// Runs leased commands. Signals go to the whole job (process group, cgroup or Slurm step).
 pub trait LeaseBackend: Send + Sync + 'static {
-    fn name(&self) -> &'static str;
     /// The cgroup `lease_id`, granted the GPU slots `slots`, is to run in: chosen before the
     /// launch so the grant's journal row can name it, and handed to the launch in
     /// [`LaunchSpec::cgroup`]. `None` when the backend uses none.
@@ -171,7 +160,11 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// True while any process of the job is alive (zombies do not count).
     fn alive(&self, job: &JobRef) -> bool;
     /// Kills processes tagged with a lease id that live outside any known job; returns their pids.
-    fn kill_tagged(&self, lease_id: &str) -> Vec<i32>;
+    /// None where no process can leave its job (a Slurm step is all in slurmstepd's cgroup,
+    /// which `signal` reached).
+    fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
+        Vec::new()
+    }
     /// True when `pid` is one of the job's processes (its group, its cgroup or its tag).
     fn owns(&self, _job: &JobRef, _lease_id: &str, _pid: u32) -> bool {
         false
@@ -352,19 +345,15 @@ impl LocalBackend {
 }
 
 fn open_output(path: &Path) -> Result<File, LeaseError> {
-    let io = |source| LeaseError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(io)?;
+        std::fs::create_dir_all(parent).map_err(LeaseError::io(path))?;
     }
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(io)
+        .map_err(LeaseError::io(path))
 }
 
 /// The shell that puts a cgroup lease's child into its cgroup before the command runs.
@@ -387,19 +376,10 @@ fn entry_file(kind: Containment, dir: &Path) -> PathBuf {
     }
 }
 
-/// The checks `execvp` makes, so that a command that cannot start is still a spawn error when
-/// the trampoline (whose shell would exit 127) starts it. What only the exec itself finds
-/// (a script whose interpreter is missing) is a spawn error where the daemon execs the command
-/// (process groups, `clone3`) and the shell's exit 127 under the trampoline.
-pub(super) fn resolve(argv0: &str, spec: &LaunchSpec<'_>) -> io::Result<PathBuf> {
-    resolve_in(argv0, spec.cwd, &spec.env, spec.env_remove)
-}
-
 /// The PATH a child with `env` (its own variables) and `env_remove` (variables taken from the
 /// daemon's) gets: its own, else the daemon's, else `/bin:/usr/bin`.
 fn child_path(env: &[(String, String)], env_remove: &[String]) -> std::ffi::OsString {
-    let set = env.iter().rev().find(|(k, _)| k == "PATH");
-    match set {
+    match env.iter().rev().find(|(k, _)| k == "PATH") {
         Some((_, v)) => Some(std::ffi::OsString::from(v)),
         None if env_remove.iter().any(|k| k == "PATH") => None,
         None => std::env::var_os("PATH"),
@@ -407,8 +387,12 @@ fn child_path(env: &[(String, String)], env_remove: &[String]) -> std::ffi::OsSt
     .unwrap_or_else(|| "/bin:/usr/bin".into())
 }
 
-/// Where `execvp` would find `argv0` for a child in `cwd` with that environment.
-fn resolve_in(
+/// Where `execvp` would find `argv0` for a child in `cwd` with that environment: the checks
+/// it makes, so that a command that cannot start is still a spawn error when the trampoline
+/// (whose shell would exit 127) starts it. What only the exec itself finds (a script whose
+/// interpreter is missing) is a spawn error where the daemon execs the command (process
+/// groups, `clone3`) and the shell's exit 127 under the trampoline.
+pub(super) fn resolve(
     argv0: &str,
     cwd: &Path,
     env: &[(String, String)],
@@ -469,12 +453,10 @@ fn spawn(
     cgroup: Option<&Path>,
 ) -> Result<(tokio::process::Child, Option<UnixStream>), LeaseError> {
     let argv0 = spec.argv.first().cloned().unwrap_or_default();
+    let spawn_err = LeaseError::spawn(&argv0);
     let report = match cgroup {
         Some(entry) => {
-            resolve(&argv0, spec).map_err(|source| LeaseError::Spawn {
-                argv0: argv0.clone(),
-                source,
-            })?;
+            resolve(&argv0, spec.cwd, &spec.env, spec.env_remove).map_err(spawn_err)?;
             UnixStream::pair()
                 .inspect_err(|e| tracing::warn!(error = %e, "no socket for the cgroup report; the lease runs in its process group only"))
                 .ok()
@@ -509,9 +491,7 @@ fn spawn(
             cmd.pre_exec(move || crate::confine::enter(fd));
         }
     }
-    let child = cmd
-        .spawn()
-        .map_err(|source| LeaseError::Spawn { argv0, source })?;
+    let child = cmd.spawn().map_err(spawn_err)?;
     Ok((child, report))
 }
 
@@ -524,12 +504,7 @@ pub(super) fn lease_command<'a>(
     env: impl Iterator<Item = &'a (String, String)>,
     argv0: &str,
 ) -> Result<(), LeaseError> {
-    let copy = |f: &File| {
-        f.try_clone().map_err(|source| LeaseError::Spawn {
-            argv0: argv0.to_string(),
-            source,
-        })
-    };
+    let copy = |f: &File| f.try_clone().map_err(LeaseError::spawn(argv0));
     cmd.stdout(copy(&spec.output.stdout)?)
         .stderr(copy(&spec.output.stderr)?)
         .process_group(0)
@@ -543,10 +518,6 @@ pub(super) fn lease_command<'a>(
 }
 
 impl LeaseBackend for LocalBackend {
-    fn name(&self) -> &'static str {
-        "local"
-    }
-
     fn check_program(
         &self,
         argv0: &str,
@@ -554,20 +525,17 @@ impl LeaseBackend for LocalBackend {
         env: &[(String, String)],
         env_remove: &[String],
     ) -> Result<(), Unrunnable> {
-        let Err(e) = resolve_in(argv0, cwd, env, env_remove) else {
+        let Err(e) = resolve(argv0, cwd, env, env_remove) else {
             return Ok(());
         };
         let (missing, why) = match e.raw_os_error() {
             Some(libc::EACCES) => (false, "is not executable".to_string()),
             Some(libc::EINVAL) => (false, "starts with `-`".to_string()),
             _ if argv0.contains('/') => (true, format!("is not found (in {})", cwd.display())),
-            _ => (
-                true,
-                format!(
-                    "is not found (searched {})",
-                    child_path(env, env_remove).to_string_lossy()
-                ),
-            ),
+            _ => {
+                let searched = child_path(env, env_remove).to_string_lossy().into_owned();
+                (true, format!("is not found (searched {searched})"))
+            }
         };
         Err(Unrunnable { missing, why })
     }
@@ -756,15 +724,5 @@ mod tests {
         let mut output = output.emptied().unwrap();
         std::io::Write::write_all(&mut output.stdout, b"this run").unwrap();
         assert_eq!(std::fs::read_to_string(&out).unwrap(), "this run");
-    }
-
-    /// A path whose folder cannot be made is an error naming the path.
-    #[test]
-    fn outputs_under_a_file_fail_by_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("file");
-        std::fs::write(&file, "").unwrap();
-        let e = LeaseOutput::open(&file.join("x.stdout"), &file.join("x.stderr")).unwrap_err();
-        assert!(e.to_string().contains("x.stdout"), "{e}");
     }
 }

@@ -172,7 +172,7 @@ pub(crate) struct Inner {
     next_id: AtomicU64,
     /// Makes lease ids unique across brokers on one host (their lease-id tags must not meet).
     id_salt: u32,
-    next_pool: AtomicU64,
+    pub next_pool: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -294,7 +294,7 @@ impl Broker {
 
     pub(crate) fn new_lease_id(&self) -> String {
         let n = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let ms = time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000;
+        let ms = super::lease::unix_ms();
         format!("lease-{ms}-{n}-{:08x}", self.inner.id_salt)
     }
 
@@ -478,15 +478,8 @@ impl Broker {
     }
 
     /// Spawns a task the broker waits for on shutdown.
-    pub(crate) fn track<F>(&self, fut: F)
-    where
-        F: std::future::Future<Output = ()> + Send + 'static,
-    {
+    pub(crate) fn track(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
         self.inner.tracker.spawn(fut);
-    }
-
-    pub(crate) fn next_pool_id(&self) -> u64 {
-        self.inner.next_pool.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Stops granting, cancels running leases (they are killed and reclaimed) and waits for

@@ -28,12 +28,10 @@
 //! Only x86-64 Linux has the clone path; elsewhere [`SUPPORTED`] is false and callers use the
 //! shell trampoline.
 
-use std::ffi::{CStr, CString};
+use std::collections::BTreeMap;
+use std::ffi::{CStr, CString, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-
-use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
@@ -125,11 +123,8 @@ pub fn launch_in(
     dir: Option<&Path>,
 ) -> Result<Result<Child, io::Error>, LeaseError> {
     let argv0 = spec.argv.first().cloned().unwrap_or_default();
-    let spawn_err = |source| LeaseError::Spawn {
-        argv0: argv0.clone(),
-        source,
-    };
-    let program = resolve(&argv0, spec).map_err(spawn_err)?;
+    let spawn_err = LeaseError::spawn(&argv0);
+    let program = resolve(&argv0, spec.cwd, &spec.env, spec.env_remove).map_err(spawn_err)?;
     let program = c_string(program.into_os_string().into_vec()).map_err(spawn_err)?;
     let argv = spec
         .argv
@@ -139,12 +134,7 @@ pub fn launch_in(
         .map_err(spawn_err)?;
     let envp = environment(spec).map_err(spawn_err)?;
     let cwd = c_string(spec.cwd.as_os_str().as_bytes().to_vec()).map_err(spawn_err)?;
-    let open = |path: &Path| {
-        std::fs::File::open(path).map_err(|source| LeaseError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    };
+    let open = |path: &Path| std::fs::File::open(path).map_err(LeaseError::io(path));
     let stdin = open(Path::new("/dev/null"))?;
     let cgroup = dir.map(open).transpose()?;
     let spawned = spawn(&SpawnSpec {
@@ -232,8 +222,7 @@ fn reap(pidfd: BorrowedFd<'_>) -> io::Result<ExitInfo> {
                     signal: status.terminating_signal(),
                 });
             }
-            Ok(None) => continue,
-            Err(rustix::io::Errno::INTR) => continue,
+            Ok(None) | Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }
     }

@@ -11,14 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
-use serde::{Deserialize, Serialize};
 
 /// Xids caused by the application itself.
 pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// A health event on one GPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GpuEvent {
     Xid {
         xid: u64,

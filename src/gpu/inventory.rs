@@ -10,14 +10,12 @@ use std::sync::Arc;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use serde::{Deserialize, Serialize};
 
 use super::types::{GpuSnapshot, GpuState, LeaseError, Snapshot};
 use crate::config::GpuDevices;
 
 /// Where the inventory came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InventorySource {
     Nvml,
     /// UUIDs declared in the config, on a host without NVML.
@@ -36,28 +34,41 @@ crate::words!(InventorySource {
 });
 
 /// One GPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuInfo {
     /// NVML index (or declaration order).
     pub index: u32,
     pub uuid: String,
     pub name: String,
-    pub pci_bus_id: Option<String>,
     pub memory_total_bytes: Option<u64>,
     /// Memory in use when the broker started: reclaim waits for the GPU to come back near it.
     pub baseline_used_bytes: Option<u64>,
 }
 
 impl GpuInfo {
-    /// A GPU without NVML facts (no bus id, memory size or baseline).
+    /// A GPU without NVML facts (no memory size or baseline).
     pub fn unobserved(index: u32, uuid: String, name: String) -> Self {
         GpuInfo {
             index,
             uuid,
             name,
-            pci_bus_id: None,
             memory_total_bytes: None,
             baseline_used_bytes: None,
+        }
+    }
+
+    /// This GPU as `fk-agentd gpus` shows it in `state`, held by no lease.
+    pub(crate) fn snapshot(&self, state: GpuState) -> GpuSnapshot {
+        GpuSnapshot {
+            index: self.index,
+            uuid: self.uuid.clone(),
+            name: self.name.clone(),
+            memory_total_bytes: self.memory_total_bytes,
+            state,
+            lease_id: None,
+            session: None,
+            class: None,
+            drained_reason: None,
         }
     }
 }
@@ -206,7 +217,6 @@ impl Inventory {
                 index: i,
                 uuid,
                 name,
-                pci_bus_id: dev.pci_info().ok().map(|p| p.bus_id),
                 memory_total_bytes: mem.as_ref().map(|m| m.total),
                 baseline_used_bytes: mem.as_ref().map(|m| m.used),
             });
@@ -245,17 +255,7 @@ impl Inventory {
             gpus: self
                 .gpus
                 .iter()
-                .map(|g| GpuSnapshot {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    name: g.name.clone(),
-                    memory_total_bytes: g.memory_total_bytes,
-                    state: GpuState::NoDaemon,
-                    lease_id: None,
-                    session: None,
-                    class: None,
-                    drained_reason: None,
-                })
+                .map(|g| g.snapshot(GpuState::NoDaemon))
                 .collect(),
             queue: Vec::new(),
             pool: None,

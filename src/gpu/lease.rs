@@ -6,7 +6,6 @@
 //! GPUs reclaimed. If this future is dropped midway, the job is SIGKILLed and the GPUs are
 //! released; the journal row stays open and a restart reclaims it and sweeps its cgroup.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -142,11 +141,8 @@ pub(crate) async fn execute(
         queued_ms,
         cgroup,
     };
-    let fault_notify = Arc::new(Notify::new());
-    let live = LiveLease {
-        fault_notify: fault_notify.clone(),
-        ..Default::default()
-    };
+    let live = LiveLease::default();
+    let fault_notify = live.fault_notify.clone();
     broker.lock().live.insert(g.lease_id.clone(), live);
     // The output files are made while the grant commits (the spawn still waits for both);
     // what an earlier run left at their paths is emptied only once the grant is journaled.
@@ -192,7 +188,6 @@ pub(crate) async fn execute(
 }
 
 async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
-    let inner = &broker.inner;
     let row = LeaseRow {
         id: g.lease_id.clone(),
         session: g.req.session.clone(),
@@ -210,11 +205,8 @@ async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
         outcome: None,
         cgroup: g.cgroup.as_ref().map(|p| p.display().to_string()),
     };
-    inner
-        .store
-        .write_lease_async(LeaseWrite::Grant(Box::new(row)))
-        .await?;
-    Ok(())
+    let grant = LeaseWrite::Grant(Box::new(row));
+    Ok(broker.inner.store.write_lease_async(grant).await?)
 }
 
 /// Spawns the job into `output` and journals its process group and real cgroup; a failed
@@ -252,15 +244,11 @@ async fn launch(
             return Err(e);
         }
     };
-    *job = Some(launched.job.clone());
+    let started = job.insert(launched.job.clone());
     let running = LeaseWrite::Running {
         id: g.lease_id.clone(),
-        pgid: launched.job.pgid,
-        cgroup: launched
-            .job
-            .cgroup
-            .as_ref()
-            .map(|p| p.display().to_string()),
+        pgid: started.pgid,
+        cgroup: started.cgroup.as_ref().map(|p| p.display().to_string()),
     };
     if let Err(e) = inner.store.write_lease_async(running).await {
         tracing::error!(lease = %g.lease_id, error = %e, "cannot journal the process group");
@@ -282,15 +270,14 @@ pub(crate) fn kill_note(due: Duration, kill_ms: u64, wall_ms: u64) -> String {
 /// Everything after the job is gone: stragglers, reclaim, health, the journaled outcome.
 async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
     let inner = &broker.inner;
-    let mut notes = Vec::new();
-    match inner.inventory.source {
-        InventorySource::Fake => notes.push("simulated GPUs: no NVML process audit".to_string()),
-        InventorySource::Declared => notes.push("declared GPUs: no NVML process audit".to_string()),
+    let mut notes: Vec<String> = match inner.inventory.source {
+        InventorySource::Fake => vec!["simulated GPUs: no NVML process audit".into()],
+        InventorySource::Declared => vec!["declared GPUs: no NVML process audit".into()],
         InventorySource::Slurm => {
-            notes.push("Slurm GPUs: no NVML process audit from the daemon's host".to_string())
+            vec!["Slurm GPUs: no NVML process audit from the daemon's host".into()]
         }
-        InventorySource::Nvml => {}
-    }
+        InventorySource::Nvml => Vec::new(),
+    };
     if e.why.is_none() && inner.backend.health_every().is_some() {
         // A node that fails takes its jobs with it, and a step then seems to end on its own
         // (even with exit 0): such a lease ends as the infrastructure's, not as its command's.
@@ -318,11 +305,8 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
         );
     }
     if let (Some(kill_ms), Some(KilledReason::Deadline)) = (e.kill_ms, &e.why) {
-        notes.push(kill_note(
-            g.req.max_run + inner.params.grace,
-            kill_ms,
-            e.wall_ms,
-        ));
+        let due = g.req.max_run + inner.params.grace;
+        notes.push(kill_note(due, kill_ms, e.wall_ms));
     }
     let (killed_reason, infra, xids) = verdict(broker, &g.lease_id, e.why, &mut notes);
     let mut outcome = LeaseOutcome {
@@ -363,13 +347,9 @@ pub(crate) fn verdict(
     why: Option<KilledReason>,
     notes: &mut Vec<String>,
 ) -> (Option<KilledReason>, bool, Vec<u64>) {
-    let (xids, fault, violation) = {
-        let st = broker.lock();
-        st.live
-            .get(lease_id)
-            .map(|l| (l.xids.clone(), l.fault.clone(), l.violation.clone()))
-            .unwrap_or_default()
-    };
+    let (xids, fault, violation) = (broker.lock().live.get(lease_id))
+        .map(|l| (l.xids.clone(), l.fault.clone(), l.violation.clone()))
+        .unwrap_or_default();
     let reason = match (violation, fault) {
         (Some((uuid, pid)), _) => {
             notes.push(format!(

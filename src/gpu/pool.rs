@@ -6,6 +6,7 @@
 //! requests stay queued, and the hold ends at `max_hold` at the latest, so they are delayed,
 //! never starved.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -42,7 +43,7 @@ impl Broker {
         params: DrainPoolParams,
         cancel: &CancellationToken,
     ) -> Result<PoolGuard, LeaseError> {
-        let id = self.next_pool_id();
+        let id = self.inner.next_pool.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
             let mut st = self.lock();

@@ -147,11 +147,8 @@ impl Queue {
 
     /// Removes a waiter (cancelled, rejected); true when it was still waiting.
     pub fn withdraw(&mut self, lease_id: &str) -> bool {
-        let Some(pos) = self.waiting.iter().position(|w| w.lease_id == lease_id) else {
-            return false;
-        };
-        self.unqueue(pos);
-        true
+        let pos = self.waiting.iter().position(|w| w.lease_id == lease_id);
+        pos.map(|p| self.unqueue(p)).is_some()
     }
 
     /// Removes waiter `pos`, which then no longer counts as its session's.
@@ -207,14 +204,10 @@ impl Queue {
 
     /// Ends a scoring pool: its GPUs return to the agents as their leases end.
     pub fn release_pool(&mut self, id: u64) {
-        for s in &mut self.slots {
-            if s.pool == Some(id) {
-                s.pool = None;
-            }
+        for s in self.slots.iter_mut().filter(|s| s.pool == Some(id)) {
+            s.pool = None;
         }
-        if self.claim.as_ref().is_some_and(|c| c.id == id) {
-            self.claim = None;
-        }
+        self.claim.take_if(|c| c.id == id);
     }
 
     fn free_in(&self, scope: Scope) -> Vec<usize> {
@@ -302,10 +295,7 @@ impl Queue {
         now: Instant,
         session_running_limit: Option<usize>,
     ) -> Vec<Decision> {
-        let mut out = Vec::new();
-        if let Some(d) = self.try_hold_pool() {
-            out.push(d);
-        }
+        let mut out: Vec<Decision> = self.try_hold_pool().into_iter().collect();
         let agents_blocked = self.claim.is_some();
         let mut reserved: HashMap<Scope, usize> = HashMap::new();
         let mut granted = Vec::new();

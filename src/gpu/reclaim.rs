@@ -74,24 +74,19 @@ pub(crate) async fn reclaim(broker: &Broker, slots: &[usize], notes: &mut Vec<St
 pub(crate) async fn sanity_check(broker: &Broker, outcome: &mut LeaseOutcome) {
     for uuid in outcome.gpus.clone() {
         let u = uuid.clone();
-        let result = tokio::task::spawn_blocking(move || super::sanity::run_sanity(&u)).await;
-        match result {
-            Ok(Ok(rep)) if rep.passed() => outcome.notes.push(format!(
-                "sanity kernel passed on {uuid} ({} ms)",
-                rep.elapsed_ms
-            )),
+        let note = match tokio::task::spawn_blocking(move || super::sanity::run_sanity(&u)).await {
+            Ok(Ok(rep)) if rep.passed() => {
+                format!("sanity kernel passed on {uuid} ({} ms)", rep.elapsed_ms)
+            }
             Ok(Ok(rep)) => {
                 let why = format!("sanity kernel: {} wrong values", rep.mismatches);
                 let _ = broker.drain(&uuid, &why).await;
-                outcome.notes.push(format!("{uuid}: {why}; drained"));
                 outcome.infra = true;
+                format!("{uuid}: {why}; drained")
             }
-            Ok(Err(e)) => outcome
-                .notes
-                .push(format!("sanity kernel not run on {uuid}: {e}")),
-            Err(e) => outcome
-                .notes
-                .push(format!("sanity kernel task failed on {uuid}: {e}")),
-        }
+            Ok(Err(e)) => format!("sanity kernel not run on {uuid}: {e}"),
+            Err(e) => format!("sanity kernel task failed on {uuid}: {e}"),
+        };
+        outcome.notes.push(note);
     }
 }

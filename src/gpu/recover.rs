@@ -17,9 +17,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +33,7 @@ use super::types::{Containment, KilledReason, LeaseClass, LeaseError, LeaseOutco
 use crate::store::leases::LeaseRow;
 
 /// What a restart found.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
     /// Leases still running, now supervised again with their original deadlines.
     pub adopted: Vec<String>,
@@ -43,7 +41,6 @@ pub struct RecoveryReport {
     pub reclaimed: Vec<String>,
     /// Cgroups (by name) that no adopted lease ran in, emptied (SIGKILL) and removed or, for
     /// a GPU's reusable one, left empty.
-    #[serde(default)]
     pub swept: Vec<String>,
 }
 
@@ -95,7 +92,7 @@ impl Broker {
                 (slots, _) => {
                     report.reclaimed.push(row.id.clone());
                     self.end_orphan(row, slots.unwrap_or_default(), alive, reused)
-                        .await?;
+                        .await;
                 }
             }
         }
@@ -131,18 +128,13 @@ impl Broker {
     }
 
     fn adopt(&self, row: LeaseRow, slots: Vec<usize>, left: Duration, reused: Option<String>) {
-        let class = LeaseClass::parse(&row.class).unwrap_or(LeaseClass::Validate);
-        let fault_notify = std::sync::Arc::new(Notify::new());
+        let class = LeaseClass::from_word(&row.class).unwrap_or(LeaseClass::Validate);
+        let live = LiveLease::default();
+        let fault_notify = live.fault_notify.clone();
         {
             let mut st = self.lock();
             st.queue.adopt(&row.id, &row.session, class, slots.clone());
-            st.live.insert(
-                row.id.clone(),
-                LiveLease {
-                    fault_notify: fault_notify.clone(),
-                    ..Default::default()
-                },
-            );
+            st.live.insert(row.id.clone(), live);
         }
         let broker = self.clone();
         let job = job_of(&row);
@@ -208,7 +200,7 @@ impl Broker {
         slots: Vec<usize>,
         alive: bool,
         reused: Option<String>,
-    ) -> Result<(), LeaseError> {
+    ) {
         let backend = self.inner.backend.clone();
         let containment = containment_of(&row);
         let job = job_of(&row);
@@ -255,7 +247,6 @@ impl Broker {
             recorded.as_ref(),
         );
         journal_outcome(self, &outcome).await;
-        Ok(())
     }
 }
 
@@ -274,7 +265,7 @@ async fn recorded_end(
 /// What held a journaled lease: its cgroup's flavour while the cgroup exists.
 fn containment_of(row: &LeaseRow) -> Containment {
     match row.cgroup.as_deref().map(std::path::Path::new) {
-        Some(c) if super::slurm::Container::is_slurm(c) => Containment::SlurmStep,
+        Some(c) if super::slurm::Container::parse(c).is_some() => Containment::SlurmStep,
         c => c
             .and_then(cgroup::kind_of)
             .unwrap_or(Containment::ProcessGroup),
@@ -294,7 +285,7 @@ fn orphan_outcome(
     LeaseOutcome {
         lease_id: row.id.clone(),
         session: row.session.clone(),
-        class: LeaseClass::parse(&row.class).unwrap_or(LeaseClass::Validate),
+        class: LeaseClass::from_word(&row.class).unwrap_or(LeaseClass::Validate),
         exit_code: recorded.and_then(|e| e.exit_code),
         signal: recorded.and_then(|e| e.signal),
         wall_ms: wall.as_millis() as u64,

@@ -73,8 +73,7 @@ fn cuda(e: DriverError) -> LeaseError {
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML spells it.
 fn uuid_string(u: &sys::CUuuid) -> String {
     let b: Vec<u8> = u.bytes.iter().map(|c| *c as u8).collect();
-    let hex =
-        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let hex = |r: std::ops::Range<usize>| crate::digest::hex(&b[r]);
     format!(
         "GPU-{}-{}-{}-{}-{}",
         hex(0..4),
@@ -85,15 +84,11 @@ fn uuid_string(u: &sys::CUuuid) -> String {
     )
 }
 
-/// True when libcuda can be loaded (cudarc would panic otherwise).
-pub fn cuda_present() -> bool {
-    // SAFETY: only tries dlopen on libcuda's names; no CUDA call is made.
-    unsafe { sys::is_culib_present() }
-}
-
 /// Runs the sanity kernel on the GPU with this UUID. Blocking: call it off the async runtime.
 pub fn run_sanity(uuid: &str) -> Result<SanityReport, LeaseError> {
-    if !cuda_present() {
+    // cudarc would panic without libcuda.
+    // SAFETY: only tries dlopen on libcuda's names; no CUDA call is made.
+    if !unsafe { sys::is_culib_present() } {
         return Err(LeaseError::CudaUnavailable(
             "libcuda.so cannot be loaded (no NVIDIA driver)".into(),
         ));

@@ -67,21 +67,16 @@ impl SimBackend {
 
     fn parse(argv: &[String]) -> Result<Duration, LeaseError> {
         let why = "the simulated backend runs only `sim-gpu-work <millis>`";
-        match argv {
-            [first, ms] if first == SIM_ARGV0 => ms
-                .parse::<u64>()
-                .map(Duration::from_millis)
-                .map_err(|_| LeaseError::bad("command", format!("{argv:?}"), why)),
-            _ => Err(LeaseError::bad("command", format!("{argv:?}"), why)),
-        }
+        let ms = match argv {
+            [first, ms] if first == SIM_ARGV0 => ms.parse().ok(),
+            _ => None,
+        };
+        ms.map(Duration::from_millis)
+            .ok_or_else(|| LeaseError::bad("command", format!("{argv:?}"), why))
     }
 }
 
 impl LeaseBackend for SimBackend {
-    fn name(&self) -> &'static str {
-        "simulated (timers, no processes)"
-    }
-
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
         let work = Self::parse(spec.argv)?;
         let note = format!(
@@ -90,14 +85,11 @@ impl LeaseBackend for SimBackend {
         );
         (&spec.output.stdout)
             .write_all(note.as_bytes())
-            .map_err(|source| LeaseError::Io {
-                path: spec.output.stdout_path.clone(),
-                source,
-            })?;
+            .map_err(LeaseError::io(&spec.output.stdout_path))?;
         let launched = Instant::now();
         let kill = CancellationToken::new();
         let signal = Arc::new(Mutex::new(0));
-        let job = {
+        let job_id = {
             let mut jobs = guard(&self.jobs);
             let index = jobs.spans.len();
             let id = index as i64 + 1;
@@ -109,32 +101,28 @@ impl LeaseBackend for SimBackend {
             });
             jobs.running
                 .insert(id, (index, kill.clone(), signal.clone()));
-            JobRef::group(id)
+            id
         };
-        let job_id = job.pgid;
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let jobs = self.jobs.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let exit = tokio::select! {
                 _ = tokio::time::sleep_until(launched + work) => ExitInfo { code: Some(0), signal: None },
-                _ = kill.cancelled() => {
-                    let sig = *guard(&signal);
-                    ExitInfo { code: None, signal: Some(sig) }
-                }
+                _ = kill.cancelled() => ExitInfo { code: None, signal: Some(*guard(&signal)) },
             };
-            {
-                let mut jobs = guard(&jobs);
-                if let Some((index, ..)) = jobs.running.remove(&job_id) {
-                    jobs.spans[index].ended = Some(Instant::now());
-                    jobs.spans[index].exit = Some(exit);
-                }
+            let mut jobs = guard(&jobs);
+            if let Some((index, ..)) = jobs.running.remove(&job_id) {
+                jobs.spans[index].ended = Some(Instant::now());
+                jobs.spans[index].exit = Some(exit);
             }
-            let _ = tx.send(exit);
+            exit
         });
         Ok(Launched {
-            job,
+            job: JobRef {
+                pgid: job_id,
+                cgroup: None,
+            },
             containment: Containment::Simulated,
-            exit: Box::pin(async move { rx.await.ok() }),
+            exit: Box::pin(async move { task.await.ok() }),
         })
     }
 
@@ -148,10 +136,6 @@ impl LeaseBackend for SimBackend {
 
     fn alive(&self, job: &JobRef) -> bool {
         guard(&self.jobs).running.contains_key(&job.pgid)
-    }
-
-    fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
-        Vec::new()
     }
 }
 

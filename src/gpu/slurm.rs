@@ -39,17 +39,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rustix::process::{Pid, Signal};
-
 use super::backend::{
     ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend, RecordedEnd, lease_command,
 };
 use super::guard;
 use super::procfs;
 use super::types::{Containment, LeaseError};
-use crate::config::{SlurmConfig, SlurmMode};
-
-use crate::config::Config;
+use crate::config::{Config, SlurmConfig, SlurmMode};
 use crate::store::Store;
 
 pub use cli::SlurmCli;
@@ -123,11 +119,6 @@ impl Container {
             .map(|why| Self::Refused {
                 why: why.to_string(),
             })
-    }
-
-    /// True for a journaled container of this backend.
-    pub fn is_slurm(path: &Path) -> bool {
-        Self::parse(path).is_some()
     }
 }
 
@@ -315,10 +306,6 @@ fn is_live_state(state: &str) -> bool {
 }
 
 impl LeaseBackend for SlurmBackend {
-    fn name(&self) -> &'static str {
-        "slurm"
-    }
-
     fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<PathBuf> {
         let gpus: Vec<&SlotGpu> = slots.iter().filter_map(|&s| self.slots.get(s)).collect();
         let name = lease_id.to_string();
@@ -341,19 +328,16 @@ impl LeaseBackend for SlurmBackend {
                     ),
                 },
             },
-            (SlurmMode::Job, [first, rest @ ..]) => {
-                if rest.iter().any(|g| g.node != first.node) {
-                    Container::Refused {
-                        why: "the granted GPUs span nodes; a Slurm lease runs on one node".into(),
-                    }
-                } else {
-                    Container::Job {
-                        node: first.node.clone(),
-                        gpus: gpus.len(),
-                        name,
-                    }
+            (SlurmMode::Job, [first, rest @ ..]) if rest.iter().any(|g| g.node != first.node) => {
+                Container::Refused {
+                    why: "the granted GPUs span nodes; a Slurm lease runs on one node".into(),
                 }
             }
+            (SlurmMode::Job, [first, ..]) => Container::Job {
+                node: first.node.clone(),
+                gpus: gpus.len(),
+                name,
+            },
         };
         Some(container.to_path())
     }
@@ -392,10 +376,7 @@ impl LeaseBackend for SlurmBackend {
         // the inventory slot, not a device the node knows.
         let env = spec.env.iter().filter(|(k, _)| k != "CUDA_VISIBLE_DEVICES");
         lease_command(&mut cmd, &spec, env, "srun")?;
-        let mut child = cmd.spawn().map_err(|source| LeaseError::Spawn {
-            argv0: "srun".into(),
-            source,
-        })?;
+        let mut child = cmd.spawn().map_err(LeaseError::spawn("srun"))?;
         let pid = child.id().map(i64::from).unwrap_or(0);
         let flag = Arc::new(AtomicBool::new(false));
         guard(&self.signalled).insert(pid, flag.clone());
@@ -445,11 +426,8 @@ impl LeaseBackend for SlurmBackend {
         // The srun client ends by itself once its step is gone; killed first, it would make
         // slurmstepd retry telling it about the task's exit, and the step end seconds later.
         // Only a client whose step Slurm does not (or no longer) list is killed here.
-        if hard
-            && !told
-            && let Some(pid) = i32::try_from(job.pgid).ok().and_then(Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process_group(pid, Signal::KILL);
+        if hard && !told {
+            crate::workspace::exec::kill_group(u32::try_from(job.pgid).ok());
         }
     }
 
@@ -519,11 +497,6 @@ impl LeaseBackend for SlurmBackend {
                 })
             }))
         })
-    }
-
-    fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
-        // A step's processes are all in slurmstepd's cgroup; `signal` reached them.
-        Vec::new()
     }
 
     fn group_is_lease(&self, pgid: i64, granted_unix_ms: i64) -> bool {

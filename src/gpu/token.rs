@@ -13,6 +13,8 @@ use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 use sha2::{Digest, Sha256};
 
+use super::guard;
+
 /// A session's lease token. Its `Debug` does not show the value.
 #[derive(Clone)]
 pub struct LeaseToken(SecretString);
@@ -24,10 +26,6 @@ impl std::fmt::Debug for LeaseToken {
 }
 
 impl LeaseToken {
-    pub fn new(value: String) -> Self {
-        Self(SecretString::from(value))
-    }
-
     /// The value to put in the session's tool environment.
     pub fn expose(&self) -> &str {
         self.0.expose_secret()
@@ -49,19 +47,15 @@ impl TokenBook {
         let mut bytes = [0u8; 32];
         rand::rng().fill_bytes(&mut bytes);
         let value = format!("fkl_{}", crate::digest::hex(&bytes));
-        self.lock().insert(digest(&value), session.to_string());
-        LeaseToken::new(value)
+        guard(&self.by_digest).insert(digest(&value), session.to_string());
+        LeaseToken(SecretString::from(value))
     }
 
     pub fn session_of(&self, token: &str) -> Option<String> {
-        self.lock().get(&digest(token)).cloned()
+        guard(&self.by_digest).get(&digest(token)).cloned()
     }
 
     pub fn revoke(&self, token: &LeaseToken) {
-        self.lock().remove(&digest(token.expose()));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], String>> {
-        super::guard(&self.by_digest)
+        guard(&self.by_digest).remove(&digest(token.expose()));
     }
 }

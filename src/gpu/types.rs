@@ -28,14 +28,6 @@ crate::words!(LeaseClass {
     Bench = "bench",
 });
 
-impl LeaseClass {
-    pub fn parse(value: &str) -> Result<Self, LeaseError> {
-        Self::from_word(value).ok_or_else(|| {
-            LeaseError::bad("class", value, format!("one of {}", Self::WORDS.join(", ")))
-        })
-    }
-}
-
 /// A request for GPUs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseRequest {
@@ -235,12 +227,20 @@ impl LeaseError {
         }
     }
 
-    /// Worth trying again later (GPUs may heal, the store may come back).
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Self::Unsatisfiable { .. } | Self::Store(_) | Self::SessionLimit { .. }
-        )
+    /// `argv0` could not be started, for `map_err`.
+    pub(crate) fn spawn(argv0: &str) -> impl Fn(std::io::Error) -> Self + Copy + '_ {
+        move |source| Self::Spawn {
+            argv0: argv0.to_string(),
+            source,
+        }
+    }
+
+    /// An I/O error on `path`, for `map_err`.
+    pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Self::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     /// The CLI exit code: 2 for bad input, 3 when infrastructure is missing, 1 otherwise.

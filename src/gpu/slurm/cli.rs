@@ -28,9 +28,7 @@ impl SlurmCli {
     /// `sinfo -h -N -o FORMAT` (of `partition` when given): one row per node.
     pub fn sinfo_nodes(&self, partition: Option<&str>, format: &str) -> Result<String, String> {
         let mut args = vec!["-h".into(), "-N".into(), "-o".into(), format.into()];
-        if let Some(p) = partition {
-            args.push(format!("--partition={p}"));
-        }
+        args.extend(partition.map(|p| format!("--partition={p}")));
         self.run("sinfo", &args)
     }
 
@@ -127,7 +125,7 @@ impl SlurmCli {
         Ok(out
             .lines()
             .filter_map(|l| l.split_whitespace().next())
-            .find(|s| is_ended_state(s))
+            .find(|s| recorded_end(s, "0:0").is_some())
             .map(String::from))
     }
 
@@ -263,11 +261,6 @@ pub fn node_states(text: &str) -> Vec<(String, String, String)> {
         }
     }
     out
-}
-
-/// Whether an accounting state is an end (not pending, running or the like).
-fn is_ended_state(state: &str) -> bool {
-    recorded_end(state, "0:0").is_some()
 }
 
 /// A recorded end from an accounting row's state and `ExitCode` field (`code:signal`):

@@ -1,7 +1,7 @@
 //! Start-up of the Slurm backend: the cluster is asked what it has, the holder jobs are found
 //! again (after a restart) or submitted, their nodes and GPUs become the inventory, and a probe
-//! step on each node proves it sees the shared paths. Also [`view`], what `fk-agentd gpus` and
-//! `doctor` show without submitting anything.
+//! step on each node proves it sees the shared paths. Also [`describe`], what `fk-agentd gpus`
+//! and `doctor` show without submitting anything.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -73,10 +73,10 @@ pub fn start(
         job_minutes: minutes(params.lease_timeout) + 2,
         steps: Mutex::new(HashMap::new()),
         signalled: Mutex::new(HashMap::new()),
-        confine: params.confine.clone(),
+        confine: params.confine,
     };
-    let mut must_see = params.probe.clone();
-    must_see.extend(params.confine.iter().map(|(binary, _)| binary.clone()));
+    let mut must_see = params.probe;
+    must_see.extend(backend.confine.iter().map(|(binary, _)| binary.clone()));
     probe(&backend, &must_see)?;
     let gpus = backend
         .slots
@@ -288,9 +288,7 @@ fn submit(
         "--error=/dev/null".into(),
         "--export=NONE".into(),
     ];
-    if let Some(n) = node {
-        args.push(format!("--nodelist={n}"));
-    }
+    args.extend(node.map(|n| format!("--nodelist={n}")));
     args.extend(placement_args(cfg));
     args.extend(cfg.sbatch_args.iter().cloned());
     args.push("--wrap=exec sleep infinity".into());
