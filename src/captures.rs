@@ -74,12 +74,7 @@ pub fn reports_for(dir: &Path) -> Result<Vec<CaptureReport>, String> {
         let mut out = Vec::new();
         for (rel, bytes) in EMBEDDED.iter().filter(|(r, _)| r.starts_with(&prefix)) {
             let rel = &rel[prefix.len()..];
-            if let Some(mut r) =
-                CaptureReport::parse(rel, bytes).map_err(|e| format!("{rel}: {e}"))?
-            {
-                r.gpu = r.gpu.or_else(|| report::gpu_of(dir));
-                out.push(r);
-            }
+            out.extend(CaptureReport::parse(dir, rel, bytes).map_err(|e| format!("{rel}: {e}"))?);
         }
         return Ok(out);
     }

@@ -10,7 +10,7 @@ use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
 use crate::store::{RunRow, SessionRow};
 
 /// The width of each header column: its widest cell, in characters.
-fn widths(header: &[&str], rows: &[Vec<String>]) -> Vec<usize> {
+pub(crate) fn widths(header: &[&str], rows: &[Vec<String>]) -> Vec<usize> {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate().take(widths.len()) {

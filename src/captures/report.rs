@@ -114,8 +114,10 @@ fn shape_text(args: &serde_json::Value) -> (String, BTreeSet<String>) {
 }
 
 impl CaptureReport {
-    /// Parses one report; `None` for a JSON file that is no capture report (no `operators`).
-    pub fn parse(path: &str, bytes: &[u8]) -> Result<Option<Self>, serde_json::Error> {
+    /// Parses the report at `path` in the captures folder `dir`; `None` for a JSON file that is
+    /// no capture report (no `operators`). Its GPU is the one a folder of `path` names, else
+    /// the one of `dir`.
+    pub fn parse(dir: &Path, path: &str, bytes: &[u8]) -> Result<Option<Self>, serde_json::Error> {
         let raw: RawReport = serde_json::from_slice(bytes)?;
         let Some(ops) = raw.operators else {
             return Ok(None);
@@ -150,7 +152,8 @@ impl CaptureReport {
         let gpu = path
             .split('/')
             .find(|c| GPU_FOLDERS.contains(&c.to_ascii_lowercase().as_str()))
-            .map(str::to_string);
+            .map(str::to_string)
+            .or_else(|| gpu_of(dir));
         Ok(Some(Self {
             path: path.to_string(),
             gpu,
@@ -163,7 +166,7 @@ impl CaptureReport {
 }
 
 /// The GPU a folder of `path` names (the innermost), if any.
-pub fn gpu_of(path: &Path) -> Option<String> {
+fn gpu_of(path: &Path) -> Option<String> {
     path.components()
         .rev()
         .filter_map(|c| c.as_os_str().to_str())
@@ -179,12 +182,8 @@ pub fn read_dir(dir: &Path) -> Result<Vec<CaptureReport>, String> {
     for rel in files.iter().filter(|f| f.ends_with(".json")) {
         let path = dir.join(rel);
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if let Some(mut r) =
-            CaptureReport::parse(rel, &bytes).map_err(|e| format!("{}: {e}", path.display()))?
-        {
-            r.gpu = r.gpu.or_else(|| gpu_of(dir));
-            out.push(r);
-        }
+        let report = CaptureReport::parse(dir, rel, &bytes);
+        out.extend(report.map_err(|e| format!("{}: {e}", path.display()))?);
     }
     Ok(out)
 }
@@ -231,12 +230,8 @@ pub fn coverage(reports: &[CaptureReport]) -> BTreeMap<TargetId, Coverage> {
             }
         }
     }
-    for (id, cases) in distinct {
-        if let Some(c) = out.get_mut(&id) {
-            c.cases = cases.len();
-        }
-    }
-    for c in out.values_mut() {
+    for (id, c) in &mut out {
+        c.cases = distinct.get(id).map_or(0, BTreeSet::len);
         c.init_only.retain(|r| !c.reports.contains(r));
     }
     out
@@ -283,7 +278,7 @@ mod tests {
             "fastkernels.tasks.baseline.L1.gelu:GELU":{"forward":{"calls":3,"variants":[{"count":3,"args":{"x":{"shape":[2,4],"dtype":"float16"}}}]}},
             "fastkernels.tasks.baseline.L3.layer:Layer":{"init":{"calls":1,"variants":[]}},
             "fastkernels.tasks.baseline.L4.model:Model":{"forward":{"calls":1,"variants":[{"count":1,"args":{}}]}}}}"#;
-        let r = CaptureReport::parse("default/h200/x/report.json", json)
+        let r = CaptureReport::parse(Path::new(""), "default/h200/x/report.json", json)
             .unwrap()
             .unwrap();
         assert_eq!(r.gpu.as_deref(), Some("h200"));

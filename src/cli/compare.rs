@@ -21,13 +21,12 @@ fn resolve(store: &Store, runs: &[String], run: Option<&str>) -> Result<(String,
         ([], None) => newest_pair(store)?,
         ([], Some(r)) => {
             let r = store.run(Some(r))?.id;
-            let r = r.as_str();
-            let other = pair_of(store, r)?.ok_or_else(|| {
+            let other = pair_of(store, &r)?.ok_or_else(|| {
                 Error::Usage(format!(
                     "--run {r}: not half of a `start --mode all` pair; give two runs: `fk-agentd compare IND_RUN SEQ_RUN`"
                 ))
             })?;
-            (r.to_string(), other)
+            (r, other)
         }
         ([a, b], None) => (store.run(Some(a))?.id, store.run(Some(b))?.id),
         _ => {

@@ -118,15 +118,9 @@ pub fn render(lines: &[RunLine], width: usize) -> String {
     let header = [
         "RUN", "MODE", "STATUS", "TARGETS", "STARTED", "WINNERS", "PAIR",
     ];
-    let rest_width: usize = (1..header.len())
-        .map(|c| {
-            rest.iter()
-                .map(|r| r[c - 1].chars().count())
-                .chain([header[c].len()])
-                .max()
-                .unwrap_or(0)
-                + 2
-        })
+    let rest_width: usize = crate::report::widths(&header[1..], &rest)
+        .iter()
+        .map(|w| w + 2)
         .sum();
     let ids: Vec<&str> = lines.iter().map(|l| l.id.as_str()).collect();
     let room = width.saturating_sub(rest_width + 2);

@@ -16,9 +16,7 @@ use crate::daemon::DaemonLock;
 use crate::error::Error;
 use crate::score::driver::{BenchDriver, DriverParams};
 use crate::score::gate::WinnerGate;
-use crate::score::pipeline::{
-    ScoreParams, ScoreProgress, Stage, score_candidates_with, score_run_with,
-};
+use crate::score::pipeline::{ScoreParams, ScoreProgress, Stage, score_candidates, score_run};
 use crate::score::stage::ScoreMode;
 use crate::score::{ScoreError, render, sequential};
 use crate::sim::bench::{SimAction, SimBenchParams};
@@ -169,11 +167,11 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     let cancel = CancellationToken::new();
     let report = match &from_run {
         Some(run_id) => {
-            let report = score_run_with(&driver, &score, progress.as_ref(), &cancel).await?;
+            let report = score_run(&driver, &score, progress.as_ref(), &cancel).await?;
             record_scoring_facts(config, run_id, provider.as_ref()).await?;
             report
         }
-        None => score_candidates_with(&driver, &score, progress.as_ref(), &cancel).await?,
+        None => score_candidates(&driver, &score, progress.as_ref(), &cancel).await?,
     };
     home.broker.shutdown().await;
     let shown = super::score_view::only(&report, args.only);

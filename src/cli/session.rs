@@ -249,7 +249,6 @@ fn cmd_diff(home: &Path, id: &TargetId, run_row: &RunRow) -> Result<i32, Error> 
         println!("the candidate of {id} is identical to the baseline");
         return Ok(0);
     }
-    // A unified diff with three lines of context.
     let text = similar::TextDiff::from_lines(&base, &cand)
         .unified_diff()
         .context_radius(3)

@@ -42,7 +42,7 @@ use crate::score::candidates::new_generation;
 use crate::score::driver::BenchDriver;
 use crate::score::gate::WinnerGate;
 use crate::score::lease::LeaseLauncher;
-use crate::score::pipeline::{ScoreParams, score_run};
+use crate::score::pipeline::{NoProgress, ScoreParams, score_run};
 use crate::score::sequential::{self, LevelParams, by_level, install_winners};
 use crate::score::stage::ScoreMode;
 use crate::store::Store;
@@ -317,7 +317,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         screen_waive: ctx.screen_waive.clone(),
         earlier: Default::default(),
     };
-    let report = score_run(&driver, &params, &ctx.root).await?;
+    let report = score_run(&driver, &params, &NoProgress, &ctx.root).await?;
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }

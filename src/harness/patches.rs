@@ -339,18 +339,19 @@ pub fn prepare_cached(
 }
 
 fn apply_one(dest: &Path, patch: &Patch, commit: &str) -> Result<(), HarnessError> {
+    let refused = |why| HarnessError::DoesNotApply {
+        patch: patch.name.clone(),
+        commit: commit.to_string(),
+        why,
+    };
     for base in &patch.base {
         let found =
             crate::digest::file_sha256(&dest.join(&base.file)).unwrap_or_else(|_| "missing".into());
         if found != base.sha256 {
-            return Err(HarnessError::DoesNotApply {
-                patch: patch.name.clone(),
-                commit: commit.to_string(),
-                why: format!(
-                    "{} is not the file the patch was written for (sha256 {found}, expected {})",
-                    base.file, base.sha256
-                ),
-            });
+            return Err(refused(format!(
+                "{} is not the file the patch was written for (sha256 {found}, expected {})",
+                base.file, base.sha256
+            )));
         }
     }
     // The ceiling keeps git from treating an enclosing work tree as the repository (the trap
@@ -364,11 +365,9 @@ fn apply_one(dest: &Path, patch: &Patch, commit: &str) -> Result<(), HarnessErro
         .output()
         .map_err(HarnessError::io("run git apply"))?;
     if !out.status.success() {
-        return Err(HarnessError::DoesNotApply {
-            patch: patch.name.clone(),
-            commit: commit.to_string(),
-            why: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
+        return Err(refused(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
     }
     Ok(())
 }

@@ -63,16 +63,6 @@ pub enum Importable {
     },
 }
 
-impl Importable {
-    /// `SKIP(missing: vllm)` for a missing package.
-    pub fn skip_reason(&self) -> Option<String> {
-        match self {
-            Importable::Missing { package } => Some(format!("missing: {package}")),
-            _ => None,
-        }
-    }
-}
-
 /// The preflight report.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Preflight {

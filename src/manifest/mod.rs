@@ -221,9 +221,8 @@ fn token_age(t: &TokenReloaded) -> String {
 }
 
 fn results(run_dir: &Path) -> Vec<GenerationSummary> {
-    let mut dirs = crate::score::candidates::generations(run_dir);
-    dirs.reverse();
-    dirs.into_iter()
+    crate::score::candidates::numbered_dirs(run_dir, "results")
+        .into_iter()
         .filter(|p| p.is_dir())
         .map(|p| generation(&p, &p.file_name().unwrap_or_default().to_string_lossy()))
         .collect()

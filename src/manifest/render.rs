@@ -287,13 +287,10 @@ pub fn agent(d: &ManifestData) -> String {
 pub fn settings(d: &ManifestData) -> String {
     let mut out = String::from("## Harness settings\n\n");
     let run_start = d.facts.iter().find(|f| f.stage == FactsStage::RunStart);
-    let map = match run_start {
-        Some(f) => &f.settings,
-        None if !d.run_started_settings.is_empty() => &d.run_started_settings,
-        None => match d.facts.last() {
-            Some(f) => &f.settings,
-            None => &d.run_started_settings,
-        },
+    let map = match (run_start, d.facts.last()) {
+        (Some(f), _) => &f.settings,
+        (None, Some(f)) if d.run_started_settings.is_empty() => &f.settings,
+        _ => &d.run_started_settings,
     };
     if map.is_empty() {
         out.push_str("No settings were recorded.\n\n");

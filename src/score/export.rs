@@ -87,12 +87,10 @@ pub fn dropped_reason(v: &TargetVerdict) -> String {
         format!("failed composed bench: {}", v.failing_statuses.join(", "))
     } else if v.rows + v.skipped == 0 {
         match v.reason.as_deref() {
-            Some(r) if r != "no result" => {
-                format!(
-                    "not in composed bench ({})",
-                    r.trim_start_matches("no result: ")
-                )
-            }
+            Some(r) if r != "no result" => format!(
+                "not in composed bench ({})",
+                r.trim_start_matches("no result: ")
+            ),
             _ => "not in composed bench".into(),
         }
     } else {

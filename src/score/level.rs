@@ -136,16 +136,14 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
         let mix = MixParams {
             candidates: &cand,
             work: &work,
-            gate: &WinnerGate::correctness_only(),
             expected: members,
         };
         let outcome = score_mix(self.driver, &mix, self.cancel).await;
         write_json(&work.join("mix.json"), &outcome.stage)?;
         out.runs.extend(outcome.stage.runs.iter().cloned());
         out.simulated |= outcome.stage.simulated;
-        if let Some(r) = outcome.stage.runs.iter().find(|r| r.infrastructure) {
-            let why = r.failure.clone().unwrap_or_default();
-            return Err(ScoreError::Incomplete(format!("{}: {why}", r.label)));
+        if let Some(why) = outcome.stage.infrastructure_failures().into_iter().next() {
+            return Err(ScoreError::Incomplete(why));
         }
         let failure = outcome.stage.runs.iter().find_map(|r| r.failure.clone());
         Ok((failure, outcome))

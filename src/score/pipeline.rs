@@ -91,8 +91,8 @@ pub struct MixOutcome {
 }
 
 /// Benches each level of `levels` with the candidate folder as it stands (one invocation per
-/// level, run in parallel), merges the rows and gates `expected` on them. A target with no row
-/// gets "no result" with the level's failure, if any.
+/// level, run in parallel), merges the rows and gates `expected` on them by correctness only. A
+/// target with no row gets "no result" with the level's failure, if any.
 pub async fn score_mix<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     mix: &MixParams<'_>,
@@ -109,7 +109,7 @@ pub async fn score_mix<L: BenchLauncher>(
         .flat_map(|r| r.scenarios.iter().cloned())
         .collect();
     let result = BenchResult::from_rows("candidate", rows);
-    let mut gate = mix.gate.judge_result(&result, mix.expected);
+    let mut gate = WinnerGate::correctness_only().judge_result(&result, mix.expected);
     gate.verdicts.retain(|v| mix.expected.contains(&v.target));
     for v in gate.verdicts.iter_mut().filter(|v| v.rows + v.skipped == 0) {
         let failed = runs
@@ -137,7 +137,6 @@ pub struct MixParams<'a> {
     pub candidates: &'a Path,
     /// Private folder for the level invocations (`<work>/L<n>/`).
     pub work: &'a Path,
-    pub gate: &'a WinnerGate,
     /// Targets to judge; the others in the rows are ignored.
     pub expected: &'a [TargetId],
 }
@@ -290,17 +289,9 @@ pub struct NoProgress;
 
 impl ScoreProgress for NoProgress {}
 
-/// Scores a candidate folder into a new results generation under `params.out`.
+/// Scores a candidate folder into a new results generation under `params.out`, telling
+/// `progress` about each stage.
 pub async fn score_candidates<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    params: &ScoreParams,
-    cancel: &CancellationToken,
-) -> Result<ScoreReport, ScoreError> {
-    score_candidates_with(driver, params, &NoProgress, cancel).await
-}
-
-/// [`score_candidates`], telling `progress` about each stage.
-pub async fn score_candidates_with<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     params: &ScoreParams,
     progress: &dyn ScoreProgress,
@@ -318,17 +309,9 @@ pub async fn score_candidates_with<L: BenchLauncher>(
 }
 
 /// Scores a run's session candidates: `params.out` is the run directory; the candidates are
-/// gathered into `<generation>/candidates/` first (`params.candidates` is ignored).
+/// gathered into `<generation>/candidates/` first (`params.candidates` is ignored). Tells
+/// `progress` about each stage.
 pub async fn score_run<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    params: &ScoreParams,
-    cancel: &CancellationToken,
-) -> Result<ScoreReport, ScoreError> {
-    score_run_with(driver, params, &NoProgress, cancel).await
-}
-
-/// [`score_run`], telling `progress` about each stage.
-pub async fn score_run_with<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     params: &ScoreParams,
     progress: &dyn ScoreProgress,
@@ -493,7 +476,6 @@ async fn compose<L: BenchLauncher>(
     let mix = MixParams {
         candidates: win_dir,
         work: comp,
-        gate: &WinnerGate::correctness_only(),
         expected: pool,
     };
     let outcome = score_mix(driver, &mix, cancel).await;

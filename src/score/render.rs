@@ -9,7 +9,7 @@
 use std::fmt::Write;
 
 use crate::inspect::{clip, group};
-use crate::report::{sim_banner, table};
+use crate::report::{sim_banner, table, widths};
 use crate::score::confirm::Confirmation;
 use crate::score::gate::{GateKind, REVIEW_SPEEDUP, TargetVerdict};
 use crate::score::pipeline::ScoreReport;
@@ -156,11 +156,9 @@ fn confirmed_table(s: &StageReport, width: usize) -> String {
         .collect();
     let header = ["target", "winner", "1st bench", "confirmed [95%]", "detail"];
     // Long target names give way first (cut with `…`), the numbers stay whole.
-    let others: usize = (1..4)
-        .map(|i| {
-            let cells = narrow.iter().map(|r| r[i].chars().count());
-            cells.chain([header[i].chars().count()]).max().unwrap_or(0) + 2
-        })
+    let others: usize = widths(&header[..4], &narrow)[1..]
+        .iter()
+        .map(|w| w + 2)
         .sum();
     let budget = width.saturating_sub(others).max(12);
     for row in &mut narrow {

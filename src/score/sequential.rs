@@ -275,11 +275,8 @@ pub async fn gate_level<L: BenchLauncher>(
         .iter()
         .map(|t| {
             decisions.remove(t).unwrap_or_else(|| Decision {
-                target: t.clone(),
-                winner: false,
-                published: false,
-                geomean: None,
                 reason: Some("no candidate: the session wrote none".into()),
+                ..Decision::of(&TargetVerdict::no_result(t.clone(), ""))
             })
         })
         .collect();
@@ -340,7 +337,6 @@ pub async fn finish<L: BenchLauncher>(
         let mix = MixParams {
             candidates: &win,
             work: &work,
-            gate: &WinnerGate::correctness_only(),
             expected: &last.winners,
         };
         let outcome = score_mix(driver, &mix, cancel).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fk_agentd::score::driver::{BenchDriver, DriverParams};
 use fk_agentd::score::gate::{GateKind, WinnerGate};
-use fk_agentd::score::pipeline::{ScoreParams, ScoreReport, score_candidates};
+use fk_agentd::score::pipeline::{NoProgress, ScoreParams, ScoreReport, score_candidates};
 use fk_agentd::score::render::score_table;
 use fk_agentd::score::stage::ScoreMode;
 use fk_agentd::sim::in_process::InProcessLauncher;
@@ -63,7 +63,7 @@ async fn score_after(
             .map(|(t, g)| (t.parse().unwrap(), g.to_vec()))
             .collect(),
     };
-    let report = score_candidates(&driver, &score, &CancellationToken::new())
+    let report = score_candidates(&driver, &score, &NoProgress, &CancellationToken::new())
         .await
         .unwrap();
     let outputs = driver.launcher().outputs();

@@ -204,7 +204,6 @@ async fn a_mix_of_130_winners_is_read_as_130_winners() {
         &MixParams {
             candidates: &cands,
             work: &work,
-            gate: &WinnerGate::correctness_only(),
             expected: &ids,
         },
         &CancellationToken::new(),
