@@ -108,6 +108,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ProtectError + '_ {
     }
 }
 
+fn sha256(path: &Path) -> Result<String, ProtectError> {
+    crate::digest::file_sha256(path).map_err(io_err(path))
+}
+
 fn hash_all(root: &Path, prefixes: &[&str]) -> Result<BTreeMap<String, String>, ProtectError> {
     let mut out = BTreeMap::new();
     for prefix in prefixes {
@@ -117,10 +121,7 @@ fn hash_all(root: &Path, prefixes: &[&str]) -> Result<BTreeMap<String, String>, 
                 hash_dir(root, &path, &mut out)?;
             }
         } else if path.is_file() {
-            out.insert(
-                prefix.to_string(),
-                crate::digest::file_sha256(&path).map_err(io_err(&path))?,
-            );
+            out.insert(prefix.to_string(), sha256(&path)?);
         }
     }
     Ok(out)
@@ -146,10 +147,7 @@ fn hash_dir(
                 .strip_prefix(root)
                 .map(|r| r.to_string_lossy().replace('\\', "/"))
                 .unwrap_or_else(|_| path.display().to_string());
-            out.insert(
-                rel,
-                crate::digest::file_sha256(&path).map_err(io_err(&path))?,
-            );
+            out.insert(rel, sha256(&path)?);
         }
     }
     Ok(())

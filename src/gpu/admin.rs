@@ -25,14 +25,10 @@ use crate::store::Store;
 
 /// Marks the GPUs the store says are drained (at broker construction).
 pub(crate) fn restore_drains(inventory: &Inventory, store: &Store, queue: &mut Queue) {
-    let rows = match store.drains() {
-        Ok(rows) => rows,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot read the journaled GPU drains; starting with none");
-            return;
-        }
-    };
-    for row in rows {
+    let rows = store.drains().inspect_err(|e| {
+        tracing::error!(error = %e, "cannot read the journaled GPU drains; starting with none");
+    });
+    for row in rows.unwrap_or_default() {
         match inventory.gpus.iter().position(|g| g.uuid == row.uuid) {
             Some(i) => {
                 tracing::info!(gpu = %row.uuid, reason = %row.reason, since = %row.since, "GPU still drained");

@@ -43,13 +43,10 @@ impl Broker {
             return sample.clone();
         }
         let sample: GpuProcesses = Arc::new(
-            inner
-                .inventory
-                .gpus
-                .iter()
+            (inner.inventory.gpus.iter())
                 .map(|g| {
-                    let procs = inner.monitor.processes(&g.uuid).unwrap_or_default();
-                    (g.uuid.clone(), procs)
+                    let procs = inner.inventory.monitor.processes(&g.uuid);
+                    (g.uuid.clone(), procs.unwrap_or_default())
                 })
                 .collect(),
         );

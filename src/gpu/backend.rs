@@ -265,12 +265,10 @@ impl LocalBackend {
             tracing::info!("cgroups are off: leases run in process groups");
             return Self::default();
         };
-        let cgroups = if Path::new(SHELL).is_file() {
-            Cgroups::choose(root, scope, cgroup_spawn::enters_directly)
-        } else {
-            // Without the trampoline's shell a cgroup lease could not start.
-            None
-        };
+        // Without the trampoline's shell a cgroup lease could not start.
+        let cgroups = (Path::new(SHELL).is_file())
+            .then(|| Cgroups::choose(root, scope, cgroup_spawn::enters_directly))
+            .flatten();
         match &cgroups {
             Some(c) => tracing::info!(
                 containment = ?c.kind(),
@@ -654,16 +652,10 @@ impl LeaseBackend for LocalBackend {
 
     fn kill_tagged(&self, lease_id: &str) -> Vec<i32> {
         let tag = format!("{LEASE_ID_ENV}={lease_id}");
-        let mut killed = Vec::new();
-        for pid in procfs::all_pids() {
-            if procfs::has_env(pid, &tag)
-                && let Some(p) = Pid::from_raw(pid)
-                && rustix::process::kill_process(p, Signal::KILL).is_ok()
-            {
-                killed.push(pid);
-            }
-        }
-        killed
+        let tagged = procfs::all_pids()
+            .into_iter()
+            .filter(|&p| procfs::has_env(p, &tag));
+        tagged.filter(|&p| super::kill(p, Signal::KILL)).collect()
     }
 
     fn owns(&self, job: &JobRef, lease_id: &str, pid: u32) -> bool {

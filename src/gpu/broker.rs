@@ -16,7 +16,7 @@ use super::audit::GpuProcesses;
 use super::backend::{LeaseBackend, LocalBackend};
 use super::health::{self, GpuEvent};
 use super::idempotency::{Claim, Key, await_twin};
-use super::inventory::{GpuMonitor, Inventory};
+use super::inventory::Inventory;
 use super::queue::{Decision, Queue, Scope, Waiter};
 use super::recover::RecoveryReport;
 use super::token::{LeaseToken, TokenBook};
@@ -162,7 +162,6 @@ pub(crate) struct Inner {
     pub params: BrokerParams,
     pub store: Store,
     pub backend: Arc<dyn LeaseBackend>,
-    pub monitor: Arc<dyn GpuMonitor>,
     pub state: Mutex<State>,
     pub tokens: TokenBook,
     pub tracker: TaskTracker,
@@ -238,9 +237,7 @@ impl Broker {
         queue.set_nodes(backend.slot_nodes(inventory.len()));
         backend.prepare(inventory.len());
         super::admin::restore_drains(&inventory, &store, &mut queue);
-        let monitor = inventory.monitor();
         let inner = Arc::new(Inner {
-            monitor: monitor.clone(),
             inventory,
             params,
             store,
@@ -258,7 +255,7 @@ impl Broker {
             id_salt: rand::random(),
             next_pool: AtomicU64::new(1),
         });
-        if let Some(nvml) = monitor.nvml() {
+        if let Some(nvml) = inner.inventory.monitor.nvml() {
             let weak: Weak<Inner> = Arc::downgrade(&inner);
             let report = Arc::new(move |uuid: String, ev: GpuEvent| {
                 if let Some(inner) = weak.upgrade() {
@@ -272,7 +269,7 @@ impl Broker {
                 .map(|g| g.uuid.clone())
                 .collect();
             // The thread ends on its own once `watcher_stop` is set (when the broker drops).
-            let _ = health::spawn_watcher(nvml, uuids, inner.watcher_stop.clone(), report);
+            health::spawn_watcher(nvml, uuids, inner.watcher_stop.clone(), report);
         }
         if let Some(every) = inner.backend.health_every() {
             super::admin::watch_nodes(&inner, every);

@@ -39,8 +39,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rustix::process::{Pid, Signal};
-use sha2::{Digest, Sha256};
+use rustix::process::Signal;
 
 use super::procfs;
 use super::types::Containment;
@@ -62,8 +61,7 @@ pub struct Cgroups {
 /// The scope of the daemon whose store is at `store_path`: stable across its restarts.
 pub fn scope_for(store_path: &Path) -> String {
     let path = std::fs::canonicalize(store_path).unwrap_or_else(|_| store_path.to_path_buf());
-    let digest = Sha256::digest(path.as_os_str().as_encoded_bytes());
-    crate::digest::hex(&digest[..8])
+    crate::digest::sha256_hex(path.as_os_str().as_encoded_bytes())[..16].to_string()
 }
 
 fn candidates(root: &Path) -> [PathBuf; 4] {
@@ -263,9 +261,7 @@ pub(crate) fn signal_all(dir: &Path, hard: bool) -> bool {
         hard && (write(dir, "cgroup.freeze", "1") || write(dir, "freezer.state", "FROZEN"));
     let sig = if hard { Signal::KILL } else { Signal::TERM };
     for pid in members(dir) {
-        if let Some(p) = Pid::from_raw(pid) {
-            let _ = rustix::process::kill_process(p, sig);
-        }
+        super::kill(pid, sig);
     }
     if frozen {
         // A frozen task only acts on its SIGKILL once thawed.

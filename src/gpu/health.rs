@@ -46,48 +46,46 @@ pub fn classify_xid(event: &GpuEvent) -> XidDisposition {
 }
 
 /// Watches NVML events on every GPU on a plain thread (NVML's wait blocks) until `stop`.
-/// Each event goes to `report(uuid, event)`. Returns `None` when events cannot be registered.
+/// Each event goes to `report(uuid, event)`.
 pub(crate) fn spawn_watcher(
     nvml: Arc<Nvml>,
     uuids: Vec<String>,
     stop: Arc<AtomicBool>,
     report: Arc<dyn Fn(String, GpuEvent) + Send + Sync>,
-) -> Option<std::thread::JoinHandle<()>> {
+) {
     let builder = std::thread::Builder::new().name("fk-nvml-events".into());
-    builder
-        .spawn(move || {
-            let Ok(mut set) = nvml.create_event_set() else {
-                tracing::warn!("NVML event sets are not supported: Xid watching is off");
-                return;
+    let _ = builder.spawn(move || {
+        let Ok(mut set) = nvml.create_event_set() else {
+            tracing::warn!("NVML event sets are not supported: Xid watching is off");
+            return;
+        };
+        let kinds = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+        for uuid in &uuids {
+            let Ok(dev) = nvml.device_by_uuid(uuid.as_str()) else {
+                continue;
             };
-            let kinds = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
-            for uuid in &uuids {
-                let Ok(dev) = nvml.device_by_uuid(uuid.as_str()) else {
-                    continue;
-                };
-                set = match dev.register_events(kinds, set) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!(gpu = %uuid, error = %e.error, "cannot watch Xid events");
-                        return;
-                    }
-                };
-            }
-            while !stop.load(Ordering::Relaxed) {
-                let Ok(ev) = set.wait(500) else { continue };
-                let Ok(uuid) = ev.device.uuid() else { continue };
-                let event = if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
-                    GpuEvent::DoubleBitEcc
-                } else {
-                    match ev.event_data {
-                        Some(XidError::Value(xid)) => GpuEvent::Xid { xid },
-                        _ => GpuEvent::CheckFailed {
-                            detail: "critical Xid of unknown value".into(),
-                        },
-                    }
-                };
-                report(uuid, event);
-            }
-        })
-        .ok()
+            set = match dev.register_events(kinds, set) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(gpu = %uuid, error = %e.error, "cannot watch Xid events");
+                    return;
+                }
+            };
+        }
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(ev) = set.wait(500) else { continue };
+            let Ok(uuid) = ev.device.uuid() else { continue };
+            let event = if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                GpuEvent::DoubleBitEcc
+            } else {
+                match ev.event_data {
+                    Some(XidError::Value(xid)) => GpuEvent::Xid { xid },
+                    _ => GpuEvent::CheckFailed {
+                        detail: "critical Xid of unknown value".into(),
+                    },
+                }
+            };
+            report(uuid, event);
+        }
+    });
 }

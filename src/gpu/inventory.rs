@@ -141,7 +141,7 @@ impl GpuMonitor for NvmlMonitor {
 pub struct Inventory {
     pub source: InventorySource,
     pub gpus: Vec<GpuInfo>,
-    monitor: Arc<dyn GpuMonitor>,
+    pub(crate) monitor: Arc<dyn GpuMonitor>,
 }
 
 impl std::fmt::Debug for Inventory {
@@ -242,10 +242,6 @@ impl Inventory {
     pub fn with_monitor(mut self, monitor: Arc<dyn GpuMonitor>) -> Self {
         self.monitor = monitor;
         self
-    }
-
-    pub fn monitor(&self) -> Arc<dyn GpuMonitor> {
-        self.monitor.clone()
     }
 
     /// What `fk-agentd gpus` shows when no daemon runs: the inventory, state `no_daemon`.

@@ -98,13 +98,9 @@ fn child_env(broker: &Broker, g: &Grant) -> Vec<(String, String)> {
     ];
     if g.req.class == LeaseClass::Ncu {
         // ncu serialises on a lock file in $TMPDIR; a private one makes the lock the lease's.
-        let name = format!("{}.tmp", g.lease_id);
-        let dir = g
-            .cmd
-            .stdout
-            .parent()
-            .map(|p| p.join(&name))
-            .unwrap_or_else(|| broker.params().spool_dir.join(&name));
+        let spool = broker.params().spool_dir.as_path();
+        let dir = g.cmd.stdout.parent().unwrap_or(spool);
+        let dir = dir.join(format!("{}.tmp", g.lease_id));
         let _ = std::fs::create_dir_all(&dir);
         env.push(("TMPDIR".to_string(), dir.display().to_string()));
     }
@@ -484,13 +480,9 @@ pub(crate) async fn supervise(
     let mut killed = None;
     loop {
         let tick = (Instant::now() + POLL).min(grace_end);
-        if exited {
-            tokio::time::sleep_until(tick).await;
-        } else {
-            tokio::select! {
-                r = &mut exit => { info = r; exited = true; }
-                _ = tokio::time::sleep_until(tick) => {}
-            }
+        tokio::select! {
+            r = &mut exit, if !exited => { info = r; exited = true; }
+            _ = tokio::time::sleep_until(tick) => {}
         }
         if exited && !backend.alive(job) {
             break;

@@ -50,6 +50,12 @@ pub(crate) fn guard<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> 
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Sends `sig` to process `pid`; true when it was sent.
+pub(crate) fn kill(pid: i32, sig: rustix::process::Signal) -> bool {
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|p| rustix::process::kill_process(p, sig).is_ok())
+}
+
 /// The session of an operator's own lease (`fk-agentd lease --local`): no agent waits for it.
 pub const OPERATOR_SESSION: &str = "operator";
 

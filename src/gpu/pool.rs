@@ -62,19 +62,17 @@ impl Broker {
             st.pools.insert(id, tx);
             self.schedule_locked(&mut st);
         }
-        let slots = tokio::select! {
-            r = rx => match r.unwrap_or(Err(LeaseError::ShuttingDown)) {
-                Ok(slots) => slots,
-                Err(e) => { self.release_pool(id); return Err(e); }
-            },
-            _ = cancel.cancelled() => { self.release_pool(id); return Err(LeaseError::Cancelled); }
+        let granted = tokio::select! {
+            r = rx => r.unwrap_or(Err(LeaseError::ShuttingDown)),
+            _ = cancel.cancelled() => Err(LeaseError::Cancelled),
         };
+        let slots = granted.inspect_err(|_| self.release_pool(id))?;
         let gpus = slots
             .iter()
             .map(|&i| self.inner.inventory.gpus[i].uuid.clone())
             .collect();
         let expires = Instant::now() + params.max_hold;
-        let expiry = CancellationToken::new();
+        let expiry = self.inner.shutdown.child_token();
         let (broker, stop) = (self.clone(), expiry.clone());
         self.inner.tracker.spawn(async move {
             tokio::select! {
@@ -83,7 +81,6 @@ impl Broker {
                     broker.release_pool(id);
                 }
                 _ = stop.cancelled() => {}
-                _ = broker.inner.shutdown.cancelled() => {}
             }
         });
         Ok(PoolGuard {

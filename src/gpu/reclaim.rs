@@ -18,16 +18,11 @@ pub(crate) async fn reclaim(broker: &Broker, slots: &[usize], notes: &mut Vec<St
     let me = std::process::id();
     for &i in slots {
         let gpu = &inner.inventory.gpus[i];
-        match inner.monitor.processes(&gpu.uuid) {
+        match inner.inventory.monitor.processes(&gpu.uuid) {
             Ok(procs) => {
                 for p in procs.into_iter().filter(|p| p.pid != me) {
                     let killed = i32::try_from(p.pid)
-                        .ok()
-                        .and_then(rustix::process::Pid::from_raw)
-                        .is_some_and(|pid| {
-                            rustix::process::kill_process(pid, rustix::process::Signal::KILL)
-                                .is_ok()
-                        });
+                        .is_ok_and(|pid| super::kill(pid, rustix::process::Signal::KILL));
                     notes.push(format!(
                         "reclaim: pid {} was still on {} ({})",
                         p.pid,
@@ -50,7 +45,7 @@ pub(crate) async fn reclaim(broker: &Broker, slots: &[usize], notes: &mut Vec<St
         let limit = base + inner.params.memory_slack_bytes;
         let until = Instant::now() + inner.params.reclaim_wait;
         loop {
-            match inner.monitor.memory_used(&gpu.uuid) {
+            match inner.inventory.monitor.memory_used(&gpu.uuid) {
                 None => break,
                 Some(used) if used <= limit => break,
                 Some(used) if Instant::now() >= until => {

@@ -30,11 +30,9 @@ pub const SIM_ARGV0: &str = "sim-gpu-work";
 /// One simulated job, from launch to end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobSpan {
-    pub lease_id: String,
     pub launched: Instant,
     /// `None` while the job runs.
     pub ended: Option<Instant>,
-    pub exit: Option<ExitInfo>,
 }
 
 #[derive(Default)]
@@ -94,10 +92,8 @@ impl LeaseBackend for SimBackend {
             let index = jobs.spans.len();
             let id = index as i64 + 1;
             jobs.spans.push(JobSpan {
-                lease_id: spec.lease_id.to_string(),
                 launched,
                 ended: None,
-                exit: None,
             });
             jobs.running
                 .insert(id, (index, kill.clone(), signal.clone()));
@@ -112,7 +108,6 @@ impl LeaseBackend for SimBackend {
             let mut jobs = guard(&jobs);
             if let Some((index, ..)) = jobs.running.remove(&job_id) {
                 jobs.spans[index].ended = Some(Instant::now());
-                jobs.spans[index].exit = Some(exit);
             }
             exit
         });

@@ -11,9 +11,9 @@ use std::sync::Mutex;
 
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
-use sha2::{Digest, Sha256};
 
 use super::guard;
+use crate::digest::sha256_hex;
 
 /// A session's lease token. Its `Debug` does not show the value.
 #[derive(Clone)]
@@ -32,14 +32,10 @@ impl LeaseToken {
     }
 }
 
-fn digest(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
-}
-
 /// Digest → session.
 #[derive(Default)]
 pub(crate) struct TokenBook {
-    by_digest: Mutex<HashMap<[u8; 32], String>>,
+    by_digest: Mutex<HashMap<String, String>>,
 }
 
 impl TokenBook {
@@ -47,15 +43,17 @@ impl TokenBook {
         let mut bytes = [0u8; 32];
         rand::rng().fill_bytes(&mut bytes);
         let value = format!("fkl_{}", crate::digest::hex(&bytes));
-        guard(&self.by_digest).insert(digest(&value), session.to_string());
+        guard(&self.by_digest).insert(sha256_hex(value.as_bytes()), session.to_string());
         LeaseToken(SecretString::from(value))
     }
 
     pub fn session_of(&self, token: &str) -> Option<String> {
-        guard(&self.by_digest).get(&digest(token)).cloned()
+        guard(&self.by_digest)
+            .get(&sha256_hex(token.as_bytes()))
+            .cloned()
     }
 
     pub fn revoke(&self, token: &LeaseToken) {
-        guard(&self.by_digest).remove(&digest(token.expose()));
+        guard(&self.by_digest).remove(&sha256_hex(token.expose().as_bytes()));
     }
 }

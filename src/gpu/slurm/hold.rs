@@ -48,9 +48,15 @@ fn minutes(d: Duration) -> u64 {
     d.as_secs().div_ceil(60).max(1)
 }
 
-/// The holder name for GPUs on `node` (`None`: any node).
-fn holder_name(prefix: &str, node: Option<&str>) -> String {
-    format!("{prefix}-{}", node.unwrap_or("any"))
+/// Each `slurm.nodes` entry as (its holder jobs' name, its node, the nodes it stands for): a
+/// named node (`<prefix>-<node>`), or a count of any nodes (`<prefix>-any`).
+fn holder_groups<'a>(prefix: &str, cfg: &'a SlurmConfig) -> Vec<(String, Option<&'a str>, u32)> {
+    match &cfg.nodes {
+        SlurmNodes::Names(names) => (names.iter())
+            .map(|n| (format!("{prefix}-{n}"), Some(n.as_str()), 1))
+            .collect(),
+        SlurmNodes::Count(c) => vec![(format!("{prefix}-any"), None, *c)],
+    }
 }
 
 /// Brings the backend up (blocking: call off the runtime's workers). See the module doc.
@@ -158,15 +164,10 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
         SlurmHold::Gpu => (cfg.gpus_per_node, 1),
         SlurmHold::Node => (1, cfg.gpus_per_node),
     };
-    let wanted: Vec<(Option<String>, u32)> = match &cfg.nodes {
-        SlurmNodes::Names(names) => names.iter().map(|n| (Some(n.clone()), per_node)).collect(),
-        SlurmNodes::Count(c) => vec![(None, c * per_node)],
-    };
     // This home's live holders per wanted entry, with the GPUs each asks for: one `squeue`
     // per holder name.
     let mut live = Vec::new();
-    for (node, count) in &wanted {
-        let name = holder_name(prefix, node.as_deref());
+    for (name, node, nodes) in holder_groups(prefix, cfg) {
         let rows: Vec<(u64, u32)> = cli
             .gpus_of_jobs_named(&name)
             .map_err(LeaseError::Slurm)?
@@ -174,7 +175,7 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
             .filter(|(_, state, _)| is_holding(state))
             .map(|(id, _, gpus)| (id, gpus))
             .collect();
-        live.push((name, node.as_deref(), *count, rows));
+        live.push((name, node, nodes * per_node, rows));
     }
     // Holders of another size (left by a start with another `slurm.hold` or `gpus_per_node`)
     // would keep the nodes' GPUs from the ones this start submits: refused before anything is
@@ -411,16 +412,10 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
     let cli = SlurmCli::new(slurm, &config.secret_env);
     let prefix = format!("fk-agentd-{scope}");
     let nodes = cluster_nodes(&cli, slurm)?;
-    let names: Vec<Option<String>> = match &slurm.nodes {
-        SlurmNodes::Names(n) => n.iter().cloned().map(Some).collect(),
-        SlurmNodes::Count(_) => vec![None],
-    };
+    let groups = holder_groups(&prefix, slurm);
     let mut holders = Vec::new();
-    for n in names {
-        holders.extend(
-            cli.jobs_named(&holder_name(&prefix, n.as_deref()))
-                .map_err(LeaseError::Slurm)?,
-        );
+    for (name, ..) in &groups {
+        holders.extend(cli.jobs_named(name).map_err(LeaseError::Slurm)?);
     }
     let mut out = String::new();
     let holder_jobs = match (slurm.mode, slurm.hold) {
@@ -466,9 +461,6 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
             "accounting: off ({e}): a step that ends while the daemon is down is closed with its result unknown"
         ),
     };
-    let wanted = match &slurm.nodes {
-        SlurmNodes::Names(n) => n.len(),
-        SlurmNodes::Count(c) => *c as usize,
-    } * slurm.gpus_per_node as usize;
-    Ok((wanted, out))
+    let wanted: usize = groups.iter().map(|(.., nodes)| *nodes as usize).sum();
+    Ok((wanted * slurm.gpus_per_node as usize, out))
 }
