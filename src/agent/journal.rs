@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use crate::event::{Elapsed, SessionResult, Speedup};
+use crate::gpu::guard;
 use crate::run::{RunError, RunJournal};
 use crate::scheduler::set_state;
 use crate::store::Event;
@@ -84,7 +85,7 @@ impl SessionJournal {
     pub fn record(&self, kind: &str, payload: Value) -> Result<Event, RunError> {
         let event = self.run.record(kind, Some(&self.name), payload)?;
         let line = json!({"timestamp": event.at, "seq": event.seq, "type": kind, "payload": event.payload});
-        let mut file = self.transcript.lock().unwrap_or_else(|p| p.into_inner());
+        let mut file = guard(&self.transcript);
         // The store holds the event already; a transcript write failure must not end the session.
         if let Err(e) = writeln!(file, "{line}") {
             tracing::warn!(target = %self.name, error = %e, "transcript write failed");
@@ -94,7 +95,7 @@ impl SessionJournal {
 
     /// Updates the counters with `f` and publishes the session row with `state`.
     pub fn update(&self, state: &str, f: impl FnOnce(&mut Progress)) -> Result<(), RunError> {
-        f(&mut self.progress.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut guard(&self.progress));
         set_state(&self.run, &self.target, state, self.detail().to_value())
     }
 
@@ -119,9 +120,6 @@ impl SessionJournal {
     }
 
     pub fn progress(&self) -> Progress {
-        self.progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        guard(&self.progress).clone()
     }
 }

@@ -31,16 +31,16 @@ use crate::tools::{ToolError, ToolOutput, Toolbox};
 /// Why a session ends whose model stopped without `finish`, after the nudges (either backend).
 pub(crate) const NO_FINISH: &str = "the model stopped without calling finish";
 
+/// Retries of a tool's infrastructure failure before the call gives up (either backend).
+const INFRA_RETRIES: u32 = 3;
+
 /// Limits and texts of the loop.
 #[derive(Clone, Debug)]
 pub struct LoopParams {
     pub instructions: String,
     pub max_turns: u32,
-    pub max_tokens: Option<u64>,
     /// Compact when the history is estimated above this many tokens.
     pub compact_at_tokens: u64,
-    /// Retries of a tool's infrastructure failure before the session ends.
-    pub infra_retries: u32,
     /// How many times a model that stops without `finish` is asked to go on.
     pub nudges: u32,
 }
@@ -50,9 +50,7 @@ impl LoopParams {
         Self {
             instructions,
             max_turns: 200,
-            max_tokens: None,
             compact_at_tokens: context_window * 8 / 10,
-            infra_retries: 3,
             nudges: 2,
         }
     }
@@ -261,13 +259,6 @@ async fn turn_loop(
         if turns >= s.params.max_turns {
             return Ok(End::turn_budget(s.params.max_turns));
         }
-        let tokens = j.progress().tokens;
-        if s.params.max_tokens.is_some_and(|max| tokens >= max) {
-            return Ok(End::new(
-                SessionStatus::Failed,
-                format!("token budget reached ({tokens} tokens)"),
-            ));
-        }
         if history::estimate_tokens(&history) > s.params.compact_at_tokens {
             let why = "history near the context window";
             history = compact(j, &history, 4, why)?.unwrap_or(history);
@@ -410,7 +401,7 @@ fn leases_a_gpu(tool: &str) -> bool {
     matches!(tool, "validate" | "profile_ncu" | "profile_nsys")
 }
 
-pub(crate) fn state_for(tool: &str) -> &'static str {
+fn state_for(tool: &str) -> &'static str {
     match tool {
         "validate" => "validating",
         "profile_ncu" | "profile_nsys" => "profiling",
@@ -425,30 +416,20 @@ async fn run_call(
     history: &mut Vec<Value>,
     cancel: &CancellationToken,
 ) -> Result<Option<End>, RunError> {
-    let j = &s.journal;
-    j.record_event(&ToolStarted {
-        call_id: call.call_id.clone(),
-        name: call.name.clone(),
-        arguments: call.arguments.clone(),
-        via: None,
-    })?;
-    j.update(state_for(&call.name), |p| {
-        p.last_event = format!("{} started", call.name)
-    })?;
     let tools = ToolCalls {
         toolbox: &s.toolbox,
         slot: &s.slot,
         llm: &s.llm,
-        journal: j,
-        retries: s.params.infra_retries,
+        journal: &s.journal,
         strict: true,
     };
+    tools.started(call, None)?;
     let output = match call_with_retries(&tools, call, cancel).await? {
         CallEnd::Output(output) => output,
         CallEnd::Cancelled => {
             if let Some(why) = s.slot.timed_out() {
                 let stopped = ToolOutput::error(format!("stopped: {why}"));
-                j.record_event(&tool_finished(call, &stopped))?;
+                s.journal.record_event(&tool_finished(call, &stopped))?;
             }
             let why = format!("stopped during {}", call.name);
             return Ok(Some(End::new(SessionStatus::Interrupted, why)));
@@ -458,14 +439,7 @@ async fn run_call(
         }
         CallEnd::Infra(why) => return Ok(Some(End::infra(why))),
     };
-    j.record_event(&tool_finished(call, &output))?;
-    j.update("running", |p| {
-        p.last_event = format!(
-            "{} {}",
-            call.name,
-            if output.is_error { "failed" } else { "done" }
-        )
-    })?;
+    tools.finished(call, &output)?;
     history.push(function_call_output(&call.call_id, &output.text));
     let candidate = s.toolbox.workspace().candidate_file();
     Ok(output
@@ -473,8 +447,8 @@ async fn run_call(
         .map(|summary| End::finished_by_agent(summary, &candidate)))
 }
 
-/// The `tool_finished` of `call` with its `output` (either backend).
-pub(crate) fn tool_finished(call: &FunctionCall, output: &ToolOutput) -> ToolFinished {
+/// The `tool_finished` of `call` with its `output`.
+fn tool_finished(call: &FunctionCall, output: &ToolOutput) -> ToolFinished {
     ToolFinished {
         call_id: call.call_id.clone(),
         name: call.name.clone(),
@@ -490,10 +464,42 @@ pub(crate) struct ToolCalls<'a> {
     pub slot: &'a SessionSlot,
     pub llm: &'a LlmClient,
     pub journal: &'a SessionJournal,
-    /// Retries of an infrastructure failure before the call gives up.
-    pub retries: u32,
-    /// Whether a failure to record a retry or an infrastructure failure ends the call with it.
+    /// Whether a failure to record a retry or an infrastructure failure, or to show the call's
+    /// state, ends the call with it.
     pub strict: bool,
+}
+
+impl ToolCalls<'_> {
+    /// Codex's tool calls go on when a retry, failure or state cannot be recorded; native ones end.
+    fn keep<T>(&self, recorded: Result<T, RunError>) -> Result<(), RunError> {
+        match recorded {
+            Err(e) if self.strict => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records `call` as started (`via` a route other than the model's own call) and shows it.
+    pub(crate) fn started(&self, call: &FunctionCall, via: Option<&str>) -> Result<(), RunError> {
+        self.journal.record_event(&ToolStarted {
+            call_id: call.call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+            via: via.map(str::to_string),
+        })?;
+        self.show(state_for(&call.name), format!("{} started", call.name))
+    }
+
+    /// Records `call` as finished with `out` and shows it.
+    pub(crate) fn finished(&self, call: &FunctionCall, out: &ToolOutput) -> Result<(), RunError> {
+        self.journal.record_event(&tool_finished(call, out))?;
+        let done = if out.is_error { "failed" } else { "done" };
+        self.show("running", format!("{} {done}", call.name))
+    }
+
+    /// Publishes the session row with `state` and `last_event`.
+    fn show(&self, state: &str, last_event: String) -> Result<(), RunError> {
+        self.keep(self.journal.update(state, |p| p.last_event = last_event))
+    }
 }
 
 /// How [`call_with_retries`] ended.
@@ -513,11 +519,6 @@ pub(crate) async fn call_with_retries(
     call: &FunctionCall,
     cancel: &CancellationToken,
 ) -> Result<CallEnd, RunError> {
-    // Codex's tool calls go on when a retry or failure cannot be recorded; native ones end.
-    let keep = |recorded: Result<crate::store::Event, RunError>| match recorded {
-        Err(e) if t.strict => Err(e),
-        _ => Ok(()),
-    };
     let mut attempt = 0;
     loop {
         let call_fut = t
@@ -538,9 +539,9 @@ pub(crate) async fn call_with_retries(
             Err(ToolError::Cancelled { .. }) => return Ok(CallEnd::Cancelled),
             Err(e) => e,
         };
-        if !e.is_retryable() || attempt >= t.retries {
+        if !e.is_retryable() || attempt >= INFRA_RETRIES {
             // The call stays recorded as started: on resume the model is told it was interrupted.
-            keep(t.journal.record_event(&ToolInfraError {
+            t.keep(t.journal.record_event(&ToolInfraError {
                 call_id: call.call_id.clone(),
                 name: call.name.clone(),
                 why: e.to_string(),
@@ -550,7 +551,7 @@ pub(crate) async fn call_with_retries(
         }
         attempt += 1;
         let delay = Duration::from_secs(5 * u64::from(attempt));
-        keep(t.journal.record_event(&ToolInfraRetry {
+        t.keep(t.journal.record_event(&ToolInfraRetry {
             call_id: call.call_id.clone(),
             name: call.name.clone(),
             attempt,

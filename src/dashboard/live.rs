@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::extract::{Query, State};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::json;
@@ -100,61 +100,35 @@ pub fn session_body(
     }
 }
 
-struct SessionFeed {
+/// What a feed's poll answers: the messages that are new, and whether they end the stream.
+type Polled = Result<(Vec<SseEvent>, bool), crate::store::StoreError>;
+
+/// A live stream: `poll` (run off the async workers, told whether the dashboard is shutting
+/// down) every `every`, until it says the stream ends or a store error ends it.
+struct Feed<P> {
     state: DashboardState,
-    run_id: String,
-    simulated: bool,
-    target: String,
-    after: i64,
-    events: Vec<Event>,
+    poll: P,
+    every: Duration,
     done: bool,
     /// The dashboard is shutting down: poll once more, then end.
     stopping: bool,
 }
 
-impl SessionFeed {
-    fn blocking_poll(&mut self) -> Result<Vec<SseEvent>, crate::store::StoreError> {
-        let last = self.events.last().map_or(0, |e| e.seq);
-        let new = self
-            .state
-            .store
-            .events(&self.run_id, Some(&self.target), last)?;
-        self.events.extend(new);
-        let last = self.events.last().map_or(0, |e| e.seq);
-        let mut out = Vec::new();
-        let mut ended = false;
-        if last > self.after {
-            self.after = last;
-            let (view, text) = view_text(&self.run_id, self.simulated, &self.events);
-            ended = view.outcome.end != SessionEnd::Running;
-            // The sessions row is written just after the session's last event: once the events
-            // say it ended, they are the newer word.
-            let state = match ended {
-                true => view.outcome.end.word().to_string(),
-                false => self
-                    .state
-                    .store
-                    .sessions(&self.run_id)?
-                    .into_iter()
-                    .find(|s| s.target == self.target)
-                    .map_or("not started".to_string(), |s| s.state),
-            };
-            let data = json!({
-                "seq": last,
-                "events": self.events.len(),
-                "state": state,
-                "verdict": view.outcome.verdict.to_string(),
-                "end": view.outcome.end.word(),
-                "text": text,
-            });
-            out.push(SseEvent::default().event("view").data(data.to_string()));
-        }
-        let run_over = !self.state.store.run(Some(&self.run_id))?.is_running();
-        if ended || run_over {
-            out.push(SseEvent::default().event("end").data("ended"));
-            self.done = true;
-        }
-        Ok(out)
+impl<P: FnMut(&DashboardState, bool) -> Polled + Send + 'static> Feed<P> {
+    fn stream(state: DashboardState, every: Duration, poll: P) -> Response {
+        let feed = Self {
+            state,
+            poll,
+            every,
+            done: false,
+            stopping: false,
+        };
+        let events = futures::stream::unfold(feed, Self::next)
+            .flat_map(futures::stream::iter)
+            .map(Ok::<_, Infallible>);
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response()
     }
 
     async fn next(mut self) -> Option<(Vec<SseEvent>, Self)> {
@@ -163,24 +137,20 @@ impl SessionFeed {
             return None;
         }
         loop {
-            let stopping = self.stopping;
-            let (feed, result) = tokio::task::spawn_blocking(move || {
-                let r = self.blocking_poll();
-                (self, r)
+            let (feed, polled) = tokio::task::spawn_blocking(move || {
+                let polled = (self.poll)(&self.state, self.stopping);
+                (self, polled)
             })
             .await
             .ok()?;
             self = feed;
-            match result {
-                Ok(mut out) => {
-                    if stopping && !self.done {
-                        out.push(SseEvent::default().event("end").data("stopped"));
-                        self.done = true;
-                    }
+            match polled {
+                Ok((out, done)) => {
+                    self.done = done;
                     if !out.is_empty() {
                         return Some((out, self));
                     }
-                    self.stopping = pause(&self.state.shutdown, POLL).await;
+                    self.stopping = pause(&self.state.shutdown, self.every).await;
                 }
                 Err(e) => {
                     self.done = true;
@@ -192,13 +162,59 @@ impl SessionFeed {
     }
 }
 
-fn sse_of(events: impl Stream<Item = Vec<SseEvent>> + Send + 'static) -> Response {
-    let stream = events
-        .flat_map(futures::stream::iter)
-        .map(Ok::<_, Infallible>);
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+/// One session's events so far, and the last event number the page shows.
+struct SessionFeed {
+    run_id: String,
+    simulated: bool,
+    target: String,
+    after: i64,
+    events: Vec<Event>,
+}
+
+impl SessionFeed {
+    fn poll(&mut self, state: &DashboardState, stopping: bool) -> Polled {
+        let last = self.events.last().map_or(0, |e| e.seq);
+        let new = state.store.events(&self.run_id, Some(&self.target), last)?;
+        self.events.extend(new);
+        let last = self.events.last().map_or(0, |e| e.seq);
+        let mut out = Vec::new();
+        let mut ended = false;
+        if last > self.after {
+            self.after = last;
+            let (view, text) = view_text(&self.run_id, self.simulated, &self.events);
+            ended = view.outcome.end != SessionEnd::Running;
+            // The sessions row is written just after the session's last event: once the events
+            // say it ended, they are the newer word.
+            let word = match ended {
+                true => view.outcome.end.word().to_string(),
+                false => state
+                    .store
+                    .sessions(&self.run_id)?
+                    .into_iter()
+                    .find(|s| s.target == self.target)
+                    .map_or("not started".to_string(), |s| s.state),
+            };
+            let data = json!({
+                "seq": last,
+                "events": self.events.len(),
+                "state": word,
+                "verdict": view.outcome.verdict.to_string(),
+                "end": view.outcome.end.word(),
+                "text": text,
+            });
+            out.push(SseEvent::default().event("view").data(data.to_string()));
+        }
+        let run_over = !state.store.run(Some(&self.run_id))?.is_running();
+        let end = if ended || run_over {
+            "ended"
+        } else if stopping {
+            "stopped"
+        } else {
+            return Ok((out, false));
+        };
+        out.push(SseEvent::default().event("end").data(end));
+        Ok((out, true))
+    }
 }
 
 /// `/live/session?run=&target=&after=`: the session's view each time it changes.
@@ -214,56 +230,16 @@ pub async fn session_stream(
         Ok(r) => r,
         Err(r) => return r,
     };
-    let feed = SessionFeed {
-        state: state.clone(),
+    let mut feed = SessionFeed {
         run_id: run.id,
         simulated: run.simulated,
         target,
         after: q.after,
         events: Vec::new(),
-        done: false,
-        stopping: false,
     };
-    sse_of(futures::stream::unfold(feed, SessionFeed::next))
-}
-
-struct RunFeed {
-    state: DashboardState,
-    run: Option<String>,
-    seq: i64,
-    done: bool,
-    stopping: bool,
-}
-
-impl RunFeed {
-    async fn next(mut self) -> Option<(Vec<SseEvent>, Self)> {
-        if self.done {
-            pause(&self.state.shutdown, LINGER).await;
-            return None;
-        }
-        loop {
-            let stopping = self.stopping;
-            let (state, run) = (self.state.clone(), self.run.clone());
-            let polled =
-                tokio::task::spawn_blocking(move || model::run_progress(&state, run.as_deref()))
-                    .await
-                    .ok()?;
-            match polled {
-                Ok((seq, status)) if seq != self.seq || status != "running" || stopping => {
-                    self.seq = seq;
-                    self.done = status != "running" || stopping;
-                    let data = json!({"seq": seq, "status": status}).to_string();
-                    return Some((vec![SseEvent::default().event("seq").data(data)], self));
-                }
-                Ok(_) => self.stopping = pause(&self.state.shutdown, POLL * 2).await,
-                Err(e) => {
-                    self.done = true;
-                    let msg = SseEvent::default().event("error").data(e.to_string());
-                    return Some((vec![msg], self));
-                }
-            }
-        }
-    }
+    Feed::stream(state, POLL, move |state, stopping| {
+        feed.poll(state, stopping)
+    })
 }
 
 /// `/live/run?run=&after=`: the run's latest event number each time it moves, until the run
@@ -272,12 +248,16 @@ pub async fn run_stream(
     State(state): State<DashboardState>,
     Query(q): Query<LiveQuery>,
 ) -> Response {
-    let feed = RunFeed {
-        state: state.clone(),
-        run: q.run,
-        seq: q.after,
-        done: false,
-        stopping: false,
-    };
-    sse_of(futures::stream::unfold(feed, RunFeed::next))
+    let (run, mut seq) = (q.run, q.after);
+    Feed::stream(state, POLL * 2, move |state, stopping| {
+        let (now, status) = model::run_progress(state, run.as_deref())?;
+        let running = status == "running";
+        if now == seq && running && !stopping {
+            return Ok((Vec::new(), false));
+        }
+        seq = now;
+        let data = json!({"seq": now, "status": status}).to_string();
+        let msg = SseEvent::default().event("seq").data(data);
+        Ok((vec![msg], !running || stopping))
+    })
 }

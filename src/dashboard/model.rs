@@ -114,7 +114,7 @@ impl Tally {
     pub fn winners(&self) -> usize {
         self.outcomes
             .values()
-            .filter(|o| o.verdict.is_winner())
+            .filter(|o| matches!(o.verdict, Verdict::Winner { .. }))
             .count()
     }
 
@@ -202,11 +202,6 @@ impl LeaseSpan {
         let start = parse_at(&row.granted_at)?;
         let end = row.finished_at.as_deref().and_then(parse_at);
         let o = row.outcome.clone().unwrap_or(Value::Null);
-        let killed = match &o["killed_reason"] {
-            Value::Null => None,
-            Value::String(s) => Some(s.clone()),
-            other => Some(other.to_string()),
-        };
         Some(Self {
             id: row.id.clone(),
             session: row.session.clone(),
@@ -218,7 +213,7 @@ impl LeaseSpan {
             state: row.state.clone(),
             queued_s: o["queued_ms"].as_f64().map(|ms| ms / 1000.0),
             wall_s: o["wall_ms"].as_f64().map(|ms| ms / 1000.0),
-            killed,
+            killed: crate::llm::json_text(&o["killed_reason"]),
             exit_code: o["exit_code"].as_i64(),
         })
     }

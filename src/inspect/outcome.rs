@@ -35,17 +35,6 @@ pub enum SessionEnd {
 }
 
 impl SessionEnd {
-    /// From a session's recorded status.
-    pub fn from_status(status: &SessionStatus, reason: &str) -> Self {
-        match status {
-            SessionStatus::Finished => Self::Finished,
-            SessionStatus::Failed => Self::Failed(reason.to_string()),
-            SessionStatus::TimedOut => Self::TimedOut,
-            SessionStatus::Interrupted => Self::Cancelled,
-            SessionStatus::Skipped(why) => Self::Skipped(why.clone()),
-        }
-    }
-
     /// The word shown in tables: `finished`, `failed`, `timed out`, `cancelled`, …
     pub fn word(&self) -> &'static str {
         match self {
@@ -135,10 +124,6 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub fn is_winner(&self) -> bool {
-        matches!(self, Self::Winner { .. })
-    }
-
     /// A short word for a table cell (`winner`, `slower than baseline`, …); the speedup has a
     /// column of its own.
     pub fn short(&self) -> String {
@@ -239,7 +224,11 @@ impl Outcome {
 fn end_of(status: Option<&StatusWord>, reason: Option<&str>) -> SessionEnd {
     let reason = reason.unwrap_or("");
     match status.and_then(StatusWord::status) {
-        Some(s) => SessionEnd::from_status(s, reason),
+        Some(SessionStatus::Finished) => SessionEnd::Finished,
+        Some(SessionStatus::Failed) => SessionEnd::Failed(reason.to_string()),
+        Some(SessionStatus::TimedOut) => SessionEnd::TimedOut,
+        Some(SessionStatus::Interrupted) => SessionEnd::Cancelled,
+        Some(SessionStatus::Skipped(why)) => SessionEnd::Skipped(why.clone()),
         None => {
             let word = status.map(StatusWord::word).unwrap_or_default();
             SessionEnd::Failed(format!("unknown status {word}: {reason}"))

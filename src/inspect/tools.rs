@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::outcome::screen_findings;
 
 /// What a tool call did, by tool.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(tag = "tool", rename_all = "snake_case")]
 pub enum ToolDetail {
     Shell {
@@ -57,6 +57,7 @@ pub enum ToolDetail {
     Finish {
         summary: String,
     },
+    #[default]
     Other,
 }
 

@@ -78,7 +78,7 @@ pub enum Entry {
 }
 
 /// One tool call, from the model's request to its recorded output.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ToolCall {
     pub call_id: String,
     pub name: String,
@@ -382,12 +382,8 @@ fn call_of(call_id: &str, name: &str, raw: &str, started_at: Option<String>) -> 
         name,
         arguments,
         started_at,
-        finished_at: None,
-        elapsed_s: None,
-        output: None,
-        is_error: false,
-        validation: None,
         detail,
+        ..ToolCall::default()
     }
 }
 

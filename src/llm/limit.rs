@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::WaitReason;
 use crate::config::provider::Limits;
+use crate::gpu::guard;
 
 /// Bytes of request body per estimated token.
 const BYTES_PER_TOKEN: usize = 4;
@@ -63,7 +64,7 @@ impl Pacer {
     /// Holds every session of this provider back for `wait` (never shortens a longer wait).
     pub fn close_gate_for(&self, wait: Duration) {
         let until = Instant::now() + wait;
-        let mut gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gate = guard(&self.gate);
         if gate.is_none_or(|g| g < until) {
             *gate = Some(until);
         }
@@ -73,7 +74,7 @@ impl Pacer {
     /// A permit is taken when the answer is `None`.
     pub fn next_wait(&self, body_len: usize) -> Option<(WaitReason, Duration)> {
         let now = Instant::now();
-        let gate = *self.gate.lock().unwrap_or_else(|p| p.into_inner());
+        let gate = *guard(&self.gate);
         if let Some(until) = gate.filter(|u| *u > now) {
             return Some((WaitReason::ServerBackoff, until - now));
         }

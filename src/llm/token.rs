@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::LlmError;
 use crate::config::provider::TokenSource;
+use crate::gpu::guard;
 
 /// How long a token command may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -150,7 +151,7 @@ impl TokenProvider {
 
     /// The status of the token now held, without reading it again.
     pub fn status(&self) -> Option<TokenStatus> {
-        let state = self.lock();
+        let state = guard(&self.state);
         state.as_ref().map(|l| TokenStatus {
             source: self.describe(),
             age: age_of(l),
@@ -161,7 +162,7 @@ impl TokenProvider {
     /// Replaces every occurrence of the current token in `text` (server messages may echo
     /// what they were sent).
     pub fn scrub(&self, text: &str) -> String {
-        let state = self.lock();
+        let state = guard(&self.state);
         match state.as_ref() {
             Some(l) if !l.token.expose_secret().is_empty() => {
                 text.replace(l.token.expose_secret(), "[REDACTED]")
@@ -170,12 +171,8 @@ impl TokenProvider {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Loaded>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn cached_header(&self) -> Option<HeaderValue> {
-        let state = self.lock();
+        let state = guard(&self.state);
         let loaded = state.as_ref()?;
         let expired = match &self.source {
             Source::Command { refresh, .. } => loaded.fetched_at.elapsed() >= *refresh,
@@ -208,7 +205,7 @@ impl TokenProvider {
                 }
             }
         };
-        let mut state = self.lock();
+        let mut state = guard(&self.state);
         let mut changed = false;
         if let Some(new) = fresh {
             let old = state.as_ref().map(|o| o.token.expose_secret());

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 
+use crate::gpu::guard;
 use crate::workspace::exec::kill_group;
 use crate::workspace::truncate::ceil_char_boundary;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
@@ -88,7 +89,7 @@ impl CodexProcess {
                 if n == 0 {
                     break;
                 }
-                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                let mut t = guard(&tail);
                 t.push_str(&String::from_utf8_lossy(&buf[..n]));
                 if t.len() > STDERR_TAIL {
                     let cut = ceil_char_boundary(&t, t.len() - STDERR_TAIL);
@@ -129,11 +130,7 @@ impl CodexProcess {
 
     /// The last few KiB codex wrote to stderr.
     pub fn stderr_tail(&self) -> String {
-        self.stderr
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .trim()
-            .to_string()
+        guard(&self.stderr).trim().to_string()
     }
 }
 

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{ToolHandler, ToolReply};
 use crate::agent::journal::SessionJournal;
-use crate::agent::session::{CallEnd, ToolCalls, call_with_retries, state_for, tool_finished};
-use crate::event::ToolStarted;
+use crate::agent::session::{CallEnd, ToolCalls, call_with_retries};
+use crate::gpu::guard;
 use crate::llm::{FunctionCall, LlmClient};
 use crate::scheduler::SessionSlot;
 use crate::tools::Toolbox;
@@ -40,7 +40,6 @@ pub struct SessionTools {
     pub slot: Arc<SessionSlot>,
     pub llm: Arc<LlmClient>,
     pub cancel: CancellationToken,
-    pub infra_retries: u32,
     calls: AtomicU32,
     ending: Mutex<Ending>,
     /// Woken when `ending` changes.
@@ -61,7 +60,6 @@ impl SessionTools {
             slot,
             llm,
             cancel,
-            infra_retries: 3,
             calls: AtomicU32::new(0),
             ending: Mutex::new(Ending::default()),
             ended: Notify::new(),
@@ -69,14 +67,11 @@ impl SessionTools {
     }
 
     pub fn ending(&self) -> Ending {
-        self.ending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        guard(&self.ending).clone()
     }
 
     fn end_with(&self, f: impl FnOnce(&mut Ending)) {
-        f(&mut self.ending.lock().unwrap_or_else(|p| p.into_inner()));
+        f(&mut guard(&self.ending));
         self.ended.notify_waiters();
         self.ended.notify_one();
     }
@@ -92,30 +87,19 @@ impl SessionTools {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let call = FunctionCall {
             call_id: format!("fk_tool_{n}"),
-            name: tool.clone(),
+            name: tool,
             arguments: arguments.to_string(),
         };
-        let j = &self.journal;
-        let started = ToolStarted {
-            call_id: call.call_id.clone(),
-            name: tool.clone(),
-            arguments: call.arguments.clone(),
-            via: Some("fk-agentd tool".into()),
-        };
-        if let Err(e) = j.record_event(&started) {
-            return ToolReply::infra(format!("cannot record the call: {e}"));
-        }
-        let _ = j.update(state_for(&tool), |p| {
-            p.last_event = format!("{tool} started")
-        });
         let tools = ToolCalls {
             toolbox: &self.toolbox,
             slot: &self.slot,
             llm: &self.llm,
-            journal: j,
-            retries: self.infra_retries,
+            journal: &self.journal,
             strict: false,
         };
+        if let Err(e) = tools.started(&call, Some("fk-agentd tool")) {
+            return ToolReply::infra(format!("cannot record the call: {e}"));
+        }
         let output = match call_with_retries(&tools, &call, &self.cancel).await {
             Ok(CallEnd::Output(output)) => output,
             Ok(CallEnd::Cancelled) => {
@@ -129,12 +113,9 @@ impl SessionTools {
             // Not strict: a failure to record is not an end.
             Err(e) => return ToolReply::infra(format!("cannot record the call: {e}")),
         };
-        if let Err(e) = j.record_event(&tool_finished(&call, &output)) {
+        if let Err(e) = tools.finished(&call, &output) {
             return ToolReply::infra(format!("cannot record the result: {e}"));
         }
-        let _ = j.update("running", |p| {
-            p.last_event = format!("{tool} {}", if output.is_error { "failed" } else { "done" })
-        });
         let finished = output.finished.is_some();
         if let Some(summary) = output.finished {
             self.end_with(|end| end.finished = Some(summary));
