@@ -169,8 +169,8 @@ fn session_cells(r: &SessionRow, outcome: Option<&Outcome>, wide: bool) -> Vec<S
         verdict,
         detail_str(r, "turns"),
         r.detail["tokens"].as_u64().map_or("-".into(), group),
-        best(r),
-        elapsed(r),
+        number_or_str(r, "best_speedup", |g| format!("{g:.3}x")),
+        number_or_str(r, "elapsed", |s| crate::inspect::clock(s.round() as u64)),
     ];
     if wide {
         cells.push(detail_str(r, "leases"));
@@ -219,22 +219,19 @@ fn verdict_colour(v: &Verdict) -> &'static str {
 
 /// Colours the VERDICT cell of a rendered row (found by its position, padding untouched).
 fn paint_column(line: &str, header: &[&str], colour: Option<&'static str>, on: bool) -> String {
-    let (Some(colour), true) = (colour, on) else {
-        return line.to_string();
+    let painted = || {
+        let colour = colour.filter(|_| on)?;
+        let col = header.iter().position(|h| *h == "VERDICT")?;
+        // Columns are separated by two or more spaces; the VERDICT cell is the third run of text.
+        let starts = cell_starts(line);
+        let from = *starts.get(col)?;
+        let end = starts.get(col + 1).copied().unwrap_or(line.len());
+        let (before, cell, after) = (&line[..from], &line[from..end], &line[end..]);
+        let text = cell.trim_end();
+        let pad = &cell[text.len()..];
+        Some(format!("{before}\x1b[{colour}m{text}\x1b[0m{pad}{after}"))
     };
-    let Some(col) = header.iter().position(|h| *h == "VERDICT") else {
-        return line.to_string();
-    };
-    // Columns are separated by two or more spaces; the VERDICT cell is the third run of text.
-    let starts = cell_starts(line);
-    let Some(&from) = starts.get(col) else {
-        return line.to_string();
-    };
-    let end = starts.get(col + 1).copied().unwrap_or(line.len());
-    let (before, cell, after) = (&line[..from], &line[from..end], &line[end..]);
-    let text = cell.trim_end();
-    let pad = &cell[text.len()..];
-    format!("{before}\x1b[{colour}m{text}\x1b[0m{pad}{after}")
+    painted().unwrap_or_else(|| line.to_string())
 }
 
 /// Where each cell of a rendered row starts (after a run of two or more spaces), in bytes:
@@ -291,18 +288,10 @@ fn detail_str(row: &SessionRow, key: &str) -> String {
     }
 }
 
-/// The best validated speedup, stored as a number (`1.014`) or, by older daemons, `"1.014x"`.
-fn best(r: &SessionRow) -> String {
-    match r.detail.get("best_speedup") {
-        Some(Value::Number(n)) => n.as_f64().map_or("-".into(), |g| format!("{g:.3}x")),
-        _ => detail_str(r, "best_speedup"),
-    }
-}
-
-/// Elapsed time, stored as seconds or, by older daemons, as `"0:01:20"`.
-fn elapsed(r: &SessionRow) -> String {
-    match r.detail.get("elapsed") {
-        Some(Value::Number(n)) => crate::inspect::clock(n.as_f64().unwrap_or(0.0).round() as u64),
-        _ => detail_str(r, "elapsed"),
-    }
+/// A number as `number` formats it, else the text older daemons stored (the best speedup as
+/// `"1.014x"`, the elapsed time as `"0:01:20"`).
+fn number_or_str(r: &SessionRow, key: &str, number: impl Fn(f64) -> String) -> String {
+    r.detail[key]
+        .as_f64()
+        .map_or_else(|| detail_str(r, key), number)
 }

@@ -231,9 +231,7 @@ pub fn jsonl_line(event: &Event) -> String {
             obj.insert("payload".into(), other.clone());
         }
     }
-    let mut line = Value::Object(obj).to_string();
-    line.push('\n');
-    line
+    format!("{}\n", Value::Object(obj))
 }
 
 crate::exit_code!(RunError, |self| crate::exit::EXIT_UNAVAILABLE);

@@ -196,23 +196,15 @@ pub struct Flags {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct RawFile {
-    #[serde(default)]
     campaign: RawCampaign,
-    #[serde(default)]
     provider: RawProvider,
-    #[serde(default)]
     agent: agent::RawAgent,
-    #[serde(default)]
     gpus: RawGpus,
-    #[serde(default)]
     fastkernels: RawFastkernels,
-    #[serde(default)]
     screen: RawScreen,
-    #[serde(default)]
     dashboard: RawDashboard,
-    #[serde(default)]
     score: RawScore,
     slurm: Option<slurm::RawSlurm>,
 }
@@ -365,21 +357,15 @@ pub const DEFAULT_PROVIDER: &str = "cortex";
 /// The daemon home: `--home`, else `FK_AGENTD_HOME`, else `$XDG_STATE_HOME/fk-agentd`, else
 /// `~/.local/state/fk-agentd`.
 pub fn resolve_home(flag: Option<&Path>, env: &Env) -> Result<PathBuf, ConfigError> {
-    let chosen = if let Some(p) = flag {
-        p.to_path_buf()
-    } else if let Some(h) = &env.fk_agentd_home {
-        PathBuf::from(h)
-    } else if let Some(x) = &env.xdg_state_home {
-        PathBuf::from(x).join("fk-agentd")
-    } else if let Some(h) = &env.home {
-        PathBuf::from(h).join(".local/state/fk-agentd")
-    } else {
-        return Err(ConfigError::new(
-            "home",
-            "",
-            "a home directory: pass --home DIR or set FK_AGENTD_HOME",
-        ));
-    };
+    let chosen = flag
+        .map(Path::to_path_buf)
+        .or_else(|| env.fk_agentd_home.as_ref().map(PathBuf::from))
+        .or_else(|| Some(Path::new(env.xdg_state_home.as_ref()?).join("fk-agentd")))
+        .or_else(|| Some(Path::new(env.home.as_ref()?).join(".local/state/fk-agentd")))
+        .ok_or_else(|| {
+            let expected = "a home directory: pass --home DIR or set FK_AGENTD_HOME";
+            ConfigError::new("home", "", expected)
+        })?;
     let home = absolute(&env.cwd, &chosen);
     if home.exists() && !home.is_dir() {
         return Err(ConfigError::new(

@@ -82,7 +82,6 @@ pub struct Limits {
 #[serde(deny_unknown_fields)]
 pub struct Prices {
     pub input: f64,
-    #[serde(default)]
     pub cached_input: Option<f64>,
     pub output: f64,
 }

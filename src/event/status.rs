@@ -4,8 +4,6 @@
 //! stands ([`RunState`]: the `runs` table). The readable ends and verdicts that `sessions`
 //! prints are derived from these in [`crate::inspect`].
 
-use std::fmt;
-
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// How one session ended.
@@ -117,10 +115,7 @@ impl Serialize for StatusWord {
 impl<'de> Deserialize<'de> for StatusWord {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let w = String::deserialize(d)?;
-        Ok(match SessionStatus::from_word(&w) {
-            Some(s) => Self::Known(s),
-            None => Self::Unknown(w),
-        })
+        Ok(SessionStatus::from_word(&w).map_or(Self::Unknown(w), Self::Known))
     }
 }
 
@@ -138,13 +133,15 @@ pub enum RunOutcome {
     Fail,
 }
 
+crate::words!(RunOutcome {
+    Pass = "PASS",
+    Fail = "FAIL",
+    Interrupted = "INTERRUPTED",
+});
+
 impl RunOutcome {
     pub fn word(self) -> &'static str {
-        match self {
-            Self::Pass => "PASS",
-            Self::Fail => "FAIL",
-            Self::Interrupted => "INTERRUPTED",
-        }
+        self.as_str()
     }
 
     /// The run's state once it ended so.
@@ -154,12 +151,6 @@ impl RunOutcome {
             Self::Fail => RunState::Failed,
             Self::Interrupted => RunState::Interrupted,
         }
-    }
-}
-
-impl fmt::Display for RunOutcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.word())
     }
 }
 

@@ -271,16 +271,15 @@ fn ended_before(
     targets: &[TargetId],
 ) -> Result<BTreeMap<TargetId, SessionStatus>, RunError> {
     repair_rows(journal, targets)?;
-    let mut out = BTreeMap::new();
-    for row in journal.store().sessions(journal.run_id())? {
-        let Some(target) = targets.iter().find(|t| t.to_string() == row.target) else {
-            continue;
-        };
-        if let Some(status) = recorded_status(&row).filter(|_| stays_ended(&row)) {
-            out.insert(target.clone(), status);
-        }
-    }
-    Ok(out)
+    let rows = journal.store().sessions(journal.run_id())?;
+    let ended = rows
+        .iter()
+        .filter(|row| stays_ended(row))
+        .filter_map(|row| {
+            let target = targets.iter().find(|t| t.to_string() == row.target)?;
+            Some((target.clone(), recorded_status(row)?))
+        });
+    Ok(ended.collect())
 }
 
 /// A daemon killed between a target's `task_finished` event and its session row left the row

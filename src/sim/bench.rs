@@ -143,11 +143,8 @@ fn knob_value(word: &str) -> Option<Knob> {
 /// Which bench of a candidate an output path is: 0 for the first, `…/confirm-<k>/…` → k. A
 /// candidate whose wild first bench was re-benched (`…/rescue/…` beside its confirmations)
 /// numbers its benches first (0), rescue (1), then the confirmations from 2 on.
-fn confirm_index(output: Option<&Path>) -> usize {
-    let Some(p) = output else {
-        return 0;
-    };
-    let comps: Vec<&str> = p
+fn confirm_index(output: &Path) -> usize {
+    let comps: Vec<&str> = output
         .components()
         .filter_map(|c| c.as_os_str().to_str())
         .collect();
@@ -170,11 +167,8 @@ fn confirm_index(output: Option<&Path>) -> usize {
 
 /// The last three components of the output path: what tells one invocation from another
 /// (stable for the same layout, whatever the temporary folder above it).
-fn invocation_nonce(output: Option<&Path>) -> String {
-    let Some(p) = output else {
-        return String::new();
-    };
-    let parts: Vec<String> = p
+fn invocation_nonce(output: &Path) -> String {
+    let parts: Vec<String> = output
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
@@ -199,10 +193,13 @@ pub(crate) fn unit(parts: &[&[u8]]) -> f64 {
         h.update((p.len() as u64).to_le_bytes());
         h.update(p);
     }
-    let d = h.finalize();
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&d[..8]);
-    (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+    unit_of(&h.finalize())
+}
+
+/// A number in [0, 1) from the first 8 bytes of a digest.
+pub(crate) fn unit_of(digest: &[u8]) -> f64 {
+    let n = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
+    (n >> 11) as f64 / (1u64 << 53) as f64
 }
 
 const DTYPES: [&str; 3] = ["bfloat16", "float16", "float32"];
@@ -269,7 +266,7 @@ struct TargetRun<'a> {
     composed_with_lower: bool,
     self_test: bool,
     /// Where this invocation writes its JSON (tells repeated benches apart).
-    output: Option<&'a Path>,
+    output: &'a Path,
 }
 
 impl TargetRun<'_> {
@@ -356,23 +353,19 @@ fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
     let draw = Draw::new(t);
     let mut out = Vec::new();
     for class in &t.target.classes {
+        let spec = |shape, dtype| RowSpec {
+            target: &t.target.id,
+            class,
+            shape,
+            dtype,
+        };
         if draw.unloadable(t) {
-            let spec = RowSpec {
-                target: &t.target.id,
-                class,
-                shape: "-".into(),
-                dtype: "-".into(),
-            };
+            let spec = spec("-".into(), "-".into());
             out.push(row(&spec, Status::Skipped, 0.0, "no candidate class found"));
             continue;
         }
         for (i, (shape, dtype)) in cases(&t.target.id, class).into_iter().enumerate() {
-            let spec = RowSpec {
-                target: &t.target.id,
-                class,
-                shape,
-                dtype,
-            };
+            let spec = spec(shape, dtype);
             let jitter = t.unit(&[i.to_string().as_bytes()]);
             let (status, detail, speedup) = if t.self_test {
                 (Status::Passed, "self-test", 0.92 + 0.16 * jitter)
@@ -441,7 +434,7 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             content: content.as_deref(),
             composed_with_lower: lower,
             self_test: params.self_test,
-            output: Some(output_path(params).as_path()),
+            output: &output_path(params),
         }));
     }
     finish(params, rows)
@@ -570,9 +563,9 @@ mod tests {
             ]
         );
         let p = Path::new("gen/ind/standalone/L1_gelu/confirm-3/bench.json");
-        assert_eq!(confirm_index(Some(p)), 3);
-        assert_eq!(confirm_index(Some(Path::new("a/L1_gelu/bench.json"))), 0);
-        assert_eq!(invocation_nonce(Some(p)), "L1_gelu/confirm-3/bench.json");
+        assert_eq!(confirm_index(p), 3);
+        assert_eq!(confirm_index(Path::new("a/L1_gelu/bench.json")), 0);
+        assert_eq!(invocation_nonce(p), "L1_gelu/confirm-3/bench.json");
     }
 
     #[test]

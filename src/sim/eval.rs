@@ -79,14 +79,13 @@ fn from_yaml(text: &str) -> Vec<Scenario> {
 /// Every candidate `.py` file under the folder, with its content, sorted.
 fn candidates(dir: Option<&Path>) -> Vec<(String, String)> {
     let Some(dir) = dir else { return Vec::new() };
-    let mut out: Vec<(String, String)> = crate::digest::files_under(dir)
+    // `files_under` lists the paths sorted.
+    crate::digest::files_under(dir)
         .unwrap_or_default()
         .into_iter()
         .filter(|f| f.ends_with(".py"))
         .filter_map(|f| std::fs::read_to_string(dir.join(&f)).ok().map(|c| (f, c)))
-        .collect();
-    out.sort();
-    out
+        .collect()
 }
 
 fn report(p: &SimEvalParams, s: &Scenario, files: &[(String, String)]) -> Value {
@@ -97,17 +96,18 @@ fn report(p: &SimEvalParams, s: &Scenario, files: &[(String, String)]) -> Value 
         .flat_map(|(f, c)| [f.as_bytes(), c.as_bytes()].concat())
         .collect();
     let seed = p.seed.to_le_bytes();
+    // The candidate's speedup: 1.0 when the baseline is compared with itself.
+    let speedup = |spread: f64, what: &[u8]| {
+        let draw = unit(&[&seed, s.model.as_bytes(), &key, what]);
+        if compared { 0.97 + spread * draw } else { 1.0 }
+    };
     let mut throughput = Vec::new();
     for (i, workload) in ["LLM.mixed (simulated)", "LLM.long_context (simulated)"]
         .iter()
         .enumerate()
     {
         let base = 1500.0 + 3000.0 * unit(&[&seed, s.model.as_bytes(), &[i as u8]]);
-        let speedup = if compared {
-            0.97 + 0.25 * unit(&[&seed, s.model.as_bytes(), &key, &[i as u8]])
-        } else {
-            1.0
-        };
+        let speedup = speedup(0.25, &[i as u8]);
         let requests = 64u64;
         let tokens = requests * 128;
         let exact = if wrong { requests / 2 } else { requests };
@@ -124,11 +124,7 @@ fn report(p: &SimEvalParams, s: &Scenario, files: &[(String, String)]) -> Value 
         }));
     }
     let lat_base = 0.02 + 0.05 * unit(&[&seed, s.model.as_bytes(), b"latency"]);
-    let lat_speed = if compared {
-        0.97 + 0.2 * unit(&[&seed, s.model.as_bytes(), &key, b"latency"])
-    } else {
-        1.0
-    };
+    let lat_speed = speedup(0.2, b"latency");
     json!({
         "simulated": true,
         "model": s.model,

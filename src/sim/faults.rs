@@ -155,7 +155,7 @@ impl FaultPlan {
         if self.rate <= 0.0 {
             return None;
         }
-        let draw = unit(&[turn_id, &attempt.to_string()]);
+        let draw = super::bench::unit_of(&super::server::hash(&[turn_id, &attempt.to_string()]));
         if draw >= self.rate {
             return None;
         }
@@ -183,19 +183,6 @@ impl FaultPlan {
             ..self.log().report.clone()
         }
     }
-}
-
-/// A number in [0, 1) from the hash of `parts`.
-fn unit(parts: &[&str]) -> f64 {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update(p.as_bytes());
-        h.update([0]);
-    }
-    let bytes = h.finalize();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap_or_default());
-    (n >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -95,13 +95,18 @@ impl Drop for SimServer {
     }
 }
 
-fn digest(parts: &[&str]) -> String {
+/// sha256 of `parts`, each followed by a NUL.
+pub(crate) fn hash(parts: &[&str]) -> [u8; 32] {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
         h.update([0]);
     }
-    crate::digest::hex(&h.finalize())
+    h.finalize().into()
+}
+
+fn digest(parts: &[&str]) -> String {
+    crate::digest::hex(&hash(parts))
 }
 
 /// The opaque "encrypted" reasoning content the server issues for a reasoning item id.
@@ -189,10 +194,7 @@ async fn respond(
     let mut stream = sse_stream(&turn_id, &items, input_bytes);
     if matches!(fault, Some(Fault::CutStream | Fault::Stall)) {
         // Half way through: no `response.completed`.
-        let mut cut = stream.len() / 2;
-        while !stream.is_char_boundary(cut) {
-            cut -= 1;
-        }
+        let cut = crate::workspace::truncate::floor_char_boundary(&stream, stream.len() / 2);
         stream.truncate(cut);
     }
     if fault == Some(Fault::Stall) {

@@ -36,14 +36,12 @@ pub(crate) fn start(conn: &mut Connection, path: &Path) {
 }
 
 /// The checkpoint thread and the sender that wakes it.
-fn spawn(path: &Path) -> Result<SyncSender<()>, String> {
-    let own = Connection::open(path).map_err(|e| e.to_string())?;
-    own.busy_timeout(std::time::Duration::from_secs(10))
-        .map_err(|e| e.to_string())?;
+fn spawn(path: &Path) -> Result<SyncSender<()>, Box<dyn std::error::Error>> {
+    let own = Connection::open(path)?;
+    own.busy_timeout(std::time::Duration::from_secs(10))?;
     // A connection that has not read the database does not know it is in WAL mode, and its
     // checkpoints would do nothing.
-    own.pragma_update(None, "journal_mode", "WAL")
-        .map_err(|e| e.to_string())?;
+    own.pragma_update(None, "journal_mode", "WAL")?;
     // One pending request is enough: a checkpoint takes in whatever the WAL holds by then.
     let (ask, asked) = mpsc::sync_channel::<()>(1);
     let store = path.display().to_string();
@@ -55,8 +53,7 @@ fn spawn(path: &Path) -> Result<SyncSender<()>, String> {
                     tracing::warn!(store = %store, error = %e, "WAL checkpoint failed; the next request retries");
                 }
             }
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
     Ok(ask)
 }
 
