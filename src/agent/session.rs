@@ -189,13 +189,9 @@ pub(crate) fn finish(
     }
 }
 
-async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunError> {
-    let j = &s.journal;
-    let replay = history::replay(&j.events()?);
-    if let Some(end) = End::recorded_final(&replay) {
-        return Ok(end);
-    }
-    let mut history = start(s, &replay)?;
+/// Marks a session (re)started as running with the counters its recorded events give (both
+/// backends: after a crash the events, not the row, are the truth).
+pub(crate) fn show_replay(j: &SessionJournal, replay: &Replay) -> Result<(), RunError> {
     j.update("running", |p| {
         p.turns = replay.turns;
         p.tokens = replay.tokens;
@@ -203,7 +199,17 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
         p.gpu_s = replay.gpu_s;
         p.best_speedup = replay.best_speedup;
         p.last_event = replay.start_word().into();
-    })?;
+    })
+}
+
+async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunError> {
+    let j = &s.journal;
+    let replay = history::replay(&j.events()?);
+    if let Some(end) = End::recorded_final(&replay) {
+        return Ok(end);
+    }
+    let mut history = start(s, &replay)?;
+    show_replay(j, &replay)?;
     if let Some(end) = token_at_start(j, &s.llm).await? {
         return Ok(end);
     }
@@ -314,8 +320,8 @@ async fn turn_loop(
     }
 }
 
-/// The history compacted down to its newest `keep` tool outputs, recorded as `compacted`
-/// (`why`); `None` when there was nothing to shorten.
+/// The history with every tool output but the newest `keep` shortened (nothing is dropped),
+/// recorded as `compacted` (`why`); `None` when there was nothing to shorten.
 fn compact(
     j: &SessionJournal,
     history: &[Value],

@@ -62,7 +62,7 @@ impl Campaign {
 struct Parts {
     home: Home,
     runner: AgentRunnerParams,
-    /// What the run records of its provider and harness (host facts).
+    // What the run records of its provider and harness (host facts):
     provider: ProviderConfig,
     harness: Option<PreparedHarness>,
     /// The bench of the campaign's own scoring.

@@ -17,7 +17,7 @@ pub fn only_text(text: &str, report: &ScoreReport, only: Option<OnlyArg>) -> Str
     let mut out = String::new();
     let mut row_hidden = false;
     for line in text.lines() {
-        // A row's reason wrapped onto indented lines under it goes with the row.
+        // Lines indented under a row (its wrapped reason) keep that row's `row_hidden`.
         if stage.is_none() || !line.starts_with("    ") {
             if line.starts_with("standalone") {
                 stage = report.standalone.as_ref();

@@ -49,7 +49,7 @@ impl ControlClient {
             },
             None => send_err(e, what, &self.home, &socket),
         })?;
-        reply(resp, what, false).await
+        reply(resp, what, ClientError::Failed).await
     }
 
     pub async fn status(&self) -> Result<DaemonStatus, ControlError> {
@@ -107,17 +107,25 @@ pub(super) fn send_err(e: reqwest::Error, what: &str, home: &Path, socket: &Path
     }
 }
 
-/// The reply's JSON, or an error naming a failed status and its body. With `refusable`, a
-/// client error (4xx) is the daemon refusing bad input: [`ControlError::Refused`], with the
-/// body's `error` as the message.
+/// What a client error (4xx) of the daemon means to a caller.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum ClientError {
+    /// A failed request like any other.
+    Failed,
+    /// The daemon refusing bad input: [`ControlError::Refused`], with the body's `error` as the
+    /// message.
+    Refused,
+}
+
+/// The reply's JSON, or an error naming a failed status and its body (a 4xx as `on_4xx` says).
 pub(super) async fn reply<T: DeserializeOwned>(
     resp: reqwest::Response,
     what: &str,
-    refusable: bool,
+    on_4xx: ClientError,
 ) -> Result<T, ControlError> {
     let status = resp.status();
     let body = resp.text().await.map_err(|e| request_err(what, e))?;
-    if refusable && status.is_client_error() {
+    if on_4xx == ClientError::Refused && status.is_client_error() {
         let message = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v["error"].as_str().map(str::to_string))

@@ -23,7 +23,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::client::{http, no_daemon, reply, request_err, send_err};
+use super::client::{ClientError, http, no_daemon, reply, request_err, send_err};
 use super::{ControlError, ControlState};
 use crate::gpu::{
     Broker, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest, Snapshot,
@@ -84,7 +84,10 @@ fn no_broker() -> Response {
 }
 
 async fn gpus(State(state): State<ControlState>) -> Response {
-    (state.broker.as_ref()).map_or_else(no_broker, |b| Json(b.snapshot()).into_response())
+    state
+        .broker
+        .as_ref()
+        .map_or_else(no_broker, |b| Json(b.snapshot()).into_response())
 }
 
 async fn drain(State(state): State<ControlState>, Json(body): Json<DrainBody>) -> Response {
@@ -321,12 +324,17 @@ impl GpuClient {
         body: serde_json::Value,
     ) -> Result<Snapshot, ControlError> {
         let req = self.http.post(format!("http://fk-agentd/v1/gpus/{what}"));
-        reply(self.send(req.json(&body), what).await?, what, true).await
+        reply(
+            self.send(req.json(&body), what).await?,
+            what,
+            ClientError::Refused,
+        )
+        .await
     }
 
     pub async fn snapshot(&self) -> Result<Snapshot, ControlError> {
         let req = self.http.get("http://fk-agentd/v1/gpus");
-        reply(self.send(req, "gpus").await?, "gpus", true).await
+        reply(self.send(req, "gpus").await?, "gpus", ClientError::Refused).await
     }
 
     pub async fn drain(&self, gpu: &str, reason: Option<&str>) -> Result<Snapshot, ControlError> {

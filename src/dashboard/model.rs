@@ -28,7 +28,8 @@ fn seconds_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
     pub last_seq: i64,
-    /// Token counts summed over the run's turns (the cost is [`Tally::cost_usd`]).
+    /// Token counts summed over the run's turns (its `cost_usd` stays `None`: the cost is
+    /// [`Tally::cost_usd`]).
     pub tokens: TurnUsage,
     /// Sum of `usage.cost_usd` where turns recorded one (`None`: no turn was priced).
     pub cost_usd: Option<f64>,

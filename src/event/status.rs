@@ -204,6 +204,7 @@ mod tests {
         assert_eq!(unknown, RunOutcome::Fail);
         for o in [RunOutcome::Pass, RunOutcome::Fail, RunOutcome::Interrupted] {
             let v = serde_json::to_value(o).unwrap();
+            assert_eq!(v, o.word());
             assert_eq!(serde_json::from_value::<RunOutcome>(v).unwrap(), o);
             assert_eq!(RunState::from_word(o.state().as_str()), Some(o.state()));
         }

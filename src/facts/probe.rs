@@ -51,12 +51,14 @@ async fn probe_system(python: Vec<String>) -> Probed {
         ),
     };
     // A probe's version, or why it is absent.
-    let text = |p: &preflight::Probe| match p.found {
-        true => p.detail.clone(),
-        false if p.name == "nvcc" && p.detail.starts_with("not found") => {
+    let text = |p: &preflight::Probe| {
+        if p.found {
+            p.detail.clone()
+        } else if p.name == "nvcc" && p.detail.starts_with("not found") {
             "absent (nvcc not on PATH)".into()
+        } else {
+            format!("absent ({})", p.detail)
         }
-        false => format!("absent ({})", p.detail),
     };
     let cuda = pre.tools.iter().find(|t| t.name == "nvcc");
     let packages = STACK_PACKAGES

@@ -160,11 +160,8 @@ pub trait LeaseBackend: Send + Sync + 'static {
     /// True while any process of the job is alive (zombies do not count).
     fn alive(&self, job: &JobRef) -> bool;
     /// Kills processes tagged with a lease id that live outside any known job; returns their pids.
-    /// None where no process can leave its job (a Slurm step is all in slurmstepd's cgroup,
-    /// which `signal` reached).
-    fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
-        Vec::new()
-    }
+    /// Every backend says how (an empty list where no process can leave its job).
+    fn kill_tagged(&self, lease_id: &str) -> Vec<i32>;
     /// True when `pid` is one of the job's processes (its group, its cgroup or its tag).
     fn owns(&self, _job: &JobRef, _lease_id: &str, _pid: u32) -> bool {
         false
@@ -495,7 +492,8 @@ fn spawn(
 
 /// Gives `cmd` what every leased command gets: stdout and stderr to the lease's files (an error
 /// copying them names `argv0`), its own process group, and the daemon's environment less
-/// `env_remove`, plus `env` and the lease-id tag.
+/// `env_remove`, plus `env` and the lease-id tag. The cgroup `clone3` launch builds the same
+/// environment in `cgroup_spawn::environment`: a change to one is a change to both.
 pub(super) fn lease_command<'a>(
     cmd: &mut tokio::process::Command,
     spec: &LaunchSpec<'_>,

@@ -171,7 +171,8 @@ pub(crate) struct Inner {
     next_id: AtomicU64,
     /// Makes lease ids unique across brokers on one host (their lease-id tags must not meet).
     id_salt: u32,
-    pub next_pool: AtomicU64,
+    /// The next pool id (`pool` takes one per pool).
+    pub(super) next_pool: AtomicU64,
 }
 
 impl Drop for Inner {

@@ -156,7 +156,8 @@ pub fn launch_in(
     }
 }
 
-/// The child's environment as `NAME=value` strings.
+/// The child's environment as `NAME=value` strings: the same rule as `backend::lease_command`
+/// (the daemon's environment less `env_remove`, plus `env` and the lease-id tag).
 fn environment(spec: &LaunchSpec<'_>) -> io::Result<Vec<CString>> {
     let mut vars: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
     for k in spec.env_remove {

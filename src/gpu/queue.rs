@@ -147,8 +147,11 @@ impl Queue {
 
     /// Removes a waiter (cancelled, rejected); true when it was still waiting.
     pub fn withdraw(&mut self, lease_id: &str) -> bool {
-        let pos = self.waiting.iter().position(|w| w.lease_id == lease_id);
-        pos.map(|p| self.unqueue(p)).is_some()
+        let Some(pos) = self.waiting.iter().position(|w| w.lease_id == lease_id) else {
+            return false;
+        };
+        self.unqueue(pos);
+        true
     }
 
     /// Removes waiter `pos`, which then no longer counts as its session's.

@@ -132,6 +132,11 @@ impl LeaseBackend for SimBackend {
     fn alive(&self, job: &JobRef) -> bool {
         guard(&self.jobs).running.contains_key(&job.pgid)
     }
+
+    fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
+        // A simulated job has no process to leave it.
+        Vec::new()
+    }
 }
 
 #[cfg(test)]

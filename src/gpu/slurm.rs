@@ -443,6 +443,11 @@ impl LeaseBackend for SlurmBackend {
             .is_some_and(|c| self.listed(&c).unwrap_or(true))
     }
 
+    fn kill_tagged(&self, _lease_id: &str) -> Vec<i32> {
+        // A step's processes are all in slurmstepd's cgroup; `signal` reached them.
+        Vec::new()
+    }
+
     fn lost(&self, job: &JobRef) -> Option<String> {
         let holder = match job.cgroup.as_deref().and_then(Container::parse)? {
             Container::Step { holder, .. } => holder,

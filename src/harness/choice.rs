@@ -221,9 +221,8 @@ pub async fn prepare(
         prepare_cached(&checkout, &series, &dest)
     })
     .await
-    .map_err(|e| {
-        HarnessError::io("prepare the private copy")(std::io::Error::other(e.to_string()))
-    })?
+    .map_err(|e| std::io::Error::other(e.to_string()))
+    .map_err(HarnessError::io("prepare the private copy"))?
     .map_err(|e| match e {
         e @ (HarnessError::DoesNotApply { .. } | HarnessError::CheckFailed { .. }) => {
             HarnessError::PatchOption {

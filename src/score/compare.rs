@@ -239,9 +239,10 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
     let v: Value = serde_json::from_slice(&bytes).map_err(ScoreError::bad_result(&path))?;
     let manifest: Manifest =
         serde_json::from_value(v["final_set"]["manifest"].clone()).map_err(|_| {
-            ScoreError::bad_result(&path)(format!(
-                "no final set (scoring did not complete); score run {run_id} again"
-            ))
+            ScoreError::BadResult {
+                path: path.clone(),
+                why: format!("no final set (scoring did not complete); score run {run_id} again"),
+            }
         })?;
     let mut out = Outcome {
         simulated: v["simulated"].as_bool().unwrap_or(false),

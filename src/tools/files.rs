@@ -44,7 +44,8 @@ fn read_text(path: &Path, rel: &str) -> Result<String, ToolOutput> {
 }
 
 /// `read_file {path, offset?, limit?}`: lines `offset..offset+limit` (1-based), within the
-/// byte budget, with a header saying which lines these are.
+/// byte budget, with a header saying which lines these are. `Err` holds the error output the
+/// model reads (always `is_error`), so `?` can return it.
 pub fn read_file(
     ws: &Workspace,
     rel: &str,
@@ -106,7 +107,7 @@ fn write_nofollow(path: &Path, content: &str) -> std::io::Result<()> {
     file.write_all(content.as_bytes())
 }
 
-/// `write_file {path, content}`.
+/// `write_file {path, content}` (`Err`: the error output, as for [`read_file`]).
 pub fn write_file(
     ws: &Workspace,
     rel: &str,
@@ -199,7 +200,7 @@ impl Staged {
     }
 }
 
-/// `apply_patch {patch}`.
+/// `apply_patch {patch}` (`Err`: the error output, as for [`read_file`]).
 pub fn apply_patch(ws: &Workspace, text: &str) -> Result<ToolOutput, ToolOutput> {
     let ops = patch::parse(text)
         .map_err(|e| ToolOutput::error(format!("the patch was not applied: {e}")))?;

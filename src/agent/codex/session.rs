@@ -23,7 +23,7 @@ use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
-use crate::agent::session::{End, NO_FINISH, token_at_start};
+use crate::agent::session::{End, NO_FINISH, show_replay, token_at_start};
 use crate::agent::{Opened, failed_to_start, open_session};
 use crate::event::{
     CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionResumed, SessionStarted,
@@ -165,11 +165,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             nudge: None,
         })?;
     }
-    j.update("running", |p| {
-        p.turns = before.replay.turns;
-        p.tokens = before.replay.tokens;
-        p.last_event = before.replay.start_word().into();
-    })?;
+    show_replay(j, &before.replay)?;
     let llm = &inner.agent.llm;
     // The token is read again before every session (and every resume of one).
     if let Some(end) = token_at_start(j, llm).await? {
