@@ -37,6 +37,7 @@
 //! | [`exit`]      | the exit codes of the contract (a leaf: imports nothing of the crate)    |
 //! | [`digest`]    | sha256 as hex, of bytes and of a folder's tree (a leaf)                 |
 //! | [`words`]     | `words!`: the one table of an enum's words (`as_str`, `from_word`, `Display`; a leaf) |
+//! | [`sync`]      | `guard`: a mutex lock that goes on past poisoning (a leaf)                |
 //!
 //! Invariants that cross modules: an event is stored before it is shown; the provider token is
 //! never written anywhere; a bench's exit code is not its verdict; every simulated output says
@@ -69,6 +70,7 @@ pub mod score;
 pub mod screen;
 pub mod sim;
 pub mod store;
+pub mod sync;
 pub mod target;
 pub mod tls;
 pub mod tools;

@@ -219,19 +219,21 @@ fn verdict_colour(v: &Verdict) -> &'static str {
 
 /// Colours the VERDICT cell of a rendered row (found by its position, padding untouched).
 fn paint_column(line: &str, header: &[&str], colour: Option<&'static str>, on: bool) -> String {
-    let painted = || {
-        let colour = colour.filter(|_| on)?;
-        let col = header.iter().position(|h| *h == "VERDICT")?;
-        // Columns are separated by two or more spaces; the VERDICT cell is the third run of text.
-        let starts = cell_starts(line);
-        let from = *starts.get(col)?;
-        let end = starts.get(col + 1).copied().unwrap_or(line.len());
-        let (before, cell, after) = (&line[..from], &line[from..end], &line[end..]);
-        let text = cell.trim_end();
-        let pad = &cell[text.len()..];
-        Some(format!("{before}\x1b[{colour}m{text}\x1b[0m{pad}{after}"))
-    };
-    painted().unwrap_or_else(|| line.to_string())
+    painted_cell(line, header, colour.filter(|_| on)).unwrap_or_else(|| line.to_string())
+}
+
+/// The row with its VERDICT cell in `colour`; `None` when there is none to paint.
+fn painted_cell(line: &str, header: &[&str], colour: Option<&'static str>) -> Option<String> {
+    let colour = colour?;
+    let col = header.iter().position(|h| *h == "VERDICT")?;
+    // Columns are separated by two or more spaces; the VERDICT cell is the third run of text.
+    let starts = cell_starts(line);
+    let from = *starts.get(col)?;
+    let end = starts.get(col + 1).copied().unwrap_or(line.len());
+    let (before, cell, after) = (&line[..from], &line[from..end], &line[end..]);
+    let text = cell.trim_end();
+    let pad = &cell[text.len()..];
+    Some(format!("{before}\x1b[{colour}m{text}\x1b[0m{pad}{after}"))
 }
 
 /// Where each cell of a rendered row starts (after a run of two or more spaces), in bytes:

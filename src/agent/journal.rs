@@ -11,10 +11,10 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use crate::event::{Elapsed, SessionResult, Speedup};
-use crate::gpu::guard;
 use crate::run::{RunError, RunJournal};
 use crate::scheduler::set_state;
 use crate::store::Event;
+use crate::sync::guard;
 use crate::target::TargetId;
 
 /// Counters shown in the `sessions` table.

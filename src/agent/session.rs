@@ -1,6 +1,6 @@
 //! The turn loop of one session: send the full history, record every output item, run the
-//! function calls in order, answer each with its output, and end on `finish`, the turn or
-//! token budget, a fatal provider error, or cancellation — each with its reason recorded.
+//! function calls in order, answer each with its output, and end on `finish`, the turn
+//! budget, a fatal provider error, or cancellation — each with its reason recorded.
 //!
 //! Invariants: a tool call is recorded as started before it runs and as finished after, so a
 //! resumed session never runs a call twice; an infrastructure failure of a tool is retried and
@@ -320,7 +320,8 @@ async fn turn_loop(
     }
 }
 
-/// The history with every tool output but the newest `keep` shortened (nothing is dropped),
+/// The history with every tool output over 200 bytes but the newest `keep` shortened (nothing
+/// is dropped),
 /// recorded as `compacted` (`why`); `None` when there was nothing to shorten.
 fn compact(
     j: &SessionJournal,

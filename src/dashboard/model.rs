@@ -12,12 +12,12 @@ use time::OffsetDateTime;
 
 use super::DashboardState;
 use crate::event::{RunStarted, TurnFinished, TurnUsage};
-use crate::gpu::guard;
 pub use crate::inspect::parse_at;
 use crate::inspect::{Outcome, Verdict};
 use crate::store::drains::DrainRow;
 use crate::store::leases::LeaseRow;
 use crate::store::{Event, RunRow, SessionRow, StoreError};
+use crate::sync::guard;
 
 fn seconds_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
     (b - a).as_seconds_f64().max(0.0)

@@ -140,6 +140,8 @@ crate::words!(RunOutcome {
 });
 
 impl RunOutcome {
+    /// The recorded word (`PASS`, …). Read back, serde takes a word this release does not know
+    /// as `Fail`; `from_word` gives `None` for it.
     pub fn word(self) -> &'static str {
         self.as_str()
     }

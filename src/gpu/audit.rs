@@ -36,14 +36,17 @@ impl Broker {
         let inner = &self.inner;
         let fresh_for = inner.params.sample_every / 2;
         // Held across the pass on purpose: concurrent samplers wait for one pass, not make many.
-        let mut cache = super::guard(&inner.samples);
+        let mut cache = crate::sync::guard(&inner.samples);
         if let Some((at, sample)) = cache.as_ref()
             && at.elapsed() < fresh_for
         {
             return sample.clone();
         }
         let sample: GpuProcesses = Arc::new(
-            (inner.inventory.gpus.iter())
+            inner
+                .inventory
+                .gpus
+                .iter()
                 .map(|g| {
                     let procs = inner.inventory.monitor.processes(&g.uuid);
                     (g.uuid.clone(), procs.unwrap_or_default())

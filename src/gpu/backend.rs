@@ -32,9 +32,9 @@ use rustix::process::{Pid, Signal};
 
 use super::cgroup::{self, Cgroups};
 use super::cgroup_spawn;
-use super::guard;
 use super::procfs;
 use super::types::{Containment, LeaseError};
+use crate::sync::guard;
 
 /// The environment variable that tags every process of a lease.
 pub const LEASE_ID_ENV: &str = "FK_AGENTD_LEASE_ID";
@@ -263,9 +263,11 @@ impl LocalBackend {
             return Self::default();
         };
         // Without the trampoline's shell a cgroup lease could not start.
-        let cgroups = (Path::new(SHELL).is_file())
-            .then(|| Cgroups::choose(root, scope, cgroup_spawn::enters_directly))
-            .flatten();
+        let cgroups = if Path::new(SHELL).is_file() {
+            Cgroups::choose(root, scope, cgroup_spawn::enters_directly)
+        } else {
+            None
+        };
         match &cgroups {
             Some(c) => tracing::info!(
                 containment = ?c.kind(),

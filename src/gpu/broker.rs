@@ -171,7 +171,7 @@ pub(crate) struct Inner {
     next_id: AtomicU64,
     /// Makes lease ids unique across brokers on one host (their lease-id tags must not meet).
     id_salt: u32,
-    /// The next pool id (`pool` takes one per pool).
+    /// The next pool id ([`Broker::drain_pool`] takes one per claim).
     pub(super) next_pool: AtomicU64,
 }
 
@@ -287,7 +287,7 @@ impl Broker {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        super::guard(&self.inner.state)
+        crate::sync::guard(&self.inner.state)
     }
 
     pub(crate) fn new_lease_id(&self) -> String {

@@ -308,13 +308,13 @@ mod imp {
     impl Stack {
         /// A free stack from the pool, else a new mapping.
         fn take() -> io::Result<Self> {
-            let kept = crate::gpu::guard(&STACKS).pop();
+            let kept = crate::sync::guard(&STACKS).pop();
             kept.map_or_else(Self::map, Ok)
         }
 
         /// Puts a stack whose child has exec'd or exited back in the pool.
         fn give_back(self) {
-            let mut free = crate::gpu::guard(&STACKS);
+            let mut free = crate::sync::guard(&STACKS);
             if free.len() < KEPT_STACKS {
                 free.push(self);
             }

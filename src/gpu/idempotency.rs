@@ -62,8 +62,18 @@ pub(crate) async fn await_twin(
     mut rx: watch::Receiver<Option<LeaseOutcome>>,
     cancel: &CancellationToken,
 ) -> Result<Option<LeaseOutcome>, LeaseError> {
-    tokio::select! {
-        published = rx.wait_for(Option::is_some) => Ok(published.ok().and_then(|o| o.clone())),
-        _ = cancel.cancelled() => Err(LeaseError::Cancelled),
+    // The published outcome first: a request cancelled once its twin has ended still gets it.
+    loop {
+        if let Some(o) = rx.borrow_and_update().clone() {
+            return Ok(Some(o));
+        }
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return Ok(rx.borrow().clone());
+                }
+            }
+            _ = cancel.cancelled() => return Err(LeaseError::Cancelled),
+        }
     }
 }

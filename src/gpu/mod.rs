@@ -44,12 +44,6 @@ pub mod slurm;
 mod token;
 mod types;
 
-/// Locks `m`, going on past a poisoned lock: every value guarded in the broker changes by
-/// whole-entry inserts and removes or a few field writes, which a panic cannot leave half-done.
-pub(crate) fn guard<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Sends `sig` to process `pid`; true when it was sent.
 pub(crate) fn kill(pid: i32, sig: rustix::process::Signal) -> bool {
     rustix::process::Pid::from_raw(pid)

@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::{ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend};
-use super::guard;
 use super::types::{Containment, LeaseError};
+use crate::sync::guard;
 
 /// The first word of every simulated job's argv.
 pub const SIM_ARGV0: &str = "sim-gpu-work";

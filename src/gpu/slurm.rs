@@ -42,11 +42,11 @@ use std::sync::{Arc, Mutex};
 use super::backend::{
     ExitInfo, JobRef, LaunchSpec, Launched, LeaseBackend, RecordedEnd, lease_command,
 };
-use super::guard;
 use super::procfs;
 use super::types::{Containment, LeaseError};
 use crate::config::{Config, SlurmConfig, SlurmMode};
 use crate::store::Store;
+use crate::sync::guard;
 
 pub use cli::SlurmCli;
 pub use hold::{StartParams, describe, start};

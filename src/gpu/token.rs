@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use rand::RngCore;
 use secrecy::{ExposeSecret, SecretString};
 
-use super::guard;
 use crate::digest::sha256_hex;
+use crate::sync::guard;
 
 /// A session's lease token. Its `Debug` does not show the value.
 #[derive(Clone)]

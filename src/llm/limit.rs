@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::WaitReason;
 use crate::config::provider::Limits;
-use crate::gpu::guard;
+use crate::sync::guard;
 
 /// Bytes of request body per estimated token.
 const BYTES_PER_TOKEN: usize = 4;

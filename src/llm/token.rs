@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::LlmError;
 use crate::config::provider::TokenSource;
-use crate::gpu::guard;
+use crate::sync::guard;
 
 /// How long a token command may run.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);

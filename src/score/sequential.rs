@@ -275,8 +275,11 @@ pub async fn gate_level<L: BenchLauncher>(
         .iter()
         .map(|t| {
             decisions.remove(t).unwrap_or_else(|| Decision {
+                target: t.clone(),
+                winner: false,
+                published: false,
+                geomean: None,
                 reason: Some("no candidate: the session wrote none".into()),
-                ..Decision::of(&TargetVerdict::no_result(t.clone(), ""))
             })
         })
         .collect();

@@ -97,7 +97,7 @@ fn report(p: &SimEvalParams, s: &Scenario, files: &[(String, String)]) -> Value 
         .collect();
     let seed = p.seed.to_le_bytes();
     // The candidate's speedup: 1.0 when the baseline is compared with itself.
-    let speedup = |spread: f64, what: &[u8]| {
+    let speedup_of = |spread: f64, what: &[u8]| {
         let draw = unit(&[&seed, s.model.as_bytes(), &key, what]);
         if compared { 0.97 + spread * draw } else { 1.0 }
     };
@@ -107,7 +107,7 @@ fn report(p: &SimEvalParams, s: &Scenario, files: &[(String, String)]) -> Value 
         .enumerate()
     {
         let base = 1500.0 + 3000.0 * unit(&[&seed, s.model.as_bytes(), &[i as u8]]);
-        let speedup = speedup(0.25, &[i as u8]);
+        let speedup = speedup_of(0.25, &[i as u8]);
         let requests = 64u64;
         let tokens = requests * 128;
         let exact = if wrong { requests / 2 } else { requests };
@@ -124,7 +124,7 @@ fn report(p: &SimEvalParams, s: &Scenario, files: &[(String, String)]) -> Value 
         }));
     }
     let lat_base = 0.02 + 0.05 * unit(&[&seed, s.model.as_bytes(), b"latency"]);
-    let lat_speed = speedup(0.2, b"latency");
+    let lat_speed = speedup_of(0.2, b"latency");
     json!({
         "simulated": true,
         "model": s.model,

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 
-use crate::gpu::guard;
+use crate::sync::guard;
 use crate::workspace::exec::kill_group;
 use crate::workspace::truncate::ceil_char_boundary;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines};

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use super::endpoint::{ToolHandler, ToolReply};
 use crate::agent::journal::SessionJournal;
 use crate::agent::session::{CallEnd, ToolCalls, call_with_retries};
-use crate::gpu::guard;
 use crate::llm::{FunctionCall, LlmClient};
 use crate::scheduler::SessionSlot;
+use crate::sync::guard;
 use crate::tools::Toolbox;
 
 /// The tools a codex session reaches through `fk-agentd tool`.

@@ -52,7 +52,8 @@ fn minutes(d: Duration) -> u64 {
 /// named node (`<prefix>-<node>`), or a count of any nodes (`<prefix>-any`).
 fn holder_groups<'a>(prefix: &str, cfg: &'a SlurmConfig) -> Vec<(String, Option<&'a str>, u32)> {
     match &cfg.nodes {
-        SlurmNodes::Names(names) => (names.iter())
+        SlurmNodes::Names(names) => names
+            .iter()
             .map(|n| (format!("{prefix}-{n}"), Some(n.as_str()), 1))
             .collect(),
         SlurmNodes::Count(c) => vec![(format!("{prefix}-any"), None, *c)],
@@ -461,6 +462,6 @@ pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String),
             "accounting: off ({e}): a step that ends while the daemon is down is closed with its result unknown"
         ),
     };
-    let wanted: usize = groups.iter().map(|(.., nodes)| *nodes as usize).sum();
-    Ok((wanted * slurm.gpus_per_node as usize, out))
+    let wanted_nodes: usize = groups.iter().map(|(.., count)| *count as usize).sum();
+    Ok((wanted_nodes * slurm.gpus_per_node as usize, out))
 }
