@@ -307,11 +307,44 @@ async fn a_401_ends_the_codex_process_and_the_session_resumes_with_the_token_rea
         end.payload
     );
 
+    // A validation the session had recorded before it failed (a lease of 2.5 GPU seconds at
+    // 1.25×): the resumed session's row counts it, as the native backend's does.
+    let store = fk_agentd::store::Store::open(&home.path().join("fk-agentd.db")).unwrap();
+    let journal = fk_agentd::run::RunJournal::open(&store, home.path(), &first.run_id).unwrap();
+    let earlier = fk_agentd::event::Validation {
+        n: 1,
+        winner: true,
+        geomean: Some(1.25),
+        reason: None,
+        rows: 3,
+        skipped: 0,
+        failing: Some(Vec::new()),
+        gpu_s: 2.5,
+        candidate_sha256: None,
+    };
+    journal.record_event(Some("L1/gelu"), &earlier).unwrap();
+    drop((journal, store));
+
     std::fs::write(&token_file, format!("{SIM_TOKEN}\n")).unwrap();
     let second = run(cfg, Some(first.run_id.clone())).await;
     server.shutdown().await;
     assert_eq!(second.status, "PASS", "{second:?}");
     let events = events_of(home.path(), "L1/gelu");
+    let validations = events.iter().filter(|e| e.kind == "validation").count();
+    let out = fk(home.path())
+        .args(["sessions", "--run", &first.run_id, "--json"])
+        .output()
+        .unwrap();
+    let row = &json_of(&out.stdout)["sessions"][0]["detail"];
+    assert_eq!(
+        (
+            row["leases"].as_u64(),
+            row["gpu_s"].as_f64().unwrap() >= 2.5
+        ),
+        (Some(validations as u64), true),
+        "the row counts the validation recorded before the resume: {row}"
+    );
+    assert!(row["best_speedup"].as_f64().unwrap() >= 1.25, "{row}");
     let reloads = events.iter().filter(|e| e.kind == "token_reloaded").count();
     assert_eq!(
         reloads, 2,
