@@ -14,9 +14,11 @@
 //! Cost is reported as mean benches per candidate on a campaign where 20 % of candidates pass
 //! the first bench: 0.8 × (mean benches of a candidate that lost the first bench) + 0.2 ×
 //! (mean benches of a candidate that passed it), both pooled over the 1.00×, 1.05× and 1.10×
-//! populations; `worst` takes the passers from the costliest population alone. The last column
-//! is the same campaign when the losers are really 0.5× (their validate was as slow, so none
-//! is re-benched). The fitted model comes first, then two variations of
+//! populations; `worst` takes the passers from the costliest population alone. Identical
+//! copies pass the first bench half the time, so the last column is a campaign in which 20 %
+//! really pass: the three populations in equal shares, as many as make 20 % pass, and really
+//! slow losers (0.5×: their validate was as slow, so none is re-benched) for the rest. The
+//! fitted model comes first, then two variations of
 //! it that show how much the figures lean on the fit: the plain spread of the H200 benches
 //! (0.070 instead of the robust 0.051), and outliers at 1 % of benches instead of 5 %. The
 //! `+ re-bench losers within N %` rows are not a gate `score` offers: they show what keeping
@@ -190,6 +192,10 @@ struct Row {
     per_passer_worst: f64,
     per_loser: f64,
     per_real_loser: f64,
+    /// Mean benches of a 1.00×/1.05×/1.10× candidate that lost the first bench, pooled.
+    per_contender_loser: f64,
+    /// Share of the pooled 1.00×/1.05×/1.10× candidates that passed the first bench.
+    contender_pass_rate: f64,
 }
 
 impl Row {
@@ -197,9 +203,15 @@ impl Row {
         0.8 * self.per_loser + 0.2 * self.per_passer
     }
 
-    /// The same campaign when its losers are really slow (0.5×) rather than identical copies.
-    fn campaign_of_real_losers(&self) -> f64 {
-        0.8 * self.per_real_loser + 0.2 * self.per_passer
+    /// A campaign in which exactly 20 % of candidates pass the first bench: the three
+    /// populations in equal shares (share c, with c × their pass rate = 20 %) and really slow
+    /// losers (0.5×) for the rest. Identical copies alone pass half the time, so a campaign of
+    /// them cannot be one where 80 % lose; this is the reading that can.
+    fn campaign_consistent(&self) -> f64 {
+        let c = (0.2 / self.contender_pass_rate).min(1.0);
+        0.2 * self.per_passer
+            + (c - 0.2) * self.per_contender_loser
+            + (1.0 - c) * self.per_real_loser
     }
 
     fn measure(noise: &NoiseModel, gate: &Gate) -> Self {
@@ -223,6 +235,8 @@ impl Row {
                 .fold(1.0, f64::max),
             per_loser: t[0].benches_of_losers as f64 / t[0].losers.max(1) as f64,
             per_real_loser: real_loser.benches_of_losers as f64 / real_loser.losers.max(1) as f64,
+            per_contender_loser: sum(|x| x.benches_of_losers) / sum(|x| x.losers).max(1.0),
+            contender_pass_rate: sum(|x| x.passers) / (3 * PER_POPULATION) as f64,
         }
     }
 }
@@ -235,7 +249,7 @@ fn table(title: &str, noise: &NoiseModel) -> Option<Row> {
         noise.slow_share * 100.0
     );
     println!(
-        "{:<32} {:>13} {:>11} {:>11} {:>16} {:>14} {:>17} {:>15}",
+        "{:<32} {:>13} {:>11} {:>11} {:>16} {:>14} {:>17} {:>18}",
         "gate",
         "false winners",
         "wins @1.05×",
@@ -243,7 +257,7 @@ fn table(title: &str, noise: &NoiseModel) -> Option<Row> {
         "benches/passer",
         "benches/loser",
         "benches/candidate",
-        "losers at 0.5×"
+        "20 %-pass campaign"
     );
     let default = format!(
         "confirmed (--confirm {}, default)",
@@ -253,7 +267,7 @@ fn table(title: &str, noise: &NoiseModel) -> Option<Row> {
     for (name, gate) in &gates() {
         let r = Row::measure(noise, gate);
         println!(
-            "{:<32} {:>11.1} % {:>9.1} % {:>9.1} % {:>16} {:>14.2} {:>17} {:>15.2}",
+            "{:<32} {:>11.1} % {:>9.1} % {:>9.1} % {:>16} {:>14.2} {:>17} {:>18.2}",
             name,
             r.false_winners,
             r.wins_105,
@@ -265,7 +279,7 @@ fn table(title: &str, noise: &NoiseModel) -> Option<Row> {
                 r.campaign(),
                 0.8 * r.per_loser + 0.2 * r.per_passer_worst
             ),
-            r.campaign_of_real_losers(),
+            r.campaign_consistent(),
         );
         if *name == default {
             default_row = Some(r);
@@ -276,8 +290,9 @@ fn table(title: &str, noise: &NoiseModel) -> Option<Row> {
 
 /// The goals for the default confirmed gate, each met or not, with why.
 fn goals(r: &Row) {
-    let why_110 = "under this noise the published one-shot gate itself keeps only ~92.5 % of 1.10x candidates (3 % lose the first bench to ordinary noise, 4 % to a slow wild bench); the confirmed gate rescues the wild ones (when the candidate's validate passed) but ends every ordinary near-miss after one bench. Re-benching near-misses gains ~2 points (the `+ re-bench losers within 2 %` row; 95 % also needs beta = 0.01) for ~0.5 more bench per loser: with identical candidates as the losers, no rule of this family met all three goals in a sweep of alpha (0.04-0.08), beta (0.01-0.04), worth (1.08-1.12), rescue depth (3-4 spreads), near-miss band (0-2 %) and --confirm (3-4)";
-    let why_cost = "an SPRT between 1.00x and 1.10x at these error rates needs ~2.5 fresh benches per passer (more at 1.05x, the midpoint), which alone is 0.2 x 3.5 = 0.7 of the 1.5; the wild-bench rescue adds ~0.09 per identical loser (a second bench when the validate passed, and confirmation when that bench passes). With really slow losers (the last column) the same campaign costs about 1.5";
+    let why_110 = "under this noise the published one-shot gate itself keeps only ~92.5 % of 1.10x candidates (3 % lose the first bench to ordinary noise, 4 % to a slow wild bench); the confirmed gate rescues the wild ones (when the candidate's validate passed) but ends every ordinary near-miss after one bench. Of the 1.10x candidates that pass, no stopping rule with at most 4 more benches confirms more than ~98.4 % while it keeps false winners at 2 % (a dynamic-programming search over the model's Gaussian part, outliers left out, which only make it harder), so 95 % needs the near-misses re-benched: ~2 points (the `+ re-bench losers within 2 %` row; 95 % also needs beta = 0.01) for ~0.5 more bench per loser";
+    let why_cost = "an SPRT between 1.00x and 1.10x at these error rates needs ~2.5 fresh benches per passer (more at 1.05x, the midpoint), which alone is 0.2 x 3.5 = 0.7 of the 1.5; the wild-bench rescue adds ~0.09 per identical loser (a second bench when the validate passed, and confirmation when that bench passes). Identical copies pass the first bench half the time, though, so a campaign of them is not one where 80 % lose: the next line is the campaign that is";
+    let why_consistent = "the contenders' passers cost 0.2 x 3.5 = 0.7 and the contenders that lose the first bench are rescued more often than copies; in the table, --confirm 3 gets under 1.5 only by keeping 89 % at 1.10x and the near-miss rows reach 94.5 % at 1.55 or more. A sweep of alpha (0.04-0.06), beta (0.01-0.02) and the near-miss band (0-2 %) found no variant at <= 2 % false winners that is both >= 95 % at 1.10x and <= 1.5 here";
     let checks = [
         (
             "≤ 2 % false winners",
@@ -298,10 +313,10 @@ fn goals(r: &Row) {
             why_cost,
         ),
         (
-            "  the same, losers really 0.5×",
-            r.campaign_of_real_losers() <= 1.5,
-            format!("{:.2}", r.campaign_of_real_losers()),
-            "",
+            "  a campaign where 20 % pass",
+            r.campaign_consistent() <= 1.5,
+            format!("{:.2}", r.campaign_consistent()),
+            why_consistent,
         ),
     ];
     println!("\ngoals of the default confirmed gate under the fitted model:");

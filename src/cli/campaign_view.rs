@@ -24,19 +24,25 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     println!("status    {}", r.status);
     // The sessions' ends and their candidates' verdicts, as recorded; the status words only
     // when the store cannot be read.
-    match super::session::outcome_line(&home, &r.run_id) {
-        Some(line) => println!("outcome   {line}"),
+    let tally = super::session::outcome_tally(&home, &r.run_id);
+    match &tally {
+        Some(t) => println!("outcome   {}", t.line()),
         None => {
             let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
             println!("sessions  {}", counts.join(", "));
         }
     }
+    let mut winners = tally.map_or(0, |t| t.winners);
     println!("run dir   {}", r.run_dir.display());
     if let Some(pair) = &r.pair {
         println!("pair      {pair} (the other half of this --mode all campaign)");
-        if let Some(line) = super::session::outcome_line(&home, pair) {
-            println!("          its outcome: {line}");
+        if let Some(t) = super::session::outcome_tally(&home, pair) {
+            println!("          its outcome: {}", t.line());
+            winners += t.winners;
         }
+    }
+    if winners > 0 {
+        println!("          {}", winners_caveat(global, r, &home));
     }
     for note in &r.notes {
         println!("          {note}");
@@ -58,6 +64,24 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
             invocation(global),
             r.run_id
         );
+    }
+}
+
+/// What a session's "winner" means: one validate bench that passed the published gate, which
+/// noise alone passes often. Scoring confirms it; a `--mode all` or sequential campaign scored
+/// already (its results follow), an independent one points at `score`.
+fn winners_caveat(global: &GlobalArgs, r: &CampaignReport, home: &Path) -> String {
+    let scored = r.pair.is_some()
+        || super::session::run_row(home, &r.run_id).is_some_and(|row| row.mode != "independent");
+    let what = "winners above passed one validate bench each (unconfirmed)";
+    if scored {
+        format!("{what}; the scored results below say which held up")
+    } else {
+        format!(
+            "{what}: `{} score --run {}` confirms them",
+            invocation(global),
+            r.run_id
+        )
     }
 }
 

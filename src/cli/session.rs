@@ -68,10 +68,16 @@ pub(super) fn run_row(home: &Path, run_id: &str) -> Option<RunRow> {
 /// `6 sessions finished, 0 winners (…)` for a run, from its recorded events; `None` when the
 /// store cannot be read.
 pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {
+    outcome_tally(home, run_id).map(|t| t.line())
+}
+
+/// The sessions' ends and verdicts of a run, from its recorded events; `None` when the store
+/// cannot be read.
+pub(super) fn outcome_tally(home: &Path, run_id: &str) -> Option<inspect::OutcomeTally> {
     let store = open_viewer_store(home).ok()?;
     let events = store.events(run_id, None, 0).ok()?;
     let outcomes = inspect::outcomes(&events);
-    Some(inspect::OutcomeTally::of(outcomes.values()).line())
+    Some(inspect::OutcomeTally::of(outcomes.values()))
 }
 
 /// `session TARGET` in all its forms.

@@ -327,8 +327,9 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
     };
     ind.record_event(None, &scored)?;
     Ok(format!(
-        "independent results {} (ind/, comp/)",
-        report.generation.display()
+        "independent results {} (ind/, comp/): {}",
+        report.generation.display(),
+        report.headline()
     ))
 }
 

@@ -82,6 +82,31 @@ pub struct ScoreReport {
     pub incomplete: Vec<String>,
 }
 
+impl ScoreReport {
+    /// What scoring kept, in a line: `33 confirmed winners of 37 published, final set 30
+    /// kernels` (the published gate's count beside the confirmed one; the final set only when
+    /// scoring completed).
+    pub fn headline(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(s) = &self.standalone {
+            let won = s.gate.winner_count();
+            let published = s.gate.verdicts.iter().filter(|v| v.published).count();
+            let w = if won == 1 { "winner" } else { "winners" };
+            parts.push(match s.gate.gate.kind {
+                GateKind::Confirmed => format!("{won} confirmed {w} of {published} published"),
+                GateKind::Published => format!("{won} {w} (published gate, one bench)"),
+                GateKind::LowerBound => {
+                    format!("{won} {w} (interval over {} benches)", self.repeats)
+                }
+            });
+        }
+        if let Some(f) = &self.final_set {
+            parts.push(format!("final set {} kernels", f.manifest.kernels.len()));
+        }
+        parts.join(", ")
+    }
+}
+
 /// A mix bench (every candidate of `levels` in `candidates`, benched together) and its gate.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MixOutcome {

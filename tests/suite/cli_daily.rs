@@ -395,6 +395,19 @@ fn start_summary_shows_the_spending_and_hints_that_repeat_the_home() {
     assert!(next.contains("compare --run"), "{next}");
     let spent = text.lines().find(|l| l.starts_with("spent")).unwrap();
     assert!(spent.contains("tokens (cost unknown"), "{spent}");
+    // The sessions' winners are one-shot; the scored half says how many held up.
+    assert!(
+        text.contains("winners above passed one validate bench each (unconfirmed); the scored results below say which held up"),
+        "{text}"
+    );
+    let scored = text
+        .lines()
+        .find(|l| l.contains("independent results"))
+        .expect("an independent results line");
+    assert!(
+        scored.contains(": 1 confirmed winner of 1 published, final set 1 kernels"),
+        "{scored}"
+    );
 }
 
 #[test]

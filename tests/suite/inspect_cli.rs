@@ -20,6 +20,15 @@ fn campaign() -> tempfile::TempDir {
         "{start}"
     );
     assert!(!start.contains("PASS 2"), "{start}");
+    // One validate bench each: the summary says so and how to confirm them.
+    let caveat = start
+        .lines()
+        .find(|l| l.contains("winners above"))
+        .unwrap_or_else(|| panic!("no caveat in:\n{start}"));
+    assert!(
+        caveat.contains("passed one validate bench each (unconfirmed): `fk-agentd score --run 20"),
+        "{caveat}"
+    );
     home
 }
 
