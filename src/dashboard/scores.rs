@@ -20,11 +20,16 @@ use crate::store::RunRow;
 struct Row {
     target: String,
     winner: bool,
+    /// The published gate's verdict on the first bench, under the confirmed gate only.
+    published: Option<bool>,
+    /// The confirmation's benches (`1.014× 0.982× 0.25× (outlier)`), when it ran.
+    benches: String,
     geomean: Option<f64>,
     reason: String,
 }
 
 fn rows_of(stage: &Value) -> Vec<Row> {
+    let confirmed = stage["gate"]["gate"]["kind"].as_str() == Some("confirmed");
     stage["gate"]["verdicts"]
         .as_array()
         .into_iter()
@@ -32,40 +37,82 @@ fn rows_of(stage: &Value) -> Vec<Row> {
         .map(|v| Row {
             target: v["target"].as_str().unwrap_or_default().to_string(),
             winner: v["winner"].as_bool().unwrap_or(false),
+            published: v["published"].as_bool().filter(|_| confirmed),
+            benches: benches_of(&v["confirmation"]),
             geomean: v["geomean"].as_f64(),
             reason: v["reason"].as_str().unwrap_or_default().to_string(),
         })
         .collect()
 }
 
+/// A confirmation's benches in order, each outlier named; empty without a confirmation.
+fn benches_of(c: &Value) -> String {
+    let outliers: Vec<u64> = c["outliers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_u64)
+        .collect();
+    c["benches"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, g)| {
+            let g = g.as_f64()?;
+            let wild = outliers.contains(&(i as u64));
+            Some(format!("{g:.3}×{}", if wild { " (outlier)" } else { "" }))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn speed(g: Option<f64>) -> String {
     g.map_or("—".into(), |g| format!("{g:.3}×"))
 }
 
+/// A stage's verdicts by level, then target by target. Under the confirmed gate both verdicts
+/// show: the published gate's on the first bench and the confirmed one, with the
+/// confirmation's benches and their outliers.
 fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
-    let mut levels: BTreeMap<String, (usize, Vec<f64>)> = BTreeMap::new();
+    let mut levels: BTreeMap<String, (usize, usize, Vec<f64>)> = BTreeMap::new();
     for r in rows {
         let level = r.target.split('/').next().unwrap_or("?");
         let e = levels.entry(level.to_string()).or_default();
         e.0 += 1;
+        e.1 += usize::from(r.published == Some(true));
         if r.winner {
-            e.1.extend(r.geomean);
+            e.2.extend(r.geomean);
         }
     }
+    let both = rows.iter().any(|r| r.published.is_some());
+    let verdict = if both { "confirmed" } else { "verdict" };
     html! {
         h2 { (name) }
         table.small id=(format!("{id}-levels")) {
-            thead { tr { th { "level" } th { "targets" } th { "winners" } th { "geomean of winners" } } }
-            tbody { @for (l, (n, w)) in &levels { tr { td { (l) } td.num { (n) } td.num { (w.len()) } td.num { (speed((!w.is_empty()).then(|| geomean(w.iter().copied())))) } } } }
+            thead { tr { th { "level" } th { "targets" } @if both { th { "published" } } th { (if both { "confirmed winners" } else { "winners" }) } th { "geomean of winners" } } }
+            tbody { @for (l, (n, p, w)) in &levels { tr { td { (l) } td.num { (n) } @if both { td.num { (p) } } td.num { (w.len()) } td.num { (speed((!w.is_empty()).then(|| geomean(w.iter().copied())))) } } } }
+        }
+        @if both {
+            p.meta { "published: the published gate on one bench (every scenario PASSED, geomean ≥ threshold); confirmed: its winners benched again until a sequential test decides. Outliers are named and decide nothing alone." }
         }
         details {
             summary { "every target (" (rows.len()) ")" }
             table.sortable id=(id) {
-                thead { tr { th data-type="text" { "target" } th data-type="text" { "verdict" } th data-type="num" { "geomean" } th data-type="text" { "reason" } } }
+                thead { tr {
+                    th data-type="text" { "target" }
+                    @if both { th data-type="text" { "published" } }
+                    th data-type="text" { (verdict) }
+                    th data-type="num" { "geomean" }
+                    @if both { th data-type="text" { "benches" } }
+                    th data-type="text" { "reason" }
+                } }
                 tbody { @for r in rows { tr {
                     td { (r.target) }
+                    @if both { td { @if r.published == Some(true) { "WIN" } @else { "no" } } }
                     td { span class={"verdict " @if r.winner { "v-winner" } @else { "v-not-winner" }} { @if r.winner { "winner" } @else { "not a winner" } } }
                     td.num data-v=(r.geomean.unwrap_or(0.0)) { (speed(r.geomean)) }
+                    @if both { td { (r.benches) } }
                     td { (r.reason) }
                 } } }
             }

@@ -11,9 +11,12 @@
 //! force an outcome with a line `# sim: <knob>` (see [`Knob`]), so tests can ask for hangs,
 //! crashes, infrastructure errors or an exact speedup.
 //!
-//! Repeated benches of one candidate differ only through [`NoiseModel`] (a `# sim: true=S`
-//! candidate): its draws depend on the invocation's private folder, so a confirmation bench
-//! (`…/confirm-<k>/`) measures anew while the same folder always gives the same numbers.
+//! Repeated benches of one candidate differ through [`NoiseModel`]: a `# sim: true=S`
+//! candidate in every bench, any other candidate in the benches scoring repeats (a
+//! confirmation `…/confirm-<k>/`, a rescue, a `--repeats` bench `…/rep-<k>/` after the first),
+//! so its `validate` and first scoring bench agree and a confirmation has noise to judge.
+//! The draws depend on the invocation's private folder: the same folder always gives the
+//! same numbers.
 //!
 //! Invariants: every JSON written carries `"simulated": true` at the top and on every row, and
 //! every row's `detail` says "simulated"; a usage error (unknown target, missing captures)
@@ -165,6 +168,20 @@ fn confirm_index(output: &Path) -> usize {
     k + usize::from(candidate_dir.join("rescue").is_dir())
 }
 
+/// Whether an output path is a repeated bench of a candidate scoring benched before: a
+/// confirmation (`confirm-<k>`), a rescue, or a `--repeats` bench after the first (`rep-<k>`,
+/// k ≥ 2).
+fn is_repeat(output: &Path) -> bool {
+    confirm_index(output) > 0
+        || output.components().any(|c| {
+            c.as_os_str()
+                .to_str()
+                .and_then(|c| c.strip_prefix("rep-"))
+                .and_then(|k| k.parse::<usize>().ok())
+                .is_some_and(|k| k >= 2)
+        })
+}
+
 /// The last three components of the output path: what tells one invocation from another
 /// (stable for the same layout, whatever the temporary folder above it).
 fn invocation_nonce(output: &Path) -> String {
@@ -290,6 +307,9 @@ struct Draw {
     broken: bool,
     /// The speedup a knob forces on every row of this invocation.
     forced: Option<f64>,
+    /// A repeated bench of the same candidate (see [`is_repeat`]) measures its speedup times
+    /// one [`NoiseModel`] draw; its first bench (and every `validate`) measures it as drawn.
+    repeat_noise: f64,
 }
 
 impl Draw {
@@ -300,12 +320,11 @@ impl Draw {
             && (knobs.contains(&Knob::ComposeBreak)
                 || (!forces_pass(&knobs) && t.unit(&[b"compose"]) < 0.25));
         let nonce = invocation_nonce(t.output);
+        let u = |i: u8| t.unit(&[nonce.as_bytes(), &[i]]);
+        let noise = NoiseModel::default().factor([u(0), u(1), u(2), u(3)]);
         let forced = knobs.iter().find_map(|k| match k {
             Knob::Speedup(s) => Some(*s),
-            Knob::True(s) => {
-                let u = |i: u8| t.unit(&[nonce.as_bytes(), &[i]]);
-                Some(s * NoiseModel::default().factor([u(0), u(1), u(2), u(3)]))
-            }
+            Knob::True(s) => Some(s * noise),
             Knob::Runs(r) => Some(r[confirm_index(t.output).min(r.len() - 1)]),
             _ => None,
         });
@@ -313,6 +332,7 @@ impl Draw {
             u: t.unit(&[]),
             base: 0.8 + 0.8 * t.unit(&[b"speed"]),
             broken,
+            repeat_noise: if is_repeat(t.output) { noise } else { 1.0 },
             knobs,
             forced,
         }
@@ -329,7 +349,9 @@ impl Draw {
     /// Status, detail and speedup of case `i`; `jitter` in [0, 1) varies per case.
     fn case(&self, i: usize, jitter: f64) -> (Status, &'static str, f64) {
         let free = self.knobs.is_empty();
-        let speedup = self.forced.unwrap_or(self.base * (0.95 + 0.1 * jitter));
+        let speedup = self
+            .forced
+            .unwrap_or(self.base * (0.95 + 0.1 * jitter) * self.repeat_noise);
         if self.broken {
             let why = "module construction failed: composition with lower-level candidates broke";
             (Status::RuntimeError, why, speedup)
@@ -566,6 +588,60 @@ mod tests {
         assert_eq!(confirm_index(p), 3);
         assert_eq!(confirm_index(Path::new("a/L1_gelu/bench.json")), 0);
         assert_eq!(invocation_nonce(p), "L1_gelu/confirm-3/bench.json");
+    }
+
+    #[test]
+    fn repeats_of_a_plain_candidate_vary_while_its_first_bench_matches_its_validate() {
+        let tmp = tempfile::TempDir::new().unwrap();
+        let cands = tmp.path().join("cands");
+        std::fs::create_dir_all(cands.join("L1")).unwrap();
+        let speedups = |out: &str| -> Vec<f64> {
+            let output = tmp.path().join(out);
+            std::fs::create_dir_all(output.parent().unwrap()).unwrap();
+            let params = SimBenchParams {
+                target: Some("gelu".into()),
+                level: Some(1),
+                candidate_dir: Some(cands.clone()),
+                output: Some(output.clone()),
+                ..Default::default()
+            };
+            run(&params, &Catalog::embedded());
+            let r = BenchResult::read(&output).unwrap();
+            r.scenarios.iter().map(|s| s.speedup).collect()
+        };
+        // A plain candidate (no knob) whose benches pass.
+        let passing = (0..50).find(|i| {
+            std::fs::write(cands.join("L1/gelu.py"), format!("# variant {i}\n")).unwrap();
+            let rows = speedups("probe/bench.json");
+            let r = BenchResult::read(&tmp.path().join("probe/bench.json")).unwrap();
+            !rows.is_empty() && r.scenarios.iter().all(|s| s.status == Status::Passed)
+        });
+        assert!(passing.is_some(), "no passing variant in 50");
+        let first = speedups("gen/ind/standalone/L1_gelu/bench.json");
+        assert_eq!(
+            speedups("sessions/L1/gelu/validations/001/bench.json"),
+            first
+        );
+        assert_eq!(
+            speedups("gen/ind/standalone/L1_gelu/rep-1/bench.json"),
+            first
+        );
+        let repeats: Vec<Vec<f64>> = ["confirm-1", "confirm-2", "confirm-3", "rep-2"]
+            .iter()
+            .map(|k| speedups(&format!("gen/ind/standalone/L1_gelu/{k}/bench.json")))
+            .collect();
+        for (i, r) in repeats.iter().enumerate() {
+            assert_ne!(r, &first, "repeat {i} measured exactly the first bench");
+            // One noise draw per invocation: every row moves by the same factor.
+            let f = r[0] / first[0];
+            assert!(r.iter().zip(&first).all(|(a, b)| (a / b - f).abs() < 1e-9));
+        }
+        assert_ne!(repeats[0], repeats[1]);
+        // The same folder gives the same numbers.
+        assert_eq!(
+            speedups("gen/ind/standalone/L1_gelu/confirm-1/bench.json"),
+            repeats[0]
+        );
     }
 
     #[test]

@@ -252,6 +252,71 @@ async fn pages_show_the_run_and_say_simulated() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+#[tokio::test]
+async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_for(dir.path());
+    let results = fk_agentd::run::runs_dir(dir.path())
+        .join(RUN)
+        .join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    let verdict = |target: &str, winner: bool, benches: &[f64], outliers: &[usize]| {
+        serde_json::json!({
+            "target": target, "winner": winner, "published": true, "geomean": benches[0],
+            "reason": if winner { None } else { Some("not confirmed: geomean of 2 benches 0.990×, below 1.0×") },
+            "confirmation": {"benches": benches, "outliers": outliers, "confirmed": winner},
+        })
+    };
+    let score = serde_json::json!({
+        "simulated": true,
+        "standalone": {"gate": {
+            "gate": {"threshold": 1.0, "kind": "confirmed", "confirm": 4},
+            "verdicts": [
+                verdict("L1/gelu", true, &[1.25, 0.25, 1.22, 1.27], &[1]),
+                verdict("L1/silu", false, &[1.01, 0.97], &[]),
+                {"target": "L1/relu", "winner": false, "published": false, "geomean": 0.93, "reason": "geomean 0.93 < 1.0"},
+            ],
+        }},
+    });
+    std::fs::write(results.join("score.json"), score.to_string()).unwrap();
+    let bearer = format!("Bearer {}", state.token.expose());
+    let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
+    let levels = body.split("id=\"standalone-levels\"").nth(1).unwrap();
+    let levels = levels.split("</table>").next().unwrap();
+    for want in ["<th>published</th>", "<th>confirmed winners</th>"] {
+        assert!(levels.contains(want), "no {want} in {levels}");
+    }
+    // L1: 3 targets, 2 published winners, 1 confirmed.
+    assert!(
+        levels.contains(r#"<td class="num">3</td><td class="num">2</td><td class="num">1</td>"#),
+        "{levels}"
+    );
+    let table = body.split("id=\"standalone\"").nth(1).unwrap();
+    assert!(
+        table.contains("1.250× 0.250× (outlier) 1.220× 1.270×"),
+        "the outlier is not named: {table}"
+    );
+    let silu = table
+        .split("L1/silu")
+        .nth(1)
+        .unwrap()
+        .split("</tr>")
+        .next()
+        .unwrap();
+    assert!(
+        silu.contains("<td>WIN</td>") && silu.contains("not a winner"),
+        "{silu}"
+    );
+    let relu = table
+        .split("L1/relu")
+        .nth(1)
+        .unwrap()
+        .split("</tr>")
+        .next()
+        .unwrap();
+    assert!(relu.contains("<td>no</td>"), "{relu}");
+}
+
 fn rows(body: &str) -> usize {
     body.matches("<tr data-state=").count()
 }
