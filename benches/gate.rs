@@ -12,17 +12,16 @@
 //! the first scoring bench with.
 //!
 //! Cost is reported as mean benches per candidate on a campaign where 20 % of candidates pass
-//! the first bench: 0.8 × (mean benches of a candidate that lost the first bench) + 0.2 ×
-//! (mean benches of a candidate that passed it), both pooled over the 1.00×, 1.05× and 1.10×
-//! populations; `worst` takes the passers from the costliest population alone. Identical
+//! the first bench: 0.8 × (mean benches of an identical copy that lost the first bench) + 0.2 ×
+//! (mean benches of a candidate that passed it, pooled over the 1.00×, 1.05× and 1.10×
+//! populations); `worst` takes the passers from the costliest population alone. Identical
 //! copies pass the first bench half the time, so the last column is a campaign in which 20 %
 //! really pass: the three populations in equal shares, as many as make 20 % pass, and really
 //! slow losers (0.5×: their validate was as slow, so none is re-benched) for the rest. The
-//! fitted model comes first, then two variations of
-//! it that show how much the figures lean on the fit: the plain spread of the H200 benches
-//! (0.070 instead of the robust 0.051), and outliers at 1 % of benches instead of 5 %. The
-//! `+ re-bench losers within N %` rows are not a gate `score` offers: they show what keeping
-//! near-misses would cost.
+//! fitted model comes first, then two variations of it that show how much the figures lean on
+//! the fit: the plain spread of the H200 benches (0.070 instead of the robust 0.051), and
+//! outliers at 1 % of benches instead of 5 %. The `+ re-bench losers within N %` rows are not a
+//! gate `score` offers: they show what keeping near-misses would cost.
 
 use fk_agentd::score::confirm::{ConfirmRule, Step, first_bench_is_outlier, step};
 use fk_agentd::sim::noise::NoiseModel;
@@ -208,9 +207,11 @@ impl Row {
     /// losers (0.5×) for the rest. Identical copies alone pass half the time, so a campaign of
     /// them cannot be one where 80 % lose; this is the reading that can.
     fn campaign_consistent(&self) -> f64 {
-        let c = (0.2 / self.contender_pass_rate).min(1.0);
-        0.2 * self.per_passer
-            + (c - 0.2) * self.per_contender_loser
+        // Where fewer than 20 % of the contenders pass, no mix reaches 20 %: contenders only.
+        let passing = self.contender_pass_rate.min(0.2);
+        let c = (passing / self.contender_pass_rate.max(f64::MIN_POSITIVE)).min(1.0);
+        passing * self.per_passer
+            + (c - passing) * self.per_contender_loser
             + (1.0 - c) * self.per_real_loser
     }
 

@@ -42,7 +42,7 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
         }
     }
     if winners > 0 {
-        println!("          {}", winners_caveat(global, r, &home));
+        println!("          {}", winners_caveat(global, r, winners));
     }
     for note in &r.notes {
         println!("          {note}");
@@ -67,18 +67,26 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     }
 }
 
-/// What a session's "winner" means: one validate bench that passed the published gate, which
-/// noise alone passes often. Scoring confirms it; a `--mode all` or sequential campaign scored
-/// already (its results follow), an independent one points at `score`.
-fn winners_caveat(global: &GlobalArgs, r: &CampaignReport, home: &Path) -> String {
-    let scored = r.pair.is_some()
-        || super::session::run_row(home, &r.run_id).is_some_and(|row| row.mode != "independent");
-    let what = "winners above passed one validate bench each (unconfirmed)";
+/// What a session's "winner" means: its last validate bench passed the published gate, which
+/// noise alone passes often. Scoring confirms it: where this campaign's scored results follow
+/// (a `--mode all` or sequential campaign that got that far), they say which held up;
+/// otherwise the line names the `score` that confirms them.
+fn winners_caveat(global: &GlobalArgs, r: &CampaignReport, winners: usize) -> String {
+    let what = if winners == 1 {
+        "the winner above passed the gate on its last validate bench (one bench, unconfirmed)"
+    } else {
+        "the winners above passed the gate on their last validate bench (one bench, unconfirmed)"
+    };
+    let scored = r
+        .notes
+        .iter()
+        .any(|n| n.starts_with("independent results ") || n.starts_with("sequential results "));
     if scored {
         format!("{what}; the scored results below say which held up")
     } else {
+        let them = if winners == 1 { "it" } else { "them" };
         format!(
-            "{what}: `{} score --run {}` confirms them",
+            "{what}: `{} score --run {}` confirms {them}",
             invocation(global),
             r.run_id
         )

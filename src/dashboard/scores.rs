@@ -22,8 +22,13 @@ struct Row {
     winner: bool,
     /// The published gate's verdict on the first bench, under the confirmed gate only.
     published: Option<bool>,
+    /// The first bench was re-benched as a wild one, and the second decided (a `rescued` row).
+    rescued: bool,
     /// The confirmation's benches (`1.014× 0.982× 0.25× (outlier)`), when it ran.
     benches: String,
+    /// The first bench's geomean.
+    first: Option<f64>,
+    /// Over the confirmation's kept benches where one ran, else the first bench's.
     geomean: Option<f64>,
     reason: String,
 }
@@ -38,8 +43,12 @@ fn rows_of(stage: &Value) -> Vec<Row> {
             target: v["target"].as_str().unwrap_or_default().to_string(),
             winner: v["winner"].as_bool().unwrap_or(false),
             published: v["published"].as_bool().filter(|_| confirmed),
+            rescued: v["confirmation"]["rescued"].as_bool() == Some(true),
             benches: benches_of(&v["confirmation"]),
-            geomean: v["geomean"].as_f64(),
+            first: v["geomean"].as_f64(),
+            geomean: v["confirmation"]["geomean"]
+                .as_f64()
+                .or_else(|| v["geomean"].as_f64()),
             reason: v["reason"].as_str().unwrap_or_default().to_string(),
         })
         .collect()
@@ -94,7 +103,7 @@ fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
             tbody { @for (l, (n, p, w)) in &levels { tr { td { (l) } td.num { (n) } @if both { td.num { (p) } } td.num { (w.len()) } td.num { (speed((!w.is_empty()).then(|| geomean(w.iter().copied())))) } } } }
         }
         @if both {
-            p.meta { "published: the published gate on one bench (every scenario PASSED, geomean ≥ threshold); confirmed: its winners benched again until a sequential test decides. Outliers are named and decide nothing alone." }
+            p.meta { "published: the published gate on one bench (every non-skipped scenario PASSED, geomean ≥ threshold); confirmed: its winners benched again until a sequential test decides, the geomean over the kept benches (a first bench far below the candidate's own passing validate benches gets one more bench, which decides: rescued). Outliers are named and decide nothing alone." }
         }
         details {
             summary { "every target (" (rows.len()) ")" }
@@ -103,14 +112,16 @@ fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
                     th data-type="text" { "target" }
                     @if both { th data-type="text" { "published" } }
                     th data-type="text" { (verdict) }
+                    @if both { th data-type="num" { "1st bench" } }
                     th data-type="num" { "geomean" }
                     @if both { th data-type="text" { "benches" } }
                     th data-type="text" { "reason" }
                 } }
                 tbody { @for r in rows { tr {
                     td { (r.target) }
-                    @if both { td { @if r.published == Some(true) { "WIN" } @else { "no" } } }
+                    @if both { td { @if r.published == Some(true) { "WIN" } @else if r.rescued { "no (rescued)" } @else { "no" } } }
                     td { span class={"verdict " @if r.winner { "v-winner" } @else { "v-not-winner" }} { @if r.winner { "winner" } @else { "not a winner" } } }
+                    @if both { td.num data-v=(r.first.unwrap_or(0.0)) { (speed(r.first)) } }
                     td.num data-v=(r.geomean.unwrap_or(0.0)) { (speed(r.geomean)) }
                     @if both { td { (r.benches) } }
                     td { (r.reason) }

@@ -83,25 +83,30 @@ pub struct ScoreReport {
 }
 
 impl ScoreReport {
-    /// What scoring kept, in a line: `33 confirmed winners of 37 published, final set 30
-    /// kernels` (the published gate's count beside the confirmed one; the final set only when
-    /// scoring completed).
+    /// What scoring kept, in a line: `33 confirmed winners of 133 (published gate, one bench:
+    /// 37), final set 30 kernels` (the final set only when scoring completed).
     pub fn headline(&self) -> String {
+        let plural =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let mut parts = Vec::new();
         if let Some(s) = &self.standalone {
-            let won = s.gate.winner_count();
+            let (won, total) = (s.gate.winner_count(), s.gate.verdicts.len());
             let published = s.gate.verdicts.iter().filter(|v| v.published).count();
             let w = if won == 1 { "winner" } else { "winners" };
             parts.push(match s.gate.gate.kind {
-                GateKind::Confirmed => format!("{won} confirmed {w} of {published} published"),
-                GateKind::Published => format!("{won} {w} (published gate, one bench)"),
-                GateKind::LowerBound => {
-                    format!("{won} {w} (interval over {} benches)", self.repeats)
-                }
+                GateKind::Confirmed => format!(
+                    "{won} confirmed {w} of {total} (published gate, one bench: {published})"
+                ),
+                GateKind::Published => format!("{won} {w} of {total} (published gate, one bench)"),
+                GateKind::LowerBound => format!(
+                    "{won} {w} of {total} (lower end of the interval over {})",
+                    plural(self.repeats, "bench", "benches")
+                ),
             });
         }
         if let Some(f) = &self.final_set {
-            parts.push(format!("final set {} kernels", f.manifest.kernels.len()));
+            let n = f.manifest.kernels.len();
+            parts.push(format!("final set {}", plural(n, "kernel", "kernels")));
         }
         parts.join(", ")
     }

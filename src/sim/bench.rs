@@ -6,8 +6,9 @@
 //! calls [`run`], writes nothing itself beyond what [`run`] wrote, and acts on the returned
 //! [`SimAction`] (exit with a code, or hang until killed).
 //!
-//! Outcomes are a pure function of (seed, target, candidate file content): the same candidate
-//! always gets the same rows, a changed candidate may get different ones. Candidate files can
+//! Outcomes are a pure function of (seed, target, candidate file content) and, for a repeated
+//! bench (below), its folder: the same candidate always gets the same rows in the same folder, a
+//! changed candidate may get different ones. Candidate files can
 //! force an outcome with a line `# sim: <knob>` (see [`Knob`]), so tests can ask for hangs,
 //! crashes, infrastructure errors or an exact speedup.
 //!
@@ -143,29 +144,32 @@ fn knob_value(word: &str) -> Option<Knob> {
     runs.filter(|r| !r.is_empty()).map(Knob::Runs)
 }
 
+/// The folder an invocation writes its JSON in (`<work>/bench.json`): only this one says
+/// which bench of a candidate it is, whatever the folders above are called.
+fn work_folder(output: &Path) -> &str {
+    output
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .unwrap_or("")
+}
+
 /// Which bench of a candidate an output path is: 0 for the first, `…/confirm-<k>/…` → k. A
 /// candidate whose wild first bench was re-benched (`…/rescue/…` beside its confirmations)
 /// numbers its benches first (0), rescue (1), then the confirmations from 2 on.
 fn confirm_index(output: &Path) -> usize {
-    let comps: Vec<&str> = output
-        .components()
-        .filter_map(|c| c.as_os_str().to_str())
-        .collect();
-    let Some(at) = comps
-        .iter()
-        .rposition(|c| *c == "rescue" || c.starts_with("confirm-"))
+    let work = work_folder(output);
+    if work == "rescue" {
+        return 1;
+    }
+    let Some(k) = work
+        .strip_prefix("confirm-")
+        .and_then(|k| k.parse::<usize>().ok())
     else {
         return 0;
     };
-    if comps[at] == "rescue" {
-        return 1;
-    }
-    let k: usize = comps[at]
-        .strip_prefix("confirm-")
-        .and_then(|k| k.parse().ok())
-        .unwrap_or(0);
-    let candidate_dir: PathBuf = comps[..at].iter().collect();
-    k + usize::from(candidate_dir.join("rescue").is_dir())
+    let candidate_dir = output.parent().and_then(Path::parent);
+    k + usize::from(candidate_dir.is_some_and(|d| d.join("rescue").is_dir()))
 }
 
 /// Whether an output path is a repeated bench of a candidate scoring benched before: a
@@ -173,13 +177,10 @@ fn confirm_index(output: &Path) -> usize {
 /// k ≥ 2).
 fn is_repeat(output: &Path) -> bool {
     confirm_index(output) > 0
-        || output.components().any(|c| {
-            c.as_os_str()
-                .to_str()
-                .and_then(|c| c.strip_prefix("rep-"))
-                .and_then(|k| k.parse::<usize>().ok())
-                .is_some_and(|k| k >= 2)
-        })
+        || work_folder(output)
+            .strip_prefix("rep-")
+            .and_then(|k| k.parse::<usize>().ok())
+            .is_some_and(|k| k >= 2)
 }
 
 /// The last three components of the output path: what tells one invocation from another
@@ -296,7 +297,8 @@ impl TargetRun<'_> {
     }
 }
 
-/// The draws that decide one target's outcome (a pure function of seed, target, content).
+/// The draws that decide one target's outcome (a pure function of seed, target, content and,
+/// for a repeated bench, its folder).
 struct Draw {
     knobs: Vec<Knob>,
     /// Picks the failure mode when no knob forces one.
@@ -587,6 +589,16 @@ mod tests {
         let p = Path::new("gen/ind/standalone/L1_gelu/confirm-3/bench.json");
         assert_eq!(confirm_index(p), 3);
         assert_eq!(confirm_index(Path::new("a/L1_gelu/bench.json")), 0);
+        // Only the bench's own folder counts, not a home or session folder above it.
+        for p in [
+            "rep-2/confirm-7/rescue/sessions/L1/gelu/validations/001/bench.json",
+            "home/rep-3/gen/L1_gelu/rep-1/bench.json",
+        ] {
+            assert!(!is_repeat(Path::new(p)), "{p}");
+            assert_eq!(confirm_index(Path::new(p)), 0, "{p}");
+        }
+        assert!(is_repeat(Path::new("g/L1_gelu/rep-2/bench.json")));
+        assert!(is_repeat(Path::new("g/L1_gelu/rescue/bench.json")));
         assert_eq!(invocation_nonce(p), "L1_gelu/confirm-3/bench.json");
     }
 

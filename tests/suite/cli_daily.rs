@@ -397,7 +397,7 @@ fn start_summary_shows_the_spending_and_hints_that_repeat_the_home() {
     assert!(spent.contains("tokens (cost unknown"), "{spent}");
     // The sessions' winners are one-shot; the scored half says how many held up.
     assert!(
-        text.contains("winners above passed one validate bench each (unconfirmed); the scored results below say which held up"),
+        text.contains("the winners above passed the gate on their last validate bench (one bench, unconfirmed); the scored results below say which held up"),
         "{text}"
     );
     let scored = text
@@ -405,7 +405,9 @@ fn start_summary_shows_the_spending_and_hints_that_repeat_the_home() {
         .find(|l| l.contains("independent results"))
         .expect("an independent results line");
     assert!(
-        scored.contains(": 1 confirmed winner of 1 published, final set 1 kernels"),
+        scored.contains(
+            ": 1 confirmed winner of 1 (published gate, one bench: 1), final set 1 kernel"
+        ),
         "{scored}"
     );
 }

@@ -264,7 +264,8 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
         serde_json::json!({
             "target": target, "winner": winner, "published": true, "geomean": benches[0],
             "reason": if winner { None } else { Some("not confirmed: geomean of 2 benches 0.990×, below 1.0×") },
-            "confirmation": {"benches": benches, "outliers": outliers, "confirmed": winner},
+            "confirmation": {"benches": benches, "outliers": outliers, "confirmed": winner,
+                             "geomean": if winner { Some(1.246) } else { None }},
         })
     };
     let score = serde_json::json!({
@@ -275,6 +276,8 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
                 verdict("L1/gelu", true, &[1.25, 0.25, 1.22, 1.27], &[1]),
                 verdict("L1/silu", false, &[1.01, 0.97], &[]),
                 {"target": "L1/relu", "winner": false, "published": false, "geomean": 0.93, "reason": "geomean 0.93 < 1.0"},
+                {"target": "L1/tanh", "winner": true, "published": false, "geomean": 1.2,
+                 "confirmation": {"benches": [0.4, 1.2, 1.21], "outliers": [0], "geomean": 1.205, "confirmed": true, "rescued": true}},
             ],
         }},
     });
@@ -286,9 +289,12 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     for want in ["<th>published</th>", "<th>confirmed winners</th>"] {
         assert!(levels.contains(want), "no {want} in {levels}");
     }
-    // L1: 3 targets, 2 published winners, 1 confirmed.
+    // L1: 4 targets, 2 published winners, 2 confirmed (one of them rescued); the winners'
+    // geomean is over their confirmation's kept benches (gelu 1.246×, tanh 1.205×).
     assert!(
-        levels.contains(r#"<td class="num">3</td><td class="num">2</td><td class="num">1</td>"#),
+        levels.contains(
+            r#"<td class="num">4</td><td class="num">2</td><td class="num">2</td><td class="num">1.225×</td>"#
+        ),
         "{levels}"
     );
     let table = body.split("id=\"standalone\"").nth(1).unwrap();
@@ -307,14 +313,28 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
         silu.contains("<td>WIN</td>") && silu.contains("not a winner"),
         "{silu}"
     );
-    let relu = table
-        .split("L1/relu")
-        .nth(1)
-        .unwrap()
-        .split("</tr>")
-        .next()
-        .unwrap();
-    assert!(relu.contains("<td>no</td>"), "{relu}");
+    let row = |target: &str| -> String {
+        let after = table.split(target).nth(1).unwrap();
+        after.split("</tr>").next().unwrap().to_string()
+    };
+    assert!(row("L1/relu").contains("<td>no</td>"), "{}", row("L1/relu"));
+    let tanh = row("L1/tanh");
+    assert!(
+        tanh.contains("<td>no (rescued)</td>")
+            && tanh.contains(">1.200×<")
+            && tanh.contains(">1.205×<"),
+        "{tanh}"
+    );
+
+    // A stage judged by the published gate alone shows one verdict, as before.
+    let mut published = score.clone();
+    published["standalone"]["gate"]["gate"]["kind"] = "published".into();
+    std::fs::write(results.join("score.json"), published.to_string()).unwrap();
+    let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
+    let levels = body.split("id=\"standalone-levels\"").nth(1).unwrap();
+    let levels = levels.split("</table>").next().unwrap();
+    assert!(!levels.contains("published"), "{levels}");
+    assert!(levels.contains("<th>winners</th>"), "{levels}");
 }
 
 fn rows(body: &str) -> usize {

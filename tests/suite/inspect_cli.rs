@@ -26,7 +26,9 @@ fn campaign() -> tempfile::TempDir {
         .find(|l| l.contains("winners above"))
         .unwrap_or_else(|| panic!("no caveat in:\n{start}"));
     assert!(
-        caveat.contains("passed one validate bench each (unconfirmed): `fk-agentd score --run 20"),
+        caveat.contains(
+            "the winners above passed the gate on their last validate bench (one bench, unconfirmed): `fk-agentd score --run 20"
+        ),
         "{caveat}"
     );
     home

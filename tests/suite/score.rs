@@ -338,6 +338,10 @@ fn the_human_table_of_the_published_standalone_results() {
         "score_table_published",
         fk_agentd::score::render::score_table(&report)
     );
+    assert_eq!(
+        report.headline(),
+        "1 winner of 4 (published gate, one bench)"
+    );
 }
 
 /// Writes the published passing `L1/gelu` result where the bench would, then reports how the
