@@ -105,6 +105,18 @@ pub fn sessions_table(
     outcomes: &BTreeMap<String, Outcome>,
     opts: TableOptions,
 ) -> String {
+    sessions_table_scored(run, rows, outcomes, &BTreeMap::new(), opts)
+}
+
+/// [`sessions_table`] with what scoring made of each session winner (`scored`, by target) in
+/// its NOTE: a session's verdict is its last validate bench, which scoring confirms or not.
+pub fn sessions_table_scored(
+    run: &RunRow,
+    rows: &[SessionRow],
+    outcomes: &BTreeMap<String, Outcome>,
+    scored: &BTreeMap<String, String>,
+    opts: TableOptions,
+) -> String {
     let mut out = String::new();
     out.push_str(sim_banner(run.simulated));
     let _ = writeln!(
@@ -128,7 +140,7 @@ pub fn sessions_table(
         .map(|r| {
             let outcome = outcomes.get(&r.target);
             colours.push(outcome.map(|o| verdict_colour(&o.verdict)));
-            session_cells(r, outcome, wide)
+            session_cells(r, outcome, scored.get(&r.target), wide)
         })
         .collect();
     // TARGET, VERDICT and NOTE give way, in that order from the last, when the width is short.
@@ -155,7 +167,12 @@ pub fn sessions_table(
     out
 }
 
-fn session_cells(r: &SessionRow, outcome: Option<&Outcome>, wide: bool) -> Vec<String> {
+fn session_cells(
+    r: &SessionRow,
+    outcome: Option<&Outcome>,
+    scored: Option<&String>,
+    wide: bool,
+) -> Vec<String> {
     let state = match outcome.map(|o| &o.end) {
         Some(SessionEnd::Running) | None => r.state.clone(),
         Some(end) => end.word().to_string(),
@@ -176,13 +193,14 @@ fn session_cells(r: &SessionRow, outcome: Option<&Outcome>, wide: bool) -> Vec<S
         cells.push(detail_str(r, "leases"));
         let gpu_s = r.detail["gpu_s"].as_f64();
         cells.push(gpu_s.map_or("-".into(), |g| format!("{g:.1}")));
-        cells.push(note(r, outcome));
+        cells.push(note(r, outcome, scored));
     }
     cells
 }
 
-/// What is worth a glance beyond the verdict: why it failed, or what a running session does.
-fn note(r: &SessionRow, outcome: Option<&Outcome>) -> String {
+/// What is worth a glance beyond the verdict: why it failed, what a running session does, or
+/// what scoring made of a winner.
+fn note(r: &SessionRow, outcome: Option<&Outcome>, scored: Option<&String>) -> String {
     match outcome {
         Some(Outcome {
             end: SessionEnd::Failed(why) | SessionEnd::Skipped(why),
@@ -204,7 +222,7 @@ fn note(r: &SessionRow, outcome: Option<&Outcome>) -> String {
             verdict: Verdict::NotWinner { detail, .. } | Verdict::NoValidCandidate { detail },
             ..
         }) => detail.clone(),
-        Some(_) => String::new(),
+        Some(_) => scored.cloned().unwrap_or_default(),
     }
 }
 

@@ -2,8 +2,9 @@
 //! `--follow`, `--diff`): read the store (and the run directory for `--diff`), fold events
 //! through [`crate::inspect`], print. Nothing here writes.
 
+use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::args::SessionArgs;
 use super::term::{stdout_color, stdout_width};
@@ -42,11 +43,25 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         width: stdout_width(),
         color: stdout_color(),
     };
+    let scored =
+        crate::score::candidates::scored_verdicts(&crate::run::runs_dir(home).join(&run_row.id));
+    let notes = scored
+        .as_ref()
+        .map(|(_, v)| scored_notes(v))
+        .unwrap_or_default();
     let _ = write!(
         out,
         "{}",
-        report::sessions_table(&run_row, &rows, &outcomes, opts)
+        report::sessions_table_scored(&run_row, &rows, &outcomes, &notes, opts)
     );
+    let winners: Vec<&String> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o.verdict, inspect::Verdict::Winner { .. }))
+        .map(|(t, _)| t)
+        .collect();
+    if let Some(line) = scoring_line(&run_row, &winners, scored.as_ref()) {
+        let _ = write!(out, "{}", crate::score::render::wrap(&line, opts.width, 2));
+    }
     if let Some(p) = pair {
         let _ = writeln!(
             out,
@@ -58,6 +73,64 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     }
     let _ = write!(out, "{}", crate::daemon::phases::phase_line(&phases));
     Ok(0)
+}
+
+/// What scoring made of each target, as a sessions NOTE (`scoring: confirmed 1.52x over 3
+/// benches`, `scoring: not confirmed: …`).
+fn scored_notes(
+    verdicts: &BTreeMap<String, crate::score::candidates::ScoredVerdict>,
+) -> BTreeMap<String, String> {
+    verdicts
+        .iter()
+        .map(|(t, v)| {
+            let note = match (v.winner, v.confirmed, &v.reason) {
+                (true, Some((g, n)), _) => format!("scoring: confirmed {g:.3}x over {n} benches"),
+                (true, None, _) => "scoring: a winner".to_string(),
+                (false, _, Some(why)) => format!("scoring: {why}"),
+                (false, _, None) => "scoring: not a winner".to_string(),
+            };
+            (t.clone(), note)
+        })
+        .collect()
+}
+
+/// Under the sessions table: how many session winners scoring kept, or, for a run that ended
+/// unscored, that they are one validate bench each and how to confirm them.
+fn scoring_line(
+    run: &RunRow,
+    winners: &[&String],
+    scored: Option<&(
+        PathBuf,
+        BTreeMap<String, crate::score::candidates::ScoredVerdict>,
+    )>,
+) -> Option<String> {
+    // A sequential run is gated level by level while it runs (`compare` shows that).
+    if winners.is_empty() || run.mode != "independent" {
+        return None;
+    }
+    let n = winners.len();
+    match scored {
+        Some((dir, verdicts)) => {
+            let kept = winners
+                .iter()
+                .filter(|t| verdicts.get(t.as_str()).is_some_and(|v| v.winner))
+                .count();
+            let generation = dir.file_name().unwrap_or_default().to_string_lossy();
+            Some(if kept == n {
+                format!("scoring ({generation}): all {n} session winners won there too")
+            } else {
+                format!(
+                    "scoring ({generation}): {kept} of the {n} session winners won there too (`fk-agentd score --run {}` shows why the others did not)",
+                    run.id
+                )
+            })
+        }
+        None if run.state() == Some(RunState::Running) => None,
+        None => Some(format!(
+            "not scored yet: a session winner passed the gate on its last validate bench (one bench, unconfirmed); `fk-agentd score --run {}` confirms them",
+            run.id
+        )),
+    }
 }
 
 /// A run's row, `None` when the store cannot be read.

@@ -261,3 +261,39 @@ fn the_start_summary_says_ends_and_verdicts_apart() {
         .collect();
     insta::assert_snapshot!("start_summary_sim", redacted);
 }
+
+#[test]
+fn sessions_say_what_scoring_made_of_each_session_winner() {
+    let home = campaign();
+    let h = home.path();
+    let before = stdout(fk(h).args(["sessions"]));
+    let flat = before.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("not scored yet: a session winner passed the gate on its last validate bench (one bench, unconfirmed); `fk-agentd score --run 20"),
+        "{before}"
+    );
+    // Scoring exits 1 when a candidate fails a stage; either way it writes its verdicts.
+    fk(h)
+        .args(["score", "--run", "20"])
+        .assert()
+        .code(predicates::ord::lt(2));
+    let after = stdout(fk(h).args(["sessions"]));
+    assert!(!after.contains("not scored yet"), "{after}");
+    let line = after
+        .lines()
+        .find(|l| l.starts_with("scoring (results): "))
+        .unwrap_or_else(|| panic!("no scoring line in:\n{after}"));
+    assert!(
+        line.contains(" of the 2 session winners won there too")
+            || line.contains("all 2 session winners won there too"),
+        "{line}"
+    );
+    // Each session winner's NOTE says what scoring made of it.
+    for target in ["L1/gelu", "L1/bmm"] {
+        let row = after.lines().find(|l| l.starts_with(target)).unwrap();
+        assert!(
+            row.contains("scoring: confirmed ") || row.contains("scoring: not confirmed"),
+            "{row}"
+        );
+    }
+}

@@ -8,7 +8,8 @@
 //!   store row by row with its own `seq` and time, as a release before checksums wrote it.
 //!
 //! The snapshots were taken with the previous release; a change to how events are written or
-//! read must leave them as they are.
+//! read must leave them as they are. A view that shows more of the same recorded facts may add
+//! to them (`sessions` now also says what the run's scoring made of each session winner).
 
 use std::path::{Path, PathBuf};
 
