@@ -235,6 +235,9 @@ pub struct RunView {
     pub leases: Vec<LeaseSpan>,
     pub drains: Vec<DrainRow>,
     pub now: OffsetDateTime,
+    /// An independent run's newest score: its results generation and, by target, whether the
+    /// candidate is a winner there (confirmed, under the default gate).
+    pub scored: Option<(String, BTreeMap<String, bool>)>,
 }
 
 /// Overview counts.
@@ -409,7 +412,23 @@ pub fn load(state: &DashboardState, asked: Option<&str>) -> Result<RunView, Stor
         .iter()
         .filter_map(|r| LeaseSpan::of(r, now))
         .collect();
+    let scored = (run.mode == "independent")
+        .then(|| {
+            let dir = crate::run::runs_dir(&state.home).join(&run.id);
+            crate::score::candidates::scored_verdicts(&dir)
+        })
+        .flatten()
+        .map(|(dir, verdicts)| {
+            let name = dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let won = verdicts.into_iter().map(|(t, v)| (t, v.winner)).collect();
+            (name, won)
+        });
     Ok(RunView {
+        scored,
         sessions: state.store.sessions(&run.id)?,
         tally: tally(state, &run.id)?,
         drains: state.store.drains()?,

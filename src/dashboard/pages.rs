@@ -152,6 +152,18 @@ fn layout(view: &RunView, q: &PageQuery, active: &str, title: &str, body: Markup
     Html(page.into_string()).into_response()
 }
 
+/// How many session winners are winners in the run's newest score as well.
+fn scored_winners(view: &super::model::RunView, won: &BTreeMap<String, bool>) -> usize {
+    view.tally
+        .outcomes
+        .iter()
+        .filter(|(t, o)| {
+            matches!(o.verdict, crate::inspect::Verdict::Winner { .. })
+                && won.get(t.as_str()).copied().unwrap_or(false)
+        })
+        .count()
+}
+
 fn card(id: &str, label: &str, value: Markup, sub: Markup) -> Markup {
     html! { div.card id=(id) { div.label { (label) } div.value { (value) } div.sub { (sub) } } }
 }
@@ -175,7 +187,10 @@ pub async fn overview(
             (card("card-sessions", "Sessions ended", html! { (c.ended) " / " (c.targets) },
                 html! { (c.running) " running · " (c.queued) " queued" }))
             (card("card-winners", "Winners so far", html! { (c.winners) },
-                html! { "passed the gate in their last validation" }))
+                html! { "passed the gate in their last validation (one bench)"
+                    @if let Some((generation, won)) = &view.scored {
+                        br; (scored_winners(&view, won)) " of them confirmed by scoring (" (generation) ")"
+                    } }))
             (card("card-tokens", "Tokens", html! { (group(t.total)) },
                 html! { (group(t.input)) " in · " (group(t.output)) " out · " (group(t.reasoning)) " reasoning" }))
             (card("card-cost", "Cost", html! { @match view.tally.cost_usd { Some(c) => { "$" (format!("{c:.2}")) }, None => { "—" } } },

@@ -326,6 +326,13 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
         "{tanh}"
     );
 
+    // The overview's winners card says how many session winners scoring confirmed.
+    let (_, overview, _) = get(&state, "/", Some(&bearer)).await;
+    assert!(
+        overview.contains("1 of them confirmed by scoring (results)"),
+        "{overview}"
+    );
+
     // A stage judged by the published gate alone shows one verdict, as before.
     let mut published = score.clone();
     published["standalone"]["gate"]["gate"]["kind"] = "published".into();
@@ -479,6 +486,7 @@ fn the_lease_timeline_draws_lanes_bars_kills_and_drains() {
             pid: None,
         },
         sessions: Vec::new(),
+        scored: None,
         tally: Tally::default(),
         leases: vec![
             span(
