@@ -202,14 +202,16 @@ impl Row {
         0.8 * self.per_loser + 0.2 * self.per_passer
     }
 
-    /// A campaign in which exactly 20 % of candidates pass the first bench: the three
-    /// populations in equal shares (share c, with c × their pass rate = 20 %) and really slow
-    /// losers (0.5×) for the rest. Identical copies alone pass half the time, so a campaign of
-    /// them cannot be one where 80 % lose; this is the reading that can.
+    /// A campaign in which 20 % of candidates pass the first bench (all contenders, when fewer
+    /// than 20 % of them pass): the three populations in equal shares (share c, with c × their
+    /// pass rate = 20 %) and really slow losers (0.5×) for the rest. Identical copies alone pass
+    /// half the time, so a campaign of them cannot be one where 80 % lose; this is the reading
+    /// that can.
     fn campaign_consistent(&self) -> f64 {
         // Where fewer than 20 % of the contenders pass, no mix reaches 20 %: contenders only.
-        let passing = self.contender_pass_rate.min(0.2);
-        let c = (passing / self.contender_pass_rate.max(f64::MIN_POSITIVE)).min(1.0);
+        let rate = self.contender_pass_rate;
+        let passing = rate.min(0.2);
+        let c = if rate < 0.2 { 1.0 } else { 0.2 / rate };
         passing * self.per_passer
             + (c - passing) * self.per_contender_loser
             + (1.0 - c) * self.per_real_loser

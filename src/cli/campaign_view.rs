@@ -81,8 +81,14 @@ fn winners_caveat(global: &GlobalArgs, r: &CampaignReport, winners: usize) -> St
         .notes
         .iter()
         .any(|n| n.starts_with("independent results ") || n.starts_with("sequential results "));
+    let scored_before = r.notes.iter().any(|n| n.ends_with(" was scored before"));
     if scored {
         format!("{what}; the scored results below say which held up")
+    } else if let (true, Some(pair)) = (scored_before, &r.pair) {
+        format!(
+            "{what}; `{} sessions --run {pair}` says which held up in its score",
+            invocation(global)
+        )
     } else {
         let them = if winners == 1 { "it" } else { "them" };
         format!(

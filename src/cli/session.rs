@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::args::SessionArgs;
 use super::term::{stdout_color, stdout_width};
@@ -14,6 +14,9 @@ use crate::error::Error;
 use crate::event::{Payload, RunState, TaskFinished, TurnFinished};
 use crate::inspect::{self, RenderOptions, SessionView};
 use crate::report::{self, TableOptions};
+use crate::run::Mode;
+use crate::score::gate::GateKind;
+use crate::score::scored::Scored;
 use crate::store::leases::LeaseRow;
 use crate::store::{Event, RunRow, Store};
 use crate::target::{Catalog, TargetId};
@@ -43,24 +46,28 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         width: stdout_width(),
         color: stdout_color(),
     };
-    let scored =
-        crate::score::candidates::scored_verdicts(&crate::run::runs_dir(home).join(&run_row.id));
+    let independent = run_row.mode == Mode::Independent.as_str();
+    let scored = independent
+        .then(|| crate::score::scored::newest(&crate::run::runs_dir(home).join(&run_row.id)))
+        .flatten();
+    let winners: Vec<&String> = outcomes
+        .iter()
+        .filter(|(_, o)| matches!(o.verdict, inspect::Verdict::Winner { .. }))
+        .map(|(t, _)| t)
+        .collect();
     let notes = scored
         .as_ref()
-        .map(|(_, v)| scored_notes(v))
+        .map(|s| scored_notes(s, &winners))
         .unwrap_or_default();
     let _ = write!(
         out,
         "{}",
         report::sessions_table_scored(&run_row, &rows, &outcomes, &notes, opts)
     );
-    let winners: Vec<&String> = outcomes
-        .iter()
-        .filter(|(_, o)| matches!(o.verdict, inspect::Verdict::Winner { .. }))
-        .map(|(t, _)| t)
-        .collect();
-    if let Some(line) = scoring_line(&run_row, &winners, scored.as_ref()) {
-        let _ = write!(out, "{}", crate::score::render::wrap(&line, opts.width, 2));
+    // A sequential run is gated level by level while it runs (`compare` shows that).
+    if independent && !winners.is_empty() {
+        let lines = scoring_lines(&run_row, &winners, scored.as_ref(), pair.is_some());
+        let _ = write!(out, "{}", lines.render(opts.width));
     }
     if let Some(p) = pair {
         let _ = writeln!(
@@ -75,61 +82,119 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     Ok(0)
 }
 
-/// What scoring made of each target, as a sessions NOTE (`scoring: confirmed 1.52x over 3
-/// benches`, `scoring: not confirmed: …`).
-fn scored_notes(
-    verdicts: &BTreeMap<String, crate::score::candidates::ScoredVerdict>,
-) -> BTreeMap<String, String> {
-    verdicts
+/// What scoring made of each session winner, as its sessions NOTE (`scoring: confirmed 1.405x
+/// over 2 benches`, `scoring: not confirmed: …`, `scoring: not in its results …`).
+fn scored_notes(scored: &Scored, winners: &[&String]) -> BTreeMap<String, String> {
+    winners
         .iter()
-        .map(|(t, v)| {
-            let note = match (v.winner, v.confirmed, &v.reason) {
-                (true, Some((g, n)), _) => format!("scoring: confirmed {g:.3}x over {n} benches"),
-                (true, None, _) => "scoring: a winner".to_string(),
-                (false, _, Some(why)) => format!("scoring: {why}"),
-                (false, _, None) => "scoring: not a winner".to_string(),
+        .map(|t| {
+            let note = match scored.verdicts.get(t.as_str()) {
+                None => "scoring: not in its results (scored before this candidate)".to_string(),
+                Some(v) if v.winner => {
+                    let mut note = match &v.confirmed {
+                        Some(c) => {
+                            let of = if c.kept == c.benches {
+                                format!("{} benches", c.benches)
+                            } else {
+                                format!("{} of {} benches", c.kept, c.benches)
+                            };
+                            let rescued = if c.rescued { ", rescued" } else { "" };
+                            format!("scoring: confirmed {:.3}x over {of}{rescued}", c.geomean)
+                        }
+                        None => format!("scoring: a winner ({} gate)", scored.gate.as_str()),
+                    };
+                    if let Some(why) = &v.dropped {
+                        note.push_str(&format!("; dropped in the composed bench: {why}"));
+                    }
+                    note
+                }
+                Some(v) => format!("scoring: {}", v.reason.as_deref().unwrap_or("not a winner")),
             };
-            (t.clone(), note)
+            ((*t).clone(), note)
         })
         .collect()
 }
 
-/// Under the sessions table: how many session winners scoring kept, or, for a run that ended
-/// unscored, that they are one validate bench each and how to confirm them.
-fn scoring_line(
+/// The lines under the sessions table: prose to wrap, and a command to keep whole.
+struct ScoringLines {
+    text: String,
+    command: Option<String>,
+}
+
+impl ScoringLines {
+    fn render(&self, width: usize) -> String {
+        let mut out = crate::score::render::wrap(&self.text, width, 2);
+        if let Some(c) = &self.command {
+            out.push_str(&format!("  {c}\n"));
+        }
+        out
+    }
+}
+
+/// How many session winners the newest complete score kept; or, for a run that ended unscored,
+/// that each is one validate bench and how to confirm them (a `--mode all` campaign scores its
+/// independent half itself). Nothing while the run runs.
+fn scoring_lines(
     run: &RunRow,
     winners: &[&String],
-    scored: Option<&(
-        PathBuf,
-        BTreeMap<String, crate::score::candidates::ScoredVerdict>,
-    )>,
-) -> Option<String> {
-    // A sequential run is gated level by level while it runs (`compare` shows that).
-    if winners.is_empty() || run.mode != "independent" {
-        return None;
-    }
+    scored: Option<&Scored>,
+    paired: bool,
+) -> ScoringLines {
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     let n = winners.len();
-    match scored {
-        Some((dir, verdicts)) => {
-            let kept = winners
-                .iter()
-                .filter(|t| verdicts.get(t.as_str()).is_some_and(|v| v.winner))
-                .count();
-            let generation = dir.file_name().unwrap_or_default().to_string_lossy();
-            Some(if kept == n {
-                format!("scoring ({generation}): all {n} session winners won there too")
-            } else {
-                format!(
-                    "scoring ({generation}): {kept} of the {n} session winners won there too (`fk-agentd score --run {}` shows why the others did not)",
-                    run.id
-                )
-            })
-        }
-        None if run.state() == Some(RunState::Running) => None,
-        None => Some(format!(
-            "not scored yet: a session winner passed the gate on its last validate bench (one bench, unconfirmed); `fk-agentd score --run {}` confirms them",
-            run.id
-        )),
+    let Some(s) = scored else {
+        let text = if run.is_running() {
+            String::new()
+        } else if paired {
+            "not scored yet: this --mode all campaign scores its independent half after the sessions end (`fk-agentd resume` continues an interrupted one)".to_string()
+        } else {
+            format!(
+                "not scored yet: {} passed the gate on a single validate bench (unconfirmed); confirm with:",
+                plural(n, "session winner", "session winners")
+            )
+        };
+        let command =
+            (!paired && !text.is_empty()).then(|| format!("fk-agentd score --run {}", run.id));
+        return ScoringLines { text, command };
+    };
+    let got = |t: &&&String| s.verdicts.get(t.as_str());
+    let kept: Vec<&&String> = winners
+        .iter()
+        .filter(|t| got(t).is_some_and(|v| v.winner))
+        .collect();
+    let dropped = kept
+        .iter()
+        .filter(|t| got(t).is_some_and(|v| v.dropped.is_some()))
+        .count();
+    let missing = winners.iter().filter(|t| got(t).is_none()).count();
+    let verb = if s.gate == GateKind::Confirmed {
+        "confirmed"
+    } else {
+        "won"
+    };
+    let mut text = format!(
+        "scoring ({}): {} of {} {verb} standalone",
+        s.name(),
+        kept.len(),
+        plural(n, "session winner", "session winners")
+    );
+    if dropped > 0 {
+        text.push_str(&format!(
+            ", {dropped} of them then dropped in the composed bench"
+        ));
+    }
+    if missing > 0 {
+        text.push_str(&format!(
+            "; {missing} not in its results (scored before their candidate)"
+        ));
+    }
+    if kept.len() < n {
+        text.push_str("; the NOTE says why, the dashboard's Scores page shows every bench");
+    }
+    ScoringLines {
+        text,
+        command: None,
     }
 }
 

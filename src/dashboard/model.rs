@@ -235,9 +235,8 @@ pub struct RunView {
     pub leases: Vec<LeaseSpan>,
     pub drains: Vec<DrainRow>,
     pub now: OffsetDateTime,
-    /// An independent run's newest score: its results generation and, by target, whether the
-    /// candidate is a winner there (confirmed, under the default gate).
-    pub scored: Option<(String, BTreeMap<String, bool>)>,
+    /// An independent run's newest complete score.
+    pub scored: Option<crate::score::scored::Scored>,
 }
 
 /// Overview counts.
@@ -412,21 +411,9 @@ pub fn load(state: &DashboardState, asked: Option<&str>) -> Result<RunView, Stor
         .iter()
         .filter_map(|r| LeaseSpan::of(r, now))
         .collect();
-    let scored = (run.mode == "independent")
-        .then(|| {
-            let dir = crate::run::runs_dir(&state.home).join(&run.id);
-            crate::score::candidates::scored_verdicts(&dir)
-        })
-        .flatten()
-        .map(|(dir, verdicts)| {
-            let name = dir
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            let won = verdicts.into_iter().map(|(t, v)| (t, v.winner)).collect();
-            (name, won)
-        });
+    let scored = (run.mode == crate::run::Mode::Independent.as_str())
+        .then(|| crate::score::scored::newest(&crate::run::runs_dir(&state.home).join(&run.id)))
+        .flatten();
     Ok(RunView {
         scored,
         sessions: state.store.sessions(&run.id)?,

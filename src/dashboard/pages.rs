@@ -153,13 +153,13 @@ fn layout(view: &RunView, q: &PageQuery, active: &str, title: &str, body: Markup
 }
 
 /// How many session winners are winners in the run's newest score as well.
-fn scored_winners(view: &super::model::RunView, won: &BTreeMap<String, bool>) -> usize {
+fn scored_winners(view: &super::model::RunView, scored: &crate::score::scored::Scored) -> usize {
     view.tally
         .outcomes
         .iter()
         .filter(|(t, o)| {
             matches!(o.verdict, crate::inspect::Verdict::Winner { .. })
-                && won.get(t.as_str()).copied().unwrap_or(false)
+                && scored.verdicts.get(t.as_str()).is_some_and(|v| v.winner)
         })
         .count()
 }
@@ -188,8 +188,10 @@ pub async fn overview(
                 html! { (c.running) " running · " (c.queued) " queued" }))
             (card("card-winners", "Winners so far", html! { (c.winners) },
                 html! { "passed the gate in their last validation (one bench)"
-                    @if let Some((generation, won)) = &view.scored {
-                        br; (scored_winners(&view, won)) " of them confirmed by scoring (" (generation) ")"
+                    @if let (Some(s), true) = (&view.scored, c.winners > 0) {
+                        br; (scored_winners(&view, s)) " of them "
+                        (if s.gate == crate::score::gate::GateKind::Confirmed { "confirmed" } else { "won" })
+                        " by scoring (" (s.name()) ")"
                     } }))
             (card("card-tokens", "Tokens", html! { (group(t.total)) },
                 html! { (group(t.input)) " in · " (group(t.output)) " out · " (group(t.reasoning)) " reasoning" }))

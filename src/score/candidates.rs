@@ -303,44 +303,6 @@ pub fn generations(run_dir: &Path) -> Vec<PathBuf> {
     gens
 }
 
-/// How a run's newest scoring judged one target's candidate standalone.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ScoredVerdict {
-    pub winner: bool,
-    /// The geomean over the confirmation's kept benches, and how many benches it took (the
-    /// first included), when a confirmation ran.
-    pub confirmed: Option<(f64, usize)>,
-    /// Why it is not a winner.
-    pub reason: Option<String>,
-}
-
-/// The standalone verdicts of the newest results generation that has a `score.json`, by
-/// target, with that generation's folder; `None` before any score (or when it has no
-/// standalone stage).
-pub fn scored_verdicts(run_dir: &Path) -> Option<(PathBuf, BTreeMap<String, ScoredVerdict>)> {
-    let (dir, v) = generations(run_dir).into_iter().find_map(|g| {
-        let bytes = std::fs::read(g.join("score.json")).ok()?;
-        Some((g, serde_json::from_slice::<serde_json::Value>(&bytes).ok()?))
-    })?;
-    let verdicts = v["standalone"]["gate"]["verdicts"].as_array()?;
-    let by_target = verdicts
-        .iter()
-        .filter_map(|x| {
-            let c = &x["confirmation"];
-            let confirmed = c["geomean"]
-                .as_f64()
-                .map(|g| (g, c["benches"].as_array().map_or(0, Vec::len)));
-            let verdict = ScoredVerdict {
-                winner: x["winner"].as_bool().unwrap_or(false),
-                confirmed,
-                reason: x["reason"].as_str().map(str::to_string),
-            };
-            Some((x["target"].as_str()?.to_string(), verdict))
-        })
-        .collect();
-    Some((dir, by_target))
-}
-
 /// The file of a `validate` call's record ([`crate::event::Validation`]), in the folder of its
 /// bench (`<session>/validations/<NNN>/`).
 pub const VALIDATION_RECORD: &str = "validation.json";

@@ -19,6 +19,7 @@ pub mod noise;
 pub mod pipeline;
 pub mod render;
 pub mod result;
+pub mod scored;
 pub mod sequential;
 pub mod stage;
 

@@ -83,8 +83,9 @@ pub struct ScoreReport {
 }
 
 impl ScoreReport {
-    /// What scoring kept, in a line: `33 confirmed winners of 133 (published gate, one bench:
-    /// 37), final set 30 kernels` (the final set only when scoring completed).
+    /// What scoring kept, in a line: `33 confirmed winners of 133 candidates (37 passed the
+    /// published gate on one bench), final set 30 kernels` (the final set only when scoring
+    /// completed).
     pub fn headline(&self) -> String {
         let plural =
             |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
@@ -95,11 +96,16 @@ impl ScoreReport {
             let w = if won == 1 { "winner" } else { "winners" };
             parts.push(match s.gate.gate.kind {
                 GateKind::Confirmed => format!(
-                    "{won} confirmed {w} of {total} (published gate, one bench: {published})"
+                    "{won} confirmed {w} of {} ({published} passed the published gate on one bench)",
+                    plural(total, "candidate", "candidates")
                 ),
-                GateKind::Published => format!("{won} {w} of {total} (published gate, one bench)"),
+                GateKind::Published => format!(
+                    "{won} {w} of {} (published gate, one bench)",
+                    plural(total, "candidate", "candidates")
+                ),
                 GateKind::LowerBound => format!(
-                    "{won} {w} of {total} (lower end of the interval over {})",
+                    "{won} {w} of {} (lower end of the interval over {})",
+                    plural(total, "candidate", "candidates"),
                     plural(self.repeats, "bench", "benches")
                 ),
             });

@@ -406,7 +406,7 @@ fn start_summary_shows_the_spending_and_hints_that_repeat_the_home() {
         .expect("an independent results line");
     assert!(
         scored.contains(
-            ": 1 confirmed winner of 1 (published gate, one bench: 1), final set 1 kernel"
+            ": 1 confirmed winner of 1 candidate (1 passed the published gate on one bench), final set 1 kernel"
         ),
         "{scored}"
     );

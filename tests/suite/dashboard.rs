@@ -270,6 +270,8 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     };
     let score = serde_json::json!({
         "simulated": true,
+        "incomplete": [],
+        "final_set": {"name": "x"},
         "standalone": {"gate": {
             "gate": {"threshold": 1.0, "kind": "confirmed", "confirm": 4},
             "verdicts": [
@@ -342,6 +344,17 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     let levels = levels.split("</table>").next().unwrap();
     assert!(!levels.contains("published"), "{levels}");
     assert!(levels.contains("<th>winners</th>"), "{levels}");
+    let (_, overview, _) = get(&state, "/", Some(&bearer)).await;
+    assert!(
+        overview.contains("1 of them won by scoring (results)"),
+        "{overview}"
+    );
+
+    // An incomplete score is not read as verdicts.
+    published["incomplete"] = serde_json::json!(["L1 bench: GPU lost"]);
+    std::fs::write(results.join("score.json"), published.to_string()).unwrap();
+    let (_, overview, _) = get(&state, "/", Some(&bearer)).await;
+    assert!(!overview.contains("by scoring"), "{overview}");
 }
 
 fn rows(body: &str) -> usize {

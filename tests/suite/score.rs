@@ -340,7 +340,7 @@ fn the_human_table_of_the_published_standalone_results() {
     );
     assert_eq!(
         report.headline(),
-        "1 winner of 4 (published gate, one bench)"
+        "1 winner of 4 candidates (published gate, one bench)"
     );
 }
 
