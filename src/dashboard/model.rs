@@ -235,8 +235,6 @@ pub struct RunView {
     pub leases: Vec<LeaseSpan>,
     pub drains: Vec<DrainRow>,
     pub now: OffsetDateTime,
-    /// An independent run's newest complete score.
-    pub scored: Option<crate::score::scored::Scored>,
 }
 
 /// Overview counts.
@@ -411,11 +409,7 @@ pub fn load(state: &DashboardState, asked: Option<&str>) -> Result<RunView, Stor
         .iter()
         .filter_map(|r| LeaseSpan::of(r, now))
         .collect();
-    let scored = (run.mode == crate::run::Mode::Independent.as_str())
-        .then(|| crate::score::scored::newest(&crate::run::runs_dir(&state.home).join(&run.id)))
-        .flatten();
     Ok(RunView {
-        scored,
         sessions: state.store.sessions(&run.id)?,
         tally: tally(state, &run.id)?,
         drains: state.store.drains()?,

@@ -174,6 +174,18 @@ pub async fn overview(
     Query(q): Query<PageQuery>,
 ) -> Result<Response, Response> {
     let view = view_of(&state, q.run.clone()).await?;
+    // An independent run's newest complete score, for the winners card (read here only: the
+    // other pages and /metrics poll, and score.json can run to a megabyte).
+    let scored = {
+        let dir = crate::run::runs_dir(&state.home).join(&view.run.id);
+        let independent = view.run.mode == crate::run::Mode::Independent.as_str();
+        blocking(move || {
+            Ok(independent
+                .then(|| crate::score::scored::newest(&dir))
+                .flatten())
+        })
+        .await?
+    };
     let c = view.counts();
     let t = &view.tally.tokens;
     let mut states: BTreeMap<&str, usize> = BTreeMap::new();
@@ -188,7 +200,7 @@ pub async fn overview(
                 html! { (c.running) " running · " (c.queued) " queued" }))
             (card("card-winners", "Winners so far", html! { (c.winners) },
                 html! { "passed the gate in their last validation (one bench)"
-                    @if let (Some(s), true) = (&view.scored, c.winners > 0) {
+                    @if let (Some(s), true) = (&scored, c.winners > 0) {
                         br; (scored_winners(&view, s)) " of them "
                         (if s.gate == crate::score::gate::GateKind::Confirmed { "confirmed" } else { "won" })
                         " by scoring (" (s.name()) ")"

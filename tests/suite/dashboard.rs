@@ -499,7 +499,6 @@ fn the_lease_timeline_draws_lanes_bars_kills_and_drains() {
             pid: None,
         },
         sessions: Vec::new(),
-        scored: None,
         tally: Tally::default(),
         leases: vec![
             span(
