@@ -70,7 +70,7 @@ pub enum Command {
         /// Run id (default: the newest unfinished run).
         run: Option<String>,
     },
-    /// One row per target: state, verdict, turns, tokens, best speedup, elapsed (leases, GPU time and a note when wide); then the outcome and the spend.
+    /// One row per target: state, verdict, turns, tokens, best speedup, elapsed (leases, GPU time and a note when wide); then the outcome, what the newest score made of the session winners, and the spend.
     Sessions {
         /// Run id (default: the newest run).
         #[arg(long)]

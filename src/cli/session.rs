@@ -35,10 +35,15 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     let pair = crate::daemon::plan::pair_of(&store, &run_row.id)?;
     let spent = crate::scheduler::budget::recorded_spend(&store, &run_row.id, false).ok();
     let mut out = std::io::stdout().lock();
+    let independent = run_row.mode == Mode::Independent.as_str();
+    let scored = independent
+        .then(|| crate::score::scored::newest(&crate::run::runs_dir(home).join(&run_row.id)))
+        .flatten();
     if json {
         let tally = inspect::OutcomeTally::of(outcomes.values());
         let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
-            "sessions": rows, "outcomes": outcomes, "summary": tally.line(), "spent": spent});
+            "sessions": rows, "outcomes": outcomes, "summary": tally.line(), "spent": spent,
+            "scored": scored});
         print_json(&value);
         return Ok(0);
     }
@@ -46,10 +51,6 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         width: stdout_width(),
         color: stdout_color(),
     };
-    let independent = run_row.mode == Mode::Independent.as_str();
-    let scored = independent
-        .then(|| crate::score::scored::newest(&crate::run::runs_dir(home).join(&run_row.id)))
-        .flatten();
     let winners: Vec<&String> = outcomes
         .iter()
         .filter(|(_, o)| matches!(o.verdict, inspect::Verdict::Winner { .. }))

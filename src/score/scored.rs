@@ -9,13 +9,14 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::score::candidates::generations;
 use crate::score::gate::GateKind;
 
 /// One target's candidate as the newest complete score judged it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ScoredVerdict {
     /// A winner of the standalone stage under the score's gate.
     pub winner: bool,
@@ -28,7 +29,7 @@ pub struct ScoredVerdict {
     pub dropped: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Confirmed {
     pub geomean: f64,
     pub kept: usize,
@@ -37,7 +38,7 @@ pub struct Confirmed {
 }
 
 /// A run's newest complete score.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Scored {
     /// The results generation (`results`, `results-2`, …).
     pub generation: PathBuf,

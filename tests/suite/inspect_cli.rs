@@ -278,11 +278,21 @@ fn sessions_say_what_scoring_made_of_each_session_winner() {
             .any(|l| l.starts_with("  fk-agentd score --run 20")),
         "the command is not whole on its own line:\n{before}"
     );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(fk(h).args(["sessions", "--json"]))).unwrap();
+    assert!(json["scored"].is_null(), "{json}");
     // Scoring exits 1 when a candidate fails a stage; either way it writes its verdicts.
     fk(h)
         .args(["score", "--run", "20"])
         .assert()
         .code(predicates::ord::lt(2));
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(fk(h).args(["sessions", "--json"]))).unwrap();
+    assert_eq!(json["scored"]["gate"], "confirmed", "{json}");
+    assert!(
+        json["scored"]["verdicts"]["L1/gelu"]["winner"].is_boolean(),
+        "{json}"
+    );
     let after = stdout(fk(h).args(["sessions"]));
     assert!(!after.contains("not scored yet"), "{after}");
     let line = after
