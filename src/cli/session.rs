@@ -124,6 +124,9 @@ struct ScoringLines {
 
 impl ScoringLines {
     fn render(&self, width: usize) -> String {
+        if self.text.is_empty() {
+            return String::new();
+        }
         let mut out = crate::score::render::wrap(&self.text, width, 2);
         if let Some(c) = &self.command {
             out.push_str(&format!("  {c}\n"));

@@ -9,7 +9,8 @@
 //!
 //! The snapshots were taken with the previous release; a change to how events are written or
 //! read must leave them as they are. A view that shows more of the same recorded facts may add
-//! to them (`sessions` now also says what the run's scoring made of each session winner).
+//! to them (`sessions` now also says what the run's scoring made of each session winner, and its
+//! `--json` has `scored`).
 
 use std::path::{Path, PathBuf};
 
