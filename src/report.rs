@@ -98,19 +98,10 @@ impl Default for TableOptions {
     }
 }
 
-/// `fk-agentd sessions`: one row per target, its end and its verdict kept apart.
+/// `fk-agentd sessions`: one row per target, its end and its verdict kept apart, and what
+/// scoring made of each session winner (`scored`, by target; empty before a score) in its NOTE:
+/// a session's verdict is its last validate bench, which scoring confirms or not.
 pub fn sessions_table(
-    run: &RunRow,
-    rows: &[SessionRow],
-    outcomes: &BTreeMap<String, Outcome>,
-    opts: TableOptions,
-) -> String {
-    sessions_table_scored(run, rows, outcomes, &BTreeMap::new(), opts)
-}
-
-/// [`sessions_table`] with what scoring made of each session winner (`scored`, by target) in
-/// its NOTE: a session's verdict is its last validate bench, which scoring confirms or not.
-pub fn sessions_table_scored(
     run: &RunRow,
     rows: &[SessionRow],
     outcomes: &BTreeMap<String, Outcome>,

@@ -77,11 +77,12 @@ fn winners_caveat(global: &GlobalArgs, r: &CampaignReport, winners: usize) -> St
     } else {
         "the winners above passed the gate on their last validate bench (one bench, unconfirmed)"
     };
+    use crate::daemon::phases::{INDEPENDENT_RESULTS, SCORED_BEFORE, SEQUENTIAL_RESULTS};
     let scored = r
         .notes
         .iter()
-        .any(|n| n.starts_with("independent results ") || n.starts_with("sequential results "));
-    let scored_before = r.notes.iter().any(|n| n.ends_with(" was scored before"));
+        .any(|n| n.starts_with(INDEPENDENT_RESULTS) || n.starts_with(SEQUENTIAL_RESULTS));
+    let scored_before = r.notes.iter().any(|n| n.ends_with(SCORED_BEFORE));
     if scored {
         format!("{what}; the scored results below say which held up")
     } else if let (true, Some(pair)) = (scored_before, &r.pair) {

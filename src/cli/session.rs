@@ -36,9 +36,7 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     let spent = crate::scheduler::budget::recorded_spend(&store, &run_row.id, false).ok();
     let mut out = std::io::stdout().lock();
     let independent = run_row.mode == Mode::Independent.as_str();
-    let scored = independent
-        .then(|| crate::score::scored::newest(&crate::run::runs_dir(home).join(&run_row.id)))
-        .flatten();
+    let scored = crate::score::scored::of_run(home, &run_row);
     if json {
         let tally = inspect::OutcomeTally::of(outcomes.values());
         let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
@@ -63,7 +61,7 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     let _ = write!(
         out,
         "{}",
-        report::sessions_table_scored(&run_row, &rows, &outcomes, &notes, opts)
+        report::sessions_table(&run_row, &rows, &outcomes, &notes, opts)
     );
     // A sequential run is gated level by level while it runs (`compare` shows that).
     if independent && !winners.is_empty() {
@@ -163,10 +161,7 @@ fn scoring_lines(
         return ScoringLines { text, command };
     };
     let got = |t: &&&String| s.verdicts.get(t.as_str());
-    let kept: Vec<&&String> = winners
-        .iter()
-        .filter(|t| got(t).is_some_and(|v| v.winner))
-        .collect();
+    let kept: Vec<&&String> = winners.iter().filter(|t| s.won(t)).collect();
     let dropped = kept
         .iter()
         .filter(|t| got(t).is_some_and(|v| v.dropped.is_some()))

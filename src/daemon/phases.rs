@@ -230,7 +230,7 @@ async fn sequential(
                 };
                 j.record_event(None, &finished)?;
                 notes.push(format!(
-                    "sequential results {} ({} winners kept, {} dropped in composition)",
+                    "{SEQUENTIAL_RESULTS} {} ({} winners kept, {} dropped in composition)",
                     dir.display(),
                     g.winners.len(),
                     g.dropped.len()
@@ -294,13 +294,17 @@ async fn level_phase(
     run_phase(ctx, j, targets).await
 }
 
+/// How a campaign report's notes begin where they carry scored results (`start`'s summary reads
+/// them to say where a session winner's fate is told), and how one ends when the independent
+/// half had been scored before.
+pub const INDEPENDENT_RESULTS: &str = "independent results";
+pub const SEQUENTIAL_RESULTS: &str = "sequential results";
+pub const SCORED_BEFORE: &str = "was scored before";
+
 /// Scores the independent half unless it has a complete score already.
 async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error> {
     if crate::score::compare::independent_outcome(ind.run_id(), ind.dir()).is_ok() {
-        return Ok(format!(
-            "independent run {} was scored before",
-            ind.run_id()
-        ));
+        return Ok(format!("independent run {} {SCORED_BEFORE}", ind.run_id()));
     }
     let driver = ctx
         .driver
@@ -327,7 +331,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
     };
     ind.record_event(None, &scored)?;
     Ok(format!(
-        "independent results {} (ind/, comp/): {}",
+        "{INDEPENDENT_RESULTS} {} (ind/, comp/): {}",
         report.generation.display(),
         report.headline()
     ))

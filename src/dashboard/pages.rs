@@ -158,8 +158,7 @@ fn scored_winners(view: &super::model::RunView, scored: &crate::score::scored::S
         .outcomes
         .iter()
         .filter(|(t, o)| {
-            matches!(o.verdict, crate::inspect::Verdict::Winner { .. })
-                && scored.verdicts.get(t.as_str()).is_some_and(|v| v.winner)
+            matches!(o.verdict, crate::inspect::Verdict::Winner { .. }) && scored.won(t)
         })
         .count()
 }
@@ -177,14 +176,8 @@ pub async fn overview(
     // An independent run's newest complete score, for the winners card (read here only: the
     // other pages and /metrics poll, and score.json can run to a megabyte).
     let scored = {
-        let dir = crate::run::runs_dir(&state.home).join(&view.run.id);
-        let independent = view.run.mode == crate::run::Mode::Independent.as_str();
-        blocking(move || {
-            Ok(independent
-                .then(|| crate::score::scored::newest(&dir))
-                .flatten())
-        })
-        .await?
+        let (home, run) = (state.home.clone(), view.run.clone());
+        blocking(move || Ok(crate::score::scored::of_run(&home, &run))).await?
     };
     let c = view.counts();
     let t = &view.tally.tokens;

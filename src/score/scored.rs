@@ -47,11 +47,25 @@ pub struct Scored {
 }
 
 impl Scored {
+    /// Whether `target`'s candidate is a standalone winner of this score.
+    pub fn won(&self, target: &str) -> bool {
+        self.verdicts.get(target).is_some_and(|v| v.winner)
+    }
+
     /// The generation's folder name.
     pub fn name(&self) -> String {
         let name = self.generation.file_name().unwrap_or_default();
         name.to_string_lossy().into_owned()
     }
+}
+
+/// The newest complete score of an independent run of `home`; `None` before any, and for a
+/// sequential run (gated level by level as it runs, not scored afterwards).
+pub fn of_run(home: &Path, run: &crate::store::RunRow) -> Option<Scored> {
+    let independent = run.mode == crate::run::Mode::Independent.as_str();
+    independent
+        .then(|| newest(&crate::run::runs_dir(home).join(&run.id)))
+        .flatten()
 }
 
 /// The newest results generation of `run_dir` whose score completed with a standalone stage;

@@ -214,6 +214,7 @@ fn the_sessions_table_fits_80_and_120_columns() {
             &run_row(),
             &rows,
             &outcomes,
+            &Default::default(),
             TableOptions {
                 width,
                 color: false,
@@ -231,6 +232,7 @@ fn the_sessions_table_fits_80_and_120_columns() {
         &run_row(),
         &rows,
         &outcomes,
+        &Default::default(),
         TableOptions {
             width: 80,
             color: true,

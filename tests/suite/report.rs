@@ -84,7 +84,7 @@ fn sessions_table() {
         };
         insta::assert_snapshot!(
             format!("sessions_table_{width}"),
-            report::sessions_table(&run(true), &rows, &outcomes, opts)
+            report::sessions_table(&run(true), &rows, &outcomes, &Default::default(), opts)
         );
     }
 }
