@@ -340,7 +340,7 @@ pub struct StartArgs {
     /// Default: `[score] gate` (confirmed).
     #[arg(long, value_parser = words::<GateKind>())]
     pub gate: Option<GateKind>,
-    /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (4).
+    /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (6).
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
     /// Patch series for the private fastkernels copy: auto | shipped | none | DIR.
@@ -414,15 +414,16 @@ pub struct ScoreArgs {
     )]
     pub noise_sample: u32,
     /// `confirmed`: the published gate on a first bench, then up to `--confirm` more benches
-    /// of its winners until a sequential test decides (a first bench far below the candidate's
-    /// own passing `validate` benches of the same file gets one more bench, which decides
-    /// instead; `score --run` finds them in the sessions).
+    /// of its winners until a sequential test decides; a correct first-bench loser whose own
+    /// `validate` benches of the same file won (by 5 %, or at all when the first bench looks
+    /// wild) is benched the same way, its lost bench counted (`score --run` finds them in the
+    /// sessions).
     /// `published`: geomean ≥ 1.0 on one bench. `lower-bound`: every candidate benched
     /// `--repeats` times (≥ 2), the interval's lower end must reach 1.0. Default: `[score] gate`
     /// (confirmed).
     #[arg(long, value_parser = words::<GateKind>())]
     pub gate: Option<GateKind>,
-    /// Benches after the first at most, for `--gate confirmed`. Default: `[score] confirm` (4).
+    /// Benches after the first at most, for `--gate confirmed`. Default: `[score] confirm` (6).
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
     /// Show only the winners, or only the losers, in the gate tables (and `--json`).

@@ -408,7 +408,7 @@ impl StageProgress {
 fn stage_start_words(stage: Stage, benches: usize) -> String {
     let what = match stage {
         Stage::NoiseFloor => " (self-tests of the baseline)",
-        Stage::Confirmation => " at most (repeats of the published winners)",
+        Stage::Confirmation => " at most (published winners and second chances, benched again)",
         Stage::Composed => " (one per level)",
         Stage::Standalone => "",
         Stage::Level(_) => " (candidates gated alone, then the winners mixed)",
@@ -421,12 +421,12 @@ fn stage_start_words(stage: Stage, benches: usize) -> String {
     format!("{}: {benches_words}{what}", stage.name())
 }
 
-/// `standalone: 4 of 8 winners`, `confirmation: 3 of 4 published winners confirmed`.
+/// `standalone: 4 of 8 winners`, `confirmation: 3 of 4 confirmed`.
 fn stage_end_words(stage: Stage, winners: usize, judged: usize) -> String {
     match stage {
         Stage::NoiseFloor => format!("noise floor: {judged} rows"),
         Stage::Confirmation => {
-            format!("confirmation: {winners} of {judged} published winners confirmed")
+            format!("confirmation: {winners} of {judged} confirmed")
         }
         Stage::Standalone | Stage::Composed | Stage::Level(_) => {
             format!("{}: {winners} of {judged} winners", stage.name())
@@ -499,7 +499,7 @@ mod progress_tests {
         );
         assert_eq!(
             stage_end_words(Stage::Confirmation, 3, 4),
-            "confirmation: 3 of 4 published winners confirmed"
+            "confirmation: 3 of 4 confirmed"
         );
         assert_eq!(
             stage_end_words(Stage::NoiseFloor, 0, 10),

@@ -1,10 +1,10 @@
 //! Confirmation of a winner: the rule that turns a one-shot win into a confirmed one, or not.
 //!
-//! Owns [`ConfirmRule`], the outlier rule ([`flag_outliers`]), the rescue of a first bench that
-//! is a slow outlier ([`first_bench_is_outlier`]) and the per-candidate decision after each
-//! bench ([`step`]). It is pure: benches are the caller's (the scoring pipeline benches real
-//! or simulated processes; `cargo bench --bench gate` feeds it drawn numbers), so both measure
-//! the very same rule.
+//! Owns [`ConfirmRule`], the outlier rule ([`flag_outliers`]), the second chance of a first
+//! bench that lost while the candidate's own earlier benches won ([`second_chance`]) and the
+//! per-candidate decision after each bench ([`step`]). It is pure: benches are the caller's (the
+//! scoring pipeline benches real or simulated processes; `cargo bench --bench gate` feeds it
+//! drawn numbers), so both measure the very same rule.
 //!
 //! The rule works on the log geomean of each bench of one candidate. It is a sequential
 //! probability ratio test (Wald's SPRT, the stopping rule chess engines are tested with)
@@ -23,12 +23,15 @@
 //! - **Selection.** The bench that passed the published gate was chosen *because* it passed,
 //!   so it counts with the likelihood of a bench given that it passed: its log likelihood
 //!   ratio minus ln(P(pass | win) / P(pass | no speedup)). This keeps the false-winner rate
-//!   honest while the first bench still counts.
+//!   honest while the first bench still counts. A first bench that lost (a second chance)
+//!   counts in full, against the candidate.
 //! - **Decision.** Log likelihood ratio ≥ ln((1 − β) / α) → confirmed; ≤ ln(β / (1 − α)) → not
 //!   confirmed (futility: a win is unlikely), stop; otherwise one more bench, up to
 //!   `1 + max_extra` benches, after which it is confirmed only when the ratio is ≥ 0 and the
-//!   95 % interval of the geomean starts at ≥ threshold. At least two kept benches stand behind
-//!   every confirmation, so no single bench decides alone.
+//!   95 % interval of the geomean starts at ≥ threshold. Both boundaries narrow toward 0 as
+//!   fresh benches are spent ([`ConfirmRule::narrowing`]), so a candidate between the two
+//!   hypotheses (a 1.05× one) is decided in fewer benches than a plain SPRT would spend. At
+//!   least two kept benches stand behind every confirmation, so no single bench decides alone.
 
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +59,12 @@ pub struct ConfirmRule {
     pub prior_weight: f64,
     /// Distance from the median, in spreads, beyond which a bench is an outlier.
     pub outlier_spreads: f64,
+    /// How far both boundaries of the test have narrowed toward 0 by the last bench allowed:
+    /// after fresh bench k (1-based) they are scaled by 1 − narrowing × (k − 1) / max_extra.
+    pub narrowing: f64,
+    /// A first-bench loser gets a second chance when the median of its earlier benches of the
+    /// same file is at least threshold × this factor ([`second_chance`]).
+    pub second_chance: f64,
 }
 
 impl ConfirmRule {
@@ -65,11 +74,13 @@ impl ConfirmRule {
             threshold,
             max_extra,
             worth: 1.10,
-            alpha: 0.04,
-            beta: 0.02,
+            alpha: 0.07,
+            beta: 0.04,
             sigma: BENCH_SIGMA,
             prior_weight: 4.0,
             outlier_spreads: 4.0,
+            narrowing: 0.7,
+            second_chance: 1.05,
         }
     }
 }
@@ -91,8 +102,8 @@ pub struct Confirmation {
     /// Log likelihood ratio of "a win of `worth`" over "no speedup" when the test stopped.
     #[serde(default)]
     pub evidence: Option<f64>,
-    /// The first bench lost far below the threshold and a second bench decided the first-bench
-    /// verdict instead ([`first_bench_is_outlier`]).
+    /// The first bench lost, and the candidate was benched again on a second chance
+    /// ([`second_chance`]); the lost bench counts among the others.
     #[serde(default)]
     pub rescued: bool,
 }
@@ -116,23 +127,52 @@ pub enum Step {
     Done(Confirmation),
 }
 
-/// Whether a first bench that lost may be a wild bench: the candidate's own earlier benches of
-/// the same file (`earlier`, the geomeans of its `validate` calls in the campaign) say it wins
-/// (their median is at or above the threshold), and this bench lies more than
-/// `outlier_spreads` prior spreads below that median. Then one more bench decides the
-/// first-bench verdict. Without earlier benches, or when they lost too, the first bench stands:
-/// a candidate that is really slow costs one bench.
-pub fn first_bench_is_outlier(geomean: f64, earlier: &[f64], rule: &ConfirmRule) -> bool {
+/// Why a first-bench loser is benched again.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SecondChance {
+    /// The first bench lies more than [`ConfirmRule::outlier_spreads`] prior spreads below the
+    /// median of the candidate's earlier benches, which won: it may be a wild bench.
+    Wild { earlier: f64 },
+    /// The candidate's earlier benches won by at least [`ConfirmRule::second_chance`]: the two
+    /// disagree, and more benches tell which is noise.
+    EarlierWon { earlier: f64 },
+}
+
+impl SecondChance {
+    /// The median geomean of the earlier benches.
+    pub fn earlier(&self) -> f64 {
+        match self {
+            Self::Wild { earlier } | Self::EarlierWon { earlier } => *earlier,
+        }
+    }
+}
+
+/// Whether a first bench that lost (`geomean`) gets a second chance: the candidate's own earlier
+/// benches of the very same file (`earlier`, the geomeans of its `validate` calls in the
+/// campaign) say it wins, by [`ConfirmRule::second_chance`], or at all when this bench lies so
+/// far below them that it may be wild. Then the candidate is benched again and the sequential
+/// test decides over every bench, the lost one included. Without earlier benches, or when they
+/// lost too, the first bench stands: a candidate that is really slow costs one bench.
+pub fn second_chance(geomean: f64, earlier: &[f64], rule: &ConfirmRule) -> Option<SecondChance> {
     let logs: Vec<f64> = earlier
         .iter()
         .filter(|g| **g > 0.0)
         .map(|g| g.ln())
         .collect();
-    if geomean <= 0.0 || logs.is_empty() {
-        return false;
+    if geomean <= 0.0 || geomean >= rule.threshold || logs.is_empty() {
+        return None;
     }
     let before = median(&logs);
-    before >= rule.threshold.ln() && before - geomean.ln() > rule.outlier_spreads * rule.sigma
+    let earlier = before.exp();
+    if before < rule.threshold.ln() {
+        None
+    } else if before - geomean.ln() > rule.outlier_spreads * rule.sigma {
+        Some(SecondChance::Wild { earlier })
+    } else if earlier >= rule.threshold * rule.second_chance {
+        Some(SecondChance::EarlierWon { earlier })
+    } else {
+        None
+    }
 }
 
 /// Which of the log values are outliers by the robust rule (see the module docs).
@@ -190,9 +230,10 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     c.geomean = Some(test.mean.exp());
     c.ci95 = Some(test.interval());
     c.evidence = Some(test.llr);
+    let narrow = 1.0 - rule.narrowing * (n.saturating_sub(2) as f64) / rule.max_extra.max(1) as f64;
     let (accept, reject) = (
-        ((1.0 - rule.beta) / rule.alpha).ln(),
-        (rule.beta / (1.0 - rule.alpha)).ln(),
+        ((1.0 - rule.beta) / rule.alpha).ln() * narrow,
+        (rule.beta / (1.0 - rule.alpha)).ln() * narrow,
     );
     let g = ratio(test.mean.exp(), rule.threshold);
     if test.llr >= accept {
@@ -364,8 +405,8 @@ mod tests {
     #[test]
     fn an_undecided_candidate_gets_more_benches_up_to_the_limit() {
         let rule = ConfirmRule::new(1.0, 4);
-        assert_eq!(step(&[1.06, 1.03, 1.07], &rule), Step::More);
-        let c = done(&[1.06, 1.03, 1.07, 1.02, 1.04]);
+        assert_eq!(step(&[1.06, 1.04, 1.05], &rule), Step::More);
+        let c = done(&[1.06, 1.04, 1.05, 1.05, 1.04]);
         assert!(!c.confirmed);
         assert!(
             c.reason
@@ -389,18 +430,50 @@ mod tests {
     }
 
     #[test]
-    fn only_a_first_bench_far_below_its_own_passing_benches_is_rescued() {
-        let rule = ConfirmRule::new(1.0, 4);
+    fn a_first_bench_loser_gets_a_second_chance_only_when_its_own_earlier_benches_won() {
+        let rule = ConfirmRule::new(1.0, 6);
         let passed = [1.08, 1.12, 1.05];
-        let got: Vec<bool> = [0.25, 0.80, 0.90, 0.99]
+        let got: Vec<Option<SecondChance>> = [0.25, 0.98, 1.0]
             .iter()
-            .map(|g| first_bench_is_outlier(*g, &passed, &rule))
+            .map(|g| second_chance(*g, &passed, &rule))
             .collect();
-        assert_eq!(got, [true, true, false, false]);
-        // Far below the threshold, yet as slow as it always was, or with nothing to compare.
-        assert!(!first_bench_is_outlier(0.5, &[0.52, 0.49], &rule));
-        assert!(!first_bench_is_outlier(0.25, &[], &rule));
-        // Earlier benches that did not pass do not make a slow bench wild.
-        assert!(!first_bench_is_outlier(0.25, &[0.97], &rule));
+        assert_eq!(
+            got,
+            [
+                Some(SecondChance::Wild { earlier: 1.08 }),
+                Some(SecondChance::EarlierWon { earlier: 1.08 }),
+                // It did not lose.
+                None
+            ]
+        );
+        // Earlier benches that won by less than the second-chance margin: only a wild bench.
+        assert_eq!(second_chance(0.98, &[1.03], &rule), None);
+        assert!(matches!(
+            second_chance(0.60, &[1.03], &rule),
+            Some(SecondChance::Wild { .. })
+        ));
+        // As slow as it always was, nothing to compare with, or earlier benches that lost.
+        assert_eq!(second_chance(0.5, &[0.52, 0.49], &rule), None);
+        assert_eq!(second_chance(0.25, &[], &rule), None);
+        assert_eq!(second_chance(0.25, &[0.97], &rule), None);
+    }
+
+    #[test]
+    fn the_boundaries_narrow_as_benches_are_spent() {
+        // Benches a little over 1.05×: never decided by a plain SPRT within the limit, decided
+        // by the narrowed boundaries.
+        let benches = [1.06, 1.05, 1.07, 1.04, 1.06, 1.05, 1.06];
+        let plain = ConfirmRule {
+            narrowing: 0.0,
+            ..ConfirmRule::new(1.0, 6)
+        };
+        let first_done = |rule: &ConfirmRule| {
+            (2..=benches.len()).find(|n| matches!(step(&benches[..*n], rule), Step::Done(_)))
+        };
+        let narrowed = first_done(&ConfirmRule::new(1.0, 6)).unwrap();
+        assert!(
+            narrowed < first_done(&plain).unwrap(),
+            "narrowed boundaries decide after {narrowed} benches"
+        );
     }
 }

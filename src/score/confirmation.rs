@@ -2,112 +2,86 @@
 //! asks for, run as fresh processes, round by round.
 //!
 //! Owns the `confirm-<k>/` folders beside a candidate's first bench
-//! (`<stage dir>/L<n>_<stem>/confirm-<k>/`). A round benches every candidate still undecided
-//! once; the order of a round is reversed every other round, so no candidate is always benched
-//! first. The confirmed verdict becomes the verdict's `winner`; the published one stays in
-//! `published`.
+//! (`<stage dir>/L<n>_<stem>/confirm-<k>/`). The candidates confirmed are the published
+//! winners and the correct first-bench losers with a second chance (their own earlier benches
+//! of the same file won; [`crate::score::confirm::second_chance`]). A round benches every
+//! candidate still undecided once; the order of a round is reversed every other round, so no
+//! candidate is always benched first. The confirmed verdict becomes the verdict's `winner`; the
+//! published one stays in `published`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::score::confirm::{ConfirmRule, Confirmation, Step, first_bench_is_outlier, ratio, step};
+use crate::score::confirm::{
+    ConfirmRule, Confirmation, SecondChance, Step, ratio, second_chance, step,
+};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::WinnerGate;
 use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
-/// Re-benches each correct first-bench loser of `stage` whose geomean lies so far below its
-/// `earlier` benches (by target: geomeans of the same candidate file, benched before scoring)
-/// that it may be a wild bench (in `<dir>/L<n>_<stem>/rescue/`). The second bench
-/// decides the first-bench verdict: a pass makes the target a winner for [`confirm_winners`]
-/// (not for the published gate), a loss keeps it a loser with both numbers in its reason.
-/// Returns the rescued targets with the outlier they started from.
-pub async fn rescue_outliers<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    dir: &Path,
-    stage: &mut StageReport,
+/// A candidate to confirm: its benches so far (the first bench), and why a first-bench loser
+/// is in.
+#[derive(Clone, Debug)]
+pub struct Contender {
+    pub target: TargetId,
+    benches: Vec<f64>,
+    second_chance: Option<SecondChance>,
+}
+
+/// The candidates of `stage` to confirm: its published winners, and its correct losers that
+/// get a second chance by their `earlier` benches (by target: geomeans of the same candidate
+/// file, benched before scoring; empty where there were none).
+pub fn contenders(
+    stage: &StageReport,
     gate: &WinnerGate,
     earlier: &BTreeMap<TargetId, Vec<f64>>,
-    cancel: &CancellationToken,
-) -> BTreeMap<TargetId, f64> {
+) -> Vec<Contender> {
     let rule = ConfirmRule::new(gate.threshold, gate.confirm);
-    let picked: Vec<(TargetId, f64)> = stage
+    stage
         .gate
         .verdicts
         .iter()
-        .filter(|v| !v.winner && v.failing_statuses.is_empty())
-        .filter_map(|v| Some((v.target.clone(), v.geomean?)))
-        .filter(|(t, g)| {
-            let before = earlier.get(t).map_or(&[][..], Vec::as_slice);
-            first_bench_is_outlier(*g, before, &rule)
+        .filter_map(|v| {
+            let first = v.geomean?;
+            let chance = if v.winner {
+                None
+            } else if v.failing_statuses.is_empty() {
+                let before = earlier.get(&v.target).map_or(&[][..], Vec::as_slice);
+                Some(second_chance(first, before, &rule)?)
+            } else {
+                return None;
+            };
+            Some(Contender {
+                target: v.target.clone(),
+                benches: vec![first],
+                second_chance: chance,
+            })
         })
-        .collect();
-    let mut rescued = BTreeMap::new();
-    if picked.is_empty() || cancel.is_cancelled() {
-        return rescued;
-    }
-    let reqs = picked
-        .iter()
-        .map(|(t, _)| again(dir, t, "rescue"))
-        .collect();
-    let runs = driver.run_many(reqs, cancel).await;
-    stage.runs.extend(runs.iter().map(RunSummary::of));
-    for ((target, first), run) in picked.into_iter().zip(&runs) {
-        let Some(v) = stage.gate.verdicts.iter_mut().find(|v| v.target == target) else {
-            continue;
-        };
-        let was = ratio(first, gate.threshold);
-        let second = confirmation_geomean(&target, run);
-        if let Ok(g) = second
-            && g >= gate.threshold
-        {
-            v.winner = true;
-            v.geomean = Some(g);
-            v.reason = None;
-            let now = ratio(g, gate.threshold);
-            v.review.push(format!(
-                "first bench {was} looked wild; a second bench gave {now} and decided"
-            ));
-            rescued.insert(target, first);
-        } else {
-            let second = second.map_or_else(|why| why, |g| ratio(g, gate.threshold));
-            v.reason = Some(format!(
-                "{} (a second bench, since the first looked wild: {second})",
-                v.reason.clone().unwrap_or_default()
-            ));
-        }
-    }
-    rescued
+        .collect()
 }
 
-/// Marks the confirmations of rescued targets (their first bench was an outlier).
-pub fn mark_rescued(stage: &mut StageReport, rescued: &BTreeMap<TargetId, f64>) {
-    for v in &mut stage.gate.verdicts {
-        if let (Some(c), true) = (&mut v.confirmation, rescued.contains_key(&v.target)) {
-            c.rescued = true;
-        }
-    }
-}
-
-/// Benches every published winner of `stage` again (`<dir>/L<n>_<stem>/confirm-<k>/`) until
-/// [`crate::score::confirm::step`] decides. A candidate that lost the first bench is never
-/// benched again.
+/// Benches every contender of `stage` again (`<dir>/L<n>_<stem>/confirm-<k>/`) until
+/// [`crate::score::confirm::step`] decides. A first-bench loser without a second chance is
+/// never benched again.
 pub async fn confirm_winners<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     dir: &Path,
     stage: &mut StageReport,
     gate: &WinnerGate,
+    contenders: Vec<Contender>,
     cancel: &CancellationToken,
 ) {
     let rule = ConfirmRule::new(gate.threshold, gate.confirm);
-    let mut pending: Vec<(TargetId, Vec<f64>)> = stage
-        .gate
-        .verdicts
+    let chances: BTreeMap<TargetId, SecondChance> = contenders
         .iter()
-        .filter(|v| v.winner)
-        .filter_map(|v| Some((v.target.clone(), vec![v.geomean?])))
+        .filter_map(|c| Some((c.target.clone(), c.second_chance?)))
+        .collect();
+    let mut pending: Vec<(TargetId, Vec<f64>)> = contenders
+        .into_iter()
+        .map(|c| (c.target, c.benches))
         .collect();
     let mut done: BTreeMap<TargetId, Confirmation> = BTreeMap::new();
     let mut round = 1;
@@ -147,7 +121,7 @@ pub async fn confirm_winners<L: BenchLauncher>(
             Confirmation::failed(benches, "confirmation cancelled".into()),
         );
     }
-    apply_confirmations(stage, done);
+    apply_confirmations(stage, done, &chances);
 }
 
 /// One more bench of `target`'s first-bench candidate, in `<dir>/L<n>_<stem>/<work>/`.
@@ -168,16 +142,57 @@ fn confirmation_geomean(target: &TargetId, run: &BenchRun) -> Result<f64, String
         .ok_or_else(|| v.reason.unwrap_or_else(|| "no geomean".into()))
 }
 
-/// Confirmed winners stay winners; the others lose the win, with the reason.
-fn apply_confirmations(stage: &mut StageReport, mut done: BTreeMap<TargetId, Confirmation>) {
-    for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
+/// Confirmed winners stay (or, on a second chance, become) winners; the others lose the win,
+/// with the reason.
+fn apply_confirmations(
+    stage: &mut StageReport,
+    mut done: BTreeMap<TargetId, Confirmation>,
+    chances: &BTreeMap<TargetId, SecondChance>,
+) {
+    let threshold = stage.gate.gate.threshold;
+    for v in stage.gate.verdicts.iter_mut() {
         let Some(c) = done.remove(&v.target) else {
             continue;
         };
-        if !c.confirmed {
-            v.winner = false;
-            let why = c.reason.as_deref().unwrap_or_default();
-            v.reason = Some(format!("not confirmed: {why}"));
+        let why = c.reason.as_deref().unwrap_or_default();
+        match chances.get(&v.target) {
+            None if !c.confirmed => {
+                v.winner = false;
+                v.reason = Some(format!("not confirmed: {why}"));
+            }
+            None => {}
+            Some(chance) => {
+                let first = c
+                    .benches
+                    .first()
+                    .map_or_else(String::new, |g| ratio(*g, threshold));
+                let earlier = ratio(chance.earlier(), threshold);
+                let because = match chance {
+                    SecondChance::Wild { .. } => {
+                        format!(
+                            "the first bench {first} looked wild against its validate benches (median {earlier})"
+                        )
+                    }
+                    SecondChance::EarlierWon { .. } => {
+                        format!(
+                            "the first bench {first} lost, its validate benches won (median {earlier})"
+                        )
+                    }
+                };
+                if c.confirmed {
+                    v.winner = true;
+                    v.reason = None;
+                    v.review.push(format!(
+                        "second chance: {because}; benched {} times in all, confirmed",
+                        c.benches.len()
+                    ));
+                } else {
+                    v.reason = Some(format!(
+                        "{}; second chance: {because}; not confirmed: {why}",
+                        v.reason.clone().unwrap_or_default()
+                    ));
+                }
+            }
         }
         v.confirmation = Some(c);
     }

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
 use crate::score::candidates::{CandidateSet, copy_tree};
-use crate::score::confirmation::confirm_winners;
+use crate::score::confirmation::{confirm_winners, contenders};
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};
 use crate::score::pipeline::{MixParams, bench_alone, score_mix};
@@ -86,7 +86,17 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
         )
         .await?;
         if self.gate.kind == GateKind::Confirmed {
-            confirm_winners(self.driver, &dir, &mut stage, &self.gate, self.cancel).await;
+            // No earlier benches here: a level's first-bench losers stand.
+            let contenders = contenders(&stage, &self.gate, &Default::default());
+            confirm_winners(
+                self.driver,
+                &dir,
+                &mut stage,
+                &self.gate,
+                contenders,
+                self.cancel,
+            )
+            .await;
         }
         write_json(&dir.join("gate.json"), &stage)?;
         Ok(stage)

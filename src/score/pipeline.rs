@@ -31,7 +31,7 @@ use crate::score::ScoreError;
 use crate::score::candidates::{
     CandidateSet, earlier_benches, gather_sessions, new_generation, session_candidates,
 };
-use crate::score::confirmation::{confirm_winners, mark_rescued, rescue_outliers};
+use crate::score::confirmation::{confirm_winners, contenders};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
@@ -409,22 +409,23 @@ async fn score_set<L: BenchLauncher>(
         progress.started(Stage::Standalone, benches);
         let gate = &params.gate;
         let mut stage = score_standalone(driver, &set, &dir, gate, params.repeats, cancel).await?;
-        let rescued = if gate.kind == GateKind::Confirmed {
-            rescue_outliers(driver, &dir, &mut stage, gate, &params.earlier, cancel).await
-        } else {
-            Default::default()
-        };
         screen_winners(&set, &mut stage, &params.screen_waive);
         let judged = stage.gate.verdicts.len();
         progress.finished(Stage::Standalone, stage.gate.winner_count(), judged);
         if gate.kind == GateKind::LowerBound {
             gate_on_lower_bound(&mut stage, gate.threshold);
         } else if gate.kind == GateKind::Confirmed {
-            let published = stage.gate.winner_count();
-            progress.started(Stage::Confirmation, published * gate.confirm);
-            confirm_winners(driver, &dir, &mut stage, gate, cancel).await;
-            mark_rescued(&mut stage, &rescued);
-            progress.finished(Stage::Confirmation, stage.gate.winner_count(), published);
+            let contenders = contenders(&stage, gate, &params.earlier);
+            let benched_again = contenders.len();
+            progress.started(Stage::Confirmation, benched_again * gate.confirm);
+            confirm_winners(driver, &dir, &mut stage, gate, contenders, cancel).await;
+            // A second chance made winners the screen has not seen yet.
+            screen_winners(&set, &mut stage, &params.screen_waive);
+            progress.finished(
+                Stage::Confirmation,
+                stage.gate.winner_count(),
+                benched_again,
+            );
         }
         write_json(&dir.join("gate.json"), &stage)?;
         pool = stage.gate.winners().map(|v| v.target.clone()).collect();

@@ -185,8 +185,9 @@ fn confirmed_stage(out: &mut String, s: &StageReport, width: usize) {
     ));
     out.push_str(&wrap(
         &format!(
-            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a first bench that lost far below the candidate's own passing validate benches gets one more bench, which decides (rescued)",
-            g.confirm
+            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a correct first-bench loser whose own validate benches of the same file won (by {:.0} %, or at all when this bench looks wild) is benched the same way, its lost bench counted (rescued)",
+            g.confirm,
+            (crate::score::confirm::ConfirmRule::new(g.threshold, g.confirm).second_chance - 1.0) * 100.0
         ),
         width,
         2,

@@ -21,7 +21,7 @@ pub struct ScoredVerdict {
     /// A winner of the standalone stage under the score's gate.
     pub winner: bool,
     /// The confirmation's geomean over its kept benches, how many benches it kept and how many
-    /// it ran (the first, or the rescue that replaced a wild first, included), when one ran.
+    /// it ran (the first, a lost one on a second chance too, included), when one ran.
     pub confirmed: Option<Confirmed>,
     /// Why it is not a standalone winner.
     pub reason: Option<String>,

@@ -14,7 +14,7 @@
 //!
 //! Repeated benches of one candidate differ through [`NoiseModel`]: a `# sim: true=S`
 //! candidate in every bench, any other candidate in the benches scoring repeats (a
-//! confirmation `…/confirm-<k>/`, a rescue, a `--repeats` bench `…/rep-<k>/` after the first),
+//! confirmation `…/confirm-<k>/`, a `--repeats` bench `…/rep-<k>/` after the first),
 //! so its `validate` and first scoring bench agree and a confirmation has noise to judge.
 //! The draws depend on the invocation's private folder: the same folder always gives the
 //! same numbers.
@@ -154,26 +154,16 @@ fn work_folder(output: &Path) -> &str {
         .unwrap_or("")
 }
 
-/// Which bench of a candidate an output path is: 0 for the first, `…/confirm-<k>/…` → k. A
-/// candidate whose wild first bench was re-benched (`…/rescue/…` beside its confirmations)
-/// numbers its benches first (0), rescue (1), then the confirmations from 2 on.
+/// Which bench of a candidate an output path is: 0 for the first, `…/confirm-<k>/…` → k.
 fn confirm_index(output: &Path) -> usize {
-    let work = work_folder(output);
-    if work == "rescue" {
-        return 1;
-    }
-    let Some(k) = work
+    work_folder(output)
         .strip_prefix("confirm-")
         .and_then(|k| k.parse::<usize>().ok())
-    else {
-        return 0;
-    };
-    let candidate_dir = output.parent().and_then(Path::parent);
-    k + usize::from(candidate_dir.is_some_and(|d| d.join("rescue").is_dir()))
+        .unwrap_or(0)
 }
 
 /// Whether an output path is a repeated bench of a candidate scoring benched before: a
-/// confirmation (`confirm-<k>`), a rescue, or a `--repeats` bench after the first (`rep-<k>`,
+/// confirmation (`confirm-<k>`) or a `--repeats` bench after the first (`rep-<k>`,
 /// k ≥ 2).
 fn is_repeat(output: &Path) -> bool {
     confirm_index(output) > 0
@@ -591,14 +581,13 @@ mod tests {
         assert_eq!(confirm_index(Path::new("a/L1_gelu/bench.json")), 0);
         // Only the bench's own folder counts, not a home or session folder above it.
         for p in [
-            "rep-2/confirm-7/rescue/sessions/L1/gelu/validations/001/bench.json",
+            "rep-2/confirm-7/sessions/L1/gelu/validations/001/bench.json",
             "home/rep-3/gen/L1_gelu/rep-1/bench.json",
         ] {
             assert!(!is_repeat(Path::new(p)), "{p}");
             assert_eq!(confirm_index(Path::new(p)), 0, "{p}");
         }
         assert!(is_repeat(Path::new("g/L1_gelu/rep-2/bench.json")));
-        assert!(is_repeat(Path::new("g/L1_gelu/rescue/bench.json")));
         assert_eq!(invocation_nonce(p), "L1_gelu/confirm-3/bench.json");
     }
 

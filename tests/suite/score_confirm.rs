@@ -253,7 +253,8 @@ async fn a_wild_first_bench_does_not_decide_alone_but_a_really_slow_candidate_st
             ("L1/quickgelu", "# sim: speedup=0.5\n"),
             // Twice as slow, and its validate said so too: benched once.
             ("L1/silu", "# sim: speedup=0.5\n"),
-            // A near miss inside the noise: benched once, as every ordinary loser.
+            // A near miss inside the noise, its validate too: benched once, as every ordinary
+            // loser.
             ("L1/gelu", "# sim: speedup=0.95\n"),
         ],
         WinnerGate::default(),
@@ -278,9 +279,16 @@ async fn a_wild_first_bench_does_not_decide_alone_but_a_really_slow_candidate_st
     );
     let verdicts = &s.report.standalone.as_ref().unwrap().gate.verdicts;
     let bmm = verdicts.iter().find(|v| v.target.stem() == "bmm").unwrap();
-    assert!(bmm.confirmation.as_ref().unwrap().rescued);
+    let c = bmm.confirmation.as_ref().unwrap();
+    // The wild bench is named and left out, not forgotten.
+    assert_eq!(
+        (c.rescued, c.benches[0], c.outliers.clone()),
+        (true, 0.25, vec![0])
+    );
     assert!(
-        bmm.review.iter().any(|r| r.contains("0.250× looked wild")),
+        bmm.review
+            .iter()
+            .any(|r| r.contains("the first bench 0.250× looked wild")),
         "{:?}",
         bmm.review
     );
@@ -290,8 +298,43 @@ async fn a_wild_first_bench_does_not_decide_alone_but_a_really_slow_candidate_st
         .unwrap();
     let reason = slow.reason.as_deref().unwrap();
     assert!(
-        reason.contains("a second bench, since the first looked wild: 0.500×"),
+        reason.contains("second chance: the first bench 0.500× looked wild against its validate benches (median 1.050×); not confirmed: geomean of 2 benches 0.500×"),
         "{reason}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loser_whose_validate_won_clearly_gets_a_second_chance_with_its_lost_bench_counted() {
+    let s = score_after(
+        &[
+            // A 1.11× kernel whose first scoring bench lost to ordinary noise.
+            ("L1/bmm", "# sim: runs=0.98,1.12,1.11,1.12,1.10\n"),
+            // No speedup: its validate said 1.07×, the first bench 0.97×; more benches agree
+            // with the first.
+            ("L1/gelu", "# sim: runs=0.97,1.01,0.98,0.99\n"),
+        ],
+        WinnerGate::default(),
+        &[("L1/bmm", &[1.10]), ("L1/gelu", &[1.07])],
+    )
+    .await;
+    let verdicts = &s.report.standalone.as_ref().unwrap().gate.verdicts;
+    let benches = |stem: &str| {
+        let v = verdicts.iter().find(|v| v.target.stem() == stem).unwrap();
+        v.confirmation.as_ref().unwrap().benches.clone()
+    };
+    assert_eq!(
+        s.outcomes(&["bmm", "gelu"]),
+        vec![("bmm", (false, true), 4), ("gelu", (false, false), 2)]
+    );
+    // The lost bench is the first of the evidence, not replaced by the second.
+    assert_eq!(benches("bmm"), [0.98, 1.12, 1.11, 1.12]);
+    assert_eq!(benches("gelu"), [0.97, 1.01]);
+    let gelu = verdicts.iter().find(|v| v.target.stem() == "gelu").unwrap();
+    assert_eq!(
+        gelu.reason.as_deref(),
+        Some(
+            "geomean 0.97 < 1.0; second chance: the first bench 0.970× lost, its validate benches won (median 1.070×); not confirmed: geomean of 2 benches 0.990×, below 1.0×"
+        )
     );
 }
 
