@@ -113,12 +113,19 @@ fn lower_bound(b: &mut Bench<'_>, truth: f64) -> Outcome {
 
 /// The confirmed gate, with the campaign's `validate` of the same file the best of
 /// `validates` benches (the agent kept the file that looked best).
-fn confirmed(b: &mut Bench<'_>, truth: f64, rule: &ConfirmRule, validates: usize) -> Outcome {
+/// `second` off: every first-bench loser ends after one bench (no second chance of either kind).
+fn confirmed(
+    b: &mut Bench<'_>,
+    truth: f64,
+    rule: &ConfirmRule,
+    validates: usize,
+    second: bool,
+) -> Outcome {
     // Not counted as a scoring bench: the campaign ran it.
     let earlier = [(0..validates).map(|_| b.draw(truth)).fold(0.0, f64::max)];
     let mut runs = vec![b.draw(truth)];
     let passed_first = runs[0] >= rule.threshold;
-    if !passed_first && second_chance(runs[0], &earlier, rule).is_none() {
+    if !passed_first && (!second || second_chance(runs[0], &earlier, rule).is_none()) {
         return Outcome {
             won: false,
             benches: 1,
@@ -169,7 +176,7 @@ fn default_name() -> String {
 
 fn default_gate() -> Gate {
     let rule = ConfirmRule::new(1.0, fk_agentd::score::gate::DEFAULT_CONFIRM);
-    Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, 1))
+    Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, 1, true))
 }
 
 fn gates() -> Vec<(String, Gate)> {
@@ -190,20 +197,13 @@ fn gates() -> Vec<(String, Gate)> {
         };
         out.push((
             name,
-            Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, 1)),
+            Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, 1, true)),
         ));
     }
     let base = ConfirmRule::new(1.0, default_k);
     let variants = [
-        ("  validate = best of 5", base, 5),
-        (
-            "  no second chance",
-            ConfirmRule {
-                second_chance: f64::INFINITY,
-                ..base
-            },
-            1,
-        ),
+        ("  validate = best of 5", base, 5, true),
+        ("  no second chance", base, 1, false),
         (
             "  no narrowing",
             ConfirmRule {
@@ -211,6 +211,7 @@ fn gates() -> Vec<(String, Gate)> {
                 ..base
             },
             1,
+            true,
         ),
         (
             "  α 0.04 β 0.02, neither, --confirm 4",
@@ -218,16 +219,16 @@ fn gates() -> Vec<(String, Gate)> {
                 alpha: 0.04,
                 beta: 0.02,
                 narrowing: 0.0,
-                second_chance: f64::INFINITY,
                 ..ConfirmRule::new(1.0, 4)
             },
             1,
+            false,
         ),
     ];
-    for (name, rule, validates) in variants {
+    for (name, rule, validates, second) in variants {
         out.push((
             name.to_string(),
-            Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, validates)),
+            Box::new(move |b: &mut Bench<'_>, t| confirmed(b, t, &rule, validates, second)),
         ));
     }
     out

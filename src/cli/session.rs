@@ -97,7 +97,11 @@ fn scored_notes(scored: &Scored, winners: &[&String]) -> BTreeMap<String, String
                             } else {
                                 format!("{} of {} benches", c.kept, c.benches)
                             };
-                            let rescued = if c.rescued { ", rescued" } else { "" };
+                            let rescued = if c.rescued {
+                                ", on a second chance"
+                            } else {
+                                ""
+                            };
                             format!("scoring: confirmed {:.3}x over {of}{rescued}", c.geomean)
                         }
                         None => format!("scoring: a winner ({} gate)", scored.gate.as_str()),

@@ -22,8 +22,8 @@ struct Row {
     winner: bool,
     /// The published gate's verdict on the first bench, under the confirmed gate only.
     published: Option<bool>,
-    /// The first bench lost, and a second chance (its validate benches won) confirmed it (a
-    /// `rescued` row).
+    /// The first bench lost, and the candidate was benched again on a second chance (its
+    /// validate benches won); the confirmed column says how that ended.
     rescued: bool,
     /// The confirmation's benches (`1.014× 0.982× 0.25× (outlier)`), when it ran.
     benches: String,
@@ -104,7 +104,7 @@ fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
             tbody { @for (l, (n, p, w)) in &levels { tr { td { (l) } td.num { (n) } @if both { td.num { (p) } } td.num { (w.len()) } td.num { (speed((!w.is_empty()).then(|| geomean(w.iter().copied())))) } } } }
         }
         @if both {
-            p.meta { "published: the published gate on one bench (every non-skipped scenario PASSED, geomean ≥ threshold); confirmed: its winners benched again until a sequential test decides, the geomean over the kept benches (a correct first-bench loser whose own validate benches of the same file won is benched the same way, its lost bench counted: rescued). Outliers are named and decide nothing alone." }
+            p.meta { "published: the published gate on one bench (every non-skipped scenario PASSED, geomean ≥ threshold); confirmed: its winners benched again until a sequential test decides, the geomean over the kept benches (a correct first-bench loser whose own validate benches of the same file won is benched the same way, its lost bench counted: a second chance). Outliers are named and decide nothing alone." }
         }
         details {
             summary { "every target (" (rows.len()) ")" }
@@ -120,7 +120,7 @@ fn stage_table(name: &str, id: &str, rows: &[Row]) -> Markup {
                 } }
                 tbody { @for r in rows { tr {
                     td { (r.target) }
-                    @if both { td { @if r.published == Some(true) { "WIN" } @else if r.rescued { "no (rescued)" } @else { "no" } } }
+                    @if both { td { @if r.published == Some(true) { "WIN" } @else if r.rescued { "no (second chance)" } @else { "no" } } }
                     td { span class={"verdict " @if r.winner { "v-winner" } @else { "v-not-winner" }} { @if r.winner { "winner" } @else { "not a winner" } } }
                     @if both { td.num data-v=(r.first.unwrap_or(0.0)) { (speed(r.first)) } }
                     td.num data-v=(r.geomean.unwrap_or(0.0)) { (speed(r.geomean)) }

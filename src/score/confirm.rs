@@ -24,7 +24,8 @@
 //!   so it counts with the likelihood of a bench given that it passed: its log likelihood
 //!   ratio minus ln(P(pass | win) / P(pass | no speedup)). This keeps the false-winner rate
 //!   honest while the first bench still counts. A first bench that lost (a second chance)
-//!   counts in full, against the candidate.
+//!   counts in full, against the candidate, and the candidate's first passing fresh bench is
+//!   discounted instead: it entered on validate benches that are not counted (see [`step`]).
 //! - **Decision.** Log likelihood ratio ≥ ln((1 − β) / α) → confirmed; ≤ ln(β / (1 − α)) → not
 //!   confirmed (futility: a win is unlikely), stop; otherwise one more bench, up to
 //!   `1 + max_extra` benches, after which it is confirmed only when the ratio is ≥ 0 and the
@@ -49,9 +50,12 @@ pub struct ConfirmRule {
     pub max_extra: usize,
     /// The win the test is built to tell from no speedup, as a factor over the threshold.
     pub worth: f64,
-    /// Largest chance of confirming a candidate with no speedup, given it passed the first bench.
+    /// Wald's nominal chance of confirming a candidate with no speedup, given it passed the first
+    /// bench (the accept boundary's; the narrowing and the limit move the real rate, which
+    /// `cargo bench --bench gate` measures).
     pub alpha: f64,
-    /// Largest chance of dropping a candidate at `worth`, given it passed the first bench.
+    /// Wald's nominal chance of dropping a candidate at `worth`, given it passed the first bench
+    /// (the futility boundary's; measured likewise).
     pub beta: f64,
     /// Prior spread (standard deviation) of one bench's log geomean.
     pub sigma: f64,
@@ -59,8 +63,8 @@ pub struct ConfirmRule {
     pub prior_weight: f64,
     /// Distance from the median, in spreads, beyond which a bench is an outlier.
     pub outlier_spreads: f64,
-    /// How far both boundaries of the test have narrowed toward 0 by the last bench allowed:
-    /// after fresh bench k (1-based) they are scaled by 1 − narrowing × (k − 1) / max_extra.
+    /// How fast both boundaries of the test narrow toward 0: after fresh bench k (1-based) they
+    /// are scaled by 1 − narrowing × (k − 1) / max_extra (0.42 at the sixth of six with 0.7).
     pub narrowing: f64,
     /// A first-bench loser gets a second chance when the median of its earlier benches of the
     /// same file is at least threshold × this factor ([`second_chance`]).
@@ -187,7 +191,10 @@ pub fn flag_outliers(logs: &[f64], rule: &ConfirmRule) -> Vec<bool> {
 }
 
 /// The decision after the benches so far (`geomeans`, first bench first, all > 0). The first
-/// bench at or above the threshold is the one the published gate selected.
+/// bench at or above the threshold is charged the selection discount: for a published winner
+/// that is the bench the published gate picked. A second chance entered on its validate
+/// benches instead, which an agent picks and which are not counted; it pays the same price of
+/// entry on its first passing fresh bench, so every candidate confirmed was discounted once.
 pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     let n = geomeans.len();
     let last_chance = n > rule.max_extra;
@@ -433,15 +440,21 @@ mod tests {
     fn a_first_bench_loser_gets_a_second_chance_only_when_its_own_earlier_benches_won() {
         let rule = ConfirmRule::new(1.0, 6);
         let passed = [1.08, 1.12, 1.05];
-        let got: Vec<Option<SecondChance>> = [0.25, 0.98, 1.0]
+        // The kind, and the earlier median to three places (it went through ln and exp).
+        let got: Vec<Option<(bool, i64)>> = [0.25, 0.98, 1.0]
             .iter()
-            .map(|g| second_chance(*g, &passed, &rule))
+            .map(|g| {
+                second_chance(*g, &passed, &rule).map(|c| {
+                    let wild = matches!(c, SecondChance::Wild { .. });
+                    (wild, (c.earlier() * 1000.0).round() as i64)
+                })
+            })
             .collect();
         assert_eq!(
             got,
             [
-                Some(SecondChance::Wild { earlier: 1.08 }),
-                Some(SecondChance::EarlierWon { earlier: 1.08 }),
+                Some((true, 1080)),
+                Some((false, 1080)),
                 // It did not lose.
                 None
             ]

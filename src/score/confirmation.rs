@@ -151,9 +151,11 @@ fn apply_confirmations(
 ) {
     let threshold = stage.gate.gate.threshold;
     for v in stage.gate.verdicts.iter_mut() {
-        let Some(c) = done.remove(&v.target) else {
+        let Some(mut c) = done.remove(&v.target) else {
             continue;
         };
+        // Also when a bench failed or the run was cancelled before the test decided.
+        c.rescued = chances.contains_key(&v.target);
         let why = c.reason.as_deref().unwrap_or_default();
         match chances.get(&v.target) {
             None if !c.confirmed => {

@@ -146,7 +146,15 @@ pub fn build_final_set(
     };
     for t in &pool {
         let alone = standalone.and_then(|g| g.get(t));
-        let alone_speed = alone.and_then(|v| v.geomean);
+        // A confirmed winner's speed is its confirmation's geomean over the kept benches, not the
+        // first bench alone (picked for passing, or lost on a second chance).
+        let alone_speed = alone.and_then(|v| {
+            v.confirmation
+                .as_ref()
+                .filter(|c| c.confirmed)
+                .and_then(|c| c.geomean)
+                .or(v.geomean)
+        });
         match composed.map(|g| g.get(t)) {
             None => {
                 if let Some(v) = alone {

@@ -8,7 +8,7 @@
 //!
 //! [`WinnerGate::judge`] is the published gate on one bench; its answer is kept in
 //! [`TargetVerdict::published`] whatever [`GateKind`] then decides `winner` (the confirmed gate
-//! re-benches published winners, see [`crate::score::confirmation`]).
+//! re-benches published winners and second chances, see [`crate::score::confirmation`]).
 //!
 //! Invariants: every non-winner carries a reason a human can act on; a target with no rows at
 //! all is "no result", never a pass; speedups above [`REVIEW_SPEEDUP`] are flagged for review
@@ -47,7 +47,8 @@ pub struct TargetVerdict {
     pub failing_statuses: Vec<String>,
     /// The published gate's verdict on the first bench, kept whatever gate decides `winner`.
     pub published: bool,
-    /// The confirmation benches of a published winner under the confirmed gate.
+    /// The confirmation benches of a published winner or a second chance under the confirmed
+    /// gate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmation: Option<crate::score::confirm::Confirmation>,
 }

@@ -58,8 +58,9 @@ pub struct ScoreParams {
     /// Reward-hack screen rules that do not block a winner.
     pub screen_waive: Vec<String>,
     /// Geomeans of earlier benches of each candidate's very file (a campaign's `validate`
-    /// calls): a first bench far below passing ones may be wild and gets one more bench.
-    /// Scoring a run fills it from its sessions; empty, every first bench stands.
+    /// calls): a first-bench loser whose earlier benches won gets a second chance
+    /// ([`crate::score::confirm::second_chance`]). Scoring a run fills it from its sessions;
+    /// empty, every first bench that lost stands.
     pub earlier: BTreeMap<TargetId, Vec<f64>>,
 }
 

@@ -49,12 +49,28 @@ fn spawn(path: &Path) -> Result<SyncSender<()>, Box<dyn std::error::Error>> {
         .name("fk-agentd-checkpoint".into())
         .spawn(move || {
             while asked.recv().is_ok() {
-                if let Err(e) = own.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
-                    tracing::warn!(store = %store, error = %e, "WAL checkpoint failed; the next request retries");
+                match own.wal_checkpoint_v2(None::<&str>, CheckpointMode::PASSIVE) {
+                    Ok(_) => {}
+                    // Another connection checkpointing at that moment: routine, and the next
+                    // request takes in the whole WAL anyway.
+                    Err(e) if is_busy(&e) => {
+                        tracing::debug!(store = %store, error = %e, "WAL checkpoint busy; the next request retries");
+                    }
+                    Err(e) => {
+                        tracing::warn!(store = %store, error = %e, "WAL checkpoint failed; the next request retries");
+                    }
                 }
             }
         })?;
     Ok(ask)
+}
+
+/// Whether `e` says another connection held the lock (`SQLITE_BUSY`, `SQLITE_LOCKED`).
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// Sets `conn`'s WAL hook: ask `ask` past [`ASK_AT_PAGES`]; checkpoint in place past
@@ -106,6 +122,21 @@ mod tests {
     }
 
     const PAGE: u64 = 4096;
+
+    #[test]
+    fn only_a_lock_held_elsewhere_is_a_routine_checkpoint_failure() {
+        let code = |c| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(c), None);
+        let got: Vec<bool> = [
+            rusqlite::ffi::SQLITE_BUSY,
+            rusqlite::ffi::SQLITE_LOCKED,
+            rusqlite::ffi::SQLITE_IOERR,
+            rusqlite::ffi::SQLITE_CORRUPT,
+        ]
+        .into_iter()
+        .map(|c| is_busy(&code(c)))
+        .collect();
+        assert_eq!(got, [true, true, false, false]);
+    }
 
     #[test]
     fn past_the_threshold_the_writer_asks_once_and_does_not_checkpoint_itself() {

@@ -322,7 +322,7 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     assert!(row("L1/relu").contains("<td>no</td>"), "{}", row("L1/relu"));
     let tanh = row("L1/tanh");
     assert!(
-        tanh.contains("<td>no (rescued)</td>")
+        tanh.contains("<td>no (second chance)</td>")
             && tanh.contains(">1.200×<")
             && tanh.contains(">1.205×<"),
         "{tanh}"

@@ -312,9 +312,15 @@ async fn a_loser_whose_validate_won_clearly_gets_a_second_chance_with_its_lost_b
             // No speedup: its validate said 1.07×, the first bench 0.97×; more benches agree
             // with the first.
             ("L1/gelu", "# sim: runs=0.97,1.01,0.98,0.99\n"),
+            // As fast as bmm on every bench, but it writes to sys.modules: the screen that every
+            // winner passes drops it after its confirmation.
+            (
+                "L1/silu",
+                "import sys\nsys.modules['torch_fast'] = sys\n# sim: runs=0.98,1.12,1.11,1.12,1.10\n",
+            ),
         ],
         WinnerGate::default(),
-        &[("L1/bmm", &[1.10]), ("L1/gelu", &[1.07])],
+        &[("L1/bmm", &[1.10]), ("L1/gelu", &[1.07]), ("L1/silu", &[1.10])],
     )
     .await;
     let verdicts = &s.report.standalone.as_ref().unwrap().gate.verdicts;
@@ -323,12 +329,46 @@ async fn a_loser_whose_validate_won_clearly_gets_a_second_chance_with_its_lost_b
         v.confirmation.as_ref().unwrap().benches.clone()
     };
     assert_eq!(
-        s.outcomes(&["bmm", "gelu"]),
-        vec![("bmm", (false, true), 4), ("gelu", (false, false), 2)]
+        s.outcomes(&["bmm", "gelu", "silu"]),
+        vec![
+            ("bmm", (false, true), 4),
+            ("gelu", (false, false), 2),
+            ("silu", (false, false), 4)
+        ]
     );
     // The lost bench is the first of the evidence, not replaced by the second.
     assert_eq!(benches("bmm"), [0.98, 1.12, 1.11, 1.12]);
     assert_eq!(benches("gelu"), [0.97, 1.01]);
+    let silu = verdicts.iter().find(|v| v.target.stem() == "silu").unwrap();
+    assert!(
+        silu.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("reward-hack screen: sys-modules")),
+        "{:?}",
+        silu.reason
+    );
+    // Every second chance says so, confirmed or not.
+    let rescued: Vec<bool> = ["bmm", "gelu", "silu"]
+        .iter()
+        .map(|stem| {
+            let v = verdicts.iter().find(|v| v.target.stem() == *stem).unwrap();
+            v.confirmation.as_ref().unwrap().rescued
+        })
+        .collect();
+    assert_eq!(rescued, [true, true, true]);
+    // The exported set carries the confirmation's geomean as bmm's speed, not its lost bench.
+    let set = &s.report.final_set.as_ref().unwrap().manifest;
+    let speeds: Vec<(String, Option<f64>)> = set
+        .kernels
+        .iter()
+        .map(|k| {
+            (
+                k.stem.clone(),
+                k.standalone_speedup.map(|x| (x * 1000.0).round() / 1000.0),
+            )
+        })
+        .collect();
+    assert_eq!(speeds, [("bmm".to_string(), Some(1.081))]);
     let gelu = verdicts.iter().find(|v| v.target.stem() == "gelu").unwrap();
     assert_eq!(
         gelu.reason.as_deref(),
