@@ -78,18 +78,28 @@ fn slurm(cluster: &Path, program: &str, args: &[&str]) -> String {
 struct Holders(PathBuf);
 
 impl Holders {
+    /// Cancels every holder job left by an earlier test and waits until Slurm lists none (a
+    /// cancelled job stays listed while it completes).
     fn cleared(cluster: &Path) -> Self {
         let h = Self(cluster.to_path_buf());
         h.cancel();
+        let started = Instant::now();
+        while !h.ids().is_empty() && started.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
         h
     }
 
-    fn cancel(&self) {
-        let ids: Vec<String> = slurm(&self.0, "squeue", &["-h", "-o", "%i|%j"])
+    fn ids(&self) -> Vec<String> {
+        slurm(&self.0, "squeue", &["-h", "-o", "%i|%j"])
             .lines()
             .filter(|l| l.contains("|fk-agentd-"))
             .filter_map(|l| l.split('|').next().map(str::to_string))
-            .collect();
+            .collect()
+    }
+
+    fn cancel(&self) {
+        let ids = self.ids();
         if !ids.is_empty() {
             let _ = Command::new("scancel")
                 .args(&ids)
@@ -266,11 +276,17 @@ async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
         );
         assert_eq!(devices.split(',').count(), o.gpus.len(), "{devices}");
     }
-    let left = slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
-    assert!(
-        !left.contains("lease-"),
-        "a lease's job outlived it: {left}"
-    );
+    // Slurm lists an ended job while it completes: a few seconds' grace, no more.
+    let ended = Instant::now();
+    let lease_jobs = || slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
+    while lease_jobs().contains("lease-") {
+        assert!(
+            ended.elapsed() < Duration::from_secs(10),
+            "a lease's job outlived it: {}",
+            lease_jobs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     broker.shutdown().await;
 }
 
@@ -845,8 +861,14 @@ async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
             })
             .is_ok_and(|n| n == 1)
     };
+    // The step's line, once the shell has written all of it (the file exists before that).
+    let step_line = || {
+        std::fs::read_to_string(&runs)
+            .ok()
+            .and_then(|s| s.split_once('\n').map(|(line, _)| line.to_string()))
+    };
     let started = Instant::now();
-    while !(running() && runs.exists()) {
+    while !(running() && step_line().is_some()) {
         assert!(started.elapsed() < Duration::from_secs(30), "never ran");
         tokio::select! {
             o = &mut lease => panic!("the lease ended early: {o:?}"),
@@ -857,7 +879,7 @@ async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
     std::mem::forget(lease);
     std::mem::forget(first);
     std::mem::forget(cancel);
-    let step = std::fs::read_to_string(&runs).expect("runs");
+    let step = step_line().expect("runs");
     let step = step.split_whitespace().next().expect("step id").to_string();
     let listed = || slurm(&cluster, "squeue", &["-h", "-s", "-o", "%i"]);
     assert!(listed().contains(&step), "the step died with its daemon");
@@ -945,8 +967,14 @@ async fn steps_that_end_unwatched_are_closed_with_the_exit_code_slurm_recorded()
         sh(dir.path(), "slow", &script("slow", 8, 5)),
         &cancel,
     ));
+    // A step's id once the shell has written all of it (the file exists before that).
+    let step = |name: &str| {
+        std::fs::read_to_string(ids(name))
+            .ok()
+            .and_then(|s| s.split_once('\n').map(|(line, _)| line.trim().to_string()))
+    };
     let started = Instant::now();
-    while !(ids("quick").exists() && ids("slow").exists()) {
+    while !(step("quick").is_some() && step("slow").is_some()) {
         assert!(started.elapsed() < Duration::from_secs(30), "never ran");
         tokio::select! {
             o = &mut quick => panic!("a lease ended early: {o:?}"),
@@ -959,13 +987,7 @@ async fn steps_that_end_unwatched_are_closed_with_the_exit_code_slurm_recorded()
     std::mem::forget(slow);
     std::mem::forget(first);
     std::mem::forget(cancel);
-    let step = |name: &str| {
-        std::fs::read_to_string(ids(name))
-            .expect("id")
-            .trim()
-            .to_string()
-    };
-    let (quick_step, slow_step) = (step("quick"), step("slow"));
+    let (quick_step, slow_step) = (step("quick").expect("id"), step("slow").expect("id"));
     let listed = || slurm(&cluster, "squeue", &["-h", "-s", "-o", "%i"]);
     let waited = Instant::now();
     while listed().contains(&quick_step) {
@@ -1167,11 +1189,17 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
         ended_in < Duration::from_secs(8),
         "ended {ended_in:?} after the drain"
     );
-    let steps = slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]);
-    assert!(
-        !steps.contains(&o.lease_id),
-        "the step outlived its lease: {steps}"
-    );
+    // Slurm lists a killed step while it completes: a few seconds' grace, no more.
+    let steps = || slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]);
+    let ended = Instant::now();
+    while steps().contains(&o.lease_id) {
+        assert!(
+            ended.elapsed() < Duration::from_secs(5),
+            "the step outlived its lease: {}",
+            steps()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let down = |b: &Broker| -> usize {
         b.snapshot()
             .gpus
