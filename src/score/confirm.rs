@@ -110,6 +110,10 @@ pub struct Confirmation {
     /// ([`second_chance`]); the lost bench counts among the others.
     #[serde(default)]
     pub rescued: bool,
+    /// Why it got the second chance, in words (`the first bench 0.980× lost, its validate
+    /// benches won (median 1.100×)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub second_chance: Option<String>,
 }
 
 impl Confirmation {

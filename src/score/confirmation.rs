@@ -156,7 +156,7 @@ fn apply_confirmations(
         };
         // Also when a bench failed or the run was cancelled before the test decided.
         c.rescued = chances.contains_key(&v.target);
-        let why = c.reason.as_deref().unwrap_or_default();
+        let why = c.reason.clone().unwrap_or_default();
         match chances.get(&v.target) {
             None if !c.confirmed => {
                 v.winner = false;
@@ -170,30 +170,23 @@ fn apply_confirmations(
                     .map_or_else(String::new, |g| ratio(*g, threshold));
                 let earlier = ratio(chance.earlier(), threshold);
                 let because = match chance {
-                    SecondChance::Wild { .. } => {
-                        format!(
-                            "the first bench {first} looked wild against its validate benches (median {earlier})"
-                        )
-                    }
-                    SecondChance::EarlierWon { .. } => {
-                        format!(
-                            "the first bench {first} lost, its validate benches won (median {earlier})"
-                        )
-                    }
+                    SecondChance::Wild { .. } => format!(
+                        "the first bench {first} looked wild against its validate benches (median {earlier})"
+                    ),
+                    SecondChance::EarlierWon { .. } => format!(
+                        "the first bench {first} lost, its validate benches won (median {earlier})"
+                    ),
                 };
                 if c.confirmed {
                     v.winner = true;
                     v.reason = None;
-                    v.review.push(format!(
-                        "second chance: {because}; benched {} times in all, confirmed",
-                        c.benches.len()
-                    ));
                 } else {
                     v.reason = Some(format!(
                         "{}; second chance: {because}; not confirmed: {why}",
                         v.reason.clone().unwrap_or_default()
                     ));
                 }
+                c.second_chance = Some(because);
             }
         }
         v.confirmation = Some(c);

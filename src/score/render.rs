@@ -62,12 +62,23 @@ fn gate_table(s: &StageReport, geomean_header: &str, width: usize) -> String {
     )
 }
 
+/// A loser's reason; for a winner, its review flags and how it won on a second chance.
 fn reason(v: &TargetVerdict) -> String {
-    match (&v.reason, v.review.is_empty()) {
-        (Some(r), _) => r.clone(),
-        (None, false) => format!("review: {} row(s) > {REVIEW_SPEEDUP}×", v.review.len()),
-        (None, true) => String::new(),
+    if let Some(r) = &v.reason {
+        return r.clone();
     }
+    let review = (!v.review.is_empty())
+        .then(|| format!("review: {} row(s) > {REVIEW_SPEEDUP}×", v.review.len()));
+    let chance = v
+        .confirmation
+        .as_ref()
+        .and_then(|c| c.second_chance.as_ref())
+        .map(|why| format!("confirmed on a second chance: {why}"));
+    [review, chance]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `1.038 0.248* 0.968` (`*`: an outlier, left out of the interval).
@@ -185,7 +196,7 @@ fn confirmed_stage(out: &mut String, s: &StageReport, width: usize) {
     ));
     out.push_str(&wrap(
         &format!(
-            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a correct first-bench loser whose own validate benches of the same file won (by {:.0} %, or at all when this bench looks wild) is benched the same way, its lost bench counted (rescued)",
+            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a correct first-bench loser whose own validate benches of the same file won (by {:.0} %, or at all when this bench looks wild) is benched the same way, its lost bench counted (a second chance)",
             g.confirm,
             (crate::score::confirm::ConfirmRule::new(g.threshold, g.confirm).second_chance - 1.0) * 100.0
         ),

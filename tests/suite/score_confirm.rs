@@ -285,13 +285,12 @@ async fn a_wild_first_bench_does_not_decide_alone_but_a_really_slow_candidate_st
         (c.rescued, c.benches[0], c.outliers.clone()),
         (true, 0.25, vec![0])
     );
-    assert!(
-        bmm.review
-            .iter()
-            .any(|r| r.contains("the first bench 0.250× looked wild")),
-        "{:?}",
-        bmm.review
+    assert_eq!(
+        c.second_chance.as_deref(),
+        Some("the first bench 0.250× looked wild against its validate benches (median 1.110×)")
     );
+    // A second chance is no review flag (those are for rows over 10×).
+    assert!(bmm.review.is_empty(), "{:?}", bmm.review);
     let slow = verdicts
         .iter()
         .find(|v| v.target.stem() == "quickgelu")
@@ -369,6 +368,7 @@ async fn a_loser_whose_validate_won_clearly_gets_a_second_chance_with_its_lost_b
         })
         .collect();
     assert_eq!(speeds, [("bmm".to_string(), Some(1.081))]);
+    insta::assert_snapshot!("second_chance_table", s.table());
     let gelu = verdicts.iter().find(|v| v.target.stem() == "gelu").unwrap();
     assert_eq!(
         gelu.reason.as_deref(),
