@@ -50,7 +50,14 @@ fn rows_of(stage: &Value) -> Vec<Row> {
             geomean: v["confirmation"]["geomean"]
                 .as_f64()
                 .or_else(|| v["geomean"].as_f64()),
-            reason: v["reason"].as_str().unwrap_or_default().to_string(),
+            reason: v["reason"].as_str().map_or_else(
+                || {
+                    let why = v["confirmation"]["second_chance"].as_str();
+                    why.map(|w| format!("confirmed on a second chance: {w}"))
+                        .unwrap_or_default()
+                },
+                str::to_string,
+            ),
         })
         .collect()
 }

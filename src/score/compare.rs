@@ -248,9 +248,27 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
         simulated: v["simulated"].as_bool().unwrap_or(false),
         ..Outcome::default()
     };
+    // A confirmed winner's standalone speed is its confirmation's geomean, read from the
+    // verdicts: a manifest written before it exported that geomean holds the first bench.
+    let confirmed: BTreeMap<&str, f64> = v["standalone"]["gate"]["verdicts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| x["confirmation"]["confirmed"].as_bool() == Some(true))
+        .filter_map(|x| {
+            Some((
+                x["target"].as_str()?,
+                x["confirmation"]["geomean"].as_f64()?,
+            ))
+        })
+        .collect();
     out.kept.extend(manifest.kernels.iter().filter_map(|k| {
-        let speed = k.composed_speedup.or(k.standalone_speedup).unwrap_or(1.0);
-        Some((TargetId::new(k.level, &k.stem).ok()?, speed))
+        let target = TargetId::new(k.level, &k.stem).ok()?;
+        let alone = confirmed
+            .get(target.to_string().as_str())
+            .copied()
+            .or(k.standalone_speedup);
+        Some((target, k.composed_speedup.or(alone).unwrap_or(1.0)))
     }));
     let dropped = manifest.dropped.iter();
     out.dropped
@@ -488,4 +506,39 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
         2,
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_confirmed_winner_is_compared_at_its_confirmation_geomean_whatever_the_manifest_says() {
+        let run = tempfile::tempdir().expect("tempdir");
+        let results = run.path().join("results");
+        std::fs::create_dir_all(&results).expect("results");
+        // A manifest written before confirmed winners were exported at their confirmation's
+        // geomean holds the first bench (1.2, picked for passing); the verdicts hold both.
+        let score = serde_json::json!({
+            "final_set": {"manifest": {
+                "set": "r-ind", "agent": null, "mode": "standalone",
+                "source": {"winners": "w", "composed_bench": null}, "selection": "s",
+                "kernels": [
+                    {"level": 1, "stem": "gelu", "classes": [], "composed_speedup": null, "standalone_speedup": 1.2},
+                    {"level": 1, "stem": "silu", "classes": [], "composed_speedup": null, "standalone_speedup": 1.3}
+                ],
+                "dropped": [], "files": {}, "unreferenced_sources": []
+            }},
+            "standalone": {"gate": {"verdicts": [
+                {"target": "L1/gelu", "published": true, "winner": true,
+                 "confirmation": {"benches": [1.2, 1.0, 1.04], "confirmed": true, "geomean": 1.08}},
+                {"target": "L1/silu", "published": true, "winner": true}
+            ]}}
+        });
+        std::fs::write(results.join("score.json"), score.to_string()).expect("score.json");
+        let (out, _) = independent_outcome("r", run.path()).expect("outcome");
+        let kept: Vec<(String, f64)> = out.kept.iter().map(|(t, s)| (t.to_string(), *s)).collect();
+        // silu went through no confirmation (a published-gate score): its manifest speed stands.
+        assert_eq!(kept, [("L1/gelu".into(), 1.08), ("L1/silu".into(), 1.3)]);
+    }
 }

@@ -207,7 +207,6 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     let mut c = Confirmation {
         benches: geomeans.to_vec(),
         outliers: (0..n).filter(|i| flags[*i]).collect(),
-        rescued: geomeans.first().is_some_and(|g| *g < rule.threshold),
         ..Confirmation::default()
     };
     let kept: Vec<(usize, f64)> = (0..n)

@@ -31,6 +31,13 @@ pub struct Contender {
     second_chance: Option<SecondChance>,
 }
 
+impl Contender {
+    /// A first-bench loser benched again on its own earlier benches' word.
+    pub fn is_second_chance(&self) -> bool {
+        self.second_chance.is_some()
+    }
+}
+
 /// The candidates of `stage` to confirm: its published winners, and its correct losers that
 /// get a second chance by their `earlier` benches (by target: geomeans of the same candidate
 /// file, benched before scoring; empty where there were none).

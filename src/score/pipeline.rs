@@ -31,7 +31,7 @@ use crate::score::ScoreError;
 use crate::score::candidates::{
     CandidateSet, earlier_benches, gather_sessions, new_generation, session_candidates,
 };
-use crate::score::confirmation::{confirm_winners, contenders};
+use crate::score::confirmation::{Contender, confirm_winners, contenders};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
@@ -416,12 +416,11 @@ async fn score_set<L: BenchLauncher>(
         if gate.kind == GateKind::LowerBound {
             gate_on_lower_bound(&mut stage, gate.threshold);
         } else if gate.kind == GateKind::Confirmed {
-            let contenders = contenders(&stage, gate, &params.earlier);
+            let mut contenders = contenders(&stage, gate, &params.earlier);
+            screen_second_chances(&set, &mut stage, &mut contenders, &params.screen_waive);
             let benched_again = contenders.len();
             progress.started(Stage::Confirmation, benched_again * gate.confirm);
             confirm_winners(driver, &dir, &mut stage, gate, contenders, cancel).await;
-            // A second chance made winners the screen has not seen yet.
-            screen_winners(&set, &mut stage, &params.screen_waive);
             progress.finished(
                 Stage::Confirmation,
                 stage.gate.winner_count(),
@@ -481,25 +480,58 @@ fn gate_on_lower_bound(stage: &mut StageReport, threshold: f64) {
 /// waived takes the win away, with the finding as its reason.
 fn screen_winners(set: &CandidateSet, stage: &mut StageReport, waive: &[String]) {
     for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
-        let file = set.get(&v.target).map(|c| set.root.join(&c.file));
-        let Some(source) = file.and_then(|f| std::fs::read_to_string(f).ok()) else {
-            continue;
-        };
-        let ctx = crate::screen::ScreenContext {
-            target: v.target.clone(),
-            classes: v.classes.clone(),
-            captured_dims: Default::default(),
-        };
-        let findings: Vec<String> = crate::screen::screen(&source, &ctx)
-            .into_iter()
-            .filter(|f| !waive.iter().any(|w| w == f.rule))
-            .map(|f| format!("{} (line {}): {}", f.rule, f.line, f.message))
-            .collect();
-        if !findings.is_empty() {
+        if let Some(findings) = screen_findings(set, v, waive) {
             v.winner = false;
-            v.reason = Some(format!("reward-hack screen: {}", findings.join("; ")));
+            v.reason = Some(findings);
         }
     }
+}
+
+/// The reward-hack screen's findings on `v`'s candidate file (`reward-hack screen: …`), if any
+/// rule that is not waived fires.
+fn screen_findings(set: &CandidateSet, v: &TargetVerdict, waive: &[String]) -> Option<String> {
+    let file = set.get(&v.target).map(|c| set.root.join(&c.file));
+    let source = file.and_then(|f| std::fs::read_to_string(f).ok())?;
+    let ctx = crate::screen::ScreenContext {
+        target: v.target.clone(),
+        classes: v.classes.clone(),
+        captured_dims: Default::default(),
+    };
+    let findings: Vec<String> = crate::screen::screen(&source, &ctx)
+        .into_iter()
+        .filter(|f| !waive.iter().any(|w| w == f.rule))
+        .map(|f| format!("{} (line {}): {}", f.rule, f.line, f.message))
+        .collect();
+    (!findings.is_empty()).then(|| format!("reward-hack screen: {}", findings.join("; ")))
+}
+
+/// Drops the second chances whose file the reward-hack screen flags (their benches would be
+/// wasted: the screen drops every winner it flags), saying so in the loser's reason.
+fn screen_second_chances(
+    set: &CandidateSet,
+    stage: &mut StageReport,
+    contenders: &mut Vec<Contender>,
+    waive: &[String],
+) {
+    contenders.retain(|c| {
+        if !c.is_second_chance() {
+            return true;
+        }
+        let Some(v) = stage
+            .gate
+            .verdicts
+            .iter_mut()
+            .find(|v| v.target == c.target)
+        else {
+            return true;
+        };
+        let Some(findings) = screen_findings(set, v, waive) else {
+            return true;
+        };
+        let lost = v.reason.clone().unwrap_or_default();
+        v.reason = Some(format!("{lost}; no second chance: {findings}"));
+        false
+    });
 }
 
 /// The composed bench of exactly `pool` (materialized in `win_dir`), one mix per level,

@@ -312,7 +312,7 @@ async fn a_loser_whose_validate_won_clearly_gets_a_second_chance_with_its_lost_b
             // with the first.
             ("L1/gelu", "# sim: runs=0.97,1.01,0.98,0.99\n"),
             // As fast as bmm on every bench, but it writes to sys.modules: the screen that every
-            // winner passes drops it after its confirmation.
+            // winner meets denies it the second chance, before any bench is spent on it.
             (
                 "L1/silu",
                 "import sys\nsys.modules['torch_fast'] = sys\n# sim: runs=0.98,1.12,1.11,1.12,1.10\n",
@@ -332,7 +332,7 @@ async fn a_loser_whose_validate_won_clearly_gets_a_second_chance_with_its_lost_b
         vec![
             ("bmm", (false, true), 4),
             ("gelu", (false, false), 2),
-            ("silu", (false, false), 4)
+            ("silu", (false, false), 1)
         ]
     );
     // The lost bench is the first of the evidence, not replaced by the second.
@@ -340,21 +340,20 @@ async fn a_loser_whose_validate_won_clearly_gets_a_second_chance_with_its_lost_b
     assert_eq!(benches("gelu"), [0.97, 1.01]);
     let silu = verdicts.iter().find(|v| v.target.stem() == "silu").unwrap();
     assert!(
-        silu.reason
-            .as_deref()
-            .is_some_and(|r| r.starts_with("reward-hack screen: sys-modules")),
+        silu.reason.as_deref().is_some_and(|r| r
+            .starts_with("geomean 0.98 < 1.0; no second chance: reward-hack screen: sys-modules")),
         "{:?}",
         silu.reason
     );
     // Every second chance says so, confirmed or not.
-    let rescued: Vec<bool> = ["bmm", "gelu", "silu"]
+    let rescued: Vec<bool> = ["bmm", "gelu"]
         .iter()
         .map(|stem| {
             let v = verdicts.iter().find(|v| v.target.stem() == *stem).unwrap();
             v.confirmation.as_ref().unwrap().rescued
         })
         .collect();
-    assert_eq!(rescued, [true, true, true]);
+    assert_eq!(rescued, [true, true]);
     // The exported set carries the confirmation's geomean as bmm's speed, not its lost bench.
     let set = &s.report.final_set.as_ref().unwrap().manifest;
     let speeds: Vec<(String, Option<f64>)> = set

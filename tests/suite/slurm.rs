@@ -84,7 +84,15 @@ impl Holders {
         let h = Self(cluster.to_path_buf());
         h.cancel();
         let started = Instant::now();
-        while !h.ids().is_empty() && started.elapsed() < Duration::from_secs(30) {
+        loop {
+            let left = h.ids();
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "earlier tests' holder jobs {left:?} are still listed 30 s after scancel"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         h
