@@ -53,7 +53,7 @@ fn rows_of(stage: &Value) -> Vec<Row> {
             reason: v["reason"].as_str().map_or_else(
                 || {
                     let why = v["confirmation"]["second_chance"].as_str();
-                    why.map(|w| format!("confirmed on a second chance: {w}"))
+                    why.map(crate::score::confirm::second_chance_win)
                         .unwrap_or_default()
                 },
                 str::to_string,

@@ -146,6 +146,12 @@ pub enum SecondChance {
     EarlierWon { earlier: f64 },
 }
 
+/// How a winner confirmed on a second chance is told in tables: `why` is
+/// [`Confirmation::second_chance`].
+pub fn second_chance_win(why: &str) -> String {
+    format!("confirmed on a second chance: {why}")
+}
+
 impl SecondChance {
     /// The median geomean of the earlier benches.
     pub fn earlier(&self) -> f64 {

@@ -22,12 +22,11 @@ use crate::score::gate::WinnerGate;
 use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
-/// A candidate to confirm: its benches so far (the first bench), and why a first-bench loser
-/// is in.
+/// A candidate to confirm: its first bench's geomean, and why a first-bench loser is in.
 #[derive(Clone, Debug)]
 pub struct Contender {
     pub target: TargetId,
-    benches: Vec<f64>,
+    first: f64,
     second_chance: Option<SecondChance>,
 }
 
@@ -63,7 +62,7 @@ pub fn contenders(
             };
             Some(Contender {
                 target: v.target.clone(),
-                benches: vec![first],
+                first,
                 second_chance: chance,
             })
         })
@@ -88,7 +87,7 @@ pub async fn confirm_winners<L: BenchLauncher>(
         .collect();
     let mut pending: Vec<(TargetId, Vec<f64>)> = contenders
         .into_iter()
-        .map(|c| (c.target, c.benches))
+        .map(|c| (c.target, vec![c.first]))
         .collect();
     let mut done: BTreeMap<TargetId, Confirmation> = BTreeMap::new();
     let mut round = 1;

@@ -73,7 +73,7 @@ fn reason(v: &TargetVerdict) -> String {
         .confirmation
         .as_ref()
         .and_then(|c| c.second_chance.as_ref())
-        .map(|why| format!("confirmed on a second chance: {why}"));
+        .map(|why| crate::score::confirm::second_chance_win(why));
     [review, chance]
         .into_iter()
         .flatten()

@@ -279,7 +279,8 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
                 verdict("L1/silu", false, &[1.01, 0.97], &[]),
                 {"target": "L1/relu", "winner": false, "published": false, "geomean": 0.93, "reason": "geomean 0.93 < 1.0"},
                 {"target": "L1/tanh", "winner": true, "published": false, "geomean": 1.2,
-                 "confirmation": {"benches": [0.4, 1.2, 1.21], "outliers": [0], "geomean": 1.205, "confirmed": true, "rescued": true}},
+                 "confirmation": {"benches": [0.4, 1.2, 1.21], "outliers": [0], "geomean": 1.205, "confirmed": true, "rescued": true,
+                                  "second_chance": "the first bench 0.400× looked wild against its validate benches (median 1.190×)"}},
             ],
         }},
     });
@@ -324,7 +325,8 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     assert!(
         tanh.contains("<td>no (second chance)</td>")
             && tanh.contains(">1.200×<")
-            && tanh.contains(">1.205×<"),
+            && tanh.contains(">1.205×<")
+            && tanh.contains("confirmed on a second chance: the first bench 0.400× looked wild"),
         "{tanh}"
     );
 

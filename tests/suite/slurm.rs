@@ -123,6 +123,13 @@ impl Drop for Holders {
     }
 }
 
+/// The first line of a file a step writes, once the shell has written all of it (the file
+/// exists before that).
+fn first_line(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.split_once('\n').map(|(line, _)| line.to_string())
+}
+
 fn config(cluster: &Path, home: &Path) -> Config {
     load(&cluster.join("fk-agentd.toml"), home)
 }
@@ -288,17 +295,11 @@ async fn in_job_mode_each_lease_is_a_job_of_its_own_on_its_node() {
         );
         assert_eq!(devices.split(',').count(), o.gpus.len(), "{devices}");
     }
-    // Slurm lists an ended job while it completes: a few seconds' grace, no more.
-    let ended = Instant::now();
-    let lease_jobs = || slurm(&cluster, "squeue", &["-h", "-o", "%j"]);
-    while lease_jobs().contains("lease-") {
-        assert!(
-            ended.elapsed() < Duration::from_secs(10),
-            "a lease's job outlived it: {}",
-            lease_jobs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Slurm lists an ended job while it completes.
+    super::support::until("no lease's job outlives it", || {
+        !slurm(&cluster, "squeue", &["-h", "-o", "%j"]).contains("lease-")
+    })
+    .await;
     broker.shutdown().await;
 }
 
@@ -873,12 +874,7 @@ async fn a_crashed_daemons_step_is_adopted_on_restart_and_runs_once() {
             })
             .is_ok_and(|n| n == 1)
     };
-    // The step's line, once the shell has written all of it (the file exists before that).
-    let step_line = || {
-        std::fs::read_to_string(&runs)
-            .ok()
-            .and_then(|s| s.split_once('\n').map(|(line, _)| line.to_string()))
-    };
+    let step_line = || first_line(&runs);
     let started = Instant::now();
     while !(running() && step_line().is_some()) {
         assert!(started.elapsed() < Duration::from_secs(30), "never ran");
@@ -979,12 +975,7 @@ async fn steps_that_end_unwatched_are_closed_with_the_exit_code_slurm_recorded()
         sh(dir.path(), "slow", &script("slow", 8, 5)),
         &cancel,
     ));
-    // A step's id once the shell has written all of it (the file exists before that).
-    let step = |name: &str| {
-        std::fs::read_to_string(ids(name))
-            .ok()
-            .and_then(|s| s.split_once('\n').map(|(line, _)| line.trim().to_string()))
-    };
+    let step = |name: &str| first_line(&ids(name)).map(|l| l.trim().to_string());
     let started = Instant::now();
     while !(step("quick").is_some() && step("slow").is_some()) {
         assert!(started.elapsed() < Duration::from_secs(30), "never ran");
@@ -1201,17 +1192,11 @@ async fn a_node_drained_mid_lease_ends_it_as_infrastructure_and_takes_its_gpus_o
         ended_in < Duration::from_secs(8),
         "ended {ended_in:?} after the drain"
     );
-    // Slurm lists a killed step while it completes: a few seconds' grace, no more.
-    let steps = || slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]);
-    let ended = Instant::now();
-    while steps().contains(&o.lease_id) {
-        assert!(
-            ended.elapsed() < Duration::from_secs(5),
-            "the step outlived its lease: {}",
-            steps()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Slurm lists a killed step while it completes (the step itself would sleep 100 s).
+    super::support::until("the step does not outlive its lease", || {
+        !slurm(&cluster, "squeue", &["-h", "-s", "-o", "%j"]).contains(&o.lease_id)
+    })
+    .await;
     let down = |b: &Broker| -> usize {
         b.snapshot()
             .gpus
