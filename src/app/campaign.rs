@@ -175,6 +175,7 @@ fn sim_bench_params(config: &Config, params: &SimParams) -> DriverParams {
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
         parallel: 8,
+        timing_rounds: config.timing_rounds,
     }
 }
 
@@ -265,6 +266,7 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
         parallel: 1,
+        timing_rounds: config.timing_rounds,
     };
     let home = Home::open(config, env, Holder::Daemon).await?;
     let config = &home.config;

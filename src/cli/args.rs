@@ -222,6 +222,9 @@ pub struct SimBenchBenchArgs {
     pub output: Option<PathBuf>,
     #[arg(long)]
     pub self_test: bool,
+    /// Paired timing rounds after the published pair (the timing patch's option).
+    #[arg(long, default_value_t = 0)]
+    pub timing_rounds: usize,
     /// Accepted for compatibility; the simulated bench prints the table only.
     #[arg(long)]
     pub json: bool,
@@ -340,7 +343,7 @@ pub struct StartArgs {
     /// Default: `[score] gate` (confirmed).
     #[arg(long, value_parser = words::<GateKind>())]
     pub gate: Option<GateKind>,
-    /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (6).
+    /// Benches after the first at most, for the confirmed gate. Default: `[score] confirm` (3).
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
     /// Patch series for the private fastkernels copy: auto | shipped | none | DIR.
@@ -413,19 +416,21 @@ pub struct ScoreArgs {
         value_name = "N"
     )]
     pub noise_sample: u32,
-    /// `confirmed`: the published gate on a first bench, then up to `--confirm` more benches
-    /// of its winners until a sequential test decides; a correct first-bench loser whose own
-    /// `validate` benches of the same file won (by 5 %, or at all when the first bench looks
-    /// wild) is benched the same way, its lost bench counted (`score --run` finds them in the
-    /// sessions).
-    /// `published`: geomean ≥ 1.0 on one bench. `lower-bound`: every candidate benched
-    /// `--repeats` times (≥ 2), the interval's lower end must reach 1.0. Default: `[score] gate`
-    /// (confirmed).
+    /// `confirmed`: every correct candidate is benched; one whose first bench lost clearly
+    /// stops there, the others are benched again (up to `--confirm` more) until the mean of
+    /// their benches, less the bias of an A/A calibration of this GPU, lies clearly above or
+    /// below the threshold by the calibrated spread. `published`: geomean ≥ 1.0 on one bench.
+    /// `lower-bound`: every candidate benched `--repeats` times (≥ 2), the interval's lower
+    /// end must reach 1.0. Default: `[score] gate` (confirmed).
     #[arg(long, value_parser = words::<GateKind>())]
     pub gate: Option<GateKind>,
-    /// Benches after the first at most, for `--gate confirmed`. Default: `[score] confirm` (6).
+    /// Benches after the first at most, for `--gate confirmed`. Default: `[score] confirm` (3).
     #[arg(long, allow_negative_numbers = true, value_name = "K", value_parser = clap::value_parser!(u32).range(2..=20))]
     pub confirm: Option<u32>,
+    /// Measure the A/A calibration anew even when one of this GPU, host, captures and harness
+    /// is cached under `<home>/calibration/`.
+    #[arg(long)]
+    pub recalibrate: bool,
     /// Show only the winners, or only the losers, in the gate tables (and `--json`).
     #[arg(long, value_enum, value_name = "winners|losers")]
     pub only: Option<OnlyArg>,

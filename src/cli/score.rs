@@ -50,6 +50,7 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
         captures: b.captures,
         output: b.output,
         self_test: b.self_test,
+        timing_rounds: b.timing_rounds,
         candidate_dir: var("FASTKERNELS_CANDIDATE_DIR"),
         results_dir: var("FASTKERNELS_RESULTS_DIR"),
     };
@@ -163,6 +164,21 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         noise_sample: args.noise_sample as usize,
         screen_waive: config.screen_waive.clone(),
         earlier: Default::default(),
+        calibration: None,
+    };
+    let score = ScoreParams {
+        calibration: Some(crate::score::calibration::plan_for(
+            &driver,
+            &config.home.join("calibration"),
+            &config
+                .catalog
+                .targets()
+                .iter()
+                .map(|t| t.id.clone())
+                .collect::<Vec<_>>(),
+            args.recalibrate,
+        )),
+        ..score
     };
     let cancel = CancellationToken::new();
     let report = match &from_run {
@@ -239,6 +255,7 @@ async fn scoring_driver(
         captures: config.captures.clone(),
         deadline: config.lease_timeout,
         parallel: home.broker.inventory().len().max(1),
+        timing_rounds: config.timing_rounds,
     };
     let stages = progress.clone();
     let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "scoring");
@@ -407,8 +424,9 @@ impl StageProgress {
 /// `standalone: 8 benches`, `composed: 1 bench (one per level)`.
 fn stage_start_words(stage: Stage, benches: usize) -> String {
     let what = match stage {
+        Stage::Calibration => " (A/A self-tests of the baseline, unless a cached calibration fits)",
         Stage::NoiseFloor => " (self-tests of the baseline)",
-        Stage::Confirmation => " at most (published winners and second chances, benched again)",
+        Stage::Confirmation => " at most (candidates near the threshold, benched again)",
         Stage::Composed => " (one per level)",
         Stage::Standalone => "",
         Stage::Level(_) => " (candidates gated alone, then the winners mixed)",
@@ -424,6 +442,7 @@ fn stage_start_words(stage: Stage, benches: usize) -> String {
 /// `standalone: 4 of 8 winners`, `confirmation: 3 of 4 confirmed`.
 fn stage_end_words(stage: Stage, winners: usize, judged: usize) -> String {
     match stage {
+        Stage::Calibration => format!("calibration: {judged} A/A benches"),
         Stage::NoiseFloor => format!("noise floor: {judged} rows"),
         Stage::Confirmation => {
             format!("confirmation: {winners} of {judged} confirmed")

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GateKind {
-    /// The published gate on the first bench, then confirmation (see [`crate::score::confirm`]).
+    /// A first bench, then more near the threshold, judged on an A/A calibration (see
+    /// [`crate::score::confirm`]).
     #[default]
     Confirmed,
     /// The published gate alone: one bench, geomean ≥ threshold.
@@ -22,9 +23,9 @@ crate::words!(GateKind {
     LowerBound = "lower-bound",
 });
 
-/// Default benches after the first, at most, for a confirmation (`[score] confirm`): with
-/// the narrowing boundaries of [`crate::score::confirm`], a passer costs about 2.2 more on average.
-pub const DEFAULT_CONFIRM: usize = 6;
+/// Default benches after the first, at most, for a confirmation (`[score] confirm`): the
+/// false-winner rate is split over this many looks ([`crate::score::confirm`]).
+pub const DEFAULT_CONFIRM: usize = 3;
 
 /// The gate's parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]

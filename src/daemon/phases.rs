@@ -310,6 +310,11 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         .driver
         .clone()
         .ok_or_else(|| Error::Usage("--mode all needs a bench to score".into()))?;
+    let cache = ind.dir().join("calibration");
+    let targets = crate::score::candidates::session_candidates(ind.dir())
+        .map(|s| s.into_iter().map(|(t, _)| t).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let plan = crate::score::calibration::plan_for(&driver, &cache, &targets, false);
     let params = ScoreParams {
         candidates: PathBuf::new(),
         out: ind.dir().to_path_buf(),
@@ -320,6 +325,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         noise_sample: 3,
         screen_waive: ctx.screen_waive.clone(),
         earlier: Default::default(),
+        calibration: Some(plan),
     };
     let report = score_run(&driver, &params, &NoProgress, &ctx.root).await?;
     if !report.incomplete.is_empty() {

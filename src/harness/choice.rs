@@ -1,8 +1,9 @@
 //! Which patch series a run applies to its private copy: `[fastkernels] patches` / `--patches`.
 //!
-//! `auto` (the default) applies the shipped series only where it is both applicable (the
-//! checkout is the commit the series was written for) and needed (`deep_gemm` cannot be
-//! imported on this host); anywhere else it runs unpatched and says why. `shipped` insists on
+//! `auto` (the default) applies the shipped series where it is applicable (the checkout is the
+//! commit the series was written for): its paired-timing patch (0001) always, its `deep_gemm`
+//! patch (0002) only where `deep_gemm` cannot be imported on this host; on another commit it
+//! runs unpatched (timed as published) and says why. `shipped` insists on
 //! the shipped series, `none` never patches, and a folder is the user's own series in the same
 //! format ([`super::patches::PatchSeries`]).
 //!
@@ -79,6 +80,8 @@ impl PatchChoice {
 pub enum SeriesPick {
     /// The series shipped with (and embedded in) this binary.
     Shipped,
+    /// The shipped series' paired-timing patch alone (`deep_gemm` imports on this host).
+    ShippedTiming,
     /// The user's own series in this folder.
     Dir { dir: PathBuf },
     /// No patch: the copy is the checkout's commit as it is.
@@ -100,6 +103,7 @@ impl PatchDecision {
     pub fn series_words(&self) -> String {
         match &self.series {
             SeriesPick::Shipped => "shipped series".into(),
+            SeriesPick::ShippedTiming => "shipped series, timing patch only".into(),
             SeriesPick::Dir { dir } => format!("series {}", dir.display()),
             SeriesPick::Unpatched => "unpatched".into(),
         }
@@ -161,9 +165,9 @@ pub fn decide(
         ),
         PatchChoice::Auto => match deep_gemm {
             Some(p) if p.found => decision(
-                SeriesPick::Unpatched,
+                SeriesPick::ShippedTiming,
                 format!(
-                    "auto: deep_gemm imports on this host ({}), so bench's FP8 set-up works unpatched",
+                    "auto: the checkout is the shipped series' commit; deep_gemm imports on this host ({}), so only the paired-timing patch applies",
                     p.detail
                 ),
             ),
@@ -208,6 +212,11 @@ pub async fn prepare(
     // The shipped series is written under the home first: the binary embeds it.
     let series = match &decision.series {
         SeriesPick::Shipped => PatchSeries::load(&super::write_shipped_series(params.home)?)?,
+        SeriesPick::ShippedTiming => {
+            let mut series = PatchSeries::load(&super::write_shipped_series(params.home)?)?;
+            series.patches.retain(|p| p.name == super::TIMING_PATCH);
+            series
+        }
         SeriesPick::Dir { dir } => PatchSeries::load(dir)?,
         SeriesPick::Unpatched => PatchSeries::default(),
     };
@@ -255,7 +264,7 @@ mod tests {
         );
         assert_eq!(
             at(SHIPPED_BASE_COMMIT, Some(&probe("deep_gemm", true))),
-            SeriesPick::Unpatched
+            SeriesPick::ShippedTiming
         );
         assert_eq!(at(other, None), SeriesPick::Unpatched);
         assert!(needs_probe(&PatchChoice::Auto, SHIPPED_BASE_COMMIT));

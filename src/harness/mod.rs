@@ -63,16 +63,28 @@ pub fn shipped_series_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("patches/fastkernels")
 }
 
+/// The shipped patch that adds paired, order-balanced timing (`--timing-rounds`): applied on
+/// its commit whatever the host has.
+pub const TIMING_PATCH: &str = "0001-paired-order-balanced-timing.patch";
+
 /// The shipped series, embedded in the binary so an installed fk-agentd carries it.
 pub const SHIPPED_SERIES: &[(&str, &str)] = &[
     ("series", include_str!("../../patches/fastkernels/series")),
     (
-        "0001-skip-fp8-reinit-without-deep-gemm.patch",
-        include_str!("../../patches/fastkernels/0001-skip-fp8-reinit-without-deep-gemm.patch"),
+        "0001-paired-order-balanced-timing.patch",
+        include_str!("../../patches/fastkernels/0001-paired-order-balanced-timing.patch"),
     ),
     (
-        "0001-skip-fp8-reinit-without-deep-gemm.check",
-        include_str!("../../patches/fastkernels/0001-skip-fp8-reinit-without-deep-gemm.check"),
+        "0001-paired-order-balanced-timing.check",
+        include_str!("../../patches/fastkernels/0001-paired-order-balanced-timing.check"),
+    ),
+    (
+        "0002-skip-fp8-reinit-without-deep-gemm.patch",
+        include_str!("../../patches/fastkernels/0002-skip-fp8-reinit-without-deep-gemm.patch"),
+    ),
+    (
+        "0002-skip-fp8-reinit-without-deep-gemm.check",
+        include_str!("../../patches/fastkernels/0002-skip-fp8-reinit-without-deep-gemm.check"),
     ),
 ];
 

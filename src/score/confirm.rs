@@ -1,45 +1,133 @@
-//! Confirmation of a winner: the rule that turns a one-shot win into a confirmed one, or not.
+//! Confirmation of a winner: the rule that turns benches of one candidate into a confirmed
+//! win, or not.
 //!
-//! Owns [`ConfirmRule`], the outlier rule ([`flag_outliers`]), the second chance of a first
-//! bench that lost while the candidate's own earlier benches won ([`second_chance`]) and the
-//! per-candidate decision after each bench ([`step`]). It is pure: benches are the caller's (the
-//! scoring pipeline benches real or simulated processes; `cargo bench --bench gate` feeds it
-//! drawn numbers), so both measure the very same rule.
+//! Owns [`NoiseStats`] (what an A/A calibration measures: bias, spread, per-target offset, wild
+//! rate), [`ConfirmRule`] (built from the [`NoiseStats`] of the GPU that benches,
+//! never from a constant), the first bench's decision ([`first_bench`]) and the decision after
+//! each further bench ([`step`]). It is pure: benches are the caller's (the scoring pipeline
+//! benches real or simulated processes; `cargo bench --bench gate` draws them from noise models
+//! and runs them through the same pipeline loop), so both measure the very same rule.
 //!
-//! The rule works on the log geomean of each bench of one candidate. It is a sequential
-//! probability ratio test (Wald's SPRT, the stopping rule chess engines are tested with)
-//! between "no speedup" (true geomean = threshold) and "a win worth having" (true geomean =
-//! threshold × [`ConfirmRule::worth`]), after every fresh bench:
+//! The rule works on the log geomean of each bench, less the calibrated bias (identical code
+//! measures `bias`, not 1.0×). Its uncertainty after k kept benches is
+//! `se(k) = √(σ²/k + τ²)`: σ the calibrated spread of one bench, τ the calibrated offset a
+//! target's benches share, which no number of benches averages away. With `z` the one-sided
+//! normal quantile of `alpha / looks` (the false-winner rate split over the decision points,
+//! Bonferroni's way, so re-benching cannot inflate it):
 //!
-//! - **Outliers.** Benches whose log geomean lies more than [`ConfirmRule::outlier_spreads`]
-//!   spreads from the median of the candidate's benches are outliers: named, and left out. The
-//!   spread is the robust one (1.4826 × median absolute deviation), never below the prior
-//!   [`ConfirmRule::sigma`]. Two benches that disagree that much cannot tell which one is wild:
-//!   neither decides, a third bench is taken.
-//! - **The spread** of one bench is not estimated from 2–5 points alone (a bootstrap of three
-//!   values is degenerate): it is the prior [`ConfirmRule::sigma`], fitted to the H200 baseline
-//!   copies, pooled with the kept benches' own spread as if the prior were
-//!   [`ConfirmRule::prior_weight`] earlier observations; a noisier target widens it.
-//! - **Selection.** The bench that passed the published gate was chosen *because* it passed,
-//!   so it counts with the likelihood of a bench given that it passed: its log likelihood
-//!   ratio minus ln(P(pass | win) / P(pass | no speedup)). This keeps the false-winner rate
-//!   honest while the first bench still counts. A first bench that lost (a second chance)
-//!   counts in full, against the candidate, and the candidate's first passing fresh bench is
-//!   discounted instead: it entered on validate benches that are not counted (see [`step`]).
-//! - **Decision.** Log likelihood ratio ≥ ln((1 − β) / α) → confirmed; ≤ ln(β / (1 − α)) → not
-//!   confirmed (futility: a win is unlikely), stop; otherwise one more bench, up to
-//!   `1 + max_extra` benches, after which it is confirmed only when the ratio is ≥ 0 and the
-//!   95 % interval of the geomean starts at ≥ threshold. Both boundaries narrow toward 0 as
-//!   fresh benches are spent ([`ConfirmRule::narrowing`]), so a candidate between the two
-//!   hypotheses (a 1.05× one) is decided in fewer benches than a plain SPRT would spend. At
-//!   least two kept benches stand behind every confirmation, so no single bench decides alone.
+//! - **First bench.** Clearly below the threshold (`y + z·se(1) < t`) loses after one bench;
+//!   anything nearer or above is benched again. A loss more than [`ConfirmRule::wild`] below
+//!   could be a wild bench, so it stands alone only when the candidate's own earlier benches
+//!   (a campaign's `validate` of the same file) lost too; else one more bench.
+//! - **Wild benches.** From three benches on, a bench more than `wild` from the median is an
+//!   outlier: named, and left out. Two benches that far apart ask for a third: no single
+//!   bench decides a verdict alone, and every confirmation stands on at least two.
+//! - **Decision.** Confirmed when the lower end `m − z·se(k) ≥ t`; not confirmed when the
+//!   upper end `m + z·se(k) < t`; else one more bench, up to `1 + max_extra`, after which an
+//!   undecided candidate is not confirmed.
 
 use serde::{Deserialize, Serialize};
 
-/// The prior spread of one bench's log geomean: 1.4826 × the median absolute deviation of the
-/// 20 one-shot benches of five H200 baseline copies from each target's median (0.051); their
-/// plain standard deviation without the one wild bench is 0.070.
-pub const BENCH_SIGMA: f64 = 0.051;
+use crate::target::TargetId;
+
+/// A bench more than this far off its target's median (as a factor) is wild.
+pub const WILD_FACTOR: f64 = 1.25;
+
+/// The noise of one timing method, from A/A benches.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NoiseStats {
+    /// Median speedup of identical code (a factor; 1.0 is unbiased).
+    pub bias: f64,
+    /// Spread of one bench's log geomean about its target's mean, wild benches left out.
+    pub sigma: f64,
+    /// Spread of the targets' own offsets (log), beyond sigma.
+    pub tau: f64,
+    /// Share of benches more than 25 % off their target's median.
+    pub wild_rate: f64,
+    pub benches: usize,
+    pub targets: usize,
+    /// Degrees of freedom behind `sigma` (kept benches less one per target).
+    #[serde(default)]
+    pub dof: usize,
+    /// The upper end of a one-sided 90 % interval of `tau`: a handful of targets measure an
+    /// offset poorly, and the gate must not take a lucky zero for a fact.
+    #[serde(default)]
+    pub tau_upper: f64,
+}
+
+impl NoiseStats {
+    /// The statistics of `(target, geomean)` benches; `None` with fewer than 2 benches of
+    /// some target's worth to measure a spread from.
+    pub fn of(benches: &[(TargetId, f64)]) -> Option<Self> {
+        let mut groups: std::collections::BTreeMap<&TargetId, Vec<f64>> = Default::default();
+        for (t, g) in benches.iter().filter(|(_, g)| *g > 0.0 && g.is_finite()) {
+            groups.entry(t).or_default().push(g.ln());
+        }
+        let all: Vec<f64> = groups.values().flatten().copied().collect();
+        if all.is_empty() {
+            return None;
+        }
+        let limit = WILD_FACTOR.ln();
+        let (mut ss, mut dof, mut wild) = (0.0, 0usize, 0usize);
+        let mut means = Vec::new();
+        for logs in groups.values() {
+            let med = median(logs);
+            let kept: Vec<f64> = logs
+                .iter()
+                .copied()
+                .filter(|x| (x - med).abs() <= limit)
+                .collect();
+            wild += logs.len() - kept.len();
+            if kept.is_empty() {
+                continue;
+            }
+            let mean = kept.iter().sum::<f64>() / kept.len() as f64;
+            ss += kept.iter().map(|x| (x - mean).powi(2)).sum::<f64>();
+            dof += kept.len() - 1;
+            means.push((mean, kept.len()));
+        }
+        if dof == 0 {
+            return None;
+        }
+        let sigma = (ss / dof as f64).sqrt();
+        let (tau, tau_upper) = if means.len() > 1 {
+            let grand = means.iter().map(|(m, _)| m).sum::<f64>() / means.len() as f64;
+            let between = means.iter().map(|(m, _)| (m - grand).powi(2)).sum::<f64>()
+                / (means.len() - 1) as f64;
+            let per = means.iter().map(|(_, n)| 1.0 / *n as f64).sum::<f64>() / means.len() as f64;
+            let m = (means.len() - 1) as f64;
+            let upper = between * m / chi_square_quantile(0.10, m);
+            (
+                (between - sigma.powi(2) * per).max(0.0).sqrt(),
+                (upper - sigma.powi(2) * per).max(0.0).sqrt(),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        Some(Self {
+            bias: median(&all).exp(),
+            sigma,
+            tau,
+            wild_rate: wild as f64 / all.len() as f64,
+            benches: all.len(),
+            targets: groups.len(),
+            dof,
+            tau_upper,
+        })
+    }
+
+    /// `bias 0.998×, spread 0.021, offset 0.006, wild 0 of 20`.
+    pub fn describe(&self) -> String {
+        let wild = (self.wild_rate * self.benches as f64).round() as usize;
+        format!(
+            "bias {:.3}×, spread {:.3}, per-target offset {:.3}, wild {wild} of {}",
+            self.bias, self.sigma, self.tau, self.benches
+        )
+    }
+}
+
+/// The false-winner rate the confirmed gate is built for, over all its looks.
+pub const ALPHA: f64 = 0.02;
 
 /// The parameters of a confirmation.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -48,70 +136,82 @@ pub struct ConfirmRule {
     pub threshold: f64,
     /// Benches after the first at most (`[score] confirm`, `--confirm`).
     pub max_extra: usize,
-    /// The win the test is built to tell from no speedup, as a factor over the threshold.
-    pub worth: f64,
-    /// Wald's nominal chance of confirming a candidate with no speedup, given it passed the first
-    /// bench (the accept boundary's; the narrowing and the limit move the real rate, which
-    /// `cargo bench --bench gate` measures).
+    /// Chance of confirming a candidate with no speedup, over every look.
     pub alpha: f64,
-    /// Wald's nominal chance of dropping a candidate at `worth`, given it passed the first bench
-    /// (the futility boundary's; measured likewise).
-    pub beta: f64,
-    /// Prior spread (standard deviation) of one bench's log geomean.
+    /// Calibrated bias of identical code (a factor).
+    pub bias: f64,
+    /// Calibrated spread of one bench's log geomean.
     pub sigma: f64,
-    /// How many benches' worth of evidence the prior spread carries against the observed one.
-    pub prior_weight: f64,
-    /// Distance from the median, in spreads, beyond which a bench is an outlier.
-    pub outlier_spreads: f64,
-    /// How fast both boundaries of the test narrow toward 0: after fresh bench k (1-based) they
-    /// are scaled by 1 − narrowing × (k − 1) / max_extra (0.42 at the sixth of six with 0.7).
-    pub narrowing: f64,
-    /// A first-bench loser gets a second chance when the median of its earlier benches of the
-    /// same file is at least threshold × this factor ([`second_chance`]).
-    pub second_chance: f64,
+    /// Calibrated per-target offset (log): the upper end of its 90 % interval.
+    pub tau: f64,
+    /// Distance (log) from the median beyond which a bench is wild: 25 %, or 4 spreads when
+    /// the calibration is noisier than that.
+    pub wild: f64,
+    /// Standard error (log) of the calibrated bias: a median of `n` benches, 1.2533 σ / √n.
+    #[serde(default)]
+    pub bias_se: f64,
+    /// Degrees of freedom behind `sigma` (0: taken as known).
+    #[serde(default)]
+    pub dof: usize,
 }
 
 impl ConfirmRule {
-    /// The default rule with at most `max_extra` benches after the first.
-    pub fn new(threshold: f64, max_extra: usize) -> Self {
+    /// The rule for `threshold` with at most `max_extra` benches after the first, on the noise
+    /// an A/A calibration measured.
+    pub fn calibrated(threshold: f64, max_extra: usize, noise: &NoiseStats) -> Self {
         Self {
             threshold,
-            max_extra,
-            worth: 1.10,
-            alpha: 0.07,
-            beta: 0.04,
-            sigma: BENCH_SIGMA,
-            prior_weight: 4.0,
-            outlier_spreads: 4.0,
-            narrowing: 0.7,
-            second_chance: 1.05,
+            max_extra: max_extra.max(1),
+            alpha: ALPHA,
+            bias: noise.bias,
+            sigma: noise.sigma,
+            tau: noise.tau.max(noise.tau_upper),
+            wild: WILD_FACTOR.ln().max(4.0 * noise.sigma),
+            bias_se: 1.2533 * noise.sigma / (noise.benches.max(1) as f64).sqrt(),
+            dof: noise.dof,
         }
+    }
+
+    /// The one-sided quantile every look uses: Student's t with the calibration's degrees of
+    /// freedom (a spread measured on few benches is itself uncertain).
+    pub fn z(&self) -> f64 {
+        let z = normal_quantile(1.0 - self.alpha / self.max_extra as f64);
+        t_quantile(z, self.dof)
+    }
+
+    /// The uncertainty (log) of the mean of `k` benches: their spread, the target's offset and
+    /// the calibrated bias's own error.
+    pub fn se(&self, k: usize) -> f64 {
+        (self.sigma.powi(2) / k.max(1) as f64 + self.tau.powi(2) + self.bias_se.powi(2)).sqrt()
+    }
+
+    fn corrected(&self, geomean: f64) -> f64 {
+        geomean.ln() - self.bias.ln()
     }
 }
 
 /// How a candidate's confirmation ended (kept in results beside the published verdict).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Confirmation {
-    /// Geomean of every bench, in order; the first is the published gate's bench.
+    /// Geomean of every bench, in order; the first is the first bench's.
     pub benches: Vec<f64>,
     /// Indexes into `benches` of the outliers (left out of the decision).
     pub outliers: Vec<usize>,
-    /// Geomean over the kept benches.
+    /// The speedup over the kept benches, the calibrated bias taken out.
     pub geomean: Option<f64>,
-    /// 95 % interval of that geomean (from the pooled spread).
+    /// 95 % interval of that speedup (from the calibrated spread and offset).
     pub ci95: Option<(f64, f64)>,
     pub confirmed: bool,
     /// Why it is not confirmed (`None` when it is).
     pub reason: Option<String>,
-    /// Log likelihood ratio of "a win of `worth`" over "no speedup" when the test stopped.
+    /// How many standard errors the speedup lies above the threshold when the test stopped.
     #[serde(default)]
     pub evidence: Option<f64>,
-    /// The first bench lost, and the candidate was benched again on a second chance
-    /// ([`second_chance`]); the lost bench counts among the others.
+    /// The first bench lost and the candidate was benched again (near the threshold, or a
+    /// loss that may have been a wild bench); older gates called it a second chance.
     #[serde(default)]
     pub rescued: bool,
-    /// Why it got the second chance, in words (`the first bench 0.980× lost, its validate
-    /// benches won (median 1.100×)`).
+    /// Why an older gate's second chance was given (kept so old results still render).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub second_chance: Option<String>,
 }
@@ -135,191 +235,127 @@ pub enum Step {
     Done(Confirmation),
 }
 
-/// Why a first-bench loser is benched again.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum SecondChance {
-    /// The first bench lies more than [`ConfirmRule::outlier_spreads`] prior spreads below the
-    /// median of the candidate's earlier benches, which won: it may be a wild bench.
-    Wild { earlier: f64 },
-    /// The candidate's earlier benches won by at least [`ConfirmRule::second_chance`]: the two
-    /// disagree, and more benches tell which is noise.
-    EarlierWon { earlier: f64 },
-}
-
-/// How a winner confirmed on a second chance is told in tables: `why` is
+/// How an older gate's winner confirmed on a second chance is told in tables: `why` is
 /// [`Confirmation::second_chance`].
 pub fn second_chance_win(why: &str) -> String {
     format!("confirmed on a second chance: {why}")
 }
 
-impl SecondChance {
-    /// The median geomean of the earlier benches.
-    pub fn earlier(&self) -> f64 {
-        match self {
-            Self::Wild { earlier } | Self::EarlierWon { earlier } => *earlier,
-        }
-    }
+/// The first bench's decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FirstBench {
+    /// Clearly slower: lost after one bench, with why.
+    Lost(String),
+    /// Near or above the threshold (or a loss that may be wild): bench again.
+    Again,
 }
 
-/// Whether a first bench that lost (`geomean`) gets a second chance: the candidate's own earlier
-/// benches of the very same file (`earlier`, the geomeans of its `validate` calls in the
-/// campaign) say it wins, by [`ConfirmRule::second_chance`], or at all when this bench lies so
-/// far below them that it may be wild. Then the candidate is benched again and the sequential
-/// test decides over every bench, the lost one included. Without earlier benches, or when they
-/// lost too, the first bench stands: a candidate that is really slow costs one bench.
-pub fn second_chance(geomean: f64, earlier: &[f64], rule: &ConfirmRule) -> Option<SecondChance> {
-    let logs: Vec<f64> = earlier
-        .iter()
-        .filter(|g| **g > 0.0)
-        .map(|g| g.ln())
-        .collect();
-    if geomean <= 0.0 || geomean >= rule.threshold || logs.is_empty() {
-        return None;
+/// Decides after the first bench (`geomean`, fair figure) with the candidate's own `earlier`
+/// benches of the same file (its campaign's `validate` geomeans; empty where there were none).
+pub fn first_bench(geomean: f64, earlier: &[f64], rule: &ConfirmRule) -> FirstBench {
+    let (y, t) = (rule.corrected(geomean), rule.threshold.ln());
+    let upper = y + rule.z() * rule.se(1);
+    if upper >= t {
+        return FirstBench::Again;
     }
-    let before = median(&logs);
-    let earlier = before.exp();
-    if before < rule.threshold.ln() {
-        None
-    } else if before - geomean.ln() > rule.outlier_spreads * rule.sigma {
-        Some(SecondChance::Wild { earlier })
-    } else if earlier >= rule.threshold * rule.second_chance {
-        Some(SecondChance::EarlierWon { earlier })
-    } else {
-        None
+    let earlier_lost = {
+        let logs: Vec<f64> = earlier
+            .iter()
+            .filter(|g| **g > 0.0)
+            .map(|g| rule.corrected(*g))
+            .collect();
+        !logs.is_empty() && median(&logs) < t
+    };
+    if t - y > rule.wild && !earlier_lost {
+        return FirstBench::Again;
     }
+    let mut why = format!(
+        "{} (bias-corrected {}), upper end {} < {}×",
+        ratio(geomean, rule.threshold),
+        ratio(y.exp(), rule.threshold),
+        ratio(upper.exp(), rule.threshold),
+        short(rule.threshold)
+    );
+    if t - y > rule.wild {
+        why.push_str(", as its validate benches");
+    }
+    FirstBench::Lost(why)
 }
 
-/// Which of the log values are outliers by the robust rule (see the module docs).
+/// Which of the (bias-corrected) log values are wild by the rule (see the module docs).
 pub fn flag_outliers(logs: &[f64], rule: &ConfirmRule) -> Vec<bool> {
     if logs.len() < 3 {
         // With two values, each is as far from the median as the other: no rule can tell.
         return vec![false; logs.len()];
     }
     let med = median(logs);
-    let limit = rule.outlier_spreads * rule.sigma;
-    logs.iter().map(|x| (x - med).abs() > limit).collect()
+    logs.iter().map(|x| (x - med).abs() > rule.wild).collect()
 }
 
-/// The decision after the benches so far (`geomeans`, first bench first, all > 0). The first
-/// bench at or above the threshold is charged the selection discount: for a published winner
-/// that is the bench the published gate picked. A second chance entered on its validate
-/// benches instead, which an agent picks and which are not counted; it pays the same price of
-/// entry on its first passing fresh bench, so every candidate confirmed was discounted once.
+/// The decision after the benches so far (`geomeans`, first bench first, all > 0).
 pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     let n = geomeans.len();
     let last_chance = n > rule.max_extra;
-    let logs: Vec<f64> = geomeans.iter().map(|g| g.ln()).collect();
+    let logs: Vec<f64> = geomeans.iter().map(|g| rule.corrected(*g)).collect();
     let flags = flag_outliers(&logs, rule);
     let mut c = Confirmation {
         benches: geomeans.to_vec(),
         outliers: (0..n).filter(|i| flags[*i]).collect(),
         ..Confirmation::default()
     };
-    let kept: Vec<(usize, f64)> = (0..n)
-        .filter(|i| !flags[*i])
-        .map(|i| (i, logs[i]))
-        .collect();
-    if n == 2 && disagree(logs[0], logs[1], rule) {
-        // Neither of two benches this far apart may decide: a third tells which is wild.
-        if !last_chance {
-            return Step::More;
+    let kept: Vec<f64> = (0..n).filter(|i| !flags[*i]).map(|i| logs[i]).collect();
+    let undecided = |c: Confirmation, why: String| {
+        if last_chance {
+            Step::Done(Confirmation {
+                reason: Some(why),
+                ..c
+            })
+        } else {
+            Step::More
         }
-        c.reason = Some(format!(
+    };
+    if n < 2 {
+        return undecided(c, "one bench: too few to confirm".into());
+    }
+    if n == 2 && (logs[0] - logs[1]).abs() > rule.wild {
+        let why = format!(
             "2 benches disagree ({} and {}): too few to confirm",
             ratio(geomeans[0], rule.threshold),
             ratio(geomeans[1], rule.threshold)
-        ));
+        );
+        return undecided(c, why);
+    }
+    let k = kept.len();
+    if k < 2 {
+        return undecided(
+            c,
+            format!("{k} of {n} benches left after outliers: too few to confirm"),
+        );
+    }
+    let m = kept.iter().sum::<f64>() / k as f64;
+    let (se, z, t) = (rule.se(k), rule.z(), rule.threshold.ln());
+    c.geomean = Some(m.exp());
+    c.ci95 = Some(((m - 1.96 * se).exp(), (m + 1.96 * se).exp()));
+    c.evidence = Some((m - t) / se);
+    let g = ratio(m.exp(), rule.threshold);
+    let th = short(rule.threshold);
+    if m - z * se >= t {
+        c.confirmed = true;
         return Step::Done(c);
     }
-    let m = kept.len();
-    if m < 2 {
-        if !last_chance {
-            return Step::More;
-        }
+    if m + z * se < t {
         c.reason = Some(format!(
-            "{m} of {n} benches left after outliers: too few to confirm"
+            "{g} over {k} benches (bias-corrected), upper end {} < {th}×",
+            ratio((m + z * se).exp(), rule.threshold)
         ));
         return Step::Done(c);
     }
-    let selected = logs.iter().position(|x| *x >= rule.threshold.ln());
-    let test = Test::of(&kept, selected, rule);
-    c.geomean = Some(test.mean.exp());
-    c.ci95 = Some(test.interval());
-    c.evidence = Some(test.llr);
-    let narrow = 1.0 - rule.narrowing * (n.saturating_sub(2) as f64) / rule.max_extra.max(1) as f64;
-    let (accept, reject) = (
-        ((1.0 - rule.beta) / rule.alpha).ln() * narrow,
-        (rule.beta / (1.0 - rule.alpha)).ln() * narrow,
+    let why = format!(
+        "undecided after {n} benches: {g}, lower end {} < {th}× < upper end {}",
+        ratio((m - z * se).exp(), rule.threshold),
+        ratio((m + z * se).exp(), rule.threshold)
     );
-    let g = ratio(test.mean.exp(), rule.threshold);
-    if test.llr >= accept {
-        c.confirmed = true;
-    } else if test.llr <= reject || (last_chance && test.mean < rule.threshold.ln()) {
-        let t = short(rule.threshold);
-        c.reason = Some(if test.mean < rule.threshold.ln() {
-            format!("geomean of {m} benches {g}, below {t}×")
-        } else {
-            let win = short(rule.threshold * rule.worth);
-            format!(
-                "geomean of {m} benches {g}: too close to {t}× for a {win}× win (sequential test stopped)"
-            )
-        });
-    } else if !last_chance {
-        return Step::More;
-    } else if test.llr >= 0.0 && c.ci95.is_some_and(|(lo, _)| lo >= rule.threshold) {
-        c.confirmed = true;
-    } else {
-        let (lo, hi) = test.interval();
-        c.reason = Some(format!(
-            "undecided after {n} benches: geomean {g}, 95% interval {}–{}",
-            ratio(lo, rule.threshold),
-            ratio(hi, rule.threshold)
-        ));
-    }
-    Step::Done(c)
-}
-
-/// The evidence of the kept benches.
-struct Test {
-    mean: f64,
-    /// Pooled spread of one bench.
-    sigma: f64,
-    n: usize,
-    llr: f64,
-}
-
-impl Test {
-    fn of(kept: &[(usize, f64)], selected: Option<usize>, rule: &ConfirmRule) -> Self {
-        let n = kept.len();
-        let mean = kept.iter().map(|(_, x)| x).sum::<f64>() / n as f64;
-        let ss: f64 = kept.iter().map(|(_, x)| (x - mean).powi(2)).sum();
-        let w = rule.prior_weight;
-        let sigma = ((w * rule.sigma.powi(2) + ss) / (w + n as f64 - 1.0)).sqrt();
-        let (t, d) = (rule.threshold.ln(), rule.worth.ln());
-        let mut llr: f64 = kept
-            .iter()
-            .map(|(_, x)| d / sigma.powi(2) * (x - t - d / 2.0))
-            .sum();
-        if selected.is_some_and(|s| kept.iter().any(|(i, _)| *i == s)) {
-            // P(pass | no speedup) = 1/2; P(pass | win) = Φ(d / σ).
-            llr -= (2.0 * normal_cdf(d / sigma)).ln();
-        }
-        Self {
-            mean,
-            sigma,
-            n,
-            llr,
-        }
-    }
-
-    fn interval(&self) -> (f64, f64) {
-        let h = 1.96 * self.sigma / (self.n as f64).sqrt();
-        ((self.mean - h).exp(), (self.mean + h).exp())
-    }
-}
-
-fn disagree(a: f64, b: f64, rule: &ConfirmRule) -> bool {
-    (a - b).abs() > rule.outlier_spreads * rule.sigma * std::f64::consts::SQRT_2
+    undecided(c, why)
 }
 
 /// `0.993×`, with more digits when three would print the threshold itself (a value just below
@@ -354,6 +390,38 @@ pub(crate) fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// The `p` quantile of the chi-square distribution with `dof` degrees of freedom (Wilson and
+/// Hilferty's cube-root normal approximation).
+pub fn chi_square_quantile(p: f64, dof: f64) -> f64 {
+    let h = 2.0 / (9.0 * dof);
+    dof * (1.0 - h + normal_quantile(p) * h.sqrt()).powi(3).max(0.0)
+}
+
+/// Student's t quantile for the normal quantile `z` at `dof` degrees of freedom (the
+/// Cornish–Fisher expansion to 1/ν²; `dof` 0 gives `z`).
+pub fn t_quantile(z: f64, dof: usize) -> f64 {
+    if dof == 0 {
+        return z;
+    }
+    let v = dof as f64;
+    let (z3, z5) = (z.powi(3), z.powi(5));
+    z + (z3 + z) / (4.0 * v) + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * v * v)
+}
+
+/// The standard normal quantile of `p` in (0, 1), by bisection on [`normal_cdf`].
+pub fn normal_quantile(p: f64) -> f64 {
+    let (mut lo, mut hi) = (-10.0, 10.0);
+    for _ in 0..100 {
+        let mid = (lo + hi) / 2.0;
+        if normal_cdf(mid) < p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo + hi) / 2.0
+}
+
 /// Standard normal distribution function (Abramowitz–Stegun 7.1.26, error < 2e-7).
 fn normal_cdf(z: f64) -> f64 {
     let x = z.abs() / std::f64::consts::SQRT_2;
@@ -374,41 +442,110 @@ fn normal_cdf(z: f64) -> f64 {
 mod tests {
     use super::*;
 
+    /// Paired-like noise: spread 0.02, no offset, no bias.
+    fn rule(max_extra: usize) -> ConfirmRule {
+        let noise = NoiseStats {
+            bias: 1.0,
+            sigma: 0.02,
+            tau: 0.0,
+            wild_rate: 0.0,
+            benches: 20,
+            targets: 5,
+            dof: 0,
+            tau_upper: 0.0,
+        };
+        ConfirmRule::calibrated(1.0, max_extra, &noise)
+    }
+
     fn done(geomeans: &[f64]) -> Confirmation {
-        match step(geomeans, &ConfirmRule::new(1.0, 4)) {
+        match step(geomeans, &rule(3)) {
             Step::Done(c) => c,
             Step::More => panic!("{geomeans:?}: wants more benches"),
         }
     }
 
     #[test]
-    fn a_wild_bench_is_flagged_and_left_out() {
-        let logs: Vec<f64> = [1.02, 0.248, 0.968, 0.995]
-            .iter()
-            .map(|g: &f64| g.ln())
-            .collect();
-        assert_eq!(
-            flag_outliers(&logs, &ConfirmRule::new(1.0, 4)),
-            vec![false, true, false, false]
+    fn a_spread_measured_on_few_benches_widens_the_quantile() {
+        let z = normal_quantile(0.975);
+        // Student's t at 0.975: 2.571 for 5 degrees of freedom, 2.086 for 20.
+        assert!(
+            (t_quantile(z, 5) - 2.571).abs() < 0.03,
+            "{}",
+            t_quantile(z, 5)
         );
+        assert!((t_quantile(z, 20) - 2.086).abs() < 0.005);
+        assert_eq!(t_quantile(z, 0), z);
     }
 
     #[test]
-    fn a_clear_winner_is_confirmed_after_one_agreeing_fresh_bench() {
-        let rule = ConfirmRule::new(1.0, 4);
-        assert!(matches!(step(&[1.11], &rule), Step::More));
+    fn the_chi_square_quantile_is_close_to_the_tables() {
+        // χ²(0.10; 4) = 1.064, χ²(0.10; 19) = 11.651.
+        assert!((chi_square_quantile(0.10, 4.0) - 1.064).abs() < 0.02);
+        assert!((chi_square_quantile(0.10, 19.0) - 11.651).abs() < 0.05);
+    }
+
+    #[test]
+    fn z_splits_the_false_winner_rate_over_the_looks() {
+        assert!((normal_quantile(0.975) - 1.95996).abs() < 1e-4);
+        // 2 % over 3 looks: 0.667 % each.
+        assert!((rule(3).z() - 2.4747).abs() < 1e-3, "{}", rule(3).z());
+    }
+
+    #[test]
+    fn a_clear_winner_is_confirmed_on_two_agreeing_benches_never_on_one() {
+        assert_eq!(step(&[1.2], &rule(3)), Step::More);
         let c = done(&[1.11, 1.09]);
         assert!(c.confirmed, "{c:?}");
-        assert_eq!(c.benches.len(), 2);
     }
 
     #[test]
-    fn a_noise_winner_stops_after_one_fresh_bench() {
-        let c = done(&[1.03, 0.97]);
-        assert_eq!(
-            (c.confirmed, c.reason.as_deref()),
-            (false, Some("geomean of 2 benches 0.9995×, below 1.0×"))
-        );
+    fn a_clear_loser_stops_after_its_first_bench_and_a_near_one_is_benched_again() {
+        assert!(matches!(
+            first_bench(0.90, &[], &rule(3)),
+            FirstBench::Lost(_)
+        ));
+        assert_eq!(first_bench(0.98, &[], &rule(3)), FirstBench::Again);
+        assert_eq!(first_bench(1.05, &[], &rule(3)), FirstBench::Again);
+    }
+
+    #[test]
+    fn a_loss_that_may_be_wild_stands_alone_only_when_the_validate_benches_lost_too() {
+        assert_eq!(first_bench(0.5, &[], &rule(3)), FirstBench::Again);
+        assert_eq!(first_bench(0.5, &[1.2], &rule(3)), FirstBench::Again);
+        let FirstBench::Lost(why) = first_bench(0.5, &[0.52], &rule(3)) else {
+            panic!("a slow candidate whose validate was slow too is benched once");
+        };
+        assert!(why.contains("as its validate benches"), "{why}");
+    }
+
+    #[test]
+    fn the_calibrated_bias_is_taken_out_before_deciding() {
+        // Identical code that measures 0.96× on this GPU: a candidate at 0.99× is 3 % faster.
+        let slow = NoiseStats {
+            bias: 0.96,
+            ..rule(3).noise()
+        };
+        let r = ConfirmRule::calibrated(1.0, 3, &slow);
+        let Step::Done(c) = step(&[1.04, 1.03], &r) else {
+            panic!("decided")
+        };
+        assert!(c.confirmed, "{c:?}");
+        assert!((c.geomean.unwrap() - 1.0781).abs() < 1e-3, "{c:?}");
+    }
+
+    #[test]
+    fn two_benches_far_apart_ask_for_a_third_and_an_outlier_is_left_out() {
+        assert_eq!(step(&[1.12, 0.60], &rule(3)), Step::More);
+        let c = done(&[1.12, 0.60, 1.11]);
+        assert_eq!((c.confirmed, c.outliers.clone()), (true, vec![1]));
+    }
+
+    #[test]
+    fn a_candidate_near_the_threshold_is_undecided_at_the_limit() {
+        assert_eq!(step(&[1.01, 1.00], &rule(3)), Step::More);
+        let c = done(&[1.01, 1.00, 1.01, 1.00]);
+        assert!(!c.confirmed);
+        assert!(c.reason.unwrap().starts_with("undecided after 4"));
     }
 
     #[test]
@@ -418,84 +555,18 @@ mod tests {
         assert_eq!(ratio(1.0, 1.0), "1.000×");
     }
 
-    #[test]
-    fn an_undecided_candidate_gets_more_benches_up_to_the_limit() {
-        let rule = ConfirmRule::new(1.0, 4);
-        assert_eq!(step(&[1.06, 1.04, 1.05], &rule), Step::More);
-        let c = done(&[1.06, 1.04, 1.05, 1.05, 1.04]);
-        assert!(!c.confirmed);
-        assert!(
-            c.reason
-                .as_deref()
-                .unwrap()
-                .starts_with("undecided after 5"),
-            "{c:?}"
-        );
-    }
-
-    #[test]
-    fn two_benches_far_apart_ask_for_a_third() {
-        let rule = ConfirmRule::new(1.0, 4);
-        assert_eq!(step(&[1.12, 0.25], &rule), Step::More);
-    }
-
-    #[test]
-    fn an_outlier_alone_cannot_take_a_win_away() {
-        let c = done(&[1.12, 0.25, 1.10, 1.11]);
-        assert_eq!((c.confirmed, c.outliers.clone()), (true, vec![1]));
-    }
-
-    #[test]
-    fn a_first_bench_loser_gets_a_second_chance_only_when_its_own_earlier_benches_won() {
-        let rule = ConfirmRule::new(1.0, 6);
-        let passed = [1.08, 1.12, 1.05];
-        // The kind, and the earlier median to three places (it went through ln and exp).
-        let got: Vec<Option<(bool, i64)>> = [0.25, 0.98, 1.0]
-            .iter()
-            .map(|g| {
-                second_chance(*g, &passed, &rule).map(|c| {
-                    let wild = matches!(c, SecondChance::Wild { .. });
-                    (wild, (c.earlier() * 1000.0).round() as i64)
-                })
-            })
-            .collect();
-        assert_eq!(
-            got,
-            [
-                Some((true, 1080)),
-                Some((false, 1080)),
-                // It did not lose.
-                None
-            ]
-        );
-        // Earlier benches that won by less than the second-chance margin: only a wild bench.
-        assert_eq!(second_chance(0.98, &[1.03], &rule), None);
-        assert!(matches!(
-            second_chance(0.60, &[1.03], &rule),
-            Some(SecondChance::Wild { .. })
-        ));
-        // As slow as it always was, nothing to compare with, or earlier benches that lost.
-        assert_eq!(second_chance(0.5, &[0.52, 0.49], &rule), None);
-        assert_eq!(second_chance(0.25, &[], &rule), None);
-        assert_eq!(second_chance(0.25, &[0.97], &rule), None);
-    }
-
-    #[test]
-    fn the_boundaries_narrow_as_benches_are_spent() {
-        // Benches a little over 1.05×: never decided by a plain SPRT within the limit, decided
-        // by the narrowed boundaries.
-        let benches = [1.06, 1.05, 1.07, 1.04, 1.06, 1.05, 1.06];
-        let plain = ConfirmRule {
-            narrowing: 0.0,
-            ..ConfirmRule::new(1.0, 6)
-        };
-        let first_done = |rule: &ConfirmRule| {
-            (2..=benches.len()).find(|n| matches!(step(&benches[..*n], rule), Step::Done(_)))
-        };
-        let narrowed = first_done(&ConfirmRule::new(1.0, 6)).unwrap();
-        assert!(
-            narrowed < first_done(&plain).unwrap(),
-            "narrowed boundaries decide after {narrowed} benches"
-        );
+    impl ConfirmRule {
+        fn noise(&self) -> NoiseStats {
+            NoiseStats {
+                bias: self.bias,
+                sigma: self.sigma,
+                tau: self.tau,
+                wild_rate: 0.0,
+                benches: 20,
+                targets: 5,
+                dof: 0,
+                tau_upper: 0.0,
+            }
+        }
     }
 }

@@ -2,89 +2,85 @@
 //! asks for, run as fresh processes, round by round.
 //!
 //! Owns the `confirm-<k>/` folders beside a candidate's first bench
-//! (`<stage dir>/L<n>_<stem>/confirm-<k>/`). The candidates confirmed are the published
-//! winners and the correct first-bench losers with a second chance (their own earlier benches
-//! of the same file won; [`crate::score::confirm::second_chance`]). A round benches every
-//! candidate still undecided once; the order of a round is reversed every other round, so no
-//! candidate is always benched first. The confirmed verdict becomes the verdict's `winner`; the
-//! published one stays in `published`.
+//! (`<stage dir>/L<n>_<stem>/confirm-<k>/`) and the loop that benches every undecided
+//! candidate once per round ([`confirm_loop`], generic over how a bench is taken, so
+//! `cargo bench --bench gate` runs this very loop on drawn numbers). The candidates confirmed
+//! are every correct candidate whose first bench did not lose clearly
+//! ([`crate::score::confirm::first_bench`]). The order of a round is reversed every other
+//! round, so no candidate is always benched first. The confirmed verdict becomes the verdict's
+//! `winner`; the published one stays in `published`.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::score::confirm::{
-    ConfirmRule, Confirmation, SecondChance, Step, ratio, second_chance, step,
-};
+use crate::score::confirm::{ConfirmRule, Confirmation, FirstBench, Step, first_bench, step};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
-use crate::score::gate::WinnerGate;
+use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
-/// A candidate to confirm: its first bench's geomean, and why a first-bench loser is in.
+/// A candidate to confirm: its first bench's geomean, and whether that bench lost.
 #[derive(Clone, Debug)]
 pub struct Contender {
     pub target: TargetId,
     first: f64,
-    second_chance: Option<SecondChance>,
+    lost_first: bool,
 }
 
 impl Contender {
-    /// A first-bench loser benched again on its own earlier benches' word.
-    pub fn is_second_chance(&self) -> bool {
-        self.second_chance.is_some()
+    /// Its first bench lost (below the threshold) but not clearly enough to end it.
+    pub fn lost_first(&self) -> bool {
+        self.lost_first
     }
 }
 
-/// The candidates of `stage` to confirm: its published winners, and its correct losers that
-/// get a second chance by their `earlier` benches (by target: geomeans of the same candidate
-/// file, benched before scoring; empty where there were none).
+/// The candidates of `verdicts` (a first bench each) to bench again: every correct one whose
+/// first bench did not lose clearly, by `rule`, with the geomeans of its `earlier` benches of
+/// the same file (by target; empty where there were none).
 pub fn contenders(
-    stage: &StageReport,
-    gate: &WinnerGate,
+    verdicts: &[TargetVerdict],
+    rule: &ConfirmRule,
     earlier: &BTreeMap<TargetId, Vec<f64>>,
 ) -> Vec<Contender> {
-    let rule = ConfirmRule::new(gate.threshold, gate.confirm);
-    stage
-        .gate
-        .verdicts
+    verdicts
         .iter()
+        .filter(|v| v.failing_statuses.is_empty())
         .filter_map(|v| {
             let first = v.geomean?;
-            let chance = if v.winner {
-                None
-            } else if v.failing_statuses.is_empty() {
-                let before = earlier.get(&v.target).map_or(&[][..], Vec::as_slice);
-                Some(second_chance(first, before, &rule)?)
-            } else {
-                return None;
-            };
-            Some(Contender {
-                target: v.target.clone(),
-                first,
-                second_chance: chance,
-            })
+            let before = earlier.get(&v.target).map_or(&[][..], Vec::as_slice);
+            match first_bench(first, before, rule) {
+                FirstBench::Lost(_) => None,
+                FirstBench::Again => Some(Contender {
+                    target: v.target.clone(),
+                    first,
+                    lost_first: first < rule.threshold,
+                }),
+            }
         })
         .collect()
 }
 
-/// Benches every contender of `stage` again (`<dir>/L<n>_<stem>/confirm-<k>/`) until
-/// [`crate::score::confirm::step`] decides. A first-bench loser without a second chance is
-/// never benched again.
-pub async fn confirm_winners<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    dir: &Path,
-    stage: &mut StageReport,
-    gate: &WinnerGate,
+/// Takes one more bench of each of `targets` (round `round`, 1-based), in order: its geomean,
+/// or why it gave none.
+pub trait Rebench {
+    fn bench(
+        &self,
+        round: usize,
+        targets: &[TargetId],
+    ) -> impl Future<Output = Vec<Result<f64, String>>>;
+}
+
+/// Benches every contender again, round by round, until [`step`] decides each; returns the
+/// confirmations by target.
+pub async fn confirm_loop<B: Rebench>(
+    bencher: &B,
     contenders: Vec<Contender>,
+    rule: &ConfirmRule,
     cancel: &CancellationToken,
-) {
-    let rule = ConfirmRule::new(gate.threshold, gate.confirm);
-    let chances: BTreeMap<TargetId, SecondChance> = contenders
-        .iter()
-        .filter_map(|c| Some((c.target.clone(), c.second_chance?)))
-        .collect();
+) -> BTreeMap<TargetId, Confirmation> {
     let mut pending: Vec<(TargetId, Vec<f64>)> = contenders
         .into_iter()
         .map(|c| (c.target, vec![c.first]))
@@ -95,13 +91,11 @@ pub async fn confirm_winners<L: BenchLauncher>(
         if round % 2 == 0 {
             pending.reverse();
         }
-        let work = format!("confirm-{round}");
-        let reqs = pending.iter().map(|(t, _)| again(dir, t, &work)).collect();
-        let runs = driver.run_many(reqs, cancel).await;
-        stage.runs.extend(runs.iter().map(RunSummary::of));
+        let targets: Vec<TargetId> = pending.iter().map(|(t, _)| t.clone()).collect();
+        let got = bencher.bench(round, &targets).await;
         let mut next = Vec::new();
-        for ((target, mut benches), run) in pending.into_iter().zip(&runs) {
-            match confirmation_geomean(&target, run) {
+        for ((target, mut benches), g) in pending.into_iter().zip(got) {
+            match g {
                 Ok(g) => benches.push(g),
                 Err(why) => {
                     let why = format!("confirmation bench {round}: {why}");
@@ -109,7 +103,7 @@ pub async fn confirm_winners<L: BenchLauncher>(
                     continue;
                 }
             }
-            match step(&benches, &rule) {
+            match step(&benches, rule) {
                 Step::More => next.push((target, benches)),
                 Step::Done(c) => {
                     done.insert(target, c);
@@ -127,7 +121,59 @@ pub async fn confirm_winners<L: BenchLauncher>(
             Confirmation::failed(benches, "confirmation cancelled".into()),
         );
     }
-    apply_confirmations(stage, done, &chances);
+    done
+}
+
+/// Real (or simulated) bench processes in `<dir>/L<n>_<stem>/confirm-<k>/`.
+struct DriverRebench<'a, L> {
+    driver: &'a BenchDriver<L>,
+    dir: &'a Path,
+    cancel: &'a CancellationToken,
+    runs: std::sync::Mutex<Vec<RunSummary>>,
+}
+
+impl<L: BenchLauncher> Rebench for DriverRebench<'_, L> {
+    async fn bench(&self, round: usize, targets: &[TargetId]) -> Vec<Result<f64, String>> {
+        let work = format!("confirm-{round}");
+        let reqs = targets.iter().map(|t| again(self.dir, t, &work)).collect();
+        let runs = self.driver.run_many(reqs, self.cancel).await;
+        if let Ok(mut r) = self.runs.lock() {
+            r.extend(runs.iter().map(RunSummary::of));
+        }
+        targets
+            .iter()
+            .zip(&runs)
+            .map(|(t, run)| confirmation_geomean(t, run))
+            .collect()
+    }
+}
+
+/// Benches every contender of `stage` again (`<dir>/L<n>_<stem>/confirm-<k>/`) until
+/// [`crate::score::confirm::step`] decides, and applies the confirmations to its verdicts.
+pub async fn confirm_winners<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    dir: &Path,
+    stage: &mut StageReport,
+    rule: &ConfirmRule,
+    contenders: Vec<Contender>,
+    cancel: &CancellationToken,
+) {
+    let lost: Vec<TargetId> = contenders
+        .iter()
+        .filter(|c| c.lost_first)
+        .map(|c| c.target.clone())
+        .collect();
+    let bencher = DriverRebench {
+        driver,
+        dir,
+        cancel,
+        runs: Default::default(),
+    };
+    let done = confirm_loop(&bencher, contenders, rule, cancel).await;
+    stage
+        .runs
+        .extend(bencher.runs.into_inner().unwrap_or_default());
+    apply_confirmations(&mut stage.gate.verdicts, done, &lost);
 }
 
 /// One more bench of `target`'s first-bench candidate, in `<dir>/L<n>_<stem>/<work>/`.
@@ -148,52 +194,28 @@ fn confirmation_geomean(target: &TargetId, run: &BenchRun) -> Result<f64, String
         .ok_or_else(|| v.reason.unwrap_or_else(|| "no geomean".into()))
 }
 
-/// Confirmed winners stay (or, on a second chance, become) winners; the others lose the win,
-/// with the reason.
-fn apply_confirmations(
-    stage: &mut StageReport,
+/// Confirmed candidates become (or stay) winners; the others lose the win, with the reason.
+/// `lost_first`: the contenders whose first bench lost.
+pub fn apply_confirmations(
+    verdicts: &mut [TargetVerdict],
     mut done: BTreeMap<TargetId, Confirmation>,
-    chances: &BTreeMap<TargetId, SecondChance>,
+    lost_first: &[TargetId],
 ) {
-    let threshold = stage.gate.gate.threshold;
-    for v in stage.gate.verdicts.iter_mut() {
+    for v in verdicts.iter_mut() {
         let Some(mut c) = done.remove(&v.target) else {
             continue;
         };
-        // Also when a bench failed or the run was cancelled before the test decided.
-        c.rescued = chances.contains_key(&v.target);
+        c.rescued = lost_first.contains(&v.target);
         let why = c.reason.clone().unwrap_or_default();
-        match chances.get(&v.target) {
-            None if !c.confirmed => {
-                v.winner = false;
-                v.reason = Some(format!("not confirmed: {why}"));
-            }
-            None => {}
-            Some(chance) => {
-                let first = c
-                    .benches
-                    .first()
-                    .map_or_else(String::new, |g| ratio(*g, threshold));
-                let earlier = ratio(chance.earlier(), threshold);
-                let because = match chance {
-                    SecondChance::Wild { .. } => format!(
-                        "the first bench {first} looked wild against its validate benches (median {earlier})"
-                    ),
-                    SecondChance::EarlierWon { .. } => format!(
-                        "the first bench {first} lost, its validate benches won (median {earlier})"
-                    ),
-                };
-                if c.confirmed {
-                    v.winner = true;
-                    v.reason = None;
-                } else {
-                    v.reason = Some(format!(
-                        "{}; second chance: {because}; not confirmed: {why}",
-                        v.reason.clone().unwrap_or_default()
-                    ));
-                }
-                c.second_chance = Some(because);
-            }
+        if c.confirmed {
+            v.winner = true;
+            v.reason = None;
+        } else if c.rescued {
+            let lost = v.reason.clone().unwrap_or_default();
+            v.reason = Some(format!("{lost}; benched again: not confirmed: {why}"));
+        } else {
+            v.winner = false;
+            v.reason = Some(format!("not confirmed: {why}"));
         }
         v.confirmation = Some(c);
     }

@@ -68,6 +68,11 @@ pub trait BenchLauncher: Send + Sync {
         inv: Invocation,
         cancel: CancellationToken,
     ) -> impl Future<Output = Result<ProcessExit, ScoreError>> + Send;
+
+    /// The model of the GPUs benches run on (what a calibration holds for), when known.
+    fn gpu_model(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Runs the bench on this host, in its own process group.
@@ -182,6 +187,22 @@ pub struct DriverParams {
     pub deadline: Duration,
     /// Benches running at once (one per GPU once leases exist).
     pub parallel: usize,
+    /// Paired timing rounds to ask for (`Config::timing_rounds`); the driver asks only a
+    /// harness that has the timing patch ([`timing_supported`]), else times as published.
+    pub timing_rounds: usize,
+}
+
+/// Whether the bench `params` run can time paired rounds: the simulated bench can, a harness
+/// copy can when its `bench.py` has the timing patch's option, anything else (an installed
+/// fastkernels of unknown make) is not asked.
+pub fn timing_supported(params: &DriverParams) -> bool {
+    if params.command.iter().any(|a| a == "sim-bench") {
+        return true;
+    }
+    params.fastkernels_dir.as_ref().is_some_and(|dir| {
+        std::fs::read_to_string(dir.join("fastkernels/bench.py"))
+            .is_ok_and(|text| text.contains("\"--timing-rounds\""))
+    })
 }
 
 /// One bench to run.
@@ -332,6 +353,10 @@ impl<L: BenchLauncher> BenchDriver<L> {
             )));
         }
         let checkout = CheckoutState::read(params.fastkernels_dir.as_deref()).await;
+        let mut params = params;
+        if !timing_supported(&params) {
+            params.timing_rounds = 0;
+        }
         Ok(Self {
             params,
             launcher,
@@ -358,6 +383,16 @@ impl<L: BenchLauncher> BenchDriver<L> {
         &self.launcher
     }
 
+    /// How this driver's benches time a speedup.
+    pub fn timing(&self) -> crate::score::result::TimingMethod {
+        use crate::score::result::TimingMethod;
+        if self.params.timing_rounds > 0 {
+            TimingMethod::Paired
+        } else {
+            TimingMethod::Published
+        }
+    }
+
     /// The argv and environment of one request (exposed so callers can record it).
     pub fn invocation(&self, req: &BenchRequest) -> Invocation {
         let mut args: Vec<String> = self.params.command[1..].to_vec();
@@ -370,6 +405,12 @@ impl<L: BenchLauncher> BenchDriver<L> {
         }
         if req.self_test {
             args.push("--self-test".into());
+        }
+        if self.params.timing_rounds > 0 {
+            args.extend([
+                "--timing-rounds".into(),
+                self.params.timing_rounds.to_string(),
+            ]);
         }
         args.extend(["--captures".into(), path_arg(&self.params.captures)]);
         args.extend(["--output".into(), path_arg(&req.output())]);

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::score::confirm::short;
-use crate::score::result::{BenchResult, ScenarioRow, Status};
+use crate::score::confirm;
+use crate::score::result::{BenchResult, ScenarioRow, Status, TimingMethod};
 use crate::target::TargetId;
 
 /// Speedups above this are flagged for a human to check.
@@ -32,8 +32,16 @@ pub use crate::config::gate::{DEFAULT_CONFIRM, GateKind, WinnerGate};
 pub struct TargetVerdict {
     pub target: TargetId,
     pub winner: bool,
-    /// Geometric mean over the non-skipped rows, when they all passed with speedup > 0.
+    /// Geometric mean of the rows' fair speedups ([`ScenarioRow::fair_speedup`]: paired where
+    /// the bench timed paired rounds) over the non-skipped rows, when they all passed.
     pub geomean: Option<f64>,
+    /// The same geomean of the figures timed as published (candidate first, once each),
+    /// kept beside the fair one so results stay comparable with published numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_geomean: Option<f64>,
+    /// How `geomean` was timed.
+    #[serde(default)]
+    pub timing: TimingMethod,
     /// Non-skipped rows considered.
     pub rows: usize,
     pub skipped: usize,
@@ -65,6 +73,8 @@ impl TargetVerdict {
             target,
             winner: false,
             geomean: None,
+            published_geomean: None,
+            timing: TimingMethod::Published,
             rows: 0,
             skipped: 0,
             reason: Some(reason),
@@ -148,22 +158,34 @@ impl WinnerGate {
         // An infinite speedup is a candidate time of zero: a broken measurement, not a win.
         let not_timed = kept
             .iter()
-            .filter(|r| !(r.speedup > 0.0 && r.speedup.is_finite()))
+            .filter(|r| !(r.fair_speedup() > 0.0 && r.fair_speedup().is_finite()))
             .count();
         if not_timed > 0 {
             verdict.reason = Some(format!("PASSED without a finite speedup > 0 ×{not_timed}"));
             return verdict;
         }
-        let g = geomean(kept.iter().map(|r| r.speedup));
+        let g = geomean(kept.iter().map(|r| r.fair_speedup()));
+        let paired = kept.iter().all(|r| r.timing() == TimingMethod::Paired);
+        verdict.timing = if paired {
+            TimingMethod::Paired
+        } else {
+            TimingMethod::Published
+        };
+        let published = kept
+            .iter()
+            .all(|r| r.speedup > 0.0 && r.speedup.is_finite());
+        verdict.published_geomean = published.then(|| geomean(kept.iter().map(|r| r.speedup)));
         verdict.geomean = Some(g);
+        verdict.published = verdict
+            .published_geomean
+            .is_some_and(|p| p >= self.threshold);
         if g >= self.threshold {
             verdict.winner = true;
-            verdict.published = true;
             verdict.reason = None;
         } else {
             verdict.reason = Some(format!(
                 "geomean {} < {}",
-                short(g),
+                below(g, self.threshold),
                 fmt_threshold(self.threshold)
             ));
         }
@@ -223,6 +245,16 @@ fn first_detail(rows: &[&ScenarioRow]) -> String {
         .unwrap_or_default()
 }
 
+/// A geomean below the threshold, never printed as the threshold itself (`0.99998`, not `1.0`).
+fn below(g: f64, t: f64) -> String {
+    let s = confirm::short(g);
+    if s == confirm::short(t) {
+        confirm::ratio(g, t).trim_end_matches('×').to_string()
+    } else {
+        s
+    }
+}
+
 fn fmt_threshold(t: f64) -> String {
     if t.fract() == 0.0 {
         format!("{t:.1}")
@@ -233,11 +265,13 @@ fn fmt_threshold(t: f64) -> String {
 
 fn review_notes(rows: &[&ScenarioRow]) -> Vec<String> {
     rows.iter()
-        .filter(|r| r.status == Status::Passed && r.speedup > REVIEW_SPEEDUP)
+        .filter(|r| r.status == Status::Passed && r.fair_speedup() > REVIEW_SPEEDUP)
         .map(|r| {
             format!(
                 "speedup {:.1}× > {REVIEW_SPEEDUP}× on {} {}: review",
-                r.speedup, r.shape, r.dtype
+                r.fair_speedup(),
+                r.shape,
+                r.dtype
             )
         })
         .collect()

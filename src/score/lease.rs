@@ -80,6 +80,19 @@ impl LeaseLauncher {
 }
 
 impl BenchLauncher for LeaseLauncher {
+    fn gpu_model(&self) -> Option<String> {
+        let mut names: Vec<String> = self
+            .broker
+            .inventory()
+            .gpus
+            .iter()
+            .map(|g| g.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        (!names.is_empty()).then(|| names.join(" + "))
+    }
+
     async fn launch(
         &self,
         inv: Invocation,

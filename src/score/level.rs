@@ -38,6 +38,8 @@ pub struct LevelBench<'a, L> {
     /// `<seq>/L<n>`.
     pub dir: &'a Path,
     pub gate: WinnerGate,
+    /// The confirmed gate's calibrated rule (`None` under another gate).
+    pub rule: Option<crate::score::confirm::ConfirmRule>,
     pub cancel: &'a CancellationToken,
 }
 
@@ -85,18 +87,19 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
             folder,
         )
         .await?;
-        if self.gate.kind == GateKind::Confirmed {
-            // No earlier benches here: a level's first-bench losers stand.
-            let contenders = contenders(&stage, &self.gate, &Default::default());
-            confirm_winners(
-                self.driver,
-                &dir,
-                &mut stage,
-                &self.gate,
-                contenders,
-                self.cancel,
-            )
-            .await;
+        if let Some(rule) = self
+            .rule
+            .as_ref()
+            .filter(|_| self.gate.kind == GateKind::Confirmed)
+        {
+            // No earlier benches here: a clear first-bench loss stands unless it may be wild.
+            let contenders = contenders(&stage.gate.verdicts, rule, &Default::default());
+            for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
+                if !contenders.iter().any(|c| c.target == v.target) {
+                    v.winner = false;
+                }
+            }
+            confirm_winners(self.driver, &dir, &mut stage, rule, contenders, self.cancel).await;
         }
         write_json(&dir.join("gate.json"), &stage)?;
         Ok(stage)

@@ -4,6 +4,7 @@
 //! Not here: running the sequential campaign's sessions (the daemon), GPU leases (a
 //! lease-backed [`driver::BenchLauncher`] is plugged in).
 
+pub mod calibration;
 pub mod candidates;
 pub mod compare;
 pub mod compare_ab;

@@ -77,8 +77,8 @@ pub async fn noise_floor<L: BenchLauncher>(
                 speedups.extend(
                     r.scenarios
                         .iter()
-                        .filter(|s| s.status == Status::Passed && s.speedup > 0.0)
-                        .map(|s| s.speedup),
+                        .filter(|s| s.status == Status::Passed && s.fair_speedup() > 0.0)
+                        .map(|s| s.fair_speedup()),
                 );
             }
             Err(f) => failures.push(format!("{}: {}", run.request.label, f.describe())),
@@ -137,14 +137,16 @@ pub fn merge_repeats(results: &[BenchResult]) -> BenchResult {
             rows.push((*bad).clone());
             continue;
         }
-        let speeds: Vec<f64> = same
-            .iter()
-            .filter(|r| r.status == Status::Passed)
-            .map(|r| r.speedup)
-            .collect();
+        let passed: Vec<&&ScenarioRow> =
+            same.iter().filter(|r| r.status == Status::Passed).collect();
+        let speeds: Vec<f64> = passed.iter().map(|r| r.speedup).collect();
+        let fair: Vec<f64> = passed.iter().map(|r| r.fair_speedup()).collect();
         let mut merged = row.clone();
         if row.status == Status::Passed && !speeds.is_empty() {
             merged.speedup = median(&speeds);
+            if let Some(p) = merged.paired.as_mut() {
+                p.speedup = median(&fair);
+            }
         }
         rows.push(merged);
     }
@@ -169,10 +171,13 @@ pub fn spread(results: &[BenchResult], target: &TargetId, resamples: usize) -> O
             if !ok || row.status == Status::Skipped {
                 continue;
             }
-            if row.status != Status::Passed || row.speedup <= 0.0 {
+            if row.status != Status::Passed || row.fair_speedup() <= 0.0 {
                 return None;
             }
-            per_scenario.entry(key).or_default().push(row.speedup);
+            per_scenario
+                .entry(key)
+                .or_default()
+                .push(row.fair_speedup());
         }
     }
     if per_scenario.is_empty() || resamples == 0 {

@@ -28,15 +28,17 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
+use crate::score::calibration::{Calibration, CalibrationPlan, calibrate, plan_for};
 use crate::score::candidates::{
     CandidateSet, earlier_benches, gather_sessions, new_generation, session_candidates,
 };
+use crate::score::confirm::ConfirmRule;
 use crate::score::confirmation::{Contender, confirm_winners, contenders};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
 use crate::score::noise::{NoiseFloor, merge_repeats, noise_floor, sample, spread};
-use crate::score::result::BenchResult;
+use crate::score::result::{BenchResult, TimingMethod};
 use crate::score::stage::{RunSummary, ScoreMode, StageReport, write_json};
 use crate::target::TargetId;
 
@@ -62,6 +64,9 @@ pub struct ScoreParams {
     /// ([`crate::score::confirm::second_chance`]). Scoring a run fills it from its sessions;
     /// empty, every first bench that lost stands.
     pub earlier: BTreeMap<TargetId, Vec<f64>>,
+    /// The A/A calibration the confirmed gate takes its noise from (cached by key); `None`
+    /// calibrates the candidates' own targets for this score alone, uncached.
+    pub calibration: Option<CalibrationPlan>,
 }
 
 /// Everything a score produced.
@@ -79,6 +84,12 @@ pub struct ScoreReport {
     pub repeats: usize,
     /// The self-test spread printed beside every speedup.
     pub noise_floor: Option<NoiseFloor>,
+    /// How this score's benches timed a speedup.
+    #[serde(default)]
+    pub timing: TimingMethod,
+    /// The A/A calibration the confirmed gate used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
     /// Infrastructure failures: when non-empty, scoring did not complete.
     pub incomplete: Vec<String>,
 }
@@ -289,6 +300,8 @@ fn judge_repeats(
 /// A scoring stage, as a progress display names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage {
+    /// The A/A calibration (benched only when no cached one fits).
+    Calibration,
     NoiseFloor,
     Standalone,
     Confirmation,
@@ -302,6 +315,7 @@ pub enum Stage {
 impl Stage {
     pub fn name(self) -> String {
         match self {
+            Stage::Calibration => "calibration".into(),
             Stage::NoiseFloor => "noise floor".into(),
             Stage::Standalone => "standalone".into(),
             Stage::Confirmation => "confirmation".into(),
@@ -393,7 +407,35 @@ async fn score_set<L: BenchLauncher>(
         final_set: None,
         repeats: params.repeats.max(1),
         noise_floor: None,
+        timing: driver.timing(),
+        calibration: None,
         incomplete: Vec::new(),
+    };
+    let rule = if params.gate.kind == GateKind::Confirmed && params.mode != ScoreMode::Composed {
+        let plan = match &params.calibration {
+            Some(plan) => plan.clone(),
+            None => plan_for(driver, &gen_dir.join("calibration"), &set.targets(), true),
+        };
+        progress.started(Stage::Calibration, plan.targets.len() * plan.benches);
+        let work = gen_dir.join("calibration");
+        let (c, rule) = calibrated_rule(driver, &plan, &work, &params.gate, cancel).await?;
+        progress.finished(Stage::Calibration, 0, c.benches.len());
+        report.simulated |= c.simulated;
+        let failures: Vec<String> = c.benches.iter().filter_map(|b| b.failure.clone()).collect();
+        report.calibration = Some(c);
+        match rule {
+            Some(rule) => Some(rule),
+            None => {
+                report.incomplete.push(format!(
+                    "the A/A calibration gave too few benches to measure a spread ({})",
+                    failures.join("; ")
+                ));
+                write_json(&gen_dir.join("score.json"), &report)?;
+                return Ok(report);
+            }
+        }
+    } else {
+        None
     };
     if params.noise_sample > 0 {
         let picked = sample(&set.targets(), params.noise_sample);
@@ -410,17 +452,25 @@ async fn score_set<L: BenchLauncher>(
         progress.started(Stage::Standalone, benches);
         let gate = &params.gate;
         let mut stage = score_standalone(driver, &set, &dir, gate, params.repeats, cancel).await?;
-        screen_winners(&set, &mut stage, &params.screen_waive);
+        let flagged = screen_winners(&set, &mut stage, &params.screen_waive);
         let judged = stage.gate.verdicts.len();
         progress.finished(Stage::Standalone, stage.gate.winner_count(), judged);
         if gate.kind == GateKind::LowerBound {
             gate_on_lower_bound(&mut stage, gate.threshold);
-        } else if gate.kind == GateKind::Confirmed {
-            let mut contenders = contenders(&stage, gate, &params.earlier);
+        } else if let Some(rule) = &rule {
+            let mut contenders = contenders(&stage.gate.verdicts, rule, &params.earlier);
+            // A winner the screen took the win from is not benched again.
+            contenders.retain(|c| !flagged.contains(&c.target));
             screen_second_chances(&set, &mut stage, &mut contenders, &params.screen_waive);
+            // A first-bench winner that is not benched again lost clearly: no win on one bench.
+            for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
+                if !contenders.iter().any(|c| c.target == v.target) && v.confirmation.is_none() {
+                    v.winner = false;
+                }
+            }
             let benched_again = contenders.len();
             progress.started(Stage::Confirmation, benched_again * gate.confirm);
-            confirm_winners(driver, &dir, &mut stage, gate, contenders, cancel).await;
+            confirm_winners(driver, &dir, &mut stage, rule, contenders, cancel).await;
             progress.finished(
                 Stage::Confirmation,
                 stage.gate.winner_count(),
@@ -458,6 +508,21 @@ async fn score_set<L: BenchLauncher>(
     Ok(report)
 }
 
+/// The confirmed gate's rule on `plan`'s calibration (cached, or measured in `work/`).
+pub async fn calibrated_rule<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    plan: &CalibrationPlan,
+    work: &Path,
+    gate: &WinnerGate,
+    cancel: &CancellationToken,
+) -> Result<(Calibration, Option<ConfirmRule>), ScoreError> {
+    let c = calibrate(driver, plan, work, cancel).await?;
+    let rule = c
+        .fair
+        .map(|noise| ConfirmRule::calibrated(gate.threshold, gate.confirm, &noise));
+    Ok((c, rule))
+}
+
 /// `--gate lower-bound`: a winner whose bootstrap interval reaches below the threshold (or that
 /// has no interval) is not one.
 fn gate_on_lower_bound(stage: &mut StageReport, threshold: f64) {
@@ -478,13 +543,17 @@ fn gate_on_lower_bound(stage: &mut StageReport, threshold: f64) {
 
 /// Runs the static reward-hack screen on every winner's file: a finding of a rule that is not
 /// waived takes the win away, with the finding as its reason.
-fn screen_winners(set: &CandidateSet, stage: &mut StageReport, waive: &[String]) {
+/// Returns the targets it took the win from.
+fn screen_winners(set: &CandidateSet, stage: &mut StageReport, waive: &[String]) -> Vec<TargetId> {
+    let mut flagged = Vec::new();
     for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
         if let Some(findings) = screen_findings(set, v, waive) {
             v.winner = false;
             v.reason = Some(findings);
+            flagged.push(v.target.clone());
         }
     }
+    flagged
 }
 
 /// The reward-hack screen's findings on `v`'s candidate file (`reward-hack screen: …`), if any
@@ -505,8 +574,9 @@ fn screen_findings(set: &CandidateSet, v: &TargetVerdict, waive: &[String]) -> O
     (!findings.is_empty()).then(|| format!("reward-hack screen: {}", findings.join("; ")))
 }
 
-/// Drops the second chances whose file the reward-hack screen flags (their benches would be
-/// wasted: the screen drops every winner it flags), saying so in the loser's reason.
+/// Drops the contenders that lost their first bench and whose file the reward-hack screen
+/// flags (their benches would be wasted: the screen drops every winner it flags), saying so in
+/// the loser's reason. (First-bench winners met the screen already.)
 fn screen_second_chances(
     set: &CandidateSet,
     stage: &mut StageReport,
@@ -514,7 +584,7 @@ fn screen_second_chances(
     waive: &[String],
 ) {
     contenders.retain(|c| {
-        if !c.is_second_chance() {
+        if !c.lost_first() {
             return true;
         }
         let Some(v) = stage
@@ -529,7 +599,7 @@ fn screen_second_chances(
             return true;
         };
         let lost = v.reason.clone().unwrap_or_default();
-        v.reason = Some(format!("{lost}; no second chance: {findings}"));
+        v.reason = Some(format!("{lost}; not benched again: {findings}"));
         false
     });
 }

@@ -196,9 +196,8 @@ fn confirmed_stage(out: &mut String, s: &StageReport, width: usize) {
     ));
     out.push_str(&wrap(
         &format!(
-            "confirmed: a published winner is benched again, up to {} more times, until a sequential test says it wins (confirmed) or does not; a correct first-bench loser whose own validate benches of the same file won (by {:.0} %, or at all when this bench looks wild) is benched the same way, its lost bench counted (a second chance)",
+            "confirmed: a correct candidate whose first bench did not lose clearly is benched again, up to {} more times, until its benches, less the calibrated bias, lie clearly above (confirmed) or below the threshold by the calibrated spread; a wild bench never decides alone",
             g.confirm,
-            (crate::score::confirm::ConfirmRule::new(g.threshold, g.confirm).second_chance - 1.0) * 100.0
         ),
         width,
         2,
@@ -275,6 +274,14 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
         None => " (dirty state unknown)",
     };
     let _ = writeln!(out, "fastkernels  {}{dirty}", r.checkout.commit);
+    out.push_str(&wrap(
+        &format!("timing       {}", r.timing.describe()),
+        width,
+        13,
+    ));
+    if let Some(c) = &r.calibration {
+        out.push_str(&wrap(&format!("calibration  {}", c.describe()), width, 13));
+    }
     if r.repeats > 1 {
         let _ = writeln!(
             out,

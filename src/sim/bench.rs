@@ -27,10 +27,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::score::result::{BenchResult, ScenarioRow, Status, op_string};
+use crate::score::result::{BenchResult, PairedTiming, ScenarioRow, Status, op_string};
 use crate::target::{Catalog, Target, TargetId};
 
-use super::noise::NoiseModel;
+use super::noise::{NoiseModel, PUBLISHED_BIAS};
 
 /// What the simulated bench is asked to do (the real bench's flags plus the environment it
 /// reads, collected by the CLI).
@@ -47,6 +47,9 @@ pub struct SimBenchParams {
     pub candidate_dir: Option<PathBuf>,
     /// `FASTKERNELS_RESULTS_DIR` (default output folder).
     pub results_dir: Option<PathBuf>,
+    /// `--timing-rounds` (the timing patch's option): above 0, every timed row carries paired
+    /// rounds, and its published figure is the paired one times the published method's bias.
+    pub timing_rounds: usize,
 }
 
 /// What the process should do once [`run`] returns.
@@ -234,8 +237,28 @@ struct RowSpec<'a> {
     dtype: String,
 }
 
-fn row(spec: &RowSpec<'_>, status: Status, speedup: f64, detail: &str) -> ScenarioRow {
+/// How the simulated invocation times a row: the published factor multiplies the fair speedup
+/// into the figure the harness would time as published; `rounds` > 0 adds paired rounds.
+#[derive(Clone, Copy)]
+struct Timing {
+    rounds: usize,
+    published: f64,
+}
+
+fn row(
+    spec: &RowSpec<'_>,
+    status: Status,
+    speedup: f64,
+    detail: &str,
+    timing: Timing,
+) -> ScenarioRow {
     let timed = status == Status::Passed;
+    let fair = speedup;
+    let speedup = if timed {
+        fair * timing.published
+    } else {
+        speedup
+    };
     let base_ms = 0.01 + unit(&[spec.shape.as_bytes(), spec.class.as_bytes()]) * 0.2;
     let (matched, abs) = match status {
         Status::IncorrectNumerical => (0.62, 3.1),
@@ -260,6 +283,34 @@ fn row(spec: &RowSpec<'_>, status: Status, speedup: f64, detail: &str) -> Scenar
             format!("simulated: {detail}")
         },
         simulated: true,
+        paired: (timed && timing.rounds > 0).then(|| paired_rounds(base_ms, fair, timing.rounds)),
+    }
+}
+
+/// Paired rounds around `fair`, in the timing patch's order (ratios within ±1 %).
+fn paired_rounds(base_ms: f64, fair: f64, n: usize) -> PairedTiming {
+    let order: String = (0..n)
+        .map(|r| {
+            if (r as u32).count_ones() % 2 == 1 {
+                "BC"
+            } else {
+                "CB"
+            }
+        })
+        .collect();
+    let rounds: Vec<[f64; 2]> = (0..n)
+        .map(|r| {
+            let wiggle = 1.0 + 0.01 * (((r * 7) % 5) as f64 - 2.0) / 2.0;
+            [base_ms / (fair * wiggle), base_ms]
+        })
+        .collect();
+    PairedTiming {
+        speedup: fair,
+        spread: 0.007,
+        order,
+        rounds,
+        candidate_ms: base_ms / fair,
+        baseline_ms: base_ms,
     }
 }
 
@@ -275,6 +326,8 @@ struct TargetRun<'a> {
     self_test: bool,
     /// Where this invocation writes its JSON (tells repeated benches apart).
     output: &'a Path,
+    /// `--timing-rounds`.
+    timing_rounds: usize,
 }
 
 impl TargetRun<'_> {
@@ -313,7 +366,12 @@ impl Draw {
                 || (!forces_pass(&knobs) && t.unit(&[b"compose"]) < 0.25));
         let nonce = invocation_nonce(t.output);
         let u = |i: u8| t.unit(&[nonce.as_bytes(), &[i]]);
-        let noise = NoiseModel::default().factor([u(0), u(1), u(2), u(3)]);
+        let model = if t.timing_rounds > 0 {
+            NoiseModel::paired()
+        } else {
+            NoiseModel::default()
+        };
+        let noise = model.factor([u(0), u(1), u(2), u(3)]);
         let forced = knobs.iter().find_map(|k| match k {
             Knob::Speedup(s) => Some(*s),
             Knob::True(s) => Some(s * noise),
@@ -363,8 +421,36 @@ impl Draw {
     }
 }
 
+/// The published figure's factor over the fair one: with paired rounds, the published method's
+/// bias and its own one-shot noise; without, 1 (the fair figure is the published one).
+fn published_factor(t: &TargetRun<'_>) -> f64 {
+    if t.timing_rounds == 0 {
+        return 1.0;
+    }
+    let nonce = invocation_nonce(t.output);
+    let u = |i: u8| t.unit(&[nonce.as_bytes(), b"published", &[i]]);
+    PUBLISHED_BIAS * NoiseModel::default().factor([u(0), u(1), u(2), u(3)])
+}
+
+/// A self-test (the baseline against itself): 1.0× times one draw of the method's noise per
+/// invocation, a little jitter per row, and the published method's bias when unpaired.
+fn self_test_speedup(t: &TargetRun<'_>, jitter: f64) -> f64 {
+    let nonce = invocation_nonce(t.output);
+    let u = |i: u8| t.unit(&[nonce.as_bytes(), b"self-test", &[i]]);
+    let (model, bias) = if t.timing_rounds > 0 {
+        (NoiseModel::paired(), 1.0)
+    } else {
+        (NoiseModel::default(), PUBLISHED_BIAS)
+    };
+    bias * model.factor([u(0), u(1), u(2), u(3)]) * (0.99 + 0.02 * jitter)
+}
+
 fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
     let draw = Draw::new(t);
+    let timing = Timing {
+        rounds: t.timing_rounds,
+        published: published_factor(t),
+    };
     let mut out = Vec::new();
     for class in &t.target.classes {
         let spec = |shape, dtype| RowSpec {
@@ -375,18 +461,19 @@ fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
         };
         if draw.unloadable(t) {
             let spec = spec("-".into(), "-".into());
-            out.push(row(&spec, Status::Skipped, 0.0, "no candidate class found"));
+            let detail = "no candidate class found";
+            out.push(row(&spec, Status::Skipped, 0.0, detail, timing));
             continue;
         }
         for (i, (shape, dtype)) in cases(&t.target.id, class).into_iter().enumerate() {
             let spec = spec(shape, dtype);
             let jitter = t.unit(&[i.to_string().as_bytes()]);
             let (status, detail, speedup) = if t.self_test {
-                (Status::Passed, "self-test", 0.92 + 0.16 * jitter)
+                (Status::Passed, "self-test", self_test_speedup(t, jitter))
             } else {
                 draw.case(i, jitter)
             };
-            out.push(row(&spec, status, speedup, detail));
+            out.push(row(&spec, status, speedup, detail, timing));
         }
     }
     out
@@ -449,6 +536,7 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             composed_with_lower: lower,
             self_test: params.self_test,
             output: &output_path(params),
+            timing_rounds: params.timing_rounds,
         }));
     }
     finish(params, rows)
@@ -532,7 +620,11 @@ fn finish(params: &SimBenchParams, rows: Vec<ScenarioRow>) -> SimAction {
     for r in &result.scenarios {
         stdout.push_str(&format!(
             "{:<20} {:<60} {:<16} {:>7.3}x  {}\n",
-            r.status, r.op, r.shape, r.speedup, r.detail
+            r.status,
+            r.op,
+            r.shape,
+            r.fair_speedup(),
+            r.detail
         ));
     }
     stdout.push_str(&format!(

@@ -44,6 +44,9 @@ impl InProcessLauncher {
                 "--captures" => p.captures = args.next().map(PathBuf::from),
                 "--output" => p.output = args.next().map(PathBuf::from),
                 "--self-test" => p.self_test = true,
+                "--timing-rounds" => {
+                    p.timing_rounds = args.next().and_then(|n| n.parse().ok()).unwrap_or(0)
+                }
                 _ => {}
             }
         }

@@ -56,13 +56,19 @@ fn series(root: &Path, hunk_at: usize, check_count: usize) -> PatchSeries {
 #[test]
 fn the_shipped_series_loads_with_hashes_and_checks() {
     let s = PatchSeries::load(&fk_agentd::harness::shipped_series_dir()).unwrap();
-    assert_eq!(s.patches.len(), 1);
+    let names: Vec<&str> = s.patches.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(
-        s.patches[0].name,
-        "0001-skip-fp8-reinit-without-deep-gemm.patch"
+        names,
+        [
+            fk_agentd::harness::TIMING_PATCH,
+            "0002-skip-fp8-reinit-without-deep-gemm.patch"
+        ]
     );
-    assert_eq!(s.patches[0].sha256.len(), 64);
-    assert_eq!(s.patches[0].checks.len(), 2);
+    assert!(s.patches.iter().all(|p| p.sha256.len() == 64));
+    let checks: Vec<usize> = s.patches.iter().map(|p| p.checks.len()).collect();
+    assert_eq!(checks, [5, 2]);
+    // Each pins the file it was written for: the commit's, then the commit's with 0001.
+    assert_ne!(s.patches[0].base, s.patches[1].base);
 }
 
 #[test]

@@ -332,6 +332,8 @@ fn the_human_table_of_the_published_standalone_results() {
         final_set: None,
         repeats: 1,
         noise_floor: None,
+        timing: Default::default(),
+        calibration: None,
         incomplete: Vec::new(),
     };
     insta::assert_snapshot!(
@@ -387,6 +389,7 @@ async fn a_bench_killed_for_using_another_gpu_is_invalid_whatever_its_json_says(
                 captures: tmp.path().to_path_buf(),
                 deadline: std::time::Duration::from_secs(5),
                 parallel: 1,
+                timing_rounds: 0,
             },
             Writes(violation.clone()),
         )

@@ -157,11 +157,13 @@ fn score_candidates_end_to_end_with_the_simulated_bench() {
     assert_eq!(
         stages,
         [
+            "score: calibration: 20 benches (A/A self-tests of the baseline, unless a cached calibration fits) …",
+            "score: calibration: 20 A/A benches",
             "score: noise floor: 3 benches (self-tests of the baseline) …",
             "score: noise floor: 10 rows",
             "score: standalone: 8 benches …",
             "score: standalone: 4 of 8 winners",
-            "score: confirmation: 24 benches at most (published winners and second chances, benched again) …",
+            "score: confirmation: 12 benches at most (candidates near the threshold, benched again) …",
             "score: confirmation: 4 of 4 confirmed",
             "score: composed: 2 benches (one per level) …",
             "score: composed: 3 of 4 winners",

@@ -33,6 +33,7 @@ async fn bench(deadline: Duration) -> Bench {
         captures: tmp.path().join("captures"),
         deadline,
         parallel: 4,
+        timing_rounds: 0,
     };
     let driver = BenchDriver::new(params, DirectLauncher).await.unwrap();
     Bench { tmp, driver }

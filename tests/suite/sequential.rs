@@ -210,6 +210,7 @@ async fn a_level_whose_gate_file_exists_is_read_back_not_rebenched() {
             captures: tmp.path().to_path_buf(),
             deadline: Duration::from_secs(5),
             parallel: 1,
+            timing_rounds: fk_agentd::config::DEFAULT_TIMING_ROUNDS,
         },
         Refusing::default(),
     )
@@ -284,6 +285,7 @@ async fn gate_one_level(
             captures: tmp.path().join("captures"),
             deadline: Duration::from_secs(900),
             parallel: 2,
+            timing_rounds: fk_agentd::config::DEFAULT_TIMING_ROUNDS,
         },
         fk_agentd::sim::in_process::InProcessLauncher::new(7),
     )

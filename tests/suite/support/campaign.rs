@@ -51,6 +51,7 @@ pub fn sim_bench(config: &Config, params: &SimParams) -> DriverParams {
         captures: config.captures.clone(),
         deadline: Duration::from_secs(60),
         parallel: 4,
+        timing_rounds: config.timing_rounds,
     }
 }
 
