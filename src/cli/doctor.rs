@@ -1,6 +1,7 @@
 //! `fk-agentd doctor`: the host preflight on the patched copy (when a checkout is configured),
 //! the patch series chosen and why, the selected targets with no captured case
-//! (`SKIP(no captured case)`), the GPUs, and a verdict. Exits 3 when the host cannot run a campaign, so a script can stop
+//! (`SKIP(no captured case)`), the GPUs, how benches time a speedup and the A/A calibrations
+//! cached in the home, and a verdict. Exits 3 when the host cannot run a campaign, so a script can stop
 //! before it spends tokens.
 
 use std::io::Write;
@@ -9,6 +10,38 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::exit::EXIT_UNAVAILABLE;
 use crate::harness::preflight::{self, HostChecks};
+
+/// How benches will time a speedup with this configuration and harness copy.
+fn timing_words(
+    config: &Config,
+    harness: Option<&crate::harness::patches::PreparedHarness>,
+) -> String {
+    let params = crate::score::driver::DriverParams {
+        command: config.fastkernels_command.clone(),
+        fastkernels_dir: harness.map(|h| h.copy.clone()),
+        captures: config.captures.clone(),
+        deadline: config.lease_timeout,
+        parallel: 1,
+        timing_rounds: config.timing_rounds,
+    };
+    if harness.is_none() && !params.command.iter().any(|a| a == "sim-bench") {
+        return "not known without a fastkernels checkout ([fastkernels] dir): on commit 21f84ee \
+                `patches = auto` adds paired timing; elsewhere benches are timed as published"
+            .into();
+    }
+    if config.timing_rounds > 0 && crate::score::driver::timing_supported(&params) {
+        format!(
+            "paired, {} rounds (score.timing_rounds): candidate and baseline alternately in one process",
+            config.timing_rounds
+        )
+    } else if config.timing_rounds == 0 {
+        "published (score.timing_rounds = 0): candidate timed first, then baseline, once each"
+            .into()
+    } else {
+        "published: the harness copy has no timing patch (patches = auto on its commit adds it)"
+            .into()
+    }
+}
 
 /// Runs the checks, prints them (or one JSON object) and returns the exit code.
 pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
@@ -51,6 +84,8 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
         crate::config::LeaseBackendKind::Slurm => "held through Slurm".to_string(),
         crate::config::LeaseBackendKind::Local => crate::config::describe_devices(&config.gpus),
     };
+    let calibrations = crate::score::calibration::all_cached(&config.home.join("calibration"));
+    let timing = timing_words(config, harness.as_ref());
     let mut out = std::io::stdout().lock();
     if json {
         let (count, gpu_error) = (gpus.as_ref().ok(), gpus.as_ref().err());
@@ -64,6 +99,8 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
             "codex": codex,
             "captures": config.captures,
             "uncaptured": uncaptured,
+            "calibrations": calibrations,
+            "timing": timing,
         });
         super::print_json(&value);
     } else {
@@ -112,6 +149,23 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
             let _ = write!(out, "{text}");
         }
         let _ = writeln!(out, "{}", codex.line());
+        let _ = writeln!(out, "timing: {timing}");
+        if calibrations.is_empty() {
+            let _ = writeln!(
+                out,
+                "calibration: none cached in {}; the first score measures one (about 20 A/A benches)",
+                config.home.join("calibration").display()
+            );
+        }
+        for c in &calibrations {
+            let _ = writeln!(
+                out,
+                "calibration: {} ({}, {})",
+                c.describe(),
+                c.key.host,
+                c.measured_at
+            );
+        }
         let _ = write!(out, "\n{}", preflight::render_verdict(&verdict));
     }
     Ok(if verdict.ready && codex.ok() {

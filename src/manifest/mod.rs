@@ -99,6 +99,12 @@ pub struct GenerationSummary {
     /// End-to-end evals of this generation's winner set (`e2e*/e2e.json`), as lines.
     #[serde(default)]
     pub e2e: Vec<Vec<String>>,
+    /// How its benches timed a speedup (a score from before the timing patch: published).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<String>,
+    /// The A/A calibration its confirmed gate used, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<String>,
 }
 
 /// One file of the run directory.
@@ -261,6 +267,14 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
             let len = |k: &str| set["manifest"][k].as_array().map_or(0, Vec::len);
             g.final_set = Some((set_name.to_string(), len("kernels"), len("dropped")));
         }
+        let timing: crate::score::result::TimingMethod =
+            serde_json::from_value(score["timing"].clone()).unwrap_or_default();
+        g.timing = Some(timing.describe().to_string());
+        g.calibration = serde_json::from_value::<crate::score::calibration::Calibration>(
+            score["calibration"].clone(),
+        )
+        .ok()
+        .map(|c| c.describe());
         g.incomplete = score["incomplete"]
             .as_array()
             .into_iter()

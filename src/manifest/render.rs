@@ -459,6 +459,12 @@ pub fn results(d: &ManifestData) -> String {
         if !g.scored && !sequential {
             out.push_str("- no score.json (scoring did not finish)\n");
         }
+        if let Some(t) = &g.timing {
+            let _ = writeln!(out, "- timing: {}", esc(t));
+        }
+        if let Some(c) = &g.calibration {
+            let _ = writeln!(out, "- calibration: {}", esc(c));
+        }
         for s in &g.stages {
             let _ = writeln!(out, "- {}", stage_text(s));
         }

@@ -236,6 +236,20 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "unknown host".into())
 }
 
+/// Every calibration cached in `dir` (`<home>/calibration`), newest first; unreadable files
+/// are skipped.
+pub fn all_cached(dir: &Path) -> Vec<Calibration> {
+    let mut out: Vec<Calibration> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| serde_json::from_str(&std::fs::read_to_string(e.path()).ok()?).ok())
+        .collect();
+    out.sort_by(|a: &Calibration, b| b.measured_at.cmp(&a.measured_at));
+    out
+}
+
 /// The cached calibration of `plan`'s key, if one is there and readable.
 pub fn cached(plan: &CalibrationPlan) -> Option<Calibration> {
     let text = std::fs::read_to_string(plan.cache.join(plan.key.file_name())).ok()?;

@@ -30,6 +30,7 @@ use crate::score::export::Manifest;
 use crate::score::gate::geomean;
 use crate::score::pipeline::by_level;
 use crate::score::render::{banner, group_f, speed_or_dash, wrap};
+use crate::score::result::TimingMethod;
 use crate::score::sequential::{SeqGate, read_seq_gate};
 use crate::store::{Event, Store};
 use crate::target::TargetId;
@@ -91,6 +92,9 @@ pub struct Comparison {
     /// Run id → the agent backend its sessions ran (`native`, `codex`), as recorded.
     #[serde(default)]
     pub backends: BTreeMap<String, String>,
+    /// How each half's speedups were timed (`paired`, `published`).
+    #[serde(default)]
+    pub timing: BTreeMap<String, TimingMethod>,
 }
 
 /// A candidate a sequential level dropped, with why.
@@ -112,6 +116,8 @@ pub struct Outcome {
     pub lost: BTreeMap<TargetId, String>,
     pub simulated: bool,
     pub bench_gpu_s: f64,
+    /// How its speedups were timed.
+    pub timing: TimingMethod,
 }
 
 /// Everything [`compare`] needs (pure inputs, so it is tested without files).
@@ -221,6 +227,10 @@ pub fn compare(input: &CompareInput) -> Comparison {
             .collect(),
         e2e: Vec::new(),
         backends: BTreeMap::new(),
+        timing: BTreeMap::from([
+            ("independent".into(), input.ind.timing),
+            ("sequential".into(), input.seq.timing),
+        ]),
     }
 }
 
@@ -244,8 +254,11 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
                 why: format!("no final set (scoring did not complete); score run {run_id} again"),
             }
         })?;
+    // Results from before the timing patch carry no `timing`: they were timed as published.
+    let timing = serde_json::from_value(v["timing"].clone()).unwrap_or_default();
     let mut out = Outcome {
         simulated: v["simulated"].as_bool().unwrap_or(false),
+        timing,
         ..Outcome::default()
     };
     // A confirmed winner's standalone speed is its confirmation's geomean, read from the
@@ -329,6 +342,7 @@ fn seq_outcome(g: &SeqGate, levels: &[crate::score::sequential::LevelGate]) -> O
         dropped: g.dropped.iter().map(|d| d.target.clone()).collect(),
         simulated: g.simulated,
         bench_gpu_s: g.bench_wall_s,
+        timing: g.timing,
     }
 }
 
@@ -430,6 +444,21 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
         ("sequential", &c.sequential_run, &c.sequential_results),
     ] {
         source_line(&mut out, label, &run_label(run), results, width);
+    }
+    let methods: BTreeSet<TimingMethod> = c.timing.values().copied().collect();
+    if methods.len() > 1 {
+        let each: Vec<String> = c
+            .timing
+            .iter()
+            .map(|(half, m)| format!("{half} {m}"))
+            .collect();
+        let line = format!(
+            "timing       NOT COMPARABLE AS IS: the halves were timed by different methods ({}); a published figure runs about 4 % low",
+            each.join(", ")
+        );
+        out.push_str(&wrap(&line, width, 13));
+    } else if let Some(m) = methods.first() {
+        let _ = writeln!(out, "timing       {m} (both halves)");
     }
     let mut rows = Vec::new();
     for r in c.levels.iter().chain(std::iter::once(&c.overall)) {
@@ -540,5 +569,45 @@ mod tests {
         let kept: Vec<(String, f64)> = out.kept.iter().map(|(t, s)| (t.to_string(), *s)).collect();
         // silu went through no confirmation (a published-gate score): its manifest speed stands.
         assert_eq!(kept, [("L1/gelu".into(), 1.08), ("L1/silu".into(), 1.3)]);
+    }
+
+    #[test]
+    fn halves_timed_by_different_methods_are_labelled_and_old_results_read_as_published() {
+        let input = |ind: TimingMethod, seq: TimingMethod| CompareInput {
+            ind_run: "a".into(),
+            seq_run: "b".into(),
+            targets: Vec::new(),
+            ind: Outcome {
+                timing: ind,
+                ..Outcome::default()
+            },
+            seq: Outcome {
+                timing: seq,
+                ..Outcome::default()
+            },
+            ind_results: "a/results/score.json".into(),
+            seq_results: "b/results/seq/gate.json".into(),
+            ind_events: Vec::new(),
+            seq_events: Vec::new(),
+        };
+        let mixed = compare_table(
+            &compare(&input(TimingMethod::Paired, TimingMethod::Published)),
+            usize::MAX,
+        );
+        assert!(
+            mixed.contains(
+                "NOT COMPARABLE AS IS: the halves were timed by different methods (independent paired, sequential published)"
+            ),
+            "{mixed}"
+        );
+        let same = compare_table(
+            &compare(&input(TimingMethod::Paired, TimingMethod::Paired)),
+            usize::MAX,
+        );
+        assert!(same.contains("timing       paired (both halves)"), "{same}");
+        // A score.json written before the timing patch has no `timing`.
+        let old: serde_json::Value = serde_json::json!({"simulated": false});
+        let t: TimingMethod = serde_json::from_value(old["timing"].clone()).unwrap_or_default();
+        assert_eq!(t, TimingMethod::Published);
     }
 }

@@ -172,7 +172,7 @@ pub struct ScenarioRow {
 }
 
 /// How a speedup was timed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TimingMethod {
     /// Candidate and baseline alternately in one process, in a balanced order, after a

@@ -110,6 +110,9 @@ pub struct SeqGate {
     /// Standalone winners the levels lost in their mixes, with why.
     #[serde(default)]
     pub lost: Vec<Decision>,
+    /// How its benches timed a speedup (results before the timing patch: published).
+    #[serde(default)]
+    pub timing: crate::score::result::TimingMethod,
 }
 
 /// One level to gate.
@@ -358,6 +361,7 @@ pub async fn finish<L: BenchLauncher>(
             .iter()
             .flat_map(|l| l.dropped.iter().cloned())
             .collect(),
+        timing: driver.timing(),
     };
     if let Some(last) = levels.last().filter(|l| !l.winners.is_empty()) {
         copy_tree(&last.win_candidates, &win)?;

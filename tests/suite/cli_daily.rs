@@ -66,6 +66,12 @@ fn doctor_on_a_host_without_torch_or_gpus_exits_3_with_a_verdict() {
         .clone();
     let value: serde_json::Value = serde_json::from_slice(&json).unwrap();
     assert_eq!(value["verdict"]["ready"], serde_json::json!(false));
+    // No calibration yet, and the timing method cannot be known without a checkout.
+    assert!(
+        text.contains("calibration: none cached in") && text.contains("timing: not known"),
+        "{text}"
+    );
+    assert_eq!(value["calibrations"], serde_json::json!([]));
 }
 
 /// A home with fake GPUs and a finished simulated `--mode all` campaign of two targets.

@@ -728,3 +728,68 @@ fn score_keeps_the_provider_token_variable_from_its_benches() {
     assert!(report.to_string().contains("L1/gelu"), "{report}");
     assert!(!log.exists(), "a bench got the token variable");
 }
+
+#[test]
+fn a_score_caches_its_calibration_reuses_it_and_doctor_shows_it() {
+    let s = Setup::new();
+    s.file("L1/gelu.py", "# sim: speedup=1.3\n");
+    let run = |extra: &[&str]| {
+        let out = s
+            .score(
+                &[
+                    &["--mode", "standalone", "--noise-sample", "0", "--json"],
+                    extra,
+                ]
+                .concat(),
+            )
+            .success()
+            .get_output()
+            .stdout
+            .clone();
+        serde_json::from_slice::<serde_json::Value>(&out).unwrap()
+    };
+    let first = run(&[]);
+    assert_eq!(first["timing"], "paired");
+    assert_eq!(first["calibration"]["reused"], false);
+    assert_eq!(
+        first["calibration"]["benches"].as_array().unwrap().len(),
+        20
+    );
+    let again = run(&[]);
+    assert_eq!(
+        again["calibration"]["reused"], true,
+        "the same key reuses the cache"
+    );
+    assert_eq!(
+        again["calibration"]["measured_at"],
+        first["calibration"]["measured_at"]
+    );
+    let fresh = run(&["--recalibrate"]);
+    assert_eq!(fresh["calibration"]["reused"], false);
+    assert_eq!(
+        fresh["calibration"]["earlier_bias"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "the calibration it replaced is remembered"
+    );
+    let out = Command::new(BIN)
+        .env_remove("FK_AGENTD_CONFIG")
+        .env_remove("FK_AGENTD_HOME")
+        .arg("--home")
+        .arg(s.home())
+        .arg("--config")
+        .arg(s.tmp.path().join("fk-agentd.toml"))
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("calibration: measured on simulated GPU")
+                && l.contains("20 A/A benches")
+                && l.contains("(SIMULATED)")),
+        "{text}"
+    );
+}
