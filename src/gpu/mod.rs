@@ -32,6 +32,7 @@ mod health;
 mod idempotency;
 mod inventory;
 mod lease;
+pub mod platform;
 mod pool;
 mod preflight;
 mod procfs;

@@ -58,6 +58,10 @@ pub struct ProcessExit {
     /// wrote is not to be trusted.
     pub violation: Option<String>,
     pub wall_s: f64,
+    /// The GPU's clocks, throttle reasons and temperature while it ran, and the CPU governor
+    /// (see [`crate::gpu::platform`]); `None` where nothing was read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<crate::gpu::platform::BenchPlatform>,
 }
 
 /// Starts a bench process and waits for it. Implementations must kill the process group at
@@ -126,6 +130,7 @@ impl BenchLauncher for DirectLauncher {
             cancelled,
             violation: None,
             wall_s: started.elapsed().as_secs_f64(),
+            platform: None,
         })
     }
 }

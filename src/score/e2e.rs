@@ -390,6 +390,7 @@ mod tests {
             cancelled: false,
             violation: None,
             wall_s: 1.0,
+            platform: None,
         }
     }
 

@@ -51,11 +51,34 @@ impl LeaseLauncher {
             program: inv.program.clone(),
             why,
         };
-        let out = self
-            .broker
-            .run(req, cmd, &cancel)
-            .await
-            .map_err(|e| launch_err(format!("lease refused: {e}")))?;
+        let watch = std::sync::Mutex::new(crate::gpu::platform::PlatformWatch::default());
+        let inventory = self.broker.inventory().clone();
+        // Every GPU is read once a second while the bench runs (NVML only; the lease's GPU is
+        // known when it ends), so a bench taken while its GPU throttled can be told.
+        let sample = async {
+            if !inventory.observable() {
+                return std::future::pending().await;
+            }
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let readings = inventory.readings();
+                if let Ok(mut w) = watch.lock() {
+                    for (uuid, r) in &readings {
+                        w.add(uuid, r);
+                    }
+                }
+            }
+        };
+        let out = tokio::select! {
+            out = self.broker.run(req, cmd, &cancel) => out,
+            never = sample => never,
+        }
+        .map_err(|e| launch_err(format!("lease refused: {e}")))?;
+        let platform = watch
+            .lock()
+            .map(|w| w.of(out.gpus.first().map(String::as_str)))
+            .ok();
         if out.infra {
             return Err(launch_err(format!(
                 "lease {} failed for infrastructure reasons: {:?}",
@@ -75,6 +98,7 @@ impl LeaseLauncher {
                 _ => None,
             },
             wall_s: out.wall_ms as f64 / 1000.0,
+            platform,
         })
     }
 }

@@ -302,6 +302,19 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
             width,
         );
     }
+    let throttled: Vec<String> = [&r.standalone, &r.composed]
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s.throttled_benches())
+        .collect();
+    if !throttled.is_empty() {
+        let line = format!(
+            "\nFLAGGED: {} bench(es) ran while the GPU throttled; their speedups may be off: {}",
+            throttled.len(),
+            throttled.join("; ")
+        );
+        out.push_str(&wrap(&line, width, 2));
+    }
     let reviews: Vec<String> = [("standalone", &r.standalone), ("composed", &r.composed)]
         .into_iter()
         .filter_map(|(name, s)| s.as_ref().map(|s| (name, s)))

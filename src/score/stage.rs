@@ -33,6 +33,12 @@ pub struct RunSummary {
     pub failure: Option<String>,
     pub infrastructure: bool,
     pub json: Option<PathBuf>,
+    /// The GPU's clocks, throttle reasons and temperature while it ran, and the CPU governor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<crate::gpu::platform::BenchPlatform>,
+    /// Why its timing is suspect: the GPU slowed itself down while it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttled: Option<String>,
 }
 
 impl RunSummary {
@@ -45,6 +51,12 @@ impl RunSummary {
             failure: failure.map(|f| f.describe()),
             infrastructure: failure.is_some_and(|f| f.is_infrastructure()),
             json: run.result.is_ok().then(|| run.request.output()),
+            platform: run.exit.as_ref().and_then(|e| e.platform.clone()),
+            throttled: run
+                .exit
+                .as_ref()
+                .and_then(|e| e.platform.as_ref())
+                .and_then(|p| p.throttled()),
         }
     }
 }
@@ -62,6 +74,14 @@ pub struct StageReport {
 }
 
 impl StageReport {
+    /// `label: why` of every bench taken while its GPU throttled.
+    pub fn throttled_benches(&self) -> Vec<String> {
+        self.runs
+            .iter()
+            .filter_map(|r| Some(format!("{}: {}", r.label, r.throttled.as_ref()?)))
+            .collect()
+    }
+
     pub(crate) fn infrastructure_failures(&self) -> Vec<String> {
         self.runs
             .iter()
@@ -84,4 +104,60 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ScoreError
         std::fs::create_dir_all(parent).map_err(ScoreError::io(parent))?;
     }
     std::fs::write(path, buf).map_err(ScoreError::io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::platform::{BenchPlatform, GpuSummary};
+    use crate::score::driver::{BenchRequest, ProcessExit};
+
+    #[test]
+    fn a_bench_taken_while_its_gpu_throttled_is_flagged() {
+        let req = BenchRequest::target(&"L1/gelu".parse().unwrap(), "c".as_ref(), "w".as_ref());
+        let exit = |throttle: &[&str]| ProcessExit {
+            code: Some(0),
+            signal: None,
+            timed_out: false,
+            cancelled: false,
+            violation: None,
+            wall_s: 5.0,
+            platform: Some(BenchPlatform {
+                gpu: Some(GpuSummary {
+                    uuid: "GPU-a".into(),
+                    reads: 5,
+                    sm_min_busy_mhz: Some(1200),
+                    sm_max_mhz: Some(1980),
+                    throttle: throttle.iter().map(|s| s.to_string()).collect(),
+                    ..GpuSummary::default()
+                }),
+                cpu_governor: Some("performance".into()),
+            }),
+        };
+        let run = |throttle: &[&str]| BenchRun {
+            request: req.clone(),
+            exit: Some(exit(throttle)),
+            result: Err(crate::score::driver::BenchFailure::Cancelled),
+        };
+        let stage = StageReport {
+            gate: GateReport {
+                gate: Default::default(),
+                verdicts: Vec::new(),
+            },
+            runs: vec![
+                RunSummary::of(&run(&["gpu_idle"])),
+                RunSummary::of(&run(&["hw_thermal_slowdown"])),
+            ],
+            simulated: false,
+            spreads: BTreeMap::new(),
+        };
+        assert_eq!(
+            stage.throttled_benches(),
+            [
+                "L1/gelu: the GPU throttled while it ran (hw_thermal_slowdown, SM clock down to 1200 of 1980 MHz)"
+            ]
+        );
+        let json = serde_json::to_value(&stage.runs[1]).unwrap();
+        assert_eq!(json["platform"]["cpu_governor"], "performance");
+    }
 }

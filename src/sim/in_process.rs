@@ -97,6 +97,7 @@ impl BenchLauncher for InProcessLauncher {
             cancelled: signal.is_some() && !timed_out,
             violation: None,
             wall_s: started.elapsed().as_secs_f64(),
+            platform: None,
         })
     }
 }

@@ -369,6 +369,7 @@ impl fk_agentd::score::driver::BenchLauncher for Writes {
             cancelled: false,
             violation: self.0.clone(),
             wall_s: 1.0,
+            platform: None,
         })
     }
 }
