@@ -3,9 +3,11 @@
 //! launcher is the broker's — and answers with a compact table of scenario rows and the gate's
 //! verdict. Profilers answer what they can on this host.
 //!
-//! `validate` also says whether the geomean lies inside the target's noise band: the largest
-//! row deviation of a self-test (the baseline benched against itself) of that target, taken
-//! on its first validate and cached for the campaign in
+//! `validate` benches as scoring does (paired rounds where the harness has the timing patch) and
+//! also says whether the geomean lies inside the noise band: ±1.96 calibrated spreads where the
+//! home holds an A/A calibration of this bench's key (`<home>/calibration/`, cached by
+//! `score`), else the largest row deviation of a self-test (the baseline benched against
+//! itself) of that target, taken on its first validate and cached for the campaign in
 //! `<run>/noise/<captures key>/L<n>_<stem>.json`, so agents stop chasing noise.
 //!
 //! [`BenchToolsFactory`] makes these tools for every session of a campaign, real or simulated
@@ -247,8 +249,9 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
 }
 
 /// The target's noise band: `h` such that a geomean within `[e^-h, e^h]` is no measurable
-/// change (the self-test's largest row deviation, at least 1 %), cached per run, target and
-/// captures. `Err` says why it is unknown.
+/// change: from the home's A/A calibration where one is cached for this bench's key, else the
+/// target's own self-test (its largest row deviation, at least 1 %), cached per run, target
+/// and captures. `Err` says why it is unknown.
 async fn noise_band<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     ws: &Workspace,
@@ -262,6 +265,14 @@ async fn noise_band<L: BenchLauncher>(
         .ancestors()
         .nth(3)
         .unwrap_or(ws.session_dir());
+    // The home's A/A calibration of this GPU, host, captures and harness, where a score cached
+    // one: a single bench of identical code lies within ±1.96 of its spreads 95 % of the time.
+    let home = run_dir.ancestors().nth(2).unwrap_or(run_dir);
+    if let Some(noise) = crate::score::calibration::cached_for(driver, &home.join("calibration"))
+        .and_then(|c| c.fair)
+    {
+        return Ok((1.96 * (noise.sigma.powi(2) + noise.tau.powi(2)).sqrt()).max(0.01));
+    }
     let dir = run_dir.join("noise").join(&key[..12]);
     let file = dir.join(format!("L{}_{}.json", t.level(), t.stem()));
     if let Some(h) = std::fs::read(&file)
@@ -466,5 +477,50 @@ mod noise_tests {
             "the second validate reads the cached band"
         );
         assert!(tmp.path().join("run/noise").is_dir());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_calibration_cached_in_the_home_gives_the_band_without_a_self_test() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        let base = tmp.path().join("baselines/L1");
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::write(base.join("gelu.py"), "class GELU: pass\n").unwrap();
+        std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+        let ws = Workspace::create(&WorkspaceParams {
+            session_dir: home.join("runs/r1/sessions/L1/gelu"),
+            target: "L1/gelu".parse().unwrap(),
+            baseline: base.join("gelu.py"),
+        })
+        .unwrap();
+        let params = DriverParams {
+            command: vec!["sim-bench".into()],
+            fastkernels_dir: None,
+            captures: tmp.path().join("captures"),
+            deadline: std::time::Duration::from_secs(60),
+            parallel: 1,
+            timing_rounds: 24,
+        };
+        let driver = BenchDriver::new(params, InProcessLauncher::new(7))
+            .await
+            .unwrap();
+        let cancel = CancellationToken::new();
+        // A score of this home calibrated the same GPU, host, captures and harness.
+        let cache = home.join("calibration");
+        let plan = crate::score::calibration::plan_for(&driver, &cache, &[], true);
+        crate::score::calibration::calibrate(&driver, &plan, &tmp.path().join("aa"), &cancel)
+            .await
+            .unwrap();
+        let benched = driver.launcher().outputs().len();
+        let band = noise_band(&driver, &ws, &cancel).await.unwrap();
+        let noise = crate::score::calibration::cached_for(&driver, &cache)
+            .and_then(|c| c.fair)
+            .unwrap();
+        let want = (1.96 * (noise.sigma.powi(2) + noise.tau.powi(2)).sqrt()).max(0.01);
+        assert_eq!(
+            (band, driver.launcher().outputs().len()),
+            (want, benched),
+            "no self-test bench"
+        );
     }
 }

@@ -236,6 +236,11 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "unknown host".into())
 }
 
+/// The calibration cached in `cache` for the benches `driver` runs, if any.
+pub fn cached_for<L: BenchLauncher>(driver: &BenchDriver<L>, cache: &Path) -> Option<Calibration> {
+    cached(&plan_for(driver, cache, &[], false))
+}
+
 /// Every calibration cached in `dir` (`<home>/calibration`), newest first; unreadable files
 /// are skipped.
 pub fn all_cached(dir: &Path) -> Vec<Calibration> {
