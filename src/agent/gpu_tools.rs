@@ -441,15 +441,17 @@ mod noise_tests {
         assert_eq!(noise_text(None, &band), "");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_band_comes_from_one_self_test_per_target_and_is_cached() {
-        let tmp = tempfile::tempdir().unwrap();
-        let base = tmp.path().join("baselines/L1");
+    /// A gelu workspace at `session` under `root` and a simulated driver timing paired rounds.
+    async fn fixture(
+        root: &std::path::Path,
+        session: &str,
+    ) -> (Workspace, BenchDriver<InProcessLauncher>) {
+        let base = root.join("baselines/L1");
         std::fs::create_dir_all(&base).unwrap();
         std::fs::write(base.join("gelu.py"), "class GELU: pass\n").unwrap();
-        std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+        std::fs::create_dir_all(root.join("captures")).unwrap();
         let ws = Workspace::create(&WorkspaceParams {
-            session_dir: tmp.path().join("run/sessions/L1/gelu"),
+            session_dir: root.join(session),
             target: "L1/gelu".parse().unwrap(),
             baseline: base.join("gelu.py"),
         })
@@ -457,14 +459,21 @@ mod noise_tests {
         let params = DriverParams {
             command: vec!["sim-bench".into()],
             fastkernels_dir: None,
-            captures: tmp.path().join("captures"),
+            captures: root.join("captures"),
             deadline: std::time::Duration::from_secs(60),
             parallel: 1,
-            timing_rounds: 8,
+            timing_rounds: crate::config::DEFAULT_TIMING_ROUNDS,
         };
         let driver = BenchDriver::new(params, InProcessLauncher::new(7))
             .await
             .unwrap();
+        (ws, driver)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_band_comes_from_one_self_test_per_target_and_is_cached() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, driver) = fixture(tmp.path(), "run/sessions/L1/gelu").await;
         let cancel = CancellationToken::new();
         let first = noise_band(&driver, &ws, &cancel).await.unwrap();
         let again = noise_band(&driver, &ws, &cancel).await.unwrap();
@@ -483,27 +492,7 @@ mod noise_tests {
     async fn a_calibration_cached_in_the_home_gives_the_band_without_a_self_test() {
         let tmp = tempfile::tempdir().unwrap();
         let home = tmp.path().join("home");
-        let base = tmp.path().join("baselines/L1");
-        std::fs::create_dir_all(&base).unwrap();
-        std::fs::write(base.join("gelu.py"), "class GELU: pass\n").unwrap();
-        std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
-        let ws = Workspace::create(&WorkspaceParams {
-            session_dir: home.join("runs/r1/sessions/L1/gelu"),
-            target: "L1/gelu".parse().unwrap(),
-            baseline: base.join("gelu.py"),
-        })
-        .unwrap();
-        let params = DriverParams {
-            command: vec!["sim-bench".into()],
-            fastkernels_dir: None,
-            captures: tmp.path().join("captures"),
-            deadline: std::time::Duration::from_secs(60),
-            parallel: 1,
-            timing_rounds: 24,
-        };
-        let driver = BenchDriver::new(params, InProcessLauncher::new(7))
-            .await
-            .unwrap();
+        let (ws, driver) = fixture(tmp.path(), "home/runs/r1/sessions/L1/gelu").await;
         let cancel = CancellationToken::new();
         // A score of this home calibrated the same GPU, host, captures and harness.
         let cache = home.join("calibration");

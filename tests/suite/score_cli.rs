@@ -45,6 +45,20 @@ impl Setup {
         self.score_command(extra).assert()
     }
 
+    /// `fk-agentd --home … --config … ARGS` in this setup.
+    fn fk(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.env_remove("FK_AGENTD_CONFIG")
+            .env_remove("FK_DIR")
+            .env_remove("FK_AGENTD_HOME")
+            .arg("--home")
+            .arg(self.home())
+            .arg("--config")
+            .arg(self.tmp.path().join("fk-agentd.toml"))
+            .args(args);
+        cmd
+    }
+
     fn score_command(&self, extra: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.env_remove("FK_AGENTD_CONFIG")
@@ -669,14 +683,8 @@ fn sequential_scoring_tells_its_progress_level_by_level() {
             ("L1/silu/candidate/L1/silu.py", "# sim: speedup=0.8\n"),
         ],
     );
-    let out = Command::new(BIN)
-        .env_remove("FK_AGENTD_CONFIG")
-        .env_remove("FK_DIR")
-        .arg("--home")
-        .arg(s.home())
-        .arg("--config")
-        .arg(s.tmp.path().join("fk-agentd.toml"))
-        .args(["score", "--run", &id])
+    let out = s
+        .fk(&["score", "--run", &id])
         .assert()
         .success()
         .get_output()
@@ -774,16 +782,7 @@ fn a_score_caches_its_calibration_reuses_it_and_doctor_shows_it() {
         1,
         "the calibration it replaced is remembered"
     );
-    let out = Command::new(BIN)
-        .env_remove("FK_AGENTD_CONFIG")
-        .env_remove("FK_AGENTD_HOME")
-        .arg("--home")
-        .arg(s.home())
-        .arg("--config")
-        .arg(s.tmp.path().join("fk-agentd.toml"))
-        .arg("doctor")
-        .output()
-        .unwrap();
+    let out = s.fk(&["doctor"]).output().unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.lines()
