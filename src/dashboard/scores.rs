@@ -218,6 +218,16 @@ fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>
 }
 
 /// The scores page's body (blocking: reads files and the store).
+/// How a score's benches were timed (a score from before the timing patch: published).
+fn timing_of(score: &Value) -> crate::score::result::TimingMethod {
+    serde_json::from_value(score["timing"].clone()).unwrap_or_default()
+}
+
+/// The A/A calibration a score's confirmed gate used, if it recorded one.
+fn calibration_of(score: &Value) -> Option<crate::score::calibration::Calibration> {
+    serde_json::from_value(score["calibration"].clone()).ok()
+}
+
 pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
     let run_dir = crate::run::runs_dir(&state.home).join(&run.id);
     let generation = crate::score::candidates::generations(&run_dir)
@@ -238,6 +248,8 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
         }
         @if let Some(s) = &score {
             @if s["simulated"].as_bool() == Some(true) { p.simulated-note { "SIMULATED bench: these speedups are not measurements." } }
+            p.meta id="timing" { "timing: " (timing_of(s).describe()) }
+            @if let Some(c) = calibration_of(s) { p.meta id="calibration" { "calibration: " (c.describe()) } }
             (stage_table("Standalone", "standalone", &rows_of(&s["standalone"])))
             @if s["composed"].is_object() { (stage_table("Composed", "composed", &rows_of(&s["composed"]))) }
         }

@@ -287,6 +287,11 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     std::fs::write(results.join("score.json"), score.to_string()).unwrap();
     let bearer = format!("Bearer {}", state.token.expose());
     let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
+    // A score from before the timing patch says it was timed as published.
+    assert!(
+        body.contains("timing: published: candidate timed first"),
+        "{body}"
+    );
     let levels = body.split("id=\"standalone-levels\"").nth(1).unwrap();
     let levels = levels.split("</table>").next().unwrap();
     for want in ["<th>published</th>", "<th>confirmed winners</th>"] {
@@ -594,4 +599,38 @@ fn the_dashboard_command_refuses_a_bad_address_with_exit_2() {
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(err.contains(says), "{err}");
     }
+}
+
+#[tokio::test]
+async fn the_scores_page_says_how_speedups_were_timed_and_calibrated() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = state_for(dir.path());
+    let results = fk_agentd::run::runs_dir(dir.path())
+        .join(RUN)
+        .join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    let noise = serde_json::json!({"bias": 0.998, "sigma": 0.011, "tau": 0.004, "wild_rate": 0.0,
+                                   "benches": 20, "targets": 5, "dof": 15, "tau_upper": 0.01});
+    let score = serde_json::json!({
+        "simulated": false, "incomplete": [], "timing": "paired",
+        "calibration": {
+            "key": {"gpu": "NVIDIA H100 80GB HBM3", "host": "node-1", "captures": "abc",
+                    "harness": "21f84ee + patches", "timing": "paired", "timing_rounds": 24},
+            "measured_at": "2026-12-06T19:00:00Z", "targets": ["L1/gelu"], "benches": [],
+            "fair": noise, "published": null, "gpu_seconds": 150.0, "simulated": false
+        },
+        "standalone": {"gate": {"gate": {"threshold": 1.0, "kind": "confirmed", "confirm": 3},
+                                "verdicts": []}},
+    });
+    std::fs::write(results.join("score.json"), score.to_string()).unwrap();
+    let bearer = format!("Bearer {}", state.token.expose());
+    let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
+    assert!(
+        body.contains("timing: paired: candidate and baseline timed alternately"),
+        "{body}"
+    );
+    assert!(
+        body.contains("calibration: measured on NVIDIA H100 80GB HBM3: 0 A/A benches of L1/gelu (1), 150 GPU-s; paired: bias 0.998×, spread 0.011"),
+        "{body}"
+    );
 }
