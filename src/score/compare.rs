@@ -418,13 +418,10 @@ pub fn backend_of(store: &Store, run: &str) -> String {
 }
 
 /// `independent  RUN  (results)`, the results on their own line when both do not fit.
-fn source_line(out: &mut String, label: &str, run: &str, results: &Path, width: usize) {
-    let line = format!("{label:<12} {run}  ({})", results.display());
-    if line.chars().count() <= width {
-        let _ = writeln!(out, "{line}");
-    } else {
-        let _ = writeln!(out, "{label:<12} {run}\n             {}", results.display());
-    }
+/// The run on its line and its results file on the next: a path's length (a home under a long
+/// temporary folder) never changes the layout.
+fn source_line(out: &mut String, label: &str, run: &str, results: &Path) {
+    let _ = writeln!(out, "{label:<12} {run}\n             {}", results.display());
 }
 
 /// The comparison as text that fits `width` columns (headers shortened, notes wrapped).
@@ -443,7 +440,7 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
         ("independent", &c.independent_run, &c.independent_results),
         ("sequential", &c.sequential_run, &c.sequential_results),
     ] {
-        source_line(&mut out, label, &run_label(run), results, width);
+        source_line(&mut out, label, &run_label(run), results);
     }
     let methods: BTreeSet<TimingMethod> = c.timing.values().copied().collect();
     if methods.len() > 1 {
