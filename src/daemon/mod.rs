@@ -156,6 +156,7 @@ pub async fn run_campaign(
         tracing::info!("shutdown requested; cancelling sessions");
         signal_token.cancel();
     });
+    let calibrator = params.run.bench.clone();
     let driver = params.run.bench.clone().filter(|_| plan.needs_bench());
     let ctx = phases::Ctx {
         store: store.clone(),
@@ -173,6 +174,7 @@ pub async fn run_campaign(
         screen_waive: config.screen_waive.clone(),
         gate: config.gate,
         driver,
+        calibrator,
         current,
     };
     let report = phases::drive(&ctx, plan).await;

@@ -55,6 +55,8 @@ pub(super) struct Ctx {
     pub sched: SchedulerParams,
     pub root: CancellationToken,
     pub driver: Option<Arc<BenchDriver<LeaseLauncher>>>,
+    /// The bench that calibrates before the first session (any mode; `None` without a bench).
+    pub calibrator: Option<Arc<BenchDriver<LeaseLauncher>>>,
     /// Reward-hack screen rules that do not block a winner.
     pub screen_waive: Vec<String>,
     /// The winner gate of the campaign's scoring (`[score]`, `--gate`, `--confirm`).
@@ -65,6 +67,11 @@ pub(super) struct Ctx {
 
 /// Drives the plan to its end (or to a shutdown).
 pub(super) async fn drive(ctx: &Ctx, plan: Plan) -> Result<CampaignReport, Error> {
+    let first = match &plan {
+        Plan::Independent(j, _) | Plan::Sequential(j, _) => j.dir().to_path_buf(),
+        Plan::All { ind, .. } => ind.dir().to_path_buf(),
+    };
+    calibrate_first(ctx, &first).await;
     match plan {
         Plan::Independent(j, targets) => independent(ctx, &j, &targets).await,
         Plan::Sequential(j, targets) => sequential(ctx, &j, &targets).await,
@@ -74,6 +81,28 @@ pub(super) async fn drive(ctx: &Ctx, plan: Plan) -> Result<CampaignReport, Error
             targets,
             ind_done,
         } => all(ctx, &ind, &seq, &targets, ind_done).await,
+    }
+}
+
+/// The A/A calibration that `validate`'s noise band and the confirmed gate read, measured
+/// before the first session when the home holds none for this bench's key (it is cached in
+/// `<home>/calibration/`, so a resume or the next campaign reuses it). A failure is logged and
+/// the campaign goes on: validate then falls back to each target's self-test, and scoring
+/// calibrates again.
+async fn calibrate_first(ctx: &Ctx, run_dir: &std::path::Path) {
+    use crate::score::calibration::{cached, calibrate, plan_for};
+    let (Some(driver), Some(home)) = (ctx.calibrator.as_ref(), run_dir.ancestors().nth(2)) else {
+        return;
+    };
+    let plan = plan_for(driver, &home.join("calibration"), &[], false);
+    if cached(&plan).is_some() {
+        return;
+    }
+    match calibrate(driver, &plan, &run_dir.join("calibration"), &ctx.root).await {
+        Ok(c) => tracing::info!("A/A calibration: {}", c.describe()),
+        Err(e) => tracing::warn!(
+            "the A/A calibration could not complete ({e}); validate uses each target's self-test"
+        ),
     }
 }
 
@@ -310,7 +339,9 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         .driver
         .clone()
         .ok_or_else(|| Error::Usage("--mode all needs a bench to score".into()))?;
-    let cache = ind.dir().join("calibration");
+    // The home's calibration (measured before the first session, or by an earlier score).
+    let home = ind.dir().ancestors().nth(2).unwrap_or(ind.dir());
+    let cache = home.join("calibration");
     let targets = crate::score::candidates::session_candidates(ind.dir())
         .map(|s| s.into_iter().map(|(t, _)| t).collect::<Vec<_>>())
         .unwrap_or_default();

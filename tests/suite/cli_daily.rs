@@ -510,3 +510,30 @@ fn start_without_a_terminal_prints_plain_progress_lines() {
     );
     assert!(!log.contains('\r'), "no redrawn line without a terminal");
 }
+
+#[test]
+fn a_campaign_calibrates_before_its_first_session_and_validate_uses_the_calibration() {
+    let home = simulated_home();
+    let cached: Vec<_> = std::fs::read_dir(home.path().join("calibration"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .collect();
+    assert_eq!(cached.len(), 1, "one calibration for the home's key");
+    // Validate read its noise band from the calibration: no per-target self-test was run.
+    for run in std::fs::read_dir(home.path().join("runs")).unwrap() {
+        let run = run.unwrap().path();
+        assert!(!run.join("noise").exists(), "{}", run.display());
+    }
+    let text = String::from_utf8(
+        fk(home.path())
+            .args(["session", "L1/gelu"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert!(
+        text.contains("noise band (±2 %)") || text.contains("within noise of the baseline (±2 %)"),
+        "{text}"
+    );
+}
