@@ -98,7 +98,8 @@ async fn calibrate_first(ctx: &Ctx, run_dir: &std::path::Path) {
     if cached(&plan).is_some() {
         return;
     }
-    match calibrate(driver, &plan, &run_dir.join("calibration"), &ctx.root).await {
+    let work = crate::score::calibration::fresh_work(&run_dir.join("calibration"));
+    match calibrate(driver, &plan, &work, &ctx.root).await {
         Ok(c) => tracing::info!("A/A calibration: {}", c.describe()),
         Err(e) => tracing::warn!(
             "the A/A calibration could not complete ({e}); validate uses each target's self-test"

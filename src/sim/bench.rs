@@ -15,7 +15,11 @@
 //! Repeated benches of one candidate differ through [`NoiseModel`]: a `# sim: true=S`
 //! candidate in every bench, any other candidate in the benches scoring repeats (a
 //! confirmation `…/confirm-<k>/`, a `--repeats` bench `…/rep-<k>/` after the first),
-//! so its `validate` and first scoring bench agree and a confirmation has noise to judge.
+//! so its `validate` and first scoring bench agree and a confirmation has noise to judge. A
+//! self-test (an A/A calibration or noise-floor bench) draws its noise per invocation too.
+//! With `--timing-rounds N` (the timing patch's option) every timed row carries paired rounds
+//! around its speedup (drawn from [`NoiseModel::paired`]), and its own `speedup` is the
+//! figure timed as published: that times the published method's bias and one-shot noise.
 //! The draws depend on the invocation's private folder: the same folder always gives the
 //! same numbers.
 //!
