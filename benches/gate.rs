@@ -36,7 +36,9 @@ use std::collections::BTreeMap;
 
 use fk_agentd::score::calibration::{DEFAULT_BENCHES, DEFAULT_TARGETS, NoiseStats};
 use fk_agentd::score::confirm::ConfirmRule;
-use fk_agentd::score::confirmation::{Rebench, apply_confirmations, confirm_loop, contenders};
+use fk_agentd::score::confirmation::{
+    Rebench, apply_confirmations, confirm_loop, contenders, settle_first_benches,
+};
 use fk_agentd::score::gate::{DEFAULT_CONFIRM, TargetVerdict};
 use fk_agentd::target::TargetId;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -290,11 +292,7 @@ fn population(m: &Model, truth: f64, seed: u64) -> Tally {
             .filter(|c| c.lost_first())
             .map(|c| c.target.clone())
             .collect();
-        for v in verdicts.iter_mut().filter(|v| v.winner) {
-            if !picked.iter().any(|c| c.target == v.target) {
-                v.winner = false;
-            }
-        }
+        settle_first_benches(&mut verdicts, &picked, &rule, &earlier);
         let done = futures::executor::block_on(confirm_loop(&run, picked, &rule, &cancel));
         apply_confirmations(&mut verdicts, done, &lost);
         t.candidates += PER_RUN;

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
 use crate::score::candidates::{CandidateSet, copy_tree};
-use crate::score::confirmation::{confirm_winners, contenders};
+use crate::score::confirmation::{confirm_winners, contenders, settle_first_benches};
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};
 use crate::score::pipeline::{MixParams, bench_alone, score_mix};
@@ -94,11 +94,8 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
         {
             // No earlier benches here: a clear first-bench loss stands unless it may be wild.
             let contenders = contenders(&stage.gate.verdicts, rule, &Default::default());
-            for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
-                if !contenders.iter().any(|c| c.target == v.target) {
-                    v.winner = false;
-                }
-            }
+            let none = Default::default();
+            settle_first_benches(&mut stage.gate.verdicts, &contenders, rule, &none);
             confirm_winners(self.driver, &dir, &mut stage, rule, contenders, self.cancel).await;
         }
         write_json(&dir.join("gate.json"), &stage)?;

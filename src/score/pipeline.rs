@@ -33,7 +33,7 @@ use crate::score::candidates::{
     CandidateSet, earlier_benches, gather_sessions, new_generation, session_candidates,
 };
 use crate::score::confirm::ConfirmRule;
-use crate::score::confirmation::{Contender, confirm_winners, contenders};
+use crate::score::confirmation::{Contender, confirm_winners, contenders, settle_first_benches};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
@@ -462,12 +462,7 @@ async fn score_set<L: BenchLauncher>(
             // A winner the screen took the win from is not benched again.
             contenders.retain(|c| !flagged.contains(&c.target));
             screen_second_chances(&set, &mut stage, &mut contenders, &params.screen_waive);
-            // A first-bench winner that is not benched again lost clearly: no win on one bench.
-            for v in stage.gate.verdicts.iter_mut().filter(|v| v.winner) {
-                if !contenders.iter().any(|c| c.target == v.target) && v.confirmation.is_none() {
-                    v.winner = false;
-                }
-            }
+            settle_first_benches(&mut stage.gate.verdicts, &contenders, rule, &params.earlier);
             let benched_again = contenders.len();
             progress.started(Stage::Confirmation, benched_again * gate.confirm);
             confirm_winners(driver, &dir, &mut stage, rule, contenders, cancel).await;
