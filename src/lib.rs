@@ -27,7 +27,7 @@
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
 //! | [`harness`]   | a private, verified copy of fastkernels (patch series chosen by `patches`); its static target catalog; the host preflight |
 //! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench and eval |
-//! | [`score`]     | bench driver (paired or published timing), A/A calibration, winner gates (published; confirmed on the calibrated noise), composed and sequential benches, exported sets, e2e eval, the newest score read back for views |
+//! | [`score`]     | bench driver (paired or published timing), A/A calibration and its statistics, winner gates (published; confirmed on the calibrated noise), composed and sequential benches, exported sets, e2e eval, the newest score read back for views |
 //! | [`facts`]     | host/campaign facts (GPUs, stack, commits, provider, captures hash) as events |
 //! | [`manifest`]  | MANIFEST.md / manifest.json of a run, rendered from recorded facts only   |
 //! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |

@@ -24,10 +24,10 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
-pub use crate::score::confirm::{NoiseStats, WILD_FACTOR};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::{WinnerGate, geomean};
 use crate::score::result::TimingMethod;
+pub use crate::score::stats::{NoiseStats, WILD_FACTOR};
 use crate::target::TargetId;
 
 /// The L1 targets calibrated by default, where the captures have them: the five the timing

@@ -247,7 +247,7 @@ pub fn apply_confirmations(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::score::confirm::NoiseStats;
+    use crate::score::stats::NoiseStats;
 
     #[test]
     fn a_raw_first_bench_win_that_the_bias_takes_away_loses_with_why() {

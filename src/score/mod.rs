@@ -23,6 +23,7 @@ pub mod result;
 pub mod scored;
 pub mod sequential;
 pub mod stage;
+pub mod stats;
 
 use std::path::PathBuf;
 

@@ -16,10 +16,10 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::score::confirm::median;
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest};
 use crate::score::gate::geomean;
 use crate::score::result::{BenchResult, ScenarioRow, Status};
+use crate::score::stats::median;
 use crate::target::TargetId;
 
 /// Speedups of identical code on both sides.
