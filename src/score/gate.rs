@@ -276,3 +276,45 @@ fn review_notes(rows: &[&ScenarioRow]) -> Vec<String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(speedup: f64, paired: Option<f64>) -> ScenarioRow {
+        let mut r: ScenarioRow = serde_json::from_value(serde_json::json!({
+            "op": "fastkernels.tasks.baseline.L1.gelu:GELU", "status": "PASSED", "speedup": speedup,
+        }))
+        .unwrap();
+        r.paired = paired.map(|s| crate::score::result::PairedTiming {
+            speedup: s,
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn a_geomean_just_below_the_threshold_never_reads_as_the_threshold() {
+        let t: TargetId = "L1/gelu".parse().unwrap();
+        let v = WinnerGate::default().judge(&t, &[&row(0.99998, None)]);
+        assert_eq!(v.reason.as_deref(), Some("geomean 0.99998 < 1.0"));
+        let v = WinnerGate::default().judge(&t, &[&row(0.97, None)]);
+        assert_eq!(v.reason.as_deref(), Some("geomean 0.97 < 1.0"));
+    }
+
+    #[test]
+    fn the_paired_figure_decides_and_the_published_one_is_kept_beside_it() {
+        let t: TargetId = "L1/gelu".parse().unwrap();
+        let v = WinnerGate::default().judge(&t, &[&row(0.95, Some(1.04))]);
+        assert_eq!(
+            (
+                v.winner,
+                v.published,
+                v.timing,
+                v.geomean,
+                v.published_geomean
+            ),
+            (true, false, TimingMethod::Paired, Some(1.04), Some(0.95))
+        );
+    }
+}
