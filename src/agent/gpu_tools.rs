@@ -496,7 +496,7 @@ mod noise_tests {
         let cancel = CancellationToken::new();
         // A score of this home calibrated the same GPU, host, captures and harness.
         let cache = home.join("calibration");
-        let plan = crate::score::calibration::plan_for(&driver, &cache, &[], true);
+        let plan = crate::score::calibration::plan_for(&driver, &cache, true);
         crate::score::calibration::calibrate(&driver, &plan, &tmp.path().join("aa"), &cancel)
             .await
             .unwrap();

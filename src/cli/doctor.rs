@@ -16,27 +16,21 @@ fn timing_words(
     config: &Config,
     harness: Option<&crate::harness::patches::PreparedHarness>,
 ) -> String {
-    let params = crate::score::driver::DriverParams {
-        command: config.fastkernels_command.clone(),
-        fastkernels_dir: harness.map(|h| h.copy.clone()),
-        captures: config.captures.clone(),
-        deadline: config.lease_timeout,
-        parallel: 1,
-        timing_rounds: config.timing_rounds,
-    };
-    if harness.is_none() && !params.command.iter().any(|a| a == "sim-bench") {
+    let command = &config.fastkernels_command;
+    let copy = harness.map(|h| h.copy.as_path());
+    if copy.is_none() && !command.iter().any(|a| a == "sim-bench") {
         return "not known without a fastkernels checkout ([fastkernels] dir): on commit 21f84ee \
                 `patches = auto` adds paired timing; elsewhere benches are timed as published"
             .into();
     }
-    if config.timing_rounds > 0 && crate::score::driver::timing_supported(&params) {
+    if config.timing_rounds == 0 {
+        "published (score.timing_rounds = 0): candidate timed first, then baseline, once each"
+            .into()
+    } else if crate::score::driver::timing_supported(command, copy) {
         format!(
             "paired, {} rounds (score.timing_rounds): candidate and baseline alternately in one process",
             config.timing_rounds
         )
-    } else if config.timing_rounds == 0 {
-        "published (score.timing_rounds = 0): candidate timed first, then baseline, once each"
-            .into()
     } else {
         "published: the harness copy has no timing patch (patches = auto on its commit adds it)"
             .into()

@@ -164,21 +164,11 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         noise_sample: args.noise_sample as usize,
         screen_waive: config.screen_waive.clone(),
         earlier: Default::default(),
-        calibration: None,
-    };
-    let score = ScoreParams {
         calibration: Some(crate::score::calibration::plan_for(
             &driver,
             &config.home.join("calibration"),
-            &config
-                .catalog
-                .targets()
-                .iter()
-                .map(|t| t.id.clone())
-                .collect::<Vec<_>>(),
             args.recalibrate,
         )),
-        ..score
     };
     let cancel = CancellationToken::new();
     let report = match &from_run {

@@ -94,7 +94,7 @@ async fn calibrate_first(ctx: &Ctx, run_dir: &std::path::Path) {
     let (Some(driver), Some(home)) = (ctx.calibrator.as_ref(), run_dir.ancestors().nth(2)) else {
         return;
     };
-    let plan = plan_for(driver, &home.join("calibration"), &[], false);
+    let plan = plan_for(driver, &home.join("calibration"), false);
     if cached(&plan).is_some() {
         return;
     }
@@ -343,10 +343,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
     // The home's calibration (measured before the first session, or by an earlier score).
     let home = ind.dir().ancestors().nth(2).unwrap_or(ind.dir());
     let cache = home.join("calibration");
-    let targets = crate::score::candidates::session_candidates(ind.dir())
-        .map(|s| s.into_iter().map(|(t, _)| t).collect::<Vec<_>>())
-        .unwrap_or_default();
-    let plan = crate::score::calibration::plan_for(&driver, &cache, &targets, false);
+    let plan = crate::score::calibration::plan_for(&driver, &cache, false);
     let params = ScoreParams {
         candidates: PathBuf::new(),
         out: ind.dir().to_path_buf(),

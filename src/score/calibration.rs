@@ -30,8 +30,8 @@ use crate::score::result::TimingMethod;
 pub use crate::score::stats::{NoiseStats, WILD_FACTOR};
 use crate::target::TargetId;
 
-/// The L1 targets calibrated by default, where the captures have them: the five the timing
-/// data on record were measured on (pure PyTorch, 16–19 s a bench on an H200).
+/// The L1 targets calibrated: the five the timing data on record were measured on (pure
+/// PyTorch, 16–19 s a bench on an H200).
 pub const DEFAULT_TARGETS: [&str; 5] = [
     "L1/gelu",
     "L1/layer_norm",
@@ -163,65 +163,39 @@ pub struct CalibrationPlan {
     pub refresh: bool,
 }
 
-impl CalibrationPlan {
-    /// The default targets among `available` (the catalog or captures), filled up with the
-    /// first L1 targets there when some are missing.
-    pub fn pick_targets(available: &[TargetId]) -> Vec<TargetId> {
-        let mut picked: Vec<TargetId> = DEFAULT_TARGETS
-            .iter()
-            .filter_map(|t| t.parse::<TargetId>().ok())
-            .filter(|t| available.contains(t))
-            .collect();
-        for t in available.iter().filter(|t| t.level() == 1) {
-            if picked.len() >= DEFAULT_TARGETS.len() {
-                break;
-            }
-            if !picked.contains(t) {
-                picked.push(t.clone());
-            }
-        }
-        picked
-    }
-}
-
-/// The plan for benches of `driver`: the key from its launcher's GPUs, this host, the captures'
-/// content, its harness and timing; targets picked from `available` and the embedded catalog
-/// (the default five where present, else up to five of `available`).
-pub fn plan_for<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    cache: &Path,
-    available: &[TargetId],
-    refresh: bool,
-) -> CalibrationPlan {
-    let mut known: Vec<TargetId> = available.to_vec();
-    known.extend(
-        crate::target::Catalog::embedded()
-            .targets()
-            .iter()
-            .map(|t| t.id.clone()),
-    );
-    let mut targets = CalibrationPlan::pick_targets(&known);
-    if targets.is_empty() {
-        targets = crate::score::noise::sample(available, DEFAULT_TARGETS.len());
-    }
+/// What a calibration of the benches `driver` runs holds for: its launcher's GPUs, this host,
+/// the captures' content, its harness and timing.
+pub fn key_for<L: BenchLauncher>(driver: &BenchDriver<L>) -> CalibrationKey {
     let params = driver.params();
     let captures = crate::digest::tree_sha256(&params.captures)
         .map(|d| d.0)
         .unwrap_or_else(|_| params.captures.display().to_string());
+    CalibrationKey {
+        gpu: driver
+            .launcher()
+            .gpu_model()
+            .unwrap_or_else(|| "unknown GPU".into()),
+        host: host_name(),
+        captures,
+        harness: driver.checkout().commit.clone(),
+        timing: driver.timing(),
+        timing_rounds: params.timing_rounds,
+    }
+}
+
+/// The plan for benches of `driver`: its key, the default targets, cached in `cache`.
+pub fn plan_for<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    cache: &Path,
+    refresh: bool,
+) -> CalibrationPlan {
     CalibrationPlan {
         cache: cache.to_path_buf(),
-        key: CalibrationKey {
-            gpu: driver
-                .launcher()
-                .gpu_model()
-                .unwrap_or_else(|| "unknown GPU".into()),
-            host: host_name(),
-            captures,
-            harness: driver.checkout().commit.clone(),
-            timing: driver.timing(),
-            timing_rounds: params.timing_rounds,
-        },
-        targets,
+        key: key_for(driver),
+        targets: DEFAULT_TARGETS
+            .iter()
+            .filter_map(|t| t.parse().ok())
+            .collect(),
         benches: DEFAULT_BENCHES,
         refresh,
     }
@@ -238,7 +212,7 @@ pub fn host_name() -> String {
 
 /// The calibration cached in `cache` for the benches `driver` runs, if any.
 pub fn cached_for<L: BenchLauncher>(driver: &BenchDriver<L>, cache: &Path) -> Option<Calibration> {
-    cached(&plan_for(driver, cache, &[], false))
+    cached_in(cache, &key_for(driver))
 }
 
 /// A folder under `dir` no earlier attempt used (`attempt-<n>`): a calibration killed half-way
@@ -266,9 +240,13 @@ pub fn all_cached(dir: &Path) -> Vec<Calibration> {
 
 /// The cached calibration of `plan`'s key, if one is there and readable.
 pub fn cached(plan: &CalibrationPlan) -> Option<Calibration> {
-    let text = std::fs::read_to_string(plan.cache.join(plan.key.file_name())).ok()?;
+    cached_in(&plan.cache, &plan.key)
+}
+
+fn cached_in(cache: &Path, key: &CalibrationKey) -> Option<Calibration> {
+    let text = std::fs::read_to_string(cache.join(key.file_name())).ok()?;
     let c: Calibration = serde_json::from_str(&text).ok()?;
-    (c.key == plan.key).then_some(c)
+    (&c.key == key).then_some(c)
 }
 
 /// Reuses the cached calibration of `plan`'s key unless `plan.refresh`; otherwise benches
@@ -475,14 +453,5 @@ mod tests {
         };
         assert_ne!(key.file_name(), other.file_name());
         assert!(key.file_name().ends_with(".json"));
-    }
-
-    #[test]
-    fn the_default_targets_are_picked_where_available_and_filled_with_l1() {
-        let available = [t("L1/gelu"), t("L1/bmm"), t("L1/softmax"), t("L2/rms_norm")];
-        assert_eq!(
-            CalibrationPlan::pick_targets(&available),
-            vec![t("L1/gelu"), t("L1/bmm"), t("L1/softmax")]
-        );
     }
 }

@@ -197,14 +197,14 @@ pub struct DriverParams {
     pub timing_rounds: usize,
 }
 
-/// Whether the bench `params` run can time paired rounds: the simulated bench can, a harness
-/// copy can when its `bench.py` has the timing patch's option, anything else (an installed
-/// fastkernels of unknown make) is not asked.
-pub fn timing_supported(params: &DriverParams) -> bool {
-    if params.command.iter().any(|a| a == "sim-bench") {
+/// Whether the bench that `command` runs (from the harness copy `dir`) can time paired
+/// rounds: the simulated bench can, a harness copy can when its `bench.py` has the timing
+/// patch's option, anything else (an installed fastkernels of unknown make) is not asked.
+pub fn timing_supported(command: &[String], dir: Option<&Path>) -> bool {
+    if command.iter().any(|a| a == "sim-bench") {
         return true;
     }
-    params.fastkernels_dir.as_ref().is_some_and(|dir| {
+    dir.is_some_and(|dir| {
         std::fs::read_to_string(dir.join("fastkernels/bench.py"))
             .is_ok_and(|text| text.contains("\"--timing-rounds\""))
     })
@@ -359,7 +359,7 @@ impl<L: BenchLauncher> BenchDriver<L> {
         }
         let checkout = CheckoutState::read(params.fastkernels_dir.as_deref()).await;
         let mut params = params;
-        if !timing_supported(&params) {
+        if !timing_supported(&params.command, params.fastkernels_dir.as_deref()) {
             params.timing_rounds = 0;
         }
         Ok(Self {

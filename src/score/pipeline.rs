@@ -414,7 +414,7 @@ async fn score_set<L: BenchLauncher>(
     let rule = if params.gate.kind == GateKind::Confirmed && params.mode != ScoreMode::Composed {
         let plan = match &params.calibration {
             Some(plan) => plan.clone(),
-            None => plan_for(driver, &gen_dir.join("calibration"), &set.targets(), true),
+            None => plan_for(driver, &gen_dir.join("calibration"), true),
         };
         progress.started(Stage::Calibration, plan.targets.len() * plan.benches);
         let work = gen_dir.join("calibration");
@@ -461,7 +461,7 @@ async fn score_set<L: BenchLauncher>(
             let mut contenders = contenders(&stage.gate.verdicts, rule, &params.earlier);
             // A winner the screen took the win from is not benched again.
             contenders.retain(|c| !flagged.contains(&c.target));
-            screen_second_chances(&set, &mut stage, &mut contenders, &params.screen_waive);
+            screen_contenders(&set, &mut stage, &mut contenders, &params.screen_waive);
             settle_first_benches(&mut stage.gate.verdicts, &contenders, rule, &params.earlier);
             let benched_again = contenders.len();
             progress.started(Stage::Confirmation, benched_again * gate.confirm);
@@ -572,7 +572,7 @@ fn screen_findings(set: &CandidateSet, v: &TargetVerdict, waive: &[String]) -> O
 /// Drops the contenders that lost their first bench and whose file the reward-hack screen
 /// flags (their benches would be wasted: the screen drops every winner it flags), saying so in
 /// the loser's reason. (First-bench winners met the screen already.)
-fn screen_second_chances(
+fn screen_contenders(
     set: &CandidateSet,
     stage: &mut StageReport,
     contenders: &mut Vec<Contender>,

@@ -232,7 +232,7 @@ pub async fn gate_level<L: BenchLauncher>(
         // One calibration for every level of the sequential scoring (cached beside them, so
         // the later levels and a resume reuse it).
         let cache = p.seq_dir.join("calibration");
-        let plan = crate::score::calibration::plan_for(driver, &cache, &expected, false);
+        let plan = crate::score::calibration::plan_for(driver, &cache, false);
         let work = crate::score::calibration::fresh_work(&cache.join("benches"));
         let (c, rule) =
             crate::score::pipeline::calibrated_rule(driver, &plan, &work, &p.gate, cancel).await?;

@@ -36,9 +36,6 @@ pub struct RunSummary {
     /// The GPU's clocks, throttle reasons and temperature while it ran, and the CPU governor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub platform: Option<crate::gpu::platform::BenchPlatform>,
-    /// Why its timing is suspect: the GPU slowed itself down while it ran.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub throttled: Option<String>,
 }
 
 impl RunSummary {
@@ -52,11 +49,6 @@ impl RunSummary {
             infrastructure: failure.is_some_and(|f| f.is_infrastructure()),
             json: run.result.is_ok().then(|| run.request.output()),
             platform: run.exit.as_ref().and_then(|e| e.platform.clone()),
-            throttled: run
-                .exit
-                .as_ref()
-                .and_then(|e| e.platform.as_ref())
-                .and_then(|p| p.throttled()),
         }
     }
 }
@@ -78,7 +70,13 @@ impl StageReport {
     pub fn throttled_benches(&self) -> Vec<String> {
         self.runs
             .iter()
-            .filter_map(|r| Some(format!("{}: {}", r.label, r.throttled.as_ref()?)))
+            .filter_map(|r| {
+                Some(format!(
+                    "{}: {}",
+                    r.label,
+                    r.platform.as_ref()?.throttled()?
+                ))
+            })
             .collect()
     }
 

@@ -396,3 +396,25 @@ fn cgroup_root_defaults_to_sys_fs_cgroup_and_a_configured_one_must_exist() {
     let c = load_file(&format!("[gpus]\ncgroup_root = \"{there}\"\n")).unwrap();
     assert_eq!(c.cgroup_root, Some(dir.path().to_path_buf()));
 }
+
+#[test]
+fn timing_rounds_default_to_paired_and_a_bad_count_names_the_key() {
+    let c = load_file("").unwrap();
+    assert_eq!(c.timing_rounds, fk_agentd::config::DEFAULT_TIMING_ROUNDS);
+    assert_eq!(
+        load_file("[score]\ntiming_rounds = 0\n")
+            .unwrap()
+            .timing_rounds,
+        0
+    );
+    let err = load_file("[score]\ntiming_rounds = 65\n").unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("score.timing_rounds") && text.contains("65"),
+        "{text}"
+    );
+    assert_eq!(
+        fk_agentd::error::ExitCode::exit_code(&err),
+        fk_agentd::exit::EXIT_USAGE
+    );
+}

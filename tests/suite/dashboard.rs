@@ -2,7 +2,7 @@
 //! pages over a small recorded run, `/metrics` read back by a Prometheus text parser, and the
 //! lease timeline's SVG as a snapshot.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -252,14 +252,20 @@ async fn pages_show_the_run_and_say_simulated() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
-#[tokio::test]
-async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
+/// A home with run [`RUN`] and its empty `results/` folder, for a `score.json` to be written.
+fn scored_home() -> (tempfile::TempDir, DashboardState, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let state = state_for(dir.path());
     let results = fk_agentd::run::runs_dir(dir.path())
         .join(RUN)
         .join("results");
     std::fs::create_dir_all(&results).unwrap();
+    (dir, state, results)
+}
+
+#[tokio::test]
+async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
+    let (_home, state, results) = scored_home();
     let verdict = |target: &str, winner: bool, benches: &[f64], outliers: &[usize]| {
         serde_json::json!({
             "target": target, "winner": winner, "published": true, "geomean": benches[0],
@@ -603,12 +609,7 @@ fn the_dashboard_command_refuses_a_bad_address_with_exit_2() {
 
 #[tokio::test]
 async fn the_scores_page_says_how_speedups_were_timed_and_calibrated() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = state_for(dir.path());
-    let results = fk_agentd::run::runs_dir(dir.path())
-        .join(RUN)
-        .join("results");
-    std::fs::create_dir_all(&results).unwrap();
+    let (_home, state, results) = scored_home();
     let noise = serde_json::json!({"bias": 0.998, "sigma": 0.011, "tau": 0.004, "wild_rate": 0.0,
                                    "benches": 20, "targets": 5, "dof": 15, "tau_upper": 0.01});
     let score = serde_json::json!({

@@ -60,18 +60,8 @@ impl Setup {
     }
 
     fn score_command(&self, extra: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.env_remove("FK_AGENTD_CONFIG")
-            .env_remove("FK_DIR")
-            .env_remove("FK_AGENTD_HOME")
-            .arg("--home")
-            .arg(self.home())
-            .arg("--config")
-            .arg(self.tmp.path().join("fk-agentd.toml"))
-            .arg("score")
-            .arg("--candidates")
-            .arg(self.cands())
-            .args(extra);
+        let mut cmd = self.fk(&["score", "--candidates"]);
+        cmd.arg(self.cands()).args(extra);
         cmd
     }
 
