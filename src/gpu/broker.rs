@@ -456,7 +456,9 @@ impl Broker {
         outcome
     }
 
-    /// The stored outcome of a finished lease with the same session and idempotency key.
+    /// The stored outcome of a finished lease with the same session and idempotency key, when
+    /// it is the command's own end: an end the infrastructure caused (a lease adopted after a
+    /// daemon died, its result lost with it) is no result, so the command runs again.
     async fn finished_with_key(
         &self,
         req: &LeaseRequest,
@@ -472,7 +474,8 @@ impl Broker {
             .await?;
         Ok(row
             .and_then(|r| r.outcome)
-            .and_then(|v| serde_json::from_value(v).ok()))
+            .and_then(|v| serde_json::from_value::<LeaseOutcome>(v).ok())
+            .filter(|o| !o.infra))
     }
 
     /// Spawns a task the broker waits for on shutdown.

@@ -476,6 +476,39 @@ async fn a_repeated_idempotency_key_returns_the_first_outcome_without_running_ag
     );
 }
 
+/// A lease the infrastructure ended (here: adopted after a daemon was killed, its result lost)
+/// is not a result: the same key runs the command again instead of replaying that end.
+#[tokio::test]
+async fn an_infrastructure_end_under_a_key_is_run_again_not_replayed() {
+    let rig = rig_with(1, params());
+    let dir = rig.dir.path().to_path_buf();
+    let mut r = req("scoring/3", LeaseClass::Bench, 1, Duration::from_secs(30));
+    r.idempotency_key = "results/L1_gelu/stdout.log#3".into();
+    let cmd = sh(&dir, "once", "echo ran >> count.txt");
+    let first = rig
+        .broker
+        .run(r.clone(), cmd.clone(), &CancellationToken::new())
+        .await
+        .expect("first");
+    let mut lost = serde_json::to_value(&first).expect("outcome");
+    lost["infra"] = true.into();
+    lost["exit_code"] = serde_json::Value::Null;
+    rig.store
+        .finish_lease(&first.lease_id, "finished", &lost)
+        .expect("rewrite as lost");
+    let second = rig
+        .broker
+        .run(r, cmd, &CancellationToken::new())
+        .await
+        .expect("second");
+    assert_ne!(second.lease_id, first.lease_id);
+    assert!(second.succeeded(), "{second:?}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("count.txt")).expect("count"),
+        "ran\nran\n"
+    );
+}
+
 #[tokio::test]
 async fn a_scoring_pool_waits_for_running_leases_then_holds_every_gpu_until_released() {
     let rig = rig_with(3, params());
