@@ -307,7 +307,7 @@ async fn noise_band<L: BenchLauncher>(
         .ok_or("self-test: no timed row")?;
     let band = worst.max(0.01);
     let record = json!({"target": t, "captures": captures, "band": band, "rows": result.scenarios.len(), "simulated": result.simulated});
-    let _ = crate::score::stage::write_json(&file, &record);
+    let _ = crate::score::json_file::write_json(&file, &record);
     Ok(band)
 }
 
@@ -374,7 +374,7 @@ fn record_validation(
         tracing::warn!(error = %e, "cannot record a validation");
     }
     let record = work.join(crate::score::candidates::VALIDATION_RECORD);
-    if let Err(e) = crate::score::stage::write_json(&record, &validation) {
+    if let Err(e) = crate::score::json_file::write_json(&record, &validation) {
         tracing::warn!(error = %e, "cannot keep a validation beside its bench");
     }
     if validation.passed_every_scenario()

@@ -48,7 +48,7 @@ impl Campaign {
         let report = self.home.run_campaign(self.run, shutdown).await;
         if let Some((server, chaos)) = self.server {
             if chaos != SimChaos::default()
-                && let Err(e) = crate::score::stage::write_json(&path, &server.fault_report())
+                && let Err(e) = crate::score::json_file::write_json(&path, &server.fault_report())
             {
                 tracing::warn!(path = %path.display(), error = %e, "cannot write the fault report");
             }

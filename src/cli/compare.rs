@@ -106,6 +106,6 @@ fn save(c: &compare::Comparison) -> Result<PathBuf, Error> {
         .and_then(Path::parent)
         .unwrap_or(Path::new("."));
     let path = generation.join("compare.json");
-    crate::score::stage::write_json(&path, c)?;
+    crate::score::json_file::write_json(&path, c)?;
     Ok(path)
 }

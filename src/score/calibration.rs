@@ -387,13 +387,10 @@ fn driver_is_simulated<L: BenchLauncher>(driver: &BenchDriver<L>) -> bool {
     driver.params().command.iter().any(|a| a == "sim-bench")
 }
 
-/// Writes the calibration whole: a temporary file in the cache folder, renamed over the old.
+/// Writes the calibration whole (see [`crate::score::json_file::write_json`]), over the old.
 fn store(plan: &CalibrationPlan, c: &Calibration) -> Result<(), ScoreError> {
     std::fs::create_dir_all(&plan.cache).map_err(ScoreError::io(&plan.cache))?;
-    let path = plan.cache.join(plan.key.file_name());
-    let tmp = path.with_extension("json.tmp");
-    crate::score::stage::write_json(&tmp, c)?;
-    std::fs::rename(&tmp, &path).map_err(ScoreError::io(&path))
+    crate::score::json_file::write_json(&plan.cache.join(plan.key.file_name()), c)
 }
 
 fn now_rfc3339() -> String {

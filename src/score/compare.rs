@@ -393,7 +393,7 @@ pub(crate) fn targets_of(store: &Store, runs: [&str; 2]) -> Result<Vec<TargetId>
 pub fn write(c: &Comparison) -> Result<PathBuf, ScoreError> {
     let generation = c.sequential_results.parent().and_then(Path::parent);
     let path = next_free(generation.unwrap_or(Path::new(".")), "compare", ".json");
-    crate::score::stage::write_json(&path, c)?;
+    crate::score::json_file::write_json(&path, c)?;
     Ok(path)
 }
 

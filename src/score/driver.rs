@@ -12,6 +12,13 @@
 //!   target, never a pass;
 //! - exit 2: an infrastructure error (no GPU, argparse), whatever files exist.
 //!
+//! A bench that ended with a result (the JSON, or a failure of the candidate's: no JSON,
+//! deadline, GPU violation) leaves `bench.done.json` in its work dir, written last and whole:
+//! the identity of what ran (argv, environment, harness copy, deadline, and the hash of every
+//! file of the candidates) and how it ended. Running the same request again (a resume after a
+//! kill) reuses it instead of benching again; a bench that never finished, or ended for the
+//! infrastructure (exit 2, launch refused, cancelled), has none and runs again.
+//!
 //! Every invocation gets its own `FASTKERNELS_CANDIDATE_DIR`, `FASTKERNELS_RESULTS_DIR`,
 //! `TORCH_EXTENSIONS_DIR` and `TRITON_CACHE_DIR`, because the real bench writes fixed log
 //! names under its results dir and concurrent runs sharing one would clobber each other.
@@ -23,7 +30,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
@@ -46,7 +53,7 @@ pub struct Invocation {
 }
 
 /// How a launched process ended.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessExit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
@@ -60,7 +67,7 @@ pub struct ProcessExit {
     pub wall_s: f64,
     /// The GPU's clocks, throttle reasons and temperature while it ran, and the CPU governor
     /// (see [`crate::gpu::platform`]); `None` where nothing was read.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<crate::gpu::platform::BenchPlatform>,
 }
 
@@ -329,6 +336,8 @@ pub struct BenchRun {
     pub request: BenchRequest,
     pub exit: Option<ProcessExit>,
     pub result: Result<BenchResult, BenchFailure>,
+    /// Read back from an earlier run of the same request (`bench.done.json`), not benched now.
+    pub reused: bool,
 }
 
 /// Called after every bench with its label, wall time and whether it gave a result (progress
@@ -438,16 +447,30 @@ impl<L: BenchLauncher> BenchDriver<L> {
         }
     }
 
-    /// Runs one bench and interprets how it ended.
+    /// Runs one bench and interprets how it ended; a bench of the same request that finished
+    /// before (see the module docs) is read back instead.
     pub async fn run(&self, req: BenchRequest, cancel: CancellationToken) -> BenchRun {
         let inv = self.invocation(&req);
         let stderr_path = inv.stderr.clone();
+        let key = identity(&inv, &req.candidate_dir);
+        if let Some(exit) = key.as_deref().and_then(|k| finished(&req.work_dir, k)) {
+            let result = interpret(&exit, &req.output(), &stderr_path);
+            if !result.as_ref().is_err_and(BenchFailure::is_infrastructure) {
+                return BenchRun {
+                    request: req,
+                    exit: Some(exit),
+                    result,
+                    reused: true,
+                };
+            }
+        }
         let launched = async {
             for d in ["results", "torch_extensions", "triton_cache"] {
                 std::fs::create_dir_all(req.work_dir.join(d))
                     .map_err(|e| format!("{}: {e}", req.work_dir.display()))?;
             }
             // A JSON left by an earlier run in this folder must never be read as this run's.
+            let _ = std::fs::remove_file(req.work_dir.join(FINISHED));
             let _ = std::fs::remove_file(req.output());
             self.launcher
                 .launch(inv, cancel)
@@ -460,6 +483,11 @@ impl<L: BenchLauncher> BenchDriver<L> {
                 if let Some(progress) = &self.progress {
                     progress(&req.label, exit.wall_s, result.is_ok());
                 }
+                if let Some(key) =
+                    key.filter(|_| !result.as_ref().is_err_and(BenchFailure::is_infrastructure))
+                {
+                    record_finished(&req.work_dir, key, &exit);
+                }
                 (Some(exit), result)
             }
             Err(why) => (None, Err(BenchFailure::Launch { why })),
@@ -468,6 +496,7 @@ impl<L: BenchLauncher> BenchDriver<L> {
             request: req,
             exit,
             result,
+            reused: false,
         }
     }
 
@@ -482,6 +511,50 @@ impl<L: BenchLauncher> BenchDriver<L> {
             .buffered(self.params.parallel.max(1))
             .collect()
             .await
+    }
+}
+
+/// The record a finished bench leaves in its work dir.
+const FINISHED: &str = "bench.done.json";
+
+#[derive(Serialize, Deserialize)]
+struct Finished {
+    key: String,
+    exit: ProcessExit,
+}
+
+/// What identifies a bench's result: its argv, environment, working dir (the harness copy,
+/// named by its commit and patch series), deadline, and every file of its candidates.
+fn identity(inv: &Invocation, candidates: &Path) -> Option<String> {
+    let (tree, _, _) = crate::digest::tree_sha256(candidates).ok()?;
+    let mut env = inv.env.clone();
+    env.sort();
+    let what = serde_json::json!({
+        "program": inv.program,
+        "args": inv.args,
+        "env": env,
+        "cwd": inv.cwd,
+        "deadline_s": inv.deadline.as_secs_f64(),
+        "candidates": tree,
+    });
+    Some(crate::digest::sha256_hex(what.to_string().as_bytes()))
+}
+
+/// How the bench keyed `key` ended, when it finished in `work` before.
+fn finished(work: &Path, key: &str) -> Option<ProcessExit> {
+    let bytes = std::fs::read(work.join(FINISHED)).ok()?;
+    let done: Finished = serde_json::from_slice(&bytes).ok()?;
+    (done.key == key).then_some(done.exit)
+}
+
+/// Records that the bench keyed `key` finished; a failure to write only costs a rerun later.
+fn record_finished(work: &Path, key: String, exit: &ProcessExit) {
+    let done = Finished {
+        key,
+        exit: exit.clone(),
+    };
+    if let Err(e) = crate::score::json_file::write_json(&work.join(FINISHED), &done) {
+        tracing::warn!("{e}: this bench will run again on a resume");
     }
 }
 

@@ -262,7 +262,7 @@ pub async fn evaluate<L: EvalLauncher>(
         outcome.reports.clear();
     }
     outcome.simulated = outcome.reports.iter().any(|r| r.simulated);
-    super::stage::write_json(&dir.join("e2e.json"), &outcome)?;
+    super::json_file::write_json(&dir.join("e2e.json"), &outcome)?;
     Ok(outcome)
 }
 

@@ -15,7 +15,8 @@ use crate::score::ScoreError;
 use crate::score::candidates::CandidateSet;
 use crate::score::driver::CheckoutState;
 use crate::score::gate::TargetVerdict;
-use crate::score::stage::{ScoreMode, StageReport, write_json};
+use crate::score::json_file::write_json;
+use crate::score::stage::{ScoreMode, StageReport};
 use crate::target::TargetId;
 
 /// A kept kernel.

@@ -24,8 +24,9 @@ use crate::score::candidates::{CandidateSet, copy_tree};
 use crate::score::confirmation::{confirm_winners, contenders, settle_first_benches};
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};
+use crate::score::json_file::write_json;
 use crate::score::pipeline::{MixParams, bench_alone, score_mix};
-use crate::score::stage::{RunSummary, StageReport, write_json};
+use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
 /// What a level's benches need.

@@ -14,6 +14,7 @@ pub mod driver;
 pub mod e2e;
 pub mod export;
 pub mod gate;
+pub mod json_file;
 pub mod lease;
 pub mod level;
 pub mod noise;

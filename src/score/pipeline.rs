@@ -37,9 +37,10 @@ use crate::score::confirmation::{Contender, confirm_winners, contenders, settle_
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
 use crate::score::export::{FinalSet, SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
+use crate::score::json_file::write_json;
 use crate::score::noise::{NoiseFloor, merge_repeats, noise_floor, sample, spread};
 use crate::score::result::{BenchResult, TimingMethod};
-use crate::score::stage::{RunSummary, ScoreMode, StageReport, write_json};
+use crate::score::stage::{RunSummary, ScoreMode, StageReport};
 use crate::target::TargetId;
 
 /// What to score and where.

@@ -40,11 +40,12 @@ use crate::score::candidates::{CandidateSet, copy_tree, gather_sessions, session
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::export::dropped_reason;
 use crate::score::gate::{TargetVerdict, WinnerGate};
+use crate::score::json_file::write_json;
 use crate::score::level::LevelBench;
 pub use crate::score::pipeline::by_level;
 use crate::score::pipeline::{MixParams, ScoreProgress, Stage, score_mix};
 use crate::score::render::speed_or_dash;
-use crate::score::stage::{RunSummary, StageReport, write_json};
+use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 use crate::workspace::session_dir_for;
 

@@ -2,11 +2,10 @@
 //! a results generation is written (pretty JSON, as the published files are).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::score::ScoreError;
 use crate::score::driver::BenchRun;
 use crate::score::gate::GateReport;
 use crate::score::noise::Spread;
@@ -36,6 +35,10 @@ pub struct RunSummary {
     /// The GPU's clocks, throttle reasons and temperature while it ran, and the CPU governor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub platform: Option<crate::gpu::platform::BenchPlatform>,
+    /// Read back from a run of the same bench that finished before (a resume), not benched
+    /// again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
 }
 
 impl RunSummary {
@@ -49,6 +52,7 @@ impl RunSummary {
             infrastructure: failure.is_some_and(|f| f.is_infrastructure()),
             json: run.result.is_ok().then(|| run.request.output()),
             platform: run.exit.as_ref().and_then(|e| e.platform.clone()),
+            reused: run.reused,
         }
     }
 }
@@ -89,21 +93,6 @@ impl StageReport {
     }
 }
 
-/// Writes pretty JSON (indent 1, trailing newline, like the published files).
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ScoreError> {
-    let mut buf = Vec::new();
-    let fmt = serde_json::ser::PrettyFormatter::with_indent(b" ");
-    let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
-    value
-        .serialize(&mut ser)
-        .map_err(|e| ScoreError::io(path)(std::io::Error::other(e)))?;
-    buf.push(b'\n');
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(ScoreError::io(parent))?;
-    }
-    std::fs::write(path, buf).map_err(ScoreError::io(path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +125,7 @@ mod tests {
             request: req.clone(),
             exit: Some(exit(throttle)),
             result: Err(crate::score::driver::BenchFailure::Cancelled),
+            reused: false,
         };
         let stage = StageReport {
             gate: GateReport {

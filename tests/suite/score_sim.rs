@@ -377,3 +377,82 @@ async fn cancelling_kills_the_bench_and_is_not_a_verdict() {
     assert_eq!(run.result, Err(BenchFailure::Cancelled));
     assert!(run.result.unwrap_err().is_infrastructure());
 }
+
+/// The simulated bench behind a shell that counts its starts in `<tmp>/starts`.
+async fn counting_bench() -> Bench {
+    let tmp = TempDir::new().unwrap();
+    std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+    let script = format!(
+        "echo start >> '{}'; exec '{}' sim-bench --seed 7 \"$@\"",
+        tmp.path().join("starts").display(),
+        env!("CARGO_BIN_EXE_fk-agentd")
+    );
+    let params = DriverParams {
+        command: vec!["sh".into(), "-c".into(), script, "sh".into()],
+        fastkernels_dir: None,
+        captures: tmp.path().join("captures"),
+        deadline: Duration::from_secs(60),
+        parallel: 1,
+        timing_rounds: 0,
+    };
+    let driver = BenchDriver::new(params, DirectLauncher).await.unwrap();
+    Bench { tmp, driver }
+}
+
+fn starts(b: &Bench) -> usize {
+    std::fs::read_to_string(b.tmp.path().join("starts"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_finished_bench_is_read_back_not_run_again_until_its_candidate_changes() {
+    let b = counting_bench().await;
+    let id = b.candidate("L1/gelu", "class GELU: pass\n");
+    let first = b.run(&id).await;
+    assert!(first.result.is_ok() && !first.reused, "{first:?}");
+    let again = b.run(&id).await;
+    assert_eq!(starts(&b), 1, "the same request ran twice");
+    assert!(again.reused);
+    assert_eq!((again.exit, again.result), (first.exit, first.result));
+    // An edited candidate is another bench.
+    b.candidate("L1/gelu", "class GELU: pass\n# edited\n");
+    let edited = b.run(&id).await;
+    assert!(!edited.reused);
+    assert_eq!(starts(&b), 2);
+}
+
+#[tokio::test]
+async fn a_candidate_failure_is_a_result_kept_but_an_infrastructure_one_runs_again() {
+    let b = counting_bench().await;
+    let id = b.candidate("L1/gelu", "# sim: crash\n");
+    b.run(&id).await;
+    let again = b.run(&id).await;
+    assert!(again.reused && matches!(again.result, Err(BenchFailure::NoJson { .. })));
+    assert_eq!(starts(&b), 1);
+    let infra = b.candidate("L1/layer_norm", "# sim: infra\n");
+    b.run(&infra).await;
+    let again = b.run(&infra).await;
+    assert!(!again.reused && again.result.unwrap_err().is_infrastructure());
+    assert_eq!(starts(&b), 3);
+}
+
+#[tokio::test]
+async fn a_bench_that_left_no_record_runs_again_and_its_old_json_is_never_read() {
+    let b = counting_bench().await;
+    let id = b.candidate("L1/gelu", "class GELU: pass\n");
+    let first = b.run(&id).await;
+    // Killed before the record was written: the JSON alone proves nothing.
+    std::fs::remove_file(first.request.work_dir.join("bench.done.json")).unwrap();
+    let again = b.run(&id).await;
+    assert!(!again.reused && again.result.is_ok());
+    assert_eq!(starts(&b), 2);
+    // A torn record (a kill mid-write) is no record either.
+    std::fs::write(
+        first.request.work_dir.join("bench.done.json"),
+        "{\"key\": \"ab",
+    )
+    .unwrap();
+    assert!(!b.run(&id).await.reused);
+    assert_eq!(starts(&b), 3);
+}

@@ -202,7 +202,7 @@ async fn a_level_whose_gate_file_exists_is_read_back_not_rebenched() {
         bench_wall_s: 1.5,
         dropped: Vec::new(),
     };
-    fk_agentd::score::stage::write_json(&seq.join("L1/gate.json"), &gate).unwrap();
+    fk_agentd::score::json_file::write_json(&seq.join("L1/gate.json"), &gate).unwrap();
     let driver = BenchDriver::new(
         DriverParams {
             command: vec!["bench".into()],
