@@ -131,17 +131,20 @@ async fn independent(
     end_run(ctx, j, targets, phase, None)
 }
 
-/// Records `run_finished` and the run's status; `failure` forces FAIL with a reason.
+/// Records `run_finished` and the run's status. `stopped`: why scoring could not go on (a
+/// gate or the final bench: a full disk, a lost folder, a bench that could not start). That
+/// is never a session's or a candidate's failure, so the run ends interrupted, with the
+/// reason, and `resume` takes it up where it stopped.
 fn end_run(
     ctx: &Ctx,
     j: &Arc<RunJournal>,
     targets: &[TargetId],
     phase: PhaseReport,
-    failure: Option<String>,
+    stopped: Option<String>,
 ) -> Result<CampaignReport, Error> {
     let mut finished = scheduler::run_finished_payload(targets, &phase);
-    if let (Some(why), false) = (&failure, phase.interrupted) {
-        finished.status = RunOutcome::Fail;
+    if let Some(why) = &stopped {
+        finished.status = RunOutcome::Interrupted;
         finished.reason = Some(why.clone());
     }
     let status = finished.status;
@@ -153,7 +156,7 @@ fn end_run(
         phase,
         status,
         pair: None,
-        notes: failure.into_iter().collect(),
+        notes: stopped.into_iter().collect(),
     })
 }
 
@@ -202,7 +205,7 @@ async fn sequential(
     })?;
     let dir = seq_dir(ctx, j)?;
     let (mut results, mut gates) = (BTreeMap::new(), Vec::new());
-    let (mut interrupted, mut failure) = (false, None);
+    let (mut interrupted, mut stopped) = (false, None);
     for (level, of_level) in by_level(targets) {
         if let Some(g) = sequential::read_level_gate(&dir, level)? {
             results.extend(stored_statuses(&ctx.store, j.run_id(), &of_level)?);
@@ -244,13 +247,13 @@ async fn sequential(
                 let reason = e.to_string();
                 j.record_event(None, &PhaseFailed { level, reason })?;
                 interrupted = ctx.root.is_cancelled();
-                failure = Some(format!("L{level} gate: {e}"));
+                stopped = Some(format!("L{level} gate: {e}"));
                 break;
             }
         }
     }
     let mut notes: Vec<String> = gates.iter().filter_map(level_losses).collect();
-    if !interrupted && failure.is_none() {
+    if !interrupted && stopped.is_none() {
         match sequential::finish(&driver, &dir, &gates, &ctx.root).await {
             Ok(g) => {
                 let finished = SequentialFinished {
@@ -268,7 +271,7 @@ async fn sequential(
             }
             Err(e) => {
                 interrupted = ctx.root.is_cancelled();
-                failure = Some(format!("final composed bench: {e}"));
+                stopped = Some(format!("final composed bench: {e}"));
             }
         }
     }
@@ -276,7 +279,7 @@ async fn sequential(
         results,
         interrupted,
     };
-    let mut end = end_run(ctx, j, targets, phase, failure)?;
+    let mut end = end_run(ctx, j, targets, phase, stopped)?;
     end.notes.extend(notes);
     Ok(end)
 }

@@ -169,6 +169,62 @@ async fn a_sequential_run_stopped_in_level_two_resumes_there_without_redoing_lev
     assert_eq!(l1_tasks, 3, "level 1 sessions are not submitted again");
 }
 
+/// A gate that cannot write its results (a full disk, a lost folder) stops the run as
+/// interrupted, with the reason, not failed: `resume` finishes it once the cause is gone, and
+/// the level's sessions are not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_that_cannot_write_leaves_the_run_resumable() {
+    let home = tempfile::tempdir().unwrap();
+    let config = sim_config(home.path(), TARGETS, "sequential");
+    let blocked = Drive {
+        block_gate_at_level: Some(2),
+        ..Drive::default()
+    };
+    let first = run_sim(config.clone(), blocked).await;
+    assert_eq!(first.status, "INTERRUPTED", "{first:?}");
+    assert!(
+        first.notes.iter().any(|n| n.starts_with("L2 gate: ")),
+        "{:?}",
+        first.notes
+    );
+    let store = fk_agentd::app::open_store(home.path()).unwrap();
+    assert_eq!(
+        fk_agentd::daemon::plan::unfinished_run(&store).unwrap(),
+        Some(first.run_id.clone())
+    );
+    let finished = store
+        .events(&first.run_id, None, 0)
+        .unwrap()
+        .into_iter()
+        .rfind(|e| e.kind == "run_finished")
+        .unwrap();
+    assert!(
+        finished.payload["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("L2 gate: ")
+    );
+    drop(store);
+
+    let seq = first.run_dir.join("results/seq");
+    std::fs::remove_file(seq.join("L2")).unwrap();
+    let again = Drive {
+        resume: Some(first.run_id.clone()),
+        ..Drive::default()
+    };
+    let second = run_sim(config, again).await;
+    assert_ne!(second.status, "INTERRUPTED", "{second:?}");
+    assert!(seq.join("L2/gate.json").is_file() && seq.join("gate.json").is_file());
+    let tasks = fk_agentd::app::open_store(home.path())
+        .unwrap()
+        .events(&first.run_id, None, 0)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "task_submitted")
+        .count();
+    assert_eq!(tasks, TARGETS.split(',').count(), "no session ran twice");
+}
+
 /// Counts bench invocations; never starts a process.
 #[derive(Default)]
 struct Refusing(AtomicUsize);

@@ -65,6 +65,9 @@ struct Observing {
     seen: Seen,
     /// Stops the daemon when the first session of this level starts.
     stop: Option<(u8, CancellationToken)>,
+    /// Puts a file where this level's sequential results go as its first session starts, so
+    /// its gate cannot write (as on a full disk).
+    block_gate: Option<u8>,
 }
 
 impl SessionRunner for Observing {
@@ -92,6 +95,11 @@ impl SessionRunner for Observing {
                 stop.cancel();
             }
         }
+        if let Some(level) = self.block_gate.filter(|l| *l == target.level()) {
+            let seq = journal.dir().join("results/seq");
+            std::fs::create_dir_all(&seq).unwrap();
+            std::fs::write(seq.join(format!("L{level}")), "in the way\n").unwrap();
+        }
         self.inner.run(target, journal, slot, cancel)
     }
 }
@@ -103,6 +111,8 @@ pub struct Drive {
     pub resume: Option<String>,
     /// Stop the daemon as the first session of this level starts.
     pub stop_at_level: Option<u8>,
+    /// Make this level's gate fail to write its results (see `Observing::block_gate`).
+    pub block_gate_at_level: Option<u8>,
 }
 
 pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
@@ -120,6 +130,7 @@ pub async fn run_sim(config: Config, drive: Drive) -> CampaignReport {
         inner: Arc::new(AgentRunner::new(parts)),
         seen: drive.seen.clone(),
         stop: drive.stop_at_level.map(|l| (l, stop.clone())),
+        block_gate: drive.block_gate_at_level,
     };
     let run = Run {
         resume: drive.resume,
