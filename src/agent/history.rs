@@ -3,10 +3,11 @@
 //!
 //! Invariants: every function call is answered by exactly one `function_call_output`; a call
 //! that was recorded as started but never finished is answered "interrupted" and never run
-//! again; reasoning items stay right before the calls they came with (compaction only shortens
+//! again, unless what it did was recorded (a `validate` whose `validation` event is stored is
+//! answered with that verdict); reasoning items stay right before the calls they came with (compaction only shortens
 //! old tool outputs, it never drops or reorders items).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
@@ -31,6 +32,9 @@ pub struct Replay {
     pub best_speedup: Option<f64>,
     /// Calls without an output yet, in order, and whether each was started.
     pub pending: Vec<(FunctionCall, bool)>,
+    /// Outputs for started calls that never finished but whose result was recorded (by call
+    /// id): a `validate` whose `validation` event is stored.
+    pub recorded: BTreeMap<String, String>,
     /// The `session_finished` payload, when the session already ended.
     pub finished: Option<SessionResult>,
     pub started: bool,
@@ -47,6 +51,8 @@ impl Replay {
 pub fn replay(events: &[Event]) -> Replay {
     let mut r = Replay::default();
     let mut started_calls = BTreeSet::new();
+    // The started `validate` call with no output yet, which a `validation` event answers.
+    let mut validating: Option<String> = None;
     for e in events {
         match e.decoded() {
             Kind::SessionStarted(_) => r.started = true,
@@ -57,12 +63,24 @@ pub fn replay(events: &[Event]) -> Replay {
                 r.tokens += t.usage.total;
             }
             Kind::ToolStarted(t) => {
+                if t.name == "validate" {
+                    validating = Some(t.call_id.clone());
+                }
                 started_calls.insert(t.call_id);
             }
-            Kind::ToolFinished(t) => r.history.push(function_call_output(&t.call_id, &t.output)),
+            Kind::ToolFinished(t) => {
+                r.recorded.remove(&t.call_id);
+                if validating.as_deref() == Some(t.call_id.as_str()) {
+                    validating = None;
+                }
+                r.history.push(function_call_output(&t.call_id, &t.output));
+            }
             Kind::Compacted(c) => r.history = c.history,
             Kind::SessionFinished(f) => r.finished = Some(f.0),
             Kind::Validation(v) => {
+                if let Some(call) = validating.take() {
+                    r.recorded.insert(call, recorded_validation(&v));
+                }
                 r.leases += 1;
                 r.gpu_s += v.gpu_s;
                 if let Some(g) = v.geomean.filter(|_| v.passed_every_scenario()) {
@@ -80,6 +98,25 @@ pub fn replay(events: &[Event]) -> Replay {
         })
         .collect();
     r
+}
+
+/// What a `validate` interrupted after its bench finished answers: the recorded verdict.
+fn recorded_validation(v: &crate::event::Validation) -> String {
+    let verdict = match (v.winner, &v.reason) {
+        (true, _) => "passes the gate".to_string(),
+        (false, Some(why)) => why.clone(),
+        (false, None) => "does not pass the gate".to_string(),
+    };
+    let geomean = v
+        .geomean
+        .map_or_else(|| "no geomean".into(), |g| format!("geomean {g:.3}x"));
+    format!(
+        "validation {n} finished before fk-agentd restarted; its recorded result: {geomean} over {rows} \
+         scenario(s) ({skipped} skipped), {verdict}. The full rows are in validations/{n:03}/bench.json.",
+        n = v.n,
+        rows = v.rows,
+        skipped = v.skipped,
+    )
 }
 
 /// Function calls in `history` that have no output yet, in order.
@@ -232,6 +269,48 @@ mod tests {
             pending,
             vec![("b".to_string(), true), ("c".to_string(), false)]
         );
+    }
+
+    /// A validate killed after its bench finished and its verdict was stored is answered with
+    /// that verdict, not "interrupted" (the model would bench the same file again).
+    #[test]
+    fn a_validate_whose_verdict_was_recorded_is_answered_with_it() {
+        let events = evs(vec![
+            (SessionStarted::KIND, json!({})),
+            (
+                ModelItem::KIND,
+                json!({"turn": 1, "item": call("v", "validate")}),
+            ),
+            (
+                ModelItem::KIND,
+                json!({"turn": 1, "item": call("w", "validate")}),
+            ),
+            (
+                ToolStarted::KIND,
+                json!({"call_id": "v", "name": "validate"}),
+            ),
+            (
+                Validation::KIND,
+                json!({"n": 4, "winner": false, "geomean": 0.913, "rows": 3, "skipped": 0,
+                       "reason": "geomean 0.913 < 1.0", "gpu_s": 2.0}),
+            ),
+            (
+                ToolStarted::KIND,
+                json!({"call_id": "w", "name": "validate"}),
+            ),
+        ]);
+        let r = replay(&events);
+        assert_eq!(
+            r.recorded.get("v").map(String::as_str),
+            Some(
+                "validation 4 finished before fk-agentd restarted; its recorded result: geomean \
+                 0.913x over 3 scenario(s) (0 skipped), geomean 0.913 < 1.0. The full rows are in \
+                 validations/004/bench.json."
+            )
+        );
+        // The second was killed before its bench ended: nothing recorded, "interrupted".
+        assert!(!r.recorded.contains_key("w"));
+        assert_eq!(r.pending.len(), 2);
     }
 
     #[test]

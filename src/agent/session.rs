@@ -214,7 +214,10 @@ async fn drive(s: &SessionSetup, cancel: &CancellationToken) -> Result<End, RunE
         return Ok(end);
     }
     for (call, started) in replay.pending {
-        if started {
+        if let Some(text) = replay.recorded.get(&call.call_id).filter(|_| started) {
+            j.record_event(&tool_finished(&call, &ToolOutput::ok(text.clone())))?;
+            history.push(function_call_output(&call.call_id, text));
+        } else if started {
             j.record_event(&ToolFinished {
                 interrupted: Some(true),
                 ..tool_finished(&call, &ToolOutput::error(INTERRUPTED_OUTPUT))
