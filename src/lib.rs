@@ -16,7 +16,7 @@
 //! | [`run`]       | run directories, the campaign mode, the journal (store first, then `run.jsonl`) |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
 //! | [`event`]     | the typed event log: each kind's payload struct, decoding, the status words (session, run) |
-//! | [`store`]     | SQLite (WAL, checkpointed off the commit path): events, runs (ids, unique prefixes), sessions, lease journal; migrations |
+//! | [`store`]     | SQLite (WAL, checkpointed when a run ends; refuses newer, foreign or tampered files): events, runs (ids, unique prefixes), sessions, lease journal; migrations |
 //! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, GPU cgroups, reclaim, health |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid), its client, the daemon's status |
 //! | [`dashboard`] | the web dashboard and `/metrics` on loopback: token, pages, SVG, SSE  |

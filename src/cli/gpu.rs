@@ -32,7 +32,7 @@ pub(super) async fn cmd_lease(
     let timeout = args
         .timeout
         .as_deref()
-        .map(|t| parse_duration("--timeout", t))
+        .map(|t| parse_duration("--timeout", t, crate::config::bounds::LEASE))
         .transpose()?;
     let token = std::env::var("FK_AGENTD_LEASE_TOKEN")
         .ok()
@@ -82,7 +82,7 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
     let config = Config::load(&super::flags(global, None), env, &Catalog::embedded())?;
     // Bad flags are told before GPUs are looked for or the home is touched.
     let timeout = match args.timeout.as_deref() {
-        Some(t) => parse_duration("--timeout", t)?,
+        Some(t) => parse_duration("--timeout", t, crate::config::bounds::LEASE)?,
         None => config.lease_timeout,
     };
     // The provider's token variable never reaches the leased command (the one rule of `app`).

@@ -182,6 +182,20 @@ fn home(global: &GlobalArgs, env: &Env) -> Result<PathBuf, Error> {
 
 async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
     let catalog = Catalog::embedded();
+    // A config named on the command line must be there, whether or not this command reads it.
+    if let Some(path) = cli.global.config.as_deref().filter(|p| !p.is_file()) {
+        let what = if path.is_dir() {
+            "a folder"
+        } else {
+            "no such file"
+        };
+        return Err(crate::config::ConfigError::new(
+            "--config",
+            path.display().to_string(),
+            format!("a config file (fk-agentd.toml); this is {what}"),
+        )
+        .into());
+    }
     match cli.command {
         Command::Start(ref start) => start::cmd_start(&cli.global, start, &env, &catalog).await,
         Command::Status { json } => cmd_status(&home(&cli.global, &env)?, json).await,

@@ -128,6 +128,7 @@ fn detach(home: &Path, global: &GlobalArgs) -> Result<i32, Error> {
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().map_err(io)?)
         .stderr(log)
+        .env(daemon::DETACHED_VAR, "1")
         .process_group(0)
         .spawn()
         .map_err(io)?;

@@ -90,19 +90,49 @@ impl Env {
     }
 }
 
-/// Parses a human duration such as `5h`, `15m`, `90s` or `1h 30m`.
-pub fn parse_duration(key: &str, value: &str) -> Result<Duration, ConfigError> {
+/// Parses a human duration such as `5h`, `15m`, `90s` or `1h 30m`, within `bounds` (a key's
+/// sensible range: a deadline of `1ns` or `100000000000h` is a typo, not a setting).
+pub fn parse_duration(
+    key: &str,
+    value: &str,
+    bounds: std::ops::RangeInclusive<Duration>,
+) -> Result<Duration, ConfigError> {
+    let within = || {
+        format!(
+            "a duration from {} to {}",
+            format_duration(*bounds.start()),
+            format_duration(*bounds.end())
+        )
+    };
     let d = humantime::parse_duration(value.trim()).map_err(|_| {
         ConfigError::new(
             key,
             value,
-            "a duration such as `90s`, `15m`, `5h` or `1h 30m`",
+            format!("{} (such as `90s`, `15m`, `5h` or `1h 30m`)", within()),
         )
     })?;
-    if d.is_zero() {
-        return Err(ConfigError::new(key, value, "a duration greater than zero"));
+    if !bounds.contains(&d) {
+        return Err(ConfigError::new(key, value, within()));
     }
     Ok(d)
+}
+
+/// The bounds of a duration setting.
+pub mod bounds {
+    use std::ops::RangeInclusive;
+    use std::time::Duration;
+
+    const fn s(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+    /// A lease's deadline (`lease_timeout`, `lease --timeout`): one bench at most.
+    pub const LEASE: RangeInclusive<Duration> = s(1)..=s(24 * 3600);
+    /// A session's deadline.
+    pub const SESSION: RangeInclusive<Duration> = s(60)..=s(7 * 24 * 3600);
+    /// Waits and refreshes of the provider and of Slurm.
+    pub const WAIT: RangeInclusive<Duration> = s(1)..=s(24 * 3600);
+    /// How long a Slurm allocation is held (Slurm's limits are whole minutes).
+    pub const HOLD: RangeInclusive<Duration> = s(60)..=s(30 * 24 * 3600);
 }
 
 /// Formats a duration the way a user would write it (`5h`, `15m`, `1h 30m`).
@@ -481,9 +511,13 @@ impl Config {
         let session_timeout = parse_duration(
             "campaign.session_timeout (--session-timeout)",
             &session_timeout,
+            bounds::SESSION,
         )?;
-        let lease_timeout =
-            parse_duration("campaign.lease_timeout (--lease-timeout)", &lease_timeout)?;
+        let lease_timeout = parse_duration(
+            "campaign.lease_timeout (--lease-timeout)",
+            &lease_timeout,
+            bounds::LEASE,
+        )?;
         if lease_timeout > session_timeout {
             return Err(ConfigError::new(
                 "campaign.lease_timeout (--lease-timeout)",

@@ -390,7 +390,7 @@ fn token_source(
         ));
     }
     let refresh = refresh.map_or(Ok(Duration::from_secs(300)), |r| {
-        parse_duration(&key("token_command_refresh"), &r)
+        parse_duration(&key("token_command_refresh"), &r, super::bounds::WAIT)
     })?;
     Ok(TokenSource::Command { argv, refresh })
 }
@@ -420,6 +420,7 @@ fn validate_limits(key: &dyn Fn(&str) -> String, raw: RawLimits) -> Result<Limit
         stream_idle_timeout: parse_duration(
             &key("limits.stream_idle_timeout"),
             raw.stream_idle_timeout.as_deref().unwrap_or("300s"),
+            super::bounds::WAIT,
         )?,
         context_window: window,
     })

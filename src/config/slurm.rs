@@ -219,18 +219,15 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
     set("mode", mode.as_str().into());
     let hold: SlurmHold = word_or("slurm.hold", raw.hold.as_deref(), "\"gpu\" or \"node\"")?;
     set("hold", hold.as_str().into());
-    let hold_time =
-        super::parse_duration("slurm.hold_time", raw.hold_time.as_deref().unwrap_or("12h"))?;
-    if hold_time < Duration::from_secs(60) {
-        return Err(ConfigError::new(
-            "slurm.hold_time",
-            raw.hold_time.unwrap_or_default(),
-            "at least a minute (Slurm's time limits are in whole minutes)",
-        ));
-    }
+    let hold_time = super::parse_duration(
+        "slurm.hold_time",
+        raw.hold_time.as_deref().unwrap_or("12h"),
+        super::bounds::HOLD,
+    )?;
     let start_timeout = super::parse_duration(
         "slurm.start_timeout",
         raw.start_timeout.as_deref().unwrap_or("2m"),
+        super::bounds::WAIT,
     )?;
     set("hold_time", super::format_duration(hold_time));
     set("start_timeout", super::format_duration(start_timeout));

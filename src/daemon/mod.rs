@@ -1,7 +1,7 @@
 //! The daemon: wiring and lifecycle of one campaign.
 //!
 //! Owns the order of start-up and shut-down: create (or resume) the run, bind the control
-//! socket (0600), run the scheduler, and on SIGINT/SIGTERM or `stop` cancel everything through
+//! socket (0600), run the scheduler, and on SIGINT/SIGTERM/SIGHUP or `stop` cancel everything through
 //! one cancellation tree, drain with a deadline and shut the broker down. The store, the broker
 //! and the scoring bench it runs on are handed in by [`crate::app`] (which holds the lock).
 //! Shutdown is a future passed in, so tests can fire it; the binary passes the signals.
@@ -188,6 +188,11 @@ pub async fn run_campaign(
         let _ = d.await;
     }
     let _ = std::fs::remove_file(control::socket_path(&config.home));
+    // The run's events out of the write-ahead log into the database file, so the file alone
+    // holds the run (a copy of `fk-agentd.db` copies it).
+    if let Err(e) = store.checkpoint() {
+        tracing::warn!(error = %e, "the store could not be checkpointed; its -wal file holds the newest events");
+    }
     report
 }
 
@@ -226,19 +231,47 @@ fn status_fn(
     })
 }
 
-/// Resolves on the first SIGINT or SIGTERM.
+/// Set by `start --detach` on the daemon it starts: SIGHUP (its terminal closing) is ignored.
+pub const DETACHED_VAR: &str = "FK_AGENTD_DETACHED";
+
+/// Resolves on the first SIGINT, SIGTERM or, in the foreground, SIGHUP (the terminal went away:
+/// stop as on SIGTERM, resumable). A detached daemon ignores SIGHUP. The signal is logged.
 pub async fn signals() {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
+    let detached = std::env::var_os(DETACHED_VAR).is_some();
+    let listen = |kind: SignalKind, name: &str| match signal(kind) {
+        Ok(s) => Some(s),
         Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM");
-            return std::future::pending().await;
+            tracing::error!(error = %e, "cannot listen for {name}");
+            None
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let (mut term, mut hup) = (
+        listen(SignalKind::terminate(), "SIGTERM"),
+        listen(SignalKind::hangup(), "SIGHUP"),
+    );
+    let name = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break "SIGINT",
+            _ = next(&mut term) => break "SIGTERM",
+            _ = next(&mut hup) => {
+                if !detached {
+                    break "SIGHUP";
+                }
+                tracing::info!("SIGHUP ignored: this daemon runs detached (stop it with `fk-agentd stop`)");
+            }
+        }
+    };
+    tracing::warn!("{name} received: stopping; the run stays resumable (`fk-agentd resume`)");
+}
+
+/// The next delivery of `s`; never, when it could not be listened for.
+async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

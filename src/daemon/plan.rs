@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::config::{Config, Flags, Mode};
 use crate::error::Error;
-use crate::event::{RunResumed, RunStarted, RunState};
+use crate::event::{Payload, RunFinished, RunOutcome, RunResumed, RunStarted, RunState};
 use crate::run::{NewRun, RunJournal};
 use crate::store::Store;
 use crate::target::TargetId;
@@ -147,9 +147,33 @@ fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal
     Ok(Arc::new(journal))
 }
 
-/// Whether a run's row says it ended for good (`resume` has nothing left to run).
-fn ended(row: &crate::store::RunRow) -> bool {
-    !matches!(row.state(), Some(RunState::Running | RunState::Interrupted))
+/// Whether a run ended for good (`resume` has nothing left to run). Its events are the truth:
+/// a `run_finished` that passed or failed, with no `run_resumed` after it, ended the run even
+/// where its row still says running (a kill between the event and the row's update, or a row
+/// edited by hand); such a row is set back to what the events say.
+fn ended(store: &Store, row: &crate::store::RunRow) -> Result<bool, Error> {
+    if !matches!(row.state(), Some(RunState::Running | RunState::Interrupted)) {
+        return Ok(true);
+    }
+    let last = store
+        .events(&row.id, None, 0)?
+        .into_iter()
+        .rev()
+        .find(|e| e.kind == RunFinished::KIND || e.kind == RunResumed::KIND);
+    let Some(finished) = last.and_then(|e| e.payload_as::<RunFinished>()) else {
+        return Ok(false);
+    };
+    if finished.status == RunOutcome::Interrupted {
+        return Ok(false);
+    }
+    tracing::warn!(
+        run = %row.id,
+        "the run's row said {} but its events say it finished ({}); the row is set from the events",
+        row.status,
+        finished.status
+    );
+    store.set_run_status(&row.id, finished.status.state())?;
+    Ok(true)
 }
 
 /// The runs of a resumed campaign: the run itself, or both halves of an `all` pair.
@@ -166,10 +190,10 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             (run_id.to_string(), pair)
         };
         let (ind_row, seq_row) = (store.run(Some(&ind_id))?, store.run(Some(&seq_id))?);
-        if ended(&ind_row) && ended(&seq_row) {
+        let ind_done = ended(store, &ind_row)?;
+        if ind_done && ended(store, &seq_row)? {
             return Err(finished_error(run_id));
         }
-        let ind_done = ended(&ind_row);
         let ind = if ind_done {
             Arc::new(RunJournal::open(store, &config.home, &ind_id)?)
         } else {
@@ -183,7 +207,7 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             ind_done,
         });
     }
-    if row.state() == Some(RunState::Finished) {
+    if ended(store, &row)? && row.state() != Some(RunState::Failed) {
         return Err(finished_error(run_id));
     }
     let mode = Mode::from_word(&row.mode).unwrap_or(Mode::Independent);
@@ -206,13 +230,15 @@ pub fn unfinished_run(store: &Store) -> Result<Option<String>, Error> {
                 .any(|s| s.state == "failed" && !crate::scheduler::stays_ended(s))
         })
     };
-    Ok(store
-        .runs()?
-        .into_iter()
-        .find(|r| match r.state() {
-            Some(RunState::Interrupted | RunState::Running) => true,
+    for r in store.runs()? {
+        let unfinished = match r.state() {
+            Some(RunState::Interrupted | RunState::Running) => !ended(store, &r)?,
             Some(RunState::Failed) => infra_failed(&r.id),
             _ => false,
-        })
-        .map(|r| r.id))
+        };
+        if unfinished {
+            return Ok(Some(r.id));
+        }
+    }
+    Ok(None)
 }

@@ -40,9 +40,42 @@ pub(super) fn of(
     crate::digest::hex(&h.finalize()[..8])
 }
 
+/// Fails on a run whose events no longer run 1, 2, … up to the newest number written with
+/// them (`runs.last_seq`): an event deleted outside fk-agentd, the newest one included.
+fn verify_sequences(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = |e| StoreError::from_sqlite(path, e);
+    let mut stmt = conn
+        .prepare(
+            "SELECT r.id, r.last_seq, COUNT(e.seq), COALESCE(MAX(e.seq), 0)
+             FROM runs r LEFT JOIN events e ON e.run_id = r.id GROUP BY r.id",
+        )
+        .map_err(err)?;
+    let mut rows = stmt.query([]).map_err(err)?;
+    while let Some(r) = rows.next().map_err(err)? {
+        let run: String = r.get(0).map_err(err)?;
+        let written: Option<i64> = r.get(1).map_err(err)?;
+        let (count, newest): (i64, i64) = (r.get(2).map_err(err)?, r.get(3).map_err(err)?);
+        let expected = written.unwrap_or(newest);
+        if count != expected || newest != expected {
+            return Err(StoreError::Damaged {
+                path: path.to_path_buf(),
+                detail: format!(
+                    "run {run} holds {count} event(s) up to number {newest} where {expected} were written: events were deleted outside fk-agentd"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Reads every checksummed event once and fails on the first whose fields no longer match
-/// their digest, naming its run and sequence number.
+/// their digest, naming its run and sequence number; then checks that no event is missing.
 pub(super) fn verify_events(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    verify_digests(conn, path)?;
+    verify_sequences(conn, path)
+}
+
+fn verify_digests(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let err = |e| StoreError::from_sqlite(path, e);
     let mut stmt = conn
         .prepare(

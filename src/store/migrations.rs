@@ -69,16 +69,62 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 4: a checksum of each event's fields (crate::store::digest); older rows have none.
     "ALTER TABLE events ADD COLUMN digest TEXT;",
+    // 5: each run's newest event number, written with the event (a deleted event is told), and
+    // the file marked as fk-agentd's (a foreign SQLite file is never taken over).
+    "ALTER TABLE runs ADD COLUMN last_seq INTEGER;
+    UPDATE runs SET last_seq = (SELECT MAX(seq) FROM events WHERE events.run_id = runs.id);
+    PRAGMA application_id = 1179337028;",
 ];
+
+/// `PRAGMA application_id` of an fk-agentd store: "FKAD" as a big-endian 32-bit number.
+pub const APPLICATION_ID: i64 = 0x464B_4144;
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-pub(super) fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
-    let err = StoreError::sqlite(path);
+/// Refuses a file some other program wrote: ours carries [`APPLICATION_ID`]; a file without
+/// one is ours when it is empty (a new store) or holds our `runs` and `events` tables (a store
+/// of a release before the id).
+pub(super) fn check_ours(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let err = |e| StoreError::from_sqlite(path, e);
+    let id: i64 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(err)?;
+    if id == APPLICATION_ID {
+        return Ok(());
+    }
+    let mut stmt = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
+        .map_err(err)?;
+    let tables = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(err)?;
+    let ours = ["events", "runs"]
+        .iter()
+        .all(|t| tables.iter().any(|n| n == t));
+    if id == 0 && (tables.is_empty() || ours) {
+        return Ok(());
+    }
+    let mut detail = String::new();
+    if !tables.is_empty() {
+        let shown: Vec<&str> = tables.iter().take(5).map(String::as_str).collect();
+        detail.push_str(&format!(": {}", shown.join(", ")));
+    }
+    if id != 0 {
+        detail.push_str(&format!("; application id {id:#x}"));
+    }
+    Err(StoreError::Foreign {
+        path: path.to_path_buf(),
+        detail,
+    })
+}
+
+/// Refuses a store written by a newer release (its schema is unknown to this one).
+pub(super) fn check_not_newer(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
     let current: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(err)?;
+        .map_err(StoreError::sqlite(path))?;
     if current > SCHEMA_VERSION {
         return Err(StoreError::TooNew {
             path: path.to_path_buf(),
@@ -86,6 +132,12 @@ pub(super) fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError
             supported: SCHEMA_VERSION,
         });
     }
+    Ok(current)
+}
+
+pub(super) fn apply(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let err = StoreError::sqlite(path);
+    let current = check_not_newer(conn, path)?;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let tx = conn.transaction().map_err(err)?;
         tx.execute_batch(sql).map_err(err)?;

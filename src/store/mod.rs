@@ -6,13 +6,14 @@
 //! event that was shown or acted on survives a crash. Events are never updated or deleted.
 //!
 //! The store is synchronous (rusqlite); async callers use [`Store::blocking`] to move a call
-//! off the runtime's worker threads. WAL checkpoints run on a thread of their own
-//! ([`checkpoint`]), not inside a commit.
+//! off the runtime's worker threads. SQLite checkpoints the WAL inside commits as it grows;
+//! [`Store::checkpoint`] empties it when a run ends, so the database file alone holds every
+//! finished run. What the store does not understand it refuses, saying what to do: a newer
+//! schema, a SQLite file of another program, an event changed or deleted outside fk-agentd.
 //!
 //! The GPU broker's tables, the lease journal ([`leases`]) and the GPU drains ([`drains`]),
 //! are written only by `crate::gpu`.
 
-mod checkpoint;
 mod digest;
 pub mod drains;
 pub mod leases;
@@ -59,6 +60,11 @@ pub enum StoreError {
         "store {path}: the disk is full (no space left for the store's writes): free space there, then `fk-agentd resume`"
     )]
     Full { path: PathBuf },
+    /// A SQLite file that another program wrote: never taken over.
+    #[error(
+        "{path} is not an fk-agentd store (it holds another program's tables{detail}): nothing was written to it. Give fk-agentd a home of its own (--home or FK_AGENTD_HOME), or move that file away"
+    )]
+    Foreign { path: PathBuf, detail: String },
     #[error("unknown run `{0}`")]
     UnknownRun(String),
     /// A run id typed by the user that names no run, or several (a prefix).
@@ -223,6 +229,8 @@ impl Store {
         let err = |source| StoreError::from_sqlite(path, source);
         let mut conn = Connection::open(path).map_err(err)?;
         check_integrity(&conn, path)?;
+        // Before anything writes (WAL mode changes the file's header).
+        migrations::check_ours(&conn, path)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -233,13 +241,12 @@ impl Store {
             .map_err(err)?;
         migrations::apply(&mut conn, path)?;
         digest::verify_events(&conn, path)?;
-        checkpoint::start(&mut conn, path);
         Ok(Self::of(conn, path))
     }
 
     /// A read-only handle on an existing store, for viewers (the dashboard): a connection of
-    /// its own, so its reads never wait on the writer's lock; no migrations and no checkpoint
-    /// thread (the writer owns both).
+    /// its own, so its reads never wait on the writer's lock; no migrations (the writer owns
+    /// them).
     pub fn open_read_only(path: &Path) -> Result<Self, StoreError> {
         let err = StoreError::sqlite(path);
         let flags =
@@ -261,7 +268,17 @@ impl Store {
             .map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(err)?;
+        migrations::check_ours(&conn, path)?;
+        migrations::check_not_newer(&conn, path)?;
         Ok(Self::of(conn, path))
+    }
+
+    /// Moves everything the write-ahead log holds into the database file and empties the log,
+    /// so the file alone is the store (a copy of it copies every run). Called when a run ends.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.lock()
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .map_err(|e| self.sql_err(e))
     }
 
     /// A handle for commands that only read (`status`, `sessions`, `session`, `runs`,
@@ -394,6 +411,12 @@ impl Store {
             "INSERT INTO events (run_id, seq, at, kind, target, payload, digest)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![run_id, seq, at, kind, target, text, digest],
+        )
+        .map_err(|e| self.sql_err(e))?;
+        // The run's newest sequence number, beside its events: a deleted event is told.
+        tx.execute(
+            "UPDATE runs SET last_seq = ?2 WHERE id = ?1",
+            params![run_id, seq],
         )
         .map_err(|e| self.sql_err(e))?;
         tx.commit().map_err(|e| self.sql_err(e))?;

@@ -149,6 +149,31 @@ fn every_bad_value_names_its_key_the_value_and_what_was_expected() {
             "campaign.lease_timeout (--lease-timeout)",
             "6h",
         ),
+        // Durations a campaign cannot use: below or above the key's bounds.
+        (
+            Flags {
+                lease_timeout: Some("1ns".into()),
+                ..Flags::default()
+            },
+            "campaign.lease_timeout (--lease-timeout)",
+            "1ns",
+        ),
+        (
+            Flags {
+                session_timeout: Some("100000000000h".into()),
+                ..Flags::default()
+            },
+            "campaign.session_timeout (--session-timeout)",
+            "100000000000h",
+        ),
+        (
+            Flags {
+                session_timeout: Some("10s".into()),
+                ..Flags::default()
+            },
+            "campaign.session_timeout (--session-timeout)",
+            "10s",
+        ),
     ];
     for (flags, key, value) in cases {
         let err = load(dir.path(), flags).unwrap_err();
@@ -162,6 +187,26 @@ fn every_bad_value_names_its_key_the_value_and_what_was_expected() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn a_duration_out_of_bounds_names_the_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = load(
+        dir.path(),
+        Flags {
+            lease_timeout: Some("1ns".into()),
+            ..Flags::default()
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("from 1s to 1day"), "{err}");
+    let slurm = "[gpus]\nbackend = \"slurm\"\n[slurm]\nnodes = [\"n1\"]\nhold_time = \"30s\"\n";
+    let err = load_file(slurm).unwrap_err();
+    assert_eq!(
+        (err.key.as_str(), err.value.as_str()),
+        ("slurm.hold_time", "30s")
+    );
 }
 
 #[test]

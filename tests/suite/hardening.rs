@@ -6,6 +6,7 @@
 //! `resume` runs again) and D11 (no second `task_submitted` on resume) are in `agent.rs`.
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 
 use assert_cmd::Command;
@@ -360,6 +361,67 @@ fn a_negative_count_is_refused_by_its_flag() {
     assert!(err.contains("--timeout"), "{err}");
 }
 
+/// A finished campaign's store is whole in its database file: copying `fk-agentd.db` alone
+/// (no `-wal`) copies the run.
+#[test]
+fn after_a_run_the_database_file_alone_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    fk(dir.path())
+        .args(["start", "--sim", "--targets", "L1/gelu"])
+        .assert()
+        .success();
+    let copy = dir.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    std::fs::copy(dir.path().join("fk-agentd.db"), copy.join("fk-agentd.db")).unwrap();
+    let out = fk(&copy)
+        .args(["runs", "--json"])
+        .assert()
+        .success()
+        .get_output()
+        .clone();
+    let runs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let first = &runs.as_array().unwrap()[0];
+    assert_eq!(first["status"], "finished", "{runs}");
+    let events = fk_agentd::store::Store::open_for_reading(&copy.join("fk-agentd.db"))
+        .unwrap()
+        .events(first["id"].as_str().unwrap(), None, 0)
+        .unwrap();
+    assert!(events.iter().any(|e| e.kind == "run_finished"));
+}
+
+/// A finished run whose row says `running` (a kill between its last event and the row, or an
+/// edit) is finished: the events are the truth, `resume` has nothing to run and records no
+/// second `run_finished`.
+#[test]
+fn a_finished_run_whose_row_says_running_is_not_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    fk(dir.path())
+        .args(["start", "--sim", "--targets", "L1/gelu"])
+        .assert()
+        .success();
+    let db = dir.path().join("fk-agentd.db");
+    rusqlite::Connection::open(&db)
+        .unwrap()
+        .execute("UPDATE runs SET status = 'running'", [])
+        .unwrap();
+    let err = refused(fk(dir.path()).args(["resume"]));
+    assert!(err.contains("no unfinished run"), "{err}");
+    let store = fk_agentd::store::Store::open_for_reading(&db).unwrap();
+    let run = store.runs().unwrap().remove(0);
+    assert_eq!(run.status, "finished");
+    let finished = store
+        .events(&run.id, None, 0)
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "run_finished")
+        .count();
+    assert_eq!(finished, 1);
+    drop(store);
+    // Named, too: nothing to resume.
+    let err = refused(fk(dir.path()).args(["resume", &run.id]));
+    assert!(err.contains("already finished"), "{err}");
+}
+
 /// A damaged store is named, with what to do, and never written to.
 #[test]
 fn a_damaged_store_is_named_with_what_to_do() {
@@ -454,4 +516,59 @@ async fn the_control_socket_refuses_another_uid_whatever_the_file_modes() {
     assert!(!shutdown.is_cancelled(), "another user stopped the daemon");
     shutdown.cancel();
     let _ = server.await;
+}
+
+/// SIGHUP in the foreground (the terminal went away) stops the campaign as SIGTERM does: the
+/// run ends interrupted and `resume` takes it up.
+#[test]
+fn sighup_in_the_foreground_stops_a_campaign_resumably() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("FK_AGENTD_HOME", dir.path())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["start", "--sim", "--targets", "L1-L3"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !dir.path().join("fk-agentd.sock").exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.signal(), Some(1), "killed by SIGHUP: {err}");
+    assert!(err.contains("SIGHUP received"), "{err}");
+    let store =
+        fk_agentd::store::Store::open_for_reading(&dir.path().join("fk-agentd.db")).unwrap();
+    let run = store.runs().unwrap().remove(0);
+    assert_eq!(run.status, "interrupted", "{err}");
+    assert_eq!(
+        fk_agentd::daemon::plan::unfinished_run(&store).unwrap(),
+        Some(run.id)
+    );
+}
+
+/// A `--config` that is not a file is refused by every command, those that do not read it too.
+#[test]
+fn a_config_flag_naming_no_file_is_refused_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.toml");
+    for args in [&["status"][..], &["runs"], &["start", "--sim"]] {
+        let err = refused(fk(dir.path()).args(args).arg("--config").arg(&missing));
+        assert!(
+            err.contains("--config") && err.contains("nope.toml"),
+            "{args:?}: {err}"
+        );
+        let err = refused(fk(dir.path()).args(args).arg("--config").arg(dir.path()));
+        assert!(err.contains("a folder"), "{args:?}: {err}");
+    }
 }

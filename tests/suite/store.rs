@@ -111,7 +111,10 @@ fn events_of_an_older_schema_have_no_checksum_and_still_load() {
     store_with_three_events(&path);
     // The store as schema 3 wrote it: no digest column.
     rusqlite_connection(&path)
-        .execute_batch("ALTER TABLE events DROP COLUMN digest; PRAGMA user_version = 3;")
+        .execute_batch(
+            "ALTER TABLE events DROP COLUMN digest; ALTER TABLE runs DROP COLUMN last_seq;
+             PRAGMA user_version = 3; PRAGMA application_id = 0;",
+        )
         .unwrap();
     let store = Store::open(&path).unwrap();
     assert_eq!(store.events("r1", None, 0).unwrap().len(), 3);
@@ -147,8 +150,84 @@ fn a_database_from_a_newer_fk_agentd_is_refused_not_damaged() {
     rusqlite_connection(&path)
         .pragma_update(None, "user_version", 99)
         .unwrap();
-    let err = Store::open(&path).unwrap_err();
-    assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
+    // Every open refuses it, the read-only ones of `status`, `runs` and the dashboard too.
+    for err in [
+        Store::open(&path).unwrap_err(),
+        Store::open_for_reading(&path).unwrap_err(),
+        Store::open_read_only(&path).unwrap_err(),
+    ] {
+        assert!(matches!(err, StoreError::TooNew { found: 99, .. }), "{err}");
+    }
+}
+
+/// Deleting a run's newest events (or any) behind fk-agentd's back is found, by every open.
+#[test]
+fn a_deleted_event_is_named_as_damage() {
+    for sql in [
+        "DELETE FROM events WHERE seq = 3",
+        "DELETE FROM events WHERE seq >= 2",
+        "DELETE FROM events WHERE seq = 2",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fk.db");
+        store_with_three_events(&path);
+        let conn = rusqlite_connection(&path);
+        conn.execute_batch("DROP TRIGGER IF EXISTS events_append_only_delete")
+            .unwrap();
+        conn.execute_batch(sql).unwrap();
+        drop(conn);
+        for err in [
+            Store::open(&path).unwrap_err(),
+            Store::open_for_reading(&path).unwrap_err(),
+        ] {
+            assert!(matches!(err, StoreError::Damaged { .. }), "{sql}: {err}");
+            assert!(err.to_string().contains("run r1"), "{sql}: {err}");
+        }
+    }
+}
+
+/// A SQLite file of another program is never taken over (no table added, nothing written).
+#[test]
+fn a_foreign_sqlite_file_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    rusqlite_connection(&path)
+        .execute_batch("CREATE TABLE photos (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO photos (name) VALUES ('a');")
+        .unwrap();
+    let before = std::fs::read(&path).unwrap();
+    for err in [
+        Store::open(&path).unwrap_err(),
+        Store::open_for_reading(&path).unwrap_err(),
+    ] {
+        assert!(matches!(err, StoreError::Foreign { .. }), "{err}");
+        assert!(err.to_string().contains("not an fk-agentd store"), "{err}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    // A store of an earlier release (our tables, no application id yet) is still ours.
+    let ours = dir.path().join("old.db");
+    Store::open(&ours).unwrap();
+    rusqlite_connection(&ours)
+        .pragma_update(None, "application_id", 0)
+        .unwrap();
+    Store::open(&ours).unwrap();
+}
+
+/// After a run the writer checkpoints: the database file alone holds everything.
+#[test]
+fn a_checkpointed_store_needs_no_wal_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    let store = Store::open(&path).unwrap();
+    store.create_run(&run_row("r1")).unwrap();
+    for i in 0..50 {
+        store.append("r1", "note", None, &json!({"i": i})).unwrap();
+    }
+    store.checkpoint().unwrap();
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&path, &copy).unwrap();
+    drop(store);
+    let copied = Store::open_for_reading(&copy).unwrap();
+    assert_eq!(copied.events("r1", None, 0).unwrap().len(), 50);
 }
 
 #[test]
