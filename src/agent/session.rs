@@ -6,7 +6,6 @@
 //! resumed session never runs a call twice; an infrastructure failure of a tool is retried and
 //! then ends the session with an `infra` reason, never silently charged to the agent.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,9 +106,16 @@ impl End {
         Self::new(SessionStatus::Failed, why)
     }
 
-    /// How `finish` ends a session: finished, or failed when there is no candidate.
-    pub(crate) fn finished_by_agent(summary: String, candidate: &Path) -> Self {
-        let (status, reason) = if candidate.is_file() {
+    /// How `finish` ends a session: finished, or failed when there is no candidate; an
+    /// infrastructure failure when the session's folder was removed while it ran.
+    pub(crate) fn finished_by_agent(summary: String, ws: &crate::workspace::Workspace) -> Self {
+        if !ws.candidate_file().is_file() && ws.lost() {
+            return Self::infra(format!(
+                "the session's folder {} was removed while it ran; `fk-agentd resume` sets it up again",
+                ws.session_dir().display()
+            ));
+        }
+        let (status, reason) = if ws.candidate_file().is_file() {
             (SessionStatus::Finished, "the agent called finish")
         } else {
             (
@@ -451,10 +457,10 @@ async fn run_call(
     };
     tools.finished(call, &output)?;
     history.push(function_call_output(&call.call_id, &output.text));
-    let candidate = s.toolbox.workspace().candidate_file();
+    let ws = s.toolbox.workspace();
     Ok(output
         .finished
-        .map(|summary| End::finished_by_agent(summary, &candidate)))
+        .map(|summary| End::finished_by_agent(summary, ws)))
 }
 
 /// The `tool_finished` of `call` with its `output`.

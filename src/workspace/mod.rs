@@ -182,6 +182,12 @@ impl Workspace {
     pub fn candidate_file(&self) -> PathBuf {
         self.candidate_root.join(self.target.candidate_path())
     }
+    /// Whether the session's folder was removed from under it (the folder, or the read-only
+    /// baseline copy set up with it, is gone): what the session wrote is lost, which is the
+    /// infrastructure's failure, not the agent's.
+    pub fn lost(&self) -> bool {
+        !self.session_dir.is_dir() || !self.scratch.join(self.baseline_rel()).is_file()
+    }
     /// The candidate slot as the model names it (relative to its cwd).
     pub fn candidate_rel(&self) -> String {
         format!("candidate/{}", self.target.candidate_path())

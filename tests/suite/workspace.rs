@@ -368,3 +368,38 @@ fn session_dirs_follow_the_run_layout_and_a_bad_baseline_is_refused() {
         )
     );
 }
+
+/// A session folder removed while the session runs is told apart from an agent that wrote
+/// nothing: the baseline copy set up with the folder is gone too.
+#[test]
+fn a_removed_session_folder_is_told_as_lost() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ws = gelu_workspace(tmp.path());
+    assert!(!ws.lost());
+    // No candidate yet is not a lost folder.
+    assert!(!ws.candidate_file().exists());
+    assert!(!ws.lost());
+    let run = tmp.path().join("run");
+    make_writable(&run);
+    fs::remove_dir_all(&run).unwrap();
+    assert!(ws.lost());
+}
+
+/// Gives the owner write access to everything under `dir` (the baseline copy is read-only).
+fn make_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in walk(dir) {
+        let mode = fs::metadata(&entry).unwrap().permissions().mode();
+        fs::set_permissions(&entry, fs::Permissions::from_mode(mode | 0o700)).unwrap();
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    if dir.is_dir() {
+        for e in fs::read_dir(dir).unwrap() {
+            out.extend(walk(&e.unwrap().path()));
+        }
+    }
+    out
+}

@@ -253,8 +253,8 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
                 saw_events,
             } => {
                 if let Some(summary) = s.tools.ending().finished {
-                    let candidate = s.tools.toolbox.workspace().candidate_file();
-                    return Ok(End::finished_by_agent(summary, &candidate));
+                    let ws = s.tools.toolbox.workspace();
+                    return Ok(End::finished_by_agent(summary, ws));
                 }
                 if next.is_some() && !saw_events {
                     // The thread could not be resumed (its rollout is gone): start afresh.
