@@ -499,6 +499,10 @@ impl Config {
             DEFAULT_PROVIDER,
         );
 
+        // The simulation uses no provider, but one named on its command line must exist.
+        if flags.sim && flags.provider.is_some() {
+            provider::ProviderConfig::check_exists(&provider, &home, env)?;
+        }
         let mode = word::<Mode>("campaign.mode (--mode)", &mode)?;
         let max_agents = parse_count(
             "campaign.max_agents (--max-agents)",
@@ -541,6 +545,13 @@ impl Config {
         let patches = pick_patches(flags, raw.fastkernels.patches.take(), env, &mut settings)?;
         let (fastkernels_dir, fastkernels_command) =
             validate_fastkernels(raw.fastkernels, env, &mut settings)?;
+        if captures.trim().is_empty() {
+            return Err(ConfigError::new(
+                "campaign.captures",
+                &captures,
+                "a folder of capture reports (e.g. captures/default/b200)",
+            ));
+        }
         let captures = expand_tilde(&captures, env);
         let (targets, catalog) = selection::select_for_config(&selection::SelectionInputs {
             catalog,

@@ -158,6 +158,12 @@ impl ProviderConfig {
         }
     }
 
+    /// Fails as [`ProviderConfig::load`] would when no provider `choice` names can be found
+    /// (the simulation uses none, but a provider named on its command line must exist).
+    pub fn check_exists(choice: &str, home: &Path, env: &Env) -> Result<(), ConfigError> {
+        Self::locate(choice, home, env).map(drop)
+    }
+
     /// `(name, origin, text)` of a provider chosen by name or path.
     fn locate(
         choice: &str,
@@ -214,13 +220,9 @@ impl ProviderConfig {
 
     /// Parses and validates provider TOML text.
     pub fn parse(name: &str, origin: &str, text: &str, env: &Env) -> Result<Self, ConfigError> {
-        let raw: RawProvider = toml::from_str(text).map_err(|e| {
-            ConfigError::new(
-                format!("provider {origin}"),
-                e.message().to_string(),
-                "valid provider settings",
-            )
-        })?;
+        // A type error names the file, the line and its text (which holds the key).
+        let raw: RawProvider =
+            toml::from_str(text).map_err(|e| super::toml_error(Path::new(origin), text, &e))?;
         let key = |k: &str| format!("provider {name}: {k}");
         let model = validate_model(&key("model"), &raw.model)?;
         let base_url =
@@ -275,6 +277,22 @@ impl ProviderConfig {
             }
         }
         let limits = validate_limits(&key, raw.limits)?;
+        if let Some(p) = &raw.prices {
+            let each = [
+                ("prices.input", Some(p.input)),
+                ("prices.cached_input", p.cached_input),
+                ("prices.output", Some(p.output)),
+            ];
+            for (k, v) in each {
+                if let Some(v) = v.filter(|v| !v.is_finite() || *v < 0.0) {
+                    return Err(ConfigError::new(
+                        key(k),
+                        v.to_string(),
+                        "a price in USD per million tokens, 0 or more",
+                    ));
+                }
+            }
+        }
         Ok(Self {
             name: raw.name.unwrap_or_else(|| name.to_string()),
             origin: origin.to_string(),
@@ -351,7 +369,19 @@ fn resolve_base_url(
     if !(url.starts_with("https://") || url.starts_with("http://")) {
         return Err(ConfigError::new(key, template, "an http(s) URL"));
     }
-    Ok(url)
+    match reqwest::Url::parse(&url) {
+        Ok(u) if u.host().is_some() => Ok(url),
+        Ok(_) => Err(ConfigError::new(
+            key,
+            template,
+            "an http(s) URL with a host",
+        )),
+        Err(e) => Err(ConfigError::new(
+            key,
+            template,
+            format!("a valid http(s) URL ({e})"),
+        )),
+    }
 }
 
 fn token_source(
@@ -374,11 +404,25 @@ fn token_source(
         ));
     }
     if let Some(f) = file {
+        if f.trim().is_empty() {
+            return Err(ConfigError::new(
+                key("token_file"),
+                f,
+                "the path of the file holding the token",
+            ));
+        }
         return Ok(TokenSource::File {
             path: expand_tilde(&f, env),
         });
     }
     if let Some(v) = var {
+        if v.trim().is_empty() {
+            return Err(ConfigError::new(
+                key("token_env"),
+                v,
+                "the name of the variable holding the token",
+            ));
+        }
         return Ok(TokenSource::Env { var: v });
     }
     let argv = command.unwrap_or_default();

@@ -381,6 +381,75 @@ fn hosted_tools_and_authorization_headers_are_refused() {
     assert!(ProviderConfig::parse("p", "t", two, &cortex_env()).is_err());
 }
 
+/// Provider values a run cannot use are refused at load, each naming its field and value
+/// (never accepted and then failing as if the infrastructure were down).
+#[test]
+fn provider_values_a_run_cannot_use_name_their_field() {
+    let base = |url: &str, token: &str| format!("base_url = \"{url}\"\nmodel = \"m\"\n{token}\n");
+    let ok_url = "http://[::1]:8000/v1";
+    let cases = [
+        (
+            base("http://[::1", "token_env = \"T\""),
+            "base_url",
+            "http://[::1",
+        ),
+        (
+            base("https://", "token_env = \"T\""),
+            "base_url",
+            "https://",
+        ),
+        (base(ok_url, "token_file = \"\""), "token_file", ""),
+        (base(ok_url, "token_env = \" \""), "token_env", " "),
+        (
+            base(
+                ok_url,
+                "token_env = \"T\"\n[prices]\ninput = -1.0\noutput = 1.0",
+            ),
+            "prices.input",
+            "-1",
+        ),
+        (
+            base(
+                ok_url,
+                "token_env = \"T\"\n[prices]\ninput = 1.0\noutput = nan",
+            ),
+            "prices.output",
+            "NaN",
+        ),
+    ];
+    for (text, field, value) in cases {
+        let err = ProviderConfig::parse("p", "t", &text, &cortex_env()).unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.value.as_str()),
+            (format!("provider p: {field}").as_str(), value),
+            "{text}: {err}"
+        );
+    }
+    // A type error names the line that holds the key.
+    let err = ProviderConfig::parse("p", "p.toml", "model = 3\n", &cortex_env()).unwrap_err();
+    assert!(err.to_string().contains("model = 3"), "{err}");
+}
+
+#[test]
+fn empty_captures_and_a_missing_provider_under_sim_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = load_file("[campaign]\ncaptures = \"\"\n").unwrap_err();
+    assert_eq!(
+        (err.key.as_str(), err.value.as_str()),
+        ("campaign.captures", "")
+    );
+    let err = load(
+        dir.path(),
+        Flags {
+            sim: true,
+            provider: Some(dir.path().join("missing.toml").display().to_string()),
+            ..Flags::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(err.key, "--provider", "{err}");
+}
+
 #[test]
 fn an_unknown_provider_name_lists_the_known_ones() {
     let err =
