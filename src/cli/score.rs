@@ -164,6 +164,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         noise_sample: args.noise_sample as usize,
         screen_waive: config.screen_waive.clone(),
         earlier: Default::default(),
+        generation: None,
         calibration: Some(crate::score::calibration::plan_for(
             &driver,
             &config.home.join("calibration"),

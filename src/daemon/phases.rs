@@ -32,7 +32,7 @@ use super::CampaignReport;
 use super::plan::Plan;
 use crate::error::Error;
 use crate::event::{
-    Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, Scored,
+    Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, Scored, ScoringStarted,
     SequentialFinished, SequentialResults,
 };
 use crate::run::RunJournal;
@@ -347,6 +347,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
     let home = ind.dir().ancestors().nth(2).unwrap_or(ind.dir());
     let cache = home.join("calibration");
     let plan = crate::score::calibration::plan_for(&driver, &cache, false);
+    let generation = scoring_generation(ctx, ind)?;
     let params = ScoreParams {
         candidates: PathBuf::new(),
         out: ind.dir().to_path_buf(),
@@ -358,6 +359,7 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         screen_waive: ctx.screen_waive.clone(),
         earlier: Default::default(),
         calibration: Some(plan),
+        generation: Some(generation),
     };
     let report = score_run(&driver, &params, &NoProgress, &ctx.root).await?;
     if !report.incomplete.is_empty() {
@@ -373,6 +375,32 @@ async fn score_independent(ctx: &Ctx, ind: &RunJournal) -> Result<String, Error>
         report.generation.display(),
         report.headline()
     ))
+}
+
+/// The generation the daemon scores run `j` into: the one its `scoring_started` event names
+/// when that scoring has not been recorded as done (a resume after a kill), else a new one,
+/// recorded.
+fn scoring_generation(ctx: &Ctx, j: &RunJournal) -> Result<PathBuf, Error> {
+    let events = ctx.store.events(j.run_id(), None, 0)?;
+    let mut open = None;
+    for e in &events {
+        match e.decoded() {
+            Kind::ScoringStarted(s) => open = Some(s.generation),
+            Kind::Scored(_) => open = None,
+            _ => {}
+        }
+    }
+    if let Some(dir) = open {
+        return Ok(dir);
+    }
+    let generation = new_generation(j.dir())?;
+    j.record_event(
+        None,
+        &ScoringStarted {
+            generation: generation.clone(),
+        },
+    )?;
+    Ok(generation)
 }
 
 async fn all(

@@ -109,6 +109,7 @@ kinds! {
     SessionFailedToStart(SessionFailedToStart) = "session_failed_to_start",
     RunStarted(RunStarted) = "run_started",
     RunResumed(RunResumed) = "run_resumed",
+    ScoringStarted(ScoringStarted) = "scoring_started",
     Scored(Scored) = "scored",
     TaskSubmitted(TaskSubmitted) = "task_submitted",
     TaskFinished(TaskFinished) = "task_finished",

@@ -154,6 +154,14 @@ pub struct PhaseFailed {
     pub reason: String,
 }
 
+/// Where the daemon scores a run: recorded before the first bench, so a resume after a kill
+/// scores into the same generation and reuses every bench that finished.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ScoringStarted {
+    pub generation: PathBuf,
+}
+
 /// Where a sequential run's results generation is.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

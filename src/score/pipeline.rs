@@ -68,6 +68,9 @@ pub struct ScoreParams {
     /// The A/A calibration the confirmed gate takes its noise from (cached by key); `None`
     /// calibrates the candidates' own targets for this score alone, uncached.
     pub calibration: Option<CalibrationPlan>,
+    /// The results generation to score into (a daemon's scoring taken up again after a kill:
+    /// its finished benches are reused, see [`crate::score::driver`]); `None`: a new one.
+    pub generation: Option<PathBuf>,
 }
 
 /// Everything a score produced.
@@ -356,8 +359,19 @@ pub async fn score_candidates<L: BenchLauncher>(
             params.candidates.display()
         )));
     }
-    let gen_dir = new_generation(&params.out)?;
+    let gen_dir = generation(params)?;
     score_set(driver, params, set, gen_dir, progress, cancel).await
+}
+
+/// The generation `params` names, else a new one under `params.out`.
+fn generation(params: &ScoreParams) -> Result<PathBuf, ScoreError> {
+    match &params.generation {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(ScoreError::io(dir))?;
+            Ok(dir.clone())
+        }
+        None => new_generation(&params.out),
+    }
 }
 
 /// Scores a run's session candidates: `params.out` is the run directory; the candidates are
@@ -376,7 +390,7 @@ pub async fn score_run<L: BenchLauncher>(
             params.out.display()
         )));
     }
-    let gen_dir = new_generation(&params.out)?;
+    let gen_dir = generation(params)?;
     let dest = gen_dir.join("candidates");
     gather_sessions(&sessions, &dest)?;
     let set = CandidateSet::scan(&dest)?;

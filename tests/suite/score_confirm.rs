@@ -64,6 +64,7 @@ async fn score_after(
             .map(|(t, g)| (t.parse().unwrap(), g.to_vec()))
             .collect(),
         calibration: None,
+        generation: None,
     };
     let report = score_candidates(&driver, &score, &NoProgress, &CancellationToken::new())
         .await
@@ -454,4 +455,78 @@ fn earlier_benches_are_the_passing_validations_of_the_very_file_scored() {
     let target: fk_agentd::target::TargetId = "L1/gelu".parse().unwrap();
     let got = earlier_benches(&[(target.clone(), session.join("candidate"))]);
     assert_eq!(got.get(&target), Some(&vec![1.08, 0.97]));
+}
+
+/// Scoring taken up again in the same generation (the daemon's, after a kill) benches nothing
+/// that finished: every verdict is read back, equal; a new generation benches again.
+#[tokio::test(start_paused = true)]
+async fn scoring_into_the_same_generation_reuses_every_finished_bench() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cands = tmp.path().join("cands");
+    for (target, content) in [
+        ("L1/gelu", "class GELU: pass\n"),
+        ("L1/silu", "class SiLU: pass\n# sim: slower\n"),
+        ("L1/relu", "class ReLU: pass\n"),
+    ] {
+        let path = cands.join(format!("{target}.py"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
+    let params = DriverParams {
+        command: vec!["sim-bench".into()],
+        fastkernels_dir: None,
+        captures: tmp.path().join("captures"),
+        deadline: Duration::from_secs(600),
+        parallel: 2,
+        timing_rounds: fk_agentd::config::DEFAULT_TIMING_ROUNDS,
+    };
+    let driver = BenchDriver::new(params, InProcessLauncher::new(7))
+        .await
+        .unwrap();
+    let generation = tmp.path().join("out/results");
+    let score = ScoreParams {
+        candidates: cands,
+        out: tmp.path().join("out"),
+        mode: ScoreMode::Both,
+        gate: WinnerGate::default(),
+        set_name: "cands-ind".into(),
+        repeats: 1,
+        noise_sample: 0,
+        screen_waive: Vec::new(),
+        earlier: Default::default(),
+        calibration: None,
+        generation: Some(generation.clone()),
+    };
+    let cancel = CancellationToken::new();
+    let run = || score_candidates(&driver, &score, &NoProgress, &cancel);
+    let first = run().await.unwrap();
+    let benched = driver.launcher().outputs().len();
+    assert!(benched > 3, "{benched}");
+    let again = run().await.unwrap();
+    assert_eq!(
+        driver.launcher().outputs().len(),
+        benched,
+        "benches ran again"
+    );
+    let gates = |r: &ScoreReport| {
+        let stages = [r.standalone.as_ref(), r.composed.as_ref()];
+        stages.map(|s| s.map(|s| s.gate.clone()))
+    };
+    assert_eq!(gates(&again), gates(&first));
+    let runs = again
+        .standalone
+        .iter()
+        .chain(&again.composed)
+        .flat_map(|s| &s.runs);
+    assert!(runs.clone().count() > 3 && runs.clone().all(|r| r.reused));
+    // A new generation is a new score.
+    let fresh = ScoreParams {
+        generation: None,
+        ..score.clone()
+    };
+    score_candidates(&driver, &fresh, &NoProgress, &cancel)
+        .await
+        .unwrap();
+    assert!(driver.launcher().outputs().len() > benched);
 }
