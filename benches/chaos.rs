@@ -8,6 +8,11 @@
 //!   doubled, `run.jsonl` against the store, benches run again after they had finished (from
 //!   the simulated bench's own invocation log, [`fk_agentd::sim::invocations`]), leases left
 //!   open in the journal, processes left behind, and whether the winners are the same;
+//! - **scoring kills**: `--mode all` campaigns over L1-L3 killed 0-0.25 s after a scoring
+//!   bench starts (independent scoring, confirmations, composed benches, each sequential
+//!   level), at least 20 times, each followed by `resume`: winners against the uninterrupted
+//!   campaign, finished benches run again, verdicts without a result (a replayed lease), runs
+//!   left unfinished;
 //! - **corrupted store**: a truncated and a bit-flipped `fk-agentd.db` under the read commands:
 //!   a clear error naming the file, never a panic, nothing else in the home touched;
 //! - **bad input**: malformed config and provider files, flags, target ids and arguments (each
@@ -406,6 +411,146 @@ fn crash(t: &mut Table, rng: &mut rand::rngs::StdRng) -> PathBuf {
         a == b && !a.is_empty(),
     );
     clean
+}
+
+/// Scoring benches started so far, from the simulated bench's log: a bench whose output lies
+/// in a run's `results*/` (standalone, confirmation, composed, the sequential levels).
+fn scoring_starts(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("start\t") && l.contains("/results"))
+        .count()
+}
+
+/// Verdicts of every results file of a home that have no result because the bench gave none
+/// (a killed lease replayed, a bench that "exited without JSON", a lease failed for the
+/// infrastructure): a kill must not add any.
+fn no_result_verdicts(home: &Path) -> usize {
+    walk(&home.join("runs"))
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            (name == "gate.json" || name == "score.json")
+                && p.components().any(|c| {
+                    c.as_os_str()
+                        .to_str()
+                        .is_some_and(|c| c.starts_with("results"))
+                })
+        })
+        .map(|p| {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            text.matches("without JSON").count()
+                + text.matches("failed for infrastructure reasons").count()
+        })
+        .sum()
+}
+
+/// Runs of a home that did not end finished.
+fn unfinished_runs(home: &Path) -> usize {
+    let n: i64 = db(home)
+        .query_row(
+            "SELECT count(*) FROM runs WHERE status != 'finished'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    n as usize
+}
+
+/// Kills aimed inside scoring: fresh `--mode all` campaigns over L1-L3, each killed 0-0.25 s
+/// after a scoring bench (independent scoring, confirmation, composed, each sequential level)
+/// starts, then resumed, until 20 such kills; each campaign against the uninterrupted one.
+fn scoring_kills(t: &mut Table, rng: &mut rand::rngs::StdRng) {
+    const SCORING_KILLS: usize = 20;
+    let start = |home: &Path, log: &Path, resume: bool| {
+        let mut c = fk(home);
+        if resume {
+            c.arg("resume");
+        } else {
+            c.args(["start", "--sim", "--targets", "L1-L3", "--mode", "all"]);
+        }
+        c.env(fk_agentd::sim::invocations::LOG_ENV, log);
+        quiet(c).spawn().expect("fk-agentd starts")
+    };
+    let clean = temp_home("chaos-score-clean");
+    let clean_log = clean.join("invocations.log");
+    let began = Instant::now();
+    start(&clean, &clean_log, false)
+        .wait()
+        .expect("clean campaign");
+    println!(
+        "scoring kills: the uninterrupted L1-L3 campaign took {:.1} s",
+        began.elapsed().as_secs_f64()
+    );
+    let (clean_winners, clean_no_result) = (winners(&clean), no_result_verdicts(&clean));
+    let (mut kills, mut campaigns, mut equal, mut again, mut extra, mut unfinished) =
+        (0, 0, 0, 0, 0, 0);
+    while kills < SCORING_KILLS && campaigns < 10 {
+        campaigns += 1;
+        let home = temp_home("chaos-score-kill");
+        let log = home.join("invocations.log");
+        let mut child = start(&home, &log, false);
+        let mut seen = 0;
+        loop {
+            if child.try_wait().expect("poll").is_some() {
+                break;
+            }
+            let now = scoring_starts(&log);
+            if now > seen && kills < SCORING_KILLS {
+                seen = now;
+                std::thread::sleep(Duration::from_secs_f64(rng.random_range(0.0..0.25)));
+                if child.try_wait().expect("poll").is_none() {
+                    child.kill().expect("SIGKILL");
+                    child.wait().expect("reap");
+                    kills += 1;
+                    // The bench just killed, and any started meanwhile, are not aimed at again.
+                    seen = scoring_starts(&log);
+                    child = start(&home, &log, true);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        finish(&home, &log);
+        let w = winners(&home);
+        if w == clean_winners && !w.is_empty() {
+            equal += 1;
+        } else {
+            println!("scoring kills: campaign {campaigns} winners differ: {w}");
+        }
+        again += reruns(&log).0;
+        extra += no_result_verdicts(&home).saturating_sub(clean_no_result);
+        unfinished += unfinished_runs(&home);
+    }
+    println!(
+        "scoring kills: {kills} kills in {campaigns} campaigns; {:.0} s",
+        began.elapsed().as_secs_f64()
+    );
+    t.add(
+        "scoring kills",
+        "SIGKILLs 0-0.25 s after a scoring bench starts, then resume",
+        kills,
+        ">= 20",
+        kills >= SCORING_KILLS,
+    );
+    t.add(
+        "scoring kills",
+        "campaigns whose winners equal the uninterrupted one",
+        format!("{equal} of {campaigns}"),
+        "all",
+        equal == campaigns,
+    );
+    t.count("scoring kills", "finished benches run again", again);
+    t.count(
+        "scoring kills",
+        "no-result verdicts beyond the uninterrupted run (replays)",
+        extra,
+    );
+    t.count(
+        "scoring kills",
+        "runs left unfinished after resume",
+        unfinished,
+    );
 }
 
 /// Every file of a home and its bytes (for "nothing else touched").
@@ -1241,7 +1386,14 @@ fn main() {
             .unwrap_or(0xC4A05),
     );
     let mut t = Table::default();
+    // `FK_CHAOS_ONLY=scoring`: that section alone (it takes a few minutes by itself).
+    if std::env::var("FK_CHAOS_ONLY").is_ok_and(|s| s == "scoring") {
+        scoring_kills(&mut t, &mut rng);
+        t.print();
+        return;
+    }
     let finished = crash(&mut t, &mut rng);
+    scoring_kills(&mut t, &mut rng);
     corrupted_store(&mut t, &finished);
     bad_input(&mut t, &finished);
     secrets(&mut t);

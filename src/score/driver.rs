@@ -16,8 +16,10 @@
 //! deadline, GPU violation) leaves `bench.done.json` in its work dir, written last and whole:
 //! the identity of what ran (argv, environment, harness copy, deadline, and the hash of every
 //! file of the candidates) and how it ended. Running the same request again (a resume after a
-//! kill) reuses it instead of benching again; a bench that never finished, or ended for the
-//! infrastructure (exit 2, launch refused, cancelled), has none and runs again.
+//! kill) reuses it instead of benching again; so does a bench whose start was recorded
+//! (`bench.started.json`, same identity) and whose whole JSON is there, its end lost with a
+//! killed daemon. A bench that never finished, or ended for the infrastructure (exit 2, launch
+//! refused, cancelled), runs again.
 //!
 //! Every invocation gets its own `FASTKERNELS_CANDIDATE_DIR`, `FASTKERNELS_RESULTS_DIR`,
 //! `TORCH_EXTENSIONS_DIR` and `TRITON_CACHE_DIR`, because the real bench writes fixed log
@@ -453,7 +455,10 @@ impl<L: BenchLauncher> BenchDriver<L> {
         let inv = self.invocation(&req);
         let stderr_path = inv.stderr.clone();
         let key = identity(&inv, &req.candidate_dir);
-        if let Some(exit) = key.as_deref().and_then(|k| finished(&req.work_dir, k)) {
+        let done = key.as_deref().and_then(|k| {
+            finished(&req.work_dir, k).or_else(|| ended_unrecorded(&req.work_dir, k, &req.output()))
+        });
+        if let Some(exit) = done {
             let result = interpret(&exit, &req.output(), &stderr_path);
             if !result.as_ref().is_err_and(BenchFailure::is_infrastructure) {
                 return BenchRun {
@@ -472,6 +477,9 @@ impl<L: BenchLauncher> BenchDriver<L> {
             // A JSON left by an earlier run in this folder must never be read as this run's.
             let _ = std::fs::remove_file(req.work_dir.join(FINISHED));
             let _ = std::fs::remove_file(req.output());
+            if let Some(key) = &key {
+                record(&req.work_dir.join(STARTED), key, None);
+            }
             self.launcher
                 .launch(inv, cancel)
                 .await
@@ -486,7 +494,7 @@ impl<L: BenchLauncher> BenchDriver<L> {
                 if let Some(key) =
                     key.filter(|_| !result.as_ref().is_err_and(BenchFailure::is_infrastructure))
                 {
-                    record_finished(&req.work_dir, key, &exit);
+                    record(&req.work_dir.join(FINISHED), &key, Some(&exit));
                 }
                 (Some(exit), result)
             }
@@ -514,13 +522,15 @@ impl<L: BenchLauncher> BenchDriver<L> {
     }
 }
 
-/// The record a finished bench leaves in its work dir.
+/// The record a finished bench leaves in its work dir, and the one written as it starts.
 const FINISHED: &str = "bench.done.json";
+const STARTED: &str = "bench.started.json";
 
 #[derive(Serialize, Deserialize)]
-struct Finished {
+struct Record {
     key: String,
-    exit: ProcessExit,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    exit: Option<ProcessExit>,
 }
 
 /// What identifies a bench's result: its argv, environment, working dir (the harness copy,
@@ -540,20 +550,43 @@ fn identity(inv: &Invocation, candidates: &Path) -> Option<String> {
     Some(crate::digest::sha256_hex(what.to_string().as_bytes()))
 }
 
-/// How the bench keyed `key` ended, when it finished in `work` before.
-fn finished(work: &Path, key: &str) -> Option<ProcessExit> {
-    let bytes = std::fs::read(work.join(FINISHED)).ok()?;
-    let done: Finished = serde_json::from_slice(&bytes).ok()?;
-    (done.key == key).then_some(done.exit)
+fn read_record(path: &Path, key: &str) -> Option<Record> {
+    let bytes = std::fs::read(path).ok()?;
+    let r: Record = serde_json::from_slice(&bytes).ok()?;
+    (r.key == key).then_some(r)
 }
 
-/// Records that the bench keyed `key` finished; a failure to write only costs a rerun later.
-fn record_finished(work: &Path, key: String, exit: &ProcessExit) {
-    let done = Finished {
-        key,
-        exit: exit.clone(),
+/// How the bench keyed `key` ended, when it finished in `work` before.
+fn finished(work: &Path, key: &str) -> Option<ProcessExit> {
+    read_record(&work.join(FINISHED), key)?.exit
+}
+
+/// A bench keyed `key` that was started in `work` and wrote its whole JSON, but whose end was
+/// never recorded (the daemon was killed in between): its JSON is its result (the bench
+/// writes it last); its exit code and wall time are unknown. A torn JSON is no result.
+fn ended_unrecorded(work: &Path, key: &str, output: &Path) -> Option<ProcessExit> {
+    read_record(&work.join(STARTED), key)?;
+    BenchResult::read(output).ok()?;
+    let exit = ProcessExit {
+        code: None,
+        signal: None,
+        timed_out: false,
+        cancelled: false,
+        violation: None,
+        wall_s: 0.0,
+        platform: None,
     };
-    if let Err(e) = crate::score::json_file::write_json(&work.join(FINISHED), &done) {
+    record(&work.join(FINISHED), key, Some(&exit));
+    Some(exit)
+}
+
+/// Writes a record; a failure to write only costs a rerun later.
+fn record(path: &Path, key: &str, exit: Option<&ProcessExit>) {
+    let r = Record {
+        key: key.to_string(),
+        exit: exit.cloned(),
+    };
+    if let Err(e) = crate::score::json_file::write_json(path, &r) {
         tracing::warn!("{e}: this bench will run again on a resume");
     }
 }

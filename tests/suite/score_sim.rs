@@ -438,21 +438,26 @@ async fn a_candidate_failure_is_a_result_kept_but_an_infrastructure_one_runs_aga
 }
 
 #[tokio::test]
-async fn a_bench_that_left_no_record_runs_again_and_its_old_json_is_never_read() {
+async fn a_bench_whose_end_was_lost_is_read_from_its_whole_json_and_a_torn_one_runs_again() {
     let b = counting_bench().await;
     let id = b.candidate("L1/gelu", "class GELU: pass\n");
     let first = b.run(&id).await;
-    // Killed before the record was written: the JSON alone proves nothing.
-    std::fs::remove_file(first.request.work_dir.join("bench.done.json")).unwrap();
+    let work = first.request.work_dir.clone();
+    // Killed after the bench wrote its JSON, before its end was recorded: the JSON is kept.
+    std::fs::remove_file(work.join("bench.done.json")).unwrap();
     let again = b.run(&id).await;
-    assert!(!again.reused && again.result.is_ok());
+    assert!(again.reused && again.result == first.result, "{again:?}");
+    assert_eq!(starts(&b), 1);
+    // Killed while the JSON was being written: a torn JSON is no result.
+    std::fs::remove_file(work.join("bench.done.json")).unwrap();
+    let json = std::fs::read(first.request.output()).unwrap();
+    std::fs::write(first.request.output(), &json[..json.len() / 2]).unwrap();
+    let torn = b.run(&id).await;
+    assert!(!torn.reused && torn.result.is_ok());
     assert_eq!(starts(&b), 2);
-    // A torn record (a kill mid-write) is no record either.
-    std::fs::write(
-        first.request.work_dir.join("bench.done.json"),
-        "{\"key\": \"ab",
-    )
-    .unwrap();
+    // A torn record is no record either; a JSON another request started is never read.
+    std::fs::write(work.join("bench.done.json"), "{\"key\": \"ab").unwrap();
+    std::fs::write(work.join("bench.started.json"), "{\"key\": \"another\"}").unwrap();
     assert!(!b.run(&id).await.reused);
     assert_eq!(starts(&b), 3);
 }
