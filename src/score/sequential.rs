@@ -217,8 +217,9 @@ pub async fn gate_level<L: BenchLauncher>(
     }
     let dir = p.seq_dir.join(format!("L{}", p.level));
     let cand = dir.join("candidates");
-    fresh_dir(&dir)?;
-    std::fs::create_dir_all(&cand).map_err(ScoreError::io(&cand))?;
+    // The candidates are gathered anew; the benches' folders stay, so a level taken up again
+    // after a kill reuses every bench that finished (see `crate::score::driver`).
+    fresh_dir(&cand)?;
     if let Some(prev) = p.previous {
         copy_tree(&prev.win_candidates, &cand)?;
     }
@@ -349,7 +350,7 @@ pub async fn finish<L: BenchLauncher>(
     let win = seq_dir.join("win_candidates");
     fresh_dir(&win)?;
     let work = seq_dir.join("final");
-    fresh_dir(&work)?;
+    std::fs::create_dir_all(&work).map_err(ScoreError::io(&work))?;
     let mut gate = SeqGate {
         simulated: levels.iter().any(|l| l.simulated),
         levels: levels.iter().map(|l| l.level).collect(),
