@@ -259,6 +259,7 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
             .iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
             .collect(),
+        confinement: config.confinement(),
     };
     let bench = DriverParams {
         command: config.fastkernels_command.clone(),

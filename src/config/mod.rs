@@ -128,7 +128,7 @@ pub mod bounds {
     /// A lease's deadline (`lease_timeout`, `lease --timeout`): one bench at most.
     pub const LEASE: RangeInclusive<Duration> = s(1)..=s(24 * 3600);
     /// A session's deadline.
-    pub const SESSION: RangeInclusive<Duration> = s(60)..=s(7 * 24 * 3600);
+    pub const SESSION: RangeInclusive<Duration> = s(1)..=s(7 * 24 * 3600);
     /// Waits and refreshes of the provider and of Slurm.
     pub const WAIT: RangeInclusive<Duration> = s(1)..=s(24 * 3600);
     /// How long a Slurm allocation is held (Slurm's limits are whole minutes).

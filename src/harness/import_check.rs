@@ -2,7 +2,9 @@
 //! imports the baseline module from the patched copy, then loads the candidate file by path and
 //! looks for the baseline's classes. The real bench swallows every exception while loading a
 //! candidate and reports "no candidate class found" as SKIPPED with exit 0 (a syntax error
-//! looks like a clean run), so the traceback from here is what the agent gets to see.
+//! looks like a clean run), so the traceback from here is what the agent gets to see. The
+//! candidate's top level is agent-written code: it runs under the campaign's confinement
+//! ([`crate::confine`]) with an allowlisted environment, like the agent's shell.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -22,6 +24,9 @@ pub struct ImportCheck {
     /// The whole environment of the check (an allowlist built at the edge: `PATH`, `LANG`,
     /// `HOME`, library paths). Nothing else of the daemon's environment, no provider token.
     pub env: Vec<(String, String)>,
+    /// The ruleset agent code runs under (the candidate's top level runs here): the provider's
+    /// token file is out of its reach, as from the agent's shell and the leases.
+    pub confinement: crate::confine::Confinement,
 }
 
 /// The variables an import check may inherit from the daemon, by name.
@@ -30,9 +35,16 @@ pub const INHERITED: &[&str] = &[
     "LANG",
     "LC_ALL",
     "HOME",
+    "TMPDIR",
     "LD_LIBRARY_PATH",
     "CUDA_HOME",
     "CUDA_PATH",
+    // Which Python and packages `python3` is: a virtual environment, conda, pyenv.
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PYENV_ROOT",
+    "PYENV_VERSION",
 ];
 
 const SCRIPT: &str = r#"
@@ -88,8 +100,11 @@ impl ImportCheck {
             .arg(candidate)
             .arg(classes.join(","))
             .current_dir(&self.harness)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .kill_on_drop(true);
+        self.confinement.apply(&mut cmd);
         let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
             Ok(Ok(out)) => out,
             Ok(Err(e)) => {

@@ -168,11 +168,11 @@ fn every_bad_value_names_its_key_the_value_and_what_was_expected() {
         ),
         (
             Flags {
-                session_timeout: Some("10s".into()),
+                session_timeout: Some("8d".into()),
                 ..Flags::default()
             },
             "campaign.session_timeout (--session-timeout)",
-            "10s",
+            "8d",
         ),
     ];
     for (flags, key, value) in cases {

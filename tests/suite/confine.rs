@@ -283,3 +283,56 @@ fn confined_exec_hides_the_token_from_the_command_it_runs() {
     let missing = run(true, &["no-such-program-fk"]);
     assert_eq!(missing.status.code(), Some(127), "{missing:?}");
 }
+
+/// The import check runs candidate code (the module's top level) before every validate: it
+/// enters the same ruleset, so a candidate that reads the token file on import and raises with
+/// it gets "Permission denied", and it sees only its allowlisted environment (no token
+/// variable of the daemon).
+#[tokio::test]
+async fn the_import_check_runs_candidate_code_confined_and_without_the_daemons_environment() {
+    use fk_agentd::harness::import_check::{ImportCheck, ImportVerdict};
+    let tmp = private_dir();
+    let (token, _) = secret(tmp.path());
+    // Made before the ruleset (entries created later beside the hidden folder stay closed).
+    let harness = tmp.path().join("harness");
+    let base = harness.join("fastkernels/tasks/baseline/L1");
+    std::fs::create_dir_all(&base).unwrap();
+    for pkg in [
+        "fastkernels",
+        "fastkernels/tasks",
+        "fastkernels/tasks/baseline",
+    ] {
+        std::fs::write(harness.join(pkg).join("__init__.py"), "").unwrap();
+    }
+    std::fs::write(base.join("__init__.py"), "").unwrap();
+    std::fs::write(base.join("gelu.py"), "class GELU:\n    pass\n").unwrap();
+    let candidate = tmp.path().join("gelu.py");
+    std::fs::write(
+        &candidate,
+        format!(
+            "import os\nleak = [os.environ.get('FK_TEST_PROVIDER_TOKEN', '')]\ntry:\n    leak.append(open({:?}).read())\nexcept OSError as e:\n    leak.append(str(e))\nraise RuntimeError(repr(leak))\n",
+            token.display().to_string()
+        ),
+    )
+    .unwrap();
+    let Some(confinement) = hiding(&token) else {
+        return;
+    };
+    let check = ImportCheck {
+        python: vec!["python3".into()],
+        harness,
+        timeout: Duration::from_secs(60),
+        env: vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())],
+        confinement,
+    };
+    // SAFETY of the test: set before any thread of this test reads the environment.
+    unsafe { std::env::set_var("FK_TEST_PROVIDER_TOKEN", TOKEN) };
+    let verdict = check
+        .run(&"L1/gelu".parse().unwrap(), &candidate, &["GELU".into()])
+        .await;
+    let ImportVerdict::Candidate(text) = verdict else {
+        panic!("{verdict:?}");
+    };
+    assert!(text.contains("Permission denied"), "{text}");
+    assert_no_token(&text);
+}

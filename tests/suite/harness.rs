@@ -226,6 +226,7 @@ async fn the_import_check_returns_the_traceback_a_bench_would_swallow() {
         harness: root.path().to_path_buf(),
         timeout: std::time::Duration::from_secs(60),
         env: vec![("PATH".into(), std::env::var("PATH").unwrap_or_default())],
+        confinement: fk_agentd::confine::Confinement::off("a test"),
     };
     let gelu: fk_agentd::target::TargetId = "L1/gelu".parse().unwrap();
     let classes = vec!["GELU".to_string()];
