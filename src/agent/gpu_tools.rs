@@ -51,7 +51,7 @@ pub struct RealChecks {
 #[derive(Clone)]
 pub enum Checks {
     Simulated,
-    Real(RealChecks),
+    Real(Box<RealChecks>),
 }
 
 /// Makes each session's GPU tools around one shared bench driver.

@@ -282,12 +282,12 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
         captures: config.captures.clone(),
         gpu: Arc::new(BenchToolsFactory {
             driver: Arc::new(driver),
-            checks: Checks::Real(RealChecks {
+            checks: Checks::Real(Box::new(RealChecks {
                 catalog: config.catalog.clone(),
                 import_check,
                 protected,
                 broker: home.broker.clone(),
-            }),
+            })),
         }),
         shell_env,
         loop_params: LoopParams {
