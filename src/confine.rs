@@ -45,6 +45,9 @@ pub enum Status {
     Enforced,
     /// The kernel cannot (no Landlock): children run unconfined.
     Unsupported(String),
+    /// The secret lies where it cannot be hidden (under `/tmp`): children would run
+    /// unconfined; moving the file fixes it.
+    Misplaced(String),
 }
 
 /// A built ruleset, shared by every child of a campaign.
@@ -96,7 +99,12 @@ impl Confinement {
                 "a secret file under {} (a folder every program makes temporary files in) cannot be hidden without breaking them; keep the token in a folder of its own, e.g. ~/.config/fk-agentd/token",
                 shared.display()
             );
-            return Self::unsupported(hidden, why).logged();
+            return Self {
+                fd: None,
+                hidden,
+                status: Status::Misplaced(why),
+            }
+            .logged();
         }
         let home = std::env::var_os("HOME").map(PathBuf::from);
         let caches = home
@@ -160,9 +168,27 @@ impl Confinement {
                 self.hidden.len(),
                 if self.hidden.len() == 1 { "" } else { "s" }
             ),
-            Status::Unsupported(why) => {
+            Status::Unsupported(why) | Status::Misplaced(why) => {
                 format!("agent code is NOT confined: {why}; the token file is readable by agents")
             }
+        }
+    }
+
+    /// Refuses to run agent code that could read the token, unless `allow_unconfined`: a
+    /// token that cannot be hidden where it lives is bad input (exit 2, move it); a host that
+    /// cannot hide it at all is unavailable (exit 3).
+    pub fn require(&self, allow_unconfined: bool) -> Result<(), crate::error::Error> {
+        let opt_out = "or set `[security] allow_unconfined = true` to run agents that can read it (recorded in the manifest)";
+        match &self.status {
+            Status::Misplaced(why) if !allow_unconfined => Err(crate::error::Error::Usage(
+                format!("refusing to start: {why}; {opt_out}"),
+            )),
+            Status::Unsupported(why) if !allow_unconfined => {
+                Err(crate::error::Error::Unavailable(format!(
+                    "refusing to start: agent code could read the token file ({why}); run on a kernel with Landlock, {opt_out}"
+                )))
+            }
+            _ => Ok(()),
         }
     }
 

@@ -27,6 +27,9 @@ pub enum Error {
     /// The work ran and found failures.
     #[error("{0}")]
     Failed(String),
+    /// This host cannot do what is asked safely (e.g. hide the token from agent code).
+    #[error("{0}")]
+    Unavailable(String),
     /// A file or folder fk-agentd needs could not be read or written (disk, permissions).
     #[error("{what}: {source}")]
     Io {
@@ -46,7 +49,7 @@ impl Error {
         match self {
             Error::Module(e) => e.exit_code(),
             Error::Usage(_) => EXIT_USAGE,
-            Error::NotYet { .. } | Error::Io { .. } => EXIT_UNAVAILABLE,
+            Error::NotYet { .. } | Error::Io { .. } | Error::Unavailable(_) => EXIT_UNAVAILABLE,
             Error::Failed(_) => EXIT_FAILURES,
         }
     }

@@ -251,16 +251,6 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
     llm.refresh_token().await?;
     let prepared = super::prepare_harness(&config).await?;
     let protected = Arc::new(crate::protect::ProtectedSet::take(&prepared.copy)?);
-    let import_check = ImportCheck {
-        python: config.fastkernels_command.iter().take(1).cloned().collect(),
-        harness: prepared.copy.clone(),
-        timeout: Duration::from_secs(300),
-        env: crate::harness::import_check::INHERITED
-            .iter()
-            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-            .collect(),
-        confinement: config.confinement(),
-    };
     let bench = DriverParams {
         command: config.fastkernels_command.clone(),
         fastkernels_dir: Some(prepared.copy.clone()),
@@ -271,7 +261,21 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
     };
     let home = Home::open(config, env, Holder::Daemon).await?;
     let config = &home.config;
-    let shell_env = ShellEnv::from_parent(std::env::vars(), []).confined(config.confinement());
+    // The home knows the provider's secret files now. Agent code never runs where it could
+    // read the token, unless the user opted out.
+    let confinement = config.confinement();
+    confinement.require(config.allow_unconfined)?;
+    let import_check = ImportCheck {
+        python: config.fastkernels_command.iter().take(1).cloned().collect(),
+        harness: prepared.copy.clone(),
+        timeout: Duration::from_secs(300),
+        env: crate::harness::import_check::INHERITED
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+            .collect(),
+        confinement: confinement.clone(),
+    };
+    let shell_env = ShellEnv::from_parent(std::env::vars(), []).confined(confinement);
     let shell_env = binary_first(shell_env, this_binary().ok().as_deref());
     let launcher = home.launcher(LeaseClass::Validate, "agents");
     let driver = BenchDriver::new(bench.clone(), launcher).await?;

@@ -442,7 +442,10 @@ fn confined_exec(args: args::ConfinedExecArgs) -> i32 {
                 return 126;
             }
         }
-        (None, crate::confine::Status::Unsupported(why)) => {
+        (
+            None,
+            crate::confine::Status::Unsupported(why) | crate::confine::Status::Misplaced(why),
+        ) => {
             eprintln!("fk-agentd confined-exec: running unconfined: {why}");
         }
         (None, _) => {}

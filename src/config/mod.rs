@@ -236,7 +236,14 @@ struct RawFile {
     screen: RawScreen,
     dashboard: RawDashboard,
     score: RawScore,
+    security: RawSecurity,
     slurm: Option<slurm::RawSlurm>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecurity {
+    allow_unconfined: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -351,6 +358,9 @@ pub struct Config {
     pub sim: bool,
     /// Reward-hack screen rules that do not block a winner (recorded in the manifest).
     pub screen_waive: Vec<String>,
+    /// `[security] allow_unconfined`: start even where agent code could read the provider's
+    /// token file (recorded in the manifest). Off: such a start is refused.
+    pub allow_unconfined: bool,
     /// `[campaign] max_tokens`, `max_cost_usd`, `max_turns`.
     pub limits: limits::CampaignLimits,
     /// The provider's `[prices]`, which price `max_cost_usd`. Filled by whoever loads the
@@ -580,6 +590,13 @@ impl Config {
         }
         let waived = format!("[{}]", screen_waive.join(", "));
         record(&mut settings, "screen.waive", waived, source);
+        let (allow_unconfined, source) = layered(None, raw.security.allow_unconfined, || false);
+        record(
+            &mut settings,
+            "security.allow_unconfined",
+            allow_unconfined,
+            source,
+        );
         let gate = score_gate(flags, &raw.score, &mut settings)?;
         let timing_rounds = score_timing_rounds(&raw.score, &mut settings)?;
         let agent = agent::validate(raw.agent, flags.agent_backend.clone(), env, &mut settings)?;
@@ -610,6 +627,7 @@ impl Config {
             fastkernels_patches: patches,
             sim: flags.sim,
             screen_waive,
+            allow_unconfined,
             limits,
             prices: None,
             gate,

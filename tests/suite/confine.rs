@@ -234,7 +234,12 @@ fn a_token_in_a_shared_temporary_folder_is_not_hidden_and_the_reason_says_where_
     let tmp = tempfile::tempdir_in("/tmp").unwrap();
     let (token, _) = secret(tmp.path());
     let c = Confinement::hiding(&[token], &[]);
-    assert!(matches!(c.status(), Status::Unsupported(_)), "{c:?}");
+    assert!(matches!(c.status(), Status::Misplaced(_)), "{c:?}");
+    // A start refuses it with exit 2 and the fix, unless the user opts out.
+    let err = c.require(false).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+    assert!(err.to_string().contains("allow_unconfined"), "{err}");
+    c.require(true).unwrap();
     assert!(c.raw_fd().is_none());
     assert!(
         c.describe().contains("under /tmp") && c.describe().contains("~/.config/fk-agentd/token"),
