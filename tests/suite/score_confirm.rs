@@ -21,6 +21,32 @@ struct Scored {
     outputs: Vec<PathBuf>,
 }
 
+/// `candidates` written under `<tmp>/cands`, and a driver of the simulated bench, in process.
+async fn in_process(
+    tmp: &Path,
+    candidates: &[(&str, &str)],
+) -> (PathBuf, BenchDriver<InProcessLauncher>) {
+    let cands = tmp.join("cands");
+    for (target, content) in candidates {
+        let path = cands.join(format!("{target}.py"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    std::fs::create_dir_all(tmp.join("captures")).unwrap();
+    let params = DriverParams {
+        command: vec!["sim-bench".into()],
+        fastkernels_dir: None,
+        captures: tmp.join("captures"),
+        deadline: Duration::from_secs(600),
+        parallel: 2,
+        timing_rounds: fk_agentd::config::DEFAULT_TIMING_ROUNDS,
+    };
+    let driver = BenchDriver::new(params, InProcessLauncher::new(7))
+        .await
+        .unwrap();
+    (cands, driver)
+}
+
 async fn score(candidates: &[(&str, &str)], gate: WinnerGate) -> Scored {
     score_after(candidates, gate, &[]).await
 }
@@ -33,23 +59,7 @@ async fn score_after(
     earlier: &[(&str, &[f64])],
 ) -> Scored {
     let tmp = tempfile::tempdir().unwrap();
-    let cands = tmp.path().join("cands");
-    for (target, content) in candidates {
-        let path = cands.join(format!("{target}.py"));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, content).unwrap();
-    }
-    std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
-    let params = DriverParams {
-        command: vec!["sim-bench".into()],
-        fastkernels_dir: None,
-        captures: tmp.path().join("captures"),
-        deadline: Duration::from_secs(600),
-        parallel: 2,
-        timing_rounds: fk_agentd::config::DEFAULT_TIMING_ROUNDS,
-    };
-    let launcher = InProcessLauncher::new(7);
-    let driver = BenchDriver::new(params, launcher).await.unwrap();
+    let (cands, driver) = in_process(tmp.path(), candidates).await;
     let score = ScoreParams {
         candidates: cands,
         out: tmp.path().join("out"),
@@ -462,28 +472,12 @@ fn earlier_benches_are_the_passing_validations_of_the_very_file_scored() {
 #[tokio::test(start_paused = true)]
 async fn scoring_into_the_same_generation_reuses_every_finished_bench() {
     let tmp = tempfile::tempdir().unwrap();
-    let cands = tmp.path().join("cands");
-    for (target, content) in [
+    let candidates = [
         ("L1/gelu", "class GELU: pass\n"),
         ("L1/silu", "class SiLU: pass\n# sim: slower\n"),
         ("L1/relu", "class ReLU: pass\n"),
-    ] {
-        let path = cands.join(format!("{target}.py"));
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, content).unwrap();
-    }
-    std::fs::create_dir_all(tmp.path().join("captures")).unwrap();
-    let params = DriverParams {
-        command: vec!["sim-bench".into()],
-        fastkernels_dir: None,
-        captures: tmp.path().join("captures"),
-        deadline: Duration::from_secs(600),
-        parallel: 2,
-        timing_rounds: fk_agentd::config::DEFAULT_TIMING_ROUNDS,
-    };
-    let driver = BenchDriver::new(params, InProcessLauncher::new(7))
-        .await
-        .unwrap();
+    ];
+    let (cands, driver) = in_process(tmp.path(), &candidates).await;
     let generation = tmp.path().join("out/results");
     let score = ScoreParams {
         candidates: cands,
