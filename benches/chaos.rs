@@ -13,6 +13,9 @@
 //!   level), at least 20 times, each followed by `resume`: winners against the uninterrupted
 //!   campaign, finished benches run again, verdicts without a result (a replayed lease), runs
 //!   left unfinished;
+//! - **lost folder**: the run folder deleted about a second into an L1 campaign: the sessions
+//!   it breaks end as infrastructure failures (none blames the agent beyond the uninterrupted
+//!   run), and `resume` finishes the run;
 //! - **corrupted store**: a truncated and a bit-flipped `fk-agentd.db` under the read commands:
 //!   a clear error naming the file, never a panic, nothing else in the home touched;
 //! - **bad input**: malformed config and provider files, flags, target ids and arguments (each
@@ -550,6 +553,83 @@ fn scoring_kills(t: &mut Table, rng: &mut rand::rngs::StdRng) {
         "scoring kills",
         "runs left unfinished after resume",
         unfinished,
+    );
+}
+
+/// Sessions whose end blames the agent (a failure not marked infrastructure), by target.
+fn agent_failures(home: &Path) -> BTreeSet<String> {
+    let out = fk(home)
+        .args(["sessions", "--json"])
+        .output()
+        .expect("sessions");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["sessions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| s["detail"]["status"] == "FAIL" && s["detail"]["infra"] != true)
+        .filter_map(|s| s["target"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The run folder deleted mid-campaign (an operator's mistake, a cleaner): the sessions it
+/// breaks must end as infrastructure failures, never as the agent's, and `resume` must finish
+/// the run.
+fn lost_folder(t: &mut Table) {
+    let start = |home: &Path| {
+        let mut c = fk(home);
+        c.args(["start", "--sim", "--targets", TARGETS]);
+        quiet(c).spawn().expect("fk-agentd starts")
+    };
+    let clean = temp_home("chaos-folder-clean");
+    start(&clean).wait().expect("clean campaign");
+    let home = temp_home("chaos-folder");
+    let mut child = start(&home);
+    let began = Instant::now();
+    let runs = home.join("runs");
+    while std::fs::read_dir(&runs).map_or(true, |mut d| d.next().is_none()) {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the campaign never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // Files appear while it is deleted: try until the folder is gone once.
+    for _ in 0..20 {
+        if std::fs::remove_dir_all(&runs).is_ok() {
+            break;
+        }
+    }
+    child.wait().expect("campaign after the deletion");
+    let rounds = finish(&home, &home.join("invocations.log"));
+    let blamed: Vec<String> = agent_failures(&home)
+        .difference(&agent_failures(&clean))
+        .cloned()
+        .collect();
+    let q = "SELECT count(*) FROM events WHERE kind = 'session_finished' \
+             AND json_extract(payload, '$.infra') = 1";
+    let broken: i64 = db(&home).query_row(q, [], |r| r.get(0)).unwrap();
+    println!(
+        "lost folder: {broken} session(s) ended as infrastructure, {rounds} resume(s) after; agent failures beyond the uninterrupted run: {blamed:?}"
+    );
+    t.add(
+        "lost folder",
+        "sessions the deletion broke (ended as infrastructure)",
+        broken,
+        "> 0",
+        broken > 0,
+    );
+    t.count(
+        "lost folder",
+        "sessions it broke that blame the agent",
+        blamed.len(),
+    );
+    t.count(
+        "lost folder",
+        "runs left unfinished after resume",
+        unfinished_runs(&home),
     );
 }
 
@@ -1386,14 +1466,19 @@ fn main() {
             .unwrap_or(0xC4A05),
     );
     let mut t = Table::default();
-    // `FK_CHAOS_ONLY=scoring`: that section alone (it takes a few minutes by itself).
-    if std::env::var("FK_CHAOS_ONLY").is_ok_and(|s| s == "scoring") {
-        scoring_kills(&mut t, &mut rng);
+    // `FK_CHAOS_ONLY=scoring` or `=folder`: that section alone.
+    match std::env::var("FK_CHAOS_ONLY").as_deref() {
+        Ok("scoring") => scoring_kills(&mut t, &mut rng),
+        Ok("folder") => lost_folder(&mut t),
+        _ => {}
+    }
+    if !t.0.is_empty() {
         t.print();
         return;
     }
     let finished = crash(&mut t, &mut rng);
     scoring_kills(&mut t, &mut rng);
+    lost_folder(&mut t);
     corrupted_store(&mut t, &finished);
     bad_input(&mut t, &finished);
     secrets(&mut t);

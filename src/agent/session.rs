@@ -107,9 +107,21 @@ impl End {
     }
 
     /// How `finish` ends a session: finished, or failed when there is no candidate; an
-    /// infrastructure failure when the session's folder was removed while it ran.
-    pub(crate) fn finished_by_agent(summary: String, ws: &crate::workspace::Workspace) -> Self {
-        if !ws.candidate_file().is_file() && ws.lost() {
+    /// infrastructure failure when the session's folder was removed while it ran: it is gone
+    /// (or going: a removal in progress), or the candidate this session validated vanished.
+    pub(crate) fn finished_by_agent(
+        summary: String,
+        ws: &crate::workspace::Workspace,
+        journal: &SessionJournal,
+    ) -> Self {
+        let validated = || {
+            journal.events().is_ok_and(|events| {
+                events.iter().any(|e| {
+                    matches!(e.decoded(), crate::event::Kind::Validation(v) if v.candidate_sha256.is_some())
+                })
+            })
+        };
+        if !ws.candidate_file().is_file() && (ws.lost() || validated()) {
             return Self::infra(format!(
                 "the session's folder {} was removed while it ran; `fk-agentd resume` sets it up again",
                 ws.session_dir().display()
@@ -460,7 +472,7 @@ async fn run_call(
     let ws = s.toolbox.workspace();
     Ok(output
         .finished
-        .map(|summary| End::finished_by_agent(summary, ws)))
+        .map(|summary| End::finished_by_agent(summary, ws, &s.journal)))
 }
 
 /// The `tool_finished` of `call` with its `output`.

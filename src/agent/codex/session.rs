@@ -254,7 +254,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             } => {
                 if let Some(summary) = s.tools.ending().finished {
                     let ws = s.tools.toolbox.workspace();
-                    return Ok(End::finished_by_agent(summary, ws));
+                    return Ok(End::finished_by_agent(summary, ws, j));
                 }
                 if next.is_some() && !saw_events {
                     // The thread could not be resumed (its rollout is gone): start afresh.
