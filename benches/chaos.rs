@@ -123,11 +123,16 @@ fn quiet(mut c: Command) -> Command {
 }
 
 fn campaign(home: &Path, log: &Path, resume: bool) -> Child {
+    campaign_of(home, log, resume, &["--targets", TARGETS, "--mode", "all"])
+}
+
+/// `start --sim ARGS` (or `resume`) on `home`, the simulated bench logging to `log`.
+fn campaign_of(home: &Path, log: &Path, resume: bool, args: &[&str]) -> Child {
     let mut c = fk(home);
     if resume {
         c.arg("resume");
     } else {
-        c.args(["start", "--sim", "--targets", TARGETS, "--mode", "all"]);
+        c.args(["start", "--sim"]).args(args);
     }
     c.env(fk_agentd::sim::invocations::LOG_ENV, log);
     quiet(c).spawn().expect("fk-agentd starts")
@@ -467,14 +472,7 @@ fn unfinished_runs(home: &Path) -> usize {
 fn scoring_kills(t: &mut Table, rng: &mut rand::rngs::StdRng) {
     const SCORING_KILLS: usize = 20;
     let start = |home: &Path, log: &Path, resume: bool| {
-        let mut c = fk(home);
-        if resume {
-            c.arg("resume");
-        } else {
-            c.args(["start", "--sim", "--targets", "L1-L3", "--mode", "all"]);
-        }
-        c.env(fk_agentd::sim::invocations::LOG_ENV, log);
-        quiet(c).spawn().expect("fk-agentd starts")
+        campaign_of(home, log, resume, &["--targets", "L1-L3", "--mode", "all"])
     };
     let clean = temp_home("chaos-score-clean");
     let clean_log = clean.join("invocations.log");
@@ -558,15 +556,7 @@ fn scoring_kills(t: &mut Table, rng: &mut rand::rngs::StdRng) {
 
 /// Sessions whose end blames the agent (a failure not marked infrastructure), by target.
 fn agent_failures(home: &Path) -> BTreeSet<String> {
-    let out = fk(home)
-        .args(["sessions", "--json"])
-        .output()
-        .expect("sessions");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["sessions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
+    session_rows(home)
         .iter()
         .filter(|s| s["detail"]["status"] == "FAIL" && s["detail"]["infra"] != true)
         .filter_map(|s| s["target"].as_str().map(str::to_string))
@@ -578,9 +568,12 @@ fn agent_failures(home: &Path) -> BTreeSet<String> {
 /// the run.
 fn lost_folder(t: &mut Table) {
     let start = |home: &Path| {
-        let mut c = fk(home);
-        c.args(["start", "--sim", "--targets", TARGETS]);
-        quiet(c).spawn().expect("fk-agentd starts")
+        campaign_of(
+            home,
+            &home.join("invocations.log"),
+            false,
+            &["--targets", TARGETS],
+        )
     };
     let clean = temp_home("chaos-folder-clean");
     start(&clean).wait().expect("clean campaign");
@@ -1207,13 +1200,18 @@ fn rotate_later(path: &Path, tokens: &[String; 2], after: Duration) -> std::thre
 }
 
 /// Sessions of a home's newest run that ended as sessions (not as infrastructure failures).
-fn sessions_finished(home: &Path) -> (usize, usize) {
+/// The rows of `sessions --json` for the home's newest run.
+fn session_rows(home: &Path) -> Vec<serde_json::Value> {
     let out = fk(home)
         .args(["sessions", "--json"])
         .output()
         .expect("sessions");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let rows = v["sessions"].as_array().cloned().unwrap_or_default();
+    v["sessions"].as_array().cloned().unwrap_or_default()
+}
+
+fn sessions_finished(home: &Path) -> (usize, usize) {
+    let rows = session_rows(home);
     let done = rows
         .iter()
         .filter(|s| {

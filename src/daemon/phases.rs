@@ -98,7 +98,8 @@ async fn calibrate_first(ctx: &Ctx, run_dir: &std::path::Path) {
     if cached(&plan).is_some() {
         return;
     }
-    let work = crate::score::calibration::fresh_work(&run_dir.join("calibration"));
+    // A calibration killed half-way is taken up here again: its finished benches are reused.
+    let work = run_dir.join("calibration");
     match calibrate(driver, &plan, &work, &ctx.root).await {
         Ok(c) => tracing::info!("A/A calibration: {}", c.describe()),
         Err(e) => tracing::warn!(

@@ -215,15 +215,6 @@ pub fn cached_for<L: BenchLauncher>(driver: &BenchDriver<L>, cache: &Path) -> Op
     cached_in(cache, &key_for(driver))
 }
 
-/// A folder under `dir` no earlier attempt used (`attempt-<n>`): a calibration killed half-way
-/// is benched again under new lease keys, never replayed from the killed ones.
-pub fn fresh_work(dir: &Path) -> PathBuf {
-    (1..)
-        .map(|n| dir.join(format!("attempt-{n}")))
-        .find(|d| !d.exists())
-        .unwrap_or_else(|| dir.join("attempt"))
-}
-
 /// Every calibration cached in `dir` (`<home>/calibration`), newest first; unreadable files
 /// are skipped.
 pub fn all_cached(dir: &Path) -> Vec<Calibration> {

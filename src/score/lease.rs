@@ -17,8 +17,6 @@ pub struct LeaseLauncher {
     /// The prefix of lease holders when the invocation names no session (e.g. `scoring`).
     pub session: String,
     next: AtomicU64,
-    /// Names this launcher's leases apart from those of an earlier process (see `launch`).
-    instance: String,
 }
 
 impl LeaseLauncher {
@@ -28,13 +26,6 @@ impl LeaseLauncher {
             class,
             session: session.into(),
             next: AtomicU64::new(0),
-            instance: format!(
-                "{}.{}",
-                std::process::id(),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
-            ),
         }
     }
 
@@ -132,11 +123,6 @@ impl BenchLauncher for LeaseLauncher {
         cancel: CancellationToken,
     ) -> Result<ProcessExit, ScoreError> {
         let n = self.next.fetch_add(1, Ordering::SeqCst);
-        // The work dir (where the outputs go) is unique per bench, so it keys the lease, with
-        // this launcher's instance: a lease of an earlier process (a daemon killed and resumed)
-        // is never replayed as this bench's end, since the bench's JSON was cleared before it
-        // started again. A bench that finished is reused by the driver from its record instead.
-        let key = format!("{}#{}.{n}", inv.stdout.display(), self.instance);
         let session = inv
             .env
             .iter()
@@ -150,7 +136,10 @@ impl BenchLauncher for LeaseLauncher {
             gpus: 1,
             max_run: inv.deadline,
             session,
-            idempotency_key: key,
+            // Unkeyed: a bench that finished is reused by the driver from its record (see
+            // `crate::score::driver`); a stored lease end must never stand in for a bench whose
+            // JSON was cleared before it ran again.
+            idempotency_key: String::new(),
         };
         self.run_leased(&inv, req, cancel).await
     }

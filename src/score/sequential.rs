@@ -235,7 +235,7 @@ pub async fn gate_level<L: BenchLauncher>(
         // the later levels and a resume reuse it).
         let cache = p.seq_dir.join("calibration");
         let plan = crate::score::calibration::plan_for(driver, &cache, false);
-        let work = crate::score::calibration::fresh_work(&cache.join("benches"));
+        let work = cache.join("benches");
         let (c, rule) =
             crate::score::pipeline::calibrated_rule(driver, &plan, &work, &p.gate, cancel).await?;
         if rule.is_none() {
