@@ -1312,9 +1312,23 @@ fn a_campaign_killed_with_sigkill_resumes_with_nothing_run_twice() {
     let _holders = Holders::cleared(&cluster);
     let home = tempfile::tempdir().expect("home");
     // Simulated benches end in well under a second; a task prolog that sleeps keeps each step
-    // alive long enough to be live at the kill and still live at the resume.
+    // whose task began before the kill alive long enough to be live at the resume, however
+    // slowly the resume starts. Steps that begin after the kill (the marker gone) run at full
+    // speed.
     let prolog = home.path().join("slow-prolog");
-    std::fs::write(&prolog, "#!/bin/sh\nsleep 4\n").expect("prolog");
+    let slow = home.path().join("slow");
+    let began = home.path().join("began");
+    std::fs::create_dir(&began).expect("began");
+    std::fs::write(&slow, "").expect("marker");
+    std::fs::write(
+        &prolog,
+        format!(
+            "#!/bin/sh\nif [ -e '{slow}' ]; then touch '{began}'/$$; sleep 20; fi\n",
+            slow = slow.display(),
+            began = began.display()
+        ),
+    )
+    .expect("prolog");
     std::fs::set_permissions(&prolog, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let toml = home.path().join("slurm.toml");
@@ -1335,7 +1349,9 @@ fn a_campaign_killed_with_sigkill_resumes_with_nothing_run_twice() {
         .spawn()
         .expect("start");
     let started = Instant::now();
-    while count(&db, "SELECT count(*) FROM leases WHERE state = 'running'") < 2 {
+    let tasks_began = || std::fs::read_dir(&began).map_or(0, |d| d.count());
+    while count(&db, "SELECT count(*) FROM leases WHERE state = 'running'") < 2 || tasks_began() < 2
+    {
         assert!(
             child.try_wait().expect("wait").is_none(),
             "the campaign ended before the kill"
@@ -1348,6 +1364,7 @@ fn a_campaign_killed_with_sigkill_resumes_with_nothing_run_twice() {
     }
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
+    std::fs::remove_file(&slow).expect("marker");
     let open = count(&db, "SELECT count(*) FROM leases WHERE finished_at IS NULL");
     assert!(open >= 2, "{open} leases open at the kill");
     let out = fk(home.path(), &toml)
