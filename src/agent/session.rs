@@ -279,6 +279,7 @@ async fn turn_loop(
 ) -> Result<End, RunError> {
     let j = &s.journal;
     let mut nudges = 0;
+    let mut reasoning_dropped = false;
     loop {
         if cancel.is_cancelled() {
             return Ok(End::new(SessionStatus::Interrupted, "stopped"));
@@ -303,6 +304,23 @@ async fn turn_loop(
                 history = smaller;
                 continue;
             }
+            Err(LlmError::EncryptedContentRejected { message }) if !reasoning_dropped => {
+                // After a token rotation to another account the provider cannot read the
+                // reasoning it sealed before: the history goes on without it, once per turn.
+                reasoning_dropped = true;
+                let (kept, bytes) = crate::llm::items::without_encrypted_reasoning(&history);
+                if bytes == 0 {
+                    return Ok(End::infra(format!("provider: {message}")));
+                }
+                let compacted = Compacted {
+                    why: format!("{REASONING_DROPPED}: {message}"),
+                    elided_bytes: bytes,
+                    history: kept,
+                };
+                j.record_event(&compacted)?;
+                history = compacted.history;
+                continue;
+            }
             Err(LlmError::Cancelled) => {
                 return Ok(End::new(
                     SessionStatus::Interrupted,
@@ -316,6 +334,7 @@ async fn turn_loop(
                 });
             }
         };
+        reasoning_dropped = false;
         history.extend(output.iter().cloned());
         let calls = crate::llm::function_calls(&output);
         if calls.is_empty() {
@@ -340,6 +359,10 @@ async fn turn_loop(
         }
     }
 }
+
+/// What a history rewritten without its encrypted reasoning says about why.
+pub const REASONING_DROPPED: &str =
+    "invalid_encrypted_content: encrypted reasoning from before a token rotation dropped";
 
 /// The history with every tool output over 200 bytes but the newest `keep` shortened (nothing
 /// is dropped),

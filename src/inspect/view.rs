@@ -434,7 +434,7 @@ fn note_of(e: &Event) -> Note {
 fn typed_note(e: &Event) -> Option<String> {
     Some(match e.decoded() {
         Kind::Compacted(c) => format!(
-            "history compacted ({}): {} bytes of old tool output elided",
+            "history compacted ({}): {} bytes elided",
             c.why, c.elided_bytes
         ),
         Kind::SessionResumed(r) => format!(

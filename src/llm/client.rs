@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::error::{classify_status, parse_error_body};
 use super::limit::Pacer;
 use super::retry::{backoff_delay, parse_retry_after};
-use super::sse::{Completed, read_events};
+use super::sse::read_events;
 use super::{LlmError, LlmEvent, TokenProvider, TokenStatus, TurnRequest, TurnResponse};
 use crate::config::provider::{ProviderConfig, validate_model};
 
@@ -105,25 +105,63 @@ impl LlmClient {
         cancel: &CancellationToken,
     ) -> Result<TurnResponse, LlmError> {
         let body = super::request::build_body(&self.provider, req)?;
+        let idle = self.provider.limits.stream_idle_timeout;
+        let body = &body;
+        let read = |reloaded| async move {
+            let resp = self.send(body, reloaded).await?;
+            read_events(resp.bytes_stream(), idle, |ev| {
+                let _ = events.try_send(ev);
+            })
+            .await
+        };
+        let (done, attempts) = self.retrying(body.len(), events, cancel, read).await?;
+        Ok(TurnResponse {
+            response_id: done.response_id,
+            output: done.output,
+            usage: done.usage,
+            attempts,
+        })
+    }
+
+    /// Sends a request body built elsewhere (a codex session's, through its relay) with this
+    /// provider's token, headers, pacing and retry budget, and returns the response once it
+    /// is an event stream; the caller reads the stream. Retries happen only before the first
+    /// byte of a stream: a stream cut later is the caller's to retry.
+    pub async fn relay(
+        &self,
+        body: &[u8],
+        events: &Sender<LlmEvent>,
+        cancel: &CancellationToken,
+    ) -> Result<reqwest::Response, LlmError> {
+        let send = |reloaded| self.send(body, reloaded);
+        let (resp, _) = self.retrying(body.len(), events, cancel, send).await?;
+        Ok(resp)
+    }
+
+    /// Runs `attempt` (told whether the token was read again after a 401) until it succeeds,
+    /// fails for good or runs out of retries; returns its result and the number of attempts.
+    async fn retrying<T, F>(
+        &self,
+        body_len: usize,
+        events: &Sender<LlmEvent>,
+        cancel: &CancellationToken,
+        attempt: impl Fn(bool) -> F,
+    ) -> Result<(T, u32), LlmError>
+    where
+        F: std::future::Future<Output = Result<T, LlmError>>,
+    {
         let max_retries = self.provider.limits.max_retries;
         let (mut attempts, mut retries, mut reloaded) = (0u32, 0u32, false);
         loop {
-            self.pace(body.len(), events, cancel).await?;
+            self.pace(body_len, events, cancel).await?;
             attempts += 1;
             let outcome = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => Err(LlmError::Cancelled),
-                r = self.attempt(&body, events, reloaded) => r,
+                r = attempt(reloaded) => r,
             };
             let err = match outcome {
-                Ok(done) => {
-                    return Ok(TurnResponse {
-                        response_id: done.response_id,
-                        output: done.output,
-                        usage: done.usage,
-                        attempts,
-                    });
-                }
+                Ok(done) => return Ok((done, attempts)),
                 Err(e) => e,
             };
             if matches!(err, LlmError::Unauthorized { status: 401, .. }) && !reloaded {
@@ -199,12 +237,8 @@ impl LlmClient {
         Ok(())
     }
 
-    async fn attempt(
-        &self,
-        body: &[u8],
-        events: &Sender<LlmEvent>,
-        reloaded: bool,
-    ) -> Result<Completed, LlmError> {
+    /// One POST of `body`; an answer that is not an event stream becomes the error it says.
+    async fn send(&self, body: &[u8], reloaded: bool) -> Result<reqwest::Response, LlmError> {
         let idle = self.provider.limits.stream_idle_timeout;
         let request = self
             .http
@@ -225,33 +259,30 @@ impl LlmClient {
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
-        if !status.is_success() || json_body {
-            let retry_after = parse_retry_after(resp.headers(), SystemTime::now());
-            let text = tokio::time::timeout(idle, resp.text())
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .unwrap_or_default();
-            let body = parse_error_body(&self.token.scrub(&text));
-            return Err(match status.as_u16() {
-                401 | 403 => LlmError::Unauthorized {
-                    status: status.as_u16(),
-                    source_name: self.token.describe(),
-                    reloaded,
-                    message: body.message,
-                },
-                // A gateway that answers 200 with a JSON error instead of a stream.
-                200..=299 => LlmError::Fatal {
-                    status: status.as_u16(),
-                    message: format!("expected an event stream, got JSON: {}", body.message),
-                },
-                _ => classify_status(status, retry_after, body),
-            });
+        if status.is_success() && !json_body {
+            return Ok(resp);
         }
-        read_events(resp.bytes_stream(), idle, |ev| {
-            let _ = events.try_send(ev);
+        let retry_after = parse_retry_after(resp.headers(), SystemTime::now());
+        let text = tokio::time::timeout(idle, resp.text())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
+        let body = parse_error_body(&self.token.scrub(&text));
+        Err(match status.as_u16() {
+            401 | 403 => LlmError::Unauthorized {
+                status: status.as_u16(),
+                source_name: self.token.describe(),
+                reloaded,
+                message: body.message,
+            },
+            // A gateway that answers 200 with a JSON error instead of a stream.
+            200..=299 => LlmError::Fatal {
+                status: status.as_u16(),
+                message: format!("expected an event stream, got JSON: {}", body.message),
+            },
+            _ => classify_status(status, retry_after, body),
         })
-        .await
     }
 }
 

@@ -40,6 +40,11 @@ pub enum LlmError {
     /// The history does not fit the model's window: compact and try again.
     #[error("context length exceeded: {message}")]
     ContextLengthExceeded { message: String },
+    /// The provider could not decrypt reasoning it issued earlier (`invalid_encrypted_content`):
+    /// the token now belongs to another account or organisation, or the provider changed. The
+    /// history's encrypted reasoning must go before the request is sent again.
+    #[error("the provider refused the history's encrypted reasoning: {message}")]
+    EncryptedContentRejected { message: String },
     /// The account is out of quota; retrying will not help.
     #[error("quota exceeded: {message}")]
     QuotaExceeded { message: String },
@@ -104,6 +109,7 @@ impl LlmError {
             | LlmError::Unauthorized { .. }
             | LlmError::ContextLengthExceeded { .. }
             | LlmError::QuotaExceeded { .. }
+            | LlmError::EncryptedContentRejected { .. }
             | LlmError::Fatal { .. }
             | LlmError::Cancelled
             | LlmError::RetriesExhausted { .. } => false,
@@ -118,6 +124,7 @@ impl LlmError {
             LlmError::RetriesExhausted { last, .. } => last.is_infrastructure(),
             LlmError::Token { .. }
             | LlmError::Unauthorized { .. }
+            | LlmError::EncryptedContentRejected { .. }
             | LlmError::QuotaExceeded { .. } => true,
             other => other.is_retryable(),
         }
@@ -199,6 +206,9 @@ pub(crate) fn classify_status(
     if is("context_length_exceeded") {
         return LlmError::ContextLengthExceeded { message };
     }
+    if is("invalid_encrypted_content") {
+        return LlmError::EncryptedContentRejected { message };
+    }
     if is("insufficient_quota") || is("usage_limit_reached") || is("usage_not_included") {
         return LlmError::QuotaExceeded { message };
     }
@@ -225,6 +235,7 @@ pub(crate) fn classify_failure(code: Option<String>, message: String) -> LlmErro
     match code.as_deref() {
         Some("context_length_exceeded") => LlmError::ContextLengthExceeded { message },
         Some("insufficient_quota") => LlmError::QuotaExceeded { message },
+        Some("invalid_encrypted_content") => LlmError::EncryptedContentRejected { message },
         _ => LlmError::ResponseFailed { code, message },
     }
 }

@@ -54,6 +54,63 @@ pub fn output_text(output: &[Value]) -> String {
     text
 }
 
+/// What a provider that answered `invalid_encrypted_content` (after a token rotation to another
+/// account) can no longer read: the encrypted reasoning it sealed before, and the ids of the
+/// items it issued with it (an item echoed by id needs its reasoning beside it). Both are
+/// left out of every later request; the items themselves stay, without their ids.
+#[derive(Clone, Debug, Default)]
+pub struct Forgotten {
+    sealed: std::collections::HashSet<String>,
+    ids: std::collections::HashSet<String>,
+}
+
+impl Forgotten {
+    /// Forgets everything `input` holds that the provider sealed or issued. Returns the bytes
+    /// of encrypted content that will be left out (0: nothing to forget).
+    pub fn learn(&mut self, input: &[Value]) -> usize {
+        let mut bytes = 0;
+        for item in input {
+            if let Some(sealed) = sealed(item) {
+                bytes += sealed.len();
+                self.sealed.insert(sealed.to_string());
+            } else if let Some(id) = item["id"].as_str() {
+                self.ids.insert(id.to_string());
+            }
+        }
+        bytes
+    }
+
+    /// `input` without the forgotten reasoning, and the forgotten ids removed.
+    pub fn apply(&self, input: &[Value]) -> Vec<Value> {
+        input
+            .iter()
+            .filter(|item| sealed(item).is_none_or(|s| !self.sealed.contains(s)))
+            .map(|item| {
+                let mut item = item.clone();
+                let forget = item["id"].as_str().is_some_and(|id| self.ids.contains(id));
+                if let (true, Some(map)) = (forget, item.as_object_mut()) {
+                    map.remove("id");
+                }
+                item
+            })
+            .collect()
+    }
+}
+
+fn sealed(item: &Value) -> Option<&str> {
+    (item["type"] == "reasoning")
+        .then(|| item["encrypted_content"].as_str())
+        .flatten()
+}
+
+/// `input` as a provider that lost its keys can take it ([`Forgotten`]), and the bytes of
+/// encrypted reasoning left out.
+pub fn without_encrypted_reasoning(input: &[Value]) -> (Vec<Value>, usize) {
+    let mut forgotten = Forgotten::default();
+    let bytes = forgotten.learn(input);
+    (forgotten.apply(input), bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,5 +139,27 @@ mod tests {
             function_call_output("call_A", "42\n"),
             json!({"type": "function_call_output", "call_id": "call_A", "output": "42\n"})
         );
+    }
+
+    #[test]
+    fn encrypted_reasoning_goes_and_everything_else_stays() {
+        let input = vec![
+            json!({"type": "reasoning", "id": "rs_1", "encrypted_content": "abcd"}),
+            json!({"type": "reasoning", "id": "rs_2", "summary": []}),
+            json!({"type": "function_call", "call_id": "c", "name": "shell", "arguments": "{}"}),
+            user_message("go"),
+        ];
+        let (kept, dropped) = without_encrypted_reasoning(&input);
+        let mut unnamed = input[1].clone();
+        unnamed.as_object_mut().unwrap().remove("id");
+        assert_eq!(kept, vec![unnamed, input[2].clone(), input[3].clone()]);
+        assert_eq!(dropped, 4);
+        assert_eq!(without_encrypted_reasoning(&kept), (kept.clone(), 0));
+        // Learned once, applied to a later request that echoes the old items and adds new ones.
+        let mut forgotten = Forgotten::default();
+        forgotten.learn(&input);
+        let new = json!({"type": "reasoning", "id": "rs_3", "encrypted_content": "new"});
+        let later = [input.clone(), vec![new.clone()]].concat();
+        assert_eq!(forgotten.apply(&later), [kept, vec![new]].concat());
     }
 }

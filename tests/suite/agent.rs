@@ -373,6 +373,16 @@ fn gpu_less_runner_with(
     shell_env: ShellEnv,
 ) -> Arc<dyn SessionRunner> {
     let token = TokenProvider::literal(secrecy::SecretString::from("test-token-agent")).unwrap();
+    runner_with_token(home, cfg, url, shell_env, token)
+}
+
+fn runner_with_token(
+    home: &Path,
+    cfg: &Config,
+    url: &str,
+    shell_env: ShellEnv,
+    token: TokenProvider,
+) -> Arc<dyn SessionRunner> {
     let llm = Arc::new(LlmClient::new(sim_provider(url), token).unwrap());
     let runner = AgentRunner::new(AgentRunnerParams {
         llm,
@@ -459,6 +469,110 @@ async fn an_agent_that_encodes_the_token_file_sends_nothing_of_it() {
             assert!(!text.contains(needle), "{} holds {needle}", entry.display());
         }
     }
+}
+
+/// A token rotated to another account mid-session: the provider cannot read the reasoning it
+/// sealed before (400 `invalid_encrypted_content`). The session drops that reasoning from its
+/// history once, records it, and goes on; a provider that still refuses ends the session as
+/// an infrastructure failure instead of looping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_rotated_to_another_account_drops_the_old_encrypted_reasoning_once() {
+    let home = tempfile::tempdir().unwrap();
+    let token_file = home.path().join("token");
+    std::fs::write(&token_file, "account-a\n").unwrap();
+    let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
+    // The agent's own command rotates the token (the shell is not confined here).
+    let rotate = format!("printf 'account-b\\n' > {}", token_file.display());
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[
+                reasoning_item("rs_1", "rotate", "sealed-for-a"),
+                function_call_item("fc_c1", "c1", "shell", json!({"cmd": rotate})),
+            ],
+            [10, 0, 5, 1],
+        ),
+        sse_response(
+            "r2",
+            &[
+                reasoning_item("rs_2", "done", "sealed-for-b"),
+                function_call_item("fc_c2", "c2", "finish", json!({"summary": "done"})),
+            ],
+            [10, 0, 5, 1],
+        ),
+    ])
+    .await;
+    let token = TokenProvider::file(token_file.clone());
+    let runner = runner_with_token(
+        home.path(),
+        &cfg,
+        &fake.base_url,
+        ShellEnv::from_parent([], []),
+        token,
+    );
+    let report = campaign(cfg.clone(), runner, None, None).await;
+    let bodies: Vec<String> = fake.requests().iter().map(|r| r.body.to_string()).collect();
+    assert_eq!(bodies.len(), 3, "{bodies:#?}");
+    assert!(bodies[1].contains("sealed-for-a"), "{}", bodies[1]);
+    assert!(!bodies[2].contains("sealed-for-a"), "{}", bodies[2]);
+    assert!(!bodies[2].contains("fc_c1"), "{}", bodies[2]);
+    assert!(bodies[2].contains("\"call_id\":\"c1\""), "{}", bodies[2]);
+    let evs = events(home.path(), &report.run_id);
+    let dropped: Vec<_> = evs.iter().filter(|e| e.kind == "compacted").collect();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert!(
+        dropped[0].payload["why"]
+            .as_str()
+            .unwrap()
+            .contains("invalid_encrypted_content"),
+        "{}",
+        dropped[0].payload
+    );
+    // The agent went on to call finish (it wrote no candidate: not the provider's doing).
+    let end = evs.iter().find(|e| e.kind == "session_finished").unwrap();
+    assert_eq!(
+        (&end.payload["summary"], &end.payload["infra"]),
+        (&json!("done"), &json!(false)),
+        "{}",
+        end.payload
+    );
+
+    // A provider that refuses again after the reasoning went: one retry, then infrastructure.
+    let home = tempfile::tempdir().unwrap();
+    let cfg = config(home.path(), "L1/gelu", 1, "5h", "1m");
+    let refusal = super::llm_fake::status_reply(
+        400,
+        "invalid_encrypted_content",
+        "The encrypted content could not be verified.",
+        &[],
+    );
+    let fake = FakeResponses::start(vec![
+        sse_response(
+            "r1",
+            &[
+                reasoning_item("rs_1", "look", "sealed"),
+                function_call_item("fc_c1", "c1", "shell", json!({"cmd": "true"})),
+            ],
+            [10, 0, 5, 1],
+        ),
+        refusal.clone(),
+        refusal,
+    ])
+    .await;
+    let runner = gpu_less_runner(home.path(), &cfg, &fake.base_url);
+    let report = campaign(cfg, runner, None, None).await;
+    assert_eq!(fake.requests().len(), 3);
+    let evs = events(home.path(), &report.run_id);
+    let end = evs.iter().find(|e| e.kind == "session_finished").unwrap();
+    assert_eq!(end.payload["infra"], true, "{}", end.payload);
+    assert!(
+        end.payload["reason"]
+            .as_str()
+            .unwrap()
+            .contains("encrypted reasoning"),
+        "{}",
+        end.payload
+    );
 }
 
 fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -4,7 +4,9 @@
 //! records every request, and checks the history the way OpenAI does with `store:false`: an
 //! item it sent that comes back altered, a function call echoed without the reasoning item
 //! that preceded it, or a call without its output is answered 400 (without using up a reply).
-//! With [`FakeResponses::require_token`], any other bearer token is answered 401.
+//! With [`FakeResponses::require_token`], any other bearer token is answered 401. Reasoning is
+//! sealed for the bearer token that received it: echoed under another token (a rotation to
+//! another account) it is answered 400 `invalid_encrypted_content`, as OpenAI does.
 //!
 //! SSE events are built with the `ev_*` functions, items with the `*_item` functions.
 #![allow(dead_code)]
@@ -60,6 +62,8 @@ struct FakeState {
     /// Output items sent so far, grouped by response.
     issued: Vec<Vec<Value>>,
     token: Option<String>,
+    /// The bearer token each issued reasoning item's encrypted content was sealed for.
+    sealed_for: BTreeMap<String, String>,
 }
 
 /// A running fake server; it stops with the test's runtime.
@@ -135,6 +139,31 @@ async fn handle(
             return error(401, "invalid_token", "Invalid or expired token.");
         }
     }
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let unreadable = body["input"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["type"] == "reasoning")
+        .find(|i| {
+            i["encrypted_content"]
+                .as_str()
+                .and_then(|e| s.sealed_for.get(e))
+                .is_some_and(|t| *t != bearer)
+        });
+    if let Some(item) = unreadable {
+        s.requests.push(record);
+        let id = item["id"].as_str().unwrap_or("?");
+        return error(
+            400,
+            "invalid_encrypted_content",
+            &format!("The encrypted content for item {id} could not be verified."),
+        );
+    }
     if let Err(message) = check_history(&s.issued, &body["input"]) {
         s.requests.push(record);
         return error(400, "invalid_request_error", &message);
@@ -147,11 +176,11 @@ async fn handle(
     s.requests.push(record);
     match reply {
         Reply::Sse(events) => {
-            s.issued.push(items_of(&events));
+            s.issue(items_of(&events), &bearer);
             sse(events, Tail::End)
         }
         Reply::SseThenStall(events) => {
-            s.issued.push(items_of(&events));
+            s.issue(items_of(&events), &bearer);
             sse(events, Tail::Stall)
         }
         Reply::SseThenReset(events) => sse(events, Tail::Reset),
@@ -166,6 +195,18 @@ async fn handle(
             }
             r.body(Body::from(body)).unwrap()
         }
+    }
+}
+
+impl FakeState {
+    fn issue(&mut self, items: Vec<Value>, bearer: &str) {
+        for item in &items {
+            if let Some(sealed) = item["encrypted_content"].as_str() {
+                self.sealed_for
+                    .insert(sealed.to_string(), bearer.to_string());
+            }
+        }
+        self.issued.push(items);
     }
 }
 
