@@ -150,6 +150,11 @@ impl Confinement {
         }
     }
 
+    /// The paths agent code must not reach (canonical).
+    pub fn hidden(&self) -> &[PathBuf] {
+        &self.hidden
+    }
+
     pub fn status(&self) -> &Status {
         &self.status
     }

@@ -386,6 +386,33 @@ fn compact(
     Ok(Some(compacted.history))
 }
 
+/// A channel for the client's events and the task that records its retries, token reloads
+/// and rate-limit waits in the session's journal (deltas are not recorded). The task ends
+/// when every sender is dropped.
+pub fn provider_event_recorder(
+    j: Arc<SessionJournal>,
+) -> (
+    tokio::sync::mpsc::Sender<LlmEvent>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<LlmEvent>(64);
+    let task = tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            let kind = match &ev {
+                LlmEvent::Retry { .. } => "llm_retry",
+                LlmEvent::TokenReloaded { .. } => "token_reloaded",
+                LlmEvent::RateLimitWait { .. } => "rate_limit_wait",
+                _ => continue,
+            };
+            let payload = serde_json::to_value(&ev).unwrap_or(Value::Null);
+            if let Err(e) = j.record(kind, payload) {
+                tracing::warn!(error = %e, "cannot record a provider event");
+            }
+        }
+    });
+    (tx, task)
+}
+
 /// One model turn; provider errors come back as the inner `Err` (the loop decides).
 async fn model_turn(
     s: &SessionSetup,
@@ -401,24 +428,7 @@ async fn model_turn(
         prompt_cache_key: Some(s.cache_key.clone()),
         parallel_tool_calls: false,
     };
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<LlmEvent>(64);
-    let recorder = {
-        let j = j.clone();
-        tokio::spawn(async move {
-            while let Some(ev) = rx.recv().await {
-                let kind = match &ev {
-                    LlmEvent::Retry { .. } => "llm_retry",
-                    LlmEvent::TokenReloaded { .. } => "token_reloaded",
-                    LlmEvent::RateLimitWait { .. } => "rate_limit_wait",
-                    _ => continue,
-                };
-                let payload = serde_json::to_value(&ev).unwrap_or(Value::Null);
-                if let Err(e) = j.record(kind, payload) {
-                    tracing::warn!(error = %e, "cannot record a provider event");
-                }
-            }
-        })
-    };
+    let (tx, recorder) = provider_event_recorder(j.clone());
     j.update("thinking", |p| p.last_event = format!("turn {turn}"))?;
     let result = s.llm.turn(&req, &tx, cancel).await;
     drop(tx);

@@ -91,6 +91,7 @@ kinds! {
     CodexStarted(CodexStarted) = "codex_started",
     CodexStopped(CodexStopped) = "codex_stopped",
     CodexResumeFailed(CodexResumeFailed) = "codex_resume_failed",
+    CodexRelayForgot(CodexRelayForgot) = "codex_relay_forgot",
     CodexError(CodexError) = "codex_error",
     CodexItem(CodexItem) = "codex_item",
     CodexEvent(CodexEvent) = "codex_event",

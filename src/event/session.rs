@@ -275,6 +275,15 @@ pub struct CodexResumeFailed {
     pub stderr: String,
 }
 
+/// The provider refused reasoning a codex session's history sealed before a token rotation;
+/// the session's relay leaves it out from now on (`codex_relay_forgot`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CodexRelayForgot {
+    pub bytes: usize,
+    pub message: String,
+}
+
 /// An error codex reported (`codex_error`); `fatal` when it failed the turn.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

@@ -46,6 +46,11 @@ impl ShellEnv {
         self
     }
 
+    /// The confinement its commands enter (also entered by a codex process and all it runs).
+    pub fn confinement(&self) -> &Confinement {
+        &self.confinement
+    }
+
     /// The same environment plus one more explicit variable (a session's lease token).
     pub fn with_extra(mut self, key: &str, value: &str) -> Self {
         self.extras.insert(key.to_string(), value.to_string());

@@ -575,7 +575,7 @@ async fn a_token_rotated_to_another_account_drops_the_old_encrypted_reasoning_on
     );
 }
 
-fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
+pub fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use assert_cmd::Command;
-use fk_agentd::agent::codex::home::PROVIDER_TOKEN_ENV;
+use fk_agentd::agent::codex::relay::KEY_ENV;
 use fk_agentd::app::campaign::sim_runner_params;
 use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
@@ -147,7 +147,8 @@ fn codex_runs_a_shell_command_then_validate_then_finish_through_fk_agentd() {
     assert_eq!(start.payload["backend"], "codex");
 
     // The first command printed the shell's environment: the session's own variables are
-    // there, the provider token (and the variable that carries it to codex) is not.
+    // there, the provider token and the relay's capability (and its variable) are not, and
+    // HOME is the workspace.
     let env_output = events
         .iter()
         .find(|e| e.kind == "tool_finished" && e.payload["name"] == "shell")
@@ -162,7 +163,9 @@ fn codex_runs_a_shell_command_then_validate_then_finish_through_fk_agentd() {
         env_output.contains("FK_AGENTD_LEASE_TOKEN="),
         "{env_output}"
     );
-    for secret in [SIM_TOKEN, PROVIDER_TOKEN_ENV, "[REDACTED]"] {
+    assert!(env_output.contains("HOME=/"), "{env_output}");
+    assert!(!env_output.contains("codex-home\nHOME"), "{env_output}");
+    for secret in [SIM_TOKEN, KEY_ENV, "fkr_", "[REDACTED]"] {
         assert!(
             !env_output.contains(secret),
             "the shell saw {secret}: {env_output}"
@@ -345,11 +348,19 @@ async fn a_401_ends_the_codex_process_and_the_session_resumes_with_the_token_rea
         "the row counts the validation recorded before the resume: {row}"
     );
     assert!(row["best_speedup"].as_f64().unwrap() >= 1.25, "{row}");
-    let reloads = events.iter().filter(|e| e.kind == "token_reloaded").count();
+    let reloads = |why: &str| {
+        events
+            .iter()
+            .filter(|e| e.kind == "token_reloaded" && e.payload["why"] == why)
+            .count()
+    };
     assert_eq!(
-        reloads, 2,
+        reloads("session start"),
+        2,
         "the token is read before each start of the session"
     );
+    // The relay read it once more on the 401, as a native turn does, before giving up.
+    assert_eq!(reloads("unauthorized"), 1);
     let threads: Vec<&str> = events
         .iter()
         .filter(|e| e.kind == "codex_thread")
@@ -551,5 +562,137 @@ fn doctor_reports_the_pinned_codex_and_the_one_it_found() {
             "{codex}"
         );
         assert!(codex["error"].is_null(), "{codex}");
+    }
+}
+
+/// Every encoding of the token (and of its file) an attacker would try, for searching what
+/// left the daemon.
+fn encodings(token: &str, file: &Path) -> Vec<String> {
+    let run = |cmd: &str| {
+        let out = std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .env("T", token)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    vec![
+        token.to_string(),
+        run("printf %s \"$T\" | base64 -w0"),
+        run("printf %s \"$T\" | base32 -w0"),
+        run("printf %s \"$T\" | xxd -p | tr -d '\\n'"),
+        token.chars().rev().collect(),
+        token[..12].to_string(),
+        token[12..].to_string(),
+        run(&format!("gzip -c '{}' | base64 -w0", file.display())),
+    ]
+}
+
+/// A codex session whose model tries to read the provider's token file every way a shell
+/// can, against a strict fake provider: the token reaches the provider only as the relay's
+/// bearer header, and no form of it is in any request body, the home or codex's home; the
+/// shell never holds the relay's capability.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
+    use super::llm_fake::{FakeResponses, function_call_item, message_item, sse_response};
+    let Some(codex) = codex_binary() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    // Not under /tmp: a file there cannot be hidden (see `confine`).
+    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let token_file = secrets.path().join("cortex-token");
+    let token = "fk-codex-secret-5b1e0c9a27d4f8";
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let t = token_file.display();
+    let attack = format!(
+        "cat {t}; base64 -w0 {t}; base32 {t}; xxd -p {t}; rev {t}; gzip -c {t} | base64 -w0; \
+         cut -c1-12 {t}; env"
+    );
+    let exec = |id: &str, cmd: &str| {
+        function_call_item(
+            &format!("fc_{id}"),
+            id,
+            "exec_command",
+            serde_json::json!({"cmd": cmd, "yield_time_ms": 30000}),
+        )
+    };
+    let fake = FakeResponses::start(vec![
+        sse_response("r1", &[exec("c1", &attack)], [100, 0, 10, 0]),
+        sse_response(
+            "r2",
+            &[exec("c2", "fk-agentd tool finish --summary done")],
+            [100, 0, 10, 0],
+        ),
+        sse_response("r3", &[message_item("m3", "done")], [100, 0, 10, 0]),
+    ])
+    .await;
+    fake.require_token(token);
+    let flags = Flags {
+        home: Some(home.path().to_path_buf()),
+        targets: Some("L1/gelu".into()),
+        agent_backend: Some("codex".into()),
+        sim: true,
+        ..Flags::default()
+    };
+    let env = Env {
+        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
+    cfg.agent.codex = Some(codex);
+    let params = SimParams {
+        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
+        seed: 7,
+        max_think: Duration::from_millis(10),
+        chaos: Default::default(),
+    };
+    let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
+        .await
+        .unwrap();
+    let mut parts = sim_runner_params(&home_, &fake.base_url, &params)
+        .await
+        .unwrap();
+    let confinement =
+        fk_agentd::confine::Confinement::hiding(std::slice::from_ref(&token_file), &[]);
+    parts.shell_env = parts.shell_env.clone().confined(confinement);
+    let provider = sim_provider(&fake.base_url);
+    parts.llm =
+        Arc::new(LlmClient::new(provider, TokenProvider::file(token_file.clone())).unwrap());
+    let runner = fk_agentd::agent::codex::runner_for(&home_.config, parts)
+        .await
+        .unwrap();
+    let report = home_
+        .run_campaign(Run::new(runner), std::future::pending::<()>())
+        .await
+        .unwrap();
+
+    let requests = fake.requests();
+    assert!(requests.len() >= 3, "{} requests", requests.len());
+    assert!(requests.iter().all(|r| r.answered), "a request was refused");
+    let events = events_of(home.path(), "L1/gelu");
+    let output = events
+        .iter()
+        .find(|e| e.kind == "tool_finished" && e.payload["name"] == "shell")
+        .and_then(|e| e.payload["output"].as_str())
+        .unwrap_or_else(|| panic!("no shell output: {report:?}"))
+        .to_string();
+    assert!(output.contains("Permission denied"), "{output}");
+    assert!(
+        !output.contains(KEY_ENV),
+        "the shell holds the capability: {output}"
+    );
+    let sent = serde_json::to_string(&fake.answered_bodies()).unwrap();
+    for needle in encodings(token, &token_file) {
+        assert!(!sent.contains(&needle), "the provider was sent {needle}");
+        for entry in super::agent::walkdir(home.path()) {
+            let bytes = std::fs::read(&entry).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(
+                !text.contains(&needle),
+                "{} holds {needle}",
+                entry.display()
+            );
+        }
     }
 }

@@ -4,6 +4,7 @@ mod captures;
 mod cli;
 mod cli_daily;
 mod codex;
+mod codex_relay;
 mod compare;
 mod config;
 mod confine;

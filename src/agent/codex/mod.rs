@@ -2,7 +2,9 @@
 //! in the target's workspace instead of fk-agentd's own turn loop, under the same scheduler,
 //! slots, timeout, cancellation and resume rules, and is recorded as the same events.
 //!
-//! - [`home`]: the session's generated `CODEX_HOME` (provider, catalog entry, sandbox, policy);
+//! - [`home`]: the session's generated `CODEX_HOME` (provider, catalog entry, permissions);
+//! - [`relay`]: the session's loopback Responses relay, which holds the provider token so
+//!   codex never does;
 //! - [`process`]: one `codex exec` process in its own process group;
 //! - [`events`]: codex's `--json` lines → fk-agentd events;
 //! - [`endpoint`] and [`tools`]: `fk-agentd tool validate|profile-ncu|profile-nsys|finish`
@@ -13,14 +15,17 @@
 //! tools, shell environment, lease access) are handed in, so [`runner_for`] is the one place
 //! that picks the backend for real campaigns and the simulation alike.
 //!
-//! Invariants: the provider token reaches the codex process alone, through
-//! [`home::PROVIDER_TOKEN_ENV`]; its shell and every command it starts never see it; nothing
-//! written under the session (config, transcript) holds it.
+//! Invariants: no process codex starts, nor codex itself, holds the provider token: codex holds
+//! a capability for its session's relay route, revoked when the session ends, and its shell
+//! does not hold even that; the commands codex runs cannot read the provider's secret files
+//! (its permission profile); nothing written under the session (config, transcript) holds the
+//! token.
 
 pub mod endpoint;
 pub mod events;
 pub mod home;
 pub mod process;
+pub mod relay;
 pub mod session;
 pub mod tools;
 pub mod watch;

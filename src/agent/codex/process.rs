@@ -33,7 +33,7 @@ pub struct Spawn {
 
 impl std::fmt::Debug for Spawn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The environment holds the provider token: show names only.
+        // The environment holds the session's capabilities: show names only.
         f.debug_struct("Spawn")
             .field("binary", &self.binary)
             .field("args", &self.args)
@@ -53,8 +53,8 @@ pub struct CodexProcess {
 
 impl CodexProcess {
     pub fn spawn(s: Spawn) -> std::io::Result<Self> {
-        let mut child = Command::new(&s.binary)
-            .args(&s.args)
+        let mut cmd = Command::new(&s.binary);
+        cmd.args(&s.args)
             .current_dir(&s.cwd)
             .env_clear()
             .envs(&s.env)
@@ -62,8 +62,8 @@ impl CodexProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
+            .kill_on_drop(true);
+        let mut child = cmd.spawn()?;
         let pgid = child.id();
         if let Some(mut stdin) = child.stdin.take() {
             let text = s.stdin;

@@ -16,18 +16,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::endpoint::{self, Endpoint};
 use super::events::Translator;
-use super::home::{self, HomeLayout, PROVIDER_TOKEN_ENV};
+use super::home::{self, HomeLayout};
 use super::process::{CodexProcess, Spawn};
+use super::relay::{self, Relay};
 use super::tools::SessionTools;
 use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
-use crate::agent::session::{End, NO_FINISH, show_replay, token_at_start};
+use crate::agent::session::{End, NO_FINISH, provider_event_recorder, show_replay, token_at_start};
 use crate::agent::{Opened, failed_to_start, open_session};
 use crate::event::{
-    CodexConfig, CodexResumeFailed, CodexStarted, CodexThread, SessionResumed, SessionStarted,
-    TurnFinished, UserMessage,
+    CodexConfig, CodexRelayForgot, CodexResumeFailed, CodexStarted, CodexThread, SessionResumed,
+    SessionStarted, TurnFinished, UserMessage,
 };
 use crate::llm::{Usage, user_message};
 use crate::run::{RunError, RunJournal};
@@ -94,6 +95,8 @@ fn prepare(
     let layout = HomeLayout {
         codex_home: session_dir.join("codex-home"),
         writable_roots: vec![ws.candidate_root().to_path_buf(), ws.cache_dir()],
+        workspace: ws.scratch_dir().to_path_buf(),
+        hidden: shell_env.confinement().hidden().to_vec(),
     };
     let tools = Arc::new(SessionTools::new(
         toolbox,
@@ -171,35 +174,26 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     if let Some(end) = token_at_start(j, llm).await? {
         return Ok(end);
     }
-    let token = match llm.token().header().await {
-        Ok(h) => h
-            .to_str()
-            .ok()
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::to_string),
-        Err(e) => return Ok(End::infra(format!("provider token: {e}"))),
-    };
-    let Some(token) = token else {
-        return Ok(End::infra("provider token: not a bearer token"));
-    };
     let io = |e: String| RunError::Io {
         path: s.layout.codex_home.clone(),
         source: std::io::Error::other(e),
     };
-    let config = home::write(llm.provider(), &s.layout, &inner.template).map_err(io)?;
+    let relay = bind_relay(inner, s).await.map_err(|e| io(e.to_string()))?;
+    let config =
+        home::write(llm.provider(), relay.base_url(), &s.layout, &inner.template).map_err(io)?;
     j.record_event(&CodexConfig {
         codex_version: inner.bin.version.clone(),
         config_toml: config,
     })?;
     let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| io(e.to_string()))?;
     let mut env = s.env.clone();
-    env.insert(
-        "CODEX_HOME".into(),
-        s.layout.codex_home.display().to_string(),
-    );
+    let codex_home = s.layout.codex_home.display().to_string();
+    env.insert("CODEX_HOME".into(), codex_home.clone());
+    // codex's own helpers (its shell snapshot) read rc files under HOME: not the workspace.
+    env.insert("HOME".into(), codex_home);
     env.insert(endpoint::SOCKET_ENV.into(), ep.socket_env());
     env.insert(endpoint::TOKEN_ENV.into(), ep.token().to_string());
-    env.insert(PROVIDER_TOKEN_ENV.into(), token);
+    env.insert(relay::KEY_ENV.into(), relay.key().to_string());
     let mut translator =
         Translator::resume(before.replay.turns, before.usage, before.thread.clone());
     let mut thread = before.thread.clone();
@@ -283,6 +277,24 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             }
         }
     }
+}
+
+/// The session's relay: the campaign's client, its events recorded in the session's journal,
+/// stopped with the session.
+async fn bind_relay(inner: &Inner, s: &Prepared) -> std::io::Result<Relay> {
+    let j = s.tools.journal.clone();
+    let (events, _recorder) = provider_event_recorder(j.clone());
+    let on_forget = move |bytes: usize, message: &str| {
+        let forgot = CodexRelayForgot {
+            bytes,
+            message: message.to_string(),
+        };
+        if let Err(e) = j.record_event(&forgot) {
+            tracing::warn!(error = %e, "cannot record the relay's recovery");
+        }
+    };
+    let cancel = s.tools.cancel.clone();
+    Relay::bind(inner.agent.llm.clone(), events, cancel, on_forget).await
 }
 
 /// `codex exec` reading its prompt from stdin, resuming `thread` when there is one.
