@@ -696,3 +696,97 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
         }
     }
 }
+
+/// The environment and argv of every process a codex campaign starts, captured at exec by
+/// `strace -f` (not sampled, so short-lived helpers count): none holds the provider token, and
+/// the relay capability only codex and helpers whose HOME is codex's own home (never a command
+/// of the agent's). Without strace this prints why and passes; with
+/// `FK_AGENTD_REQUIRE_STRACE=1` (CI) it fails instead.
+#[test]
+fn no_process_of_a_codex_campaign_but_fk_agentd_holds_the_token() {
+    if codex_binary().is_none() {
+        return;
+    }
+    let strace = std::process::Command::new("strace").arg("-V").output();
+    if !strace.is_ok_and(|o| o.status.success()) {
+        let why = "strace is not installed";
+        if std::env::var("FK_AGENTD_REQUIRE_STRACE").is_ok_and(|v| v == "1") {
+            panic!("FK_AGENTD_REQUIRE_STRACE=1: {why}");
+        }
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let trace = home.path().join("exec.trace");
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_fk-agentd"));
+    let path = format!(
+        "{}:{}",
+        exe.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("strace")
+        .args([
+            "-f",
+            "-qq",
+            "-e",
+            "trace=execve",
+            "-v",
+            "-s",
+            "1000000",
+            "-o",
+        ])
+        .arg(&trace)
+        .arg(&exe)
+        .arg("--home")
+        .arg(home.path())
+        .args([
+            "start",
+            "--sim",
+            "--agent-backend",
+            "codex",
+            "--targets",
+            "L1/gelu",
+        ])
+        .env("PATH", path)
+        .env_remove("FK_AGENTD_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let trace = std::fs::read_to_string(&trace).unwrap();
+    let execs: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("execve(") && !l.contains("= -1"))
+        .collect();
+    let codex_execs = execs.iter().filter(|l| l.contains("/bin/codex")).count();
+    let sandboxed = execs
+        .iter()
+        .filter(|l| l.contains("codex-linux-sandbox"))
+        .count();
+    assert!(
+        codex_execs >= 1 && sandboxed >= 3,
+        "codex was not traced: {codex_execs} codex, {sandboxed} sandboxed commands"
+    );
+    for line in &execs {
+        assert!(
+            !line.contains(SIM_TOKEN),
+            "a process holds the token: {line}"
+        );
+        if line.contains(&format!("\"{KEY_ENV}=")) {
+            assert!(
+                line.contains("codex-home\""),
+                "a process whose HOME is not codex's own holds the capability: {line}"
+            );
+        }
+    }
+    let agent_commands: Vec<&&str> = execs
+        .iter()
+        .filter(|l| l.contains("/bin/bash\", \"-c\"") && l.contains("fk-agentd tool"))
+        .collect();
+    assert!(!agent_commands.is_empty());
+    for line in agent_commands {
+        assert!(
+            !line.contains(KEY_ENV),
+            "an agent command holds the capability: {line}"
+        );
+    }
+}
