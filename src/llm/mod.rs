@@ -18,6 +18,7 @@ mod client;
 mod error;
 pub mod items;
 mod limit;
+pub mod redact;
 mod request;
 mod retry;
 pub mod sse;

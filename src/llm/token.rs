@@ -159,13 +159,14 @@ impl TokenProvider {
         })
     }
 
-    /// Replaces every occurrence of the current token in `text` (server messages may echo
-    /// what they were sent).
+    /// Replaces every form of the current token in `text` (as it is, reversed, hex, base64,
+    /// base32, gzip then base64: [`super::redact`]); server messages may echo what they were
+    /// sent, and agent output may hold what confinement missed.
     pub fn scrub(&self, text: &str) -> String {
         let state = guard(&self.state);
         match state.as_ref() {
             Some(l) if !l.token.expose_secret().is_empty() => {
-                text.replace(l.token.expose_secret(), "[REDACTED]")
+                super::redact::redact(text, l.token.expose_secret())
             }
             _ => text.to_string(),
         }
