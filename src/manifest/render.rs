@@ -249,10 +249,12 @@ fn patch_table(patches: &[crate::harness::patches::AppliedPatch]) -> String {
     md_table(&["patch", "sha256", "checks"], rows)
 }
 
-/// The model provider and the prompt.
+/// The model provider and the prompt the campaign used (its run-start facts: a later
+/// `score` may name another provider, which did not write these candidates).
 pub fn agent(d: &ManifestData) -> String {
     let mut out = String::from("## Agent\n\n");
-    match d.facts.last() {
+    let campaign = d.facts.iter().find(|f| f.stage == FactsStage::RunStart);
+    match campaign.or(d.facts.last()) {
         None => out.push_str(NO_FACTS),
         Some(f) => {
             match &f.provider {

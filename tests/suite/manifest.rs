@@ -219,12 +219,16 @@ async fn a_simulated_run_manifest_is_rendered_from_recorded_facts() {
         gpu_note: String::new(),
         ..probed()
     });
+    // A later score named a provider: the Agent section still shows the campaign's.
+    let mut later = fk_agentd::sim::setup::sim_provider("https://scorer.example/v1");
+    later.name = "a-later-scorer".into();
+    later.model = "a-later-model".into();
     let mut scoring = facts::gather(
         &scoring_host,
         &GatherParams {
             stage: FactsStage::Scoring,
             config: &config,
-            provider: None,
+            provider: Some(&later),
             harness: None,
         },
     )
@@ -245,6 +249,9 @@ async fn a_simulated_run_manifest_is_rendered_from_recorded_facts() {
         text.lines().next().unwrap().contains("SIMULATED RUN"),
         "{text}"
     );
+    let agent = manifest::render::agent(&data);
+    assert!(agent.contains("the embedded simulation"), "{agent}");
+    assert!(!agent.contains("a-later"), "{agent}");
     let text = redact_times(&text)
         .replace(&run_id, "<RUN>")
         .replace(&tmp.path().display().to_string(), "<HOME>")
