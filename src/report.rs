@@ -1,6 +1,7 @@
 //! Pure renderers: data in, text out. Tables for humans; JSON comes from serde directly.
 //! Nothing here reads files, the clock or the environment, so every renderer is snapshot-tested.
 
+use crate::inspect::ScoringWord;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -105,7 +106,7 @@ pub fn sessions_table(
     run: &RunRow,
     rows: &[SessionRow],
     outcomes: &BTreeMap<String, Outcome>,
-    scored: &BTreeMap<String, String>,
+    scoring: &BTreeMap<String, ScoringWord>,
     opts: TableOptions,
 ) -> String {
     let mut out = String::new();
@@ -118,12 +119,11 @@ pub fn sessions_table(
         run.status,
         run.targets.len()
     );
+    // At 80 columns the verdict and the scoring verdict stay whole; the counts go first.
     let wide = opts.width >= 110;
-    let mut header = vec![
-        "TARGET", "STATE", "VERDICT", "TURNS", "TOKENS", "BEST", "ELAPSED",
-    ];
+    let mut header = vec!["TARGET", "STATE", "VERDICT", "SCORING", "BEST"];
     if wide {
-        header.extend(["LEASES", "GPU_S", "NOTE"]);
+        header.extend(["TURNS", "TOKENS", "ELAPSED", "LEASES", "GPU_S", "NOTE"]);
     }
     let mut colours = Vec::new();
     let body: Vec<Vec<String>> = rows
@@ -131,14 +131,14 @@ pub fn sessions_table(
         .map(|r| {
             let outcome = outcomes.get(&r.target);
             colours.push(outcome.map(|o| verdict_colour(&o.verdict)));
-            session_cells(r, outcome, scored.get(&r.target), wide)
+            session_cells(r, outcome, scoring.get(&r.target), wide)
         })
         .collect();
-    // TARGET, VERDICT and NOTE give way, in that order from the last, when the width is short.
+    // NOTE and TARGET give way, in that order, when the width is short.
     let shrink: &[(usize, usize)] = if wide {
-        &[(9, 8), (0, 14), (2, 12)]
+        &[(10, 8), (0, 14)]
     } else {
-        &[(0, 14), (2, 12)]
+        &[(0, 14)]
     };
     // The header line is not painted.
     let colours = std::iter::once(None).chain(colours);
@@ -161,7 +161,7 @@ pub fn sessions_table(
 fn session_cells(
     r: &SessionRow,
     outcome: Option<&Outcome>,
-    scored: Option<&String>,
+    scoring: Option<&ScoringWord>,
     wide: bool,
 ) -> Vec<String> {
     let state = match outcome.map(|o| &o.end) {
@@ -175,23 +175,26 @@ fn session_cells(
         r.target.clone(),
         state,
         verdict,
-        detail_str(r, "turns"),
-        r.detail["tokens"].as_u64().map_or("-".into(), group),
+        scoring.map_or("-".into(), ScoringWord::short),
         number_or_str(r, "best_speedup", |g| format!("{g:.3}x")),
-        number_or_str(r, "elapsed", |s| crate::inspect::clock(s.round() as u64)),
     ];
     if wide {
+        cells.push(detail_str(r, "turns"));
+        cells.push(r.detail["tokens"].as_u64().map_or("-".into(), group));
+        cells.push(number_or_str(r, "elapsed", |s| {
+            crate::inspect::clock(s.round() as u64)
+        }));
         cells.push(detail_str(r, "leases"));
         let gpu_s = r.detail["gpu_s"].as_f64();
         cells.push(gpu_s.map_or("-".into(), |g| format!("{g:.1}")));
-        cells.push(note(r, outcome, scored));
+        cells.push(note(r, outcome, scoring));
     }
     cells
 }
 
 /// What is worth a glance beyond the verdict: why it failed, what a running session does, or
 /// what scoring made of a winner.
-fn note(r: &SessionRow, outcome: Option<&Outcome>, scored: Option<&String>) -> String {
+fn note(r: &SessionRow, outcome: Option<&Outcome>, scoring: Option<&ScoringWord>) -> String {
     match outcome {
         Some(Outcome {
             end: SessionEnd::Failed(why) | SessionEnd::Skipped(why),
@@ -212,8 +215,11 @@ fn note(r: &SessionRow, outcome: Option<&Outcome>, scored: Option<&String>) -> S
         Some(Outcome {
             verdict: Verdict::NotWinner { detail, .. } | Verdict::NoValidCandidate { detail },
             ..
-        }) => detail.clone(),
-        Some(_) => scored.cloned().unwrap_or_default(),
+        }) => match scoring.filter(|w| w.kept()) {
+            Some(w) => format!("{detail}; {w}"),
+            None => detail.clone(),
+        },
+        Some(_) => scoring.map(ToString::to_string).unwrap_or_default(),
     }
 }
 

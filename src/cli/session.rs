@@ -16,7 +16,7 @@ use crate::inspect::{self, RenderOptions, SessionView};
 use crate::report::{self, TableOptions};
 use crate::run::Mode;
 use crate::score::gate::GateKind;
-use crate::score::scored::Scored;
+use crate::score::scored::{Scored, ScoringWord};
 use crate::store::leases::LeaseRow;
 use crate::store::{Event, RunRow, Store};
 use crate::target::{Catalog, TargetId};
@@ -54,14 +54,11 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         .filter(|(_, o)| matches!(o.verdict, inspect::Verdict::Winner { .. }))
         .map(|(t, _)| t)
         .collect();
-    let notes = scored
-        .as_ref()
-        .map(|s| scored_notes(s, &winners))
-        .unwrap_or_default();
+    let words = scoring_words(scored.as_ref(), &outcomes);
     let _ = write!(
         out,
         "{}",
-        report::sessions_table(&run_row, &rows, &outcomes, &notes, opts)
+        report::sessions_table(&run_row, &rows, &outcomes, &words, opts)
     );
     // A sequential run is gated level by level while it runs (`compare` shows that).
     if independent && !winners.is_empty() {
@@ -81,40 +78,20 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     Ok(0)
 }
 
-/// What scoring made of each session winner, as its sessions NOTE (`scoring: confirmed 1.405x
-/// over 2 benches`, `scoring: not confirmed: …`, `scoring: not in its results …`).
-fn scored_notes(scored: &Scored, winners: &[&String]) -> BTreeMap<String, String> {
-    winners
+/// What scoring made of each session's validated candidate (its SCORING column).
+fn scoring_words(
+    scored: Option<&Scored>,
+    outcomes: &BTreeMap<String, inspect::Outcome>,
+) -> BTreeMap<String, ScoringWord> {
+    outcomes
         .iter()
-        .map(|t| {
-            let note = match scored.verdicts.get(t.as_str()) {
-                None => "scoring: not in its results (scored before this candidate)".to_string(),
-                Some(v) if v.winner => {
-                    let mut note = match &v.confirmed {
-                        Some(c) => {
-                            let of = if c.kept == c.benches {
-                                format!("{} benches", c.benches)
-                            } else {
-                                format!("{} of {} benches", c.kept, c.benches)
-                            };
-                            let rescued = if c.rescued {
-                                ", on a second chance"
-                            } else {
-                                ""
-                            };
-                            format!("scoring: confirmed {:.3}x over {of}{rescued}", c.geomean)
-                        }
-                        None => format!("scoring: a winner ({} gate)", scored.gate.as_str()),
-                    };
-                    if let Some(why) = &v.dropped {
-                        note.push_str(&format!("; dropped in the composed bench: {why}"));
-                    }
-                    note
-                }
-                Some(v) => format!("scoring: {}", v.reason.as_deref().unwrap_or("not a winner")),
-            };
-            ((*t).clone(), note)
+        .filter(|(_, o)| {
+            matches!(
+                o.verdict,
+                inspect::Verdict::Winner { .. } | inspect::Verdict::NotWinner { .. }
+            )
         })
+        .map(|(t, _)| (t.clone(), crate::score::scored::word_of(scored, t)))
         .collect()
 }
 
@@ -171,7 +148,7 @@ fn scoring_lines(
         .filter(|t| got(t).is_some_and(|v| v.dropped.is_some()))
         .count();
     let missing = winners.iter().filter(|t| got(t).is_none()).count();
-    let verb = if s.gate == GateKind::Confirmed {
+    let verb = if s.gate == Some(GateKind::Confirmed) {
         "confirmed"
     } else {
         "won"
@@ -193,7 +170,9 @@ fn scoring_lines(
         ));
     }
     if kept.len() < n {
-        text.push_str("; the NOTE says why, the dashboard's Scores page shows every bench");
+        text.push_str(
+            "; the SCORING column says which, `session TARGET` why, the dashboard's Scores page shows every bench",
+        );
     }
     ScoringLines {
         text,
@@ -243,8 +222,9 @@ pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> 
         let view = view(&store, &name, &events)?;
         let leases = view.all_leases();
         let events: Vec<Event> = events.into_iter().map(withheld).collect();
+        let scoring = scoring_of_session(home, &run_row, &name, &view);
         let value = serde_json::json!({"run": run_row, "target": name, "state": state,
-            "leases": leases, "events": events});
+            "leases": leases, "scoring": scoring, "events": events});
         print_json(&value);
         return Ok(0);
     }
@@ -259,8 +239,27 @@ pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> 
     let view = view(&store, &name, &events)?;
     let render = render_options(&run_row, opts.transcript, false);
     print!("{}", inspect::render_text(&view, &render));
+    if let Some(w) = scoring_of_session(home, &run_row, &name, &view) {
+        println!("scoring  {w}");
+    }
     println!("cost     {}", session_cost(&store, &run_row.id, &events));
     Ok(0)
+}
+
+/// What scoring made of the session's validated candidate; `None` without one.
+fn scoring_of_session(
+    home: &Path,
+    run: &RunRow,
+    target: &str,
+    view: &SessionView,
+) -> Option<ScoringWord> {
+    matches!(
+        view.outcome.verdict,
+        inspect::Verdict::Winner { .. } | inspect::Verdict::NotWinner { .. }
+    )
+    .then(|| {
+        crate::score::scored::word_of(crate::score::scored::of_run(home, run).as_ref(), target)
+    })
 }
 
 /// What the session's turns cost, priced with the table its run recorded at its start.

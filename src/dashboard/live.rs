@@ -66,6 +66,7 @@ pub fn session_body(
     view: &RunView,
     target: &str,
     line: Option<&SessionLine>,
+    scoring: Option<&crate::score::scored::ScoringWord>,
     events: &[Event],
 ) -> Markup {
     let (sv, text) = view_text(&view.run.id, view.run.simulated, events);
@@ -76,6 +77,9 @@ pub fn session_body(
         div.cards {
             div.card { div.label { "state" } div.value id="session-state" { (line.map_or("not started", |l| l.state.as_str())) } }
             div.card.wide { div.label { "verdict" } div.value id="session-verdict" { (sv.outcome.verdict.to_string()) } }
+            @if let Some(w) = scoring {
+                div.card.wide { div.label { "scoring" } div.value id="session-scoring" { (w.to_string()) } }
+            }
             div.card { div.label { "end" } div.value id="session-end" { (sv.outcome.end.word()) } }
         }
         h2 { "Leases" }

@@ -17,6 +17,9 @@ use super::svg;
 use crate::inspect::OutcomeTally;
 use crate::store::StoreError;
 
+use crate::inspect::Verdict;
+use crate::score::scored::ScoringWord;
+
 const CSS: &str = include_str!("assets/dashboard.css");
 const JS: &str = include_str!("assets/dashboard.js");
 
@@ -29,6 +32,8 @@ pub struct PageQuery {
     pub state: Option<String>,
     /// Sessions filter: `winner`, `not-winner`, `none`, `pending`.
     pub verdict: Option<String>,
+    /// Sessions filter on scoring's verdict: `kept`, `not-kept`, `not-scored`.
+    pub scoring: Option<String>,
 }
 
 pub async fn css() -> impl IntoResponse {
@@ -152,6 +157,28 @@ fn layout(view: &RunView, q: &PageQuery, active: &str, title: &str, body: Markup
     Html(page.into_string()).into_response()
 }
 
+/// The run's scoring so far (read per page: score.json can run to a megabyte, and /metrics and
+/// the live feeds poll without it).
+async fn scored_of(
+    state: &DashboardState,
+    view: &RunView,
+) -> Result<Option<crate::score::scored::Scored>, Response> {
+    let (home, run) = (state.home.clone(), view.run.clone());
+    blocking(move || Ok(crate::score::scored::of_run(&home, &run))).await
+}
+
+/// What scoring made of a session's validated candidate; `None` without one.
+pub fn scoring_of(
+    line: &SessionLine,
+    scored: Option<&crate::score::scored::Scored>,
+) -> Option<ScoringWord> {
+    matches!(
+        line.verdict,
+        Verdict::Winner { .. } | Verdict::NotWinner { .. }
+    )
+    .then(|| crate::score::scored::word_of(scored, &line.target))
+}
+
 /// How many session winners are winners in the run's newest score as well.
 fn scored_winners(view: &super::model::RunView, scored: &crate::score::scored::Scored) -> usize {
     view.tally
@@ -173,12 +200,7 @@ pub async fn overview(
     Query(q): Query<PageQuery>,
 ) -> Result<Response, Response> {
     let view = view_of(&state, q.run.clone()).await?;
-    // An independent run's newest complete score, for the winners card (read here only: the
-    // other pages and /metrics poll, and score.json can run to a megabyte).
-    let scored = {
-        let (home, run) = (state.home.clone(), view.run.clone());
-        blocking(move || Ok(crate::score::scored::of_run(&home, &run))).await?
-    };
+    let scored = scored_of(&state, &view).await?;
     let c = view.counts();
     let t = &view.tally.tokens;
     let mut states: BTreeMap<&str, usize> = BTreeMap::new();
@@ -195,7 +217,7 @@ pub async fn overview(
                 html! { "passed the gate in their last validation (one bench)"
                     @if let (Some(s), true) = (&scored, c.winners > 0) {
                         br; (scored_winners(&view, s)) " of them "
-                        (if s.gate == crate::score::gate::GateKind::Confirmed { "confirmed" } else { "won" })
+                        (if s.gate == Some(crate::score::gate::GateKind::Confirmed) { "confirmed" } else { "won" })
                         " by scoring (" (s.name()) ")"
                     } }))
             (card("card-tokens", "Tokens", html! { (group(t.total)) },
@@ -228,7 +250,7 @@ pub async fn overview(
     Ok(layout(&view, &q, "/", "Campaign overview", body))
 }
 
-fn keep(line: &SessionLine, q: &PageQuery) -> bool {
+fn keep(line: &SessionLine, scoring: Option<&ScoringWord>, q: &PageQuery) -> bool {
     let state_ok = q
         .state
         .as_deref()
@@ -237,7 +259,11 @@ fn keep(line: &SessionLine, q: &PageQuery) -> bool {
         .verdict
         .as_deref()
         .is_none_or(|v| v.is_empty() || v == model::verdict_key(&line.verdict));
-    state_ok && verdict_ok
+    let scoring_ok = q
+        .scoring
+        .as_deref()
+        .is_none_or(|k| k.is_empty() || Some(k) == scoring.map(ScoringWord::key));
+    state_ok && verdict_ok && scoring_ok
 }
 
 fn filter_form(q: &PageQuery, states: &BTreeSet<&str>) -> Markup {
@@ -258,6 +284,12 @@ fn filter_form(q: &PageQuery, states: &BTreeSet<&str>) -> Markup {
                     option value=(k) selected[sel(q.verdict.as_deref(), k)] { (name) }
                 }
             } }
+            label { "scoring " select name="scoring" {
+                option value="" { "any" }
+                @for (k, name) in [("kept", "confirmed (kept)"), ("not-kept", "not confirmed or dropped"), ("not-scored", "not scored yet")] {
+                    option value=(k) selected[sel(q.scoring.as_deref(), k)] { (name) }
+                }
+            } }
             button type="submit" { "filter" }
             " "
             input type="search" id="quick-filter" placeholder="target contains…";
@@ -271,24 +303,36 @@ pub async fn sessions(
     Query(q): Query<PageQuery>,
 ) -> Result<Response, Response> {
     let view = view_of(&state, q.run.clone()).await?;
-    let lines = view.session_lines();
-    let states: BTreeSet<&str> = lines.iter().map(|l| l.state.as_str()).collect();
-    let shown: Vec<&SessionLine> = lines.iter().filter(|l| keep(l, &q)).collect();
+    let scored = scored_of(&state, &view).await?;
+    let lines: Vec<(SessionLine, Option<ScoringWord>)> = view
+        .session_lines()
+        .into_iter()
+        .map(|l| {
+            let w = scoring_of(&l, scored.as_ref());
+            (l, w)
+        })
+        .collect();
+    let states: BTreeSet<&str> = lines.iter().map(|(l, _)| l.state.as_str()).collect();
+    let shown: Vec<&(SessionLine, Option<ScoringWord>)> = lines
+        .iter()
+        .filter(|(l, w)| keep(l, w.as_ref(), &q))
+        .collect();
     let body = html! {
         (filter_form(&q, &states))
         p.meta id="shown" { (shown.len()) " of " (lines.len()) " sessions · click a heading to sort" }
         table.sortable id="sessions" {
             thead { tr {
                 th data-type="text" { "target" } th data-type="text" { "state" } th data-type="text" { "verdict" }
-                th data-type="num" { "best speedup" } th data-type="num" { "turns" } th data-type="num" { "tokens" }
+                th data-type="text" { "scoring" } th data-type="num" { "best speedup" } th data-type="num" { "turns" } th data-type="num" { "tokens" }
                 th data-type="num" { "leases" } th data-type="text" { "updated" }
             } }
             tbody {
-                @for l in &shown {
-                    tr data-state=(l.state) data-verdict=(model::verdict_key(&l.verdict)) {
+                @for (l, w) in shown.iter().map(|(l, w)| (l, w.as_ref())) {
+                    tr data-state=(l.state) data-verdict=(model::verdict_key(&l.verdict)) data-scoring=(w.map_or("", ScoringWord::key)) {
                         td { a href=(href("/session", q.run.as_deref(), &[("target", &l.target)])) { (l.target) } }
                         td { span class={"state g-" (state_group(&l.state))} { (l.state) } }
                         td title=(l.verdict.to_string()) { span class={"verdict v-" (model::verdict_key(&l.verdict))} { (l.verdict.short()) } }
+                        td title=(w.map(ToString::to_string).unwrap_or_default()) { @match w { Some(w) => span class={"scoring s-" (w.key())} { (w.short()) }, None => "—" } }
                         td.num data-v=(l.best_speedup.unwrap_or(0.0)) { @if let Some(s) = l.best_speedup { (format!("{s:.3}×")) } @else { "—" } }
                         td.num data-v=(l.turns) { (l.turns) }
                         td.num data-v=(l.tokens) { (group(l.tokens)) }
@@ -362,7 +406,9 @@ pub async fn session(
         .session_lines()
         .into_iter()
         .find(|l| l.target == target);
-    let body = super::live::session_body(&view, &target, line.as_ref(), &events);
+    let scored = scored_of(&state, &view).await?;
+    let scoring = line.as_ref().and_then(|l| scoring_of(l, scored.as_ref()));
+    let body = super::live::session_body(&view, &target, line.as_ref(), scoring.as_ref(), &events);
     Ok(layout(
         &view,
         &q,

@@ -1,6 +1,7 @@
 //! Session inspection: one session's recorded events folded into a [`SessionView`] a person
 //! reads (turns, tool calls in their own words, the GPU leases they took, retries, token
-//! reloads, the end and the verdict), and the outcome words ([`SessionEnd`], [`Verdict`])
+//! reloads, the end and the verdict), and the outcome words ([`SessionEnd`], [`Verdict`],
+//! [`ScoringWord`])
 //! every printer uses.
 //!
 //! Owns: deriving views and outcomes from events, and rendering them as text. Does not own:
@@ -19,12 +20,14 @@ mod leases;
 pub mod outcome;
 mod render;
 mod render_end;
+mod scoring;
 mod tools;
 mod view;
 
 pub use leases::{LeaseEnd, LeaseView};
 pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcomes};
 pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};
+pub use scoring::ScoringWord;
 pub use tools::{ToolDetail, strip_encrypted};
 pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, parse_at, transcript_events};
 

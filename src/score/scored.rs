@@ -1,10 +1,14 @@
-//! What a run's newest complete score made of each target: the one reader of `score.json`
-//! for views that set a session's one-shot verdict beside scoring's (`sessions`, the
-//! dashboard's overview).
+//! What a run's scoring made of each target: the one reader of scored results for views that
+//! set a session's one-shot verdict beside scoring's (`sessions`, `session`, the dashboard),
+//! and the words they show ([`ScoringWord`]).
 //!
-//! A generation counts when its `score.json` has a standalone stage and scoring completed (its
-//! final set was exported; no infrastructure failure or cancel left it `incomplete`): a
-//! half-done score would read as losses it never measured. Composed drops are kept beside the standalone verdict.
+//! An independent run counts its newest complete score: a generation whose `score.json` has a
+//! standalone stage and whose scoring completed (its final set was exported; no
+//! infrastructure failure or cancel left it `incomplete`), since a half-done score would read
+//! as losses it never measured. Composed drops are kept beside the standalone verdict. A
+//! sequential run counts the level gates decided so far in its newest generation that has
+//! one (`seq/L<n>/gate.json`) and, once written, the final composed bench's drops
+//! (`seq/gate.json`): a level not gated yet is "not scored yet".
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,17 +16,22 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
+pub use crate::inspect::ScoringWord;
 use crate::score::candidates::generations;
 use crate::score::gate::GateKind;
+use crate::score::sequential::{read_level_gate, read_seq_gate};
 
 /// One target's candidate as the newest complete score judged it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ScoredVerdict {
-    /// A winner of the standalone stage under the score's gate.
+    /// A winner of the standalone stage under the score's gate (for a sequential run: of its
+    /// level's gate).
     pub winner: bool,
-    /// The confirmation's geomean over its kept benches, how many benches it kept and how many
-    /// it ran (the first, a lost one on a second chance too, included), when one ran.
+    /// The confirmation's geomean over its kept benches, its interval, how many benches it
+    /// kept and how many it ran, when one ran.
     pub confirmed: Option<Confirmed>,
+    /// The speedup of the bench that decided, when no confirmation ran (a level's mix bench).
+    pub geomean: Option<f64>,
     /// Why it is not a standalone winner.
     pub reason: Option<String>,
     /// Why the composed bench dropped this standalone winner, if it did.
@@ -32,17 +41,20 @@ pub struct ScoredVerdict {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Confirmed {
     pub geomean: f64,
+    /// 95 % interval of the speedup, when the gate computed one.
+    pub ci95: Option<(f64, f64)>,
     pub kept: usize,
     pub benches: usize,
     pub rescued: bool,
 }
 
-/// A run's newest complete score.
+/// A run's scoring so far.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Scored {
     /// The results generation (`results`, `results-2`, …).
     pub generation: PathBuf,
-    pub gate: GateKind,
+    /// The standalone gate of an independent score; `None` for a sequential run's level gates.
+    pub gate: Option<GateKind>,
     pub verdicts: BTreeMap<String, ScoredVerdict>,
 }
 
@@ -57,15 +69,41 @@ impl Scored {
         let name = self.generation.file_name().unwrap_or_default();
         name.to_string_lossy().into_owned()
     }
+
+    /// What this score made of `target`'s candidate.
+    pub fn word(&self, target: &str) -> ScoringWord {
+        let Some(v) = self.verdicts.get(target) else {
+            return ScoringWord::NotScoredYet;
+        };
+        if let (true, Some(why)) = (v.winner, &v.dropped) {
+            return ScoringWord::Dropped { why: why.clone() };
+        }
+        if !v.winner {
+            let why = v.reason.clone().unwrap_or_else(|| "not a winner".into());
+            return ScoringWord::NotConfirmed { why };
+        }
+        ScoringWord::Won {
+            confirmed: self.gate == Some(GateKind::Confirmed),
+            geomean: v.confirmed.as_ref().map(|c| c.geomean).or(v.geomean),
+            ci95: v.confirmed.as_ref().and_then(|c| c.ci95),
+            benches: v.confirmed.as_ref().map_or(1, |c| c.benches),
+        }
+    }
 }
 
-/// The newest complete score of an independent run of `home`; `None` before any, and for a
-/// sequential run (gated level by level as it runs, not scored afterwards).
+/// What `scored` (a run's scoring so far, if any) made of `target`'s candidate.
+pub fn word_of(scored: Option<&Scored>, target: &str) -> ScoringWord {
+    scored.map_or(ScoringWord::NotScoredYet, |s| s.word(target))
+}
+
+/// The scoring of a run of `home` so far; `None` before any.
 pub fn of_run(home: &Path, run: &crate::store::RunRow) -> Option<Scored> {
-    let independent = run.mode == crate::run::Mode::Independent.as_str();
-    independent
-        .then(|| newest(&crate::run::runs_dir(home).join(&run.id)))
-        .flatten()
+    let run_dir = crate::run::runs_dir(home).join(&run.id);
+    if run.mode == crate::run::Mode::Independent.as_str() {
+        newest(&run_dir)
+    } else {
+        sequential(&run_dir)
+    }
 }
 
 /// The newest results generation of `run_dir` whose score completed with a standalone stage;
@@ -75,6 +113,49 @@ pub fn newest(run_dir: &Path) -> Option<Scored> {
         let bytes = std::fs::read(g.join("score.json")).ok()?;
         let v: Value = serde_json::from_slice(&bytes).ok()?;
         of(g, &v)
+    })
+}
+
+/// The level gates (and final drops) of the newest generation with a gated level.
+fn sequential(run_dir: &Path) -> Option<Scored> {
+    generations(run_dir).into_iter().find_map(|g| {
+        let seq = g.join("seq");
+        let mut verdicts = BTreeMap::new();
+        for level in 1..=u8::MAX {
+            let Ok(Some(gate)) = read_level_gate(&seq, level) else {
+                // Levels are gated in order: the first missing one ends the run's scoring.
+                if level > 3 || !verdicts.is_empty() {
+                    break;
+                }
+                continue;
+            };
+            let dropped = gate.dropped.iter().map(|d| (d, true));
+            for (d, lost) in gate.decisions.iter().map(|d| (d, false)).chain(dropped) {
+                let verdict = ScoredVerdict {
+                    winner: d.winner && !lost,
+                    confirmed: None,
+                    geomean: d.geomean,
+                    reason: d.reason.clone(),
+                    dropped: None,
+                };
+                verdicts.insert(d.target.to_string(), verdict);
+            }
+        }
+        if verdicts.is_empty() {
+            return None;
+        }
+        if let Ok(Some(fin)) = read_seq_gate(&seq) {
+            for d in &fin.dropped {
+                if let Some(v) = verdicts.get_mut(&d.target.to_string()) {
+                    v.dropped = Some(d.reason.clone().unwrap_or_else(|| "no reason".into()));
+                }
+            }
+        }
+        Some(Scored {
+            generation: g,
+            gate: None,
+            verdicts,
+        })
     })
 }
 
@@ -100,12 +181,18 @@ fn of(generation: PathBuf, v: &Value) -> Option<Scored> {
         .filter_map(|x| {
             let target = x["target"].as_str()?;
             let winner = x["winner"].as_bool().unwrap_or(false);
+            // Read field by field: results of older releases lack some of today's fields.
             let c = &x["confirmation"];
             let confirmed = c["geomean"].as_f64().map(|geomean| {
                 let benches = c["benches"].as_array().map_or(0, Vec::len);
                 let outliers = c["outliers"].as_array().map_or(0, Vec::len);
+                let ci95 = match c["ci95"].as_array().map(Vec::as_slice) {
+                    Some([lo, hi]) => lo.as_f64().zip(hi.as_f64()),
+                    _ => None,
+                };
                 Confirmed {
                     geomean,
+                    ci95,
                     kept: benches.saturating_sub(outliers),
                     benches,
                     rescued: c["rescued"].as_bool() == Some(true),
@@ -114,6 +201,7 @@ fn of(generation: PathBuf, v: &Value) -> Option<Scored> {
             let verdict = ScoredVerdict {
                 winner,
                 confirmed,
+                geomean: x["geomean"].as_f64(),
                 reason: x["reason"].as_str().map(str::to_string),
                 dropped: winner.then(|| dropped.get(target).cloned()).flatten(),
             };
@@ -122,7 +210,7 @@ fn of(generation: PathBuf, v: &Value) -> Option<Scored> {
         .collect();
     Some(Scored {
         generation,
-        gate,
+        gate: Some(gate),
         verdicts,
     })
 }
@@ -155,13 +243,14 @@ mod tests {
         let s = of("results-2".into(), &score(&[])).unwrap();
         assert_eq!(
             (s.name(), s.gate),
-            ("results-2".to_string(), GateKind::Confirmed)
+            ("results-2".to_string(), Some(GateKind::Confirmed))
         );
         let gelu = &s.verdicts["L1/gelu"];
         assert_eq!(
             gelu.confirmed,
             Some(Confirmed {
                 geomean: 1.21,
+                ci95: None,
                 kept: 2,
                 benches: 3,
                 rescued: false
@@ -200,5 +289,78 @@ mod tests {
             newest(dir.path()).map(|s| s.name()),
             Some("results-3".into())
         );
+    }
+
+    #[test]
+    fn the_scoring_word_follows_the_score_and_says_not_scored_yet_without_one() {
+        let s = of("results".into(), &score(&[])).unwrap();
+        assert_eq!(word_of(None, "L1/gelu"), ScoringWord::NotScoredYet);
+        assert_eq!(s.word("L9/unknown"), ScoringWord::NotScoredYet);
+        let gelu = s.word("L1/gelu");
+        assert_eq!(gelu.short(), "confirmed 1.21x");
+        assert!(gelu.kept());
+        assert_eq!(
+            gelu.to_string(),
+            "confirmed by scoring: 1.210x over 3 benches"
+        );
+        assert_eq!(s.word("L2/mlp").short(), "dropped");
+        assert!(!s.word("L2/mlp").kept());
+        let silu = s.word("L1/silu");
+        assert_eq!(silu.short(), "not confirmed");
+        assert_eq!(
+            silu.to_string(),
+            "not confirmed by scoring: geomean 0.97 < 1.0"
+        );
+    }
+
+    #[test]
+    fn a_sequential_run_counts_the_levels_gated_so_far_and_the_final_drops() {
+        use crate::score::sequential::{Decision, LevelGate, SeqGate};
+        let dir = tempfile::tempdir().unwrap();
+        let seq = dir.path().join("results").join("seq");
+        let decision = |t: &str, winner: bool, g: f64| Decision {
+            target: t.parse().unwrap(),
+            winner,
+            geomean: Some(g),
+            reason: (!winner).then(|| format!("geomean {g} < 1.0")),
+            published: winner,
+        };
+        let level = LevelGate {
+            level: 1,
+            simulated: true,
+            threshold: 1.0,
+            decisions: vec![
+                decision("L1/gelu", true, 1.3),
+                decision("L1/silu", false, 0.9),
+            ],
+            new_winners: vec!["L1/gelu".parse().unwrap()],
+            winners: vec!["L1/gelu".parse().unwrap()],
+            win_candidates: seq.join("L1/win_candidates"),
+            bench_wall_s: 1.0,
+            dropped: vec![],
+        };
+        let write = |path: std::path::PathBuf, v: Value| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, v.to_string()).unwrap();
+        };
+        write(
+            seq.join("L1/gate.json"),
+            serde_json::to_value(&level).unwrap(),
+        );
+        let s = sequential(dir.path()).unwrap();
+        assert_eq!(s.gate, None);
+        assert_eq!(s.word("L1/gelu").short(), "won 1.30x");
+        assert_eq!(s.word("L1/silu").short(), "not confirmed");
+        // Level 2 is not gated yet.
+        assert_eq!(s.word("L2/mlp"), ScoringWord::NotScoredYet);
+        let mut dropped = decision("L1/gelu", false, 1.3);
+        dropped.reason = Some("RUNTIME_ERROR beside the others".into());
+        let fin = serde_json::json!({"simulated": true, "levels": [1], "winners": [],
+            "dropped": [dropped], "win_candidates": "w", "composed_bench": null,
+            "bench_wall_s": 1.0});
+        assert!(serde_json::from_value::<SeqGate>(fin.clone()).is_ok());
+        write(seq.join("gate.json"), fin);
+        let s = sequential(dir.path()).unwrap();
+        assert_eq!(s.word("L1/gelu").short(), "dropped");
     }
 }

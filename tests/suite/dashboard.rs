@@ -290,8 +290,28 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
             ],
         }},
     });
-    std::fs::write(results.join("score.json"), score.to_string()).unwrap();
     let bearer = format!("Bearer {}", state.token.expose());
+    // Before the score, the session winner is "not scored yet" wherever its verdict shows.
+    let (_, sessions, _) = get(&state, "/sessions", Some(&bearer)).await;
+    assert!(
+        sessions.contains("s-not-scored\">not scored yet<"),
+        "{sessions}"
+    );
+    std::fs::write(results.join("score.json"), score.to_string()).unwrap();
+    let (_, sessions, _) = get(&state, "/sessions", Some(&bearer)).await;
+    assert!(sessions.contains(">confirmed 1.25x<"), "{sessions}");
+    assert!(
+        !sessions.contains("s-not-scored\">not scored yet<"),
+        "{sessions}"
+    );
+    let (_, kept, _) = get(&state, "/sessions?scoring=kept", Some(&bearer)).await;
+    let (_, unscored, _) = get(&state, "/sessions?scoring=not-scored", Some(&bearer)).await;
+    assert_eq!((rows(&kept), rows(&unscored)), (1, 0));
+    let (_, page, _) = get(&state, "/session?target=L1/gelu", Some(&bearer)).await;
+    assert!(
+        page.contains("confirmed by scoring: 1.246x over 4 benches"),
+        "{page}"
+    );
     let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
     // A score from before the timing patch says it was timed as published.
     assert!(

@@ -265,6 +265,14 @@ fn sessions_say_what_scoring_made_of_each_session_winner() {
             .any(|l| l.starts_with("  fk-agentd score --run 20")),
         "the command is not whole on its own line:\n{before}"
     );
+    // Before any score, each session winner's SCORING cell says so.
+    for target in ["L1/gelu", "L1/bmm"] {
+        let row = before.lines().find(|l| l.starts_with(target)).unwrap();
+        assert!(
+            row.contains("  winner  ") && row.contains("  not scored yet  "),
+            "{row}"
+        );
+    }
     let json: serde_json::Value =
         serde_json::from_str(&stdout(fk(h).args(["sessions", "--json"]))).unwrap();
     assert!(json["scored"].is_null(), "{json}");
@@ -290,9 +298,14 @@ fn sessions_say_what_scoring_made_of_each_session_winner() {
         line.contains(" of 2 session winners confirmed standalone"),
         "{line}"
     );
-    // Each session winner's NOTE says what scoring made of it.
+    // Each session winner's SCORING cell says what scoring made of it, and `session` too.
     for target in ["L1/gelu", "L1/bmm"] {
         let row = after.lines().find(|l| l.starts_with(target)).unwrap();
-        assert!(row.contains("  scoring: "), "{row}");
+        assert!(
+            row.contains("  confirmed ") || row.contains("  not confirmed  "),
+            "{row}"
+        );
+        let view = stdout(fk(h).args(["session", target]));
+        assert!(view.contains("\nscoring  "), "{view}");
     }
 }
