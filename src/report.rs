@@ -165,7 +165,7 @@ fn session_cells(
     wide: bool,
 ) -> Vec<String> {
     let state = match outcome.map(|o| &o.end) {
-        Some(SessionEnd::Running) | None => r.state.clone(),
+        Some(SessionEnd::Running | SessionEnd::Queued) | None => r.state.clone(),
         Some(end) => end.word().to_string(),
     };
     let verdict = outcome
@@ -201,7 +201,7 @@ fn note(r: &SessionRow, outcome: Option<&Outcome>, scoring: Option<&ScoringWord>
             ..
         }) => why.clone(),
         Some(Outcome {
-            end: SessionEnd::Running,
+            end: SessionEnd::Running | SessionEnd::Queued,
             ..
         })
         | None => {

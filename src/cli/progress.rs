@@ -28,6 +28,9 @@ pub struct Snapshot {
     pub run_id: String,
     pub total: usize,
     pub done: usize,
+    /// Sessions already ended when this process began watching (a resumed run's): the ETA
+    /// counts the pace of this stint only.
+    pub done_before: usize,
     pub running: usize,
     pub winners: usize,
     pub gpus_busy: usize,
@@ -42,13 +45,11 @@ pub fn render(s: &Snapshot) -> String {
         Some(t) => format!("GPUs {}/{t} busy", s.gpus_busy),
         None => format!("{} GPU(s) busy", s.gpus_busy),
     };
-    let eta = match (s.done, s.total.saturating_sub(s.done)) {
-        (_, 0) => "ETA -".to_string(),
-        (0, _) => "ETA after the first session ends".to_string(),
-        (done, left) => format!(
-            "ETA {}",
-            clock(s.elapsed.mul_f64(left as f64 / done as f64).as_secs())
-        ),
+    let left = s.total.saturating_sub(s.done);
+    let eta = match crate::inspect::eta(s.elapsed, s.done.saturating_sub(s.done_before), left) {
+        _ if left == 0 => "ETA -".to_string(),
+        None => "ETA after the first session ends".to_string(),
+        Some(eta) => format!("ETA {}", clock(eta.as_secs())),
     };
     format!(
         "{}/{} sessions done · {} running · {} winner{} · {gpus} · {} elapsed · {eta}",
@@ -101,6 +102,7 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
         gpus_busy,
         gpus_total: None,
         elapsed: started.elapsed(),
+        done_before: 0,
     })
 }
 
@@ -137,6 +139,7 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
     let started = tokio::time::Instant::now();
     let mut store: Option<Store> = None;
     let mut last_plain: Option<(usize, tokio::time::Instant)> = None;
+    let mut done_before: Option<usize> = None;
     let mut tick = tokio::time::interval(TICK);
     loop {
         tokio::select! {
@@ -150,7 +153,12 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
         let Some(snap) = store.as_ref().and_then(|s| read(s, started)) else {
             continue;
         };
-        let snap = Snapshot { gpus_total, ..snap };
+        let done_before = *done_before.get_or_insert(snap.done);
+        let snap = Snapshot {
+            gpus_total,
+            done_before,
+            ..snap
+        };
         let line = render(&snap);
         match &bar {
             Some(bar) => {
@@ -188,6 +196,7 @@ mod tests {
             gpus_busy: 3,
             gpus_total: Some(8),
             elapsed: Duration::from_secs(600),
+            done_before: 0,
         };
         assert_eq!(
             render(&s),
@@ -200,6 +209,12 @@ mod tests {
             render(&s),
             "19/133 sessions done · 12 running · 1 winner · 3 GPU(s) busy · 0:10:00 elapsed · ETA 1:00:00"
         );
+        // Resumed with 48 sessions already done: the pace is this stint's (19 in 10 min).
+        s.done = 48 + 19;
+        s.done_before = 48;
+        assert!(render(&s).ends_with("ETA 0:34:44"), "{}", render(&s));
+        s.done = 48;
+        assert!(render(&s).ends_with("ETA after the first session ends"));
         s.done = 133;
         assert!(render(&s).ends_with("ETA -"));
     }

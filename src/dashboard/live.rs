@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::DashboardState;
 use super::model::{self, RunView, SessionLine};
-use crate::inspect::{RenderOptions, SessionEnd, SessionView, render_lines};
+use crate::inspect::{RenderOptions, SessionView, render_lines};
 use crate::store::Event;
 
 const POLL: Duration = Duration::from_millis(500);
@@ -70,7 +70,7 @@ pub fn session_body(
     events: &[Event],
 ) -> Markup {
     let (sv, text) = view_text(&view.run.id, view.run.simulated, events);
-    let ended = sv.outcome.end != SessionEnd::Running || !view.run.is_running();
+    let ended = !sv.outcome.end.is_live() || !view.run.is_running();
     let after = events.last().map_or(0, |e| e.seq);
     let leases: Vec<_> = view.leases.iter().filter(|l| l.session == target).collect();
     html! {
@@ -186,7 +186,7 @@ impl SessionFeed {
         if last > self.after {
             self.after = last;
             let (view, text) = view_text(&self.run_id, self.simulated, &self.events);
-            ended = view.outcome.end != SessionEnd::Running;
+            ended = !view.outcome.end.is_live();
             // The sessions row is written just after the session's last event: once the events
             // say it ended, they are the newer word.
             let word = match ended {

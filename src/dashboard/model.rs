@@ -50,6 +50,8 @@ pub struct Tally {
     turn_start: HashMap<String, OffsetDateTime>,
     /// The provider's price table recorded at the run's start (prices turns without a cost).
     prices: Option<crate::config::provider::Prices>,
+    /// When the run was last resumed: the ETA counts the pace since.
+    pub resumed_at: Option<OffsetDateTime>,
 }
 
 impl Tally {
@@ -80,6 +82,7 @@ impl Tally {
                 }
             }
             "token_reloaded" => self.token_reloads += 1,
+            "run_resumed" => self.resumed_at = parse_at(&e.at),
             "run_started" => {
                 self.prices = e
                     .payload_as::<RunStarted>()
@@ -284,13 +287,26 @@ impl RunView {
         c
     }
 
-    /// Seconds left at the pace so far; `None` before a session ended or after the run.
+    /// Seconds left at the pace of this stint (since the run's start or latest resume);
+    /// `None` before a session ended in it, or after the run.
     pub fn eta_s(&self) -> Option<f64> {
-        let c = self.counts();
-        if !self.run.is_running() || c.ended == 0 {
+        if !self.run.is_running() {
             return None;
         }
-        Some(self.elapsed_s() / c.ended as f64 * (c.targets - c.ended) as f64)
+        let c = self.counts();
+        let stint = self
+            .tally
+            .resumed_at
+            .unwrap_or(self.start())
+            .max(self.start());
+        let ended_here = self
+            .sessions
+            .iter()
+            .filter(|s| state_group(&s.state) == "ended")
+            .filter(|s| parse_at(&s.updated_at).is_some_and(|at| at >= stint))
+            .count();
+        let elapsed = std::time::Duration::from_secs_f64(seconds_between(stint, self.end()));
+        crate::inspect::eta(elapsed, ended_here, c.targets - c.ended).map(|d| d.as_secs_f64())
     }
 
     /// The GPU lanes of the timeline: every GPU a lease or a drain named, sorted.

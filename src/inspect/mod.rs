@@ -26,7 +26,7 @@ mod view;
 
 pub use leases::{LeaseEnd, LeaseView};
 pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcomes};
-pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};
+pub use render::{RenderOptions, clip, clock, eta, group, render_lines, render_text};
 pub use scoring::ScoringWord;
 pub use tools::{ToolDetail, strip_encrypted};
 pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, parse_at, transcript_events};

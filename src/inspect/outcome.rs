@@ -19,6 +19,9 @@ use crate::store::Event;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(tag = "end", content = "reason", rename_all = "snake_case")]
 pub enum SessionEnd {
+    /// Submitted and waiting for an agent slot (never started, or resubmitted by a resume and
+    /// not started again yet).
+    Queued,
     /// Still running (no end recorded yet).
     #[default]
     Running,
@@ -35,9 +38,15 @@ pub enum SessionEnd {
 }
 
 impl SessionEnd {
+    /// Whether the session has not ended yet (queued or running).
+    pub fn is_live(&self) -> bool {
+        matches!(self, Self::Queued | Self::Running)
+    }
+
     /// The word shown in tables: `finished`, `failed`, `timed out`, `cancelled`, …
     pub fn word(&self) -> &'static str {
         match self {
+            Self::Queued => "queued",
             Self::Running => "running",
             Self::Finished => "finished",
             Self::Failed(_) => "failed",
@@ -183,10 +192,14 @@ impl Outcome {
     /// Derives the outcome from one session's events, in order.
     pub fn from_events(events: &[Event]) -> Self {
         let mut end = SessionEnd::Running;
+        // Submitted (again, after a resume) and not started since: waiting for a slot.
+        let mut waiting = false;
         let mut current: Option<ValidateCall> = None;
         let mut last: Option<ValidateCall> = None;
         for e in events {
             match e.decoded() {
+                Kind::TaskSubmitted(_) => waiting = true,
+                Kind::SessionStarted(_) | Kind::SessionResumed(_) => waiting = false,
                 Kind::SessionFinished(SessionFinished(r)) => {
                     end = end_of(r.status.as_ref(), r.reason.as_deref())
                 }
@@ -209,9 +222,12 @@ impl Outcome {
                 _ => {}
             }
         }
+        if end == SessionEnd::Running && waiting {
+            end = SessionEnd::Queued;
+        }
         let verdict = match last {
             Some(call) => verdict_of(&call),
-            None if end == SessionEnd::Running => Verdict::Pending,
+            None if end.is_live() => Verdict::Pending,
             None => Verdict::NoValidCandidate {
                 detail: "the candidate was never validated".into(),
             },
@@ -517,6 +533,34 @@ mod tests {
         assert_eq!(
             OutcomeTally::of(&all).line(),
             "3 sessions finished, 1 timed out, 0 winners (2 slower than baseline, 1 incorrect, 1 blocked by the screen)"
+        );
+    }
+
+    #[test]
+    fn a_submitted_session_is_queued_until_it_starts_and_again_after_a_resubmission() {
+        let submitted = || ev("task_submitted", json!({"task_name": "L1/gelu"}));
+        let started = || ev("session_started", json!({"prompt_sha256": "x"}));
+        let resumed = || ev("session_resumed", json!({"turns": 2}));
+        let end = |events: Vec<Event>| Outcome::from_events(&events).end;
+        assert_eq!(end(vec![submitted()]), SessionEnd::Queued);
+        assert_eq!(end(vec![submitted(), started()]), SessionEnd::Running);
+        // A resume submits the unfinished target again: it waits for a slot once more.
+        assert_eq!(
+            end(vec![submitted(), started(), submitted()]),
+            SessionEnd::Queued
+        );
+        assert_eq!(
+            end(vec![submitted(), started(), submitted(), resumed()]),
+            SessionEnd::Running
+        );
+        let outcomes = [
+            Outcome::from_events(&[submitted()]),
+            Outcome::from_events(&[submitted(), started()]),
+        ];
+        let line = OutcomeTally::of(&outcomes).line();
+        assert_eq!(
+            line,
+            "1 session running, 1 queued, 0 winners (2 not validated yet)"
         );
     }
 }

@@ -5,7 +5,6 @@
 //! says so; the default view shows heads and tails of long outputs, `full` shows every line.
 
 use super::leases::LeaseEnd;
-use super::outcome::SessionEnd;
 use super::render_end::{footer, lease};
 use super::tools::ToolDetail;
 use super::view::{Entry, Note, SessionView, ToolCall, Turn};
@@ -106,7 +105,7 @@ pub fn render_lines(view: &SessionView, opts: &RenderOptions) -> Vec<String> {
         out.push(String::new());
         turn_block(&mut out, turn);
     }
-    let ended = !matches!(view.outcome.end, SessionEnd::Running);
+    let ended = !view.outcome.end.is_live();
     if !opts.settled_only || ended {
         for n in &view.epilogue {
             note(&mut out, n, "");
@@ -455,6 +454,17 @@ pub fn clip(s: &str, n: usize) -> String {
 }
 
 /// `0:00:42`: a wall time as H:MM:SS.
+/// Time left at this stint's pace: `left` sessions at `ended` sessions per `elapsed`, where a
+/// stint counts from the run's start or its latest resume (sessions ended before a resume say
+/// nothing of this daemon's pace). `None` before a session ended in the stint.
+pub fn eta(elapsed: std::time::Duration, ended: usize, left: usize) -> Option<std::time::Duration> {
+    match (ended, left) {
+        (_, 0) => Some(std::time::Duration::ZERO),
+        (0, _) => None,
+        (ended, left) => Some(elapsed.mul_f64(left as f64 / ended as f64)),
+    }
+}
+
 pub fn clock(secs: u64) -> String {
     format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
 }

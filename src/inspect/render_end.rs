@@ -56,7 +56,7 @@ pub(super) fn footer(out: &mut Out<'_>, view: &SessionView) {
     let end = &view.outcome.end;
     let style = match end {
         SessionEnd::Finished => GREEN,
-        SessionEnd::Running | SessionEnd::Skipped(_) => CYAN,
+        SessionEnd::Queued | SessionEnd::Running | SessionEnd::Skipped(_) => CYAN,
         _ => RED,
     };
     let mut line = out.paint(end.word(), style);
