@@ -66,10 +66,16 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         let _ = write!(out, "{}", lines.render(opts.width));
     }
     if let Some(p) = pair {
-        let _ = writeln!(
-            out,
-            "pair: {p} (the other half of this --mode all campaign)"
-        );
+        let line = format!("pair: {p} (the other half of this --mode all campaign)");
+        if line.chars().count() <= opts.width {
+            let _ = writeln!(out, "{line}");
+        } else {
+            // The run id stays whole on a line of its own.
+            let _ = writeln!(
+                out,
+                "pair: {p}\n  the other half of this --mode all campaign"
+            );
+        }
     }
     if let Some(spent) = spent {
         let _ = writeln!(out, "spent: {}", spent.describe());

@@ -106,6 +106,15 @@ impl StoreError {
 }
 
 /// Whether the folder holding `path` is on a read-only file system.
+/// `path` as the path part of an SQLite `file:` URI (`%`, `?` and `#` escaped).
+fn uri_path(path: &Path) -> String {
+    path.display()
+        .to_string()
+        .replace('%', "%25")
+        .replace('?', "%3f")
+        .replace('#', "%23")
+}
+
 fn read_only_fs(path: &Path) -> bool {
     let dir = path.parent().unwrap_or(Path::new("."));
     rustix::fs::statvfs(dir).is_ok_and(|s| s.f_flag.contains(rustix::fs::StatVfsMountFlags::RDONLY))
@@ -251,19 +260,32 @@ impl Store {
         let err = StoreError::sqlite(path);
         let flags =
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags)
-            .and_then(|c| {
+        let immutable = || {
+            let uri = format!("file:{}?immutable=1", uri_path(path));
+            Connection::open_with_flags(uri, flags | rusqlite::OpenFlags::SQLITE_OPEN_URI)
+        };
+        // No write-ahead log and no shared memory beside the file: no connection has the
+        // store open (the last one to close removes both), so no daemon writes it. Reading it
+        // as immutable leaves the home's files as they were, instead of creating both.
+        let quiet = ["-wal", "-shm"].iter().all(|s| {
+            let mut p = path.as_os_str().to_owned();
+            p.push(s);
+            !Path::new(&p).exists()
+        });
+        let normal = || {
+            Connection::open_with_flags(path, flags).and_then(|c| {
                 c.query_row("PRAGMA user_version", [], |_| Ok(()))
                     .map(|_| c)
             })
+        };
+        let conn = if quiet { immutable() } else { normal() }
             .or_else(|e| {
                 // A WAL store on a read-only file system (a mounted snapshot) cannot make its
                 // shared-memory file; nothing can change it there, so it is read as immutable.
                 if !read_only_fs(path) {
                     return Err(e);
                 }
-                let uri = format!("file:{}?immutable=1", path.display());
-                Connection::open_with_flags(uri, flags | rusqlite::OpenFlags::SQLITE_OPEN_URI)
+                immutable()
             })
             .map_err(err)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))

@@ -389,6 +389,52 @@ fn after_a_run_the_database_file_alone_holds_it() {
     assert!(events.iter().any(|e| e.kind == "run_finished"));
 }
 
+/// With no daemon running, the read-only commands leave the home's files as they found them:
+/// no `-wal` or `-shm` made beside the store, the store itself untouched.
+#[test]
+fn read_commands_leave_an_idle_home_as_they_found_it() {
+    let dir = tempfile::tempdir().unwrap();
+    fk(dir.path())
+        .args(["start", "--sim", "--targets", "L1/gelu"])
+        .assert()
+        .success();
+    let listing = || {
+        let mut names: Vec<(String, u64, std::time::SystemTime)> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| {
+                let m = e.metadata().unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, m.len(), m.modified().unwrap())
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let before = listing();
+    assert!(
+        !before
+            .iter()
+            .any(|(n, _, _)| n.ends_with("-wal") || n.ends_with("-shm")),
+        "{before:?}"
+    );
+    for args in [
+        &["runs"][..],
+        &["status"],
+        &["sessions"],
+        &["sessions", "--json"],
+        &["session", "L1/gelu"],
+        &["runs", "--json"],
+    ] {
+        fk(dir.path())
+            .args(args)
+            .assert()
+            .code(predicates::ord::lt(2));
+        assert_eq!(listing(), before, "after {args:?}");
+    }
+}
+
 /// A finished run whose row says `running` (a kill between its last event and the row, or an
 /// edit) is finished: the events are the truth, `resume` has nothing to run and records no
 /// second `run_finished`.
