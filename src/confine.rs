@@ -33,6 +33,10 @@ use landlock::{
     ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, path_beneath_rules,
 };
 
+/// The exit status of `fk-agentd confined-exec --require` on a host that cannot hide the paths
+/// (the command did not run).
+pub const CANNOT_CONFINE: i32 = 125;
+
 /// `CAP_SYS_PTRACE` of `<linux/capability.h>`.
 const CAP_SYS_PTRACE: libc::c_ulong = 19;
 

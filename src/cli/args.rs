@@ -176,6 +176,10 @@ pub struct ConfinedExecArgs {
     /// A file (or folder) the command must not reach; repeatable.
     #[arg(long = "hide", value_name = "PATH")]
     pub hide: Vec<std::path::PathBuf>,
+    /// Refuse (exit 125) rather than run the command unconfined where this host cannot hide
+    /// the paths (no Landlock, or a path under /tmp).
+    #[arg(long)]
+    pub require: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub argv: Vec<std::ffi::OsString>,

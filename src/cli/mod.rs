@@ -446,6 +446,10 @@ fn confined_exec(args: args::ConfinedExecArgs) -> i32 {
             None,
             crate::confine::Status::Unsupported(why) | crate::confine::Status::Misplaced(why),
         ) => {
+            if args.require {
+                eprintln!("fk-agentd confined-exec: cannot hide the secret files here: {why}");
+                return crate::confine::CANNOT_CONFINE;
+            }
             eprintln!("fk-agentd confined-exec: running unconfined: {why}");
         }
         (None, _) => {}

@@ -136,7 +136,7 @@ pub struct SlurmBackend {
     /// Per `srun` pid: whether the broker signalled it (srun reports a signal as 128 + N).
     signalled: Mutex<HashMap<i64, Arc<AtomicBool>>>,
     /// The fk-agentd binary and the secret files its `confined-exec` hides from each step.
-    confine: Option<(PathBuf, Vec<PathBuf>)>,
+    confine: Option<hold::NodeConfinement>,
 }
 
 impl SlurmBackend {
@@ -360,12 +360,8 @@ impl LeaseBackend for SlurmBackend {
         std_cmd.args(&args);
         // The step runs on its node, out of reach of the daemon's ruleset: it builds the same
         // one there before the command runs.
-        if let Some((binary, hidden)) = &self.confine {
-            std_cmd.arg(binary).arg("confined-exec");
-            for h in hidden {
-                std_cmd.arg("--hide").arg(h);
-            }
-            std_cmd.arg("--");
+        if let Some(c) = &self.confine {
+            std_cmd.args(c.prefix());
         }
         if let Some(positions) = self.positions(&spec.env)? {
             std_cmd.args(["sh", "-c", PICK_GPUS, "fk-agentd-pick-gpus", &positions]);
@@ -638,7 +634,13 @@ pub async fn start_confined_by(
         .iter()
         .filter_map(|p| p.canonicalize().ok())
         .collect();
-    let confine = binary.filter(|_| !hidden.is_empty()).map(|b| (b, hidden));
+    let confine = binary
+        .filter(|_| !hidden.is_empty())
+        .map(|binary| hold::NodeConfinement {
+            binary,
+            hidden,
+            required: !config.allow_unconfined,
+        });
     let mut probe = vec![config.home.clone()];
     probe.extend(slurm.shared_root.clone());
     probe.extend(

@@ -289,6 +289,45 @@ fn confined_exec_hides_the_token_from_the_command_it_runs() {
     assert_eq!(missing.status.code(), Some(127), "{missing:?}");
 }
 
+/// `confined-exec --require` (every Slurm step unless `[security] allow_unconfined`) refuses
+/// with exit 125, without running the command, where the paths cannot be hidden (here: a file
+/// under /tmp); without `--require` it runs the command unconfined and says so.
+#[test]
+fn confined_exec_with_require_refuses_where_it_cannot_hide() {
+    let tmp = tempfile::Builder::new()
+        .prefix("fk-require")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let marker = tmp.path().join("ran");
+    let run = |require: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"));
+        cmd.arg("confined-exec");
+        if require {
+            cmd.arg("--require");
+        }
+        cmd.arg("--hide").arg(&token).arg("--");
+        cmd.args(["touch", marker.to_str().unwrap()]);
+        cmd.output().expect("confined-exec")
+    };
+    let refused = run(true);
+    assert_eq!(
+        refused.status.code(),
+        Some(fk_agentd::confine::CANNOT_CONFINE),
+        "{refused:?}"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("cannot hide the secret files here"),
+        "{refused:?}"
+    );
+    assert!(!marker.exists(), "the command ran");
+    let unconfined = run(false);
+    assert!(unconfined.status.success(), "{unconfined:?}");
+    assert!(String::from_utf8_lossy(&unconfined.stderr).contains("running unconfined"));
+    assert!(marker.exists());
+}
+
 /// The import check runs candidate code (the module's top level) before every validate: it
 /// enters the same ruleset, so a candidate that reads the token file on import and raises with
 /// it gets "Permission denied", and it sees only its allowlisted environment (no token

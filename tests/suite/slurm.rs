@@ -260,6 +260,43 @@ async fn a_step_cannot_read_the_token_file_on_its_node() {
     broker.shutdown().await;
 }
 
+/// The start-up probe asks each node to hide the secret files through the same
+/// `confined-exec` steps run through: where it cannot (here a token under /tmp, which no node
+/// can hide), the backend refuses to start, naming the node and the fix, unless
+/// `[security] allow_unconfined` is set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_cannot_hide_the_token_refuses_the_campaign() {
+    let Some(cluster) = cluster() else { return };
+    let _serial = SERIAL.lock().await;
+    let _holders = Holders::cleared(&cluster);
+    let secret = tempfile::Builder::new()
+        .prefix("fk-slurm-token")
+        .tempdir_in("/tmp")
+        .expect("secret dir");
+    let token = secret.path().join("token");
+    std::fs::write(&token, "tok-slurm-misplaced\n").expect("token");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = config(&cluster, dir.path());
+    config.secret_files = vec![token.clone()];
+    let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
+    let slurm = config.slurm.clone().expect("a [slurm] table");
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_fk-agentd"));
+    let refused =
+        fk_agentd::gpu::slurm::start_confined_by(&config, &slurm, &store, Some(binary.clone()))
+            .await
+            .err()
+            .expect("the backend refuses to start");
+    let msg = refused.to_string();
+    assert!(
+        msg.contains("node n") && msg.contains("allow_unconfined"),
+        "{msg}"
+    );
+    config.allow_unconfined = true;
+    let started =
+        fk_agentd::gpu::slurm::start_confined_by(&config, &slurm, &store, Some(binary)).await;
+    assert!(started.is_ok(), "{:?}", started.err());
+}
+
 /// Job mode (`slurm.mode = "job"`), for clusters that forbid long allocations: each lease is a
 /// job of its own, on the node of its granted GPUs, a two-GPU lease included, and nothing is
 /// held between leases.

@@ -25,10 +25,37 @@ pub struct StartParams {
     pub lease_timeout: Duration,
     /// Paths every node must see (daemon home, shared root, captures, harness copy).
     pub probe: Vec<PathBuf>,
-    /// Steps run through `<binary> confined-exec --hide <path>… -- CMD` on their node, which
-    /// keeps these secret files out of the command's reach there (Landlock, as local leases);
-    /// `None`: no secret file to hide. The binary must be on a path every node sees.
-    pub confine: Option<(PathBuf, Vec<PathBuf>)>,
+    /// How steps keep the secret files out of reach on their node; `None`: no secret file to
+    /// hide.
+    pub confine: Option<NodeConfinement>,
+}
+
+/// Steps run through `<binary> confined-exec [--require] --hide <path>… -- CMD` on their node,
+/// which keeps these secret files out of the command's reach there (Landlock, as local
+/// leases). The binary must be on a path every node sees.
+#[derive(Clone, Debug)]
+pub struct NodeConfinement {
+    pub binary: PathBuf,
+    pub hidden: Vec<PathBuf>,
+    /// A node that cannot hide them refuses the step (and fails the start-up probe) instead
+    /// of running it unconfined: `[security] allow_unconfined` is off.
+    pub required: bool,
+}
+
+impl NodeConfinement {
+    /// The argv that runs a command confined on its node (the command follows).
+    pub fn prefix(&self) -> Vec<std::ffi::OsString> {
+        let mut argv = vec![self.binary.clone().into(), "confined-exec".into()];
+        if self.required {
+            argv.push("--require".into());
+        }
+        for h in &self.hidden {
+            argv.push("--hide".into());
+            argv.push(h.clone().into());
+        }
+        argv.push("--".into());
+        argv
+    }
 }
 
 /// `--partition`, `--account`, `--qos` from the table.
@@ -83,7 +110,7 @@ pub fn start(
         confine: params.confine,
     };
     let mut must_see = params.probe;
-    must_see.extend(backend.confine.iter().map(|(binary, _)| binary.clone()));
+    must_see.extend(backend.confine.iter().map(|c| c.binary.clone()));
     probe(&backend, &must_see)?;
     let gpus = backend
         .slots
@@ -335,7 +362,8 @@ fn wait_running(cli: &SlurmCli, jobs: &[u64], timeout: Duration) -> Result<(), S
     }
 }
 
-/// A step on each node checks that every path in `paths` exists there.
+/// A step on each node checks that every path in `paths` exists there and, where steps are
+/// confined, that the node hides the secret files.
 fn probe(backend: &SlurmBackend, paths: &[PathBuf]) -> Result<(), LeaseError> {
     if paths.is_empty() {
         return Ok(());
@@ -346,7 +374,7 @@ fn probe(backend: &SlurmBackend, paths: &[PathBuf]) -> Result<(), LeaseError> {
     }
     let script = "for p; do [ -e \"$p\" ] || { echo \"$p\"; exit 3; }; done";
     for (node, slot) in per_node {
-        let mut args = match slot.holder {
+        let placement = match slot.holder {
             Some(h) => vec![format!("--jobid={h}"), "--overlap".into()],
             None => {
                 let mut a = vec![format!("--nodelist={node}"), "--time=1".into()];
@@ -354,6 +382,7 @@ fn probe(backend: &SlurmBackend, paths: &[PathBuf]) -> Result<(), LeaseError> {
                 a
             }
         };
+        let mut args = placement.clone();
         args.extend(
             [
                 "--nodes=1",
@@ -385,8 +414,64 @@ fn probe(backend: &SlurmBackend, paths: &[PathBuf]) -> Result<(), LeaseError> {
                 "the shared-filesystem probe on node {node} failed: {why} (the daemon home, slurm.shared_root, the captures, the harness copy and, where a token file is hidden from steps, the fk-agentd binary must be on a filesystem every node mounts)"
             )));
         }
+        if let Some(c) = &backend.confine {
+            probe_confinement(backend, node, &placement, c)?;
+        }
     }
     Ok(())
+}
+
+/// A step on `node` (placed by `placement`) tries to read each hidden file through the same
+/// `confined-exec` every step runs through: a node that cannot hide them refuses the campaign
+/// (unless `[security] allow_unconfined`), as the local host does.
+fn probe_confinement(
+    backend: &SlurmBackend,
+    node: &str,
+    placement: &[String],
+    c: &NodeConfinement,
+) -> Result<(), LeaseError> {
+    let script = "for h; do if cat \"$h\" >/dev/null 2>&1; then echo \"$h\"; exit 4; fi; done";
+    let out = backend
+        .cli
+        .command("srun")
+        .args(placement)
+        .args([
+            "--nodes=1",
+            "--ntasks=1",
+            "--quiet",
+            "--job-name=fk-agentd-probe",
+        ])
+        .args(c.prefix())
+        .args(["sh", "-c", script, "probe"])
+        .args(&c.hidden)
+        .output()
+        .map_err(|e| LeaseError::Slurm(format!("cannot run srun: {e}")))?;
+    let refuse = |why: String| {
+        Err(LeaseError::Slurm(format!(
+            "node {node} cannot keep the provider's secret files from agent code: {why}; fix the node (a kernel with Landlock, the token outside /tmp), or set [security] allow_unconfined = true to run anyway"
+        )))
+    };
+    match out.status.code() {
+        Some(0) => Ok(()),
+        Some(crate::confine::CANNOT_CONFINE) => {
+            refuse(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+        Some(4) if !c.required => {
+            tracing::warn!(
+                node,
+                "agent code on this node can read the provider's secret files ([security] allow_unconfined)"
+            );
+            Ok(())
+        }
+        Some(4) => refuse(format!(
+            "a confined step read {}",
+            String::from_utf8_lossy(&out.stdout).trim()
+        )),
+        _ => Err(LeaseError::Slurm(format!(
+            "the confinement probe on node {node} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
 }
 
 /// The Slurm programs the backend calls.
