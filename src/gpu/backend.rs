@@ -6,32 +6,30 @@
 //!   signal reaches the group and a `/proc` sweep finds tagged processes that left it.
 //! - Where a cgroup hierarchy is writable ([`Cgroups`]), the child is in the lease's cgroup
 //!   before the command is exec'd, so no descendant is ever outside it; a signal then goes to
-//!   the process group *and* to every process in the cgroup. Whether the child got in is
-//!   reported back ([`LeaseBackend::settle`]); if not, the lease is a process-group lease.
+//!   the process group *and* to every process in the cgroup. A child that cannot get in is
+//!   started again outside it, and the lease is a process-group lease.
 //! - A lease's cgroup is its first GPU's reusable one unless that still holds a process of an
 //!   earlier lease; it is chosen before the grant is journaled, and the launch uses that one.
 //! - A job is alive while its group or its cgroup holds a live (non-zombie) process.
 //!
-//! A cgroup v2 lease's child is started inside its cgroup (`cgroup_spawn`, `clone3`). A v1
-//! lease's child, or a v2 one where the kernel refuses that clone, starts as a shell that moves
-//! itself into the cgroup and then execs the command; `spawn`'s comment says why this and not
-//! a `pre_exec` hook.
+//! A cgroup lease's child moves itself into its cgroup between fork and exec (a `pre_exec`
+//! hook writing `0` to the cgroup's entry file), so the command never runs outside it; a child
+//! that cannot get in fails its spawn, and the lease is started again in its process group
+//! alone (and says so).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::ffi::CString;
 use std::fs::File;
 use std::future::Future;
-use std::io::{self, Read};
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::process::{Pid, Signal};
 
 use super::cgroup::{self, Cgroups};
-use super::cgroup_spawn;
 use super::procfs;
 use super::types::{Containment, LeaseError};
 use crate::sync::guard;
@@ -172,11 +170,6 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn group_is_lease(&self, _pgid: i64, _granted_unix_ms: i64) -> bool {
         true
     }
-    /// What really contained the job, known once it is gone (a cgroup lease's child reports
-    /// whether it entered its cgroup); `None` keeps what the launch said.
-    fn settle(&self, _job: &JobRef) -> Option<Containment> {
-        None
-    }
     /// Frees what the launch set up once the job is gone: a lease's own cgroup is removed, a
     /// GPU's reusable one is left empty for the next lease.
     fn release(&self, _job: &JobRef) -> Result<(), String> {
@@ -224,11 +217,6 @@ pub trait LeaseBackend: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct LocalBackend {
     cgroups: Option<Cgroups>,
-    /// Per trampoline lease (by pgid), the socket on which its child reports entering the
-    /// cgroup.
-    reports: Mutex<HashMap<i64, UnixStream>>,
-    /// Set once `clone3(CLONE_INTO_CGROUP)` was refused: later v2 leases use the trampoline.
-    clone_refused: AtomicBool,
     /// GPU cgroups that `cgroup.kill` emptied: removed, not reused, once empty.
     killed: Mutex<HashSet<PathBuf>>,
 }
@@ -247,14 +235,6 @@ impl LocalBackend {
         }
     }
 
-    /// A cgroup per lease in `cgroups`, every child moving itself in through the shell
-    /// trampoline, as on a host whose kernel refuses `clone3` into a cgroup v2.
-    pub fn with_cgroups_through_shell(cgroups: Cgroups) -> Self {
-        let backend = Self::with_cgroups(cgroups);
-        backend.clone_refused.store(true, Ordering::Relaxed);
-        backend
-    }
-
     /// A cgroup per lease in the first writable hierarchy under `root` (`None`: cgroups off);
     /// without one, says so once and keeps to process groups.
     pub fn detect(root: Option<&Path>, scope: &str) -> Self {
@@ -262,12 +242,7 @@ impl LocalBackend {
             tracing::info!("cgroups are off: leases run in process groups");
             return Self::default();
         };
-        // Without the trampoline's shell a cgroup lease could not start.
-        let cgroups = if Path::new(SHELL).is_file() {
-            Cgroups::choose(root, scope, cgroup_spawn::enters_directly)
-        } else {
-            None
-        };
+        let cgroups = Cgroups::choose(root, scope);
         match &cgroups {
             Some(c) => tracing::info!(
                 containment = ?c.kind(),
@@ -276,10 +251,9 @@ impl LocalBackend {
             ),
             None => tracing::warn!(
                 root = %root.display(),
-                shell = SHELL,
-                "no writable cgroup hierarchy (or no shell to start leases in one): leases are \
-                 contained by their process group and lease-id tag only, so a descendant that \
-                 calls setsid and clears its environment would escape the kill"
+                "no writable cgroup hierarchy: leases are contained by their process group and \
+                 lease-id tag only, so a descendant that calls setsid and clears its environment \
+                 would escape the kill"
             ),
         }
         Self {
@@ -293,39 +267,6 @@ impl LocalBackend {
         self.cgroups
             .as_ref()
             .map_or(Containment::ProcessGroup, Cgroups::kind)
-    }
-
-    /// A v2 lease started straight in its cgroup (see [`cgroup_spawn`]); `None` when this
-    /// host cannot, and the trampoline is to start it instead.
-    fn launch_direct(
-        &self,
-        spec: &LaunchSpec<'_>,
-        dir: &Path,
-    ) -> Result<Option<Launched>, LeaseError> {
-        if self.containment() != Containment::CgroupV2
-            || !cgroup_spawn::SUPPORTED
-            || self.clone_refused.load(Ordering::Relaxed)
-        {
-            return Ok(None);
-        }
-        let child = match cgroup_spawn::launch_in(spec, Some(dir)) {
-            Ok(Ok(child)) => child,
-            Ok(Err(refused)) => {
-                self.clone_refused.store(true, Ordering::Relaxed);
-                tracing::warn!(error = %refused, "clone3 into a cgroup was refused; cgroup leases now start through a shell that moves itself in, which stalls concurrent forks on this host");
-                return Ok(None);
-            }
-            Err(e) => {
-                let _ = cgroup::retire(dir, true);
-                return Err(e);
-            }
-        };
-        let (pgid, cgroup) = (i64::from(child.pid), Some(dir.to_path_buf()));
-        Ok(Some(Launched {
-            job: JobRef { pgid, cgroup },
-            containment: Containment::CgroupV2,
-            exit: Box::pin(async move { child.wait().await.ok() }),
-        }))
     }
 
     /// The chosen cgroup, made if it does not exist yet; `None` (a process-group lease) when
@@ -353,14 +294,6 @@ fn open_output(path: &Path) -> Result<File, LeaseError> {
         .map_err(LeaseError::io(path))
 }
 
-/// The shell that puts a cgroup lease's child into its cgroup before the command runs.
-const SHELL: &str = "/bin/sh";
-/// `$1` is the cgroup file to write `0` to, the rest is the command. The shell moves itself
-/// into the cgroup, reports `y` or `n` on fd 0 (a socket to the daemon), then becomes the
-/// command with stdin null; the command therefore never runs outside the cgroup.
-const TRAMPOLINE: &str = "p=$1; shift; if { echo 0 >\"$p\"; } 2>/dev/null; then printf y; \
-                          else printf n; fi >&0; exec \"$@\" </dev/null";
-
 /// The file a process writes `0` to in order to move itself into a cgroup. In v1 that is
 /// `tasks`: moving the current thread alone skips the kernel's global threadgroup lock, whose
 /// RCU grace period made `cgroup.procs` writes take 6–20 ms on an idle 2-core host, against
@@ -385,11 +318,8 @@ fn child_path(env: &[(String, String)], env_remove: &[String]) -> std::ffi::OsSt
 }
 
 /// Where `execvp` would find `argv0` for a child in `cwd` with that environment: the checks
-/// it makes, so that a command that cannot start is still a spawn error when the trampoline
-/// (whose shell would exit 127) starts it. What only the exec itself finds (a script whose
-/// interpreter is missing) is a spawn error where the daemon execs the command (process
-/// groups, `clone3`) and the shell's exit 127 under the trampoline.
-pub(super) fn resolve(
+/// it makes, so that a program that cannot start is refused before its request is queued.
+fn resolve(
     argv0: &str,
     cwd: &Path,
     env: &[(String, String)],
@@ -429,73 +359,66 @@ pub struct Unrunnable {
     pub why: String,
 }
 
-/// Spawns the command; with `cgroup` (its entry file), through the trampoline, which reports
-/// on the returned socket whether it got in.
+/// Spawns the command; with `cgroup` (its entry file), the child moves itself in before it
+/// execs, and a child that cannot fails the spawn.
 ///
-/// Why a trampoline. The child must be in its cgroup before the command can fork. Writing
-/// `0` to `cgroup.procs` from a `pre_exec` hook does that, but makes std fork the daemon
-/// instead of using `posix_spawn`, and fork copies the daemon's page tables: the lease bench
-/// on a 2-core host measured launch p50 0.49 → 2.16 ms (one session) and grant p50 1.8 →
-/// 11.4 ms (12 sessions), and a 200 MiB process forks in about 14 ms against 0.13 ms for
-/// `posix_spawn`, so it grows with the daemon. Moving the pid from the daemon after
-/// `posix_spawn` races with the command's first fork and waits on the kernel's global lock (see
-/// [`entry_file`]) on a runtime thread; `clone3(CLONE_INTO_CGROUP)` is v2-only (the local
-/// backend uses it there, see `cgroup_spawn`). The trampoline keeps `posix_spawn`: with v1 (`tasks`), interleaved
-/// bench runs put cgroup leases within run-to-run noise of process-group ones. With v2 the
-/// child's own move still takes the global lock, which stalls concurrent forks and cgroup
-/// mkdirs for a grace period: on a 16-core v2 host the 12-session launch p99 went from 1.4–6.8
-/// to 10–35 ms (p50 0.3–0.6 ms more). Mounting cgroup2 with `favordynmods` removes that wait.
+/// The hook makes std fork the daemon instead of using `posix_spawn` (a fork copies the
+/// daemon's page tables: about 14 ms for a 200 MiB process against 0.13 ms), which the
+/// confinement's hook costs already; leases last seconds to minutes, so launch latency is
+/// not worth a second way to start them.
 fn spawn(
     spec: &LaunchSpec<'_>,
     cgroup: Option<&Path>,
-) -> Result<(tokio::process::Child, Option<UnixStream>), LeaseError> {
+) -> Result<tokio::process::Child, LeaseError> {
     let argv0 = spec.argv.first().cloned().unwrap_or_default();
     let spawn_err = LeaseError::spawn(&argv0);
-    let report = match cgroup {
-        Some(entry) => {
-            resolve(&argv0, spec.cwd, &spec.env, spec.env_remove).map_err(spawn_err)?;
-            UnixStream::pair()
-                .inspect_err(|e| tracing::warn!(error = %e, "no socket for the cgroup report; the lease runs in its process group only"))
-                .ok()
-                .map(|pair| (entry, pair))
-        }
-        None => None,
-    };
-    let (mut cmd, report) = match report {
-        Some((entry, (ours, theirs))) => {
-            let mut cmd = tokio::process::Command::new(SHELL);
-            cmd.args(["-c", TRAMPOLINE, "fk-agentd-lease"])
-                .arg(entry)
-                .args(spec.argv)
-                .stdin(std::process::Stdio::from(OwnedFd::from(theirs)));
-            (cmd, Some(ours))
-        }
-        None => {
-            let mut cmd = tokio::process::Command::new(&argv0);
-            cmd.args(spec.argv.get(1..).unwrap_or_default())
-                .stdin(std::process::Stdio::null());
-            (cmd, None)
-        }
-    };
-    cmd.current_dir(spec.cwd);
+    let entry = cgroup
+        .map(|p| CString::new(p.as_os_str().as_bytes()))
+        .transpose()
+        .map_err(|e| spawn_err(io::Error::other(e)))?;
+    let mut cmd = tokio::process::Command::new(&argv0);
+    cmd.args(spec.argv.get(1..).unwrap_or_default())
+        .stdin(std::process::Stdio::null())
+        .current_dir(spec.cwd);
     lease_command(&mut cmd, spec, spec.env.iter(), &argv0)?;
-    if let Some(fd) = spec.confine {
-        // Costs a fork instead of `posix_spawn` (see above), only for confined leases on hosts
-        // without the clone path.
-        // SAFETY: the hook only makes the two plain system calls of `confine::enter`, on a
-        // descriptor the broker's parameters keep open until the spawn has returned.
+    let confine = spec.confine;
+    if entry.is_some() || confine.is_some() {
+        // SAFETY: the hook only makes plain system calls (open, write, close, and those of
+        // `confine::enter`) on a path built before the fork and a descriptor the broker's
+        // parameters keep open until the spawn has returned; it allocates nothing.
         unsafe {
-            cmd.pre_exec(move || crate::confine::enter(fd));
+            cmd.pre_exec(move || {
+                if let Some(entry) = &entry {
+                    enter_cgroup(entry)?;
+                }
+                match confine {
+                    Some(fd) => crate::confine::enter(fd),
+                    None => Ok(()),
+                }
+            });
         }
     }
-    let child = cmd.spawn().map_err(spawn_err)?;
-    Ok((child, report))
+    cmd.spawn().map_err(spawn_err)
+}
+
+/// Moves the calling process into the cgroup whose entry file is `entry`.
+fn enter_cgroup(entry: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: `entry` is a valid C string; the descriptor is ours and closed before return.
+    unsafe {
+        let fd = libc::open(entry.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let err = io::Error::last_os_error();
+        libc::close(fd);
+        if wrote == 1 { Ok(()) } else { Err(err) }
+    }
 }
 
 /// Gives `cmd` what every leased command gets: stdout and stderr to the lease's files (an error
 /// copying them names `argv0`), its own process group, and the daemon's environment less
-/// `env_remove`, plus `env` and the lease-id tag. The cgroup `clone3` launch builds the same
-/// environment in `cgroup_spawn::environment`: a change to one is a change to both.
+/// `env_remove`, plus `env` and the lease-id tag.
 pub(super) fn lease_command<'a>(
     cmd: &mut tokio::process::Command,
     spec: &LaunchSpec<'_>,
@@ -579,29 +502,27 @@ impl LeaseBackend for LocalBackend {
 
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
         let dir = self.make_cgroup(&spec);
-        if let Some(d) = &dir
-            && let Some(launched) = self.launch_direct(&spec, d)?
-        {
-            return Ok(launched);
-        }
         let entry = dir.as_deref().map(|d| entry_file(self.containment(), d));
-        let (mut child, report) = spawn(&spec, entry.as_deref()).inspect_err(|_| {
-            if let Some(d) = &dir {
-                let _ = cgroup::retire(d, true);
-            }
-        })?;
-        let pid = child.id().map(i64::from).unwrap_or(0);
-        let (cgroup, containment) = match (dir, report) {
-            (Some(d), Some(report)) => {
-                guard(&self.reports).insert(pid, report);
-                (Some(d), self.containment())
-            }
-            (Some(d), None) => {
+        let (child, cgroup) = match spawn(&spec, entry.as_deref()) {
+            Ok(child) => (child, dir),
+            Err(e) => {
+                let Some(d) = dir else {
+                    return Err(e);
+                };
+                // The child could not get into its cgroup (or the program failed to start:
+                // then the second spawn fails alike): the lease runs in its process group.
                 let _ = cgroup::retire(&d, true);
-                (None, Containment::ProcessGroup)
+                let child = spawn(&spec, None)?;
+                tracing::warn!(lease = spec.lease_id, cgroup = %d.display(), error = %e, "the lease's child could not enter its cgroup; it runs in its process group only");
+                (child, None)
             }
-            _ => (None, Containment::ProcessGroup),
         };
+        let pid = child.id().map(i64::from).unwrap_or(0);
+        let containment = match &cgroup {
+            Some(_) => self.containment(),
+            None => Containment::ProcessGroup,
+        };
+        let mut child = child;
         let exit = Box::pin(async move {
             use std::os::unix::process::ExitStatusExt;
             child.wait().await.ok().map(|s| ExitInfo {
@@ -613,19 +534,6 @@ impl LeaseBackend for LocalBackend {
             job: JobRef { pgid: pid, cgroup },
             containment,
             exit,
-        })
-    }
-
-    fn settle(&self, job: &JobRef) -> Option<Containment> {
-        let report = guard(&self.reports).remove(&job.pgid)?;
-        let mut byte = [0u8; 1];
-        let entered = report.set_nonblocking(true).is_ok()
-            && matches!((&report).read(&mut byte), Ok(1))
-            && byte[0] == b'y';
-        Some(if entered {
-            self.containment()
-        } else {
-            Containment::ProcessGroup
         })
     }
 
@@ -671,7 +579,6 @@ impl LeaseBackend for LocalBackend {
     }
 
     fn release(&self, job: &JobRef) -> Result<(), String> {
-        guard(&self.reports).remove(&job.pgid);
         let Some(dir) = &job.cgroup else {
             return Ok(());
         };

@@ -17,11 +17,8 @@
 //!
 //! Hierarchies are tried in this order: cgroup v2 mounted at the root, the cgroup v1 `pids`
 //! hierarchy, the v1 `freezer` hierarchy, then the v2 `unified` mount of a hybrid host.
-//! [`Cgroups::choose`] puts a v2 hierarchy first when a child can be started straight into it
-//! (`clone3(CLONE_INTO_CGROUP)`, see `cgroup_spawn`): then no process moves, and `cgroup.kill`
-//! does the whole kill in the kernel. Otherwise v1 comes before the hybrid v2 mount, because a
-//! child moves itself into a v1 cgroup without the kernel's global lock (see the backend's
-//! `entry_file`) and `pids.max = 0` stops a dying lease from forking.
+//! [`Cgroups::choose`] puts a v2 hierarchy first: `cgroup.kill` does the whole kill in the
+//! kernel. A lease's child moves itself in before it execs (see the backend's `spawn`).
 //!
 //! Invariants:
 //! - A hierarchy counts as available only if `statfs` says it is a cgroup filesystem and this
@@ -82,20 +79,12 @@ impl Cgroups {
             .find_map(|mount| Self::at(mount, scope))
     }
 
-    /// The hierarchy leases should run in: the first v2 one into which `enters_directly` says a
-    /// child can be started, else the first v1 one, else the first v2 one; `None` when none is
-    /// writable.
-    pub fn choose(
-        root: &Path,
-        scope: &str,
-        enters_directly: impl Fn(&Path) -> bool,
-    ) -> Option<Self> {
+    /// The hierarchy leases should run in: the first v2 one (its `cgroup.kill` ends a lease
+    /// in the kernel), else the first v1 one; `None` when none is writable.
+    pub fn choose(root: &Path, scope: &str) -> Option<Self> {
         let mut found = Self::available(root, scope);
-        let direct = found
-            .iter()
-            .position(|c| c.kind == Containment::CgroupV2 && enters_directly(&c.scope_dir));
-        let v1 = found.iter().position(|c| c.kind != Containment::CgroupV2);
-        let pick = direct.or(v1).unwrap_or(0);
+        let v2 = found.iter().position(|c| c.kind == Containment::CgroupV2);
+        let pick = v2.unwrap_or(0);
         // The others drop here, removing the scope directories they made.
         (pick < found.len()).then(|| found.swap_remove(pick))
     }

@@ -45,7 +45,6 @@ impl Drop for LeaseGuard {
         if let Some(job) = self.job.take() {
             let backend = self.broker.inner.backend.clone();
             backend.signal(&job, true);
-            let _ = backend.settle(&job);
             // The cgroup can only go once its members are dead; a restart sweeps it otherwise.
             // The GPUs wait for that too: the next lease on them may reuse this cgroup, and
             // must not be hit by this cleanup's kills.
@@ -288,10 +287,7 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
             }
         }
     }
-    let containment = inner.backend.settle(&e.job).unwrap_or(e.containment);
-    if e.job.cgroup.is_some() && !containment.is_cgroup() {
-        notes.push("the child did not enter its cgroup: it ran in its process group only".into());
-    }
+    let containment = e.containment;
     end_job(broker, &g.lease_id, &e.job, containment, &mut notes).await;
     super::reclaim::reclaim(broker, &g.slots, &mut notes).await;
     if g.req.class == LeaseClass::Ncu && mentions_counter_permission(&g.cmd) {

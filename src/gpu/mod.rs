@@ -27,7 +27,6 @@ mod audit;
 mod backend;
 mod broker;
 pub mod cgroup;
-pub mod cgroup_spawn;
 mod health;
 mod idempotency;
 mod inventory;

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use fk_agentd::confine::{Confinement, Status};
 use fk_agentd::gpu::LeaseClass;
-use fk_agentd::gpu::cgroup_spawn;
-use fk_agentd::gpu::{LaunchSpec, LeaseOutput};
+use fk_agentd::gpu::{LaunchSpec, LeaseBackend, LeaseOutput, LocalBackend};
 use fk_agentd::workspace::exec::{self, ShellEnd};
 use fk_agentd::workspace::{OutputLimits, ShellEnv, ShellRequest};
 use tokio_util::sync::CancellationToken;
@@ -177,21 +176,25 @@ async fn a_leased_job_cannot_read_the_token_file() {
     }
 }
 
+/// A cgroup lease's child enters its cgroup and the ruleset between fork and exec: the
+/// command runs in the cgroup and cannot read the token.
 #[tokio::test]
-async fn a_child_started_by_clone_enters_the_ruleset_before_exec() {
-    if !cgroup_spawn::SUPPORTED {
-        eprintln!("skipped: this build has no clone path");
-        return;
-    }
+async fn a_cgroup_lease_child_enters_its_cgroup_and_the_ruleset_before_exec() {
     let tmp = private_dir();
     let (token, _) = secret(tmp.path());
     let Some(confinement) = hiding(&token) else {
         return;
     };
+    let scope = fk_agentd::gpu::cgroup::scope_for(&tmp.path().join("fk-agentd.db"));
+    let backend = LocalBackend::detect(Some(Path::new("/sys/fs/cgroup")), &scope);
+    let Some(dir) = backend.cgroup_for("lease-confined", &[]) else {
+        eprintln!("skipped: no writable cgroup hierarchy");
+        return;
+    };
     let argv = [
         "sh".to_string(),
         "-c".to_string(),
-        format!("cat {}", token.display()),
+        format!("cat /proc/self/cgroup; cat {}", token.display()),
     ];
     let (out, err) = (tmp.path().join("o"), tmp.path().join("e"));
     let output = LeaseOutput::open(&out, &err).unwrap();
@@ -202,20 +205,28 @@ async fn a_child_started_by_clone_enters_the_ruleset_before_exec() {
         env_remove: &[],
         env: vec![],
         output: &output,
-        cgroup: None,
+        cgroup: Some(&dir),
         confine: confinement.raw_fd(),
     };
-    let child = cgroup_spawn::launch_in(&spec, None)
-        .expect("launch")
-        .expect("clone");
-    let ended = child.wait().await.unwrap();
+    let launched = backend.launch(spec).expect("launch");
+    assert!(
+        launched.containment.is_cgroup(),
+        "{:?}",
+        launched.containment
+    );
+    let job = launched.job.clone();
+    let ended = launched.exit.await.unwrap();
     assert_ne!(ended.code, Some(0));
-    assert_no_token(&std::fs::read_to_string(&out).unwrap());
+    let printed = std::fs::read_to_string(&out).unwrap();
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(printed.contains(&name), "not in {name}: {printed}");
+    assert_no_token(&printed);
     assert!(
         std::fs::read_to_string(&err)
             .unwrap()
             .contains("Permission denied")
     );
+    backend.release(&job).unwrap();
 }
 
 #[test]

@@ -521,11 +521,6 @@ async fn on_all(argv: &[&str]) -> Option<(String, Vec<(Containment, String)>)> {
     for k in 0..n {
         let (dir, broker, _store, kind) = cgroup_rig(k).expect("writable");
         contained.push((kind, run(broker, dir.path().to_path_buf()).await));
-        if kind == Containment::CgroupV2 {
-            let shell = LocalBackend::with_cgroups_through_shell;
-            let (dir, broker, _store, kind) = cgroup_rig_with(k, shell).expect("writable");
-            contained.push((kind, run(broker, dir.path().to_path_buf()).await));
-        }
     }
     Some((a, contained))
 }
@@ -565,7 +560,7 @@ async fn a_command_that_is_not_there_is_refused_before_the_grant_in_every_contai
 }
 
 #[test]
-fn a_v2_hierarchy_that_takes_children_directly_is_chosen_before_v1() {
+fn a_v2_hierarchy_is_chosen_before_v1() {
     let probe = tempfile::tempdir().expect("tempdir");
     let scope = scope_for(probe.path());
     let root = Path::new(CGROUP_ROOT);
@@ -579,10 +574,6 @@ fn a_v2_hierarchy_that_takes_children_directly_is_chosen_before_v1() {
     }
     let is_v2 = |k: &Containment| *k == Containment::CgroupV2;
     let first_v2 = kinds.iter().copied().find(is_v2);
-    let first_v1 = kinds.iter().copied().find(|k| !is_v2(k));
-    let chosen = |direct: bool| Cgroups::choose(root, &scope, |_| direct).map(|c| c.kind());
-    assert_eq!(
-        (chosen(true), chosen(false)),
-        (first_v2.or(first_v1), first_v1.or(first_v2))
-    );
+    let chosen = Cgroups::choose(root, &scope).map(|c| c.kind());
+    assert_eq!(chosen, first_v2.or(kinds.first().copied()));
 }

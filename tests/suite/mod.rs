@@ -18,7 +18,6 @@ mod gpu_cgroup;
 mod gpu_drain;
 mod gpu_kill;
 mod gpu_routes;
-mod gpu_spawn;
 mod hardening;
 mod harness;
 mod inspect;
