@@ -261,7 +261,6 @@ pub fn render_gpus(s: &Snapshot, daemon: bool) -> String {
         let state = match g.state {
             GpuState::Free => "free",
             GpuState::Leased => "leased",
-            GpuState::Reserved => "reserved",
             GpuState::Drained => "drained",
             GpuState::NoDaemon => "no daemon",
         };
@@ -294,9 +293,6 @@ pub fn render_gpus(s: &Snapshot, daemon: bool) -> String {
                 q.waiting_ms / 1000
             ));
         }
-    }
-    if let Some(p) = &s.pool {
-        out.push_str(&format!("pool: {} ({}) for {}\n", p.id, p.state, p.reason));
     }
     out
 }

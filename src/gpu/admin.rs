@@ -20,7 +20,7 @@ use super::broker::{Broker, Inner};
 use super::health::{GpuEvent, XidDisposition, classify_xid};
 use super::inventory::Inventory;
 use super::queue::Queue;
-use super::types::{GpuSnapshot, GpuState, LeaseError, PoolSnapshot, QueuedSnapshot, Snapshot};
+use super::types::{GpuSnapshot, GpuState, LeaseError, QueuedSnapshot, Snapshot};
 use crate::store::Store;
 
 /// Marks the GPUs the store says are drained (at broker construction).
@@ -166,8 +166,6 @@ impl Broker {
                     GpuState::Leased
                 } else if !s.usable() {
                     GpuState::Drained
-                } else if s.pool.is_some() {
-                    GpuState::Reserved
                 } else {
                     GpuState::Free
                 };
@@ -192,16 +190,10 @@ impl Broker {
                 waiting_ms: now.saturating_duration_since(w.enqueued).as_millis() as u64,
             })
             .collect();
-        let pool = st.queue.claim.as_ref().map(|c| PoolSnapshot {
-            id: format!("pool-{}", c.id),
-            reason: c.reason.clone(),
-            state: if c.held { "held" } else { "waiting" }.into(),
-        });
         Snapshot {
             source: self.inner.inventory.source.as_str().to_string(),
             gpus,
             queue,
-            pool,
         }
     }
 }

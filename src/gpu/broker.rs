@@ -17,7 +17,7 @@ use super::backend::{LeaseBackend, LocalBackend};
 use super::health::{self, GpuEvent};
 use super::idempotency::{Claim, Key, await_twin};
 use super::inventory::Inventory;
-use super::queue::{Decision, Queue, Scope, Waiter};
+use super::queue::{Decision, Queue, Waiter};
 use super::recover::RecoveryReport;
 use super::token::{LeaseToken, TokenBook};
 use super::types::{LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest};
@@ -152,7 +152,6 @@ type GrantTx = oneshot::Sender<Result<Vec<usize>, LeaseError>>;
 pub(crate) struct State {
     pub queue: Queue,
     pub grants: HashMap<String, GrantTx>,
-    pub pools: HashMap<u64, GrantTx>,
     pub live: HashMap<String, LiveLease>,
     pub inflight: HashMap<Key, watch::Sender<Option<LeaseOutcome>>>,
 }
@@ -171,8 +170,6 @@ pub(crate) struct Inner {
     next_id: AtomicU64,
     /// Makes lease ids unique across brokers on one host (their lease-id tags must not meet).
     id_salt: u32,
-    /// The next pool id ([`Broker::drain_pool`] takes one per claim).
-    pub(super) next_pool: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -254,7 +251,6 @@ impl Broker {
             watcher_stop: Arc::new(AtomicBool::new(false)),
             next_id: AtomicU64::new(1),
             id_salt: rand::random(),
-            next_pool: AtomicU64::new(1),
         });
         if let Some(nvml) = inner.inventory.monitor.nvml() {
             let weak: Weak<Inner> = Arc::downgrade(&inner);
@@ -318,15 +314,12 @@ impl Broker {
         &self,
         req: &LeaseRequest,
         lease_id: &str,
-        scope: Scope,
     ) -> Result<oneshot::Receiver<Result<Vec<usize>, LeaseError>>, LeaseError> {
         if self.inner.shutdown.is_cancelled() {
             return Err(LeaseError::ShuttingDown);
         }
         let mut st = self.lock();
-        if scope.is_none()
-            && let Some(lim) = self.inner.params.session_limits
-        {
+        if let Some(lim) = self.inner.params.session_limits {
             let outstanding = st.queue.outstanding(&req.session);
             if outstanding >= lim.running + lim.queued {
                 return Err(LeaseError::SessionLimit {
@@ -344,7 +337,6 @@ impl Broker {
             session: req.session.clone(),
             class: req.class,
             gpus: req.gpus,
-            scope,
             seq: 0,
             enqueued: Instant::now(),
         });
@@ -392,11 +384,6 @@ impl Broker {
                         let _ = tx.send(Err(LeaseError::Unsatisfiable { wanted, healthy }));
                     }
                 }
-                Decision::PoolHeld { id, slots } => {
-                    if let Some(tx) = st.pools.remove(&id) {
-                        let _ = tx.send(Ok(slots));
-                    }
-                }
             }
         }
     }
@@ -406,16 +393,6 @@ impl Broker {
         &self,
         req: LeaseRequest,
         cmd: LeaseCommand,
-        cancel: &CancellationToken,
-    ) -> Result<LeaseOutcome, LeaseError> {
-        self.run_scoped(req, cmd, None, cancel).await
-    }
-
-    pub(crate) async fn run_scoped(
-        &self,
-        req: LeaseRequest,
-        cmd: LeaseCommand,
-        scope: Scope,
         cancel: &CancellationToken,
     ) -> Result<LeaseOutcome, LeaseError> {
         self.check(&req, &cmd)?;
@@ -435,7 +412,7 @@ impl Broker {
         };
         let lease_id = self.new_lease_id();
         let queued_at = Instant::now();
-        let rx = self.enqueue(&req, &lease_id, scope)?;
+        let rx = self.enqueue(&req, &lease_id)?;
         let slots = tokio::select! {
             granted = rx => granted.unwrap_or(Err(LeaseError::ShuttingDown))?,
             _ = cancel.cancelled() => {

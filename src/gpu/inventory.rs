@@ -288,7 +288,6 @@ impl Inventory {
                 .map(|g| g.snapshot(GpuState::NoDaemon))
                 .collect(),
             queue: Vec::new(),
-            pool: None,
         }
     }
 

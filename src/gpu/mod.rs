@@ -32,7 +32,6 @@ mod idempotency;
 mod inventory;
 mod lease;
 pub mod platform;
-mod pool;
 mod preflight;
 mod procfs;
 mod queue;
@@ -63,11 +62,10 @@ pub use health::{GpuEvent, XidDisposition, classify_xid};
 pub use inventory::{
     DeclaredMonitor, GpuInfo, GpuMonitor, GpuProcess, Inventory, InventorySource, NvmlMonitor,
 };
-pub use pool::{DrainPoolParams, PoolGuard};
 pub use recover::RecoveryReport;
 pub use sanity::{SanityReport, run_sanity};
 pub use token::LeaseToken;
 pub use types::{
     Containment, GpuSnapshot, GpuState, KilledReason, LeaseClass, LeaseCommand, LeaseError,
-    LeaseOutcome, LeaseRequest, PoolSnapshot, QueuedSnapshot, Snapshot,
+    LeaseOutcome, LeaseRequest, QueuedSnapshot, Snapshot,
 };

@@ -3,8 +3,6 @@
 //! rule is unit-tested directly.
 //!
 //! Rules, in order of precedence:
-//! - A claimed scoring pool stops all agent grants until running agent leases end, then takes
-//!   every healthy GPU. Its own runs use only its GPUs.
 //! - Requests that waited longer than `age_after` go first, oldest first.
 //! - Otherwise per-session round robin: a session's first waiting request before anyone's
 //!   second; among firsts, the session granted longest ago; ties in arrival order.
@@ -23,16 +21,12 @@ use tokio::time::Instant;
 
 use super::types::LeaseClass;
 
-/// The scope a request draws GPUs from: the agents' pool, or one scoring pool.
-pub(crate) type Scope = Option<u64>;
-
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Slot {
     pub holder: Option<String>,
     pub drained: Option<String>,
     /// Why the backend says the slot's node cannot run work now; lifted when it can again.
     pub down: Option<String>,
-    pub pool: Option<u64>,
 }
 
 impl Slot {
@@ -48,7 +42,6 @@ pub(crate) struct Waiter {
     pub session: String,
     pub class: LeaseClass,
     pub gpus: u32,
-    pub scope: Scope,
     pub seq: u64,
     pub enqueued: Instant,
 }
@@ -58,15 +51,6 @@ pub(crate) struct Held {
     pub session: String,
     pub class: LeaseClass,
     pub slots: Vec<usize>,
-    pub scope: Scope,
-}
-
-/// A pool claim waiting for running agent leases to end.
-#[derive(Clone, Debug)]
-pub(crate) struct PoolClaim {
-    pub id: u64,
-    pub reason: String,
-    pub held: bool,
 }
 
 /// What a scheduling pass decided.
@@ -82,11 +66,6 @@ pub(crate) enum Decision {
         wanted: u32,
         healthy: usize,
     },
-    /// The pool claim is granted: these slots are now its own.
-    PoolHeld {
-        id: u64,
-        slots: Vec<usize>,
-    },
 }
 
 #[derive(Clone, Debug, Default)]
@@ -101,7 +80,6 @@ pub(crate) struct Queue {
     pub slots: Vec<Slot>,
     pub waiting: Vec<Waiter>,
     pub held: BTreeMap<String, Held>,
-    pub claim: Option<PoolClaim>,
     sessions: HashMap<String, SessionStats>,
     /// The node of each slot (an index, not a name); all 0 on one host.
     nodes: Vec<usize>,
@@ -129,7 +107,7 @@ impl Queue {
         }
     }
 
-    /// Running + waiting leases of an (agent-scope) session.
+    /// Running + waiting leases of a session.
     pub fn outstanding(&self, session: &str) -> usize {
         self.sessions
             .get(session)
@@ -139,9 +117,7 @@ impl Queue {
     pub fn enqueue(&mut self, w: Waiter) {
         self.seq += 1;
         let w = Waiter { seq: self.seq, ..w };
-        if w.scope.is_none() {
-            self.sessions.entry(w.session.clone()).or_default().waiting += 1;
-        }
+        self.sessions.entry(w.session.clone()).or_default().waiting += 1;
         self.waiting.push(w);
     }
 
@@ -157,9 +133,7 @@ impl Queue {
     /// Removes waiter `pos`, which then no longer counts as its session's.
     fn unqueue(&mut self, pos: usize) {
         let w = self.waiting.remove(pos);
-        if w.scope.is_none()
-            && let Some(s) = self.sessions.get_mut(&w.session)
-        {
+        if let Some(s) = self.sessions.get_mut(&w.session) {
             s.waiting = s.waiting.saturating_sub(1);
         }
     }
@@ -170,22 +144,19 @@ impl Queue {
             session: session.to_string(),
             class,
             slots,
-            scope: None,
         };
         self.hold(lease_id, held);
     }
 
-    /// Gives `held.slots` to `lease_id`; a lease of the agent scope counts as its session's.
+    /// Gives `held.slots` to `lease_id`, which counts as its session's.
     fn hold(&mut self, lease_id: &str, held: Held) {
         for &i in &held.slots {
             self.slots[i].holder = Some(lease_id.to_string());
         }
-        if held.scope.is_none() {
-            self.sessions
-                .entry(held.session.clone())
-                .or_default()
-                .running += 1;
-        }
+        self.sessions
+            .entry(held.session.clone())
+            .or_default()
+            .running += 1;
         self.held.insert(lease_id.to_string(), held);
     }
 
@@ -197,34 +168,24 @@ impl Queue {
                 self.slots[i].holder = None;
             }
         }
-        if held.scope.is_none()
-            && let Some(s) = self.sessions.get_mut(&held.session)
-        {
+        if let Some(s) = self.sessions.get_mut(&held.session) {
             s.running = s.running.saturating_sub(1);
         }
         Some(held)
     }
 
-    /// Ends a scoring pool: its GPUs return to the agents as their leases end.
-    pub fn release_pool(&mut self, id: u64) {
-        for s in self.slots.iter_mut().filter(|s| s.pool == Some(id)) {
-            s.pool = None;
-        }
-        self.claim.take_if(|c| c.id == id);
-    }
-
-    fn free_in(&self, scope: Scope) -> Vec<usize> {
-        let free = |s: &Slot| s.holder.is_none() && s.usable() && s.pool == scope;
+    fn free(&self) -> Vec<usize> {
+        let free = |s: &Slot| s.holder.is_none() && s.usable();
         (0..self.slots.len())
             .filter(|&i| free(&self.slots[i]))
             .collect()
     }
 
-    /// The most usable slots of `scope` on one node: the largest request that can ever fit.
-    fn healthy_in(&self, scope: Scope) -> usize {
+    /// The most usable slots on one node: the largest request that can ever fit.
+    fn healthy(&self) -> usize {
         let mut per_node: HashMap<usize, usize> = HashMap::new();
         for (i, s) in self.slots.iter().enumerate() {
-            if s.usable() && (scope.is_none() || s.pool == scope) {
+            if s.usable() {
                 *per_node.entry(self.nodes[i]).or_default() += 1;
             }
         }
@@ -286,9 +247,8 @@ impl Queue {
 
     fn capped(&self, w: &Waiter, session_running_limit: Option<usize>) -> bool {
         let class_full = !self.nodes.iter().any(|&n| self.class_room(w.class, n));
-        let session_full = w.scope.is_none()
-            && session_running_limit
-                .is_some_and(|lim| self.sessions.get(&w.session).map_or(0, |s| s.running) >= lim);
+        let session_full = session_running_limit
+            .is_some_and(|lim| self.sessions.get(&w.session).map_or(0, |s| s.running) >= lim);
         class_full || session_full
     }
 
@@ -298,16 +258,12 @@ impl Queue {
         now: Instant,
         session_running_limit: Option<usize>,
     ) -> Vec<Decision> {
-        let mut out: Vec<Decision> = self.try_hold_pool().into_iter().collect();
-        let agents_blocked = self.claim.is_some();
-        let mut reserved: HashMap<Scope, usize> = HashMap::new();
+        let mut out = Vec::new();
+        let mut reserved = 0;
         let mut granted = Vec::new();
         for i in self.order(now) {
             let w = &self.waiting[i];
-            if w.scope.is_none() && agents_blocked {
-                continue;
-            }
-            let healthy = self.healthy_in(w.scope);
+            let healthy = self.healthy();
             if w.gpus as usize > healthy {
                 out.push(Decision::Unsatisfiable {
                     lease_id: w.lease_id.clone(),
@@ -320,8 +276,8 @@ impl Queue {
             if self.capped(w, session_running_limit) {
                 continue;
             }
-            let free = self.free_in(w.scope);
-            let held_back = reserved.get(&w.scope).copied().unwrap_or(0).min(free.len());
+            let free = self.free();
+            let held_back = reserved.min(free.len());
             if let Some(slots) = self.pick(&free[held_back..], w.class, w.gpus as usize) {
                 self.grant(i, &slots);
                 granted.push(i);
@@ -334,8 +290,7 @@ impl Queue {
                 .any(|&s| self.class_room(w.class, self.nodes[s]))
             {
                 // Free GPUs only on nodes at the class's cap are not this request's to reserve.
-                let r = reserved.entry(w.scope).or_default();
-                *r = (*r + w.gpus as usize).min(free.len());
+                reserved = (reserved + w.gpus as usize).min(free.len());
             }
         }
         granted.sort_unstable();
@@ -348,33 +303,14 @@ impl Queue {
     fn grant(&mut self, i: usize, slots: &[usize]) {
         let w = self.waiting[i].clone();
         self.grants += 1;
-        if w.scope.is_none() {
-            let st = self.sessions.entry(w.session.clone()).or_default();
-            st.last_grant = self.grants;
-        }
+        let st = self.sessions.entry(w.session.clone()).or_default();
+        st.last_grant = self.grants;
         let held = Held {
             session: w.session,
             class: w.class,
             slots: slots.to_vec(),
-            scope: w.scope,
         };
         self.hold(&w.lease_id, held);
-    }
-
-    fn try_hold_pool(&mut self) -> Option<Decision> {
-        if self.held.values().any(|h| h.scope.is_none()) {
-            return None;
-        }
-        let claim = self.claim.as_mut().filter(|c| !c.held)?;
-        claim.held = true;
-        let id = claim.id;
-        let slots: Vec<usize> = (0..self.slots.len())
-            .filter(|&i| self.slots[i].usable())
-            .collect();
-        for &i in &slots {
-            self.slots[i].pool = Some(id);
-        }
-        Some(Decision::PoolHeld { id, slots })
     }
 }
 
@@ -397,7 +333,6 @@ mod tests {
             session: session.into(),
             class,
             gpus,
-            scope: None,
             seq: 0,
             enqueued: now,
         });
@@ -504,34 +439,6 @@ mod tests {
         assert_eq!(
             granted(&q.schedule(later, None)),
             vec![("old2".into(), vec![0])]
-        );
-    }
-
-    #[test]
-    fn pool_claim_waits_for_running_leases_then_takes_every_healthy_gpu() {
-        let (mut q, now) = queue(3);
-        q.slots[2].drained = Some("xid 79".into());
-        ask(&mut q, "run", "s", LeaseClass::Validate, 1, now);
-        q.schedule(now, None);
-        q.claim = Some(PoolClaim {
-            id: 7,
-            reason: "scoring".into(),
-            held: false,
-        });
-        ask(&mut q, "late", "t", LeaseClass::Validate, 1, now);
-        assert_eq!(q.schedule(now, None), vec![]);
-        q.release("run");
-        assert_eq!(
-            q.schedule(now, None),
-            vec![Decision::PoolHeld {
-                id: 7,
-                slots: vec![0, 1]
-            }]
-        );
-        q.release_pool(7);
-        assert_eq!(
-            granted(&q.schedule(now, None)),
-            vec![("late".into(), vec![0])]
         );
     }
 

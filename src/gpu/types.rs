@@ -189,8 +189,6 @@ pub enum LeaseError {
     WrongSession { claimed: String },
     #[error("the lease was cancelled before it started")]
     Cancelled,
-    #[error("the scoring pool `{0}` has expired or was released")]
-    PoolExpired(String),
     #[error("{wanted} GPU(s) requested but only {healthy} are healthy (the rest are drained)")]
     Unsatisfiable { wanted: u32, healthy: usize },
     #[error("cannot start `{argv0}`: {source}")]
@@ -262,7 +260,7 @@ impl LeaseError {
             | Self::Store(_)
             | Self::ShuttingDown
             | Self::Slurm(_) => EXIT_UNAVAILABLE,
-            Self::Cancelled | Self::PoolExpired(_) => EXIT_FAILURES,
+            Self::Cancelled => EXIT_FAILURES,
         }
     }
 }
@@ -273,8 +271,6 @@ impl LeaseError {
 pub enum GpuState {
     Free,
     Leased,
-    /// Held for the scoring pool but not running anything.
-    Reserved,
     Drained,
     /// Shown by `fk-agentd gpus` when no daemon runs.
     NoDaemon,
@@ -304,15 +300,6 @@ pub struct QueuedSnapshot {
     pub waiting_ms: u64,
 }
 
-/// The scoring pool, when one is claimed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PoolSnapshot {
-    pub id: String,
-    pub reason: String,
-    /// `waiting` (for running leases to end) or `held`.
-    pub state: String,
-}
-
 /// Everything `fk-agentd gpus` shows.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -320,7 +307,6 @@ pub struct Snapshot {
     pub source: String,
     pub gpus: Vec<GpuSnapshot>,
     pub queue: Vec<QueuedSnapshot>,
-    pub pool: Option<PoolSnapshot>,
 }
 
 crate::exit_code!(LeaseError, |self| LeaseError::exit_code(self));

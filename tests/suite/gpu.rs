@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use fk_agentd::config::GpuDevices;
 use fk_agentd::gpu::{
-    BrokerParams, DrainPoolParams, GpuEvent, GpuState, Inventory, KilledReason, LeaseClass,
-    LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest, Snapshot,
+    BrokerParams, GpuEvent, GpuState, Inventory, KilledReason, LeaseClass, LeaseCommand,
+    LeaseError, LeaseOutcome, LeaseRequest, Snapshot,
 };
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
@@ -510,71 +510,6 @@ async fn an_infrastructure_end_under_a_key_is_run_again_not_replayed() {
 }
 
 #[tokio::test]
-async fn a_scoring_pool_waits_for_running_leases_then_holds_every_gpu_until_released() {
-    let rig = rig_with(3, params());
-    let dir = rig.dir.path().to_path_buf();
-    let agent = CancellationToken::new();
-    let running = spawn_run(
-        &rig,
-        req("a", LeaseClass::Validate, 1, Duration::from_secs(60)),
-        sh(&dir, "a", "exec sleep 60"),
-        &agent,
-    );
-    until("agent lease running", || {
-        count(&rig.broker.snapshot(), GpuState::Leased) == 1
-    })
-    .await;
-    let b = rig.broker.clone();
-    let pool = tokio::spawn(async move {
-        let p = DrainPoolParams {
-            reason: "scoring run X".into(),
-            max_hold: Duration::from_secs(600),
-        };
-        b.drain_pool(p, &CancellationToken::new()).await
-    });
-    until("pool claim waiting", || {
-        rig.broker.snapshot().pool.is_some()
-    })
-    .await;
-    let late_cancel = CancellationToken::new();
-    let late = spawn_run(
-        &rig,
-        req("b", LeaseClass::Validate, 1, Duration::from_secs(60)),
-        sh(&dir, "b", "echo late"),
-        &late_cancel,
-    );
-    until("late agent request queued behind the claim", || {
-        rig.broker.snapshot().queue.len() == 1
-    })
-    .await;
-    agent.cancel();
-    let _ = running.await;
-    let guard = pool.await.expect("join").expect("pool held");
-    assert_eq!(guard.gpus().len(), 3);
-    assert_eq!(count(&rig.broker.snapshot(), GpuState::Reserved), 3);
-    let bench = guard
-        .run(
-            req("scoring", LeaseClass::Bench, 3, Duration::from_secs(30)),
-            sh(&dir, "bench", "echo $CUDA_VISIBLE_DEVICES"),
-            &CancellationToken::new(),
-        )
-        .await
-        .expect("bench");
-    assert_eq!(bench.exit_code, Some(0));
-    assert_eq!(
-        rig.broker.snapshot().queue.len(),
-        1,
-        "agents wait while the pool is held"
-    );
-    drop(guard);
-    let o = late
-        .await
-        .expect("join")
-        .expect("late lease ran after the pool");
-    assert_eq!(o.exit_code, Some(0));
-}
-
-#[tokio::test]
 async fn reclaim_kills_processes_left_on_the_gpu_and_drains_a_gpu_whose_memory_stays_used() {
     let straggler = std::process::Command::new("sleep")
         .arg("60")
@@ -636,48 +571,6 @@ impl fk_agentd::gpu::GpuMonitor for ScriptedMonitor {
     fn memory_used(&self, _uuid: &str) -> Option<u64> {
         Some(self.used)
     }
-}
-
-// tokio's `test-util` (paused time) is not enabled in this crate, so the hold is short and real.
-#[tokio::test]
-async fn a_held_pool_returns_its_gpus_to_the_agents_at_its_hold_limit() {
-    let rig = rig_with(2, params());
-    let hold = DrainPoolParams {
-        reason: "scoring run Y".into(),
-        max_hold: Duration::from_millis(300),
-    };
-    let guard = rig
-        .broker
-        .drain_pool(hold, &CancellationToken::new())
-        .await
-        .expect("held at once");
-    let s = rig.broker.snapshot();
-    assert_eq!(
-        (
-            count(&s, GpuState::Reserved),
-            s.pool.map(|p| (p.id, p.state, p.reason))
-        ),
-        (
-            2,
-            Some(("pool-1".into(), "held".into(), "scoring run Y".into()))
-        )
-    );
-    until("pool released", || rig.broker.snapshot().pool.is_none()).await;
-    let s = rig.broker.snapshot();
-    assert_eq!((count(&s, GpuState::Free), s.pool), (2, None));
-    let dir = rig.dir.path().to_path_buf();
-    let e = guard
-        .run(
-            req("scoring", LeaseClass::Bench, 1, Duration::from_secs(5)),
-            sh(&dir, "late", "true"),
-            &CancellationToken::new(),
-        )
-        .await
-        .expect_err("expired");
-    assert_eq!(
-        e.to_string(),
-        "the scoring pool `pool-1` has expired or was released"
-    );
 }
 
 #[tokio::test]
