@@ -46,8 +46,7 @@ pub enum StoreError {
         found: i64,
         supported: i64,
     },
-    /// A lease journal write that failed (its SQLite error, as text: a group commit reports
-    /// one failure to every write it held).
+    /// A lease journal write that failed (its SQLite error, as text).
     #[error("store {path}: lease journal: {detail}")]
     Lease { path: PathBuf, detail: String },
     /// SQLite found the file damaged (a torn disk, a truncated copy).
@@ -203,8 +202,6 @@ pub struct SessionRow {
 #[derive(Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
-    /// Lease writes waiting for a group commit on `conn`.
-    leases: Arc<leases::LeaseBatch>,
     path: PathBuf,
 }
 
@@ -228,7 +225,6 @@ impl Store {
     fn of(conn: Connection, path: &Path) -> Self {
         Self {
             conn: Arc::new(Mutex::new(conn)),
-            leases: Arc::default(),
             path: path.to_path_buf(),
         }
     }
