@@ -45,7 +45,7 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 /// The `SIMULATED` banner every simulated output starts with.
 pub fn sim_banner(simulated: bool) -> &'static str {
     if simulated {
-        "SIMULATED RUN: scripted agents, fake GPUs, simulated bench; no number here is a measurement.\n"
+        "SIMULATED RUN: scripted agents, fake GPUs, simulated bench;\nno number here is a measurement.\n"
     } else {
         ""
     }
@@ -62,9 +62,10 @@ pub fn offline_status(home: &str, last: Option<&RunRow>) -> String {
             } else {
                 r.status.as_str()
             };
+            // The run id whole on its line (the thing to copy), what it is on the next.
             let _ = writeln!(
                 out,
-                "last run  {}{} ({}, {}, {} targets, started {})",
+                "last run  {}{}\n          {}, {}, {} targets, started {}",
                 r.id,
                 if r.simulated { " [SIMULATED]" } else { "" },
                 status,
@@ -77,6 +78,72 @@ pub fn offline_status(home: &str, last: Option<&RunRow>) -> String {
     }
     if let Some(r) = last.filter(|r| r.is_running()) {
         let _ = writeln!(out, "next      fk-agentd resume {}", r.id);
+    }
+    out
+}
+
+/// `text` wrapped at spaces to `width`, continuation lines indented by `indent` spaces (a
+/// word longer than the width stays whole); each line ends in a newline.
+pub fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let lead = text.len() - text.trim_start().len();
+    let mut line = text[..lead].to_string();
+    let mut fresh = true;
+    let mut out = String::new();
+    for word in text[lead..].split(' ') {
+        if !fresh && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = " ".repeat(indent);
+            fresh = true;
+        }
+        if !fresh {
+            line.push(' ');
+        }
+        line.push_str(word);
+        fresh = fresh && word.is_empty();
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
+/// `text` fitted to `width` columns, line by line: a line that fits stays; an indented line
+/// with aligned columns (a bench table, command output) is cut with `…`; any other is wrapped
+/// at spaces, its continuation lines indented under its text (past a `label   ` column). A
+/// single word longer than the width (a path, a URL) stays whole.
+pub fn fit_lines(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, nl) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        if body.chars().count() <= width {
+            out.push_str(line);
+            continue;
+        }
+        let lead = body.len() - body.trim_start().len();
+        let columns = lead >= 2 && body.trim_start().contains("  ");
+        if columns {
+            out.push_str(&crate::inspect::clip(body, width));
+            out.push_str(nl);
+            continue;
+        }
+        // `end      finished: …`: continuation lines start under the text after the label.
+        let label = body[lead..]
+            .find("  ")
+            .filter(|&at| !body[lead..lead + at].contains(' '))
+            .map(|at| {
+                let rest = &body[lead + at..];
+                lead + at + rest.len() - rest.trim_start().len()
+            });
+        let indent = label.unwrap_or(lead + 2).min(width / 2);
+        let wrapped = wrap(body, width, indent);
+        out.push_str(if nl.is_empty() {
+            wrapped.trim_end_matches('\n')
+        } else {
+            &wrapped
+        });
     }
     out
 }
@@ -111,14 +178,14 @@ pub fn sessions_table(
 ) -> String {
     let mut out = String::new();
     out.push_str(sim_banner(run.simulated));
-    let _ = writeln!(
-        out,
+    let title = format!(
         "run {} ({}, {}, {} targets)\n",
         run.id,
         run.mode,
         run.status,
         run.targets.len()
     );
+    let _ = writeln!(out, "{}", fit_lines(&title, opts.width));
     // At 80 columns the verdict and the scoring verdict stay whole; the counts go first.
     let wide = opts.width >= 110;
     let mut header = vec!["TARGET", "STATE", "VERDICT", "SCORING", "BEST"];

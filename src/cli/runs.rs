@@ -95,17 +95,21 @@ fn score_winners(score: &serde_json::Value) -> Option<usize> {
     Some(verdicts.iter().filter(|v| v["winner"] == true).count())
 }
 
-/// The table, fitted to `width` columns: the run id is cut to what is left, never shorter
-/// than its shortest unique prefix (which every command accepts); the pair is shown by the
-/// other run's random suffix; times are `MM-DD HH:MM` UTC.
+/// The table, fitted to `width` columns: the run id always whole (it is what one copies),
+/// then as many other columns as fit, in this order of need: mode, status, winners, targets,
+/// started, pair (shown by the other run's random suffix); times are `MM-DD HH:MM` UTC.
 pub fn render(lines: &[RunLine], width: usize) -> String {
     if lines.is_empty() {
         return "no runs yet: start one with `fk-agentd start --sim --targets L1-L3`\n".into();
     }
-    let rest: Vec<Vec<String>> = lines
+    let header = [
+        "RUN", "MODE", "STATUS", "TARGETS", "STARTED", "WINNERS", "PAIR",
+    ];
+    let cells: Vec<Vec<String>> = lines
         .iter()
         .map(|l| {
             vec![
+                l.id.clone(),
                 short_mode(&l.mode).to_string(),
                 l.status.clone(),
                 l.targets.to_string(),
@@ -115,49 +119,21 @@ pub fn render(lines: &[RunLine], width: usize) -> String {
             ]
         })
         .collect();
-    let header = [
-        "RUN", "MODE", "STATUS", "TARGETS", "STARTED", "WINNERS", "PAIR",
-    ];
-    let rest_width: usize = crate::report::widths(&header[1..], &rest)
-        .iter()
-        .map(|w| w + 2)
-        .sum();
-    let ids: Vec<&str> = lines.iter().map(|l| l.id.as_str()).collect();
-    let room = width.saturating_sub(rest_width + 2);
-    let rows: Vec<Vec<String>> = lines
-        .iter()
-        .zip(rest)
-        .map(|(l, rest)| {
-            let mut row = vec![fit_id(&l.id, &ids, room)];
-            row.extend(rest);
-            row
-        })
-        .collect();
-    crate::report::table(&header, &rows)
-}
-
-/// `id` in `room` characters: whole when it fits, else cut with `…` but kept a unique prefix.
-fn fit_id(id: &str, ids: &[&str], room: usize) -> String {
-    let len = id.chars().count();
-    if len <= room {
-        return id.to_string();
+    let widths = crate::report::widths(&header, &cells);
+    // Column indexes in the order they are given room.
+    let mut used = widths[0];
+    let mut shown = vec![0];
+    for col in [1, 2, 5, 3, 4, 6] {
+        if used + 2 + widths[col] <= width {
+            used += 2 + widths[col];
+            shown.push(col);
+        }
     }
-    let unique = (1..=len)
-        .find(|&n| {
-            let prefix: String = id.chars().take(n).collect();
-            ids.iter()
-                .filter(|other| other.starts_with(&prefix))
-                .count()
-                == 1
-        })
-        .unwrap_or(len);
-    let keep = room.saturating_sub(1).max(unique);
-    if keep >= len {
-        return id.to_string();
-    }
-    let mut out: String = id.chars().take(keep).collect();
-    out.push('…');
-    out
+    shown.sort_unstable();
+    let pick = |row: &[String]| shown.iter().map(|&c| row[c].clone()).collect::<Vec<_>>();
+    let head: Vec<&str> = shown.iter().map(|&c| header[c]).collect();
+    let rows: Vec<Vec<String>> = cells.iter().map(|r| pick(r)).collect();
+    crate::report::table(&head, &rows)
 }
 
 fn short_mode(mode: &str) -> &str {
@@ -225,10 +201,13 @@ mod tests {
     }
 
     #[test]
-    fn runs_table_at_80_columns_cuts_ids_to_unique_prefixes() {
+    fn runs_table_at_80_columns_keeps_whole_ids_and_drops_columns() {
         let text = render(&sample(), 80);
         insta::assert_snapshot!(text);
         assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+        for l in sample() {
+            assert!(text.contains(&l.id), "{text}");
+        }
     }
 
     #[test]

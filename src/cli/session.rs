@@ -244,11 +244,20 @@ pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> 
     }
     let view = view(&store, &name, &events)?;
     let render = render_options(&run_row, opts.transcript, false);
-    print!("{}", inspect::render_text(&view, &render));
+    let mut text = inspect::render_text(&view, &render);
     if let Some(w) = scoring_of_session(home, &run_row, &name, &view) {
-        println!("scoring  {w}");
+        text.push_str(&format!("scoring  {w}\n"));
     }
-    println!("cost     {}", session_cost(&store, &run_row.id, &events));
+    text.push_str(&format!(
+        "cost     {}\n",
+        session_cost(&store, &run_row.id, &events)
+    ));
+    // The transcript is every line as it was; the readable view fits the terminal (piped
+    // output only where `COLUMNS` says how wide).
+    if let (false, Some(width)) = (opts.transcript, super::term::known_width()) {
+        text = report::fit_lines(&text, width);
+    }
+    print!("{text}");
     Ok(0)
 }
 

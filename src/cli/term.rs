@@ -4,17 +4,22 @@ use std::io::IsTerminal;
 
 /// The width tables fit: the terminal's, else `COLUMNS`, else 120.
 pub fn stdout_width() -> usize {
+    known_width().unwrap_or(120)
+}
+
+/// The terminal's width, else `COLUMNS`; `None` for piped output without `COLUMNS`, which
+/// prose is not wrapped for.
+pub fn known_width() -> Option<usize> {
     if std::io::stdout().is_terminal()
         && let Ok(size) = rustix::termios::tcgetwinsize(std::io::stdout())
         && size.ws_col > 0
     {
-        return usize::from(size.ws_col);
+        return Some(usize::from(size.ws_col));
     }
     std::env::var("COLUMNS")
         .ok()
         .and_then(|c| c.parse().ok())
         .filter(|c: &usize| *c >= 40)
-        .unwrap_or(120)
 }
 
 /// Whether stdout gets colour: a terminal, and `NO_COLOR` unset or empty.

@@ -370,10 +370,10 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
 
 /// The `SIMULATED` banner, wrapped to the width.
 pub(crate) fn banner(simulated: bool, width: usize) -> String {
-    match sim_banner(simulated).trim_end() {
-        "" => String::new(),
-        text => wrap(text, width, 0),
-    }
+    sim_banner(simulated)
+        .lines()
+        .map(|line| wrap(line, width, 0))
+        .collect()
 }
 
 /// The widest line of a text, in characters.
@@ -381,30 +381,7 @@ fn widest(text: &str) -> usize {
     text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
 }
 
-/// `text` wrapped at spaces to `width`, continuation lines indented by `indent` spaces (a
-/// word longer than the width stays whole); each line ends in a newline.
-pub(crate) fn wrap(text: &str, width: usize, indent: usize) -> String {
-    let lead = text.len() - text.trim_start().len();
-    let mut line = text[..lead].to_string();
-    let mut fresh = true;
-    let mut out = String::new();
-    for word in text[lead..].split(' ') {
-        if !fresh && line.chars().count() + 1 + word.chars().count() > width {
-            out.push_str(line.trim_end());
-            out.push('\n');
-            line = " ".repeat(indent);
-            fresh = true;
-        }
-        if !fresh {
-            line.push(' ');
-        }
-        line.push_str(word);
-        fresh = fresh && word.is_empty();
-    }
-    out.push_str(line.trim_end());
-    out.push('\n');
-    out
-}
+pub(crate) use crate::report::wrap;
 
 /// A table in `width` columns: as is when it fits, else with its last column (free text) on
 /// an indented line under each row that has one; lines still too wide are cut with `…`.

@@ -309,3 +309,34 @@ fn sessions_say_what_scoring_made_of_each_session_winner() {
         assert!(view.contains("\nscoring  "), "{view}");
     }
 }
+
+/// At 80 columns the readable views fit: no line is longer, except a line that is one word
+/// (a path, a URL) that stays whole to be copied; the run id is never cut.
+#[test]
+fn the_readable_views_fit_80_columns() {
+    let home = campaign();
+    let h = home.path();
+    let run = stdout(fk(h).args(["runs", "--json"]));
+    let runs: serde_json::Value = serde_json::from_str(&run).unwrap();
+    let id = runs[0]["id"].as_str().unwrap().to_string();
+    for args in [
+        &["status"][..],
+        &["runs"],
+        &["sessions"],
+        &["session", "L1/gelu"],
+        &["session", "L1/bmm"],
+    ] {
+        let out = stdout(fk(h).env("COLUMNS", "80").args(args));
+        for line in out.lines() {
+            let one_word = !line.trim().contains(' ');
+            assert!(
+                line.chars().count() <= 80 || one_word,
+                "{args:?}: a line of {} columns:\n{line}\n\n{out}",
+                line.chars().count()
+            );
+        }
+        if args[0] != "session" {
+            assert!(out.contains(&id), "{args:?} cut the run id:\n{out}");
+        }
+    }
+}
