@@ -11,23 +11,23 @@
 //! | [`captures`]  | capture folders: the embedded default, their reports, per-target coverage, import |
 //! | [`app`]       | the one assembler: opens a home (lock, store, broker keeping the provider token from children), builds real or simulated campaigns |
 //! | [`daemon`]    | lifecycle of a campaign on the parts app hands it: run creation, control socket, shutdown; the lock type |
-//! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools; the codex backend |
+//! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools; the codex backend and its loopback relay (codex never holds the token) |
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |
 //! | [`run`]       | run directories, the campaign mode, the journal (store first, then `run.jsonl`) |
-//! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source    |
+//! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source, the token's redaction in every encoding |
 //! | [`event`]     | the typed event log: each kind's payload struct, decoding, the status words (session, run) |
 //! | [`store`]     | SQLite (WAL, checkpointed when a run ends; refuses newer, foreign or tampered files): events, runs (ids, unique prefixes), sessions, lease journal; migrations |
 //! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, GPU cgroups, reclaim, health |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid), its client, the daemon's status |
 //! | [`dashboard`] | the web dashboard and `/metrics` on loopback: token, pages, SVG, SSE  |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
-//! | [`inspect`]   | one session's events → a readable view; outcome words (end, verdict)      |
+//! | [`inspect`]   | one session's events → a readable view; outcome words (end, verdict, scoring) |
 //! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
 //! | [`tools`]     | tool specs the model sees, dispatch, apply_patch, the optimize prompt    |
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
 //! | [`harness`]   | a private, verified copy of fastkernels (patch series chosen by `patches`); its static target catalog; the host preflight |
 //! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench and eval |
-//! | [`score`]     | bench driver (paired or published timing), A/A calibration and its statistics, winner gates (published; confirmed on the calibrated noise), composed and sequential benches, exported sets, e2e eval, the newest score read back for views |
+//! | [`score`]     | bench driver (paired or published timing), A/A calibration and its statistics, winner gates (published; confirmed on the calibrated noise), composed and sequential benches, exported sets, e2e eval, what scoring made of each target read back for views (independent scores, sequential level gates) |
 //! | [`facts`]     | host/campaign facts (GPUs, stack, commits, provider, captures hash) as events |
 //! | [`manifest`]  | MANIFEST.md / manifest.json of a run, rendered from recorded facts only   |
 //! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |

@@ -130,10 +130,18 @@ fn print_spent(home: &Path, run_id: &str) {
     }
 }
 
-/// `fk-agentd` with the `--home`/`--config` the user gave, so a suggested command reads the
-/// same home.
+/// How the user ran fk-agentd, with the `--home`/`--config` they gave, so a suggested command
+/// reads the same home: `fk-agentd`, or `cargo run --` (`cargo run --release --`) when cargo
+/// started this binary.
 pub(crate) fn invocation(global: &GlobalArgs) -> String {
-    let mut out = String::from("fk-agentd");
+    let by_cargo = run_by_cargo();
+    let release =
+        std::env::current_exe().is_ok_and(|p| p.components().any(|c| c.as_os_str() == "release"));
+    let mut out = String::from(match (by_cargo, release) {
+        (true, true) => "cargo run --release --",
+        (true, false) => "cargo run --",
+        (false, _) => "fk-agentd",
+    });
     for (flag, value) in [("--home", &global.home), ("--config", &global.config)] {
         if let Some(path) = value {
             out.push_str(&format!(
@@ -142,6 +150,60 @@ pub(crate) fn invocation(global: &GlobalArgs) -> String {
             ));
         }
     }
+    out
+}
+
+/// Whether this process's parent is cargo (`cargo run`; a test harness that starts the binary
+/// is not, though it hands on cargo's variables).
+fn run_by_cargo() -> bool {
+    rustix::process::getppid().is_some_and(|ppid| {
+        std::fs::read_to_string(format!("/proc/{}/comm", ppid.as_raw_nonzero()))
+            .is_ok_and(|comm| comm.trim_end() == "cargo")
+    })
+}
+
+/// The invocation of this process ([`invocation`]), set once at start-up.
+static INVOKED_AS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// How the user ran fk-agentd (`fk-agentd` before [`remember_invocation`]).
+pub(crate) fn invoked_as() -> String {
+    INVOKED_AS
+        .get()
+        .cloned()
+        .unwrap_or_else(|| "fk-agentd".into())
+}
+
+/// Remembers how the user ran fk-agentd, for [`hinted`].
+pub(crate) fn remember_invocation(global: &GlobalArgs) {
+    let _ = INVOKED_AS.set(invocation(global));
+}
+
+/// `text` with each suggested command (`` `fk-agentd …` ``) written as the user ran
+/// fk-agentd (`cargo run --`, their `--home`); one that names its own `--home` is left alone,
+/// and so is one that names a running process (followed by ` (pid` or ` holds`), which says
+/// what runs, not what to type.
+pub(crate) fn hinted(text: &str) -> String {
+    let Some(how) = INVOKED_AS.get().filter(|h| h.as_str() != "fk-agentd") else {
+        return text.to_string();
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("`fk-agentd ") {
+        let (before, from) = rest.split_at(at);
+        out.push_str(before);
+        let span_end = from[1..].find('`').map_or(from.len(), |e| e + 2);
+        let span = &from[..span_end];
+        let after = &from[span_end..];
+        if span.contains("--home") || after.starts_with(" (pid") || after.starts_with(" holds") {
+            out.push_str(span);
+        } else {
+            out.push('`');
+            out.push_str(how);
+            out.push_str(&span["`fk-agentd".len()..]);
+        }
+        rest = &from[span_end..];
+    }
+    out.push_str(rest);
     out
 }
 

@@ -104,12 +104,13 @@ pub(crate) fn screen_uncaptured(
                 names.len() - SHOWN
             );
         }
-        eprintln!(
+        let note = format!(
             "note: {} selected target(s) have no captured case in {} ({listed}); a real \
              campaign skips them unless --include-uncaptured, the simulation invents their cases",
             names.len(),
             config.captures.display(),
         );
+        eprintln!("{}", super::campaign_view::hinted(&note));
         return Ok(Vec::new());
     }
     for n in &names {

@@ -84,10 +84,11 @@ pub fn main() -> i32 {
             return crate::exit::EXIT_UNAVAILABLE;
         }
     };
+    campaign_view::remember_invocation(&cli.global);
     match runtime.block_on(dispatch(cli, env)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("fk-agentd: {e}");
+            eprintln!("fk-agentd: {}", campaign_view::hinted(&e.to_string()));
             e.exit_code()
         }
     }
@@ -337,7 +338,10 @@ async fn cmd_stop(home: &std::path::Path) -> Result<i32, Error> {
     let client = ControlClient::new(home)?;
     client.stop().await?;
     println!(
-        "stop requested: running sessions are being cancelled (resume later with `fk-agentd resume`)"
+        "{}",
+        campaign_view::hinted(
+            "stop requested: running sessions are being cancelled (resume later with `fk-agentd resume`)"
+        )
     );
     Ok(0)
 }

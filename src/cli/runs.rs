@@ -40,7 +40,9 @@ pub fn cmd_runs(home: &Path, json: bool) -> Result<i32, Error> {
     } else {
         Vec::new()
     };
-    super::emit(json, &lines, || render(&lines, super::term::stdout_width()));
+    super::emit(json, &lines, || {
+        super::campaign_view::hinted(&render(&lines, super::term::stdout_width()))
+    });
     Ok(0)
 }
 

@@ -136,15 +136,22 @@ fn scoring_lines(
         let text = if run.is_running() {
             String::new()
         } else if paired {
-            "not scored yet: this --mode all campaign scores its independent half after the sessions end (`fk-agentd resume` continues an interrupted one)".to_string()
+            super::campaign_view::hinted(
+                "not scored yet: this --mode all campaign scores its independent half after the sessions end (`fk-agentd resume` continues an interrupted one)",
+            )
         } else {
             format!(
                 "not scored yet: {} passed the gate on a single validate bench (unconfirmed); confirm with:",
                 plural(n, "session winner", "session winners")
             )
         };
-        let command =
-            (!paired && !text.is_empty()).then(|| format!("fk-agentd score --run {}", run.id));
+        let command = (!paired && !text.is_empty()).then(|| {
+            format!(
+                "{} score --run {}",
+                super::campaign_view::invoked_as(),
+                run.id
+            )
+        });
         return ScoringLines { text, command };
     };
     let got = |t: &&&String| s.verdicts.get(t.as_str());

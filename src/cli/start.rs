@@ -31,7 +31,10 @@ pub async fn cmd_start(
     }
     if let Some(unfinished) = unfinished_run(&config.home)? {
         eprintln!(
-            "note: run {unfinished} is unfinished; `fk-agentd resume {unfinished}` continues it. Starting a new run."
+            "{}",
+            super::campaign_view::hinted(&format!(
+                "note: run {unfinished} is unfinished; `fk-agentd resume {unfinished}` continues it. Starting a new run."
+            ))
         );
     }
     super::captures::screen_uncaptured(&mut config, start.include_uncaptured)?;

@@ -229,3 +229,36 @@ fn start_keeps_the_provider_token_variable_from_its_benches() {
     assert_eq!(runs.len(), 2);
     assert!(!log.exists(), "a bench got the token variable");
 }
+
+/// A suggested command reads as the user ran fk-agentd: with their `--home`, and as
+/// `cargo run --` when cargo started it.
+#[test]
+fn hints_carry_the_home_and_the_way_fk_agentd_was_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("h");
+    let home_s = home.display().to_string();
+    let out = fk(&home)
+        .args(["--home", &home_s, "sessions"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("`fk-agentd --home {home_s} start --sim")),
+        "{err}"
+    );
+    // Started by a parent named cargo, as `cargo run` starts it.
+    let cargo = dir.path().join("cargo");
+    std::os::unix::fs::symlink("/bin/sh", &cargo).unwrap();
+    let out = std::process::Command::new(&cargo)
+        .args(["-c", "\"$0\" --home \"$1\" runs; true"])
+        .arg(env!("CARGO_BIN_EXE_fk-agentd"))
+        .arg(&home)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("`cargo run -- --home {home_s} start --sim")),
+        "{said}"
+    );
+}
