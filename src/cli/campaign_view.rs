@@ -153,13 +153,17 @@ pub(crate) fn invocation(global: &GlobalArgs) -> String {
     out
 }
 
-/// Whether this process's parent is cargo (`cargo run`; a test harness that starts the binary
-/// is not, though it hands on cargo's variables).
+/// Whether `cargo run` started this process: cargo's variables name this package (cargo
+/// replaces itself with the binary, so they are this process's own), and the parent is not a
+/// test binary of the build (`target/*/deps/`), which hands them on to what it starts.
 fn run_by_cargo() -> bool {
-    rustix::process::getppid().is_some_and(|ppid| {
-        std::fs::read_to_string(format!("/proc/{}/comm", ppid.as_raw_nonzero()))
-            .is_ok_and(|comm| comm.trim_end() == "cargo")
-    })
+    let ours = std::env::var_os("CARGO").is_some()
+        && std::env::var("CARGO_PKG_NAME").as_deref() == Ok("fk-agentd");
+    let from_a_test = rustix::process::getppid().is_some_and(|ppid| {
+        std::fs::read_link(format!("/proc/{}/exe", ppid.as_raw_nonzero()))
+            .is_ok_and(|exe| exe.parent().is_some_and(|d| d.ends_with("deps")))
+    });
+    ours && !from_a_test
 }
 
 /// The invocation of this process ([`invocation`]), set once at start-up.

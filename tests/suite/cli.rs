@@ -247,13 +247,13 @@ fn hints_carry_the_home_and_the_way_fk_agentd_was_run() {
         err.contains(&format!("`fk-agentd --home {home_s} start --sim")),
         "{err}"
     );
-    // Started by a parent named cargo, as `cargo run` starts it.
-    let cargo = dir.path().join("cargo");
-    std::os::unix::fs::symlink("/bin/sh", &cargo).unwrap();
-    let out = std::process::Command::new(&cargo)
+    // As `cargo run` leaves it: cargo's variables naming the package, a shell as the parent.
+    let out = std::process::Command::new("sh")
         .args(["-c", "\"$0\" --home \"$1\" runs; true"])
         .arg(env!("CARGO_BIN_EXE_fk-agentd"))
         .arg(&home)
+        .env("CARGO", "cargo")
+        .env("CARGO_PKG_NAME", "fk-agentd")
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
