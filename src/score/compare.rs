@@ -4,9 +4,11 @@
 //! the independent run's newest scored generation (`results*/score.json`: kept kernels with
 //! their composed speedup, winners dropped in composition); the sequential run's newest
 //! `results*/seq/gate.json` (kept winners with their speedup in the final composed bench,
-//! dropped ones); and both runs' events for what was spent: tokens are the sum of
-//! `turn_finished.usage.total`, agent GPU time the sum of `validation.gpu_s` (each validate is
-//! one lease), bench GPU time the wall time of the scoring benches.
+//! dropped ones); and what each run spent: tokens are the sum of `turn_finished.usage.total`;
+//! GPU time is what the lease journal says its leases held, grant to release, times their
+//! GPUs, by class ([`lease_gpu_s`]): agents' (validate with its noise self-tests, ncu, nsys)
+//! and scoring's (bench: calibration, standalone, composed, levels). A store from before the
+//! journal named run folders falls back to `validation.gpu_s` and the benches' wall time.
 //!
 //! An independent run never scored is an error naming the command that scores it: comparing
 //! is an inspection and must not start GPU work on its own (`start --mode all` scores it).
@@ -63,11 +65,15 @@ pub struct LevelRow {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spend {
     pub tokens: u64,
-    /// Sum of the agents' validate leases.
+    /// GPU seconds of the agents' leases (validate, ncu, nsys).
     pub agent_gpu_s: f64,
-    /// Sum of the scoring benches (standalone + composed, or the level mixes + final).
+    /// GPU seconds of scoring's leases (calibration, standalone + composed, or the level mixes
+    /// + final).
     pub bench_gpu_s: f64,
     pub gpu_hours: f64,
+    /// GPU seconds by lease class, from the lease journal (empty where it had none).
+    #[serde(default)]
+    pub by_class: BTreeMap<String, f64>,
 }
 
 /// `compare.json`.
@@ -132,6 +138,9 @@ pub struct CompareInput {
     pub seq_results: PathBuf,
     pub ind_events: Vec<Event>,
     pub seq_events: Vec<Event>,
+    /// GPU seconds by lease class of each run ([`lease_gpu_s`]).
+    pub ind_leases: BTreeMap<String, f64>,
+    pub seq_leases: BTreeMap<String, f64>,
 }
 
 pub(crate) fn side(o: &Outcome, targets: &[TargetId]) -> Side {
@@ -182,31 +191,56 @@ pub(crate) fn per_level<T>(
     (levels, row("all".into(), targets))
 }
 
-/// Tokens and agent GPU seconds from a run's events.
-pub fn spent(events: &[Event], bench_gpu_s: f64) -> Spend {
+/// GPU seconds the leases held, grant to release, times their GPUs, by class.
+pub fn lease_gpu_s(leases: &[crate::store::leases::LeaseRow]) -> BTreeMap<String, f64> {
+    let at = |t: &str| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+    };
+    let mut out = BTreeMap::new();
+    for l in leases {
+        let (Some(from), Some(to)) = (at(&l.granted_at), l.finished_at.as_deref().and_then(at))
+        else {
+            continue;
+        };
+        let held = (to - from).as_seconds_f64().max(0.0) * l.gpus.len().max(1) as f64;
+        *out.entry(l.class.clone()).or_default() += held;
+    }
+    out
+}
+
+/// What a run spent: tokens from its events; GPU seconds from its leases by class, or (a store
+/// whose journal does not name the run's folder) its validations and its benches' wall time.
+pub fn spent(events: &[Event], bench_gpu_s: f64, by_class: &BTreeMap<String, f64>) -> Spend {
     let tokens = events
         .iter()
         .filter_map(Event::payload_as::<TurnFinished>)
         .map(|t| t.usage.total)
         .sum();
-    let agent_gpu_s: f64 = events
-        .iter()
-        .filter_map(Event::payload_as::<Validation>)
-        .map(|v| v.gpu_s)
-        .sum();
+    let (agent_gpu_s, bench_gpu_s) = if by_class.is_empty() {
+        let validations = events
+            .iter()
+            .filter_map(Event::payload_as::<Validation>)
+            .map(|v| v.gpu_s)
+            .sum();
+        (validations, bench_gpu_s)
+    } else {
+        let bench = by_class.get("bench").copied().unwrap_or(0.0);
+        (by_class.values().sum::<f64>() - bench, bench)
+    };
     Spend {
         tokens,
         agent_gpu_s,
         bench_gpu_s,
         gpu_hours: (agent_gpu_s + bench_gpu_s) / 3600.0,
+        by_class: by_class.clone(),
     }
 }
 
 /// The comparison of two outcomes.
 pub fn compare(input: &CompareInput) -> Comparison {
     let (levels, overall) = per_level(&input.targets, |label, ts| row(label, input, ts));
-    let ind = spent(&input.ind_events, input.ind.bench_gpu_s);
-    let seq = spent(&input.seq_events, input.seq.bench_gpu_s);
+    let ind = spent(&input.ind_events, input.ind.bench_gpu_s, &input.ind_leases);
+    let seq = spent(&input.seq_events, input.seq.bench_gpu_s, &input.seq_leases);
     Comparison {
         simulated: input.ind.simulated || input.seq.simulated,
         independent_run: input.ind_run.clone(),
@@ -365,6 +399,8 @@ pub fn load(
         seq_results,
         ind_events: store.events(ind_run, None, 0)?,
         seq_events: store.events(seq_run, None, 0)?,
+        ind_leases: lease_gpu_s(&store.leases_under(&runs_dir.join(ind_run))?),
+        seq_leases: lease_gpu_s(&store.leases_under(&runs_dir.join(seq_run))?),
     };
     let mut c = compare(&input);
     for (mode, run) in [("ind", ind_run), ("seq", seq_run)] {
@@ -586,6 +622,8 @@ mod tests {
             seq_results: "b/results/seq/gate.json".into(),
             ind_events: Vec::new(),
             seq_events: Vec::new(),
+            ind_leases: BTreeMap::new(),
+            seq_leases: BTreeMap::new(),
         };
         let mixed = compare_table(
             &compare(&input(TimingMethod::Paired, TimingMethod::Published)),

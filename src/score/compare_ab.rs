@@ -105,7 +105,11 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
             mode: row.mode.clone(),
             backend: backend_of(store, run),
             results,
-            spent: spent(&events, outcome.bench_gpu_s),
+            spent: spent(
+                &events,
+                outcome.bench_gpu_s,
+                &super::compare::lease_gpu_s(&store.leases_under(&dir)?),
+            ),
             session_wall_s: wall.values().sum(),
         },
         outcome,

@@ -216,6 +216,17 @@ impl Store {
         )
     }
 
+    /// The closed leases whose stdout lies under `dir` (a run's folder: its sessions',
+    /// calibration's and scoring's leases), oldest first.
+    pub fn leases_under(&self, dir: &std::path::Path) -> Result<Vec<LeaseRow>, StoreError> {
+        let prefix = format!("{}/", dir.display());
+        self.leases_where(
+            "finished_at IS NOT NULL AND substr(stdout, 1, length(?1)) = ?1 \
+             ORDER BY granted_at, id",
+            [prefix],
+        )
+    }
+
     /// The leases held by `session` (a target id) granted at or after `from` (and before
     /// `until`, when given), oldest first: one session's leases, its time window telling
     /// apart the runs that had a session of the same name.

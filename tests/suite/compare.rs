@@ -68,6 +68,13 @@ fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
             ev("validation", json!({"gpu_s": 1800.0})),
         ],
         seq_events: vec![ev("turn_finished", json!({"usage": {"total": 40}}))],
+        // The independent run's store predates run-folder leases: its validations count.
+        ind_leases: BTreeMap::new(),
+        seq_leases: BTreeMap::from([
+            ("validate".to_string(), 600.0),
+            ("ncu".to_string(), 60.0),
+            ("bench".to_string(), 1200.0),
+        ]),
     };
     let c = compare::compare(&input);
     let side = |w, d, gw: Option<f64>, ga: f64| Side {
@@ -94,7 +101,10 @@ fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
     assert!((c.overall.independent.geomean_all.unwrap() - 3.0f64.powf(0.25)).abs() < 1e-12);
     assert_eq!(c.spent["independent"].tokens, 100);
     assert_eq!(c.spent["independent"].gpu_hours, 1.0);
-    assert_eq!(c.spent["sequential"].gpu_hours, 0.25);
+    // The sequential run's leases: 660 s of agents' (validate + ncu) and 1200 s of bench.
+    let seq = &c.spent["sequential"];
+    assert_eq!((seq.agent_gpu_s, seq.bench_gpu_s), (660.0, 1200.0));
+    assert!((seq.gpu_hours - 1860.0 / 3600.0).abs() < 1e-12);
     assert!(compare::compare_table(&c, 120).starts_with("SIMULATED RUN"));
 }
 
@@ -157,6 +167,29 @@ async fn mode_all_runs_a_linked_pair_and_writes_compare_json() {
     assert_eq!(levels, vec![("L1".to_string(), 2), ("L2".to_string(), 1)]);
     assert_eq!(c.overall.targets, 3);
     assert!(c.spent["independent"].tokens > 0 && c.spent["sequential"].tokens > 0);
+    // GPU time is what the lease journal says each run's leases held (every class, self-tests
+    // and calibration included), read here with SQL of its own.
+    let db = rusqlite::Connection::open(home.path().join("fk-agentd.db")).unwrap();
+    for (half, run) in [("independent", &ind), ("sequential", &report.run_id)] {
+        let prefix = format!("{}/", home.path().join("runs").join(run).display());
+        let journal: f64 = db
+            .query_row(
+                "SELECT coalesce(sum((julianday(finished_at) - julianday(granted_at)) * 86400.0 \
+                 * json_array_length(gpus)), 0) FROM leases \
+                 WHERE finished_at IS NOT NULL AND substr(stdout, 1, length(?1)) = ?1",
+                [&prefix],
+                |r| r.get(0),
+            )
+            .unwrap();
+        let s = &c.spent[half];
+        let shown = s.agent_gpu_s + s.bench_gpu_s;
+        assert!(journal > 0.0, "{half}: no lease held a GPU");
+        assert!(
+            (shown - journal).abs() <= 0.01 * journal,
+            "{half}: compare shows {shown} GPU-s, the journal {journal}"
+        );
+        assert!(s.by_class.contains_key("validate"), "{:?}", s.by_class);
+    }
     insta::assert_snapshot!("compare_table_sim", stable_table(&c, home.path()));
 }
 
