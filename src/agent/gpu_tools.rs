@@ -81,12 +81,13 @@ pub struct BenchGpuTools<L> {
     pub checks: Checks,
 }
 
-/// Checks before a real bench: protected files unchanged, then the candidate imports.
+/// Checks before a real bench: protected files unchanged, then the candidate imports. `Ok`
+/// holds the classes the candidate leaves to the baseline, or the answer that refuses it.
 async fn preflight(
     real: &RealChecks,
     ws: &Workspace,
     candidate: &std::path::Path,
-) -> Result<Option<ToolOutput>, ToolError> {
+) -> Result<Result<Vec<String>, ToolOutput>, ToolError> {
     if let Err(e) = real.protected.verify(&real.import_check.harness) {
         let why = format!("a protected harness file changed, so no result can be trusted: {e}");
         return Err(ToolError::infra("validate", why, false));
@@ -101,8 +102,8 @@ async fn preflight(
         .run(ws.target(), candidate, &classes)
         .await
     {
-        ImportVerdict::Ok => Ok(None),
-        ImportVerdict::Candidate(text) => Ok(Some(ToolOutput::error(format!(
+        ImportVerdict::Ok { skipped } => Ok(Ok(skipped)),
+        ImportVerdict::Candidate(text) => Ok(Err(ToolOutput::error(format!(
             "validation not run: {}\n{text}",
             ws.candidate_rel()
         )))),
@@ -111,6 +112,17 @@ async fn preflight(
             Err(ToolError::infra("validate", why, false))
         }
     }
+}
+
+/// What the answer says of the classes a candidate leaves to the baseline.
+fn skipped_note(skipped: &[String]) -> String {
+    if skipped.is_empty() {
+        return String::new();
+    }
+    format!(
+        "note: the candidate defines no class named {}: the bench runs the baseline's there\n",
+        skipped.join(", ")
+    )
 }
 
 impl<L> BenchGpuTools<L> {
@@ -152,11 +164,14 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     ws.candidate_rel()
                 )));
             }
-            if let Checks::Real(real) = &checks
-                && let Some(refused) = preflight(real, &ws, &candidate).await?
-            {
-                return Ok(refused);
-            }
+            let skipped = match &checks {
+                Checks::Real(real) => match preflight(real, &ws, &candidate).await? {
+                    Ok(skipped) => skipped,
+                    Err(refused) => return Ok(refused),
+                },
+                _ => Vec::new(),
+            };
+            let skipped = skipped_note(&skipped);
             let source = std::fs::read(&candidate).ok();
             let screen = source.as_ref().map_or_else(String::new, |b| {
                 screen_text(&ws, &String::from_utf8_lossy(b))
@@ -188,7 +203,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     Ok(ToolOutput::ok(render(
                         &result,
                         &v,
-                        &format!("{noise}{screen}"),
+                        &format!("{skipped}{noise}{screen}"),
                     )))
                 }
                 Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled {

@@ -56,9 +56,11 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
         .map(|s| crate::gpu::slurm::describe(config, s).map_err(|e| e.to_string()));
     let gpus = match (&slurm, &config.gpus) {
         (Some(described), _) => described.as_ref().map(|(n, _)| *n).map_err(Clone::clone),
-        // Declared fake GPUs serve the simulation; no kernel can be benched on them.
+        // Declared fake GPUs are lease slots without a GPU: `start` and `score` lend them (the
+        // simulation, a simulated bench), but no real bench can time a kernel on them.
         (None, crate::config::GpuDevices::Fake { count }) => Err(format!(
-            "gpus.devices = \"fake:{count}\" declares fake GPUs, which run only the simulation"
+            "gpus.devices = \"fake:{count}\" declares fake GPUs: start and score lend them as \
+             lease slots, but they have no GPU, so a real bench cannot time a kernel here"
         )),
         (None, devices) => crate::gpu::Inventory::discover(devices)
             .map(|inv| inv.len())

@@ -65,16 +65,18 @@ except BaseException:
     traceback.print_exc(file=sys.stdout)
     sys.exit(1)
 missing = [c for c in classes if not isinstance(getattr(module, c, None), type)]
-if missing:
+if len(missing) == len(classes):
     print("no candidate class found: the file defines no class named " + ", ".join(missing))
     sys.exit(1)
-print("ok")
+print("ok" + (" skipped " + ",".join(missing) if missing else ""))
 "#;
 
 /// The verdict of one check.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ImportVerdict {
-    Ok,
+    /// It loads and defines at least one of the classes; `skipped` are those it does not
+    /// define (the bench runs the baseline's there, as it does).
+    Ok { skipped: Vec<String> },
     /// The candidate fails to load or lacks a class: the text (traceback) is for the agent.
     Candidate(String),
     /// The baseline or Python itself failed: not the agent's fault.
@@ -120,7 +122,14 @@ impl ImportCheck {
         let text = String::from_utf8_lossy(&out.stdout).to_string()
             + &String::from_utf8_lossy(&out.stderr);
         match out.status.code() {
-            Some(0) => ImportVerdict::Ok,
+            Some(0) => {
+                let skipped = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .find_map(|l| l.strip_prefix("ok skipped "))
+                    .map(|s| s.split(',').map(str::to_string).collect())
+                    .unwrap_or_default();
+                ImportVerdict::Ok { skipped }
+            }
             Some(1) => ImportVerdict::Candidate(text.trim().to_string()),
             _ => ImportVerdict::Infrastructure(text.trim().to_string()),
         }
