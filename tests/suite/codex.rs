@@ -50,6 +50,35 @@ fn fk(home: &Path) -> Command {
     cmd
 }
 
+/// A simulated one-target (`L1/gelu`) codex campaign's config in `home`, with the pinned
+/// `codex`; `flags` adds to the campaign's flags.
+fn codex_config(home: &Path, codex: PathBuf, flags: Flags) -> Config {
+    let flags = Flags {
+        home: Some(home.to_path_buf()),
+        targets: Some("L1/gelu".into()),
+        agent_backend: Some("codex".into()),
+        sim: true,
+        ..flags
+    };
+    let env = Env {
+        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ..Env::default()
+    };
+    let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
+    cfg.agent.codex = Some(codex);
+    cfg
+}
+
+/// The simulation's parameters with scripted turns of at most `max_think`.
+fn sim_params(max_think: Duration) -> SimParams {
+    SimParams {
+        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
+        seed: 7,
+        max_think,
+        chaos: Default::default(),
+    }
+}
+
 fn json_of(out: &[u8]) -> Value {
     serde_json::from_slice(out).unwrap_or_else(|e| {
         panic!("not JSON ({e}): {}", String::from_utf8_lossy(out));
@@ -255,27 +284,10 @@ async fn a_401_ends_the_codex_process_and_the_session_resumes_with_the_token_rea
         return;
     };
     let home = tempfile::tempdir().unwrap();
-    let flags = Flags {
-        home: Some(home.path().to_path_buf()),
-        targets: Some("L1/gelu".into()),
-        agent_backend: Some("codex".into()),
-        sim: true,
-        ..Flags::default()
-    };
-    let env = Env {
-        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        ..Env::default()
-    };
-    let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
-    cfg.agent.codex = Some(codex);
+    let cfg = codex_config(home.path(), codex, Flags::default());
     let token_file = home.path().join("token");
     std::fs::write(&token_file, "not-the-token\n").unwrap();
-    let params = SimParams {
-        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
-        seed: 7,
-        max_think: Duration::from_millis(10),
-        chaos: Default::default(),
-    };
+    let params = sim_params(Duration::from_millis(10));
     let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
     let run = |cfg: Config, resume: Option<String>| async {
         let base = &server.base_url;
@@ -475,27 +487,13 @@ async fn a_timed_out_codex_session_leaves_no_codex_process_behind() {
         return;
     };
     let home = tempfile::tempdir().unwrap();
-    let flags = Flags {
-        home: Some(home.path().to_path_buf()),
-        targets: Some("L1/gelu".into()),
-        agent_backend: Some("codex".into()),
+    let timeouts = Flags {
         session_timeout: Some("3s".into()),
         lease_timeout: Some("1s".into()),
-        sim: true,
         ..Flags::default()
     };
-    let env = Env {
-        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        ..Env::default()
-    };
-    let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
-    cfg.agent.codex = Some(codex);
-    let params = SimParams {
-        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
-        seed: 7,
-        max_think: Duration::from_secs(60),
-        chaos: Default::default(),
-    };
+    let cfg = codex_config(home.path(), codex, timeouts);
+    let params = sim_params(Duration::from_secs(60));
     let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
     let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
         .await
@@ -628,25 +626,8 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
     ])
     .await;
     fake.require_token(token);
-    let flags = Flags {
-        home: Some(home.path().to_path_buf()),
-        targets: Some("L1/gelu".into()),
-        agent_backend: Some("codex".into()),
-        sim: true,
-        ..Flags::default()
-    };
-    let env = Env {
-        cwd: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        ..Env::default()
-    };
-    let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
-    cfg.agent.codex = Some(codex);
-    let params = SimParams {
-        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
-        seed: 7,
-        max_think: Duration::from_millis(10),
-        chaos: Default::default(),
-    };
+    let cfg = codex_config(home.path(), codex, Flags::default());
+    let params = sim_params(Duration::from_millis(10));
     let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
         .await
         .unwrap();
