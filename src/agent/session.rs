@@ -287,6 +287,9 @@ async fn turn_loop(
         if turns >= s.params.max_turns {
             return Ok(End::turn_budget(s.params.max_turns));
         }
+        if let Some(why) = s.slot.over_budget() {
+            return Ok(End::new(SessionStatus::Interrupted, why));
+        }
         if history::estimate_tokens(&history) > s.params.compact_at_tokens {
             let why = "history near the context window";
             history = compact(j, &history, 4, why)?.unwrap_or(history);

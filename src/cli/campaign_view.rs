@@ -127,6 +127,10 @@ fn print_spent(home: &Path, run_id: &str) {
             "stopped   {} (raise the cap and `resume` to continue)",
             b.reason
         );
+        println!(
+            "          the turns in flight when it was reached still count: a cap is passed by \
+             at most one turn per running session"
+        );
     }
 }
 

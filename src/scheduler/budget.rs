@@ -44,6 +44,40 @@ impl Budget {
     }
 }
 
+/// The cap as sessions ask it before each model turn: the scheduler's [`Meter`], shared, read
+/// up to the newest recorded turn. A session that finds it reached ends before sending another
+/// request, so a cap is passed by at most the turns already in flight, one per running session.
+pub struct Gate {
+    meter: std::sync::Mutex<Meter>,
+    store: Store,
+    run_id: String,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+impl Gate {
+    pub fn new(budget: Budget, store: Store, run_id: String) -> Self {
+        Self {
+            meter: std::sync::Mutex::new(Meter::new(budget)),
+            store,
+            run_id,
+        }
+    }
+
+    /// Why no further turn may start, if the cap is reached (a store that cannot be read
+    /// stops nothing: the scheduler's own poll reports it).
+    pub fn reached(&self) -> Option<String> {
+        let mut meter = crate::sync::guard(&self.meter);
+        meter.poll(&self.store, &self.run_id).ok().flatten()
+    }
+}
+
 /// What the campaign spent so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Spent {

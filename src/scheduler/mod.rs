@@ -137,6 +137,15 @@ pub async fn run_phase(
     // Sessions are cancelled through `stop`: by a shutdown, or by the budget.
     let stop = shutdown.child_token();
     let mut meter = budget::Meter::new(params.budget.clone());
+    // Sessions ask the same cap before each model turn, so it is passed by at most the turns
+    // in flight when it is reached.
+    let gate = params.budget.is_capped().then(|| {
+        Arc::new(budget::Gate::new(
+            params.budget.clone(),
+            journal.store().clone(),
+            journal.run_id().to_string(),
+        ))
+    });
     let mut poll = tokio::time::interval(BUDGET_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut over_budget: Option<String> = None;
@@ -145,15 +154,10 @@ pub async fn run_phase(
     while !interrupted && (!queue.is_empty() || !tasks.is_empty()) {
         tokio::select! {
             _ = poll.tick(), if meter.budget().is_capped() && over_budget.is_none() => {
-                if let Some(why) = meter.poll(journal.store(), journal.run_id())? {
-                    stop_for_budget(&journal, &meter, &why)?;
-                    queue.clear();
-                    stop.cancel();
-                    over_budget = Some(why);
-                }
+                over_budget = check_budget(&journal, &mut meter, &mut queue, &stop)?;
             }
             slot = slots.admit(), if !queue.is_empty() => {
-                let slot = Arc::new(slot);
+                let slot = Arc::new(slot.with_budget(gate.clone()));
                 let target = queue.pop_front().expect("checked non-empty");
                 set_state(&journal, &target, "running", json!({"started_at": now_rfc3339()}))?;
                 let cancel = stop.child_token();
@@ -183,6 +187,11 @@ pub async fn run_phase(
                     }
                     finish(&journal, &index_of, &target, &status, result)?;
                     results.insert(target, status);
+                    // A session that stopped itself at the cap: the phase stops now, not at
+                    // the next poll.
+                    if meter.budget().is_capped() && over_budget.is_none() {
+                        over_budget = check_budget(&journal, &mut meter, &mut queue, &stop)?;
+                    }
                 }
             }
             _ = shutdown.cancelled() => interrupted = true,
@@ -326,6 +335,23 @@ pub fn stays_ended(row: &SessionRow) -> bool {
 }
 
 /// Records `budget_reached` with what was spent and the caps.
+/// Reads what was spent; at the cap, records it, empties the queue and cancels the running
+/// sessions, and returns why.
+fn check_budget(
+    journal: &RunJournal,
+    meter: &mut budget::Meter,
+    queue: &mut std::collections::VecDeque<TargetId>,
+    stop: &CancellationToken,
+) -> Result<Option<String>, RunError> {
+    let Some(why) = meter.poll(journal.store(), journal.run_id())? else {
+        return Ok(None);
+    };
+    stop_for_budget(journal, meter, &why)?;
+    queue.clear();
+    stop.cancel();
+    Ok(Some(why))
+}
+
 fn stop_for_budget(journal: &RunJournal, meter: &budget::Meter, why: &str) -> Result<(), RunError> {
     let spent = meter.spent();
     let b = meter.budget();

@@ -61,6 +61,7 @@ impl Slots {
             thinking: Mutex::new(Some(thinking)),
             _live: live,
             timed_out: OnceLock::new(),
+            budget: None,
         }
     }
 }
@@ -82,12 +83,26 @@ pub struct SessionSlot {
     /// Set before the scheduler cancels the session for its timeout: a cancellation alone
     /// cannot say whether the end is final (timeout) or to be resumed (shutdown, budget).
     timed_out: OnceLock<String>,
+    /// The campaign's spending cap, asked before each model turn.
+    budget: Option<Arc<super::budget::Gate>>,
 }
 
 impl SessionSlot {
     /// Marks the session as stopped by its timeout, with the reason its end records.
     pub fn time_out(&self, reason: String) {
         let _ = self.timed_out.set(reason);
+    }
+
+    /// Why the session must not start another model turn: the campaign's cap is reached
+    /// (what it spent is read from the store, so every session and the pair count).
+    pub fn over_budget(&self) -> Option<String> {
+        self.budget.as_ref().and_then(|g| g.reached())
+    }
+
+    /// With the campaign's cap to ask before each turn.
+    pub fn with_budget(mut self, gate: Option<Arc<super::budget::Gate>>) -> Self {
+        self.budget = gate;
+        self
     }
 
     /// The timeout's reason, once the session was stopped by it.

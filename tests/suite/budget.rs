@@ -183,3 +183,32 @@ fn a_run_is_priced_with_the_prices_it_recorded_at_its_start() {
     assert!((spent.cost_usd.unwrap() - 2.5).abs() < 1e-9, "{spent:?}");
     assert_eq!(spent.describe(), "1,100,000 tokens, $2.50");
 }
+
+/// Simulated agents with fast turns (far faster than the scheduler's poll) and a token cap:
+/// each session asks the cap before every model turn, so the campaign passes it by at most one
+/// turn per running session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_cap_is_passed_by_at_most_one_turn_per_running_session() {
+    use super::support::campaign::{Drive, run_sim, sim_config};
+    let home = tempfile::tempdir().unwrap();
+    let mut config = sim_config(home.path(), "L1", "independent");
+    let cap = 30_000;
+    config.limits.max_tokens = Some(cap);
+    config.max_agents = 4;
+    let report = run_sim(config, Drive::default()).await;
+    let store = fk_agentd::app::open_store(home.path()).unwrap();
+    let events = store.events(&report.run_id, None, 0).unwrap();
+    let turns: Vec<u64> = events
+        .iter()
+        .filter(|e| e.kind == "turn_finished")
+        .map(|e| e.payload["usage"]["total"].as_u64().unwrap())
+        .collect();
+    let spent: u64 = turns.iter().sum();
+    let largest = turns.iter().copied().max().unwrap();
+    assert!(spent >= cap, "the cap was never reached: {spent}");
+    assert!(
+        spent <= cap + 4 * largest,
+        "{spent} tokens spent: more than the cap {cap} plus one turn ({largest}) for each of 4 sessions"
+    );
+    assert!(events.iter().any(|e| e.kind == "budget_reached"));
+}
