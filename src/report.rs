@@ -118,10 +118,14 @@ pub fn fit_lines(text: &str, width: usize) -> String {
             Some(b) => (b, "\n"),
             None => (line, ""),
         };
-        if body.chars().count() <= width {
+        if visible_width(body) <= width {
             out.push_str(line);
             continue;
         }
+        // An overlong coloured line is fitted without its colours (a cut must not land inside
+        // an escape sequence).
+        let plain = strip_ansi(body);
+        let body = plain.as_str();
         let lead = body.len() - body.trim_start().len();
         let columns = lead >= 2 && body.trim_start().contains("  ");
         if columns {
@@ -146,6 +150,34 @@ pub fn fit_lines(text: &str, width: usize) -> String {
         });
     }
     out
+}
+
+/// `s` without its ANSI escape sequences (`ESC [ … letter`).
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // Up to and including the sequence's final letter.
+            for e in chars.by_ref() {
+                if e.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The columns `s` takes on a terminal (its escape sequences take none).
+fn visible_width(s: &str) -> usize {
+    if s.contains('\x1b') {
+        strip_ansi(s).chars().count()
+    } else {
+        s.chars().count()
+    }
 }
 
 /// How `sessions` lays out its table.

@@ -88,3 +88,41 @@ fn sessions_table() {
         );
     }
 }
+
+#[test]
+fn lines_are_fitted_to_the_width_cut_wrapped_or_kept_whole() {
+    use fk_agentd::report::fit_lines;
+    let text = "short line\n\
+                end      finished: the agent called finish (4 turns, 11,342 tokens, 1 lease, 0.0 GPU-s)\n\
+                \x20   PASSED     float32    [4096, 128]     1.543x  simulated and a long tail here\n\
+                /a/very/long/path/that/is/one/word/and/must/stay/whole/to/be/copied/by/whoever/reads\n\
+                \x1b[32mgreen\x1b[0m fits\n\
+                \x1b[31mred\x1b[0m and a long coloured sentence that must be wrapped somewhere near here\n";
+    let out = fit_lines(text, 40);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "short line");
+    assert_eq!(lines[1], "end      finished: the agent called");
+    assert!(lines[2].starts_with("         finish (4 turns"), "{out}");
+    let cut = lines.iter().find(|l| l.contains("PASSED")).unwrap();
+    assert_eq!(cut.chars().count(), 40);
+    assert!(cut.ends_with('…'), "{cut}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("/a/very/long/path") && !l.contains(' '))
+    );
+    assert!(lines.contains(&"\x1b[32mgreen\x1b[0m fits"));
+    for l in &lines {
+        let one_word = !l.trim().contains(' ');
+        let visible = l.replace("\x1b[32m", "").replace("\x1b[0m", "");
+        assert!(visible.chars().count() <= 40 || one_word, "{l:?}");
+    }
+    assert!(
+        !out.contains("\x1b[31m"),
+        "an overlong coloured line loses its colours rather than being cut inside one"
+    );
+    assert_eq!(
+        fit_lines("no newline at the end", 80),
+        "no newline at the end"
+    );
+}
