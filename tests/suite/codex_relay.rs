@@ -21,6 +21,13 @@ struct Bound {
 }
 
 async fn bound(h: Harness) -> Bound {
+    bound_with(h, || None).await
+}
+
+async fn bound_with(
+    h: Harness,
+    over: impl Fn() -> Option<String> + Send + Sync + 'static,
+) -> Bound {
     let (tx, _rx) = tokio::sync::mpsc::channel(64);
     let forgot = Arc::new(Mutex::new(Vec::new()));
     let seen = forgot.clone();
@@ -29,6 +36,7 @@ async fn bound(h: Harness) -> Bound {
         tx,
         CancellationToken::new(),
         move |b, _| seen.lock().unwrap().push(b),
+        over,
     )
     .await
     .unwrap();
@@ -205,4 +213,23 @@ async fn after_a_rotation_the_relay_leaves_the_old_reasoning_out_once_and_for_al
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("invalid_encrypted_content"), "{text}");
     assert_eq!(b.h.server.requests().len(), before + 2);
+}
+
+/// At the campaign's cap the relay sends nothing more: 429 `budget_reached`, with the cap's
+/// reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_campaigns_cap_the_relay_sends_nothing() {
+    let h = harness(vec![], |_| {}).await;
+    let b = bound_with(h, || {
+        Some("campaign token cap reached: 10 tokens spent".into())
+    })
+    .await;
+    let user = json!({"type": "message", "role": "user", "content": "go"});
+    let (status, text) = post(b.relay.base_url(), b.relay.key(), &body(vec![user])).await;
+    assert_eq!(status, 429, "{text}");
+    assert!(
+        text.contains("budget_reached") && text.contains("token cap"),
+        "{text}"
+    );
+    assert!(b.h.server.requests().is_empty());
 }

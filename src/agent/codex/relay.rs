@@ -45,6 +45,8 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// Hears of encrypted reasoning left out after a rotation: (bytes, the provider's message).
 type OnForget = Box<dyn Fn(usize, &str) + Send + Sync>;
+/// Why no further request may go out (the campaign's spending cap), if so.
+type OverBudget = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// What the relay knows of its session.
 struct Shared {
@@ -56,6 +58,7 @@ struct Shared {
     forgotten: Mutex<Forgotten>,
     /// Called when the provider refused old encrypted reasoning: (bytes left out, its message).
     on_forget: OnForget,
+    over_budget: OverBudget,
 }
 
 /// A bound relay; it stops serving when dropped.
@@ -77,12 +80,15 @@ impl std::fmt::Debug for Relay {
 impl Relay {
     /// Binds a fresh loopback port for one session. `events` receives the client's retries,
     /// token reloads and waits; `on_forget` hears of reasoning left out after a rotation;
-    /// `cancel` ends a request in flight (the session's end).
+    /// `over_budget` is asked before each request (the campaign's cap: a request past it is
+    /// answered 429 `budget_reached` and not sent); `cancel` ends a request in flight (the
+    /// session's end).
     pub async fn bind(
         llm: Arc<LlmClient>,
         events: Sender<LlmEvent>,
         cancel: CancellationToken,
         on_forget: impl Fn(usize, &str) + Send + Sync + 'static,
+        over_budget: impl Fn() -> Option<String> + Send + Sync + 'static,
     ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -96,6 +102,7 @@ impl Relay {
             cancel,
             forgotten: Mutex::new(Forgotten::default()),
             on_forget: Box::new(on_forget),
+            over_budget: Box::new(over_budget),
         });
         let app = axum::Router::new()
             .route("/{route}/v1/responses", axum::routing::post(relay))
@@ -142,6 +149,9 @@ async fn relay(
             "invalid_api_key",
             "fk-agentd relay: not this session's capability",
         );
+    }
+    if let Some(why) = (s.over_budget)() {
+        return refusal(StatusCode::TOO_MANY_REQUESTS, "budget_reached", &why);
     }
     let mut body: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,

@@ -228,6 +228,11 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             max_turns: inner.agent.loop_params.max_turns,
         };
         let end = watch(&watched, process, &mut translator, &mut thread, cancel).await?;
+        // The relay refused its requests at the campaign's cap: resumable, like a native
+        // session stopped there.
+        if let Some(why) = s.tools.slot.over_budget() {
+            return Ok(End::new(SessionStatus::Interrupted, why));
+        }
         match end {
             ProcessEnd::Cancelled => return Ok(End::new(SessionStatus::Interrupted, "stopped")),
             ProcessEnd::Unauthorized(msg) => {
@@ -294,7 +299,16 @@ async fn bind_relay(inner: &Inner, s: &Prepared) -> std::io::Result<Relay> {
         }
     };
     let cancel = s.tools.cancel.clone();
-    Relay::bind(inner.agent.llm.clone(), events, cancel, on_forget).await
+    let slot = s.tools.slot.clone();
+    let over_budget = move || slot.over_budget();
+    Relay::bind(
+        inner.agent.llm.clone(),
+        events,
+        cancel,
+        on_forget,
+        over_budget,
+    )
+    .await
 }
 
 /// `codex exec` reading its prompt from stdin, resuming `thread` when there is one.
