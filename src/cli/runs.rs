@@ -50,7 +50,7 @@ fn collect(store: &Store, runs_dir: &Path) -> Result<Vec<RunLine>, Error> {
     let mut lines = Vec::new();
     for row in store.runs()? {
         let pair = crate::daemon::plan::pair_of(store, &row.id).unwrap_or(None);
-        let winners = winners(store, &row, &runs_dir.join(&row.id));
+        let winners = winners(&row, &runs_dir.join(&row.id));
         let spent = recorded_spend(store, &row.id, false)?;
         lines.push(RunLine {
             id: row.id,
@@ -68,33 +68,10 @@ fn collect(store: &Store, runs_dir: &Path) -> Result<Vec<RunLine>, Error> {
     Ok(lines)
 }
 
-fn winners(store: &Store, row: &RunRow, run_dir: &Path) -> Option<usize> {
-    if let Some(n) = newest_score(run_dir).as_ref().and_then(score_winners) {
-        return Some(n);
-    }
-    let events = store.events(&row.id, None, 0).ok()?;
-    events
-        .iter()
-        .rev()
-        .find_map(|e| e.payload_as::<crate::event::SequentialFinished>())
-        .map(|f| f.winners.len())
-}
-
-/// The `score.json` of the newest results generation (`results`, `results-2`, …).
-fn newest_score(run_dir: &Path) -> Option<serde_json::Value> {
-    let newest = crate::score::candidates::generations(run_dir)
-        .into_iter()
-        .find(|p| p.join("score.json").is_file())?;
-    let text = std::fs::read_to_string(newest.join("score.json")).ok()?;
-    serde_json::from_str(&text).ok()
-}
-
-fn score_winners(score: &serde_json::Value) -> Option<usize> {
-    if let Some(kernels) = score["final_set"]["manifest"]["kernels"].as_array() {
-        return Some(kernels.len());
-    }
-    let verdicts = score["standalone"]["gate"]["verdicts"].as_array()?;
-    Some(verdicts.iter().filter(|v| v["winner"] == true).count())
+/// What scoring kept of the run so far (the views' one reading of scored results:
+/// `sessions` and the dashboard count the same); `None` before any score.
+fn winners(row: &RunRow, run_dir: &Path) -> Option<usize> {
+    crate::score::scored::of_run_dir(run_dir, row).map(|s| s.kept())
 }
 
 /// The table, fitted to `width` columns: the run id always whole (it is what one copies),

@@ -98,11 +98,25 @@ pub fn word_of(scored: Option<&Scored>, target: &str) -> ScoringWord {
 
 /// The scoring of a run of `home` so far; `None` before any.
 pub fn of_run(home: &Path, run: &crate::store::RunRow) -> Option<Scored> {
-    let run_dir = crate::run::runs_dir(home).join(&run.id);
+    of_run_dir(&crate::run::runs_dir(home).join(&run.id), run)
+}
+
+/// [`of_run`] for the run whose folder is `run_dir`.
+pub fn of_run_dir(run_dir: &Path, run: &crate::store::RunRow) -> Option<Scored> {
     if run.mode == crate::run::Mode::Independent.as_str() {
-        newest(&run_dir)
+        newest(run_dir)
     } else {
-        sequential(&run_dir)
+        sequential(run_dir)
+    }
+}
+
+impl Scored {
+    /// How many targets scoring kept (winners not dropped in the composed bench).
+    pub fn kept(&self) -> usize {
+        self.verdicts
+            .keys()
+            .filter(|t| self.word(t).kept())
+            .count()
     }
 }
 
