@@ -64,6 +64,11 @@ impl Scored {
         self.verdicts.get(target).is_some_and(|v| v.winner)
     }
 
+    /// How many targets scoring kept (winners not dropped in the composed bench).
+    pub fn kept(&self) -> usize {
+        self.verdicts.keys().filter(|t| self.word(t).kept()).count()
+    }
+
     /// The generation's folder name.
     pub fn name(&self) -> String {
         let name = self.generation.file_name().unwrap_or_default();
@@ -107,16 +112,6 @@ pub fn of_run_dir(run_dir: &Path, run: &crate::store::RunRow) -> Option<Scored> 
         newest(run_dir)
     } else {
         sequential(run_dir)
-    }
-}
-
-impl Scored {
-    /// How many targets scoring kept (winners not dropped in the composed bench).
-    pub fn kept(&self) -> usize {
-        self.verdicts
-            .keys()
-            .filter(|t| self.word(t).kept())
-            .count()
     }
 }
 
