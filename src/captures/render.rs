@@ -75,6 +75,7 @@ pub fn coverage(
     reports: &[CaptureReport],
     cov: &BTreeMap<TargetId, Coverage>,
     selected: Option<&[TargetId]>,
+    width: usize,
 ) -> String {
     let number: BTreeMap<&str, usize> = reports
         .iter()
@@ -125,10 +126,14 @@ pub fn coverage(
             ]
         })
         .collect();
-    let mut out = table(
-        &["target", "cases", "calls", "shapes", "dtypes", "reports"],
-        &rows,
-    );
+    // At a narrow width the shapes, reports, dtypes, cases and targets are cut with `…`, in
+    // that order.
+    let header = ["target", "cases", "calls", "shapes", "dtypes", "reports"];
+    let shrink = [(0, 16), (1, 12), (4, 10), (5, 8), (3, 14)];
+    let mut out: String = crate::report::fit_table(&header, &rows, width, &shrink)
+        .into_iter()
+        .map(|l| l + "\n")
+        .collect();
     let _ = writeln!(
         out,
         "\n{} target(s): {} with forward cases, {skipped} {NO_CASE}",

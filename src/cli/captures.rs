@@ -53,7 +53,8 @@ pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, E
                 .map(|id| serde_json::json!({"target": id, "coverage": cov.get(id)}))
                 .collect();
             emit(*json, &rows, || {
-                let text = render::coverage(&reports, &cov, selected.as_deref());
+                let width = super::term::stdout_width();
+                let text = render::coverage(&reports, &cov, selected.as_deref(), width);
                 format!("captures {}\n{text}", config.captures.display())
             });
             Ok(0)

@@ -35,8 +35,12 @@ fn captures_coverage_of_the_shipped_captures() {
     let cov = report::coverage(&reports);
     insta::assert_snapshot!(
         "captures_coverage_shipped",
-        render::coverage(&reports, &cov, None)
+        render::coverage(&reports, &cov, None, 200)
     );
+    // At 80 columns no line is longer: the shapes, reports and dtypes are cut with `…`.
+    let narrow = render::coverage(&reports, &cov, None, 80);
+    assert!(narrow.lines().all(|l| l.chars().count() <= 80), "{narrow}");
+    assert!(narrow.contains('…'), "{narrow}");
 }
 
 #[test]
