@@ -114,7 +114,11 @@ fn leases(r: &mut Registry, view: &RunView) {
         "Wall time of bench leases (validate and scoring benches)",
     );
     let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+    // What `compare` counts: each lease's GPUs held from grant to release (or now).
+    let mut held: BTreeMap<String, f64> = BTreeMap::new();
     for l in &view.leases {
+        *held.entry(l.class.clone()).or_default() +=
+            (l.end - l.start).as_seconds_f64().max(0.0) * l.gpus.len().max(1) as f64;
         *counts
             .entry((l.class.clone(), l.state.clone()))
             .or_default() += 1;
@@ -132,6 +136,15 @@ fn leases(r: &mut Registry, view: &RunView) {
     for ((class, state), n) in counts {
         by.get_or_create(&labels(&[("class", &class), ("state", &state)]))
             .set(n);
+    }
+    let gpu_s = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    r.register(
+        "lease_gpu_seconds",
+        "GPU seconds the run's leases held, grant to release, by class",
+        gpu_s.clone(),
+    );
+    for (class, s) in held {
+        gpu_s.get_or_create(&labels(&[("class", &class)])).set(s);
     }
     gauge(r, "gpus", "GPUs of the campaign", view.gpu_count() as i64);
     let busy = Gauge::<f64, AtomicU64>::default();

@@ -490,6 +490,15 @@ async fn metrics_parse_as_prometheus_text_with_the_documented_names() {
         1.0
     );
     assert_eq!(value("fk_agentd_turn_latency_seconds", &[]), 2.0);
+    // Grant to release: the validate lease held its GPU 2 s, the ncu lease 5 s.
+    assert_eq!(
+        value("fk_agentd_lease_gpu_seconds", &[("class", "validate")]),
+        2.0
+    );
+    assert_eq!(
+        value("fk_agentd_lease_gpu_seconds", &[("class", "ncu")]),
+        5.0
+    );
     let busy = value("fk_agentd_gpu_busy_ratio", &[]);
     assert!((0.0..=1.0).contains(&busy), "{busy}");
     // The ncu lease waited 2 s in the queue.
