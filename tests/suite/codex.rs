@@ -79,6 +79,19 @@ fn sim_params(max_think: Duration) -> SimParams {
     }
 }
 
+/// Runs the codex campaign of `home` with `parts` to its end.
+async fn run_codex(
+    home: Home,
+    parts: fk_agentd::agent::AgentRunnerParams,
+) -> fk_agentd::daemon::CampaignReport {
+    let runner = fk_agentd::agent::codex::runner_for(&home.config, parts)
+        .await
+        .unwrap();
+    home.run_campaign(Run::new(runner), std::future::pending::<()>())
+        .await
+        .unwrap()
+}
+
 fn json_of(out: &[u8]) -> Value {
     serde_json::from_slice(out).unwrap_or_else(|e| {
         panic!("not JSON ({e}): {}", String::from_utf8_lossy(out));
@@ -501,13 +514,7 @@ async fn a_timed_out_codex_session_leaves_no_codex_process_behind() {
     let parts = sim_runner_params(&home_, &server.base_url, &params)
         .await
         .unwrap();
-    let runner = fk_agentd::agent::codex::runner_for(&home_.config, parts)
-        .await
-        .unwrap();
-    let report = home_
-        .run_campaign(Run::new(runner), std::future::pending::<()>())
-        .await
-        .unwrap();
+    let report = run_codex(home_, parts).await;
     server.shutdown().await;
     assert_eq!(report.status, "FAIL", "{report:?}");
     let events = events_of(home.path(), "L1/gelu");
@@ -640,13 +647,7 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
     let provider = sim_provider(&fake.base_url);
     parts.llm =
         Arc::new(LlmClient::new(provider, TokenProvider::file(token_file.clone())).unwrap());
-    let runner = fk_agentd::agent::codex::runner_for(&home_.config, parts)
-        .await
-        .unwrap();
-    let report = home_
-        .run_campaign(Run::new(runner), std::future::pending::<()>())
-        .await
-        .unwrap();
+    let report = run_codex(home_, parts).await;
 
     let requests = fake.requests();
     assert!(requests.len() >= 3, "{} requests", requests.len());
