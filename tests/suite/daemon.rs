@@ -309,12 +309,11 @@ async fn the_control_socket_is_private_and_answers_status_and_stop() {
     let socket = home.path().join("fk-agentd.sock");
     let started = std::time::Instant::now();
     let client = loop {
-        if socket.exists() {
-            if let Ok(c) = ControlClient::new(home.path()) {
-                if c.status().await.is_ok() {
-                    break c;
-                }
-            }
+        if socket.exists()
+            && let Ok(c) = ControlClient::new(home.path())
+            && c.status().await.is_ok()
+        {
+            break c;
         }
         assert!(
             started.elapsed() < Duration::from_secs(20),

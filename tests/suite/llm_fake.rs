@@ -264,12 +264,12 @@ fn check_history(issued: &[Vec<Value>], input: &Value) -> Result<(), String> {
             let Some(id) = item["id"].as_str() else {
                 continue;
             };
-            if let Some(echoed) = by_id(id) {
-                if echoed != item {
-                    return Err(format!(
-                        "Item '{id}' differs from the item the server sent."
-                    ));
-                }
+            if let Some(echoed) = by_id(id)
+                && echoed != item
+            {
+                return Err(format!(
+                    "Item '{id}' differs from the item the server sent."
+                ));
             }
         }
         let calls_echoed = group

@@ -90,10 +90,10 @@ impl SessionRunner for Observing {
         }
         files.sort();
         self.seen.lock().unwrap().insert(target.clone(), files);
-        if let Some((level, stop)) = &self.stop {
-            if target.level() == *level {
-                stop.cancel();
-            }
+        if let Some((level, stop)) = &self.stop
+            && target.level() == *level
+        {
+            stop.cancel();
         }
         if let Some(level) = self.block_gate.filter(|l| *l == target.level()) {
             let seq = journal.dir().join("results/seq");
