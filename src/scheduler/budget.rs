@@ -44,9 +44,10 @@ impl Budget {
     }
 }
 
-/// The cap as sessions ask it before each model turn: the scheduler's [`Meter`], shared, read
-/// up to the newest recorded turn. A session that finds it reached ends before sending another
-/// request, so a cap is passed by at most the turns already in flight, one per running session.
+/// The campaign's [`Meter`], shared by the scheduler (which polls it) and the sessions (which ask
+/// it before each model turn), read up to the newest recorded turn. A session that finds the cap
+/// reached ends before sending another request, so a cap is passed by at most the turns already
+/// in flight, one per running session.
 pub struct Gate {
     meter: std::sync::Mutex<Meter>,
     store: Store,
@@ -70,11 +71,22 @@ impl Gate {
         }
     }
 
-    /// Why no further turn may start, if the cap is reached (a store that cannot be read
-    /// stops nothing: the scheduler's own poll reports it).
+    /// Reads the turns recorded since the last read; why spending must stop, if a cap is
+    /// reached.
+    pub fn poll(&self) -> Result<Option<String>, StoreError> {
+        crate::sync::guard(&self.meter).poll(&self.store, &self.run_id)
+    }
+
+    /// [`Gate::poll`] for a session: a store that cannot be read stops nothing (the
+    /// scheduler's own poll reports it).
     pub fn reached(&self) -> Option<String> {
-        let mut meter = crate::sync::guard(&self.meter);
-        meter.poll(&self.store, &self.run_id).ok().flatten()
+        self.poll().ok().flatten()
+    }
+
+    /// What was spent as of the last read, and the caps.
+    pub fn spent(&self) -> (Spent, Budget) {
+        let meter = crate::sync::guard(&self.meter);
+        (meter.spent(), meter.budget().clone())
     }
 }
 

@@ -136,16 +136,14 @@ pub async fn run_phase(
     let mut interrupted = false;
     // Sessions are cancelled through `stop`: by a shutdown, or by the budget.
     let stop = shutdown.child_token();
-    let mut meter = budget::Meter::new(params.budget.clone());
-    // Sessions ask the same cap before each model turn, so it is passed by at most the turns
-    // in flight when it is reached.
-    let gate = params.budget.is_capped().then(|| {
-        Arc::new(budget::Gate::new(
-            params.budget.clone(),
-            journal.store().clone(),
-            journal.run_id().to_string(),
-        ))
-    });
+    // One meter: the scheduler polls it, and sessions ask it before each model turn, so a cap
+    // is passed by at most the turns in flight when it is reached.
+    let capped = params.budget.is_capped();
+    let gate = Arc::new(budget::Gate::new(
+        params.budget.clone(),
+        journal.store().clone(),
+        journal.run_id().to_string(),
+    ));
     let mut poll = tokio::time::interval(BUDGET_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut over_budget: Option<String> = None;
@@ -153,11 +151,11 @@ pub async fn run_phase(
     // so `task_finished` is written the moment a session ends.
     while !interrupted && (!queue.is_empty() || !tasks.is_empty()) {
         tokio::select! {
-            _ = poll.tick(), if meter.budget().is_capped() && over_budget.is_none() => {
-                over_budget = check_budget(&journal, &mut meter, &mut queue, &stop)?;
+            _ = poll.tick(), if capped && over_budget.is_none() => {
+                over_budget = check_budget(&journal, &gate, &mut queue, &stop)?;
             }
             slot = slots.admit(), if !queue.is_empty() => {
-                let slot = Arc::new(slot.with_budget(gate.clone()));
+                let slot = Arc::new(slot.with_budget(capped.then(|| gate.clone())));
                 let target = queue.pop_front().expect("checked non-empty");
                 set_state(&journal, &target, "running", json!({"started_at": now_rfc3339()}))?;
                 let cancel = stop.child_token();
@@ -189,8 +187,8 @@ pub async fn run_phase(
                     results.insert(target, status);
                     // A session that stopped itself at the cap: the phase stops now, not at
                     // the next poll.
-                    if meter.budget().is_capped() && over_budget.is_none() {
-                        over_budget = check_budget(&journal, &mut meter, &mut queue, &stop)?;
+                    if capped && over_budget.is_none() {
+                        over_budget = check_budget(&journal, &gate, &mut queue, &stop)?;
                     }
                 }
             }
@@ -339,22 +337,21 @@ pub fn stays_ended(row: &SessionRow) -> bool {
 /// sessions, and returns why.
 fn check_budget(
     journal: &RunJournal,
-    meter: &mut budget::Meter,
+    gate: &budget::Gate,
     queue: &mut std::collections::VecDeque<TargetId>,
     stop: &CancellationToken,
 ) -> Result<Option<String>, RunError> {
-    let Some(why) = meter.poll(journal.store(), journal.run_id())? else {
+    let Some(why) = gate.poll()? else {
         return Ok(None);
     };
-    stop_for_budget(journal, meter, &why)?;
+    stop_for_budget(journal, gate, &why)?;
     queue.clear();
     stop.cancel();
     Ok(Some(why))
 }
 
-fn stop_for_budget(journal: &RunJournal, meter: &budget::Meter, why: &str) -> Result<(), RunError> {
-    let spent = meter.spent();
-    let b = meter.budget();
+fn stop_for_budget(journal: &RunJournal, gate: &budget::Gate, why: &str) -> Result<(), RunError> {
+    let (spent, b) = gate.spent();
     tracing::info!(
         reason = why,
         "campaign budget reached; cancelling the running sessions"
