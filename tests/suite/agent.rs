@@ -29,6 +29,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::llm_fake::{FakeResponses, function_call_item, reasoning_item, sse_response};
+use super::support::campaign::sim_params_thinking;
 
 fn config(
     home: &Path,
@@ -51,15 +52,6 @@ fn config(
         ..Env::default()
     };
     Config::load(&flags, &env, &Catalog::embedded()).unwrap()
-}
-
-fn sim_params(max_think: Duration) -> SimParams {
-    SimParams {
-        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
-        seed: 7,
-        max_think,
-        chaos: Default::default(),
-    }
 }
 
 /// Wraps a runner and counts how many of its sessions run at once.
@@ -153,7 +145,7 @@ async fn fourteen_simulated_agents_with_a_cap_of_twelve_all_finish_and_never_exc
     let cfg = config(home.path(), "L1", 12, "5h", "1m");
     let targets: Vec<TargetId> = cfg.targets.iter().take(14).cloned().collect();
     let cfg = Config { targets, ..cfg };
-    let params = sim_params(Duration::from_millis(60));
+    let params = sim_params_thinking(Duration::from_millis(60));
     let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
     let peak = Arc::new(AtomicUsize::new(0));
     let home_ = open(cfg).await;
@@ -202,7 +194,7 @@ async fn fourteen_simulated_agents_with_a_cap_of_twelve_all_finish_and_never_exc
 async fn a_stopped_campaign_resumes_and_no_tool_call_runs_twice() {
     let home = tempfile::tempdir().unwrap();
     let cfg = config(home.path(), "L2", 12, "5h", "1m");
-    let params = sim_params(Duration::from_millis(150));
+    let params = sim_params_thinking(Duration::from_millis(150));
     let (home_, runner, server) = sim_campaign(cfg.clone(), &params).await;
     let first = campaign_in(home_, runner, None, Some(Duration::from_millis(1500))).await;
     server.shutdown().await;
@@ -282,7 +274,8 @@ async fn the_session_timeout_ends_a_session_whose_model_never_answers() {
     let home = tempfile::tempdir().unwrap();
     let cfg = config(home.path(), "L1/gelu", 12, "30s", "10s");
     // The scripted model "thinks" for ten hours; the 30 s session timeout comes first.
-    let (home_, runner, server) = sim_campaign(cfg, &sim_params(Duration::from_secs(36_000))).await;
+    let (home_, runner, server) =
+        sim_campaign(cfg, &sim_params_thinking(Duration::from_secs(36_000))).await;
     let t0 = tokio::time::Instant::now();
     let report = campaign_in(home_, runner, None, None).await;
     server.shutdown().await;

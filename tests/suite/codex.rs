@@ -20,10 +20,12 @@ use fk_agentd::config::{Config, Env, Flags};
 use fk_agentd::daemon::Holder;
 use fk_agentd::llm::{LlmClient, TokenProvider};
 use fk_agentd::sim::server::SIM_TOKEN;
-use fk_agentd::sim::setup::{SimParams, sim_provider};
+use fk_agentd::sim::setup::sim_provider;
 use fk_agentd::store::Event;
 use fk_agentd::target::Catalog;
 use serde_json::Value;
+
+use super::support::campaign::sim_params_thinking;
 
 /// Where `tests/codex/install.sh` puts the binary (beside the build's `target/<profile>/`).
 fn codex_binary() -> Option<PathBuf> {
@@ -67,16 +69,6 @@ fn codex_config(home: &Path, codex: PathBuf, flags: Flags) -> Config {
     let mut cfg = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
     cfg.agent.codex = Some(codex);
     cfg
-}
-
-/// The simulation's parameters with scripted turns of at most `max_think`.
-fn sim_params(max_think: Duration) -> SimParams {
-    SimParams {
-        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
-        seed: 7,
-        max_think,
-        chaos: Default::default(),
-    }
 }
 
 /// Runs the codex campaign of `home` with `parts` to its end.
@@ -300,7 +292,7 @@ async fn a_401_ends_the_codex_process_and_the_session_resumes_with_the_token_rea
     let cfg = codex_config(home.path(), codex, Flags::default());
     let token_file = home.path().join("token");
     std::fs::write(&token_file, "not-the-token\n").unwrap();
-    let params = sim_params(Duration::from_millis(10));
+    let params = sim_params_thinking(Duration::from_millis(10));
     let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
     let run = |cfg: Config, resume: Option<String>| async {
         let base = &server.base_url;
@@ -506,7 +498,7 @@ async fn a_timed_out_codex_session_leaves_no_codex_process_behind() {
         ..Flags::default()
     };
     let cfg = codex_config(home.path(), codex, timeouts);
-    let params = sim_params(Duration::from_secs(60));
+    let params = sim_params_thinking(Duration::from_secs(60));
     let server = fk_agentd::sim::setup::start_server(&params).await.unwrap();
     let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
         .await
@@ -634,7 +626,7 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
     .await;
     fake.require_token(token);
     let cfg = codex_config(home.path(), codex, Flags::default());
-    let params = sim_params(Duration::from_millis(10));
+    let params = sim_params_thinking(Duration::from_millis(10));
     let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
         .await
         .unwrap();

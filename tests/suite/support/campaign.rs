@@ -34,6 +34,17 @@ pub fn sim_config(home: &Path, targets: &str, mode: &str) -> Config {
     Config::load(&flags, &env, &Catalog::embedded()).unwrap()
 }
 
+/// The simulation with seed 7 and scripted turns of at most `max_think` (tests that time
+/// sessions against their timeouts).
+pub fn sim_params_thinking(max_think: Duration) -> SimParams {
+    SimParams {
+        exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
+        seed: 7,
+        max_think,
+        chaos: Default::default(),
+    }
+}
+
 pub fn sim_params() -> SimParams {
     SimParams {
         exe: env!("CARGO_BIN_EXE_fk-agentd").into(),
