@@ -5,7 +5,7 @@ use crate::inspect::ScoringWord;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use serde_json::Value;
+use crate::event::{Elapsed, OrText};
 
 use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
 use crate::store::{RunRow, SessionRow};
@@ -275,16 +275,25 @@ fn session_cells(
         state,
         verdict,
         scoring.map_or("-".into(), ScoringWord::short),
-        number_or_str(r, "best_speedup", |g| format!("{g:.3}x")),
+        match r.detail.best_speedup.clone().flatten() {
+            Some(OrText::Number(g)) => format!("{g:.3}x"),
+            Some(OrText::Text(t)) => t,
+            None => "-".into(),
+        },
     ];
     if wide {
-        cells.push(detail_str(r, "turns"));
-        cells.push(r.detail["tokens"].as_u64().map_or("-".into(), group));
-        cells.push(number_or_str(r, "elapsed", |s| {
-            crate::inspect::clock(s.round() as u64)
-        }));
-        cells.push(detail_str(r, "leases"));
-        let gpu_s = r.detail["gpu_s"].as_f64();
+        let d = &r.detail;
+        cells.push(d.turns.map_or("-".into(), |n| n.to_string()));
+        cells.push(d.tokens.map_or("-".into(), group));
+        cells.push(match &d.elapsed {
+            Some(Elapsed::Text(t)) => t.clone(),
+            Some(e) => e
+                .seconds()
+                .map_or("-".into(), |s| crate::inspect::clock(s.round() as u64)),
+            None => "-".into(),
+        });
+        cells.push(d.leases.map_or("-".into(), |n| n.to_string()));
+        let gpu_s = d.gpu_s;
         cells.push(gpu_s.map_or("-".into(), |g| format!("{g:.1}")));
         cells.push(note(r, outcome, scoring));
     }
@@ -304,12 +313,8 @@ fn note(r: &SessionRow, outcome: Option<&Outcome>, scoring: Option<&ScoringWord>
             ..
         })
         | None => {
-            let last = detail_str(r, "last_event");
-            if last == "-" || last == r.state {
-                String::new()
-            } else {
-                last
-            }
+            let last = r.detail.last_event.clone().unwrap_or_default();
+            if last == r.state { String::new() } else { last }
         }
         Some(Outcome {
             verdict: Verdict::NotWinner { detail, .. } | Verdict::NoValidCandidate { detail },
@@ -394,20 +399,4 @@ pub fn fit_table(
         .lines()
         .map(str::to_string)
         .collect()
-}
-
-fn detail_str(row: &SessionRow, key: &str) -> String {
-    match row.detail.get(key) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Null) | None => "-".into(),
-        Some(v) => v.to_string(),
-    }
-}
-
-/// A number as `number` formats it, else the text older daemons stored (the best speedup as
-/// `"1.014x"`, the elapsed time as `"0:01:20"`).
-fn number_or_str(r: &SessionRow, key: &str, number: impl Fn(f64) -> String) -> String {
-    r.detail[key]
-        .as_f64()
-        .map_or_else(|| detail_str(r, key), number)
 }

@@ -129,8 +129,8 @@ impl RunJournal {
             id: run_id.clone(),
             started_at: now_rfc3339(),
             finished_at: None,
-            status: "running".into(),
-            mode: new.mode.as_str().into(),
+            status: crate::event::RunState::Running,
+            mode: new.mode,
             targets: new.targets.clone(),
             simulated: new.simulated,
             pid: Some(std::process::id() as i64),
@@ -236,34 +236,9 @@ pub fn jsonl_line(event: &Event) -> String {
 
 crate::exit_code!(RunError, |self| crate::exit::EXIT_UNAVAILABLE);
 
-/// How the campaign schedules its targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Every target at once, under the agent cap.
-    Independent,
-    /// Level by level, each level building on the winners of the levels below.
-    Sequential,
-    /// Independent, then sequential, then the comparison.
-    All,
-}
-
-impl Mode {
-    /// The short form used in run ids.
-    pub fn short(self) -> &'static str {
-        match self {
-            Self::Independent => "ind",
-            Self::Sequential => "seq",
-            Self::All => "all",
-        }
-    }
-}
-
-crate::words!(Mode {
-    Independent = "independent",
-    Sequential = "sequential",
-    All = "all",
-});
+/// How the campaign schedules its targets (stored with each run, so it lives with the run's
+/// other words in [`crate::event`]).
+pub use crate::event::Mode;
 
 /// An I/O error at `path`, for `map_err`.
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + use<> {

@@ -96,7 +96,7 @@ impl SessionJournal {
     /// Updates the counters with `f` and publishes the session row with `state`.
     pub fn update(&self, state: &str, f: impl FnOnce(&mut Progress)) -> Result<(), RunError> {
         f(&mut guard(&self.progress));
-        set_state(&self.run, &self.target, state, self.detail().to_value())
+        set_state(&self.run, &self.target, state, self.detail())
     }
 
     /// The counters as shown by `sessions` (also the base of `task_finished.result`).

@@ -401,10 +401,12 @@ pub fn provider_event_recorder(
     let (tx, mut rx) = tokio::sync::mpsc::channel::<LlmEvent>(64);
     let task = tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
+            use crate::event::{LlmRetry, Payload, RateLimitWait, TokenReloaded};
+            // Stored as the client serializes them (its `kind` tag kept), read back typed.
             let kind = match &ev {
-                LlmEvent::Retry { .. } => "llm_retry",
-                LlmEvent::TokenReloaded { .. } => "token_reloaded",
-                LlmEvent::RateLimitWait { .. } => "rate_limit_wait",
+                LlmEvent::Retry { .. } => LlmRetry::KIND,
+                LlmEvent::TokenReloaded { .. } => TokenReloaded::KIND,
+                LlmEvent::RateLimitWait { .. } => RateLimitWait::KIND,
                 _ => continue,
             };
             let payload = serde_json::to_value(&ev).unwrap_or(Value::Null);

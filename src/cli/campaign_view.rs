@@ -9,7 +9,25 @@ use super::args::GlobalArgs;
 use crate::daemon::CampaignReport;
 use crate::scheduler::{self, SessionStatus};
 
+/// `writeln!` into a `String` (which cannot fail).
+macro_rules! wln {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
 pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
+    let text = report_text(r, global);
+    match super::term::known_width() {
+        Some(width) => print!("{}", crate::report::fit_lines(&text, width)),
+        None => print!("{text}"),
+    }
+}
+
+/// The end-of-campaign report, unfitted.
+fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
+    let mut out = String::new();
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for s in r.phase.results.values() {
         *counts.entry(s.word()).or_default() += 1;
@@ -19,35 +37,38 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
         || crate::event::simulated_by_id(&r.run_id),
         |row| row.simulated,
     );
-    print!("{}", crate::report::sim_banner(sim));
-    println!("run       {}", r.run_id);
-    println!("status    {}", r.status);
+    out.push_str(crate::report::sim_banner(sim));
+    wln!(out, "run       {}", r.run_id);
+    wln!(out, "status    {}", r.status);
     // The sessions' ends and their candidates' verdicts, as recorded; the status words only
     // when the store cannot be read.
     let tally = super::session::outcome_tally(&home, &r.run_id);
     match &tally {
-        Some(t) => println!("outcome   {}", t.line()),
+        Some(t) => wln!(out, "outcome   {}", t.line()),
         None => {
             let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            println!("sessions  {}", counts.join(", "));
+            wln!(out, "sessions  {}", counts.join(", "));
         }
     }
     let mut winners = tally.map_or(0, |t| t.winners);
-    println!("run dir   {}", r.run_dir.display());
+    wln!(out, "run dir   {}", r.run_dir.display());
     if let Some(pair) = &r.pair {
-        println!("pair      {pair} (the other half of this --mode all campaign)");
+        wln!(
+            out,
+            "pair      {pair} (the other half of this --mode all campaign)"
+        );
         if let Some(t) = super::session::outcome_tally(&home, pair) {
-            println!("          its outcome: {}", t.line());
+            wln!(out, "          its outcome: {}", t.line());
             winners += t.winners;
         }
     }
     if winners > 0 {
-        println!("          {}", winners_caveat(global, r, winners));
+        wln!(out, "          {}", winners_caveat(global, r, winners));
     }
     for note in &r.notes {
-        println!("          {note}");
+        wln!(out, "          {note}");
     }
-    print_spent(&home, &r.run_id);
+    print_spent(&mut out, &home, &r.run_id);
     // Point at a session of this run (a failed one first: that is the one worth reading).
     let example = r
         .phase
@@ -57,14 +78,16 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
         .or_else(|| r.phase.results.iter().next())
         .map(|(t, _)| t.to_string())
         .unwrap_or_else(|| "L1/gelu".into());
-    println!("\n{}", next_hint(global, r, &example));
+    wln!(out, "\n{}", next_hint(global, r, &example));
     if r.status == crate::event::RunOutcome::Interrupted {
-        println!(
+        wln!(
+            out,
             "this run was interrupted: continue it with `{} resume {}`",
             invocation(global),
             r.run_id
         );
     }
+    out
 }
 
 /// What a session's "winner" means: its last validate bench passed the published gate, which
@@ -110,12 +133,12 @@ pub(super) fn home_of(r: &CampaignReport) -> std::path::PathBuf {
 }
 
 /// What the campaign's agents spent (both halves of a `--mode all` pair), from the store.
-fn print_spent(home: &Path, run_id: &str) {
+fn print_spent(out: &mut String, home: &Path, run_id: &str) {
     let Ok(store) = crate::app::open_store(home) else {
         return;
     };
     if let Ok(spent) = crate::scheduler::budget::recorded_spend(&store, run_id, true) {
-        println!("spent     {}", spent.describe());
+        wln!(out, "spent     {}", spent.describe());
     }
     if let Some(b) = store.events(run_id, None, 0).ok().and_then(|events| {
         events
@@ -123,11 +146,13 @@ fn print_spent(home: &Path, run_id: &str) {
             .rev()
             .find_map(|e| e.payload_as::<crate::event::BudgetReached>())
     }) {
-        println!(
+        wln!(
+            out,
             "stopped   {} (raise the cap and `resume` to continue)",
             b.reason
         );
-        println!(
+        wln!(
+            out,
             "          the turns in flight when it was reached still count: a cap is passed by \
              at most one turn per running session"
         );
@@ -282,7 +307,6 @@ pub(super) fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
 mod exit_tests {
     use super::*;
     use crate::store::{SessionRow, Store};
-    use serde_json::json;
 
     /// A failed run whose failed sessions have these `(state, infra)`; its exit code.
     fn exit_of(rows: &[(&str, bool)]) -> i32 {
@@ -305,7 +329,10 @@ mod exit_tests {
                     run_id: journal.run_id().into(),
                     target: format!("L1/t{i}"),
                     state: (*state).into(),
-                    detail: json!({"infra": infra}),
+                    detail: crate::event::SessionResult {
+                        infra: Some(*infra),
+                        ..Default::default()
+                    },
                     updated_at: String::new(),
                 })
                 .unwrap();

@@ -64,7 +64,7 @@ pub fn cmd_compare(home: &Path, opts: &CompareArgs) -> Result<i32, Error> {
     if let [a, b] = runs {
         let (a, b) = (store.run(Some(a))?, store.run(Some(b))?);
         // Two runs of one mode (e.g. two agent backends on the same targets): side by side.
-        if a.mode == b.mode && a.mode != "all" {
+        if a.mode == b.mode && a.mode != crate::run::Mode::All {
             if opts.save {
                 return Err(Error::Usage(
                     "--save writes the independent/sequential comparison; two runs of one mode are only shown".into(),

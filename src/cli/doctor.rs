@@ -4,7 +4,7 @@
 //! cached in the home, and a verdict. Exits 3 when the host cannot run a campaign, so a script can stop
 //! before it spends tokens.
 
-use std::io::Write;
+use std::fmt::Write;
 
 use crate::config::Config;
 use crate::error::Error;
@@ -82,7 +82,7 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
     };
     let calibrations = crate::score::calibration::all_cached(&config.home.join("calibration"));
     let timing = timing_words(config, harness.as_ref());
-    let mut out = std::io::stdout().lock();
+    let mut out = String::new();
     if json {
         let (count, gpu_error) = (gpus.as_ref().ok(), gpus.as_ref().err());
         let value = serde_json::json!({
@@ -163,6 +163,10 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
             );
         }
         let _ = write!(out, "\n{}", preflight::render_verdict(&verdict));
+        match super::term::known_width() {
+            Some(width) => print!("{}", crate::report::fit_lines(&out, width)),
+            None => print!("{out}"),
+        }
     }
     Ok(if verdict.ready && codex.ok() {
         0

@@ -22,17 +22,17 @@ pub async fn cmd_e2e(
 ) -> Result<i32, Error> {
     let store = super::open_existing_store(&config.home)?;
     let row = store.run(run)?;
-    let mut runs = vec![(row.id.clone(), row.mode.clone())];
+    let mut runs = vec![(row.id.clone(), row.mode)];
     if let Some(pair) = crate::daemon::plan::pair_of(&store, &row.id)? {
         let other = store.run(Some(&pair))?;
         runs.push((other.id, other.mode));
     }
     // The independent half first, as the campaign ran it.
-    runs.sort_by_key(|(_, mode)| mode != "independent");
+    runs.sort_by_key(|(_, mode)| *mode != crate::run::Mode::Independent);
     let runs_dir = crate::run::runs_dir(&config.home);
     let mut sets = Vec::new();
     for (id, mode) in &runs {
-        sets.push(e2e::winner_set(id, &runs_dir.join(id), mode)?);
+        sets.push(e2e::winner_set(id, &runs_dir.join(id), *mode)?);
     }
     let simulated = row.simulated;
     let (command, cwd) = if simulated {

@@ -415,20 +415,17 @@ fn cmd_manifest(home: &std::path::Path, run: Option<&str>, json: bool) -> Result
         return Ok(0);
     }
     if let Some(previous) = &written.replaced {
-        println!(
-            "replaced the manifest rendered at {previous} (manifests are derived from recorded facts)"
-        );
+        println!("replaced  the manifest rendered at {previous}");
     }
-    println!(
-        "wrote {} and {} (rendered at {rendered_at} from recorded facts{})",
-        written.markdown.display(),
-        written.json.display(),
-        if data.facts.is_empty() {
-            "; no facts event was recorded for this run"
-        } else {
-            ""
-        }
-    );
+    // Each path whole on its line: they are what a user copies.
+    println!("wrote     {}", written.markdown.display());
+    println!("          {}", written.json.display());
+    let facts = if data.facts.is_empty() {
+        "; no facts event was recorded for this run"
+    } else {
+        ""
+    };
+    println!("          rendered at {rendered_at} from recorded facts{facts}");
     Ok(0)
 }
 

@@ -62,6 +62,33 @@ pub fn render(s: &Snapshot) -> String {
     )
 }
 
+/// [`render`] within `width` columns: the full line where it fits, else a terse one
+/// (`19/133 done · 12 running · 1 won · GPUs 3/8 · 0:10:00 · ETA 1:00:00`).
+pub fn render_within(s: &Snapshot, width: usize) -> String {
+    let full = render(s);
+    if full.chars().count() <= width {
+        return full;
+    }
+    let gpus = match s.gpus_total {
+        Some(t) => format!("GPUs {}/{t}", s.gpus_busy),
+        None => format!("{} GPU(s)", s.gpus_busy),
+    };
+    let eta = full.rsplit(" · ").next().unwrap_or_default();
+    let eta = if eta.starts_with("ETA after") {
+        "ETA ?"
+    } else {
+        eta
+    };
+    format!(
+        "{}/{} done · {} running · {} won · {gpus} · {} · {eta}",
+        s.done,
+        s.total,
+        s.running,
+        s.winners,
+        clock(s.elapsed.as_secs())
+    )
+}
+
 /// Reads the run this process is running: the newest `running` run it created, else the
 /// newest `running` one (a resumed run keeps the pid of the daemon that created it; the
 /// home's lock means no other daemon runs here).
@@ -82,7 +109,10 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
     // A live session's state names what it does (`thinking`, `validating`, …); an ended one's
     // is one of the scheduler's end words.
     let ended = crate::event::SessionStatus::is_end_state;
-    let winner = |d: &serde_json::Value| d["best_speedup"].as_f64().is_some_and(|g| g >= 1.0);
+    let winner = |d: &crate::event::SessionResult| {
+        let best = d.best_speedup.as_ref().and_then(|b| b.as_ref()?.value());
+        best.is_some_and(|g| g >= 1.0)
+    };
     let gpus_busy = store
         .open_leases()
         .map(|ls| ls.iter().map(|l| l.gpus.len()).sum())
@@ -159,17 +189,19 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
             done_before,
             ..snap
         };
-        let line = render(&snap);
         match &bar {
             Some(bar) => {
-                bar.set_message(line);
+                // The spinner and a space come first; a line wider than the terminal would
+                // wrap and leave a copy of itself behind at every refresh.
+                let width = super::term::stderr_width().unwrap_or(120);
+                bar.set_message(render_within(&snap, width.saturating_sub(3)));
                 bar.tick();
             }
             None => {
                 let due = last_plain
                     .is_none_or(|(done, at)| done != snap.done && at.elapsed() >= PLAIN_EVERY);
                 if due {
-                    eprintln!("progress: {} {line}", snap.run_id);
+                    eprintln!("progress: {} {}", snap.run_id, render(&snap));
                     last_plain = Some((snap.done, tokio::time::Instant::now()));
                 }
             }
@@ -217,5 +249,29 @@ mod tests {
         assert!(render(&s).ends_with("ETA after the first session ends"));
         s.done = 133;
         assert!(render(&s).ends_with("ETA -"));
+    }
+
+    #[test]
+    fn a_narrow_terminal_gets_the_terse_line() {
+        let s = Snapshot {
+            run_id: "r".into(),
+            total: 133,
+            done: 19,
+            running: 12,
+            winners: 1,
+            gpus_busy: 3,
+            gpus_total: Some(8),
+            elapsed: Duration::from_secs(600),
+            done_before: 0,
+        };
+        assert_eq!(render_within(&s, 200), render(&s));
+        let terse = render_within(&s, 77);
+        assert_eq!(
+            terse,
+            "19/133 done · 12 running · 1 won · GPUs 3/8 · 0:10:00 · ETA 1:00:00"
+        );
+        assert!(terse.chars().count() <= 77);
+        let first = Snapshot { done: 0, ..s };
+        assert!(render_within(&first, 77).ends_with("· ETA ?"));
     }
 }

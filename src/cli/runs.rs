@@ -18,9 +18,9 @@ use crate::store::{RunRow, Store};
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunLine {
     pub id: String,
-    pub mode: String,
+    pub mode: crate::run::Mode,
     pub pair: Option<String>,
-    pub status: String,
+    pub status: crate::event::RunState,
     pub simulated: bool,
     pub targets: usize,
     pub started_at: String,
@@ -89,8 +89,8 @@ pub fn render(lines: &[RunLine], width: usize) -> String {
         .map(|l| {
             vec![
                 l.id.clone(),
-                short_mode(&l.mode).to_string(),
-                l.status.clone(),
+                l.mode.short().to_string(),
+                l.status.to_string(),
                 l.targets.to_string(),
                 short_time(&l.started_at),
                 l.winners.map_or("-".into(), |n| group(n as u64)),
@@ -113,14 +113,6 @@ pub fn render(lines: &[RunLine], width: usize) -> String {
     let head: Vec<&str> = shown.iter().map(|&c| header[c]).collect();
     let rows: Vec<Vec<String>> = cells.iter().map(|r| pick(r)).collect();
     crate::report::table(&head, &rows)
-}
-
-fn short_mode(mode: &str) -> &str {
-    match mode {
-        "independent" => "ind",
-        "sequential" => "seq",
-        other => other,
-    }
 }
 
 /// `2026-12-02T14:03:05.123Z` → `12-02 14:03`.
@@ -149,9 +141,9 @@ mod tests {
     ) -> RunLine {
         RunLine {
             id: id.into(),
-            mode: mode.into(),
+            mode: crate::run::Mode::from_word(mode).unwrap(),
             pair: pair.map(str::to_string),
-            status: status.into(),
+            status: crate::event::RunState::from_word(status).unwrap(),
             simulated: id.contains("-sim-"),
             targets: 133,
             started_at: "2026-12-02T14:03:05.123Z".into(),

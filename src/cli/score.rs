@@ -131,7 +131,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         None => {
             let store = super::open_existing_store(&config.home)?;
             let run = store.run(args.run.as_deref())?;
-            if run.mode == "sequential" && matches!(args.mode, ScoreModeArg::All) {
+            if run.mode == crate::run::Mode::Sequential && matches!(args.mode, ScoreModeArg::All) {
                 return score_sequential(config, env, args, &lock).await;
             }
             let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
@@ -278,7 +278,7 @@ async fn score_sequential(
     }
     let store = super::open_existing_store(&config.home)?;
     let run = store.run(args.run.as_deref())?;
-    if run.mode != "sequential" {
+    if run.mode != crate::run::Mode::Sequential {
         return Err(Error::Usage(format!(
             "run {} is an {} campaign: --mode sequential needs a sequential run (sessions built level by level)",
             run.id, run.mode

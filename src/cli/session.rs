@@ -35,7 +35,7 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     let pair = crate::daemon::plan::pair_of(&store, &run_row.id)?;
     let spent = crate::scheduler::budget::recorded_spend(&store, &run_row.id, false).ok();
     let mut out = std::io::stdout().lock();
-    let independent = run_row.mode == Mode::Independent.as_str();
+    let independent = run_row.mode == Mode::Independent;
     let scored = crate::score::scored::of_run(home, &run_row);
     if json {
         let tally = inspect::OutcomeTally::of(outcomes.values());
@@ -385,7 +385,7 @@ async fn cmd_follow(
                 "run {} is {}; the session has no more events",
                 row.id, row.status
             );
-            return Ok(if row.state() == Some(RunState::Interrupted) {
+            return Ok(if row.status == RunState::Interrupted {
                 1
             } else {
                 0

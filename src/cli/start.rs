@@ -87,7 +87,7 @@ pub async fn cmd_resume(
     drop(store);
     let mut flags = plan::resume_flags(super::flags(global, None), &started);
     flags.sim = row.simulated;
-    flags.mode = Some(row.mode.clone());
+    flags.mode = Some(row.mode.as_str().to_string());
     // The resumed sessions bench on a copy patched as the run's first sessions did.
     flags.patches = started.setting("fastkernels.patches").map(str::to_string);
     let mut config = Config::load(&flags, env, catalog)?;

@@ -22,6 +22,12 @@ pub fn known_width() -> Option<usize> {
         .filter(|c: &usize| *c >= 40)
 }
 
+/// The width of the terminal stderr writes to; `None` where stderr is not a terminal.
+pub fn stderr_width() -> Option<usize> {
+    let size = rustix::termios::tcgetwinsize(std::io::stderr()).ok()?;
+    (size.ws_col > 0).then_some(usize::from(size.ws_col))
+}
+
 /// Whether stdout gets colour: a terminal, and `NO_COLOR` unset or empty.
 pub fn stdout_color() -> bool {
     let no_color = std::env::var("NO_COLOR").ok();

@@ -28,7 +28,7 @@ crate::words!(GateKind {
 pub const DEFAULT_CONFIRM: usize = 3;
 
 /// The gate's parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WinnerGate {
     /// Minimum geometric-mean speedup of a winner (inclusive).
     pub threshold: f64,

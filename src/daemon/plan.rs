@@ -141,7 +141,7 @@ fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal
     store.set_run_status(run_id, RunState::Running)?;
     let resumed = RunResumed {
         pid: std::process::id(),
-        previous_status: row.status,
+        previous_status: row.status.as_str().to_string(),
     };
     journal.record_event(None, &resumed)?;
     Ok(Arc::new(journal))
@@ -152,7 +152,7 @@ fn reopen(store: &Store, config: &Config, run_id: &str) -> Result<Arc<RunJournal
 /// where its row still says running (a kill between the event and the row's update, or a row
 /// edited by hand); such a row is set back to what the events say.
 fn ended(store: &Store, row: &crate::store::RunRow) -> Result<bool, Error> {
-    if !matches!(row.state(), Some(RunState::Running | RunState::Interrupted)) {
+    if !matches!(row.status, RunState::Running | RunState::Interrupted) {
         return Ok(true);
     }
     let last = store
@@ -184,7 +184,7 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
         targets.push(t.parse::<TargetId>()?);
     }
     if let Some(pair) = pair_of(store, run_id)? {
-        let (ind_id, seq_id) = if row.mode == "sequential" {
+        let (ind_id, seq_id) = if row.mode == Mode::Sequential {
             (pair, run_id.to_string())
         } else {
             (run_id.to_string(), pair)
@@ -207,11 +207,14 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             ind_done,
         });
     }
-    if ended(store, &row)? && row.state() != Some(RunState::Failed) {
+    if ended(store, &row)? && row.status != RunState::Failed {
         return Err(finished_error(run_id));
     }
-    let mode = Mode::from_word(&row.mode).unwrap_or(Mode::Independent);
-    Ok(Plan::single(mode, reopen(store, config, run_id)?, targets))
+    Ok(Plan::single(
+        row.mode,
+        reopen(store, config, run_id)?,
+        targets,
+    ))
 }
 
 fn finished_error(run_id: &str) -> Error {
@@ -231,10 +234,10 @@ pub fn unfinished_run(store: &Store) -> Result<Option<String>, Error> {
         })
     };
     for r in store.runs()? {
-        let unfinished = match r.state() {
-            Some(RunState::Interrupted | RunState::Running) => !ended(store, &r)?,
-            Some(RunState::Failed) => infra_failed(&r.id),
-            _ => false,
+        let unfinished = match r.status {
+            RunState::Interrupted | RunState::Running => !ended(store, &r)?,
+            RunState::Failed => infra_failed(&r.id),
+            RunState::Finished => false,
         };
         if unfinished {
             return Ok(Some(r.id));

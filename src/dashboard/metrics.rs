@@ -67,8 +67,8 @@ fn sessions(r: &mut Registry, view: &RunView) {
     let info = gauge_family(r, "run_info", "The run this scrape describes (value 1)");
     info.get_or_create(&labels(&[
         ("run", &run.id),
-        ("mode", &run.mode),
-        ("status", &run.status),
+        ("mode", run.mode.as_str()),
+        ("status", run.status.as_str()),
         ("simulated", if run.simulated { "true" } else { "false" }),
     ]))
     .set(1);

@@ -76,10 +76,8 @@ impl Tally {
             }
             "llm_retry" => {
                 self.retries += 1;
-                let reason = p["reason"].as_str().unwrap_or_default();
-                if reason.contains("429") || reason.to_lowercase().contains("rate limit") {
-                    self.rate_limited += 1;
-                }
+                let limited = e.payload_as::<crate::event::LlmRetry>();
+                self.rate_limited += u64::from(limited.is_some_and(|r| r.rate_limited()));
             }
             "token_reloaded" => self.token_reloads += 1,
             "run_resumed" => self.resumed_at = parse_at(&e.at),
@@ -364,19 +362,16 @@ impl RunView {
             .map(|t| {
                 let row = by_target.get(t);
                 let state = row.map_or("queued", |r| r.state.as_str()).to_string();
-                let d = row.map(|r| &r.detail).cloned().unwrap_or(Value::Null);
+                let d = row.map(|r| r.detail.clone()).unwrap_or_default();
                 SessionLine {
                     target: t.to_string(),
                     verdict: self.verdict(t),
                     state,
-                    best_speedup: d["best_speedup"]
-                        .as_str()
-                        .and_then(|s| s.trim_end_matches('x').parse().ok())
-                        .or_else(|| d["best_speedup"].as_f64()),
-                    turns: d["turns"].as_u64().unwrap_or(0),
-                    tokens: d["tokens"].as_u64().unwrap_or(0),
-                    leases: d["leases"].as_u64().unwrap_or(0),
-                    reason: d["reason"].as_str().unwrap_or_default().to_string(),
+                    best_speedup: d.best_speedup.flatten().and_then(|s| s.value()),
+                    turns: d.turns.map_or(0, u64::from),
+                    tokens: d.tokens.unwrap_or(0),
+                    leases: d.leases.map_or(0, u64::from),
+                    reason: d.reason.unwrap_or_default(),
                     updated_at: row.map(|r| r.updated_at.clone()).unwrap_or_default(),
                 }
             })
@@ -412,7 +407,10 @@ pub fn run_progress(
     asked: Option<&str>,
 ) -> Result<(i64, String), StoreError> {
     let run = pick_run(state, asked)?;
-    Ok((tally(state, &run.id)?.last_seq, run.status))
+    Ok((
+        tally(state, &run.id)?.last_seq,
+        run.status.as_str().to_string(),
+    ))
 }
 
 /// Reads everything about one run (blocking: call it through `spawn_blocking`).

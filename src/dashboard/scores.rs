@@ -7,13 +7,15 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use maud::{Markup, html};
-use serde_json::Value;
 
 use super::DashboardState;
 use super::svg::{self, Series};
 use crate::score::compare::{self, Comparison, LevelRow, Side};
+use crate::score::confirm::Confirmation;
+use crate::score::gate::GateKind;
 use crate::score::gate::geomean;
 use crate::score::sequential::{Decision, read_level_gate, read_seq_gate};
+use crate::score::stage::StageReport;
 use crate::store::RunRow;
 
 /// One verdict row of `score.json`.
@@ -34,51 +36,40 @@ struct Row {
     reason: String,
 }
 
-fn rows_of(stage: &Value) -> Vec<Row> {
-    let confirmed = stage["gate"]["gate"]["kind"].as_str() == Some("confirmed");
-    stage["gate"]["verdicts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|v| Row {
-            target: v["target"].as_str().unwrap_or_default().to_string(),
-            winner: v["winner"].as_bool().unwrap_or(false),
-            published: v["published"].as_bool().filter(|_| confirmed),
-            rescued: v["confirmation"]["rescued"].as_bool() == Some(true),
-            benches: benches_of(&v["confirmation"]),
-            first: v["geomean"].as_f64(),
-            geomean: v["confirmation"]["geomean"]
-                .as_f64()
-                .or_else(|| v["geomean"].as_f64()),
-            reason: v["reason"].as_str().map_or_else(
-                || {
-                    let why = v["confirmation"]["second_chance"].as_str();
+fn rows_of(stage: &StageReport) -> Vec<Row> {
+    let confirmed = stage.gate.gate.kind == GateKind::Confirmed;
+    stage
+        .gate
+        .verdicts
+        .iter()
+        .map(|v| {
+            let c = v.confirmation.as_ref();
+            Row {
+                target: v.target.to_string(),
+                winner: v.winner,
+                published: confirmed.then_some(v.published),
+                rescued: c.is_some_and(|c| c.rescued),
+                benches: c.map(benches_of).unwrap_or_default(),
+                first: v.geomean,
+                geomean: c.and_then(|c| c.geomean).or(v.geomean),
+                reason: v.reason.clone().unwrap_or_else(|| {
+                    let why = c.and_then(|c| c.second_chance.as_deref());
                     why.map(crate::score::confirm::second_chance_win)
                         .unwrap_or_default()
-                },
-                str::to_string,
-            ),
+                }),
+            }
         })
         .collect()
 }
 
-/// A confirmation's benches in order, each outlier named; empty without a confirmation.
-fn benches_of(c: &Value) -> String {
-    let outliers: Vec<u64> = c["outliers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_u64)
-        .collect();
-    c["benches"]
-        .as_array()
-        .into_iter()
-        .flatten()
+/// A confirmation's benches in order, each outlier named.
+fn benches_of(c: &Confirmation) -> String {
+    c.benches
+        .iter()
         .enumerate()
-        .filter_map(|(i, g)| {
-            let g = g.as_f64()?;
-            let wild = outliers.contains(&(i as u64));
-            Some(format!("{g:.3}×{}", if wild { " (outlier)" } else { "" }))
+        .map(|(i, g)| {
+            let wild = c.outliers.contains(&i);
+            format!("{g:.3}×{}", if wild { " (outlier)" } else { "" })
         })
         .collect::<Vec<_>>()
         .join(" ")
@@ -206,7 +197,7 @@ fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>
     let Some(pair) = started.pair else {
         return Ok(None);
     };
-    let (ind, seq) = if run.mode == "sequential" {
+    let (ind, seq) = if run.mode == crate::run::Mode::Sequential {
         (pair, run.id.clone())
     } else {
         (run.id.clone(), pair)
@@ -217,26 +208,23 @@ fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>
         .map_err(|e| e.to_string())
 }
 
-/// The scores page's body (blocking: reads files and the store).
-/// How a score's benches were timed (a score from before the timing patch: published).
-fn timing_of(score: &Value) -> crate::score::result::TimingMethod {
-    serde_json::from_value(score["timing"].clone()).unwrap_or_default()
-}
-
-/// The A/A calibration a score's confirmed gate used, if it recorded one.
-fn calibration_of(score: &Value) -> Option<crate::score::calibration::Calibration> {
-    serde_json::from_value(score["calibration"].clone()).ok()
-}
-
+/// The scores page's body (blocking: reads files and the store): the run's newest complete
+/// score, and the sequential gates of its newest generation.
 pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
     let run_dir = crate::run::runs_dir(&state.home).join(&run.id);
     let generation = crate::score::candidates::generations(&run_dir)
         .into_iter()
         .next();
-    let score: Option<Value> = generation
-        .as_ref()
-        .and_then(|g| std::fs::read(g.join("score.json")).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok());
+    let complete = crate::score::report::newest_complete(&run_dir);
+    // A newer generation than the score shown: scoring it has not completed (yet).
+    let newer_incomplete = match (&generation, &complete) {
+        (Some(newest), Some((shown, _))) => newest != shown,
+        _ => false,
+    };
+    // The newest generation's score, when it cannot be read: said, not taken for "none yet".
+    let unreadable = generation
+        .as_deref()
+        .and_then(|g| crate::score::report::ScoreReport::read(g).err());
     let seq = generation.as_deref().and_then(sequential);
     let cmp = comparison(state, run);
     html! {
@@ -246,15 +234,17 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
             Ok(None) => { p.meta { "Not a --mode all pair: no independent-vs-sequential comparison." } }
             Err(e) => { h2 { "Independent vs sequential" } p.meta { "not available yet: " (e) } }
         }
-        @if let Some(s) = &score {
-            @if s["simulated"].as_bool() == Some(true) { p.simulated-note { "SIMULATED bench: these speedups are not measurements." } }
-            p.meta id="timing" { "timing: " (timing_of(s).describe()) }
-            @if let Some(c) = calibration_of(s) { p.meta id="calibration" { "calibration: " (c.describe()) } }
-            (stage_table("Standalone", "standalone", &rows_of(&s["standalone"])))
-            @if s["composed"].is_object() { (stage_table("Composed", "composed", &rows_of(&s["composed"]))) }
+        @if let Some(e) = &unreadable { p.error id="unreadable-score" { "cannot read the newest score: " (e.to_string()) } }
+        @if let Some((g, s)) = &complete {
+            @if newer_incomplete { p.meta { "the newest complete score, " code { (g.file_name().unwrap_or_default().to_string_lossy()) } "; a newer generation has not completed" } }
+            @if s.simulated { p.simulated-note { "SIMULATED bench: these speedups are not measurements." } }
+            p.meta id="timing" { "timing: " (s.timing.describe()) }
+            @if let Some(c) = &s.calibration { p.meta id="calibration" { "calibration: " (c.describe()) } }
+            @if let Some(st) = &s.standalone { (stage_table("Standalone", "standalone", &rows_of(st))) }
+            @if let Some(st) = &s.composed { (stage_table("Composed", "composed", &rows_of(st))) }
         }
         @if let Some(m) = &seq { (m) }
-        @if score.is_none() && seq.is_none() {
+        @if complete.is_none() && seq.is_none() {
             p id="no-score" { "No score for this run yet: run " code { "fk-agentd score --run " (run.id) } "." }
         }
     }

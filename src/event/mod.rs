@@ -17,8 +17,9 @@
 //! [`Kind::Unreadable`], never a zeroed payload.
 //!
 //! Kinds whose payload is another module's serialized struct: `facts` ([`crate::facts`]),
-//! `llm_retry`, `rate_limit_wait` ([`crate::llm::LlmEvent`], whose `token_reloaded` is also
-//! read as [`TokenReloaded`]), `e2e_evaluated`.
+//! `e2e_evaluated`. The provider client's events (`llm_retry`, `rate_limit_wait`,
+//! `token_reloaded`) are written from [`crate::llm::LlmEvent`] and read as [`LlmRetry`],
+//! [`RateLimitWait`] and [`TokenReloaded`].
 
 pub mod run;
 pub mod session;
@@ -30,7 +31,7 @@ use serde_json::Value;
 
 pub use run::*;
 pub use session::*;
-pub use status::{RunOutcome, RunState, SessionStatus, StatusWord};
+pub use status::{Mode, RunOutcome, RunState, SessionStatus, StatusWord};
 
 /// The payload of one event kind.
 pub trait Payload: Serialize + DeserializeOwned {
@@ -97,6 +98,8 @@ kinds! {
     CodexEvent(CodexEvent) = "codex_event",
     CodexOutput(CodexOutput) = "codex_output",
     TokenReloaded(TokenReloaded) = "token_reloaded",
+    LlmRetry(LlmRetry) = "llm_retry",
+    RateLimitWait(RateLimitWait) = "rate_limit_wait",
     UserMessage(UserMessage) = "user_message",
     ModelItem(ModelItem) = "model_item",
     TurnFinished(TurnFinished) = "turn_finished",

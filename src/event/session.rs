@@ -21,6 +21,9 @@ pub struct SessionStarted {
     /// `codex` for the codex backend; left out by the provider backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    /// When the session started (RFC 3339): its row's detail while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub codex_version: Option<String>,
 }
@@ -217,6 +220,42 @@ pub struct TokenReloaded {
     pub reason: Option<String>,
 }
 
+/// A failed provider attempt that will be retried (`llm_retry`), as the provider client
+/// reports it ([`crate::llm::LlmEvent::Retry`], with its `kind` tag).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LlmRetry {
+    /// `retry`, the client's own tag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub attempt: u32,
+    pub max_retries: u32,
+    pub reason: String,
+    /// Before the next attempt, milliseconds.
+    pub delay: u64,
+}
+
+impl LlmRetry {
+    /// The provider limited the rate (a 429, or its words for one).
+    pub fn rate_limited(&self) -> bool {
+        self.reason.contains("429") || self.reason.to_lowercase().contains("rate limit")
+    }
+}
+
+/// A request held back before it was sent (`rate_limit_wait`), as the provider client reports
+/// it ([`crate::llm::LlmEvent::RateLimitWait`], with its `kind` tag).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RateLimitWait {
+    /// `rate_limit_wait`, the client's own tag.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// `server_backoff`, `requests_per_minute` or `tokens_per_minute`.
+    pub reason: String,
+    /// How long it waited, milliseconds.
+    pub delay: u64,
+}
+
 impl TokenReloaded {
     /// Why the file was read (`why`, or an early release's `reason`).
     pub fn why(&self) -> &str {
@@ -400,6 +439,9 @@ pub struct SessionResult {
     /// `codex` for the codex backend; left out by the provider backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backend: Option<String>,
+    /// When the session started (RFC 3339): its row's detail while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     /// Whatever else a runner reports, kept as written.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,

@@ -164,7 +164,8 @@ impl PartialEq<&str> for RunOutcome {
 }
 
 /// Where a run stands: the `status` of its row in the `runs` table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RunState {
     Running,
     Finished,
@@ -177,6 +178,35 @@ crate::words!(RunState {
     Finished = "finished",
     Failed = "failed",
     Interrupted = "interrupted",
+});
+
+/// How the campaign schedules its targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every target at once, under the agent cap.
+    Independent,
+    /// Level by level, each level building on the winners of the levels below.
+    Sequential,
+    /// Independent, then sequential, then the comparison.
+    All,
+}
+
+impl Mode {
+    /// The short form used in run ids.
+    pub fn short(self) -> &'static str {
+        match self {
+            Self::Independent => "ind",
+            Self::Sequential => "seq",
+            Self::All => "all",
+        }
+    }
+}
+
+crate::words!(Mode {
+    Independent = "independent",
+    Sequential = "sequential",
+    All = "all",
 });
 
 #[cfg(test)]

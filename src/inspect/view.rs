@@ -415,10 +415,8 @@ fn end_detail(at: &str, r: &SessionResult) -> EndDetail {
     }
 }
 
-fn secs_of_ms(v: &Value) -> String {
-    v.as_f64()
-        .map(|ms| format!("{:.1} s", ms / 1000.0))
-        .unwrap_or_else(|| "?".into())
+fn secs_of_ms(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
 }
 
 /// The note for an event the session records around its turns.
@@ -451,6 +449,18 @@ fn typed_note(e: &Event) -> Option<String> {
             format!("{} failed for infrastructure reasons: {}", r.name, r.why)
         }
         Kind::SessionFailedToStart(f) => format!("the session could not start: {}", f.reason),
+        Kind::LlmRetry(r) => format!(
+            "provider retry {}/{} in {}: {}",
+            r.attempt,
+            r.max_retries,
+            secs_of_ms(r.delay),
+            r.reason
+        ),
+        Kind::RateLimitWait(w) => format!(
+            "rate limit: waited {} ({})",
+            secs_of_ms(w.delay),
+            w.reason.replace('_', " ")
+        ),
         Kind::TokenReloaded(t) => {
             let age = match (t.age_secs(), t.age_text()) {
                 (Some(s), _) => format!("{s:.0} s old"),
@@ -472,26 +482,9 @@ fn typed_note(e: &Event) -> Option<String> {
     })
 }
 
-/// The note of a kind without a typed payload (the provider's notes; anything else is shown
-/// as its JSON).
+/// The note of a kind without a typed payload: its JSON.
 fn untyped_note(e: &Event) -> String {
-    let p = &e.payload;
-    let s = |k: &str| p[k].as_str().unwrap_or("").to_string();
-    match e.kind.as_str() {
-        "llm_retry" => format!(
-            "provider retry {}/{} in {}: {}",
-            p["attempt"],
-            p["max_retries"],
-            secs_of_ms(&p["delay"]),
-            s("reason")
-        ),
-        "rate_limit_wait" => format!(
-            "rate limit: waited {} ({})",
-            secs_of_ms(&p["delay"]),
-            s("reason").replace('_', " ")
-        ),
-        other => format!("{other} {}", short_json(p)),
-    }
+    format!("{} {}", e.kind, short_json(&e.payload))
 }
 
 /// An unknown event's payload on one line, without any reasoning content.

@@ -19,6 +19,8 @@ use serde_json::Value;
 
 use crate::event::{RunFinished, RunStarted, SessionStarted, TaskFinished, TokenReloaded};
 use crate::facts::{FACTS_EVENT, HostFacts, SettingFact};
+use crate::score::gate::{GateKind, GateReport};
+use crate::score::report::ScoreReport;
 use crate::store::{Event, RunRow, Store, StoreError};
 
 /// The Markdown manifest's file name.
@@ -234,20 +236,15 @@ fn results(run_dir: &Path) -> Vec<GenerationSummary> {
         .collect()
 }
 
-fn read_json(path: &Path) -> Option<Value> {
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
-}
-
-fn count_verdicts(stage: &str, gate: &Value) -> Option<StageCount> {
-    let verdicts = gate["verdicts"].as_array()?;
-    Some(StageCount {
+fn count_verdicts(stage: &str, gate: &GateReport) -> StageCount {
+    let verdicts = &gate.verdicts;
+    StageCount {
         stage: stage.to_string(),
         judged: verdicts.len(),
-        winners: verdicts.iter().filter(|v| v["winner"] == true).count(),
-        published: (gate["gate"]["kind"] == "confirmed"
-            && gate["gate"]["threshold"].as_f64() > Some(0.0))
-        .then(|| verdicts.iter().filter(|v| v["published"] == true).count()),
-    })
+        winners: gate.winner_count(),
+        published: (gate.gate.kind == GateKind::Confirmed && gate.gate.threshold > 0.0)
+            .then(|| verdicts.iter().filter(|v| v.published).count()),
+    }
 }
 
 fn generation(dir: &Path, name: &str) -> GenerationSummary {
@@ -255,44 +252,41 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
         dir: name.to_string(),
         ..GenerationSummary::default()
     };
-    if let Some(score) = read_json(&dir.join("score.json")) {
-        g.scored = true;
-        g.simulated = score["simulated"] == true;
-        g.mode = score["mode"].as_str().map(str::to_string);
-        for (stage, key) in [("ind", "standalone"), ("comp", "composed")] {
-            g.stages.extend(count_verdicts(stage, &score[key]["gate"]));
+    match ScoreReport::read(dir) {
+        Ok(Some(score)) => {
+            g.scored = true;
+            g.simulated = score.simulated;
+            g.mode = serde_json::to_value(score.mode)
+                .ok()
+                .and_then(|m| m.as_str().map(str::to_string));
+            for (stage, report) in [("ind", &score.standalone), ("comp", &score.composed)] {
+                g.stages
+                    .extend(report.as_ref().map(|r| count_verdicts(stage, &r.gate)));
+            }
+            g.final_set = score.final_set.as_ref().map(|set| {
+                let m = &set.manifest;
+                (set.name.clone(), m.kernels.len(), m.dropped.len())
+            });
+            g.timing = Some(score.timing.describe().to_string());
+            g.calibration = score.calibration.as_ref().map(|c| c.describe());
+            g.incomplete = score.incomplete;
         }
-        let set = &score["final_set"];
-        if let Some(set_name) = set["name"].as_str() {
-            let len = |k: &str| set["manifest"][k].as_array().map_or(0, Vec::len);
-            g.final_set = Some((set_name.to_string(), len("kernels"), len("dropped")));
-        }
-        let timing: crate::score::result::TimingMethod =
-            serde_json::from_value(score["timing"].clone()).unwrap_or_default();
-        g.timing = Some(timing.describe().to_string());
-        g.calibration = serde_json::from_value::<crate::score::calibration::Calibration>(
-            score["calibration"].clone(),
-        )
-        .ok()
-        .map(|c| c.describe());
-        g.incomplete = score["incomplete"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|v| v.as_str().map(str::to_string))
-            .collect();
+        Ok(None) => {}
+        Err(e) => g.incomplete.push(e.to_string()),
     }
-    if let Some(seq) = read_json(&dir.join("seq").join("gate.json")) {
-        // The sequential gate lists the kept winners and the ones composition dropped.
-        let len = |k: &str| seq[k].as_array().map(Vec::len);
-        let listed = len("winners").map(|kept| StageCount {
-            stage: "seq".into(),
-            judged: kept + len("dropped").unwrap_or(0),
-            winners: kept,
-            published: None,
-        });
-        g.stages.extend(count_verdicts("seq", &seq).or(listed));
-        g.simulated |= seq["simulated"] == true;
+    match crate::score::sequential::read_seq_gate(&dir.join("seq")) {
+        Ok(Some(seq)) => {
+            // The sequential gate lists the kept winners and the ones composition dropped.
+            g.stages.push(StageCount {
+                stage: "seq".into(),
+                judged: seq.winners.len() + seq.dropped.len(),
+                winners: seq.winners.len(),
+                published: None,
+            });
+            g.simulated |= seq.simulated;
+        }
+        Ok(None) => {}
+        Err(e) => g.incomplete.push(e.to_string()),
     }
     g.e2e = crate::score::e2e::of_generation(dir)
         .iter()
@@ -331,8 +325,15 @@ pub fn write(run_dir: &Path, data: &ManifestData) -> Result<Written, ManifestErr
     let md_path = run_dir.join(MANIFEST_MD);
     let json_path = run_dir.join(MANIFEST_JSON);
     let replaced = (md_path.exists() || json_path.exists()).then(|| {
-        read_json(&json_path)
-            .and_then(|v| v["rendered_at"].as_str().map(str::to_string))
+        /// What of the manifest it replaces is said: when that one was rendered.
+        #[derive(Deserialize)]
+        struct Replaced {
+            rendered_at: Option<String>,
+        }
+        std::fs::read(&json_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Replaced>(&b).ok())
+            .and_then(|r| r.rendered_at)
             .unwrap_or_else(|| "an unknown time".into())
     });
     let json = serde_json::to_string_pretty(data).map_err(ManifestError::io(&json_path))? + "\n";

@@ -129,7 +129,7 @@ pub async fn run_phase(
             },
         };
         journal.record_event(Some(&name), &submitted)?;
-        set_state(&journal, target, "queued", json!({}))?;
+        set_state(&journal, target, "queued", SessionResult::default())?;
     }
     let mut queue: std::collections::VecDeque<TargetId> =
         start_order(&journal, &pending, params.order)?.into();
@@ -157,7 +157,11 @@ pub async fn run_phase(
             slot = slots.admit(), if !queue.is_empty() => {
                 let slot = Arc::new(slot.with_budget(capped.then(|| gate.clone())));
                 let target = queue.pop_front().expect("checked non-empty");
-                set_state(&journal, &target, "running", json!({"started_at": now_rfc3339()}))?;
+                let started = SessionResult {
+                    started_at: Some(now_rfc3339()),
+                    ..SessionResult::default()
+                };
+                set_state(&journal, &target, "running", started)?;
                 let cancel = stop.child_token();
                 let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
                 let timeout = params.session_timeout;
@@ -315,21 +319,21 @@ fn repair_rows(journal: &RunJournal, targets: &[TargetId]) -> Result<(), RunErro
             Some(s) => s.clone(),
         };
         tracing::info!(target = %name, "its end was recorded but not its session row: repaired");
-        set_state(journal, target, status.state(), done.result.to_value())?;
+        set_state(journal, target, status.state(), done.result.clone())?;
     }
     Ok(())
 }
 
 /// The end a session's row records; `None` while it has none (queued, running, interrupted).
 pub fn recorded_status(row: &SessionRow) -> Option<SessionStatus> {
-    let skip_reason = row.detail["reason"].as_str().unwrap_or("");
+    let skip_reason = row.detail.reason.as_deref().unwrap_or("");
     SessionStatus::from_state(&row.state, skip_reason)
 }
 
 /// Whether a recorded end is final for `resume`: a failure of the infrastructure (endpoint,
 /// token, GPU: `infra` in its detail) is run again, as is anything without an end.
 pub fn stays_ended(row: &SessionRow) -> bool {
-    recorded_status(row).is_some() && !(row.state == "failed" && row.detail["infra"] == true)
+    recorded_status(row).is_some() && !(row.state == "failed" && row.detail.infra == Some(true))
 }
 
 /// Records `budget_reached` with what was spent and the caps.
@@ -469,7 +473,7 @@ fn finish(
         reason: None,
     };
     journal.record_event(Some(&name), &done)?;
-    set_state(journal, target, status.state(), done.result.to_value())
+    set_state(journal, target, status.state(), done.result)
 }
 
 /// Records a session's current state in the derived `sessions` table.
@@ -477,7 +481,7 @@ pub fn set_state(
     journal: &RunJournal,
     target: &TargetId,
     state: &str,
-    detail: Value,
+    detail: SessionResult,
 ) -> Result<(), RunError> {
     journal.store().upsert_session(&SessionRow {
         run_id: journal.run_id().to_string(),

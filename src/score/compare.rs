@@ -21,17 +21,16 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::event::{TurnFinished, Validation};
 use crate::inspect::group;
 use crate::report::table;
 use crate::score::ScoreError;
 use crate::score::candidates::{generations, next_free};
-use crate::score::export::Manifest;
 use crate::score::gate::geomean;
 use crate::score::pipeline::by_level;
 use crate::score::render::{banner, group_f, speed_or_dash, wrap};
+use crate::score::report;
 use crate::score::result::TimingMethod;
 use crate::score::sequential::{SeqGate, read_seq_gate};
 use crate::store::{Event, Store};
@@ -268,71 +267,59 @@ pub fn compare(input: &CompareInput) -> Comparison {
     }
 }
 
-/// The independent outcome from a run's newest `score.json`.
+/// The independent outcome from a run's newest complete `score.json`
+/// ([`crate::score::report::newest_complete`]).
 pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, PathBuf), ScoreError> {
-    let path = generations(run_dir)
-        .into_iter()
-        .map(|g| g.join("score.json"))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            ScoreError::Usage(format!(
-                "run {run_id} has no score yet: score it first with `fk-agentd score --run {run_id}`"
-            ))
-        })?;
-    let bytes = std::fs::read(&path).map_err(ScoreError::io(&path))?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(ScoreError::bad_result(&path))?;
-    let manifest: Manifest =
-        serde_json::from_value(v["final_set"]["manifest"].clone()).map_err(|_| {
-            ScoreError::BadResult {
-                path: path.clone(),
+    let Some((g, report)) = report::newest_complete(run_dir) else {
+        let started = generations(run_dir)
+            .into_iter()
+            .map(|g| g.join(report::FILE))
+            .find(|p| p.is_file());
+        return Err(match started {
+            Some(path) => ScoreError::BadResult {
+                path,
                 why: format!("no final set (scoring did not complete); score run {run_id} again"),
-            }
-        })?;
-    // Results from before the timing patch carry no `timing`: they were timed as published.
-    let timing = serde_json::from_value(v["timing"].clone()).unwrap_or_default();
+            },
+            None => ScoreError::Usage(format!(
+                "run {run_id} has no score yet: score it first with `fk-agentd score --run {run_id}`"
+            )),
+        });
+    };
+    let path = g.join(report::FILE);
     let mut out = Outcome {
-        simulated: v["simulated"].as_bool().unwrap_or(false),
-        timing,
+        simulated: report.simulated,
+        timing: report.timing,
         ..Outcome::default()
     };
+    let verdicts = report.standalone.iter().flat_map(|s| &s.gate.verdicts);
     // A confirmed winner's standalone speed is its confirmation's geomean, read from the
     // verdicts: a manifest written before it exported that geomean holds the first bench.
-    let confirmed: BTreeMap<&str, f64> = v["standalone"]["gate"]["verdicts"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|x| x["confirmation"]["confirmed"].as_bool() == Some(true))
+    let confirmed: BTreeMap<&TargetId, f64> = verdicts
+        .clone()
         .filter_map(|x| {
-            Some((
-                x["target"].as_str()?,
-                x["confirmation"]["geomean"].as_f64()?,
-            ))
+            let c = x.confirmation.as_ref().filter(|c| c.confirmed)?;
+            Some((&x.target, c.geomean?))
         })
         .collect();
-    out.kept.extend(manifest.kernels.iter().filter_map(|k| {
-        let target = TargetId::new(k.level, &k.stem).ok()?;
-        let alone = confirmed
-            .get(target.to_string().as_str())
-            .copied()
-            .or(k.standalone_speedup);
-        Some((target, k.composed_speedup.or(alone).unwrap_or(1.0)))
-    }));
-    let dropped = manifest.dropped.iter();
-    out.dropped
-        .extend(dropped.filter_map(|d| TargetId::new(d.level, &d.stem).ok()));
-    let verdicts = v["standalone"]["gate"]["verdicts"]
-        .as_array()
+    if let Some(set) = &report.final_set {
+        let manifest = &set.manifest;
+        out.kept.extend(manifest.kernels.iter().filter_map(|k| {
+            let target = TargetId::new(k.level, &k.stem).ok()?;
+            let alone = confirmed.get(&target).copied().or(k.standalone_speedup);
+            Some((target, k.composed_speedup.or(alone).unwrap_or(1.0)))
+        }));
+        let dropped = manifest.dropped.iter();
+        out.dropped
+            .extend(dropped.filter_map(|d| TargetId::new(d.level, &d.stem).ok()));
+    }
+    out.published
+        .extend(verdicts.filter(|x| x.published).map(|x| x.target.clone()));
+    let stages = [&report.standalone, &report.composed];
+    out.bench_gpu_s += stages
         .into_iter()
-        .flatten();
-    out.published.extend(
-        verdicts
-            .filter(|x| x["published"].as_bool().unwrap_or(false))
-            .filter_map(|x| x["target"].as_str()?.parse().ok()),
-    );
-    let runs = ["standalone", "composed"].map(|stage| v[stage]["runs"].as_array());
-    let walls = runs.into_iter().flatten().flatten();
-    out.bench_gpu_s += walls
-        .map(|r| r["wall_s"].as_f64().unwrap_or(0.0))
+        .flatten()
+        .flat_map(|s| &s.runs)
+        .map(|r| r.wall_s.unwrap_or(0.0))
         .sum::<f64>();
     Ok((out, path))
 }
@@ -581,23 +568,35 @@ mod tests {
         std::fs::create_dir_all(&results).expect("results");
         // A manifest written before confirmed winners were exported at their confirmation's
         // geomean holds the first bench (1.2, picked for passing); the verdicts hold both.
-        let score = serde_json::json!({
-            "final_set": {"manifest": {
-                "set": "r-ind", "agent": null, "mode": "standalone",
-                "source": {"winners": "w", "composed_bench": null}, "selection": "s",
-                "kernels": [
-                    {"level": 1, "stem": "gelu", "classes": [], "composed_speedup": null, "standalone_speedup": 1.2},
-                    {"level": 1, "stem": "silu", "classes": [], "composed_speedup": null, "standalone_speedup": 1.3}
-                ],
-                "dropped": [], "files": {}, "unreferenced_sources": []
-            }},
-            "standalone": {"gate": {"verdicts": [
-                {"target": "L1/gelu", "published": true, "winner": true,
-                 "confirmation": {"benches": [1.2, 1.0, 1.04], "confirmed": true, "geomean": 1.08}},
-                {"target": "L1/silu", "published": true, "winner": true}
-            ]}}
+        let mut score = crate::score::report::previous_release_report();
+        let set = score.final_set.as_mut().expect("a final set");
+        set.manifest.kernels = serde_json::from_value(serde_json::json!([
+            {"level": 1, "stem": "gelu", "classes": [], "composed_speedup": null, "standalone_speedup": 1.2},
+            {"level": 1, "stem": "silu", "classes": [], "composed_speedup": null, "standalone_speedup": 1.3}
+        ]))
+        .expect("kernels");
+        set.manifest.dropped.clear();
+        use crate::score::gate::TargetVerdict;
+        let winner = |t: &str| TargetVerdict {
+            winner: true,
+            published: true,
+            reason: None,
+            ..TargetVerdict::no_result(t.parse().unwrap(), "")
+        };
+        let mut gelu = winner("L1/gelu");
+        gelu.confirmation = Some(crate::score::confirm::Confirmation {
+            benches: vec![1.2, 1.0, 1.04],
+            confirmed: true,
+            geomean: Some(1.08),
+            ..Default::default()
         });
-        std::fs::write(results.join("score.json"), score.to_string()).expect("score.json");
+        let stage = score.standalone.as_mut().expect("a standalone stage");
+        stage.gate.verdicts = vec![gelu, winner("L1/silu")];
+        std::fs::write(
+            results.join("score.json"),
+            serde_json::to_vec(&score).unwrap(),
+        )
+        .expect("score.json");
         let (out, _) = independent_outcome("r", run.path()).expect("outcome");
         let kept: Vec<(String, f64)> = out.kept.iter().map(|(t, s)| (t.to_string(), *s)).collect();
         // silu went through no confirmation (a published-gate score): its manifest speed stands.

@@ -19,7 +19,7 @@ use super::compare::{
     spent, targets_of,
 };
 use super::render::{banner, fit_table, group_f, speed_or_dash};
-use crate::event::{Elapsed, SessionResult, TurnFinished};
+use crate::event::{Elapsed, TurnFinished};
 use crate::inspect::clock;
 use crate::store::Store;
 use crate::target::TargetId;
@@ -80,8 +80,8 @@ struct Loaded {
 fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::Error> {
     let row = store.run(Some(run))?;
     let dir = runs_dir.join(run);
-    let (outcome, results) = match row.mode.as_str() {
-        "sequential" => sequential_outcome(run, &dir)?,
+    let (outcome, results) = match row.mode {
+        crate::run::Mode::Sequential => sequential_outcome(run, &dir)?,
         _ => independent_outcome(run, &dir)?,
     };
     let events = store.events(run, None, 0)?;
@@ -94,7 +94,7 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
     }
     let mut wall = BTreeMap::new();
     for s in store.sessions(run)? {
-        let elapsed = SessionResult::from_value(s.detail).elapsed;
+        let elapsed = s.detail.elapsed;
         if let (Ok(t), Some(Elapsed::Seconds(secs))) = (s.target.parse(), elapsed) {
             wall.insert(t, secs);
         }
@@ -102,7 +102,7 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
     Ok(Loaded {
         run: AbRun {
             run: row.id.clone(),
-            mode: row.mode.clone(),
+            mode: row.mode.as_str().to_string(),
             backend: backend_of(store, run),
             results,
             spent: spent(

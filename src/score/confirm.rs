@@ -99,6 +99,7 @@ impl ConfirmRule {
 
 /// How a candidate's confirmation ended (kept in results beside the published verdict).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Confirmation {
     /// Geomean of every bench, in order; the first is the first bench's.
     pub benches: Vec<f64>,

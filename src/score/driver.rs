@@ -145,7 +145,7 @@ impl BenchLauncher for DirectLauncher {
 }
 
 /// The fastkernels checkout the bench runs from, as recorded beside every number.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckoutState {
     pub dir: Option<PathBuf>,
     /// `git rev-parse HEAD`, or "unknown" (no dir configured, not a git checkout, no git).

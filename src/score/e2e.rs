@@ -66,15 +66,19 @@ fn kernel_count(dir: &Path) -> usize {
 
 /// The winner set of `run_dir`'s newest complete scoring, for its `mode` (`independent` or
 /// `sequential`).
-pub fn winner_set(run_id: &str, run_dir: &Path, mode: &str) -> Result<WinnerSet, ScoreError> {
+pub fn winner_set(
+    run_id: &str,
+    run_dir: &Path,
+    mode: crate::run::Mode,
+) -> Result<WinnerSet, ScoreError> {
     let set = |generation, dir: PathBuf| WinnerSet {
-        mode: mode.into(),
+        mode: mode.as_str().into(),
         run_id: run_id.into(),
         generation,
         kernels: kernel_count(&dir),
         dir,
     };
-    if mode == "sequential" {
+    if mode == crate::run::Mode::Sequential {
         for g in generations(run_dir) {
             let seq = g.join("seq");
             let Some(gate) = super::sequential::read_seq_gate(&seq)? else {
@@ -93,16 +97,10 @@ pub fn winner_set(run_id: &str, run_dir: &Path, mode: &str) -> Result<WinnerSet,
             "run {run_id} has no sequential results to evaluate (results*/seq/gate.json)"
         )));
     }
-    for g in generations(run_dir) {
-        let path = g.join("score.json");
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
-        let v: serde_json::Value =
-            serde_json::from_slice(&bytes).map_err(ScoreError::bad_result(&path))?;
-        if let Some(dir) = v["final_set"]["dir"].as_str().map(PathBuf::from) {
-            return Ok(set(g, dir));
-        }
+    if let Some((g, report)) = super::report::newest_complete(run_dir)
+        && let Some(final_set) = report.final_set
+    {
+        return Ok(set(g, final_set.dir));
     }
     Err(ScoreError::Usage(format!(
         "run {run_id} has no complete score to evaluate: score it first with `fk-agentd score --run {run_id}`"

@@ -74,7 +74,7 @@ pub struct Manifest {
 }
 
 /// The exported set as reported.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FinalSet {
     pub name: String,
     pub dir: PathBuf,

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::score::confirm;
 use crate::score::result::{BenchResult, ScenarioRow, Status, TimingMethod};
@@ -28,7 +28,7 @@ pub const REVIEW_SPEEDUP: f64 = 10.0;
 pub use crate::config::gate::{DEFAULT_CONFIRM, GateKind, WinnerGate};
 
 /// The gate's answer for one target.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TargetVerdict {
     pub target: TargetId,
     pub winner: bool,
@@ -43,21 +43,27 @@ pub struct TargetVerdict {
     #[serde(default)]
     pub timing: TimingMethod,
     /// Non-skipped rows considered.
+    #[serde(default)]
     pub rows: usize,
+    #[serde(default)]
     pub skipped: usize,
     /// Why this target is not a winner (`None` for winners).
     pub reason: Option<String>,
     /// Notes for a human (speedups above [`REVIEW_SPEEDUP`]).
+    #[serde(default)]
     pub review: Vec<String>,
     /// Baseline classes seen in the rows, sorted.
+    #[serde(default)]
     pub classes: Vec<String>,
     /// Distinct failing statuses, sorted (empty when none).
+    #[serde(default)]
     pub failing_statuses: Vec<String>,
     /// The published gate's verdict on the first bench, kept whatever gate decides `winner`.
+    #[serde(default)]
     pub published: bool,
     /// The confirmation benches of a published winner or a second chance under the confirmed
     /// gate.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirmation: Option<crate::score::confirm::Confirmation>,
 }
 
@@ -88,7 +94,7 @@ impl TargetVerdict {
 }
 
 /// Verdicts for a set of targets, ordered by target.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GateReport {
     pub gate: WinnerGate,
     pub verdicts: Vec<TargetVerdict>,

@@ -20,6 +20,7 @@ pub mod level;
 pub mod noise;
 pub mod pipeline;
 pub mod render;
+pub mod report;
 pub mod result;
 pub mod scored;
 pub mod sequential;

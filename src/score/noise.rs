@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest};
@@ -23,7 +23,7 @@ use crate::score::stats::median;
 use crate::target::TargetId;
 
 /// Speedups of identical code on both sides.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NoiseFloor {
     pub targets: Vec<TargetId>,
     pub rows: usize,
@@ -154,7 +154,7 @@ pub fn merge_repeats(results: &[BenchResult]) -> BenchResult {
 }
 
 /// The spread of a target's geomean over repeats.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spread {
     pub repeats: usize,
     /// Bootstrap 95% interval of the geomean (resampling repeats per scenario).

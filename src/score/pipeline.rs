@@ -14,7 +14,7 @@
 //! <gen>/comp/bench.json         the merged composed rows
 //! <gen>/comp/gate.json
 //! <gen>/sets/<set>/             the final set + manifest.json
-//! <gen>/score.json              the whole [`ScoreReport`]
+//! <gen>/score.json              the whole [`ScoreReport`] (`super::report`)
 //! ```
 //!
 //! [`score_mix`] is the per-level "mix bench + gate" step, usable on its own (the sequential
@@ -34,12 +34,13 @@ use crate::score::candidates::{
 };
 use crate::score::confirm::ConfirmRule;
 use crate::score::confirmation::{Contender, confirm_winners, contenders, settle_first_benches};
-use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun, CheckoutState};
-use crate::score::export::{FinalSet, SetSource, build_final_set};
+use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
+use crate::score::export::{SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
 use crate::score::json_file::write_json;
-use crate::score::noise::{NoiseFloor, merge_repeats, noise_floor, sample, spread};
-use crate::score::result::{BenchResult, TimingMethod};
+use crate::score::noise::{merge_repeats, noise_floor, sample, spread};
+pub use crate::score::report::ScoreReport;
+use crate::score::result::BenchResult;
 use crate::score::stage::{RunSummary, ScoreMode, StageReport};
 use crate::target::TargetId;
 
@@ -71,67 +72,6 @@ pub struct ScoreParams {
     /// The results generation to score into (a daemon's scoring taken up again after a kill:
     /// its finished benches are reused, see [`crate::score::driver`]); `None`: a new one.
     pub generation: Option<PathBuf>,
-}
-
-/// Everything a score produced.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ScoreReport {
-    pub candidates_dir: PathBuf,
-    pub generation: PathBuf,
-    pub mode: ScoreMode,
-    pub simulated: bool,
-    pub checkout: CheckoutState,
-    pub candidates: usize,
-    pub standalone: Option<StageReport>,
-    pub composed: Option<StageReport>,
-    pub final_set: Option<FinalSet>,
-    pub repeats: usize,
-    /// The self-test spread printed beside every speedup.
-    pub noise_floor: Option<NoiseFloor>,
-    /// How this score's benches timed a speedup.
-    #[serde(default)]
-    pub timing: TimingMethod,
-    /// The A/A calibration the confirmed gate used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub calibration: Option<Calibration>,
-    /// Infrastructure failures: when non-empty, scoring did not complete.
-    pub incomplete: Vec<String>,
-}
-
-impl ScoreReport {
-    /// What scoring kept, in a line: `33 confirmed winners of 133 candidates (37 passed the
-    /// published gate on one bench), final set 30 kernels` (the final set only when scoring
-    /// completed).
-    pub fn headline(&self) -> String {
-        let plural =
-            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
-        let mut parts = Vec::new();
-        if let Some(s) = &self.standalone {
-            let (won, total) = (s.gate.winner_count(), s.gate.verdicts.len());
-            let published = s.gate.verdicts.iter().filter(|v| v.published).count();
-            let w = if won == 1 { "winner" } else { "winners" };
-            parts.push(match s.gate.gate.kind {
-                GateKind::Confirmed => format!(
-                    "{won} confirmed {w} of {} ({published} passed the published gate on one bench)",
-                    plural(total, "candidate", "candidates")
-                ),
-                GateKind::Published => format!(
-                    "{won} {w} of {} (published gate, one bench)",
-                    plural(total, "candidate", "candidates")
-                ),
-                GateKind::LowerBound => format!(
-                    "{won} {w} of {} (lower end of the interval over {})",
-                    plural(total, "candidate", "candidates"),
-                    plural(self.repeats, "bench", "benches")
-                ),
-            });
-        }
-        if let Some(f) = &self.final_set {
-            let n = f.manifest.kernels.len();
-            parts.push(format!("final set {}", plural(n, "kernel", "kernels")));
-        }
-        parts.join(", ")
-    }
 }
 
 /// A mix bench (every candidate of `levels` in `candidates`, benched together) and its gate.

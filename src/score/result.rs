@@ -259,7 +259,7 @@ pub struct BenchResult {
     pub all_passed: Option<bool>,
     pub scenarios: Vec<ScenarioRow>,
     /// True when the simulated bench wrote this file.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub simulated: bool,
 }
 

@@ -14,12 +14,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde_json::Value;
 
 pub use crate::inspect::ScoringWord;
 use crate::score::candidates::generations;
 use crate::score::gate::GateKind;
+use crate::score::report::{ScoreReport, newest_complete};
 use crate::score::sequential::{read_level_gate, read_seq_gate};
+use crate::target::TargetId;
 
 /// One target's candidate as the newest complete score judged it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -108,21 +109,18 @@ pub fn of_run(home: &Path, run: &crate::store::RunRow) -> Option<Scored> {
 
 /// [`of_run`] for the run whose folder is `run_dir`.
 pub fn of_run_dir(run_dir: &Path, run: &crate::store::RunRow) -> Option<Scored> {
-    if run.mode == crate::run::Mode::Independent.as_str() {
+    if run.mode == crate::run::Mode::Independent {
         newest(run_dir)
     } else {
         sequential(run_dir)
     }
 }
 
-/// The newest results generation of `run_dir` whose score completed with a standalone stage;
-/// `None` before any.
+/// The newest results generation of `run_dir` whose score completed with a standalone stage
+/// ([`crate::score::report::newest_complete`]); `None` before any.
 pub fn newest(run_dir: &Path) -> Option<Scored> {
-    generations(run_dir).into_iter().find_map(|g| {
-        let bytes = std::fs::read(g.join("score.json")).ok()?;
-        let v: Value = serde_json::from_slice(&bytes).ok()?;
-        of(g, &v)
-    })
+    let (g, report) = newest_complete(run_dir)?;
+    of(g, &report)
 }
 
 /// The level gates (and final drops) of the newest generation with a gated level.
@@ -168,58 +166,44 @@ fn sequential(run_dir: &Path) -> Option<Scored> {
     })
 }
 
-fn of(generation: PathBuf, v: &Value) -> Option<Scored> {
-    if v["incomplete"].as_array().is_some_and(|i| !i.is_empty()) || v["final_set"].is_null() {
-        return None;
-    }
-    let stage = &v["standalone"]["gate"];
-    let gate = GateKind::from_word(stage["gate"]["kind"].as_str()?)?;
-    let dropped: BTreeMap<&str, String> = v["composed"]["gate"]["verdicts"]
-        .as_array()
+fn of(generation: PathBuf, report: &ScoreReport) -> Option<Scored> {
+    let stage = &report.standalone.as_ref()?.gate;
+    let composed = report.composed.as_ref().map(|c| &c.gate.verdicts);
+    let dropped: BTreeMap<&TargetId, String> = composed
         .into_iter()
         .flatten()
-        .filter(|x| x["winner"].as_bool() == Some(false))
-        .filter_map(|x| {
-            let why = x["reason"].as_str().unwrap_or("no reason recorded");
-            Some((x["target"].as_str()?, why.to_string()))
+        .filter(|x| !x.winner)
+        .map(|x| {
+            let why = x.reason.as_deref().unwrap_or("no reason recorded");
+            (&x.target, why.to_string())
         })
         .collect();
-    let verdicts = stage["verdicts"]
-        .as_array()?
+    let verdicts = stage
+        .verdicts
         .iter()
-        .filter_map(|x| {
-            let target = x["target"].as_str()?;
-            let winner = x["winner"].as_bool().unwrap_or(false);
-            // Read field by field: results of older releases lack some of today's fields.
-            let c = &x["confirmation"];
-            let confirmed = c["geomean"].as_f64().map(|geomean| {
-                let benches = c["benches"].as_array().map_or(0, Vec::len);
-                let outliers = c["outliers"].as_array().map_or(0, Vec::len);
-                let ci95 = match c["ci95"].as_array().map(Vec::as_slice) {
-                    Some([lo, hi]) => lo.as_f64().zip(hi.as_f64()),
-                    _ => None,
-                };
-                Confirmed {
-                    geomean,
-                    ci95,
-                    kept: benches.saturating_sub(outliers),
-                    benches,
-                    rescued: c["rescued"].as_bool() == Some(true),
-                }
+        .map(|x| {
+            let confirmed = x.confirmation.as_ref().and_then(|c| {
+                Some(Confirmed {
+                    geomean: c.geomean?,
+                    ci95: c.ci95,
+                    kept: c.benches.len().saturating_sub(c.outliers.len()),
+                    benches: c.benches.len(),
+                    rescued: c.rescued,
+                })
             });
             let verdict = ScoredVerdict {
-                winner,
+                winner: x.winner,
                 confirmed,
-                geomean: x["geomean"].as_f64(),
-                reason: x["reason"].as_str().map(str::to_string),
-                dropped: winner.then(|| dropped.get(target).cloned()).flatten(),
+                geomean: x.geomean,
+                reason: x.reason.clone(),
+                dropped: x.winner.then(|| dropped.get(&x.target).cloned()).flatten(),
             };
-            Some((target.to_string(), verdict))
+            (x.target.to_string(), verdict)
         })
         .collect();
     Some(Scored {
         generation,
-        gate: Some(gate),
+        gate: Some(stage.gate.kind),
         verdicts,
     })
 }
@@ -227,24 +211,79 @@ fn of(generation: PathBuf, v: &Value) -> Option<Scored> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::score::confirm::Confirmation;
+    use crate::score::gate::{GateReport, TargetVerdict, WinnerGate};
+    use crate::score::stage::StageReport;
+    use serde_json::Value;
 
-    fn score(incomplete: &[&str]) -> Value {
-        json!({
-            "incomplete": incomplete,
-            "final_set": if incomplete.is_empty() { json!({"name": "x"}) } else { Value::Null },
-            "standalone": {"gate": {"gate": {"kind": "confirmed"}, "verdicts": [
-                {"target": "L1/gelu", "winner": true, "confirmation":
-                    {"benches": [1.2, 0.3, 1.22], "outliers": [1], "geomean": 1.21, "rescued": false}},
-                {"target": "L2/mlp", "winner": true, "confirmation":
-                    {"benches": [1.3, 1.31], "outliers": [], "geomean": 1.305}},
-                {"target": "L1/silu", "winner": false, "reason": "geomean 0.97 < 1.0"},
-            ]}},
-            "composed": {"gate": {"gate": {"kind": "published"}, "verdicts": [
-                {"target": "L1/gelu", "winner": true},
-                {"target": "L2/mlp", "winner": false, "reason": "failed composed bench: RUNTIME_ERROR"},
-            ]}},
+    fn verdict(target: &str, winner: bool, reason: Option<&str>) -> TargetVerdict {
+        TargetVerdict {
+            winner,
+            reason: reason.map(str::to_string),
+            ..TargetVerdict::no_result(target.parse().unwrap(), "")
+        }
+    }
+
+    fn confirmed(
+        mut v: TargetVerdict,
+        benches: &[f64],
+        outliers: &[usize],
+        g: f64,
+    ) -> TargetVerdict {
+        v.confirmation = Some(Confirmation {
+            benches: benches.to_vec(),
+            outliers: outliers.to_vec(),
+            geomean: Some(g),
+            confirmed: true,
+            ..Confirmation::default()
+        });
+        v
+    }
+
+    fn stage(kind: GateKind, verdicts: Vec<TargetVerdict>) -> Option<StageReport> {
+        let gate = WinnerGate {
+            kind,
+            ..WinnerGate::default()
+        };
+        Some(StageReport {
+            gate: GateReport { gate, verdicts },
+            runs: Vec::new(),
+            simulated: true,
+            spreads: BTreeMap::new(),
         })
+    }
+
+    fn score(incomplete: &[&str]) -> ScoreReport {
+        let mut report = crate::score::report::previous_release_report();
+        report.incomplete = incomplete.iter().map(|s| s.to_string()).collect();
+        if !incomplete.is_empty() {
+            report.final_set = None;
+        }
+        report.standalone = stage(
+            GateKind::Confirmed,
+            vec![
+                confirmed(
+                    verdict("L1/gelu", true, None),
+                    &[1.2, 0.3, 1.22],
+                    &[1],
+                    1.21,
+                ),
+                confirmed(verdict("L2/mlp", true, None), &[1.3, 1.31], &[], 1.305),
+                verdict("L1/silu", false, Some("geomean 0.97 < 1.0")),
+            ],
+        );
+        report.composed = stage(
+            GateKind::Published,
+            vec![
+                verdict("L1/gelu", true, None),
+                verdict(
+                    "L2/mlp",
+                    false,
+                    Some("failed composed bench: RUNTIME_ERROR"),
+                ),
+            ],
+        );
+        report
     }
 
     #[test]
@@ -279,16 +318,32 @@ mod tests {
 
     #[test]
     fn an_incomplete_score_or_one_without_a_standalone_stage_does_not_count() {
-        assert!(of("results".into(), &score(&["L1 bench: GPU lost"])).is_none());
-        assert!(of("results".into(), &json!({"incomplete": [], "composed": {}})).is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let write = |v: &ScoreReport| {
+            std::fs::create_dir_all(dir.path().join("results")).unwrap();
+            std::fs::write(
+                dir.path().join("results/score.json"),
+                serde_json::to_vec(v).unwrap(),
+            )
+            .unwrap();
+        };
+        write(&score(&["L1 bench: GPU lost"]));
+        assert!(newest(dir.path()).is_none());
+        let mut no_stage = score(&[]);
+        no_stage.standalone = None;
+        write(&no_stage);
+        assert!(newest(dir.path()).is_none());
+        write(&score(&[]));
+        assert!(newest(dir.path()).is_some());
     }
 
     #[test]
     fn the_newest_complete_generation_is_read() {
         let dir = tempfile::tempdir().unwrap();
-        let write = |name: &str, v: &Value| {
+        let write = |name: &str, v: &ScoreReport| {
             std::fs::create_dir_all(dir.path().join(name)).unwrap();
-            std::fs::write(dir.path().join(name).join("score.json"), v.to_string()).unwrap();
+            let bytes = serde_json::to_vec(v).unwrap();
+            std::fs::write(dir.path().join(name).join("score.json"), bytes).unwrap();
         };
         write("results", &score(&[]));
         write("results-2", &score(&["cancelled"]));

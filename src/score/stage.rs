@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::score::driver::BenchRun;
 use crate::score::gate::GateReport;
 use crate::score::noise::Spread;
 
 /// Which benches to run on a folder.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScoreMode {
     /// Standalone bench and gate only.
@@ -23,7 +23,7 @@ pub enum ScoreMode {
 }
 
 /// One bench invocation as reported.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RunSummary {
     pub label: String,
     pub exit_code: Option<i32>,
@@ -33,7 +33,7 @@ pub struct RunSummary {
     pub infrastructure: bool,
     pub json: Option<PathBuf>,
     /// The GPU's clocks, throttle reasons and temperature while it ran, and the CPU governor.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<crate::gpu::platform::BenchPlatform>,
     /// Read back from a run of the same bench that finished before (a resume), not benched
     /// again.
@@ -58,14 +58,16 @@ impl RunSummary {
 }
 
 /// A bench stage: its verdicts and its invocations.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageReport {
     pub gate: GateReport,
+    #[serde(default)]
     pub runs: Vec<RunSummary>,
     /// True when any row came from the simulated bench.
+    #[serde(default)]
     pub simulated: bool,
     /// Bootstrap intervals by target (only with repeats).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub spreads: BTreeMap<String, Spread>,
 }
 

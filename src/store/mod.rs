@@ -168,24 +168,35 @@ pub struct RunRow {
     pub id: String,
     pub started_at: String,
     pub finished_at: Option<String>,
-    /// `running`, `finished`, `failed`, `interrupted` ([`RunState`]).
-    pub status: String,
-    pub mode: String,
+    pub status: RunState,
+    pub mode: crate::event::Mode,
     pub targets: Vec<String>,
     pub simulated: bool,
     pub pid: Option<i64>,
 }
 
 impl RunRow {
-    /// The row's state; `None` for a word no release wrote.
-    pub fn state(&self) -> Option<RunState> {
-        RunState::from_word(&self.status)
-    }
-
     /// Whether the run has not ended (as far as its row says).
     pub fn is_running(&self) -> bool {
-        self.state() == Some(RunState::Running)
+        self.status == RunState::Running
     }
+}
+
+/// Column `col` of a row, a word of `T`: a word this release does not know (a newer release's,
+/// or an edited store) is an error naming the column and the word, never a guess.
+fn word<T: crate::words::Words>(
+    r: &rusqlite::Row<'_>,
+    col: usize,
+    what: &str,
+) -> rusqlite::Result<T> {
+    let text: String = r.get(col)?;
+    T::from_word(&text).ok_or_else(|| {
+        let why = format!(
+            "{what} is `{text}`, a word this release does not know (it knows {})",
+            T::WORDS.join(", ")
+        );
+        rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, why.into())
+    })
 }
 
 /// One row of the `sessions` table (the latest known state of one target's agent).
@@ -194,7 +205,7 @@ pub struct SessionRow {
     pub run_id: String,
     pub target: String,
     pub state: String,
-    pub detail: Value,
+    pub detail: crate::event::SessionResult,
     pub updated_at: String,
 }
 
@@ -374,8 +385,8 @@ impl Store {
                 run.id,
                 run.started_at,
                 run.finished_at,
-                run.status,
-                run.mode,
+                run.status.as_str(),
+                run.mode.as_str(),
                 targets,
                 run.simulated,
                 run.pid
@@ -485,8 +496,8 @@ impl Store {
                     id: r.get(0)?,
                     started_at: r.get(1)?,
                     finished_at: r.get(2)?,
-                    status: r.get(3)?,
-                    mode: r.get(4)?,
+                    status: word(r, 3, "runs.status")?,
+                    mode: word(r, 4, "runs.mode")?,
                     targets: serde_json::from_str(&targets).unwrap_or_default(),
                     simulated: r.get(6)?,
                     pid: r.get(7)?,
@@ -518,7 +529,7 @@ impl Store {
         self.exec(
             "INSERT INTO sessions (run_id, target, state, detail, updated_at) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (run_id, target) DO UPDATE SET state = ?3, detail = ?4, updated_at = ?5",
-            params![row.run_id, row.target, row.state, row.detail.to_string(), row.updated_at],
+            params![row.run_id, row.target, row.state, row.detail.to_value().to_string(), row.updated_at],
         )?;
         Ok(())
     }
@@ -561,7 +572,9 @@ impl Store {
                     run_id: r.get(0)?,
                     target: r.get(1)?,
                     state: r.get(2)?,
-                    detail: serde_json::from_str(&detail).unwrap_or(Value::Null),
+                    detail: crate::event::SessionResult::from_value(
+                        serde_json::from_str(&detail).unwrap_or(Value::Null),
+                    ),
                     updated_at: r.get(4)?,
                 })
             },

@@ -274,7 +274,7 @@ async fn shutdown_cancels_sessions_and_aborts_the_ones_that_ignore_it_after_the_
     );
     let store = fk_agentd::app::open_store(home.path()).unwrap();
     assert_eq!(
-        store.run(Some(&report.run_id)).unwrap().status,
+        store.run(Some(&report.run_id)).unwrap().status.as_str(),
         "interrupted"
     );
     let finished = store.events(&report.run_id, None, 0).unwrap();

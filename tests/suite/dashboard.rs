@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::support::score_json;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use fk_agentd::dashboard::model::{LeaseSpan, RunView, Tally};
@@ -52,8 +53,8 @@ fn recorded_store(home: &Path) -> Store {
             id: RUN.into(),
             started_at: "2000-01-01T00:00:00.000Z".into(),
             finished_at: None,
-            status: "running".into(),
-            mode: "independent".into(),
+            status: fk_agentd::event::RunState::Running,
+            mode: fk_agentd::run::Mode::Independent,
             targets: vec!["L1/gelu".into(), "L1/relu".into(), "L1/silu".into()],
             simulated: true,
             pid: None,
@@ -113,14 +114,16 @@ fn recorded_store(home: &Path) -> Store {
         run_id: RUN.into(),
         target: t.into(),
         state: s.into(),
-        detail: json!({"turns": 1, "tokens": 1200, "best_speedup": "1.250x", "leases": 1}),
+        detail: fk_agentd::event::SessionResult::from_value(
+            json!({"turns": 1, "tokens": 1200, "best_speedup": "1.250x", "leases": 1}),
+        ),
         updated_at: "2000-01-01T00:00:05.000Z".into(),
     };
     store.upsert_session(&state("L1/gelu", "finished")).unwrap();
     store.upsert_session(&state("L1/relu", "running")).unwrap();
     store
         .upsert_session(&SessionRow {
-            detail: json!({}),
+            detail: Default::default(),
             ..state("L1/silu", "queued")
         })
         .unwrap();
@@ -276,8 +279,6 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     };
     let score = serde_json::json!({
         "simulated": true,
-        "incomplete": [],
-        "final_set": {"name": "x"},
         "standalone": {"gate": {
             "gate": {"threshold": 1.0, "kind": "confirmed", "confirm": 4},
             "verdicts": [
@@ -297,7 +298,7 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
         sessions.contains("s-not-scored\">not scored yet<"),
         "{sessions}"
     );
-    std::fs::write(results.join("score.json"), score.to_string()).unwrap();
+    std::fs::write(results.join("score.json"), score_json(score.clone())).unwrap();
     let (_, sessions, _) = get(&state, "/sessions", Some(&bearer)).await;
     assert!(sessions.contains(">confirmed 1.25x<"), "{sessions}");
     assert!(
@@ -371,7 +372,7 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     // A stage judged by the published gate alone shows one verdict, as before.
     let mut published = score.clone();
     published["standalone"]["gate"]["gate"]["kind"] = "published".into();
-    std::fs::write(results.join("score.json"), published.to_string()).unwrap();
+    std::fs::write(results.join("score.json"), score_json(published.clone())).unwrap();
     let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
     let levels = body.split("id=\"standalone-levels\"").nth(1).unwrap();
     let levels = levels.split("</table>").next().unwrap();
@@ -385,7 +386,7 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
 
     // An incomplete score is not read as verdicts.
     published["incomplete"] = serde_json::json!(["L1 bench: GPU lost"]);
-    std::fs::write(results.join("score.json"), published.to_string()).unwrap();
+    std::fs::write(results.join("score.json"), score_json(published.clone())).unwrap();
     let (_, overview, _) = get(&state, "/", Some(&bearer)).await;
     assert!(!overview.contains("by scoring"), "{overview}");
 }
@@ -534,8 +535,8 @@ fn the_lease_timeline_draws_lanes_bars_kills_and_drains() {
             id: RUN.into(),
             started_at: "2000-01-01T00:00:00.000Z".into(),
             finished_at: Some("2000-01-01T00:01:00.000Z".into()),
-            status: "finished".into(),
-            mode: "independent".into(),
+            status: fk_agentd::event::RunState::Finished,
+            mode: fk_agentd::run::Mode::Independent,
             targets: vec!["L1/gelu".into()],
             simulated: true,
             pid: None,
@@ -652,7 +653,7 @@ async fn the_scores_page_says_how_speedups_were_timed_and_calibrated() {
         "standalone": {"gate": {"gate": {"threshold": 1.0, "kind": "confirmed", "confirm": 3},
                                 "verdicts": []}},
     });
-    std::fs::write(results.join("score.json"), score.to_string()).unwrap();
+    std::fs::write(results.join("score.json"), score_json(score.clone())).unwrap();
     let bearer = format!("Bearer {}", state.token.expose());
     let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
     assert!(

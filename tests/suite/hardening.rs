@@ -121,8 +121,8 @@ fn status_after_a_killed_daemon_says_interrupted_and_suggests_resume() {
             id: "20261204-120000-ind-l1-sim-dead".into(),
             started_at: "2026-12-04T12:00:00.000Z".into(),
             finished_at: None,
-            status: "running".into(),
-            mode: "independent".into(),
+            status: fk_agentd::event::RunState::Running,
+            mode: fk_agentd::run::Mode::Independent,
             targets: vec!["L1/gelu".into()],
             simulated: true,
             pid: Some(999_999),
@@ -271,8 +271,8 @@ fn read_commands_work_on_a_read_only_home() {
             id: "20261204-120000-ind-l1-sim-ro".into(),
             started_at: "2026-12-04T12:00:00.000Z".into(),
             finished_at: Some("2026-12-04T12:01:00.000Z".into()),
-            status: "finished".into(),
-            mode: "independent".into(),
+            status: fk_agentd::event::RunState::Finished,
+            mode: fk_agentd::run::Mode::Independent,
             targets: vec!["L1/gelu".into()],
             simulated: true,
             pid: None,
@@ -454,7 +454,7 @@ fn a_finished_run_whose_row_says_running_is_not_resumed() {
     assert!(err.contains("no unfinished run"), "{err}");
     let store = fk_agentd::store::Store::open_for_reading(&db).unwrap();
     let run = store.runs().unwrap().remove(0);
-    assert_eq!(run.status, "finished");
+    assert_eq!(run.status.as_str(), "finished");
     let finished = store
         .events(&run.id, None, 0)
         .unwrap()
@@ -596,7 +596,7 @@ fn sighup_in_the_foreground_stops_a_campaign_resumably() {
     let store =
         fk_agentd::store::Store::open_for_reading(&dir.path().join("fk-agentd.db")).unwrap();
     let run = store.runs().unwrap().remove(0);
-    assert_eq!(run.status, "interrupted", "{err}");
+    assert_eq!(run.status.as_str(), "interrupted", "{err}");
     assert_eq!(
         fk_agentd::daemon::plan::unfinished_run(&store).unwrap(),
         Some(run.id)

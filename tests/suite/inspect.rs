@@ -164,8 +164,8 @@ fn run_row() -> RunRow {
         id: run_id(),
         started_at: "2026-12-04T12:36:52.773Z".into(),
         finished_at: Some("2026-12-04T12:45:17.516Z".into()),
-        status: "finished".into(),
-        mode: "sequential".into(),
+        status: fk_agentd::event::RunState::Finished,
+        mode: fk_agentd::run::Mode::Sequential,
         targets: TARGETS.iter().map(|t| t.to_string()).collect(),
         simulated: false,
         pid: Some(572),
@@ -183,7 +183,7 @@ fn session_rows(events: &[Event]) -> Vec<SessionRow> {
                 run_id: run_id(),
                 target: target.clone(),
                 state: "finished".into(),
-                detail: e.payload["result"].clone(),
+                detail: fk_agentd::event::SessionResult::from_value(e.payload["result"].clone()),
                 updated_at: e.at.clone(),
             };
             (target, row)

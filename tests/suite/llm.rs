@@ -581,3 +581,42 @@ async fn cancelling_a_stalled_turn_returns_cancelled() {
     let (result, ()) = tokio::join!(turn, canceller);
     assert!(matches!(result, Err(LlmError::Cancelled)), "{result:?}");
 }
+
+/// The provider client's retries and waits, stored as it serializes them, decode to their
+/// typed payloads and encode back to the very same JSON.
+#[test]
+fn the_provider_clients_events_round_trip_through_their_typed_payloads() {
+    use fk_agentd::event::Kind;
+    use fk_agentd::llm::{LlmEvent, WaitReason};
+    use std::time::Duration;
+    let events = [
+        (
+            "llm_retry",
+            LlmEvent::Retry {
+                attempt: 2,
+                max_retries: 8,
+                reason: "HTTP 429 Too Many Requests".into(),
+                delay: Duration::from_millis(1500),
+            },
+        ),
+        (
+            "rate_limit_wait",
+            LlmEvent::RateLimitWait {
+                reason: WaitReason::TokensPerMinute,
+                delay: Duration::from_millis(250),
+            },
+        ),
+    ];
+    for (kind, ev) in events {
+        let stored = serde_json::to_value(&ev).unwrap();
+        let decoded = Kind::decode(kind, &stored);
+        assert_eq!(decoded.to_value(), Some(stored.clone()), "{kind}");
+        match decoded {
+            Kind::LlmRetry(r) => assert!(r.rate_limited() && r.delay == 1500),
+            Kind::RateLimitWait(w) => {
+                assert_eq!((w.reason.as_str(), w.delay), ("tokens_per_minute", 250))
+            }
+            other => panic!("{kind} decoded as {other:?}"),
+        }
+    }
+}

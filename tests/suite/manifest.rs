@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::support::score_json;
 use fk_agentd::app::{Home, Run};
 use fk_agentd::config::provider::ProviderConfig;
 use fk_agentd::config::{Config, Env, Flags};
@@ -163,17 +164,31 @@ fn harness() -> PreparedHarness {
 }
 
 fn fake_score(run_dir: &Path) {
-    let verdicts = |w: &[bool]| json!({"verdicts": w.iter().map(|w| json!({"winner": w})).collect::<Vec<_>>()});
+    let gate = json!({"threshold": 1.0, "kind": "published", "confirm": 0});
+    let verdicts = |w: &[bool]| {
+        let targets = ["L1/gelu", "L1/silu", "L1/relu"];
+        let v: Vec<_> = w
+            .iter()
+            .zip(targets)
+            .map(|(w, t)| json!({"target": t, "winner": w}))
+            .collect();
+        json!({"gate": {"gate": gate, "verdicts": v}})
+    };
+    let kernel = json!({"level": 1, "stem": "gelu", "classes": [], "composed_speedup": 1.1, "standalone_speedup": 1.2});
+    let dropped =
+        json!({"level": 1, "stem": "relu", "reason": "failed composed bench: RUNTIME_ERROR"});
     write(
         &run_dir.join("results/score.json"),
-        &json!({
+        &score_json(json!({
             "mode": "both", "simulated": true,
-            "standalone": {"gate": verdicts(&[true, false, true])},
-            "composed": {"gate": verdicts(&[true, false])},
-            "final_set": {"name": "sim-ind", "manifest": {"kernels": [{}], "dropped": [{}]}},
+            "standalone": verdicts(&[true, false, true]),
+            "composed": verdicts(&[true, false]),
+            "final_set": {"name": "sim-ind", "dir": "sets/sim-ind", "manifest_path": "sets/sim-ind/manifest.json",
+                "manifest": {"set": "sim-ind", "agent": null, "mode": "both", "simulated": true,
+                    "source": {"winners": "w", "composed_bench": null}, "selection": "s",
+                    "kernels": [kernel], "dropped": [dropped], "files": {}, "unreferenced_sources": []}},
             "incomplete": []
-        })
-        .to_string(),
+        })),
     );
 }
 
@@ -378,7 +393,7 @@ async fn the_manifest_command_writes_both_files_and_says_when_it_replaces_them()
     let second = manifest(&run_id);
     let stdout = String::from_utf8_lossy(&second.stdout);
     assert!(
-        stdout.contains("replaced the manifest rendered at"),
+        stdout.contains("replaced  the manifest rendered at"),
         "{second:?}"
     );
 

@@ -9,8 +9,8 @@ fn run(simulated: bool) -> RunRow {
         id: "20261202-140305-ind-l1-sim-7f3a".into(),
         started_at: "2026-12-02T14:03:05.000Z".into(),
         finished_at: None,
-        status: "running".into(),
-        mode: "independent".into(),
+        status: fk_agentd::event::RunState::Running,
+        mode: fk_agentd::run::Mode::Independent,
         targets: vec!["L1/bmm".into(), "L1/gelu".into(), "L1/rms_norm".into()],
         simulated,
         pid: Some(4242),
@@ -22,7 +22,7 @@ fn row(target: &str, state: &str, detail: serde_json::Value) -> SessionRow {
         run_id: "20261202-140305-ind-l1-sim-7f3a".into(),
         target: target.into(),
         state: state.into(),
-        detail,
+        detail: fk_agentd::event::SessionResult::from_value(detail),
         updated_at: "2026-12-02T14:05:00.000Z".into(),
     }
 }

@@ -370,7 +370,7 @@ async fn an_end_recorded_before_its_session_row_is_kept_on_resume() {
         |j: Arc<RunJournal>| run_phase(j, runner.clone(), &ids, &params, CancellationToken::new());
     phase(journal.clone()).await.unwrap();
     // The torn write: gelu's end is in the log, its row still says it runs.
-    fk_agentd::scheduler::set_state(&journal, &ids[0], "running", json!({})).unwrap();
+    fk_agentd::scheduler::set_state(&journal, &ids[0], "running", Default::default()).unwrap();
     runner.started.lock().unwrap().clear();
     let report = phase(journal.clone()).await.unwrap();
     assert_eq!(report.results[&ids[0]], SessionStatus::Finished);

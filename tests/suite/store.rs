@@ -10,8 +10,8 @@ fn run_row(id: &str) -> RunRow {
         id: id.into(),
         started_at: "2026-12-02T14:03:05.000Z".into(),
         finished_at: None,
-        status: "running".into(),
-        mode: "independent".into(),
+        status: fk_agentd::event::RunState::Running,
+        mode: fk_agentd::run::Mode::Independent,
         targets: vec!["L1/gelu".into()],
         simulated: true,
         pid: Some(42),
@@ -240,7 +240,7 @@ fn reopening_applies_no_migration_twice_and_keeps_sessions() {
         run_id: "r1".into(),
         target: "L1/gelu".into(),
         state: "running".into(),
-        detail: json!({"turns": 3}),
+        detail: fk_agentd::event::SessionResult::from_value(json!({"turns": 3})),
         updated_at: "t".into(),
     };
     store.upsert_session(&row).unwrap();
@@ -433,4 +433,35 @@ fn event_numbers_read_back_exactly() {
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
     assert_eq!(differ, 0, "of {}", values.len());
+}
+
+#[test]
+fn a_run_row_with_a_word_this_release_does_not_know_is_refused_naming_column_and_word() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    Store::open(&path)
+        .unwrap()
+        .create_run(&run_row("r1"))
+        .unwrap();
+    for (column, word) in [("status", "paused"), ("mode", "round-robin")] {
+        let db = rusqlite::Connection::open(&path).unwrap();
+        db.execute(&format!("UPDATE runs SET {column} = ?1"), [word])
+            .unwrap();
+        drop(db);
+        let err = Store::open(&path).unwrap().runs().unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("runs.{column} is `{word}`")) && err.contains("does not know"),
+            "{err}"
+        );
+        let db = rusqlite::Connection::open(&path).unwrap();
+        db.execute(
+            "UPDATE runs SET status = 'running', mode = 'independent'",
+            [],
+        )
+        .unwrap();
+    }
+    assert_eq!(
+        Store::open(&path).unwrap().runs().unwrap()[0],
+        run_row("r1")
+    );
 }

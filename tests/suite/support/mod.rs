@@ -151,3 +151,18 @@ pub(crate) fn gelu_workspace(tmp: &Path) -> Workspace {
 }
 
 pub(crate) mod campaign;
+
+/// A complete `score.json` (the previous release's, from the fixtures) with the top-level
+/// fields of `overlay` in place of its own: what a view reads, written with only what a test
+/// is about.
+pub(crate) fn score_json(overlay: serde_json::Value) -> String {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+        "tests/fixtures/prev-release/runs/20261205-075439-ind-l1-gelu-l1-layer-norm-sim-b83d/results/score.json",
+    );
+    let mut score: serde_json::Value =
+        serde_json::from_slice(&fs::read(fixture).expect("the fixture's score.json")).unwrap();
+    for (k, v) in overlay.as_object().expect("an object").clone() {
+        score[k] = v;
+    }
+    score.to_string()
+}
