@@ -73,7 +73,7 @@ pub enum Command {
     /// One row per target: state, verdict, turns, tokens, best speedup, elapsed (leases, GPU time and a note when wide); then the outcome, what the newest score made of the session winners, and the spend.
     Sessions {
         /// Run id (default: the newest run).
-        #[arg(long)]
+        #[arg(long, value_parser = non_empty())]
         run: Option<String>,
         /// Machine-readable output.
         #[arg(long)]
@@ -100,7 +100,7 @@ pub enum Command {
     /// Render MANIFEST.md and manifest.json for a run from recorded facts.
     Manifest {
         /// Run id (default: the newest run).
-        #[arg(long)]
+        #[arg(long, value_parser = non_empty())]
         run: Option<String>,
         /// Print manifest.json on stdout (the files are written all the same).
         #[arg(long)]
@@ -239,7 +239,7 @@ pub struct SessionArgs {
     /// Target id such as L1/gelu.
     pub target: String,
     /// Run id (default: the newest run).
-    #[arg(long)]
+    #[arg(long, value_parser = non_empty())]
     pub run: Option<String>,
     /// Print the readable lines live until the session ends (with --json: one event
     /// per line, NDJSON).
@@ -265,7 +265,7 @@ pub struct GpusArgs {
     #[arg(long)]
     pub sanity: bool,
     /// Take a GPU (UUID or index) out of the running daemon's pool.
-    #[arg(long, value_name = "GPU", conflicts_with_all = ["undrain", "sanity"])]
+    #[arg(long, value_name = "GPU", conflicts_with_all = ["undrain", "sanity"], value_parser = non_empty())]
     pub drain: Option<String>,
     /// Why the GPU is drained (with --drain).
     #[arg(long, requires = "drain")]
@@ -281,7 +281,7 @@ pub struct CompareArgs {
     /// mode). Without them, the newest `--mode all` pair.
     pub runs: Vec<String>,
     /// A `--mode all` run holding both campaigns.
-    #[arg(long)]
+    #[arg(long, value_parser = non_empty())]
     pub run: Option<String>,
     /// Machine-readable output.
     #[arg(long)]
@@ -295,7 +295,7 @@ pub struct CompareArgs {
 #[derive(Debug, Args, Clone, Default)]
 pub struct DashboardArgs {
     /// Run id (default: the newest run).
-    #[arg(long)]
+    #[arg(long, value_parser = non_empty())]
     pub run: Option<String>,
     /// Address to listen on (default: `[dashboard] listen`, else 127.0.0.1:0).
     #[arg(long, value_name = "ADDR")]
@@ -400,7 +400,7 @@ pub enum ScoreMode {
 #[derive(Debug, Args)]
 pub struct ScoreArgs {
     /// Score this run's candidates (default: the newest run).
-    #[arg(long, conflicts_with = "candidates")]
+    #[arg(long, conflicts_with = "candidates", value_parser = non_empty())]
     pub run: Option<String>,
     /// Score a folder in the L<n>/<stem>.py layout, without a campaign.
     #[arg(long, value_name = "DIR")]
@@ -494,4 +494,9 @@ pub enum ProviderCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// A value that may not be empty (a run id, a target): `--run ""` is refused by name.
+fn non_empty() -> clap::builder::NonEmptyStringValueParser {
+    clap::builder::NonEmptyStringValueParser::new()
 }

@@ -502,6 +502,7 @@ impl Config {
             DEFAULT_LEASE_TIMEOUT,
         );
         let captures = pick("campaign.captures", None, c.captures, DEFAULT_CAPTURES);
+        let provider_named = flags.provider.is_some() || raw.provider.use_.is_some();
         let provider = pick(
             "provider.use",
             flags.provider.clone(),
@@ -509,8 +510,8 @@ impl Config {
             DEFAULT_PROVIDER,
         );
 
-        // The simulation uses no provider, but one named on its command line must exist.
-        if flags.sim && flags.provider.is_some() {
+        // The simulation uses no provider, but one named (flag or file) must exist.
+        if flags.sim && provider_named {
             provider::ProviderConfig::check_exists(&provider, &home, env)?;
         }
         let mode = word::<Mode>("campaign.mode (--mode)", &mode)?;
@@ -834,7 +835,22 @@ fn validate_fastkernels(
         }
     };
     record(settings, "fastkernels.command", command.join(" "), source);
-    Ok((dir.map(|d| expand_tilde(&d, env)), command))
+    let key = if env.fk_dir.is_some() {
+        "FK_DIR"
+    } else {
+        "fastkernels.dir"
+    };
+    let dir = match dir {
+        Some(d) if d.trim().is_empty() || !expand_tilde(&d, env).is_dir() => {
+            return Err(ConfigError::new(
+                key,
+                d,
+                "the folder of a fastkernels checkout",
+            ));
+        }
+        other => other.map(|d| expand_tilde(&d, env)),
+    };
+    Ok((dir, command))
 }
 
 crate::exit_code!(ConfigError, |self| crate::exit::EXIT_USAGE);

@@ -175,7 +175,7 @@ impl ProviderConfig {
             let path = super::absolute(&env.cwd, Path::new(choice));
             let text = std::fs::read_to_string(&path).map_err(|e| {
                 ConfigError::new(
-                    "--provider",
+                    "provider.use (--provider)",
                     choice,
                     format!("a readable provider TOML file ({e})"),
                 )
@@ -191,7 +191,7 @@ impl ProviderConfig {
             if local.is_file() {
                 let text = std::fs::read_to_string(&local).map_err(|e| {
                     ConfigError::new(
-                        "--provider",
+                        "provider.use (--provider)",
                         local.display().to_string(),
                         format!("a readable file ({e})"),
                     )
@@ -206,7 +206,7 @@ impl ProviderConfig {
             } else {
                 let known: Vec<&str> = SHIPPED.iter().map(|(n, _)| *n).collect();
                 return Err(ConfigError::new(
-                    "--provider",
+                    "provider.use (--provider)",
                     choice,
                     format!(
                         "a provider name ({}, or a file in {}) or a path to a provider TOML",

@@ -152,11 +152,15 @@ pub(super) fn validate(
     super::record(settings, key, kind, source);
     match (kind, raw) {
         (LeaseBackendKind::Local, None) => Ok((kind, None)),
-        (LeaseBackendKind::Local, Some(_)) => Err(ConfigError::because(
-            key,
-            "local",
-            "a [slurm] table is set: use backend = \"slurm\", or remove the table",
-        )),
+        (LeaseBackendKind::Local, Some(raw)) => {
+            // A bad value of the table is named first: it is what the user wrote wrong.
+            table(raw, env, &mut SettingMap::default())?;
+            Err(ConfigError::because(
+                key,
+                "local",
+                "a [slurm] table is set: use backend = \"slurm\", or remove the table",
+            ))
+        }
         (LeaseBackendKind::Slurm, None) => Err(ConfigError::because(
             key,
             "slurm",
@@ -234,14 +238,16 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
     let sbatch_args = extra_args("slurm.sbatch_args", raw.sbatch_args)?;
     let srun_args = extra_args("slurm.srun_args", raw.srun_args)?;
     let shared_root = raw.shared_root.map(|r| {
-        let path = expand_tilde(&r, env);
-        if !path.is_absolute() {
+        // Written absolute (or under `~`): a relative path would resolve against wherever
+        // fk-agentd happened to start, which no node shares.
+        if !(r.starts_with('/') || r.starts_with("~/")) {
             return Err(ConfigError::new(
                 "slurm.shared_root",
                 r,
                 "an absolute path on the shared filesystem",
             ));
         }
+        let path = expand_tilde(&r, env);
         set("shared_root", path.display().to_string());
         Ok(path)
     });
@@ -329,7 +335,12 @@ mod tests {
             slurm: Option<RawSlurm>,
         }
         let f: F = toml::from_str(text).expect("toml");
-        validate(f.backend, f.slurm, &Env::default(), &mut SettingMap::new())
+        // Started from an absolute folder, as fk-agentd always is.
+        let env = Env {
+            cwd: "/srv/campaigns".into(),
+            ..Env::default()
+        };
+        validate(f.backend, f.slurm, &env, &mut SettingMap::new())
     }
 
     #[test]
@@ -367,6 +378,12 @@ mod tests {
             ("backend = \"ray\"".to_string(), "gpus.backend", "ray"),
             ("backend = \"slurm\"".to_string(), "gpus.backend", "slurm"),
             ("[slurm]\nnodes = 1".to_string(), "gpus.backend", "local"),
+            // A bad value of a table the backend does not use is named before the backend.
+            (
+                "[slurm]\nnodes = 1\nmode = \"array\"".to_string(),
+                "slurm.mode",
+                "array",
+            ),
         ];
         // Each of these is a `[slurm]` table under `backend = "slurm"`.
         let tables = [

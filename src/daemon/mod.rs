@@ -262,7 +262,17 @@ pub async fn signals() {
             }
         }
     };
+    let _ = RECEIVED.set(name);
     tracing::warn!("{name} received: stopping; the run stays resumable (`fk-agentd resume`)");
+}
+
+/// The signal [`signals`] stopped this process on, once one came (a run it interrupts records
+/// it as the reason).
+static RECEIVED: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// The signal that stopped this process, if one did.
+pub fn received_signal() -> Option<&'static str> {
+    RECEIVED.get().copied()
 }
 
 /// The next delivery of `s`; never, when it could not be listened for.

@@ -148,6 +148,10 @@ fn end_run(
         finished.status = RunOutcome::Interrupted;
         finished.reason = Some(why.clone());
     }
+    // Interrupted by a signal: the record says which.
+    if finished.status == RunOutcome::Interrupted && finished.reason.is_none() {
+        finished.reason = super::received_signal().map(|s| format!("{s} received"));
+    }
     let status = finished.status;
     j.record_event(None, &finished)?;
     ctx.store.set_run_status(j.run_id(), status.state())?;

@@ -192,7 +192,7 @@ pub struct RunFinished {
     pub status: RunOutcome,
     #[serde(default)]
     pub results: BTreeMap<String, StatusWord>,
-    /// Why a run failed outside its sessions (a gate, the final bench).
+    /// Why a run failed or stopped outside its sessions (a gate, the final bench, a signal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -283,8 +283,10 @@ fn fk_dir_from_the_environment_overrides_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fk.toml");
     std::fs::write(&path, "[fastkernels]\ndir = \"/from/file\"\n").unwrap();
+    let from_env = dir.path().join("from-env");
+    std::fs::create_dir(&from_env).unwrap();
     let env = Env {
-        fk_dir: Some("/from/env".into()),
+        fk_dir: Some(from_env.display().to_string()),
         ..env_in(dir.path())
     };
     let flags = Flags {
@@ -293,7 +295,7 @@ fn fk_dir_from_the_environment_overrides_the_file() {
         ..Flags::default()
     };
     let c = Config::load(&flags, &env, &Catalog::embedded()).unwrap();
-    assert_eq!(c.fastkernels_dir, Some(PathBuf::from("/from/env")));
+    assert_eq!(c.fastkernels_dir, Some(from_env));
     assert_eq!(c.settings["fastkernels.dir"].1, SettingSource::Env);
 }
 
@@ -447,7 +449,7 @@ fn empty_captures_and_a_missing_provider_under_sim_are_refused() {
         },
     )
     .unwrap_err();
-    assert_eq!(err.key, "--provider", "{err}");
+    assert_eq!(err.key, "provider.use (--provider)", "{err}");
 }
 
 #[test]
@@ -531,4 +533,69 @@ fn timing_rounds_default_to_paired_and_a_bad_count_names_the_key() {
         fk_agentd::error::ExitCode::exit_code(&err),
         fk_agentd::exit::EXIT_USAGE
     );
+}
+
+/// Values the simulation does not use are still checked: a provider named in the file, a
+/// fastkernels folder that is not one.
+#[test]
+fn a_simulated_campaign_still_refuses_a_missing_provider_or_fastkernels_folder() {
+    let sim = || Flags {
+        sim: true,
+        ..Flags::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let write = |toml: &str| {
+        let path = dir.path().join("fk.toml");
+        std::fs::write(&path, toml).unwrap();
+        Flags {
+            config: Some(path),
+            ..sim()
+        }
+    };
+    let cases = [
+        (
+            "[provider]\nuse = \"no-such-provider\"\n",
+            "provider.use",
+            "no-such-provider",
+        ),
+        ("[fastkernels]\ndir = \"\"\n", "fastkernels.dir", ""),
+        (
+            "[fastkernels]\ndir = \"/nonexistent/fastkernels\"\n",
+            "fastkernels.dir",
+            "/nonexistent/fastkernels",
+        ),
+    ];
+    for (toml, key, value) in cases {
+        let e = load(dir.path(), write(toml)).expect_err(toml);
+        assert!(e.key.starts_with(key), "{toml}: {e}");
+        assert_eq!(e.value, value, "{toml}: {e}");
+    }
+    // An existing folder is taken.
+    let fk = dir.path().join("fastkernels");
+    std::fs::create_dir(&fk).unwrap();
+    let ok = load(
+        dir.path(),
+        write(&format!("[fastkernels]\ndir = \"{}\"\n", fk.display())),
+    );
+    assert_eq!(ok.unwrap().fastkernels_dir, Some(fk));
+}
+
+/// An empty run id is refused by the flag's name, before any store is opened.
+#[test]
+fn an_empty_run_id_names_the_flag() {
+    for args in [
+        &["sessions", "--run", ""][..],
+        &["compare", "--run", ""],
+        &["manifest", "--run", ""],
+        &["gpus", "--drain", ""],
+    ] {
+        let out = std::process::Command::new(super::support::BIN)
+            .args(args)
+            .env("FK_AGENTD_HOME", "/nonexistent/fk-home")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(args[1]), "{args:?}: {err}");
+    }
 }

@@ -597,6 +597,15 @@ fn sighup_in_the_foreground_stops_a_campaign_resumably() {
         fk_agentd::store::Store::open_for_reading(&dir.path().join("fk-agentd.db")).unwrap();
     let run = store.runs().unwrap().remove(0);
     assert_eq!(run.status.as_str(), "interrupted", "{err}");
+    // The store says why it stopped.
+    let finished = store
+        .events(&run.id, None, 0)
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find_map(|e| e.payload_as::<fk_agentd::event::RunFinished>())
+        .expect("run_finished");
+    assert_eq!(finished.reason.as_deref(), Some("SIGHUP received"));
     assert_eq!(
         fk_agentd::daemon::plan::unfinished_run(&store).unwrap(),
         Some(run.id)
