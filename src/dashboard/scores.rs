@@ -216,27 +216,46 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
         .into_iter()
         .next();
     let complete = crate::score::report::newest_complete(&run_dir);
-    // A newer generation than the score shown: scoring it has not completed (yet).
-    let newer_incomplete = match (&generation, &complete) {
-        (Some(newest), Some((shown, _))) => newest != shown,
-        _ => false,
+    let name = |g: &Path| {
+        g.file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned()
     };
-    // The newest generation's score, when it cannot be read: said, not taken for "none yet".
-    let unreadable = generation
-        .as_deref()
-        .and_then(|g| crate::score::report::ScoreReport::read(g).err());
+    // What an independent run's newest generation holds when it is not the score shown.
+    let pending = match (&generation, &complete) {
+        (Some(newest), Some((shown, _))) if newest == shown => None,
+        (Some(_), _) if run.mode != crate::run::Mode::Independent => None,
+        (Some(g), _) => Some(match crate::score::report::ScoreReport::read(g) {
+            Ok(Some(r)) => format!(
+                "{}: scoring did not complete ({})",
+                name(g),
+                if r.incomplete.is_empty() {
+                    "no final set".to_string()
+                } else {
+                    r.incomplete.join("; ")
+                }
+            ),
+            Ok(None) => format!(
+                "{}: no score written yet (scoring in progress, or stopped before its end)",
+                name(g)
+            ),
+            Err(e) => format!("cannot read the newest score: {e}"),
+        }),
+        (None, _) => None,
+    };
     let seq = generation.as_deref().and_then(sequential);
     let cmp = comparison(state, run);
     html! {
-        @if let Some(g) = &generation { p.meta { "results generation " code { (g.file_name().unwrap_or_default().to_string_lossy()) } } }
+        @if let Some((g, _)) = &complete { p.meta { "results generation " code { (name(g)) } } }
+        @else if let Some(g) = &generation { p.meta { "results generation " code { (name(g)) } } }
+        @if let Some(text) = &pending { p.meta id="pending-score" { (text) } }
         @match &cmp {
             Ok(Some(c)) => { (comparison_chart(c)) }
             Ok(None) => { p.meta { "Not a --mode all pair: no independent-vs-sequential comparison." } }
             Err(e) => { h2 { "Independent vs sequential" } p.meta { "not available yet: " (e) } }
         }
-        @if let Some(e) = &unreadable { p.error id="unreadable-score" { "cannot read the newest score: " (e.to_string()) } }
-        @if let Some((g, s)) = &complete {
-            @if newer_incomplete { p.meta { "the newest complete score, " code { (g.file_name().unwrap_or_default().to_string_lossy()) } "; a newer generation has not completed" } }
+        @if let Some((_, s)) = &complete {
             @if s.simulated { p.simulated-note { "SIMULATED bench: these speedups are not measurements." } }
             p.meta id="timing" { "timing: " (s.timing.describe()) }
             @if let Some(c) = &s.calibration { p.meta id="calibration" { "calibration: " (c.describe()) } }
@@ -245,7 +264,7 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
         }
         @if let Some(m) = &seq { (m) }
         @if complete.is_none() && seq.is_none() {
-            p id="no-score" { "No score for this run yet: run " code { "fk-agentd score --run " (run.id) } "." }
+            p id="no-score" { "No complete score for this run yet: run " code { "fk-agentd score --run " (run.id) } "." }
         }
     }
 }

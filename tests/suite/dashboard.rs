@@ -250,7 +250,10 @@ async fn pages_show_the_run_and_say_simulated() {
     assert!(session.contains("winner, geomean 1.250x"), "{session}");
     assert!(session.contains("id=\"session-view\""), "{session}");
     let (_, scores, _) = get(&state, "/scores", Some(&bearer)).await;
-    assert!(scores.contains("No score for this run yet"), "{scores}");
+    assert!(
+        scores.contains("No complete score for this run yet"),
+        "{scores}"
+    );
     let (status, _, _) = get(&state, "/?run=no-such-run", Some(&bearer)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
@@ -389,6 +392,13 @@ async fn the_scores_page_shows_both_verdicts_and_names_outliers() {
     std::fs::write(results.join("score.json"), score_json(published.clone())).unwrap();
     let (_, overview, _) = get(&state, "/", Some(&bearer)).await;
     assert!(!overview.contains("by scoring"), "{overview}");
+    // The scores page says why there is no score to show.
+    let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
+    assert!(
+        body.contains("results: scoring did not complete (L1 bench: GPU lost)")
+            && body.contains("No complete score for this run yet"),
+        "{body}"
+    );
 }
 
 fn rows(body: &str) -> usize {
