@@ -663,6 +663,43 @@ fn copy_home(from: &Path) -> PathBuf {
 /// A way to damage a store's bytes.
 type Damage = fn(&mut Vec<u8>);
 
+/// How a copy of a finished store is harmed: its bytes, an edit through SQL, or a foreign
+/// SQLite file in its place.
+enum Harm {
+    Bytes(Damage),
+    Sql(fn(&rusqlite::Connection)),
+    Foreign,
+}
+
+/// Stores edited as a person or another program would: a newer schema, the last event
+/// deleted (its guard dropped first), another program's database under the store's name.
+fn tampered() -> [(&'static str, Harm); 3] {
+    [
+        (
+            "schema version set to 999 (a newer release's)",
+            Harm::Sql(|c| c.pragma_update(None, "user_version", 999).unwrap()),
+        ),
+        (
+            "the last event deleted (append-only trigger dropped)",
+            Harm::Sql(|c| {
+                let triggers: Vec<String> = c
+                    .prepare("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+                    .unwrap()
+                    .query_map([], |r| r.get(0))
+                    .unwrap()
+                    .map(Result::unwrap)
+                    .collect();
+                for t in triggers {
+                    c.execute_batch(&format!("DROP TRIGGER \"{t}\"")).unwrap();
+                }
+                c.execute_batch("DELETE FROM events WHERE rowid = (SELECT max(rowid) FROM events)")
+                    .unwrap();
+            }),
+        ),
+        ("another program's SQLite file in its place", Harm::Foreign),
+    ]
+}
+
 fn corrupted_store(t: &mut Table, finished: &Path) {
     let damage: [(&str, Damage); 4] = [
         ("truncated to half", |b| b.truncate(b.len() / 2)),
@@ -691,14 +728,32 @@ fn corrupted_store(t: &mut Table, finished: &Path) {
             }
         }),
     ];
-    for (what, hurt) in damage {
+    let bytes = damage.map(|(what, hurt)| (what, Harm::Bytes(hurt)));
+    for (what, harm) in bytes.into_iter().chain(tampered()) {
         let home = copy_home(finished);
         let path = home.join("fk-agentd.db");
         let _ = std::fs::remove_file(home.join("fk-agentd.db-wal"));
         let _ = std::fs::remove_file(home.join("fk-agentd.db-shm"));
-        let mut bytes = std::fs::read(&path).unwrap();
-        hurt(&mut bytes);
-        std::fs::write(&path, &bytes).unwrap();
+        match harm {
+            Harm::Bytes(hurt) => {
+                let mut bytes = std::fs::read(&path).unwrap();
+                hurt(&mut bytes);
+                std::fs::write(&path, &bytes).unwrap();
+            }
+            Harm::Sql(edit) => {
+                let c = rusqlite::Connection::open(&path).unwrap();
+                edit(&c);
+            }
+            Harm::Foreign => {
+                std::fs::remove_file(&path).unwrap();
+                let c = rusqlite::Connection::open(&path).unwrap();
+                c.execute_batch(
+                    "CREATE TABLE photos(id INTEGER PRIMARY KEY, name TEXT);
+                     INSERT INTO photos(name) VALUES ('cat');",
+                )
+                .unwrap();
+            }
+        }
         let before = snapshot(&home);
         let mut clear = 0;
         let commands: [&[&str]; 4] = [&["runs"], &["status"], &["sessions"], &["resume"]];
@@ -737,6 +792,35 @@ fn corrupted_store(t: &mut Table, finished: &Path) {
             touched,
         );
     }
+    // A finished run's row edited back to `running`: the events say it ended, so `resume`
+    // must record no second end.
+    let home = copy_home(finished);
+    let ends = |home: &Path| -> i64 {
+        db(home)
+            .query_row(
+                "SELECT count(*) FROM events WHERE kind = 'run_finished'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    let before = ends(&home);
+    db(&home)
+        .execute("UPDATE runs SET status = 'running', finished_at = NULL", [])
+        .unwrap();
+    let out = fk(&home).args(["resume"]).output().expect("resume");
+    let again = (ends(&home) - before).max(0) as usize;
+    if again > 0 {
+        println!(
+            "corrupted store (row edited to running): resume exit {:?} recorded {again} more run_finished",
+            out.status.code()
+        );
+    }
+    t.count(
+        "corrupted store",
+        "finished runs edited back to running: ends recorded again by resume",
+        again,
+    );
 }
 
 /// A case of bad input: what is written where, the command, and words its error must name.
@@ -1771,11 +1855,12 @@ fn main() {
             .unwrap_or(0xC4A05),
     );
     let mut t = Table::default();
-    // `FK_CHAOS_ONLY=scoring` or `=folder`: that section alone.
+    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input` or `=store`: that section alone.
     match std::env::var("FK_CHAOS_ONLY").as_deref() {
         Ok("scoring") => scoring_kills(&mut t, &mut rng),
         Ok("folder") => lost_folder(&mut t),
         Ok("input") => bad_input(&mut t, &small_finished_home()),
+        Ok("store") => corrupted_store(&mut t, &small_finished_home()),
         _ => {}
     }
     if !t.0.is_empty() {
