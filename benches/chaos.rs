@@ -460,6 +460,126 @@ fn unfinished_runs(home: &Path) -> usize {
     n as usize
 }
 
+/// The `run_finished` reasons of a home's runs that ended interrupted.
+fn interrupted_reasons(home: &Path) -> Vec<String> {
+    let c = db(home);
+    let mut s = c
+        .prepare("SELECT payload FROM events WHERE kind = 'run_finished'")
+        .unwrap();
+    s.query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .filter_map(|p| serde_json::from_str::<serde_json::Value>(&p).ok())
+        .filter(|v| v["status"] == "INTERRUPTED")
+        .map(|v| v["reason"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// SIGHUP, SIGTERM and SIGINT sent to a foreground `start` at start-up (0.05-0.3 s after it
+/// began) and inside scoring (0-0.25 s after its first scoring bench began): each must stop the
+/// daemon by itself, leave nothing running, record the signal as why the run stopped, and
+/// `resume` must end the campaign with the uninterrupted one's winners.
+fn signals(t: &mut Table, rng: &mut rand::rngs::StdRng, clean: &Path) {
+    use rustix::process::{Pid, Signal, kill_process};
+    let clean_winners = winners(clean);
+    let sigs = [
+        (Signal::HUP, "SIGHUP"),
+        (Signal::TERM, "SIGTERM"),
+        (Signal::INT, "SIGINT"),
+    ];
+    let (mut sent, mut stopped, mut recorded, mut with_run, mut equal, mut left) =
+        (0, 0, 0, 0, 0, 0);
+    for (sig, name) in sigs {
+        for moment in ["start-up", "scoring"] {
+            let home = temp_home("chaos-signal");
+            let log = home.join("invocations.log");
+            let mut child = campaign(&home, &log, false);
+            let began = Instant::now();
+            if moment == "start-up" {
+                std::thread::sleep(Duration::from_secs_f64(rng.random_range(0.05..0.3)));
+            } else {
+                while scoring_starts(&log) == 0 && began.elapsed() < Duration::from_secs(120) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                std::thread::sleep(Duration::from_secs_f64(rng.random_range(0.0..0.25)));
+            }
+            if child.try_wait().expect("poll").is_some() {
+                println!("signals: {name} at {moment}: the campaign ended first");
+                continue;
+            }
+            let pid = Pid::from_raw(child.id() as i32).expect("pid");
+            kill_process(pid, sig).expect("signal");
+            sent += 1;
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let status = loop {
+                if let Some(s) = child.try_wait().expect("poll") {
+                    break Some(s);
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            // Handled: the process exited with a code of its own, not the signal's death.
+            let handled = status.and_then(|s| s.code()).is_some();
+            stopped += usize::from(handled);
+            left += orphans_after_kill(&home);
+            if !runs(&home).is_empty() {
+                with_run += 1;
+                let want = format!("{name} received");
+                let reasons = interrupted_reasons(&home);
+                if reasons.contains(&want) {
+                    recorded += 1;
+                } else {
+                    println!("signals: {name} at {moment}: interrupted runs record {reasons:?}");
+                }
+            }
+            finish(&home, &log);
+            let w = winners(&home);
+            if w == clean_winners && !w.is_empty() {
+                equal += 1;
+            } else {
+                println!("signals: {name} at {moment}: winners after resume differ: {w}");
+            }
+            println!(
+                "signals: {name} at {moment}: exit {:?}",
+                status.map(|s| s.to_string())
+            );
+        }
+    }
+    t.add(
+        "signals",
+        "SIGHUP/SIGTERM/SIGINT sent at start-up and in scoring",
+        sent,
+        "6",
+        sent == 6,
+    );
+    t.add(
+        "signals",
+        "…that stopped the daemon by itself within 60 s",
+        format!("{stopped}/{sent}"),
+        "all",
+        stopped == sent,
+    );
+    t.add(
+        "signals",
+        "…whose run records the signal as why it stopped",
+        format!("{recorded}/{with_run}"),
+        "all",
+        recorded == with_run,
+    );
+    t.add(
+        "signals",
+        "…campaigns whose winners equal the uninterrupted one after resume",
+        format!("{equal}/{sent}"),
+        "all",
+        equal == sent && sent > 0,
+    );
+    t.count("signals", "…processes left 2 s after the stop", left);
+}
+
 /// Kills aimed inside scoring: fresh `--mode all` campaigns over L1-L3, each killed 0-0.25 s
 /// after a scoring bench (independent scoring, confirmation, composed, each sequential level)
 /// starts, then resumed, until 20 such kills; each campaign against the uninterrupted one.
@@ -1855,12 +1975,20 @@ fn main() {
             .unwrap_or(0xC4A05),
     );
     let mut t = Table::default();
-    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input` or `=store`: that section alone.
+    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input`, `=store` or `=signals`: that section alone.
     match std::env::var("FK_CHAOS_ONLY").as_deref() {
         Ok("scoring") => scoring_kills(&mut t, &mut rng),
         Ok("folder") => lost_folder(&mut t),
         Ok("input") => bad_input(&mut t, &small_finished_home()),
         Ok("store") => corrupted_store(&mut t, &small_finished_home()),
+        Ok("signals") => {
+            let clean = temp_home("chaos-signal-clean");
+            let log = clean.join("invocations.log");
+            campaign(&clean, &log, false)
+                .wait()
+                .expect("clean campaign");
+            signals(&mut t, &mut rng, &clean);
+        }
         _ => {}
     }
     if !t.0.is_empty() {
@@ -1868,6 +1996,7 @@ fn main() {
         return;
     }
     let finished = crash(&mut t, &mut rng);
+    signals(&mut t, &mut rng, &finished);
     scoring_kills(&mut t, &mut rng);
     lost_folder(&mut t);
     corrupted_store(&mut t, &finished);

@@ -102,6 +102,8 @@ pub async fn cmd_resume(
 
 /// Prepares the campaign, then runs it until it ends or SIGINT/SIGTERM, with the progress line.
 async fn run(config: Config, env: &Env, resume: Option<String>) -> Result<CampaignReport, Error> {
+    // Listening before the start-up: a signal during it stops the campaign cleanly too.
+    let stop = daemon::signals();
     let campaign = crate::app::campaign::prepare(config, env, resume).await?;
     let gpus_total = match &campaign.home.config.gpus {
         GpuDevices::Fake { count } => Some(*count as usize),
@@ -109,7 +111,7 @@ async fn run(config: Config, env: &Env, resume: Option<String>) -> Result<Campai
         GpuDevices::Nvml => None,
     };
     let progress = super::progress::Progress::start(&campaign.home.config.home, gpus_total);
-    let report = campaign.run(daemon::signals()).await;
+    let report = campaign.run(stop).await;
     progress.finish().await;
     report
 }

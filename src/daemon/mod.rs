@@ -235,8 +235,13 @@ fn status_fn(
 pub const DETACHED_VAR: &str = "FK_AGENTD_DETACHED";
 
 /// Resolves on the first SIGINT, SIGTERM or, in the foreground, SIGHUP (the terminal went away:
-/// stop as on SIGTERM, resumable). A detached daemon ignores SIGHUP. The signal is logged.
-pub async fn signals() {
+/// stop as on SIGTERM, resumable). A detached daemon ignores SIGHUP. The signal is logged and
+/// kept ([`received_signal`]).
+///
+/// The handlers are installed when this is called, not when the future is first polled: called
+/// before a campaign's start-up, a signal during it stops the campaign as cleanly as one later
+/// (otherwise its default action would kill the process with a run half begun).
+pub fn signals() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let detached = std::env::var_os(DETACHED_VAR).is_some();
     let listen = |kind: SignalKind, name: &str| match signal(kind) {
@@ -246,24 +251,27 @@ pub async fn signals() {
             None
         }
     };
-    let (mut term, mut hup) = (
+    let (mut int, mut term, mut hup) = (
+        listen(SignalKind::interrupt(), "SIGINT"),
         listen(SignalKind::terminate(), "SIGTERM"),
         listen(SignalKind::hangup(), "SIGHUP"),
     );
-    let name = loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break "SIGINT",
-            _ = next(&mut term) => break "SIGTERM",
-            _ = next(&mut hup) => {
-                if !detached {
-                    break "SIGHUP";
+    async move {
+        let name = loop {
+            tokio::select! {
+                _ = next(&mut int) => break "SIGINT",
+                _ = next(&mut term) => break "SIGTERM",
+                _ = next(&mut hup) => {
+                    if !detached {
+                        break "SIGHUP";
+                    }
+                    tracing::info!("SIGHUP ignored: this daemon runs detached (stop it with `fk-agentd stop`)");
                 }
-                tracing::info!("SIGHUP ignored: this daemon runs detached (stop it with `fk-agentd stop`)");
             }
-        }
-    };
-    let _ = RECEIVED.set(name);
-    tracing::warn!("{name} received: stopping; the run stays resumable (`fk-agentd resume`)");
+        };
+        let _ = RECEIVED.set(name);
+        tracing::warn!("{name} received: stopping; the run stays resumable (`fk-agentd resume`)");
+    }
 }
 
 /// The signal [`signals`] stopped this process on, once one came (a run it interrupts records

@@ -398,3 +398,17 @@ fn flags_for(home: &Path) -> Flags {
         ..Flags::default()
     }
 }
+
+/// The stop signals are caught from the moment `signals()` is called, before its future is
+/// first polled: a SIGTERM during a campaign's start-up stops it as cleanly as one later,
+/// instead of its default action killing the process with a run half begun.
+#[tokio::test]
+async fn a_stop_signal_is_caught_from_the_call_on() {
+    let stop = fk_agentd::daemon::signals();
+    let me = rustix::process::getpid();
+    rustix::process::kill_process(me, rustix::process::Signal::TERM).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), stop)
+        .await
+        .expect("the SIGTERM sent before the first poll stops it");
+    assert_eq!(fk_agentd::daemon::received_signal(), Some("SIGTERM"));
+}
