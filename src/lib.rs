@@ -15,7 +15,7 @@
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |
 //! | [`run`]       | run directories, the campaign mode, the journal (store first, then `run.jsonl`) |
 //! | [`llm`]       | the Responses client: requests, SSE, retries, rate limits, token source, the token's redaction in every encoding |
-//! | [`event`]     | the typed event log: each kind's payload struct, decoding, the status words (session, run) |
+//! | [`event`]     | the typed event log: each kind's payload struct, decoding, the status words (session, run state, campaign mode) |
 //! | [`store`]     | SQLite (WAL, checkpointed when a run ends; refuses newer, foreign or tampered files): events, runs (ids, unique prefixes), sessions, lease journal; migrations |
 //! | [`gpu`]       | the lease broker: inventory, queue, classes, deadlines, GPU cgroups, reclaim, health |
 //! | [`control`]   | the axum API on `<home>/fk-agentd.sock` (0600, peer uid), its client, the daemon's status |
@@ -27,7 +27,7 @@
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
 //! | [`harness`]   | a private, verified copy of fastkernels (patch series chosen by `patches`); its static target catalog; the host preflight |
 //! | [`sim`]       | the labelled simulation: scripted Responses server, simulated bench and eval |
-//! | [`score`]     | bench driver (paired or published timing), A/A calibration and its statistics, winner gates (published; confirmed on the calibrated noise), composed and sequential benches, exported sets, e2e eval, what scoring made of each target read back for views (independent scores, sequential level gates) |
+//! | [`score`]     | bench driver (paired or published timing), A/A calibration and its statistics, winner gates (published; confirmed on the calibrated noise), composed and sequential benches, exported sets, e2e eval, `score.json` as one typed report with the one rule for which score counts, what scoring made of each target read back for views (independent scores, sequential level gates) |
 //! | [`facts`]     | host/campaign facts (GPUs, stack, commits, provider, captures hash) as events |
 //! | [`manifest`]  | MANIFEST.md / manifest.json of a run, rendered from recorded facts only   |
 //! | [`protect`]   | hashes of baselines and bench harness; verify before every bench lease    |

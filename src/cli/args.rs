@@ -68,6 +68,7 @@ pub enum Command {
     /// timeouts and provider it was started with.
     Resume {
         /// Run id (default: the newest unfinished run).
+        #[arg(value_parser = non_empty())]
         run: Option<String>,
     },
     /// One row per target: state, verdict, turns, tokens, best speedup, elapsed (leases, GPU time and a note when wide); then the outcome, what the newest score made of the session winners, and the spend.
@@ -279,6 +280,7 @@ pub struct GpusArgs {
 pub struct CompareArgs {
     /// Two run ids to compare (an independent and a sequential run, or two runs of one
     /// mode). Without them, the newest `--mode all` pair.
+    #[arg(value_parser = non_empty())]
     pub runs: Vec<String>,
     /// A `--mode all` run holding both campaigns.
     #[arg(long, value_parser = non_empty())]

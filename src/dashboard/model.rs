@@ -87,7 +87,7 @@ impl Tally {
                     .and_then(|s| crate::scheduler::budget::prices_of(&s))
             }
             // Later facts (a score's) may not name the campaign's GPUs: keep what was known.
-            "facts" => self.gpu_count = gpu_count_of(&p["gpus"]).or(self.gpu_count),
+            "facts" => self.gpu_count = gpu_count_of(p).or(self.gpu_count),
             _ => {}
         }
     }
@@ -135,13 +135,31 @@ impl Tally {
 }
 
 /// The GPU count in a `facts.gpus` object: `fake:N`, or the visible GPUs.
-fn gpu_count_of(gpus: &Value) -> Option<usize> {
-    let declared = gpus["configured"]
-        .as_str()
-        .and_then(|c| c.strip_prefix("fake:"))
+/// What of a `facts` event's GPUs the overview needs ([`crate::facts::GpuFacts`], every field
+/// optional: facts of older releases lack some).
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct FactGpus {
+    configured: String,
+    visible: Vec<serde::de::IgnoredAny>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct Facts {
+    gpus: FactGpus,
+}
+
+/// The campaign's GPU count a `facts` event gives: the declared fakes, else the visible GPUs.
+fn gpu_count_of(facts: &Value) -> Option<usize> {
+    let gpus = <Facts as serde::Deserialize>::deserialize(facts)
+        .unwrap_or_default()
+        .gpus;
+    let declared = gpus
+        .configured
+        .strip_prefix("fake:")
         .and_then(|n| n.parse().ok());
-    let visible = gpus["visible"].as_array().map(Vec::len).filter(|n| *n > 0);
-    declared.or(visible)
+    declared.or(Some(gpus.visible.len()).filter(|n| *n > 0))
 }
 
 /// Tallies by run id.
@@ -528,11 +546,15 @@ mod tests {
 
     #[test]
     fn gpu_count_comes_from_declared_or_visible_gpus() {
-        assert_eq!(gpu_count_of(&json!({"configured": "fake:8"})), Some(8));
         assert_eq!(
-            gpu_count_of(&json!({"configured": "nvml", "visible": [{}, {}]})),
+            gpu_count_of(&json!({"gpus": {"configured": "fake:8"}})),
+            Some(8)
+        );
+        assert_eq!(
+            gpu_count_of(&json!({"gpus": {"configured": "nvml", "visible": [{}, {}]}})),
             Some(2)
         );
         assert_eq!(gpu_count_of(&json!({})), None);
+        assert_eq!(gpu_count_of(&json!({"gpus": {"configured": "nvml"}})), None);
     }
 }

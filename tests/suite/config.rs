@@ -583,11 +583,13 @@ fn a_simulated_campaign_still_refuses_a_missing_provider_or_fastkernels_folder()
 /// An empty run id is refused by the flag's name, before any store is opened.
 #[test]
 fn an_empty_run_id_names_the_flag() {
-    for args in [
-        &["sessions", "--run", ""][..],
-        &["compare", "--run", ""],
-        &["manifest", "--run", ""],
-        &["gpus", "--drain", ""],
+    for (args, names) in [
+        (&["sessions", "--run", ""][..], "--run"),
+        (&["compare", "--run", ""], "--run"),
+        (&["manifest", "--run", ""], "--run"),
+        (&["gpus", "--drain", ""], "--drain"),
+        (&["resume", ""], "[RUN]"),
+        (&["compare", "", "x"], "[RUNS]"),
     ] {
         let out = std::process::Command::new(super::support::BIN)
             .args(args)
@@ -596,6 +598,6 @@ fn an_empty_run_id_names_the_flag() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains(args[1]), "{args:?}: {err}");
+        assert!(err.contains(names), "{args:?}: {err}");
     }
 }
