@@ -264,7 +264,7 @@ fn session_cells(
     wide: bool,
 ) -> Vec<String> {
     let state = match outcome.map(|o| &o.end) {
-        Some(SessionEnd::Running | SessionEnd::Queued) | None => r.state.clone(),
+        Some(SessionEnd::Running | SessionEnd::Queued) | None => r.state.to_string(),
         Some(end) => end.word().to_string(),
     };
     let verdict = outcome
@@ -314,7 +314,11 @@ fn note(r: &SessionRow, outcome: Option<&Outcome>, scoring: Option<&ScoringWord>
         })
         | None => {
             let last = r.detail.last_event.clone().unwrap_or_default();
-            if last == r.state { String::new() } else { last }
+            if last == r.state.as_str() {
+                String::new()
+            } else {
+                last
+            }
         }
         Some(Outcome {
             verdict: Verdict::NotWinner { detail, .. } | Verdict::NoValidCandidate { detail },

@@ -13,6 +13,7 @@
 //! [`BenchToolsFactory`] makes these tools for every session of a campaign, real or simulated
 //! ([`Checks`]).
 
+use crate::event::SessionState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -183,7 +184,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 .for_session(&ws.target().to_string(), &ws.cache_dir());
             let run = driver.run(req, cancel.clone()).await;
             let gpu_s = run.exit.as_ref().map_or(0.0, |e| e.wall_s);
-            let _ = journal.update("running", |p| {
+            let _ = journal.update(SessionState::Running, |p| {
                 p.leases += 1;
                 p.gpu_s += gpu_s;
             });
@@ -395,7 +396,7 @@ fn record_validation(
     if validation.passed_every_scenario()
         && let Some(g) = v.geomean
     {
-        let _ = journal.update("running", |p| {
+        let _ = journal.update(SessionState::Running, |p| {
             p.best_speedup = Some(p.best_speedup.map_or(g, |b| b.max(g)));
         });
     }

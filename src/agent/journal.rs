@@ -94,7 +94,11 @@ impl SessionJournal {
     }
 
     /// Updates the counters with `f` and publishes the session row with `state`.
-    pub fn update(&self, state: &str, f: impl FnOnce(&mut Progress)) -> Result<(), RunError> {
+    pub fn update(
+        &self,
+        state: crate::event::SessionState,
+        f: impl FnOnce(&mut Progress),
+    ) -> Result<(), RunError> {
         f(&mut guard(&self.progress));
         set_state(&self.run, &self.target, state, self.detail())
     }

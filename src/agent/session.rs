@@ -6,6 +6,7 @@
 //! resumed session never runs a call twice; an infrastructure failure of a tool is retried and
 //! then ends the session with an `infra` reason, never silently charged to the agent.
 
+use crate::event::SessionState;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -210,7 +211,7 @@ pub(crate) fn finish(
 /// Marks a session (re)started as running with the counters its recorded events give (both
 /// backends: after a crash the events, not the row, are the truth).
 pub(crate) fn show_replay(j: &SessionJournal, replay: &Replay) -> Result<(), RunError> {
-    j.update("running", |p| {
+    j.update(SessionState::Running, |p| {
         p.turns = replay.turns;
         p.tokens = replay.tokens;
         p.leases = replay.leases;
@@ -434,7 +435,9 @@ async fn model_turn(
         parallel_tool_calls: false,
     };
     let (tx, recorder) = provider_event_recorder(j.clone());
-    j.update("thinking", |p| p.last_event = format!("turn {turn}"))?;
+    j.update(SessionState::Thinking, |p| {
+        p.last_event = format!("turn {turn}")
+    })?;
     let result = s.llm.turn(&req, &tx, cancel).await;
     drop(tx);
     let _ = recorder.await;
@@ -455,7 +458,7 @@ async fn model_turn(
         usage: resp.usage.to_turn(),
         ..TurnFinished::default()
     })?;
-    j.update("running", |p| {
+    j.update(SessionState::Running, |p| {
         p.turns = turn;
         p.tokens += resp.usage.total_tokens();
     })?;
@@ -467,11 +470,11 @@ fn leases_a_gpu(tool: &str) -> bool {
     matches!(tool, "validate" | "profile_ncu" | "profile_nsys")
 }
 
-fn state_for(tool: &str) -> &'static str {
+fn state_for(tool: &str) -> SessionState {
     match tool {
-        "validate" => "validating",
-        "profile_ncu" | "profile_nsys" => "profiling",
-        _ => "running",
+        "validate" => SessionState::Validating,
+        "profile_ncu" | "profile_nsys" => SessionState::Profiling,
+        _ => SessionState::Running,
     }
 }
 
@@ -559,11 +562,11 @@ impl ToolCalls<'_> {
     pub(crate) fn finished(&self, call: &FunctionCall, out: &ToolOutput) -> Result<(), RunError> {
         self.journal.record_event(&tool_finished(call, out))?;
         let done = if out.is_error { "failed" } else { "done" };
-        self.show("running", format!("{} {done}", call.name))
+        self.show(SessionState::Running, format!("{} {done}", call.name))
     }
 
     /// Publishes the session row with `state` and `last_event`.
-    fn show(&self, state: &str, last_event: String) -> Result<(), RunError> {
+    fn show(&self, state: SessionState, last_event: String) -> Result<(), RunError> {
         self.keep(self.journal.update(state, |p| p.last_event = last_event))
     }
 }

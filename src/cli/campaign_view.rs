@@ -328,7 +328,7 @@ mod exit_tests {
                 .upsert_session(&SessionRow {
                     run_id: journal.run_id().into(),
                     target: format!("L1/t{i}"),
-                    state: (*state).into(),
+                    state: crate::event::SessionState::from_word(state).expect("a state word"),
                     detail: crate::event::SessionResult {
                         infra: Some(*infra),
                         ..Default::default()

@@ -7,6 +7,7 @@
 //! reader in beside the writer), so it needs nothing from the daemon but its files. "Winners so far" counts finished sessions whose best
 //! validated speedup reached 1.0: the scoring after the campaign has the final word.
 
+use crate::event::SessionState;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -106,9 +107,6 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
         .or_else(|| running.first())?
         .clone();
     let sessions = store.sessions(&run.id).ok()?;
-    // A live session's state names what it does (`thinking`, `validating`, …); an ended one's
-    // is one of the scheduler's end words.
-    let ended = crate::event::SessionStatus::is_end_state;
     let winner = |d: &crate::event::SessionResult| {
         let best = d.best_speedup.as_ref().and_then(|b| b.as_ref()?.value());
         best.is_some_and(|g| g >= 1.0)
@@ -119,14 +117,11 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
         .unwrap_or(0);
     Some(Snapshot {
         total: run.targets.len(),
-        done: sessions.iter().filter(|s| ended(&s.state)).count(),
-        running: sessions
-            .iter()
-            .filter(|s| s.state != "queued" && !ended(&s.state))
-            .count(),
+        done: sessions.iter().filter(|s| s.state.is_end()).count(),
+        running: sessions.iter().filter(|s| s.state.is_live()).count(),
         winners: sessions
             .iter()
-            .filter(|s| s.state == "finished" && winner(&s.detail))
+            .filter(|s| s.state == SessionState::Finished && winner(&s.detail))
             .count(),
         run_id: run.id,
         gpus_busy,

@@ -215,7 +215,7 @@ fn status_fn(
             .map_or(rows.len(), |r| r.targets.len());
         let mut states = BTreeMap::new();
         for row in rows {
-            *states.entry(row.state).or_insert(0) += 1;
+            *states.entry(row.state.to_string()).or_insert(0) += 1;
         }
         DaemonStatus {
             pid: std::process::id(),

@@ -229,8 +229,9 @@ fn finished_error(run_id: &str) -> Error {
 pub fn unfinished_run(store: &Store) -> Result<Option<String>, Error> {
     let infra_failed = |id: &str| {
         store.sessions(id).is_ok_and(|rows| {
-            rows.iter()
-                .any(|s| s.state == "failed" && !crate::scheduler::stays_ended(s))
+            rows.iter().any(|s| {
+                s.state == crate::event::SessionState::Failed && !crate::scheduler::stays_ended(s)
+            })
         })
     };
     for r in store.runs()? {

@@ -196,7 +196,7 @@ impl SessionFeed {
                     .sessions(&self.run_id)?
                     .into_iter()
                     .find(|s| s.target == self.target)
-                    .map_or("not started".to_string(), |s| s.state),
+                    .map_or("not started".to_string(), |s| s.state.to_string()),
             };
             let data = json!({
                 "seq": last,

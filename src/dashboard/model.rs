@@ -178,9 +178,10 @@ pub fn verdict_key(v: &Verdict) -> &'static str {
 
 /// The three groups the overview counts a session state in.
 pub fn state_group(state: &str) -> &'static str {
-    match state {
-        "queued" => "queued",
-        s if crate::event::SessionStatus::is_end_state(s) => "ended",
+    use crate::event::SessionState;
+    match SessionState::from_word(state) {
+        Some(SessionState::Queued) => "queued",
+        Some(s) if s.is_end() => "ended",
         _ => "running",
     }
 }
@@ -292,7 +293,7 @@ impl RunView {
             ..Counts::default()
         };
         for s in &self.sessions {
-            match state_group(&s.state) {
+            match state_group(s.state.as_str()) {
                 "queued" => c.queued += 1,
                 "ended" => c.ended += 1,
                 _ => c.running += 1,
@@ -318,7 +319,7 @@ impl RunView {
         let ended_here = self
             .sessions
             .iter()
-            .filter(|s| state_group(&s.state) == "ended")
+            .filter(|s| s.state.is_end())
             .filter(|s| parse_at(&s.updated_at).is_some_and(|at| at >= stint))
             .count();
         let elapsed = std::time::Duration::from_secs_f64(seconds_between(stint, self.end()));

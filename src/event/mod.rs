@@ -31,7 +31,7 @@ use serde_json::Value;
 
 pub use run::*;
 pub use session::*;
-pub use status::{Mode, RunOutcome, RunState, SessionStatus, StatusWord};
+pub use status::{Mode, RunOutcome, RunState, SessionState, SessionStatus, StatusWord};
 
 /// The payload of one event kind.
 pub trait Payload: Serialize + DeserializeOwned {

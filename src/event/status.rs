@@ -47,30 +47,24 @@ impl SessionStatus {
     }
 
     /// The state shown by `sessions` (and kept in the session's row).
-    pub fn state(&self) -> &'static str {
+    pub fn state(&self) -> SessionState {
         match self {
-            Self::Finished => "finished",
-            Self::Failed => "failed",
-            Self::TimedOut => "timed out",
-            Self::Interrupted => "interrupted",
-            Self::Skipped(_) => "skipped",
+            Self::Finished => SessionState::Finished,
+            Self::Failed => SessionState::Failed,
+            Self::TimedOut => SessionState::TimedOut,
+            Self::Interrupted => SessionState::Interrupted,
+            Self::Skipped(_) => SessionState::Skipped,
         }
-    }
-
-    /// Whether a session row's state is one of the end words above (an interrupted session
-    /// included); a live session's state names what it does (`thinking`, `validating`, …).
-    pub fn is_end_state(state: &str) -> bool {
-        state == Self::Interrupted.state() || Self::from_state(state, "").is_some()
     }
 
     /// The end a session row's state records (`skip_reason` for a skip); `None` for the
     /// states of a session without an end (queued, running, interrupted, …).
-    pub fn from_state(state: &str, skip_reason: &str) -> Option<Self> {
+    pub fn from_state(state: SessionState, skip_reason: &str) -> Option<Self> {
         Some(match state {
-            "finished" => Self::Finished,
-            "failed" => Self::Failed,
-            "timed out" => Self::TimedOut,
-            "skipped" => Self::Skipped(skip_reason.to_string()),
+            SessionState::Finished => Self::Finished,
+            SessionState::Failed => Self::Failed,
+            SessionState::TimedOut => Self::TimedOut,
+            SessionState::Skipped => Self::Skipped(skip_reason.to_string()),
             _ => return None,
         })
     }
@@ -160,6 +154,53 @@ impl RunOutcome {
 impl PartialEq<&str> for RunOutcome {
     fn eq(&self, word: &&str) -> bool {
         self.word() == *word
+    }
+}
+
+/// Where a session stands: the `state` of its row in the `sessions` table. A live session's
+/// state names what it does; an ended one's is its end ([`SessionStatus::state`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    #[default]
+    Queued,
+    Running,
+    Thinking,
+    Validating,
+    Profiling,
+    Finished,
+    Failed,
+    #[serde(rename = "timed out")]
+    TimedOut,
+    Interrupted,
+    Skipped,
+}
+
+crate::words!(SessionState {
+    Queued = "queued",
+    Running = "running",
+    Thinking = "thinking",
+    Validating = "validating",
+    Profiling = "profiling",
+    Finished = "finished",
+    Failed = "failed",
+    TimedOut = "timed out",
+    Interrupted = "interrupted",
+    Skipped = "skipped",
+});
+
+impl SessionState {
+    /// An end (an interrupted session included): not queued, not live.
+    pub fn is_end(self) -> bool {
+        matches!(
+            self,
+            Self::Finished | Self::Failed | Self::TimedOut | Self::Interrupted | Self::Skipped
+        )
+    }
+
+    /// Neither queued nor ended: the session runs.
+    pub fn is_live(self) -> bool {
+        self != Self::Queued && !self.is_end()
     }
 }
 

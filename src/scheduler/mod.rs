@@ -40,7 +40,7 @@ use crate::run::{RunError, RunJournal};
 use crate::store::{SessionRow, now_rfc3339};
 use crate::target::TargetId;
 
-pub use crate::event::SessionStatus;
+pub use crate::event::{SessionState, SessionStatus};
 
 /// What a session reports when it ends.
 #[derive(Clone, Debug, PartialEq)]
@@ -129,7 +129,12 @@ pub async fn run_phase(
             },
         };
         journal.record_event(Some(&name), &submitted)?;
-        set_state(&journal, target, "queued", SessionResult::default())?;
+        set_state(
+            &journal,
+            target,
+            SessionState::Queued,
+            SessionResult::default(),
+        )?;
     }
     let mut queue: std::collections::VecDeque<TargetId> =
         start_order(&journal, &pending, params.order)?.into();
@@ -161,7 +166,7 @@ pub async fn run_phase(
                     started_at: Some(now_rfc3339()),
                     ..SessionResult::default()
                 };
-                set_state(&journal, &target, "running", started)?;
+                set_state(&journal, &target, SessionState::Running, started)?;
                 let cancel = stop.child_token();
                 let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
                 let timeout = params.session_timeout;
@@ -327,13 +332,14 @@ fn repair_rows(journal: &RunJournal, targets: &[TargetId]) -> Result<(), RunErro
 /// The end a session's row records; `None` while it has none (queued, running, interrupted).
 pub fn recorded_status(row: &SessionRow) -> Option<SessionStatus> {
     let skip_reason = row.detail.reason.as_deref().unwrap_or("");
-    SessionStatus::from_state(&row.state, skip_reason)
+    SessionStatus::from_state(row.state, skip_reason)
 }
 
 /// Whether a recorded end is final for `resume`: a failure of the infrastructure (endpoint,
 /// token, GPU: `infra` in its detail) is run again, as is anything without an end.
 pub fn stays_ended(row: &SessionRow) -> bool {
-    recorded_status(row).is_some() && !(row.state == "failed" && row.detail.infra == Some(true))
+    recorded_status(row).is_some()
+        && !(row.state == SessionState::Failed && row.detail.infra == Some(true))
 }
 
 /// Records `budget_reached` with what was spent and the caps.
@@ -480,13 +486,13 @@ fn finish(
 pub fn set_state(
     journal: &RunJournal,
     target: &TargetId,
-    state: &str,
+    state: SessionState,
     detail: SessionResult,
 ) -> Result<(), RunError> {
     journal.store().upsert_session(&SessionRow {
         run_id: journal.run_id().to_string(),
         target: target.to_string(),
-        state: state.to_string(),
+        state,
         detail,
         updated_at: now_rfc3339(),
     })?;

@@ -204,7 +204,7 @@ fn word<T: crate::words::Words>(
 pub struct SessionRow {
     pub run_id: String,
     pub target: String,
-    pub state: String,
+    pub state: crate::event::SessionState,
     pub detail: crate::event::SessionResult,
     pub updated_at: String,
 }
@@ -529,7 +529,7 @@ impl Store {
         self.exec(
             "INSERT INTO sessions (run_id, target, state, detail, updated_at) VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (run_id, target) DO UPDATE SET state = ?3, detail = ?4, updated_at = ?5",
-            params![row.run_id, row.target, row.state, row.detail.to_value().to_string(), row.updated_at],
+            params![row.run_id, row.target, row.state.as_str(), row.detail.to_value().to_string(), row.updated_at],
         )?;
         Ok(())
     }
@@ -571,7 +571,7 @@ impl Store {
                 Ok(SessionRow {
                     run_id: r.get(0)?,
                     target: r.get(1)?,
-                    state: r.get(2)?,
+                    state: word(r, 2, "sessions.state")?,
                     detail: crate::event::SessionResult::from_value(
                         serde_json::from_str(&detail).unwrap_or(Value::Null),
                     ),

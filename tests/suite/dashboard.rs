@@ -113,7 +113,7 @@ fn recorded_store(home: &Path) -> Store {
     let state = |t: &str, s: &str| SessionRow {
         run_id: RUN.into(),
         target: t.into(),
-        state: s.into(),
+        state: fk_agentd::event::SessionState::from_word(s).unwrap(),
         detail: fk_agentd::event::SessionResult::from_value(
             json!({"turns": 1, "tokens": 1200, "best_speedup": "1.250x", "leases": 1}),
         ),

@@ -234,7 +234,7 @@ fn live_session_page(home: &Path, base: &str, token: &str) {
         sessions
             .into_iter()
             .rev()
-            .find(|s| s.state == "queued")
+            .find(|s| s.state == fk_agentd::event::SessionState::Queued)
             .map(|s| s.target)
     });
     let mut page = Cdp::open(&format!("{base}/session?token={token}&target={queued}"));

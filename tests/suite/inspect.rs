@@ -182,7 +182,7 @@ fn session_rows(events: &[Event]) -> Vec<SessionRow> {
             let row = SessionRow {
                 run_id: run_id(),
                 target: target.clone(),
-                state: "finished".into(),
+                state: fk_agentd::event::SessionState::Finished,
                 detail: fk_agentd::event::SessionResult::from_value(e.payload["result"].clone()),
                 updated_at: e.at.clone(),
             };

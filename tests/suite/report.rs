@@ -21,7 +21,7 @@ fn row(target: &str, state: &str, detail: serde_json::Value) -> SessionRow {
     SessionRow {
         run_id: "20261202-140305-ind-l1-sim-7f3a".into(),
         target: target.into(),
-        state: state.into(),
+        state: fk_agentd::event::SessionState::from_word(state).unwrap(),
         detail: fk_agentd::event::SessionResult::from_value(detail),
         updated_at: "2026-12-02T14:05:00.000Z".into(),
     }

@@ -370,7 +370,13 @@ async fn an_end_recorded_before_its_session_row_is_kept_on_resume() {
         |j: Arc<RunJournal>| run_phase(j, runner.clone(), &ids, &params, CancellationToken::new());
     phase(journal.clone()).await.unwrap();
     // The torn write: gelu's end is in the log, its row still says it runs.
-    fk_agentd::scheduler::set_state(&journal, &ids[0], "running", Default::default()).unwrap();
+    fk_agentd::scheduler::set_state(
+        &journal,
+        &ids[0],
+        fk_agentd::event::SessionState::Running,
+        Default::default(),
+    )
+    .unwrap();
     runner.started.lock().unwrap().clear();
     let report = phase(journal.clone()).await.unwrap();
     assert_eq!(report.results[&ids[0]], SessionStatus::Finished);
@@ -387,7 +393,11 @@ async fn an_end_recorded_before_its_session_row_is_kept_on_resume() {
         .count();
     assert_eq!(ends, 1);
     let row = journal.store().sessions(journal.run_id()).unwrap();
-    assert_eq!(row[1].state, "finished", "{row:?}");
+    assert_eq!(
+        row[1].state,
+        fk_agentd::event::SessionState::Finished,
+        "{row:?}"
+    );
 }
 
 /// A session that never ends by itself. When cancelled, it records its end after `closing`

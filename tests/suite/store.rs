@@ -239,14 +239,14 @@ fn reopening_applies_no_migration_twice_and_keeps_sessions() {
     let row = SessionRow {
         run_id: "r1".into(),
         target: "L1/gelu".into(),
-        state: "running".into(),
+        state: fk_agentd::event::SessionState::Running,
         detail: fk_agentd::event::SessionResult::from_value(json!({"turns": 3})),
         updated_at: "t".into(),
     };
     store.upsert_session(&row).unwrap();
     store
         .upsert_session(&SessionRow {
-            state: "finished".into(),
+            state: fk_agentd::event::SessionState::Finished,
             ..row.clone()
         })
         .unwrap();
@@ -256,7 +256,7 @@ fn reopening_applies_no_migration_twice_and_keeps_sessions() {
     assert_eq!(
         rows,
         vec![SessionRow {
-            state: "finished".into(),
+            state: fk_agentd::event::SessionState::Finished,
             ..row
         }]
     );
@@ -464,4 +464,33 @@ fn a_run_row_with_a_word_this_release_does_not_know_is_refused_naming_column_and
         Store::open(&path).unwrap().runs().unwrap()[0],
         run_row("r1")
     );
+}
+
+#[test]
+fn a_session_row_with_a_state_this_release_does_not_know_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    let store = Store::open(&path).unwrap();
+    store.create_run(&run_row("r1")).unwrap();
+    for state in fk_agentd::event::SessionState::WORDS {
+        let row = SessionRow {
+            run_id: "r1".into(),
+            target: "L1/gelu".into(),
+            state: fk_agentd::event::SessionState::from_word(state).unwrap(),
+            ..SessionRow::default()
+        };
+        store.upsert_session(&row).unwrap();
+        assert_eq!(store.sessions("r1").unwrap()[0].state.as_str(), *state);
+    }
+    drop(store);
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.execute("UPDATE sessions SET state = 'dancing'", [])
+        .unwrap();
+    drop(db);
+    let err = Store::open(&path)
+        .unwrap()
+        .sessions("r1")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sessions.state is `dancing`"), "{err}");
 }

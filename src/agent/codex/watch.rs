@@ -3,6 +3,7 @@
 //! the process is killed (its whole group) on cancellation, a 401, a tool's infrastructure
 //! failure, the turn budget, or when codex does not end its turn after `finish`.
 
+use crate::event::SessionState;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -142,7 +143,7 @@ pub(super) async fn watch(
                     j.record(kind, payload)?;
                 }
                 let turn = translator.turn;
-                j.update("running", |p| {
+                j.update(SessionState::Running, |p| {
                     p.turns = turn;
                     p.tokens += out.tokens;
                     p.last_event = format!("turn {turn}");
@@ -195,7 +196,7 @@ fn record_usage(
         }
     }
     if tokens > 0 {
-        j.update("running", |p| p.tokens += tokens)?;
+        j.update(SessionState::Running, |p| p.tokens += tokens)?;
     }
     Ok(())
 }
