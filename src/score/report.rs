@@ -124,9 +124,18 @@ impl ScoreReport {
 /// The newest results generation of `run_dir` whose score completed, with that score; `None`
 /// before any. A generation whose `score.json` cannot be read does not count.
 pub fn newest_complete(run_dir: &Path) -> Option<(PathBuf, ScoreReport)> {
+    newest_complete_with(run_dir, |_| true)
+}
+
+/// [`newest_complete`] among the scores that `keep` takes (a view of standalone verdicts
+/// passes over a composed-only score).
+pub fn newest_complete_with(
+    run_dir: &Path,
+    keep: impl Fn(&ScoreReport) -> bool,
+) -> Option<(PathBuf, ScoreReport)> {
     generations(run_dir).into_iter().find_map(|g| {
         let report = ScoreReport::read(&g).ok().flatten()?;
-        report.complete().then_some((g, report))
+        (report.complete() && keep(&report)).then_some((g, report))
     })
 }
 

@@ -18,7 +18,7 @@ use serde::Serialize;
 pub use crate::inspect::ScoringWord;
 use crate::score::candidates::generations;
 use crate::score::gate::GateKind;
-use crate::score::report::{ScoreReport, newest_complete};
+use crate::score::report::{ScoreReport, newest_complete_with};
 use crate::score::sequential::{read_level_gate, read_seq_gate};
 use crate::target::TargetId;
 
@@ -117,9 +117,9 @@ pub fn of_run_dir(run_dir: &Path, run: &crate::store::RunRow) -> Option<Scored> 
 }
 
 /// The newest results generation of `run_dir` whose score completed with a standalone stage
-/// ([`crate::score::report::newest_complete`]); `None` before any.
+/// ([`crate::score::report::newest_complete_with`]); `None` before any.
 pub fn newest(run_dir: &Path) -> Option<Scored> {
-    let (g, report) = newest_complete(run_dir)?;
+    let (g, report) = newest_complete_with(run_dir, |r| r.standalone.is_some())?;
     of(g, &report)
 }
 
@@ -335,6 +335,11 @@ mod tests {
         assert!(newest(dir.path()).is_none());
         write(&score(&[]));
         assert!(newest(dir.path()).is_some());
+        // A newer composed-only score does not hide the standalone verdicts of an older one.
+        std::fs::create_dir_all(dir.path().join("results-2")).unwrap();
+        let bytes = serde_json::to_vec(&no_stage).unwrap();
+        std::fs::write(dir.path().join("results-2/score.json"), bytes).unwrap();
+        assert_eq!(newest(dir.path()).map(|s| s.name()), Some("results".into()));
     }
 
     #[test]
