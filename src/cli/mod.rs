@@ -418,14 +418,15 @@ fn cmd_manifest(home: &std::path::Path, run: Option<&str>, json: bool) -> Result
         println!("replaced  the manifest rendered at {previous}");
     }
     // Each path whole on its line: they are what a user copies.
-    println!("wrote     {}", written.markdown.display());
-    println!("          {}", written.json.display());
+    println!("wrote");
+    println!("  {}", written.markdown.display());
+    println!("  {}", written.json.display());
     let facts = if data.facts.is_empty() {
         "; no facts event was recorded for this run"
     } else {
         ""
     };
-    println!("          rendered at {rendered_at} from recorded facts{facts}");
+    println!("rendered at {rendered_at} from recorded facts{facts}");
     Ok(0)
 }
 

@@ -46,12 +46,7 @@ pub fn render(s: &Snapshot) -> String {
         Some(t) => format!("GPUs {}/{t} busy", s.gpus_busy),
         None => format!("{} GPU(s) busy", s.gpus_busy),
     };
-    let left = s.total.saturating_sub(s.done);
-    let eta = match crate::inspect::eta(s.elapsed, s.done.saturating_sub(s.done_before), left) {
-        _ if left == 0 => "ETA -".to_string(),
-        None => "ETA after the first session ends".to_string(),
-        Some(eta) => format!("ETA {}", clock(eta.as_secs())),
-    };
+    let eta = eta_text(s).unwrap_or_else(|| "ETA after the first session ends".into());
     format!(
         "{}/{} sessions done · {} running · {} winner{} · {gpus} · {} elapsed · {eta}",
         s.done,
@@ -61,6 +56,16 @@ pub fn render(s: &Snapshot) -> String {
         if s.winners == 1 { "" } else { "s" },
         clock(s.elapsed.as_secs())
     )
+}
+
+/// `ETA 1:00:00`, `ETA -` when nothing is left; `None` before this stint's first session ended.
+fn eta_text(s: &Snapshot) -> Option<String> {
+    let left = s.total.saturating_sub(s.done);
+    if left == 0 {
+        return Some("ETA -".into());
+    }
+    let eta = crate::inspect::eta(s.elapsed, s.done.saturating_sub(s.done_before), left)?;
+    Some(format!("ETA {}", clock(eta.as_secs())))
 }
 
 /// [`render`] within `width` columns: the full line where it fits, else a terse one
@@ -74,12 +79,7 @@ pub fn render_within(s: &Snapshot, width: usize) -> String {
         Some(t) => format!("GPUs {}/{t}", s.gpus_busy),
         None => format!("{} GPU(s)", s.gpus_busy),
     };
-    let eta = full.rsplit(" · ").next().unwrap_or_default();
-    let eta = if eta.starts_with("ETA after") {
-        "ETA ?"
-    } else {
-        eta
-    };
+    let eta = eta_text(s).unwrap_or_else(|| "ETA ?".into());
     format!(
         "{}/{} done · {} running · {} won · {gpus} · {} · {eta}",
         s.done,

@@ -840,17 +840,15 @@ fn validate_fastkernels(
     } else {
         "fastkernels.dir"
     };
-    let dir = match dir {
-        Some(d) if d.trim().is_empty() || !expand_tilde(&d, env).is_dir() => {
-            return Err(ConfigError::new(
-                key,
-                d,
-                "the folder of a fastkernels checkout",
-            ));
-        }
-        other => other.map(|d| expand_tilde(&d, env)),
+    let Some(dir) = dir else {
+        return Ok((None, command));
     };
-    Ok((dir, command))
+    let path = expand_tilde(&dir, env);
+    if dir.trim().is_empty() || !path.is_dir() {
+        let expected = "the folder of a fastkernels checkout";
+        return Err(ConfigError::new(key, dir, expected));
+    }
+    Ok((Some(path), command))
 }
 
 crate::exit_code!(ConfigError, |self| crate::exit::EXIT_USAGE);

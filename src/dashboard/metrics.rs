@@ -89,13 +89,13 @@ fn sessions(r: &mut Registry, view: &RunView) {
         gauge(r, name, help, v as i64);
     }
     let by_state = gauge_family(r, "sessions", "Sessions by state");
-    let mut states: BTreeMap<String, i64> = BTreeMap::new();
+    let mut states: BTreeMap<crate::event::SessionState, i64> = BTreeMap::new();
     for l in view.session_lines() {
         *states.entry(l.state).or_default() += 1;
     }
     for (s, n) in states {
         by_state
-            .get_or_create(&labels(&[("state", &s), ("group", state_group(&s))]))
+            .get_or_create(&labels(&[("state", s.as_str()), ("group", state_group(s))]))
             .set(n);
     }
 }

@@ -177,11 +177,10 @@ pub fn verdict_key(v: &Verdict) -> &'static str {
 }
 
 /// The three groups the overview counts a session state in.
-pub fn state_group(state: &str) -> &'static str {
-    use crate::event::SessionState;
-    match SessionState::from_word(state) {
-        Some(SessionState::Queued) => "queued",
-        Some(s) if s.is_end() => "ended",
+pub fn state_group(state: crate::event::SessionState) -> &'static str {
+    match state {
+        crate::event::SessionState::Queued => "queued",
+        s if s.is_end() => "ended",
         _ => "running",
     }
 }
@@ -190,7 +189,7 @@ pub fn state_group(state: &str) -> &'static str {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionLine {
     pub target: String,
-    pub state: String,
+    pub state: crate::event::SessionState,
     pub verdict: Verdict,
     pub best_speedup: Option<f64>,
     pub turns: u64,
@@ -293,7 +292,7 @@ impl RunView {
             ..Counts::default()
         };
         for s in &self.sessions {
-            match state_group(s.state.as_str()) {
+            match state_group(s.state) {
                 "queued" => c.queued += 1,
                 "ended" => c.ended += 1,
                 _ => c.running += 1,
@@ -380,7 +379,7 @@ impl RunView {
             .into_iter()
             .map(|t| {
                 let row = by_target.get(t);
-                let state = row.map_or("queued", |r| r.state.as_str()).to_string();
+                let state = row.map(|r| r.state).unwrap_or_default();
                 let d = row.map(|r| r.detail.clone()).unwrap_or_default();
                 SessionLine {
                     target: t.to_string(),

@@ -254,7 +254,7 @@ fn keep(line: &SessionLine, scoring: Option<&ScoringWord>, q: &PageQuery) -> boo
     let state_ok = q
         .state
         .as_deref()
-        .is_none_or(|s| s.is_empty() || s == line.state || s == state_group(&line.state));
+        .is_none_or(|s| s.is_empty() || s == line.state.as_str() || s == state_group(line.state));
     let verdict_ok = q
         .verdict
         .as_deref()
@@ -330,7 +330,7 @@ pub async fn sessions(
                 @for (l, w) in shown.iter().map(|(l, w)| (l, w.as_ref())) {
                     tr data-state=(l.state) data-verdict=(model::verdict_key(&l.verdict)) data-scoring=(w.map_or("", ScoringWord::key)) {
                         td { a href=(href("/session", q.run.as_deref(), &[("target", &l.target)])) { (l.target) } }
-                        td { span class={"state g-" (state_group(&l.state))} { (l.state) } }
+                        td { span class={"state g-" (state_group(l.state))} { (l.state) } }
                         td title=(l.verdict.to_string()) { span class={"verdict v-" (model::verdict_key(&l.verdict))} { (l.verdict.short()) } }
                         td title=(w.map(ToString::to_string).unwrap_or_default()) { @match w { Some(w) => span class={"scoring s-" (w.key())} { (w.short()) }, None => "—" } }
                         td.num data-v=(l.best_speedup.unwrap_or(0.0)) { @if let Some(s) = l.best_speedup { (format!("{s:.3}×")) } @else { "—" } }

@@ -319,14 +319,7 @@ fn the_readable_views_fit_80_columns() {
     let run = stdout(fk(h).args(["runs", "--json"]));
     let runs: serde_json::Value = serde_json::from_str(&run).unwrap();
     let id = runs[0]["id"].as_str().unwrap().to_string();
-    for args in [
-        &["status"][..],
-        &["runs"],
-        &["sessions"],
-        &["session", "L1/gelu"],
-        &["session", "L1/bmm"],
-    ] {
-        let out = stdout(fk(h).env("COLUMNS", "80").args(args));
+    let fits = |args: &[&str], out: &str| {
         for line in out.lines() {
             let one_word = !line.trim().contains(' ');
             assert!(
@@ -335,8 +328,35 @@ fn the_readable_views_fit_80_columns() {
                 line.chars().count()
             );
         }
-        if args[0] != "session" {
+    };
+    for args in [
+        &["status"][..],
+        &["runs"],
+        &["sessions"],
+        &["session", "L1/gelu"],
+        &["session", "L1/bmm"],
+        &["manifest"],
+    ] {
+        let out = stdout(fk(h).env("COLUMNS", "80").args(args));
+        fits(args, &out);
+        if !matches!(args[0], "session" | "manifest") {
             assert!(out.contains(&id), "{args:?} cut the run id:\n{out}");
         }
+    }
+    // `doctor` (which exits 3 on a host without torch or GPUs) and the report `start` ends
+    // with, on a home of their own.
+    let other = tempfile::tempdir().unwrap();
+    for args in [
+        &["doctor", "--targets", "L1/gelu"][..],
+        &["start", "--sim", "--targets", "L1/gelu,L1/bmm"],
+    ] {
+        let out = fk(other.path())
+            .env("COLUMNS", "80")
+            .args(args)
+            .output()
+            .unwrap();
+        let out = String::from_utf8(out.stdout).unwrap();
+        assert!(!out.is_empty(), "{args:?} printed nothing");
+        fits(args, &out);
     }
 }
