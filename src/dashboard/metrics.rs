@@ -22,6 +22,7 @@ use prometheus_client::registry::Registry;
 use super::DashboardState;
 use super::model::{RunView, state_group};
 use super::pages::{PageQuery, view_of};
+use crate::store::leases::LeaseClass;
 
 type Labels = Vec<(String, String)>;
 
@@ -113,28 +114,28 @@ fn leases(r: &mut Registry, view: &RunView) {
         "bench_wall_seconds",
         "Wall time of bench leases (validate and scoring benches)",
     );
-    let mut counts: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut counts: BTreeMap<(&str, &str), i64> = BTreeMap::new();
     // What `compare` counts: each lease's GPUs held from grant to release (or now).
     let mut held: BTreeMap<String, f64> = BTreeMap::new();
     for l in &view.leases {
-        *held.entry(l.class.clone()).or_default() +=
+        *held.entry(l.class.to_string()).or_default() +=
             (l.end - l.start).as_seconds_f64().max(0.0) * l.gpus.len().max(1) as f64;
         *counts
-            .entry((l.class.clone(), l.state.clone()))
+            .entry((l.class.as_str(), l.state.as_str()))
             .or_default() += 1;
-        let class = labels(&[("class", &l.class)]);
+        let class = labels(&[("class", l.class.as_str())]);
         if let Some(q) = l.queued_s {
             wait.get_or_create(&class).observe(q);
         }
         if let Some(g) = l.grant_latency_s() {
             grant.get_or_create(&class).observe(g);
         }
-        if let (Some(w), "validate" | "bench") = (l.wall_s, l.class.as_str()) {
+        if let (Some(w), LeaseClass::Validate | LeaseClass::Bench) = (l.wall_s, l.class) {
             bench.get_or_create(&class).observe(w);
         }
     }
     for ((class, state), n) in counts {
-        by.get_or_create(&labels(&[("class", &class), ("state", &state)]))
+        by.get_or_create(&labels(&[("class", class), ("state", state)]))
             .set(n);
     }
     let gpu_s = Family::<Labels, Gauge<f64, AtomicU64>>::default();

@@ -15,7 +15,7 @@ use crate::event::{RunStarted, TurnFinished, TurnUsage};
 pub use crate::inspect::parse_at;
 use crate::inspect::{Outcome, Verdict};
 use crate::store::drains::DrainRow;
-use crate::store::leases::LeaseRow;
+use crate::store::leases::{JournalEnd, LeaseClass, LeaseRow, LeaseState};
 use crate::store::{Event, RunRow, SessionRow, StoreError};
 use crate::sync::guard;
 
@@ -204,12 +204,12 @@ pub struct SessionLine {
 pub struct LeaseSpan {
     pub id: String,
     pub session: String,
-    pub class: String,
+    pub class: LeaseClass,
     pub gpus: Vec<String>,
     pub start: OffsetDateTime,
     pub end: OffsetDateTime,
     pub open: bool,
-    pub state: String,
+    pub state: LeaseState,
     pub queued_s: Option<f64>,
     pub wall_s: Option<f64>,
     /// Why the broker killed it (a deadline, a drain…), when it did.
@@ -221,20 +221,23 @@ impl LeaseSpan {
     fn of(row: &LeaseRow, now: OffsetDateTime) -> Option<Self> {
         let start = parse_at(&row.granted_at)?;
         let end = row.finished_at.as_deref().and_then(parse_at);
-        let o = row.outcome.clone().unwrap_or(Value::Null);
+        let ran = row.outcome.as_ref().and_then(JournalEnd::ran);
+        let seconds = |ms: u64| ms as f64 / 1000.0;
         Some(Self {
             id: row.id.clone(),
             session: row.session.clone(),
-            class: row.class.clone(),
+            class: row.class,
             gpus: row.gpus.clone(),
             start,
             end: end.unwrap_or(now).max(start),
             open: end.is_none(),
-            state: row.state.clone(),
-            queued_s: o["queued_ms"].as_f64().map(|ms| ms / 1000.0),
-            wall_s: o["wall_ms"].as_f64().map(|ms| ms / 1000.0),
-            killed: crate::llm::json_text(&o["killed_reason"]),
-            exit_code: o["exit_code"].as_i64(),
+            state: row.state,
+            queued_s: ran.map(|o| seconds(o.queued_ms)),
+            wall_s: ran.map(|o| seconds(o.wall_ms)),
+            killed: ran
+                .and_then(|o| o.killed_reason.as_ref())
+                .map(|k| k.to_string()),
+            exit_code: ran.and_then(|o| o.exit_code).map(i64::from),
         })
     }
 

@@ -11,6 +11,8 @@ use axum::response::{Html, IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 
+use crate::store::leases::LeaseState;
+
 use super::DashboardState;
 use super::model::{self, RunView, SessionLine, state_group};
 use super::svg;
@@ -361,7 +363,7 @@ pub async fn leases(
     let marked: Vec<&model::LeaseSpan> = view
         .leases
         .iter()
-        .filter(|l| l.killed.is_some() || l.state == "failed")
+        .filter(|l| l.killed.is_some() || l.state == LeaseState::Failed)
         .collect();
     let body = html! {
         p.meta { (view.leases.len()) " leases on " (view.gpu_lanes().len()) " GPU lanes since the run started; hover a bar for its session, wait and outcome." }

@@ -7,6 +7,7 @@ use time::OffsetDateTime;
 
 use super::model::{LeaseSpan, RunView};
 use crate::gpu::LeaseClass;
+use crate::store::leases::LeaseState;
 
 const WIDTH: f64 = 1100.0;
 const LABEL_W: f64 = 150.0;
@@ -14,11 +15,8 @@ const LANE_H: f64 = 26.0;
 const AXIS_H: f64 = 26.0;
 
 /// The CSS class (and so the colour) of a lease class: `c-validate`, …, else `c-other`.
-pub fn class_css(class: &str) -> String {
-    format!(
-        "c-{}",
-        LeaseClass::from_word(class).map_or("other", LeaseClass::as_str)
-    )
+pub fn class_css(class: LeaseClass) -> String {
+    format!("c-{class}")
 }
 
 /// A GPU lane's label: its lane number and the end of its UUID (where fake UUIDs differ).
@@ -105,7 +103,7 @@ pub fn timeline(view: &RunView) -> Markup {
                     @if let Some(y) = lane_y(gpu) {
                         @let x0 = scale.x(l.start);
                         @let w = (scale.x(l.end) - x0).max(1.5);
-                        rect class={"lease " (class_css(&l.class)) @if l.open { " open" } @if l.state == "failed" { " failed" }}
+                        rect class={"lease " (class_css(l.class)) @if l.open { " open" } @if l.state == LeaseState::Failed { " failed" }}
                             x=(x0) y=(y + 4.0) width=(w) height=(LANE_H - 8.0) data-lease=(l.id) {
                             title { (lease_title(l)) }
                         }
@@ -187,7 +185,7 @@ pub fn legend() -> Markup {
     html! {
         div.legend {
             @for class in LeaseClass::WORDS {
-                span { svg width="12" height="12" { rect class={"lease " (class_css(class))} width="12" height="12" {} } " " (class) }
+                span { svg width="12" height="12" { rect class={"lease c-" (class)} width="12" height="12" {} } " " (class) }
             }
             span { svg width="12" height="12" { (PreEscaped("<path class=\"kill\" d=\"M3,9 l6,-6 m-6,0 l6,6\"/>")) } " killed (deadline or drain)" }
             span { svg width="12" height="12" { (PreEscaped("<path class=\"drain\" d=\"M6,10 l-6,-9 l12,0 z\"/>")) } " GPU drained" }

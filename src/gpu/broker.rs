@@ -23,6 +23,7 @@ use super::token::{LeaseToken, TokenBook};
 use super::types::{LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest};
 use crate::config::Config;
 use crate::store::Store;
+use crate::store::leases::JournalEnd;
 
 /// Per-session limits during a campaign.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -449,10 +450,10 @@ impl Broker {
             .store
             .blocking(move |s| s.lease_by_key(&session, &key))
             .await?;
-        Ok(row
-            .and_then(|r| r.outcome)
-            .and_then(|v| serde_json::from_value::<LeaseOutcome>(v).ok())
-            .filter(|o| !o.infra))
+        Ok(row.and_then(|r| match r.outcome {
+            Some(JournalEnd::Ran(o)) if !o.infra => Some(*o),
+            _ => None,
+        }))
     }
 
     /// Spawns a task the broker waits for on shutdown.

@@ -21,7 +21,7 @@ use super::inventory::InventorySource;
 use super::types::{
     Containment, KilledReason, LeaseClass, LeaseCommand, LeaseError, LeaseOutcome, LeaseRequest,
 };
-use crate::store::leases::{LeaseRow, LeaseWrite};
+use crate::store::leases::{JournalEnd, LeaseRow, LeaseState, LeaseWrite};
 use crate::store::now_rfc3339;
 
 /// How often a dying group is polled.
@@ -186,10 +186,10 @@ async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
     let row = LeaseRow {
         id: g.lease_id.clone(),
         session: g.req.session.clone(),
-        class: g.req.class.as_str().to_string(),
+        class: g.req.class,
         gpus: g.gpus.clone(),
         idempotency_key: g.req.idempotency_key.clone(),
-        state: "granted".into(),
+        state: LeaseState::Granted,
         pgid: None,
         granted_at: now_rfc3339(),
         deadline_unix_ms: unix_ms() + g.req.max_run.as_millis() as i64,
@@ -232,8 +232,10 @@ async fn launch(
         Err(e) => {
             let failed = LeaseWrite::Finish {
                 id: g.lease_id.clone(),
-                state: "failed".into(),
-                outcome: serde_json::json!({"error": e.to_string()}),
+                state: LeaseState::Failed,
+                outcome: JournalEnd::NotStarted {
+                    error: e.to_string(),
+                },
             };
             let _ = inner.store.write_lease_async(failed).await;
             return Err(e);
@@ -360,8 +362,8 @@ pub(crate) fn verdict(
 pub(crate) async fn journal_outcome(broker: &Broker, outcome: &LeaseOutcome) {
     let finished = LeaseWrite::Finish {
         id: outcome.lease_id.clone(),
-        state: "finished".into(),
-        outcome: serde_json::to_value(outcome).unwrap_or_default(),
+        state: LeaseState::Finished,
+        outcome: outcome.clone().into(),
     };
     if let Err(err) = broker.inner.store.write_lease_async(finished).await {
         tracing::error!(lease = %outcome.lease_id, error = %err, "cannot journal the lease outcome");

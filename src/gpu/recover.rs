@@ -29,7 +29,7 @@ use super::lease::{
     Supervised, end_job, journal_outcome, kill_note, supervise, unix_ms, verdict, wait_gone,
 };
 use super::reclaim::reclaim;
-use super::types::{Containment, KilledReason, LeaseClass, LeaseError, LeaseOutcome};
+use super::types::{Containment, KilledReason, LeaseError, LeaseOutcome};
 use crate::store::leases::LeaseRow;
 
 /// What a restart found.
@@ -128,7 +128,7 @@ impl Broker {
     }
 
     fn adopt(&self, row: LeaseRow, slots: Vec<usize>, left: Duration, reused: Option<String>) {
-        let class = LeaseClass::from_word(&row.class).unwrap_or(LeaseClass::Validate);
+        let class = row.class;
         let live = LiveLease::default();
         let fault_notify = live.fault_notify.clone();
         {
@@ -285,7 +285,7 @@ fn orphan_outcome(
     LeaseOutcome {
         lease_id: row.id.clone(),
         session: row.session.clone(),
-        class: LeaseClass::from_word(&row.class).unwrap_or(LeaseClass::Validate),
+        class: row.class,
         exit_code: recorded.and_then(|e| e.exit_code),
         signal: recorded.and_then(|e| e.signal),
         wall_ms: wall.as_millis() as u64,

@@ -6,27 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::store::StoreError;
-
-/// What a lease is for; decides exclusivity and caps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LeaseClass {
-    /// Validate a candidate: exclusive GPUs, no cap beyond the pool.
-    Validate,
-    /// Nsight Compute: exclusive GPU, per-node cap (`gpus.ncu_cap`), profiler permission checked.
-    Ncu,
-    /// Nsight Systems: exclusive GPU, its own cap (`gpus.nsys_cap`), binary checked.
-    Nsys,
-    /// A timing bench: exclusive GPUs.
-    Bench,
-}
-
-crate::words!(LeaseClass {
-    Validate = "validate",
-    Ncu = "ncu",
-    Nsys = "nsys",
-    Bench = "bench",
-});
+pub use crate::store::leases::{Containment, KilledReason, LeaseClass, LeaseOutcome};
 
 /// A request for GPUs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,98 +30,6 @@ pub struct LeaseCommand {
     pub env: Vec<(String, String)>,
     pub stdout: PathBuf,
     pub stderr: PathBuf,
-}
-
-/// Why the broker ended a lease's processes itself.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum KilledReason {
-    /// The lease's `max_run` elapsed.
-    Deadline,
-    /// The caller cancelled (session ended, daemon stopping, client gone).
-    Cancelled,
-    /// Found after a daemon restart with its deadline passed (or its record unusable).
-    DaemonRestart,
-    /// A GPU fault that is not the job's doing (Xid, ECC): the lease is failed as infra.
-    GpuFault { uuid: String, detail: String },
-    /// A process of the lease (`pid`) ran on GPU `uuid`, which the lease does not hold: the
-    /// job is killed and its result is not to be trusted.
-    GpuViolation { uuid: String, pid: u32 },
-}
-
-/// What held a lease's processes together, so that its kill reached all of them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Containment {
-    /// Its own process group, plus a sweep for processes tagged with its lease id: a
-    /// descendant that leaves the group (`setsid`) and clears its environment escapes both.
-    #[default]
-    ProcessGroup,
-    /// Its own cgroup v2 (`cgroup.kill`); every descendant stays in it.
-    CgroupV2,
-    /// Its own cgroup in the v1 `pids` hierarchy (forks refused while it is killed).
-    CgroupV1Pids,
-    /// Its own cgroup in the v1 `freezer` hierarchy (frozen while it is killed).
-    CgroupV1Freezer,
-    /// No process at all: the simulated backend.
-    Simulated,
-    /// A Slurm job step: slurmstepd holds every process of it (its own cgroup on the node),
-    /// and `scancel` reaches them all.
-    SlurmStep,
-}
-
-impl Containment {
-    pub fn is_cgroup(self) -> bool {
-        matches!(
-            self,
-            // A Slurm step is in slurmstepd's cgroup on its node: no descendant escapes it.
-            Self::CgroupV2 | Self::CgroupV1Pids | Self::CgroupV1Freezer | Self::SlurmStep
-        )
-    }
-}
-
-/// How a lease ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseOutcome {
-    pub lease_id: String,
-    pub session: String,
-    pub class: LeaseClass,
-    /// The child's exit code; `None` when it died of a signal or was adopted after a restart.
-    pub exit_code: Option<i32>,
-    /// The signal that ended the child, if any.
-    pub signal: Option<i32>,
-    /// From spawn to the last process of the group gone.
-    pub wall_ms: u64,
-    /// From spawn to the SIGKILL that ended it past its grace; `None` when it ended on its own
-    /// or on the TERM. `wall_ms − kill_ms` is how long the backend took to confirm its end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kill_ms: Option<u64>,
-    /// Time spent waiting in the queue.
-    pub queued_ms: u64,
-    /// GPU UUIDs in `CUDA_VISIBLE_DEVICES` order.
-    pub gpus: Vec<String>,
-    pub stdout: PathBuf,
-    pub stderr: PathBuf,
-    /// Peak GPU memory of the lease's processes, from NVML; `None` when not known.
-    pub peak_gpu_memory_bytes: Option<u64>,
-    pub killed_reason: Option<KilledReason>,
-    /// The failure is the infrastructure's, not the job's: retry it, do not charge the agent.
-    pub infra: bool,
-    /// Application Xids seen on the lease's GPUs while it ran (charged to the job).
-    pub xids: Vec<u64>,
-    /// Facts worth showing (e.g. "declared GPUs: no NVML process audit").
-    pub notes: Vec<String>,
-    /// How its processes were held together (outcomes stored before this existed read as
-    /// `process_group`, which is what they had).
-    #[serde(default)]
-    pub containment: Containment,
-}
-
-impl LeaseOutcome {
-    /// Exited 0 on its own, with no fault.
-    pub fn succeeded(&self) -> bool {
-        self.exit_code == Some(0) && self.killed_reason.is_none() && !self.infra
-    }
 }
 
 /// Errors of the lease boundary. Each names what was wrong.

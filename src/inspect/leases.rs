@@ -8,18 +8,17 @@
 //! not closed yet reads as running, never as a success.
 
 use serde::Serialize;
-use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::view::{Entry, SessionView, Turn, parse_at};
-use crate::store::leases::LeaseRow;
+use crate::store::leases::{JournalEnd, KilledReason, LeaseClass, LeaseRow};
 
 /// One lease, as a session view shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LeaseView {
     pub id: String,
     /// `validate`, `ncu`, `nsys` or `bench`.
-    pub class: String,
+    pub class: LeaseClass,
     /// GPU UUIDs in `CUDA_VISIBLE_DEVICES` order.
     pub gpus: Vec<String>,
     pub granted_at: String,
@@ -99,8 +98,9 @@ impl LeaseView {
     /// The view of one journal row (its `outcome` is the broker's `LeaseOutcome`, or
     /// `{"error": …}` when the spawn failed).
     pub fn from_row(row: &LeaseRow) -> Self {
-        let o = row.outcome.as_ref().unwrap_or(&Value::Null);
-        let ran_s = o["wall_ms"].as_f64().map(|ms| ms / 1000.0).or_else(|| {
+        let ran = row.outcome.as_ref().and_then(JournalEnd::ran);
+        let seconds = |ms: u64| ms as f64 / 1000.0;
+        let ran_s = ran.map(|o| seconds(o.wall_ms)).or_else(|| {
             let until = row.finished_at.as_deref()?;
             super::view::seconds_between(&row.granted_at, until)
         });
@@ -110,56 +110,51 @@ impl LeaseView {
         });
         Self {
             id: row.id.clone(),
-            class: row.class.clone(),
+            class: row.class,
             gpus: row.gpus.clone(),
             granted_at: row.granted_at.clone(),
             finished_at: row.finished_at.clone(),
-            queued_s: o["queued_ms"].as_f64().map(|ms| ms / 1000.0),
+            queued_s: ran.map(|o| seconds(o.queued_ms)),
             ran_s,
             limit_s,
-            end: end_of(row, o),
-            infra: o["infra"].as_bool().unwrap_or(false),
+            end: end_of(row),
+            infra: ran.is_some_and(|o| o.infra),
             during: None,
             argv: row.argv.clone(),
             self_test: row.argv.iter().any(|a| a == "--self-test"),
-            notes: o["notes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|n| n.as_str().map(String::from))
-                .collect(),
+            notes: ran.map(|o| o.notes.clone()).unwrap_or_default(),
         }
     }
 }
 
-fn end_of(row: &LeaseRow, o: &Value) -> LeaseEnd {
-    if matches!(row.state.as_str(), "granted" | "running") {
+fn end_of(row: &LeaseRow) -> LeaseEnd {
+    if row.state.is_open() {
         return LeaseEnd::Running;
     }
-    if let Some(error) = o["error"].as_str() {
-        return LeaseEnd::NotStarted {
-            error: error.to_string(),
-        };
-    }
-    let killed = &o["killed_reason"];
-    let text = |k: &str| killed[k].as_str().unwrap_or("?").to_string();
-    match killed["kind"].as_str() {
-        Some("deadline") => LeaseEnd::KilledAtDeadline,
-        Some("cancelled") => LeaseEnd::Cancelled,
-        Some("daemon_restart") => LeaseEnd::Reclaimed,
-        Some("gpu_fault") => LeaseEnd::GpuFault {
-            gpu: text("uuid"),
-            detail: text("detail"),
+    let o = match &row.outcome {
+        None => return LeaseEnd::Unknown,
+        Some(JournalEnd::NotStarted { error }) => {
+            return LeaseEnd::NotStarted {
+                error: error.clone(),
+            };
+        }
+        Some(JournalEnd::Ran(o)) => o,
+    };
+    match &o.killed_reason {
+        Some(KilledReason::Deadline) => LeaseEnd::KilledAtDeadline,
+        Some(KilledReason::Cancelled) => LeaseEnd::Cancelled,
+        Some(KilledReason::DaemonRestart) => LeaseEnd::Reclaimed,
+        Some(KilledReason::GpuFault { uuid, detail }) => LeaseEnd::GpuFault {
+            gpu: uuid.clone(),
+            detail: detail.clone(),
         },
-        Some("gpu_violation") => LeaseEnd::GpuViolation {
-            gpu: text("uuid"),
-            pid: killed["pid"].as_u64().unwrap_or(0),
+        Some(KilledReason::GpuViolation { uuid, pid }) => LeaseEnd::GpuViolation {
+            gpu: uuid.clone(),
+            pid: u64::from(*pid),
         },
-        _ => match (o["exit_code"].as_i64(), o["signal"].as_i64()) {
-            (Some(code), _) => LeaseEnd::Exited { code: code as i32 },
-            (None, Some(signal)) => LeaseEnd::Signalled {
-                signal: signal as i32,
-            },
+        None => match (o.exit_code, o.signal) {
+            (Some(code), _) => LeaseEnd::Exited { code },
+            (None, Some(signal)) => LeaseEnd::Signalled { signal },
             (None, None) => LeaseEnd::Unknown,
         },
     }
@@ -249,10 +244,11 @@ impl SessionView {
 
 #[cfg(test)]
 pub(super) mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::store::Event;
+    use crate::store::leases::LeaseOutcome;
 
     /// An event of `L1/gelu`'s session.
     pub(in crate::inspect) fn event(seq: i64, at: &str, kind: &str, payload: Value) -> Event {
@@ -302,10 +298,10 @@ pub(super) mod tests {
         LeaseRow {
             id: id.into(),
             session: "L1/gelu".into(),
-            class: "validate".into(),
+            class: LeaseClass::Validate,
             gpus: vec!["GPU-0".into()],
             idempotency_key: String::new(),
-            state: "finished".into(),
+            state: crate::store::leases::LeaseState::Finished,
             pgid: None,
             granted_at: granted_at.into(),
             deadline_unix_ms: 0,
@@ -313,7 +309,13 @@ pub(super) mod tests {
             stdout: String::new(),
             stderr: String::new(),
             finished_at: None,
-            outcome: Some(json!({"exit_code": 0})),
+            outcome: Some(
+                LeaseOutcome {
+                    exit_code: Some(0),
+                    ..LeaseOutcome::new(id, "L1/gelu", LeaseClass::Validate)
+                }
+                .into(),
+            ),
             cgroup: None,
         }
     }

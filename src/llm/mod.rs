@@ -32,7 +32,6 @@ use serde_json::Value;
 
 pub use client::LlmClient;
 pub use error::LlmError;
-pub(crate) use error::json_text;
 pub use items::{FunctionCall, function_call_output, function_calls, user_message};
 pub use token::{TokenProvider, TokenStatus};
 pub use usage::Usage;

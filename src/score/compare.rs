@@ -202,7 +202,7 @@ pub fn lease_gpu_s(leases: &[crate::store::leases::LeaseRow]) -> BTreeMap<String
             continue;
         };
         let held = (to - from).as_seconds_f64().max(0.0) * l.gpus.len().max(1) as f64;
-        *out.entry(l.class.clone()).or_default() += held;
+        *out.entry(l.class.to_string()).or_default() += held;
     }
     out
 }

@@ -11,7 +11,7 @@ use axum::http::{Request, StatusCode, header};
 use fk_agentd::dashboard::model::{LeaseSpan, RunView, Tally};
 use fk_agentd::dashboard::{DashboardState, app, svg};
 use fk_agentd::store::drains::DrainRow;
-use fk_agentd::store::leases::LeaseRow;
+use fk_agentd::store::leases::{KilledReason, LeaseClass, LeaseOutcome, LeaseRow, LeaseState};
 use fk_agentd::store::{RunRow, SessionRow, Store};
 use serde_json::json;
 use tower::ServiceExt;
@@ -24,15 +24,15 @@ fn lease(
     class: &str,
     gpu: &str,
     at: (&str, &str),
-    outcome: serde_json::Value,
+    outcome: LeaseOutcome,
 ) -> LeaseRow {
     LeaseRow {
         id: id.into(),
         session: session.into(),
-        class: class.into(),
+        class: LeaseClass::from_word(class).unwrap(),
         gpus: vec![gpu.into()],
         idempotency_key: id.into(),
-        state: "finished".into(),
+        state: LeaseState::Finished,
         pgid: None,
         granted_at: at.0.into(),
         deadline_unix_ms: 0,
@@ -40,7 +40,7 @@ fn lease(
         stdout: String::new(),
         stderr: String::new(),
         finished_at: Some(at.1.into()),
-        outcome: Some(outcome),
+        outcome: Some(outcome.into()),
         cgroup: None,
     }
 }
@@ -135,13 +135,28 @@ fn recorded_store(home: &Path) -> Store {
             "validate",
             gpu,
             ("2000-01-01T00:00:01.000Z", "2000-01-01T00:00:03.000Z"),
-            json!({"queued_ms": 500, "wall_ms": 1500, "exit_code": 0, "killed_reason": null}),
+            LeaseOutcome {
+                queued_ms: 500,
+                wall_ms: 1500,
+                exit_code: Some(0),
+                ..LeaseOutcome::new("lease-1", "L1/gelu", LeaseClass::Validate)
+            },
         ))
         .unwrap();
     store
-        .insert_lease(&lease("lease-2", "L1/relu", "ncu", gpu,
+        .insert_lease(&lease(
+            "lease-2",
+            "L1/relu",
+            "ncu",
+            gpu,
             ("2000-01-01T00:00:04.000Z", "2000-01-01T00:00:09.000Z"),
-            json!({"queued_ms": 2000, "wall_ms": 4800, "exit_code": null, "killed_reason": "deadline"})))
+            LeaseOutcome {
+                queued_ms: 2000,
+                wall_ms: 4800,
+                killed_reason: Some(KilledReason::Deadline),
+                ..LeaseOutcome::new("lease-2", "L1/relu", LeaseClass::Ncu)
+            },
+        ))
         .unwrap();
     store
 }
@@ -529,12 +544,12 @@ fn the_lease_timeline_draws_lanes_bars_kills_and_drains() {
         |id: &str, class: &str, gpu: &str, from: &str, to: &str, killed: Option<&str>| LeaseSpan {
             id: id.into(),
             session: "L1/gelu".into(),
-            class: class.into(),
+            class: LeaseClass::from_word(class).unwrap(),
             gpus: vec![gpu.into()],
             start: at(from),
             end: at(to),
             open: false,
-            state: "finished".into(),
+            state: LeaseState::Finished,
             queued_s: Some(0.5),
             wall_s: Some(2.0),
             killed: killed.map(str::to_string),

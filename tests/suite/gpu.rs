@@ -9,6 +9,7 @@ use fk_agentd::gpu::{
     BrokerParams, GpuEvent, GpuState, Inventory, KilledReason, LeaseClass, LeaseCommand,
     LeaseError, LeaseOutcome, LeaseRequest, Snapshot,
 };
+use fk_agentd::store::leases::LeaseState;
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
@@ -126,7 +127,7 @@ async fn a_finished_lease_reports_its_exit_code_gpus_and_output_files() {
     assert_eq!(std::fs::read_to_string(&o.stderr).expect("stderr"), "err\n");
     let row = rig.store.lease(&o.lease_id).expect("store").expect("row");
     assert_eq!((row.state.as_str(), row.pgid.is_some()), ("finished", true));
-    assert_eq!(row.outcome, Some(serde_json::to_value(&o).expect("json")));
+    assert_eq!(row.outcome, Some(o.clone().into()));
 }
 
 #[tokio::test]
@@ -490,11 +491,11 @@ async fn an_infrastructure_end_under_a_key_is_run_again_not_replayed() {
         .run(r.clone(), cmd.clone(), &CancellationToken::new())
         .await
         .expect("first");
-    let mut lost = serde_json::to_value(&first).expect("outcome");
-    lost["infra"] = true.into();
-    lost["exit_code"] = serde_json::Value::Null;
+    let mut lost = first.clone();
+    lost.infra = true;
+    lost.exit_code = None;
     rig.store
-        .finish_lease(&first.lease_id, "finished", &lost)
+        .finish_lease(&first.lease_id, LeaseState::Finished, &lost.into())
         .expect("rewrite as lost");
     let second = rig
         .broker

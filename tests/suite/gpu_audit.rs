@@ -167,11 +167,15 @@ async fn an_adopted_lease_is_audited_like_any_other() {
             .lease("audit-live")
             .expect("store")
             .and_then(|r| r.outcome)
+            .and_then(|o| o.ran().cloned())
     };
     until("the adopted lease ended", || outcome().is_some()).await;
     assert_eq!(
-        outcome().map(|o| o["killed_reason"].clone()),
-        Some(serde_json::json!({"kind": "gpu_violation", "uuid": uuids[1], "pid": pid}))
+        outcome().and_then(|o| o.killed_reason),
+        Some(KilledReason::GpuViolation {
+            uuid: uuids[1].clone(),
+            pid
+        })
     );
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(lead.wait().expect("wait").signal(), Some(15));

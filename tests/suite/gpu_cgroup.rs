@@ -18,7 +18,7 @@ use fk_agentd::gpu::{
     RecoveryReport,
 };
 use fk_agentd::store::Store;
-use fk_agentd::store::leases::LeaseRow;
+use fk_agentd::store::leases::{LeaseRow, LeaseState};
 use pretty_assertions::assert_eq;
 use tokio_util::sync::CancellationToken;
 
@@ -374,10 +374,10 @@ fn open_row(id: &str, cgroup: &Path) -> LeaseRow {
     LeaseRow {
         id: id.into(),
         session: "s".into(),
-        class: "validate".into(),
+        class: LeaseClass::Validate,
         gpus: vec![Inventory::fake(1).gpus[0].uuid.clone()],
         idempotency_key: String::new(),
-        state: "granted".into(),
+        state: LeaseState::Granted,
         pgid: None,
         granted_at: fk_agentd::store::now_rfc3339(),
         deadline_unix_ms: 0,
@@ -483,13 +483,10 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
         .lease("lease-open")
         .expect("store")
         .and_then(|r| r.outcome);
-    let outcome = outcome.expect("closed");
+    let outcome = outcome.as_ref().and_then(|o| o.ran()).expect("closed");
     assert_eq!(
-        (&outcome["killed_reason"], &outcome["containment"]),
-        (
-            &serde_json::json!({"kind": "daemon_restart"}),
-            &serde_json::to_value(old.kind()).expect("json")
-        )
+        (&outcome.killed_reason, outcome.containment),
+        (&Some(KilledReason::DaemonRestart), old.kind())
     );
     drop(old);
 }

@@ -157,7 +157,7 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
             .lease(id)
             .expect("store")
             .and_then(|r| r.outcome)
-            .map(|o| o["notes"].to_string())
+            .and_then(|o| o.ran().map(|o| o.notes.join("; ")))
             .unwrap_or_default();
         assert!(notes.contains("is no longer this lease's"), "{id}: {notes}");
         let _ = child.kill();
@@ -177,16 +177,16 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
             .lease(id)
             .expect("store")
             .and_then(|r| r.outcome)
-            .map(|o| o["killed_reason"].clone())
+            .and_then(|o| o.ran().map(|o| o.killed_reason.clone()))
     };
-    assert_eq!(outcome_of("b-dead"), Some(serde_json::Value::Null));
+    assert_eq!(outcome_of("b-dead"), Some(None));
     assert_eq!(
         outcome_of("c-overdue"),
-        Some(serde_json::json!({"kind": "daemon_restart"}))
+        Some(Some(KilledReason::DaemonRestart))
     );
     assert_eq!(
         outcome_of("d-unspawned"),
-        Some(serde_json::json!({"kind": "daemon_restart"}))
+        Some(Some(KilledReason::DaemonRestart))
     );
 
     // The adopted lease keeps its original deadline.
@@ -194,10 +194,7 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
         outcome_of("a-live").is_some()
     })
     .await;
-    assert_eq!(
-        outcome_of("a-live"),
-        Some(serde_json::json!({"kind": "deadline"}))
-    );
+    assert_eq!(outcome_of("a-live"), Some(Some(KilledReason::Deadline)));
     assert_eq!(live.wait().expect("wait").signal(), Some(15));
     // The outcome is journaled first; the GPU is handed back right after.
     until("the adopted lease's GPU is free again", || {

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use fk_agentd::gpu::{KilledReason, LeaseClass};
 use fk_agentd::inspect::{self, Entry, LeaseEnd, OutcomeTally, RenderOptions, SessionView};
 use fk_agentd::report::{self, TableOptions};
-use fk_agentd::store::leases::LeaseRow;
+use fk_agentd::store::leases::{JournalEnd, LeaseOutcome, LeaseRow, LeaseState};
 use fk_agentd::store::{Event, RunRow, SessionRow};
 use serde_json::Value;
 
@@ -249,10 +250,10 @@ fn lease_row(id: &str, class: &str, granted: &str, deadline_unix_ms: i64) -> Lea
     LeaseRow {
         id: id.into(),
         session: "L1/gelu".into(),
-        class: class.into(),
+        class: LeaseClass::from_word(class).unwrap(),
         gpus: vec!["GPU-3c1b5ee1-cd3f-527d-f8b9-a0895a41620c".into()],
         idempotency_key: String::new(),
-        state: "finished".into(),
+        state: LeaseState::Finished,
         pgid: Some(4242),
         granted_at: granted.into(),
         deadline_unix_ms,
@@ -275,10 +276,16 @@ fn gelu_leases() -> Vec<LeaseRow> {
         1796388211900,
     );
     killed.finished_at = Some("2026-12-04T12:43:31.950Z".into());
-    killed.outcome = Some(serde_json::json!({
-        "exit_code": null, "signal": 9, "wall_ms": 60012, "queued_ms": 25,
-        "killed_reason": {"kind": "deadline"}, "infra": false, "notes": [],
-    }));
+    killed.outcome = Some(
+        LeaseOutcome {
+            signal: Some(9),
+            wall_ms: 60012,
+            queued_ms: 25,
+            killed_reason: Some(KilledReason::Deadline),
+            ..LeaseOutcome::new("lease-1", "L1/gelu", LeaseClass::Validate)
+        }
+        .into(),
+    );
     let mut shell = lease_row(
         "lease-2",
         "validate",
@@ -289,10 +296,15 @@ fn gelu_leases() -> Vec<LeaseRow> {
         .map(String::from)
         .to_vec();
     shell.finished_at = Some("2026-12-04T12:43:51.890Z".into());
-    shell.outcome = Some(serde_json::json!({
-        "exit_code": 0, "signal": null, "wall_ms": 28, "queued_ms": 2,
-        "killed_reason": null, "infra": false, "notes": [],
-    }));
+    shell.outcome = Some(
+        LeaseOutcome {
+            exit_code: Some(0),
+            wall_ms: 28,
+            queued_ms: 2,
+            ..LeaseOutcome::new("lease-2", "L1/gelu", LeaseClass::Validate)
+        }
+        .into(),
+    );
     vec![shell, killed]
 }
 
@@ -338,10 +350,12 @@ fn leases_show_under_the_call_that_took_them_with_their_end() {
 #[test]
 fn a_lease_before_the_first_turn_or_still_open_is_kept_and_not_a_success() {
     let mut early = lease_row("lease-0", "ncu", "2026-12-04T12:42:31.700Z", 1796388211700);
-    early.state = "running".into();
+    early.state = LeaseState::Running;
     let mut failed = lease_row("lease-9", "nsys", "2026-12-04T12:43:51.983Z", 1796388291983);
-    failed.state = "failed".into();
-    failed.outcome = Some(serde_json::json!({"error": "nsys is not found"}));
+    failed.state = LeaseState::Failed;
+    failed.outcome = Some(JournalEnd::NotStarted {
+        error: "nsys is not found".into(),
+    });
     let view = SessionView::from_events(&session_events("L1/gelu")).with_leases(&[failed, early]);
     assert_eq!(view.leases.len(), 1);
     assert_eq!(view.leases[0].end, LeaseEnd::Running);

@@ -1,6 +1,7 @@
 //! The store: durability across reopen, append-only events, migrations.
 
-use fk_agentd::store::leases::{LeaseRow, LeaseWrite};
+use fk_agentd::gpu::LeaseClass;
+use fk_agentd::store::leases::{JournalEnd, LeaseOutcome, LeaseRow, LeaseState, LeaseWrite};
 use fk_agentd::store::{RunRow, SessionRow, Store, StoreError};
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -266,14 +267,23 @@ fn reopening_applies_no_migration_twice_and_keeps_sessions() {
     assert!(store.run(Some("r1")).unwrap().finished_at.is_some());
 }
 
+/// The journaled end of lease `id`, exited with `code`.
+fn exited(id: &str, code: i32) -> JournalEnd {
+    LeaseOutcome {
+        exit_code: Some(code),
+        ..LeaseOutcome::new(id, "L1/gelu", LeaseClass::Validate)
+    }
+    .into()
+}
+
 fn lease_row(id: &str) -> LeaseRow {
     LeaseRow {
         id: id.into(),
         session: "L1/gelu".into(),
-        class: "validate".into(),
+        class: LeaseClass::Validate,
         gpus: vec!["GPU-fake-0".into()],
         idempotency_key: String::new(),
-        state: "granted".into(),
+        state: LeaseState::Granted,
         pgid: None,
         granted_at: fk_agentd::store::now_rfc3339(),
         deadline_unix_ms: 0,
@@ -301,7 +311,7 @@ fn concurrent_lease_writes_all_land_in_order() {
                     store.insert_lease(&lease_row(&id)).unwrap();
                     store.set_lease_running(&id, 1000 + k, None).unwrap();
                     store
-                        .finish_lease(&id, "finished", &json!({"exit_code": t}))
+                        .finish_lease(&id, LeaseState::Finished, &exited(&id, t))
                         .unwrap();
                 }
             });
@@ -311,7 +321,7 @@ fn concurrent_lease_writes_all_land_in_order() {
     let row = store.lease("lease-7-19").unwrap().unwrap();
     assert_eq!(
         (row.state.as_str(), row.pgid, row.outcome),
-        ("finished", Some(1019), Some(json!({"exit_code": 7})))
+        ("finished", Some(1019), Some(exited("lease-7-19", 7)))
     );
 }
 
@@ -336,8 +346,8 @@ async fn async_and_blocking_lease_writes_at_once_all_land_in_order() {
                     },
                     LeaseWrite::Finish {
                         id: id.clone(),
-                        state: "finished".into(),
-                        outcome: json!({"exit_code": t}),
+                        state: LeaseState::Finished,
+                        outcome: exited(&id, t as i32),
                     },
                 ];
                 for w in writes {
@@ -369,7 +379,7 @@ async fn async_and_blocking_lease_writes_at_once_all_land_in_order() {
             let row = store.lease(&id).unwrap().expect(&id);
             assert_eq!(
                 (row.state.as_str(), row.pgid, row.outcome),
-                ("finished", Some(1000 + k), Some(json!({"exit_code": t}))),
+                ("finished", Some(1000 + k), Some(exited(&id, t as i32))),
                 "{id}"
             );
         }
@@ -493,4 +503,55 @@ fn a_session_row_with_a_state_this_release_does_not_know_is_refused_naming_it() 
         .unwrap_err()
         .to_string();
     assert!(err.contains("sessions.state is `dancing`"), "{err}");
+}
+
+/// A lease journal row whose class, state or outcome this release cannot read is refused
+/// naming the column, never read as a lease that ran (or did not).
+#[test]
+fn a_lease_row_this_release_cannot_read_is_refused_naming_the_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fk.db");
+    let store = Store::open(&path).unwrap();
+    store.insert_lease(&lease_row("l1")).unwrap();
+    store
+        .finish_lease("l1", LeaseState::Finished, &exited("l1", 0))
+        .unwrap();
+    assert_eq!(
+        store.lease("l1").unwrap().unwrap().outcome,
+        Some(exited("l1", 0))
+    );
+    drop(store);
+    for (column, value, says) in [
+        ("class", "'warp'", "leases.class is `warp`"),
+        ("state", "'parked'", "leases.state is `parked`"),
+        (
+            "outcome",
+            "'{\"exit\": 0}'",
+            "leases.outcome is not an outcome",
+        ),
+    ] {
+        let db = rusqlite::Connection::open(&path).unwrap();
+        let before: String = db
+            .query_row(&format!("SELECT {column} FROM leases"), [], |r| r.get(0))
+            .unwrap();
+        db.execute(&format!("UPDATE leases SET {column} = {value}"), [])
+            .unwrap();
+        let err = Store::open(&path)
+            .unwrap()
+            .lease("l1")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{column}: {err}");
+        db.execute(&format!("UPDATE leases SET {column} = ?1"), [before])
+            .unwrap();
+    }
+    assert_eq!(
+        Store::open(&path)
+            .unwrap()
+            .lease("l1")
+            .unwrap()
+            .unwrap()
+            .outcome,
+        Some(exited("l1", 0))
+    );
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use fk_agentd::gpu::{Broker, BrokerParams, Inventory, LeaseClass, LeaseCommand, LeaseRequest};
 use fk_agentd::store::Store;
-use fk_agentd::store::leases::LeaseRow;
+use fk_agentd::store::leases::{LeaseRow, LeaseState};
 use fk_agentd::target::TargetId;
 use fk_agentd::workspace::{Workspace, WorkspaceParams};
 
@@ -114,10 +114,14 @@ pub(crate) fn row(id: &str, uuid: &str, pgid: Option<i64>, deadline_unix_ms: i64
     LeaseRow {
         id: id.into(),
         session: format!("session-{id}"),
-        class: "validate".into(),
+        class: LeaseClass::Validate,
         gpus: vec![uuid.into()],
         idempotency_key: String::new(),
-        state: if pgid.is_some() { "running" } else { "granted" }.into(),
+        state: if pgid.is_some() {
+            LeaseState::Running
+        } else {
+            LeaseState::Granted
+        },
         pgid,
         granted_at: fk_agentd::store::now_rfc3339(),
         deadline_unix_ms,
