@@ -37,11 +37,13 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     let mut out = std::io::stdout().lock();
     let independent = run_row.mode == Mode::Independent;
     let scored = crate::score::scored::of_run(home, &run_row);
+    let leases = store.leases_under(&crate::run::runs_dir(home).join(&run_row.id))?;
+    let gpu = crate::store::leases::gpu_seconds_by_class(&leases);
     if json {
         let tally = inspect::OutcomeTally::of(outcomes.values());
         let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
             "sessions": rows, "outcomes": outcomes, "summary": tally.line(), "spent": spent,
-            "scored": scored});
+            "scored": scored, "gpu_seconds": gpu});
         print_json(&value);
         return Ok(0);
     }
@@ -80,6 +82,11 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
     if let Some(spent) = spent {
         let _ = writeln!(out, "spent: {}", spent.describe());
     }
+    let _ = writeln!(
+        out,
+        "GPU: {}",
+        crate::store::leases::describe_gpu_seconds(&gpu)
+    );
     let _ = write!(out, "{}", crate::daemon::phases::phase_line(&phases));
     Ok(0)
 }
@@ -258,6 +265,12 @@ pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> 
     text.push_str(&format!(
         "cost     {}\n",
         session_cost(&store, &run_row.id, &events)
+    ));
+    let leases = session_leases(&store, &name, &events)?;
+    let gpu = crate::store::leases::gpu_seconds_by_class(&leases);
+    text.push_str(&format!(
+        "GPU      {}\n",
+        crate::store::leases::describe_gpu_seconds(&gpu)
     ));
     // The transcript is every line as it was; the readable view fits the terminal (piped
     // output only where `COLUMNS` says how wide).

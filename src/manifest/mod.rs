@@ -21,6 +21,7 @@ use crate::event::{RunFinished, RunStarted, SessionStarted, TaskFinished, TokenR
 use crate::facts::{FACTS_EVENT, HostFacts, SettingFact};
 use crate::score::gate::{GateKind, GateReport};
 use crate::score::report::ScoreReport;
+use crate::store::leases::{LeaseClass, gpu_seconds_by_class};
 use crate::store::{Event, RunRow, Store, StoreError};
 
 /// The Markdown manifest's file name.
@@ -131,6 +132,10 @@ pub struct ManifestData {
     pub rotations: Vec<Rotation>,
     pub results: Vec<GenerationSummary>,
     pub archive: Vec<ArchiveEntry>,
+    /// GPU-seconds the run's leases held, grant to release, by class (a manifest of an older
+    /// release has none).
+    #[serde(default)]
+    pub gpu_seconds: BTreeMap<LeaseClass, f64>,
 }
 
 /// Collects the recorded facts of `run_id` whose directory is `run_dir`.
@@ -152,6 +157,7 @@ pub fn collect(
         rotations: Vec::new(),
         results: results(run_dir),
         archive: archive(run_dir)?,
+        gpu_seconds: gpu_seconds_by_class(&store.leases_under(run_dir)?),
     };
     for event in &events {
         absorb(&mut data, event);

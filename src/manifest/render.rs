@@ -71,7 +71,9 @@ pub fn campaign(d: &ManifestData) -> String {
     let _ = writeln!(out, "- started: {}; finished: {finished}", r.started_at);
     let run_finished = d.sessions.run_status.as_deref().unwrap_or("not recorded");
     let _ = writeln!(out, "- status: {} (run_finished: {run_finished})", r.status);
-    let _ = writeln!(out, "- sessions: {}\n", d.sessions.outcome);
+    let _ = writeln!(out, "- sessions: {}", d.sessions.outcome);
+    let gpu = crate::store::leases::describe_gpu_seconds(&d.gpu_seconds);
+    let _ = writeln!(out, "- GPU time held by leases (grant to release): {gpu}\n");
     out
 }
 

@@ -192,19 +192,10 @@ pub(crate) fn per_level<T>(
 
 /// GPU seconds the leases held, grant to release, times their GPUs, by class.
 pub fn lease_gpu_s(leases: &[crate::store::leases::LeaseRow]) -> BTreeMap<String, f64> {
-    let at = |t: &str| {
-        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
-    };
-    let mut out = BTreeMap::new();
-    for l in leases {
-        let (Some(from), Some(to)) = (at(&l.granted_at), l.finished_at.as_deref().and_then(at))
-        else {
-            continue;
-        };
-        let held = (to - from).as_seconds_f64().max(0.0) * l.gpus.len().max(1) as f64;
-        *out.entry(l.class.to_string()).or_default() += held;
-    }
-    out
+    crate::store::leases::gpu_seconds_by_class(leases)
+        .into_iter()
+        .map(|(class, s)| (class.to_string(), s))
+        .collect()
 }
 
 /// What a run spent: tokens from its events; GPU seconds from its leases by class, or (a store

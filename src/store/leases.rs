@@ -8,10 +8,13 @@
 //! Writes go through [`Store::write_lease`] (or [`Store::write_lease_async`], on a blocking
 //! thread), each committed before it returns, like every other write of the store.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use rusqlite::{Connection, Row, params};
 use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 use super::{Store, StoreError, now_rfc3339, word};
 
@@ -266,6 +269,45 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<LeaseRow> {
         outcome: outcome.map(|o| end_of(&o)).transpose()?,
         cgroup: r.get(14)?,
     })
+}
+
+impl LeaseRow {
+    /// GPU-seconds the lease held: from its grant to its release, times its GPUs (at least
+    /// one); `None` while it is open or when a time cannot be read.
+    pub fn gpu_seconds(&self) -> Option<f64> {
+        let at = |t: &str| OffsetDateTime::parse(t, &Rfc3339).ok();
+        let from = at(&self.granted_at)?;
+        let to = at(self.finished_at.as_deref()?)?;
+        Some((to - from).as_seconds_f64().max(0.0) * self.gpus.len().max(1) as f64)
+    }
+}
+
+/// GPU-seconds held by the closed leases of `rows`, by class: the one count `compare`,
+/// `sessions`, `session` and the manifest show (every lease, grant to release: validate with
+/// its noise self-tests, ncu, nsys, scoring benches and calibration).
+pub fn gpu_seconds_by_class(rows: &[LeaseRow]) -> BTreeMap<LeaseClass, f64> {
+    let mut out = BTreeMap::new();
+    for (class, s) in rows
+        .iter()
+        .filter_map(|r| Some((r.class, r.gpu_seconds()?)))
+    {
+        *out.entry(class).or_default() += s;
+    }
+    out
+}
+
+/// `149.0 GPU-s (validate 117.0, ncu 32.0)`; with no closed lease, says the journal has none
+/// (a run that never reached a GPU, or a home moved since: leases are found by their folder).
+pub fn describe_gpu_seconds(by_class: &BTreeMap<LeaseClass, f64>) -> String {
+    if by_class.is_empty() {
+        return "no closed lease of it in the lease journal".to_string();
+    }
+    let parts: Vec<String> = by_class
+        .iter()
+        .map(|(class, s)| format!("{class} {s:.1}"))
+        .collect();
+    let total: f64 = by_class.values().sum();
+    format!("{total:.1} GPU-s ({})", parts.join(", "))
 }
 
 /// A stored outcome, or an error naming the column: an outcome this release cannot read is

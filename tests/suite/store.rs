@@ -555,3 +555,59 @@ fn a_lease_row_this_release_cannot_read_is_refused_naming_the_column() {
         Some(exited("l1", 0))
     );
 }
+
+/// GPU time is every closed lease's grant to release times its GPUs, by class; an open lease
+/// counts nothing yet.
+#[test]
+fn gpu_seconds_count_grant_to_release_times_gpus_by_class() {
+    use fk_agentd::store::leases::{describe_gpu_seconds, gpu_seconds_by_class};
+    let lease = |id: &str, class: LeaseClass, gpus: usize, from: &str, to: Option<&str>| LeaseRow {
+        class,
+        gpus: (0..gpus).map(|g| format!("GPU-{g}")).collect(),
+        granted_at: from.into(),
+        finished_at: to.map(String::from),
+        state: if to.is_some() {
+            LeaseState::Finished
+        } else {
+            LeaseState::Running
+        },
+        ..lease_row(id)
+    };
+    let rows = [
+        lease(
+            "a",
+            LeaseClass::Validate,
+            1,
+            "2026-12-07T10:00:00Z",
+            Some("2026-12-07T10:00:12.5Z"),
+        ),
+        lease(
+            "b",
+            LeaseClass::Validate,
+            1,
+            "2026-12-07T10:01:00Z",
+            Some("2026-12-07T10:01:04.5Z"),
+        ),
+        lease(
+            "c",
+            LeaseClass::Bench,
+            2,
+            "2026-12-07T10:02:00Z",
+            Some("2026-12-07T10:02:30Z"),
+        ),
+        lease("d", LeaseClass::Ncu, 1, "2026-12-07T10:03:00Z", None),
+    ];
+    let by = gpu_seconds_by_class(&rows);
+    assert_eq!(
+        by.into_iter().collect::<Vec<_>>(),
+        vec![(LeaseClass::Validate, 17.0), (LeaseClass::Bench, 60.0)]
+    );
+    assert_eq!(
+        describe_gpu_seconds(&gpu_seconds_by_class(&rows)),
+        "77.0 GPU-s (validate 17.0, bench 60.0)"
+    );
+    assert_eq!(
+        describe_gpu_seconds(&gpu_seconds_by_class(&rows[3..])),
+        "no closed lease of it in the lease journal"
+    );
+}
