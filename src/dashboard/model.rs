@@ -353,12 +353,16 @@ impl RunView {
         if window <= 0.0 {
             return None;
         }
-        let used: f64 = self
-            .leases
+        Some((self.gpu_seconds_held() / window).min(1.0))
+    }
+
+    /// GPU-seconds the run's leases held, grant to release (an open one until now), times
+    /// their GPUs: what `/metrics` reports by class.
+    pub fn gpu_seconds_held(&self) -> f64 {
+        self.leases
             .iter()
-            .map(|l| seconds_between(l.start, l.end) * l.gpus.len() as f64)
-            .sum();
-        Some((used / window).min(1.0))
+            .map(|l| seconds_between(l.start, l.end) * l.gpus.len().max(1) as f64)
+            .sum()
     }
 
     /// A session's verdict so far.

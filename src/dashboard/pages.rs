@@ -227,7 +227,8 @@ pub async fn overview(
             (card("card-cost", "Cost", html! { @match view.tally.cost_usd { Some(c) => { "$" (format!("{c:.2}")) }, None => { "—" } } },
                 html! { @if view.tally.cost_usd.is_none() { "no price table for this provider" } }))
             (card("card-gpu", "GPU busy", html! { @match view.gpu_busy() { Some(b) => { (format!("{:.0}%", b * 100.0)) }, None => { "—" } } },
-                html! { (view.gpu_count()) " GPUs · " (view.leases.len()) " leases" }))
+                html! { (view.gpu_count()) " GPUs · " (view.leases.len()) " leases · "
+                    (format!("{:.1}", view.gpu_seconds_held())) " GPU-s held" }))
             (card("card-elapsed", "Elapsed", html! { (fmt_secs(view.elapsed_s())) },
                 html! { "ETA " @match view.eta_s() { Some(e) => { (fmt_secs(e)) }, None => { @if view.run.is_running() { "after the first session ends" } @else { "— (run " (view.run.status) ")" } } } }))
         }
