@@ -88,9 +88,12 @@ pub struct TurnFinished {
     #[serde(default = "one")]
     pub attempts: u32,
     pub usage: TurnUsage,
-    /// The codex backend: the thread's usage so far, which the next report is counted from.
+    /// The codex thread's usage so far as codex reported it (written by releases that counted
+    /// codex's reports; kept so their runs still read).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub codex_cumulative: Option<TurnUsage>,
+    /// Where a codex session's usage came from: `relay` (the provider's answer to one request,
+    /// read by the session's relay); older releases wrote `turn` or `request` (codex's reports).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_from: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

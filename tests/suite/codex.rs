@@ -170,11 +170,11 @@ fn codex_runs_a_shell_command_then_validate_then_finish_through_fk_agentd() {
         assert!(cmd.contains(want), "{cmd} should run {want}");
     }
     assert!(events.iter().any(|e| e.kind == "validation"));
-    // Usage is recorded after every model request (from codex's rollout file), not only at
-    // the end of codex's turn.
+    // Usage is recorded for every model request, by the relay from the provider's answer
+    // (never from what codex reports).
     let per_request = events
         .iter()
-        .filter(|e| e.kind == "turn_finished" && e.payload["usage_from"] == "request")
+        .filter(|e| e.kind == "turn_finished" && e.payload["usage_from"] == "relay")
         .count();
     assert!(per_request >= 4, "{per_request} requests with usage");
     let start = events.iter().find(|e| e.kind == "session_started").unwrap();

@@ -6,7 +6,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use fk_agentd::agent::codex::relay::Relay;
+use fk_agentd::agent::codex::relay::{Relay, RelayHooks};
+use fk_agentd::llm::Usage;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +18,8 @@ use super::llm_fake::{
 struct Bound {
     relay: Relay,
     forgot: Arc<Mutex<Vec<usize>>>,
+    /// The usage of each response relayed, as the session heard it.
+    used: Arc<Mutex<Vec<Usage>>>,
     h: Harness,
 }
 
@@ -29,18 +32,25 @@ async fn bound_with(
     over: impl Fn() -> Option<String> + Send + Sync + 'static,
 ) -> Bound {
     let (tx, _rx) = tokio::sync::mpsc::channel(64);
-    let forgot = Arc::new(Mutex::new(Vec::new()));
-    let seen = forgot.clone();
-    let relay = Relay::bind(
-        h.client.clone(),
-        tx,
-        CancellationToken::new(),
-        move |b, _| seen.lock().unwrap().push(b),
-        over,
-    )
-    .await
-    .unwrap();
-    Bound { relay, forgot, h }
+    let (forgot, used) = (
+        Arc::new(Mutex::new(Vec::new())),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let (seen, metered) = (forgot.clone(), used.clone());
+    let hooks = RelayHooks {
+        on_forget: Box::new(move |b, _| seen.lock().unwrap().push(b)),
+        on_usage: Box::new(move |u| metered.lock().unwrap().push(u)),
+        over_budget: Box::new(over),
+    };
+    let relay = Relay::bind(h.client.clone(), tx, CancellationToken::new(), hooks)
+        .await
+        .unwrap();
+    Bound {
+        relay,
+        forgot,
+        used,
+        h,
+    }
 }
 
 fn body(input: Vec<Value>) -> Value {
@@ -121,6 +131,16 @@ async fn the_relay_sends_the_sessions_requests_with_the_real_token_and_nothing_e
         sent[0]
             .headers
             .contains_key("x-snowflake-authorization-token-type")
+    );
+    // The session heard the usage the provider answered, once, and nothing of the refused
+    // requests.
+    assert_eq!(
+        *b.used.lock().unwrap(),
+        vec![Usage {
+            input_tokens: 5,
+            output_tokens: 1,
+            ..Usage::default()
+        }]
     );
 
     // The session ended: the relay is gone with it.

@@ -4,12 +4,10 @@
 //! The mapping: a step of the model (what it says or runs after the last tool result) is a
 //! turn; `agent_message` and `reasoning` items are `model_item`s; a `command_execution` is a
 //! `shell` call (`model_item` function call, `tool_started`, then `tool_finished` with its exit
-//! code and output); a `file_change` is an `apply_patch` call; `turn.completed` is a
-//! `turn_finished` whose usage is the difference from the previous report (codex reports a
-//! thread's usage cumulatively, across `resume`s too), and so is each `token_count` of the
-//! thread's rollout file, which the runner tails so usage is recorded after every model
-//! request rather than only when codex's turn ends; what one report counted, another does not
-//! count again. `error` lines are `codex_error` events;
+//! code and output); a `file_change` is an `apply_patch` call. Usage is not read here: the
+//! session's relay records what the provider answered for each request
+//! ([`super::relay::UsageMeter`]), so what codex reports of its usage (`turn.completed`) is
+//! not counted. `error` lines are `codex_error` events;
 //! one that carries an HTTP 401 is [`Signal::Unauthorized`].
 //!
 //! Pure: no I/O, no clock, so every mapping is tested on literal lines.
@@ -18,9 +16,8 @@ use serde_json::{Value, json};
 
 use crate::event::{
     CodexError, CodexEvent, CodexItem, CodexOutput, CodexThread, ModelItem, Payload, ToolFinished,
-    ToolStarted, TurnFinished,
+    ToolStarted,
 };
-use crate::llm::Usage;
 
 /// What the runner must act on, beside recording.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,24 +30,11 @@ pub enum Signal {
     TurnFailed(String),
 }
 
-/// The cumulative usage of a codex report (codex's key names).
-pub fn usage_of(u: &Value) -> Usage {
-    let n = |k: &str| u[k].as_u64().unwrap_or(0);
-    Usage {
-        input_tokens: n("input_tokens"),
-        cached_tokens: n("cached_input_tokens"),
-        output_tokens: n("output_tokens"),
-        reasoning_tokens: n("reasoning_output_tokens"),
-    }
-}
-
 /// One line's translation.
 #[derive(Debug, Default, PartialEq)]
 pub struct Translated {
     pub events: Vec<(&'static str, Value)>,
     pub signal: Option<Signal>,
-    /// Tokens this line added (a `turn.completed`).
-    pub tokens: u64,
 }
 
 impl Translated {
@@ -65,21 +49,15 @@ pub struct Translator {
     /// The current step (turn) number.
     pub turn: u32,
     after_tool: bool,
-    /// The cumulative usage codex last reported for the thread.
-    last: Usage,
-    /// The thread `last` counts (a new thread counts from zero).
-    thread: Option<String>,
     started: std::collections::BTreeSet<String>,
 }
 
 impl Translator {
     /// Continues from what a session already recorded (on resume or after a nudge).
-    pub fn resume(turns: u32, last: Usage, thread: Option<String>) -> Self {
+    pub fn resume(turns: u32) -> Self {
         Self {
             turn: turns,
             after_tool: true,
-            last,
-            thread,
             ..Self::default()
         }
     }
@@ -107,19 +85,15 @@ impl Translator {
         match v["type"].as_str().unwrap_or("") {
             "thread.started" => {
                 let id = v["thread_id"].as_str().unwrap_or("").to_string();
-                if self.thread.as_ref().is_some_and(|t| *t != id) {
-                    self.last = Usage::default();
-                }
-                self.thread = Some(id.clone());
                 out.push(&CodexThread {
                     thread_id: id.to_string(),
                 });
                 out.signal = Some(Signal::Thread(id));
             }
             "item.started" => self.item(&v["item"], false, &mut out),
-            "turn.started" | "item.updated" => {}
+            // What codex says it used is not counted: the relay recorded the provider's figures.
+            "turn.started" | "item.updated" | "turn.completed" => {}
             "item.completed" => self.item(&v["item"], true, &mut out),
-            "turn.completed" => self.account(usage_of(&v["usage"]), "turn", &mut out),
             "turn.failed" => {
                 let msg = v["error"]["message"]
                     .as_str()
@@ -151,43 +125,6 @@ impl Translator {
             }),
         }
         out
-    }
-
-    /// One line of the thread's rollout file (`$CODEX_HOME/sessions/…/rollout-…-<thread>.jsonl`):
-    /// its `token_count` events give the usage after every model request, while the session
-    /// runs (the `--json` stream reports it only when codex's turn ends).
-    pub fn rollout_line(&mut self, line: &str) -> Translated {
-        let mut out = Translated::default();
-        let Ok(v) = serde_json::from_str::<Value>(line) else {
-            return out;
-        };
-        let p = &v["payload"];
-        if v["type"] == "event_msg" && p["type"] == "token_count" {
-            let total = &p["info"]["total_token_usage"];
-            if total.is_object() {
-                self.account(usage_of(total), "request", &mut out);
-            }
-        }
-        out
-    }
-
-    /// Records what a cumulative report adds to the last one, if anything.
-    fn account(&mut self, now: Usage, source: &str, out: &mut Translated) {
-        let delta = now.since(&self.last);
-        if delta.total_tokens() == 0 {
-            return;
-        }
-        // Field by field the larger of the two: `last` plus what `now` adds to it.
-        self.last.add(&delta);
-        out.tokens += delta.total_tokens();
-        out.push(&TurnFinished {
-            turn: self.turn.max(1),
-            attempts: 1,
-            usage: delta.to_turn(),
-            codex_cumulative: Some(self.last.to_turn()),
-            usage_from: Some(source.to_string()),
-            ..TurnFinished::default()
-        });
     }
 
     fn item(&mut self, item: &Value, completed: bool, out: &mut Translated) {
@@ -320,44 +257,6 @@ mod tests {
             msg.events[0].1["turn"], 2,
             "a message after a tool result is a new step"
         );
-    }
-
-    #[test]
-    fn usage_is_the_difference_from_the_previous_report() {
-        let mut t = Translator::resume(
-            3,
-            Usage {
-                input_tokens: 100,
-                cached_tokens: 10,
-                output_tokens: 20,
-                reasoning_tokens: 5,
-            },
-            Some("t".into()),
-        );
-        let done = t.line(r#"{"type":"turn.completed","usage":{"input_tokens":300,"cached_input_tokens":30,"output_tokens":60,"reasoning_output_tokens":15}}"#);
-        assert_eq!(done.tokens, 240);
-        assert_eq!(
-            done.events[0].1["usage"],
-            json!({"input": 200, "cached": 20, "output": 40, "reasoning": 10, "total": 240})
-        );
-        let recorded: TurnFinished = serde_json::from_value(done.events[0].1.clone()).unwrap();
-        assert_eq!(
-            Usage::from_turn(&recorded.codex_cumulative.unwrap()),
-            Usage {
-                input_tokens: 300,
-                cached_tokens: 30,
-                output_tokens: 60,
-                reasoning_tokens: 15
-            }
-        );
-        // The rollout told the same usage already: the turn's end adds nothing twice.
-        let mut t = Translator::default();
-        let request = t.rollout_line(r#"{"type":"event_msg","payload":{"type":"token_count","info":{"total_token_usage":{"input_tokens":100,"cached_input_tokens":10,"output_tokens":20,"reasoning_output_tokens":5}}}}"#);
-        assert_eq!(request.tokens, 120);
-        let again = t.rollout_line(r#"{"type":"event_msg","payload":{"type":"token_count","info":{"total_token_usage":{"input_tokens":100,"cached_input_tokens":10,"output_tokens":20,"reasoning_output_tokens":5}}}}"#);
-        assert_eq!(again, Translated::default());
-        let end = t.line(r#"{"type":"turn.completed","usage":{"input_tokens":100,"cached_input_tokens":10,"output_tokens":20,"reasoning_output_tokens":5}}"#);
-        assert_eq!((end.tokens, end.events.len()), (0, 0));
     }
 
     #[test]

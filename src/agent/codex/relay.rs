@@ -9,7 +9,9 @@
 //! else goes upstream through the campaign's [`LlmClient`] — its token, headers, pacing, 429
 //! gate and retry budget, shared with the native sessions — and the event stream comes back
 //! to codex as it arrives. Retries, token reloads and rate-limit waits are recorded in the
-//! session's journal as a native turn's are.
+//! session's journal as a native turn's are, and so is the usage of each response relayed,
+//! read from its stream's terminal event ([`UsageMeter`]): the session's spending is what the
+//! provider answered, never what codex reports.
 //!
 //! After a token rotation to another account, the provider cannot read the reasoning it sealed
 //! before (400 `invalid_encrypted_content`): the relay forgets that reasoning and the ids issued
@@ -26,6 +28,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
@@ -33,7 +36,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::digest::{hex, sha256_hex};
 use crate::llm::items::Forgotten;
-use crate::llm::{LlmClient, LlmError, LlmEvent};
+use crate::llm::{LlmClient, LlmError, LlmEvent, Usage};
 use crate::sync::guard;
 
 /// The variable that carries the session's relay capability to the codex process (and is kept
@@ -44,9 +47,19 @@ pub const KEY_ENV: &str = "FK_AGENTD_CODEX_RELAY_KEY";
 const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// Hears of encrypted reasoning left out after a rotation: (bytes, the provider's message).
-type OnForget = Box<dyn Fn(usize, &str) + Send + Sync>;
+pub type OnForget = Box<dyn Fn(usize, &str) + Send + Sync>;
 /// Why no further request may go out (the campaign's spending cap), if so.
-type OverBudget = Box<dyn Fn() -> Option<String> + Send + Sync>;
+pub type OverBudget = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// What the relay tells its session, and asks it.
+pub struct RelayHooks {
+    pub on_forget: OnForget,
+    /// The usage of each response relayed, from its stream's terminal event.
+    pub on_usage: Box<dyn Fn(Usage) + Send + Sync>,
+    /// Asked before each request: a request past the cap is answered 429 `budget_reached`
+    /// and not sent.
+    pub over_budget: OverBudget,
+}
 
 /// What the relay knows of its session.
 struct Shared {
@@ -56,9 +69,7 @@ struct Shared {
     events: Sender<LlmEvent>,
     cancel: CancellationToken,
     forgotten: Mutex<Forgotten>,
-    /// Called when the provider refused old encrypted reasoning: (bytes left out, its message).
-    on_forget: OnForget,
-    over_budget: OverBudget,
+    hooks: RelayHooks,
 }
 
 /// A bound relay; it stops serving when dropped.
@@ -79,16 +90,13 @@ impl std::fmt::Debug for Relay {
 
 impl Relay {
     /// Binds a fresh loopback port for one session. `events` receives the client's retries,
-    /// token reloads and waits; `on_forget` hears of reasoning left out after a rotation;
-    /// `over_budget` is asked before each request (the campaign's cap: a request past it is
-    /// answered 429 `budget_reached` and not sent); `cancel` ends a request in flight (the
-    /// session's end).
+    /// token reloads and waits; `hooks` hear of forgotten reasoning and usage and say when the
+    /// cap is reached; `cancel` ends a request in flight (the session's end).
     pub async fn bind(
         llm: Arc<LlmClient>,
         events: Sender<LlmEvent>,
         cancel: CancellationToken,
-        on_forget: impl Fn(usize, &str) + Send + Sync + 'static,
-        over_budget: impl Fn() -> Option<String> + Send + Sync + 'static,
+        hooks: RelayHooks,
     ) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
@@ -101,8 +109,7 @@ impl Relay {
             events,
             cancel,
             forgotten: Mutex::new(Forgotten::default()),
-            on_forget: Box::new(on_forget),
-            over_budget: Box::new(over_budget),
+            hooks,
         });
         let app = axum::Router::new()
             .route("/{route}/v1/responses", axum::routing::post(relay))
@@ -150,7 +157,7 @@ async fn relay(
             "fk-agentd relay: not this session's capability",
         );
     }
-    if let Some(why) = (s.over_budget)() {
+    if let Some(why) = (s.hooks.over_budget)() {
         return refusal(StatusCode::TOO_MANY_REQUESTS, "budget_reached", &why);
     }
     let mut body: Value = match serde_json::from_slice(&body) {
@@ -174,10 +181,16 @@ async fn relay(
         let bytes = body.to_string().into_bytes();
         match s.llm.relay(&bytes, &s.events, &s.cancel).await {
             Ok(upstream) => {
+                let (shared, mut meter) = (s.clone(), UsageMeter::default());
+                let metered = upstream.bytes_stream().inspect(move |chunk| {
+                    for usage in chunk.iter().flat_map(|bytes| meter.feed(bytes)) {
+                        (shared.hooks.on_usage)(usage);
+                    }
+                });
                 return Response::builder()
                     .status(StatusCode::OK)
                     .header(header::CONTENT_TYPE, "text/event-stream")
-                    .body(Body::from_stream(upstream.bytes_stream()))
+                    .body(Body::from_stream(metered))
                     .unwrap_or_else(|_| internal());
             }
             Err(LlmError::EncryptedContentRejected { message }) if !retried => {
@@ -187,10 +200,49 @@ async fn relay(
                 if bytes == 0 {
                     return error_response(&LlmError::EncryptedContentRejected { message });
                 }
-                (s.on_forget)(bytes, &message);
+                (s.hooks.on_forget)(bytes, &message);
             }
             Err(e) => return error_response(&e),
         }
+    }
+}
+
+/// Reads the usage of each response out of a Responses event stream as it passes: the
+/// `usage` of every terminal event (`response.completed`, `.incomplete`, `.failed`). Holds
+/// only the line not yet ended.
+#[derive(Debug, Default)]
+pub struct UsageMeter {
+    partial: Vec<u8>,
+}
+
+/// The stream events that end a response and carry its usage.
+const TERMINAL: [&str; 3] = [
+    "\"response.completed\"",
+    "\"response.incomplete\"",
+    "\"response.failed\"",
+];
+
+impl UsageMeter {
+    /// The usages of the terminal events that `bytes` completes.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Usage> {
+        self.partial.extend_from_slice(bytes);
+        let Some(end) = self.partial.iter().rposition(|b| *b == b'\n') else {
+            return Vec::new();
+        };
+        let rest = self.partial.split_off(end + 1);
+        let lines = std::mem::replace(&mut self.partial, rest);
+        lines
+            .split(|b| *b == b'\n')
+            .filter_map(|line| {
+                let data = std::str::from_utf8(line.strip_prefix(b"data:")?).ok()?;
+                TERMINAL.iter().any(|t| data.contains(t)).then_some(())?;
+                let event: Value = serde_json::from_str(data.trim()).ok()?;
+                let response = &event["response"];
+                response["usage"]
+                    .is_object()
+                    .then(|| Usage::from_response(response))
+            })
+            .collect()
     }
 }
 
@@ -256,6 +308,44 @@ fn internal() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_usage_of_each_response_is_read_from_its_terminal_event_across_chunks() {
+        let stream = concat!(
+            "event: response.output_text.delta\n",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"usage\"}\n\n",
+            "event: response.completed\n",
+            "data: {\"type\":\"response.completed\",\"response\":{\"usage\":",
+            "{\"input_tokens\":120,\"input_tokens_details\":{\"cached_tokens\":20},",
+            "\"output_tokens\":30,\"output_tokens_details\":{\"reasoning_tokens\":7}}}}\n\n",
+            "data: {\"type\":\"response.incomplete\",\"response\":{\"usage\":",
+            "{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+            "data: {\"type\":\"response.failed\",\"response\":{\"error\":{}}}\n\n",
+        );
+        // Cut anywhere, even inside a line or a character, the same usages come out.
+        for cut in [1, 7, 64, 200, stream.len()] {
+            let mut meter = UsageMeter::default();
+            let got: Vec<Usage> = stream
+                .as_bytes()
+                .chunks(cut)
+                .flat_map(|c| meter.feed(c))
+                .collect();
+            let want = vec![
+                Usage {
+                    input_tokens: 120,
+                    cached_tokens: 20,
+                    output_tokens: 30,
+                    reasoning_tokens: 7,
+                },
+                Usage {
+                    input_tokens: 5,
+                    output_tokens: 1,
+                    ..Usage::default()
+                },
+            ];
+            assert_eq!(got, want, "cut {cut}");
+        }
+    }
 
     #[test]
     fn what_cortex_refuses_is_refused_before_it_is_sent() {

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +19,7 @@ use super::endpoint::{self, Endpoint};
 use super::events::Translator;
 use super::home::{self, HomeLayout};
 use super::process::{CodexProcess, Spawn};
-use super::relay::{self, Relay};
+use super::relay::{self, Relay, RelayHooks};
 use super::tools::SessionTools;
 use super::watch::{ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
@@ -28,7 +29,7 @@ use crate::agent::session::{End, NO_FINISH, provider_event_recorder, show_replay
 use crate::agent::{Opened, failed_to_start, open_session};
 use crate::event::{
     CodexConfig, CodexRelayForgot, CodexResumeFailed, CodexStarted, CodexThread, SessionResumed,
-    SessionStarted, TurnFinished, UserMessage,
+    SessionStarted, SessionState, TurnFinished, UserMessage,
 };
 use crate::llm::{Usage, user_message};
 use crate::run::{RunError, RunJournal};
@@ -118,7 +119,6 @@ fn prepare(
 /// What the session recorded before this start.
 struct Before {
     thread: Option<String>,
-    usage: Usage,
     replay: history::Replay,
 }
 
@@ -130,15 +130,8 @@ fn before(j: &SessionJournal) -> Result<Before, RunError> {
         .find_map(|e| e.payload_as::<CodexThread>())
         .map(|t| t.thread_id)
         .filter(|t| !t.is_empty());
-    let usage = events
-        .iter()
-        .rev()
-        .find_map(|e| e.payload_as::<TurnFinished>())
-        .map(|t| Usage::from_turn(&t.codex_cumulative.unwrap_or_default()))
-        .unwrap_or_default();
     Ok(Before {
         thread,
-        usage,
         replay: history::replay(&events),
     })
 }
@@ -178,7 +171,9 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         path: s.layout.codex_home.clone(),
         source: std::io::Error::other(e),
     };
-    let relay = bind_relay(inner, s).await.map_err(|e| io(e.to_string()))?;
+    let relay = bind_relay(inner, s, before.replay.turns)
+        .await
+        .map_err(|e| io(e.to_string()))?;
     let config =
         home::write(llm.provider(), relay.base_url(), &s.layout, &inner.template).map_err(io)?;
     j.record_event(&CodexConfig {
@@ -194,8 +189,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     env.insert(endpoint::SOCKET_ENV.into(), ep.socket_env());
     env.insert(endpoint::TOKEN_ENV.into(), ep.token().to_string());
     env.insert(relay::KEY_ENV.into(), relay.key().to_string());
-    let mut translator =
-        Translator::resume(before.replay.turns, before.usage, before.thread.clone());
+    let mut translator = Translator::resume(before.replay.turns);
     let mut thread = before.thread.clone();
     let mut next = (thread.is_some() && before.replay.started).then(|| RESUMED.to_string());
     let mut nudges = 0;
@@ -224,7 +218,6 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         })?;
         let watched = Watched {
             tools: &s.tools,
-            codex_home: &s.layout.codex_home,
             max_turns: inner.agent.loop_params.max_turns,
         };
         let end = watch(&watched, process, &mut translator, &mut thread, cancel).await?;
@@ -285,30 +278,46 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
 }
 
 /// The session's relay: the campaign's client, its events recorded in the session's journal,
-/// stopped with the session.
-async fn bind_relay(inner: &Inner, s: &Prepared) -> std::io::Result<Relay> {
+/// stopped with the session. The usage of each response it relays is a `turn_finished` of
+/// the session (`usage_from` = `relay`), numbered on from the `turns` recorded before: what
+/// the session, the run's caps and every view count.
+async fn bind_relay(inner: &Inner, s: &Prepared, turns: u32) -> std::io::Result<Relay> {
     let j = s.tools.journal.clone();
     let (events, _recorder) = provider_event_recorder(j.clone());
+    let forgot = j.clone();
     let on_forget = move |bytes: usize, message: &str| {
-        let forgot = CodexRelayForgot {
+        let event = CodexRelayForgot {
             bytes,
             message: message.to_string(),
         };
-        if let Err(e) = j.record_event(&forgot) {
+        if let Err(e) = forgot.record_event(&event) {
             tracing::warn!(error = %e, "cannot record the relay's recovery");
         }
     };
-    let cancel = s.tools.cancel.clone();
+    let responses = AtomicU32::new(turns);
+    let on_usage = move |usage: Usage| {
+        let finished = TurnFinished {
+            turn: responses.fetch_add(1, Ordering::Relaxed) + 1,
+            attempts: 1,
+            usage: usage.to_turn(),
+            usage_from: Some("relay".into()),
+            ..TurnFinished::default()
+        };
+        let recorded = j
+            .record_event(&finished)
+            .and_then(|_| j.update(SessionState::Running, |p| p.tokens += usage.total_tokens()));
+        if let Err(e) = recorded {
+            tracing::warn!(error = %e, "cannot record the usage of a relayed response");
+        }
+    };
     let slot = s.tools.slot.clone();
-    let over_budget = move || slot.over_budget();
-    Relay::bind(
-        inner.agent.llm.clone(),
-        events,
-        cancel,
-        on_forget,
-        over_budget,
-    )
-    .await
+    let hooks = RelayHooks {
+        on_forget: Box::new(on_forget),
+        on_usage: Box::new(on_usage),
+        over_budget: Box::new(move || slot.over_budget()),
+    };
+    let cancel = s.tools.cancel.clone();
+    Relay::bind(inner.agent.llm.clone(), events, cancel, hooks).await
 }
 
 /// `codex exec` reading its prompt from stdin, resuming `thread` when there is one.

@@ -1,10 +1,8 @@
 //! Watching one `codex exec` process to its end: its `--json` lines become session events as
-//! they arrive, the thread's rollout file is tailed for usage after every model request, and
-//! the process is killed (its whole group) on cancellation, a 401, a tool's infrastructure
+//! they arrive (usage is the relay's to record), and the process is killed (its whole group) on cancellation, a 401, a tool's infrastructure
 //! failure, the turn budget, or when codex does not end its turn after `finish`.
 
 use crate::event::SessionState;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -12,13 +10,11 @@ use tokio_util::sync::CancellationToken;
 use super::events::{Signal, Translator};
 use super::process::CodexProcess;
 use super::tools::SessionTools;
-use crate::agent::journal::SessionJournal;
 use crate::run::RunError;
 
 /// What a watch reads and records into (the session's journal and client are its tools').
 pub(super) struct Watched<'a> {
     pub tools: &'a SessionTools,
-    pub codex_home: &'a Path,
     pub max_turns: u32,
 }
 
@@ -39,60 +35,6 @@ pub(super) enum ProcessEnd {
 
 /// How long codex may take to end its turn after `finish` before it is stopped.
 const FINISH_GRACE: Duration = Duration::from_secs(120);
-/// How often the thread's rollout file is read for usage while codex is quiet.
-const ROLLOUT_POLL: Duration = Duration::from_secs(5);
-
-/// The thread's rollout file under `CODEX_HOME/sessions/YYYY/MM/DD/`, read as it grows.
-struct RolloutTail {
-    root: PathBuf,
-    path: Option<PathBuf>,
-    offset: u64,
-    partial: String,
-}
-
-impl RolloutTail {
-    fn new(codex_home: &Path) -> Self {
-        Self {
-            root: codex_home.join("sessions"),
-            path: None,
-            offset: 0,
-            partial: String::new(),
-        }
-    }
-
-    /// The complete lines written since the last call (none until the file exists).
-    fn read(&mut self, thread: Option<&str>) -> Vec<String> {
-        use std::io::{Read, Seek};
-        if self.path.is_none() {
-            let suffix = format!("{}.jsonl", thread.unwrap_or("\0"));
-            let files = crate::digest::files_under(&self.root).unwrap_or_default();
-            self.path = files
-                .iter()
-                .find(|f| f.ends_with(&suffix))
-                .map(|f| self.root.join(f));
-        }
-        let Some(path) = &self.path else {
-            return Vec::new();
-        };
-        let mut text = String::new();
-        let read = std::fs::File::open(path).and_then(|mut f| {
-            f.seek(std::io::SeekFrom::Start(self.offset))?;
-            f.read_to_string(&mut text)
-        });
-        let Ok(n) = read else {
-            return Vec::new();
-        };
-        self.offset += n as u64;
-        self.partial.push_str(&text);
-        let Some(end) = self.partial.rfind('\n') else {
-            return Vec::new();
-        };
-        let rest = self.partial.split_off(end + 1);
-        let lines = std::mem::replace(&mut self.partial, rest);
-        lines.lines().map(str::to_string).collect()
-    }
-}
-
 /// Reads one process to its end, recording what it does.
 pub(super) async fn watch(
     w: &Watched<'_>,
@@ -105,9 +47,6 @@ pub(super) async fn watch(
     let mut turn_failed = None;
     let mut saw_events = false;
     let mut grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-    let mut rollout = RolloutTail::new(w.codex_home);
-    let mut poll = tokio::time::interval(ROLLOUT_POLL);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let ending = w.tools.ending();
         if let Some(why) = ending.infra {
@@ -123,10 +62,6 @@ pub(super) async fn watch(
                 return Ok(ProcessEnd::Cancelled);
             }
             _ = w.tools.ended.notified() => continue,
-            _ = poll.tick() => {
-                record_usage(j, translator, &mut rollout, thread.as_deref())?;
-                continue;
-            }
             _ = async { grace.as_mut().expect("guarded").await }, if grace.is_some() => {
                 j.record_event(&crate::event::CodexStopped { why: "finish was called; codex did not end its turn in time".into() })?;
                 process.kill();
@@ -136,7 +71,6 @@ pub(super) async fn watch(
             line = process.next_line() => {
                 let Some(line) = line else { break };
                 let line = llm.token().scrub(&line);
-                record_usage(j, translator, &mut rollout, thread.as_deref())?;
                 let out = translator.line(&line);
                 saw_events |= !out.events.is_empty();
                 for (kind, payload) in out.events {
@@ -145,7 +79,6 @@ pub(super) async fn watch(
                 let turn = translator.turn;
                 j.update(SessionState::Running, |p| {
                     p.turns = turn;
-                    p.tokens += out.tokens;
                     p.last_event = format!("turn {turn}");
                 })?;
                 match out.signal {
@@ -165,7 +98,6 @@ pub(super) async fn watch(
         }
     }
     let status = process.wait().await;
-    record_usage(j, translator, &mut rollout, thread.as_deref())?;
     let stderr = llm.token().scrub(&process.stderr_tail());
     let (success, status) = match status {
         Ok(st) => (st.success(), st.to_string()),
@@ -178,25 +110,4 @@ pub(super) async fn watch(
         stderr,
         saw_events,
     })
-}
-
-/// Records the usage the rollout file reported since the last read.
-fn record_usage(
-    j: &SessionJournal,
-    translator: &mut Translator,
-    rollout: &mut RolloutTail,
-    thread: Option<&str>,
-) -> Result<(), RunError> {
-    let mut tokens = 0;
-    for line in rollout.read(thread) {
-        let out = translator.rollout_line(&line);
-        tokens += out.tokens;
-        for (kind, payload) in out.events {
-            j.record(kind, payload)?;
-        }
-    }
-    if tokens > 0 {
-        j.update(SessionState::Running, |p| p.tokens += tokens)?;
-    }
-    Ok(())
 }
