@@ -30,8 +30,10 @@
 //!   idle timeout ([`fk_agentd::sim::faults`]): sessions
 //!   finished, protocol violations and requests before their `Retry-After`, as the server saw;
 //! - **disk full**: the home on a 64 MiB tmpfs (mounted where it may; skipped with the reason
-//!   otherwise) filled up mid-campaign: exit 3 with the reason, the store intact, and `resume`
-//!   finishing the campaign once space is freed;
+//!   otherwise) filled up while agents run, and again in a second campaign as soon as its first
+//!   scoring bench starts: exit 3 with the reason, the store intact, and `resume` finishing the
+//!   campaign once space is freed with the uninterrupted campaign's winners, no run left
+//!   unfinished and no finished bench run again;
 //! - **properties**: the property tests (`tests/suite/props.rs`) again with 2000 cases each
 //!   (`FK_CHAOS_PROP_CASES`), through `cargo test`.
 
@@ -1802,8 +1804,24 @@ fn provider_faults(t: &mut Table) {
     );
 }
 
-/// The home on a small tmpfs that fills up mid-campaign.
-fn disk_full(t: &mut Table) {
+/// When the disk fills up.
+#[derive(Clone, Copy, PartialEq)]
+enum Fill {
+    /// Two seconds into the agents' phase.
+    Agents,
+    /// As soon as the first scoring bench starts (the `--mode all` campaign's standalone,
+    /// composed or sequential benches).
+    Scoring,
+}
+
+/// The home on a small tmpfs that fills up mid-campaign (while agents run, or once scoring
+/// has begun); `clean` is the same campaign run without harm, whose winners a resumed one
+/// must reach.
+fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
+    let section = match when {
+        Fill::Agents => "disk full",
+        Fill::Scoring => "disk full in scoring",
+    };
     let dir = tempfile::Builder::new()
         .prefix("chaos-disk")
         .tempdir()
@@ -1816,9 +1834,9 @@ fn disk_full(t: &mut Table) {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        println!("disk full: skipped: cannot mount a tmpfs here (needs root)");
+        println!("{section}: skipped: cannot mount a tmpfs here (needs root)");
         t.add(
-            "disk full",
+            section,
             "skipped: no tmpfs could be mounted",
             "-",
             "-",
@@ -1829,15 +1847,28 @@ fn disk_full(t: &mut Table) {
     let home = dir.join("home");
     let log = std::env::temp_dir().join(format!("chaos-disk-{}.log", std::process::id()));
     let err_path = std::env::temp_dir().join(format!("chaos-disk-{}.err", std::process::id()));
+    let _ = std::fs::remove_file(&log);
     std::fs::create_dir_all(&home).expect("home");
     let mut c = fk(&home);
-    c.args(["start", "--sim", "--targets", TARGETS])
+    c.args(["start", "--sim", "--targets", TARGETS, "--mode", "all"])
         .env(fk_agentd::sim::invocations::LOG_ENV, &log)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&err_path).expect("stderr file"));
     let mut child = c.spawn().expect("campaign");
-    std::thread::sleep(Duration::from_secs(2));
+    let waited = Instant::now();
+    match when {
+        Fill::Agents => std::thread::sleep(Duration::from_secs(2)),
+        Fill::Scoring => {
+            while scoring_starts(&log) == 0
+                && child.try_wait().expect("poll").is_none()
+                && waited.elapsed() < Duration::from_secs(300)
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    let filled_in_scoring = scoring_starts(&log) > 0;
     // Fill what is left.
     let filler = dir.join("filler");
     if let Ok(mut f) = std::fs::File::create(&filler) {
@@ -1864,16 +1895,28 @@ fn disk_full(t: &mut Table) {
         .find(|l| l.starts_with("fk-agentd:"))
         .unwrap_or("")
         .to_string();
-    println!("disk full: exit {status:?}; last word: {last}");
+    println!("{section}: exit {status:?}; last word: {last}");
     let integrity: String = rusqlite::Connection::open(home.join("fk-agentd.db"))
         .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
         .unwrap_or_else(|e| e.to_string());
     let _ = std::fs::remove_file(&filler);
     let rounds = finish(&home, &log);
     let (done, all) = sessions_finished(&home);
+    let (got, want) = (winners(&home), winners(clean));
+    let unfinished = unfinished_runs(&home);
+    let again = reruns(&log).0;
     let _ = Command::new("umount").arg(&dir).status();
+    if when == Fill::Scoring {
+        t.add(
+            section,
+            "the disk filled after a scoring bench started",
+            if filled_in_scoring { "yes" } else { "no" },
+            "yes",
+            filled_in_scoring,
+        );
+    }
     t.add(
-        "disk full",
+        section,
         "the daemon stops with exit 3 and says why",
         match status.and_then(|s| s.code()) {
             Some(c) => format!("exit {c}"),
@@ -1884,23 +1927,37 @@ fn disk_full(t: &mut Table) {
             && (last.contains("No space left") || last.contains("disk is full")),
     );
     t.add(
-        "disk full",
+        section,
         "the store's integrity check",
         &integrity,
         "ok",
         integrity == "ok",
     );
     t.add(
-        "disk full",
+        section,
         "sessions finished after space is freed and resume",
         format!("{done}/{all} ({rounds} resume)"),
         "all",
         done == all && all > 0,
     );
+    t.count(section, "runs left unfinished after resume", unfinished);
+    t.count(section, "finished benches run again", again);
+    if got != want || got.is_empty() {
+        println!("{section}: winners {got}\n  uninterrupted: {want}");
+    }
+    t.add(
+        section,
+        "winners equal to the uninterrupted campaign",
+        if got == want && !got.is_empty() {
+            "equal"
+        } else {
+            "differ"
+        },
+        "equal",
+        got == want && !got.is_empty(),
+    );
 }
 
-/// The property tests of `tests/suite/props.rs` again, with many more cases than `cargo test`
-/// gives them (`FK_CHAOS_PROP_CASES`, 2000 by default), through the cargo that runs this bench.
 fn properties(t: &mut Table) {
     let cases = std::env::var("FK_CHAOS_PROP_CASES").unwrap_or_else(|_| "2000".into());
     let Some(cargo) = std::env::var_os("CARGO") else {
@@ -1975,12 +2032,21 @@ fn main() {
             .unwrap_or(0xC4A05),
     );
     let mut t = Table::default();
-    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input`, `=store` or `=signals`: that section alone.
+    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input`, `=store`, `=signals` or `=disk`: that
+    // section alone.
     match std::env::var("FK_CHAOS_ONLY").as_deref() {
         Ok("scoring") => scoring_kills(&mut t, &mut rng),
         Ok("folder") => lost_folder(&mut t),
         Ok("input") => bad_input(&mut t, &small_finished_home()),
         Ok("store") => corrupted_store(&mut t, &small_finished_home()),
+        Ok("disk") => {
+            let clean = temp_home("chaos-disk-clean");
+            campaign(&clean, &clean.join("invocations.log"), false)
+                .wait()
+                .expect("clean campaign");
+            disk_full(&mut t, Fill::Agents, &clean);
+            disk_full(&mut t, Fill::Scoring, &clean);
+        }
         Ok("signals") => {
             let clean = temp_home("chaos-signal-clean");
             let log = clean.join("invocations.log");
@@ -2003,7 +2069,8 @@ fn main() {
     bad_input(&mut t, &finished);
     secrets(&mut t);
     provider_faults(&mut t);
-    disk_full(&mut t);
+    disk_full(&mut t, Fill::Agents, &finished);
+    disk_full(&mut t, Fill::Scoring, &finished);
     properties(&mut t);
     t.print();
     let _ = std::io::stdout().flush();

@@ -90,20 +90,41 @@ pub struct Imported {
     pub files: usize,
     pub bytes: u64,
     pub reports: usize,
+    /// Files under the folder that are no capture report, not copied.
+    pub left_out: usize,
     /// True when an identical copy was already there.
     pub unchanged: bool,
 }
 
-/// Copies the capture folder `src` to `<home>/captures/imported/<name>/` (its folder name) and
-/// hashes it. Refuses a folder holding no capture report, and never replaces a different
-/// folder of the same name.
+/// The capture reports under `dir` (relative paths, in order) and how many other files lie
+/// there (a JSON file that does not parse, or holds no `operators` map, is not a report).
+fn report_files(dir: &Path) -> std::io::Result<(Vec<String>, usize)> {
+    let all = crate::digest::files_under(dir)?;
+    let total = all.len();
+    let reports: Vec<String> = all
+        .into_iter()
+        .filter(|rel| rel.ends_with(".json"))
+        .filter(|rel| {
+            let bytes = std::fs::read(dir.join(rel)).unwrap_or_default();
+            matches!(CaptureReport::parse(dir, rel, &bytes), Ok(Some(_)))
+        })
+        .collect();
+    let others = total - reports.len();
+    Ok((reports, others))
+}
+
+/// Copies the capture reports under `src` (and nothing else: a folder may hold checkouts and
+/// logs beside them) to `<home>/captures/imported/<name>/` (its folder name), at the same
+/// relative paths, and hashes the copy. Refuses a folder holding no capture report, and never
+/// replaces a different folder of the same name.
 pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
     let usage = |why: String| Error::Usage(format!("captures import {}: {why}", src.display()));
     if !src.is_dir() {
         return Err(usage("no such directory".into()));
     }
-    let reports = report::read_dir(src).map_err(usage)?.len();
-    if reports == 0 {
+    let io = |what: String| move |source| Error::Io { what, source };
+    let (rels, left_out) = report_files(src).map_err(io(format!("listing {}", src.display())))?;
+    if rels.is_empty() {
         return Err(usage(
             "no capture report (a JSON file with an `operators` map) in it".into(),
         ));
@@ -114,18 +135,19 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
         .and_then(|p| p.file_name().map(|n| n.to_os_string()))
         .ok_or_else(|| usage("the folder has no name".into()))?;
     let dest = home.join("captures").join("imported").join(name);
-    let io = |what: String| move |source| Error::Io { what, source };
     let hash = |dir: &Path| {
         crate::digest::tree_sha256(dir).map_err(io(format!("hashing {}", dir.display())))
     };
-    let (sha, files, bytes) = hash(src)?;
+    let (sha, files, bytes) = crate::digest::files_sha256(src, &rels)
+        .map_err(io(format!("hashing {}", src.display())))?;
     let unchanged = dest.exists();
     let imported = Imported {
         dest: dest.clone(),
         sha256: sha.clone(),
         files,
         bytes,
-        reports,
+        reports: rels.len(),
+        left_out,
         unchanged,
     };
     if unchanged {
@@ -138,13 +160,13 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
         }
         return Ok(imported);
     }
-    for rel in crate::digest::files_under(src).map_err(io(format!("listing {}", src.display())))? {
-        let to = dest.join(&rel);
+    for rel in &rels {
+        let to = dest.join(rel);
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(io(format!("creating {}", parent.display())))?;
         }
-        std::fs::copy(src.join(&rel), &to).map_err(io(format!("copying to {}", to.display())))?;
+        std::fs::copy(src.join(rel), &to).map_err(io(format!("copying to {}", to.display())))?;
     }
     // The hash printed is the copy's, checked, not only the source's.
     let (copied, _, _) = hash(&dest)?;

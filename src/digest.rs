@@ -42,10 +42,15 @@ pub fn files_under(root: &Path) -> std::io::Result<Vec<String>> {
 /// contributes its path, a NUL, its length and its bytes, so moving bytes between files or
 /// renaming a file changes the hash. Returns (hash, files, bytes).
 pub fn tree_sha256(root: &Path) -> std::io::Result<(String, usize, u64)> {
-    let files = files_under(root)?;
+    files_sha256(root, &files_under(root)?)
+}
+
+/// [`tree_sha256`] of the files `files` (relative to `root`, in order) alone: the hash the
+/// folder would have if it held only them.
+pub fn files_sha256(root: &Path, files: &[String]) -> std::io::Result<(String, usize, u64)> {
     let mut hasher = Sha256::new();
     let mut total = 0u64;
-    for rel in &files {
+    for rel in files {
         let mut f = std::fs::File::open(root.join(rel))?;
         let len = f.metadata()?.len();
         hasher.update(rel.as_bytes());

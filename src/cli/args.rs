@@ -478,8 +478,8 @@ pub enum CapturesCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Copy a capture folder into <home>/captures/imported/ and print its sha256 (the hash
-    /// a run's facts record for its captures).
+    /// Copy the capture reports under a folder (nothing else) into <home>/captures/imported/
+    /// and print the copy's sha256 (the hash a run's facts record for its captures).
     Import {
         /// The folder (a published capture set, e.g. captures/default/h200).
         dir: PathBuf,

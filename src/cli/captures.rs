@@ -63,17 +63,25 @@ pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, E
             let src = crate::config::absolute(&std::env::current_dir().unwrap_or_default(), dir);
             let done = crate::captures::import(&src, &config.home)?;
             println!(
-                "{} {} ({} report(s), {} file(s), {} bytes)\nsha256 {}\nuse it with `[campaign] captures = \"{}\"`",
+                "{}\n  {}\n{} report(s), {} bytes; sha256 {}",
                 if done.unchanged {
                     "already imported:"
                 } else {
-                    "imported"
+                    "imported:"
                 },
                 done.dest.display(),
                 done.reports,
-                done.files,
                 done.bytes,
                 done.sha256,
+            );
+            if done.left_out > 0 {
+                println!(
+                    "left out {} file(s) that are no capture report",
+                    done.left_out
+                );
+            }
+            println!(
+                "use it with `[campaign] captures = \"{}\"`",
                 done.dest.display()
             );
             Ok(0)

@@ -160,6 +160,57 @@ fn import_copies_a_capture_folder_with_the_hash_the_facts_record() {
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");
 }
 
+/// A folder that holds reports among other things (a checkout, logs, JSON that is no report
+/// or no JSON at all): only the reports are copied, at their relative paths, and the hash is
+/// the copy's.
+#[test]
+fn import_copies_only_the_capture_reports_of_a_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    h200_config(tmp.path());
+    let src = tmp.path().join("campaign-2026");
+    let report = std::fs::read(
+        shipped("default/h200")
+            .join(fk_agentd::digest::files_under(&shipped("default/h200")).unwrap()[0].as_str()),
+    )
+    .unwrap();
+    let put = |rel: &str, bytes: &[u8]| {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    };
+    put("caps/bge/report.json", &report);
+    put("fastkernels/.git/objects/ab/cdef", &[7u8; 4096]);
+    put("fastkernels/package.json", br#"{"name": "not a report"}"#);
+    put("fastkernels/tsconfig.json", b"{ // comments: no JSON\n}");
+    put("logs/bench.log", b"lots of lines\n");
+    let out = fk_in(
+        tmp.path(),
+        &["captures", "import", &src.display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dest = tmp.path().join("home/captures/imported/campaign-2026");
+    assert_eq!(
+        fk_agentd::digest::files_under(&dest).unwrap(),
+        vec!["caps/bge/report.json".to_string()]
+    );
+    let (sha, _, _) = fk_agentd::digest::tree_sha256(&dest).unwrap();
+    assert!(text.contains(&format!("sha256 {sha}")), "{text}");
+    assert!(
+        text.contains("left out 4 file(s) that are no capture report"),
+        "{text}"
+    );
+    // Importing it again finds the same copy.
+    let again = fk_in(
+        tmp.path(),
+        &["captures", "import", &src.display().to_string()],
+    );
+    assert!(
+        String::from_utf8_lossy(&again.stdout).starts_with("already imported"),
+        "{again:?}"
+    );
+}
+
 #[test]
 fn a_real_start_skips_uncaptured_targets_before_any_session() {
     let tmp = tempfile::tempdir().unwrap();
