@@ -23,7 +23,10 @@
 //!   truncated, huge, NaN-laden or garbage (each a clear error or a value, never a panic);
 //! - **secrets**: a distinctive token in a file, rotated mid-campaign, sampled while the
 //!   campaign runs in every child's `/proc/<pid>/environ` and `cmdline`, then looked for in
-//!   every file of the home and, by the server, in every request body;
+//!   every file of the home and, by the server, in every request body in every form a leak
+//!   takes; every scripted agent's first shell command tries to read the file (cat, base64,
+//!   base32, od, rev, gzip, Python, a GPU lease, the daemon's environment), and the server
+//!   counts the reads it sees refused and those that got through to the redaction;
 //!
 //! - **provider faults**: 12 sessions against the simulated server answering 20 % of requests
 //!   with a 429 (`Retry-After`), a 500, a cut stream or a stream that stalls past the client's
@@ -231,11 +234,18 @@ fn open_leases(home: &Path) -> usize {
 /// From the simulated bench's log: (benches that finished and were then run again,
 /// benches killed before they finished).
 fn reruns(log: &Path) -> (usize, usize) {
+    reruns_of(log, usize::MAX)
+}
+
+/// [`reruns`], where a bench counts as finished only if it ended within the log's first
+/// `upto` lines (a bench ending once the disk was full wrote no result: running it again is
+/// right).
+fn reruns_of(log: &Path, upto: usize) -> (usize, usize) {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let mut started: BTreeMap<String, String> = BTreeMap::new();
     let mut finished: BTreeSet<String> = BTreeSet::new();
     let (mut again, mut starts) = (0, BTreeMap::<String, usize>::new());
-    for line in text.lines() {
+    for (at, line) in text.lines().enumerate() {
         let f: Vec<&str> = line.splitn(4, '\t').collect();
         match f.as_slice() {
             ["start", pid, session, args] => {
@@ -247,7 +257,9 @@ fn reruns(log: &Path) -> (usize, usize) {
                 started.insert(pid.to_string(), key);
             }
             ["end", pid, _] => {
-                if let Some(key) = started.remove(*pid) {
+                if let Some(key) = started.remove(*pid)
+                    && at < upto
+                {
                     finished.insert(key);
                 }
             }
@@ -1667,8 +1679,20 @@ fn secrets(t: &mut Table) {
     );
     t.count(
         "secrets",
-        "requests whose body (what the model is sent) held a token",
+        "requests whose body (what the model is sent) held a token, in any form",
         n("tokens_in_bodies") as usize,
+    );
+    t.add(
+        "secrets",
+        "requests showing the agents' reads of the token file refused",
+        n("reads_refused"),
+        "> 0",
+        n("reads_refused") > 0 && n("reads_refused") != u64::MAX,
+    );
+    t.count(
+        "secrets",
+        "requests showing a read that got through (caught only by redaction)",
+        n("reads_redacted") as usize,
     );
 }
 
@@ -1691,7 +1715,14 @@ fn temp_home(prefix: &str) -> PathBuf {
 
 /// A token file outside any home for the simulated client, and the two tokens it will hold.
 fn token_file(prefix: &str) -> (PathBuf, [String; 2]) {
-    let path = temp_home(prefix).join("sim-token");
+    // Not under the temporary folder: a token there cannot be hidden, and `start` refuses it.
+    let parent = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(parent)
+        .unwrap()
+        .keep();
+    let path = dir.join("sim-token");
     let tokens = [
         format!("fk-chaos-{}-first-7d1e", std::process::id()),
         format!("fk-chaos-{}-second-92bc", std::process::id()),
@@ -1869,6 +1900,11 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
         }
     }
     let filled_in_scoring = scoring_starts(&log) > 0;
+    // Benches that end from here on may have found no room for their result.
+    let before_fill = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .count();
     // Fill what is left.
     let filler = dir.join("filler");
     if let Ok(mut f) = std::fs::File::create(&filler) {
@@ -1904,7 +1940,7 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
     let (done, all) = sessions_finished(&home);
     let (got, want) = (winners(&home), winners(clean));
     let unfinished = unfinished_runs(&home);
-    let again = reruns(&log).0;
+    let again = reruns_of(&log, before_fill).0;
     let _ = Command::new("umount").arg(&dir).status();
     if when == Fill::Scoring {
         t.add(
@@ -1941,7 +1977,11 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
         done == all && all > 0,
     );
     t.count(section, "runs left unfinished after resume", unfinished);
-    t.count(section, "finished benches run again", again);
+    t.count(
+        section,
+        "benches finished before the disk filled, run again",
+        again,
+    );
     if got != want || got.is_empty() {
         println!("{section}: winners {got}\n  uninterrupted: {want}");
     }
@@ -2032,13 +2072,14 @@ fn main() {
             .unwrap_or(0xC4A05),
     );
     let mut t = Table::default();
-    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input`, `=store`, `=signals` or `=disk`: that
-    // section alone.
+    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input`, `=store`, `=signals`, `=disk` or
+    // `=secrets`: that section alone.
     match std::env::var("FK_CHAOS_ONLY").as_deref() {
         Ok("scoring") => scoring_kills(&mut t, &mut rng),
         Ok("folder") => lost_folder(&mut t),
         Ok("input") => bad_input(&mut t, &small_finished_home()),
         Ok("store") => corrupted_store(&mut t, &small_finished_home()),
+        Ok("secrets") => secrets(&mut t),
         Ok("disk") => {
             let clean = temp_home("chaos-disk-clean");
             campaign(&clean, &clean.join("invocations.log"), false)

@@ -131,7 +131,11 @@ async fn simulated(mut config: Config, env: &Env) -> Result<Parts, Error> {
     let provider = sim_provider("http://127.0.0.1/v1");
     let path_var = std::env::var("PATH").ok();
     crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
+    // A token file (the chaos bench's) is kept from agent code as a real one is.
+    config.secret_files.extend(params.chaos.token_file.clone());
     let home = Home::open(config, env, Holder::Daemon).await?;
+    let confinement = home.config.confinement();
+    confinement.require(home.config.allow_unconfined)?;
     let server = crate::sim::setup::start_server(&params)
         .await
         .map_err(|e| {
@@ -223,7 +227,7 @@ pub async fn sim_runner_params(
             driver: Arc::new(driver),
             checks: Checks::Simulated,
         }),
-        shell_env: sim_shell_env(&params.exe),
+        shell_env: sim_shell_env(&params.exe).confined(config.confinement()),
         loop_params: LoopParams {
             max_turns: config.limits.max_turns,
             ..LoopParams::new(INSTRUCTIONS.to_string(), 400_000)

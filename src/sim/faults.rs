@@ -66,10 +66,39 @@ pub struct FaultReport {
     /// Requests for a turn that came before the `Retry-After` its 429 asked for had passed.
     pub early_retries: u64,
     /// With a token file: rotations seen, requests that carried a token the file no longer
-    /// held (each answered 401), and requests whose body held a token (sent to the model).
+    /// held (each answered 401), and requests whose body held a token in any form a leak
+    /// takes (as it is, reversed, hex, base64, base32, gzip then base64: sent to the model).
     pub rotations: u64,
     pub stale_tokens: u64,
     pub tokens_in_bodies: u64,
+    /// With a token file, the scripted agent's first shell command tries to read it
+    /// ([`attack_command`]): requests whose body shows a read refused ("Permission denied"),
+    /// and requests whose body shows a read that got through and was caught only by the
+    /// redaction behind the confinement (`[REDACTED]`).
+    pub reads_refused: u64,
+    pub reads_redacted: u64,
+}
+
+/// The shell command of an agent that tries to take the token file at `path`: read it as it
+/// is and in the encodings that pass a plain search, through Python, through a GPU lease, by
+/// listing its folder, and from the daemon's environment.
+pub fn attack_command(path: &std::path::Path) -> String {
+    let f = path.display();
+    let dir = path.parent().unwrap_or(path).display();
+    [
+        "ls -R .".to_string(),
+        format!("cat '{f}'"),
+        format!("base64 '{f}'"),
+        format!("base32 '{f}'"),
+        format!("od -An -tx1 '{f}'"),
+        format!("rev '{f}'"),
+        format!("gzip -c '{f}' | base64"),
+        format!("python3 -c \"print(open('{f}').read())\""),
+        format!("ls -la '{dir}'"),
+        format!("fk-agentd lease -- cat '{f}'"),
+        "tr '\\0' '\\n' < /proc/$PPID/environ".to_string(),
+    ]
+    .join("; ")
 }
 
 #[derive(Default)]
@@ -123,9 +152,12 @@ impl FaultPlan {
             }
             log.tokens.push(current.clone());
         }
-        if log.tokens.iter().any(|t| body.contains(t.as_str())) {
+        let redact = crate::llm::redact::redact;
+        if log.tokens.iter().any(|t| redact(body, t) != body) {
             log.report.tokens_in_bodies += 1;
         }
+        log.report.reads_refused += u64::from(body.contains("Permission denied"));
+        log.report.reads_redacted += u64::from(body.contains(crate::llm::redact::REDACTED));
         let sent = bearer.strip_prefix("Bearer ").unwrap_or("");
         let ok = !current.is_empty() && sent == current;
         if !ok && log.tokens.iter().any(|t| t == sent) {

@@ -12,6 +12,7 @@
 //! ([`super::codex`]). Every client is refused what Cortex refuses: hosted tools, a
 //! `:` in the model id, `store` other than false.
 
+use std::path::Path;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -188,7 +189,8 @@ async fn respond(
     let items = if super::codex::is_codex(&body) {
         super::codex::items(&input, &turn_id, script.seed)
     } else {
-        step.items(target, &turn_id, script.seed)
+        let attack = script.faults.token_file.as_deref();
+        step.items(target, &turn_id, script.seed, attack)
     };
     let input_bytes = body.to_string().len() as u64;
     let mut stream = sse_stream(&turn_id, &items, input_bytes);
@@ -313,11 +315,16 @@ impl Step {
         }
     }
 
-    fn items(&self, target: &str, turn_id: &str, seed: u64) -> Vec<Value> {
+    /// The turn's items; with `attack` (a token file), the first look around also tries to
+    /// read it ([`super::faults::attack_command`]).
+    fn items(&self, target: &str, turn_id: &str, seed: u64, attack: Option<&Path>) -> Vec<Value> {
         let (thought, call) = match self {
             Step::Explore => (
                 "Look at the workspace and the baseline first.",
-                call("shell", json!({"cmd": "ls -R ."})),
+                call(
+                    "shell",
+                    json!({"cmd": attack.map_or("ls -R .".into(), super::faults::attack_command)}),
+                ),
             ),
             Step::Write { variant } => (
                 "Write a fused kernel for the captured shapes.",

@@ -391,3 +391,62 @@ async fn the_import_check_runs_candidate_code_confined_and_without_the_daemons_e
     assert!(text.contains("Permission denied"), "{text}");
     assert_no_token(&text);
 }
+
+/// A simulated campaign with a token file keeps it from its agents as a real one does: every
+/// scripted agent's first command tries to read it (cat, base64, base32, od, rev, gzip, Python,
+/// a lease, the daemon's environment) and the server sees those reads refused, never one that
+/// got through; a token under the shared temporary folder is refused before any session.
+#[test]
+fn the_simulations_agents_that_try_to_read_the_token_file_are_refused() {
+    let tmp = private_dir();
+    let (token, _) = secret(tmp.path());
+    if hiding(&token).is_none() {
+        return;
+    }
+    let home = tmp.path().join("home");
+    let out = super::support::fk(&home)
+        .env(fk_agentd::sim::faults::SIM_TOKEN_FILE_ENV, &token)
+        .args(["start", "--sim", "--targets", "L1/gelu,L1/relu"])
+        .timeout(Duration::from_secs(300))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(home.join("sim-faults.json")).unwrap()).unwrap();
+    let n = |k: &str| report[k].as_u64().unwrap();
+    assert!(n("reads_refused") > 0, "{report}");
+    assert_eq!(
+        (n("reads_redacted"), n("tokens_in_bodies")),
+        (0, 0),
+        "{report}"
+    );
+    for path in walk(&home) {
+        assert_no_token(&String::from_utf8_lossy(&std::fs::read(&path).unwrap()));
+    }
+
+    let shared = tempfile::tempdir_in("/tmp").unwrap();
+    let exposed = shared.path().join("token");
+    std::fs::write(&exposed, TOKEN).unwrap();
+    let refused = super::support::fk(&tmp.path().join("home2"))
+        .env(fk_agentd::sim::faults::SIM_TOKEN_FILE_ENV, &exposed)
+        .args(["start", "--sim", "--targets", "L1/gelu"])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(err.contains("refusing to start"), "{err}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else if path.is_file() {
+            out.push(path);
+        }
+    }
+    out
+}
