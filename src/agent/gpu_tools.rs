@@ -287,7 +287,7 @@ async fn noise_band<L: BenchLauncher>(
     if let Some(noise) = crate::score::calibration::cached_for(driver, &home.join("calibration"))
         .and_then(|c| c.fair)
     {
-        return Ok((1.96 * (noise.sigma.powi(2) + noise.tau.powi(2)).sqrt()).max(0.01));
+        return Ok(noise.half_width95());
     }
     let dir = run_dir.join("noise").join(&key[..12]);
     let file = dir.join(format!("L{}_{}.json", t.level(), t.stem()));

@@ -9,7 +9,7 @@ use std::path::Path;
 use maud::{Markup, html};
 
 use super::DashboardState;
-use super::svg::{self, Series};
+use super::svg::{self, Series, SpeedPoint};
 use crate::score::compare::{self, Comparison, LevelRow, Side};
 use crate::score::confirm::Confirmation;
 use crate::score::gate::GateKind;
@@ -77,6 +77,30 @@ fn benches_of(c: &Confirmation) -> String {
 
 fn speed(g: Option<f64>) -> String {
     g.map_or("—".into(), |g| format!("{g:.3}×"))
+}
+
+/// A stage's speedups target by target, with their intervals, the threshold and the band of
+/// identical code (the calibration's, where the score had one).
+fn stage_chart(stage: &StageReport, band: Option<(f64, f64)>) -> Markup {
+    let points: Vec<SpeedPoint> = stage
+        .gate
+        .verdicts
+        .iter()
+        .filter_map(|v| {
+            let c = v.confirmation.as_ref();
+            Some(SpeedPoint {
+                label: v.target.to_string(),
+                value: c.and_then(|c| c.geomean).or(v.geomean)?,
+                interval: c.and_then(|c| c.ci95),
+                winner: v.winner,
+            })
+        })
+        .collect();
+    if points.is_empty() {
+        return html! {};
+    }
+    let title = "speedup per target (dot: the verdict's speedup, filled for a winner; whisker: 95 % interval; dashed: threshold; shaded: identical code)";
+    html! { div.charts { (svg::speedup_intervals(title, &points, stage.gate.gate.threshold, band)) } }
 }
 
 /// A stage's verdicts by level, then target by target. Under the confirmed gate both verdicts
@@ -182,10 +206,10 @@ fn comparison_chart(c: &Comparison) -> Markup {
                 Series { name: "independent", css: "s-ind", values: of(|r| &r.independent, |s| Some(s.winners as f64)) },
                 Series { name: "sequential", css: "s-seq", values: of(|r| &r.sequential, |s| Some(s.winners as f64)) },
             ], |v| format!("{v:.0}")))
-            (svg::bars("geomean speedup over all targets", &labels, &[
+            (svg::speedup_bars("geomean speedup over all targets", &labels, &[
                 Series { name: "independent", css: "s-ind", values: of(|r| &r.independent, |s| s.geomean_all) },
                 Series { name: "sequential", css: "s-seq", values: of(|r| &r.sequential, |s| s.geomean_all) },
-            ], |v| format!("{v:.3}×")))
+            ]))
         }
     }
 }
@@ -246,10 +270,17 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
     };
     let seq = generation.as_deref().and_then(sequential);
     let cmp = comparison(state, run);
+    let pair = crate::scheduler::budget::pair_of(&state.store, &run.id)
+        .ok()
+        .flatten();
     html! {
         @if let Some((g, _)) = &complete { p.meta { "results generation " code { (name(g)) } } }
         @else if let Some(g) = &generation { p.meta { "results generation " code { (name(g)) } } }
         @if let Some(text) = &pending { p.meta id="pending-score" { (text) } }
+        @if let Some(other) = &pair {
+            p.meta id="pair" { "the other half of this --mode all campaign: "
+                a href=(format!("/scores?run={other}")) { code { (other) } } }
+        }
         @match &cmp {
             Ok(Some(c)) => { (comparison_chart(c)) }
             Ok(None) => { p.meta { "Not a --mode all pair: no independent-vs-sequential comparison." } }
@@ -259,8 +290,10 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
             @if s.simulated { p.simulated-note { "SIMULATED bench: these speedups are not measurements." } }
             p.meta id="timing" { "timing: " (s.timing.describe()) }
             @if let Some(c) = &s.calibration { p.meta id="calibration" { "calibration: " (c.describe()) } }
-            @if let Some(st) = &s.standalone { (stage_table("Standalone", "standalone", &rows_of(st))) }
-            @if let Some(st) = &s.composed { (stage_table("Composed", "composed", &rows_of(st))) }
+            p.meta id="noise-floor" { (crate::score::render::noise_words(s)) }
+            @let band = s.calibration.as_ref().and_then(|c| c.fair).map(|n| n.band95());
+            @if let Some(st) = &s.standalone { (stage_table("Standalone", "standalone", &rows_of(st))) (stage_chart(st, band)) }
+            @if let Some(st) = &s.composed { (stage_table("Composed", "composed", &rows_of(st))) (stage_chart(st, band)) }
         }
         @if let Some(m) = &seq { (m) }
         @if complete.is_none() && seq.is_none() {

@@ -1,6 +1,11 @@
 //! Charts drawn on the server as SVG: the GPU lease timeline (one lane per GPU, a bar per
-//! lease coloured by class, deadline kills and drains marked) and grouped bar charts (the
-//! independent-vs-sequential comparison). Markup out, no script needed to read them.
+//! lease coloured by class, deadline kills and drains marked), grouped bar charts (the
+//! independent-vs-sequential comparison) and speedup charts. Markup out, no script needed to
+//! read them.
+//!
+//! Speedups are drawn on a log scale about the 1.0× line (a bar up is faster, down slower; a
+//! ratio and its inverse lie as far from it), with tick marks, so 1.147× and 1.185× do not look
+//! the same as bars from zero would make them.
 
 use maud::{Markup, PreEscaped, html};
 use time::OffsetDateTime;
@@ -75,11 +80,13 @@ fn axis(scale: &Scale, height: f64) -> Markup {
 /// The lease timeline of a run.
 pub fn timeline(view: &RunView) -> Markup {
     let lanes = view.gpu_lanes();
+    // Every GPU of the campaign gets a lane, those no lease has reached yet too.
+    let idle = lanes.len()..view.gpu_count();
     let scale = Scale {
         start: view.start(),
         span_s: view.elapsed_s().max(1.0),
     };
-    let height = AXIS_H + LANE_H * lanes.len().max(1) as f64 + 8.0;
+    let height = AXIS_H + LANE_H * idle.end.max(1) as f64 + 8.0;
     let lane_y = |uuid: &str| {
         lanes
             .iter()
@@ -95,7 +102,12 @@ pub fn timeline(view: &RunView) -> Markup {
                 rect.lane x=(LABEL_W) y=(y + 2.0) width=(WIDTH - LABEL_W - 10.0) height=(LANE_H - 4.0) {}
                 text.lane-label x="4" y=(y + LANE_H / 2.0 + 4.0) { title { (lane) } (lane_label(i, lane)) }
             }
-            @if lanes.is_empty() {
+            @for i in idle.clone() {
+                @let y = AXIS_H + LANE_H * i as f64;
+                rect.lane x=(LABEL_W) y=(y + 2.0) width=(WIDTH - LABEL_W - 10.0) height=(LANE_H - 4.0) {}
+                text.lane-label x="4" y=(y + LANE_H / 2.0 + 4.0) { "GPU " (i) " · no lease yet" }
+            }
+            @if idle.end == 0 {
                 text.tick x=(LABEL_W) y=(AXIS_H + 16.0) { "no lease yet" }
             }
             @for l in &view.leases {
@@ -175,6 +187,150 @@ pub fn bars(
                 @let lx = left + 150.0 * i as f64;
                 rect class={"bar " (s.css)} x=(lx) y=(h - 14.0) width="10" height="10" {}
                 text.tick x=(lx + 14.0) y=(h - 5.0) { (s.name) }
+            }
+        }
+    }
+}
+
+/// A log-scale axis of speedups that always holds 1.0×, with ticks at round ratios.
+struct SpeedAxis {
+    lo: f64,
+    hi: f64,
+}
+
+/// Where ticks may go.
+const SPEED_TICKS: [f64; 17] = [
+    0.1, 0.25, 0.5, 0.67, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0,
+];
+
+impl SpeedAxis {
+    /// Wide enough for `values` and 1.0× with a margin (at least 0.9× to 1.1×).
+    fn of(values: impl IntoIterator<Item = f64>) -> Self {
+        let (mut lo, mut hi) = (0.9f64, 1.1f64);
+        for v in values.into_iter().filter(|v| *v > 0.0 && v.is_finite()) {
+            lo = lo.min(v / 1.04);
+            hi = hi.max(v * 1.04);
+        }
+        Self { lo, hi }
+    }
+
+    /// Where `v` lies from 0 (at `lo`) to 1 (at `hi`), clamped.
+    fn at(&self, v: f64) -> f64 {
+        let (a, b) = (self.lo.ln(), self.hi.ln());
+        ((v.max(1e-9).ln() - a) / (b - a)).clamp(0.0, 1.0)
+    }
+
+    fn ticks(&self) -> Vec<f64> {
+        SPEED_TICKS
+            .iter()
+            .copied()
+            .filter(|t| (self.lo..=self.hi).contains(t))
+            .collect()
+    }
+}
+
+/// Grouped bars of speedups on a log scale from the 1.0× line: one group per label, one bar
+/// per series, a tick mark per round ratio.
+pub fn speedup_bars(title: &str, labels: &[String], series: &[Series<'_>]) -> Markup {
+    let (w, h, top, bottom, left) = (520.0, 250.0, 30.0, 40.0, 50.0);
+    let axis = SpeedAxis::of(
+        series
+            .iter()
+            .flat_map(|s| s.values.iter().flatten().copied()),
+    );
+    let plot_h = h - top - bottom;
+    let y = |v: f64| top + plot_h * (1.0 - axis.at(v));
+    let group_w = (w - left - 10.0) / labels.len().max(1) as f64;
+    let bar_w = (group_w - 16.0) / series.len().max(1) as f64;
+    html! {
+        svg.chart viewBox={"0 0 " (w) " " (h)} width=(w) height=(h) role="img" aria-label=(title)
+            xmlns="http://www.w3.org/2000/svg" {
+            text.chart-title x=(left) y="18" { (title) }
+            @for t in axis.ticks() {
+                line.grid x1=(left) x2=(w - 10.0) y1=(y(t)) y2=(y(t)) {}
+                text.tick x=(left - 4.0) y=(y(t) + 4.0) text-anchor="end" { (format!("{t}×")) }
+            }
+            line.axis.one x1=(left) x2=(w - 10.0) y1=(y(1.0)) y2=(y(1.0)) {}
+            @for (g, label) in labels.iter().enumerate() {
+                @let gx = left + group_w * g as f64 + 8.0;
+                text.tick x=(gx + (group_w - 16.0) / 2.0) y=(h - bottom + 16.0) text-anchor="middle" { (label) }
+                @for (i, s) in series.iter().enumerate() {
+                    @if let Some(v) = s.values.get(g).copied().flatten() {
+                        @let (a, b) = (y(v).min(y(1.0)), y(v).max(y(1.0)));
+                        @let x = gx + bar_w * i as f64;
+                        rect class={"bar " (s.css)} x=(x) y=(a) width=(bar_w - 2.0) height=((b - a).max(1.0)) {
+                            title { (s.name) " " (label) ": " (format!("{v:.3}×")) }
+                        }
+                        text.value x=(x + (bar_w - 2.0) / 2.0) y=(if v >= 1.0 { a - 3.0 } else { b + 11.0 }) text-anchor="middle" { (format!("{v:.3}×")) }
+                    }
+                }
+            }
+            @for (i, s) in series.iter().enumerate() {
+                @let lx = left + 150.0 * i as f64;
+                rect class={"bar " (s.css)} x=(lx) y=(h - 14.0) width="10" height="10" {}
+                text.tick x=(lx + 14.0) y=(h - 5.0) { (s.name) }
+            }
+        }
+    }
+}
+
+/// One target's speedup for [`speedup_intervals`].
+pub struct SpeedPoint {
+    pub label: String,
+    pub value: f64,
+    /// Its 95 % interval, where the confirmation measured one.
+    pub interval: Option<(f64, f64)>,
+    pub winner: bool,
+}
+
+/// One row per target: its speedup as a dot (filled for a winner) with its 95 % interval as a
+/// whisker, on a log scale with the 1.0× line, the gate's threshold dashed and the band one
+/// bench of identical code falls in (the calibration's) shaded.
+pub fn speedup_intervals(
+    title: &str,
+    points: &[SpeedPoint],
+    threshold: f64,
+    band: Option<(f64, f64)>,
+) -> Markup {
+    let (w, row_h, top, left, right) = (720.0, 16.0, 40.0, 190.0, 70.0);
+    let h = top + row_h * points.len() as f64 + 24.0;
+    let ends = points.iter().flat_map(|p| {
+        let (lo, hi) = p.interval.unwrap_or((p.value, p.value));
+        [p.value, lo, hi]
+    });
+    let band_ends = band.into_iter().flat_map(|(a, b)| [a, b]);
+    let axis = SpeedAxis::of(ends.chain(band_ends).chain([threshold]));
+    let x = |v: f64| left + (w - left - right) * axis.at(v);
+    let bottom = h - 24.0;
+    html! {
+        svg.chart viewBox={"0 0 " (w) " " (h)} width=(w) height=(h) role="img" aria-label=(title)
+            xmlns="http://www.w3.org/2000/svg" {
+            text.chart-title x="8" y="18" { (title) }
+            @if let Some((a, b)) = band {
+                rect.band x=(x(a)) y=(top - 6.0) width=((x(b) - x(a)).max(1.0)) height=(bottom - top + 6.0) {
+                    title { (format!("one bench of identical code: 95 % within {a:.3}× to {b:.3}×")) }
+                }
+            }
+            @for t in axis.ticks() {
+                line.grid x1=(x(t)) x2=(x(t)) y1=(top - 6.0) y2=(bottom) {}
+                text.tick x=(x(t)) y=(bottom + 14.0) text-anchor="middle" { (format!("{t}×")) }
+            }
+            line.axis.one x1=(x(1.0)) x2=(x(1.0)) y1=(top - 6.0) y2=(bottom) {}
+            line.threshold x1=(x(threshold)) x2=(x(threshold)) y1=(top - 6.0) y2=(bottom) {
+                title { (format!("the gate's threshold, {threshold}×")) }
+            }
+            @for (i, p) in points.iter().enumerate() {
+                @let cy = top + row_h * i as f64 + row_h / 2.0;
+                text.tick x=(left - 8.0) y=(cy + 4.0) text-anchor="end" { (p.label) }
+                @if let Some((lo, hi)) = p.interval {
+                    line.whisker x1=(x(lo)) x2=(x(hi)) y1=(cy) y2=(cy) {}
+                }
+                circle class={"dot " @if p.winner { "v-winner" } @else { "v-not-winner" }} cx=(x(p.value)) cy=(cy) r="4" {
+                    title { (p.label) ": " (format!("{:.3}×", p.value))
+                        @if let Some((lo, hi)) = p.interval { (format!(", 95 % in {lo:.3}× to {hi:.3}×")) }
+                        @if p.winner { " (winner)" } }
+                }
+                text.value x=(w - right + 6.0) y=(cy + 4.0) { (format!("{:.3}×", p.value)) }
             }
         }
     }

@@ -232,25 +232,27 @@ fn stage(out: &mut String, title: &str, s: &StageReport, header: &str, width: us
     out.push_str(&gate_table(s, header, width));
 }
 
-fn noise_line(out: &mut String, r: &ScoreReport, width: usize) {
+/// What the score's noise floor found, in words (`noise floor  self-test of …`).
+pub fn noise_words(r: &ScoreReport) -> String {
     let Some(n) = &r.noise_floor else {
-        let _ = writeln!(out, "noise floor  not measured (--noise-sample 0)");
-        return;
+        return "noise floor  not measured (--noise-sample 0)".to_string();
     };
     let names: Vec<String> = n.targets.iter().map(|t| t.to_string()).collect();
     let names = names.join(", ");
     match (n.geomean, n.p05, n.p95) {
-        (Some(g), Some(lo), Some(hi)) => {
-            let line = format!(
-                "noise floor  self-test of {names} ({} rows): geomean {g:.3}×, 90% of rows in [{lo:.3}×, {hi:.3}×]",
-                n.rows
-            );
-            out.push_str(&wrap(&line, width, 13));
-        }
-        _ => {
-            let _ = writeln!(out, "noise floor  self-test of {names} gave no rows");
-        }
+        (Some(g), Some(lo), Some(hi)) => format!(
+            "noise floor  self-test of {names} ({} rows): geomean {g:.3}×, 90% of rows in [{lo:.3}×, {hi:.3}×]",
+            n.rows
+        ),
+        _ => format!("noise floor  self-test of {names} gave no rows"),
     }
+}
+
+fn noise_line(out: &mut String, r: &ScoreReport, width: usize) {
+    out.push_str(&wrap(&noise_words(r), width, 13));
+    let Some(n) = &r.noise_floor else {
+        return;
+    };
     for f in &n.failures {
         let _ = writeln!(out, "  noise floor: {f}");
     }

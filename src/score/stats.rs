@@ -33,6 +33,18 @@ pub struct NoiseStats {
 }
 
 impl NoiseStats {
+    /// Half the width (log) of the band one bench of identical code falls in 95 % of the
+    /// time: 1.96 of the spread and the per-target offset together, at least 1 %.
+    pub fn half_width95(&self) -> f64 {
+        (1.96 * (self.sigma.powi(2) + self.tau.powi(2)).sqrt()).max(0.01)
+    }
+
+    /// That band as speedups, about the bias: `[bias·e^-h, bias·e^h]`.
+    pub fn band95(&self) -> (f64, f64) {
+        let h = self.half_width95();
+        (self.bias * (-h).exp(), self.bias * h.exp())
+    }
+
     /// The statistics of `(target, geomean)` benches; `None` with fewer than 2 benches of
     /// some target's worth to measure a spread from.
     pub fn of(benches: &[(TargetId, f64)]) -> Option<Self> {

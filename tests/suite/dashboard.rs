@@ -567,7 +567,12 @@ fn the_lease_timeline_draws_lanes_bars_kills_and_drains() {
             pid: None,
         },
         sessions: Vec::new(),
-        tally: Tally::default(),
+        // Four GPUs, two of them never leased: they get lanes too.
+        tally: {
+            let mut t = Tally::default();
+            t.gpu_count = Some(4);
+            t
+        },
         leases: vec![
             span(
                 "lease-a",
@@ -675,12 +680,55 @@ async fn the_scores_page_says_how_speedups_were_timed_and_calibrated() {
             "measured_at": "2026-12-06T19:00:00Z", "targets": ["L1/gelu"], "benches": [],
             "fair": noise, "published": null, "gpu_seconds": 150.0, "simulated": false
         },
+        "noise_floor": {"targets": ["L1/gelu", "L1/relu"], "rows": 12, "geomean": 0.997,
+                        "p05": 0.962, "p95": 1.031, "failures": [], "simulated": false},
         "standalone": {"gate": {"gate": {"threshold": 1.0, "kind": "confirmed", "confirm": 3},
-                                "verdicts": []}},
+                                "verdicts": [
+            {"target": "L1/gelu", "winner": true, "published": true, "geomean": 1.19,
+             "confirmation": {"benches": [1.19, 1.15, 1.17], "outliers": [], "geomean": 1.147,
+                              "ci95": [1.11, 1.185], "confirmed": true}},
+            {"target": "L1/silu", "winner": false, "published": true, "geomean": 1.02,
+             "reason": "not confirmed",
+             "confirmation": {"benches": [1.02, 0.99], "outliers": [], "geomean": 1.004,
+                              "ci95": [0.975, 1.034], "confirmed": false}},
+            {"target": "L1/relu", "winner": false, "published": false, "geomean": 0.91,
+             "reason": "geomean 0.91 < 1.0"},
+        ]}},
     });
     std::fs::write(results.join("score.json"), score_json(score.clone())).unwrap();
     let bearer = format!("Bearer {}", state.token.expose());
     let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
+    // The noise floor the CLI prints, and a chart of every target's speedup with its interval,
+    // the threshold and the band of identical code (bias 0.998 × e^±1.96·√(σ²+τ²)).
+    assert!(
+        body.contains("noise floor  self-test of L1/gelu, L1/relu (12 rows): geomean 0.997×, 90% of rows in [0.962×, 1.031×]"),
+        "{body}"
+    );
+    let at = body.find("speedup per target").expect("a speedup chart");
+    let chart = body[at..].split("</svg>").next().unwrap();
+    assert_eq!(chart.matches("<circle").count(), 3, "{chart}");
+    assert_eq!(chart.matches("class=\"whisker\"").count(), 2, "{chart}");
+    assert!(chart.contains("95 % in 1.110× to 1.185×"), "{chart}");
+    assert!(chart.contains("class=\"dot v-winner\""), "{chart}");
+    assert!(chart.contains("95 % within 0.975× to 1.021×"), "{chart}");
+    assert!(chart.contains("the gate's threshold, 1×"), "{chart}");
+    // Not a --mode all half: no link to another run.
+    assert!(!body.contains("id=\"pair\""), "{body}");
+    // One half of a --mode all campaign links to its other half.
+    state
+        .store
+        .append(
+            RUN,
+            "run_started",
+            None,
+            &json!({"run_id": RUN, "mode": "independent", "pair": "20261207-000000-seq-l1-sim-0000"}),
+        )
+        .unwrap();
+    let (_, body, _) = get(&state, "/scores", Some(&bearer)).await;
+    assert!(
+        body.contains("href=\"/scores?run=20261207-000000-seq-l1-sim-0000\""),
+        "{body}"
+    );
     assert!(
         body.contains("timing: paired: candidate and baseline timed alternately"),
         "{body}"
@@ -689,4 +737,61 @@ async fn the_scores_page_says_how_speedups_were_timed_and_calibrated() {
         body.contains("calibration: measured on NVIDIA H100 80GB HBM3: 0 A/A benches of L1/gelu (1), 150 GPU-s; paired: bias 0.998×, spread 0.011"),
         "{body}"
     );
+}
+
+/// Speedup bars start at the 1.0× line on a log scale: 1.147× and 1.185× differ visibly, a
+/// slowdown goes down as far as its inverse goes up, and the axis has ticks.
+#[test]
+fn speedup_bars_grow_from_the_one_line_on_a_log_scale() {
+    let labels = vec!["L1".to_string(), "L2".to_string(), "L3".to_string()];
+    let chart = svg::speedup_bars(
+        "geomean",
+        &labels,
+        &[svg::Series {
+            name: "independent",
+            css: "s-ind",
+            values: vec![Some(1.147), Some(1.185), Some(1.0 / 1.185)],
+        }],
+    )
+    .into_string();
+    // (y, height) of each bar.
+    let bars: Vec<(f64, f64)> = chart
+        .split("<rect class=\"bar s-ind\" ")
+        .skip(1)
+        .take(3)
+        .map(|r| {
+            let attr = |name: &str| -> f64 {
+                let v = r.split(&format!("{name}=\"")).nth(1).unwrap();
+                v.split('"').next().unwrap().parse().unwrap()
+            };
+            (attr("y"), attr("height"))
+        })
+        .collect();
+    let one: f64 = chart
+        .split("class=\"axis one\"")
+        .nth(1)
+        .and_then(|s| s.split("y1=\"").nth(1))
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let [(y1, h1), (y2, h2), (y3, h3)] = bars[..] else {
+        panic!("{chart}")
+    };
+    assert!(
+        h2 > h1 * 1.2,
+        "1.185× is not visibly taller than 1.147×: {h1} {h2}"
+    );
+    assert!((y1 + h1 - one).abs() < 1e-6 && (y2 + h2 - one).abs() < 1e-6);
+    assert!(
+        (y3 - one).abs() < 1e-6,
+        "a slowdown hangs from the 1.0× line"
+    );
+    assert!(
+        (h3 - h2).abs() < 1e-6,
+        "a ratio and its inverse lie as far from 1.0×"
+    );
+    for tick in [">1×<", ">1.1×<", ">0.9×<"] {
+        assert!(chart.contains(tick), "no tick {tick}: {chart}");
+    }
 }
