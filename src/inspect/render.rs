@@ -262,8 +262,12 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
                 st.push_str(" · ran under a GPU lease from the shell");
             }
             out.push(format!("    {st}"));
-            if let Some(text) = output {
-                out.body(text, "    ");
+            match (&call.runs, output) {
+                (Some(name), _) if !out.o.full => {
+                    out.push(format!("    (its result: the {name} call below)"));
+                }
+                (_, Some(text)) => out.body(text, "    "),
+                _ => {}
             }
         }
         ToolDetail::WriteFile { path, lines, .. } => {

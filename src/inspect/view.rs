@@ -94,6 +94,20 @@ pub struct ToolCall {
     /// The validation event recorded during a `validate` call.
     pub validation: Option<Value>,
     pub detail: ToolDetail,
+    /// A shell command that ran `fk-agentd tool NAME` (a codex session's way to call a
+    /// tool): the NAME call it made, shown right after it, holds its result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<String>,
+}
+
+/// The tool a shell command calls through `fk-agentd tool NAME`, by its call's name.
+fn tool_run_by(cmd: &str) -> Option<String> {
+    let rest = cmd.split("fk-agentd tool ").nth(1)?;
+    let name: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect();
+    (!name.is_empty()).then(|| name.replace('-', "_"))
 }
 
 /// Something the daemon or the provider did around the model's work.
@@ -271,7 +285,9 @@ impl Builder {
                 text: format!("a `{other}` item"),
             }),
         };
-        self.current_turn(m.turn, &e.at).entries.push(entry);
+        let entries = &mut self.current_turn(m.turn, &e.at).entries;
+        entries.push(entry);
+        place_tool_command(entries);
     }
 
     fn turn_finished(&mut self, e: &Event, t: &TurnFinished) {
@@ -373,6 +389,32 @@ impl Builder {
     }
 }
 
+/// A codex shell command that ran `fk-agentd tool NAME`, recorded after the NAME call it
+/// made (codex reports the command when it ends): moved to just before that call, and marked
+/// as running it, so the command reads before its result and the result is shown once.
+fn place_tool_command(entries: &mut Vec<Entry>) {
+    let Some(Entry::Tool(shell)) = entries.last() else {
+        return;
+    };
+    let ToolDetail::Shell { cmd, .. } = &shell.detail else {
+        return;
+    };
+    let Some(name) = tool_run_by(cmd) else {
+        return;
+    };
+    let made = entries[..entries.len() - 1].iter().rposition(
+        |e| matches!(e, Entry::Tool(c) if c.name == name && c.runs.is_none() && c.call_id.starts_with("fk_tool_")),
+    );
+    let Some(at) = made else {
+        return;
+    };
+    let Some(Entry::Tool(mut shell)) = entries.pop() else {
+        return;
+    };
+    shell.runs = Some(name);
+    entries.insert(at, Entry::Tool(shell));
+}
+
 fn call_of(call_id: &str, name: &str, raw: &str, started_at: Option<String>) -> ToolCall {
     let name = name.to_string();
     let arguments = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()));
@@ -435,12 +477,38 @@ fn typed_note(e: &Event) -> Option<String> {
             "history compacted ({}): {} bytes elided",
             c.why, c.elided_bytes
         ),
-        Kind::SessionResumed(r) => format!(
-            "resumed after a restart at turn {} ({} call(s) pending)",
-            r.turns,
-            r.pending_calls
-                .map_or_else(|| "null".to_string(), |n| n.to_string())
+        Kind::SessionResumed(r) => match r.pending_calls {
+            Some(n) => format!(
+                "resumed after a restart at turn {} ({n} call(s) pending)",
+                r.turns
+            ),
+            None => format!("resumed after a restart at turn {}", r.turns),
+        },
+        Kind::CodexConfig(c) => format!(
+            "codex {} configured (its config.toml, {} lines, is in `session --json`)",
+            c.codex_version,
+            c.config_toml.lines().count()
         ),
+        Kind::CodexStarted(s) => {
+            let pid = s.pid.map_or_else(String::new, |p| format!(" (pid {p})"));
+            match s.resume {
+                true => format!("codex started again on its thread{pid}"),
+                false => format!("codex started{pid}"),
+            }
+        }
+        Kind::CodexThread(t) => format!("codex thread {}", t.thread_id),
+        Kind::CodexStopped(s) => format!("codex stopped: {}", s.why),
+        Kind::CodexResumeFailed(f) => format!(
+            "codex could not resume its thread ({}); it starts afresh",
+            f.status
+        ),
+        Kind::CodexRelayForgot(f) => format!(
+            "the relay left out {} bytes of reasoning the provider could no longer read: {}",
+            f.bytes, f.message
+        ),
+        Kind::CodexError(c) if c.fatal == Some(true) => format!("codex failed: {}", c.message),
+        Kind::CodexError(c) => format!("codex reported: {}", c.message),
+        Kind::CodexOutput(o) => format!("codex printed: {}", o.text),
         Kind::ToolInfraRetry(r) => format!(
             "{} failed for infrastructure reasons; retry {} in {} s: {}",
             r.name, r.attempt, r.delay_s, r.why

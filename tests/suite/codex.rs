@@ -135,6 +135,34 @@ fn codex_runs_a_shell_command_then_validate_then_finish_through_fk_agentd() {
     assert!(row["detail"]["tokens"].as_u64().unwrap_or(0) > 0, "{row}");
     assert!(row["detail"]["turns"].as_u64().unwrap_or(0) >= 4, "{row}");
 
+    // The readable view: the command that ran `fk-agentd tool validate` reads before the
+    // validate call it made, whose table shows once; codex's own events are words.
+    let view = fk(home.path())
+        .args(["session", "L1/gelu"])
+        .env("COLUMNS", "200")
+        .output()
+        .unwrap();
+    let view = String::from_utf8_lossy(&view.stdout);
+    let command = view
+        .find("fk-agentd tool validate")
+        .expect("the validate command");
+    let call = view.find("validate #1").expect("the validate call");
+    assert!(command < call, "{view}");
+    assert_eq!(view.matches("verdict: WINNER").count(), 1, "{view}");
+    assert!(
+        view.contains("(its result: the validate call below)"),
+        "{view}"
+    );
+    for raw in [
+        "codex_config {",
+        "codex_started {",
+        "codex_thread {",
+        "null call(s)",
+    ] {
+        assert!(!view.contains(raw), "{raw} in {view}");
+    }
+    assert!(view.contains("· codex started (pid "), "{view}");
+
     let events = events_of(home.path(), "L1/gelu");
     let calls: Vec<(String, String)> = events
         .iter()
