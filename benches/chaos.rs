@@ -13,7 +13,7 @@
 //!   level), at least 20 times, each followed by `resume`: winners against the uninterrupted
 //!   campaign, finished benches run again, verdicts without a result (a replayed lease), runs
 //!   left unfinished;
-//! - **lost folder**: the run folder deleted about a second into an L1 campaign: the sessions
+//! - **lost folder**: the run folder deleted 0.3 s after the first session folder appears: the sessions
 //!   it breaks end as infrastructure failures (none blames the agent beyond the uninterrupted
 //!   run), and `resume` finishes the run;
 //! - **corrupted store**: a truncated and a bit-flipped `fk-agentd.db` under the read commands:
@@ -709,10 +709,19 @@ fn lost_folder(t: &mut Table) {
     let mut child = start(&home);
     let began = Instant::now();
     let runs = home.join("runs");
-    while std::fs::read_dir(&runs).map_or(true, |mut d| d.next().is_none()) {
+    // Aimed at running sessions: once the first session has its folder (on a loaded machine
+    // the start-up alone can take longer than a fixed delay).
+    let sessions_begun = || {
+        std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|run| walk(&run.path().join("sessions")).len() > 2)
+    };
+    while !sessions_begun() {
         assert!(
             began.elapsed() < Duration::from_secs(60),
-            "the campaign never started"
+            "the campaign never started its sessions"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
