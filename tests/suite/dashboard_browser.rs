@@ -286,6 +286,20 @@ fn after_the_run(base: &str, token: &str, shots: Option<&Path>) {
     let sessions = dump(&format!("{base}/sessions?token={token}"));
     assert_eq!(sessions.matches("<tr data-state=").count(), 133);
     assert!(sessions.contains("SIMULATED RUN"));
+    // The run is scored: every session winner says whether scoring kept it, none is left
+    // "not scored yet".
+    let rows: Vec<&str> = sessions.split("<tr data-state=").skip(1).collect();
+    let winners: Vec<&&str> = rows
+        .iter()
+        .filter(|r| r.contains("data-verdict=\"winner\""))
+        .collect();
+    assert!(!winners.is_empty(), "no session winner");
+    for row in &winners {
+        assert!(
+            row.contains("data-scoring=\"kept\"") || row.contains("data-scoring=\"not-kept\""),
+            "a winner without its scoring verdict: {row}"
+        );
+    }
     let leases = dump(&format!("{base}/leases?token={token}"));
     assert!(
         leases.contains("class=\"lease c-validate"),
@@ -297,6 +311,13 @@ fn after_the_run(base: &str, token: &str, shots: Option<&Path>) {
         scores.contains("Standalone") && scores.contains("Composed"),
         "{scores}"
     );
+    // Each stage's speedups drawn about the 1.0× line, the noise floor said.
+    assert!(
+        scores.matches("aria-label=\"speedup per target").count() >= 2,
+        "no speedup chart: {scores}"
+    );
+    assert!(scores.contains("class=\"axis one\""), "{scores}");
+    assert!(scores.contains("noise floor"), "{scores}");
     let pages = [
         ("overview", "/".to_string()),
         ("sessions", "/sessions".into()),
