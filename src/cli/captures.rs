@@ -119,7 +119,12 @@ pub(crate) fn screen_uncaptured(
             names.len(),
             config.captures.display(),
         );
-        eprintln!("{}", super::campaign_view::hinted(&note));
+        let note = super::campaign_view::hinted(&note);
+        // Wrapped where the terminal's width is known (stderr's, else `COLUMNS`).
+        match super::term::stderr_width().or_else(super::term::known_width) {
+            Some(width) => eprint!("{}", crate::report::wrap(&note, width, 6)),
+            None => eprintln!("{note}"),
+        }
         return Ok(Vec::new());
     }
     for n in &names {

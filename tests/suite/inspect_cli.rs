@@ -355,8 +355,21 @@ fn the_readable_views_fit_80_columns() {
             .args(args)
             .output()
             .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
         let out = String::from_utf8(out.stdout).unwrap();
         assert!(!out.is_empty(), "{args:?} printed nothing");
         fits(args, &out);
+        // The note on uncaptured targets (stderr) is wrapped to the width too.
+        if args[0] == "start" {
+            let note: Vec<&str> = err
+                .lines()
+                .skip_while(|l| !l.starts_with("note:"))
+                .take_while(|l| l.starts_with("note:") || l.starts_with("      "))
+                .collect();
+            assert!(note.len() > 1, "{err}");
+            for line in note {
+                assert!(line.chars().count() <= 80, "{line}");
+            }
+        }
     }
 }
