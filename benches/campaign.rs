@@ -173,7 +173,9 @@ impl SessionRunner for SimSessions {
                         let mut r = lock(&rec);
                         r.failures.push(format!("{target}: {e}"));
                         gauge(&mut r.live, false);
-                        let result = json!({"reason": e.to_string(), "simulated": true});
+                        let result = fk_agentd::event::SessionResult::from_value(
+                            json!({"reason": e.to_string(), "simulated": true}),
+                        );
                         return SessionOutcome {
                             status: SessionStatus::Failed,
                             result,
@@ -186,8 +188,9 @@ impl SessionRunner for SimSessions {
                 r.sessions.push((think, gpu));
                 gauge(&mut r.live, false);
             }
-            let result =
-                json!({"simulated": true, "think_s": think.as_secs(), "gpu_s": gpu.as_secs()});
+            let result = fk_agentd::event::SessionResult::from_value(
+                json!({"simulated": true, "think_s": think.as_secs(), "gpu_s": gpu.as_secs()}),
+            );
             SessionOutcome {
                 status: SessionStatus::Finished,
                 result,

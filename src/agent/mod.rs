@@ -108,7 +108,7 @@ pub(crate) fn failed_to_start(
     let _ = run.record_event(Some(&target.to_string()), &failed);
     SessionOutcome {
         status: SessionStatus::Failed,
-        result: SessionResult::infra(reason).to_value(),
+        result: SessionResult::infra(reason),
     }
 }
 

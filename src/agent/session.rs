@@ -182,7 +182,7 @@ pub(crate) fn finish(
     if let Some(result) = end.recorded {
         return SessionOutcome {
             status: end.status,
-            result: result.to_value(),
+            result,
         };
     }
     let result = SessionResult {
@@ -204,7 +204,7 @@ pub(crate) fn finish(
     }
     SessionOutcome {
         status: end.status,
-        result: result.to_value(),
+        result,
     }
 }
 

@@ -26,8 +26,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
-
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -47,7 +45,7 @@ pub use crate::event::{SessionState, SessionStatus};
 pub struct SessionOutcome {
     pub status: SessionStatus,
     /// A summary for `task_finished.result` (turns, tokens, best speedup, reason…).
-    pub result: Value,
+    pub result: SessionResult,
 }
 
 pub type SessionFuture = Pin<Box<dyn Future<Output = SessionOutcome> + Send>>;
@@ -174,15 +172,11 @@ pub async fn run_phase(
                 let grace = params.drain_deadline;
                 let handle = tasks.spawn(async move {
                     let started = tokio::time::Instant::now();
-                    let (status, result) = timed(fut, &slot, &cancel, timeout, grace).await;
+                    let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
                     drop(slot);
-                    let reported = result.is_object();
-                    let mut result = SessionResult::from_value(result);
-                    if reported {
-                        // What `campaign.order = "longest-first"` reads in later runs.
-                        let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
-                        result.session_s = Some(secs);
-                    }
+                    // What `campaign.order = "longest-first"` reads in later runs.
+                    let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
+                    result.session_s = Some(secs);
                     (target, status, result)
                 });
                 task_targets.insert(handle.id(), spawned_target);
@@ -250,7 +244,7 @@ async fn timed(
     cancel: &CancellationToken,
     timeout: Duration,
     grace: Duration,
-) -> (SessionStatus, Value) {
+) -> (SessionStatus, SessionResult) {
     if let Ok(outcome) = tokio::time::timeout(timeout, &mut fut).await {
         return (outcome.status, outcome.result);
     }
@@ -266,16 +260,19 @@ async fn timed(
             (outcome.status, outcome.result)
         }
         Ok(outcome) => {
-            let mut result = outcome.result;
-            if !result.is_object() {
-                result = json!({});
-            }
-            result["reason"] = json!(why);
+            let result = SessionResult {
+                reason: Some(why),
+                ..outcome.result
+            };
             (SessionStatus::TimedOut, result)
         }
         Err(_) => {
             tracing::warn!("a session outlived its timeout's grace and was dropped");
-            (SessionStatus::TimedOut, json!({"reason": why}))
+            let result = SessionResult {
+                reason: Some(why),
+                ..SessionResult::default()
+            };
+            (SessionStatus::TimedOut, result)
         }
     }
 }

@@ -34,7 +34,7 @@ impl SessionRunner for Spender {
                     _ = cancel.cancelled() => {
                         return SessionOutcome {
                             status: SessionStatus::Interrupted,
-                            result: json!({"reason": "cancelled"}),
+                            result: fk_agentd::event::SessionResult::from_value(json!({"reason": "cancelled"})),
                         };
                     }
                 }
@@ -49,7 +49,7 @@ impl SessionRunner for Spender {
             }
             SessionOutcome {
                 status: SessionStatus::Finished,
-                result: json!({}),
+                result: fk_agentd::event::SessionResult::from_value(json!({})),
             }
         })
     }

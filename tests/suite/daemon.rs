@@ -88,7 +88,7 @@ impl SessionRunner for Sleeper {
             running.fetch_sub(1, Ordering::SeqCst);
             SessionOutcome {
                 status,
-                result: json!({"turns": 1}),
+                result: fk_agentd::event::SessionResult::from_value(json!({"turns": 1})),
             }
         })
     }

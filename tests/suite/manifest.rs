@@ -46,7 +46,7 @@ impl SessionRunner for Scripted {
             };
             SessionOutcome {
                 status,
-                result: json!({"turns": 1}),
+                result: fk_agentd::event::SessionResult::from_value(json!({"turns": 1})),
             }
         })
     }

@@ -37,7 +37,7 @@ impl SessionRunner for Mixed {
             };
             SessionOutcome {
                 status,
-                result: json!({}),
+                result: fk_agentd::event::SessionResult::from_value(json!({})),
             }
         })
     }

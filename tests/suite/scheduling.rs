@@ -64,7 +64,7 @@ impl SessionRunner for ThinkLeaseThink {
             gauge(|g| &mut g.live, false);
             SessionOutcome {
                 status: SessionStatus::Finished,
-                result: json!({"simulated": true}),
+                result: fk_agentd::event::SessionResult::from_value(json!({"simulated": true})),
             }
         })
     }
@@ -192,7 +192,7 @@ impl SessionRunner for Sized {
             tokio::time::sleep(Duration::from_secs(secs)).await;
             SessionOutcome {
                 status: SessionStatus::Finished,
-                result: json!({"simulated": true}),
+                result: fk_agentd::event::SessionResult::from_value(json!({"simulated": true})),
             }
         })
     }
@@ -316,7 +316,7 @@ impl SessionRunner for PanicsOn {
             assert!(!bad, "a bug in the session of {target}");
             SessionOutcome {
                 status: SessionStatus::Finished,
-                result: json!({"simulated": true}),
+                result: fk_agentd::event::SessionResult::from_value(json!({"simulated": true})),
             }
         })
     }
@@ -433,7 +433,7 @@ impl SessionRunner for Endless {
                 .unwrap();
             SessionOutcome {
                 status: SessionStatus::Interrupted,
-                result: json!({"simulated": true}),
+                result: fk_agentd::event::SessionResult::from_value(json!({"simulated": true})),
             }
         })
     }
