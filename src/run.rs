@@ -196,7 +196,7 @@ impl RunJournal {
     ) -> Result<Event, RunError> {
         // The file's lock is taken before the store assigns `seq`, so concurrent writers land
         // in `run.jsonl` in the store's order.
-        let mut file = self.jsonl.lock().unwrap_or_else(|p| p.into_inner());
+        let mut file = crate::sync::guard(&self.jsonl);
         let event = self.store.append(&self.run_id, kind, target, &payload)?;
         let line = jsonl_line(&event);
         let io = |e| io_err(&self.dir.join("run.jsonl"))(e);

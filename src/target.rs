@@ -110,6 +110,11 @@ impl TargetId {
     pub fn file_name(&self) -> String {
         format!("{}.py", self.stem)
     }
+
+    /// A folder name for this target's files among others': `L<n>_<stem>`.
+    pub fn slug(&self) -> String {
+        format!("L{}_{}", self.level, self.stem)
+    }
 }
 
 impl fmt::Display for TargetId {

@@ -290,7 +290,7 @@ async fn noise_band<L: BenchLauncher>(
         return Ok(noise.half_width95());
     }
     let dir = run_dir.join("noise").join(&key[..12]);
-    let file = dir.join(format!("L{}_{}.json", t.level(), t.stem()));
+    let file = dir.join(format!("{}.json", t.slug()));
     if let Some(h) = std::fs::read(&file)
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
@@ -300,7 +300,7 @@ async fn noise_band<L: BenchLauncher>(
     }
     let empty = dir.join("no-candidates");
     std::fs::create_dir_all(&empty).map_err(|e| e.to_string())?;
-    let work = dir.join(format!("L{}_{}", t.level(), t.stem()));
+    let work = dir.join(t.slug());
     // A self-test that finished before a restart is read back, not run again.
     let result = match BenchResult::read(&work.join("bench.json")) {
         Ok(done) if !done.scenarios.is_empty() => done,

@@ -141,7 +141,7 @@ pub async fn run_campaign(
     let dashboard = {
         let current = current.clone();
         let run: crate::dashboard::DefaultRun =
-            Arc::new(move || Some(current.lock().unwrap_or_else(|p| p.into_inner()).clone()));
+            Arc::new(move || Some(crate::sync::guard(&current).clone()));
         crate::dashboard::spawn_for_daemon(
             &config.home,
             config.dashboard_listen,
@@ -208,7 +208,7 @@ fn status_fn(
     let mode = config.mode.as_str().to_string();
     let sim = config.sim;
     Arc::new(move || {
-        let run_id = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let run_id = crate::sync::guard(&current).clone();
         let rows = store.sessions(&run_id).unwrap_or_default();
         let targets = store
             .run(Some(&run_id))

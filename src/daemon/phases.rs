@@ -109,7 +109,7 @@ async fn calibrate_first(ctx: &Ctx, run_dir: &std::path::Path) {
 }
 
 fn show(ctx: &Ctx, j: &RunJournal) {
-    *ctx.current.lock().unwrap_or_else(|p| p.into_inner()) = j.run_id().to_string();
+    *crate::sync::guard(&ctx.current) = j.run_id().to_string();
 }
 
 /// The sessions of `targets` in run `j`, one scheduler phase.

@@ -120,7 +120,7 @@ impl SessionSlot {
         drop(self.take());
         let out = lease.await;
         let permit = acquire(sem).await;
-        *self.thinking.lock().unwrap_or_else(|p| p.into_inner()) = Some(permit);
+        *crate::sync::guard(&self.thinking) = Some(permit);
         out
     }
 

@@ -309,7 +309,7 @@ async fn bench_rounds<L: BenchLauncher>(
             .targets
             .iter()
             .map(|t| {
-                let dir = work.join(format!("L{}_{}/aa-{round}", t.level(), t.stem()));
+                let dir = work.join(format!("{}/aa-{round}", t.slug()));
                 let mut r = BenchRequest::target(t, &empty, &dir);
                 r.self_test = true;
                 r.label = format!("{t} (calibration {round})");

@@ -201,7 +201,7 @@ pub async fn confirm_winners<L: BenchLauncher>(
 
 /// One more bench of `target`'s first-bench candidate, in `<dir>/L<n>_<stem>/<work>/`.
 fn again(dir: &Path, target: &TargetId, work: &str) -> BenchRequest {
-    let base = dir.join(format!("L{}_{}", target.level(), target.stem()));
+    let base = dir.join(target.slug());
     BenchRequest::target(target, &base.join("candidate"), &base.join(work))
 }
 

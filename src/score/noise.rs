@@ -59,7 +59,7 @@ pub async fn noise_floor<L: BenchLauncher>(
     let reqs = targets
         .iter()
         .map(|t| {
-            let work = dir.join(format!("L{}_{}", t.level(), t.stem()));
+            let work = dir.join(t.slug());
             let mut r = BenchRequest::target(t, &empty, &work);
             r.self_test = true;
             r.label = format!("{t} (self-test)");

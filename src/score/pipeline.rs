@@ -175,7 +175,7 @@ pub(crate) async fn bench_alone<L: BenchLauncher>(
     let repeats = repeats.max(1);
     let mut reqs = Vec::new();
     for t in targets {
-        let base = dir.join(format!("L{}_{}", t.level(), t.stem()));
+        let base = dir.join(t.slug());
         let private = base.join("candidate");
         materialize(t, &private)?;
         for k in 1..=repeats {
@@ -228,7 +228,7 @@ fn judge_repeats(
     stage.simulated |= results.iter().any(|r| r.simulated);
     let merged = merge_repeats(&results);
     if reps.len() > 1 {
-        let base = dir.join(format!("L{}_{}", target.level(), target.stem()));
+        let base = dir.join(target.slug());
         write_json(&base.join("median.json"), &merged)?;
         if let Some(s) = spread(&results, target, 2000) {
             stage.spreads.insert(target.to_string(), s);

@@ -167,7 +167,7 @@ impl FaultPlan {
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, Log> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::guard(&self.log)
     }
 
     /// A request of conversation `key` for turn `turn_id` arrived: counts it, notes an early

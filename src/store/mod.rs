@@ -336,7 +336,7 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave SQLite half-written (transactions roll
         // back), so a poisoned mutex is safe to reuse.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::guard(&self.conn)
     }
 
     fn sql_err(&self, source: rusqlite::Error) -> StoreError {
