@@ -26,7 +26,7 @@ use crate::llm::{
 };
 use crate::run::RunError;
 use crate::scheduler::{SessionOutcome, SessionSlot, SessionStatus};
-use crate::tools::{ToolError, ToolOutput, Toolbox};
+use crate::tools::{ToolError, ToolName, ToolOutput, Toolbox};
 
 /// Why a session ends whose model stopped without `finish`, after the nudges (either backend).
 pub(crate) const NO_FINISH: &str = "the model stopped without calling finish";
@@ -467,13 +467,13 @@ async fn model_turn(
 
 /// The tools whose call is mostly a wait for, and the run of, a GPU lease.
 fn leases_a_gpu(tool: &str) -> bool {
-    matches!(tool, "validate" | "profile_ncu" | "profile_nsys")
+    ToolName::from_word(tool).is_some_and(ToolName::leases_a_gpu)
 }
 
 fn state_for(tool: &str) -> SessionState {
-    match tool {
-        "validate" => SessionState::Validating,
-        "profile_ncu" | "profile_nsys" => SessionState::Profiling,
+    match ToolName::from_word(tool) {
+        Some(ToolName::Validate) => SessionState::Validating,
+        Some(ToolName::ProfileNcu | ToolName::ProfileNsys) => SessionState::Profiling,
         _ => SessionState::Running,
     }
 }

@@ -8,6 +8,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::tools::ToolName;
+
 use super::outcome::screen_findings;
 
 /// What a tool call did, by tool.
@@ -64,14 +66,17 @@ pub enum ToolDetail {
 /// Reads a call's arguments and (once finished) its output.
 pub fn detail_of(name: &str, args: &Value, output: Option<&str>) -> ToolDetail {
     let arg = |k: &str| args[k].as_str().unwrap_or("").to_string();
-    match name {
-        "shell" => shell(arg("cmd"), output),
-        "read_file" => ToolDetail::ReadFile {
+    let Some(tool) = ToolName::from_word(name) else {
+        return ToolDetail::Other;
+    };
+    match tool {
+        ToolName::Shell => shell(arg("cmd"), output),
+        ToolName::ReadFile => ToolDetail::ReadFile {
             path: arg("path"),
             offset: args["offset"].as_u64(),
             limit: args["limit"].as_u64(),
         },
-        "write_file" => {
+        ToolName::WriteFile => {
             let content = arg("content");
             ToolDetail::WriteFile {
                 path: arg("path"),
@@ -79,15 +84,16 @@ pub fn detail_of(name: &str, args: &Value, output: Option<&str>) -> ToolDetail {
                 bytes: content.len(),
             }
         }
-        "apply_patch" => ToolDetail::ApplyPatch {
+        ToolName::ApplyPatch => ToolDetail::ApplyPatch {
             files: patch_files(&arg("patch")),
         },
-        "validate" => validate(output.unwrap_or("")),
-        "profile_ncu" | "profile_nsys" => profile(name, args["args"].as_str(), output),
-        "finish" => ToolDetail::Finish {
+        ToolName::Validate => validate(output.unwrap_or("")),
+        ToolName::ProfileNcu | ToolName::ProfileNsys => {
+            profile(name, args["args"].as_str(), output)
+        }
+        ToolName::Finish => ToolDetail::Finish {
             summary: arg("summary"),
         },
-        _ => ToolDetail::Other,
     }
 }
 

@@ -28,6 +28,55 @@ use crate::workspace::exec::{self, ExecError, ShellEnd};
 use crate::workspace::{OutputLimits, ShellEnv, ShellRequest, Workspace};
 
 pub use gpu::{GpuTools, NoGpuTools, ProfileKind};
+
+/// The agent's tools by name (the names the model calls them by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ToolName {
+    Shell,
+    ReadFile,
+    WriteFile,
+    ApplyPatch,
+    Validate,
+    ProfileNcu,
+    ProfileNsys,
+    Finish,
+}
+
+crate::words!(ToolName {
+    Shell = "shell",
+    ReadFile = "read_file",
+    WriteFile = "write_file",
+    ApplyPatch = "apply_patch",
+    Validate = "validate",
+    ProfileNcu = "profile_ncu",
+    ProfileNsys = "profile_nsys",
+    Finish = "finish",
+});
+
+impl ToolName {
+    /// The tools a codex session reaches through `fk-agentd tool` (its shell and file edits
+    /// are codex's own).
+    pub const THROUGH_FK_AGENTD: [ToolName; 4] = [
+        Self::Validate,
+        Self::ProfileNcu,
+        Self::ProfileNsys,
+        Self::Finish,
+    ];
+
+    /// A call that is mostly a wait for, and the run of, a GPU lease.
+    pub fn leases_a_gpu(self) -> bool {
+        matches!(self, Self::Validate | Self::ProfileNcu | Self::ProfileNsys)
+    }
+
+    /// The profiler a profile tool runs.
+    pub fn profile_kind(self) -> Option<ProfileKind> {
+        match self {
+            Self::ProfileNcu => Some(ProfileKind::Ncu),
+            Self::ProfileNsys => Some(ProfileKind::Nsys),
+            _ => None,
+        }
+    }
+}
 pub use spec::{ToolSpec, tool_specs};
 
 /// What a tool call returns to the model.
@@ -192,28 +241,34 @@ impl Toolbox {
         cancel: CancellationToken,
     ) -> Result<ToolOutput, ToolError> {
         let (ws, gpu, limits) = (&self.p.workspace, &self.p.gpu, &self.p.limits);
-        match name {
-            "shell" => match parse_args::<ShellArgs>(name, arguments_json) {
+        let Some(tool) = ToolName::from_word(name) else {
+            return Ok(ToolOutput::error(format!(
+                "unknown tool `{name}`; the tools are: {}",
+                ToolName::WORDS.join(", ")
+            )));
+        };
+        match tool {
+            ToolName::Shell => match parse_args::<ShellArgs>(name, arguments_json) {
                 Ok(a) => self.shell(a, &cancel).await,
                 Err(out) => Ok(out),
             },
-            "read_file" => Ok(parse_args::<ReadArgs>(name, arguments_json)
+            ToolName::ReadFile => Ok(parse_args::<ReadArgs>(name, arguments_json)
                 .and_then(|a| files::read_file(ws, &a.path, a.offset, a.limit, limits))
                 .unwrap_or_else(|e| e)),
-            "write_file" => Ok(parse_args::<WriteArgs>(name, arguments_json)
+            ToolName::WriteFile => Ok(parse_args::<WriteArgs>(name, arguments_json)
                 .and_then(|a| files::write_file(ws, &a.path, &a.content, limits))
                 .unwrap_or_else(|e| e)),
-            "apply_patch" => Ok(parse_args::<PatchArgs>(name, arguments_json)
+            ToolName::ApplyPatch => Ok(parse_args::<PatchArgs>(name, arguments_json)
                 .and_then(|a| files::apply_patch(ws, &a.patch))
                 .unwrap_or_else(|e| e)),
-            "validate" => match parse_args::<NoArgs>(name, arguments_json)
+            ToolName::Validate => match parse_args::<NoArgs>(name, arguments_json)
                 .and_then(|a| self.with_candidate("validate", a))
             {
                 Ok(NoArgs {}) => gpu.validate(ws, cancel).await,
                 Err(out) => Ok(out),
             },
-            "profile_ncu" | "profile_nsys" => {
-                let kind = ProfileKind::from_word(name).expect("a profile tool's name");
+            ToolName::ProfileNcu | ToolName::ProfileNsys => {
+                let kind = tool.profile_kind().expect("a profile tool");
                 match parse_args::<ProfileArgs>(name, arguments_json)
                     .and_then(|a| self.with_candidate("profile", a))
                 {
@@ -221,17 +276,9 @@ impl Toolbox {
                     Err(out) => Ok(out),
                 }
             }
-            "finish" => Ok(parse_args::<FinishArgs>(name, arguments_json)
+            ToolName::Finish => Ok(parse_args::<FinishArgs>(name, arguments_json)
                 .map(finish)
                 .unwrap_or_else(|e| e)),
-            other => Ok(ToolOutput::error(format!(
-                "unknown tool `{other}`; the tools are: {}",
-                tool_specs()
-                    .iter()
-                    .map(|s| s.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))),
         }
     }
 

@@ -7,6 +7,8 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::ToolName;
+
 /// One function tool as sent in a Responses request.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ToolSpec {
@@ -19,10 +21,10 @@ pub struct ToolSpec {
     pub strict: bool,
 }
 
-fn function(name: &'static str, description: &'static str, parameters: Value) -> ToolSpec {
+fn function(name: ToolName, description: &'static str, parameters: Value) -> ToolSpec {
     ToolSpec {
         kind: "function",
-        name,
+        name: name.as_str(),
         description,
         parameters,
         strict: false,
@@ -42,7 +44,7 @@ fn object(properties: Value, required: &[&str]) -> Value {
 pub fn tool_specs() -> Vec<ToolSpec> {
     vec![
         function(
-            "shell",
+            ToolName::Shell,
             "Run a bash command in your workspace directory (also $HOME) and return its exit \
              code and combined stdout/stderr. Long output keeps only its head and tail. The \
              command's whole process group is killed when it ends or times out. Use \
@@ -57,7 +59,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             ),
         ),
         function(
-            "read_file",
+            ToolName::ReadFile,
             "Read a text file. Paths are relative to the workspace; the baseline copy is under \
              baseline/, your candidate under candidate/.",
             object(
@@ -72,7 +74,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             ),
         ),
         function(
-            "write_file",
+            ToolName::WriteFile,
             "Create or replace a file with the given content, creating parent directories. \
              Writable: workspace files outside baseline/, your candidate file, and .cu/.cuh/\
              .cpp/.cc/.h/.hpp sources beside it.",
@@ -85,7 +87,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             ),
         ),
         function(
-            "apply_patch",
+            ToolName::ApplyPatch,
             "Edit files with a patch: `*** Begin Patch`, then `*** Add File: p` (lines start \
              with +), `*** Delete File: p`, or `*** Update File: p` (optional `*** Move to: q`) \
              followed by hunks that start with `@@` (optionally `@@ <line to search from>`), \
@@ -97,14 +99,14 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             ),
         ),
         function(
-            "validate",
+            ToolName::Validate,
             "Benchmark your candidate file against the baseline on a leased GPU over the \
              captured shapes: correctness on every case, then timing. Returns the per-case \
              verdicts and speedups.",
             object(json!({}), &[]),
         ),
         function(
-            "profile_ncu",
+            ToolName::ProfileNcu,
             "Profile your candidate with Nsight Compute on a leased GPU and return the report \
              summary. Timings under ncu are inflated; use them to compare kernels, not as results.",
             object(
@@ -114,7 +116,7 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             ),
         ),
         function(
-            "profile_nsys",
+            ToolName::ProfileNsys,
             "Trace your candidate with Nsight Systems on a leased GPU and return the kernel \
              and API summary.",
             object(
@@ -123,11 +125,22 @@ pub fn tool_specs() -> Vec<ToolSpec> {
             ),
         ),
         function(
-            "finish",
+            ToolName::Finish,
             "End the session. Call it once your candidate is as fast as you can make it (or \
              you are stopping); the summary says what you built, its validated speedup, and \
              anything left unresolved.",
             object(json!({"summary": {"type": "string"}}), &["summary"]),
         ),
     ]
+}
+
+#[cfg(test)]
+mod named {
+    use super::*;
+
+    #[test]
+    fn every_tool_name_has_one_spec() {
+        let specs: Vec<&str> = tool_specs().iter().map(|s| s.name).collect();
+        assert_eq!(specs, ToolName::WORDS);
+    }
 }

@@ -20,10 +20,7 @@ use crate::agent::session::{CallEnd, ToolCalls, call_with_retries};
 use crate::llm::{FunctionCall, LlmClient};
 use crate::scheduler::SessionSlot;
 use crate::sync::guard;
-use crate::tools::Toolbox;
-
-/// The tools a codex session reaches through `fk-agentd tool`.
-pub const TOOLS: &[&str] = &["validate", "profile_ncu", "profile_nsys", "finish"];
+use crate::tools::{ToolName, Toolbox};
 
 /// How the session's tool calls ended it, if they did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,9 +74,11 @@ impl SessionTools {
     }
 
     async fn run(self: Arc<Self>, tool: String, arguments: Value) -> ToolReply {
-        if !TOOLS.contains(&tool.as_str()) {
+        let reachable = ToolName::THROUGH_FK_AGENTD;
+        if !ToolName::from_word(&tool).is_some_and(|t| reachable.contains(&t)) {
+            let names: Vec<&str> = reachable.iter().map(|t| t.as_str()).collect();
             return ToolReply {
-                text: format!("unknown tool `{tool}`; the tools are: {}", TOOLS.join(", ")),
+                text: format!("unknown tool `{tool}`; the tools are: {}", names.join(", ")),
                 is_error: true,
                 ..ToolReply::default()
             };
