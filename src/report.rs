@@ -51,9 +51,19 @@ pub fn sim_banner(simulated: bool) -> &'static str {
     }
 }
 
+/// `home      PATH`, or the path whole on a line of its own where it would take the line past
+/// 80 columns (it is what a user copies).
+pub fn home_line(home: &str) -> String {
+    if home.chars().count() > 70 {
+        format!("home\n  {home}\n")
+    } else {
+        format!("home      {home}\n")
+    }
+}
+
 /// `fk-agentd status` without a daemon: what the store says about the last run.
 pub fn offline_status(home: &str, last: Option<&RunRow>) -> String {
-    let mut out = format!("daemon    not running\nhome      {home}\n");
+    let mut out = format!("daemon    not running\n{}", home_line(home));
     match last {
         Some(r) => {
             // No daemon, yet the run never recorded its end: it was killed (SIGKILL, power).

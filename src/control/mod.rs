@@ -94,7 +94,7 @@ impl DaemonStatus {
             self.pid,
             if self.stopping { ", stopping" } else { "" }
         );
-        let _ = writeln!(out, "home      {}", self.home);
+        out.push_str(&crate::report::home_line(&self.home));
         let _ = writeln!(out, "started   {}", self.started_at);
         if let Some(run) = &self.run_id {
             let _ = writeln!(
