@@ -1726,6 +1726,7 @@ fn temp_home(prefix: &str) -> PathBuf {
 fn token_file(prefix: &str) -> (PathBuf, [String; 2]) {
     // Not under the temporary folder: a token there cannot be hidden, and `start` refuses it.
     let parent = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    std::fs::create_dir_all(&parent).unwrap();
     let dir = tempfile::Builder::new()
         .prefix(prefix)
         .tempdir_in(parent)
