@@ -263,4 +263,34 @@ fn start_mode_all_then_score_then_compare_from_the_command_line() {
     );
     let c: Comparison = serde_json::from_slice(&json.stdout).unwrap();
     assert!(c.simulated);
+
+    // Scored, each half's `sessions` at 80 columns says for every session winner whether
+    // scoring kept it; none is left "not scored yet", and no line passes 80 columns.
+    for run in [&ind[0], &seq[0]] {
+        let id = run.file_name().unwrap().to_string_lossy().into_owned();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"))
+            .env_remove("FK_AGENTD_CONFIG")
+            .env("FK_AGENTD_HOME", &home)
+            .env("COLUMNS", "80")
+            .args(["--config"])
+            .arg(tmp.path().join("fk-agentd.toml"))
+            .args(["sessions", "--run", &id])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let winners: Vec<&str> = text.lines().filter(|l| l.contains(" winner ")).collect();
+        assert!(!winners.is_empty(), "{id}: no session winner\n{text}");
+        for row in &winners {
+            assert!(
+                !row.contains("not scored yet") && !row.trim_end().ends_with(" winner"),
+                "{id}: a winner without its scoring verdict: {row}\n{text}"
+            );
+        }
+        for line in text.lines() {
+            assert!(
+                line.chars().count() <= 80 || !line.trim().contains(' '),
+                "{id}: {line}"
+            );
+        }
+    }
 }
