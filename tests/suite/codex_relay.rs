@@ -253,3 +253,43 @@ async fn at_the_campaigns_cap_the_relay_sends_nothing() {
     );
     assert!(b.h.server.requests().is_empty());
 }
+
+/// What codex's own in-process tools read (a file, an image) goes out only through the relay:
+/// a request holding the provider token in any form a leak takes is refused, never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_holding_the_token_in_any_form_is_not_sent() {
+    let h = harness(
+        vec![sse_response(
+            "r1",
+            &[message_item("m1", "hi")],
+            [5, 0, 1, 0],
+        )],
+        |_| {},
+    )
+    .await;
+    let b = bound(h).await;
+    let url = b.relay.base_url().to_string();
+    let forms = [
+        TEST_TOKEN.to_string(),
+        TEST_TOKEN.chars().rev().collect(),
+        data_encoding::HEXLOWER.encode(TEST_TOKEN.as_bytes()),
+        data_encoding::BASE64.encode(format!("token={TEST_TOKEN}\n").as_bytes()),
+        data_encoding::BASE32.encode(TEST_TOKEN.as_bytes()),
+    ];
+    for form in &forms {
+        let item = json!({"type": "function_call_output", "call_id": "c1",
+                          "output": format!("the file holds: {form}")});
+        let (status, text) = post(&url, b.relay.key(), &body(vec![item])).await;
+        assert_eq!(status, 400, "{form}: {text}");
+        assert!(text.contains("holds the provider token"), "{text}");
+        assert!(!text.contains(TEST_TOKEN), "{text}");
+    }
+    assert!(
+        b.h.server.requests().is_empty(),
+        "a request holding the token was sent"
+    );
+    // An ordinary request still goes out.
+    let user = json!({"type": "message", "role": "user", "content": "go"});
+    let (status, text) = post(&url, b.relay.key(), &body(vec![user])).await;
+    assert_eq!(status, 200, "{text}");
+}

@@ -20,7 +20,8 @@
 //!
 //! Invariants: the capability is compared by digest and dies with the [`Relay`] (the session's
 //! end drops it, and with it the listener); the provider token never appears in what codex is
-//! given or sent back (error bodies are scrubbed by the client).
+//! given or sent back (error bodies are scrubbed by the client), nor in what goes upstream: a
+//! request holding any form of it is refused, not sent.
 
 use std::sync::{Arc, Mutex};
 
@@ -159,6 +160,20 @@ async fn relay(
     }
     if let Some(why) = (s.hooks.over_budget)() {
         return refusal(StatusCode::TOO_MANY_REQUESTS, "budget_reached", &why);
+    }
+    // Behind the confinement, the last line: codex runs some tools in its own process (file
+    // reads, patches, images), outside any sandbox; what they read of the token never
+    // leaves here, in any form a leak takes.
+    // (The token held is the one looked for: load it first, as sending would.)
+    if let Err(e) = s.llm.token().header().await {
+        return error_response(&e);
+    }
+    let text = String::from_utf8_lossy(&body);
+    if s.llm.token().scrub(&text) != text {
+        tracing::warn!("the codex relay refused a request that held the provider token");
+        let why =
+            "fk-agentd relay: the request holds the provider token (in some form); it was not sent";
+        return refusal(StatusCode::BAD_REQUEST, "invalid_request_error", why);
     }
     let mut body: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
