@@ -12,8 +12,27 @@ pub trait Words: Sized {
 
 /// `words!(Mode { Independent = "independent", … })` gives a data-less enum `WORDS` (in the
 /// table's order), `as_str`, `from_word` (`None` for any other word), `Display` and [`Words`].
+/// `words!(serde Ty { … })` also makes the words its serde form (stored data and config read
+/// and write the same words the table names, and nothing else).
 #[macro_export]
 macro_rules! words {
+    (serde $ty:ident { $($v:ident = $w:literal),+ $(,)? }) => {
+        $crate::words!($ty { $($v = $w),+ });
+
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let word = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+                Self::from_word(&word)
+                    .ok_or_else(|| serde::de::Error::unknown_variant(&word, Self::WORDS))
+            }
+        }
+    };
     ($ty:ident { $($v:ident = $w:literal),+ $(,)? }) => {
         impl $ty {
             pub const WORDS: &'static [&'static str] = &[$($w),+];

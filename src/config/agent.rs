@@ -10,15 +10,14 @@ use serde::{Deserialize, Serialize};
 use super::{ConfigError, Env, SettingSource, expand_tilde};
 
 /// The agent loop of a campaign's sessions.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AgentBackend {
     #[default]
     Native,
     Codex,
 }
 
-crate::words!(AgentBackend {
+crate::words!(serde AgentBackend {
     Native = "native",
     Codex = "codex",
 });

@@ -4,8 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Which verdict decides a winner (`[score] gate`, `--gate`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GateKind {
     /// A first bench, then more near the threshold, judged on an A/A calibration (see
     /// [`crate::score::confirm`]).
@@ -17,7 +16,7 @@ pub enum GateKind {
     LowerBound,
 }
 
-crate::words!(GateKind {
+crate::words!(serde GateKind {
     Confirmed = "confirmed",
     Published = "published",
     LowerBound = "lower-bound",

@@ -141,8 +141,7 @@ pub fn format_duration(d: Duration) -> String {
 }
 
 /// What one of the `max_agents` slots holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AgentSlot {
     /// A session holds its slot from start to end: at most `max_agents` sessions exist.
     #[default]
@@ -154,14 +153,13 @@ pub enum AgentSlot {
     Thinking,
 }
 
-crate::words!(AgentSlot {
+crate::words!(serde AgentSlot {
     Session = "session",
     Thinking = "thinking",
 });
 
 /// The order in which a phase starts its sessions.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum QueueOrder {
     /// The longest expected session first: each target's latest ended session in earlier
     /// runs of this home (real runs for a real one, simulated for a simulated one); targets
@@ -172,7 +170,7 @@ pub enum QueueOrder {
     Catalog,
 }
 
-crate::words!(QueueOrder {
+crate::words!(serde QueueOrder {
     LongestFirst = "longest-first",
     Catalog = "catalog",
 });

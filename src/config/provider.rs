@@ -20,8 +20,7 @@ pub const SHIPPED: &[(&str, &str)] = &[
 ];
 
 /// Reasoning effort sent as `reasoning.effort` (never as a suffix of the model id).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReasoningEffort {
     None,
     Minimal,
@@ -31,7 +30,7 @@ pub enum ReasoningEffort {
     Xhigh,
 }
 
-crate::words!(ReasoningEffort {
+crate::words!(serde ReasoningEffort {
     None = "none",
     Minimal = "minimal",
     Low = "low",

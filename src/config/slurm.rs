@@ -13,8 +13,7 @@ use super::{ConfigError, Env, SettingMap, SettingSource, expand_tilde, parse_cou
 use crate::words::Words;
 
 /// Which backend runs leased commands.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LeaseBackendKind {
     /// Processes on this host (process groups, cgroups).
     #[default]
@@ -23,14 +22,13 @@ pub enum LeaseBackendKind {
     Slurm,
 }
 
-crate::words!(LeaseBackendKind {
+crate::words!(serde LeaseBackendKind {
     Local = "local",
     Slurm = "slurm",
 });
 
 /// How leases map onto Slurm jobs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SlurmMode {
     /// The daemon holds one single-GPU job per GPU for its whole life; each lease is a job
     /// step inside the holder of its GPU (no scheduling round-trip per lease).
@@ -40,14 +38,13 @@ pub enum SlurmMode {
     Job,
 }
 
-crate::words!(SlurmMode {
+crate::words!(serde SlurmMode {
     Allocation = "allocation",
     Job = "job",
 });
 
 /// What one holder job holds in allocation mode.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SlurmHold {
     /// One single-GPU holder per GPU: Slurm's cgroup gives each step exactly its GPU; a lease
     /// gets one GPU.
@@ -59,7 +56,7 @@ pub enum SlurmHold {
     Node,
 }
 
-crate::words!(SlurmHold {
+crate::words!(serde SlurmHold {
     Gpu = "gpu",
     Node = "node",
 });

@@ -159,8 +159,7 @@ impl PartialEq<&str> for RunOutcome {
 
 /// Where a session stands: the `state` of its row in the `sessions` table. A live session's
 /// state names what it does; an ended one's is its end ([`SessionStatus::state`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SessionState {
     #[default]
     Queued,
@@ -170,13 +169,12 @@ pub enum SessionState {
     Profiling,
     Finished,
     Failed,
-    #[serde(rename = "timed out")]
     TimedOut,
     Interrupted,
     Skipped,
 }
 
-crate::words!(SessionState {
+crate::words!(serde SessionState {
     Queued = "queued",
     Running = "running",
     Thinking = "thinking",
@@ -205,8 +203,7 @@ impl SessionState {
 }
 
 /// Where a run stands: the `status` of its row in the `runs` table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunState {
     Running,
     Finished,
@@ -214,7 +211,7 @@ pub enum RunState {
     Interrupted,
 }
 
-crate::words!(RunState {
+crate::words!(serde RunState {
     Running = "running",
     Finished = "finished",
     Failed = "failed",
@@ -222,8 +219,7 @@ crate::words!(RunState {
 });
 
 /// How the campaign schedules its targets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Every target at once, under the agent cap.
     Independent,
@@ -244,7 +240,7 @@ impl Mode {
     }
 }
 
-crate::words!(Mode {
+crate::words!(serde Mode {
     Independent = "independent",
     Sequential = "sequential",
     All = "all",

@@ -172,8 +172,7 @@ pub struct ScenarioRow {
 }
 
 /// How a speedup was timed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TimingMethod {
     /// Candidate and baseline alternately in one process, in a balanced order, after a
     /// discarded warm-up round; the median of the per-round ratios.
@@ -184,7 +183,7 @@ pub enum TimingMethod {
     Published,
 }
 
-crate::words!(TimingMethod {
+crate::words!(serde TimingMethod {
     Paired = "paired",
     Published = "published",
 });

@@ -19,8 +19,7 @@ use time::format_description::well_known::Rfc3339;
 use super::{Store, StoreError, now_rfc3339, word};
 
 /// What a lease is for; decides exclusivity and caps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LeaseClass {
     /// Validate a candidate: exclusive GPUs, no cap beyond the pool.
     Validate,
@@ -32,7 +31,7 @@ pub enum LeaseClass {
     Bench,
 }
 
-crate::words!(LeaseClass {
+crate::words!(serde LeaseClass {
     Validate = "validate",
     Ncu = "ncu",
     Nsys = "nsys",
@@ -168,8 +167,7 @@ impl LeaseOutcome {
 }
 
 /// Where a journaled lease stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaseState {
     /// Journaled; its command is being spawned.
     Granted,
@@ -181,7 +179,7 @@ pub enum LeaseState {
     Failed,
 }
 
-crate::words!(LeaseState {
+crate::words!(serde LeaseState {
     Granted = "granted",
     Running = "running",
     Finished = "finished",
