@@ -125,15 +125,52 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
     }
     let _ = std::io::stdout().write_all(&child_stdout);
     let _ = std::io::stderr().write_all(&child_stderr);
-    eprintln!(
-        "fk-agentd: lease outcome {}",
-        serde_json::to_string(&outcome).unwrap_or_default()
-    );
-    eprintln!(
-        "fk-agentd: GPUs after the lease {}",
-        serde_json::to_string(&snapshot).unwrap_or_default()
-    );
+    eprintln!("{}", outcome_words(&outcome));
+    eprintln!("{}", gpus_words(&snapshot));
     Ok(lease_exit_code(&outcome))
+}
+
+/// `fk-agentd: lease lease-3 (validate on GPU-…): exit 0 after 1.2 s, queued 0.0 s`
+/// (`--json` has every field).
+fn outcome_words(o: &LeaseOutcome) -> String {
+    let end = match (o.exit_code, o.signal) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(signal)) => format!("ended by signal {signal}"),
+        (None, None) => "no exit status".to_string(),
+    };
+    let mut line = format!(
+        "fk-agentd: lease {} ({} on {}): {end} after {:.1} s, queued {:.1} s",
+        o.lease_id,
+        o.class,
+        o.gpus.join(", "),
+        o.wall_ms as f64 / 1000.0,
+        o.queued_ms as f64 / 1000.0,
+    );
+    if let Some(k) = &o.killed_reason {
+        line.push_str(&format!("; killed: {k}"));
+    }
+    if o.infra {
+        line.push_str("; an infrastructure failure");
+    }
+    for note in &o.notes {
+        line.push_str(&format!("\n  {note}"));
+    }
+    line
+}
+
+/// `fk-agentd: GPUs after the lease: 1 free (fake)`.
+fn gpus_words(s: &crate::gpu::Snapshot) -> String {
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for g in &s.gpus {
+        *by.entry(format!("{:?}", g.state).to_lowercase())
+            .or_default() += 1;
+    }
+    let parts: Vec<String> = by.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    format!(
+        "fk-agentd: GPUs after the lease: {} ({})",
+        parts.join(", "),
+        s.source
+    )
 }
 
 /// The exit code of `fk-agentd lease`, with a line on stderr when the broker ended the child.

@@ -312,6 +312,17 @@ fn lease_local_keeps_the_provider_token_from_the_command() {
             .success();
         let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
         assert!(stdout.contains("done"), "{stdout}");
+        // Its outcome in words on stderr (`--json` has the fields), not as raw JSON.
+        let stderr = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+        assert!(
+            stderr.contains("(validate on GPU-") && stderr.contains("): exit 0 after "),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("GPUs after the lease: 1 free (fake)"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("{\""), "raw JSON: {stderr}");
         assert!(stdout.contains("CUDA_VISIBLE_DEVICES="), "{stdout}");
         assert!(
             !stdout.contains(secret),
