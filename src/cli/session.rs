@@ -366,7 +366,12 @@ async fn cmd_follow(
     loop {
         let after = events.last().map_or(0, |e| e.seq);
         let fresh = store.events(&run_row.id, Some(&name), after)?;
-        let ended = fresh.iter().any(|e| e.kind == "task_finished");
+        // How the session ended, once it has.
+        let end = fresh
+            .iter()
+            .find_map(|e| e.payload_as::<TaskFinished>())
+            .map(|t| t.status);
+        let ended = end.is_some();
         for e in fresh {
             if json {
                 let line = serde_json::to_string(&withheld(e.clone())).unwrap_or_default();
@@ -389,8 +394,15 @@ async fn cmd_follow(
             }
         }
         let _ = out.flush();
-        if ended {
-            return Ok(0);
+        if let Some(status) = end {
+            // A session stopped before its end (`stop`, a signal) is not one that ended.
+            return Ok(match status.status() {
+                Some(crate::event::SessionStatus::Interrupted) => {
+                    eprintln!("the session was interrupted; `fk-agentd resume` continues it");
+                    1
+                }
+                _ => 0,
+            });
         }
         if run_over {
             let row = store.run(Some(&run_row.id))?;

@@ -189,7 +189,8 @@ fn session_on_a_terminal_is_coloured_unless_no_color_is_set() {
 }
 
 /// `session --follow` on a session the run left unfinished: it stops when the run is over
-/// and exits 1 when the run was interrupted (the README's "ended interrupted"), 0 otherwise.
+/// and exits 1 when the run was interrupted (the README's "ended interrupted"), 0 otherwise;
+/// on a session that ended interrupted (stopped, not done), 1 too.
 #[test]
 fn follow_exits_1_when_the_run_was_interrupted() {
     let home = tempfile::tempdir().unwrap();
@@ -219,6 +220,22 @@ fn follow_exits_1_when_the_run_was_interrupted() {
         err.contains(&format!("run {} is interrupted", run.id)),
         "{err}"
     );
+    // A session whose own end is "interrupted" (`stop` cancelled it) is not one that ended.
+    let store = fk_agentd::app::open_store(h).unwrap();
+    store
+        .append(
+            &run.id,
+            "task_finished",
+            Some("L1/bmm"),
+            &serde_json::json!({"task_name": "L1/bmm", "status": "INTERRUPTED",
+                                "result": {"reason": "stopped"}}),
+        )
+        .unwrap();
+    drop(store);
+    let stopped = follow(h);
+    assert_eq!(stopped.status.code(), Some(1), "{stopped:?}");
+    let err = String::from_utf8(stopped.stderr).unwrap();
+    assert!(err.contains("the session was interrupted"), "{err}");
 }
 
 /// What `start` prints when its campaign ends: the run's status word beside the outcome words
