@@ -217,6 +217,8 @@ pub fn spent(events: &[Event], bench_gpu_s: f64, by_class: &BTreeMap<String, f64
         let bench = by_class.get("bench").copied().unwrap_or(0.0);
         (by_class.values().sum::<f64>() - bench, bench)
     };
+    // `+ 0.0`: an empty sum of f64 is -0.0, which compare.json would keep as `-0.0`.
+    let (agent_gpu_s, bench_gpu_s) = (agent_gpu_s + 0.0, bench_gpu_s + 0.0);
     Spend {
         tokens,
         agent_gpu_s,
@@ -311,7 +313,8 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
         .flatten()
         .flat_map(|s| &s.runs)
         .map(|r| r.wall_s.unwrap_or(0.0))
-        .sum::<f64>();
+        .sum::<f64>()
+        + 0.0;
     Ok((out, path))
 }
 
@@ -551,6 +554,13 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_spent_is_written_as_zero_never_minus_zero() {
+        let s = spent(&[], 0.0, &BTreeMap::new());
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(!text.contains("-0"), "{text}");
+    }
 
     #[test]
     fn a_confirmed_winner_is_compared_at_its_confirmation_geomean_whatever_the_manifest_says() {
