@@ -105,6 +105,9 @@ async fn run(config: Config, env: &Env, resume: Option<String>) -> Result<Campai
     // Listening before the start-up: a signal during it stops the campaign cleanly too.
     let stop = daemon::signals();
     let campaign = crate::app::campaign::prepare(config, env, resume).await?;
+    // Said before anything else the terminal shows of the campaign (stderr, so that stdout
+    // stays the report, or its JSON).
+    eprint!("{}", crate::report::sim_banner(campaign.home.config.sim));
     let gpus_total = match &campaign.home.config.gpus {
         GpuDevices::Fake { count } => Some(*count as usize),
         GpuDevices::Uuids { uuids } => Some(uuids.len()),

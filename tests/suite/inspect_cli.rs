@@ -390,3 +390,18 @@ fn the_readable_views_fit_80_columns() {
         }
     }
 }
+
+/// A simulated campaign says so on the terminal before anything else of it (stderr, so that
+/// stdout stays the report or its JSON), not only in its closing summary.
+#[test]
+fn a_simulated_start_says_simulated_before_its_progress() {
+    let home = tempfile::tempdir().unwrap();
+    let out = fk(home.path())
+        .args(["start", "--sim", "--targets", "L1/gelu"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let banner = err.find("SIMULATED RUN").expect("the banner on stderr");
+    let progress = err.find("progress:").expect("a progress line");
+    assert!(banner < progress, "{err}");
+}
