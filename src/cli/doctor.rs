@@ -129,12 +129,26 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
             config.targets.len(),
             config.captures.display()
         );
-        for t in &uncaptured {
+        // A handful listed; a long list would bury the rest of the report (and its verdict).
+        const LISTED: usize = 8;
+        let shown = if uncaptured.len() > LISTED + 2 {
+            LISTED
+        } else {
+            uncaptured.len()
+        };
+        for t in &uncaptured[..shown] {
             let _ = writeln!(
                 out,
                 "  {:<40} {}",
                 t.to_string(),
                 crate::captures::render::NO_CASE
+            );
+        }
+        if shown < uncaptured.len() {
+            let _ = writeln!(
+                out,
+                "  … and {} more: `fk-agentd captures coverage` lists them",
+                uncaptured.len() - shown
             );
         }
         let _ = match &gpus {

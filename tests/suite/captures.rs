@@ -126,6 +126,22 @@ fn doctor_lists_the_selected_targets_without_a_case_as_skipped() {
         .map(|l| l.split_whitespace().next().unwrap())
         .collect();
     assert_eq!(skipped, ["L1/bmm", "L3/xlm_roberta_layer"]);
+    // Of all 133 (126 without a case), a handful are listed and the rest counted, so the
+    // report and its verdict are not buried under them.
+    let all = fk_in(tmp.path(), &["doctor"]);
+    let text = String::from_utf8_lossy(&all.stdout);
+    let listed = text
+        .lines()
+        .filter(|l| l.contains("SKIP(no captured case)"))
+        .count();
+    assert!((1..=10).contains(&listed), "{listed} listed:\n{text}");
+    assert!(
+        text.contains(&format!(
+            "… and {} more: `fk-agentd captures coverage` lists them",
+            126 - listed
+        )),
+        "{text}"
+    );
 }
 
 #[test]
