@@ -20,8 +20,8 @@ macro_rules! wln {
 pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
     let text = report_text(r, global);
     match super::term::known_width() {
-        Some(width) => print!("{}", crate::report::fit_lines(&text, width)),
-        None => print!("{text}"),
+        Some(width) => super::term::show(&crate::report::fit_lines(&text, width)),
+        None => super::term::show(&text),
     }
 }
 
@@ -292,11 +292,11 @@ pub(super) fn exit_code(report: &CampaignReport, home: &Path) -> i32 {
             !lost.is_empty() && lost.iter().all(|r| !scheduler::stays_ended(r))
         });
     if only_infra {
-        eprintln!(
+        super::term::say(&format!(
             "fk-agentd: every failed session failed for infrastructure reasons (see `outcome`); \
-             fix the cause and `fk-agentd resume {}`",
+             fix the cause and `fk-agentd resume {}`\n",
             report.run_id
-        );
+        ));
         crate::exit::EXIT_UNAVAILABLE
     } else {
         1

@@ -122,19 +122,19 @@ pub(crate) fn screen_uncaptured(
         let note = super::campaign_view::hinted(&note);
         // Wrapped where the terminal's width is known (stderr's, else `COLUMNS`).
         match super::term::stderr_width().or_else(super::term::known_width) {
-            Some(width) => eprint!("{}", crate::report::wrap(&note, width, 6)),
-            None => eprintln!("{note}"),
+            Some(width) => super::term::say(&crate::report::wrap(&note, width, 6)),
+            None => super::term::say(&format!("{note}\n")),
         }
         return Ok(Vec::new());
     }
     for n in &names {
-        eprintln!("{n:<40} {}", render::NO_CASE);
+        super::term::say(&format!("{n:<40} {}\n", render::NO_CASE));
     }
     if include {
-        eprintln!(
-            "--include-uncaptured: starting these {} session(s) anyway",
+        super::term::say(&format!(
+            "--include-uncaptured: starting these {} session(s) anyway\n",
             names.len()
-        );
+        ));
         return Ok(Vec::new());
     }
     config.targets.retain(|t| !uncaptured.contains(t));
@@ -150,9 +150,9 @@ pub(crate) fn screen_uncaptured(
         "campaign.skipped_uncaptured".into(),
         (names.join(","), crate::config::SettingSource::Default),
     );
-    eprintln!(
-        "{} target(s) skipped before any session (no captured case; --include-uncaptured starts them)",
+    super::term::say(&format!(
+        "{} target(s) skipped before any session (no captured case; --include-uncaptured starts them)\n",
         names.len()
-    );
+    ));
     Ok(uncaptured)
 }

@@ -106,8 +106,24 @@ fn init_logging(daemon: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal() && !no_color)
-        .with_writer(std::io::stderr)
+        .with_writer(|| QuietStderr)
         .try_init();
+}
+
+/// Stderr that takes a failed write (the pipe or terminal went away) as written: a log line
+/// lost is better than the panic with which the subscriber would report it, mid-campaign.
+struct QuietStderr;
+
+impl std::io::Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
 }
 
 pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {

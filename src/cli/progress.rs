@@ -196,7 +196,7 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
                 let due = last_plain
                     .is_none_or(|(done, at)| done != snap.done && at.elapsed() >= PLAIN_EVERY);
                 if due {
-                    eprintln!("progress: {} {}", snap.run_id, render(&snap));
+                    super::term::say(&format!("progress: {} {}\n", snap.run_id, render(&snap)));
                     last_plain = Some((snap.done, tokio::time::Instant::now()));
                 }
             }

@@ -30,12 +30,12 @@ pub async fn cmd_start(
         return detach(&config.home, global);
     }
     if let Some(unfinished) = unfinished_run(&config.home)? {
-        eprintln!(
-            "{}",
+        super::term::say(&format!(
+            "{}\n",
             super::campaign_view::hinted(&format!(
                 "note: run {unfinished} is unfinished; `fk-agentd resume {unfinished}` continues it. Starting a new run."
             ))
-        );
+        ));
     }
     super::captures::screen_uncaptured(&mut config, start.include_uncaptured)?;
     let e2e_config = start.e2e.as_ref().map(|_| config.clone());
@@ -107,7 +107,7 @@ async fn run(config: Config, env: &Env, resume: Option<String>) -> Result<Campai
     let campaign = crate::app::campaign::prepare(config, env, resume).await?;
     // Said before anything else the terminal shows of the campaign (stderr, so that stdout
     // stays the report, or its JSON).
-    eprint!("{}", crate::report::sim_banner(campaign.home.config.sim));
+    super::term::say(crate::report::sim_banner(campaign.home.config.sim));
     let gpus_total = match &campaign.home.config.gpus {
         GpuDevices::Fake { count } => Some(*count as usize),
         GpuDevices::Uuids { uuids } => Some(uuids.len()),

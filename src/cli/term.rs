@@ -33,3 +33,17 @@ pub fn stdout_color() -> bool {
     let no_color = std::env::var("NO_COLOR").ok();
     crate::inspect::use_color(std::io::stdout().is_terminal(), no_color.as_deref())
 }
+
+/// Writes `text` to stderr, going on if it cannot: a campaign whose terminal or pipe went away
+/// (`start … 2>&1 | head`) keeps running and records its end (`eprint!` would panic).
+pub fn say(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(text.as_bytes());
+}
+
+/// [`say`] for stdout: the report of a campaign that already ended is not worth a panic.
+pub fn show(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}

@@ -405,3 +405,30 @@ fn a_simulated_start_says_simulated_before_its_progress() {
     let progress = err.find("progress:").expect("a progress line");
     assert!(banner < progress, "{err}");
 }
+
+/// A campaign whose stdout and stderr go away (`start … 2>&1 | head`, a closed terminal)
+/// runs to its end and records it: no panic on a failed write, nothing left behind.
+#[test]
+fn a_campaign_whose_output_pipes_close_still_runs_to_its_end() {
+    let home = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"))
+        .env_remove("FK_AGENTD_CONFIG")
+        .env("FK_AGENTD_HOME", home.path())
+        .args(["start", "--sim", "--targets", "L1/gelu,L1/relu"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Both read ends closed before the campaign writes a line: every write fails (EPIPE).
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let store = fk_agentd::app::open_store(home.path()).unwrap();
+    let run = store.run(None).unwrap();
+    assert_eq!(run.status, fk_agentd::event::RunState::Finished);
+    for left in ["dashboard.url", "fk-agentd.sock"] {
+        assert!(!home.path().join(left).exists(), "{left} left behind");
+    }
+}
