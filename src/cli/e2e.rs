@@ -54,13 +54,13 @@ pub async fn cmd_e2e(
     let mut outcomes = Vec::new();
     for set in &sets {
         if !json {
-            println!(
-                "e2e: fastkernels eval {scenarios} over the {} winner set of run {} ({} kernels, {gpus} GPU(s)){}",
+            super::term::show(&format!(
+                "e2e: fastkernels eval {scenarios} over the {} winner set of run {} ({} kernels, {gpus} GPU(s)){}\n",
                 set.mode,
                 set.run_id,
                 set.kernels,
                 if simulated { " — SIMULATED" } else { "" }
-            );
+            ));
         }
         let outcome = match e2e::evaluate(&launcher, &params, set, gpus, &cancel).await {
             Ok(o) => o,
@@ -82,7 +82,7 @@ pub async fn cmd_e2e(
         print_json(&outcomes);
     } else {
         for o in &outcomes {
-            println!("{}", e2e::describe(o).join("\n  "));
+            super::term::show(&format!("{}\n", e2e::describe(o).join("\n  ")));
         }
     }
     let all_good = outcomes.iter().all(|o| o.correct() == Some(true));

@@ -64,9 +64,14 @@ pub fn main() -> i32 {
     // `/proc/<pid>` is closed to the agent code it starts.
     crate::confine::protect_self();
     let env = Env::from_process();
+    // Scoring is long and costly: a reader that goes away (`score | head`) must not end it.
     if !matches!(
         cli.command,
-        Command::Start(_) | Command::Resume { .. } | Command::Lease(_) | Command::Dashboard { .. }
+        Command::Start(_)
+            | Command::Resume { .. }
+            | Command::Lease(_)
+            | Command::Dashboard { .. }
+            | Command::Score(_)
     ) {
         restore_sigpipe();
     }
@@ -149,7 +154,10 @@ pub(crate) fn flags(global: &GlobalArgs, start: Option<&StartArgs>) -> Flags {
 
 /// Prints `v` as pretty JSON and a newline.
 pub(crate) fn print_json(v: &impl serde::Serialize) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    term::show(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(v).unwrap_or_default()
+    ));
 }
 
 /// Prints `v` as JSON with `--json`, else the text `plain` makes.
@@ -157,7 +165,7 @@ pub(crate) fn emit<T: serde::Serialize>(json: bool, v: &T, plain: impl FnOnce() 
     if json {
         print_json(v);
     } else {
-        print!("{}", plain());
+        term::show(&plain());
     }
 }
 

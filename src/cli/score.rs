@@ -354,9 +354,9 @@ fn is_sim_bench(command: &[String]) -> bool {
 /// Status lines go to stdout with the table, to stderr when stdout is JSON.
 fn say(json: bool, line: &str) {
     if json {
-        eprint!("{line}");
+        super::term::say(line);
     } else {
-        print!("{line}");
+        super::term::show(line);
     }
 }
 
@@ -473,7 +473,7 @@ impl ScoreProgress for StageProgress {
             bar
         });
         if bar.is_none() {
-            eprintln!("score: {words} …");
+            super::term::say(&format!("score: {words} …\n"));
         }
         if let Ok(mut current) = self.current.lock() {
             *current = bar.map(|b| (b, std::time::Instant::now()));
@@ -486,9 +486,10 @@ impl ScoreProgress for StageProgress {
         match current {
             Some((bar, since)) => {
                 bar.finish_and_clear();
-                eprintln!("✓ {words} · {:.1} s", since.elapsed().as_secs_f64());
+                let secs = since.elapsed().as_secs_f64();
+                super::term::say(&format!("✓ {words} · {secs:.1} s\n"));
             }
-            None => eprintln!("score: {words}"),
+            None => super::term::say(&format!("score: {words}\n")),
         }
     }
 }

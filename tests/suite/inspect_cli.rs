@@ -406,25 +406,39 @@ fn a_simulated_start_says_simulated_before_its_progress() {
     assert!(banner < progress, "{err}");
 }
 
-/// A campaign whose stdout and stderr go away (`start … 2>&1 | head`, a closed terminal)
-/// runs to its end and records it: no panic on a failed write, nothing left behind.
+/// A campaign or a score whose stdout and stderr go away (`start … 2>&1 | head`, a closed
+/// terminal) runs to its end and records it: no panic on a failed write, no death by
+/// SIGPIPE, nothing left behind.
 #[test]
 fn a_campaign_whose_output_pipes_close_still_runs_to_its_end() {
     let home = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"))
-        .env_remove("FK_AGENTD_CONFIG")
-        .env("FK_AGENTD_HOME", home.path())
-        .args(["start", "--sim", "--targets", "L1/gelu,L1/relu"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Both read ends closed before the campaign writes a line: every write fails (EPIPE).
-    drop(child.stdout.take());
-    drop(child.stderr.take());
-    let status = child.wait().unwrap();
+    // Both read ends closed before the command writes a line: every write fails (EPIPE).
+    let unread = |args: &[&str]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"))
+            .env_remove("FK_AGENTD_CONFIG")
+            .env("FK_AGENTD_HOME", home.path())
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        child.wait().unwrap()
+    };
+    let status = unread(&["start", "--sim", "--targets", "L1/gelu,L1/relu"]);
     assert_eq!(status.code(), Some(0), "{status:?}");
+    let scored = unread(&["score"]);
+    assert!(matches!(scored.code(), Some(0 | 1)), "{scored:?}");
+    let score = std::fs::read_dir(home.path().join("runs"))
+        .unwrap()
+        .flatten()
+        .map(|r| r.path().join("results/score.json"))
+        .find(|p| p.is_file())
+        .expect("the score was written");
+    let score: serde_json::Value = serde_json::from_slice(&std::fs::read(score).unwrap()).unwrap();
+    assert_eq!(score["incomplete"], serde_json::json!([]), "{score}");
     let store = fk_agentd::app::open_store(home.path()).unwrap();
     let run = store.run(None).unwrap();
     assert_eq!(run.status, fk_agentd::event::RunState::Finished);
