@@ -134,8 +134,6 @@ async fn simulated(mut config: Config, env: &Env) -> Result<Parts, Error> {
     // A token file (the chaos bench's) is kept from agent code as a real one is.
     config.secret_files.extend(params.chaos.token_file.clone());
     let home = Home::open(config, env, Holder::Daemon).await?;
-    let confinement = home.config.confinement();
-    confinement.require(home.config.allow_unconfined)?;
     let server = crate::sim::setup::start_server(&params)
         .await
         .map_err(|e| {
@@ -205,6 +203,9 @@ pub async fn sim_runner_params(
     params: &SimParams,
 ) -> Result<AgentRunnerParams, Error> {
     let config = &home.config;
+    // With a token file to hide, agent code never runs where it could read it (as in `real`).
+    let confinement = config.confinement();
+    confinement.require(config.allow_unconfined)?;
     // The chaos bench rotates a token file under the client; otherwise the public literal.
     let token = match &params.chaos.token_file {
         Some(path) => TokenProvider::file(path.clone()),
@@ -227,7 +228,7 @@ pub async fn sim_runner_params(
             driver: Arc::new(driver),
             checks: Checks::Simulated,
         }),
-        shell_env: sim_shell_env(&params.exe).confined(config.confinement()),
+        shell_env: sim_shell_env(&params.exe).confined(confinement),
         loop_params: LoopParams {
             max_turns: config.limits.max_turns,
             ..LoopParams::new(INSTRUCTIONS.to_string(), 400_000)

@@ -158,12 +158,21 @@ fn outcome_words(o: &LeaseOutcome) -> String {
     line
 }
 
+/// A GPU's state as `gpus` and `lease` print it.
+fn state_word(state: &GpuState) -> &'static str {
+    match state {
+        GpuState::Free => "free",
+        GpuState::Leased => "leased",
+        GpuState::Drained => "drained",
+        GpuState::NoDaemon => "no daemon",
+    }
+}
+
 /// `fk-agentd: GPUs after the lease: 1 free (fake)`.
 fn gpus_words(s: &crate::gpu::Snapshot) -> String {
-    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
     for g in &s.gpus {
-        *by.entry(format!("{:?}", g.state).to_lowercase())
-            .or_default() += 1;
+        *by.entry(state_word(&g.state)).or_default() += 1;
     }
     let parts: Vec<String> = by.iter().map(|(k, n)| format!("{n} {k}")).collect();
     format!(
@@ -295,12 +304,7 @@ pub fn render_gpus(s: &Snapshot, daemon: bool) -> String {
         "IDX", "UUID", "STATE", "CLASS", "HOLDER / REASON"
     ));
     for g in &s.gpus {
-        let state = match g.state {
-            GpuState::Free => "free",
-            GpuState::Leased => "leased",
-            GpuState::Drained => "drained",
-            GpuState::NoDaemon => "no daemon",
-        };
+        let state = state_word(&g.state);
         let who = match (&g.session, &g.lease_id, &g.drained_reason) {
             (Some(s), Some(l), d) => {
                 let d = d

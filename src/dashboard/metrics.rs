@@ -118,8 +118,7 @@ fn leases(r: &mut Registry, view: &RunView) {
     // What `compare` counts: each lease's GPUs held from grant to release (or now).
     let mut held: BTreeMap<String, f64> = BTreeMap::new();
     for l in &view.leases {
-        *held.entry(l.class.to_string()).or_default() +=
-            (l.end - l.start).as_seconds_f64().max(0.0) * l.gpus.len().max(1) as f64;
+        *held.entry(l.class.to_string()).or_default() += l.gpu_seconds();
         *counts
             .entry((l.class.as_str(), l.state.as_str()))
             .or_default() += 1;

@@ -241,6 +241,11 @@ impl LeaseSpan {
         })
     }
 
+    /// GPU-seconds it held: grant to release (an open one until now), times its GPUs.
+    pub fn gpu_seconds(&self) -> f64 {
+        seconds_between(self.start, self.end) * self.gpus.len().max(1) as f64
+    }
+
     /// From the grant to the spawn: the lease's span less its wall time.
     pub fn grant_latency_s(&self) -> Option<f64> {
         let wall = self.wall_s?;
@@ -359,10 +364,7 @@ impl RunView {
     /// GPU-seconds the run's leases held, grant to release (an open one until now), times
     /// their GPUs: what `/metrics` reports by class.
     pub fn gpu_seconds_held(&self) -> f64 {
-        self.leases
-            .iter()
-            .map(|l| seconds_between(l.start, l.end) * l.gpus.len().max(1) as f64)
-            .sum()
+        self.leases.iter().map(LeaseSpan::gpu_seconds).sum::<f64>() + 0.0
     }
 
     /// A session's verdict so far.

@@ -53,6 +53,12 @@ async fn bound_with(
     }
 }
 
+/// A fake provider that answers one request with "hi" (5 tokens in, 1 out).
+async fn one_answer() -> Harness {
+    let answer = sse_response("r1", &[message_item("m1", "hi")], [5, 0, 1, 0]);
+    harness(vec![answer], |_| {}).await
+}
+
 fn body(input: Vec<Value>) -> Value {
     json!({"model": "gpt-test", "store": false, "stream": true, "input": input,
            "tools": [{"type": "function", "name": "exec_command", "parameters": {}}]})
@@ -72,15 +78,7 @@ async fn post(url: &str, key: &str, body: &Value) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_sends_the_sessions_requests_with_the_real_token_and_nothing_else() {
-    let h = harness(
-        vec![sse_response(
-            "r1",
-            &[message_item("m1", "hi")],
-            [5, 0, 1, 0],
-        )],
-        |_| {},
-    )
-    .await;
+    let h = one_answer().await;
     h.server.require_token(TEST_TOKEN);
     let b = bound(h).await;
     let url = b.relay.base_url().to_string();
@@ -258,15 +256,7 @@ async fn at_the_campaigns_cap_the_relay_sends_nothing() {
 /// a request holding the provider token in any form a leak takes is refused, never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_holding_the_token_in_any_form_is_not_sent() {
-    let h = harness(
-        vec![sse_response(
-            "r1",
-            &[message_item("m1", "hi")],
-            [5, 0, 1, 0],
-        )],
-        |_| {},
-    )
-    .await;
+    let h = one_answer().await;
     let b = bound(h).await;
     let url = b.relay.base_url().to_string();
     let forms = [
