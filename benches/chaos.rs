@@ -39,8 +39,12 @@
 //!   unfinished and no finished bench run again;
 //! - **properties**: the property tests (`tests/suite/props.rs`) again with 2000 cases each
 //!   (`FK_CHAOS_PROP_CASES`), through `cargo test`.
+//!
+//! What it reads after each attack are the probes of `chaos/probes.rs`;
+//! `tests/suite/chaos_figures.rs` shows each one going red when its defect is put into the
+//! store, the files or the binary (docs/reliability.md lists which are shown and which not).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -48,7 +52,10 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
+#[path = "chaos/probes.rs"]
+mod probes;
+use probes::*;
+
 const KILLS: usize = 20;
 const TARGETS: &str = "L1";
 
@@ -110,16 +117,6 @@ impl Table {
     }
 }
 
-fn fk(home: &Path) -> Command {
-    let mut c = Command::new(BIN);
-    c.arg("--home").arg(home);
-    c.env_remove("FK_AGENTD_HOME")
-        .env_remove("FK_AGENTD_CONFIG")
-        .env("NO_COLOR", "1")
-        .current_dir(home);
-    c
-}
-
 fn quiet(mut c: Command) -> Command {
     c.stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -157,181 +154,6 @@ fn finish(home: &Path, log: &Path) -> usize {
         }
     }
     10
-}
-
-fn db(home: &Path) -> rusqlite::Connection {
-    rusqlite::Connection::open(home.join("fk-agentd.db")).expect("store")
-}
-
-/// Run ids of a home, oldest first.
-fn runs(home: &Path) -> Vec<String> {
-    let c = db(home);
-    let mut s = c.prepare("SELECT id FROM runs ORDER BY id").unwrap();
-    s.query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
-}
-
-/// Gaps in each run's event sequence numbers.
-fn sequence_gaps(home: &Path) -> usize {
-    let c = db(home);
-    let mut gaps = 0;
-    for run in runs(home) {
-        let mut s = c
-            .prepare("SELECT seq FROM events WHERE run_id = ?1 ORDER BY seq")
-            .unwrap();
-        let seqs: Vec<i64> = s
-            .query_map([&run], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        // (A duplicate cannot be stored: `seq` is part of the primary key.)
-        gaps += seqs.windows(2).filter(|w| w[1] - w[0] != 1).count();
-    }
-    gaps
-}
-
-/// Events recorded twice: a tool call finished twice, a target finished twice in one run.
-fn doubled_events(home: &Path) -> usize {
-    let c = db(home);
-    let q = "SELECT count(*) FROM (SELECT run_id, target, json_extract(payload, '$.call_id') AS id, count(*) AS n \
-             FROM events WHERE kind = 'tool_finished' GROUP BY run_id, target, id HAVING n > 1)";
-    let tools: i64 = c.query_row(q, [], |r| r.get(0)).unwrap();
-    let q = "SELECT count(*) FROM (SELECT run_id, target, count(*) AS n FROM events \
-             WHERE kind = 'task_finished' GROUP BY run_id, target HAVING n > 1)";
-    let tasks: i64 = c.query_row(q, [], |r| r.get(0)).unwrap();
-    (tools + tasks) as usize
-}
-
-/// Runs whose `run.jsonl` differs from the store: every line, byte for byte, against the line
-/// the store's event gives ([`fk_agentd::run::jsonl_line`]), in order.
-fn jsonl_mismatches(home: &Path) -> usize {
-    let store = fk_agentd::store::Store::open_read_only(&home.join("fk-agentd.db"))
-        .expect("the campaign's store");
-    runs(home)
-        .iter()
-        .filter(|run| {
-            let events = store.events(run, None, 0).expect("the run's events");
-            let want: String = events.iter().map(fk_agentd::run::jsonl_line).collect();
-            let path = home.join("runs").join(run).join("run.jsonl");
-            std::fs::read_to_string(path).unwrap_or_default() != want
-        })
-        .count()
-}
-
-fn open_leases(home: &Path) -> usize {
-    let n: i64 = db(home)
-        .query_row(
-            "SELECT count(*) FROM leases WHERE state IN ('granted', 'running')",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    n as usize
-}
-
-/// From the simulated bench's log: (benches that finished and were then run again,
-/// benches killed before they finished).
-fn reruns(log: &Path) -> (usize, usize) {
-    reruns_of(log, usize::MAX)
-}
-
-/// [`reruns`], where a bench counts as finished only if it ended within the log's first
-/// `upto` lines (a bench ending once the disk was full wrote no result: running it again is
-/// right).
-fn reruns_of(log: &Path, upto: usize) -> (usize, usize) {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut started: BTreeMap<String, String> = BTreeMap::new();
-    let mut finished: BTreeSet<String> = BTreeSet::new();
-    let (mut again, mut starts) = (0, BTreeMap::<String, usize>::new());
-    for (at, line) in text.lines().enumerate() {
-        let f: Vec<&str> = line.splitn(4, '\t').collect();
-        match f.as_slice() {
-            ["start", pid, session, args] => {
-                let key = format!("{session}\t{args}");
-                if finished.contains(&key) {
-                    again += 1;
-                }
-                *starts.entry(key.clone()).or_default() += 1;
-                started.insert(pid.to_string(), key);
-            }
-            ["end", pid, _] => {
-                if let Some(key) = started.remove(*pid)
-                    && at < upto
-                {
-                    finished.insert(key);
-                }
-            }
-            _ => {}
-        }
-    }
-    (again, started.len())
-}
-
-/// Processes of the campaign that outlive its daemon's SIGKILL by 2 s (each lease child is to
-/// die with it): those naming the home, counted once the grace has passed.
-fn orphans_after_kill(home: &Path) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline && leftovers(home) > 0 {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    leftovers(home)
-}
-
-/// Processes that still name the home in their command line.
-fn leftovers(home: &Path) -> usize {
-    let needle = home.display().to_string();
-    procs()
-        .into_iter()
-        .filter(|(_, cmdline, _)| cmdline.contains(&needle))
-        .count()
-}
-
-/// (pid, cmdline, environ) of every readable process.
-fn procs() -> Vec<(u32, String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let me = std::process::id();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
-        out.push((
-            pid,
-            String::from_utf8_lossy(&cmdline).replace('\0', " "),
-            environ,
-        ));
-    }
-    out
-}
-
-/// What the campaign's comparison says, per level: the winner counts and who won alone.
-fn winners(home: &Path) -> String {
-    let out = fk(home)
-        .args(["compare", "--json"])
-        .output()
-        .expect("compare");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    let levels = v["levels"].as_array().cloned().unwrap_or_default();
-    levels
-        .iter()
-        .map(|l| {
-            format!(
-                "{}: {}/{} winners, only independent {}, only sequential {}",
-                l["level"],
-                l["independent"]["winners"],
-                l["sequential"]["winners"],
-                l["only_independent"],
-                l["only_sequential"]
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 fn crash(t: &mut Table, rng: &mut rand::rngs::StdRng) -> PathBuf {
@@ -427,66 +249,6 @@ fn crash(t: &mut Table, rng: &mut rand::rngs::StdRng) -> PathBuf {
         a == b && !a.is_empty(),
     );
     clean
-}
-
-/// Scoring benches started so far, from the simulated bench's log: a bench whose output lies
-/// in a run's `results*/` (standalone, confirmation, composed, the sequential levels).
-fn scoring_starts(log: &Path) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("start\t") && l.contains("/results"))
-        .count()
-}
-
-/// Verdicts of every results file of a home that have no result because the bench gave none
-/// (a killed lease replayed, a bench that "exited without JSON", a lease failed for the
-/// infrastructure): a kill must not add any.
-fn no_result_verdicts(home: &Path) -> usize {
-    walk(&home.join("runs"))
-        .into_iter()
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            (name == "gate.json" || name == "score.json")
-                && p.components().any(|c| {
-                    c.as_os_str()
-                        .to_str()
-                        .is_some_and(|c| c.starts_with("results"))
-                })
-        })
-        .map(|p| {
-            let text = std::fs::read_to_string(p).unwrap_or_default();
-            text.matches("without JSON").count()
-                + text.matches("failed for infrastructure reasons").count()
-        })
-        .sum()
-}
-
-/// Runs of a home that did not end finished.
-fn unfinished_runs(home: &Path) -> usize {
-    let n: i64 = db(home)
-        .query_row(
-            "SELECT count(*) FROM runs WHERE status != 'finished'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    n as usize
-}
-
-/// The `run_finished` reasons of a home's runs that ended interrupted.
-fn interrupted_reasons(home: &Path) -> Vec<String> {
-    let c = db(home);
-    let mut s = c
-        .prepare("SELECT payload FROM events WHERE kind = 'run_finished'")
-        .unwrap();
-    s.query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .filter_map(|p| serde_json::from_str::<serde_json::Value>(&p).ok())
-        .filter(|v| v["status"] == "INTERRUPTED")
-        .map(|v| v["reason"].as_str().unwrap_or("").to_string())
-        .collect()
 }
 
 /// SIGHUP, SIGTERM and SIGINT sent to a foreground `start` at start-up (0.05-0.3 s after it
@@ -682,15 +444,6 @@ fn scoring_kills(t: &mut Table, rng: &mut rand::rngs::StdRng) {
     );
 }
 
-/// Sessions whose end blames the agent (a failure not marked infrastructure), by target.
-fn agent_failures(home: &Path) -> BTreeSet<String> {
-    session_rows(home)
-        .iter()
-        .filter(|s| s["detail"]["status"] == "FAIL" && s["detail"]["infra"] != true)
-        .filter_map(|s| s["target"].as_str().map(str::to_string))
-        .collect()
-}
-
 /// The run folder deleted mid-campaign (an operator's mistake, a cleaner): the sessions it
 /// breaks must end as infrastructure failures, never as the agent's, and `resume` must finish
 /// the run.
@@ -761,30 +514,6 @@ fn lost_folder(t: &mut Table) {
         "runs left unfinished after resume",
         unfinished_runs(&home),
     );
-}
-
-/// Every file of a home and its bytes (for "nothing else touched").
-fn snapshot(home: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    walk(home)
-        .into_iter()
-        .map(|p| {
-            let bytes = std::fs::read(&p).unwrap_or_default();
-            (p, bytes)
-        })
-        .collect()
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() && !p.is_symlink() {
-            out.extend(walk(&p));
-        } else if p.is_file() {
-            out.push(p);
-        }
-    }
-    out
 }
 
 fn copy_home(from: &Path) -> PathBuf {
@@ -898,24 +627,7 @@ fn corrupted_store(t: &mut Table, finished: &Path) {
             }
         }
         let before = snapshot(&home);
-        let mut clear = 0;
-        let commands: [&[&str]; 4] = [&["runs"], &["status"], &["sessions"], &["resume"]];
-        for args in commands {
-            let out = fk(&home).args(args).output().expect("run");
-            let err = String::from_utf8_lossy(&out.stderr);
-            let code = out.status.code();
-            let ok = matches!(code, Some(2) | Some(3))
-                && err.contains("fk-agentd.db")
-                && !err.contains("panicked");
-            if !ok {
-                println!(
-                    "corrupted store ({what}): `{}` exit {code:?}: {}",
-                    args.join(" "),
-                    err.trim()
-                );
-            }
-            clear += usize::from(ok);
-        }
+        let clear = clear_errors(Path::new(BIN), &home);
         let after = snapshot(&home);
         let touched = before
             .iter()
@@ -938,21 +650,12 @@ fn corrupted_store(t: &mut Table, finished: &Path) {
     // A finished run's row edited back to `running`: the events say it ended, so `resume`
     // must record no second end.
     let home = copy_home(finished);
-    let ends = |home: &Path| -> i64 {
-        db(home)
-            .query_row(
-                "SELECT count(*) FROM events WHERE kind = 'run_finished'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap()
-    };
-    let before = ends(&home);
+    let before = run_ends(&home);
     db(&home)
         .execute("UPDATE runs SET status = 'running', finished_at = NULL", [])
         .unwrap();
     let out = fk(&home).args(["resume"]).output().expect("resume");
-    let again = (ends(&home) - before).max(0) as usize;
+    let again = run_ends(&home).saturating_sub(before);
     if again > 0 {
         println!(
             "corrupted store (row edited to running): resume exit {:?} recorded {again} more run_finished",
@@ -1655,14 +1358,7 @@ fn secrets(t: &mut Table) {
         std::thread::sleep(Duration::from_millis(50));
     }
     rotation.join().expect("rotation");
-    let in_files = walk(&home)
-        .iter()
-        .filter(|p| {
-            holds(&String::from_utf8_lossy(
-                &std::fs::read(p).unwrap_or_default(),
-            ))
-        })
-        .count();
+    let in_files = files_holding(&home, &tokens);
     let report = server_report(&home);
     let n = |k: &str| report[k].as_u64().unwrap_or(u64::MAX);
     println!("secrets: server report {report}");
@@ -1705,14 +1401,6 @@ fn secrets(t: &mut Table) {
     );
 }
 
-/// What the simulated server saw (`sim-faults.json`, written when chaos was asked for).
-fn server_report(home: &Path) -> serde_json::Value {
-    std::fs::read(home.join("sim-faults.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
-}
-
 /// A new home folder, kept after the bench for a look.
 fn temp_home(prefix: &str) -> PathBuf {
     tempfile::Builder::new()
@@ -1751,29 +1439,6 @@ fn rotate_later(path: &Path, tokens: &[String; 2], after: Duration) -> std::thre
         std::fs::write(&tmp, next).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
     })
-}
-
-/// Sessions of a home's newest run that ended as sessions (not as infrastructure failures).
-/// The rows of `sessions --json` for the home's newest run.
-fn session_rows(home: &Path) -> Vec<serde_json::Value> {
-    let out = fk(home)
-        .args(["sessions", "--json"])
-        .output()
-        .expect("sessions");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    v["sessions"].as_array().cloned().unwrap_or_default()
-}
-
-fn sessions_finished(home: &Path) -> (usize, usize) {
-    let rows = session_rows(home);
-    let done = rows
-        .iter()
-        .filter(|s| {
-            let d = &s["detail"];
-            matches!(d["status"].as_str(), Some("PASS" | "FAIL")) && d["infra"] != true
-        })
-        .count();
-    (done, rows.len())
 }
 
 fn provider_faults(t: &mut Table) {

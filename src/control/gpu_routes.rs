@@ -168,7 +168,14 @@ async fn lease(
     let (tx, rx) = mpsc::channel::<LeaseFrame>(64);
     let cancel = CancellationToken::new();
     let guard = cancel.clone().drop_guard();
-    broker.track(pump(broker.clone(), req, cmd, cancel, tx));
+    broker.track(pump(
+        broker.clone(),
+        req,
+        cmd,
+        cancel,
+        tx,
+        state.scrub.clone(),
+    ));
     let stream = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
         let frame = rx.recv().await?;
         let mut line = serde_json::to_vec(&frame).unwrap_or_default();
@@ -232,11 +239,13 @@ async fn pump(
     cmd: LeaseCommand,
     cancel: CancellationToken,
     tx: mpsc::Sender<LeaseFrame>,
+    scrub: Option<super::Scrub>,
 ) {
     let mut tails = [
         Tail::new(&cmd.stdout, |data| LeaseFrame::Stdout { data }),
         Tail::new(&cmd.stderr, |data| LeaseFrame::Stderr { data }),
     ];
+    let cmd_paths = (cmd.stdout.clone(), cmd.stderr.clone());
     let run = broker.run(req, cmd, &cancel);
     tokio::pin!(run);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -251,6 +260,15 @@ async fn pump(
         }
     };
     forward(&mut tails, &tx, true).await;
+    if let Some(scrub) = scrub {
+        let files = [cmd_paths.0, cmd_paths.1];
+        let _ = tokio::task::spawn_blocking(move || {
+            for f in files {
+                scrub_file(&f, scrub.as_ref());
+            }
+        })
+        .await;
+    }
     let last = match result {
         Ok(outcome) => LeaseFrame::Outcome {
             outcome: Box::new(outcome),
@@ -261,6 +279,41 @@ async fn pump(
         },
     };
     let _ = tx.send(last).await;
+}
+
+/// The largest spooled output rewritten through the scrubber; a larger one is replaced by a
+/// note (agent output that big is not read back by anyone).
+const MAX_SCRUBBED: u64 = 16 << 20;
+
+/// Rewrites a lease's spooled output without the provider token, where it held one: agent
+/// code that could read the token (`[security] allow_unconfined`) must not leave it in the
+/// home. The agent got the same text, scrubbed, from its shell.
+fn scrub_file(path: &Path, scrub: &(dyn Fn(&str) -> String + Send + Sync)) {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    let kept = if meta.len() > MAX_SCRUBBED {
+        format!(
+            "[fk-agentd: {} bytes of output removed: too large to check for the provider token]\n",
+            meta.len()
+        )
+    } else {
+        let Ok(bytes) = std::fs::read(path) else {
+            return;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let clean = scrub(&text);
+        if clean == text {
+            return;
+        }
+        clean
+    };
+    let tmp = path.with_extension("scrubbed");
+    if let Err(e) = std::fs::write(&tmp, kept).and_then(|()| std::fs::rename(&tmp, path)) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot rewrite a lease's output without the token; removing it");
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Sends new output; false when the client is gone.

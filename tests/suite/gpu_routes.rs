@@ -44,6 +44,7 @@ fn router_state(broker: &Broker, store: &fk_agentd::store::Store) -> ControlStat
             stopping: false,
         }),
         broker: Some(broker.clone()),
+        scrub: None,
     }
 }
 

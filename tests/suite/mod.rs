@@ -1,6 +1,7 @@
 mod agent;
 mod budget;
 mod captures;
+mod chaos_figures;
 mod cli;
 mod cli_daily;
 mod codex;

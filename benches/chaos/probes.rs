@@ -1,0 +1,380 @@
+//! What the chaos bench measures on a home after an attack: each probe reads the store, the
+//! files, the processes or the built binary's own views, never the attack's bookkeeping.
+//!
+//! Shared by `benches/chaos.rs`, which attacks, and `tests/suite/chaos_figures.rs`, which shows
+//! that each probe goes red when the defect it guards against is put into the store, the files
+//! or the binary under test.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The fk-agentd binary cargo built for the bench or the tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
+
+/// `fk-agentd --home HOME`, with nothing of the caller's fk-agentd settings.
+pub fn fk(home: &Path) -> Command {
+    fk_from(Path::new(BIN), home)
+}
+
+/// [`fk`] with another program in the binary's place.
+pub fn fk_from(bin: &Path, home: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("--home").arg(home);
+    c.env_remove("FK_AGENTD_HOME")
+        .env_remove("FK_AGENTD_CONFIG")
+        .env("NO_COLOR", "1")
+        .current_dir(home);
+    c
+}
+
+/// The home's store, opened by SQLite alone.
+pub fn db(home: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(home.join("fk-agentd.db")).expect("store")
+}
+
+/// Run ids of a home, oldest first.
+pub fn runs(home: &Path) -> Vec<String> {
+    let c = db(home);
+    let mut s = c.prepare("SELECT id FROM runs ORDER BY id").unwrap();
+    s.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// Gaps in each run's event sequence numbers.
+pub fn sequence_gaps(home: &Path) -> usize {
+    let c = db(home);
+    let mut gaps = 0;
+    for run in runs(home) {
+        let mut s = c
+            .prepare("SELECT seq FROM events WHERE run_id = ?1 ORDER BY seq")
+            .unwrap();
+        let seqs: Vec<i64> = s
+            .query_map([&run], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        // (A duplicate cannot be stored: `seq` is part of the primary key.)
+        gaps += seqs.windows(2).filter(|w| w[1] - w[0] != 1).count();
+    }
+    gaps
+}
+
+/// Events recorded twice: a tool call finished twice, a target finished twice in one run.
+pub fn doubled_events(home: &Path) -> usize {
+    let c = db(home);
+    let q = "SELECT count(*) FROM (SELECT run_id, target, json_extract(payload, '$.call_id') AS id, count(*) AS n \
+             FROM events WHERE kind = 'tool_finished' GROUP BY run_id, target, id HAVING n > 1)";
+    let tools: i64 = c.query_row(q, [], |r| r.get(0)).unwrap();
+    let q = "SELECT count(*) FROM (SELECT run_id, target, count(*) AS n FROM events \
+             WHERE kind = 'task_finished' GROUP BY run_id, target HAVING n > 1)";
+    let tasks: i64 = c.query_row(q, [], |r| r.get(0)).unwrap();
+    (tools + tasks) as usize
+}
+
+/// Runs whose `run.jsonl` differs from the store: every line, byte for byte, against the line
+/// the store's event gives ([`fk_agentd::run::jsonl_line`]), in order.
+pub fn jsonl_mismatches(home: &Path) -> usize {
+    let store = fk_agentd::store::Store::open_read_only(&home.join("fk-agentd.db"))
+        .expect("the campaign's store");
+    runs(home)
+        .iter()
+        .filter(|run| {
+            let events = store.events(run, None, 0).expect("the run's events");
+            let want: String = events.iter().map(fk_agentd::run::jsonl_line).collect();
+            let path = home.join("runs").join(run).join("run.jsonl");
+            std::fs::read_to_string(path).unwrap_or_default() != want
+        })
+        .count()
+}
+
+/// Leases the journal still holds as granted or running.
+pub fn open_leases(home: &Path) -> usize {
+    let n: i64 = db(home)
+        .query_row(
+            "SELECT count(*) FROM leases WHERE state IN ('granted', 'running')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    n as usize
+}
+
+/// From the simulated bench's log: (benches that finished and were then run again,
+/// benches killed before they finished).
+pub fn reruns(log: &Path) -> (usize, usize) {
+    reruns_of(log, usize::MAX)
+}
+
+/// [`reruns`], where a bench counts as finished only if it ended within the log's first
+/// `upto` lines (a bench ending once the disk was full wrote no result: running it again is
+/// right).
+pub fn reruns_of(log: &Path, upto: usize) -> (usize, usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut started: BTreeMap<String, String> = BTreeMap::new();
+    let mut finished: BTreeSet<String> = BTreeSet::new();
+    let (mut again, mut starts) = (0, BTreeMap::<String, usize>::new());
+    for (at, line) in text.lines().enumerate() {
+        let f: Vec<&str> = line.splitn(4, '\t').collect();
+        match f.as_slice() {
+            ["start", pid, session, args] => {
+                let key = format!("{session}\t{args}");
+                if finished.contains(&key) {
+                    again += 1;
+                }
+                *starts.entry(key.clone()).or_default() += 1;
+                started.insert(pid.to_string(), key);
+            }
+            ["end", pid, _] => {
+                if let Some(key) = started.remove(*pid)
+                    && at < upto
+                {
+                    finished.insert(key);
+                }
+            }
+            _ => {}
+        }
+    }
+    (again, started.len())
+}
+
+/// Processes of the campaign that outlive its daemon's SIGKILL by 2 s (each lease child is to
+/// die with it): those naming the home, counted once the grace has passed.
+pub fn orphans_after_kill(home: &Path) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && leftovers(home) > 0 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    leftovers(home)
+}
+
+/// Processes that still name the home in their command line.
+pub fn leftovers(home: &Path) -> usize {
+    let needle = home.display().to_string();
+    procs()
+        .into_iter()
+        .filter(|(_, cmdline, _)| cmdline.contains(&needle))
+        .count()
+}
+
+/// (pid, cmdline, environ) of every readable process.
+pub fn procs() -> Vec<(u32, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let me = std::process::id();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
+        out.push((
+            pid,
+            String::from_utf8_lossy(&cmdline).replace('\0', " "),
+            environ,
+        ));
+    }
+    out
+}
+
+/// What the campaign's comparison says, per level: the winner counts and who won alone.
+pub fn winners(home: &Path) -> String {
+    let out = fk(home)
+        .args(["compare", "--json"])
+        .output()
+        .expect("compare");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let levels = v["levels"].as_array().cloned().unwrap_or_default();
+    levels
+        .iter()
+        .map(|l| {
+            format!(
+                "{}: {}/{} winners, only independent {}, only sequential {}",
+                l["level"],
+                l["independent"]["winners"],
+                l["sequential"]["winners"],
+                l["only_independent"],
+                l["only_sequential"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Scoring benches started so far, from the simulated bench's log: a bench whose output lies
+/// in a run's `results*/` (standalone, confirmation, composed, the sequential levels).
+pub fn scoring_starts(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("start\t") && l.contains("/results"))
+        .count()
+}
+
+/// Verdicts of every results file of a home that have no result because the bench gave none
+/// (a killed lease replayed, a bench that "exited without JSON", a lease failed for the
+/// infrastructure): a kill must not add any.
+pub fn no_result_verdicts(home: &Path) -> usize {
+    walk(&home.join("runs"))
+        .into_iter()
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            (name == "gate.json" || name == "score.json")
+                && p.components().any(|c| {
+                    c.as_os_str()
+                        .to_str()
+                        .is_some_and(|c| c.starts_with("results"))
+                })
+        })
+        .map(|p| {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            text.matches("without JSON").count()
+                + text.matches("failed for infrastructure reasons").count()
+        })
+        .sum()
+}
+
+/// Runs of a home that did not end finished.
+pub fn unfinished_runs(home: &Path) -> usize {
+    let n: i64 = db(home)
+        .query_row(
+            "SELECT count(*) FROM runs WHERE status != 'finished'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    n as usize
+}
+
+/// The `run_finished` reasons of a home's runs that ended interrupted.
+pub fn interrupted_reasons(home: &Path) -> Vec<String> {
+    let c = db(home);
+    let mut s = c
+        .prepare("SELECT payload FROM events WHERE kind = 'run_finished'")
+        .unwrap();
+    s.query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .filter_map(|p| serde_json::from_str::<serde_json::Value>(&p).ok())
+        .filter(|v| v["status"] == "INTERRUPTED")
+        .map(|v| v["reason"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Sessions whose end blames the agent (a failure not marked infrastructure), by target.
+pub fn agent_failures(home: &Path) -> BTreeSet<String> {
+    session_rows(home)
+        .iter()
+        .filter(|s| s["detail"]["status"] == "FAIL" && s["detail"]["infra"] != true)
+        .filter_map(|s| s["target"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The rows of `sessions --json` for the home's newest run.
+pub fn session_rows(home: &Path) -> Vec<serde_json::Value> {
+    let out = fk(home)
+        .args(["sessions", "--json"])
+        .output()
+        .expect("sessions");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["sessions"].as_array().cloned().unwrap_or_default()
+}
+
+/// Sessions of a home's newest run that ended as sessions (not as infrastructure failures),
+/// and all its sessions.
+pub fn sessions_finished(home: &Path) -> (usize, usize) {
+    let rows = session_rows(home);
+    let done = rows
+        .iter()
+        .filter(|s| {
+            let d = &s["detail"];
+            matches!(d["status"].as_str(), Some("PASS" | "FAIL")) && d["infra"] != true
+        })
+        .count();
+    (done, rows.len())
+}
+
+/// Every file under `dir`, following no link.
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Every file of a home and its bytes (for "nothing else touched").
+pub fn snapshot(home: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    walk(home)
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap_or_default();
+            (p, bytes)
+        })
+        .collect()
+}
+
+/// What the simulated server saw (`sim-faults.json`, written when chaos was asked for).
+pub fn server_report(home: &Path) -> serde_json::Value {
+    std::fs::read(home.join("sim-faults.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Of the read commands `runs`, `status`, `sessions` and `resume` run by `bin` on a home
+/// with a damaged store, those that exit 2 or 3 naming the store's file without a panic.
+pub fn clear_errors(bin: &Path, home: &Path) -> usize {
+    let commands: [&[&str]; 4] = [&["runs"], &["status"], &["sessions"], &["resume"]];
+    let mut clear = 0;
+    for args in commands {
+        let out = fk_from(bin, home).args(args).output().expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let code = out.status.code();
+        let ok = matches!(code, Some(2) | Some(3))
+            && err.contains("fk-agentd.db")
+            && !err.contains("panicked");
+        if !ok {
+            println!(
+                "damaged store: `{}` exit {code:?}: {}",
+                args.join(" "),
+                err.trim()
+            );
+        }
+        clear += usize::from(ok);
+    }
+    clear
+}
+
+/// Files of `dir` holding any of `tokens` as they are.
+pub fn files_holding(dir: &Path, tokens: &[String]) -> usize {
+    walk(dir)
+        .iter()
+        .filter(|p| {
+            let text = String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+            tokens.iter().any(|t| text.contains(t.as_str()))
+        })
+        .count()
+}
+
+/// `run_finished` events of a home.
+pub fn run_ends(home: &Path) -> usize {
+    let n: i64 = db(home)
+        .query_row(
+            "SELECT count(*) FROM events WHERE kind = 'run_finished'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    n as usize
+}
