@@ -18,12 +18,16 @@
 //!   system calls ([`enter`]), which are safe between fork (or vfork) and exec.
 //! - Hidden paths and the entries allowed beside them are compared canonically, so a symbolic
 //!   link to a hidden folder does not reopen it.
-//! - Where the kernel has no Landlock the confinement says so ([`Confinement::describe`]) and
-//!   children run as before; nothing fails for it.
+//! - Where the kernel has no Landlock, agent code enters user, mount and PID namespaces in which
+//!   the folders holding the secrets are covered ([`ns`]), if the host allows them; where it
+//!   allows neither, the confinement says so ([`Confinement::describe`]) and children run as
+//!   before (`start` refuses that unless told otherwise: [`Confinement::require`]).
 //! - Entries created after the build beside a hidden path (a new file in the token's folder,
 //!   a new top-level folder) are not reachable: only what existed is allowed. So the usual
 //!   cache folders of `$HOME` are made first when the token lives under it, and a token in a
 //!   world-writable sticky folder (`/tmp`) is not hidden at all: the confinement says why.
+
+mod ns;
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -47,6 +51,9 @@ pub enum Status {
     Off(String),
     /// The kernel enforces the ruleset.
     Enforced,
+    /// No Landlock here: agent code runs in its own user, mount and PID namespaces, where the
+    /// folders holding the secrets are covered.
+    Namespaced,
     /// The kernel cannot (no Landlock): children run unconfined.
     Unsupported(String),
     /// The secret lies where it cannot be hidden (under `/tmp`): children would run
@@ -54,10 +61,31 @@ pub enum Status {
     Misplaced(String),
 }
 
-/// A built ruleset, shared by every child of a campaign.
+/// How a child enters the confinement between fork and exec: cheap to clone into a `pre_exec`
+/// hook, entered there with plain system calls only.
+#[derive(Clone, Debug)]
+pub enum Entry {
+    /// The Landlock ruleset's descriptor ([`enter`]).
+    Landlock(Arc<OwnedFd>),
+    /// The namespaces' plan ([`ns::Plan::enter`]).
+    Namespaces(Arc<ns::Plan>),
+}
+
+impl Entry {
+    /// Enters the confinement: for a child between fork and exec only (see [`enter`] and
+    /// [`ns::Plan::enter`]).
+    pub fn enter(&self) -> std::io::Result<()> {
+        match self {
+            Entry::Landlock(fd) => enter(fd.as_raw_fd()),
+            Entry::Namespaces(plan) => plan.enter(),
+        }
+    }
+}
+
+/// A built ruleset (or namespace plan), shared by every child of a campaign.
 #[derive(Clone, Debug)]
 pub struct Confinement {
-    fd: Option<Arc<OwnedFd>>,
+    entry: Option<Entry>,
     hidden: Vec<PathBuf>,
     status: Status,
 }
@@ -80,7 +108,7 @@ impl Confinement {
     /// No confinement, with the reason shown to users.
     pub fn off(why: &str) -> Self {
         Self {
-            fd: None,
+            entry: None,
             hidden: Vec::new(),
             status: Status::Off(why.to_string()),
         }
@@ -104,7 +132,7 @@ impl Confinement {
                 shared.display()
             );
             return Self {
-                fd: None,
+                entry: None,
                 hidden,
                 status: Status::Misplaced(why),
             }
@@ -127,12 +155,41 @@ impl Confinement {
         }
         match build(&allowed) {
             Ok(Some(fd)) => Self {
-                fd: Some(Arc::new(fd)),
+                entry: Some(Entry::Landlock(Arc::new(fd))),
                 hidden,
                 status: Status::Enforced,
+            }
+            .logged(),
+            Ok(None) => Self::namespaced(&hidden, reachable, "this kernel has no Landlock"),
+            Err(e) => Self::namespaced(
+                &hidden,
+                reachable,
+                &format!("the Landlock ruleset failed: {e}"),
+            ),
+        }
+    }
+
+    /// The fallback where Landlock is `missing` (why): agent code in its own namespaces with
+    /// the folders holding `hidden` (canonical) covered, if this host allows it (tried once
+    /// with `true`); else unsupported, with both reasons.
+    pub fn namespaced(hidden: &[PathBuf], reachable: &[PathBuf], missing: &str) -> Self {
+        let hidden = hidden.to_vec();
+        let plan = ns::covers(&hidden, reachable)
+            .and_then(|covers| ns::Plan::new(&covers).map_err(|e| e.to_string()))
+            .map(|plan| Entry::Namespaces(Arc::new(plan)))
+            .and_then(|entry| match try_entry(&entry) {
+                Ok(()) => Ok(entry),
+                Err(e) => Err(format!(
+                    "user, mount and PID namespaces are not allowed here: {e}"
+                )),
+            });
+        match plan {
+            Ok(entry) => Self {
+                entry: Some(entry),
+                hidden,
+                status: Status::Namespaced,
             },
-            Ok(None) => Self::unsupported(hidden, "this kernel has no Landlock".into()),
-            Err(e) => Self::unsupported(hidden, format!("the Landlock ruleset failed: {e}")),
+            Err(why) => Self::unsupported(hidden, format!("{missing}, and {why}")),
         }
         .logged()
     }
@@ -140,7 +197,9 @@ impl Confinement {
     /// Says once, in the log, what agent code runs under.
     fn logged(self) -> Self {
         match &self.status {
-            Status::Enforced => tracing::info!(hidden = ?self.hidden, "{}", self.describe()),
+            Status::Enforced | Status::Namespaced => {
+                tracing::info!(hidden = ?self.hidden, "{}", self.describe())
+            }
             _ => tracing::warn!(hidden = ?self.hidden, "{}", self.describe()),
         }
         self
@@ -148,7 +207,7 @@ impl Confinement {
 
     fn unsupported(hidden: Vec<PathBuf>, why: String) -> Self {
         Self {
-            fd: None,
+            entry: None,
             hidden,
             status: Status::Unsupported(why),
         }
@@ -163,9 +222,9 @@ impl Confinement {
         &self.status
     }
 
-    /// The ruleset's descriptor for [`enter`]; `None` when nothing is enforced.
-    pub fn raw_fd(&self) -> Option<RawFd> {
-        self.fd.as_ref().map(|fd| fd.as_raw_fd())
+    /// How a child enters it ([`Entry::enter`]); `None` when nothing is enforced.
+    pub fn entry(&self) -> Option<Entry> {
+        self.entry.clone()
     }
 
     /// One line for people: `agent code cannot read 1 secret path (Landlock)`.
@@ -174,6 +233,11 @@ impl Confinement {
             Status::Off(why) => format!("agent code is not confined: {why}"),
             Status::Enforced => format!(
                 "agent code cannot reach {} secret path{} (Landlock)",
+                self.hidden.len(),
+                if self.hidden.len() == 1 { "" } else { "s" }
+            ),
+            Status::Namespaced => format!(
+                "agent code cannot reach {} secret path{} (namespaces: this kernel has no Landlock)",
                 self.hidden.len(),
                 if self.hidden.len() == 1 { "" } else { "s" }
             ),
@@ -194,24 +258,42 @@ impl Confinement {
             )),
             Status::Unsupported(why) if !allow_unconfined => {
                 Err(crate::error::Error::Unavailable(format!(
-                    "refusing to start: agent code could read the token file ({why}); run on a kernel with Landlock, {opt_out}"
+                    "refusing to start: agent code could read the token file ({why}); run on a kernel with Landlock or one that allows user namespaces, {opt_out}"
                 )))
             }
             _ => Ok(()),
         }
     }
 
-    /// Makes `cmd`'s child enter the ruleset before it execs (a fork, not `posix_spawn`).
+    /// Makes `cmd`'s child enter the confinement before it execs (a fork, not `posix_spawn`).
     pub fn apply(&self, cmd: &mut tokio::process::Command) {
-        let Some(fd) = self.raw_fd() else {
+        let Some(entry) = self.entry() else {
             return;
         };
-        // SAFETY: the hook runs in the forked child before exec and only makes the two plain
-        // system calls of `enter` on a descriptor the parent keeps open (the `Arc` in `self`
-        // outlives the spawn, which returns only after the child has exec'd or failed).
+        // SAFETY: the hook runs in the forked child before exec and only makes the plain
+        // system calls of `Entry::enter` on data the closure owns (an `Arc`, cloned before).
         unsafe {
-            cmd.pre_exec(move || enter(fd));
+            cmd.pre_exec(move || entry.enter());
         }
+    }
+}
+
+/// Spawns `true` entering `entry`, as a probe of whether this host allows it.
+fn try_entry(entry: &Entry) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let entry = entry.clone();
+    let mut cmd = std::process::Command::new("true");
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: as in `Confinement::apply`.
+    unsafe {
+        cmd.pre_exec(move || entry.enter());
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("a probe ended {s}")),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -461,9 +461,9 @@ fn cmd_manifest(home: &std::path::Path, run: Option<&str>, json: bool) -> Result
 fn confined_exec(args: args::ConfinedExecArgs) -> i32 {
     use std::os::unix::process::CommandExt;
     let confinement = crate::confine::Confinement::hiding(&args.hide, &[]);
-    match (confinement.raw_fd(), confinement.status()) {
-        (Some(fd), _) => {
-            if let Err(e) = crate::confine::enter(fd) {
+    match (confinement.entry(), confinement.status()) {
+        (Some(entry), _) => {
+            if let Err(e) = entry.enter() {
                 eprintln!("fk-agentd confined-exec: cannot enter the ruleset: {e}");
                 return 126;
             }

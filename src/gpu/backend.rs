@@ -104,9 +104,9 @@ pub struct LaunchSpec<'a> {
     pub output: &'a LeaseOutput,
     /// The cgroup [`LeaseBackend::cgroup_for`] chose (and the journal names); `None`: none.
     pub cgroup: Option<&'a Path>,
-    /// The Landlock ruleset the command enters before it execs ([`crate::confine`]); `None`:
-    /// unconfined. Kept open by the broker's parameters while the launch runs.
-    pub confine: Option<std::os::fd::RawFd>,
+    /// The confinement the command enters before it execs ([`crate::confine`]); `None`:
+    /// unconfined.
+    pub confine: Option<crate::confine::Entry>,
 }
 
 /// Resolves when a job's lead process exits (`None` when its status cannot be known).
@@ -381,18 +381,18 @@ fn spawn(
         .stdin(std::process::Stdio::null())
         .current_dir(spec.cwd);
     lease_command(&mut cmd, spec, spec.env.iter(), &argv0)?;
-    let confine = spec.confine;
+    let confine = spec.confine.clone();
     if entry.is_some() || confine.is_some() {
         // SAFETY: the hook only makes plain system calls (open, write, close, and those of
-        // `confine::enter`) on a path built before the fork and a descriptor the broker's
-        // parameters keep open until the spawn has returned; it allocates nothing.
+        // `confine::Entry::enter`) on a path and an entry built before the fork, which the
+        // closure owns; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
                 if let Some(entry) = &entry {
                     enter_cgroup(entry)?;
                 }
-                match confine {
-                    Some(fd) => crate::confine::enter(fd),
+                match &confine {
+                    Some(entry) => entry.enter(),
                     None => Ok(()),
                 }
             });

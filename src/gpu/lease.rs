@@ -224,7 +224,7 @@ async fn launch(
             env: child_env(broker, g),
             output: &output,
             cgroup: g.cgroup.as_deref(),
-            confine: inner.params.confinement.raw_fd(),
+            confine: inner.params.confinement.entry(),
         })
     });
     let launched = match spawned {

@@ -402,7 +402,7 @@ async fn an_agent_that_encodes_the_token_file_sends_nothing_of_it() {
     std::fs::write(&token_file, token).unwrap();
     let confinement =
         fk_agentd::confine::Confinement::hiding(std::slice::from_ref(&token_file), &[]);
-    if confinement.raw_fd().is_none() {
+    if confinement.entry().is_none() {
         assert!(std::env::var_os("FK_AGENTD_REQUIRE_LANDLOCK").is_none());
         eprintln!("skipped: {}", confinement.describe());
         return;

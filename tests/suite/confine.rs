@@ -206,7 +206,7 @@ async fn a_cgroup_lease_child_enters_its_cgroup_and_the_ruleset_before_exec() {
         env: vec![],
         output: &output,
         cgroup: Some(&dir),
-        confine: confinement.raw_fd(),
+        confine: confinement.entry(),
     };
     let launched = backend.launch(spec).expect("launch");
     assert!(
@@ -233,7 +233,7 @@ async fn a_cgroup_lease_child_enters_its_cgroup_and_the_ruleset_before_exec() {
 fn a_missing_token_file_or_none_confines_nothing_and_says_so() {
     let c = Confinement::hiding(&[PathBuf::from("/nonexistent/fk-token")], &[]);
     assert!(matches!(c.status(), Status::Off(_)), "{c:?}");
-    assert!(c.raw_fd().is_none());
+    assert!(c.entry().is_none());
     assert_eq!(
         c.describe(),
         "agent code is not confined: no secret file to hide"
@@ -251,7 +251,7 @@ fn a_token_in_a_shared_temporary_folder_is_not_hidden_and_the_reason_says_where_
     assert_eq!(err.exit_code(), 2);
     assert!(err.to_string().contains("allow_unconfined"), "{err}");
     c.require(true).unwrap();
-    assert!(c.raw_fd().is_none());
+    assert!(c.entry().is_none());
     assert!(
         c.describe().contains("under /tmp") && c.describe().contains("~/.config/fk-agentd/token"),
         "{}",
@@ -449,4 +449,171 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The fallback where the kernel has no Landlock (forced here), or `None` (the reason printed)
+/// where the host allows no user namespaces.
+fn namespaced(token: &Path) -> Option<Confinement> {
+    let token = token.canonicalize().unwrap();
+    let c = Confinement::namespaced(&[token], &[], "Landlock left out for the test");
+    match c.status() {
+        Status::Namespaced => Some(c),
+        other => {
+            eprintln!("skipped: {other:?}");
+            None
+        }
+    }
+}
+
+/// Without Landlock: the agent's shell in its own namespaces cannot read the token file, list
+/// its folder, reach it through `/proc/<pid>/root` of a process of the same user outside (this
+/// test's own), or unmount the cover; the rest of the file system, its exit code and its
+/// output are as before.
+#[tokio::test]
+async fn without_landlock_the_shell_runs_in_namespaces_that_cover_the_token_folder() {
+    let tmp = private_dir();
+    let (token, _) = secret(tmp.path());
+    let ws = gelu_workspace(tmp.path());
+    let Some(confinement) = namespaced(&token) else {
+        return;
+    };
+    assert!(
+        confinement.describe().contains("namespaces"),
+        "{}",
+        confinement.describe()
+    );
+    let outside = std::process::id();
+    let cmd = format!(
+        "cat {t}; base64 -w0 {t}; echo; ls {d}; cat /proc/{outside}/root{t}; \
+         cat /proc/1/root{t}; umount {d}; cat {t}; ls /proc | grep -cx '[0-9]*'; \
+         echo written > $TMPDIR/w && cat $TMPDIR/w; ls /usr/bin/env; exit 3",
+        t = token.display(),
+        d = token.parent().unwrap().display(),
+    );
+    let path = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
+    let run = |env: ShellEnv| {
+        let (ws, cmd) = (&ws, cmd.clone());
+        async move {
+            exec::run(
+                ws,
+                &env,
+                &ShellRequest {
+                    cmd,
+                    timeout: Duration::from_secs(30),
+                    limits: OutputLimits::default(),
+                },
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let open = run(ShellEnv::from_parent(path.clone(), [])).await;
+    assert!(open.output.contains(TOKEN), "{}", open.output);
+    let shut = run(ShellEnv::from_parent(path, []).confined(confinement)).await;
+    assert_eq!(shut.end, ShellEnd::Exited(3), "{}", shut.output);
+    assert_no_token(&shut.output);
+    // Only the namespace's own processes are in its /proc: the shell and its few children.
+    let procs: Vec<&str> = shut
+        .output
+        .lines()
+        .filter(|l| l.parse::<u32>().is_ok())
+        .collect();
+    assert!(
+        procs.iter().any(|n| n.parse::<u32>().unwrap() < 10),
+        "{}",
+        shut.output
+    );
+    assert!(
+        shut.output.contains("written\n/usr/bin/env"),
+        "{}",
+        shut.output
+    );
+}
+
+/// Without Landlock: a leased job cannot read the token either, and its exit code comes back.
+#[tokio::test]
+async fn without_landlock_a_leased_job_cannot_read_the_token_file() {
+    let tmp = private_dir();
+    let (token, _) = secret(tmp.path());
+    let Some(confinement) = namespaced(&token) else {
+        return;
+    };
+    let mut p = params();
+    p.confinement = confinement;
+    let rig = rig_with(1, p);
+    let dir = rig.dir.path().to_path_buf();
+    let script = format!("cat {}; exit 7", token.display());
+    let outcome = rig
+        .broker
+        .run(
+            req("L1/gelu", LeaseClass::Validate, 1, Duration::from_secs(30)),
+            sh(&dir, "ns", &script),
+            &CancellationToken::new(),
+        )
+        .await
+        .expect("lease");
+    let out = std::fs::read_to_string(&outcome.stdout).unwrap();
+    let err = std::fs::read_to_string(&outcome.stderr).unwrap();
+    assert_no_token(&out);
+    assert!(err.contains("No such file"), "{err}");
+    assert_eq!(outcome.exit_code, Some(7));
+}
+
+/// Without Landlock, a token in `$HOME` itself cannot be hidden by covering its folder: the
+/// reason says where to put it.
+#[test]
+fn without_landlock_a_token_beside_everything_else_is_refused_with_where_to_put_it() {
+    let tmp = private_dir();
+    let (token, _) = secret(tmp.path());
+    let token = token.canonicalize().unwrap();
+    let reachable = [token.parent().unwrap().join("runs")];
+    let c = Confinement::namespaced(&[token], &reachable, "no Landlock");
+    assert!(matches!(c.status(), Status::Unsupported(_)), "{c:?}");
+    assert!(c.entry().is_none());
+    let why = c.describe();
+    assert!(
+        why.contains("no Landlock") && why.contains("folder of its own"),
+        "{why}"
+    );
+    assert_eq!(c.require(false).unwrap_err().exit_code(), 3);
+}
+
+/// Without Landlock: a command past its timeout is ended with every process of its namespace
+/// (the shell there is the namespace's first process, which ignores a plain SIGTERM).
+#[tokio::test]
+async fn without_landlock_a_command_past_its_timeout_is_ended_with_its_children() {
+    let tmp = private_dir();
+    let (token, _) = secret(tmp.path());
+    let ws = gelu_workspace(tmp.path());
+    let Some(confinement) = namespaced(&token) else {
+        return;
+    };
+    let marker = format!("fk-ns-timeout-{}", std::process::id());
+    let env = ShellEnv::from_parent([("PATH".to_string(), "/usr/bin:/bin".to_string())], [])
+        .confined(confinement);
+    let started = std::time::Instant::now();
+    let out = exec::run(
+        &ws,
+        &env,
+        &ShellRequest {
+            cmd: format!("sh -c 'sleep 60; : {marker}' & sleep 60; : {marker}"),
+            timeout: Duration::from_secs(1),
+            limits: OutputLimits::default(),
+        },
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(out.end, ShellEnd::TimedOut), "{:?}", out.end);
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let alive = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&marker))
+        })
+        .count();
+    assert_eq!(alive, 0, "processes of the command outlived it");
 }
