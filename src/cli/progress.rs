@@ -12,6 +12,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use time::OffsetDateTime;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -29,14 +30,13 @@ pub struct Snapshot {
     pub run_id: String,
     pub total: usize,
     pub done: usize,
-    /// Sessions already ended when this process began watching (a resumed run's): the ETA
-    /// counts the pace of this stint only.
-    pub done_before: usize,
     pub running: usize,
     pub winners: usize,
     pub gpus_busy: usize,
     pub gpus_total: Option<usize>,
     pub elapsed: Duration,
+    /// This stint's sessions, for the ETA ([`crate::inspect::eta`]).
+    pub pace: crate::inspect::Pace,
 }
 
 /// The status line, e.g. `12/133 sessions done · 12 running · 3 winners · GPUs 5/8 busy ·
@@ -64,7 +64,7 @@ fn eta_text(s: &Snapshot) -> Option<String> {
     if left == 0 {
         return Some("ETA -".into());
     }
-    let eta = crate::inspect::eta(s.elapsed, s.done.saturating_sub(s.done_before), left)?;
+    let eta = crate::inspect::eta(&s.pace)?;
     Some(format!("ETA {}", clock(eta.as_secs())))
 }
 
@@ -93,7 +93,7 @@ pub fn render_within(s: &Snapshot, width: usize) -> String {
 /// Reads the run this process is running: the newest `running` run it created, else the
 /// newest `running` one (a resumed run keeps the pid of the daemon that created it; the
 /// home's lock means no other daemon runs here).
-fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
+fn read(store: &Store, started: tokio::time::Instant, since: OffsetDateTime) -> Option<Snapshot> {
     let pid = i64::from(std::process::id());
     let running: Vec<_> = store
         .runs()
@@ -107,6 +107,19 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
         .or_else(|| running.first())?
         .clone();
     let sessions = store.sessions(&run.id).ok()?;
+    let starts = store.session_starts(&run.id).unwrap_or_default();
+    let seen: Vec<crate::inspect::Seen> = sessions
+        .iter()
+        .map(|s| crate::inspect::Seen {
+            live: s.state.is_live(),
+            ended: s.state.is_end(),
+            started: starts
+                .get(&s.target)
+                .and_then(|at| crate::inspect::parse_at(at)),
+            updated: crate::inspect::parse_at(&s.updated_at),
+        })
+        .collect();
+    let pace = crate::inspect::Pace::of(&seen, run.targets.len(), since, OffsetDateTime::now_utc());
     let winner = |d: &crate::event::SessionResult| {
         let best = d.best_speedup.as_ref().and_then(|b| b.as_ref()?.value());
         best.is_some_and(|g| g >= 1.0)
@@ -127,7 +140,7 @@ fn read(store: &Store, started: tokio::time::Instant) -> Option<Snapshot> {
         gpus_busy,
         gpus_total: None,
         elapsed: started.elapsed(),
-        done_before: 0,
+        pace,
     })
 }
 
@@ -162,9 +175,10 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
         bar
     });
     let started = tokio::time::Instant::now();
+    // The ETA counts this stint's pace: a resumed run's earlier sessions say nothing of it.
+    let since = OffsetDateTime::now_utc();
     let mut store: Option<Store> = None;
     let mut last_plain: Option<(usize, tokio::time::Instant)> = None;
-    let mut done_before: Option<usize> = None;
     let mut tick = tokio::time::interval(TICK);
     loop {
         tokio::select! {
@@ -175,15 +189,10 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
         if store.is_none() && crate::run::runs_dir(&home).is_dir() {
             store = Store::open_read_only(&home.join("fk-agentd.db")).ok();
         }
-        let Some(snap) = store.as_ref().and_then(|s| read(s, started)) else {
+        let Some(snap) = store.as_ref().and_then(|s| read(s, started, since)) else {
             continue;
         };
-        let done_before = *done_before.get_or_insert(snap.done);
-        let snap = Snapshot {
-            gpus_total,
-            done_before,
-            ..snap
-        };
+        let snap = Snapshot { gpus_total, ..snap };
         match &bar {
             Some(bar) => {
                 // The spinner and a space come first; a line wider than the terminal would
@@ -212,6 +221,17 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
+    /// 12 sessions running for `age` on 12 slots, `ended` sessions of 10 minutes, the rest
+    /// queued.
+    fn pace(ended: usize, queued: usize) -> crate::inspect::Pace {
+        crate::inspect::Pace {
+            ended: vec![Duration::from_secs(600); ended],
+            running: vec![Duration::ZERO; 12],
+            queued,
+            slots: 12,
+        }
+    }
+
     #[test]
     fn the_status_line_counts_and_estimates() {
         let mut s = Snapshot {
@@ -223,26 +243,28 @@ mod tests {
             gpus_busy: 3,
             gpus_total: Some(8),
             elapsed: Duration::from_secs(600),
-            done_before: 0,
+            pace: pace(0, 121),
         };
         assert_eq!(
             render(&s),
             "0/133 sessions done · 12 running · 0 winners · GPUs 3/8 busy · 0:10:00 elapsed · ETA after the first session ends"
         );
+        // Sessions of 10 minutes each, 12 at a time: the 12 running and 102 queued take 10
+        // rounds of 10 minutes (the last 6 queued start in the 10th).
         s.done = 19;
         s.winners = 1;
         s.gpus_total = None;
+        s.pace = pace(19, 102);
         assert_eq!(
             render(&s),
-            "19/133 sessions done · 12 running · 1 winner · 3 GPU(s) busy · 0:10:00 elapsed · ETA 1:00:00"
+            "19/133 sessions done · 12 running · 1 winner · 3 GPU(s) busy · 0:10:00 elapsed · ETA 1:40:00"
         );
-        // Resumed with 48 sessions already done: the pace is this stint's (19 in 10 min).
-        s.done = 48 + 19;
-        s.done_before = 48;
-        assert!(render(&s).ends_with("ETA 0:34:44"), "{}", render(&s));
+        // Resumed: sessions ended before the resume are not in this stint's pace.
         s.done = 48;
+        s.pace = pace(0, 73);
         assert!(render(&s).ends_with("ETA after the first session ends"));
         s.done = 133;
+        s.pace = crate::inspect::Pace::default();
         assert!(render(&s).ends_with("ETA -"));
     }
 
@@ -257,16 +279,20 @@ mod tests {
             gpus_busy: 3,
             gpus_total: Some(8),
             elapsed: Duration::from_secs(600),
-            done_before: 0,
+            pace: pace(19, 102),
         };
         assert_eq!(render_within(&s, 200), render(&s));
         let terse = render_within(&s, 77);
         assert_eq!(
             terse,
-            "19/133 done · 12 running · 1 won · GPUs 3/8 · 0:10:00 · ETA 1:00:00"
+            "19/133 done · 12 running · 1 won · GPUs 3/8 · 0:10:00 · ETA 1:40:00"
         );
         assert!(terse.chars().count() <= 77);
-        let first = Snapshot { done: 0, ..s };
+        let first = Snapshot {
+            done: 0,
+            pace: pace(0, 121),
+            ..s
+        };
         assert!(render_within(&first, 77).ends_with("· ETA ?"));
     }
 }

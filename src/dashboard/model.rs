@@ -52,6 +52,8 @@ pub struct Tally {
     prices: Option<crate::config::provider::Prices>,
     /// When the run was last resumed: the ETA counts the pace since.
     pub resumed_at: Option<OffsetDateTime>,
+    /// When each target's session last started (the ETA's session lengths).
+    pub session_started: HashMap<String, OffsetDateTime>,
 }
 
 impl Tally {
@@ -66,6 +68,9 @@ impl Tally {
         match e.kind.as_str() {
             "session_started" | "user_message" | "tool_finished" => {
                 if let Some(at) = parse_at(&e.at) {
+                    if e.kind == <crate::event::SessionStarted as crate::event::Payload>::KIND {
+                        self.session_started.insert(target.clone(), at);
+                    }
                     self.turn_start.insert(target, at);
                 }
             }
@@ -311,26 +316,29 @@ impl RunView {
         c
     }
 
-    /// Seconds left at the pace of this stint (since the run's start or latest resume);
-    /// `None` before a session ended in it, or after the run.
+    /// Seconds left at the pace of this stint (since the run's start or latest resume,
+    /// [`crate::inspect::eta`]); `None` before a session ended in it, or after the run.
     pub fn eta_s(&self) -> Option<f64> {
         if !self.run.is_running() {
             return None;
         }
-        let c = self.counts();
         let stint = self
             .tally
             .resumed_at
             .unwrap_or(self.start())
             .max(self.start());
-        let ended_here = self
+        let seen: Vec<crate::inspect::Seen> = self
             .sessions
             .iter()
-            .filter(|s| s.state.is_end())
-            .filter(|s| parse_at(&s.updated_at).is_some_and(|at| at >= stint))
-            .count();
-        let elapsed = std::time::Duration::from_secs_f64(seconds_between(stint, self.end()));
-        crate::inspect::eta(elapsed, ended_here, c.targets - c.ended).map(|d| d.as_secs_f64())
+            .map(|s| crate::inspect::Seen {
+                live: s.state.is_live(),
+                ended: s.state.is_end(),
+                started: self.tally.session_started.get(&s.target).copied(),
+                updated: parse_at(&s.updated_at),
+            })
+            .collect();
+        let pace = crate::inspect::Pace::of(&seen, self.counts().targets, stint, self.end());
+        crate::inspect::eta(&pace).map(|d| d.as_secs_f64())
     }
 
     /// The GPU lanes of the timeline: every GPU a lease or a drain named, sorted.

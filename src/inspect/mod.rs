@@ -16,6 +16,7 @@
 //! print!("{}", render_text(&view, &RenderOptions::default()));
 //! ```
 
+mod eta;
 mod leases;
 pub mod outcome;
 mod render;
@@ -24,9 +25,10 @@ mod scoring;
 mod tools;
 mod view;
 
+pub use eta::{Pace, Seen, eta};
 pub use leases::{LeaseEnd, LeaseView};
 pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcomes};
-pub use render::{RenderOptions, clip, clock, eta, group, render_lines, render_text};
+pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};
 pub use scoring::ScoringWord;
 pub use tools::{ToolDetail, strip_encrypted};
 pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, parse_at, transcript_events};

@@ -457,17 +457,6 @@ pub fn clip(s: &str, n: usize) -> String {
     }
 }
 
-/// Time left at this stint's pace: `left` sessions at `ended` sessions per `elapsed`, where a
-/// stint counts from the run's start or its latest resume (sessions ended before a resume say
-/// nothing of this daemon's pace). `None` before a session ended in the stint.
-pub fn eta(elapsed: std::time::Duration, ended: usize, left: usize) -> Option<std::time::Duration> {
-    match (ended, left) {
-        (_, 0) => Some(std::time::Duration::ZERO),
-        (0, _) => None,
-        (ended, left) => Some(elapsed.mul_f64(left as f64 / ended as f64)),
-    }
-}
-
 /// `0:00:42`: a wall time as H:MM:SS.
 pub fn clock(secs: u64) -> String {
     format!("{}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)

@@ -561,6 +561,18 @@ impl Store {
         )
     }
 
+    /// When each target of a run last started a session (its latest `session_started`).
+    pub fn session_starts(
+        &self,
+        run_id: &str,
+    ) -> Result<std::collections::HashMap<String, String>, StoreError> {
+        self.query(
+            "SELECT target, max(at) FROM events WHERE run_id = ?1 AND kind = ?2 AND target IS NOT NULL GROUP BY target",
+            params![run_id, <crate::event::SessionStarted as crate::event::Payload>::KIND],
+            |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+        )
+    }
+
     /// The sessions of a run, ordered by target.
     pub fn sessions(&self, run_id: &str) -> Result<Vec<SessionRow>, StoreError> {
         self.query(

@@ -1,0 +1,318 @@
+//! The time a campaign has left, from what its sessions have done in this stint (since the
+//! run's start or its latest resume).
+//!
+//! Sessions run a few at a time (`slots`): the campaign ends when the last slot empties. The
+//! estimate plays the rest of the campaign out [`DRAWS`] times as the scheduler will and takes
+//! the median end: each running session gets a length drawn among those longer than its age,
+//! each queued one a length drawn among all and the slot that frees first. Lengths come from
+//! a Kaplan–Meier estimate over the ended sessions and the running ones (which have run at
+//! least their age): the short sessions end first, so the ended ones alone would make every
+//! session look short. Playing the rest out, rather than adding up mean lengths, gets the end
+//! right: a campaign waits for the longest of its last sessions.
+//!
+//! Pure: durations in, a duration out. `tests` checks it against simulated campaigns.
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+/// What the estimate reads: this stint's sessions.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pace {
+    /// How long each session that ended in this stint ran.
+    pub ended: Vec<Duration>,
+    /// How long each running session has run so far.
+    pub running: Vec<Duration>,
+    /// Sessions not started yet.
+    pub queued: usize,
+    /// Sessions that run at once (at least the running ones).
+    pub slots: usize,
+}
+
+/// One session as a view reads it from the store.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// Started and not ended.
+    pub live: bool,
+    pub ended: bool,
+    /// When it last started (`session_started`).
+    pub started: Option<OffsetDateTime>,
+    /// When its row last changed (its end, for an ended one).
+    pub updated: Option<OffsetDateTime>,
+}
+
+impl Pace {
+    /// The pace of a run of `targets` sessions, read at `now`, counting from `since` (the
+    /// run's start or latest resume); sessions that ended before it say nothing of this pace.
+    /// The slots are the sessions running (all slots are busy while any session waits).
+    pub fn of(seen: &[Seen], targets: usize, since: OffsetDateTime, now: OffsetDateTime) -> Self {
+        let secs = |a: OffsetDateTime, b: OffsetDateTime| {
+            Duration::from_secs_f64((b - a).as_seconds_f64().max(0.0))
+        };
+        let from = |s: &Seen| s.started.map_or(since, |t| t.max(since));
+        let ended: Vec<Duration> = seen
+            .iter()
+            .filter(|s| s.ended)
+            .filter_map(|s| Some((from(s), s.updated.filter(|u| *u >= since)?)))
+            .map(|(a, b)| secs(a, b))
+            .collect();
+        let running: Vec<Duration> = seen
+            .iter()
+            .filter(|s| s.live)
+            .map(|s| secs(from(s), now))
+            .collect();
+        let done = seen.iter().filter(|s| s.ended).count();
+        Self {
+            queued: targets.saturating_sub(done + running.len()),
+            slots: running.len(),
+            ended,
+            running,
+        }
+    }
+}
+
+/// Time left; `Some(0)` when nothing is left, `None` before a session ended in this stint.
+pub fn eta(p: &Pace) -> Option<Duration> {
+    use rand::SeedableRng;
+    if p.running.is_empty() && p.queued == 0 {
+        return Some(Duration::ZERO);
+    }
+    if p.ended.is_empty() {
+        return None;
+    }
+    let lengths = Lengths::new(p);
+    let slots = p.slots.max(p.running.len()).max(1);
+    // The same readings give the same estimate.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let mut ends: Vec<f64> = (0..DRAWS)
+        .map(|_| {
+            let mut free: Vec<f64> = p
+                .running
+                .iter()
+                .map(|age| {
+                    let age = age.as_secs_f64();
+                    lengths.draw_beyond(age, &mut rng) - age
+                })
+                .collect();
+            free.resize(slots, 0.0);
+            for _ in 0..p.queued {
+                let len = lengths.draw_beyond(0.0, &mut rng);
+                let first = free
+                    .iter_mut()
+                    .min_by(|a, b| a.total_cmp(b))
+                    .expect("at least one slot");
+                *first += len;
+            }
+            free.into_iter().fold(0.0, f64::max)
+        })
+        .collect();
+    ends.sort_by(f64::total_cmp);
+    Some(Duration::from_secs_f64(ends[DRAWS / 2]))
+}
+
+/// The distribution of session lengths, estimated (Kaplan–Meier) from the ended sessions and
+/// the running ones, which have run at least their age so far: the short sessions end first,
+/// and taking the ended ones alone would make every session look short.
+struct Lengths {
+    /// Each length at which a session ended, and the share of sessions that run longer.
+    steps: Vec<(f64, f64)>,
+    /// The longest time seen, ended or running.
+    longest: f64,
+}
+
+impl Lengths {
+    fn new(p: &Pace) -> Self {
+        let mut seen: Vec<(f64, bool)> = p
+            .ended
+            .iter()
+            .map(|d| (d.as_secs_f64(), true))
+            .chain(p.running.iter().map(|a| (a.as_secs_f64(), false)))
+            .collect();
+        // At a tie an end counts before a running session's age.
+        seen.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+        let longest = seen.last().map_or(0.0, |s| s.0);
+        let (mut steps, mut survive) = (Vec::new(), 1.0);
+        let mut at_risk = seen.len() as f64;
+        for (t, ended) in seen {
+            if ended {
+                survive *= 1.0 - 1.0 / at_risk;
+                steps.push((t, survive));
+            }
+            at_risk -= 1.0;
+        }
+        Self { steps, longest }
+    }
+
+    /// The share of sessions that run longer than `t`.
+    fn survive(&self, t: f64) -> f64 {
+        self.steps
+            .iter()
+            .take_while(|s| s.0 <= t)
+            .last()
+            .map_or(1.0, |s| s.1)
+    }
+
+    /// A length drawn among those longer than `age`; past everything seen (the share of
+    /// sessions longer than the longest), up to twice the longest.
+    fn draw_beyond(&self, age: f64, rng: &mut impl rand::Rng) -> f64 {
+        let target = self.survive(age) * rng.random_range(0.0..1.0);
+        self.steps
+            .iter()
+            .find(|s| s.0 > age && s.1 <= target)
+            .map_or_else(
+                || self.longest.max(age) * (1.0 + rng.random_range(0.0..1.0)),
+                |s| s.0,
+            )
+    }
+}
+
+/// Campaigns drawn per estimate.
+const DRAWS: usize = 200;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn nothing_left_is_zero_and_nothing_ended_is_unknown() {
+        assert_eq!(eta(&Pace::default()), Some(Duration::ZERO));
+        let waiting = Pace {
+            running: vec![Duration::from_secs(5)],
+            queued: 3,
+            slots: 1,
+            ..Pace::default()
+        };
+        assert_eq!(eta(&waiting), None);
+    }
+
+    #[test]
+    fn equal_sessions_on_busy_slots_are_laid_out_exactly() {
+        // 2 slots, sessions of 10 s; 2 ended, 2 running for 4 s, 3 queued: the running end in
+        // 6 s, then 3 more of 10 s on 2 slots: 6 + 10 + 10.
+        let s = Duration::from_secs;
+        let p = Pace {
+            ended: vec![s(10), s(10)],
+            running: vec![s(4), s(4)],
+            queued: 3,
+            slots: 2,
+        };
+        assert_eq!(eta(&p), Some(s(26)));
+    }
+
+    /// Errors of one reading: of the time left and of the campaign's end (relative to its whole
+    /// length), this estimate's and the rate rule's.
+    struct Reading {
+        left: f64,
+        rate_left: f64,
+        end: f64,
+        rate_end: f64,
+    }
+
+    /// One simulated campaign: `lengths` run in order on `slots`; at each session's end from a
+    /// third of the campaign on, the estimate's error relative to the time the campaign really
+    /// had left, and the rate rule's (elapsed × left ÷ ended) beside it. Readings with less
+    /// than a tenth of the campaign's time left are not counted: there one session's length
+    /// decides, and no estimate can know it.
+    fn errors(lengths: &[f64], slots: usize) -> Vec<Reading> {
+        let n = lengths.len();
+        // Start and end of each session under the scheduler's rule: the next queued session
+        // to the first free slot.
+        let mut free = vec![0.0f64; slots];
+        let mut spans = Vec::new();
+        for &len in lengths {
+            let (i, at) = free
+                .iter()
+                .copied()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap();
+            spans.push((at, at + len));
+            free[i] = at + len;
+        }
+        let finish = spans.iter().map(|s| s.1).fold(0.0, f64::max);
+        let mut ends: Vec<f64> = spans.iter().map(|s| s.1).collect();
+        ends.sort_by(f64::total_cmp);
+        let secs = Duration::from_secs_f64;
+        let mut out = Vec::new();
+        for (k, &now) in ends.iter().enumerate() {
+            if k + 1 < n / 3 || finish - now < finish / 10.0 {
+                continue;
+            }
+            let pace = Pace {
+                ended: spans
+                    .iter()
+                    .filter(|s| s.1 <= now)
+                    .map(|s| secs(s.1 - s.0))
+                    .collect(),
+                running: spans
+                    .iter()
+                    .filter(|s| s.0 <= now && s.1 > now)
+                    .map(|s| secs(now - s.0))
+                    .collect(),
+                queued: spans.iter().filter(|s| s.0 > now).count(),
+                slots,
+            };
+            let truth = finish - now;
+            let guess = eta(&pace).unwrap().as_secs_f64();
+            let rate = now * (n - k - 1) as f64 / (k + 1) as f64;
+            out.push(Reading {
+                left: (guess - truth).abs() / truth,
+                rate_left: (rate - truth).abs() / truth,
+                end: (guess - truth).abs() / finish,
+                rate_end: (rate - truth).abs() / finish,
+            });
+        }
+        out
+    }
+
+    /// Session lengths a campaign could see (minutes): log-normal around 20 min with a mild
+    /// and a heavy spread, and a mix of quick gives-up and long tries, in random order.
+    fn campaign(kind: &str, rng: &mut rand::rngs::StdRng) -> Vec<f64> {
+        let normal = |rng: &mut rand::rngs::StdRng| {
+            // Box–Muller.
+            let (u, v): (f64, f64) = (rng.random_range(1e-9..1.0), rng.random());
+            (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+        };
+        (0..133)
+            .map(|_| match kind {
+                "log-normal σ 0.5" => 20.0 * (0.5 * normal(rng)).exp(),
+                "log-normal σ 1.0" => 20.0 * normal(rng).exp(),
+                _ => {
+                    if rng.random_bool(0.3) {
+                        rng.random_range(50.0..70.0)
+                    } else {
+                        rng.random_range(5.0..15.0)
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Campaigns of 133 sessions on 12 slots, 8 of each kind, read at every session's end from a
+    /// third of the campaign on: the share of readings within 25 % of the time really left,
+    /// and of the campaign's end (the error relative to its whole length), printed beside the
+    /// rate rule's this estimate replaced; it must do better than that rule on both in every
+    /// kind. (The 25 % goal itself is not met in every kind: docs/reliability.md has the
+    /// figures.)
+    #[test]
+    fn the_estimate_beats_the_rate_rule_from_a_third_of_the_campaign_on() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(38);
+        for kind in ["log-normal σ 0.5", "log-normal σ 1.0", "bimodal 30 % long"] {
+            let readings: Vec<Reading> = (0..8)
+                .flat_map(|_| errors(&campaign(kind, &mut rng), 12))
+                .collect();
+            let within = |pick: fn(&Reading) -> f64| {
+                let n = readings.iter().filter(|r| pick(r) <= 0.25).count();
+                100.0 * n as f64 / readings.len() as f64
+            };
+            let (left, rate_left) = (within(|r| r.left), within(|r| r.rate_left));
+            let (end, rate_end) = (within(|r| r.end), within(|r| r.rate_end));
+            eprintln!(
+                "{kind}: {} readings within 25 %: of the time left {left:.1} % (rate rule {rate_left:.1} %), of the end {end:.1} % (rate rule {rate_end:.1} %)",
+                readings.len()
+            );
+            assert!(left > rate_left && end >= rate_end, "{kind}");
+        }
+    }
+}
