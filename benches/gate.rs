@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use fk_agentd::score::calibration::{DEFAULT_BENCHES, DEFAULT_TARGETS, NoiseStats};
 use fk_agentd::score::confirm::ConfirmRule;
 use fk_agentd::score::confirmation::{
-    Rebench, apply_confirmations, confirm_loop, contenders, settle_first_benches,
+    Rebench, Rebenched, apply_confirmations, confirm_loop, contenders, settle_first_benches,
 };
 use fk_agentd::score::gate::{DEFAULT_CONFIRM, TargetVerdict};
 use fk_agentd::target::TargetId;
@@ -217,14 +217,18 @@ struct DrawnRun<'a> {
 }
 
 impl Rebench for DrawnRun<'_> {
-    async fn bench(&self, round: usize, targets: &[TargetId]) -> Vec<Result<f64, String>> {
+    async fn bench(&self, round: usize, targets: &[TargetId]) -> Vec<Result<Rebenched, String>> {
         *self.benches.borrow_mut() += targets.len();
         let drift = self.draws.m.drift * round as f64;
         targets
             .iter()
             .map(|t| {
                 let (truth, offset) = self.candidates[t];
-                Ok(self.draws.bench(truth, offset + self.run_offset + drift))
+                // The models draw a bench's figure, not its rounds: none is noisy.
+                Ok(Rebenched {
+                    geomean: self.draws.bench(truth, offset + self.run_offset + drift),
+                    own_se: None,
+                })
             })
             .collect()
     }

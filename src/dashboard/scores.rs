@@ -68,8 +68,14 @@ fn benches_of(c: &Confirmation) -> String {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let wild = c.outliers.contains(&i);
-            format!("{g:.3}×{}", if wild { " (outlier)" } else { "" })
+            let note = if c.outliers.contains(&i) {
+                " (outlier)"
+            } else if c.noisy.contains(&i) {
+                " (noisy rounds)"
+            } else {
+                ""
+            };
+            format!("{g:.3}×{note}")
         })
         .collect::<Vec<_>>()
         .join(" ")

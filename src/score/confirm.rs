@@ -23,6 +23,13 @@
 //! - **Wild benches.** From three benches on, a bench more than `wild` from the median is an
 //!   outlier: named, and left out. Two benches that far apart ask for a third: no single
 //!   bench decides a verdict alone, and every confirmation stands on at least two.
+//! - **Noisy benches.** A paired bench whose own rounds cannot place its figure within the
+//!   wild distance (1.96 × the standard error of its median round, `1.2533 ×` the rounds'
+//!   spread `/ √rounds`, beyond `wild`) says no more than a wild bench: it is named, left out
+//!   like an outlier, and benched again; a first bench that noisy is never a clear loss.
+//!   (Measured on an H100: a copy of L1/relu, an 8 µs kernel, gave a first bench of 1.175×
+//!   with a round spread of 1.89, then 1.004×; counted, the two would have confirmed a copy
+//!   at 1.09×. Four of the 72 paired benches of that session were this noisy.)
 //! - **Decision.** Confirmed when the lower end `m − z·se(k) ≥ t`; not confirmed when the
 //!   upper end `m + z·se(k) < t`; else one more bench, up to `1 + max_extra`, after which an
 //!   undecided candidate is not confirmed.
@@ -95,6 +102,12 @@ impl ConfirmRule {
     fn corrected(&self, geomean: f64) -> f64 {
         geomean.ln() - self.bias.ln()
     }
+
+    /// A bench whose own standard error (`own_se`, log, from its rounds) puts its 95 %
+    /// interval wider than the wild distance: the rule cannot count it (see the module docs).
+    pub fn is_noisy(&self, own_se: Option<f64>) -> bool {
+        own_se.is_some_and(|s| 1.96 * s > self.wild)
+    }
 }
 
 /// How a candidate's confirmation ended (kept in results beside the published verdict).
@@ -105,6 +118,9 @@ pub struct Confirmation {
     pub benches: Vec<f64>,
     /// Indexes into `benches` of the outliers (left out of the decision).
     pub outliers: Vec<usize>,
+    /// Indexes into `benches` of those too noisy in their own rounds to count (left out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub noisy: Vec<usize>,
     /// The speedup over the kept benches, the calibrated bias taken out.
     pub geomean: Option<f64>,
     /// 95 % interval of that speedup (from the calibrated spread and offset).
@@ -200,18 +216,37 @@ pub fn flag_outliers(logs: &[f64], rule: &ConfirmRule) -> Vec<bool> {
     logs.iter().map(|x| (x - med).abs() > rule.wild).collect()
 }
 
-/// The decision after the benches so far (`geomeans`, first bench first, all > 0).
+/// The decision after the benches so far (`geomeans`, first bench first, all > 0), none of
+/// them noisy.
 pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
+    step_with_noise(geomeans, &[], rule)
+}
+
+/// [`step`] where `noisy[i]` says bench `i` is too noisy in its own rounds to count
+/// ([`ConfirmRule::is_noisy`]; missing entries are not).
+pub fn step_with_noise(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
     let n = geomeans.len();
     let last_chance = n > rule.max_extra;
+    let is_noisy = |i: usize| noisy.get(i).copied().unwrap_or(false);
     let logs: Vec<f64> = geomeans.iter().map(|g| rule.corrected(*g)).collect();
-    let flags = flag_outliers(&logs, rule);
+    // Outliers among the benches that count; the noisy ones are left out first.
+    let counted: Vec<usize> = (0..n).filter(|i| !is_noisy(*i)).collect();
+    let counted_logs: Vec<f64> = counted.iter().map(|i| logs[*i]).collect();
+    let wild = flag_outliers(&counted_logs, rule);
+    let mut flags = vec![false; n];
+    for (j, i) in counted.iter().enumerate() {
+        flags[*i] = wild[j];
+    }
     let mut c = Confirmation {
         benches: geomeans.to_vec(),
         outliers: (0..n).filter(|i| flags[*i]).collect(),
+        noisy: (0..n).filter(|i| is_noisy(*i)).collect(),
         ..Confirmation::default()
     };
-    let kept: Vec<f64> = (0..n).filter(|i| !flags[*i]).map(|i| logs[i]).collect();
+    let kept: Vec<f64> = (0..n)
+        .filter(|i| !flags[*i] && !is_noisy(*i))
+        .map(|i| logs[i])
+        .collect();
     let undecided = |c: Confirmation, why: String| {
         if last_chance {
             Step::Done(Confirmation {
@@ -225,7 +260,7 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     if n < 2 {
         return undecided(c, "one bench: too few to confirm".into());
     }
-    if n == 2 && (logs[0] - logs[1]).abs() > rule.wild {
+    if n == 2 && counted.len() == 2 && (logs[0] - logs[1]).abs() > rule.wild {
         let why = format!(
             "2 benches disagree ({} and {}): too few to confirm",
             ratio(geomeans[0], rule.threshold),
@@ -237,7 +272,7 @@ pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
     if k < 2 {
         return undecided(
             c,
-            format!("{k} of {n} benches left after outliers: too few to confirm"),
+            format!("{k} of {n} benches left after outliers and noisy benches: too few to confirm"),
         );
     }
     let m = kept.iter().sum::<f64>() / k as f64;
@@ -311,6 +346,51 @@ mod tests {
             Step::Done(c) => c,
             Step::More => panic!("{geomeans:?}: wants more benches"),
         }
+    }
+
+    /// The H100 calibration of 2026-12-07 (docs/real-gpu/calibration-h100-2026-12-07.json).
+    fn h100() -> ConfirmRule {
+        let noise = NoiseStats {
+            bias: 0.9986645530841902,
+            sigma: 0.014796224226925541,
+            tau: 0.0,
+            wild_rate: 0.0,
+            benches: 20,
+            targets: 5,
+            dof: 15,
+            tau_upper: 0.011527208617188991,
+        };
+        ConfirmRule::calibrated(1.0, 3, &noise)
+    }
+
+    /// A copy of L1/relu on that H100: a first bench of 1.175× whose 24 rounds spread 1.89
+    /// (its median's own error 0.48), then 1.004× (spread 0.032). Counted as ordinary benches,
+    /// the two confirm the copy; the noisy one left out, it is benched again. A bench of the
+    /// session's usual round spread (0.08 at most among the ordinary ones) is not noisy.
+    #[test]
+    fn a_bench_too_noisy_in_its_own_rounds_never_confirms_a_copy() {
+        let rule = h100();
+        let own = |spread: f64| Some(1.2533 * spread / 24f64.sqrt());
+        let (first, second) = (own(1.891), own(0.032));
+        assert!(rule.is_noisy(first) && !rule.is_noisy(second) && !rule.is_noisy(own(0.081)));
+        let Step::Done(c) = step(&[1.1752, 1.0043], &rule) else {
+            panic!("two benches decide when both count");
+        };
+        assert!(c.confirmed, "the defect this rule mends: {c:?}");
+        assert_eq!(
+            step_with_noise(&[1.1752, 1.0043], &[true, false], &rule),
+            Step::More
+        );
+        // Two more ordinary benches of the copy: not confirmed, the noisy bench named.
+        let Step::Done(c) = step_with_noise(
+            &[1.1752, 1.0043, 0.998, 1.003],
+            &[true, false, false, false],
+            &rule,
+        ) else {
+            panic!("four benches decide");
+        };
+        assert!(!c.confirmed, "{c:?}");
+        assert_eq!(c.noisy, vec![0]);
     }
 
     #[test]

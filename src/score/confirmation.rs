@@ -16,18 +16,22 @@ use std::path::Path;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::score::confirm::{ConfirmRule, Confirmation, FirstBench, Step, first_bench, step};
+use crate::score::confirm::{
+    ConfirmRule, Confirmation, FirstBench, Step, first_bench, step_with_noise,
+};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
-/// A candidate to confirm: its first bench's geomean, and whether that bench lost.
+/// A candidate to confirm: its first bench's geomean, whether that bench lost, and whether it
+/// was too noisy in its own rounds to count ([`ConfirmRule::is_noisy`]).
 #[derive(Clone, Debug)]
 pub struct Contender {
     pub target: TargetId,
     first: f64,
     lost_first: bool,
+    first_noisy: bool,
 }
 
 impl Contender {
@@ -51,12 +55,15 @@ pub fn contenders(
         .filter_map(|v| {
             let first = v.geomean?;
             let before = earlier.get(&v.target).map_or(&[][..], Vec::as_slice);
+            // A first bench too noisy to count is never a clear loss: bench again.
+            let noisy = rule.is_noisy(v.own_se);
             match first_bench(first, before, rule) {
-                FirstBench::Lost(_) => None,
-                FirstBench::Again => Some(Contender {
+                FirstBench::Lost(_) if !noisy => None,
+                _ => Some(Contender {
                     target: v.target.clone(),
                     first,
                     lost_first: first < rule.threshold,
+                    first_noisy: noisy,
                 }),
             }
         })
@@ -86,17 +93,25 @@ pub fn settle_first_benches(
     }
 }
 
-/// Takes one more bench of each of `targets` (round `round`, 1-based), in order: its geomean,
+/// One more bench of a candidate: its geomean and the standard error its own rounds give it
+/// ([`TargetVerdict::own_se`]; `None` where not timed paired).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rebenched {
+    pub geomean: f64,
+    pub own_se: Option<f64>,
+}
+
+/// Takes one more bench of each of `targets` (round `round`, 1-based), in order: its figure,
 /// or why it gave none.
 pub trait Rebench {
     fn bench(
         &self,
         round: usize,
         targets: &[TargetId],
-    ) -> impl Future<Output = Vec<Result<f64, String>>>;
+    ) -> impl Future<Output = Vec<Result<Rebenched, String>>>;
 }
 
-/// Benches every contender again, round by round, until [`step`] decides each; returns the
+/// Benches every contender again, round by round, until [`step_with_noise`] decides each; returns the
 /// confirmations by target.
 pub async fn confirm_loop<B: Rebench>(
     bencher: &B,
@@ -104,9 +119,9 @@ pub async fn confirm_loop<B: Rebench>(
     rule: &ConfirmRule,
     cancel: &CancellationToken,
 ) -> BTreeMap<TargetId, Confirmation> {
-    let mut pending: Vec<(TargetId, Vec<f64>)> = contenders
+    let mut pending: Vec<(TargetId, Vec<f64>, Vec<bool>)> = contenders
         .into_iter()
-        .map(|c| (c.target, vec![c.first]))
+        .map(|c| (c.target, vec![c.first], vec![c.first_noisy]))
         .collect();
     let mut done: BTreeMap<TargetId, Confirmation> = BTreeMap::new();
     let mut round = 1;
@@ -114,20 +129,23 @@ pub async fn confirm_loop<B: Rebench>(
         if round % 2 == 0 {
             pending.reverse();
         }
-        let targets: Vec<TargetId> = pending.iter().map(|(t, _)| t.clone()).collect();
+        let targets: Vec<TargetId> = pending.iter().map(|(t, ..)| t.clone()).collect();
         let got = bencher.bench(round, &targets).await;
         let mut next = Vec::new();
-        for ((target, mut benches), g) in pending.into_iter().zip(got) {
+        for ((target, mut benches, mut noisy), g) in pending.into_iter().zip(got) {
             match g {
-                Ok(g) => benches.push(g),
+                Ok(b) => {
+                    benches.push(b.geomean);
+                    noisy.push(rule.is_noisy(b.own_se));
+                }
                 Err(why) => {
                     let why = format!("confirmation bench {round}: {why}");
                     done.insert(target, Confirmation::failed(benches, why));
                     continue;
                 }
             }
-            match step(&benches, rule) {
-                Step::More => next.push((target, benches)),
+            match step_with_noise(&benches, &noisy, rule) {
+                Step::More => next.push((target, benches, noisy)),
                 Step::Done(c) => {
                     done.insert(target, c);
                 }
@@ -138,7 +156,7 @@ pub async fn confirm_loop<B: Rebench>(
         pending = next;
         round += 1;
     }
-    for (target, benches) in pending {
+    for (target, benches, _) in pending {
         done.insert(
             target,
             Confirmation::failed(benches, "confirmation cancelled".into()),
@@ -156,7 +174,7 @@ struct DriverRebench<'a, L> {
 }
 
 impl<L: BenchLauncher> Rebench for DriverRebench<'_, L> {
-    async fn bench(&self, round: usize, targets: &[TargetId]) -> Vec<Result<f64, String>> {
+    async fn bench(&self, round: usize, targets: &[TargetId]) -> Vec<Result<Rebenched, String>> {
         let work = format!("confirm-{round}");
         let reqs = targets.iter().map(|t| again(self.dir, t, &work)).collect();
         let runs = self.driver.run_many(reqs, self.cancel).await;
@@ -205,16 +223,21 @@ fn again(dir: &Path, target: &TargetId, work: &str) -> BenchRequest {
     BenchRequest::target(target, &base.join("candidate"), &base.join(work))
 }
 
-/// The geomean of one confirmation bench, or why it has none.
-fn confirmation_geomean(target: &TargetId, run: &BenchRun) -> Result<f64, String> {
+/// The figure of one confirmation bench, or why it has none.
+fn confirmation_geomean(target: &TargetId, run: &BenchRun) -> Result<Rebenched, String> {
     let result = run.result.as_ref().map_err(|f| f.describe())?;
     let (groups, _) = result.by_target();
     let rows = groups
         .get(target)
         .ok_or_else(|| "the bench wrote no row for it".to_string())?;
     let v = WinnerGate::correctness_only().judge(target, rows);
-    v.geomean
-        .ok_or_else(|| v.reason.unwrap_or_else(|| "no geomean".into()))
+    let geomean = v
+        .geomean
+        .ok_or_else(|| v.reason.unwrap_or_else(|| "no geomean".into()))?;
+    Ok(Rebenched {
+        geomean,
+        own_se: v.own_se,
+    })
 }
 
 /// Confirmed candidates become (or stay) winners; the others lose the win, with the reason.

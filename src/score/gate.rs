@@ -42,6 +42,10 @@ pub struct TargetVerdict {
     /// How `geomean` was timed.
     #[serde(default)]
     pub timing: TimingMethod,
+    /// The standard error (log) of the paired figure from the bench's own rounds, the largest
+    /// over its rows: `1.2533 × spread / √rounds`; `None` where nothing was timed paired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_se: Option<f64>,
     /// Non-skipped rows considered.
     #[serde(default)]
     pub rows: usize,
@@ -81,6 +85,7 @@ impl TargetVerdict {
             geomean: None,
             published_geomean: None,
             timing: TimingMethod::Published,
+            own_se: None,
             rows: 0,
             skipped: 0,
             reason: Some(reason),
@@ -177,6 +182,12 @@ impl WinnerGate {
         } else {
             TimingMethod::Published
         };
+        verdict.own_se = kept
+            .iter()
+            .filter_map(|r| r.paired.as_ref())
+            .filter(|p| !p.rounds.is_empty() && p.spread.is_finite())
+            .map(|p| 1.2533 * p.spread / (p.rounds.len() as f64).sqrt())
+            .reduce(f64::max);
         let published = kept
             .iter()
             .all(|r| r.speedup > 0.0 && r.speedup.is_finite());

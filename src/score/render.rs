@@ -81,13 +81,20 @@ fn reason(v: &TargetVerdict) -> String {
         .join("; ")
 }
 
-/// `1.038 0.248* 0.968` (`*`: an outlier, left out of the interval).
+/// `1.038 0.248* 1.175~ 0.968` (`*`: an outlier, `~`: too noisy in its own rounds; both left
+/// out of the interval).
 fn benches(c: &Confirmation) -> String {
     c.benches
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let mark = if c.outliers.contains(&i) { "*" } else { "" };
+            let mark = if c.outliers.contains(&i) {
+                "*"
+            } else if c.noisy.contains(&i) {
+                "~"
+            } else {
+                ""
+            };
             format!("{g:.3}{mark}")
         })
         .collect::<Vec<_>>()
@@ -210,6 +217,17 @@ fn confirmed_stage(out: &mut String, s: &StageReport, width: usize) {
     }) {
         out.push_str(&wrap(
             "* outlier (robust rule: far from the candidate's other benches): left out, it decides nothing alone",
+            width,
+            2,
+        ));
+    }
+    if s.gate
+        .verdicts
+        .iter()
+        .any(|v| v.confirmation.as_ref().is_some_and(|c| !c.noisy.is_empty()))
+    {
+        out.push_str(&wrap(
+            "~ too noisy in its own timing rounds to count (their median's interval wider than the wild distance): left out, benched again",
             width,
             2,
         ));

@@ -186,7 +186,10 @@ fn of(generation: PathBuf, report: &ScoreReport) -> Option<Scored> {
                 Some(Confirmed {
                     geomean: c.geomean?,
                     ci95: c.ci95,
-                    kept: c.benches.len().saturating_sub(c.outliers.len()),
+                    kept: c
+                        .benches
+                        .len()
+                        .saturating_sub(c.outliers.len() + c.noisy.len()),
                     benches: c.benches.len(),
                     rescued: c.rescued,
                 })
