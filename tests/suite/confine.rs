@@ -51,6 +51,27 @@ fn hiding(token: &Path) -> Option<Confinement> {
     }
 }
 
+/// `cmd` in the agent's shell of `ws` under `env`, ended after `timeout`.
+async fn shell(
+    ws: &fk_agentd::workspace::Workspace,
+    env: ShellEnv,
+    cmd: &str,
+    timeout: Duration,
+) -> exec::ShellOutcome {
+    exec::run(
+        ws,
+        &env,
+        &ShellRequest {
+            cmd: cmd.to_string(),
+            timeout,
+            limits: OutputLimits::default(),
+        },
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+}
+
 fn base64(s: &str) -> String {
     let out = std::process::Command::new("base64")
         .arg("-w0")
@@ -92,23 +113,7 @@ async fn the_agent_shell_cannot_read_the_token_file_but_everything_else() {
         d = token.parent().unwrap().display(),
         n = neighbour.display()
     );
-    let run = |env: ShellEnv| {
-        let (ws, cmd) = (&ws, cmd.clone());
-        async move {
-            exec::run(
-                ws,
-                &env,
-                &ShellRequest {
-                    cmd,
-                    timeout: Duration::from_secs(30),
-                    limits: OutputLimits::default(),
-                },
-                &CancellationToken::new(),
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let run = |env: ShellEnv| shell(&ws, env, &cmd, Duration::from_secs(30));
     // As the daemon does at start (this test process stands in for it as the shell's parent).
     fk_agentd::confine::protect_self();
     let path = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
@@ -491,23 +496,7 @@ async fn without_landlock_the_shell_runs_in_namespaces_that_cover_the_token_fold
         d = token.parent().unwrap().display(),
     );
     let path = [("PATH".to_string(), "/usr/bin:/bin".to_string())];
-    let run = |env: ShellEnv| {
-        let (ws, cmd) = (&ws, cmd.clone());
-        async move {
-            exec::run(
-                ws,
-                &env,
-                &ShellRequest {
-                    cmd,
-                    timeout: Duration::from_secs(30),
-                    limits: OutputLimits::default(),
-                },
-                &CancellationToken::new(),
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let run = |env: ShellEnv| shell(&ws, env, &cmd, Duration::from_secs(30));
     let open = run(ShellEnv::from_parent(path.clone(), [])).await;
     assert!(open.output.contains(TOKEN), "{}", open.output);
     let shut = run(ShellEnv::from_parent(path, []).confined(confinement)).await;
@@ -593,18 +582,8 @@ async fn without_landlock_a_command_past_its_timeout_is_ended_with_its_children(
     let env = ShellEnv::from_parent([("PATH".to_string(), "/usr/bin:/bin".to_string())], [])
         .confined(confinement);
     let started = std::time::Instant::now();
-    let out = exec::run(
-        &ws,
-        &env,
-        &ShellRequest {
-            cmd: format!("sh -c 'sleep 60; : {marker}' & sleep 60; : {marker}"),
-            timeout: Duration::from_secs(1),
-            limits: OutputLimits::default(),
-        },
-        &CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let cmd = format!("sh -c 'sleep 60; : {marker}' & sleep 60; : {marker}");
+    let out = shell(&ws, env, &cmd, Duration::from_secs(1)).await;
     assert!(matches!(out.end, ShellEnd::TimedOut), "{:?}", out.end);
     assert!(started.elapsed() < Duration::from_secs(20));
     let alive = std::fs::read_dir("/proc")
