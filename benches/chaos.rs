@@ -1227,15 +1227,13 @@ fn bad_input(t: &mut Table, finished: &Path) {
             c.args(&case.args);
         }
         let out = c.stdin(Stdio::null()).output().expect("run");
-        let err = String::from_utf8_lossy(&out.stderr);
-        let code = out.status.code();
-        if err.contains("panicked") || code == Some(101) {
-            panics += 1;
-        }
-        let named = case.names.iter().all(|n| err.contains(n.as_str()));
-        if code == Some(2) && named && !err.contains("panicked") {
+        let answer = refusal(&out, &case.names);
+        panics += usize::from(answer.panicked);
+        if answer.clear {
             clear += 1;
         } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let code = out.status.code();
             unclear.push(format!("{} → exit {code:?}: {}", case.name, err.trim()));
         }
     }

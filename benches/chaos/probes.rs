@@ -378,3 +378,22 @@ pub fn run_ends(home: &Path) -> usize {
         .unwrap();
     n as usize
 }
+
+/// How the binary answered bad input.
+pub struct Refusal {
+    /// Exit 2, every one of the words (the field, the value) in its error, no panic.
+    pub clear: bool,
+    pub panicked: bool,
+}
+
+/// Reads the answer `out` to bad input whose error must name every word of `names`.
+pub fn refusal(out: &std::process::Output, names: &[String]) -> Refusal {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let code = out.status.code();
+    let panicked = err.contains("panicked") || code == Some(101);
+    let named = names.iter().all(|n| err.contains(n.as_str()));
+    Refusal {
+        clear: code == Some(2) && named && !panicked,
+        panicked,
+    }
+}

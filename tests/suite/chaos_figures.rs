@@ -253,10 +253,7 @@ fn a_damaged_store_read_unclearly_or_written_is_seen() {
         .pragma_update(None, "user_version", 999)
         .expect("a newer schema");
     assert_eq!(clear_errors(Path::new(BIN), &home), 4);
-    let mute = dir.path().join("fk-agentd-mute");
-    std::fs::write(&mute, format!("#!/bin/sh\n\"{BIN}\" \"$@\" 2>/dev/null\n")).expect("wrapper");
-    std::fs::set_permissions(&mute, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
+    let mute = stand_in(dir.path(), "mute", "\"$FK\" \"$@\" 2>/dev/null");
     assert_eq!(clear_errors(&mute, &home), 0);
 
     let before = snapshot(&home);
@@ -360,4 +357,48 @@ fn a_bench_whose_result_was_lost_runs_again_and_is_counted() {
     assert!(status.success(), "{status}");
     assert_eq!(unfinished_runs(&home), 0);
     assert_eq!(reruns(&log).0, 1, "{}", lost.display());
+}
+
+/// A program standing in for fk-agentd in `dir`, running `script` (the real binary is `$FK`).
+fn stand_in(dir: &Path, name: &str, script: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\nFK=\"{BIN}\"\n{script}\n")).expect("write");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    path
+}
+
+/// A bad config value: the binary refuses it with exit 2 naming the key and the value; a
+/// binary that drops its error text, one that takes the value, and one that panics are seen.
+#[test]
+fn bad_input_taken_or_refused_unclearly_or_with_a_panic_is_seen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).expect("home");
+    std::fs::write(
+        home.join("fk-agentd.toml"),
+        "[campaign]\nlease_timeout = \"1ns\"\n",
+    )
+    .expect("config");
+    let names = ["lease_timeout".to_string(), "1ns".to_string()];
+    let answer = |bin: &Path| {
+        let out = fk_from(bin, &home)
+            .args(["start", "--sim", "--targets", "L1/gelu"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        let r = refusal(&out, &names);
+        (r.clear, r.panicked)
+    };
+    assert_eq!(answer(Path::new(BIN)), (true, false));
+    let mute = stand_in(dir.path(), "mute", "\"$FK\" \"$@\" 2>/dev/null");
+    assert_eq!(answer(&mute), (false, false));
+    let lax = stand_in(dir.path(), "lax", "exit 0");
+    assert_eq!(answer(&lax), (false, false));
+    let broken = stand_in(
+        dir.path(),
+        "broken",
+        "echo \"thread 'main' panicked at src/config/mod.rs\" >&2; exit 101",
+    );
+    assert_eq!(answer(&broken), (false, true));
 }
