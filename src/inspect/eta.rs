@@ -43,8 +43,9 @@ pub struct Seen {
 
 impl Pace {
     /// The pace of a run of `targets` sessions, read at `now`, counting from `since` (the
-    /// run's start or latest resume); sessions that ended before it say nothing of this pace.
-    /// The slots are the sessions running (all slots are busy while any session waits).
+    /// run's start or latest resume); sessions that ended before it, and those that ended
+    /// without starting (skipped), say nothing of this pace. The slots are the sessions
+    /// running (all slots are busy while any session waits).
     pub fn of(seen: &[Seen], targets: usize, since: OffsetDateTime, now: OffsetDateTime) -> Self {
         let secs = |a: OffsetDateTime, b: OffsetDateTime| {
             Duration::from_secs_f64((b - a).as_seconds_f64().max(0.0))
@@ -52,7 +53,7 @@ impl Pace {
         let from = |s: &Seen| s.started.map_or(since, |t| t.max(since));
         let ended: Vec<Duration> = seen
             .iter()
-            .filter(|s| s.ended)
+            .filter(|s| s.ended && s.started.is_some())
             .filter_map(|s| Some((from(s), s.updated.filter(|u| *u >= since)?)))
             .map(|(a, b)| secs(a, b))
             .collect();
@@ -184,6 +185,36 @@ mod tests {
             ..Pace::default()
         };
         assert_eq!(eta(&waiting), None);
+    }
+
+    #[test]
+    fn the_pace_counts_this_stints_started_sessions_only() {
+        let at = |s: i64| OffsetDateTime::UNIX_EPOCH + time::Duration::seconds(s);
+        let seen = |live, ended, started: Option<i64>, updated: i64| Seen {
+            live,
+            ended,
+            started: started.map(at),
+            updated: Some(at(updated)),
+        };
+        let p = Pace::of(
+            &[
+                // Ended before the resume at 100: not this stint's.
+                seen(false, true, Some(0), 50),
+                // Started before the resume, ended after: counted from the resume.
+                seen(false, true, Some(60), 130),
+                // Skipped (never started): takes no slot time.
+                seen(false, true, None, 100),
+                seen(false, true, Some(110), 150),
+                seen(true, false, Some(140), 140),
+            ],
+            8,
+            at(100),
+            at(160),
+        );
+        let s = Duration::from_secs;
+        assert_eq!(p.ended, vec![s(30), s(40)]);
+        assert_eq!(p.running, vec![s(20)]);
+        assert_eq!((p.queued, p.slots), (3, 1));
     }
 
     #[test]
