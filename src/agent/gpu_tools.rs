@@ -200,7 +200,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                         Some(_) => noise_band(&driver, &ws, &cancel).await,
                         None => Err(String::new()),
                     };
-                    let noise = noise_text(v.geomean, &band);
+                    let noise = noise_text(v.geomean, &band) + &rounds_text(v.own_se);
                     Ok(ToolOutput::ok(render(
                         &result,
                         &v,
@@ -348,6 +348,18 @@ fn noise_text(geomean: Option<f64>, band: &Result<f64, String>) -> String {
     }
 }
 
+/// A warning when the bench's own paired rounds disagree too much for its figure to mean
+/// anything (the scoring gate leaves such a bench out: [`crate::score::confirm`]).
+fn rounds_text(own_se: Option<f64>) -> String {
+    match own_se {
+        Some(se) if 1.96 * se > crate::score::confirm::WILD_FACTOR.ln() => format!(
+            "noise: this bench's timing rounds disagree too much to trust its figure (its median's 95 % interval is ±{:.0} %): validate again before acting on it\n",
+            ((1.96 * se).exp() - 1.0) * 100.0
+        ),
+        _ => String::new(),
+    }
+}
+
 fn screen_text(ws: &Workspace, source: &str) -> String {
     let ctx = crate::screen::ScreenContext {
         target: ws.target().clone(),
@@ -435,6 +447,18 @@ mod noise_tests {
     use crate::score::driver::DriverParams;
     use crate::sim::in_process::InProcessLauncher;
     use crate::workspace::WorkspaceParams;
+
+    #[test]
+    fn only_a_bench_whose_rounds_disagree_is_called_untrustworthy() {
+        assert_eq!(rounds_text(None), "");
+        assert_eq!(rounds_text(Some(0.01)), "");
+        // The relu copy's first bench on an H100 (docs/real-gpu.md).
+        let relu = rounds_text(Some(0.48));
+        assert!(
+            relu.contains("validate again") && relu.contains("±156 %"),
+            "{relu}"
+        );
+    }
 
     #[test]
     fn a_geomean_inside_the_band_is_called_noise() {
