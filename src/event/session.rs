@@ -64,7 +64,7 @@ pub struct ModelItem {
     pub item: Value,
 }
 
-/// Token counts of one turn (or, in `codex_cumulative`, of a codex thread so far).
+/// Token counts of one turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TurnUsage {
@@ -88,10 +88,6 @@ pub struct TurnFinished {
     #[serde(default = "one")]
     pub attempts: u32,
     pub usage: TurnUsage,
-    /// The codex thread's usage so far as codex reported it (written by releases that counted
-    /// codex's reports; kept so their runs still read).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub codex_cumulative: Option<TurnUsage>,
     /// Where a codex session's usage came from: `relay` (the provider's answer to one request,
     /// read by the session's relay); older releases wrote `turn` or `request` (codex's reports).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -6,7 +6,7 @@
 //! `results*/seq/gate.json` (kept winners with their speedup in the final composed bench,
 //! dropped ones); and what each run spent: tokens are the sum of `turn_finished.usage.total`;
 //! GPU time is what the lease journal says its leases held, grant to release, times their
-//! GPUs, by class ([`lease_gpu_s`]): agents' (validate with its noise self-tests, ncu, nsys)
+//! GPUs, by class ([`gpu_seconds_by_class`]): agents' (validate with its noise self-tests, ncu, nsys)
 //! and scoring's (bench: calibration, standalone, composed, levels). A store from before the
 //! journal named run folders falls back to `validation.gpu_s` and the benches' wall time.
 //!
@@ -33,6 +33,7 @@ use crate::score::render::{banner, group_f, speed_or_dash, wrap};
 use crate::score::report;
 use crate::score::result::TimingMethod;
 use crate::score::sequential::{SeqGate, read_seq_gate};
+use crate::store::leases::{LeaseClass, gpu_seconds_by_class};
 use crate::store::{Event, Store};
 use crate::target::TargetId;
 
@@ -72,7 +73,7 @@ pub struct Spend {
     pub gpu_hours: f64,
     /// GPU seconds by lease class, from the lease journal (empty where it had none).
     #[serde(default)]
-    pub by_class: BTreeMap<String, f64>,
+    pub by_class: BTreeMap<LeaseClass, f64>,
 }
 
 /// `compare.json`.
@@ -137,9 +138,9 @@ pub struct CompareInput {
     pub seq_results: PathBuf,
     pub ind_events: Vec<Event>,
     pub seq_events: Vec<Event>,
-    /// GPU seconds by lease class of each run ([`lease_gpu_s`]).
-    pub ind_leases: BTreeMap<String, f64>,
-    pub seq_leases: BTreeMap<String, f64>,
+    /// GPU seconds by lease class of each run ([`gpu_seconds_by_class`]).
+    pub ind_leases: BTreeMap<LeaseClass, f64>,
+    pub seq_leases: BTreeMap<LeaseClass, f64>,
 }
 
 pub(crate) fn side(o: &Outcome, targets: &[TargetId]) -> Side {
@@ -190,17 +191,9 @@ pub(crate) fn per_level<T>(
     (levels, row("all".into(), targets))
 }
 
-/// GPU seconds the leases held, grant to release, times their GPUs, by class.
-pub fn lease_gpu_s(leases: &[crate::store::leases::LeaseRow]) -> BTreeMap<String, f64> {
-    crate::store::leases::gpu_seconds_by_class(leases)
-        .into_iter()
-        .map(|(class, s)| (class.to_string(), s))
-        .collect()
-}
-
 /// What a run spent: tokens from its events; GPU seconds from its leases by class, or (a store
 /// whose journal does not name the run's folder) its validations and its benches' wall time.
-pub fn spent(events: &[Event], bench_gpu_s: f64, by_class: &BTreeMap<String, f64>) -> Spend {
+pub fn spent(events: &[Event], bench_gpu_s: f64, by_class: &BTreeMap<LeaseClass, f64>) -> Spend {
     let tokens = events
         .iter()
         .filter_map(Event::payload_as::<TurnFinished>)
@@ -214,7 +207,7 @@ pub fn spent(events: &[Event], bench_gpu_s: f64, by_class: &BTreeMap<String, f64
             .sum();
         (validations, bench_gpu_s)
     } else {
-        let bench = by_class.get("bench").copied().unwrap_or(0.0);
+        let bench = by_class.get(&LeaseClass::Bench).copied().unwrap_or(0.0);
         (by_class.values().sum::<f64>() - bench, bench)
     };
     // `+ 0.0`: an empty sum of f64 is -0.0, which compare.json would keep as `-0.0`.
@@ -380,8 +373,8 @@ pub fn load(
         seq_results,
         ind_events: store.events(ind_run, None, 0)?,
         seq_events: store.events(seq_run, None, 0)?,
-        ind_leases: lease_gpu_s(&store.leases_under(&runs_dir.join(ind_run))?),
-        seq_leases: lease_gpu_s(&store.leases_under(&runs_dir.join(seq_run))?),
+        ind_leases: gpu_seconds_by_class(&store.leases_under(&runs_dir.join(ind_run))?),
+        seq_leases: gpu_seconds_by_class(&store.leases_under(&runs_dir.join(seq_run))?),
     };
     let mut c = compare(&input);
     for (mode, run) in [("ind", ind_run), ("seq", seq_run)] {

@@ -108,7 +108,7 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
             spent: spent(
                 &events,
                 outcome.bench_gpu_s,
-                &super::compare::lease_gpu_s(&store.leases_under(&dir)?),
+                &crate::store::leases::gpu_seconds_by_class(&store.leases_under(&dir)?),
             ),
             session_wall_s: wall.values().sum(),
         },

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use fk_agentd::score::compare::{self, CompareInput, Comparison, Outcome, Side};
 use fk_agentd::store::Event;
+use fk_agentd::store::leases::LeaseClass;
 use fk_agentd::target::TargetId;
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -71,9 +72,9 @@ fn non_winners_count_as_one_and_targets_won_by_one_mode_are_listed() {
         // The independent run's store predates run-folder leases: its validations count.
         ind_leases: BTreeMap::new(),
         seq_leases: BTreeMap::from([
-            ("validate".to_string(), 600.0),
-            ("ncu".to_string(), 60.0),
-            ("bench".to_string(), 1200.0),
+            (LeaseClass::Validate, 600.0),
+            (LeaseClass::Ncu, 60.0),
+            (LeaseClass::Bench, 1200.0),
         ]),
     };
     let c = compare::compare(&input);
@@ -188,7 +189,11 @@ async fn mode_all_runs_a_linked_pair_and_writes_compare_json() {
             (shown - journal).abs() <= 0.01 * journal,
             "{half}: compare shows {shown} GPU-s, the journal {journal}"
         );
-        assert!(s.by_class.contains_key("validate"), "{:?}", s.by_class);
+        assert!(
+            s.by_class.contains_key(&LeaseClass::Validate),
+            "{:?}",
+            s.by_class
+        );
     }
     insta::assert_snapshot!("compare_table_sim", stable_table(&c, home.path()));
 }

@@ -49,17 +49,15 @@ const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// Hears of encrypted reasoning left out after a rotation: (bytes, the provider's message).
 pub type OnForget = Box<dyn Fn(usize, &str) + Send + Sync>;
-/// Why no further request may go out (the campaign's spending cap), if so.
-pub type OverBudget = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
 /// What the relay tells its session, and asks it.
 pub struct RelayHooks {
     pub on_forget: OnForget,
     /// The usage of each response relayed, from its stream's terminal event.
     pub on_usage: Box<dyn Fn(Usage) + Send + Sync>,
-    /// Asked before each request: a request past the cap is answered 429 `budget_reached`
-    /// and not sent.
-    pub over_budget: OverBudget,
+    /// Asked before each request, why no further request may go out (the campaign's
+    /// spending cap), if so: such a request is answered 429 `budget_reached` and not sent.
+    pub over_budget: Box<dyn Fn() -> Option<String> + Send + Sync>,
 }
 
 /// What the relay knows of its session.
