@@ -188,5 +188,31 @@ pub fn covers(hidden: &[PathBuf], reachable: &[PathBuf]) -> Result<Vec<PathBuf>,
             out.push(cover);
         }
     }
+    // A folder under another cover is hidden with it (and could not be mounted on: the
+    // cover above is empty).
+    let all = out.clone();
+    out.retain(|c| !all.iter().any(|o| o != c && c.starts_with(o)));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_covered_by_its_folder_once_and_nested_covers_fold_into_the_outer() {
+        let root = tempfile::tempdir().unwrap();
+        let root = root.path().canonicalize().unwrap();
+        let outer = root.join("secrets");
+        let inner = outer.join("more");
+        std::fs::create_dir_all(&inner).unwrap();
+        for f in [outer.join("a"), outer.join("b"), inner.join("c")] {
+            std::fs::write(f, "t").unwrap();
+        }
+        let hidden = [outer.join("a"), outer.join("b"), inner.join("c")];
+        assert_eq!(covers(&hidden, &[]).unwrap(), vec![outer.clone()]);
+        // A folder agent code needs is not covered: refused with why.
+        let why = covers(&hidden, &[outer.join("runs")]).unwrap_err();
+        assert!(why.contains("folder of its own"), "{why}");
+    }
 }
