@@ -221,6 +221,44 @@ impl FaultPlan {
 mod tests {
     use super::*;
 
+    /// The secrets figures the server counts go red when a request carries what they guard
+    /// against: the token in the body (as it is, reversed, base64), a stale token after a
+    /// rotation, a read that got through to the redaction; and stay at zero otherwise.
+    #[test]
+    fn the_servers_secret_counts_see_a_token_in_a_body_and_a_stale_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        let (first, second) = ("fk-faults-first-6a1f", "fk-faults-second-83d2");
+        std::fs::write(&file, first).unwrap();
+        let plan = FaultPlan::new(&SimChaos {
+            token_file: Some(file.clone()),
+            ..SimChaos::default()
+        });
+        let bearer = |t: &str| format!("Bearer {t}");
+        assert_eq!(
+            plan.token_ok(&bearer(first), "{\"input\":\"hello\"}"),
+            Some(true)
+        );
+        let r = plan.report();
+        assert_eq!(
+            (r.tokens_in_bodies, r.stale_tokens, r.reads_redacted),
+            (0, 0, 0)
+        );
+        let reversed: String = first.chars().rev().collect();
+        let encoded = data_encoding::BASE64.encode(first.as_bytes());
+        for body in [first.to_string(), reversed, encoded] {
+            plan.token_ok(&bearer(first), &format!("{{\"output\":\"{body}\"}}"));
+        }
+        plan.token_ok(&bearer(first), "cat: token: [REDACTED]");
+        assert_eq!(plan.report().tokens_in_bodies, 3);
+        assert_eq!(plan.report().reads_redacted, 1);
+        // Rotated: the old token is refused and counted as stale.
+        std::fs::write(&file, second).unwrap();
+        assert_eq!(plan.token_ok(&bearer(first), "{}"), Some(false));
+        let r = plan.report();
+        assert_eq!((r.rotations, r.stale_tokens), (1, 1));
+    }
+
     #[test]
     fn a_share_of_requests_fault_and_a_retried_turn_is_answered_in_the_end() {
         let plan = FaultPlan::new(&SimChaos {
