@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
+use crate::score::confirm::too_noisy;
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::{WinnerGate, geomean};
 use crate::score::result::TimingMethod;
@@ -74,6 +75,10 @@ pub struct CalBench {
     /// Geomean of the rows' published one-shot figures.
     pub published: Option<f64>,
     pub wall_s: Option<f64>,
+    /// The standard error (log) of the fair figure from the bench's own rounds
+    /// ([`crate::score::gate::TargetVerdict::own_se`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_se: Option<f64>,
     /// Why the bench gave no geomean.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
@@ -256,13 +261,6 @@ pub async fn calibrate<L: BenchLauncher>(
         return Ok(c);
     }
     let benches = bench_rounds(driver, plan, work, cancel).await?;
-    let stats = |pick: fn(&CalBench) -> Option<f64>| {
-        let pts: Vec<(TargetId, f64)> = benches
-            .iter()
-            .filter_map(|b| Some((b.target.clone(), pick(b)?)))
-            .collect();
-        NoiseStats::of(&pts)
-    };
     // The newest 20 earlier calibrations of this key.
     let mut earlier_bias: Vec<f64> = before
         .map(|b| {
@@ -278,8 +276,8 @@ pub async fn calibrate<L: BenchLauncher>(
         key: plan.key.clone(),
         measured_at: now_rfc3339(),
         targets: plan.targets.clone(),
-        fair: stats(|b| b.fair),
-        published: stats(|b| b.published),
+        fair: stats_of(&benches, fair_counted),
+        published: stats_of(&benches, |b| b.published),
         gpu_seconds: benches.iter().filter_map(|b| b.wall_s).sum(),
         simulated: driver_is_simulated(driver),
         reused: false,
@@ -288,6 +286,22 @@ pub async fn calibrate<L: BenchLauncher>(
     };
     store(plan, &calibration)?;
     Ok(calibration)
+}
+
+/// The noise of `benches`' figures that `pick` takes.
+fn stats_of(benches: &[CalBench], pick: fn(&CalBench) -> Option<f64>) -> Option<NoiseStats> {
+    let pts: Vec<(TargetId, f64)> = benches
+        .iter()
+        .filter_map(|b| Some((b.target.clone(), pick(b)?)))
+        .collect();
+    NoiseStats::of(&pts)
+}
+
+/// A bench's fair figure, unless it is too noisy in its own rounds: the gate never counts
+/// such a bench, so its spread is not the gate's.
+fn fair_counted(b: &CalBench) -> Option<f64> {
+    b.fair
+        .filter(|_| !too_noisy(b.own_se, crate::score::confirm::WILD_FACTOR.ln()))
 }
 
 /// Every target once per round, `plan.benches` rounds, each bench a fresh process (the offset
@@ -337,7 +351,9 @@ fn cal_bench(run: &BenchRun) -> Result<CalBench, ScoreError> {
             let v = WinnerGate::correctness_only().judge_result(r, std::slice::from_ref(&target));
             let v = v.get(&target).cloned();
             let fair = v.as_ref().and_then(|v| v.geomean);
+            let own_se = v.as_ref().and_then(|v| v.own_se);
             Ok(CalBench {
+                own_se,
                 failure: fair.is_none().then(|| {
                     v.and_then(|v| v.reason)
                         .unwrap_or_else(|| "no geomean".into())
@@ -358,6 +374,7 @@ fn cal_bench(run: &BenchRun) -> Result<CalBench, ScoreError> {
             fair: None,
             published: None,
             wall_s,
+            own_se: None,
             failure: Some(f.describe()),
         }),
     }
@@ -408,6 +425,32 @@ mod tests {
         let s = NoiseStats::of(&b).unwrap();
         assert_eq!((s.bias, s.sigma, s.tau, s.benches), (1.0, 0.0, 0.0, 7));
         assert!((s.wild_rate - 1.0 / 7.0).abs() < 1e-12);
+    }
+
+    /// A calibration bench whose own rounds disagree (the relu copy of 2026-12-07: 1.175×,
+    /// own error 0.48) is left out of the fair figures, as the gate leaves such a bench out;
+    /// its published figure still counts.
+    #[test]
+    fn a_bench_too_noisy_in_its_own_rounds_is_left_out_of_the_fair_spread() {
+        let bench = |target: &str, fair: f64, own_se: f64| CalBench {
+            target: t(target),
+            fair: Some(fair),
+            published: Some(fair * 0.97),
+            wall_s: Some(10.0),
+            own_se: Some(own_se),
+            failure: None,
+        };
+        let mut benches: Vec<CalBench> = ["L1/gelu", "L1/relu"]
+            .iter()
+            .flat_map(|t| [1.0, 1.01, 0.99, 1.0].map(|g| bench(t, g, 0.005)))
+            .collect();
+        let quiet = stats_of(&benches, fair_counted).unwrap();
+        benches.push(bench("L1/relu", 1.175, 0.48));
+        let fair = stats_of(&benches, fair_counted).unwrap();
+        assert_eq!((fair.sigma, fair.benches), (quiet.sigma, 8));
+        let published = stats_of(&benches, |b| b.published).unwrap();
+        assert_eq!(published.benches, 9);
+        assert!(published.sigma > quiet.sigma);
     }
 
     #[test]

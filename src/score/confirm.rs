@@ -106,8 +106,14 @@ impl ConfirmRule {
     /// A bench whose own standard error (`own_se`, log, from its rounds) puts its 95 %
     /// interval wider than the wild distance: the rule cannot count it (see the module docs).
     pub fn is_noisy(&self, own_se: Option<f64>) -> bool {
-        own_se.is_some_and(|s| 1.96 * s > self.wild)
+        too_noisy(own_se, self.wild)
     }
+}
+
+/// Whether a bench whose own standard error (log) is `own_se` cannot be placed within `wild`
+/// of its figure at 95 % (see the module docs); the calibration uses the 25 % distance.
+pub fn too_noisy(own_se: Option<f64>, wild: f64) -> bool {
+    own_se.is_some_and(|s| 1.96 * s > wild)
 }
 
 /// How a candidate's confirmation ended (kept in results beside the published verdict).
