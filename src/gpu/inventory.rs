@@ -184,6 +184,26 @@ impl Inventory {
         self.monitor.nvml().is_some()
     }
 
+    /// What a calibration of benches on these GPUs holds for: their model names; on Slurm the
+    /// nodes, since a slot's name carries its holder job, which every campaign changes, and the
+    /// model is not observed from here. `None` without GPUs.
+    pub fn calibration_model(&self) -> Option<String> {
+        let mut names: Vec<String> = if self.source == InventorySource::Slurm {
+            self.gpus
+                .iter()
+                .filter_map(|g| {
+                    let (node, _) = g.uuid.strip_prefix("slurm:")?.rsplit_once(':')?;
+                    Some(format!("Slurm node {node}"))
+                })
+                .collect()
+        } else {
+            self.gpus.iter().map(|g| g.name.clone()).collect()
+        };
+        names.sort();
+        names.dedup();
+        (!names.is_empty()).then(|| names.join(" + "))
+    }
+
     /// One reading of every GPU that gives one.
     pub fn readings(&self) -> Vec<(String, super::platform::GpuReading)> {
         self.gpus
@@ -297,5 +317,55 @@ impl Inventory {
 
     pub fn is_empty(&self) -> bool {
         self.gpus.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_calibration_holds_for_the_gpu_models_or_on_slurm_for_the_nodes() {
+        let gpu = |i: u32, uuid: &str, name: &str| GpuInfo::unobserved(i, uuid.into(), name.into());
+        let local = Inventory::unobserved(
+            InventorySource::Declared,
+            vec![
+                gpu(0, "GPU-a", "NVIDIA H100 80GB HBM3"),
+                gpu(1, "GPU-b", "NVIDIA H100 80GB HBM3"),
+            ],
+        );
+        assert_eq!(
+            local.calibration_model().as_deref(),
+            Some("NVIDIA H100 80GB HBM3")
+        );
+        // The holder job in a slot's name changes with every campaign; the nodes do not.
+        let slurm = |job: u32| {
+            Inventory::unobserved(
+                InventorySource::Slurm,
+                vec![
+                    gpu(
+                        0,
+                        "slurm:n2:gpu0",
+                        &format!("Slurm n2 GPU 0 (holder job {job})"),
+                    ),
+                    gpu(
+                        1,
+                        "slurm:n1:gpu0",
+                        &format!("Slurm n1 GPU 0 (holder job {job})"),
+                    ),
+                    gpu(
+                        2,
+                        "slurm:n1:gpu1",
+                        &format!("Slurm n1 GPU 1 (holder job {job})"),
+                    ),
+                ],
+            )
+        };
+        assert_eq!(
+            slurm(7).calibration_model().as_deref(),
+            Some("Slurm node n1 + Slurm node n2")
+        );
+        assert_eq!(slurm(7).calibration_model(), slurm(8).calibration_model());
+        assert_eq!(Inventory::fake(0).calibration_model(), None);
     }
 }

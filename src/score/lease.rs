@@ -105,16 +105,7 @@ impl LeaseLauncher {
 
 impl BenchLauncher for LeaseLauncher {
     fn gpu_model(&self) -> Option<String> {
-        let mut names: Vec<String> = self
-            .broker
-            .inventory()
-            .gpus
-            .iter()
-            .map(|g| g.name.clone())
-            .collect();
-        names.sort();
-        names.dedup();
-        (!names.is_empty()).then(|| names.join(" + "))
+        self.broker.inventory().calibration_model()
     }
 
     async fn launch(
