@@ -503,6 +503,46 @@ mod tests {
         );
     }
 
+    /// The server's count of protocol violations goes red on what it guards against: a
+    /// request Cortex would refuse (a hosted tool) and a function call sent without its
+    /// reasoning item; an ordinary first request counts nothing.
+    #[tokio::test]
+    async fn the_server_counts_the_protocol_violations_it_refuses() {
+        crate::tls::install_crypto_provider();
+        let server = SimServer::start(SimScript {
+            seed: 1,
+            max_think: Duration::ZERO,
+            faults: super::super::faults::FaultPlan::default(),
+        })
+        .await
+        .unwrap();
+        let send = |body: Value| {
+            let url = format!("{}/responses", server.base_url);
+            async move {
+                reqwest::Client::new()
+                    .post(url)
+                    .bearer_auth(SIM_TOKEN)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            }
+        };
+        let user = json!({"role": "user", "content": "optimize L1/gelu"});
+        let plain = json!({"model": "m", "input": [user], "stream": true, "store": false, "prompt_cache_key": "r/L1/gelu"});
+        assert!(send(plain.clone()).await.is_success());
+        assert_eq!(server.fault_report().protocol_violations, 0);
+        let mut hosted = plain.clone();
+        hosted["tools"] = json!([{"type": "web_search"}]);
+        assert_eq!(send(hosted).await, reqwest::StatusCode::BAD_REQUEST);
+        let mut orphan = plain;
+        orphan["input"] = json!([user, fc("shell")]);
+        assert_eq!(send(orphan).await, reqwest::StatusCode::BAD_REQUEST);
+        assert_eq!(server.fault_report().protocol_violations, 2);
+        server.shutdown().await;
+    }
+
     #[test]
     fn a_function_call_without_its_reasoning_item_is_refused() {
         assert!(check_reasoning_echo(&[rs("a"), fc("shell")]).is_ok());
