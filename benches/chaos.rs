@@ -1342,16 +1342,10 @@ fn secrets(t: &mut Table) {
     let rotation = rotate_later(&file, &tokens, Duration::from_secs(3));
     let daemon = child.id();
     let (mut sampled, mut in_children) = (BTreeSet::new(), 0);
-    let holds = |text: &str| tokens.iter().any(|tok| text.contains(tok.as_str()));
-    let ours = home.display().to_string();
     while child.try_wait().expect("poll").is_none() {
-        for (pid, cmdline, environ) in procs() {
-            let env = String::from_utf8_lossy(&environ);
-            if pid == daemon || !(env.contains(&ours) || cmdline.contains(&ours)) {
-                continue;
-            }
+        for (pid, holds) in children_holding(&home, daemon, &tokens) {
             sampled.insert(pid);
-            in_children += usize::from(holds(&env) || holds(&cmdline));
+            in_children += usize::from(holds);
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -397,3 +397,19 @@ pub fn refusal(out: &std::process::Output, names: &[String]) -> Refusal {
         panicked,
     }
 }
+
+/// The processes of the campaign in `home` other than its daemon (`daemon`: those naming the
+/// home in their environment or command line), each with whether its environment or command
+/// line holds one of `tokens`.
+pub fn children_holding(home: &Path, daemon: u32, tokens: &[String]) -> Vec<(u32, bool)> {
+    let ours = home.display().to_string();
+    let holds = |text: &str| tokens.iter().any(|tok| text.contains(tok.as_str()));
+    procs()
+        .into_iter()
+        .filter_map(|(pid, cmdline, environ)| {
+            let env = String::from_utf8_lossy(&environ);
+            (pid != daemon && (env.contains(&ours) || cmdline.contains(&ours)))
+                .then(|| (pid, holds(&env) || holds(&cmdline)))
+        })
+        .collect()
+}

@@ -402,3 +402,41 @@ fn bad_input_taken_or_refused_unclearly_or_with_a_panic_is_seen() {
     );
     assert_eq!(answer(&broken), (false, true));
 }
+
+/// A process of the campaign whose environment holds the token (the defect: a child given the
+/// provider's variable) is counted; one without it, and the daemon itself, are not.
+#[test]
+fn a_child_holding_the_token_in_its_environment_is_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = dir.path().join("home");
+    let token = format!("fk-figures-env-{}-5e0c", std::process::id());
+    let child = |with_token: bool| {
+        let mut c = std::process::Command::new("sh");
+        c.args(["-c", &format!("sleep 30; : {}", home.display())]);
+        if with_token {
+            c.env("CORTEX_TOKEN", &token);
+        }
+        c.spawn().expect("sh")
+    };
+    let (mut clean, mut leaky) = (child(false), child(true));
+    let seen = |daemon: u32| {
+        let mut found = Vec::new();
+        wait_until("both children are seen", || {
+            found = children_holding(&home, daemon, std::slice::from_ref(&token));
+            found.len() == 2
+        });
+        found
+    };
+    let found = seen(0);
+    assert_eq!(found.iter().filter(|(_, holds)| *holds).count(), 1);
+    assert!(found.contains(&(leaky.id(), true)) && found.contains(&(clean.id(), false)));
+    // The daemon's own process is left out.
+    let _ = leaky.kill();
+    let _ = leaky.wait();
+    wait_until("the leaky child is gone", || {
+        children_holding(&home, 0, std::slice::from_ref(&token)).len() == 1
+    });
+    assert!(children_holding(&home, clean.id(), &[token]).is_empty());
+    let _ = clean.kill();
+    let _ = clean.wait();
+}
