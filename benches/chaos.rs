@@ -1592,16 +1592,9 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
         std::thread::sleep(Duration::from_millis(100));
     };
     let said = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let last = said
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("fk-agentd:"))
-        .unwrap_or("")
-        .to_string();
+    let last = last_word(&said);
     println!("{section}: exit {status:?}; last word: {last}");
-    let integrity: String = rusqlite::Connection::open(home.join("fk-agentd.db"))
-        .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
-        .unwrap_or_else(|e| e.to_string());
+    let integrity = integrity(&home);
     let _ = std::fs::remove_file(&filler);
     let rounds = finish(&home, &log);
     let (done, all) = sessions_finished(&home);
@@ -1626,8 +1619,7 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
             None => "hung".into(),
         },
         "exit 3",
-        status.and_then(|s| s.code()) == Some(3)
-            && (last.contains("No space left") || last.contains("disk is full")),
+        stopped_for_a_full_disk(status.and_then(|s| s.code()), &last),
     );
     t.add(
         section,

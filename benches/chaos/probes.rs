@@ -413,3 +413,25 @@ pub fn children_holding(home: &Path, daemon: u32, tokens: &[String]) -> Vec<(u32
         })
         .collect()
 }
+
+/// SQLite's integrity check of the home's store: `ok`, or what it found.
+pub fn integrity(home: &Path) -> String {
+    rusqlite::Connection::open(home.join("fk-agentd.db"))
+        .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
+        .unwrap_or_else(|e| e.to_string())
+}
+
+/// The last line fk-agentd wrote of its own in `stderr` (its final word).
+pub fn last_word(stderr: &str) -> String {
+    stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("fk-agentd:"))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The daemon stopped with exit 3 and its last word says the disk is full.
+pub fn stopped_for_a_full_disk(code: Option<i32>, last: &str) -> bool {
+    code == Some(3) && (last.contains("No space left") || last.contains("disk is full"))
+}

@@ -440,3 +440,31 @@ fn a_child_holding_the_token_in_its_environment_is_counted() {
     let _ = clean.kill();
     let _ = clean.wait();
 }
+
+/// A store whose pages are damaged fails the integrity check the disk-full figure reads; a
+/// daemon that dies of the full disk (another exit, or no word of it) is not "stopped and
+/// said why".
+#[test]
+fn a_damaged_store_and_a_silent_or_crashing_stop_are_seen() {
+    let (_dir, home) = finished();
+    assert_eq!(integrity(&home), "ok");
+    let _ = std::fs::remove_file(home.join("fk-agentd.db-wal"));
+    let _ = std::fs::remove_file(home.join("fk-agentd.db-shm"));
+    let path = home.join("fk-agentd.db");
+    let mut bytes = std::fs::read(&path).expect("store");
+    let page = u16::from_be_bytes([bytes[16], bytes[17]]) as usize;
+    let page = if page == 1 { 65536 } else { page };
+    let start = (bytes.len() / page / 2) * page;
+    for b in &mut bytes[start..start + 64] {
+        *b ^= 0xA5;
+    }
+    std::fs::write(&path, bytes).expect("write");
+    assert_ne!(integrity(&home), "ok");
+    let said = "fk-agentd: store x/fk-agentd.db: the disk is full (no space left for the store's writes): free space there, then `fk-agentd resume`\n";
+    assert!(stopped_for_a_full_disk(Some(3), &last_word(said)));
+    assert!(!stopped_for_a_full_disk(Some(101), &last_word(said)));
+    assert!(!stopped_for_a_full_disk(
+        Some(3),
+        &last_word("thread 'main' panicked\n")
+    ));
+}
