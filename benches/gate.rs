@@ -7,7 +7,7 @@
 //! statistics the calibration uses ([`NoiseStats::of`]): bias, spread σ, per-target offset τ,
 //! wild rate. A method missing from the file falls back to the nearest measured one, and the
 //! table says so. Benches marked `paired-24-noisy` are those the gate leaves out as too noisy
-//! in their own rounds ([`ConfirmRule::is_noisy`]): the gate never counts them, so they are
+//! in their own rounds ([`fk_agentd::score::confirm::too_noisy`]): the gate never counts them, so they are
 //! not fitted into σ and τ; the noisy-bench rows draw them at their measured share instead.
 //!
 //! The path: every simulated run first calibrates (20 A/A draws: five targets × four, the

@@ -231,15 +231,15 @@ impl Confinement {
     pub fn describe(&self) -> String {
         match &self.status {
             Status::Off(why) => format!("agent code is not confined: {why}"),
-            Status::Enforced => format!(
-                "agent code cannot reach {} secret path{} (Landlock)",
+            Status::Enforced | Status::Namespaced => format!(
+                "agent code cannot reach {} secret path{} ({})",
                 self.hidden.len(),
-                if self.hidden.len() == 1 { "" } else { "s" }
-            ),
-            Status::Namespaced => format!(
-                "agent code cannot reach {} secret path{} (namespaces: this kernel has no Landlock)",
-                self.hidden.len(),
-                if self.hidden.len() == 1 { "" } else { "s" }
+                if self.hidden.len() == 1 { "" } else { "s" },
+                if self.status == Status::Enforced {
+                    "Landlock"
+                } else {
+                    "namespaces: this kernel has no Landlock"
+                }
             ),
             Status::Unsupported(why) | Status::Misplaced(why) => {
                 format!("agent code is NOT confined: {why}; the token file is readable by agents")
@@ -314,6 +314,26 @@ pub fn enter(fd: RawFd) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Writes `bytes` to the file at `path` with plain system calls only (no allocation): for a
+/// child between fork and exec (a cgroup's `cgroup.procs`, a namespace's id maps).
+pub(crate) fn write_in_child(path: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<()> {
+    // SAFETY: open/write/close on a valid C string and a slice we hold.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let wrote = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if wrote == bytes.len() as isize {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
 }
 
 /// Makes this process undumpable: its `/proc/<pid>` files (environment, memory, open files)

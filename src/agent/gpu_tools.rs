@@ -352,10 +352,17 @@ fn noise_text(geomean: Option<f64>, band: &Result<f64, String>) -> String {
 /// anything (the scoring gate leaves such a bench out: [`crate::score::confirm`]).
 fn rounds_text(own_se: Option<f64>) -> String {
     match own_se {
-        Some(se) if 1.96 * se > crate::score::confirm::WILD_FACTOR.ln() => format!(
-            "noise: this bench's timing rounds disagree too much to trust its figure (its median's 95 % interval is ±{:.0} %): validate again before acting on it\n",
-            ((1.96 * se).exp() - 1.0) * 100.0
-        ),
+        Some(se)
+            if crate::score::confirm::too_noisy(
+                own_se,
+                crate::score::confirm::WILD_FACTOR.ln(),
+            ) =>
+        {
+            format!(
+                "noise: this bench's timing rounds disagree too much to trust its figure (its median's 95 % interval is ±{:.0} %): validate again before acting on it\n",
+                ((1.96 * se).exp() - 1.0) * 100.0
+            )
+        }
         _ => String::new(),
     }
 }

@@ -52,9 +52,9 @@ impl Plan {
         check(unsafe {
             libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID)
         })?;
-        write_file(c"/proc/self/setgroups", b"deny")?;
-        write_file(c"/proc/self/uid_map", self.uid_map.as_bytes())?;
-        write_file(c"/proc/self/gid_map", self.gid_map.as_bytes())?;
+        super::write_in_child(c"/proc/self/setgroups", b"deny")?;
+        super::write_in_child(c"/proc/self/uid_map", self.uid_map.as_bytes())?;
+        super::write_in_child(c"/proc/self/gid_map", self.gid_map.as_bytes())?;
         // SAFETY: mount(2) with valid C strings (or null where the call ignores the argument).
         check(unsafe {
             libc::mount(
@@ -130,24 +130,6 @@ fn wait_and_exit_as(child: libc::pid_t) -> ! {
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
         libc::_exit(128 + sig)
-    }
-}
-
-fn write_file(path: &std::ffi::CStr, bytes: &[u8]) -> io::Result<()> {
-    // SAFETY: open/write/close on a valid C string and a slice we hold.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let wrote = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
-        let err = io::Error::last_os_error();
-        libc::close(fd);
-        if wrote == bytes.len() as isize {
-            Ok(())
-        } else {
-            Err(err)
-        }
     }
 }
 

@@ -388,8 +388,9 @@ fn spawn(
         // closure owns; it allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
+                // Into the lease's cgroup: `0` written to its `cgroup.procs`.
                 if let Some(entry) = &entry {
-                    enter_cgroup(entry)?;
+                    crate::confine::write_in_child(entry, b"0")?;
                 }
                 match &confine {
                     Some(entry) => entry.enter(),
@@ -399,21 +400,6 @@ fn spawn(
         }
     }
     cmd.spawn().map_err(spawn_err)
-}
-
-/// Moves the calling process into the cgroup whose entry file is `entry`.
-fn enter_cgroup(entry: &std::ffi::CStr) -> io::Result<()> {
-    // SAFETY: `entry` is a valid C string; the descriptor is ours and closed before return.
-    unsafe {
-        let fd = libc::open(entry.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
-        let err = io::Error::last_os_error();
-        libc::close(fd);
-        if wrote == 1 { Ok(()) } else { Err(err) }
-    }
 }
 
 /// Gives `cmd` what every leased command gets: stdout and stderr to the lease's files (an error

@@ -102,16 +102,11 @@ impl ConfirmRule {
     fn corrected(&self, geomean: f64) -> f64 {
         geomean.ln() - self.bias.ln()
     }
-
-    /// A bench whose own standard error (`own_se`, log, from its rounds) puts its 95 %
-    /// interval wider than the wild distance: the rule cannot count it (see the module docs).
-    pub fn is_noisy(&self, own_se: Option<f64>) -> bool {
-        too_noisy(own_se, self.wild)
-    }
 }
 
 /// Whether a bench whose own standard error (log) is `own_se` cannot be placed within `wild`
-/// of its figure at 95 % (see the module docs); the calibration uses the 25 % distance.
+/// of its figure at 95 % (see the module docs): the gate passes its rule's `wild`, the
+/// calibration and `validate` the 25 % distance.
 pub fn too_noisy(own_se: Option<f64>, wild: f64) -> bool {
     own_se.is_some_and(|s| 1.96 * s > wild)
 }
@@ -222,15 +217,10 @@ pub fn flag_outliers(logs: &[f64], rule: &ConfirmRule) -> Vec<bool> {
     logs.iter().map(|x| (x - med).abs() > rule.wild).collect()
 }
 
-/// The decision after the benches so far (`geomeans`, first bench first, all > 0), none of
-/// them noisy.
-pub fn step(geomeans: &[f64], rule: &ConfirmRule) -> Step {
-    step_with_noise(geomeans, &[], rule)
-}
-
-/// [`step`] where `noisy[i]` says bench `i` is too noisy in its own rounds to count
-/// ([`ConfirmRule::is_noisy`]; missing entries are not).
-pub fn step_with_noise(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
+/// The decision after the benches so far (`geomeans`, first bench first, all > 0), where
+/// `noisy[i]` says bench `i` is too noisy in its own rounds to count ([`too_noisy`]; missing
+/// entries are not).
+pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
     let n = geomeans.len();
     let last_chance = n > rule.max_extra;
     let is_noisy = |i: usize| noisy.get(i).copied().unwrap_or(false);
@@ -348,7 +338,7 @@ mod tests {
     }
 
     fn done(geomeans: &[f64]) -> Confirmation {
-        match step(geomeans, &rule(3)) {
+        match step(geomeans, &[], &rule(3)) {
             Step::Done(c) => c,
             Step::More => panic!("{geomeans:?}: wants more benches"),
         }
@@ -378,17 +368,15 @@ mod tests {
         let rule = h100();
         let own = |spread: f64| Some(1.2533 * spread / 24f64.sqrt());
         let (first, second) = (own(1.891), own(0.032));
-        assert!(rule.is_noisy(first) && !rule.is_noisy(second) && !rule.is_noisy(own(0.081)));
-        let Step::Done(c) = step(&[1.1752, 1.0043], &rule) else {
+        let noisy = |se| too_noisy(se, rule.wild);
+        assert!(noisy(first) && !noisy(second) && !noisy(own(0.081)));
+        let Step::Done(c) = step(&[1.1752, 1.0043], &[], &rule) else {
             panic!("two benches decide when both count");
         };
         assert!(c.confirmed, "the defect this rule mends: {c:?}");
-        assert_eq!(
-            step_with_noise(&[1.1752, 1.0043], &[true, false], &rule),
-            Step::More
-        );
+        assert_eq!(step(&[1.1752, 1.0043], &[true, false], &rule), Step::More);
         // Two more ordinary benches of the copy: not confirmed, the noisy bench named.
-        let Step::Done(c) = step_with_noise(
+        let Step::Done(c) = step(
             &[1.1752, 1.0043, 0.998, 1.003],
             &[true, false, false, false],
             &rule,
@@ -408,7 +396,7 @@ mod tests {
 
     #[test]
     fn a_clear_winner_is_confirmed_on_two_agreeing_benches_never_on_one() {
-        assert_eq!(step(&[1.2], &rule(3)), Step::More);
+        assert_eq!(step(&[1.2], &[], &rule(3)), Step::More);
         let c = done(&[1.11, 1.09]);
         assert!(c.confirmed, "{c:?}");
     }
@@ -441,7 +429,7 @@ mod tests {
             ..rule(3).noise()
         };
         let r = ConfirmRule::calibrated(1.0, 3, &slow);
-        let Step::Done(c) = step(&[1.04, 1.03], &r) else {
+        let Step::Done(c) = step(&[1.04, 1.03], &[], &r) else {
             panic!("decided")
         };
         assert!(c.confirmed, "{c:?}");
@@ -450,14 +438,14 @@ mod tests {
 
     #[test]
     fn two_benches_far_apart_ask_for_a_third_and_an_outlier_is_left_out() {
-        assert_eq!(step(&[1.12, 0.60], &rule(3)), Step::More);
+        assert_eq!(step(&[1.12, 0.60], &[], &rule(3)), Step::More);
         let c = done(&[1.12, 0.60, 1.11]);
         assert_eq!((c.confirmed, c.outliers.clone()), (true, vec![1]));
     }
 
     #[test]
     fn a_candidate_near_the_threshold_is_undecided_at_the_limit() {
-        assert_eq!(step(&[1.01, 1.00], &rule(3)), Step::More);
+        assert_eq!(step(&[1.01, 1.00], &[], &rule(3)), Step::More);
         let c = done(&[1.01, 1.00, 1.01, 1.00]);
         assert!(!c.confirmed);
         assert!(c.reason.unwrap().starts_with("undecided after 4"));

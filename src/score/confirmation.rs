@@ -17,7 +17,7 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 use crate::score::confirm::{
-    ConfirmRule, Confirmation, FirstBench, Step, first_bench, step_with_noise,
+    ConfirmRule, Confirmation, FirstBench, Step, first_bench, step, too_noisy,
 };
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::gate::{TargetVerdict, WinnerGate};
@@ -25,7 +25,7 @@ use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
 /// A candidate to confirm: its first bench's geomean, whether that bench lost, and whether it
-/// was too noisy in its own rounds to count ([`ConfirmRule::is_noisy`]).
+/// was too noisy in its own rounds to count ([`too_noisy`]).
 #[derive(Clone, Debug)]
 pub struct Contender {
     pub target: TargetId,
@@ -56,7 +56,7 @@ pub fn contenders(
             let first = v.geomean?;
             let before = earlier.get(&v.target).map_or(&[][..], Vec::as_slice);
             // A first bench too noisy to count is never a clear loss: bench again.
-            let noisy = rule.is_noisy(v.own_se);
+            let noisy = too_noisy(v.own_se, rule.wild);
             match first_bench(first, before, rule) {
                 FirstBench::Lost(_) if !noisy => None,
                 _ => Some(Contender {
@@ -111,7 +111,7 @@ pub trait Rebench {
     ) -> impl Future<Output = Vec<Result<Rebenched, String>>>;
 }
 
-/// Benches every contender again, round by round, until [`step_with_noise`] decides each; returns the
+/// Benches every contender again, round by round, until [`step`] decides each; returns the
 /// confirmations by target.
 pub async fn confirm_loop<B: Rebench>(
     bencher: &B,
@@ -136,7 +136,7 @@ pub async fn confirm_loop<B: Rebench>(
             match g {
                 Ok(b) => {
                     benches.push(b.geomean);
-                    noisy.push(rule.is_noisy(b.own_se));
+                    noisy.push(too_noisy(b.own_se, rule.wild));
                 }
                 Err(why) => {
                     let why = format!("confirmation bench {round}: {why}");
@@ -144,7 +144,7 @@ pub async fn confirm_loop<B: Rebench>(
                     continue;
                 }
             }
-            match step_with_noise(&benches, &noisy, rule) {
+            match step(&benches, &noisy, rule) {
                 Step::More => next.push((target, benches, noisy)),
                 Step::Done(c) => {
                     done.insert(target, c);
