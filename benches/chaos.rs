@@ -1269,64 +1269,24 @@ fn bad_input(t: &mut Table, finished: &Path) {
 /// Bench JSON and SSE that are truncated, huge, NaN-laden or garbage, through the parsers
 /// the daemon uses: (cases, panics).
 fn parsers() -> (usize, usize) {
-    let good =
-        r#"{"mode":"candidate","scenarios":[{"op":"GELU","status":"PASSED","speedup":1.2}]}"#;
-    let mut docs: Vec<String> = vec![
-        good[..good.len() / 2].into(),
-        good.replace("1.2", "NaN"),
-        good.replace("1.2", "Infinity"),
-        good.replace("1.2", "-1e309"),
-        good.replace("\"PASSED\"", "7"),
-        "[]".into(),
-        "null".into(),
-        String::new(),
-        "\u{0}\u{1}garbage".into(),
-        format!(
-            "{{\"scenarios\":[{}]}}",
-            vec![r#"{"op":"X","status":"PASSED","speedup":0.0}"#; 20_000].join(",")
-        ),
-        "{".repeat(10_000),
-    ];
-    docs.push(good.replace("GELU", &"x".repeat(1 << 20)));
-    let mut panics = 0;
-    for d in &docs {
-        let r = std::panic::catch_unwind(|| {
-            if let Ok(result) = fk_agentd::score::result::BenchResult::parse(d) {
-                let _ = serde_json::to_string(&result);
-            }
-            let _ = fk_agentd::score::result::BenchResult::from_jsonl(d);
-        });
-        panics += usize::from(r.is_err());
-    }
-    let streams: Vec<Vec<u8>> = vec![
-        b"data: {\"type\":\"response.created\"}\n\n".to_vec(),
-        b"garbage without any framing".to_vec(),
-        b"event: response.completed\ndata: {not json}\n\n".to_vec(),
-        b"data: {\"type\":\"response.output_item.done\",\"item\":null}\n\n".to_vec(),
-        b"data: {\"type\":\"response.completed\",\"response\":{\"output\":7}}\n\n".to_vec(),
-        vec![0xff; 4096],
-        b"data: ".repeat(100_000),
-        b"data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":1}}}\n\n".to_vec(),
-    ];
+    let docs = bench_json_cases();
+    let streams = sse_cases();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
-    for s in &streams {
-        let r = std::panic::catch_unwind(|| {
-            let chunks = s
-                .chunks(7)
-                .map(|c| Ok::<_, std::convert::Infallible>(c.to_vec()))
-                .collect::<Vec<_>>();
-            rt.block_on(fk_agentd::llm::sse::read_events(
-                futures::stream::iter(chunks),
-                Duration::from_secs(5),
-                |_| {},
-            ))
-            .is_ok()
-        });
-        panics += usize::from(r.is_err());
-    }
+    let panics = panics(&docs, |d| {
+        if let Ok(result) = fk_agentd::score::result::BenchResult::parse(d) {
+            let _ = serde_json::to_string(&result);
+        }
+        let _ = fk_agentd::score::result::BenchResult::from_jsonl(d);
+    }) + panics(&streams, |s| {
+        let _ = rt.block_on(fk_agentd::llm::sse::read_events(
+            futures::stream::iter(pieces(s)),
+            Duration::from_secs(5),
+            |_| {},
+        ));
+    });
     (docs.len() + streams.len(), panics)
 }
 

@@ -435,3 +435,59 @@ pub fn last_word(stderr: &str) -> String {
 pub fn stopped_for_a_full_disk(code: Option<i32>, last: &str) -> bool {
     code == Some(3) && (last.contains("No space left") || last.contains("disk is full"))
 }
+
+/// Bench JSON the parsers must survive: cut short, NaN-laden, wrongly typed, empty, garbage,
+/// 20 000 rows, nested 10 000 deep, a 1 MiB name.
+pub fn bench_json_cases() -> Vec<String> {
+    let good =
+        r#"{"mode":"candidate","scenarios":[{"op":"GELU","status":"PASSED","speedup":1.2}]}"#;
+    vec![
+        good[..good.len() / 2].into(),
+        good.replace("1.2", "NaN"),
+        good.replace("1.2", "Infinity"),
+        good.replace("1.2", "-1e309"),
+        good.replace("\"PASSED\"", "7"),
+        "[]".into(),
+        "null".into(),
+        String::new(),
+        "\u{0}\u{1}garbage".into(),
+        format!(
+            "{{\"scenarios\":[{}]}}",
+            vec![r#"{"op":"X","status":"PASSED","speedup":0.0}"#; 20_000].join(",")
+        ),
+        "{".repeat(10_000),
+        good.replace("GELU", &"x".repeat(1 << 20)),
+    ]
+}
+
+/// Server-sent event streams the reader must survive: unframed, not JSON, null and wrongly
+/// typed items, bytes that are not UTF-8, a 600 kB line without an end, a failure without
+/// words.
+pub fn sse_cases() -> Vec<Vec<u8>> {
+    vec![
+        b"data: {\"type\":\"response.created\"}\n\n".to_vec(),
+        b"garbage without any framing".to_vec(),
+        b"event: response.completed\ndata: {not json}\n\n".to_vec(),
+        b"data: {\"type\":\"response.output_item.done\",\"item\":null}\n\n".to_vec(),
+        b"data: {\"type\":\"response.completed\",\"response\":{\"output\":7}}\n\n".to_vec(),
+        vec![0xff; 4096],
+        b"data: ".repeat(100_000),
+        b"data: {\"type\":\"response.failed\",\"response\":{\"error\":{\"code\":1}}}\n\n".to_vec(),
+    ]
+}
+
+/// A stream as the network may deliver it: in 7-byte pieces, so every boundary falls inside a
+/// field, or in 4 KiB ones past 64 KiB (7-byte pieces of the 600 kB line ran over ten minutes
+/// in a debug build).
+pub fn pieces(stream: &[u8]) -> Vec<Result<Vec<u8>, std::convert::Infallible>> {
+    let size = if stream.len() > 1 << 16 { 4096 } else { 7 };
+    stream.chunks(size).map(|c| Ok(c.to_vec())).collect()
+}
+
+/// Cases of `cases` on which `parse` panicked (each caught, so one panic hides no other).
+pub fn panics<T>(cases: &[T], parse: impl Fn(&T)) -> usize {
+    cases
+        .iter()
+        .filter(|c| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(c))).is_err())
+        .count()
+}

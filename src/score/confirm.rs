@@ -305,7 +305,20 @@ pub fn ratio(x: f64, threshold: f64) -> String {
     {
         digits += 1;
     }
-    format!("{x:.digits$}×")
+    let p = 10f64.powi(digits as i32);
+    // Still equal at six digits: rounded towards the threshold's side, so a figure below it
+    // never reads as the threshold itself.
+    let shown = match x.partial_cmp(&threshold) {
+        Some(std::cmp::Ordering::Less) => (x * p).floor() / p,
+        Some(std::cmp::Ordering::Greater) => (x * p).ceil() / p,
+        _ => x,
+    };
+    let shown = if format!("{x:.digits$}") == format!("{threshold:.digits$}") {
+        shown
+    } else {
+        x
+    };
+    format!("{shown:.digits$}×")
 }
 
 /// `0.970` → `0.97`, `0.9963` → `0.996`.

@@ -279,7 +279,9 @@ impl BenchRequest {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum BenchFailure {
-    /// Exited (0 or 1, or by a signal) without writing its JSON.
+    /// Exited (0 or 1, or by a signal) without writing its JSON. The tail is of its stderr, or
+    /// of its stdout where stderr is empty (the real bench says "No candidates to benchmark"
+    /// there, with exit 0).
     NoJson {
         code: Option<i32>,
         stderr_tail: String,
@@ -453,13 +455,16 @@ impl<L: BenchLauncher> BenchDriver<L> {
     /// before (see the module docs) is read back instead.
     pub async fn run(&self, req: BenchRequest, cancel: CancellationToken) -> BenchRun {
         let inv = self.invocation(&req);
-        let stderr_path = inv.stderr.clone();
+        let logs = Logs {
+            stdout: inv.stdout.clone(),
+            stderr: inv.stderr.clone(),
+        };
         let key = identity(&inv, &req.candidate_dir);
         let done = key.as_deref().and_then(|k| {
             finished(&req.work_dir, k).or_else(|| ended_unrecorded(&req.work_dir, k, &req.output()))
         });
         if let Some(exit) = done {
-            let result = interpret(&exit, &req.output(), &stderr_path);
+            let result = interpret(&exit, &req.output(), &logs);
             if !result.as_ref().is_err_and(BenchFailure::is_infrastructure) {
                 return BenchRun {
                     request: req,
@@ -487,7 +492,7 @@ impl<L: BenchLauncher> BenchDriver<L> {
         };
         let (exit, result) = match launched.await {
             Ok(exit) => {
-                let result = interpret(&exit, &req.output(), &stderr_path);
+                let result = interpret(&exit, &req.output(), &logs);
                 if let Some(progress) = &self.progress {
                     progress(&req.label, exit.wall_s, result.is_ok());
                 }
@@ -620,12 +625,24 @@ fn tail_of(path: &Path) -> String {
     String::from_utf8_lossy(&text[start..]).into_owned()
 }
 
+/// What a bench said last: the end of its stderr, or of its stdout where stderr holds nothing.
+fn said(logs: &Logs) -> String {
+    let err = tail_of(&logs.stderr);
+    if err.trim().is_empty() {
+        tail_of(&logs.stdout)
+    } else {
+        err
+    }
+}
+
+/// A bench process's two logs.
+struct Logs {
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
 /// The exit-code rules of the module docs.
-fn interpret(
-    exit: &ProcessExit,
-    output: &Path,
-    stderr: &Path,
-) -> Result<BenchResult, BenchFailure> {
+fn interpret(exit: &ProcessExit, output: &Path, logs: &Logs) -> Result<BenchResult, BenchFailure> {
     if exit.cancelled {
         return Err(BenchFailure::Cancelled);
     }
@@ -639,13 +656,13 @@ fn interpret(
     }
     if exit.code == Some(2) {
         return Err(BenchFailure::Infrastructure {
-            stderr_tail: tail_of(stderr),
+            stderr_tail: tail_of(&logs.stderr),
         });
     }
     if !output.is_file() {
         return Err(BenchFailure::NoJson {
             code: exit.code,
-            stderr_tail: tail_of(stderr),
+            stderr_tail: said(logs),
         });
     }
     BenchResult::read(output).map_err(|e| BenchFailure::Unparsable { why: e.to_string() })

@@ -317,6 +317,11 @@ mod tests {
         assert_eq!(v.reason.as_deref(), Some("geomean 0.99998 < 1.0"));
         let v = WinnerGate::default().judge(&t, &[&row(0.97, None)]);
         assert_eq!(v.reason.as_deref(), Some("geomean 0.97 < 1.0"));
+        // Equal to the threshold at six digits (an H100 bench read "geomean 1.000000 < 1.0").
+        let v = WinnerGate::default().judge(&t, &[&row(0.9999996, None)]);
+        assert_eq!(v.reason.as_deref(), Some("geomean 0.999999 < 1.0"));
+        assert_eq!(confirm::ratio(1.0000004, 1.0), "1.000001×");
+        assert_eq!(confirm::ratio(1.0, 1.0), "1.000×");
     }
 
     #[test]

@@ -101,6 +101,9 @@ enum Knob {
     MixCrash,
     /// Exit 2 without JSON, like "no GPU found".
     Infra,
+    /// Exit 0 without JSON, saying so on stdout only, as the real bench does when no candidate
+    /// file of the folder imports (e.g. a copy whose relative imports name nothing there).
+    NoCandidates,
     Pass,
     Incorrect,
     RuntimeError,
@@ -126,6 +129,7 @@ fn knobs(content: &str) -> Vec<Knob> {
             "crash" => Knob::Crash,
             "mix-crash" => Knob::MixCrash,
             "infra" => Knob::Infra,
+            "no-candidates" => Knob::NoCandidates,
             "pass" => Knob::Pass,
             "incorrect" => Knob::Incorrect,
             "runtime-error" => Knob::RuntimeError,
@@ -576,6 +580,15 @@ fn process_knob(ks: &[Knob], target: &TargetId, mix: bool) -> Option<SimAction> 
             2,
             "",
             "fastkernels bench (simulated): error: no GPU found (# sim: infra)\n",
+        ));
+    }
+    if ks.contains(&Knob::NoCandidates) {
+        return Some(SimAction::exit(
+            0,
+            format!(
+                "No candidates to benchmark (simulated: {target}'s file does not import, # sim: no-candidates).\n"
+            ),
+            "",
         ));
     }
     None

@@ -468,3 +468,177 @@ fn a_damaged_store_and_a_silent_or_crashing_stop_are_seen() {
         &last_word("thread 'main' panicked\n")
     ));
 }
+
+/// The finished campaign's independent run.
+fn independent_run(home: &Path) -> String {
+    runs(home)
+        .into_iter()
+        .find(|r| r.contains("-ind-"))
+        .expect("an independent run")
+}
+
+/// A bench that gives no result (it exits without its JSON, as the replay of a killed lease
+/// did) leaves verdicts without a result in the scoring files the figure reads.
+#[test]
+fn a_bench_that_gives_no_result_leaves_verdicts_without_one() {
+    let (_dir, home) = finished();
+    let clean = no_result_verdicts(&home);
+    assert_eq!(clean, 0);
+    // The defect, in the bench under test: L1/relu's bench now exits 1 without JSON.
+    let run = independent_run(&home);
+    let candidate = home
+        .join("runs")
+        .join(&run)
+        .join("sessions/L1/relu/candidate/L1/relu.py");
+    let text = std::fs::read_to_string(&candidate).expect("the candidate");
+    std::fs::write(&candidate, format!("# sim: crash\n{text}")).expect("write");
+    let out = fk(&home)
+        .args(["score", "--run", &run, "--mode", "standalone"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("score");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("without JSON"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(no_result_verdicts(&home) > clean);
+}
+
+/// A session the infrastructure ended (its folder lost) recorded as the agent's failure.
+#[test]
+fn a_session_ended_by_the_infrastructure_but_blamed_on_the_agent_is_seen() {
+    let (_dir, home) = finished();
+    assert!(agent_failures(&home).is_empty());
+    db(&home)
+        .execute(
+            "UPDATE sessions SET detail = json_set(detail, '$.status', 'FAIL', \
+             '$.infra', json('false'), '$.reason', 'the session folder is gone') \
+             WHERE target = 'L1/relu'",
+            [],
+        )
+        .expect("the end rewritten");
+    assert_eq!(
+        agent_failures(&home).into_iter().collect::<Vec<_>>(),
+        ["L1/relu"]
+    );
+}
+
+/// A finished run's row edited back to `running`, then `resume`: the binary records no second
+/// end; a second `run_finished` (what the defect wrote) is counted.
+#[test]
+fn an_end_recorded_again_for_a_finished_run_is_counted() {
+    let (_dir, home) = finished();
+    let before = run_ends(&home);
+    assert_eq!(before, 2);
+    db(&home)
+        .execute("UPDATE runs SET status = 'running', finished_at = NULL", [])
+        .expect("rows edited");
+    let _ = fk(&home)
+        .arg("resume")
+        .stdin(Stdio::null())
+        .output()
+        .expect("resume");
+    assert_eq!(run_ends(&home), before);
+    db(&home)
+        .execute(
+            "INSERT INTO events (run_id, seq, at, kind, target, payload) \
+             SELECT e.run_id, (SELECT max(seq) + 1 FROM events WHERE run_id = e.run_id), \
+                    e.at, e.kind, e.target, e.payload \
+             FROM events e WHERE e.kind = 'run_finished' LIMIT 1",
+            [],
+        )
+        .expect("a second end");
+    assert_eq!(run_ends(&home), before + 1);
+}
+
+/// The bench's malformed inputs go through the parsers without a panic; a parser that
+/// unwraps what it cannot read (the defect) panics on them and is counted.
+#[test]
+fn a_parser_that_panics_on_malformed_input_is_counted() {
+    use fk_agentd::score::result::BenchResult;
+    let docs = bench_json_cases();
+    let streams = sse_cases();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let read = |s: &Vec<u8>| {
+        rt.block_on(fk_agentd::llm::sse::read_events(
+            futures::stream::iter(pieces(s)),
+            Duration::from_secs(5),
+            |_| {},
+        ))
+    };
+    assert_eq!(panics(&docs, |d| drop(BenchResult::parse(d))), 0);
+    assert_eq!(panics(&streams, |s| drop(read(s))), 0);
+    let careless_json = panics(&docs, |d| drop(BenchResult::parse(d).unwrap()));
+    let careless_sse = panics(&streams, |s| drop(read(s).unwrap()));
+    assert!(careless_json >= docs.len() / 2, "{careless_json}");
+    assert!(careless_sse > 0, "{careless_sse}");
+}
+
+/// The home on a small tmpfs filled mid-campaign: the binary stops with exit 3 and says the
+/// disk is full; a build that stops without a word of it (its error text dropped) is seen.
+/// Needs root for the mount; elsewhere it says why it skips.
+#[test]
+fn a_daemon_that_stops_silently_on_a_full_disk_is_seen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mount point");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs"])
+        .arg(&mnt)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipped: a tmpfs mount needs root here");
+        return;
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    let mute = stand_in(dir.path(), "mute", "\"$FK\" \"$@\" 2>/dev/null");
+    let stops = |bin: &Path, name: &str| {
+        let home = mnt.join(name);
+        std::fs::create_dir(&home).expect("home");
+        let err = dir.path().join(format!("{name}.err"));
+        let mut child = fk_from(bin, &home)
+            .args(["start", "--sim", "--targets", TARGETS, "--mode", "all"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err).expect("stderr file"))
+            .spawn()
+            .expect("campaign");
+        let runs = home.join("runs");
+        wait_until("a run folder is made", || {
+            runs.read_dir().is_ok_and(|mut d| d.next().is_some())
+        });
+        let filler = mnt.join("filler");
+        let mut f = std::fs::File::create(&filler).expect("filler");
+        let block = vec![0u8; 1 << 20];
+        while std::io::Write::write_all(&mut f, &block).is_ok() {}
+        drop(f);
+        let mut code = None;
+        wait_until("the campaign stops", || {
+            code = child.try_wait().expect("poll").map(|s| s.code());
+            code.is_some()
+        });
+        std::fs::remove_file(&filler).expect("room again");
+        let said = std::fs::read_to_string(&err).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&home);
+        let (code, last) = (code.flatten(), last_word(&said));
+        eprintln!("{name}: exit {code:?}, last word: {last}");
+        stopped_for_a_full_disk(code, &last)
+    };
+    assert!(stops(Path::new(BIN), "home"));
+    assert!(!stops(&mute, "muted"));
+}

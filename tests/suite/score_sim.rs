@@ -97,6 +97,26 @@ async fn exit_1_with_json_is_data_not_an_error() {
     assert_eq!(raw["simulated"], serde_json::json!(true));
 }
 
+/// The real bench exits 0 without JSON when no candidate file imports, and says so on
+/// stdout only: the verdict carries those words.
+#[tokio::test]
+async fn a_bench_that_says_why_on_stdout_only_is_quoted() {
+    let b = bench(Duration::from_secs(60)).await;
+    let id = b.candidate("L1/gelu", "# sim: no-candidates\n");
+    let run = b.run(&id).await;
+    assert!(
+        matches!(run.result, Err(BenchFailure::NoJson { code: Some(0), .. })),
+        "{run:?}"
+    );
+    let (winner, reason, _) = b.verdict(&run);
+    assert!(!winner);
+    let reason = reason.unwrap();
+    assert!(
+        reason.starts_with("no result: bench exit 0 without JSON: No candidates to benchmark"),
+        "{reason}"
+    );
+}
+
 #[tokio::test]
 async fn no_json_is_an_error_for_the_target_never_a_pass() {
     let b = bench(Duration::from_secs(60)).await;
