@@ -173,25 +173,27 @@ impl Confinement {
     /// the folders holding `hidden` (canonical) covered, if this host allows it (tried once
     /// with `true`); else unsupported, with both reasons.
     pub fn namespaced(hidden: &[PathBuf], reachable: &[PathBuf], missing: &str) -> Self {
-        let hidden = hidden.to_vec();
-        let plan = ns::covers(&hidden, reachable)
-            .and_then(|covers| ns::Plan::new(&covers).map_err(|e| e.to_string()))
-            .map(|plan| Entry::Namespaces(Arc::new(plan)))
-            .and_then(|entry| match try_entry(&entry) {
-                Ok(()) => Ok(entry),
-                Err(e) => Err(format!(
-                    "user, mount and PID namespaces are not allowed here: {e}"
-                )),
-            });
-        match plan {
-            Ok(entry) => Self {
-                entry: Some(entry),
-                hidden,
-                status: Status::Namespaced,
-            },
-            Err(why) => Self::unsupported(hidden, format!("{missing}, and {why}")),
+        match Self::in_namespaces(hidden, reachable) {
+            Ok(c) => c,
+            Err(why) => Self::unsupported(hidden.to_vec(), format!("{missing}, and {why}")),
         }
         .logged()
+    }
+
+    /// The namespaces covering the folders of `hidden` (canonical), probed once with `true`;
+    /// why not where this host allows none, or a cover would take away what agent code needs.
+    /// Not logged (see [`Confinement::namespaced`]).
+    pub fn in_namespaces(hidden: &[PathBuf], reachable: &[PathBuf]) -> Result<Self, String> {
+        let covers = ns::covers(hidden, reachable)?;
+        let plan = ns::Plan::new(&covers).map_err(|e| e.to_string())?;
+        let entry = Entry::Namespaces(Arc::new(plan));
+        try_entry(&entry)
+            .map_err(|e| format!("user, mount and PID namespaces are not allowed here: {e}"))?;
+        Ok(Self {
+            entry: Some(entry),
+            hidden: hidden.to_vec(),
+            status: Status::Namespaced,
+        })
     }
 
     /// Says once, in the log, what agent code runs under.

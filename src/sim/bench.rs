@@ -101,8 +101,9 @@ enum Knob {
     MixCrash,
     /// Exit 2 without JSON, like "no GPU found".
     Infra,
-    /// Exit 0 without JSON, saying so on stdout only, as the real bench does when no candidate
-    /// file of the folder imports (e.g. a copy whose relative imports name nothing there).
+    /// Exit 0 without JSON, saying so on stdout only, as the real bench does when it finds no
+    /// candidate it will bench (seen on an H100 for a copy of an L2 class the harness captures
+    /// but does not list as a benchmark target).
     NoCandidates,
     Pass,
     Incorrect,

@@ -679,7 +679,12 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
         .and_then(|e| e.payload["output"].as_str())
         .unwrap_or_else(|| panic!("no shell output: {report:?}"))
         .to_string();
-    assert!(output.contains("Permission denied"), "{output}");
+    // Its folder covered where codex runs in fk-agentd's namespaces; refused by codex's own
+    // sandbox where the host allows none.
+    assert!(
+        output.contains("No such file or directory") || output.contains("Permission denied"),
+        "{output}"
+    );
     assert!(
         !output.contains(KEY_ENV),
         "the shell holds the capability: {output}"
@@ -697,6 +702,74 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
             );
         }
     }
+}
+
+/// codex's own process runs where the folder of the token file is covered: codex makes
+/// namespaces for the sandbox of the commands it runs, which Landlock forbids, so it enters
+/// fk-agentd's namespaces instead. A stand-in for codex (the real one for `--version` and its
+/// model catalog) reads the token file itself and runs a command through the real codex's
+/// sandbox: the read finds nothing, the sandbox works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_itself_cannot_read_the_token_file_and_its_sandbox_still_runs() {
+    use super::llm_fake::FakeResponses;
+    let Some(codex) = codex_binary() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let token_file = secrets.path().join("cortex-token");
+    let token = "fk-codex-own-3f9a1c7e52b8d0";
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let stand_in = bin.path().join("codex");
+    std::fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --version|debug) exec '{c}' \"$@\";; esac\n\
+             echo \"own read: $(cat '{t}' 2>&1)\" >&2\n\
+             '{c}' sandbox -- sh -c 'echo sandbox ran' >&2\nexit 1\n",
+            c = codex.display(),
+            t = token_file.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let fake = FakeResponses::start(vec![]).await;
+    let cfg = codex_config(home.path(), stand_in, Flags::default());
+    let params = sim_params_thinking(Duration::from_millis(10));
+    let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
+        .await
+        .unwrap();
+    let mut parts = sim_runner_params(&home_, &fake.base_url, &params)
+        .await
+        .unwrap();
+    let confinement =
+        fk_agentd::confine::Confinement::hiding(std::slice::from_ref(&token_file), &[]);
+    parts.shell_env = parts.shell_env.clone().confined(confinement);
+    parts.llm = Arc::new(
+        LlmClient::new(
+            sim_provider(&fake.base_url),
+            TokenProvider::file(token_file.clone()),
+        )
+        .unwrap(),
+    );
+    let report = run_codex(home_, parts).await;
+    let reasons: Vec<String> = events_of(home.path(), "L1/gelu")
+        .iter()
+        .filter(|e| e.kind == "session_finished")
+        .filter_map(|e| e.payload["reason"].as_str().map(str::to_string))
+        .collect();
+    let said = reasons.join("\n");
+    assert!(
+        said.contains("own read: cat:") && said.contains("No such file or directory"),
+        "{said} {report:?}"
+    );
+    assert!(said.contains("sandbox ran"), "{said}");
+    assert!(!said.contains(token), "{said}");
 }
 
 /// The environment and argv of every process a codex campaign starts, captured at exec by

@@ -13,8 +13,8 @@
 //!   back to generic metadata; with both, it sends no hosted tool (Cortex rejects them);
 //! - sub-agents, goals, apps, plugins and analytics off: they add tools or calls a campaign
 //!   does not want;
-//! - a permission profile (codex's own sandbox, which codex runs in namespaces, so it cannot
-//!   run inside fk-agentd's Landlock ruleset): everything readable except the provider's secret
+//! - a permission profile (codex's own sandbox, which codex runs in namespaces, so codex runs
+//!   in fk-agentd's namespaces rather than its Landlock ruleset): everything readable except the provider's secret
 //!   files ([`crate::confine::Confinement::hidden`], access `none`), writable only the
 //!   workspace, the candidate slot and the target's caches; approvals `never`: the session
 //!   works unattended, reads no secret and writes nowhere else. Network access is on because

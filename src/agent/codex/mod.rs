@@ -18,7 +18,8 @@
 //! Invariants: no process codex starts, nor codex itself, holds the provider token: codex holds
 //! a capability for its session's relay route, revoked when the session ends, and its shell
 //! does not hold even that; the commands codex runs cannot read the provider's secret files
-//! (its permission profile); nothing written under the session (config, transcript) holds the
+//! (its permission profile), nor can codex itself where the host allows namespaces
+//! ([`own_confinement`]); nothing written under the session (config, transcript) holds the
 //! token.
 
 pub mod endpoint;
@@ -40,6 +41,7 @@ use super::{AgentRunner, AgentRunnerParams};
 use crate::config::agent::AgentBackend;
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, SettingSource, record};
+use crate::confine::{Confinement, Status};
 use crate::error::Error;
 use crate::run::RunJournal;
 use crate::scheduler::{SessionFuture, SessionRunner, SessionSlot};
@@ -217,7 +219,37 @@ pub async fn runner_for(
         AgentBackend::Codex => {
             let bin = CodexBinary::locate(config.agent.codex.as_deref(), None)?;
             let template = bundled_template(&bin, &config.home.join("codex")).await?;
-            Ok(Arc::new(CodexRunner::new(params, bin, template)))
+            let own = own_confinement(params.shell_env.confinement(), &config.home);
+            Ok(Arc::new(CodexRunner::new(params, bin, template, own)))
+        }
+    }
+}
+
+/// What codex's own process runs under, given the agents' `shell` confinement. codex makes
+/// namespaces and mounts for the sandbox of the commands it runs, which a Landlock ruleset
+/// forbids, so codex enters fk-agentd's namespaces instead ([`crate::confine::ns`]): the
+/// folders holding the secrets covered, its sandbox working inside them. Where the shells are
+/// not confined, neither is codex (`start` refused that unless `allow_unconfined`); where the
+/// host allows no namespaces, codex's process runs unconfined and says so once: the commands
+/// it runs are still kept from the secrets by its sandbox, and the relay refuses any request
+/// holding the token.
+pub fn own_confinement(shell: &Confinement, home: &Path) -> Confinement {
+    if !matches!(shell.status(), Status::Enforced) {
+        return shell.clone();
+    }
+    let reachable = [
+        crate::run::runs_dir(home),
+        home.join("leases"),
+        home.join("codex"),
+    ];
+    match Confinement::in_namespaces(shell.hidden(), &reachable) {
+        Ok(own) => {
+            tracing::info!(hidden = ?own.hidden(), "codex itself runs in namespaces where the secret files are covered");
+            own
+        }
+        Err(why) => {
+            tracing::warn!(hidden = ?shell.hidden(), "codex itself runs unconfined ({why}); the commands it runs are still kept from the secret files by its sandbox, and its relay refuses any request holding the token");
+            Confinement::off(&why)
         }
     }
 }
@@ -280,6 +312,8 @@ pub(crate) struct Inner {
     pub agent: AgentRunnerParams,
     pub bin: CodexBinary,
     pub template: Value,
+    /// What codex's own process runs under ([`own_confinement`]).
+    pub own: Confinement,
 }
 
 /// Starts codex sessions for the scheduler.
@@ -288,12 +322,19 @@ pub struct CodexRunner {
 }
 
 impl CodexRunner {
-    pub fn new(agent: AgentRunnerParams, bin: CodexBinary, template: Value) -> Self {
+    /// `own` is what codex's own process runs under ([`own_confinement`]).
+    pub fn new(
+        agent: AgentRunnerParams,
+        bin: CodexBinary,
+        template: Value,
+        own: Confinement,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 agent,
                 bin,
                 template,
+                own,
             }),
         }
     }

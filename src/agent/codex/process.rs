@@ -29,6 +29,8 @@ pub struct Spawn {
     pub env: BTreeMap<String, String>,
     /// Written to stdin, which is then closed.
     pub stdin: String,
+    /// What codex's own process runs under (see [`super::own_confinement`]).
+    pub confinement: crate::confine::Confinement,
 }
 
 impl std::fmt::Debug for Spawn {
@@ -63,6 +65,7 @@ impl CodexProcess {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
+        s.confinement.apply(&mut cmd);
         let mut child = cmd.spawn()?;
         let pgid = child.id();
         if let Some(mut stdin) = child.stdin.take() {

@@ -160,8 +160,8 @@ async fn relay(
         return refusal(StatusCode::TOO_MANY_REQUESTS, "budget_reached", &why);
     }
     // Behind the confinement, the last line: codex runs some tools in its own process (file
-    // reads, patches, images), outside any sandbox; what they read of the token never
-    // leaves here, in any form a leak takes.
+    // reads, patches, images), outside its sandbox and, on a host without namespaces, outside
+    // ours; what they read of the token never leaves here, in any form a leak takes.
     // (The token held is the one looked for: load it first, as sending would.)
     if let Err(e) = s.llm.token().header().await {
         return error_response(&e);

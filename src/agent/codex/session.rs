@@ -207,6 +207,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             cwd: s.tools.toolbox.workspace().scratch_dir().to_path_buf(),
             env: env.clone(),
             stdin,
+            confinement: inner.own.clone(),
         });
         let process = match process {
             Ok(p) => p,
