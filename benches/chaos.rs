@@ -36,9 +36,11 @@
 //!   otherwise) filled up while agents run, and again in a second campaign as soon as its first
 //!   scoring bench starts: exit 3 with the reason, the store intact, and `resume` finishing the
 //!   campaign once space is freed with the uninterrupted campaign's winners, no run left
-//!   unfinished and no finished bench run again;
-//! - **properties**: the property tests (`tests/suite/props.rs`) again with 2000 cases each
-//!   (`FK_CHAOS_PROP_CASES`), through `cargo test`.
+//!   unfinished and no finished bench run again.
+//!
+//! The property tests (`tests/suite/props.rs`) run with `cargo test`, not here: a figure
+//! counting their failures could not be shown to go red without a defect built into the
+//! library, so it was dropped.
 //!
 //! What it reads after each attack are the probes of `chaos/probes.rs`;
 //! `tests/suite/chaos_figures.rs` shows each one going red when its defect is put into the
@@ -1617,68 +1619,6 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
     );
 }
 
-fn properties(t: &mut Table) {
-    let cases = std::env::var("FK_CHAOS_PROP_CASES").unwrap_or_else(|_| "2000".into());
-    let Some(cargo) = std::env::var_os("CARGO") else {
-        println!("properties: skipped: no CARGO in the environment (run through `cargo bench`)");
-        t.add(
-            "properties",
-            "property tests run (skipped: no cargo)",
-            0,
-            "> 0",
-            false,
-        );
-        return;
-    };
-    let started = Instant::now();
-    let out = Command::new(cargo)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args([
-            "test",
-            "--quiet",
-            "--test",
-            "all",
-            "props::",
-            "--",
-            "--test-threads=2",
-        ])
-        .env("PROPTEST_CASES", &cases)
-        .stdin(Stdio::null())
-        .output();
-    let text = match out {
-        Ok(o) => format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ),
-        Err(e) => format!("cannot run cargo: {e}"),
-    };
-    let summary = text
-        .lines()
-        .find(|l| l.starts_with("test result:"))
-        .unwrap_or("no test result");
-    let number = |word: &str| -> usize {
-        summary
-            .split(';')
-            .find(|part| part.trim().ends_with(word))
-            .and_then(|part| part.split_whitespace().rev().nth(1)?.parse().ok())
-            .unwrap_or(0)
-    };
-    let (passed, failed) = (number("passed"), number("failed"));
-    println!(
-        "properties: {summary} ({cases} cases each, {:.0} s)",
-        started.elapsed().as_secs_f64()
-    );
-    t.add(
-        "properties",
-        &format!("property tests run with {cases} cases each"),
-        passed + failed,
-        "> 0",
-        passed + failed > 0,
-    );
-    t.count("properties", "…that found a failing case", failed);
-}
-
 fn main() {
     let started = Instant::now();
     println!(
@@ -1731,7 +1671,6 @@ fn main() {
     provider_faults(&mut t);
     disk_full(&mut t, Fill::Agents, &finished);
     disk_full(&mut t, Fill::Scoring, &finished);
-    properties(&mut t);
     t.print();
     let _ = std::io::stdout().flush();
     println!("{:.0} s", started.elapsed().as_secs_f64());

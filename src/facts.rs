@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::pin::Pin;
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::config::Config;
 use crate::config::provider::{ProviderConfig, TokenSource};
@@ -36,7 +35,7 @@ pub use captures::captures_facts;
 pub use probe::{FixedFacts, SystemFacts, parse_nvidia_smi};
 
 /// The store event kind that carries a [`HostFacts`] payload.
-pub const FACTS_EVENT: &str = "facts";
+pub const FACTS_EVENT: &str = <HostFacts as crate::event::Payload>::KIND;
 
 /// The fk-agentd commit embedded by `build.rs` (`git rev-parse HEAD` at build time, with
 /// `-dirty` when the source tree had changes; "unknown" outside a git checkout).
@@ -53,15 +52,17 @@ pub const STACK_PACKAGES: &[&str] = &[
 ];
 
 /// When the facts were gathered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FactsStage {
+    #[default]
     RunStart,
     Scoring,
 }
 
 /// One GPU as `nvidia-smi` reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GpuDevice {
     pub name: String,
     pub memory: String,
@@ -70,6 +71,7 @@ pub struct GpuDevice {
 
 /// The GPUs of the node and the GPUs the campaign was given.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GpuFacts {
     /// `gpus.devices` as configured (`nvml`, `fake:8`, a UUID list).
     pub configured: String,
@@ -83,6 +85,7 @@ pub struct GpuFacts {
 
 /// What the external probes found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Probed {
     pub host: String,
     pub visible_gpus: Vec<GpuDevice>,
@@ -103,7 +106,8 @@ pub trait FactsSource: Send + Sync {
 }
 
 /// fk-agentd itself.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct BuildFacts {
     pub version: String,
     pub commit: String,
@@ -123,6 +127,7 @@ impl BuildFacts {
 
 /// The fastkernels checkout and the private copy made from it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct FastkernelsFacts {
     pub checkout: Option<PathBuf>,
     pub commit: String,
@@ -151,6 +156,7 @@ impl FastkernelsFacts {
 
 /// The model provider. Holds where the token comes from, never the token.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ProviderFacts {
     pub name: String,
     pub origin: String,
@@ -187,13 +193,16 @@ impl ProviderFacts {
 }
 
 /// One setting as shown in the manifest table.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SettingFact {
     pub value: String,
     pub source: String,
 }
 /// Everything recorded about the host and the campaign at one moment.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Read leniently: facts of older releases lack fields added since (they read as empty).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HostFacts {
     pub stage: FactsStage,
     pub gathered_at: String,
@@ -290,8 +299,11 @@ pub async fn gather(source: &dyn FactsSource, params: &GatherParams<'_>) -> Host
 
 /// Records the facts as a `facts` event (store first, then `run.jsonl`).
 pub fn record(journal: &RunJournal, facts: &HostFacts) -> Result<Event, RunError> {
-    let payload = serde_json::to_value(facts).unwrap_or_else(|e| json!({"error": e.to_string()}));
-    journal.record(FACTS_EVENT, None, payload)
+    journal.record_event(None, facts)
+}
+
+impl crate::event::Payload for HostFacts {
+    const KIND: &'static str = "facts";
 }
 
 /// The interpreter part of the fastkernels command (`python3 -m fastkernels` → `python3`).
@@ -333,6 +345,7 @@ fn gpu_facts(config: &Config, visible: Vec<GpuDevice>, note: &str) -> GpuFacts {
 
 /// The captured inputs the campaign read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct CapturesFacts {
     pub dir: PathBuf,
     /// sha256 over the sorted relative paths and contents; `None` when the folder is absent.

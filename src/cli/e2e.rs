@@ -70,11 +70,7 @@ pub async fn cmd_e2e(
             }
         };
         let journal = crate::run::RunJournal::open(&store, &config.home, &set.run_id)?;
-        journal.record(
-            "e2e_evaluated",
-            None,
-            serde_json::to_value(&outcome).unwrap_or_default(),
-        )?;
+        journal.record_event(None, &outcome)?;
         outcomes.push(outcome);
     }
     home.broker.shutdown().await;

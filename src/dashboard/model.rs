@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use serde_json::Value;
 use time::OffsetDateTime;
 
 use super::DashboardState;
@@ -64,7 +63,6 @@ impl Tally {
         if e.target.is_some() {
             self.dirty.insert(target.clone());
         }
-        let p = &e.payload;
         match e.kind.as_str() {
             "session_started" | "user_message" | "tool_finished" => {
                 if let Some(at) = parse_at(&e.at) {
@@ -92,7 +90,10 @@ impl Tally {
                     .and_then(|s| crate::scheduler::budget::prices_of(&s))
             }
             // Later facts (a score's) may not name the campaign's GPUs: keep what was known.
-            "facts" => self.gpu_count = gpu_count_of(p).or(self.gpu_count),
+            "facts" => {
+                let facts = e.payload_as::<crate::facts::HostFacts>();
+                self.gpu_count = facts.and_then(|f| gpu_count_of(&f.gpus)).or(self.gpu_count)
+            }
             _ => {}
         }
     }
@@ -139,27 +140,8 @@ impl Tally {
     }
 }
 
-/// The GPU count in a `facts.gpus` object: `fake:N`, or the visible GPUs.
-/// What of a `facts` event's GPUs the overview needs ([`crate::facts::GpuFacts`], every field
-/// optional: facts of older releases lack some).
-#[derive(Default, serde::Deserialize)]
-#[serde(default)]
-struct FactGpus {
-    configured: String,
-    visible: Vec<serde::de::IgnoredAny>,
-}
-
-#[derive(Default, serde::Deserialize)]
-#[serde(default)]
-struct Facts {
-    gpus: FactGpus,
-}
-
 /// The campaign's GPU count a `facts` event gives: the declared fakes, else the visible GPUs.
-fn gpu_count_of(facts: &Value) -> Option<usize> {
-    let gpus = <Facts as serde::Deserialize>::deserialize(facts)
-        .unwrap_or_default()
-        .gpus;
+fn gpu_count_of(gpus: &crate::facts::GpuFacts) -> Option<usize> {
     let declared = gpus
         .configured
         .strip_prefix("fake:")
@@ -471,7 +453,7 @@ pub fn load(state: &DashboardState, asked: Option<&str>) -> Result<RunView, Stor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     fn ev(seq: i64, at: &str, kind: &str, target: &str, payload: Value) -> Event {
         Event {
@@ -563,15 +545,14 @@ mod tests {
 
     #[test]
     fn gpu_count_comes_from_declared_or_visible_gpus() {
-        assert_eq!(
-            gpu_count_of(&json!({"gpus": {"configured": "fake:8"}})),
-            Some(8)
-        );
-        assert_eq!(
-            gpu_count_of(&json!({"gpus": {"configured": "nvml", "visible": [{}, {}]}})),
-            Some(2)
-        );
-        assert_eq!(gpu_count_of(&json!({})), None);
-        assert_eq!(gpu_count_of(&json!({"gpus": {"configured": "nvml"}})), None);
+        let of = |v: Value| {
+            let facts: crate::facts::HostFacts = serde_json::from_value(v).unwrap();
+            gpu_count_of(&facts.gpus)
+        };
+        assert_eq!(of(json!({"gpus": {"configured": "fake:8"}})), Some(8));
+        let two = json!({"gpus": {"configured": "nvml", "visible": [{}, {}]}});
+        assert_eq!(of(two), Some(2));
+        assert_eq!(of(json!({})), None);
+        assert_eq!(of(json!({"gpus": {"configured": "nvml"}})), None);
     }
 }

@@ -16,8 +16,10 @@
 //! later have defaults); an event whose payload does not fit its kind is
 //! [`Kind::Unreadable`], never a zeroed payload.
 //!
-//! Kinds whose payload is another module's serialized struct: `facts` ([`crate::facts`]),
-//! `e2e_evaluated`. The provider client's events (`llm_retry`, `rate_limit_wait`,
+//! Kinds whose payload is another module's struct, written through [`Payload`] and read with
+//! `Event::payload_as` (the log imports nothing above it, so [`Kind`] leaves them `Other`):
+//! `facts` ([`crate::facts::HostFacts`]), `e2e_evaluated` ([`crate::score::e2e::E2eOutcome`]).
+//! The provider client's events (`llm_retry`, `rate_limit_wait`,
 //! `token_reloaded`) are written from [`crate::llm::LlmEvent`] and read as [`LlmRetry`],
 //! [`RateLimitWait`] and [`TokenReloaded`].
 

@@ -372,12 +372,12 @@ fn validate(
     notes: &[String],
 ) {
     let mut head = String::from("  validate");
-    if let Some(n) = call.validation.as_ref().and_then(|v| v["n"].as_u64()) {
-        head.push_str(&format!(" #{n}"));
+    if let Some(v) = &call.validation {
+        head.push_str(&format!(" #{}", v.n));
     }
     let mut st = status(out, call, None);
-    if let Some(g) = call.validation.as_ref().and_then(|v| v["gpu_s"].as_f64()) {
-        st = format!("{st} · GPU {g:.1} s");
+    if let Some(v) = &call.validation {
+        st = format!("{st} · GPU {:.1} s", v.gpu_s);
     }
     out.push(join_status(head, st));
     for n in notes {

@@ -6,7 +6,7 @@
 //! and any summary the provider sent); building it never fails — an event it does not know
 //! becomes a note, so a newer daemon's store still renders.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -92,7 +92,7 @@ pub struct ToolCall {
     pub output: Option<String>,
     pub is_error: bool,
     /// The validation event recorded during a `validate` call.
-    pub validation: Option<Value>,
+    pub validation: Option<crate::event::Validation>,
     pub detail: ToolDetail,
     /// A shell command that ran `fk-agentd tool NAME` (a codex session's way to call a
     /// tool): the NAME call it made, shown right after it, holds its result.
@@ -145,17 +145,28 @@ impl SessionView {
     }
 }
 
+/// One line of a `transcript.jsonl` ([`crate::agent::journal`] writes them).
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct TranscriptLine {
+    seq: i64,
+    timestamp: String,
+    #[serde(rename = "type")]
+    kind: String,
+    payload: Value,
+}
+
 /// The events of a `transcript.jsonl`, as the store holds them.
 pub fn transcript_events(text: &str, target: Option<&str>) -> Vec<Event> {
     text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .map(|v| Event {
+        .filter_map(|l| serde_json::from_str::<TranscriptLine>(l).ok())
+        .map(|l| Event {
             run_id: String::new(),
-            seq: v["seq"].as_i64().unwrap_or(0),
-            at: v["timestamp"].as_str().unwrap_or("").to_string(),
-            kind: v["type"].as_str().unwrap_or("").to_string(),
+            seq: l.seq,
+            at: l.timestamp,
+            kind: l.kind,
             target: target.map(str::to_string),
-            payload: v["payload"].clone(),
+            payload: l.payload,
         })
         .collect()
 }
@@ -187,7 +198,6 @@ impl Builder {
         if self.view.target.is_none() {
             self.view.target = e.target.clone();
         }
-        let p = &e.payload;
         match e.decoded() {
             Kind::SessionStarted(s) => {
                 self.view.started_at = Some(e.at.clone());
@@ -198,15 +208,14 @@ impl Builder {
             Kind::TurnFinished(t) => self.turn_finished(e, &t),
             Kind::ToolStarted(t) => self.tool_started(e, &t),
             Kind::ToolFinished(t) => self.tool_finished(e, t),
-            // Kept as recorded: `session --json` shows the validation as it was written.
-            Kind::Validation(_) => {
+            Kind::Validation(v) => {
                 // The open `validate` call, else the last open one: a codex session's shell
                 // command that runs `fk-agentd tool validate` may be recorded after the
                 // `validate` call it made, and is open as well.
                 if let Some(call) = self.open_call_named("validate") {
-                    call.validation = Some(p.clone());
+                    call.validation = Some(v);
                 } else if let Some(call) = self.open_call(None) {
-                    call.validation = Some(p.clone());
+                    call.validation = Some(v);
                 }
             }
             Kind::SessionFinished(f) => self.view.end = Some(end_detail(&e.at, &f.0)),

@@ -169,9 +169,7 @@ pub fn collect(
 
 fn absorb(data: &mut ManifestData, event: &Event) {
     match event.kind.as_str() {
-        FACTS_EVENT => data
-            .facts
-            .extend(serde_json::from_value(event.payload.clone()).ok()),
+        FACTS_EVENT => data.facts.extend(event.payload_as::<HostFacts>()),
         "run_started" => {
             if let Some(started) = event.payload_as::<RunStarted>() {
                 data.run_started_settings = settings_of_run_started(&started.settings);

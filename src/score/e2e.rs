@@ -162,6 +162,11 @@ pub struct E2eOutcome {
     pub reports: Vec<EvalReport>,
 }
 
+/// Recorded in the run's event log as `e2e_evaluated` once an eval has ended.
+impl crate::event::Payload for E2eOutcome {
+    const KIND: &'static str = "e2e_evaluated";
+}
+
 impl E2eOutcome {
     /// Geometric mean of every throughput row's tokens/s speedup.
     pub fn throughput_geomean(&self) -> Option<f64> {
