@@ -1353,6 +1353,13 @@ fn secrets(t: &mut Table) {
         "requests showing a read that got through (caught only by redaction)",
         n("reads_redacted") as usize,
     );
+    t.add(
+        "secrets",
+        "requests showing a candidate's import read of the token file refused in its lease",
+        n("candidate_reads_refused"),
+        "> 0",
+        n("candidate_reads_refused") > 0 && n("candidate_reads_refused") != u64::MAX,
+    );
 }
 
 /// A new home folder, kept after the bench for a look.

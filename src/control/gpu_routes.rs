@@ -264,7 +264,7 @@ async fn pump(
         let files = [cmd_paths.0, cmd_paths.1];
         let _ = tokio::task::spawn_blocking(move || {
             for f in files {
-                scrub_file(&f, scrub.as_ref());
+                crate::llm::redact::scrub_file(&f, scrub.as_ref());
             }
         })
         .await;
@@ -279,41 +279,6 @@ async fn pump(
         },
     };
     let _ = tx.send(last).await;
-}
-
-/// The largest spooled output rewritten through the scrubber; a larger one is replaced by a
-/// note (agent output that big is not read back by anyone).
-const MAX_SCRUBBED: u64 = 16 << 20;
-
-/// Rewrites a lease's spooled output without the provider token, where it held one: agent
-/// code that could read the token (`[security] allow_unconfined`) must not leave it in the
-/// home. The agent got the same text, scrubbed, from its shell.
-fn scrub_file(path: &Path, scrub: &(dyn Fn(&str) -> String + Send + Sync)) {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return;
-    };
-    let kept = if meta.len() > MAX_SCRUBBED {
-        format!(
-            "[fk-agentd: {} bytes of output removed: too large to check for the provider token]\n",
-            meta.len()
-        )
-    } else {
-        let Ok(bytes) = std::fs::read(path) else {
-            return;
-        };
-        let text = String::from_utf8_lossy(&bytes);
-        let clean = scrub(&text);
-        if clean == text {
-            return;
-        }
-        clean
-    };
-    let tmp = path.with_extension("scrubbed");
-    if let Err(e) = std::fs::write(&tmp, kept).and_then(|()| std::fs::rename(&tmp, path)) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot rewrite a lease's output without the token; removing it");
-        let _ = std::fs::remove_file(&tmp);
-        let _ = std::fs::remove_file(path);
-    }
 }
 
 /// Sends new output; false when the client is gone.

@@ -21,6 +21,42 @@ const MIN_RUN: usize = 16;
 /// How much a gzip stream is allowed to expand while it is searched.
 const MAX_GUNZIP: u64 = 1 << 20;
 
+/// The largest file rewritten through the scrubber; a larger one holding output of agent code
+/// is replaced by a note (output that big is not read back by anyone).
+pub const MAX_SCRUBBED: u64 = 16 << 20;
+
+/// Rewrites `path` without the provider token (`scrub`: the text with every form of it taken
+/// out), where it held one: files agent code wrote or printed into (a lease's spooled output,
+/// a bench's JSON and logs) must not keep the token in the home when that code could read it
+/// (`[security] allow_unconfined`). A file that cannot be rewritten is removed.
+pub fn scrub_file(path: &std::path::Path, scrub: &(dyn Fn(&str) -> String + Send + Sync)) {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    let kept = if meta.len() > MAX_SCRUBBED {
+        format!(
+            "[fk-agentd: {} bytes of output removed: too large to check for the provider token]\n",
+            meta.len()
+        )
+    } else {
+        let Ok(bytes) = std::fs::read(path) else {
+            return;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let clean = scrub(&text);
+        if clean == text {
+            return;
+        }
+        clean
+    };
+    let tmp = path.with_extension("scrubbed");
+    if let Err(e) = std::fs::write(&tmp, kept).and_then(|()| std::fs::rename(&tmp, path)) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot rewrite a file without the token; removing it");
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// `text` with every form of `token` found in it replaced by [`REDACTED`].
 pub fn redact(text: &str, token: &str) -> String {
     if token.len() < MIN_FORM {

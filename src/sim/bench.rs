@@ -121,6 +121,11 @@ enum Knob {
     /// RUNTIME_ERROR when benched beside lower-level candidates (a composed bench). Without
     /// a knob that happens by chance (1 in 4 for L2+ candidates); `pass`/`speedup=` prevent it.
     ComposeBreak,
+    /// `read-file=PATH`: a candidate that reads PATH when imported and raises an error holding
+    /// what it read in base32 (or the error the read met), so every row is RUNTIME_ERROR with
+    /// that detail: the attack on the token file through candidate code, run by the bench
+    /// inside its lease.
+    ReadFile(PathBuf),
 }
 
 fn knobs(content: &str) -> Vec<Knob> {
@@ -142,8 +147,11 @@ fn knobs(content: &str) -> Vec<Knob> {
     content.lines().filter_map(knob).collect()
 }
 
-/// `speedup=S`, `true=S`, `runs=A,B,C` (every number > 0).
+/// `speedup=S`, `true=S`, `runs=A,B,C` (every number > 0), `read-file=PATH`.
 fn knob_value(word: &str) -> Option<Knob> {
+    if let Some(path) = word.strip_prefix("read-file=") {
+        return Some(Knob::ReadFile(PathBuf::from(path.trim())));
+    }
     let positive = |v: &str| v.trim().parse::<f64>().ok().filter(|x| *x > 0.0);
     if let Some(v) = word.strip_prefix("speedup=") {
         return positive(v).map(Knob::Speedup);
@@ -538,7 +546,7 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             return action;
         }
         let lower = (1..t.id.level()).any(|l| has_candidates(params.candidate_dir.as_deref(), l));
-        rows.extend(target_rows(&TargetRun {
+        let mut these = target_rows(&TargetRun {
             seed: params.seed,
             target: t,
             content: content.as_deref(),
@@ -546,10 +554,40 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             self_test: params.self_test,
             output: &output_path(params),
             timing_rounds: params.timing_rounds,
-        }));
+        });
+        let read = ks.iter().find_map(|k| match k {
+            Knob::ReadFile(path) => Some(path),
+            _ => None,
+        });
+        if let (Some(path), false) = (read, params.self_test) {
+            let why = candidate_read(path);
+            for row in &mut these {
+                row.status = Status::RuntimeError;
+                row.detail = why.clone();
+            }
+        }
+        rows.extend(these);
     }
     finish(params, rows)
 }
+
+/// What a candidate that reads `path` when imported raises: the file's bytes in base32 where
+/// it could read them (a form a plain search for the token misses), else the read's error.
+fn candidate_read(path: &Path) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => format!(
+            "module construction failed: ValueError('{}') (# sim: read-file)",
+            data_encoding::BASE32_NOPAD.encode(&bytes)
+        ),
+        Err(e) => format!(
+            "module construction failed: {CANDIDATE_READ} {}: {e} (# sim: read-file)",
+            path.display()
+        ),
+    }
+}
+
+/// How a simulated candidate's refused read of a file begins, for the server to count.
+pub const CANDIDATE_READ: &str = "the candidate's import could not read";
 
 /// Whether the candidate folder holds any `L<level>/*.py`.
 fn has_candidates(dir: Option<&Path>, level: u8) -> bool {

@@ -77,6 +77,9 @@ pub struct FaultReport {
     /// redaction behind the confinement (`[REDACTED]`).
     pub reads_refused: u64,
     pub reads_redacted: u64,
+    /// Its first candidate reads the token file when imported (`# sim: read-file`): requests
+    /// whose body shows that read refused, as the bench running in its lease met it.
+    pub candidate_reads_refused: u64,
 }
 
 /// The shell command of an agent that tries to take the token file at `path`: read it as it
@@ -158,6 +161,8 @@ impl FaultPlan {
         }
         log.report.reads_refused += u64::from(body.contains("Permission denied"));
         log.report.reads_redacted += u64::from(body.contains(crate::llm::redact::REDACTED));
+        log.report.candidate_reads_refused +=
+            u64::from(body.contains(super::bench::CANDIDATE_READ));
         let sent = bearer.strip_prefix("Bearer ").unwrap_or("");
         let ok = !current.is_empty() && sent == current;
         if !ok && log.tokens.iter().any(|t| t == sent) {

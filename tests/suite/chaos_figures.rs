@@ -297,9 +297,13 @@ fn a_token_the_campaign_cannot_hide_is_read_and_counted_as_through() {
         report["reads_redacted"].as_u64().is_some_and(|n| n > 0),
         "{report}"
     );
-    // What the agents' `fk-agentd lease -- cat` printed is kept in the home's lease spool:
-    // rewritten without the token once each lease ended (it was kept as it was before).
-    assert_eq!(files_holding(&home, std::slice::from_ref(&token)), 0);
+    // The agents' first candidates read the token file when imported, and here they could.
+    assert_eq!(report["candidate_reads_refused"], 0, "{report}");
+    // What the agents' `fk-agentd lease -- cat` printed is kept in the home's lease spool, and
+    // what the candidates raised in their benches' JSON and logs: each rewritten without the
+    // token once its lease or call ended (they were kept as they were before).
+    let base32 = data_encoding::BASE32_NOPAD.encode(token.as_bytes());
+    assert_eq!(files_holding(&home, &[token.clone(), base32]), 0);
     // The same token written where the home keeps its runs is found.
     std::fs::write(home.join("runs").join("note.txt"), format!("token={token}")).expect("leak");
     assert_eq!(files_holding(&home, &[token]), 1);
