@@ -74,7 +74,7 @@ impl Broker {
     }
 }
 
-/// Samples until `stop`; returns the lease's peak GPU memory.
+/// Samples until `stop` or the broker's shutdown; returns the lease's peak GPU memory.
 pub(crate) fn spawn_sampler(
     broker: &Broker,
     watched: Watched,
@@ -103,6 +103,7 @@ pub(crate) fn spawn_sampler(
             peak = peak.max(seen); // `None` orders below every `Some`.
             tokio::select! {
                 _ = stop.cancelled() => return peak,
+                _ = broker.inner.shutdown.cancelled() => return peak,
                 _ = tokio::time::sleep(every) => {}
             }
         }

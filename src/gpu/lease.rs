@@ -154,6 +154,9 @@ pub(crate) async fn execute(
     let spawned = Instant::now();
 
     let stop_sampling = CancellationToken::new();
+    // Dropped before it ends (its session aborted), the lease stops its sampler too: a sampler
+    // left running would keep the broker's shutdown waiting for ever.
+    let _stop_on_drop = stop_sampling.clone().drop_guard();
     let watched = Watched {
         lease_id: g.lease_id.clone(),
         job: job.clone(),

@@ -154,6 +154,7 @@ impl Broker {
             let cancel = CancellationToken::new();
             // Audited like a lease of ours: a process of it on another GPU ends it.
             let stop_sampling = CancellationToken::new();
+            let _stop_on_drop = stop_sampling.clone().drop_guard();
             let watched = Watched {
                 lease_id: row.id.clone(),
                 job: job.clone(),

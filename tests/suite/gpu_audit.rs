@@ -180,3 +180,25 @@ async fn an_adopted_lease_is_audited_like_any_other() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(lead.wait().expect("wait").signal(), Some(15));
 }
+
+/// A lease whose task is aborted while its command runs (a session ended by a full disk is
+/// aborted with its lease) stops its sampler too: the broker's shutdown, which waits for every
+/// task it tracks, ends instead of waiting for ever (a daemon hung so on a full disk).
+#[tokio::test]
+async fn an_aborted_lease_leaves_no_sampler_that_holds_up_the_shutdown() {
+    let mut p = params();
+    p.sample_every = Duration::from_millis(20);
+    let rig = rig_inventory(Inventory::fake(1), p);
+    let dir = rig.dir.path().to_path_buf();
+    let (b, d) = (rig.broker.clone(), dir.clone());
+    let run = tokio::spawn(async move {
+        let r = req("s", LeaseClass::Validate, 1, Duration::from_secs(60));
+        let c = sh(&d, "v", "touch started; exec sleep 60");
+        b.run(r, c, &CancellationToken::new()).await
+    });
+    until("the command runs", || dir.join("started").exists()).await;
+    run.abort();
+    let _ = run.await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), rig.broker.shutdown()).await;
+    assert!(ended.is_ok(), "the broker's shutdown waited on a sampler");
+}
