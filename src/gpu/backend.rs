@@ -222,11 +222,6 @@ pub struct LocalBackend {
 }
 
 impl LocalBackend {
-    /// Process groups (and the tag sweep) only.
-    pub fn process_groups() -> Self {
-        Self::default()
-    }
-
     /// A cgroup per lease in `cgroups`.
     pub fn with_cgroups(cgroups: Cgroups) -> Self {
         Self {

@@ -613,6 +613,32 @@ fn encodings(token: &str, file: &Path) -> Vec<String> {
     ]
 }
 
+/// Runs the one-target codex campaign of `home` with `codex` against `base_url`, its provider
+/// token read from `token_file`, which the campaign hides from agent code.
+async fn run_codex_hiding(
+    home: &Path,
+    codex: PathBuf,
+    base_url: &str,
+    token_file: &Path,
+) -> fk_agentd::daemon::CampaignReport {
+    let cfg = codex_config(home, codex, Flags::default());
+    let params = sim_params_thinking(Duration::from_millis(10));
+    let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
+        .await
+        .unwrap();
+    let mut parts = sim_runner_params(&home_, base_url, &params).await.unwrap();
+    let confinement = fk_agentd::confine::Confinement::hiding(&[token_file.to_path_buf()], &[]);
+    parts.shell_env = parts.shell_env.clone().confined(confinement);
+    parts.llm = Arc::new(
+        LlmClient::new(
+            sim_provider(base_url),
+            TokenProvider::file(token_file.to_path_buf()),
+        )
+        .unwrap(),
+    );
+    run_codex(home_, parts).await
+}
+
 /// A codex session whose model tries to read the provider's token file every way a shell
 /// can, against a strict fake provider: the token reaches the provider only as the relay's
 /// bearer header, and no form of it is in any request body, the home or codex's home; the
@@ -653,21 +679,7 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
     ])
     .await;
     fake.require_token(token);
-    let cfg = codex_config(home.path(), codex, Flags::default());
-    let params = sim_params_thinking(Duration::from_millis(10));
-    let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
-        .await
-        .unwrap();
-    let mut parts = sim_runner_params(&home_, &fake.base_url, &params)
-        .await
-        .unwrap();
-    let confinement =
-        fk_agentd::confine::Confinement::hiding(std::slice::from_ref(&token_file), &[]);
-    parts.shell_env = parts.shell_env.clone().confined(confinement);
-    let provider = sim_provider(&fake.base_url);
-    parts.llm =
-        Arc::new(LlmClient::new(provider, TokenProvider::file(token_file.clone())).unwrap());
-    let report = run_codex(home_, parts).await;
+    let report = run_codex_hiding(home.path(), codex, &fake.base_url, &token_file).await;
 
     let requests = fake.requests();
     assert!(requests.len() >= 3, "{} requests", requests.len());
@@ -739,25 +751,7 @@ async fn codex_itself_cannot_read_the_token_file_and_its_sandbox_still_runs() {
     )
     .unwrap();
     let fake = FakeResponses::start(vec![]).await;
-    let cfg = codex_config(home.path(), stand_in, Flags::default());
-    let params = sim_params_thinking(Duration::from_millis(10));
-    let home_ = Home::open(cfg, &Env::default(), Holder::Daemon)
-        .await
-        .unwrap();
-    let mut parts = sim_runner_params(&home_, &fake.base_url, &params)
-        .await
-        .unwrap();
-    let confinement =
-        fk_agentd::confine::Confinement::hiding(std::slice::from_ref(&token_file), &[]);
-    parts.shell_env = parts.shell_env.clone().confined(confinement);
-    parts.llm = Arc::new(
-        LlmClient::new(
-            sim_provider(&fake.base_url),
-            TokenProvider::file(token_file.clone()),
-        )
-        .unwrap(),
-    );
-    let report = run_codex(home_, parts).await;
+    let report = run_codex_hiding(home.path(), stand_in, &fake.base_url, &token_file).await;
     let reasons: Vec<String> = events_of(home.path(), "L1/gelu")
         .iter()
         .filter(|e| e.kind == "session_finished")
