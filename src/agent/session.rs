@@ -465,7 +465,6 @@ async fn model_turn(
     Ok(Ok(resp.output))
 }
 
-/// The tools whose call is mostly a wait for, and the run of, a GPU lease.
 /// The files under `dir` changed since `since` (a bench's JSON and logs, a profiler's report)
 /// rewritten without the provider token: candidate code that could read the token file
 /// (`[security] allow_unconfined`) may have printed it there, and they stay in the home.
@@ -489,6 +488,7 @@ fn scrub_files_since(dir: &std::path::Path, since: std::time::SystemTime, llm: &
     }
 }
 
+/// The tools whose call is mostly a wait for, and the run of, a GPU lease.
 fn leases_a_gpu(tool: &str) -> bool {
     ToolName::from_word(tool).is_some_and(ToolName::leases_a_gpu)
 }
