@@ -546,7 +546,7 @@ async fn without_landlock_a_leased_job_cannot_read_the_token_file() {
     let err = std::fs::read_to_string(&outcome.stderr).unwrap();
     assert_no_token(&out);
     assert!(err.contains("No such file"), "{err}");
-    assert_eq!(outcome.exit_code, Some(7));
+    assert_eq!(outcome.exit_code, Some(7), "{outcome:?}");
 }
 
 /// Without Landlock, a token in `$HOME` itself cannot be hidden by covering its folder: the
