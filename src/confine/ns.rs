@@ -105,10 +105,20 @@ fn first_process() -> io::Result<()> {
 
 /// Closes every descriptor but stdio (the spawner's exec-error pipe among them, so that its
 /// `spawn` returns once the grandchild has exec'd), waits for `child` and ends as it did.
+///
+/// This process never execs, so it still holds the signal handlers of the process it was forked
+/// from (the daemon's runtime, a test harness's SIGCHLD handler): they are reset first, or the
+/// grandchild's exit would run such a handler here, on descriptors closed below (one aborted,
+/// and the command's exit code was lost as SIGABRT).
 fn wait_and_exit_as(child: libc::pid_t) -> ! {
-    // SAFETY: close_range(2), waitpid(2), signal(2), raise(3) and _exit(2) with integer
+    // SAFETY: signal(2), close_range(2), waitpid(2), raise(3) and _exit(2) with integer
     // arguments and a status word on this stack.
     unsafe {
+        for sig in 1..=libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
         if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
             for fd in 3..4096 {
                 libc::close(fd);
