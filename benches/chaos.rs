@@ -1494,13 +1494,7 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
         .tempdir()
         .unwrap()
         .keep();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs"])
-        .arg(&dir)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
+    if !mount_tmpfs(&dir, 64) {
         println!("{section}: skipped: cannot mount a tmpfs here (needs root)");
         t.add(
             section,
@@ -1542,12 +1536,7 @@ fn disk_full(t: &mut Table, when: Fill, clean: &Path) {
         .lines()
         .count();
     // Fill what is left.
-    let filler = dir.join("filler");
-    if let Ok(mut f) = std::fs::File::create(&filler) {
-        let block = vec![0u8; 1 << 20];
-        while f.write_all(&block).is_ok() {}
-        let _ = f.sync_all();
-    }
+    let filler = fill_up(&dir);
     let started = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("poll") {

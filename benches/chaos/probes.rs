@@ -491,3 +491,32 @@ pub fn panics<T>(cases: &[T], parse: impl Fn(&T)) -> usize {
         .filter(|c| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parse(c))).is_err())
         .count()
 }
+
+/// Mounts a tmpfs of `mib` MiB at `dir` (private to its owner); false where this host does not
+/// allow it (it needs root).
+pub fn mount_tmpfs(dir: &Path, mib: u32) -> bool {
+    Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={mib}m,mode=0700"),
+            "tmpfs",
+        ])
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Fills the file system of `dir` to the last byte with a file `filler`; returns its path.
+pub fn fill_up(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let filler = dir.join("filler");
+    if let Ok(mut f) = std::fs::File::create(&filler) {
+        let block = vec![0u8; 1 << 20];
+        while f.write_all(&block).is_ok() {}
+        let _ = f.sync_all();
+    }
+    filler
+}

@@ -182,15 +182,14 @@ pub async fn run_campaign(
         current,
     };
     let report = phases::drive(&ctx, plan).await;
-    tracing::debug!("campaign driven; shutting down");
     signal_task.abort();
-    bounded("the GPU broker's shutdown", broker.shutdown()).await;
+    broker.shutdown().await;
     server_token.cancel();
-    if let Some(Ok(Err(e))) = bounded("the control API", server).await {
+    if let Ok(Err(e)) = server.await {
         tracing::warn!(error = %e, "control API ended with an error");
     }
     if let Some(d) = dashboard {
-        bounded("the dashboard", d).await;
+        let _ = d.await;
     }
     let _ = std::fs::remove_file(control::socket_path(&config.home));
     // The run's events out of the write-ahead log into the database file, so the file alone
@@ -199,25 +198,6 @@ pub async fn run_campaign(
         tracing::warn!(error = %e, "the store could not be checkpointed; its -wal file holds the newest events");
     }
     report
-}
-
-/// How long one step of the daemon's shutdown may take before the daemon leaves it behind.
-const SHUTDOWN_STEP: Duration = Duration::from_secs(30);
-
-/// `step`, or `None` with a warning naming `what` once [`SHUTDOWN_STEP`] has passed: a part
-/// that cannot end (a lease task whose writes fail on a full disk) must not keep the daemon
-/// from stopping.
-async fn bounded<T>(what: &str, step: impl std::future::Future<Output = T>) -> Option<T> {
-    match tokio::time::timeout(SHUTDOWN_STEP, step).await {
-        Ok(v) => Some(v),
-        Err(_) => {
-            tracing::warn!(
-                "{what} did not end within {} s; stopping without it",
-                SHUTDOWN_STEP.as_secs()
-            );
-            None
-        }
-    }
 }
 
 fn status_fn(

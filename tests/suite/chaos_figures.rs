@@ -590,13 +590,7 @@ fn a_daemon_that_stops_silently_on_a_full_disk_is_seen() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).expect("mount point");
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs"])
-        .arg(&mnt)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
+    if !mount_tmpfs(&mnt, 32) {
         eprintln!("skipped: a tmpfs mount needs root here");
         return;
     }
@@ -626,11 +620,7 @@ fn a_daemon_that_stops_silently_on_a_full_disk_is_seen() {
         wait_until("a run folder is made", || {
             runs.read_dir().is_ok_and(|mut d| d.next().is_some())
         });
-        let filler = mnt.join("filler");
-        let mut f = std::fs::File::create(&filler).expect("filler");
-        let block = vec![0u8; 1 << 20];
-        while std::io::Write::write_all(&mut f, &block).is_ok() {}
-        drop(f);
+        let filler = fill_up(&mnt);
         let mut code = None;
         wait_until("the campaign stops", || {
             code = child.try_wait().expect("poll").map(|s| s.code());
