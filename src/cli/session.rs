@@ -9,7 +9,6 @@ use std::path::Path;
 use super::args::SessionArgs;
 use super::term::{stdout_color, stdout_width};
 use super::{open_viewer_store, print_json};
-use crate::control::client::ControlClient;
 use crate::error::Error;
 use crate::event::{Payload, RunState, TaskFinished, TurnFinished};
 use crate::inspect::{self, RenderOptions, SessionView};
@@ -24,11 +23,7 @@ use crate::target::{Catalog, TargetId};
 pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
     let store = open_viewer_store(home)?;
     let run_row = store.run(run)?;
-    let live = async { ControlClient::new(home)?.sessions(Some(&run_row.id)).await };
-    let rows = match live.await {
-        Ok(reply) => reply.sessions,
-        Err(_) => store.sessions(&run_row.id)?,
-    };
+    let rows = store.sessions(&run_row.id)?;
     let events = store.events(&run_row.id, None, 0)?;
     let outcomes = inspect::outcomes(&events);
     let phases = crate::daemon::phases::phase_states(&events);

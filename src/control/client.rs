@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use super::{ControlError, DaemonStatus, SessionsReply, socket_path};
+use super::{ControlError, DaemonStatus, socket_path};
 
 /// A client bound to one daemon home.
 pub struct ControlClient {
@@ -60,14 +60,6 @@ impl ControlClient {
     pub async fn stop(&self) -> Result<serde_json::Value, ControlError> {
         self.call(self.http.post("http://fk-agentd/v1/stop"), "stop")
             .await
-    }
-
-    pub async fn sessions(&self, run: Option<&str>) -> Result<SessionsReply, ControlError> {
-        let mut req = self.http.get("http://fk-agentd/v1/sessions");
-        if let Some(r) = run {
-            req = req.query(&[("run", r)]);
-        }
-        self.call(req, "sessions").await
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! Owns the HTTP routes and their JSON shapes, the socket file's permissions and the peer-uid
 //! check (only the daemon's own user may talk to it). It owns no state of its own: handlers
-//! read the [`ControlState`] the daemon hands in and the store.
+//! read the [`ControlState`] the daemon hands in.
 
 pub mod client;
 pub mod gpu_routes;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::extract::connect_info::Connected;
-use axum::extract::{ConnectInfo, Query, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -25,7 +25,6 @@ use serde_json::json;
 use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{SessionRow, Store};
 use std::fmt::Write as _;
 
 /// Errors of the control boundary (serving or calling).
@@ -119,7 +118,6 @@ impl DaemonStatus {
 /// What the handlers may read and do.
 #[derive(Clone)]
 pub struct ControlState {
-    pub store: Store,
     pub owner_uid: u32,
     pub shutdown: CancellationToken,
     pub status: Arc<dyn Fn() -> DaemonStatus + Send + Sync>,
@@ -133,17 +131,11 @@ pub struct ControlState {
 /// Text with every form of the provider token taken out.
 pub type Scrub = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
-#[derive(Debug, Deserialize)]
-struct RunQuery {
-    run: Option<String>,
-}
-
 /// The router, without a socket, so tests can call it with `oneshot`.
 pub fn app(state: ControlState) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/stop", post(stop))
-        .route("/v1/sessions", get(sessions))
         .merge(gpu_routes::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -173,31 +165,6 @@ async fn stop(State(state): State<ControlState>) -> Json<serde_json::Value> {
     tracing::info!("stop requested over the control socket");
     state.shutdown.cancel();
     Json(json!({"stopping": true}))
-}
-
-async fn sessions(State(state): State<ControlState>, Query(q): Query<RunQuery>) -> Response {
-    let result = state
-        .store
-        .blocking(move |s| {
-            let run = s.run(q.run.as_deref())?;
-            let sessions = s.sessions(&run.id)?;
-            Ok(SessionsReply {
-                run_id: run.id,
-                sessions,
-            })
-        })
-        .await;
-    match result {
-        Ok(reply) => Json(reply).into_response(),
-        Err(e) => (StatusCode::NOT_FOUND, Json(json!({"error": e.to_string()}))).into_response(),
-    }
-}
-
-/// The reply of `GET /v1/sessions`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct SessionsReply {
-    pub run_id: String,
-    pub sessions: Vec<SessionRow>,
 }
 
 /// Binds the socket with mode 0600. The caller must hold the daemon lock (so a leftover

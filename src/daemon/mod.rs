@@ -129,7 +129,6 @@ pub async fn run_campaign(
     let current = Arc::new(Mutex::new(plan.journals()[0].run_id().to_string()));
     let listener = control::bind(&control::socket_path(&config.home))?;
     let control_state = ControlState {
-        store: store.clone(),
         owner_uid: rustix::process::geteuid().as_raw(),
         shutdown: root.clone(),
         status: status_fn(store, current.clone(), config, now_rfc3339(), root.clone()),

@@ -19,17 +19,16 @@ use super::support::{params, rig_with};
 
 const OWNER: u32 = 4242;
 
-fn router(broker: &Broker, store: &fk_agentd::store::Store) -> axum::Router {
-    let state = router_state(broker, store);
+fn router(broker: &Broker) -> axum::Router {
+    let state = router_state(broker);
     app(state).layer(MockConnectInfo(Peer {
         uid: Some(OWNER),
         pid: None,
     }))
 }
 
-fn router_state(broker: &Broker, store: &fk_agentd::store::Store) -> ControlState {
+fn router_state(broker: &Broker) -> ControlState {
     ControlState {
-        store: store.clone(),
         owner_uid: OWNER,
         shutdown: CancellationToken::new(),
         status: Arc::new(|| DaemonStatus {
@@ -84,7 +83,7 @@ async fn post_lease(
 #[tokio::test]
 async fn a_lease_token_of_session_a_cannot_run_as_session_b() {
     let rig = rig_with(2, params());
-    let r = router(&rig.broker, &rig.store);
+    let r = router(&rig.broker);
     let token_a = rig.broker.issue_session_token("L1/a");
     let (status, body) = post_lease(
         &r,
@@ -116,7 +115,7 @@ async fn a_lease_token_of_session_a_cannot_run_as_session_b() {
 #[tokio::test]
 async fn a_token_holder_runs_a_command_and_gets_its_output_then_its_outcome() {
     let rig = rig_with(2, params());
-    let r = router(&rig.broker, &rig.store);
+    let r = router(&rig.broker);
     let token = rig.broker.issue_session_token("L1/gelu");
     let (status, body) = post_lease(
         &r,
@@ -157,7 +156,7 @@ async fn a_token_holder_runs_a_command_and_gets_its_output_then_its_outcome() {
 #[tokio::test]
 async fn a_timeout_above_the_lease_timeout_is_refused_as_bad_input() {
     let rig = rig_with(1, params());
-    let r = router(&rig.broker, &rig.store);
+    let r = router(&rig.broker);
     let token = rig.broker.issue_session_token("s");
     let too_long = Duration::from_secs(601).as_millis() as u64;
     let (status, body) = post_lease(
@@ -179,7 +178,7 @@ async fn a_timeout_above_the_lease_timeout_is_refused_as_bad_input() {
 #[tokio::test]
 async fn gpus_route_shows_state_and_drain_reason() {
     let rig = rig_with(2, params());
-    let r = router(&rig.broker, &rig.store);
+    let r = router(&rig.broker);
     let drain = Request::post("/v1/gpus/drain")
         .header("content-type", "application/json")
         .body(Body::from(r#"{"gpu": "1", "reason": "fan noise"}"#))
@@ -426,7 +425,7 @@ async fn fk_agentd_lease_streams_output_returns_the_exit_code_and_124_at_the_dea
     let listener = fk_agentd::control::bind(&socket).expect("bind");
     let state = ControlState {
         owner_uid: rustix::process::geteuid().as_raw(),
-        ..router_state(&rig.broker, &rig.store)
+        ..router_state(&rig.broker)
     };
     let stop = CancellationToken::new();
     let server = tokio::spawn(fk_agentd::control::serve(listener, state, stop.clone()));

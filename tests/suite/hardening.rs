@@ -518,13 +518,11 @@ async fn the_control_socket_refuses_another_uid_whatever_the_file_modes() {
     let home = parent.join("home");
     std::fs::create_dir(&home).unwrap();
     std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let store = fk_agentd::store::Store::open(&home.join("fk-agentd.db")).unwrap();
     let socket = home.join("fk-agentd.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let state = ControlState {
-        store,
         owner_uid: 0,
         shutdown: shutdown.clone(),
         status: std::sync::Arc::new(|| DaemonStatus {
