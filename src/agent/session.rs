@@ -465,29 +465,6 @@ async fn model_turn(
     Ok(Ok(resp.output))
 }
 
-/// The files under `dir` changed since `since` (a bench's JSON and logs, a profiler's report)
-/// rewritten without the provider token: candidate code that could read the token file
-/// (`[security] allow_unconfined`) may have printed it there, and they stay in the home.
-fn scrub_files_since(dir: &std::path::Path, since: std::time::SystemTime, llm: &LlmClient) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let (path, Ok(meta)) = (entry.path(), entry.metadata()) else {
-            continue;
-        };
-        if meta.is_dir() {
-            scrub_files_since(&path, since, llm);
-        } else if meta.is_file()
-            && meta.len() <= crate::llm::redact::MAX_SCRUBBED
-            && meta.modified().is_ok_and(|m| m >= since)
-        {
-            // (A larger file, a profiler's report, is kept as it is.)
-            crate::llm::redact::scrub_file(&path, &|text| llm.token().scrub(text));
-        }
-    }
-}
-
 /// The tools whose call is mostly a wait for, and the run of, a GPU lease.
 fn leases_a_gpu(tool: &str) -> bool {
     ToolName::from_word(tool).is_some_and(ToolName::leases_a_gpu)
@@ -613,7 +590,6 @@ pub(crate) async fn call_with_retries(
 ) -> Result<CallEnd, RunError> {
     let mut attempt = 0;
     loop {
-        let began = std::time::SystemTime::now();
         let call_fut = t
             .toolbox
             .call(&call.name, &call.arguments, cancel.child_token());
@@ -623,9 +599,6 @@ pub(crate) async fn call_with_retries(
         } else {
             call_fut.await
         };
-        if gpu {
-            scrub_files_since(t.toolbox.workspace().session_dir(), began, t.llm);
-        }
         let e = match result {
             // The shell is not jailed: whatever it printed is scrubbed of the provider token
             // before it is stored or sent.

@@ -77,10 +77,8 @@ pub async fn prepare(config: Config, env: &Env, resume: Option<String>) -> Resul
     } else {
         real(config, env).await?
     };
-    let llm = parts.runner.llm.clone();
     let runner = crate::agent::codex::runner_for(&parts.home.config, parts.runner).await?;
     let run = Run {
-        scrub: Some(Arc::new(move |text: &str| llm.token().scrub(text))),
         resume,
         facts: Some(RunStartFacts {
             source: Arc::new(SystemFacts),

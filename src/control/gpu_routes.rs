@@ -168,14 +168,7 @@ async fn lease(
     let (tx, rx) = mpsc::channel::<LeaseFrame>(64);
     let cancel = CancellationToken::new();
     let guard = cancel.clone().drop_guard();
-    broker.track(pump(
-        broker.clone(),
-        req,
-        cmd,
-        cancel,
-        tx,
-        state.scrub.clone(),
-    ));
+    broker.track(pump(broker.clone(), req, cmd, cancel, tx));
     let stream = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
         let frame = rx.recv().await?;
         let mut line = serde_json::to_vec(&frame).unwrap_or_default();
@@ -239,13 +232,11 @@ async fn pump(
     cmd: LeaseCommand,
     cancel: CancellationToken,
     tx: mpsc::Sender<LeaseFrame>,
-    scrub: Option<super::Scrub>,
 ) {
     let mut tails = [
         Tail::new(&cmd.stdout, |data| LeaseFrame::Stdout { data }),
         Tail::new(&cmd.stderr, |data| LeaseFrame::Stderr { data }),
     ];
-    let cmd_paths = (cmd.stdout.clone(), cmd.stderr.clone());
     let run = broker.run(req, cmd, &cancel);
     tokio::pin!(run);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -260,15 +251,6 @@ async fn pump(
         }
     };
     forward(&mut tails, &tx, true).await;
-    if let Some(scrub) = scrub {
-        let files = [cmd_paths.0, cmd_paths.1];
-        let _ = tokio::task::spawn_blocking(move || {
-            for f in files {
-                crate::llm::redact::scrub_file(&f, scrub.as_ref());
-            }
-        })
-        .await;
-    }
     let last = match result {
         Ok(outcome) => LeaseFrame::Outcome {
             outcome: Box::new(outcome),

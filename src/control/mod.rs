@@ -123,13 +123,7 @@ pub struct ControlState {
     pub status: Arc<dyn Fn() -> DaemonStatus + Send + Sync>,
     /// The GPU lease broker, when the daemon runs one (`/v1/gpus`, `/v1/leases`).
     pub broker: Option<crate::gpu::Broker>,
-    /// Takes the provider token out of text ([`crate::llm::TokenProvider::scrub`]): a lease's
-    /// spooled output is rewritten through it once the lease has ended.
-    pub scrub: Option<Scrub>,
 }
-
-/// Text with every form of the provider token taken out.
-pub type Scrub = Arc<dyn Fn(&str) -> String + Send + Sync>;
 
 /// The router, without a socket, so tests can call it with `oneshot`.
 pub fn app(state: ControlState) -> Router {

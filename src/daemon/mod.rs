@@ -69,8 +69,6 @@ pub struct Run {
     /// The bench of the campaign's own scoring (sequential level gates, the independent score
     /// of `--mode all`), each invocation a `bench` lease. Required unless `independent`.
     pub bench: Option<Arc<BenchDriver<LeaseLauncher>>>,
-    /// Takes the provider token out of the agents' lease output kept in the home.
-    pub scrub: Option<control::Scrub>,
 }
 
 impl Run {
@@ -82,7 +80,6 @@ impl Run {
             resume: None,
             facts: None,
             bench: None,
-            scrub: None,
         }
     }
 }
@@ -133,7 +130,6 @@ pub async fn run_campaign(
         shutdown: root.clone(),
         status: status_fn(store, current.clone(), config, now_rfc3339(), root.clone()),
         broker: Some(broker.clone()),
-        scrub: params.run.scrub.clone(),
     };
     let server_token = CancellationToken::new();
     let server = tokio::spawn(control::serve(

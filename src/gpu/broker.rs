@@ -93,6 +93,9 @@ pub struct BrokerParams {
     pub cgroup_root: Option<PathBuf>,
     /// What leased commands run under: the provider's token file out of their reach.
     pub confinement: crate::confine::Confinement,
+    /// Files holding secrets (the provider's token file): whatever a lease wrote is rewritten
+    /// without their contents once it ends.
+    pub secret_files: Vec<PathBuf>,
 }
 
 impl BrokerParams {
@@ -104,6 +107,7 @@ impl BrokerParams {
             spool_dir: config.home.join("leases"),
             env_remove: config.secret_env.clone(),
             confinement: config.confinement(),
+            secret_files: config.secret_files.clone(),
             cgroup_root: config.cgroup_root.clone(),
             ..Self::defaults(config.lease_timeout)
         }
@@ -131,6 +135,7 @@ impl BrokerParams {
             sanity_after_failure: true,
             cgroup_root: Some(PathBuf::from(crate::config::DEFAULT_CGROUP_ROOT)),
             confinement: crate::confine::Confinement::default(),
+            secret_files: Vec::new(),
         }
     }
 }

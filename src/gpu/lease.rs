@@ -76,6 +76,9 @@ struct Grant {
     queued_ms: u64,
     /// The cgroup the backend chose for it, journaled before the spawn.
     cgroup: Option<std::path::PathBuf>,
+    /// When it was granted, and what the secret files held then ([`sweep_secrets`]).
+    granted: std::time::SystemTime,
+    secrets: Vec<secrecy::SecretString>,
 }
 
 /// How the job ended, as supervision saw it.
@@ -135,6 +138,8 @@ pub(crate) async fn execute(
         gpus,
         queued_ms,
         cgroup,
+        granted: std::time::SystemTime::now(),
+        secrets: crate::llm::redact::read_secrets(&broker.inner.params.secret_files),
     };
     let live = LiveLease::default();
     let fault_notify = live.fault_notify.clone();
@@ -294,6 +299,7 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
     }
     let containment = e.containment;
     end_job(broker, &g.lease_id, &e.job, containment, &mut notes).await;
+    sweep_secrets(broker, g).await;
     super::reclaim::reclaim(broker, &g.slots, &mut notes).await;
     if g.req.class == LeaseClass::Ncu && mentions_counter_permission(&g.cmd) {
         notes.push(
@@ -334,6 +340,36 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
     }
     journal_outcome(broker, &outcome).await;
     outcome
+}
+
+/// What the job wrote since its grant, rewritten without the secret files' contents (as they
+/// were at the grant and are now: a token rotated meanwhile): agent code that could read them
+/// (`[security] allow_unconfined`, or a file confinement could not hide) may have printed them
+/// into its output, its bench's JSON or its logs, which the home keeps. Swept: its output
+/// files (replaced by a note when too large to check) and the folder holding them, unless that
+/// is the shared spool folder of `fk-agentd lease`, where only its own files are.
+async fn sweep_secrets(broker: &Broker, g: &Grant) {
+    let params = &broker.inner.params;
+    let mut secrets = crate::llm::redact::read_secrets(&params.secret_files);
+    secrets.extend(g.secrets.iter().cloned());
+    if secrets.is_empty() {
+        return;
+    }
+    let (out, err) = (g.cmd.stdout.clone(), g.cmd.stderr.clone());
+    let folder = out
+        .parent()
+        .filter(|p| !p.starts_with(&params.spool_dir))
+        .map(std::path::Path::to_path_buf);
+    let own_tmp = out.with_file_name(format!("{}.tmp", g.lease_id));
+    let since = g.granted;
+    let _ = tokio::task::spawn_blocking(move || {
+        use crate::llm::redact::{redact_all, scrub_file, scrub_tree_since};
+        for f in [&out, &err] {
+            scrub_file(f, &|text| redact_all(text, &secrets));
+        }
+        scrub_tree_since(folder.as_deref().unwrap_or(&own_tmp), since, &secrets);
+    })
+    .await;
 }
 
 /// Why the lease ended, whether that is the infrastructure's fault, and its application Xids.

@@ -57,6 +57,50 @@ pub fn scrub_file(path: &std::path::Path, scrub: &(dyn Fn(&str) -> String + Send
     }
 }
 
+/// What the secret files hold now (a token file's token, trimmed; empty and unreadable ones
+/// left out), for [`scrub_tree_since`].
+pub fn read_secrets(files: &[std::path::PathBuf]) -> Vec<secrecy::SecretString> {
+    files
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+        .map(secrecy::SecretString::from)
+        .collect()
+}
+
+/// Every file at or under `path` changed since `since` rewritten without any form of any of
+/// `secrets` ([`scrub_file`]): what a leased command wrote (a bench's JSON and logs, a
+/// profiler's report, its spooled output) when it could read a secret file.
+pub fn scrub_tree_since(
+    path: &std::path::Path,
+    since: std::time::SystemTime,
+    secrets: &[secrecy::SecretString],
+) {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+            scrub_tree_since(&entry.path(), since, secrets);
+        }
+    } else if meta.is_file()
+        && meta.len() <= MAX_SCRUBBED
+        && meta.modified().is_ok_and(|m| m >= since)
+    {
+        // (A larger file, a profiler's report, is kept as it is.)
+        scrub_file(path, &|text| redact_all(text, secrets));
+    }
+}
+
+/// `text` with every form of each of `secrets` replaced ([`redact`]).
+pub fn redact_all(text: &str, secrets: &[secrecy::SecretString]) -> String {
+    use secrecy::ExposeSecret;
+    secrets
+        .iter()
+        .fold(text.to_string(), |t, s| redact(&t, s.expose_secret()))
+}
+
 /// `text` with every form of `token` found in it replaced by [`REDACTED`].
 pub fn redact(text: &str, token: &str) -> String {
     if token.len() < MIN_FORM {
@@ -199,6 +243,44 @@ mod tests {
     use std::io::Write;
 
     const TOKEN: &str = "fk-pat-9c41e7d0a2b35f68";
+
+    #[test]
+    fn a_sweep_rewrites_only_what_changed_since_and_keeps_large_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let before = write("old.log", &format!("old {TOKEN}"));
+        let since = std::fs::metadata(&before).unwrap().modified().unwrap()
+            + std::time::Duration::from_millis(1);
+        let after = write("results/bench.json", &format!("{{\"e\": \"{TOKEN}\"}}"));
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&after)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let large = write("report.ncu-rep", "");
+        std::fs::File::options()
+            .write(true)
+            .open(&large)
+            .unwrap()
+            .set_len(MAX_SCRUBBED + 1)
+            .unwrap();
+        let secret_dir = tempfile::tempdir().unwrap();
+        let secret_file = secret_dir.path().join("token");
+        std::fs::write(&secret_file, format!("{TOKEN}\n")).unwrap();
+        let secrets = read_secrets(&[secret_file, secret_dir.path().join("absent")]);
+        scrub_tree_since(dir.path(), since, &secrets);
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap();
+        assert_eq!(read(&before), format!("old {TOKEN}"));
+        assert_eq!(read(&after), format!("{{\"e\": \"{REDACTED}\"}}"));
+        assert_eq!(std::fs::metadata(&large).unwrap().len(), MAX_SCRUBBED + 1);
+    }
 
     fn wrap(s: &str, width: usize) -> String {
         s.as_bytes()

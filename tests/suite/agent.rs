@@ -456,7 +456,7 @@ async fn an_agent_that_encodes_the_token_file_sends_nothing_of_it() {
     let sent = serde_json::to_string(&fake.answered_bodies()).unwrap();
     for needle in [token, encoded.as_str(), reversed.as_str()] {
         assert!(!sent.contains(needle), "the model was sent {needle}");
-        for entry in walkdir(home.path()) {
+        for entry in super::support::files_under(home.path()) {
             let bytes = std::fs::read(&entry).unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes);
             assert!(!text.contains(needle), "{} holds {needle}", entry.display());
@@ -566,19 +566,6 @@ async fn a_token_rotated_to_another_account_drops_the_old_encrypted_reasoning_on
         "{}",
         end.payload
     );
-}
-
-pub fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() && !p.is_symlink() {
-            out.extend(walkdir(&p));
-        } else if p.is_file() {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,7 +43,6 @@ fn router_state(broker: &Broker) -> ControlState {
             stopping: false,
         }),
         broker: Some(broker.clone()),
-        scrub: None,
     }
 }
 

@@ -537,7 +537,6 @@ async fn the_control_socket_refuses_another_uid_whatever_the_file_modes() {
             stopping: false,
         }),
         broker: None,
-        scrub: None,
     };
     let server = tokio::spawn(serve(listener, state, shutdown.clone()));
     let copy = parent.join("fk-agentd");

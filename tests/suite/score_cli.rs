@@ -782,3 +782,42 @@ fn a_score_caches_its_calibration_reuses_it_and_doctor_shows_it() {
         "{text}"
     );
 }
+
+/// A candidate that reads the provider's token file when imported and raises its bytes (in
+/// base32) into its bench's JSON, scored where the file cannot be hidden (it lies beside the
+/// home, allowed unconfined): every file its benches wrote is rewritten without the token
+/// once each lease ends.
+#[test]
+fn a_scored_candidate_that_reads_the_token_leaves_it_in_no_file() {
+    let s = Setup::new();
+    let token = format!("fk-score-token-{}-7d1e", std::process::id());
+    let token_file = s.tmp.path().join("token");
+    std::fs::write(&token_file, &token).unwrap();
+    let provider = s.tmp.path().join("provider.toml");
+    std::fs::write(&provider, format!("token_file = {:?}\n", token_file)).unwrap();
+    let config = s.tmp.path().join("fk-agentd.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "[provider]\nuse = {:?}\n[security]\nallow_unconfined = true\n",
+        provider
+    ));
+    std::fs::write(&config, text).unwrap();
+    s.file(
+        "L1/gelu.py",
+        &format!("# sim: read-file={}\n", token_file.display()),
+    );
+    let out = s.score(&[]).code(1);
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
+    assert!(stdout.contains("RUNTIME_ERROR"), "{stdout}");
+    let base32 = data_encoding::BASE32_NOPAD.encode(token.as_bytes());
+    let holding: Vec<PathBuf> = super::support::files_under(&s.home())
+        .into_iter()
+        .filter(|p| {
+            std::fs::read(p).is_ok_and(|b| {
+                let t = String::from_utf8_lossy(&b);
+                t.contains(&token) || t.contains(&base32)
+            })
+        })
+        .collect();
+    assert_eq!(holding, Vec::<PathBuf>::new());
+}

@@ -170,3 +170,17 @@ pub(crate) fn score_json(overlay: serde_json::Value) -> String {
     }
     score.to_string()
 }
+
+/// Every file under `dir` (symbolic links to folders not followed).
+pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(files_under(&p));
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
+}
