@@ -64,19 +64,6 @@ impl Usage {
         }
     }
 
-    /// `self − before`, field by field (never below zero: a report older than `before`, read
-    /// again, adds nothing).
-    pub fn since(&self, before: &Usage) -> Usage {
-        Usage {
-            input_tokens: self.input_tokens.saturating_sub(before.input_tokens),
-            cached_tokens: self.cached_tokens.saturating_sub(before.cached_tokens),
-            output_tokens: self.output_tokens.saturating_sub(before.output_tokens),
-            reasoning_tokens: self
-                .reasoning_tokens
-                .saturating_sub(before.reasoning_tokens),
-        }
-    }
-
     /// Cost in USD: uncached input at `input`, cached input at `cached_input` (or `input`
     /// when the table has none), output (reasoning included) at `output`.
     pub fn cost_usd(&self, prices: &Prices) -> f64 {
