@@ -456,7 +456,7 @@ async fn an_agent_that_encodes_the_token_file_sends_nothing_of_it() {
     let sent = serde_json::to_string(&fake.answered_bodies()).unwrap();
     for needle in [token, encoded.as_str(), reversed.as_str()] {
         assert!(!sent.contains(needle), "the model was sent {needle}");
-        for entry in super::support::files_under(home.path()) {
+        for entry in super::support::probes::walk(home.path()) {
             let bytes = std::fs::read(&entry).unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes);
             assert!(!text.contains(needle), "{} holds {needle}", entry.display());

@@ -7,9 +7,7 @@
 //! sampled, faults served), whose goal is that the attack happened, and those listed in
 //! docs/reliability.md with the reason none is injected.
 
-#[allow(dead_code)]
-#[path = "../../benches/chaos/probes.rs"]
-mod probes;
+use super::support::probes;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};

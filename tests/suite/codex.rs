@@ -704,7 +704,7 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
     let sent = serde_json::to_string(&fake.answered_bodies()).unwrap();
     for needle in encodings(token, &token_file) {
         assert!(!sent.contains(&needle), "the provider was sent {needle}");
-        for entry in super::support::files_under(home.path()) {
+        for entry in super::support::probes::walk(home.path()) {
             let bytes = std::fs::read(&entry).unwrap_or_default();
             let text = String::from_utf8_lossy(&bytes);
             assert!(

@@ -810,7 +810,7 @@ fn a_scored_candidate_that_reads_the_token_leaves_it_in_no_file() {
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).to_string();
     assert!(stdout.contains("RUNTIME_ERROR"), "{stdout}");
     let base32 = data_encoding::BASE32_NOPAD.encode(token.as_bytes());
-    let holding: Vec<PathBuf> = super::support::files_under(&s.home())
+    let holding: Vec<PathBuf> = super::support::probes::walk(&s.home())
         .into_iter()
         .filter(|p| {
             std::fs::read(p).is_ok_and(|b| {

@@ -13,6 +13,12 @@ use fk_agentd::store::leases::{LeaseRow, LeaseState};
 use fk_agentd::target::TargetId;
 use fk_agentd::workspace::{Workspace, WorkspaceParams};
 
+/// The chaos bench's probes (a home's files, its sessions' ends, the token in files), shared
+/// with the tests that show each figure can fail.
+#[allow(dead_code)]
+#[path = "../../../benches/chaos/probes.rs"]
+pub mod probes;
+
 /// The fk-agentd binary cargo built for these tests.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_fk-agentd");
 
@@ -169,18 +175,4 @@ pub(crate) fn score_json(overlay: serde_json::Value) -> String {
         score[k] = v;
     }
     score.to_string()
-}
-
-/// Every file under `dir` (symbolic links to folders not followed).
-pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() && !p.is_symlink() {
-            out.extend(files_under(&p));
-        } else if p.is_file() {
-            out.push(p);
-        }
-    }
-    out
 }
