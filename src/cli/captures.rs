@@ -48,9 +48,17 @@ pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, E
                 Some(ids) => ids.iter().collect(),
                 None => cov.keys().collect(),
             };
-            let rows: Vec<serde_json::Value> = ids
+            #[derive(serde::Serialize)]
+            struct Row<'a> {
+                target: &'a crate::target::TargetId,
+                coverage: Option<&'a crate::captures::report::Coverage>,
+            }
+            let rows: Vec<Row> = ids
                 .into_iter()
-                .map(|id| serde_json::json!({"target": id, "coverage": cov.get(id)}))
+                .map(|id| Row {
+                    target: id,
+                    coverage: cov.get(id),
+                })
                 .collect();
             emit(*json, &rows, || {
                 let width = super::term::stdout_width();

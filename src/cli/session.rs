@@ -236,7 +236,7 @@ pub async fn cmd_session(home: &Path, opts: &SessionArgs, catalog: &Catalog) -> 
         // Placed as the readable view places them, so each says the call it was granted during.
         let view = view(&store, &name, &events)?;
         let leases = view.all_leases();
-        let events: Vec<Event> = events.into_iter().map(withheld).collect();
+        let events: Vec<Event> = events.into_iter().map(Event::withheld).collect();
         let scoring = scoring_of_session(home, &run_row, &name, &view);
         let value = serde_json::json!({"run": run_row, "target": name, "state": state,
             "leases": leases, "scoring": scoring, "events": events});
@@ -335,12 +335,6 @@ fn render_options(run_row: &RunRow, full: bool, settled_only: bool) -> RenderOpt
     }
 }
 
-/// An event as `--json` prints it: reasoning's encrypted content replaced by a marker.
-fn withheld(mut e: Event) -> Event {
-    inspect::strip_encrypted(&mut e.payload);
-    e
-}
-
 /// `session TARGET --follow`: the readable lines as they settle (or, with `--json`, each event
 /// as one JSON line), until the session or the run ends. Reads the store, so it works while a
 /// daemon writes it.
@@ -369,7 +363,7 @@ async fn cmd_follow(
         let ended = end.is_some();
         for e in fresh {
             if json {
-                let line = serde_json::to_string(&withheld(e.clone())).unwrap_or_default();
+                let line = serde_json::to_string(&e.clone().withheld()).unwrap_or_default();
                 let _ = writeln!(out, "{line}");
             }
             events.push(e);

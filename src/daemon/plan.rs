@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
-
 use crate::config::{Config, Flags, Mode};
 use crate::error::Error;
-use crate::event::{Payload, RunFinished, RunOutcome, RunResumed, RunStarted, RunState};
+use crate::event::{
+    Payload, RecordedSetting, RunFinished, RunOutcome, RunResumed, RunStarted, RunState,
+};
 use crate::run::{NewRun, RunJournal};
 use crate::store::Store;
 use crate::target::TargetId;
@@ -78,7 +78,16 @@ fn record_started(
         settings: config
             .settings
             .iter()
-            .map(|(k, v)| (k.clone(), json!(v)))
+            .map(|(k, (value, source))| {
+                let source = source.as_str().to_string();
+                (
+                    k.clone(),
+                    RecordedSetting {
+                        value: value.clone(),
+                        source,
+                    },
+                )
+            })
             .collect(),
         campaign: pair.map(|_| "all".to_string()),
         pair: pair.map(str::to_string),

@@ -177,6 +177,23 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn a_recorded_setting_is_its_pair_and_reads_any_json_as_text() {
+        let s = RecordedSetting {
+            value: "L1-L3".into(),
+            source: "flag".into(),
+        };
+        assert_eq!(serde_json::to_value(&s).unwrap(), json!(["L1-L3", "flag"]));
+        let read = |v: Value| serde_json::from_value::<RecordedSetting>(v).unwrap();
+        assert_eq!(read(json!(["L1-L3", "flag"])), s);
+        let number = read(json!([12, "default"]));
+        assert_eq!(
+            (number.value.as_str(), number.source.as_str()),
+            ("12", "default")
+        );
+        assert_eq!(read(json!(null)), RecordedSetting::default());
+    }
+
     /// Kinds the fixtures of old runs do not hold: each typed write is the JSON the untyped
     /// writer stored.
     #[test]

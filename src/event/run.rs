@@ -25,7 +25,7 @@ pub struct RunStarted {
     pub job_count: usize,
     pub pid: u32,
     /// `{key: [value, source]}`: every campaign setting and where it came from.
-    pub settings: BTreeMap<String, Value>,
+    pub settings: BTreeMap<String, RecordedSetting>,
     /// `all` for each half of a `--mode all` campaign.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub campaign: Option<String>,
@@ -37,7 +37,7 @@ pub struct RunStarted {
 impl RunStarted {
     /// The recorded value of one setting (`campaign.targets`, `provider.use`, …).
     pub fn setting(&self, key: &str) -> Option<&str> {
-        self.settings.get(key)?.get(0)?.as_str()
+        self.settings.get(key).map(|s| s.value.as_str())
     }
 
     /// Whether the run is simulated: as recorded, else (runs recorded before the field) as
@@ -45,6 +45,36 @@ impl RunStarted {
     pub fn is_simulated(&self) -> bool {
         self.simulated
             .unwrap_or_else(|| simulated_by_id(&self.run_id))
+    }
+}
+
+/// One setting of [`RunStarted::settings`]: its value and where it came from (`default`,
+/// `file`, `env`, `flag`), `[value, source]` in the JSON. Either read as text whatever JSON
+/// it is (an older record's number or null: its text, or nothing).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RecordedSetting {
+    pub value: String,
+    pub source: String,
+}
+
+impl Serialize for RecordedSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (&self.value, &self.source).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordedSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = |v: Option<&Value>| match v {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Null) | None => String::new(),
+            Some(other) => other.to_string(),
+        };
+        let v = Value::deserialize(d)?;
+        Ok(Self {
+            value: text(v.get(0)),
+            source: text(v.get(1)),
+        })
     }
 }
 

@@ -64,6 +64,75 @@ pub struct ModelItem {
     pub item: Value,
 }
 
+/// What a view shows of a [`ModelItem`] or [`UserMessage`]'s item (kept as the provider's JSON).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ItemView {
+    /// Its summary parts (the reasoning itself is encrypted).
+    Reasoning {
+        summary: Vec<String>,
+    },
+    /// Fields empty where the item lacks them; the arguments as the model wrote them.
+    FunctionCall {
+        call_id: String,
+        name: String,
+        arguments: String,
+    },
+    Message {
+        text: String,
+    },
+    /// Another kind of item, by its `type`.
+    Other {
+        kind: String,
+    },
+}
+
+impl ItemView {
+    pub fn of(item: &Value) -> Self {
+        let text = |k: &str| item[k].as_str().unwrap_or("").to_string();
+        match item["type"].as_str().unwrap_or("") {
+            "reasoning" => ItemView::Reasoning {
+                summary: item["summary"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s["text"].as_str().map(str::to_string))
+                    .collect(),
+            },
+            "function_call" => ItemView::FunctionCall {
+                call_id: text("call_id"),
+                name: text("name"),
+                arguments: text("arguments"),
+            },
+            "message" => ItemView::Message {
+                text: message_text(item),
+            },
+            other => ItemView::Other {
+                kind: other.to_string(),
+            },
+        }
+    }
+}
+
+impl UserMessage {
+    /// The message's text parts.
+    pub fn text(&self) -> String {
+        message_text(&self.item)
+    }
+}
+
+/// The text parts of a message item (its `content`, a string or a list of parts).
+fn message_text(item: &Value) -> String {
+    match &item["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
 /// Token counts of one turn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

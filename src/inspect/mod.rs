@@ -30,8 +30,8 @@ pub use leases::{LeaseEnd, LeaseView};
 pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcomes};
 pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};
 pub use scoring::ScoringWord;
-pub use tools::{ToolDetail, strip_encrypted};
-pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, parse_at, transcript_events};
+pub use tools::ToolDetail;
+pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, parse_at};
 
 /// Whether to colour output: only on a terminal, and never when `NO_COLOR` is set (any value
 /// but empty, as <https://no-color.org> asks).

@@ -339,7 +339,7 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             error_output(out, call);
         }
         ToolDetail::Other => {
-            let args = clip(&call.arguments.to_string(), 120);
+            let args = clip(&call.arguments.raw.replace('\n', " "), 120);
             headline(out, call, format!("  {} {args}", call.name));
             output(out, call);
         }
@@ -356,7 +356,7 @@ fn headline(out: &mut Out<'_>, call: &ToolCall, line: String) {
 fn with_arg_body(out: &mut Out<'_>, call: &ToolCall, line: String, key: &str) {
     headline(out, call, line);
     if out.o.full
-        && let Some(body) = call.arguments[key].as_str()
+        && let Some(body) = call.arguments.text(key)
     {
         out.body(body, "    ");
     }

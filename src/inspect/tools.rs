@@ -6,9 +6,8 @@
 //! raw text is still shown; nothing here fails.
 
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::tools::ToolName;
+use crate::tools::{CallArgs, ToolName};
 
 use super::outcome::screen_findings;
 
@@ -64,8 +63,8 @@ pub enum ToolDetail {
 }
 
 /// Reads a call's arguments and (once finished) its output.
-pub fn detail_of(name: &str, args: &Value, output: Option<&str>) -> ToolDetail {
-    let arg = |k: &str| args[k].as_str().unwrap_or("").to_string();
+pub fn detail_of(name: &str, args: &CallArgs, output: Option<&str>) -> ToolDetail {
+    let arg = |k: &str| args.text(k).unwrap_or("").to_string();
     let Some(tool) = ToolName::from_word(name) else {
         return ToolDetail::Other;
     };
@@ -73,8 +72,8 @@ pub fn detail_of(name: &str, args: &Value, output: Option<&str>) -> ToolDetail {
         ToolName::Shell => shell(arg("cmd"), output),
         ToolName::ReadFile => ToolDetail::ReadFile {
             path: arg("path"),
-            offset: args["offset"].as_u64(),
-            limit: args["limit"].as_u64(),
+            offset: args.fields.offset,
+            limit: args.fields.limit,
         },
         ToolName::WriteFile => {
             let content = arg("content");
@@ -88,9 +87,7 @@ pub fn detail_of(name: &str, args: &Value, output: Option<&str>) -> ToolDetail {
             files: patch_files(&arg("patch")),
         },
         ToolName::Validate => validate(output.unwrap_or("")),
-        ToolName::ProfileNcu | ToolName::ProfileNsys => {
-            profile(name, args["args"].as_str(), output)
-        }
+        ToolName::ProfileNcu | ToolName::ProfileNsys => profile(name, args.text("args"), output),
         ToolName::Finish => ToolDetail::Finish {
             summary: arg("summary"),
         },
@@ -200,32 +197,20 @@ fn profile(name: &str, args: Option<&str>, output: Option<&str>) -> ToolDetail {
     }
 }
 
-/// Removes every `encrypted_content` field, at any depth.
-pub fn strip_encrypted(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            if map.remove("encrypted_content").is_some() {
-                map.insert("encrypted_content".into(), Value::String("…".into()));
-            }
-            for (_, child) in map.iter_mut() {
-                strip_encrypted(child);
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(strip_encrypted),
-        _ => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args(v: serde_json::Value) -> CallArgs {
+        CallArgs::parse(&v.to_string())
+    }
     use serde_json::json;
 
     #[test]
     fn a_shell_output_gives_its_end_wall_time_and_text() {
         let d = detail_of(
             "shell",
-            &json!({"cmd": "ls"}),
+            &args(json!({"cmd": "ls"})),
             Some("Exit code: 2\nWall time: 1.5 s\nOutput:\na\nb\n"),
         );
         assert_eq!(
@@ -244,7 +229,9 @@ mod tests {
     fn a_patch_names_the_files_it_touches() {
         let d = detail_of(
             "apply_patch",
-            &json!({"patch": "*** Begin Patch\n*** Update File: candidate/L1/gelu.py\n@@\n-a\n+b\n*** Add File: notes.txt\n+x\n*** End Patch"}),
+            &args(
+                json!({"patch": "*** Begin Patch\n*** Update File: candidate/L1/gelu.py\n@@\n-a\n+b\n*** Add File: notes.txt\n+x\n*** End Patch"}),
+            ),
             None,
         );
         assert_eq!(
@@ -262,7 +249,7 @@ mod tests {
     fn an_ncu_answer_gives_its_report_path() {
         let d = detail_of(
             "profile_ncu",
-            &json!({"args": "-c 1"}),
+            &args(json!({"args": "-c 1"})),
             Some("ncu ok; report /w/profiles/001-ncu/report.ncu-rep (timings under ncu …)\nbody"),
         );
         let ToolDetail::Profile { report, .. } = d else {
@@ -272,14 +259,5 @@ mod tests {
             report.as_deref(),
             Some("/w/profiles/001-ncu/report.ncu-rep")
         );
-    }
-
-    #[test]
-    fn encrypted_content_is_removed_at_any_depth() {
-        let mut v =
-            json!({"item": {"encrypted_content": "gAAAA", "x": [{"encrypted_content": "b"}]}});
-        strip_encrypted(&mut v);
-        assert!(!v.to_string().contains("gAAAA"));
-        assert!(!v.to_string().contains("\"b\""));
     }
 }

@@ -6,8 +6,7 @@
 //! and any summary the provider sent); building it never fails — an event it does not know
 //! becomes a note, so a newer daemon's store still renders.
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -15,10 +14,11 @@ use super::leases::LeaseView;
 use super::outcome::Outcome;
 use super::tools::{ToolDetail, detail_of};
 use crate::event::{
-    Elapsed, Kind, ModelItem, SessionResult, StatusWord, TaskFinished, ToolFinished, ToolStarted,
-    TurnFinished, TurnUsage, UserMessage,
+    Elapsed, ItemView, Kind, ModelItem, SessionResult, StatusWord, TaskFinished, ToolFinished,
+    ToolStarted, TurnFinished, TurnUsage, UserMessage,
 };
 use crate::store::Event;
+use crate::tools::CallArgs;
 
 /// One session, ready to render as text or HTML.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -82,8 +82,8 @@ pub enum Entry {
 pub struct ToolCall {
     pub call_id: String,
     pub name: String,
-    /// The arguments as the model sent them (parsed when they are JSON).
-    pub arguments: Value,
+    /// The arguments as the model sent them.
+    pub arguments: CallArgs,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     /// Recorded start to recorded finish.
@@ -143,32 +143,6 @@ impl SessionView {
         }
         b.finish(events)
     }
-}
-
-/// One line of a `transcript.jsonl` ([`crate::agent::journal`] writes them).
-#[derive(Default, Deserialize)]
-#[serde(default)]
-struct TranscriptLine {
-    seq: i64,
-    timestamp: String,
-    #[serde(rename = "type")]
-    kind: String,
-    payload: Value,
-}
-
-/// The events of a `transcript.jsonl`, as the store holds them.
-pub fn transcript_events(text: &str, target: Option<&str>) -> Vec<Event> {
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<TranscriptLine>(l).ok())
-        .map(|l| Event {
-            run_id: String::new(),
-            seq: l.seq,
-            at: l.timestamp,
-            kind: l.kind,
-            target: target.map(str::to_string),
-            payload: l.payload,
-        })
-        .collect()
 }
 
 /// Parses a stored RFC 3339 time.
@@ -241,7 +215,7 @@ impl Builder {
     }
 
     fn user_message(&mut self, e: &Event, m: &UserMessage) {
-        let text = item_text(&m.item);
+        let text = m.text();
         if self.view.prompt.is_none() && m.nudge.is_none() {
             self.view.prompt = Some(text);
             return;
@@ -269,26 +243,18 @@ impl Builder {
     }
 
     fn model_item(&mut self, e: &Event, m: &ModelItem) {
-        let item = &m.item;
-        let entry = match item["type"].as_str().unwrap_or("") {
-            "reasoning" => Entry::Reasoning {
-                summary: item["summary"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| s["text"].as_str().map(str::to_string))
-                    .collect(),
-            },
-            "function_call" => Entry::Tool(Box::new(call_of(
-                item["call_id"].as_str().unwrap_or(""),
-                item["name"].as_str().unwrap_or("?"),
-                item["arguments"].as_str().unwrap_or(""),
-                None,
-            ))),
-            "message" => Entry::Message {
-                text: item_text(item),
-            },
-            other => Entry::Note(Note {
+        let entry = match ItemView::of(&m.item) {
+            ItemView::Reasoning { summary } => Entry::Reasoning { summary },
+            ItemView::FunctionCall {
+                call_id,
+                name,
+                arguments,
+            } => {
+                let name = if name.is_empty() { "?" } else { &name };
+                Entry::Tool(Box::new(call_of(&call_id, name, &arguments, None)))
+            }
+            ItemView::Message { text } => Entry::Message { text },
+            ItemView::Other { kind: other } => Entry::Note(Note {
                 at: e.at.clone(),
                 kind: "model_item".into(),
                 text: format!("a `{other}` item"),
@@ -426,7 +392,7 @@ fn place_tool_command(entries: &mut Vec<Entry>) {
 
 fn call_of(call_id: &str, name: &str, raw: &str, started_at: Option<String>) -> ToolCall {
     let name = name.to_string();
-    let arguments = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()));
+    let arguments = CallArgs::parse(raw);
     let detail = detail_of(&name, &arguments, None);
     ToolCall {
         call_id: call_id.to_string(),
@@ -435,19 +401,6 @@ fn call_of(call_id: &str, name: &str, raw: &str, started_at: Option<String>) -> 
         started_at,
         detail,
         ..ToolCall::default()
-    }
-}
-
-/// The text parts of a message item.
-fn item_text(item: &Value) -> String {
-    match &item["content"] {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| p["text"].as_str())
-            .collect::<Vec<_>>()
-            .join("\n"),
-        _ => String::new(),
     }
 }
 
@@ -561,14 +514,7 @@ fn typed_note(e: &Event) -> Option<String> {
 
 /// The note of a kind without a typed payload: its JSON.
 fn untyped_note(e: &Event) -> String {
-    format!("{} {}", e.kind, short_json(&e.payload))
-}
-
-/// An unknown event's payload on one line, without any reasoning content.
-fn short_json(p: &Value) -> String {
-    let mut v = p.clone();
-    super::tools::strip_encrypted(&mut v);
-    super::render::clip(&v.to_string(), 160)
+    format!("{} {}", e.kind, super::render::clip(&e.payload_line(), 160))
 }
 
 #[cfg(test)]

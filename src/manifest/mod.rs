@@ -15,9 +15,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::event::{RunFinished, RunStarted, SessionStarted, TaskFinished, TokenReloaded};
+use crate::event::{
+    RecordedSetting, RunFinished, RunStarted, SessionStarted, TaskFinished, TokenReloaded,
+};
 use crate::facts::{FACTS_EVENT, HostFacts, SettingFact};
 use crate::score::gate::{GateKind, GateReport};
 use crate::score::report::ScoreReport;
@@ -206,16 +207,13 @@ fn absorb(data: &mut ManifestData, event: &Event) {
     }
 }
 
-/// `settings` of `run_started`: `{key: [value, source]}` as the config serializes it.
-fn settings_of_run_started(map: &BTreeMap<String, Value>) -> BTreeMap<String, SettingFact> {
+/// `settings` of `run_started`, as the manifest shows them.
+fn settings_of_run_started(
+    map: &BTreeMap<String, RecordedSetting>,
+) -> BTreeMap<String, SettingFact> {
     map.iter()
-        .map(|(k, pair)| {
-            let text = |i: usize| match &pair[i] {
-                Value::String(s) => s.clone(),
-                Value::Null => String::new(),
-                other => other.to_string(),
-            };
-            let (value, source) = (text(0), text(1));
+        .map(|(k, s)| {
+            let (value, source) = (s.value.clone(), s.source.clone());
             (k.clone(), SettingFact { value, source })
         })
         .collect()

@@ -148,7 +148,57 @@ pub struct Event {
     pub payload: Value,
 }
 
+/// One line of a `transcript.jsonl` ([`crate::agent::journal`] writes them).
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct TranscriptLine {
+    seq: i64,
+    timestamp: String,
+    #[serde(rename = "type")]
+    kind: String,
+    payload: Value,
+}
+
+/// The events of a `transcript.jsonl`, as the store holds them.
+pub fn transcript_events(text: &str, target: Option<&str>) -> Vec<Event> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<TranscriptLine>(l).ok())
+        .map(|l| Event {
+            run_id: String::new(),
+            seq: l.seq,
+            at: l.timestamp,
+            kind: l.kind,
+            target: target.map(str::to_string),
+            payload: l.payload,
+        })
+        .collect()
+}
+
 impl Event {
+    /// The event with every `encrypted_content` (a model's sealed reasoning, at any depth)
+    /// shown as `…`: as views print it.
+    pub fn withheld(mut self) -> Self {
+        fn strip(v: &mut Value) {
+            match v {
+                Value::Object(map) => {
+                    if map.remove("encrypted_content").is_some() {
+                        map.insert("encrypted_content".into(), Value::String("…".into()));
+                    }
+                    map.values_mut().for_each(strip);
+                }
+                Value::Array(items) => items.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        strip(&mut self.payload);
+        self
+    }
+
+    /// The payload on one line, withheld ([`Event::withheld`]).
+    pub fn payload_line(&self) -> String {
+        self.clone().withheld().payload.to_string()
+    }
+
     /// The event decoded by its kind.
     pub fn decoded(&self) -> Kind {
         Kind::decode(&self.kind, &self.payload)

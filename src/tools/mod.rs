@@ -217,6 +217,61 @@ struct FinishArgs {
     summary: String,
 }
 
+/// A tool call's arguments as the model wrote them, read leniently into every tool's fields
+/// for the views (text that is not JSON, or a field of the wrong type, reads as no fields).
+/// Serializes as the JSON the model wrote (as a string where it is not JSON).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallArgs {
+    pub raw: String,
+    pub fields: ArgFields,
+}
+
+/// The fields of every tool's arguments, each optional.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ArgFields {
+    pub cmd: Option<String>,
+    pub path: Option<String>,
+    pub offset: Option<u64>,
+    pub limit: Option<u64>,
+    pub content: Option<String>,
+    pub patch: Option<String>,
+    pub args: Option<String>,
+    pub summary: Option<String>,
+}
+
+impl CallArgs {
+    pub fn parse(raw: &str) -> Self {
+        Self {
+            raw: raw.to_string(),
+            fields: serde_json::from_str(raw).unwrap_or_default(),
+        }
+    }
+
+    /// The text field `key` (`cmd`, `content`, `patch`, …), where the model gave one.
+    pub fn text(&self, key: &str) -> Option<&str> {
+        let f = &self.fields;
+        match key {
+            "cmd" => f.cmd.as_deref(),
+            "path" => f.path.as_deref(),
+            "content" => f.content.as_deref(),
+            "patch" => f.patch.as_deref(),
+            "args" => f.args.as_deref(),
+            "summary" => f.summary.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+impl serde::Serialize for CallArgs {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match serde_json::from_str::<&serde_json::value::RawValue>(&self.raw) {
+            Ok(json) => json.serialize(s),
+            Err(_) => self.raw.serialize(s),
+        }
+    }
+}
+
 /// Parses a call's arguments, or says what is wrong with them in the model's terms.
 fn parse_args<T: DeserializeOwned>(tool: &str, json: &str) -> Result<T, ToolOutput> {
     let json = if json.trim().is_empty() { "{}" } else { json };

@@ -60,7 +60,7 @@ fn session_events(target: &str) -> Vec<Event> {
         .join(target)
         .join("transcript.jsonl");
     let text = std::fs::read_to_string(path).unwrap();
-    let mut events = inspect::transcript_events(&text, Some(target));
+    let mut events = fk_agentd::store::transcript_events(&text, Some(target));
     events.extend(
         run_events()
             .into_iter()

@@ -247,3 +247,58 @@ fn no_score_module_imports_back_up() {
     let edges = graph(&src().join("score"), "crate::score::", true);
     assert_acyclic(&edges, "inside score");
 }
+
+/// The modules that own stored data (`store`, `event`, `run`: the read model) or an outside
+/// format they parse at their edge (the provider's items and SSE: `llm`; codex's events and the
+/// model's items kept for history: `agent`; the simulated server and bench: `sim`; tool
+/// schemas and arguments: `tools`; the bench's JSON: `harness`; capture reports: `captures`;
+/// TOML: `config`; HTTP bodies: `control`).
+const VALUE_OWNERS: [&str; 11] = [
+    "store", "event", "run", "llm", "agent", "sim", "tools", "harness", "captures", "config",
+    "control",
+];
+
+/// Outside [`VALUE_OWNERS`], no code (tests aside) handles untyped JSON: no
+/// `serde_json::Value` named or imported, no payload or detail read by index. Views, scoring,
+/// the manifest and the CLI read stored data through the read model's types.
+#[test]
+fn stored_data_is_read_through_types_outside_the_read_model() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        if VALUE_OWNERS.contains(&first.trim_end_matches(".rs")) {
+            continue;
+        }
+        let code = code_of(&f);
+        let lines: Vec<&str> = code.lines().collect();
+        // Unit tests (a `#[cfg(test)]` module) build raw events on purpose.
+        let end = (0..lines.len())
+            .find(|&i| {
+                lines[i].trim() == "#[cfg(test)]"
+                    && lines.get(i + 1).is_some_and(|l| l.contains("mod "))
+            })
+            .unwrap_or(lines.len());
+        for (n, line) in lines[..end].iter().enumerate() {
+            let untyped = (line.contains("serde_json") && line.contains("Value"))
+                || line.contains(".payload[")
+                || line.contains(".detail[");
+            if untyped {
+                found.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "untyped JSON outside the read model:\n{}",
+        found.join("\n")
+    );
+}
