@@ -124,13 +124,12 @@ async fn simulated(mut config: Config, env: &Env) -> Result<Parts, Error> {
         seed: SIM_SEED,
         max_think: Duration::from_millis(400),
         // The chaos bench's provider faults and rotating token file.
-        chaos: sim_chaos()?,
+        chaos: sim_chaos(env)?,
     };
     require_prices(&config)?;
     // The provider the agents reach; the server's address is not known yet, nor needed here.
     let provider = sim_provider("http://127.0.0.1/v1");
-    let path_var = std::env::var("PATH").ok();
-    crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
+    crate::agent::codex::settle(&mut config, &provider, env.var("PATH"))?;
     // A token file (the chaos bench's) is kept from agent code as a real one is.
     config.secret_files.extend(params.chaos.token_file.clone());
     let home = Home::open(config, env, Holder::Daemon).await?;
@@ -149,13 +148,13 @@ async fn simulated(mut config: Config, env: &Env) -> Result<Parts, Error> {
     })
 }
 
-/// The simulation's chaos settings from the environment (this is the process edge):
+/// The simulation's chaos settings from the environment:
 /// `FK_AGENTD_SIM_FAULTS`, the share (0 to 1) of the server's answers that are faults, and
 /// `FK_AGENTD_SIM_TOKEN_FILE`, a token file the client reads and the server checks.
-fn sim_chaos() -> Result<SimChaos, Error> {
-    let faults = match std::env::var(SIM_FAULTS_ENV) {
-        Err(_) => 0.0,
-        Ok(text) => match text.parse::<f64>() {
+fn sim_chaos(env: &Env) -> Result<SimChaos, Error> {
+    let faults = match env.var(SIM_FAULTS_ENV) {
+        None => 0.0,
+        Some(text) => match text.parse::<f64>() {
             Ok(r) if (0.0..=1.0).contains(&r) => r,
             _ => {
                 let why = format!("{SIM_FAULTS_ENV} = {text:?}: a share of requests from 0 to 1");
@@ -163,9 +162,7 @@ fn sim_chaos() -> Result<SimChaos, Error> {
             }
         },
     };
-    let token_file = std::env::var_os(SIM_TOKEN_FILE_ENV)
-        .filter(|p| !p.is_empty())
-        .map(std::path::PathBuf::from);
+    let token_file = env.var(SIM_TOKEN_FILE_ENV).map(std::path::PathBuf::from);
     Ok(SimChaos { faults, token_file })
 }
 
@@ -247,10 +244,9 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
         let key = crate::scheduler::budget::PRICES_SETTING;
         crate::config::record(&mut config.settings, key, text, SettingSource::File);
     }
-    let path_var = std::env::var("PATH").ok();
-    crate::agent::codex::settle(&mut config, &provider, path_var.as_deref())?;
+    crate::agent::codex::settle(&mut config, &provider, env.var("PATH"))?;
     let context_window = provider.limits.context_window;
-    let token = TokenProvider::from_source(&provider.token, |k| std::env::var(k).ok())?;
+    let token = TokenProvider::from_source(&provider.token, |k| env.var(k).map(String::from))?;
     let llm = Arc::new(LlmClient::new(provider, token)?);
     // A missing or empty token file should stop the start, not fail all 133 sessions one by one.
     llm.refresh_token().await?;
@@ -276,11 +272,11 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
         timeout: Duration::from_secs(300),
         env: crate::harness::import_check::INHERITED
             .iter()
-            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+            .filter_map(|k| env.var(k).map(|v| (k.to_string(), v.to_string())))
             .collect(),
         confinement: confinement.clone(),
     };
-    let shell_env = ShellEnv::from_parent(std::env::vars(), []).confined(confinement);
+    let shell_env = ShellEnv::from_parent(env.vars.clone(), []).confined(confinement);
     let shell_env = binary_first(shell_env, this_binary().ok().as_deref());
     let launcher = home.launcher(LeaseClass::Validate, "agents");
     let driver = BenchDriver::new(bench.clone(), launcher).await?;

@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use crate::config::Config;
+use crate::config::{Config, Env};
 use crate::error::Error;
 use crate::exit::EXIT_UNAVAILABLE;
 use crate::harness::preflight::{self, HostChecks};
@@ -38,7 +38,7 @@ fn timing_words(
 }
 
 /// Runs the checks, prints them (or one JSON object) and returns the exit code.
-pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
+pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, Error> {
     let harness = match &config.fastkernels_dir {
         Some(_) => Some(crate::app::prepare_harness(config).await?),
         None => None,
@@ -71,8 +71,7 @@ pub async fn cmd_doctor(config: &Config, json: bool) -> Result<i32, Error> {
         gpus: gpus.clone(),
     };
     let verdict = preflight::verdict(&report, &host);
-    let path_var = std::env::var("PATH").ok();
-    let codex = crate::agent::codex::CodexCheck::run(config, path_var.as_deref());
+    let codex = crate::agent::codex::CodexCheck::run(config, env.var("PATH"));
     let uncaptured = crate::captures::uncaptured(&config.targets, &config.captures)
         .map_err(|why| Error::Usage(format!("campaign.captures = {why}")))?;
     // Under Slurm the GPUs are the ones the `[slurm]` table asks to hold, not this host's.

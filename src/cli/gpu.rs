@@ -34,14 +34,13 @@ pub(super) async fn cmd_lease(
         .as_deref()
         .map(|t| parse_duration("--timeout", t, crate::config::bounds::LEASE))
         .transpose()?;
-    let token = std::env::var("FK_AGENTD_LEASE_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
+    let token = env
+        .var("FK_AGENTD_LEASE_TOKEN")
+        .map(String::from)
         .ok_or(LeaseError::InvalidToken)?;
     let home = resolve_home(global.home.as_deref(), env)?;
-    let socket = std::env::var("FK_AGENTD_SOCKET")
-        .ok()
-        .filter(|s| !s.is_empty())
+    let socket = env
+        .var("FK_AGENTD_SOCKET")
         .map(PathBuf::from)
         .unwrap_or_else(|| crate::control::socket_path(&home));
     let call = LeaseCall {

@@ -75,10 +75,10 @@ pub fn main() -> i32 {
     ) {
         restore_sigpipe();
     }
-    init_logging(matches!(
-        cli.command,
-        Command::Start(_) | Command::Resume { .. }
-    ));
+    init_logging(
+        matches!(cli.command, Command::Start(_) | Command::Resume { .. }),
+        &env,
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -102,12 +102,12 @@ pub fn main() -> i32 {
 /// Logs go to stderr, filtered by `FK_AGENTD_LOG` (tracing's `EnvFilter` syntax, e.g.
 /// `FK_AGENTD_LOG=fk_agentd::gpu=debug,info`). Colour only on a terminal and without
 /// `NO_COLOR`, so a piped stderr and the detached daemon's log file hold plain text.
-fn init_logging(daemon: bool) {
+fn init_logging(daemon: bool, env: &Env) {
     use std::io::IsTerminal;
     let default = if daemon { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("FK_AGENTD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    let no_color = env.var("NO_COLOR").is_some();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal() && !no_color)
@@ -172,7 +172,7 @@ pub(crate) fn emit<T: serde::Serialize>(json: bool, v: &T, plain: impl FnOnce() 
 /// `fk-agentd tool …` in a codex session's shell: the session's endpoint and token are read
 /// from the environment here, at the edge; the tool's text goes to stdout; the exit status is
 /// 0 done, 1 the tool failed (the model should act on it), 3 infrastructure.
-async fn cmd_tool(tool: &args::ToolCommand) -> Result<i32, Error> {
+async fn cmd_tool(tool: &args::ToolCommand, env: &Env) -> Result<i32, Error> {
     use crate::agent::codex::endpoint;
     use args::ToolCommand;
     use serde_json::json;
@@ -182,14 +182,12 @@ async fn cmd_tool(tool: &args::ToolCommand) -> Result<i32, Error> {
         ToolCommand::ProfileNsys { args } => ("profile_nsys", json!({"args": args})),
         ToolCommand::Finish { summary } => ("finish", json!({"summary": summary})),
     };
-    let (Ok(socket), Ok(token)) = (
-        std::env::var(endpoint::SOCKET_ENV),
-        std::env::var(endpoint::TOKEN_ENV),
-    ) else {
+    let (Some(socket), Some(token)) = (env.var(endpoint::SOCKET_ENV), env.var(endpoint::TOKEN_ENV))
+    else {
         eprintln!("fk-agentd tool: {}", endpoint::EndpointError::NotInSession);
         return Ok(crate::exit::EXIT_UNAVAILABLE);
     };
-    match endpoint::call(&socket, &token, name, arguments).await {
+    match endpoint::call(socket, token, name, arguments).await {
         Ok(reply) => {
             println!("{}", reply.text);
             Ok(reply.exit_code())
@@ -245,7 +243,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         Command::SimBench(_) | Command::ConfinedExec(_) => {
             unreachable!("main runs sim-bench and confined-exec before the runtime")
         }
-        Command::Tool(ref tool) => cmd_tool(tool).await,
+        Command::Tool(ref tool) => cmd_tool(tool, &env).await,
         Command::Compare(ref args) => compare::cmd_compare(&home(&cli.global, &env)?, args),
         Command::Dashboard(ref args) => {
             dashboard::cmd_dashboard(&cli.global, &env, &catalog, args).await
@@ -258,7 +256,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             let choice = provider.unwrap_or(config.provider.clone());
             let p = ProviderConfig::load(&choice, &config.home, &env)?;
             let token = crate::llm::TokenProvider::from_source(&p.token, |var| {
-                std::env::var(var).ok().filter(|v| !v.is_empty())
+                env.var(var).map(String::from)
             })?;
             let cancel = tokio_util::sync::CancellationToken::new();
             let report = crate::llm::check::check(p, token, &cancel).await;
@@ -279,7 +277,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             f.patches = patches.clone();
             let mut config = Config::load(&f, &env, &catalog)?;
             config.settle_captures()?;
-            doctor::cmd_doctor(&config, json).await
+            doctor::cmd_doctor(&config, &env, json).await
         }
         Command::Captures(ref command) => {
             let mut config = Config::load(&flags(&cli.global, None), &env, &catalog)?;

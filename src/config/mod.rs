@@ -62,7 +62,8 @@ impl ConfigError {
     }
 }
 
-/// The environment variables fk-agentd reads, collected once by the CLI.
+/// The environment fk-agentd reads, collected once by the CLI: the variables it names, and
+/// every variable (for `PATH`, a provider's `token_env`, what agents' shells inherit).
 #[derive(Clone, Debug, Default)]
 pub struct Env {
     pub fk_agentd_home: Option<String>,
@@ -72,12 +73,17 @@ pub struct Env {
     pub home: Option<String>,
     pub snowflake_account: Option<String>,
     pub cwd: PathBuf,
+    /// Every variable whose name and value are UTF-8.
+    pub vars: BTreeMap<String, String>,
 }
 
 impl Env {
     /// Reads the process environment. Only the binary's edge calls this.
     pub fn from_process() -> Self {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let vars: BTreeMap<String, String> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
+        let get = |k: &str| vars.get(k).filter(|v| !v.is_empty()).cloned();
         Self {
             fk_agentd_home: get("FK_AGENTD_HOME"),
             fk_agentd_config: get("FK_AGENTD_CONFIG"),
@@ -86,7 +92,16 @@ impl Env {
             home: get("HOME"),
             snowflake_account: get("SNOWFLAKE_ACCOUNT"),
             cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            vars,
         }
+    }
+
+    /// The variable `name`, where it is set to something (an empty value counts as unset).
+    pub fn var(&self, name: &str) -> Option<&str> {
+        self.vars
+            .get(name)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
     }
 }
 

@@ -608,8 +608,8 @@ fn env_in(dir: &Path) -> fk_agentd::config::Env {
         fk_dir: None,
         xdg_state_home: None,
         home: None,
-        snowflake_account: None,
         cwd: dir.to_path_buf(),
+        ..Default::default()
     }
 }
 
