@@ -8,8 +8,8 @@
 //!   before the command is exec'd, so no descendant is ever outside it; a signal then goes to
 //!   the process group *and* to every process in the cgroup. A child that cannot get in is
 //!   started again outside it, and the lease is a process-group lease.
-//! - A lease's cgroup is its first GPU's reusable one unless that still holds a process of an
-//!   earlier lease; it is chosen before the grant is journaled, and the launch uses that one.
+//! - A lease's cgroup is its own, named when the grant is journaled, made at its launch and
+//!   removed once empty.
 //! - A job is alive while its group or its cgroup holds a live (non-zombie) process.
 //!
 //! A cgroup lease's child moves itself into its cgroup between fork and exec (a `pre_exec`
@@ -17,7 +17,6 @@
 //! that cannot get in fails its spawn, and the lease is started again in its process group
 //! alone (and says so).
 
-use std::collections::HashSet;
 use std::ffi::CString;
 use std::fs::File;
 use std::future::Future;
@@ -25,14 +24,12 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Mutex;
 
 use rustix::process::{Pid, Signal};
 
 use super::cgroup::{self, Cgroups};
 use super::procfs;
 use super::types::{Containment, LeaseError};
-use crate::sync::guard;
 
 /// The environment variable that tags every process of a lease.
 pub const LEASE_ID_ENV: &str = "FK_AGENTD_LEASE_ID";
@@ -137,9 +134,6 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn cgroup_for(&self, _lease_id: &str, _slots: &[usize]) -> Option<PathBuf> {
         None
     }
-    /// Sets up, before any grant, what leases on GPU slots `0..slots` will run in (the local
-    /// backend makes each GPU's cgroup, so the first lease on a GPU does not).
-    fn prepare(&self, _slots: usize) {}
     /// Why `argv0` would not start for a lease in `cwd` with `env` (its own variables) and
     /// `env_remove` (the daemon's variables it does not get), checked before the request is
     /// queued; `Ok` when it would, or when the backend cannot tell.
@@ -170,14 +164,13 @@ pub trait LeaseBackend: Send + Sync + 'static {
     fn group_is_lease(&self, _pgid: i64, _granted_unix_ms: i64) -> bool {
         true
     }
-    /// Frees what the launch set up once the job is gone: a lease's own cgroup is removed, a
-    /// GPU's reusable one is left empty for the next lease.
+    /// Frees what the launch set up once the job is gone (a lease's cgroup is removed).
     fn release(&self, _job: &JobRef) -> Result<(), String> {
         Ok(())
     }
     /// The cgroups (or other containers) under this daemon's scope that may hold a previous
-    /// daemon's processes, as `(name, job)`: each lease's own, and each GPU's that is not
-    /// empty. After a restart, the ones no adopted lease runs in are swept.
+    /// daemon's processes, as `(name, job)`. After a restart, the ones no adopted lease runs in
+    /// are swept.
     fn leftovers(&self) -> Vec<(String, JobRef)> {
         Vec::new()
     }
@@ -217,8 +210,6 @@ pub trait LeaseBackend: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct LocalBackend {
     cgroups: Option<Cgroups>,
-    /// GPU cgroups that `cgroup.kill` emptied: removed, not reused, once empty.
-    killed: Mutex<HashSet<PathBuf>>,
 }
 
 impl LocalBackend {
@@ -226,7 +217,6 @@ impl LocalBackend {
     pub fn with_cgroups(cgroups: Cgroups) -> Self {
         Self {
             cgroups: Some(cgroups),
-            ..Self::default()
         }
     }
 
@@ -251,10 +241,7 @@ impl LocalBackend {
                  would escape the kill"
             ),
         }
-        Self {
-            cgroups,
-            ..Self::default()
-        }
+        Self { cgroups }
     }
 
     /// What new leases run in.
@@ -446,39 +433,8 @@ impl LeaseBackend for LocalBackend {
         !procfs::group_reused(pgid, granted_unix_ms)
     }
 
-    fn cgroup_for(&self, lease_id: &str, slots: &[usize]) -> Option<PathBuf> {
-        let c = self.cgroups.as_ref()?;
-        let Some(&slot) = slots.iter().min() else {
-            return Some(c.lease_dir(lease_id));
-        };
-        let shared = c.slot_dir(slot);
-        let held = cgroup::members(&shared);
-        if held.is_empty() {
-            if !guard(&self.killed).contains(&shared) {
-                return Some(shared);
-            }
-            // One that `cgroup.kill` emptied is made afresh (see `cgroup::retire`).
-            if cgroup::remove(&shared).is_ok() {
-                guard(&self.killed).remove(&shared);
-                return Some(shared);
-            }
-        }
-        tracing::warn!(lease = lease_id, cgroup = %shared.display(), pids = ?held, "the GPU's cgroup cannot take this lease (it holds processes of an earlier lease, or cannot be made afresh); this lease gets a cgroup of its own");
-        Some(c.lease_dir(lease_id))
-    }
-
-    fn prepare(&self, slots: usize) {
-        let Some(c) = &self.cgroups else {
-            return;
-        };
-        // Made one at a time here, rather than by the first 12 grants at once, where their
-        // mkdirs and first children queue on the kernel's cgroup lock. One that cannot be made
-        // now is tried again at its first lease.
-        for slot in 0..slots {
-            if let Err(e) = std::fs::create_dir_all(c.slot_dir(slot)) {
-                tracing::debug!(slot, error = %e, "cannot make a GPU's cgroup ahead of its first lease");
-            }
-        }
+    fn cgroup_for(&self, lease_id: &str, _slots: &[usize]) -> Option<PathBuf> {
+        Some(self.cgroups.as_ref()?.lease_dir(lease_id))
     }
 
     fn launch(&self, spec: LaunchSpec<'_>) -> Result<Launched, LeaseError> {
@@ -492,7 +448,7 @@ impl LeaseBackend for LocalBackend {
                 };
                 // The child could not get into its cgroup (or the program failed to start:
                 // then the second spawn fails alike): the lease runs in its process group.
-                let _ = cgroup::retire(&d, true);
+                let _ = cgroup::remove(&d);
                 let child = spawn(&spec, None)?;
                 tracing::warn!(lease = spec.lease_id, cgroup = %d.display(), error = %e, "the lease's child could not enter its cgroup; it runs in its process group only");
                 (child, None)
@@ -524,10 +480,8 @@ impl LeaseBackend for LocalBackend {
             // ESRCH means the group is already gone, which is what we want.
             let _ = rustix::process::kill_process_group(pid, sig);
         }
-        if let Some(dir) = &job.cgroup
-            && cgroup::signal_all(dir, hard)
-        {
-            guard(&self.killed).insert(dir.clone());
+        if let Some(dir) = &job.cgroup {
+            cgroup::signal_all(dir, hard);
         }
     }
 
@@ -567,8 +521,7 @@ impl LeaseBackend for LocalBackend {
         if !left.is_empty() {
             return Err(format!("{} still holds {left:?}", dir.display()));
         }
-        let reuse = !guard(&self.killed).remove(dir);
-        cgroup::retire(dir, reuse).map_err(|e| format!("{}: {e}", dir.display()))
+        cgroup::remove(dir).map_err(|e| format!("{}: {e}", dir.display()))
     }
 
     fn leftovers(&self) -> Vec<(String, JobRef)> {
@@ -577,8 +530,6 @@ impl LeaseBackend for LocalBackend {
         };
         c.leftovers()
             .into_iter()
-            // An idle GPU cgroup is no leftover; one still holding processes is.
-            .filter(|(name, dir)| !cgroup::is_slot(name) || !cgroup::members(dir).is_empty())
             .map(|(id, dir)| {
                 let cgroup = Some(dir);
                 (id, JobRef { pgid: 0, cgroup })

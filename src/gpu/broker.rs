@@ -239,7 +239,6 @@ impl Broker {
         ]);
         let mut queue = Queue::new(inventory.len(), caps, params.age_after);
         queue.set_nodes(backend.slot_nodes(inventory.len()));
-        backend.prepare(inventory.len());
         super::admin::restore_drains(&inventory, &store, &mut queue);
         let inner = Arc::new(Inner {
             inventory,

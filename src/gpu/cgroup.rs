@@ -7,13 +7,7 @@
 //! backend does that between fork and exec) nor the process-group fallback when no hierarchy
 //! is writable.
 //!
-//! A lease runs in the cgroup of its first GPU, `gpu-<slot>`, which outlives it and is reused
-//! by the next lease on that GPU: GPUs are exclusive, so no two running leases share one. A
-//! cgroup's first process costs the kernel far more than later ones (on a 2-core host, 0.7–0.9
-//! ms against 0.2 ms per clone with a second thread spawning), so reuse keeps that cost off
-//! the grant path. When a GPU's cgroup still holds a process that outlived its lease (one
-//! stuck in the kernel), the next lease there gets a cgroup of its own, named by its lease id
-//! and removed when it ends.
+//! Each lease runs in a cgroup of its own, named by its lease id and removed once it is empty.
 //!
 //! Hierarchies are tried in this order: cgroup v2 mounted at the root, the cgroup v1 `pids`
 //! hierarchy, the v1 `freezer` hierarchy, then the v2 `unified` mount of a hybrid host.
@@ -26,12 +20,9 @@
 //!   directory (a test's temp dir, a read-only mount) never passes.
 //! - `<scope>` is a hash of the daemon's store path, so a daemon only ever kills or sweeps its
 //!   own leases' cgroups; two daemons on one host (or parallel tests) never touch each other's.
-//! - A lease cgroup is emptied or removed only once `cgroup.procs` lists no live process; an
-//!   emptied GPU cgroup has its fork limit lifted again before the next lease uses it.
-//! - A GPU cgroup emptied by `cgroup.kill` is removed rather than reused (see [`retire`]).
-//! - The daemon removes a previous daemon's idle GPU cgroups when it starts, makes each GPU's
-//!   afresh before its first grant (`LeaseBackend::prepare`), and removes them, with its scope
-//!   directory, when it stops.
+//! - A lease cgroup is removed only once `cgroup.procs` lists no live process.
+//! - The daemon removes its scope directory when it stops and no cgroup is left in it; a
+//!   restart sweeps the ones left (whatever their name, also an older release's `gpu-<n>`).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -43,8 +34,6 @@ use super::types::Containment;
 
 /// The directory, under a hierarchy's mount, that holds every daemon's lease cgroups.
 const TOP: &str = "fk-agentd";
-/// How the reusable cgroup of a GPU slot is named: `gpu-<slot>` (lease ids start `lease-`).
-const SLOT_PREFIX: &str = "gpu-";
 const CGROUP_SUPER_MAGIC: u64 = 0x0027_e0eb;
 const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
 
@@ -105,10 +94,6 @@ impl Cgroups {
         }
         let scope_dir = mount.join(TOP).join(scope);
         std::fs::create_dir_all(&scope_dir).ok()?;
-        // A previous daemon's idle GPU cgroups are made afresh: whether one was killed with
-        // `cgroup.kill` (which rules out reuse, see `retire`) died with that daemon. One that
-        // still holds processes stays for the restart's sweep.
-        remove_idle_slots(&scope_dir);
         let writable = std::fs::OpenOptions::new()
             .write(true)
             .open(scope_dir.join("cgroup.procs"))
@@ -136,11 +121,6 @@ impl Cgroups {
     /// Where the cgroup of `lease_id` lives (whether or not it exists yet).
     pub fn lease_dir(&self, lease_id: &str) -> PathBuf {
         self.scope_dir.join(lease_id)
-    }
-
-    /// Where the reusable cgroup of GPU slot `slot` lives (whether or not it exists yet).
-    pub fn slot_dir(&self, slot: usize) -> PathBuf {
-        self.scope_dir.join(format!("{SLOT_PREFIX}{slot}"))
     }
 
     /// Makes the cgroup `name` in the scope (and the scope again, if an idle twin removed it);
@@ -178,34 +158,8 @@ impl Drop for Cgroups {
     fn drop(&mut self) {
         // The scope goes only when no cgroup is left in it, which is the point: a restart
         // sweeps what remains.
-        remove_idle_slots(&self.scope_dir);
         let _ = std::fs::remove_dir(&self.scope_dir);
     }
-}
-
-/// Removes the GPU cgroups in `scope_dir` that hold no process (`rmdir` refuses the others).
-fn remove_idle_slots(scope_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(scope_dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if e.file_name().to_str().is_some_and(is_slot) {
-            let _ = std::fs::remove_dir(e.path());
-        }
-    }
-}
-
-/// True for the name of a GPU slot's reusable cgroup (not one of a single lease).
-pub(crate) fn is_slot(name: &str) -> bool {
-    name.strip_prefix(SLOT_PREFIX)
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// True when `dir` is a GPU slot's reusable cgroup.
-pub(crate) fn is_slot_dir(dir: &Path) -> bool {
-    dir.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(is_slot)
 }
 
 /// The flavour of an existing cgroup directory, from the control files it has.
@@ -237,11 +191,10 @@ fn write(dir: &Path, file: &str, value: &str) -> bool {
 /// One pass of SIGTERM (`hard == false`) or SIGKILL at every process in the cgroup. A hard
 /// pass first stops the cgroup from growing (v2 `cgroup.kill` kills everything in the kernel;
 /// v1 `pids.max = 0` refuses forks; a freezer holds every member still while it is signalled).
-/// Callers repeat hard passes until [`members`] is empty. Returns true when the pass used
-/// `cgroup.kill`, after which the cgroup must not be reused (see [`retire`]).
-pub(crate) fn signal_all(dir: &Path, hard: bool) -> bool {
+/// Callers repeat hard passes until [`members`] is empty.
+pub(crate) fn signal_all(dir: &Path, hard: bool) {
     if hard && write(dir, "cgroup.kill", "1") {
-        return true;
+        return;
     }
     if hard {
         let _ = write(dir, "pids.max", "0");
@@ -257,24 +210,6 @@ pub(crate) fn signal_all(dir: &Path, hard: bool) -> bool {
         let _ = write(dir, "cgroup.freeze", "0");
         let _ = write(dir, "freezer.state", "THAWED");
     }
-    false
-}
-
-/// Done with an empty cgroup: a GPU slot's is kept for the next lease (`reuse`), with forks
-/// allowed again (a v1 hard kill set `pids.max` to 0); any other is removed.
-///
-/// A v2 cgroup that `cgroup.kill` was written to is not to be reused: on kernel 6.18 every
-/// child later started in it with `clone3(CLONE_INTO_CGROUP)` got SIGKILL at birth (the
-/// kernel's kill sequence number for the cgroup no longer matched the one the fork read).
-pub(crate) fn retire(dir: &Path, reuse: bool) -> io::Result<()> {
-    if !reuse || !is_slot_dir(dir) {
-        return remove(dir);
-    }
-    if dir.join("pids.max").exists() && !write(dir, "pids.max", "max") {
-        // A cgroup that cannot fork would fail the next lease: start that one afresh.
-        return remove(dir);
-    }
-    Ok(())
 }
 
 /// Removes an empty cgroup; a missing one is already removed.
@@ -300,17 +235,6 @@ mod tests {
         }
         assert!(Cgroups::detect(dir.path(), "s").is_none());
         assert!(!dir.path().join("fk-agentd").exists());
-    }
-
-    #[test]
-    fn only_gpu_slot_names_are_reusable_cgroups() {
-        let slots: Vec<bool> = ["gpu-0", "gpu-17", "gpu-", "gpu-1a", "lease-1-2-ab", "gpu"]
-            .iter()
-            .map(|n| is_slot(n))
-            .collect();
-        assert_eq!(slots, [true, true, false, false, false, false]);
-        assert!(is_slot_dir(Path::new("/x/fk-agentd/s/gpu-3")));
-        assert!(!is_slot_dir(Path::new("/x/fk-agentd/s/lease-1-2-ab")));
     }
 
     #[test]

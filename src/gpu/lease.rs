@@ -46,8 +46,8 @@ impl Drop for LeaseGuard {
             let backend = self.broker.inner.backend.clone();
             backend.signal(&job, true);
             // The cgroup can only go once its members are dead; a restart sweeps it otherwise.
-            // The GPUs wait for that too: the next lease on them may reuse this cgroup, and
-            // must not be hit by this cleanup's kills.
+            // The GPUs wait for that too: the next lease on them must not share them with
+            // what this cleanup is still killing.
             if job.cgroup.is_some() && tokio::runtime::Handle::try_current().is_ok() {
                 let (broker, lease_id) = (self.broker.clone(), self.lease_id.clone());
                 self.broker.track(async move {

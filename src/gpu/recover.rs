@@ -9,7 +9,7 @@
 //! process and whose wall-clock deadline is ahead is adopted: its GPUs are held again, a tracked
 //! task enforces the original deadline, and its GPU use is audited as for any lease (`audit.rs`).
 //! Every other open row is ended: its group and cgroup (and every process tagged with its lease id)
-//! are killed, its cgroup emptied (and removed, unless it is a GPU's reusable one), its GPUs
+//! are killed, its cgroup emptied and removed, its GPUs
 //! reclaimed, and its row is closed with an outcome saying so. Last, every cgroup of this daemon's
 //! scope that holds processes (or belonged to one lease) and no adopted lease runs in is emptied
 //! the same way, so nothing a previous daemon started outlives it.

@@ -208,54 +208,28 @@ fn named_in(proc_cgroup: &str, cgroup: &str) -> bool {
 }
 
 #[tokio::test]
-async fn leases_on_one_gpu_reuse_its_cgroup_which_is_empty_between_them_and_gone_after_the_daemon()
-{
+async fn each_lease_runs_in_a_cgroup_of_its_own_gone_when_it_ends_and_the_scope_with_the_daemon() {
     for k in 0..writable_hierarchies() {
         let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
         let d = dir.path();
         let first = cgroup_and_output(&broker, &store, d, "a", "cat /proc/self/cgroup").await;
-        let procs = Path::new(&first.0).join("cgroup.procs");
-        let between = std::fs::read_to_string(&procs).expect("kept for the next lease");
+        let first_gone = !Path::new(&first.0).exists();
         let second = cgroup_and_output(&broker, &store, d, "b", "cat /proc/self/cgroup").await;
         let scope = Path::new(&first.0).parent().expect("scope").to_path_buf();
-        drop(broker);
-        let got = (
-            first.0.ends_with("/gpu-0"),
-            first.0 == second.0,
-            named_in(&first.1, &first.0) && named_in(&second.1, &second.0),
-            between,
-            scope.exists(),
-        );
-        assert_eq!(got, (true, true, true, String::new(), false), "{kind:?}");
-    }
-}
-
-#[tokio::test]
-async fn each_gpu_s_cgroup_is_made_when_the_broker_starts_and_removed_when_it_stops() {
-    for k in 0..writable_hierarchies() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("fk-agentd.db")).expect("store");
-        let mut found = Cgroups::available(Path::new(CGROUP_ROOT), &scope_for(store.path()));
-        let cgroups = found.swap_remove(k);
-        let (kind, scope) = (cgroups.kind(), cgroups.scope_dir().to_path_buf());
-        let backend = Arc::new(LocalBackend::with_cgroups(cgroups));
-        let broker = Broker::with_backend(Inventory::fake(3), params(), store, backend);
-        let mut made: Vec<String> = std::fs::read_dir(&scope)
+        let between: Vec<_> = std::fs::read_dir(&scope)
             .expect("scope")
             .filter_map(|e| e.ok())
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        made.sort();
         drop(broker);
-        assert_eq!(
-            (made, scope.exists()),
-            (
-                vec!["gpu-0".to_string(), "gpu-1".into(), "gpu-2".into()],
-                false
-            ),
-            "{kind:?}"
+        let got = (
+            first.0 != second.0,
+            named_in(&first.1, &first.0) && named_in(&second.1, &second.0),
+            first_gone,
+            between.len(),
+            scope.exists(),
         );
+        assert_eq!(got, (true, true, true, 0, false), "{kind:?}");
     }
 }
 
@@ -320,31 +294,6 @@ async fn a_dropped_lease_keeps_its_gpu_until_its_cgroup_is_empty_and_the_next_le
         let (_, out) =
             cgroup_and_output(&broker, &store, dir.path(), "next", "sleep 0.2; echo ran").await;
         assert_eq!((held_at_drop, out.as_str()), (true, "ran\n"), "{kind:?}");
-    }
-}
-
-#[tokio::test]
-async fn a_gpu_cgroup_still_holding_a_process_sends_the_next_lease_to_a_cgroup_of_its_own() {
-    for k in 0..writable_hierarchies() {
-        let (dir, broker, store, kind) = cgroup_rig(k).expect("writable");
-        let d = dir.path();
-        let (shared, _) = cgroup_and_output(&broker, &store, d, "a", "true").await;
-        // What a lease stuck in the kernel would leave: a process its kill did not end.
-        let mut stuck = sleeper_in(Path::new(&shared));
-        let (own, out) = cgroup_and_output(&broker, &store, d, "b", "cat /proc/self/cgroup").await;
-        let stuck_alive = alive(stuck.id() as i32);
-        let _ = stuck.kill();
-        let _ = stuck.wait();
-        let got = (
-            own != shared
-                && Path::new(&own)
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with("lease-")),
-            named_in(&out, &own),
-            Path::new(&own).exists(),
-            stuck_alive,
-        );
-        assert_eq!(got, (true, true, false, true), "{kind:?}");
     }
 }
 
@@ -423,8 +372,8 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
     }
     let old = Cgroups::detect(Path::new(CGROUP_ROOT), &scope).expect("writable");
     // One lease journaled before its spawn was recorded; one cgroup with no open row at all;
-    // a GPU's cgroup holding a process of no open lease, and an idle one (made afresh by the
-    // next daemon, not swept); a live lease in a GPU's cgroup, still within its deadline.
+    // an older release's GPU cgroups (`gpu-<n>`), one holding a process of no open lease and
+    // one idle; a live lease in one of them, still within its deadline.
     let [open_dir, left_dir, busy_gpu, idle_gpu, live_gpu] =
         ["lease-open", "lease-left", "gpu-0", "gpu-1", "gpu-2"]
             .map(|name| old.create(name).expect("cgroup"));
@@ -458,7 +407,7 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
         RecoveryReport {
             adopted: vec!["lease-live".into()],
             reclaimed: vec!["lease-open".into()],
-            swept: vec!["gpu-0".into(), "lease-left".into()],
+            swept: vec!["gpu-0".into(), "gpu-1".into(), "lease-left".into()],
         }
     );
     use std::os::unix::process::ExitStatusExt;
@@ -468,16 +417,10 @@ async fn a_restart_kills_what_old_lease_cgroups_hold_and_removes_them() {
         busy_child.wait().expect("wait").signal(),
     );
     assert_eq!((signals, live_alive), ((Some(9), Some(9), Some(9)), true));
-    // Emptied: kept for reuse, or removed where `cgroup.kill` emptied it.
-    let procs = |d: &Path| std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+    // Emptied and removed, the adopted lease's kept.
     assert_eq!(
-        (
-            open_dir.exists(),
-            left_dir.exists(),
-            procs(&busy_gpu),
-            procs(&idle_gpu)
-        ),
-        (false, false, String::new(), String::new())
+        [&open_dir, &left_dir, &busy_gpu, &idle_gpu, &live_gpu].map(|d| d.exists()),
+        [false, false, false, false, true]
     );
     let outcome = store
         .lease("lease-open")
