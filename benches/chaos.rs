@@ -1627,9 +1627,11 @@ fn main() {
             .unwrap_or(0xC4A05),
     );
     let mut t = Table::default();
-    // `FK_CHAOS_ONLY=scoring`, `=folder`, `=input`, `=store`, `=signals`, `=disk` or
-    // `=secrets`: that section alone.
+    // `FK_CHAOS_ONLY=crash`, `=scoring`, `=folder`, `=input`, `=store`, `=signals`, `=disk`,
+    // `=secrets` or `=faults`: that section alone.
     match std::env::var("FK_CHAOS_ONLY").as_deref() {
+        Ok("crash") => drop(crash(&mut t, &mut rng)),
+        Ok("faults") => provider_faults(&mut t),
         Ok("scoring") => scoring_kills(&mut t, &mut rng),
         Ok("folder") => lost_folder(&mut t),
         Ok("input") => bad_input(&mut t, &small_finished_home()),

@@ -425,7 +425,7 @@ fn the_simulations_agents_that_try_to_read_the_token_file_are_refused() {
         (0, 0),
         "{report}"
     );
-    for path in walk(&home) {
+    for path in super::support::probes::walk(&home) {
         assert_no_token(&String::from_utf8_lossy(&std::fs::read(&path).unwrap()));
     }
 
@@ -441,19 +441,6 @@ fn the_simulations_agents_that_try_to_read_the_token_file_are_refused() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(2), "{err}");
     assert!(err.contains("refusing to start"), "{err}");
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else if path.is_file() {
-            out.push(path);
-        }
-    }
-    out
 }
 
 /// The fallback where the kernel has no Landlock (forced here), or `None` (the reason printed)

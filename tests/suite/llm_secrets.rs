@@ -94,7 +94,7 @@ async fn nothing_the_client_writes_or_says_contains_the_token() {
     std::fs::write(&out, said.join("\n")).unwrap();
     let mut leaks = Vec::new();
     let mut searched = 0;
-    for entry in walk(h.dir.path()) {
+    for entry in super::support::probes::walk(h.dir.path()) {
         if entry == h.token_file {
             continue;
         }
@@ -117,17 +117,4 @@ async fn nothing_the_client_writes_or_says_contains_the_token() {
         !bodies.to_string().contains(TEST_TOKEN),
         "the token is only in the header"
     );
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
