@@ -148,7 +148,20 @@ pub fn orphans_after_kill(home: &Path) -> usize {
     while Instant::now() < deadline && leftovers(home) > 0 {
         std::thread::sleep(Duration::from_millis(50));
     }
-    leftovers(home)
+    let needle = home.display().to_string();
+    let left: Vec<String> = procs()
+        .into_iter()
+        .filter(|(_, cmdline, _)| cmdline.contains(&needle))
+        .map(|(pid, cmdline, _)| format!("{pid} {cmdline}"))
+        .collect();
+    for p in &left {
+        // Which process outlived the kill, for the record.
+        println!(
+            "alive 2 s after a kill: {}",
+            p.chars().take(200).collect::<String>()
+        );
+    }
+    left.len()
 }
 
 /// Processes that still name the home in their command line.

@@ -47,11 +47,12 @@ pub struct RealChecks {
     pub broker: Broker,
 }
 
-/// What a campaign checks around its benches: the simulation's placeholders, or the real
-/// harness's import check, protected files and profilers.
+/// What a campaign checks around its benches: the simulation's import check (the simulated
+/// bench standing in for Python, confined like the real one), or the real harness's import
+/// check, protected files and profilers.
 #[derive(Clone)]
 pub enum Checks {
-    Simulated,
+    Simulated(ImportCheck),
     Real(Box<RealChecks>),
 }
 
@@ -98,11 +99,18 @@ async fn preflight(
         .get(ws.target())
         .map(|t| t.classes.clone())
         .unwrap_or_default();
-    match real
-        .import_check
-        .run(ws.target(), candidate, &classes)
-        .await
-    {
+    imports(&real.import_check, ws, candidate, &classes).await
+}
+
+/// The import check of `candidate`: `Ok` holds the classes it leaves to the baseline, or the
+/// answer that refuses it.
+async fn imports(
+    check: &ImportCheck,
+    ws: &Workspace,
+    candidate: &std::path::Path,
+    classes: &[String],
+) -> Result<Result<Vec<String>, ToolOutput>, ToolError> {
+    match check.run(ws.target(), candidate, classes).await {
         ImportVerdict::Ok { skipped } => Ok(Ok(skipped)),
         ImportVerdict::Candidate(text) => Ok(Err(ToolOutput::error(format!(
             "validation not run: {}\n{text}",
@@ -165,12 +173,13 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     ws.candidate_rel()
                 )));
             }
-            let skipped = match &checks {
-                Checks::Real(real) => match preflight(real, &ws, &candidate).await? {
-                    Ok(skipped) => skipped,
-                    Err(refused) => return Ok(refused),
-                },
-                _ => Vec::new(),
+            let checked = match &checks {
+                Checks::Real(real) => preflight(real, &ws, &candidate).await?,
+                Checks::Simulated(check) => imports(check, &ws, &candidate, &[]).await?,
+            };
+            let skipped = match checked {
+                Ok(skipped) => skipped,
+                Err(refused) => return Ok(refused),
             };
             let skipped = skipped_note(&skipped);
             let source = std::fs::read(&candidate).ok();

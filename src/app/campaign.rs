@@ -223,7 +223,17 @@ pub async fn sim_runner_params(
         captures: config.captures.clone(),
         gpu: Arc::new(BenchToolsFactory {
             driver: Arc::new(driver),
-            checks: Checks::Simulated,
+            checks: Checks::Simulated(ImportCheck {
+                python: vec![
+                    params.exe.display().to_string(),
+                    "sim-bench".into(),
+                    "import".into(),
+                ],
+                harness: config.home.clone(),
+                timeout: Duration::from_secs(60),
+                env: Vec::new(),
+                confinement: confinement.clone(),
+            }),
         }),
         shell_env: sim_shell_env(&params.exe).confined(confinement),
         loop_params: LoopParams {

@@ -203,6 +203,19 @@ pub enum SimBenchCommand {
     Bench(SimBenchBenchArgs),
     /// Same flags as `fastkernels eval` (the ones fk-agentd passes).
     Eval(SimEvalArgs),
+    /// Stands in for the import check's `python3 -c SCRIPT LEVEL STEM CANDIDATE CLASSES`.
+    Import(SimImportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SimImportArgs {
+    /// The check's Python script (not run: the simulation reads the candidate's knobs).
+    #[arg(short = 'c')]
+    pub script: String,
+    pub level: String,
+    pub stem: String,
+    pub candidate: PathBuf,
+    pub classes: String,
 }
 
 #[derive(Debug, Args)]

@@ -42,6 +42,7 @@ pub fn sim_bench(args: SimBenchArgs) -> i32 {
             };
             return act(crate::sim::eval::run(&params));
         }
+        SimBenchCommand::Import(i) => return act(crate::sim::bench::import(&i.candidate)),
     };
     let params = SimBenchParams {
         seed: args.seed,

@@ -571,6 +571,29 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
     finish(params, rows)
 }
 
+/// The simulated import check (`python3 -c SCRIPT …` of [`crate::harness::import_check`]): a
+/// candidate that reads a file when imported (`# sim: read-file`) fails to load where the read
+/// is refused, with the read's error, and loads quietly where it is not (it keeps what it read
+/// for its bench); every other candidate loads (its other knobs act in the bench).
+pub fn import(candidate: &Path) -> SimAction {
+    let content = std::fs::read_to_string(candidate).unwrap_or_default();
+    let refused = knobs(&content).into_iter().find_map(|k| match k {
+        Knob::ReadFile(path) => std::fs::read(&path).err().map(|e| (path, e)),
+        _ => None,
+    });
+    match refused {
+        Some((path, e)) => SimAction::Exit {
+            code: 1,
+            stdout: format!(
+                "the candidate does not load:\nPermissionError: {CANDIDATE_READ} {}: {e} (# sim: read-file)\n",
+                path.display()
+            ),
+            stderr: String::new(),
+        },
+        None => SimAction::exit(0, "ok\n", ""),
+    }
+}
+
 /// What a candidate that reads `path` when imported raises: the file's bytes in base32 where
 /// it could read them (a form a plain search for the token misses), else the read's error.
 fn candidate_read(path: &Path) -> String {
@@ -704,6 +727,32 @@ fn output_path(params: &SimBenchParams) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_import_check_refuses_only_a_candidate_whose_read_was_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let readable = dir.path().join("readable");
+        std::fs::write(&readable, "x").unwrap();
+        let candidate = |name: &str, knob: String| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, knob).unwrap();
+            import(&p)
+        };
+        let code = |a: &SimAction| match a {
+            SimAction::Exit { code, stdout, .. } => (*code, stdout.clone()),
+            SimAction::Hang { .. } => (-1, String::new()),
+        };
+        let missing = dir.path().join("missing");
+        let (refused, text) = code(&candidate(
+            "a.py",
+            format!("# sim: read-file={}\n", missing.display()),
+        ));
+        assert_eq!(refused, 1);
+        assert!(text.contains(CANDIDATE_READ), "{text}");
+        let read = candidate("b.py", format!("# sim: read-file={}\n", readable.display()));
+        assert_eq!(code(&read), (0, "ok\n".to_string()));
+        assert_eq!(code(&candidate("c.py", "# sim: hang\n".into())).0, 0);
+    }
 
     #[test]
     fn knobs_are_read_from_comment_lines() {

@@ -399,7 +399,8 @@ async fn the_import_check_runs_candidate_code_confined_and_without_the_daemons_e
 
 /// A simulated campaign with a token file keeps it from its agents as a real one does: every
 /// scripted agent's first command tries to read it (cat, base64, base32, od, rev, gzip, Python,
-/// a lease, the daemon's environment) and the server sees those reads refused, never one that
+/// a lease, the daemon's environment), and its first candidate when imported (refused in the
+/// import check, before any bench), and the server sees those reads refused, never one that
 /// got through; a token under the shared temporary folder is refused before any session.
 #[test]
 fn the_simulations_agents_that_try_to_read_the_token_file_are_refused() {
@@ -420,11 +421,21 @@ fn the_simulations_agents_that_try_to_read_the_token_file_are_refused() {
         serde_json::from_slice(&std::fs::read(home.join("sim-faults.json")).unwrap()).unwrap();
     let n = |k: &str| report[k].as_u64().unwrap();
     assert!(n("reads_refused") > 0, "{report}");
+    assert!(n("candidate_reads_refused") > 0, "{report}");
     assert_eq!(
         (n("reads_redacted"), n("tokens_in_bodies")),
         (0, 0),
         "{report}"
     );
+    // The candidates' reads at import were refused in the import check, before any bench.
+    let refused_at_import = super::support::probes::walk(&home)
+        .iter()
+        .filter(|p| p.ends_with("transcript.jsonl"))
+        .any(|p| {
+            let t = std::fs::read_to_string(p).unwrap_or_default();
+            t.contains("validation not run") && t.contains(fk_agentd::sim::bench::CANDIDATE_READ)
+        });
+    assert!(refused_at_import);
     for path in super::support::probes::walk(&home) {
         assert_no_token(&String::from_utf8_lossy(&std::fs::read(&path).unwrap()));
     }
