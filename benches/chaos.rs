@@ -1355,7 +1355,7 @@ fn secrets(t: &mut Table) {
     );
     t.add(
         "secrets",
-        "requests showing a candidate's import read of the token file refused in its lease",
+        "requests showing a candidate's import read of the token file refused (import check)",
         n("candidate_reads_refused"),
         "> 0",
         n("candidate_reads_refused") > 0 && n("candidate_reads_refused") != u64::MAX,
