@@ -148,12 +148,7 @@ pub fn orphans_after_kill(home: &Path) -> usize {
     while Instant::now() < deadline && leftovers(home) > 0 {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let needle = home.display().to_string();
-    let left: Vec<String> = procs()
-        .into_iter()
-        .filter(|(_, cmdline, _)| cmdline.contains(&needle))
-        .map(|(pid, cmdline, _)| format!("{pid} {cmdline}"))
-        .collect();
+    let left = left_behind(home);
     for p in &left {
         // Which process outlived the kill, for the record.
         println!(
@@ -166,11 +161,17 @@ pub fn orphans_after_kill(home: &Path) -> usize {
 
 /// Processes that still name the home in their command line.
 pub fn leftovers(home: &Path) -> usize {
+    left_behind(home).len()
+}
+
+/// `pid cmdline` of each process that names the home in its command line.
+fn left_behind(home: &Path) -> Vec<String> {
     let needle = home.display().to_string();
     procs()
         .into_iter()
         .filter(|(_, cmdline, _)| cmdline.contains(&needle))
-        .count()
+        .map(|(pid, cmdline, _)| format!("{pid} {cmdline}"))
+        .collect()
 }
 
 /// (pid, cmdline, environ) of every readable process.

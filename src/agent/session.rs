@@ -593,8 +593,7 @@ pub(crate) async fn call_with_retries(
         let call_fut = t
             .toolbox
             .call(&call.name, &call.arguments, cancel.child_token());
-        let gpu = leases_a_gpu(&call.name);
-        let result = if gpu {
+        let result = if leases_a_gpu(&call.name) {
             t.slot.off_slot(call_fut).await
         } else {
             call_fut.await

@@ -200,11 +200,11 @@ fn profile(name: &str, args: Option<&str>, output: Option<&str>) -> ToolDetail {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn args(v: serde_json::Value) -> CallArgs {
         CallArgs::parse(&v.to_string())
     }
-    use serde_json::json;
 
     #[test]
     fn a_shell_output_gives_its_end_wall_time_and_text() {

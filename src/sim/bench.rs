@@ -121,10 +121,10 @@ enum Knob {
     /// RUNTIME_ERROR when benched beside lower-level candidates (a composed bench). Without
     /// a knob that happens by chance (1 in 4 for L2+ candidates); `pass`/`speedup=` prevent it.
     ComposeBreak,
-    /// `read-file=PATH`: a candidate that reads PATH when imported and raises an error holding
-    /// what it read in base32 (or the error the read met), so every row is RUNTIME_ERROR with
-    /// that detail: the attack on the token file through candidate code, run by the bench
-    /// inside its lease.
+    /// `read-file=PATH`: a candidate that reads PATH when imported: the attack on the token file
+    /// through candidate code. Where the read is refused the import check ([`import`]) fails
+    /// with the read's error; where it gets through, the bench's rows are all RUNTIME_ERROR
+    /// with what it read in base32.
     ReadFile(PathBuf),
 }
 
@@ -582,14 +582,14 @@ pub fn import(candidate: &Path) -> SimAction {
         _ => None,
     });
     match refused {
-        Some((path, e)) => SimAction::Exit {
-            code: 1,
-            stdout: format!(
-                "the candidate does not load:\nPermissionError: {CANDIDATE_READ} {}: {e} (# sim: read-file)\n",
-                path.display()
+        Some((path, e)) => SimAction::exit(
+            1,
+            format!(
+                "the candidate does not load:\n{}\n",
+                read_refused(&path, &e)
             ),
-            stderr: String::new(),
-        },
+            "",
+        ),
         None => SimAction::exit(0, "ok\n", ""),
     }
 }
@@ -602,11 +602,16 @@ fn candidate_read(path: &Path) -> String {
             "module construction failed: ValueError('{}') (# sim: read-file)",
             data_encoding::BASE32_NOPAD.encode(&bytes)
         ),
-        Err(e) => format!(
-            "module construction failed: {CANDIDATE_READ} {}: {e} (# sim: read-file)",
-            path.display()
-        ),
+        Err(e) => format!("module construction failed: {}", read_refused(path, &e)),
     }
+}
+
+/// The error a candidate's refused read of `path` raises.
+fn read_refused(path: &Path, e: &std::io::Error) -> String {
+    format!(
+        "{CANDIDATE_READ} {}: {e} (# sim: read-file)",
+        path.display()
+    )
 }
 
 /// How a simulated candidate's refused read of a file begins, for the server to count.

@@ -78,7 +78,7 @@ pub struct FaultReport {
     pub reads_refused: u64,
     pub reads_redacted: u64,
     /// Its first candidate reads the token file when imported (`# sim: read-file`): requests
-    /// whose body shows that read refused, as the bench running in its lease met it.
+    /// whose body shows that read refused, as the import check met it.
     pub candidate_reads_refused: u64,
 }
 

@@ -148,6 +148,20 @@ pub struct Event {
     pub payload: Value,
 }
 
+/// Every `encrypted_content` in `v`, at any depth, replaced by `…`.
+fn strip_encrypted(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if map.remove("encrypted_content").is_some() {
+                map.insert("encrypted_content".into(), Value::String("…".into()));
+            }
+            map.values_mut().for_each(strip_encrypted);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_encrypted),
+        _ => {}
+    }
+}
+
 /// One line of a `transcript.jsonl` ([`crate::agent::journal`] writes them).
 #[derive(Default, Deserialize)]
 #[serde(default)]
@@ -178,25 +192,15 @@ impl Event {
     /// The event with every `encrypted_content` (a model's sealed reasoning, at any depth)
     /// shown as `…`: as views print it.
     pub fn withheld(mut self) -> Self {
-        fn strip(v: &mut Value) {
-            match v {
-                Value::Object(map) => {
-                    if map.remove("encrypted_content").is_some() {
-                        map.insert("encrypted_content".into(), Value::String("…".into()));
-                    }
-                    map.values_mut().for_each(strip);
-                }
-                Value::Array(items) => items.iter_mut().for_each(strip),
-                _ => {}
-            }
-        }
-        strip(&mut self.payload);
+        strip_encrypted(&mut self.payload);
         self
     }
 
     /// The payload on one line, withheld ([`Event::withheld`]).
     pub fn payload_line(&self) -> String {
-        self.clone().withheld().payload.to_string()
+        let mut payload = self.payload.clone();
+        strip_encrypted(&mut payload);
+        payload.to_string()
     }
 
     /// The event decoded by its kind.

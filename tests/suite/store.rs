@@ -611,3 +611,20 @@ fn gpu_seconds_count_grant_to_release_times_gpus_by_class() {
         "no closed lease of it in the lease journal"
     );
 }
+
+#[test]
+fn a_withheld_event_keeps_no_encrypted_content_at_any_depth() {
+    let e = fk_agentd::store::Event {
+        run_id: "r".into(),
+        seq: 1,
+        at: "2026-12-07T00:00:00Z".into(),
+        kind: "model_item".into(),
+        target: None,
+        payload: json!({"item": {"encrypted_content": "gAAAA", "x": [{"encrypted_content": "b"}]}}),
+    };
+    let line = e.payload_line();
+    let withheld = e.withheld().payload.to_string();
+    assert_eq!(line, withheld);
+    assert!(!line.contains("gAAAA") && !line.contains("\"b\""), "{line}");
+    assert!(line.contains("encrypted_content"), "{line}");
+}

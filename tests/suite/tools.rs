@@ -300,3 +300,23 @@ fn specs_serialize_as_responses_function_tools() {
     assert_eq!(specs[0]["type"], "function");
     assert_eq!(specs[0]["strict"], false);
 }
+
+/// A view reads a call's arguments leniently and shows them as the model wrote them.
+#[test]
+fn call_arguments_read_leniently_and_serialize_as_written() {
+    use fk_agentd::tools::CallArgs;
+    let json = CallArgs::parse(r#"{"path": "a.py", "offset": 3, "extra": [1]}"#);
+    assert_eq!(
+        (json.text("path"), json.fields.offset),
+        (Some("a.py"), Some(3))
+    );
+    let as_json: Value = serde_json::to_value(&json).unwrap();
+    assert_eq!(as_json["extra"][0], 1);
+    let text = CallArgs::parse("cat a.py");
+    assert_eq!(
+        (text.text("cmd"), serde_json::to_value(&text).unwrap()),
+        (None, Value::from("cat a.py"))
+    );
+    let wrong = CallArgs::parse(r#"{"offset": "three", "path": "a.py"}"#);
+    assert_eq!(wrong.text("path"), None);
+}
