@@ -141,14 +141,25 @@ pub fn reruns_of(log: &Path, upto: usize) -> (usize, usize) {
     (again, started.len())
 }
 
-/// Processes of the campaign that outlive its daemon's SIGKILL by 2 s (each lease child is to
-/// die with it): those naming the home, counted once the grace has passed.
+/// Processes of the campaign that outlive its daemon's SIGKILL by 2 s and that no restart
+/// takes back: those naming the home, less those of a lease the next daemon adopts (a
+/// session's open lease within its deadline; leases outlive their daemon by design, and the
+/// next one supervises or ends them: `gpu::recover`). An operator's `lease --local` is never
+/// adopted, so its processes count. Counted once the grace has passed.
 pub fn orphans_after_kill(home: &Path) -> usize {
     let deadline = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < deadline && leftovers(home) > 0 {
+    let orphans = || {
+        let adoptable = adoptable_groups(home);
+        left_behind_with_group(home)
+            .into_iter()
+            .filter(|(pgid, _)| !adoptable.contains(pgid))
+            .map(|(_, p)| p)
+            .collect::<Vec<_>>()
+    };
+    while Instant::now() < deadline && !orphans().is_empty() {
         std::thread::sleep(Duration::from_millis(50));
     }
-    let left = left_behind(home);
+    let left = orphans();
     for p in &left {
         // Which process outlived the kill, for the record.
         println!(
@@ -159,6 +170,30 @@ pub fn orphans_after_kill(home: &Path) -> usize {
     left.len()
 }
 
+/// Process groups of the open leases a restarted daemon adopts: a session's (not the
+/// operator's), journaled with its group, its deadline still ahead.
+fn adoptable_groups(home: &Path) -> BTreeSet<i64> {
+    let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+    let Ok(c) = rusqlite::Connection::open_with_flags(home.join("fk-agentd.db"), flags) else {
+        return BTreeSet::new();
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    let query = |c: &rusqlite::Connection| -> rusqlite::Result<BTreeSet<i64>> {
+        let mut s = c.prepare(
+            "SELECT pgid FROM leases WHERE state IN ('granted', 'running') AND pgid IS NOT NULL \
+             AND session != ?1 AND deadline_unix_ms > ?2",
+        )?;
+        let rows = s.query_map(
+            rusqlite::params![fk_agentd::gpu::OPERATOR_SESSION, now_ms],
+            |r| r.get(0),
+        )?;
+        rows.collect()
+    };
+    query(&c).unwrap_or_default()
+}
+
 /// Processes that still name the home in their command line.
 pub fn leftovers(home: &Path) -> usize {
     left_behind(home).len()
@@ -166,12 +201,29 @@ pub fn leftovers(home: &Path) -> usize {
 
 /// `pid cmdline` of each process that names the home in its command line.
 fn left_behind(home: &Path) -> Vec<String> {
+    left_behind_with_group(home)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+/// [`left_behind`], each with its process group (-1 where it cannot be read).
+fn left_behind_with_group(home: &Path) -> Vec<(i64, String)> {
     let needle = home.display().to_string();
     procs()
         .into_iter()
         .filter(|(_, cmdline, _)| cmdline.contains(&needle))
-        .map(|(pid, cmdline, _)| format!("{pid} {cmdline}"))
+        .map(|(pid, cmdline, _)| (process_group(pid), format!("{pid} {cmdline}")))
         .collect()
+}
+
+/// The process group of `pid`, from `/proc/<pid>/stat` (the field after the state).
+fn process_group(pid: u32) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may hold spaces and parentheses: the fields follow its last `)`.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse().ok())
+        .unwrap_or(-1)
 }
 
 /// (pid, cmdline, environ) of every readable process.

@@ -33,6 +33,13 @@ pub struct SimChaos {
     pub token_file: Option<std::path::PathBuf>,
 }
 
+/// How long the token a rotation replaced is still accepted, counted from the new file's
+/// modification time (Snowflake keeps a rotated access token valid for a set time too). A
+/// request built before the rotation may reach the server after it: that is no client's
+/// fault. Past the grace, the old token is refused (401) and counted as stale; a client that
+/// reads the file only after a 401 keeps sending it until then and is counted.
+pub const ROTATION_GRACE: Duration = Duration::from_secs(3);
+
 /// How long a 429 tells the client to wait.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -66,10 +73,13 @@ pub struct FaultReport {
     /// Requests for a turn that came before the `Retry-After` its 429 asked for had passed.
     pub early_retries: u64,
     /// With a token file: rotations seen, requests that carried a token the file no longer
-    /// held (each answered 401), and requests whose body held a token in any form a leak
+    /// held, past its [`ROTATION_GRACE`] (each answered 401), and requests whose body held a token in any form a leak
     /// takes (as it is, reversed, hex, base64, base32, gzip then base64: sent to the model).
     pub rotations: u64,
     pub stale_tokens: u64,
+    /// Requests that carried the token rotated away less than [`ROTATION_GRACE`] earlier,
+    /// accepted as a provider that rotates tokens does: requests in flight at the rotation.
+    pub previous_in_grace: u64,
     pub tokens_in_bodies: u64,
     /// With a token file, the scripted agent's first shell command tries to read it
     /// ([`attack_command`]): requests whose body shows a read refused ("Permission denied"),
@@ -164,11 +174,22 @@ impl FaultPlan {
         log.report.candidate_reads_refused +=
             u64::from(body.contains(super::bench::CANDIDATE_READ));
         let sent = bearer.strip_prefix("Bearer ").unwrap_or("");
-        let ok = !current.is_empty() && sent == current;
-        if !ok && log.tokens.iter().any(|t| t == sent) {
+        if !current.is_empty() && sent == current {
+            return Some(true);
+        }
+        let previous = log.tokens.len() >= 2 && log.tokens[log.tokens.len() - 2] == sent;
+        // The file's modification time is the rotation's (a new file renamed over the old).
+        let since_rotation = std::fs::metadata(path)
+            .and_then(|m| m.modified())
+            .map(|at| at.elapsed().unwrap_or_default());
+        if previous && since_rotation.is_ok_and(|d| d <= ROTATION_GRACE) {
+            log.report.previous_in_grace += 1;
+            return Some(true);
+        }
+        if log.tokens.iter().any(|t| t == sent) {
             log.report.stale_tokens += 1;
         }
-        Some(ok)
+        Some(false)
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, Log> {
@@ -257,11 +278,30 @@ mod tests {
         plan.token_ok(&bearer(first), "cat: token: [REDACTED]");
         assert_eq!(plan.report().tokens_in_bodies, 3);
         assert_eq!(plan.report().reads_redacted, 1);
-        // Rotated: the old token is refused and counted as stale.
+        // Rotated: the old token is accepted within the grace (a request in flight at the
+        // rotation), then refused and counted as stale.
         std::fs::write(&file, second).unwrap();
-        assert_eq!(plan.token_ok(&bearer(first), "{}"), Some(false));
+        assert_eq!(plan.token_ok(&bearer(first), "{}"), Some(true));
+        assert_eq!(plan.token_ok(&bearer(second), "{}"), Some(true));
         let r = plan.report();
-        assert_eq!((r.rotations, r.stale_tokens), (1, 1));
+        assert_eq!(
+            (r.rotations, r.previous_in_grace, r.stale_tokens),
+            (1, 1, 0)
+        );
+        let past = std::time::SystemTime::now() - ROTATION_GRACE - Duration::from_secs(1);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(past)
+            .unwrap();
+        assert_eq!(plan.token_ok(&bearer(first), "{}"), Some(false));
+        assert_eq!(plan.token_ok(&bearer("never-issued"), "{}"), Some(false));
+        let r = plan.report();
+        assert_eq!(
+            (r.rotations, r.previous_in_grace, r.stale_tokens),
+            (1, 1, 1)
+        );
     }
 
     #[test]

@@ -149,6 +149,16 @@ fn a_lease_left_by_a_killed_client_is_an_open_lease_and_a_process_left_behind() 
     client.wait().expect("reaped");
     let left = orphans_after_kill(&home);
     assert_eq!(open_leases(&home), 1);
+    // A session's lease within its deadline outlives its daemon by design (the next daemon
+    // adopts it): its process is not an orphan, though it names the home.
+    let session = |who: &str| {
+        db(&home)
+            .execute("UPDATE leases SET session = ?1", [who])
+            .expect("rewrite the lease's holder");
+    };
+    session("L1/gelu");
+    assert_eq!((orphans_after_kill(&home), leftovers(&home)), (0, 1));
+    session(fk_agentd::gpu::OPERATOR_SESSION);
     // The next lease ends what the killed one left, as the broker must.
     let next = fk(&home)
         .arg("--config")
