@@ -155,6 +155,7 @@ impl SessionRunner for SimSessions {
                     max_run: Duration::from_secs(900),
                     session: target.to_string(),
                     idempotency_key: String::new(),
+                    node: None,
                 };
                 let cmd = LeaseCommand {
                     argv: SimBackend::argv(g),

@@ -42,7 +42,8 @@ use std::collections::BTreeMap;
 use fk_agentd::score::calibration::{DEFAULT_BENCHES, DEFAULT_TARGETS, NoiseStats};
 use fk_agentd::score::confirm::{ConfirmRule, WILD_FACTOR, too_noisy};
 use fk_agentd::score::confirmation::{
-    Rebench, Rebenched, apply_confirmations, confirm_loop, contenders, settle_first_benches,
+    Judging, Rebench, Rebenched, apply_confirmations, confirm_loop, contenders,
+    settle_first_benches,
 };
 use fk_agentd::score::gate::{DEFAULT_CONFIRM, TargetVerdict};
 use fk_agentd::target::TargetId;
@@ -381,14 +382,15 @@ fn population(m: &Model, truth: f64, seed: u64) -> Tally {
             run_offset,
             benches: RefCell::new(0),
         };
-        let picked = contenders(&verdicts, &rule, &earlier);
+        let judging = Judging::one(rule);
+        let picked = contenders(&verdicts, &judging, &earlier);
         let lost: Vec<TargetId> = picked
             .iter()
             .filter(|c| c.lost_first())
             .map(|c| c.target.clone())
             .collect();
-        settle_first_benches(&mut verdicts, &picked, &rule, &earlier);
-        let done = futures::executor::block_on(confirm_loop(&run, picked, &rule, &cancel));
+        settle_first_benches(&mut verdicts, &picked, &judging, &earlier);
+        let done = futures::executor::block_on(confirm_loop(&run, picked, &cancel));
         apply_confirmations(&mut verdicts, done, &lost);
         t.candidates += PER_RUN;
         t.winners += verdicts.iter().filter(|v| v.winner).count();

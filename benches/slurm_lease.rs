@@ -65,6 +65,7 @@ async fn grant_latency(broker: &Broker, dir: &Path) -> Vec<Duration> {
                     max_run: Duration::from_secs(60),
                     session: format!("s{r}"),
                     idempotency_key: String::new(),
+                    node: None,
                 };
                 let asked = now_ns();
                 let o = broker.run(req, cmd, &CancellationToken::new()).await;

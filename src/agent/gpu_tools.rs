@@ -274,7 +274,8 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
 }
 
 /// The target's noise band: `h` such that a geomean within `[e^-h, e^h]` is no measurable
-/// change: from the home's A/A calibration where one is cached for this bench's key, else the
+/// change: from the home's A/A calibration where one is cached for this bench's key (on
+/// several nodes, the widest band of their calibrations, all of which must be there), else the
 /// target's own self-test (its largest row deviation, at least 1 %), cached per run, target
 /// and captures. `Err` says why it is unknown.
 async fn noise_band<L: BenchLauncher>(
@@ -293,10 +294,15 @@ async fn noise_band<L: BenchLauncher>(
     // The home's A/A calibration of this GPU, host, captures and harness, where a score cached
     // one: a single bench of identical code lies within ±1.96 of its spreads 95 % of the time.
     let home = run_dir.ancestors().nth(2).unwrap_or(run_dir);
-    if let Some(noise) = crate::score::calibration::cached_for(driver, &home.join("calibration"))
-        .and_then(|c| c.fair)
-    {
-        return Ok(noise.half_width95());
+    let calibrated = crate::score::calibration::cached_for(driver, &home.join("calibration"))
+        .and_then(|cs| {
+            cs.iter()
+                .map(|c| Some(c.fair?.half_width95()))
+                .collect::<Option<Vec<f64>>>()
+        })
+        .and_then(|bands| bands.into_iter().reduce(f64::max));
+    if let Some(band) = calibrated {
+        return Ok(band);
     }
     let dir = run_dir.join("noise").join(&key[..12]);
     let file = dir.join(format!("{}.json", t.slug()));
@@ -559,7 +565,7 @@ mod noise_tests {
         let benched = driver.launcher().outputs().len();
         let band = noise_band(&driver, &ws, &cancel).await.unwrap();
         let noise = crate::score::calibration::cached_for(&driver, &cache)
-            .and_then(|c| c.fair)
+            .and_then(|c| c[0].fair)
             .unwrap();
         let want = (1.96 * (noise.sigma.powi(2) + noise.tau.powi(2)).sqrt()).max(0.01);
         assert_eq!(

@@ -43,6 +43,7 @@ async fn leased<L: BenchLauncher>(
             .map(|(_, v)| v.clone())
             .unwrap_or_default(),
         idempotency_key: format!("{tool}-{tag}-{}", argv.len()),
+        node: None,
     };
     let cmd = LeaseCommand {
         argv,

@@ -97,6 +97,7 @@ async fn cmd_lease_local(global: &GlobalArgs, env: &Env, args: &LeaseArgs) -> Re
         max_run: timeout,
         session: crate::gpu::OPERATOR_SESSION.into(),
         idempotency_key: stamp.clone(),
+        node: None,
     };
     let cmd = crate::gpu::LeaseCommand {
         argv: args.command.clone(),

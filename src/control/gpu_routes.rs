@@ -161,6 +161,7 @@ async fn lease(
             .map_or(broker.params().lease_timeout, Duration::from_millis),
         session,
         idempotency_key: call.idempotency_key.unwrap_or_default(),
+        node: None,
     };
     if let Err(e) = broker.check(&req, &cmd) {
         return refuse(StatusCode::BAD_REQUEST, &e);

@@ -91,17 +91,23 @@ pub(super) async fn drive(ctx: &Ctx, plan: Plan) -> Result<CampaignReport, Error
 /// calibrates again.
 async fn calibrate_first(ctx: &Ctx, run_dir: &std::path::Path) {
     use crate::score::calibration::{cached, calibrate, plan_for};
+    use crate::score::driver::BenchLauncher;
     let (Some(driver), Some(home)) = (ctx.calibrator.as_ref(), run_dir.ancestors().nth(2)) else {
         return;
     };
-    let plan = plan_for(driver, &home.join("calibration"), false);
-    if cached(&plan).is_some() {
+    // One per node where benches run on several, measured at once (each on its own GPUs).
+    let plans =
+        plan_for(driver, &home.join("calibration"), false).per_node(&driver.launcher().nodes());
+    if plans.iter().all(|p| cached(p).is_some()) {
         return;
     }
     // A calibration killed half-way is taken up here again: its finished benches are reused.
     let work = run_dir.join("calibration");
-    match calibrate(driver, &plan, &work, &ctx.root).await {
-        Ok(c) => tracing::info!("A/A calibration: {}", c.describe()),
+    let runs = plans.iter().map(|p| calibrate(driver, p, &work, &ctx.root));
+    match futures::future::try_join_all(runs).await {
+        Ok(cs) => cs
+            .iter()
+            .for_each(|c| tracing::info!("A/A calibration: {}", c.describe())),
         Err(e) => tracing::warn!(
             "the A/A calibration could not complete ({e}); validate uses each target's self-test"
         ),

@@ -335,6 +335,20 @@ impl Broker {
                 });
             }
         }
+        let node = match &req.node {
+            None => None,
+            Some(name) => {
+                let inv = &self.inner.inventory;
+                let slot = (0..inv.len()).find(|&i| inv.node_of(i).as_deref() == Some(name));
+                Some(slot.and_then(|i| st.queue.node_of(i)).ok_or_else(|| {
+                    LeaseError::BadRequest {
+                        field: "node",
+                        value: name.clone(),
+                        reason: "no GPU of this broker is on that node".into(),
+                    }
+                })?)
+            }
+        };
         let (tx, rx) = oneshot::channel();
         st.grants.insert(lease_id.to_string(), tx);
         st.queue.enqueue(Waiter {
@@ -342,6 +356,7 @@ impl Broker {
             session: req.session.clone(),
             class: req.class,
             gpus: req.gpus,
+            node,
             seq: 0,
             enqueued: Instant::now(),
         });

@@ -174,6 +174,11 @@ impl std::fmt::Debug for Inventory {
     }
 }
 
+/// The node in a Slurm slot's id (`slurm:<node>:gpu<n>`); `None` for any other id.
+pub fn node_of_uuid(uuid: &str) -> Option<&str> {
+    Some(uuid.strip_prefix("slurm:")?.rsplit_once(':')?.0)
+}
+
 fn nvml_err(e: nvml_wrapper::error::NvmlError) -> LeaseError {
     LeaseError::NvmlUnavailable { why: e.to_string() }
 }
@@ -191,10 +196,7 @@ impl Inventory {
         let mut names: Vec<String> = if self.source == InventorySource::Slurm {
             self.gpus
                 .iter()
-                .filter_map(|g| {
-                    let (node, _) = g.uuid.strip_prefix("slurm:")?.rsplit_once(':')?;
-                    Some(format!("Slurm node {node}"))
-                })
+                .filter_map(|g| Some(format!("Slurm node {}", node_of_uuid(&g.uuid)?)))
                 .collect()
         } else {
             self.gpus.iter().map(|g| g.name.clone()).collect()
@@ -202,6 +204,13 @@ impl Inventory {
         names.sort();
         names.dedup();
         (!names.is_empty()).then(|| names.join(" + "))
+    }
+
+    /// The node of the GPU in slot `slot` where GPUs lie on several (a Slurm node's name, from
+    /// the id `slurm:<node>:gpu<n>`); `None` for GPUs of this host.
+    pub fn node_of(&self, slot: usize) -> Option<String> {
+        let uuid = &self.gpus.get(slot)?.uuid;
+        node_of_uuid(uuid).map(str::to_string)
     }
 
     /// One reading of every GPU that gives one.

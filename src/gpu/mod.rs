@@ -61,6 +61,7 @@ pub use cgroup::Cgroups;
 pub use health::{GpuEvent, XidDisposition, classify_xid};
 pub use inventory::{
     DeclaredMonitor, GpuInfo, GpuMonitor, GpuProcess, Inventory, InventorySource, NvmlMonitor,
+    node_of_uuid,
 };
 pub use recover::RecoveryReport;
 pub use sanity::{SanityReport, run_sanity};

@@ -9,6 +9,9 @@
 //! - A request that does not fit reserves the free GPUs it needs, so smaller requests behind it
 //!   cannot starve it; requests blocked by a class cap or a session limit reserve nothing.
 //! - Multi-GPU requests are granted atomically, on one node.
+//! - A request pinned to a node (a node's A/A calibration, the confirmation benches of a
+//!   candidate first benched there) gets only that node's slots, and reserves none while it
+//!   waits: aging puts it first once it has waited.
 //! - Class caps (`ncu`, `nsys`) are per node: a node's running leases of the class count against
 //!   its cap only. The local backend has one node, so there a cap is the whole host's.
 //! - A slot is out of the pool while drained (by an operator or a health event) or down (the
@@ -42,6 +45,8 @@ pub(crate) struct Waiter {
     pub session: String,
     pub class: LeaseClass,
     pub gpus: u32,
+    /// Only slots of this node (an index of [`Queue::set_nodes`]); `None`: any node.
+    pub node: Option<usize>,
     pub seq: u64,
     pub enqueued: Instant,
 }
@@ -181,11 +186,17 @@ impl Queue {
             .collect()
     }
 
-    /// The most usable slots on one node: the largest request that can ever fit.
-    fn healthy(&self) -> usize {
+    /// The node index of the slot named `slot`, for pinning a request to that slot's node.
+    pub fn node_of(&self, slot: usize) -> Option<usize> {
+        self.nodes.get(slot).copied()
+    }
+
+    /// The most usable slots on one node (on `node` only, when given): the largest request
+    /// that can ever fit.
+    fn healthy(&self, node: Option<usize>) -> usize {
         let mut per_node: HashMap<usize, usize> = HashMap::new();
         for (i, s) in self.slots.iter().enumerate() {
-            if s.usable() {
+            if s.usable() && node.is_none_or(|n| self.nodes[i] == n) {
                 *per_node.entry(self.nodes[i]).or_default() += 1;
             }
         }
@@ -206,11 +217,20 @@ impl Queue {
     }
 
     /// `gpus` slots of one node from `candidates` (in their order), on a node with room for
-    /// `class`.
-    fn pick(&self, candidates: &[usize], class: LeaseClass, gpus: usize) -> Option<Vec<usize>> {
+    /// `class` (on `only`, when given).
+    fn pick(
+        &self,
+        candidates: &[usize],
+        class: LeaseClass,
+        gpus: usize,
+        only: Option<usize>,
+    ) -> Option<Vec<usize>> {
         let mut by_node: Vec<(usize, Vec<usize>)> = Vec::new();
         for &slot in candidates {
             let node = self.nodes[slot];
+            if only.is_some_and(|n| n != node) {
+                continue;
+            }
             match by_node.iter_mut().find(|(n, _)| *n == node) {
                 Some((_, slots)) => slots.push(slot),
                 None => by_node.push((node, vec![slot])),
@@ -246,7 +266,10 @@ impl Queue {
     }
 
     fn capped(&self, w: &Waiter, session_running_limit: Option<usize>) -> bool {
-        let class_full = !self.nodes.iter().any(|&n| self.class_room(w.class, n));
+        let class_full = !self
+            .nodes
+            .iter()
+            .any(|&n| w.node.is_none_or(|only| only == n) && self.class_room(w.class, n));
         let session_full = session_running_limit
             .is_some_and(|lim| self.sessions.get(&w.session).map_or(0, |s| s.running) >= lim);
         class_full || session_full
@@ -263,7 +286,7 @@ impl Queue {
         let mut granted = Vec::new();
         for i in self.order(now) {
             let w = &self.waiting[i];
-            let healthy = self.healthy();
+            let healthy = self.healthy(w.node);
             if w.gpus as usize > healthy {
                 out.push(Decision::Unsatisfiable {
                     lease_id: w.lease_id.clone(),
@@ -278,16 +301,17 @@ impl Queue {
             }
             let free = self.free();
             let held_back = reserved.min(free.len());
-            if let Some(slots) = self.pick(&free[held_back..], w.class, w.gpus as usize) {
+            if let Some(slots) = self.pick(&free[held_back..], w.class, w.gpus as usize, w.node) {
                 self.grant(i, &slots);
                 granted.push(i);
                 out.push(Decision::Grant {
                     lease_id: self.waiting[i].lease_id.clone(),
                     slots,
                 });
-            } else if free
-                .iter()
-                .any(|&s| self.class_room(w.class, self.nodes[s]))
+            } else if w.node.is_none()
+                && free
+                    .iter()
+                    .any(|&s| self.class_room(w.class, self.nodes[s]))
             {
                 // Free GPUs only on nodes at the class's cap are not this request's to reserve.
                 reserved = (reserved + w.gpus as usize).min(free.len());
@@ -333,6 +357,7 @@ mod tests {
             session: session.into(),
             class,
             gpus,
+            node: None,
             seq: 0,
             enqueued: now,
         });
@@ -478,6 +503,54 @@ mod tests {
         assert_eq!(
             granted(&q.schedule(now, None)),
             vec![("two".into(), vec![2, 3])]
+        );
+    }
+
+    #[test]
+    fn a_pinned_request_waits_for_its_node_and_reserves_nothing() {
+        let (mut q, now) = queue(4);
+        q.set_nodes(vec![0, 0, 1, 1]);
+        ask_n(&mut q, "busy", "s", 2, now);
+        assert_eq!(granted(&q.schedule(now, None)).len(), 2);
+        // Slots 0 and 1 (node 0) are held: a request pinned to node 0 waits though node 1 is
+        // free, and an unpinned one behind it takes node 1.
+        q.enqueue(Waiter {
+            lease_id: "pinned".into(),
+            session: "cal".into(),
+            class: LeaseClass::Bench,
+            gpus: 1,
+            node: q.node_of(0),
+            seq: 0,
+            enqueued: now,
+        });
+        ask(&mut q, "free", "t", LeaseClass::Validate, 1, now);
+        assert_eq!(
+            granted(&q.schedule(now, None)),
+            vec![("free".into(), vec![2])]
+        );
+        q.release("busy1");
+        assert_eq!(
+            granted(&q.schedule(now, None)),
+            vec![("pinned".into(), vec![1])]
+        );
+        // More GPUs than its node has can never be granted, whatever the other nodes hold.
+        q.slots[0].drained = Some("unkillable".into());
+        q.enqueue(Waiter {
+            lease_id: "too-big".into(),
+            session: "cal".into(),
+            class: LeaseClass::Bench,
+            gpus: 2,
+            node: Some(0),
+            seq: 0,
+            enqueued: now,
+        });
+        assert_eq!(
+            q.schedule(now, None),
+            vec![Decision::Unsatisfiable {
+                lease_id: "too-big".into(),
+                wanted: 2,
+                healthy: 1
+            }]
         );
     }
 

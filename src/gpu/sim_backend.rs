@@ -168,6 +168,7 @@ mod tests {
             max_run,
             session: "L1/sim".into(),
             idempotency_key: String::new(),
+            node: None,
         };
         let cmd = LeaseCommand {
             argv: SimBackend::argv(work),

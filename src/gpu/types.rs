@@ -19,6 +19,9 @@ pub struct LeaseRequest {
     pub session: String,
     /// A repeated key within a session returns the existing lease instead of a second run.
     pub idempotency_key: String,
+    /// Only GPUs of this node (a Slurm node's name, as its GPUs' ids carry it), for benches
+    /// judged by that node's calibration; `None`: any GPU.
+    pub node: Option<String>,
 }
 
 /// What the broker spawns once the lease is granted.

@@ -270,7 +270,9 @@ fn generation(dir: &Path, name: &str) -> GenerationSummary {
                 (set.name.clone(), m.kernels.len(), m.dropped.len())
             });
             g.timing = Some(score.timing.describe().to_string());
-            g.calibration = score.calibration.as_ref().map(|c| c.describe());
+            let calibrations: Vec<String> =
+                score.calibrations().iter().map(|c| c.describe()).collect();
+            g.calibration = (!calibrations.is_empty()).then(|| calibrations.join("; "));
             g.incomplete = score.incomplete;
         }
         Ok(None) => {}

@@ -166,6 +166,31 @@ pub struct CalibrationPlan {
     pub benches: usize,
     /// Measure anew even when a calibration of this key is cached (`--recalibrate`).
     pub refresh: bool,
+    /// Bench only on this node's GPUs; `None`: on any GPU (one host).
+    pub node: Option<String>,
+}
+
+impl CalibrationPlan {
+    /// One plan per node of `nodes` (the nodes benches run on, [`BenchLauncher::nodes`]),
+    /// each keyed and benched on its node alone, since one node's calibration does not hold
+    /// for another; this plan where there are none (one host).
+    pub fn per_node(&self, nodes: &[String]) -> Vec<CalibrationPlan> {
+        if nodes.is_empty() {
+            return vec![self.clone()];
+        }
+        nodes
+            .iter()
+            .map(|n| CalibrationPlan {
+                key: CalibrationKey {
+                    gpu: format!("Slurm node {n}"),
+                    host: n.clone(),
+                    ..self.key.clone()
+                },
+                node: Some(n.clone()),
+                ..self.clone()
+            })
+            .collect()
+    }
 }
 
 /// What a calibration of the benches `driver` runs holds for: its launcher's GPUs, this host,
@@ -203,6 +228,7 @@ pub fn plan_for<L: BenchLauncher>(
             .collect(),
         benches: DEFAULT_BENCHES,
         refresh,
+        node: None,
     }
 }
 
@@ -215,9 +241,17 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "unknown host".into())
 }
 
-/// The calibration cached in `cache` for the benches `driver` runs, if any.
-pub fn cached_for<L: BenchLauncher>(driver: &BenchDriver<L>, cache: &Path) -> Option<Calibration> {
-    cached_in(cache, &key_for(driver))
+/// The calibrations cached in `cache` for the benches `driver` runs: one, or one per node
+/// where they run on several; `None` unless every one is there.
+pub fn cached_for<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    cache: &Path,
+) -> Option<Vec<Calibration>> {
+    plan_for(driver, cache, false)
+        .per_node(&driver.launcher().nodes())
+        .iter()
+        .map(cached)
+        .collect()
 }
 
 /// Every calibration cached in `dir` (`<home>/calibration`), newest first; unreadable files
@@ -260,7 +294,11 @@ pub async fn calibrate<L: BenchLauncher>(
         c.reused = true;
         return Ok(c);
     }
-    let benches = bench_rounds(driver, plan, work, cancel).await?;
+    let work = match &plan.node {
+        Some(node) => work.join(format!("node-{node}")),
+        None => work.to_path_buf(),
+    };
+    let benches = bench_rounds(driver, plan, &work, cancel).await?;
     // The newest 20 earlier calibrations of this key.
     let mut earlier_bias: Vec<f64> = before
         .map(|b| {
@@ -324,7 +362,7 @@ async fn bench_rounds<L: BenchLauncher>(
             .iter()
             .map(|t| {
                 let dir = work.join(format!("{}/aa-{round}", t.slug()));
-                let mut r = BenchRequest::target(t, &empty, &dir);
+                let mut r = BenchRequest::target(t, &empty, &dir).on_node(plan.node.as_deref());
                 r.self_test = true;
                 r.label = format!("{t} (calibration {round})");
                 r
@@ -466,6 +504,41 @@ mod tests {
         assert!(s.sigma < 0.012, "{s:?}");
         assert!(s.tau > 0.06, "{s:?}");
         assert!((s.bias - 1.0).abs() < 0.03, "{s:?}");
+    }
+
+    #[test]
+    fn on_several_nodes_each_is_planned_and_keyed_on_its_own() {
+        let plan = CalibrationPlan {
+            cache: "cal".into(),
+            key: CalibrationKey {
+                gpu: "Slurm node n1 + Slurm node n2".into(),
+                host: "login".into(),
+                captures: "c".into(),
+                harness: "h".into(),
+                timing: TimingMethod::Paired,
+                timing_rounds: 24,
+            },
+            targets: vec![t("L1/gelu")],
+            benches: 4,
+            refresh: false,
+            node: None,
+        };
+        assert_eq!(plan.per_node(&[]).len(), 1);
+        assert_eq!(plan.per_node(&[])[0].key, plan.key);
+        let per = plan.per_node(&["n1".into(), "n2".into()]);
+        let keys: Vec<(&str, &str, Option<&str>)> = per
+            .iter()
+            .map(|p| (p.key.gpu.as_str(), p.key.host.as_str(), p.node.as_deref()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                ("Slurm node n1", "n1", Some("n1")),
+                ("Slurm node n2", "n2", Some("n2"))
+            ]
+        );
+        assert_ne!(per[0].key.file_name(), per[1].key.file_name());
+        assert_eq!((per[1].key.captures.as_str(), per[1].benches), ("c", 4));
     }
 
     #[test]

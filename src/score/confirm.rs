@@ -136,6 +136,10 @@ pub struct Confirmation {
     /// loss that may have been a wild bench); older gates called it a second chance.
     #[serde(default)]
     pub rescued: bool,
+    /// The node whose calibration judged it, where benches run on several (all its benches
+    /// ran there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Why an older gate's second chance was given (kept so old results still render).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub second_chance: Option<String>,
@@ -157,7 +161,7 @@ impl Confirmation {
 pub enum Step {
     /// Bench once more.
     More,
-    Done(Confirmation),
+    Done(Box<Confirmation>),
 }
 
 /// How an older gate's winner confirmed on a second chance is told in tables: `why` is
@@ -245,10 +249,10 @@ pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
         .collect();
     let undecided = |c: Confirmation, why: String| {
         if last_chance {
-            Step::Done(Confirmation {
+            Step::Done(Box::new(Confirmation {
                 reason: Some(why),
                 ..c
-            })
+            }))
         } else {
             Step::More
         }
@@ -280,14 +284,14 @@ pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
     let th = short(rule.threshold);
     if m - z * se >= t {
         c.confirmed = true;
-        return Step::Done(c);
+        return Step::Done(Box::new(c));
     }
     if m + z * se < t {
         c.reason = Some(format!(
             "{g} over {k} benches (bias-corrected), upper end {} < {th}×",
             ratio((m + z * se).exp(), rule.threshold)
         ));
-        return Step::Done(c);
+        return Step::Done(Box::new(c));
     }
     let why = format!(
         "undecided after {n} benches: {g}, lower end {} < {th}× < upper end {}",
@@ -352,7 +356,7 @@ mod tests {
 
     fn done(geomeans: &[f64]) -> Confirmation {
         match step(geomeans, &[], &rule(3)) {
-            Step::Done(c) => c,
+            Step::Done(c) => *c,
             Step::More => panic!("{geomeans:?}: wants more benches"),
         }
     }

@@ -9,6 +9,10 @@
 //! ([`crate::score::confirm::first_bench`]). The order of a round is reversed every other
 //! round, so no candidate is always benched first. The confirmed verdict becomes the verdict's
 //! `winner`; the published one stays in `published`.
+//!
+//! Where benches run on several nodes (Slurm), each node has its own calibration and rule
+//! ([`Judges`]): a candidate is judged by the rule of the node its first bench ran on, and its
+//! confirmation benches run on that node only ([`Judging`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -24,14 +28,80 @@ use crate::score::gate::{TargetVerdict, WinnerGate};
 use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
-/// A candidate to confirm: its first bench's geomean, whether that bench lost, and whether it
-/// was too noisy in its own rounds to count ([`too_noisy`]).
+/// The confirmed gate's rules: one for every bench on one host; where benches run on several
+/// nodes, one per node, from that node's own calibration.
+#[derive(Clone, Debug)]
+pub enum Judges {
+    One(ConfirmRule),
+    PerNode(BTreeMap<String, ConfirmRule>),
+}
+
+impl Judges {
+    /// The rule for a candidate first benched on `node`, and the node its later benches are
+    /// kept on. A node with no rule (a first bench whose node was not recorded) takes the
+    /// widest rule of all, its benches on any node.
+    pub fn of(&self, node: Option<&str>) -> (ConfirmRule, Option<String>) {
+        let rules = match self {
+            Judges::One(rule) => return (*rule, None),
+            Judges::PerNode(rules) => rules,
+        };
+        if let Some((n, rule)) = node.and_then(|n| rules.get_key_value(n)) {
+            return (*rule, Some(n.clone()));
+        }
+        let widest = rules.values().copied().reduce(|a, b| {
+            if b.sigma.hypot(b.tau) > a.sigma.hypot(a.tau) {
+                b
+            } else {
+                a
+            }
+        });
+        (widest.expect("a rule per node, at least one"), None)
+    }
+}
+
+/// Who judges each candidate of a stage: the [`Judges`], and the node each first bench ran on
+/// (none on one host).
+#[derive(Clone, Debug)]
+pub struct Judging {
+    pub judges: Judges,
+    pub first_nodes: BTreeMap<TargetId, String>,
+}
+
+impl Judging {
+    /// One rule for every candidate (one host, the gate benchmark).
+    pub fn one(rule: ConfirmRule) -> Self {
+        Self {
+            judges: Judges::One(rule),
+            first_nodes: BTreeMap::new(),
+        }
+    }
+
+    /// `judges` for the candidates whose first benches are `stage`'s runs.
+    pub fn of_stage(judges: &Judges, stage: &StageReport) -> Self {
+        Self {
+            judges: judges.clone(),
+            first_nodes: stage.first_nodes(),
+        }
+    }
+
+    /// The rule `target` is judged by, and the node its later benches run on.
+    pub fn of(&self, target: &TargetId) -> (ConfirmRule, Option<String>) {
+        self.judges
+            .of(self.first_nodes.get(target).map(String::as_str))
+    }
+}
+
+/// A candidate to confirm: its first bench's geomean, whether that bench lost, whether it
+/// was too noisy in its own rounds to count ([`too_noisy`]), the rule that judges it and the
+/// node its benches run on.
 #[derive(Clone, Debug)]
 pub struct Contender {
     pub target: TargetId,
     first: f64,
     lost_first: bool,
     first_noisy: bool,
+    rule: ConfirmRule,
+    node: Option<String>,
 }
 
 impl Contender {
@@ -42,11 +112,11 @@ impl Contender {
 }
 
 /// The candidates of `verdicts` (a first bench each) to bench again: every correct one whose
-/// first bench did not lose clearly, by `rule`, with the geomeans of its `earlier` benches of
-/// the same file (by target; empty where there were none).
+/// first bench did not lose clearly, by its rule in `judging`, with the geomeans of its
+/// `earlier` benches of the same file (by target; empty where there were none).
 pub fn contenders(
     verdicts: &[TargetVerdict],
-    rule: &ConfirmRule,
+    judging: &Judging,
     earlier: &BTreeMap<TargetId, Vec<f64>>,
 ) -> Vec<Contender> {
     verdicts
@@ -54,6 +124,8 @@ pub fn contenders(
         .filter(|v| v.failing_statuses.is_empty())
         .filter_map(|v| {
             let first = v.geomean?;
+            let (rule, node) = judging.of(&v.target);
+            let rule = &rule;
             let before = earlier.get(&v.target).map_or(&[][..], Vec::as_slice);
             // A first bench too noisy to count is never a clear loss: bench again.
             let noisy = too_noisy(v.own_se, rule.wild);
@@ -64,6 +136,8 @@ pub fn contenders(
                     first,
                     lost_first: first < rule.threshold,
                     first_noisy: noisy,
+                    rule: *rule,
+                    node,
                 }),
             }
         })
@@ -75,7 +149,7 @@ pub fn contenders(
 pub fn settle_first_benches(
     verdicts: &mut [TargetVerdict],
     contenders: &[Contender],
-    rule: &ConfirmRule,
+    judging: &Judging,
     earlier: &BTreeMap<TargetId, Vec<f64>>,
 ) {
     for v in verdicts
@@ -87,7 +161,8 @@ pub fn settle_first_benches(
         }
         v.winner = false;
         let before = earlier.get(&v.target).map_or(&[][..], Vec::as_slice);
-        if let Some(FirstBench::Lost(why)) = v.geomean.map(|g| first_bench(g, before, rule)) {
+        let (rule, _) = judging.of(&v.target);
+        if let Some(FirstBench::Lost(why)) = v.geomean.map(|g| first_bench(g, before, &rule)) {
             v.reason = Some(format!("first bench lost clearly: {why}"));
         }
     }
@@ -111,14 +186,17 @@ pub trait Rebench {
     ) -> impl Future<Output = Vec<Result<Rebenched, String>>>;
 }
 
-/// Benches every contender again, round by round, until [`step`] decides each; returns the
-/// confirmations by target.
+/// Benches every contender again, round by round, until [`step`] decides each by its rule;
+/// returns the confirmations by target.
 pub async fn confirm_loop<B: Rebench>(
     bencher: &B,
     contenders: Vec<Contender>,
-    rule: &ConfirmRule,
     cancel: &CancellationToken,
 ) -> BTreeMap<TargetId, Confirmation> {
+    let judged: BTreeMap<TargetId, (ConfirmRule, Option<String>)> = contenders
+        .iter()
+        .map(|c| (c.target.clone(), (c.rule, c.node.clone())))
+        .collect();
     let mut pending: Vec<(TargetId, Vec<f64>, Vec<bool>)> = contenders
         .into_iter()
         .map(|c| (c.target, vec![c.first], vec![c.first_noisy]))
@@ -133,6 +211,7 @@ pub async fn confirm_loop<B: Rebench>(
         let got = bencher.bench(round, &targets).await;
         let mut next = Vec::new();
         for ((target, mut benches, mut noisy), g) in pending.into_iter().zip(got) {
+            let rule = &judged[&target].0;
             match g {
                 Ok(b) => {
                     benches.push(b.geomean);
@@ -147,7 +226,7 @@ pub async fn confirm_loop<B: Rebench>(
             match step(&benches, &noisy, rule) {
                 Step::More => next.push((target, benches, noisy)),
                 Step::Done(c) => {
-                    done.insert(target, c);
+                    done.insert(target, *c);
                 }
             }
         }
@@ -162,21 +241,29 @@ pub async fn confirm_loop<B: Rebench>(
             Confirmation::failed(benches, "confirmation cancelled".into()),
         );
     }
+    for (target, c) in done.iter_mut() {
+        c.node = judged.get(target).and_then(|(_, node)| node.clone());
+    }
     done
 }
 
-/// Real (or simulated) bench processes in `<dir>/L<n>_<stem>/confirm-<k>/`.
+/// Real (or simulated) bench processes in `<dir>/L<n>_<stem>/confirm-<k>/`, each on the node
+/// its candidate is kept on (any, where none).
 struct DriverRebench<'a, L> {
     driver: &'a BenchDriver<L>,
     dir: &'a Path,
     cancel: &'a CancellationToken,
+    nodes: BTreeMap<TargetId, String>,
     runs: std::sync::Mutex<Vec<RunSummary>>,
 }
 
 impl<L: BenchLauncher> Rebench for DriverRebench<'_, L> {
     async fn bench(&self, round: usize, targets: &[TargetId]) -> Vec<Result<Rebenched, String>> {
         let work = format!("confirm-{round}");
-        let reqs = targets.iter().map(|t| again(self.dir, t, &work)).collect();
+        let reqs = targets
+            .iter()
+            .map(|t| again(self.dir, t, &work).on_node(self.nodes.get(t).map(String::as_str)))
+            .collect();
         let runs = self.driver.run_many(reqs, self.cancel).await;
         if let Ok(mut r) = self.runs.lock() {
             r.extend(runs.iter().map(RunSummary::of));
@@ -195,7 +282,6 @@ pub async fn confirm_winners<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     dir: &Path,
     stage: &mut StageReport,
-    rule: &ConfirmRule,
     contenders: Vec<Contender>,
     cancel: &CancellationToken,
 ) {
@@ -204,13 +290,18 @@ pub async fn confirm_winners<L: BenchLauncher>(
         .filter(|c| c.lost_first)
         .map(|c| c.target.clone())
         .collect();
+    let nodes = contenders
+        .iter()
+        .filter_map(|c| Some((c.target.clone(), c.node.clone()?)))
+        .collect();
     let bencher = DriverRebench {
         driver,
         dir,
         cancel,
+        nodes,
         runs: Default::default(),
     };
-    let done = confirm_loop(&bencher, contenders, rule, cancel).await;
+    let done = confirm_loop(&bencher, contenders, cancel).await;
     stage
         .runs
         .extend(bencher.runs.into_inner().unwrap_or_default());
@@ -273,6 +364,31 @@ mod tests {
     use crate::score::stats::NoiseStats;
 
     #[test]
+    fn a_candidate_is_judged_by_its_first_benchs_node_and_an_unknown_one_by_the_widest() {
+        let rule = |bias: f64, sigma: f64| {
+            let noise = NoiseStats {
+                bias,
+                sigma,
+                tau: 0.0,
+                wild_rate: 0.0,
+                benches: 20,
+                targets: 5,
+                dof: 15,
+                tau_upper: 0.0,
+            };
+            ConfirmRule::calibrated(1.0, 3, &noise)
+        };
+        let (n1, n2) = (rule(1.0, 0.01), rule(1.08, 0.03));
+        let judges = Judges::PerNode(BTreeMap::from([("n1".into(), n1), ("n2".into(), n2)]));
+        assert_eq!(judges.of(Some("n2")), (n2, Some("n2".into())));
+        assert_eq!(judges.of(Some("n1")), (n1, Some("n1".into())));
+        // A node without a calibration, or none recorded: the widest rule, on any node.
+        assert_eq!(judges.of(Some("n9")), (n2, None));
+        assert_eq!(judges.of(None), (n2, None));
+        assert_eq!(Judges::One(n1).of(Some("n2")), (n1, None));
+    }
+
+    #[test]
     fn a_raw_first_bench_win_that_the_bias_takes_away_loses_with_why() {
         // Identical code measures 1.05× on this GPU: a first bench of 1.01× is 4 % slower.
         let noise = NoiseStats {
@@ -295,9 +411,10 @@ mod tests {
         }];
         verdicts[0].reason = None;
         let none = BTreeMap::new();
-        let picked = contenders(&verdicts, &rule, &none);
+        let judging = Judging::one(rule);
+        let picked = contenders(&verdicts, &judging, &none);
         assert!(picked.is_empty());
-        settle_first_benches(&mut verdicts, &picked, &rule, &none);
+        settle_first_benches(&mut verdicts, &picked, &judging, &none);
         assert!(!verdicts[0].winner);
         let why = verdicts[0].reason.clone().unwrap();
         assert!(

@@ -52,6 +52,8 @@ pub struct Invocation {
     pub stderr: PathBuf,
     /// Wall-clock limit; at the deadline the whole process group is killed.
     pub deadline: Duration,
+    /// Run on a GPU of this node ([`BenchRequest::node`]); `None`: anywhere.
+    pub node: Option<String>,
 }
 
 /// How a launched process ended.
@@ -71,6 +73,9 @@ pub struct ProcessExit {
     /// (see [`crate::gpu::platform`]); `None` where nothing was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<crate::gpu::platform::BenchPlatform>,
+    /// The node it ran on where the GPUs lie on several (Slurm); `None` on this host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// Starts a bench process and waits for it. Implementations must kill the process group at
@@ -85,6 +90,12 @@ pub trait BenchLauncher: Send + Sync {
     /// The model of the GPUs benches run on (what a calibration holds for), when known.
     fn gpu_model(&self) -> Option<String> {
         None
+    }
+
+    /// The nodes benches may run on where the GPUs lie on several (Slurm), each calibrated
+    /// on its own; empty on one host.
+    fn nodes(&self) -> Vec<String> {
+        Vec::new()
     }
 }
 
@@ -140,6 +151,7 @@ impl BenchLauncher for DirectLauncher {
             violation: None,
             wall_s: started.elapsed().as_secs_f64(),
             platform: None,
+            node: None,
         })
     }
 }
@@ -236,6 +248,9 @@ pub struct BenchRequest {
     pub cache_dir: Option<PathBuf>,
     /// Who a GPU lease for this bench is charged to (the agent session), when leased.
     pub session: Option<String>,
+    /// Only on a GPU of this node (a node's calibration, a candidate's confirmation benches
+    /// on the node of its first); `None`: anywhere.
+    pub node: Option<String>,
 }
 
 impl BenchRequest {
@@ -243,6 +258,12 @@ impl BenchRequest {
     pub fn for_session(mut self, session: &str, cache_dir: &Path) -> Self {
         self.session = Some(session.to_string());
         self.cache_dir = Some(cache_dir.to_path_buf());
+        self
+    }
+
+    /// The same request, run on `node` (when given).
+    pub fn on_node(mut self, node: Option<&str>) -> Self {
+        self.node = node.map(str::to_string);
         self
     }
 
@@ -266,6 +287,7 @@ impl BenchRequest {
             work_dir: work_dir.to_path_buf(),
             cache_dir: None,
             session: None,
+            node: None,
         }
     }
 
@@ -448,6 +470,7 @@ impl<L: BenchLauncher> BenchDriver<L> {
             stdout: w.join("stdout.log"),
             stderr: w.join("stderr.log"),
             deadline: self.params.deadline,
+            node: req.node.clone(),
         }
     }
 
@@ -580,6 +603,7 @@ fn ended_unrecorded(work: &Path, key: &str, output: &Path) -> Option<ProcessExit
         violation: None,
         wall_s: 0.0,
         platform: None,
+        node: None,
     };
     record(&work.join(FINISHED), key, Some(&exit));
     Some(exit)

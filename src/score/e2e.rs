@@ -244,6 +244,7 @@ pub async fn evaluate<L: EvalLauncher>(
         stdout: dir.join("stdout.log"),
         stderr: dir.join("stderr.log"),
         deadline: params.deadline,
+        node: None,
     };
     let mut outcome = E2eOutcome {
         set: set.clone(),
@@ -394,6 +395,7 @@ mod tests {
             violation: None,
             wall_s: 1.0,
             platform: None,
+            node: None,
         }
     }
 

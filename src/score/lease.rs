@@ -99,6 +99,11 @@ impl LeaseLauncher {
             },
             wall_s: out.wall_ms as f64 / 1000.0,
             platform,
+            node: out
+                .gpus
+                .first()
+                .and_then(|g| crate::gpu::node_of_uuid(g))
+                .map(str::to_string),
         })
     }
 }
@@ -106,6 +111,14 @@ impl LeaseLauncher {
 impl BenchLauncher for LeaseLauncher {
     fn gpu_model(&self) -> Option<String> {
         self.broker.inventory().calibration_model()
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        let inv = self.broker.inventory();
+        let mut nodes: Vec<String> = (0..inv.len()).filter_map(|i| inv.node_of(i)).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
     }
 
     async fn launch(
@@ -131,6 +144,7 @@ impl BenchLauncher for LeaseLauncher {
             // `crate::score::driver`); a stored lease end must never stand in for a bench whose
             // JSON was cleared before it ran again.
             idempotency_key: String::new(),
+            node: inv.node.clone(),
         };
         self.run_leased(&inv, req, cancel).await
     }

@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::score::ScoreError;
 use crate::score::candidates::{CandidateSet, copy_tree};
-use crate::score::confirmation::{confirm_winners, contenders, settle_first_benches};
+use crate::score::confirmation::{
+    Judges, Judging, confirm_winners, contenders, settle_first_benches,
+};
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};
 use crate::score::json_file::write_json;
@@ -39,8 +41,8 @@ pub struct LevelBench<'a, L> {
     /// `<seq>/L<n>`.
     pub dir: &'a Path,
     pub gate: WinnerGate,
-    /// The confirmed gate's calibrated rule (`None` under another gate).
-    pub rule: Option<crate::score::confirm::ConfirmRule>,
+    /// The confirmed gate's calibrated rules (`None` under another gate).
+    pub judges: Option<Judges>,
     pub cancel: &'a CancellationToken,
 }
 
@@ -88,16 +90,17 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
             folder,
         )
         .await?;
-        if let Some(rule) = self
-            .rule
+        if let Some(judges) = self
+            .judges
             .as_ref()
             .filter(|_| self.gate.kind == GateKind::Confirmed)
         {
             // No earlier benches here: a clear first-bench loss stands unless it may be wild.
-            let contenders = contenders(&stage.gate.verdicts, rule, &Default::default());
+            let judging = Judging::of_stage(judges, &stage);
             let none = Default::default();
-            settle_first_benches(&mut stage.gate.verdicts, &contenders, rule, &none);
-            confirm_winners(self.driver, &dir, &mut stage, rule, contenders, self.cancel).await;
+            let contenders = contenders(&stage.gate.verdicts, &judging, &none);
+            settle_first_benches(&mut stage.gate.verdicts, &contenders, &judging, &none);
+            confirm_winners(self.driver, &dir, &mut stage, contenders, self.cancel).await;
         }
         write_json(&dir.join("gate.json"), &stage)?;
         Ok(stage)

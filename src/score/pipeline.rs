@@ -33,7 +33,9 @@ use crate::score::candidates::{
     CandidateSet, earlier_benches, gather_sessions, new_generation, session_candidates,
 };
 use crate::score::confirm::ConfirmRule;
-use crate::score::confirmation::{Contender, confirm_winners, contenders, settle_first_benches};
+use crate::score::confirmation::{
+    Contender, Judges, Judging, confirm_winners, contenders, settle_first_benches,
+};
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
 use crate::score::export::{SetSource, build_final_set};
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
@@ -364,22 +366,34 @@ async fn score_set<L: BenchLauncher>(
         noise_floor: None,
         timing: driver.timing(),
         calibration: None,
+        node_calibrations: Vec::new(),
         incomplete: Vec::new(),
     };
-    let rule = if params.gate.kind == GateKind::Confirmed && params.mode != ScoreMode::Composed {
+    let judges = if params.gate.kind == GateKind::Confirmed && params.mode != ScoreMode::Composed {
         let plan = match &params.calibration {
             Some(plan) => plan.clone(),
             None => plan_for(driver, &gen_dir.join("calibration"), true),
         };
-        progress.started(Stage::Calibration, plan.targets.len() * plan.benches);
+        let nodes = plan.per_node(&driver.launcher().nodes()).len();
+        progress.started(
+            Stage::Calibration,
+            nodes * plan.targets.len() * plan.benches,
+        );
         let work = gen_dir.join("calibration");
-        let (c, rule) = calibrated_rule(driver, &plan, &work, &params.gate, cancel).await?;
-        progress.finished(Stage::Calibration, 0, c.benches.len());
-        report.simulated |= c.simulated;
-        let failures: Vec<String> = c.benches.iter().filter_map(|b| b.failure.clone()).collect();
-        report.calibration = Some(c);
-        match rule {
-            Some(rule) => Some(rule),
+        let (cs, judges) = calibrated_judges(driver, &plan, &work, &params.gate, cancel).await?;
+        let benches = cs.iter().map(|(_, c)| c.benches.len()).sum();
+        progress.finished(Stage::Calibration, 0, benches);
+        let mut failures = Vec::new();
+        for (node, c) in cs {
+            report.simulated |= c.simulated;
+            failures.extend(c.benches.iter().filter_map(|b| b.failure.clone()));
+            match node {
+                Some(_) => report.node_calibrations.push(c),
+                None => report.calibration = Some(c),
+            }
+        }
+        match judges {
+            Some(judges) => Some(judges),
             None => {
                 report.incomplete.push(format!(
                     "the A/A calibration gave too few benches to measure a spread ({})",
@@ -412,15 +426,17 @@ async fn score_set<L: BenchLauncher>(
         progress.finished(Stage::Standalone, stage.gate.winner_count(), judged);
         if gate.kind == GateKind::LowerBound {
             gate_on_lower_bound(&mut stage, gate.threshold);
-        } else if let Some(rule) = &rule {
-            let mut contenders = contenders(&stage.gate.verdicts, rule, &params.earlier);
+        } else if let Some(judges) = &judges {
+            let judging = Judging::of_stage(judges, &stage);
+            let mut contenders = contenders(&stage.gate.verdicts, &judging, &params.earlier);
             // A winner the screen took the win from is not benched again.
             contenders.retain(|c| !flagged.contains(&c.target));
             screen_contenders(&set, &mut stage, &mut contenders, &params.screen_waive);
-            settle_first_benches(&mut stage.gate.verdicts, &contenders, rule, &params.earlier);
+            let verdicts = &mut stage.gate.verdicts;
+            settle_first_benches(verdicts, &contenders, &judging, &params.earlier);
             let benched_again = contenders.len();
             progress.started(Stage::Confirmation, benched_again * gate.confirm);
-            confirm_winners(driver, &dir, &mut stage, rule, contenders, cancel).await;
+            confirm_winners(driver, &dir, &mut stage, contenders, cancel).await;
             progress.finished(
                 Stage::Confirmation,
                 stage.gate.winner_count(),
@@ -458,19 +474,40 @@ async fn score_set<L: BenchLauncher>(
     Ok(report)
 }
 
-/// The confirmed gate's rule on `plan`'s calibration (cached, or measured in `work/`).
-pub async fn calibrated_rule<L: BenchLauncher>(
+/// Calibrations by node (`None`: the one host), and the confirmed gate's rules on them.
+pub type Calibrated = (Vec<(Option<String>, Calibration)>, Option<Judges>);
+
+/// The confirmed gate's rules on `plan`'s calibration (cached, or measured in `work/`): one,
+/// or one per node where the driver's benches run on several, the nodes calibrated at once,
+/// each on its own GPUs. The rules are `None` when a calibration measured no spread.
+pub async fn calibrated_judges<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     plan: &CalibrationPlan,
     work: &Path,
     gate: &WinnerGate,
     cancel: &CancellationToken,
-) -> Result<(Calibration, Option<ConfirmRule>), ScoreError> {
-    let c = calibrate(driver, plan, work, cancel).await?;
-    let rule = c
-        .fair
-        .map(|noise| ConfirmRule::calibrated(gate.threshold, gate.confirm, &noise));
-    Ok((c, rule))
+) -> Result<Calibrated, ScoreError> {
+    let plans = plan.per_node(&driver.launcher().nodes());
+    let runs = plans.iter().map(|p| calibrate(driver, p, work, cancel));
+    let calibrations = futures::future::try_join_all(runs).await?;
+    let rule = |c: &Calibration| {
+        c.fair
+            .map(|noise| ConfirmRule::calibrated(gate.threshold, gate.confirm, &noise))
+    };
+    let by_node: Vec<(Option<String>, Calibration)> = plans
+        .into_iter()
+        .map(|p| p.node)
+        .zip(calibrations)
+        .collect();
+    let judges = match by_node.as_slice() {
+        [(None, c)] => rule(c).map(Judges::One),
+        _ => by_node
+            .iter()
+            .map(|(node, c)| Some((node.clone()?, rule(c)?)))
+            .collect::<Option<BTreeMap<_, _>>>()
+            .map(Judges::PerNode),
+    };
+    Ok((by_node, judges))
 }
 
 /// `--gate lower-bound`: a winner whose bootstrap interval reaches below the threshold (or that

@@ -299,7 +299,7 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
         width,
         13,
     ));
-    if let Some(c) = &r.calibration {
+    for c in r.calibrations() {
         out.push_str(&wrap(&format!("calibration  {}", c.describe()), width, 13));
     }
     if r.repeats > 1 {

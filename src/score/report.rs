@@ -41,14 +41,26 @@ pub struct ScoreReport {
     /// How this score's benches timed a speedup.
     #[serde(default)]
     pub timing: TimingMethod,
-    /// The A/A calibration the confirmed gate used.
+    /// The A/A calibration the confirmed gate used, where its benches ran on one host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub calibration: Option<Calibration>,
+    /// Where they ran on several nodes (Slurm): one calibration per node, each candidate
+    /// judged by its first bench's node's ([`crate::score::confirmation::Judges`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_calibrations: Vec<Calibration>,
     /// Infrastructure failures: when non-empty, scoring did not complete.
     pub incomplete: Vec<String>,
 }
 
 impl ScoreReport {
+    /// Every calibration the gate used: the one, or one per node.
+    pub fn calibrations(&self) -> Vec<&Calibration> {
+        self.calibration
+            .iter()
+            .chain(&self.node_calibrations)
+            .collect()
+    }
+
     /// What scoring kept, in a line: `33 confirmed winners of 133 candidates (37 passed the
     /// published gate on one bench), final set 30 kernels` (the final set only when scoring
     /// completed).

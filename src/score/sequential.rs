@@ -230,26 +230,27 @@ pub async fn gate_level<L: BenchLauncher>(
     gather_sessions(&sessions, &cand)?;
     let expected: Vec<TargetId> = sessions.iter().map(|(t, _)| t.clone()).collect();
     let set = CandidateSet::scan(&cand)?;
-    let rule = if p.gate.kind == crate::score::gate::GateKind::Confirmed && !expected.is_empty() {
+    let judges = if p.gate.kind == crate::score::gate::GateKind::Confirmed && !expected.is_empty() {
         // One calibration for every level of the sequential scoring (cached beside them, so
         // the later levels and a resume reuse it).
         let cache = p.seq_dir.join("calibration");
         let plan = crate::score::calibration::plan_for(driver, &cache, false);
         let work = cache.join("benches");
-        let (c, rule) =
-            crate::score::pipeline::calibrated_rule(driver, &plan, &work, &p.gate, cancel).await?;
-        if rule.is_none() {
+        let (cs, judges) =
+            crate::score::pipeline::calibrated_judges(driver, &plan, &work, &p.gate, cancel)
+                .await?;
+        if judges.is_none() {
             return Err(ScoreError::Incomplete(format!(
                 "level {}: the A/A calibration gave too few benches to measure a spread ({})",
                 p.level,
-                c.benches
-                    .iter()
+                cs.iter()
+                    .flat_map(|(_, c)| &c.benches)
                     .filter_map(|b| b.failure.clone())
                     .collect::<Vec<_>>()
                     .join("; ")
             )));
         }
-        rule
+        judges
     } else {
         None
     };
@@ -259,7 +260,7 @@ pub async fn gate_level<L: BenchLauncher>(
         lower: p.previous.map(|g| g.win_candidates.as_path()),
         dir: &dir,
         gate: p.gate,
-        rule,
+        judges,
         cancel,
     };
     let mut decisions: BTreeMap<TargetId, Decision> = BTreeMap::new();

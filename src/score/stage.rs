@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::score::driver::BenchRun;
 use crate::score::gate::GateReport;
 use crate::score::noise::Spread;
+use crate::target::TargetId;
 
 /// Which benches to run on a folder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +40,9 @@ pub struct RunSummary {
     /// again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reused: bool,
+    /// The node it ran on where benches run on several (Slurm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl RunSummary {
@@ -53,6 +57,7 @@ impl RunSummary {
             json: run.result.is_ok().then(|| run.request.output()),
             platform: run.exit.as_ref().and_then(|e| e.platform.clone()),
             reused: run.reused,
+            node: run.exit.as_ref().and_then(|e| e.node.clone()),
         }
     }
 }
@@ -72,6 +77,18 @@ pub struct StageReport {
 }
 
 impl StageReport {
+    /// The node each target's first bench ran on (its earliest run labelled with the
+    /// target); empty where benches ran on one host.
+    pub fn first_nodes(&self) -> BTreeMap<TargetId, String> {
+        let mut out = BTreeMap::new();
+        for r in &self.runs {
+            if let (Ok(t), Some(node)) = (r.label.parse::<TargetId>(), &r.node) {
+                out.entry(t).or_insert_with(|| node.clone());
+            }
+        }
+        out
+    }
+
     /// `label: why` of every bench taken while its GPU throttled.
     pub fn throttled_benches(&self) -> Vec<String> {
         self.runs
@@ -122,6 +139,7 @@ mod tests {
                 }),
                 cpu_governor: Some("performance".into()),
             }),
+            node: None,
         };
         let run = |throttle: &[&str]| BenchRun {
             request: req.clone(),

@@ -98,6 +98,7 @@ impl BenchLauncher for InProcessLauncher {
             violation: None,
             wall_s: started.elapsed().as_secs_f64(),
             platform: None,
+            node: None,
         })
     }
 }

@@ -333,6 +333,7 @@ fn the_human_table_of_the_published_standalone_results() {
         repeats: 1,
         noise_floor: None,
         timing: Default::default(),
+        node_calibrations: Vec::new(),
         calibration: None,
         incomplete: Vec::new(),
     };
@@ -370,6 +371,7 @@ impl fk_agentd::score::driver::BenchLauncher for Writes {
             violation: self.0.clone(),
             wall_s: 1.0,
             platform: None,
+            node: None,
         })
     }
 }

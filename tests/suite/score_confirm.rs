@@ -524,3 +524,158 @@ async fn scoring_into_the_same_generation_reuses_every_finished_bench() {
         .unwrap();
     assert!(driver.launcher().outputs().len() > benched);
 }
+
+/// The in-process simulated bench on two pretend nodes, as on Slurm: a bench runs on the node
+/// it is pinned to, else on n1 and n2 in turn, and node n2 times identical code `n2_bias`
+/// times faster (every speedup it measures is scaled by it). Records (output, node).
+struct TwoNodes {
+    inner: InProcessLauncher,
+    n2_bias: f64,
+    turn: std::sync::atomic::AtomicUsize,
+    placed: std::sync::Mutex<Vec<(PathBuf, String)>>,
+}
+
+impl fk_agentd::score::driver::BenchLauncher for TwoNodes {
+    async fn launch(
+        &self,
+        inv: fk_agentd::score::driver::Invocation,
+        cancel: CancellationToken,
+    ) -> Result<fk_agentd::score::driver::ProcessExit, fk_agentd::score::ScoreError> {
+        let node = inv.node.clone().unwrap_or_else(|| {
+            let n = self.turn.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            ["n1", "n2"][n % 2].to_string()
+        });
+        let at = inv.args.iter().position(|a| a == "--output").unwrap() + 1;
+        let output = PathBuf::from(&inv.args[at]);
+        let mut exit = self.inner.launch(inv, cancel).await?;
+        if node == "n2"
+            && let Ok(text) = std::fs::read_to_string(&output)
+        {
+            let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for row in json["scenarios"].as_array_mut().unwrap() {
+                let scale = |v: &mut serde_json::Value| {
+                    *v = serde_json::json!(v.as_f64().unwrap() * self.n2_bias)
+                };
+                scale(&mut row["speedup"]);
+                if row["paired"].is_object() {
+                    scale(&mut row["paired"]["speedup"]);
+                    for r in row["paired"]["rounds"].as_array_mut().unwrap() {
+                        scale(&mut r[1]);
+                    }
+                }
+            }
+            std::fs::write(&output, json.to_string()).unwrap();
+        }
+        self.placed.lock().unwrap().push((output, node.clone()));
+        exit.node = Some(node);
+        Ok(exit)
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        vec!["n1".into(), "n2".into()]
+    }
+}
+
+/// Where benches run on several nodes, each node is calibrated on its own benches and judges
+/// the candidates first benched on it, whose later benches stay there: copies first benched
+/// on the node that times identical code 8 % faster are not winners there, and a true 1.3×
+/// candidate is confirmed at about 1.3×, not 1.4×.
+#[tokio::test(start_paused = true)]
+async fn on_several_nodes_each_node_is_calibrated_apart_and_keeps_its_candidates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let candidates = [
+        ("L1/gelu", "class GELU: pass\n# sim: true=1.0\n"),
+        ("L1/relu", "class ReLU: pass\n# sim: true=1.0\n"),
+        ("L1/silu", "class SiLU: pass\n# sim: true=1.0\n"),
+        ("L1/sigmoid", "class Sigmoid: pass\n# sim: true=1.0\n"),
+        ("L1/bmm", "class BMM: pass\n# sim: true=1.3\n"),
+        ("L1/quickgelu", "class QuickGELU: pass\n# sim: true=1.3\n"),
+    ];
+    let (cands, plain) = in_process(tmp.path(), &candidates).await;
+    let launcher = TwoNodes {
+        inner: InProcessLauncher::new(7),
+        n2_bias: 1.08,
+        turn: Default::default(),
+        placed: Default::default(),
+    };
+    let driver = BenchDriver::new(plain.params().clone(), launcher)
+        .await
+        .unwrap();
+    let score = ScoreParams {
+        candidates: cands,
+        out: tmp.path().join("out"),
+        mode: ScoreMode::Standalone,
+        gate: WinnerGate::default(),
+        set_name: "cands-ind".into(),
+        repeats: 1,
+        noise_sample: 0,
+        screen_waive: Vec::new(),
+        earlier: Default::default(),
+        calibration: None,
+        generation: None,
+    };
+    let report = score_candidates(&driver, &score, &NoProgress, &CancellationToken::new())
+        .await
+        .unwrap();
+    let placed = driver.launcher().placed.lock().unwrap().clone();
+    let path_has = |p: &Path, part: &str| p.components().any(|c| c.as_os_str() == part);
+
+    // One calibration per node, each benched on its node only, each seeing its own bias.
+    assert!(report.calibration.is_none());
+    let biases: Vec<(String, String, f64)> = report
+        .node_calibrations
+        .iter()
+        .map(|c| (c.key.gpu.clone(), c.key.host.clone(), c.fair.unwrap().bias))
+        .collect();
+    assert_eq!(biases.len(), 2, "{biases:?}");
+    assert_eq!(
+        (biases[0].0.as_str(), biases[0].1.as_str()),
+        ("Slurm node n1", "n1")
+    );
+    assert_eq!(
+        (biases[1].0.as_str(), biases[1].1.as_str()),
+        ("Slurm node n2", "n2")
+    );
+    assert!((biases[0].2 - 1.0).abs() < 0.02, "{biases:?}");
+    assert!((biases[1].2 - 1.08).abs() < 0.02, "{biases:?}");
+    for node in ["n1", "n2"] {
+        let cal: Vec<&String> = placed
+            .iter()
+            .filter(|(p, _)| path_has(p, &format!("node-{node}")))
+            .map(|(_, n)| n)
+            .collect();
+        assert_eq!(cal.len(), 20, "{node}: {cal:?}");
+        assert!(cal.iter().all(|n| *n == node), "{node}: {cal:?}");
+    }
+
+    // Every candidate's benches ran on its first bench's node, and were judged there.
+    let stage = report.standalone.as_ref().unwrap();
+    let first = stage.first_nodes();
+    let mut on = std::collections::BTreeSet::new();
+    for v in &stage.gate.verdicts {
+        let node = &first[&v.target];
+        on.insert(node.clone());
+        let slug = v.target.slug();
+        let benches: Vec<&String> = placed
+            .iter()
+            .filter(|(p, _)| path_has(p, &slug) && !path_has(p, "calibration"))
+            .map(|(_, n)| n)
+            .collect();
+        assert!(benches.iter().all(|n| *n == node), "{slug}: {benches:?}");
+        if let Some(c) = &v.confirmation {
+            assert_eq!(c.node.as_ref(), Some(node), "{slug}");
+        }
+        let copy = v.target.stem() != "bmm" && v.target.stem() != "quickgelu";
+        if copy {
+            assert!(!v.winner, "{slug} on {node}: {:?}", v.confirmation);
+        } else {
+            let c = v.confirmation.as_ref().expect("benched again");
+            let g = c.geomean.unwrap();
+            assert!(
+                c.confirmed && (1.25..1.36).contains(&g),
+                "{slug} on {node}: {c:?}"
+            );
+        }
+    }
+    assert_eq!(on.len(), 2, "first benches on both nodes: {first:?}");
+}

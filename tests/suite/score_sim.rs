@@ -334,6 +334,7 @@ fn shell(tmp: &Path, script: &str, deadline: Duration) -> fk_agentd::score::driv
         stdout: tmp.join("out.log"),
         stderr: tmp.join("err.log"),
         deadline,
+        node: None,
     }
 }
 

@@ -1456,7 +1456,9 @@ fn a_campaign_killed_with_sigkill_resumes_with_nothing_run_twice() {
 }
 
 /// `fk-agentd score` of a simulated campaign's run takes its benches' leases through the
-/// Slurm broker: the standalone benches run as steps on GPUs of both nodes.
+/// Slurm broker: the standalone benches run as steps on GPUs of both nodes; each node is
+/// calibrated on its own GPUs (its A/A benches leased there only), and every candidate's
+/// benches stay on the node of its first.
 #[test]
 fn standalone_scoring_spreads_its_benches_over_both_nodes() {
     let Some(cluster) = cluster() else { return };
@@ -1482,16 +1484,81 @@ fn standalone_scoring_spreads_its_benches_over_both_nodes() {
     );
     let conn = rusqlite::Connection::open(&db).expect("db");
     let mut stmt = conn
-        .prepare("SELECT gpus, cgroup FROM leases WHERE rowid > ?1")
+        .prepare("SELECT gpus, cgroup, stdout FROM leases WHERE rowid > ?1")
         .expect("query");
-    let rows: Vec<(String, Option<String>)> = stmt
-        .query_map([before], |r| Ok((r.get(0)?, r.get(1)?)))
+    let rows: Vec<(String, Option<String>, String)> = stmt
+        .query_map([before], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .expect("rows")
         .map(|r| r.expect("row"))
         .collect();
     assert!(rows.len() >= 2, "{} scoring leases", rows.len());
+    let node_of_lease = |gpus: &str| {
+        let gpus = serde_json::from_str::<Vec<String>>(gpus).expect("gpus");
+        node_of(&gpus[0]).to_string()
+    };
+    // Each node's calibration benches (the campaign's, before its first session: scoring
+    // reuses them) were leased on that node only.
+    let mut stmt = conn
+        .prepare("SELECT gpus, cgroup, stdout FROM leases")
+        .expect("query");
+    let all: Vec<(String, Option<String>, String)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .expect("rows")
+        .map(|r| r.expect("row"))
+        .collect();
+    for node in ["n1", "n2"] {
+        let dir = format!("/calibration/node-{node}/");
+        let on: Vec<String> = all
+            .iter()
+            .filter(|(_, _, out)| out.contains(&dir))
+            .map(|(gpus, ..)| node_of_lease(gpus))
+            .collect();
+        assert!(on.len() >= 5, "{node}: {on:?}");
+        assert!(on.iter().all(|n| n == node), "{node}: {on:?}");
+    }
+    // A candidate's benches (first and confirmations) stay on one node.
+    let mut by_candidate: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (gpus, _, out) in &rows {
+        if let Some(at) = out.find("/ind/standalone/") {
+            let slug = out[at..].split('/').nth(3).unwrap_or_default().to_string();
+            by_candidate
+                .entry(slug)
+                .or_default()
+                .insert(node_of_lease(gpus));
+        }
+    }
+    assert!(!by_candidate.is_empty());
+    assert!(
+        by_candidate.values().all(|n| n.len() == 1),
+        "{by_candidate:?}"
+    );
+    let score_json = std::fs::read_dir(home.path().join("runs"))
+        .expect("runs")
+        .flatten()
+        .find_map(|run| {
+            let results = run.path().join("results");
+            let mut gens: Vec<PathBuf> = std::fs::read_dir(&results)
+                .ok()?
+                .flatten()
+                .map(|e| e.path().join("score.json"))
+                .chain([results.join("score.json")])
+                .filter(|p| p.is_file())
+                .collect();
+            gens.sort();
+            gens.pop()
+        })
+        .expect("score.json");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&score_json).expect("read")).expect("json");
+    let keyed: Vec<&str> = report["node_calibrations"]
+        .as_array()
+        .expect("node_calibrations")
+        .iter()
+        .filter_map(|c| c["key"]["gpu"].as_str())
+        .collect();
+    assert_eq!(keyed, ["Slurm node n1", "Slurm node n2"], "{score_json:?}");
     let mut nodes = BTreeSet::new();
-    for (gpus, cgroup) in &rows {
+    for (gpus, cgroup, _) in &rows {
         assert!(
             cgroup
                 .as_deref()

@@ -33,6 +33,7 @@ impl EvalLauncher for LeaseLauncher {
             max_run: inv.deadline,
             session: format!("{}/e2e", self.session),
             idempotency_key: format!("e2e#{}", inv.stdout.display()),
+            node: None,
         };
         self.run_leased(&inv, req, cancel).await
     }

@@ -79,6 +79,7 @@ pub(crate) fn req(session: &str, class: LeaseClass, gpus: u32, max_run: Duration
         max_run,
         session: session.into(),
         idempotency_key: String::new(),
+        node: None,
     }
 }
 
