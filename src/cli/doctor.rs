@@ -160,9 +160,13 @@ pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, E
         let _ = writeln!(out, "{}", codex.line());
         let _ = writeln!(out, "timing: {timing}");
         if calibrations.is_empty() {
+            let per_node = match config.backend {
+                crate::config::LeaseBackendKind::Slurm => " per node",
+                crate::config::LeaseBackendKind::Local => "",
+            };
             let _ = writeln!(
                 out,
-                "calibration: none cached in {}; the first score measures one (about 20 A/A benches)",
+                "calibration: none cached in {}; the first score measures one (about 20 A/A benches{per_node})",
                 config.home.join("calibration").display()
             );
         }

@@ -363,6 +363,19 @@ mod tests {
         });
     }
 
+    /// A bench request of session `cal` for `gpus` GPUs of `node` only.
+    fn pinned(q: &mut Queue, id: &str, gpus: u32, node: Option<usize>, now: Instant) {
+        q.enqueue(Waiter {
+            lease_id: id.into(),
+            session: "cal".into(),
+            class: LeaseClass::Bench,
+            gpus,
+            node,
+            seq: 0,
+            enqueued: now,
+        });
+    }
+
     /// `n` one-GPU validate requests `{id}{i}` of sessions `{session}{i}`.
     fn ask_n(q: &mut Queue, id: &str, session: &str, n: usize, now: Instant) {
         for i in 0..n {
@@ -514,15 +527,8 @@ mod tests {
         assert_eq!(granted(&q.schedule(now, None)).len(), 2);
         // Slots 0 and 1 (node 0) are held: a request pinned to node 0 waits though node 1 is
         // free, and an unpinned one behind it takes node 1.
-        q.enqueue(Waiter {
-            lease_id: "pinned".into(),
-            session: "cal".into(),
-            class: LeaseClass::Bench,
-            gpus: 1,
-            node: q.node_of(0),
-            seq: 0,
-            enqueued: now,
-        });
+        let node0 = q.node_of(0);
+        pinned(&mut q, "pinned", 1, node0, now);
         ask(&mut q, "free", "t", LeaseClass::Validate, 1, now);
         assert_eq!(
             granted(&q.schedule(now, None)),
@@ -535,15 +541,7 @@ mod tests {
         );
         // More GPUs than its node has can never be granted, whatever the other nodes hold.
         q.slots[0].drained = Some("unkillable".into());
-        q.enqueue(Waiter {
-            lease_id: "too-big".into(),
-            session: "cal".into(),
-            class: LeaseClass::Bench,
-            gpus: 2,
-            node: Some(0),
-            seq: 0,
-            enqueued: now,
-        });
+        pinned(&mut q, "too-big", 2, Some(0), now);
         assert_eq!(
             q.schedule(now, None),
             vec![Decision::Unsatisfiable {

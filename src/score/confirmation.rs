@@ -363,21 +363,23 @@ mod tests {
     use super::*;
     use crate::score::stats::NoiseStats;
 
+    /// The rule of a calibration (20 benches of 5 targets) that measured `bias` and `sigma`.
+    fn rule(bias: f64, sigma: f64) -> ConfirmRule {
+        let noise = NoiseStats {
+            bias,
+            sigma,
+            tau: 0.0,
+            wild_rate: 0.0,
+            benches: 20,
+            targets: 5,
+            dof: 15,
+            tau_upper: 0.0,
+        };
+        ConfirmRule::calibrated(1.0, 3, &noise)
+    }
+
     #[test]
     fn a_candidate_is_judged_by_its_first_benchs_node_and_an_unknown_one_by_the_widest() {
-        let rule = |bias: f64, sigma: f64| {
-            let noise = NoiseStats {
-                bias,
-                sigma,
-                tau: 0.0,
-                wild_rate: 0.0,
-                benches: 20,
-                targets: 5,
-                dof: 15,
-                tau_upper: 0.0,
-            };
-            ConfirmRule::calibrated(1.0, 3, &noise)
-        };
         let (n1, n2) = (rule(1.0, 0.01), rule(1.08, 0.03));
         let judges = Judges::PerNode(BTreeMap::from([("n1".into(), n1), ("n2".into(), n2)]));
         assert_eq!(judges.of(Some("n2")), (n2, Some("n2".into())));
@@ -391,17 +393,7 @@ mod tests {
     #[test]
     fn a_raw_first_bench_win_that_the_bias_takes_away_loses_with_why() {
         // Identical code measures 1.05× on this GPU: a first bench of 1.01× is 4 % slower.
-        let noise = NoiseStats {
-            bias: 1.05,
-            sigma: 0.01,
-            tau: 0.0,
-            wild_rate: 0.0,
-            benches: 20,
-            targets: 5,
-            dof: 15,
-            tau_upper: 0.0,
-        };
-        let rule = ConfirmRule::calibrated(1.0, 3, &noise);
+        let rule = rule(1.05, 0.01);
         let target: TargetId = "L1/gelu".parse().unwrap();
         let mut verdicts = vec![TargetVerdict {
             winner: true,

@@ -47,6 +47,24 @@ async fn in_process(
     (cands, driver)
 }
 
+/// A standalone score of `cands` into `<tmp>/out` with the default gate, calibrating for
+/// itself, nothing benched before.
+fn standalone(cands: PathBuf, tmp: &Path) -> ScoreParams {
+    ScoreParams {
+        candidates: cands,
+        out: tmp.join("out"),
+        mode: ScoreMode::Standalone,
+        gate: WinnerGate::default(),
+        set_name: "cands-ind".into(),
+        repeats: 1,
+        noise_sample: 0,
+        screen_waive: Vec::new(),
+        earlier: Default::default(),
+        calibration: None,
+        generation: None,
+    }
+}
+
 async fn score(candidates: &[(&str, &str)], gate: WinnerGate) -> Scored {
     score_after(candidates, gate, &[]).await
 }
@@ -61,20 +79,12 @@ async fn score_after(
     let tmp = tempfile::tempdir().unwrap();
     let (cands, driver) = in_process(tmp.path(), candidates).await;
     let score = ScoreParams {
-        candidates: cands,
-        out: tmp.path().join("out"),
-        mode: ScoreMode::Standalone,
         gate,
-        set_name: "cands-ind".into(),
-        repeats: 1,
-        noise_sample: 0,
-        screen_waive: Vec::new(),
         earlier: earlier
             .iter()
             .map(|(t, g)| (t.parse().unwrap(), g.to_vec()))
             .collect(),
-        calibration: None,
-        generation: None,
+        ..standalone(cands, tmp.path())
     };
     let report = score_candidates(&driver, &score, &NoProgress, &CancellationToken::new())
         .await
@@ -480,17 +490,9 @@ async fn scoring_into_the_same_generation_reuses_every_finished_bench() {
     let (cands, driver) = in_process(tmp.path(), &candidates).await;
     let generation = tmp.path().join("out/results");
     let score = ScoreParams {
-        candidates: cands,
-        out: tmp.path().join("out"),
         mode: ScoreMode::Both,
-        gate: WinnerGate::default(),
-        set_name: "cands-ind".into(),
-        repeats: 1,
-        noise_sample: 0,
-        screen_waive: Vec::new(),
-        earlier: Default::default(),
-        calibration: None,
         generation: Some(generation.clone()),
+        ..standalone(cands, tmp.path())
     };
     let cancel = CancellationToken::new();
     let run = || score_candidates(&driver, &score, &NoProgress, &cancel);
@@ -601,19 +603,7 @@ async fn on_several_nodes_each_node_is_calibrated_apart_and_keeps_its_candidates
     let driver = BenchDriver::new(plain.params().clone(), launcher)
         .await
         .unwrap();
-    let score = ScoreParams {
-        candidates: cands,
-        out: tmp.path().join("out"),
-        mode: ScoreMode::Standalone,
-        gate: WinnerGate::default(),
-        set_name: "cands-ind".into(),
-        repeats: 1,
-        noise_sample: 0,
-        screen_waive: Vec::new(),
-        earlier: Default::default(),
-        calibration: None,
-        generation: None,
-    };
+    let score = standalone(cands, tmp.path());
     let report = score_candidates(&driver, &score, &NoProgress, &CancellationToken::new())
         .await
         .unwrap();
