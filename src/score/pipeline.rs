@@ -369,43 +369,12 @@ async fn score_set<L: BenchLauncher>(
         node_calibrations: Vec::new(),
         incomplete: Vec::new(),
     };
-    let judges = if params.gate.kind == GateKind::Confirmed && params.mode != ScoreMode::Composed {
-        let plan = match &params.calibration {
-            Some(plan) => plan.clone(),
-            None => plan_for(driver, &gen_dir.join("calibration"), true),
-        };
-        let nodes = plan.per_node(&driver.launcher().nodes()).len();
-        progress.started(
-            Stage::Calibration,
-            nodes * plan.targets.len() * plan.benches,
-        );
-        let work = gen_dir.join("calibration");
-        let (cs, judges) = calibrated_judges(driver, &plan, &work, &params.gate, cancel).await?;
-        let benches = cs.iter().map(|(_, c)| c.benches.len()).sum();
-        progress.finished(Stage::Calibration, 0, benches);
-        let mut failures = Vec::new();
-        for (node, c) in cs {
-            report.simulated |= c.simulated;
-            failures.extend(c.benches.iter().filter_map(|b| b.failure.clone()));
-            match node {
-                Some(_) => report.node_calibrations.push(c),
-                None => report.calibration = Some(c),
-            }
-        }
-        match judges {
-            Some(judges) => Some(judges),
-            None => {
-                report.incomplete.push(format!(
-                    "the A/A calibration gave too few benches to measure a spread ({})",
-                    failures.join("; ")
-                ));
-                write_json(&gen_dir.join("score.json"), &report)?;
-                return Ok(report);
-            }
-        }
-    } else {
-        None
-    };
+    let judges =
+        calibrate_for_score(driver, params, &gen_dir, progress, &mut report, cancel).await?;
+    if !report.incomplete.is_empty() {
+        write_json(&gen_dir.join("score.json"), &report)?;
+        return Ok(report);
+    }
     if params.noise_sample > 0 {
         let picked = sample(&set.targets(), params.noise_sample);
         progress.started(Stage::NoiseFloor, picked.len());
@@ -416,34 +385,15 @@ async fn score_set<L: BenchLauncher>(
     }
     let mut pool: Vec<TargetId> = set.targets();
     if params.mode != ScoreMode::Composed {
-        let dir = gen_dir.join("ind/standalone");
-        let benches = set.candidates.len() * params.repeats.max(1);
-        progress.started(Stage::Standalone, benches);
-        let gate = &params.gate;
-        let mut stage = score_standalone(driver, &set, &dir, gate, params.repeats, cancel).await?;
-        let flagged = screen_winners(&set, &mut stage, &params.screen_waive);
-        let judged = stage.gate.verdicts.len();
-        progress.finished(Stage::Standalone, stage.gate.winner_count(), judged);
-        if gate.kind == GateKind::LowerBound {
-            gate_on_lower_bound(&mut stage, gate.threshold);
-        } else if let Some(judges) = &judges {
-            let judging = Judging::of_stage(judges, &stage);
-            let mut contenders = contenders(&stage.gate.verdicts, &judging, &params.earlier);
-            // A winner the screen took the win from is not benched again.
-            contenders.retain(|c| !flagged.contains(&c.target));
-            screen_contenders(&set, &mut stage, &mut contenders, &params.screen_waive);
-            let verdicts = &mut stage.gate.verdicts;
-            settle_first_benches(verdicts, &contenders, &judging, &params.earlier);
-            let benched_again = contenders.len();
-            progress.started(Stage::Confirmation, benched_again * gate.confirm);
-            confirm_winners(driver, &dir, &mut stage, contenders, cancel).await;
-            progress.finished(
-                Stage::Confirmation,
-                stage.gate.winner_count(),
-                benched_again,
-            );
-        }
-        write_json(&dir.join("gate.json"), &stage)?;
+        let stage = Standalone {
+            driver,
+            params,
+            set: &set,
+            dir: gen_dir.join("ind/standalone"),
+            progress,
+            cancel,
+        };
+        let stage = stage.run(judges.as_ref()).await?;
         pool = stage.gate.winners().map(|v| v.target.clone()).collect();
         report.incomplete.extend(stage.infrastructure_failures());
         report.simulated |= stage.simulated;
@@ -472,6 +422,103 @@ async fn score_set<L: BenchLauncher>(
     }
     write_json(&gen_dir.join("score.json"), &report)?;
     Ok(report)
+}
+
+/// The A/A calibration of a score under the confirmed gate (one, or one per node) and the
+/// rules on it, kept in `report`; `None` under another gate, or with the failure in
+/// `report.incomplete` when a calibration measured no spread.
+async fn calibrate_for_score<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    params: &ScoreParams,
+    gen_dir: &Path,
+    progress: &dyn ScoreProgress,
+    report: &mut ScoreReport,
+    cancel: &CancellationToken,
+) -> Result<Option<Judges>, ScoreError> {
+    if params.gate.kind != GateKind::Confirmed || params.mode == ScoreMode::Composed {
+        return Ok(None);
+    }
+    let plan = match &params.calibration {
+        Some(plan) => plan.clone(),
+        None => plan_for(driver, &gen_dir.join("calibration"), true),
+    };
+    let nodes = plan.per_node(&driver.launcher().nodes()).len();
+    let planned = nodes * plan.targets.len() * plan.benches;
+    progress.started(Stage::Calibration, planned);
+    let work = gen_dir.join("calibration");
+    let (cs, judges) = calibrated_judges(driver, &plan, &work, &params.gate, cancel).await?;
+    let benches = cs.iter().map(|(_, c)| c.benches.len()).sum();
+    progress.finished(Stage::Calibration, 0, benches);
+    let mut failures = Vec::new();
+    for (node, c) in cs {
+        report.simulated |= c.simulated;
+        failures.extend(c.benches.iter().filter_map(|b| b.failure.clone()));
+        match node {
+            Some(_) => report.node_calibrations.push(c),
+            None => report.calibration = Some(c),
+        }
+    }
+    if judges.is_none() {
+        report.incomplete.push(format!(
+            "the A/A calibration gave too few benches to measure a spread ({})",
+            failures.join("; ")
+        ));
+    }
+    Ok(judges)
+}
+
+/// The standalone stage of a score: each candidate benched alone, screened, gated, and under
+/// the confirmed gate benched again until decided (`<dir>/gate.json`).
+struct Standalone<'a, L> {
+    driver: &'a BenchDriver<L>,
+    params: &'a ScoreParams,
+    set: &'a CandidateSet,
+    dir: PathBuf,
+    progress: &'a dyn ScoreProgress,
+    cancel: &'a CancellationToken,
+}
+
+impl<L: BenchLauncher> Standalone<'_, L> {
+    async fn run(&self, judges: Option<&Judges>) -> Result<StageReport, ScoreError> {
+        let (p, set, dir) = (self.params, self.set, &self.dir);
+        let benches = set.candidates.len() * p.repeats.max(1);
+        self.progress.started(Stage::Standalone, benches);
+        let gate = &p.gate;
+        let mut stage =
+            score_standalone(self.driver, set, dir, gate, p.repeats, self.cancel).await?;
+        let flagged = screen_winners(set, &mut stage, &p.screen_waive);
+        let judged = stage.gate.verdicts.len();
+        self.progress
+            .finished(Stage::Standalone, stage.gate.winner_count(), judged);
+        if gate.kind == GateKind::LowerBound {
+            gate_on_lower_bound(&mut stage, gate.threshold);
+        } else if let Some(judges) = judges {
+            self.confirm(judges, &flagged, &mut stage).await;
+        }
+        write_json(&dir.join("gate.json"), &stage)?;
+        Ok(stage)
+    }
+
+    /// Benches the first-bench winners (and near misses) again until the confirmed gate
+    /// decides each, by the rule of the node its first bench ran on.
+    async fn confirm(&self, judges: &Judges, flagged: &[TargetId], stage: &mut StageReport) {
+        let p = self.params;
+        let judging = Judging::of_stage(judges, stage);
+        let mut contenders = contenders(&stage.gate.verdicts, &judging, &p.earlier);
+        // A winner the screen took the win from is not benched again.
+        contenders.retain(|c| !flagged.contains(&c.target));
+        screen_contenders(self.set, stage, &mut contenders, &p.screen_waive);
+        settle_first_benches(&mut stage.gate.verdicts, &contenders, &judging, &p.earlier);
+        let benched_again = contenders.len();
+        self.progress
+            .started(Stage::Confirmation, benched_again * p.gate.confirm);
+        confirm_winners(self.driver, &self.dir, stage, contenders, self.cancel).await;
+        self.progress.finished(
+            Stage::Confirmation,
+            stage.gate.winner_count(),
+            benched_again,
+        );
+    }
 }
 
 /// Calibrations by node (`None`: the one host), and the confirmed gate's rules on them.

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use crate::report::{sim_banner, table};
 use crate::score::ScoreError;
 use crate::score::candidates::{CandidateSet, copy_tree, gather_sessions, session_candidates};
+use crate::score::confirmation::Judges;
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::export::dropped_reason;
 use crate::score::gate::{TargetVerdict, WinnerGate};
@@ -231,26 +232,7 @@ pub async fn gate_level<L: BenchLauncher>(
     let expected: Vec<TargetId> = sessions.iter().map(|(t, _)| t.clone()).collect();
     let set = CandidateSet::scan(&cand)?;
     let judges = if p.gate.kind == crate::score::gate::GateKind::Confirmed && !expected.is_empty() {
-        // One calibration for every level of the sequential scoring (cached beside them, so
-        // the later levels and a resume reuse it).
-        let cache = p.seq_dir.join("calibration");
-        let plan = crate::score::calibration::plan_for(driver, &cache, false);
-        let work = cache.join("benches");
-        let (cs, judges) =
-            crate::score::pipeline::calibrated_judges(driver, &plan, &work, &p.gate, cancel)
-                .await?;
-        if judges.is_none() {
-            return Err(ScoreError::Incomplete(format!(
-                "level {}: the A/A calibration gave too few benches to measure a spread ({})",
-                p.level,
-                cs.iter()
-                    .flat_map(|(_, c)| &c.benches)
-                    .filter_map(|b| b.failure.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
-        }
-        judges
+        Some(level_judges(driver, p, cancel).await?)
     } else {
         None
     };
@@ -263,43 +245,17 @@ pub async fn gate_level<L: BenchLauncher>(
         judges,
         cancel,
     };
-    let mut decisions: BTreeMap<TargetId, Decision> = BTreeMap::new();
-    let (mut simulated, mut bench_wall_s) = (false, 0.0);
-    let mut dropped = Vec::new();
-    if !expected.is_empty() {
-        let stage = bench.standalone(&expected).await?;
-        check_complete(&stage, cancel)?;
-        simulated |= stage.simulated;
-        bench_wall_s += wall(&stage.runs);
-        for v in &stage.gate.verdicts {
-            decisions.insert(v.target.clone(), Decision::of(v));
-            if v.rows + v.skipped == 0 {
-                dropped.push(Decision::of(v));
-            }
-        }
-        let winners: Vec<TargetId> = stage.gate.winners().map(|v| v.target.clone()).collect();
-        let mix = bench.mix(&winners).await?;
-        if cancel.is_cancelled() {
-            return Err(ScoreError::Incomplete("cancelled".into()));
-        }
-        simulated |= mix.simulated;
-        bench_wall_s += wall(&mix.runs);
-        if let Some(result) = &mix.result {
-            write_json(&dir.join("bench.json"), result)?;
-        }
-        let failed = mix.verdicts.iter().filter(|v| !v.winner).map(|v| {
-            let reason = format!("failed the level mix: {}", dropped_reason(v));
-            (&v.target, reason)
-        });
-        let broke = mix.breakers.iter().map(|b| (&b.target, b.reason.clone()));
-        for (t, reason) in failed.chain(broke) {
-            if let Some(d) = decisions.get_mut(t) {
-                d.winner = false;
-                d.reason = Some(reason);
-                dropped.push(d.clone());
-            }
-        }
-    }
+    let benched = if expected.is_empty() {
+        Benched::default()
+    } else {
+        bench_level(&bench, &expected, &dir, cancel).await?
+    };
+    let Benched {
+        mut decisions,
+        simulated,
+        bench_wall_s,
+        dropped,
+    } = benched;
     let decisions: Vec<Decision> = p
         .targets
         .iter()
@@ -335,6 +291,92 @@ pub async fn gate_level<L: BenchLauncher>(
     };
     write_json(&dir.join("gate.json"), &gate)?;
     Ok(gate)
+}
+
+/// What benching a level gave: a decision per target benched, whether any bench was
+/// simulated, the benches' wall time, and the decisions dropped (no row, or by the mix).
+#[derive(Default)]
+struct Benched {
+    decisions: BTreeMap<TargetId, Decision>,
+    simulated: bool,
+    bench_wall_s: f64,
+    dropped: Vec<Decision>,
+}
+
+/// The level's candidates each alone (confirmed under the confirmed gate), then a mix of its
+/// winners, dropping the candidates that fail it or break it.
+async fn bench_level<L: BenchLauncher>(
+    bench: &LevelBench<'_, L>,
+    expected: &[TargetId],
+    dir: &Path,
+    cancel: &CancellationToken,
+) -> Result<Benched, ScoreError> {
+    let mut decisions: BTreeMap<TargetId, Decision> = BTreeMap::new();
+    let (mut simulated, mut bench_wall_s) = (false, 0.0);
+    let mut dropped = Vec::new();
+    let stage = bench.standalone(expected).await?;
+    check_complete(&stage, cancel)?;
+    simulated |= stage.simulated;
+    bench_wall_s += wall(&stage.runs);
+    for v in &stage.gate.verdicts {
+        decisions.insert(v.target.clone(), Decision::of(v));
+        if v.rows + v.skipped == 0 {
+            dropped.push(Decision::of(v));
+        }
+    }
+    let winners: Vec<TargetId> = stage.gate.winners().map(|v| v.target.clone()).collect();
+    let mix = bench.mix(&winners).await?;
+    if cancel.is_cancelled() {
+        return Err(ScoreError::Incomplete("cancelled".into()));
+    }
+    simulated |= mix.simulated;
+    bench_wall_s += wall(&mix.runs);
+    if let Some(result) = &mix.result {
+        write_json(&dir.join("bench.json"), result)?;
+    }
+    let failed = mix.verdicts.iter().filter(|v| !v.winner).map(|v| {
+        let reason = format!("failed the level mix: {}", dropped_reason(v));
+        (&v.target, reason)
+    });
+    let broke = mix.breakers.iter().map(|b| (&b.target, b.reason.clone()));
+    for (t, reason) in failed.chain(broke) {
+        if let Some(d) = decisions.get_mut(t) {
+            d.winner = false;
+            d.reason = Some(reason);
+            dropped.push(d.clone());
+        }
+    }
+    Ok(Benched {
+        decisions,
+        simulated,
+        bench_wall_s,
+        dropped,
+    })
+}
+
+/// The confirmed gate's rules for every level of the sequential scoring: one calibration (or
+/// one per node), cached beside the levels so the later ones and a resume reuse it.
+async fn level_judges<L: BenchLauncher>(
+    driver: &BenchDriver<L>,
+    p: &LevelParams<'_>,
+    cancel: &CancellationToken,
+) -> Result<Judges, ScoreError> {
+    let cache = p.seq_dir.join("calibration");
+    let plan = crate::score::calibration::plan_for(driver, &cache, false);
+    let work = cache.join("benches");
+    let (cs, judges) =
+        crate::score::pipeline::calibrated_judges(driver, &plan, &work, &p.gate, cancel).await?;
+    judges.ok_or_else(|| {
+        ScoreError::Incomplete(format!(
+            "level {}: the A/A calibration gave too few benches to measure a spread ({})",
+            p.level,
+            cs.iter()
+                .flat_map(|(_, c)| &c.benches)
+                .filter_map(|b| b.failure.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+    })
 }
 
 /// The final composed bench (correctness only) of the last level's winners; returns the
