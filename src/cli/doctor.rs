@@ -37,6 +37,142 @@ fn timing_words(
     }
 }
 
+/// What the doctor found, for its JSON or its text.
+struct Found {
+    harness: Option<crate::harness::patches::PreparedHarness>,
+    report: preflight::Preflight,
+    slurm: Option<Result<(usize, String), String>>,
+    gpus: Result<usize, String>,
+    devices: String,
+    verdict: preflight::Verdict,
+    codex: crate::agent::codex::CodexCheck,
+    uncaptured: Vec<crate::target::TargetId>,
+    calibrations: Vec<crate::score::calibration::Calibration>,
+    timing: String,
+}
+
+impl Found {
+    fn json(&self, config: &Config) -> serde_json::Value {
+        let (count, gpu_error) = (self.gpus.as_ref().ok(), self.gpus.as_ref().err());
+        serde_json::json!({
+            "harness": self.harness,
+            "preflight": self.report,
+            "gpus": {"count": count, "error": gpu_error,
+                     "devices": self.devices,
+                     "backend": config.backend.as_str()},
+            "verdict": self.verdict,
+            "codex": self.codex,
+            "captures": config.captures,
+            "uncaptured": self.uncaptured,
+            "calibrations": self.calibrations,
+            "timing": self.timing,
+        })
+    }
+
+    fn text(&self, config: &Config) -> String {
+        let mut out = self.harness_lines();
+        let _ = write!(out, "{}", preflight::render(&self.report));
+        out.push_str(&self.captured_lines(config));
+        let _ = match &self.gpus {
+            Ok(n) => writeln!(out, "GPUs: {n} ({})", self.devices),
+            Err(e) => writeln!(out, "GPUs: {e}"),
+        };
+        if let Some(Ok((_, text))) = &self.slurm {
+            let _ = write!(out, "{text}");
+        }
+        let _ = writeln!(out, "{}", self.codex.line());
+        let _ = writeln!(out, "timing: {}", self.timing);
+        out.push_str(&self.calibration_lines(config));
+        let _ = write!(out, "\n{}", preflight::render_verdict(&self.verdict));
+        out
+    }
+
+    fn harness_lines(&self) -> String {
+        let mut out = String::new();
+        let _ = match &self.harness {
+            Some(h) => writeln!(
+                out,
+                "fastkernels {}{} → private copy {} ({} patch(es) applied and verified)",
+                h.commit,
+                if h.checkout_dirty {
+                    " (dirty checkout)"
+                } else {
+                    ""
+                },
+                h.copy.display(),
+                h.patches.len()
+            ),
+            None => writeln!(
+                out,
+                "fastkernels: no checkout configured (set FK_DIR or [fastkernels] dir); skipping the import sweep"
+            ),
+        };
+        if let Some(d) = self.harness.as_ref().and_then(|h| h.decision.as_ref()) {
+            let _ = writeln!(out, "patch series: {} — {}", d.series_words(), d.reason);
+        }
+        out
+    }
+
+    fn captured_lines(&self, config: &Config) -> String {
+        let (uncaptured, mut out) = (&self.uncaptured, String::new());
+        let _ = writeln!(
+            out,
+            "\ncaptured: {} of {} selected target(s) have a forward case in {}",
+            config.targets.len() - uncaptured.len(),
+            config.targets.len(),
+            config.captures.display()
+        );
+        // A handful listed; a long list would bury the rest of the report (and its verdict).
+        const LISTED: usize = 8;
+        let shown = if uncaptured.len() > LISTED + 2 {
+            LISTED
+        } else {
+            uncaptured.len()
+        };
+        for t in &uncaptured[..shown] {
+            let _ = writeln!(
+                out,
+                "  {:<40} {}",
+                t.to_string(),
+                crate::captures::render::NO_CASE
+            );
+        }
+        if shown < uncaptured.len() {
+            let _ = writeln!(
+                out,
+                "  … and {} more: `fk-agentd captures coverage` lists them",
+                uncaptured.len() - shown
+            );
+        }
+        out
+    }
+
+    fn calibration_lines(&self, config: &Config) -> String {
+        let mut out = String::new();
+        if self.calibrations.is_empty() {
+            let per_node = match config.backend {
+                crate::config::LeaseBackendKind::Slurm => " per node",
+                crate::config::LeaseBackendKind::Local => "",
+            };
+            let _ = writeln!(
+                out,
+                "calibration: none cached in {}; the first score measures one (about 20 A/A benches{per_node})",
+                config.home.join("calibration").display()
+            );
+        }
+        for c in &self.calibrations {
+            let _ = writeln!(
+                out,
+                "calibration: {} ({}, {})",
+                c.describe(),
+                c.key.host,
+                c.measured_at
+            );
+        }
+        out
+    }
+}
+
 /// Runs the checks, prints them (or one JSON object) and returns the exit code.
 pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, Error> {
     let harness = match &config.fastkernels_dir {
@@ -79,112 +215,28 @@ pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, E
         crate::config::LeaseBackendKind::Slurm => "held through Slurm".to_string(),
         crate::config::LeaseBackendKind::Local => crate::config::describe_devices(&config.gpus),
     };
-    let calibrations = crate::score::calibration::all_cached(&config.home.join("calibration"));
-    let timing = timing_words(config, harness.as_ref());
-    let mut out = String::new();
+    let found = Found {
+        calibrations: crate::score::calibration::all_cached(&config.home.join("calibration")),
+        timing: timing_words(config, harness.as_ref()),
+        harness,
+        report,
+        slurm,
+        gpus,
+        devices,
+        verdict,
+        codex,
+        uncaptured,
+    };
     if json {
-        let (count, gpu_error) = (gpus.as_ref().ok(), gpus.as_ref().err());
-        let value = serde_json::json!({
-            "harness": harness,
-            "preflight": report,
-            "gpus": {"count": count, "error": gpu_error,
-                     "devices": devices,
-                     "backend": config.backend.as_str()},
-            "verdict": verdict,
-            "codex": codex,
-            "captures": config.captures,
-            "uncaptured": uncaptured,
-            "calibrations": calibrations,
-            "timing": timing,
-        });
-        super::print_json(&value);
+        super::print_json(&found.json(config));
     } else {
-        let _ = match &harness {
-            Some(h) => writeln!(
-                out,
-                "fastkernels {}{} → private copy {} ({} patch(es) applied and verified)",
-                h.commit,
-                if h.checkout_dirty {
-                    " (dirty checkout)"
-                } else {
-                    ""
-                },
-                h.copy.display(),
-                h.patches.len()
-            ),
-            None => writeln!(
-                out,
-                "fastkernels: no checkout configured (set FK_DIR or [fastkernels] dir); skipping the import sweep"
-            ),
-        };
-        if let Some(d) = harness.as_ref().and_then(|h| h.decision.as_ref()) {
-            let _ = writeln!(out, "patch series: {} — {}", d.series_words(), d.reason);
-        }
-        let _ = write!(out, "{}", preflight::render(&report));
-        let _ = writeln!(
-            out,
-            "\ncaptured: {} of {} selected target(s) have a forward case in {}",
-            config.targets.len() - uncaptured.len(),
-            config.targets.len(),
-            config.captures.display()
-        );
-        // A handful listed; a long list would bury the rest of the report (and its verdict).
-        const LISTED: usize = 8;
-        let shown = if uncaptured.len() > LISTED + 2 {
-            LISTED
-        } else {
-            uncaptured.len()
-        };
-        for t in &uncaptured[..shown] {
-            let _ = writeln!(
-                out,
-                "  {:<40} {}",
-                t.to_string(),
-                crate::captures::render::NO_CASE
-            );
-        }
-        if shown < uncaptured.len() {
-            let _ = writeln!(
-                out,
-                "  … and {} more: `fk-agentd captures coverage` lists them",
-                uncaptured.len() - shown
-            );
-        }
-        let _ = match &gpus {
-            Ok(n) => writeln!(out, "GPUs: {n} ({devices})"),
-            Err(e) => writeln!(out, "GPUs: {e}"),
-        };
-        if let Some(Ok((_, text))) = &slurm {
-            let _ = write!(out, "{text}");
-        }
-        let _ = writeln!(out, "{}", codex.line());
-        let _ = writeln!(out, "timing: {timing}");
-        if calibrations.is_empty() {
-            let per_node = match config.backend {
-                crate::config::LeaseBackendKind::Slurm => " per node",
-                crate::config::LeaseBackendKind::Local => "",
-            };
-            let _ = writeln!(
-                out,
-                "calibration: none cached in {}; the first score measures one (about 20 A/A benches{per_node})",
-                config.home.join("calibration").display()
-            );
-        }
-        for c in &calibrations {
-            let _ = writeln!(
-                out,
-                "calibration: {} ({}, {})",
-                c.describe(),
-                c.key.host,
-                c.measured_at
-            );
-        }
-        let _ = write!(out, "\n{}", preflight::render_verdict(&verdict));
+        let out = found.text(config);
         match super::term::known_width() {
             Some(width) => print!("{}", crate::report::fit_lines(&out, width)),
             None => print!("{out}"),
         }
     }
+    let (verdict, codex) = (&found.verdict, &found.codex);
     Ok(if verdict.ready && codex.ok() {
         0
     } else {
