@@ -90,6 +90,20 @@ pub fn render_within(s: &Snapshot, width: usize) -> String {
     )
 }
 
+/// The `progress:` line for a pipe or a log: whole, or where `COLUMNS` (`width`) is set and
+/// it does not fit, the run id on a line of its own and the terse line below it.
+pub fn plain_line(s: &Snapshot, width: Option<usize>) -> String {
+    let whole = format!("progress: {} {}\n", s.run_id, render(s));
+    match width {
+        Some(w) if whole.trim_end().chars().count() > w => format!(
+            "progress: {}\n  {}\n",
+            s.run_id,
+            render_within(s, w.saturating_sub(2))
+        ),
+        _ => whole,
+    }
+}
+
 /// Reads the run this process is running: the newest `running` run it created, else the
 /// newest `running` one (a resumed run keeps the pid of the daemon that created it; the
 /// home's lock means no other daemon runs here).
@@ -205,7 +219,7 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
                 let due = last_plain
                     .is_none_or(|(done, at)| done != snap.done && at.elapsed() >= PLAIN_EVERY);
                 if due {
-                    super::term::say(&format!("progress: {} {}\n", snap.run_id, render(&snap)));
+                    super::term::say(&plain_line(&snap, super::term::known_width()));
                     last_plain = Some((snap.done, tokio::time::Instant::now()));
                 }
             }
@@ -220,6 +234,28 @@ async fn watch(home: PathBuf, gpus_total: Option<usize>, cancel: CancellationTok
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn a_piped_progress_line_fits_the_columns_set_and_is_whole_without() {
+        let s = Snapshot {
+            run_id: "20261207-153707-ind-l1-l3-sim-6b68".into(),
+            total: 133,
+            done: 19,
+            running: 12,
+            winners: 1,
+            gpus_busy: 3,
+            gpus_total: Some(8),
+            elapsed: Duration::from_secs(600),
+            pace: pace(0, 102),
+        };
+        let whole = plain_line(&s, None);
+        assert_eq!(whole, format!("progress: {} {}\n", s.run_id, render(&s)));
+        assert!(whole.chars().count() > 81, "{whole}");
+        let fitted = plain_line(&s, Some(80));
+        assert!(fitted.lines().all(|l| l.chars().count() <= 80), "{fitted}");
+        assert!(fitted.starts_with("progress: 20261207-153707-ind-l1-l3-sim-6b68\n  19/133 done"));
+        assert_eq!(plain_line(&s, Some(400)), whole);
+    }
 
     /// 12 sessions running for `age` on 12 slots, `ended` sessions of 10 minutes, the rest
     /// queued.
