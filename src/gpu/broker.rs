@@ -283,6 +283,20 @@ impl Broker {
         &self.inner.inventory
     }
 
+    /// The nodes of the GPUs where they lie on several (Slurm) that have a slot neither
+    /// drained nor down now, in name order; empty on one host.
+    pub fn usable_nodes(&self) -> Vec<String> {
+        let st = self.lock();
+        let inv = &self.inner.inventory;
+        let mut nodes: Vec<String> = (0..inv.len())
+            .filter(|&i| st.queue.slots.get(i).is_some_and(|s| s.usable()))
+            .filter_map(|i| inv.node_of(i))
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
     pub fn params(&self) -> &BrokerParams {
         &self.inner.params
     }

@@ -113,12 +113,10 @@ impl BenchLauncher for LeaseLauncher {
         self.broker.inventory().calibration_model()
     }
 
+    /// The nodes up now: a node down or drained is not calibrated (a candidate first benched
+    /// on it later is judged by the widest rule, see `Judges`).
     fn nodes(&self) -> Vec<String> {
-        let inv = self.broker.inventory();
-        let mut nodes: Vec<String> = (0..inv.len()).filter_map(|i| inv.node_of(i)).collect();
-        nodes.sort();
-        nodes.dedup();
-        nodes
+        self.broker.usable_nodes()
     }
 
     async fn launch(

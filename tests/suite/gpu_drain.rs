@@ -76,3 +76,40 @@ async fn draining_a_gpu_outside_the_inventory_is_refused_and_journals_nothing() 
         ("GPU `GPU-nope` is not in the inventory".to_string(), vec![])
     );
 }
+
+/// Where GPUs lie on several nodes, a drained node's GPUs leave the nodes that can be
+/// calibrated and benched on, and a lease pinned to a node with no GPU here is refused,
+/// naming the field and the node.
+#[tokio::test]
+async fn a_drained_node_is_not_usable_and_a_lease_pinned_to_no_node_here_is_refused() {
+    use fk_agentd::gpu::{GpuInfo, InventorySource, LeaseClass};
+    let gpus = ["slurm:n1:gpu0", "slurm:n2:gpu0"]
+        .iter()
+        .enumerate()
+        .map(|(i, u)| GpuInfo::unobserved(i as u32, (*u).into(), format!("Slurm GPU {i}")))
+        .collect();
+    let inventory = Inventory::unobserved(InventorySource::Slurm, gpus);
+    let rig = super::support::rig_inventory(inventory, params());
+    assert_eq!(rig.broker.usable_nodes(), ["n1", "n2"]);
+    rig.broker
+        .drain("slurm:n2:gpu0", "fan noise")
+        .await
+        .expect("drain");
+    assert_eq!(rig.broker.usable_nodes(), ["n1"]);
+    let mut req = super::support::req(
+        "L1/gelu",
+        LeaseClass::Bench,
+        1,
+        std::time::Duration::from_secs(5),
+    );
+    req.node = Some("n9".into());
+    let cmd = super::support::sh(rig.dir.path(), "pinned", "true");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let err = rig
+        .broker
+        .run(req, cmd, &cancel)
+        .await
+        .expect_err("refused");
+    let msg = err.to_string();
+    assert!(msg.contains("node") && msg.contains("n9"), "{msg}");
+}
