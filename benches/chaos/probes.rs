@@ -149,11 +149,11 @@ pub fn reruns_of(log: &Path, upto: usize) -> (usize, usize) {
 pub fn orphans_after_kill(home: &Path) -> usize {
     let deadline = Instant::now() + Duration::from_secs(2);
     let orphans = || {
-        let adoptable = adoptable_groups(home);
+        let adoptable = adoptable_leases(home);
         left_behind_with_group(home)
             .into_iter()
-            .filter(|(pgid, _)| !adoptable.contains(pgid))
-            .map(|(_, p)| p)
+            .filter(|(pid, pgid, _)| !adoptable.holds(*pid, *pgid))
+            .map(|(.., p)| p)
             .collect::<Vec<_>>()
     };
     while Instant::now() < deadline && !orphans().is_empty() {
@@ -170,26 +170,55 @@ pub fn orphans_after_kill(home: &Path) -> usize {
     left.len()
 }
 
-/// Process groups of the open leases a restarted daemon adopts: a session's (not the
-/// operator's), journaled with its group, its deadline still ahead.
-fn adoptable_groups(home: &Path) -> BTreeSet<i64> {
+/// The open leases a restarted daemon adopts (a session's, not the operator's, its deadline
+/// still ahead): their journaled process groups and cgroups, which is how a restart finds
+/// their processes (`gpu::recover`).
+#[derive(Default)]
+struct Adoptable {
+    groups: BTreeSet<i64>,
+    cgroups: Vec<String>,
+}
+
+impl Adoptable {
+    /// Whether process `pid` (of process group `pgid`) is one of these leases'.
+    fn holds(&self, pid: u32, pgid: i64) -> bool {
+        if self.groups.contains(&pgid) {
+            return true;
+        }
+        // `/proc/<pid>/cgroup` names the v2 cgroup relative to the mount (`0::/fk-agentd/…`);
+        // the journal names its full path.
+        let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        own.lines()
+            .filter_map(|l| l.splitn(3, ':').nth(2))
+            .filter(|path| path.len() > 1)
+            .any(|path| self.cgroups.iter().any(|c| c.ends_with(path)))
+    }
+}
+
+fn adoptable_leases(home: &Path) -> Adoptable {
     let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
     let Ok(c) = rusqlite::Connection::open_with_flags(home.join("fk-agentd.db"), flags) else {
-        return BTreeSet::new();
+        return Adoptable::default();
     };
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    let query = |c: &rusqlite::Connection| -> rusqlite::Result<BTreeSet<i64>> {
+    let query = |c: &rusqlite::Connection| -> rusqlite::Result<Adoptable> {
         let mut s = c.prepare(
-            "SELECT pgid FROM leases WHERE state IN ('granted', 'running') AND pgid IS NOT NULL \
+            "SELECT pgid, cgroup FROM leases WHERE state IN ('granted', 'running') \
              AND session != ?1 AND deadline_unix_ms > ?2",
         )?;
         let rows = s.query_map(
             rusqlite::params![fk_agentd::gpu::OPERATOR_SESSION, now_ms],
-            |r| r.get(0),
+            |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<String>>(1)?)),
         )?;
-        rows.collect()
+        let mut out = Adoptable::default();
+        for row in rows {
+            let (pgid, cgroup) = row?;
+            out.groups.extend(pgid);
+            out.cgroups.extend(cgroup);
+        }
+        Ok(out)
     };
     query(&c).unwrap_or_default()
 }
@@ -203,17 +232,17 @@ pub fn leftovers(home: &Path) -> usize {
 fn left_behind(home: &Path) -> Vec<String> {
     left_behind_with_group(home)
         .into_iter()
-        .map(|(_, p)| p)
+        .map(|(.., p)| p)
         .collect()
 }
 
-/// [`left_behind`], each with its process group (-1 where it cannot be read).
-fn left_behind_with_group(home: &Path) -> Vec<(i64, String)> {
+/// [`left_behind`], each with its pid and process group (-1 where it cannot be read).
+fn left_behind_with_group(home: &Path) -> Vec<(u32, i64, String)> {
     let needle = home.display().to_string();
     procs()
         .into_iter()
         .filter(|(_, cmdline, _)| cmdline.contains(&needle))
-        .map(|(pid, cmdline, _)| (process_group(pid), format!("{pid} {cmdline}")))
+        .map(|(pid, cmdline, _)| (pid, process_group(pid), format!("{pid} {cmdline}")))
         .collect()
 }
 

@@ -52,9 +52,9 @@ struct Found {
 }
 
 impl Found {
-    fn json(&self, config: &Config) -> serde_json::Value {
+    fn print_json(&self, config: &Config) {
         let (count, gpu_error) = (self.gpus.as_ref().ok(), self.gpus.as_ref().err());
-        serde_json::json!({
+        super::print_json(&serde_json::json!({
             "harness": self.harness,
             "preflight": self.report,
             "gpus": {"count": count, "error": gpu_error,
@@ -66,7 +66,7 @@ impl Found {
             "uncaptured": self.uncaptured,
             "calibrations": self.calibrations,
             "timing": self.timing,
-        })
+        }));
     }
 
     fn text(&self, config: &Config) -> String {
@@ -228,7 +228,7 @@ pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, E
         uncaptured,
     };
     if json {
-        super::print_json(&found.json(config));
+        found.print_json(config);
     } else {
         let out = found.text(config);
         match super::term::known_width() {

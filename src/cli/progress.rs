@@ -46,7 +46,7 @@ pub fn render(s: &Snapshot) -> String {
         Some(t) => format!("GPUs {}/{t} busy", s.gpus_busy),
         None => format!("{} GPU(s) busy", s.gpus_busy),
     };
-    let eta = eta_text(s).unwrap_or_else(|| "ETA after the first session ends".into());
+    let eta = eta_text(s, true).unwrap_or_else(|| "ETA after the first session ends".into());
     format!(
         "{}/{} sessions done · {} running · {} winner{} · {gpus} · {} elapsed · {eta}",
         s.done,
@@ -58,18 +58,37 @@ pub fn render(s: &Snapshot) -> String {
     )
 }
 
-/// `ETA 1:00:00`, `ETA -` when nothing is left; `None` before this stint's first session ended.
-fn eta_text(s: &Snapshot) -> Option<String> {
+/// A band's end, short: `1h58`, `45m`, `30s`.
+fn short(secs: u64) -> String {
+    match secs {
+        3600.. => format!("{}h{:02}", secs / 3600, secs % 3600 / 60),
+        60.. => format!("{}m", secs / 60),
+        _ => format!("{secs}s"),
+    }
+}
+
+/// `ETA 1:00:00 (45m–1h30)`: the median end and the band holding 80 % of the
+/// campaigns played out (or without the band); `ETA -` when nothing is left; `None` before
+/// this stint's first session ended.
+fn eta_text(s: &Snapshot, band: bool) -> Option<String> {
     let left = s.total.saturating_sub(s.done);
     if left == 0 {
         return Some("ETA -".into());
     }
-    let eta = crate::inspect::eta(&s.pace)?;
-    Some(format!("ETA {}", clock(eta.as_secs())))
+    let e = crate::inspect::estimate(&s.pace)?;
+    let median = clock(e.median.as_secs());
+    let (low, high) = (short(e.low.as_secs()), short(e.high.as_secs()));
+    // Sessions of one length leave no band to show.
+    Some(if band && low != high {
+        format!("ETA {median} ({low}–{high})")
+    } else {
+        format!("ETA {median}")
+    })
 }
 
 /// [`render`] within `width` columns: the full line where it fits, else a terse one
-/// (`19/133 done · 12 running · 1 won · GPUs 3/8 · 0:10:00 · ETA 1:00:00`).
+/// (`19/133 done · 12 running · 1 won · GPUs 3/8 · 0:10:00 · ETA 1:00:00 (45m–1h30)`),
+/// without the ETA's band where that does not fit either.
 pub fn render_within(s: &Snapshot, width: usize) -> String {
     let full = render(s);
     if full.chars().count() <= width {
@@ -79,15 +98,23 @@ pub fn render_within(s: &Snapshot, width: usize) -> String {
         Some(t) => format!("GPUs {}/{t}", s.gpus_busy),
         None => format!("{} GPU(s)", s.gpus_busy),
     };
-    let eta = eta_text(s).unwrap_or_else(|| "ETA ?".into());
-    format!(
-        "{}/{} done · {} running · {} won · {gpus} · {} · {eta}",
-        s.done,
-        s.total,
-        s.running,
-        s.winners,
-        clock(s.elapsed.as_secs())
-    )
+    let terse = |band: bool| {
+        let eta = eta_text(s, band).unwrap_or_else(|| "ETA ?".into());
+        format!(
+            "{}/{} done · {} running · {} won · {gpus} · {} · {eta}",
+            s.done,
+            s.total,
+            s.running,
+            s.winners,
+            clock(s.elapsed.as_secs())
+        )
+    };
+    let with_band = terse(true);
+    if with_band.chars().count() <= width {
+        with_band
+    } else {
+        terse(false)
+    }
 }
 
 /// The `progress:` line for a pipe or a log: whole, or where `COLUMNS` (`width`) is set and
@@ -302,6 +329,48 @@ mod tests {
         s.done = 133;
         s.pace = crate::inspect::Pace::default();
         assert!(render(&s).ends_with("ETA -"));
+    }
+
+    #[test]
+    fn sessions_of_varied_lengths_give_the_eta_a_band_that_a_narrow_line_drops_last() {
+        let ended = (0..19).map(|i| Duration::from_secs(300 + 60 * i)).collect();
+        let s = Snapshot {
+            run_id: "r".into(),
+            total: 133,
+            done: 19,
+            running: 12,
+            winners: 1,
+            gpus_busy: 3,
+            gpus_total: Some(8),
+            elapsed: Duration::from_secs(3600),
+            pace: crate::inspect::Pace {
+                ended,
+                running: vec![Duration::from_secs(120); 12],
+                queued: 102,
+                slots: 12,
+            },
+        };
+        let e = crate::inspect::estimate(&s.pace).unwrap();
+        assert!(e.low < e.median && e.median < e.high, "{e:?}");
+        let band = format!(
+            "ETA {} ({}–{})",
+            clock(e.median.as_secs()),
+            short(e.low.as_secs()),
+            short(e.high.as_secs())
+        );
+        assert!(band.contains('h') && !band.contains("–0:"), "{band}");
+        assert!(render(&s).ends_with(&band), "{}", render(&s));
+        let terse = render_within(&s, 80);
+        assert!(
+            terse.ends_with(&band) && terse.chars().count() <= 80,
+            "{terse}"
+        );
+        let narrow = render_within(&s, 70);
+        let median = format!("ETA {}", clock(e.median.as_secs()));
+        assert!(
+            narrow.ends_with(&median) && narrow.chars().count() <= 70,
+            "{narrow}"
+        );
     }
 
     #[test]

@@ -298,9 +298,10 @@ impl RunView {
         c
     }
 
-    /// Seconds left at the pace of this stint (since the run's start or latest resume,
-    /// [`crate::inspect::eta`]); `None` before a session ended in it, or after the run.
-    pub fn eta_s(&self) -> Option<f64> {
+    /// Time left at the pace of this stint (since the run's start or latest resume), with
+    /// its band ([`crate::inspect::estimate`]); `None` before a session ended in it, or after
+    /// the run.
+    pub fn eta(&self) -> Option<crate::inspect::Estimate> {
         if !self.run.is_running() {
             return None;
         }
@@ -320,7 +321,7 @@ impl RunView {
             })
             .collect();
         let pace = crate::inspect::Pace::of(&seen, self.counts().targets, stint, self.end());
-        crate::inspect::eta(&pace).map(|d| d.as_secs_f64())
+        crate::inspect::estimate(&pace)
     }
 
     /// The GPU lanes of the timeline: every GPU a lease or a drain named, sorted.

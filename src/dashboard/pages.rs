@@ -230,7 +230,7 @@ pub async fn overview(
                 html! { (view.gpu_count()) " GPUs · " (view.leases.len()) " leases · "
                     (format!("{:.1}", view.gpu_seconds_held())) " GPU-s held" }))
             (card("card-elapsed", "Elapsed", html! { (fmt_secs(view.elapsed_s())) },
-                html! { "ETA " @match view.eta_s() { Some(e) => { (fmt_secs(e)) }, None => { @if view.run.is_running() { "after the first session ends" } @else { "— (run " (view.run.status) ")" } } } }))
+                html! { "ETA " @match view.eta() { Some(e) => { (fmt_secs(e.median.as_secs_f64())) @if e.low != e.high { " (" (fmt_secs(e.low.as_secs_f64())) "–" (fmt_secs(e.high.as_secs_f64())) ")" } }, None => { @if view.run.is_running() { "after the first session ends" } @else { "— (run " (view.run.status) ")" } } } }))
         }
         p.outcomes id="outcomes" { (OutcomeTally::of(view.tally.outcomes.values()).line()) }
         div.progress title=(format!("{} of {} sessions ended", c.ended, c.targets)) {

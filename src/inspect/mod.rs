@@ -25,7 +25,7 @@ mod scoring;
 mod tools;
 mod view;
 
-pub use eta::{Pace, Seen, eta};
+pub use eta::{Estimate, Pace, Seen, estimate, eta};
 pub use leases::{LeaseEnd, LeaseView};
 pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcomes};
 pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};

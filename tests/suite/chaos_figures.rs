@@ -142,9 +142,20 @@ fn a_lease_left_by_a_killed_client_is_an_open_lease_and_a_process_left_behind() 
         .spawn()
         .expect("lease --local");
     let needle = format!("sleep 30; : {}", home.display());
-    wait_until("the command runs, its lease journaled", || {
-        open_leases_or_none(&home) == 1 && procs().iter().any(|(_, c, _)| c.contains(&needle))
-    });
+    wait_until(
+        "the command runs, its lease journaled with its group",
+        || {
+            open_leases_or_none(&home) == 1
+                && procs().iter().any(|(_, c, _)| c.contains(&needle))
+                && db(&home)
+                    .query_row(
+                        "SELECT count(*) FROM leases WHERE pgid IS NOT NULL",
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .is_ok_and(|n| n == 1)
+        },
+    );
     client.kill().expect("SIGKILL");
     client.wait().expect("reaped");
     let left = orphans_after_kill(&home);
