@@ -262,18 +262,27 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
-    #[test]
-    fn a_piped_progress_line_fits_the_columns_set_and_is_whole_without() {
-        let s = Snapshot {
-            run_id: "20261207-153707-ind-l1-l3-sim-6b68".into(),
+    /// Run `r` of 133 sessions, `done` of them done, 12 running, 1 winner, 3 of 8 GPUs busy,
+    /// 10 minutes in.
+    fn at(done: usize, pace: crate::inspect::Pace) -> Snapshot {
+        Snapshot {
+            run_id: "r".into(),
             total: 133,
-            done: 19,
+            done,
             running: 12,
             winners: 1,
             gpus_busy: 3,
             gpus_total: Some(8),
             elapsed: Duration::from_secs(600),
-            pace: pace(0, 102),
+            pace,
+        }
+    }
+
+    #[test]
+    fn a_piped_progress_line_fits_the_columns_set_and_is_whole_without() {
+        let s = Snapshot {
+            run_id: "20261207-153707-ind-l1-l3-sim-6b68".into(),
+            ..at(19, pace(0, 102))
         };
         let whole = plain_line(&s, None);
         assert_eq!(whole, format!("progress: {} {}\n", s.run_id, render(&s)));
@@ -298,15 +307,8 @@ mod tests {
     #[test]
     fn the_status_line_counts_and_estimates() {
         let mut s = Snapshot {
-            run_id: "r".into(),
-            total: 133,
-            done: 0,
-            running: 12,
             winners: 0,
-            gpus_busy: 3,
-            gpus_total: Some(8),
-            elapsed: Duration::from_secs(600),
-            pace: pace(0, 121),
+            ..at(0, pace(0, 121))
         };
         assert_eq!(
             render(&s),
@@ -335,20 +337,16 @@ mod tests {
     fn sessions_of_varied_lengths_give_the_eta_a_band_that_a_narrow_line_drops_last() {
         let ended = (0..19).map(|i| Duration::from_secs(300 + 60 * i)).collect();
         let s = Snapshot {
-            run_id: "r".into(),
-            total: 133,
-            done: 19,
-            running: 12,
-            winners: 1,
-            gpus_busy: 3,
-            gpus_total: Some(8),
             elapsed: Duration::from_secs(3600),
-            pace: crate::inspect::Pace {
-                ended,
-                running: vec![Duration::from_secs(120); 12],
-                queued: 102,
-                slots: 12,
-            },
+            ..at(
+                19,
+                crate::inspect::Pace {
+                    ended,
+                    running: vec![Duration::from_secs(120); 12],
+                    queued: 102,
+                    slots: 12,
+                },
+            )
         };
         let e = crate::inspect::estimate(&s.pace).unwrap();
         assert!(e.low < e.median && e.median < e.high, "{e:?}");
@@ -375,17 +373,7 @@ mod tests {
 
     #[test]
     fn a_narrow_terminal_gets_the_terse_line() {
-        let s = Snapshot {
-            run_id: "r".into(),
-            total: 133,
-            done: 19,
-            running: 12,
-            winners: 1,
-            gpus_busy: 3,
-            gpus_total: Some(8),
-            elapsed: Duration::from_secs(600),
-            pace: pace(19, 102),
-        };
+        let s = at(19, pace(19, 102));
         assert_eq!(render_within(&s, 200), render(&s));
         let terse = render_within(&s, 77);
         assert_eq!(
