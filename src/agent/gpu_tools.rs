@@ -294,15 +294,11 @@ async fn noise_band<L: BenchLauncher>(
     // The home's A/A calibration of this GPU, host, captures and harness, where a score cached
     // one: a single bench of identical code lies within ±1.96 of its spreads 95 % of the time.
     let home = run_dir.ancestors().nth(2).unwrap_or(run_dir);
-    let calibrated = crate::score::calibration::cached_for(driver, &home.join("calibration"))
-        .and_then(|cs| {
-            cs.iter()
-                .map(|c| Some(c.fair?.half_width95()))
-                .collect::<Option<Vec<f64>>>()
-        })
-        .and_then(|bands| bands.into_iter().reduce(f64::max));
-    if let Some(band) = calibrated {
-        return Ok(band);
+    use crate::score::calibration::{cached_for, widest};
+    let calibrated = cached_for(driver, &home.join("calibration"))
+        .and_then(|cs| widest(&cs.iter().collect::<Vec<_>>()));
+    if let Some(noise) = calibrated {
+        return Ok(noise.half_width95());
     }
     let dir = run_dir.join("noise").join(&key[..12]);
     let file = dir.join(format!("{}.json", t.slug()));

@@ -85,15 +85,6 @@ fn speed(g: Option<f64>) -> String {
     g.map_or("—".into(), |g| format!("{g:.3}×"))
 }
 
-/// The band of identical code of the widest of `calibrations` (one per node on several).
-fn widest_band(calibrations: &[&crate::score::calibration::Calibration]) -> Option<(f64, f64)> {
-    calibrations
-        .iter()
-        .filter_map(|c| c.fair)
-        .max_by(|a, b| a.half_width95().total_cmp(&b.half_width95()))
-        .map(|n| n.band95())
-}
-
 /// A stage's speedups target by target, with their intervals, the threshold and the band of
 /// identical code (the calibration's, where the score had one).
 fn stage_chart(stage: &StageReport, band: Option<(f64, f64)>) -> Markup {
@@ -306,7 +297,7 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
             p.meta id="timing" { "timing: " (s.timing.describe()) }
             @for c in s.calibrations() { p.meta.calibration { "calibration: " (c.describe()) } }
             p.meta id="noise-floor" { (crate::score::render::noise_words(s)) }
-            @let band = widest_band(&s.calibrations());
+            @let band = crate::score::calibration::widest(&s.calibrations()).map(|n| n.band95());
             @if let Some(st) = &s.standalone { (stage_table("Standalone", "standalone", &rows_of(st))) (stage_chart(st, band)) }
             @if let Some(st) = &s.composed { (stage_table("Composed", "composed", &rows_of(st))) (stage_chart(st, band)) }
         }

@@ -155,6 +155,18 @@ impl Calibration {
     }
 }
 
+/// The paired noise of the widest of `calibrations` (one per node where benches run on
+/// several): the band a bench of identical code stays within on any of them; `None` unless
+/// every one measured it.
+pub fn widest(calibrations: &[&Calibration]) -> Option<NoiseStats> {
+    calibrations
+        .iter()
+        .map(|c| c.fair)
+        .collect::<Option<Vec<NoiseStats>>>()?
+        .into_iter()
+        .max_by(|a, b| a.half_width95().total_cmp(&b.half_width95()))
+}
+
 /// What to calibrate and where to keep it.
 #[derive(Clone, Debug)]
 pub struct CalibrationPlan {
@@ -504,6 +516,45 @@ mod tests {
         assert!(s.sigma < 0.012, "{s:?}");
         assert!(s.tau > 0.06, "{s:?}");
         assert!((s.bias - 1.0).abs() < 0.03, "{s:?}");
+    }
+
+    #[test]
+    fn the_widest_of_several_calibrations_gives_the_band_and_one_unmeasured_gives_none() {
+        let noise = |sigma: f64| NoiseStats {
+            bias: 1.0,
+            sigma,
+            tau: 0.0,
+            wild_rate: 0.0,
+            benches: 20,
+            targets: 5,
+            dof: 15,
+            tau_upper: 0.0,
+        };
+        let cal = |fair: Option<NoiseStats>| Calibration {
+            key: CalibrationKey {
+                gpu: "g".into(),
+                host: "h".into(),
+                captures: "c".into(),
+                harness: "x".into(),
+                timing: TimingMethod::Paired,
+                timing_rounds: 24,
+            },
+            measured_at: String::new(),
+            targets: Vec::new(),
+            benches: Vec::new(),
+            fair,
+            published: None,
+            gpu_seconds: 0.0,
+            simulated: true,
+            reused: false,
+            earlier_bias: Vec::new(),
+        };
+        let (n1, n2) = (cal(Some(noise(0.01))), cal(Some(noise(0.03))));
+        assert_eq!(widest(&[&n1, &n2]), Some(noise(0.03)));
+        assert_eq!(widest(&[&n2, &n1]), Some(noise(0.03)));
+        assert_eq!(widest(&[&n1]), Some(noise(0.01)));
+        assert_eq!(widest(&[&n1, &cal(None)]), None);
+        assert_eq!(widest(&[]), None);
     }
 
     #[test]
