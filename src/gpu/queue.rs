@@ -352,12 +352,23 @@ mod tests {
     }
 
     fn ask(q: &mut Queue, id: &str, session: &str, class: LeaseClass, gpus: u32, now: Instant) {
+        ask_on(q, id, session, (class, gpus, None), now);
+    }
+
+    /// A request of `session` for (class, GPUs, only on this node).
+    fn ask_on(
+        q: &mut Queue,
+        id: &str,
+        session: &str,
+        (class, gpus, node): (LeaseClass, u32, Option<usize>),
+        now: Instant,
+    ) {
         q.enqueue(Waiter {
             lease_id: id.into(),
             session: session.into(),
             class,
             gpus,
-            node: None,
+            node,
             seq: 0,
             enqueued: now,
         });
@@ -365,15 +376,7 @@ mod tests {
 
     /// A bench request of session `cal` for `gpus` GPUs of `node` only.
     fn pinned(q: &mut Queue, id: &str, gpus: u32, node: Option<usize>, now: Instant) {
-        q.enqueue(Waiter {
-            lease_id: id.into(),
-            session: "cal".into(),
-            class: LeaseClass::Bench,
-            gpus,
-            node,
-            seq: 0,
-            enqueued: now,
-        });
+        ask_on(q, id, "cal", (LeaseClass::Bench, gpus, node), now);
     }
 
     /// `n` one-GPU validate requests `{id}{i}` of sessions `{session}{i}`.
