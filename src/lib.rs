@@ -22,6 +22,7 @@
 //! | [`dashboard`] | the web dashboard and `/metrics` on loopback: token, pages, SVG, SSE  |
 //! | [`report`]    | pure renderers: tables and banners, data in, text out                     |
 //! | [`inspect`]   | one session's events → a readable view; outcome words (end, verdict, scoring) |
+//! | [`record`]    | a run read once for every view: sessions with end, verdict and scoring word, spend, GPU-seconds by class, scoring by the newest-complete rule |
 //! | [`workspace`] | per-target directory, path jail, shell execution with timeout + truncation |
 //! | [`tools`]     | tool specs the model sees, dispatch, apply_patch, the optimize prompt    |
 //! | [`screen`]    | static reward-hack screen of a candidate file (rule, line, message)      |
@@ -63,6 +64,7 @@ pub mod inspect;
 pub mod llm;
 pub mod manifest;
 pub mod protect;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod scheduler;

@@ -2,13 +2,12 @@
 //! Nothing here reads files, the clock or the environment, so every renderer is snapshot-tested.
 
 use crate::inspect::ScoringWord;
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::event::{Elapsed, OrText};
 
-use crate::inspect::{Outcome, OutcomeTally, SessionEnd, Verdict, group};
-use crate::store::{RunRow, SessionRow};
+use crate::inspect::{Outcome, OutcomeTally, SessionEnd, SessionRecord, Verdict, group};
+use crate::store::RunRow;
 
 /// The width of each header column: its widest cell, in characters.
 pub(crate) fn widths(header: &[&str], rows: &[Vec<String>]) -> Vec<usize> {
@@ -208,16 +207,10 @@ impl Default for TableOptions {
     }
 }
 
-/// `fk-agentd sessions`: one row per target, its end and its verdict kept apart, and what
-/// scoring made of each session winner (`scored`, by target; empty before a score) in its NOTE:
+/// `fk-agentd sessions`: one row per session of the run, its end and its verdict kept apart,
+/// and what scoring made of its validated candidate (SCORING; "not scored yet" before a score):
 /// a session's verdict is its last validate bench, which scoring confirms or not.
-pub fn sessions_table(
-    run: &RunRow,
-    rows: &[SessionRow],
-    outcomes: &BTreeMap<String, Outcome>,
-    scoring: &BTreeMap<String, ScoringWord>,
-    opts: TableOptions,
-) -> String {
+pub fn sessions_table(run: &RunRow, sessions: &[SessionRecord], opts: TableOptions) -> String {
     let mut out = String::new();
     out.push_str(sim_banner(run.simulated));
     let title = format!(
@@ -234,15 +227,7 @@ pub fn sessions_table(
     if wide {
         header.extend(["TURNS", "TOKENS", "ELAPSED", "LEASES", "GPU_S", "NOTE"]);
     }
-    let mut colours = Vec::new();
-    let body: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let outcome = outcomes.get(&r.target);
-            colours.push(outcome.map(|o| verdict_colour(&o.verdict)));
-            session_cells(r, outcome, scoring.get(&r.target), wide)
-        })
-        .collect();
+    let body: Vec<Vec<String>> = sessions.iter().map(|s| session_cells(s, wide)).collect();
     // NOTE and TARGET give way, in that order, when the width is short.
     let shrink: &[(usize, usize)] = if wide {
         &[(10, 8), (0, 14)]
@@ -250,49 +235,40 @@ pub fn sessions_table(
         &[(0, 14)]
     };
     // The header line is not painted.
-    let colours = std::iter::once(None).chain(colours);
+    let colours = std::iter::once(None).chain(
+        sessions
+            .iter()
+            .map(|s| Some(verdict_colour(&s.outcome.verdict))),
+    );
     for (line, colour) in fit_table(&header, &body, opts.width, shrink)
         .iter()
         .zip(colours)
     {
         let _ = writeln!(out, "{}", paint_column(line, &header, colour, opts.color));
     }
-    let mut tally = OutcomeTally::of(rows.iter().filter_map(|r| outcomes.get(&r.target)));
-    tally.add_queued(
-        rows.iter()
-            .filter(|r| !outcomes.contains_key(&r.target))
-            .count(),
-    );
+    let tally = OutcomeTally::of(sessions.iter().map(|s| &s.outcome));
     let _ = writeln!(out, "\n{}", tally.line());
     out
 }
 
-fn session_cells(
-    r: &SessionRow,
-    outcome: Option<&Outcome>,
-    scoring: Option<&ScoringWord>,
-    wide: bool,
-) -> Vec<String> {
-    let state = match outcome.map(|o| &o.end) {
-        Some(SessionEnd::Running | SessionEnd::Queued) | None => r.state.to_string(),
-        Some(end) => end.word().to_string(),
+fn session_cells(s: &SessionRecord, wide: bool) -> Vec<String> {
+    let d = s.row.as_ref().map(|r| r.detail.clone()).unwrap_or_default();
+    let state = match (&s.outcome.end, &s.row) {
+        (SessionEnd::Running | SessionEnd::Queued, Some(r)) => r.state.to_string(),
+        (end, _) => end.word().to_string(),
     };
-    let verdict = outcome
-        .map(|o| o.verdict.short())
-        .unwrap_or_else(|| "-".into());
     let mut cells = vec![
-        r.target.clone(),
+        s.target.clone(),
         state,
-        verdict,
-        scoring.map_or("-".into(), ScoringWord::short),
-        match r.detail.best_speedup.clone().flatten() {
+        s.outcome.verdict.short(),
+        s.scoring.as_ref().map_or("-".into(), ScoringWord::short),
+        match d.best_speedup.clone().flatten() {
             Some(OrText::Number(g)) => format!("{g:.3}x"),
             Some(OrText::Text(t)) => t,
             None => "-".into(),
         },
     ];
     if wide {
-        let d = &r.detail;
         cells.push(d.turns.map_or("-".into(), |n| n.to_string()));
         cells.push(d.tokens.map_or("-".into(), group));
         cells.push(match &d.elapsed {
@@ -303,26 +279,28 @@ fn session_cells(
             None => "-".into(),
         });
         cells.push(d.leases.map_or("-".into(), |n| n.to_string()));
-        let gpu_s = d.gpu_s;
-        cells.push(gpu_s.map_or("-".into(), |g| format!("{g:.1}")));
-        cells.push(note(r, outcome, scoring));
+        cells.push(d.gpu_s.map_or("-".into(), |g| format!("{g:.1}")));
+        cells.push(note(s));
     }
     cells
 }
 
 /// What is worth a glance beyond the verdict: why it failed, what a running session does, or
 /// what scoring made of a winner.
-fn note(r: &SessionRow, outcome: Option<&Outcome>, scoring: Option<&ScoringWord>) -> String {
-    match outcome {
-        Some(Outcome {
+fn note(s: &SessionRecord) -> String {
+    let scoring = s.scoring.as_ref();
+    match &s.outcome {
+        Outcome {
             end: SessionEnd::Failed(why) | SessionEnd::Skipped(why),
             ..
-        }) => why.clone(),
-        Some(Outcome {
+        } => why.clone(),
+        Outcome {
             end: SessionEnd::Running | SessionEnd::Queued,
             ..
-        })
-        | None => {
+        } => {
+            let Some(r) = &s.row else {
+                return String::new();
+            };
             let last = r.detail.last_event.clone().unwrap_or_default();
             if last == r.state.as_str() {
                 String::new()
@@ -330,14 +308,14 @@ fn note(r: &SessionRow, outcome: Option<&Outcome>, scoring: Option<&ScoringWord>
                 last
             }
         }
-        Some(Outcome {
+        Outcome {
             verdict: Verdict::NotWinner { detail, .. } | Verdict::NoValidCandidate { detail },
             ..
-        }) => match scoring.filter(|w| w.kept()) {
+        } => match scoring.filter(|w| w.kept()) {
             Some(w) => format!("{detail}; {w}"),
             None => detail.clone(),
         },
-        Some(_) => scoring.map(ToString::to_string).unwrap_or_default(),
+        _ => scoring.map(ToString::to_string).unwrap_or_default(),
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::args::GlobalArgs;
 use crate::daemon::CampaignReport;
+use crate::record::RunRecord;
 use crate::scheduler::{self, SessionStatus};
 
 /// `writeln!` into a `String` (which cannot fail).
@@ -33,16 +34,26 @@ fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
         *counts.entry(s.word()).or_default() += 1;
     }
     let home = home_of(r);
-    let sim = super::session::run_row(&home, &r.run_id).map_or_else(
+    // Opened for writing, as the daemon that just ended did: the last connection to close
+    // checkpoints the store, so the home keeps no `-wal` or `-shm` file.
+    let store = crate::app::open_store(&home).ok();
+    let runs = crate::run::runs_dir(&home);
+    let read = |run: &str| {
+        let store = store.as_ref()?;
+        RunRecord::read(store, &runs, Some(run)).ok()
+    };
+    let record = read(&r.run_id);
+    let paired = r.pair.as_deref().and_then(read);
+    let sim = record.as_ref().map_or_else(
         || crate::event::simulated_by_id(&r.run_id),
-        |row| row.simulated,
+        |x| x.run.simulated,
     );
     out.push_str(crate::report::sim_banner(sim));
     wln!(out, "run       {}", r.run_id);
     wln!(out, "status    {}", r.status);
     // The sessions' ends and their candidates' verdicts, as recorded; the status words only
     // when the store cannot be read.
-    let tally = super::session::outcome_tally(&home, &r.run_id);
+    let tally = record.as_ref().map(RunRecord::tally);
     match &tally {
         Some(t) => wln!(out, "outcome   {}", t.line()),
         None => {
@@ -57,7 +68,7 @@ fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
             out,
             "pair      {pair} (the other half of this --mode all campaign)"
         );
-        if let Some(t) = super::session::outcome_tally(&home, pair) {
+        if let Some(t) = paired.as_ref().map(RunRecord::tally) {
             wln!(out, "          its outcome: {}", t.line());
             winners += t.winners;
         }
@@ -68,7 +79,9 @@ fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
     for note in &r.notes {
         wln!(out, "          {note}");
     }
-    print_spent(&mut out, &home, &r.run_id);
+    if let Some(record) = &record {
+        print_spent(&mut out, record, paired.as_ref());
+    }
     // Point at a session of this run (a failed one first: that is the one worth reading).
     let example = r
         .phase
@@ -132,20 +145,17 @@ pub(super) fn home_of(r: &CampaignReport) -> std::path::PathBuf {
         .unwrap_or_default()
 }
 
-/// What the campaign's agents spent (both halves of a `--mode all` pair), from the store.
-fn print_spent(out: &mut String, home: &Path, run_id: &str) {
-    let Ok(store) = crate::app::open_store(home) else {
-        return;
-    };
-    if let Ok(spent) = crate::scheduler::budget::recorded_spend(&store, run_id, true) {
-        wln!(out, "spent     {}", spent.describe());
-    }
-    if let Some(b) = store.events(run_id, None, 0).ok().and_then(|events| {
-        events
-            .iter()
-            .rev()
-            .find_map(|e| e.payload_as::<crate::event::BudgetReached>())
-    }) {
+/// What the campaign's agents spent (both halves of a `--mode all` pair), and the cap that
+/// stopped it, if one did.
+fn print_spent(out: &mut String, record: &RunRecord, paired: Option<&RunRecord>) {
+    let spent = paired.map_or(record.spent, |p| record.spent.plus(p.spent));
+    wln!(out, "spent     {}", spent.describe());
+    let reached = record
+        .events
+        .iter()
+        .rev()
+        .find_map(|e| e.payload_as::<crate::event::BudgetReached>());
+    if let Some(b) = reached {
         wln!(
             out,
             "stopped   {} (raise the cap and `resume` to continue)",

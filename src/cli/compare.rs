@@ -71,7 +71,7 @@ pub fn cmd_compare(home: &Path, opts: &CompareArgs) -> Result<i32, Error> {
                 ));
             }
             let c =
-                crate::score::compare_ab::load(&store, &crate::run::runs_dir(home), &a.id, &b.id)?;
+                crate::record::ab_comparison(&store, &crate::run::runs_dir(home), &a.id, &b.id)?;
             emit(opts.json, &c, || {
                 crate::score::compare_ab::render(&c, super::term::stdout_width())
             });
@@ -79,7 +79,7 @@ pub fn cmd_compare(home: &Path, opts: &CompareArgs) -> Result<i32, Error> {
         }
     }
     let (ind, seq) = resolve(&store, runs, run)?;
-    let c = compare::load(&store, &crate::run::runs_dir(home), &ind, &seq)?;
+    let c = crate::record::comparison(&store, &crate::run::runs_dir(home), &ind, &seq)?;
     let saved = if opts.save { Some(save(&c)?) } else { None };
     if opts.json {
         if let Some(path) = &saved {

@@ -313,12 +313,6 @@ fn check_json(report: &crate::llm::check::CheckReport) -> String {
     serde_json::to_string_pretty(&value).unwrap_or_default()
 }
 
-/// What a run's agents spent (with its pair), when the store can say.
-fn spent_of(home: &std::path::Path, run_id: &str) -> Option<crate::scheduler::budget::Spent> {
-    let store = open_viewer_store(home).ok()?;
-    crate::scheduler::budget::recorded_spend(&store, run_id, true).ok()
-}
-
 async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
     let live = async { ControlClient::new(home)?.status().await };
     let (mut value, text, run_id) = match live.await {
@@ -340,15 +334,16 @@ async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
         }
         Err(e) => return Err(e.into()),
     };
-    let spent = run_id.as_deref().and_then(|r| spent_of(home, r));
+    let record = run_id.and_then(|r| session::record(home, &r));
+    let spent = record.as_ref().map(|r| session::campaign_spent(home, r));
     if json {
         value["spent"] = serde_json::json!(spent);
         print_json(&value);
         return Ok(0);
     }
     print!("{text}");
-    if let Some(line) = run_id.and_then(|r| session::outcome_line(home, &r)) {
-        println!("outcome   {line}");
+    if let Some(r) = &record {
+        println!("outcome   {}", r.tally().line());
     }
     if let Some(spent) = spent {
         println!("spent     {}", spent.describe());

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::error::Error;
 use crate::inspect::group;
-use crate::scheduler::budget::recorded_spend;
-use crate::store::{RunRow, Store};
+use crate::record::RunRecord;
+use crate::store::Store;
 
 /// One line of `runs`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -49,29 +49,23 @@ pub fn cmd_runs(home: &Path, json: bool) -> Result<i32, Error> {
 fn collect(store: &Store, runs_dir: &Path) -> Result<Vec<RunLine>, Error> {
     let mut lines = Vec::new();
     for row in store.runs()? {
-        let pair = crate::daemon::plan::pair_of(store, &row.id).unwrap_or(None);
-        let winners = winners(&row, &runs_dir.join(&row.id));
-        let spent = recorded_spend(store, &row.id, false)?;
+        let r = RunRecord::of_row(store, &runs_dir.join(&row.id), row)?;
+        let row = &r.run;
         lines.push(RunLine {
-            id: row.id,
+            pair: r.pair().map(str::to_string),
+            // What scoring kept so far: `sessions` and the dashboard count the same.
+            winners: r.kept(),
+            tokens: r.spent.tokens,
+            cost_usd: r.spent.cost_usd,
+            id: row.id.clone(),
             mode: row.mode,
-            pair,
             status: row.status,
             simulated: row.simulated,
             targets: row.targets.len(),
-            started_at: row.started_at,
-            winners,
-            tokens: spent.tokens,
-            cost_usd: spent.cost_usd,
+            started_at: row.started_at.clone(),
         });
     }
     Ok(lines)
-}
-
-/// What scoring kept of the run so far (the views' one reading of scored results:
-/// `sessions` and the dashboard count the same); `None` before any score.
-fn winners(row: &RunRow, run_dir: &Path) -> Option<usize> {
-    crate::score::scored::of_run_dir(run_dir, row).map(|s| s.kept())
 }
 
 /// The table, fitted to `width` columns: the run id always whole (it is what one copies),

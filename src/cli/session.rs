@@ -2,7 +2,6 @@
 //! `--follow`, `--diff`): read the store (and the run directory for `--diff`), fold events
 //! through [`crate::inspect`], print. Nothing here writes.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
@@ -10,8 +9,9 @@ use super::args::SessionArgs;
 use super::term::{stdout_color, stdout_width};
 use super::{open_viewer_store, print_json};
 use crate::error::Error;
-use crate::event::{Payload, RunState, TaskFinished, TurnFinished};
+use crate::event::{Payload, RunState, TaskFinished};
 use crate::inspect::{self, RenderOptions, SessionView};
+use crate::record::RunRecord;
 use crate::report::{self, TableOptions};
 use crate::run::Mode;
 use crate::score::gate::GateKind;
@@ -22,23 +22,14 @@ use crate::target::{Catalog, TargetId};
 
 pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<i32, Error> {
     let store = open_viewer_store(home)?;
-    let run_row = store.run(run)?;
-    let rows = store.sessions(&run_row.id)?;
-    let events = store.events(&run_row.id, None, 0)?;
-    let outcomes = inspect::outcomes(&events);
-    let phases = crate::daemon::phases::phase_states(&events);
-    let pair = crate::daemon::plan::pair_of(&store, &run_row.id)?;
-    let spent = crate::scheduler::budget::recorded_spend(&store, &run_row.id, false).ok();
+    let r = RunRecord::read(&store, &crate::run::runs_dir(home), run)?;
+    let phases = crate::daemon::phases::phase_states(&r.events);
     let mut out = std::io::stdout().lock();
-    let independent = run_row.mode == Mode::Independent;
-    let scored = crate::score::scored::of_run(home, &run_row);
-    let leases = store.leases_under(&crate::run::runs_dir(home).join(&run_row.id))?;
-    let gpu = crate::store::leases::gpu_seconds_by_class(&leases);
     if json {
-        let tally = inspect::OutcomeTally::of(outcomes.values());
-        let value = serde_json::json!({"run": run_row, "pair": pair, "phases": phases,
-            "sessions": rows, "outcomes": outcomes, "summary": tally.line(), "spent": spent,
-            "scored": scored, "gpu_seconds": gpu});
+        let rows: Vec<_> = r.sessions.iter().filter_map(|s| s.row.clone()).collect();
+        let value = serde_json::json!({"run": r.run, "pair": r.pair(), "phases": phases,
+            "sessions": rows, "outcomes": r.outcomes(), "summary": r.tally().line(),
+            "spent": r.spent, "scored": r.scored, "gpu_seconds": r.gpu_seconds});
         print_json(&value);
         return Ok(0);
     }
@@ -46,23 +37,14 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
         width: stdout_width(),
         color: stdout_color(),
     };
-    let winners: Vec<&String> = outcomes
-        .iter()
-        .filter(|(_, o)| matches!(o.verdict, inspect::Verdict::Winner { .. }))
-        .map(|(t, _)| t)
-        .collect();
-    let words = scoring_words(scored.as_ref(), &outcomes);
-    let _ = write!(
-        out,
-        "{}",
-        report::sessions_table(&run_row, &rows, &outcomes, &words, opts)
-    );
+    let _ = write!(out, "{}", report::sessions_table(&r.run, &r.sessions, opts));
     // A sequential run is gated level by level while it runs (`compare` shows that).
-    if independent && !winners.is_empty() {
-        let lines = scoring_lines(&run_row, &winners, scored.as_ref(), pair.is_some());
+    let winners = r.session_winners();
+    if r.run.mode == Mode::Independent && !winners.is_empty() {
+        let lines = scoring_lines(&r.run, &winners, r.scored.as_ref(), r.pair().is_some());
         let _ = write!(out, "{}", lines.render(opts.width));
     }
-    if let Some(p) = pair {
+    if let Some(p) = r.pair() {
         let line = format!("pair: {p} (the other half of this --mode all campaign)");
         if line.chars().count() <= opts.width {
             let _ = writeln!(out, "{line}");
@@ -74,33 +56,14 @@ pub async fn cmd_sessions(home: &Path, run: Option<&str>, json: bool) -> Result<
             );
         }
     }
-    if let Some(spent) = spent {
-        let _ = writeln!(out, "spent: {}", spent.describe());
-    }
+    let _ = writeln!(out, "spent: {}", r.spent.describe());
     let _ = writeln!(
         out,
         "GPU: {}",
-        crate::store::leases::describe_gpu_seconds(&gpu)
+        crate::store::leases::describe_gpu_seconds(&r.gpu_seconds)
     );
     let _ = write!(out, "{}", crate::daemon::phases::phase_line(&phases));
     Ok(0)
-}
-
-/// What scoring made of each session's validated candidate (its SCORING column).
-fn scoring_words(
-    scored: Option<&Scored>,
-    outcomes: &BTreeMap<String, inspect::Outcome>,
-) -> BTreeMap<String, ScoringWord> {
-    outcomes
-        .iter()
-        .filter(|(_, o)| {
-            matches!(
-                o.verdict,
-                inspect::Verdict::Winner { .. } | inspect::Verdict::NotWinner { .. }
-            )
-        })
-        .map(|(t, _)| (t.clone(), crate::score::scored::word_of(scored, t)))
-        .collect()
 }
 
 /// The lines under the sessions table: prose to wrap, and a command to keep whole.
@@ -127,7 +90,7 @@ impl ScoringLines {
 /// independent half itself). Nothing while the run runs.
 fn scoring_lines(
     run: &RunRow,
-    winners: &[&String],
+    winners: &[&str],
     scored: Option<&Scored>,
     paired: bool,
 ) -> ScoringLines {
@@ -156,8 +119,8 @@ fn scoring_lines(
         });
         return ScoringLines { text, command };
     };
-    let got = |t: &&&String| s.verdicts.get(t.as_str());
-    let kept: Vec<&&String> = winners.iter().filter(|t| s.won(t)).collect();
+    let got = |t: &&str| s.verdicts.get(*t);
+    let kept: Vec<&&str> = winners.iter().filter(|t| s.won(t)).collect();
     let dropped = kept
         .iter()
         .filter(|t| got(t).is_some_and(|v| v.dropped.is_some()))
@@ -195,24 +158,16 @@ fn scoring_lines(
     }
 }
 
-/// A run's row, `None` when the store cannot be read.
-pub(super) fn run_row(home: &Path, run_id: &str) -> Option<RunRow> {
-    open_viewer_store(home).ok()?.run(Some(run_id)).ok()
-}
-
-/// `6 sessions finished, 0 winners (…)` for a run, from its recorded events; `None` when the
-/// store cannot be read.
-pub(super) fn outcome_line(home: &Path, run_id: &str) -> Option<String> {
-    outcome_tally(home, run_id).map(|t| t.line())
-}
-
-/// The sessions' ends and verdicts of a run, from its recorded events; `None` when the store
-/// cannot be read.
-pub(super) fn outcome_tally(home: &Path, run_id: &str) -> Option<inspect::OutcomeTally> {
+/// A run as the views read it; `None` when the store cannot be read.
+pub(super) fn record(home: &Path, run_id: &str) -> Option<RunRecord> {
     let store = open_viewer_store(home).ok()?;
-    let events = store.events(run_id, None, 0).ok()?;
-    let outcomes = inspect::outcomes(&events);
-    Some(inspect::OutcomeTally::of(outcomes.values()))
+    RunRecord::read(&store, &crate::run::runs_dir(home), Some(run_id)).ok()
+}
+
+/// What a campaign's agents spent: the run's and, for a `--mode all` half, its pair's.
+pub(super) fn campaign_spent(home: &Path, r: &RunRecord) -> crate::scheduler::budget::Spent {
+    let pair = r.pair().and_then(|p| record(home, p));
+    pair.map_or(r.spent, |p| r.spent.plus(p.spent))
 }
 
 /// `session TARGET` in all its forms.
@@ -283,27 +238,21 @@ fn scoring_of_session(
     target: &str,
     view: &SessionView,
 ) -> Option<ScoringWord> {
-    matches!(
-        view.outcome.verdict,
-        inspect::Verdict::Winner { .. } | inspect::Verdict::NotWinner { .. }
-    )
-    .then(|| {
-        crate::score::scored::word_of(crate::score::scored::of_run(home, run).as_ref(), target)
-    })
+    let scored = || crate::score::scored::of_run(home, run);
+    view.outcome
+        .scoring(|| crate::score::scored::word_of(scored().as_ref(), target))
 }
 
 /// What the session's turns cost, priced with the table its run recorded at its start.
 fn session_cost(store: &Store, run_id: &str, events: &[Event]) -> String {
-    let prices = crate::scheduler::budget::recorded_prices(store, run_id)
-        .ok()
-        .flatten();
-    let mut usage = crate::llm::Usage::default();
-    for turn in events.iter().filter_map(Event::payload_as::<TurnFinished>) {
-        usage.add(&crate::llm::Usage::from_turn(&turn.usage));
-    }
-    let tokens = inspect::group(usage.total_tokens());
-    match prices {
-        Some(p) => format!("${:.2} for {tokens} tokens", usage.cost_usd(&p)),
+    let mut meter = crate::scheduler::budget::Meter::default();
+    let started = crate::scheduler::budget::run_started(store, run_id).unwrap_or_default();
+    meter.set_prices(crate::scheduler::budget::prices_of(&started));
+    events.iter().for_each(|e| meter.fold(e));
+    let spent = meter.spent();
+    let tokens = inspect::group(spent.tokens);
+    match spent.cost_usd {
+        Some(c) => format!("${c:.2} for {tokens} tokens"),
         None => format!("unknown for {tokens} tokens: the provider file has no [prices]"),
     }
 }

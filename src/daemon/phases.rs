@@ -442,7 +442,7 @@ async fn all(
     notes.extend(std::mem::take(&mut end.notes));
     if end.status != RunOutcome::Interrupted {
         let runs = seq.dir().parent().unwrap_or(seq.dir()).to_path_buf();
-        match crate::score::compare::load(&ctx.store, &runs, ind.run_id(), seq.run_id()) {
+        match crate::record::comparison(&ctx.store, &runs, ind.run_id(), seq.run_id()) {
             Ok(c) => {
                 let path = crate::score::compare::write(&c)?;
                 let compared = Compared {

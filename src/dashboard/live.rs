@@ -66,9 +66,9 @@ pub fn session_body(
     view: &RunView,
     target: &str,
     line: Option<&SessionLine>,
-    scoring: Option<&crate::score::scored::ScoringWord>,
     events: &[Event],
 ) -> Markup {
+    let scoring = line.and_then(|l| l.scoring.as_ref());
     let (sv, text) = view_text(&view.run.id, view.run.simulated, events);
     let ended = !sv.outcome.end.is_live() || !view.run.is_running();
     let after = events.last().map_or(0, |e| e.seq);

@@ -91,7 +91,7 @@ fn sessions(r: &mut Registry, view: &RunView) {
     }
     let by_state = gauge_family(r, "sessions", "Sessions by state");
     let mut states: BTreeMap<crate::event::SessionState, i64> = BTreeMap::new();
-    for l in view.session_lines() {
+    for l in view.session_lines(None) {
         *states.entry(l.state).or_default() += 1;
     }
     for (s, n) in states {
@@ -164,15 +164,16 @@ fn provider(r: &mut Registry, view: &RunView) {
         "Tokens of the run's turns by kind",
         tokens.clone(),
     );
+    let used = t.tokens();
     for (kind, n) in [
-        ("input", t.tokens.input),
-        ("cached", t.tokens.cached),
-        ("output", t.tokens.output),
-        ("reasoning", t.tokens.reasoning),
+        ("input", used.input),
+        ("cached", used.cached),
+        ("output", used.output),
+        ("reasoning", used.reasoning),
     ] {
         tokens.get_or_create(&labels(&[("kind", kind)])).inc_by(n);
     }
-    if let Some(c) = t.cost_usd {
+    if let Some(c) = t.cost_usd() {
         let cost = Gauge::<f64, AtomicU64>::default();
         cost.set(c);
         r.register(

@@ -10,9 +10,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use time::OffsetDateTime;
 
 use super::DashboardState;
-use crate::event::{RunStarted, TurnFinished, TurnUsage};
+use crate::event::{RunStarted, TurnUsage};
 pub use crate::inspect::parse_at;
 use crate::inspect::{Outcome, Verdict};
+use crate::scheduler::budget::Meter;
+use crate::score::scored::Scored;
 use crate::store::drains::DrainRow;
 use crate::store::leases::{JournalEnd, LeaseClass, LeaseRow, LeaseState};
 use crate::store::{Event, RunRow, SessionRow, StoreError};
@@ -27,11 +29,9 @@ fn seconds_between(a: OffsetDateTime, b: OffsetDateTime) -> f64 {
 #[derive(Clone, Debug, Default)]
 pub struct Tally {
     pub last_seq: i64,
-    /// Token counts summed over the run's turns (its `cost_usd` stays `None`: the cost is
-    /// [`Tally::cost_usd`]).
-    pub tokens: TurnUsage,
-    /// Sum of `usage.cost_usd` where turns recorded one (`None`: no turn was priced).
-    pub cost_usd: Option<f64>,
+    /// What the run's turns spent, by the budget's own fold (priced with the prices the run
+    /// recorded at its start).
+    pub spend: Meter,
     pub turns: u64,
     /// Provider retries (`llm_retry`), and those of them that were 429s.
     pub retries: u64,
@@ -47,8 +47,6 @@ pub struct Tally {
     pub gpu_count: Option<usize>,
     /// When each target's current turn got its input.
     turn_start: HashMap<String, OffsetDateTime>,
-    /// The provider's price table recorded at the run's start (prices turns without a cost).
-    prices: Option<crate::config::provider::Prices>,
     /// When the run was last resumed: the ETA counts the pace since.
     pub resumed_at: Option<OffsetDateTime>,
     /// When each target's session last started (the ETA's session lengths).
@@ -73,8 +71,12 @@ impl Tally {
                 }
             }
             "turn_finished" => {
-                if let Some(turn) = e.payload_as::<TurnFinished>() {
-                    self.fold_turn(&target, &e.at, &turn);
+                self.spend.fold(e);
+                self.turns += 1;
+                if let (Some(start), Some(end)) =
+                    (self.turn_start.get(&target).copied(), parse_at(&e.at))
+                {
+                    self.turn_latency_s.push(seconds_between(start, end));
                 }
             }
             "llm_retry" => {
@@ -84,11 +86,10 @@ impl Tally {
             }
             "token_reloaded" => self.token_reloads += 1,
             "run_resumed" => self.resumed_at = parse_at(&e.at),
-            "run_started" => {
-                self.prices = e
-                    .payload_as::<RunStarted>()
-                    .and_then(|s| crate::scheduler::budget::prices_of(&s))
-            }
+            "run_started" => self.spend.set_prices(
+                e.payload_as::<RunStarted>()
+                    .and_then(|s| crate::scheduler::budget::prices_of(&s)),
+            ),
             // Later facts (a score's) may not name the campaign's GPUs: keep what was known.
             "facts" => {
                 let facts = e.payload_as::<crate::facts::HostFacts>();
@@ -98,24 +99,17 @@ impl Tally {
         }
     }
 
-    fn fold_turn(&mut self, target: &str, at: &str, turn: &TurnFinished) {
-        self.turns += 1;
-        let u = &turn.usage;
-        self.tokens.input += u.input;
-        self.tokens.cached += u.cached;
-        self.tokens.output += u.output;
-        self.tokens.reasoning += u.reasoning;
-        self.tokens.total += u.total;
-        let priced = self
-            .prices
-            .as_ref()
-            .map(|prices| crate::llm::Usage::from_turn(u).cost_usd(prices));
-        if let Some(c) = u.cost_usd.or(turn.cost_usd).or(priced) {
-            self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + c);
+    /// Token counts summed over the run's turns.
+    pub fn tokens(&self) -> TurnUsage {
+        TurnUsage {
+            total: self.spend.spent().tokens,
+            ..self.spend.usage().to_turn()
         }
-        if let (Some(start), Some(end)) = (self.turn_start.get(target).copied(), parse_at(at)) {
-            self.turn_latency_s.push(seconds_between(start, end));
-        }
+    }
+
+    /// What the turns cost (`None`: no price table and no recorded cost).
+    pub fn cost_usd(&self) -> Option<f64> {
+        self.spend.spent().cost_usd
     }
 
     /// Sessions whose candidate is a winner so far.
@@ -178,6 +172,8 @@ pub struct SessionLine {
     pub target: String,
     pub state: crate::event::SessionState,
     pub verdict: Verdict,
+    /// What scoring made of its validated candidate (`None`: it validated none).
+    pub scoring: Option<crate::inspect::ScoringWord>,
     pub best_speedup: Option<f64>,
     pub turns: u64,
     pub tokens: u64,
@@ -366,34 +362,30 @@ impl RunView {
             .map_or(Verdict::Pending, |o| o.verdict.clone())
     }
 
-    /// One line per target of the run, in target order.
-    pub fn session_lines(&self) -> Vec<SessionLine> {
-        let by_target: HashMap<&str, &SessionRow> = self
-            .sessions
-            .iter()
-            .map(|s| (s.target.as_str(), s))
-            .collect();
-        let mut targets: BTreeSet<&str> = self.run.targets.iter().map(String::as_str).collect();
-        targets.extend(by_target.keys());
-        targets
-            .into_iter()
-            .map(|t| {
-                let row = by_target.get(t);
-                let state = row.map(|r| r.state).unwrap_or_default();
-                let d = row.map(|r| r.detail.clone()).unwrap_or_default();
-                SessionLine {
-                    target: t.to_string(),
-                    verdict: self.verdict(t),
-                    state,
-                    best_speedup: d.best_speedup.flatten().and_then(|s| s.value()),
-                    turns: d.turns.map_or(0, u64::from),
-                    tokens: d.tokens.unwrap_or(0),
-                    leases: d.leases.map_or(0, u64::from),
-                    reason: d.reason.unwrap_or_default(),
-                    updated_at: row.map(|r| r.updated_at.clone()).unwrap_or_default(),
-                }
-            })
-            .collect()
+    /// One line per target of the run, in target order, with what `scored` (the run's
+    /// scoring so far) made of each validated candidate.
+    pub fn session_lines(&self, scored: Option<&Scored>) -> Vec<SessionLine> {
+        let outcomes = &self.tally.outcomes;
+        crate::inspect::sessions(&self.run.targets, &self.sessions, outcomes, |t| {
+            crate::score::scored::word_of(scored, t)
+        })
+        .into_iter()
+        .map(|s| {
+            let d = s.row.as_ref().map(|r| r.detail.clone()).unwrap_or_default();
+            SessionLine {
+                state: s.row.as_ref().map(|r| r.state).unwrap_or_default(),
+                verdict: s.outcome.verdict,
+                scoring: s.scoring,
+                best_speedup: d.best_speedup.flatten().and_then(|s| s.value()),
+                turns: d.turns.map_or(0, u64::from),
+                tokens: d.tokens.unwrap_or(0),
+                leases: d.leases.map_or(0, u64::from),
+                reason: d.reason.unwrap_or_default(),
+                updated_at: s.row.map(|r| r.updated_at).unwrap_or_default(),
+                target: s.target,
+            }
+        })
+        .collect()
     }
 }
 
@@ -486,7 +478,7 @@ mod tests {
             json!({"usage": {"input": 2_000_000, "cached": 1_000_000, "output": 100_000}}),
         ));
         // 1 M uncached at $1, 1 M cached at $0.50, 0.1 M out at $10 per million.
-        assert_eq!(t.cost_usd, Some(2.5));
+        assert_eq!(t.cost_usd(), Some(2.5));
     }
 
     #[test]
@@ -527,10 +519,10 @@ mod tests {
         }
         assert_eq!(t.last_seq, 4);
         assert_eq!(
-            (t.tokens.input, t.tokens.output, t.tokens.total),
+            (t.tokens().input, t.tokens().output, t.tokens().total),
             (10, 5, 15)
         );
-        assert_eq!(t.cost_usd, Some(0.25));
+        assert_eq!(t.cost_usd(), Some(0.25));
         assert_eq!((t.retries, t.rate_limited), (1, 1));
         assert_eq!(t.turn_latency_s, vec![2.5]);
         assert_eq!(t.token_reloads, 1);

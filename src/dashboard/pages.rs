@@ -19,7 +19,6 @@ use super::svg;
 use crate::inspect::OutcomeTally;
 use crate::store::StoreError;
 
-use crate::inspect::Verdict;
 use crate::score::scored::ScoringWord;
 
 const CSS: &str = include_str!("assets/dashboard.css");
@@ -169,18 +168,6 @@ async fn scored_of(
     blocking(move || Ok(crate::score::scored::of_run(&home, &run))).await
 }
 
-/// What scoring made of a session's validated candidate; `None` without one.
-pub fn scoring_of(
-    line: &SessionLine,
-    scored: Option<&crate::score::scored::Scored>,
-) -> Option<ScoringWord> {
-    matches!(
-        line.verdict,
-        Verdict::Winner { .. } | Verdict::NotWinner { .. }
-    )
-    .then(|| crate::score::scored::word_of(scored, &line.target))
-}
-
 /// How many session winners are winners in the run's newest score as well.
 fn scored_winners(view: &super::model::RunView, scored: &crate::score::scored::Scored) -> usize {
     view.tally
@@ -204,7 +191,7 @@ pub async fn overview(
     let view = view_of(&state, q.run.clone()).await?;
     let scored = scored_of(&state, &view).await?;
     let c = view.counts();
-    let t = &view.tally.tokens;
+    let t = &view.tally.tokens();
     let mut states: BTreeMap<&str, usize> = BTreeMap::new();
     for s in &view.sessions {
         *states.entry(s.state.as_str()).or_default() += 1;
@@ -224,8 +211,8 @@ pub async fn overview(
                     } }))
             (card("card-tokens", "Tokens", html! { (group(t.total)) },
                 html! { (group(t.input)) " in · " (group(t.output)) " out · " (group(t.reasoning)) " reasoning" }))
-            (card("card-cost", "Cost", html! { @match view.tally.cost_usd { Some(c) => { "$" (format!("{c:.2}")) }, None => { "—" } } },
-                html! { @if view.tally.cost_usd.is_none() { "no price table for this provider" } }))
+            (card("card-cost", "Cost", html! { @match view.tally.cost_usd() { Some(c) => { "$" (format!("{c:.2}")) }, None => { "—" } } },
+                html! { @if view.tally.cost_usd().is_none() { "no price table for this provider" } }))
             (card("card-gpu", "GPU busy", html! { @match view.gpu_busy() { Some(b) => { (format!("{:.0}%", b * 100.0)) }, None => { "—" } } },
                 html! { (view.gpu_count()) " GPUs · " (view.leases.len()) " leases · "
                     (format!("{:.1}", view.gpu_seconds_held())) " GPU-s held" }))
@@ -253,7 +240,7 @@ pub async fn overview(
     Ok(layout(&view, &q, "/", "Campaign overview", body))
 }
 
-fn keep(line: &SessionLine, scoring: Option<&ScoringWord>, q: &PageQuery) -> bool {
+fn keep(line: &SessionLine, q: &PageQuery) -> bool {
     let state_ok = q
         .state
         .as_deref()
@@ -265,7 +252,7 @@ fn keep(line: &SessionLine, scoring: Option<&ScoringWord>, q: &PageQuery) -> boo
     let scoring_ok = q
         .scoring
         .as_deref()
-        .is_none_or(|k| k.is_empty() || Some(k) == scoring.map(ScoringWord::key));
+        .is_none_or(|k| k.is_empty() || Some(k) == line.scoring.as_ref().map(ScoringWord::key));
     state_ok && verdict_ok && scoring_ok
 }
 
@@ -307,19 +294,9 @@ pub async fn sessions(
 ) -> Result<Response, Response> {
     let view = view_of(&state, q.run.clone()).await?;
     let scored = scored_of(&state, &view).await?;
-    let lines: Vec<(SessionLine, Option<ScoringWord>)> = view
-        .session_lines()
-        .into_iter()
-        .map(|l| {
-            let w = scoring_of(&l, scored.as_ref());
-            (l, w)
-        })
-        .collect();
-    let states: BTreeSet<&str> = lines.iter().map(|(l, _)| l.state.as_str()).collect();
-    let shown: Vec<&(SessionLine, Option<ScoringWord>)> = lines
-        .iter()
-        .filter(|(l, w)| keep(l, w.as_ref(), &q))
-        .collect();
+    let lines = view.session_lines(scored.as_ref());
+    let states: BTreeSet<&str> = lines.iter().map(|l| l.state.as_str()).collect();
+    let shown: Vec<&SessionLine> = lines.iter().filter(|l| keep(l, &q)).collect();
     let body = html! {
         (filter_form(&q, &states))
         p.meta id="shown" { (shown.len()) " of " (lines.len()) " sessions · click a heading to sort" }
@@ -330,7 +307,8 @@ pub async fn sessions(
                 th data-type="num" { "leases" } th data-type="text" { "updated" }
             } }
             tbody {
-                @for (l, w) in shown.iter().map(|(l, w)| (l, w.as_ref())) {
+                @for l in &shown {
+                    @let w = l.scoring.as_ref();
                     tr data-state=(l.state) data-verdict=(model::verdict_key(&l.verdict)) data-scoring=(w.map_or("", ScoringWord::key)) {
                         td { a href=(href("/session", q.run.as_deref(), &[("target", &l.target)])) { (l.target) } }
                         td { span class={"state g-" (state_group(l.state))} { (l.state) } }
@@ -405,13 +383,12 @@ pub async fn session(
     let store = state.store.clone();
     let (run_id, t) = (view.run.id.clone(), target.clone());
     let events = blocking(move || store.events(&run_id, Some(&t), 0)).await?;
+    let scored = scored_of(&state, &view).await?;
     let line = view
-        .session_lines()
+        .session_lines(scored.as_ref())
         .into_iter()
         .find(|l| l.target == target);
-    let scored = scored_of(&state, &view).await?;
-    let scoring = line.as_ref().and_then(|l| scoring_of(l, scored.as_ref()));
-    let body = super::live::session_body(&view, &target, line.as_ref(), scoring.as_ref(), &events);
+    let body = super::live::session_body(&view, &target, line.as_ref(), &events);
     Ok(layout(
         &view,
         &q,

@@ -10,7 +10,7 @@ use maud::{Markup, html};
 
 use super::DashboardState;
 use super::svg::{self, Series, SpeedPoint};
-use crate::score::compare::{self, Comparison, LevelRow, Side};
+use crate::score::compare::{Comparison, LevelRow, Side};
 use crate::score::confirm::Confirmation;
 use crate::score::gate::GateKind;
 use crate::score::gate::geomean;
@@ -233,7 +233,7 @@ fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>
         (run.id.clone(), pair)
     };
     let runs = crate::run::runs_dir(&state.home);
-    compare::load(&state.store, &runs, &ind, &seq)
+    crate::record::comparison(&state.store, &runs, &ind, &seq)
         .map(Some)
         .map_err(|e| e.to_string())
 }

@@ -22,6 +22,7 @@ pub mod outcome;
 mod render;
 mod render_end;
 mod scoring;
+mod sessions;
 mod tools;
 mod view;
 
@@ -30,6 +31,7 @@ pub use leases::{LeaseEnd, LeaseView};
 pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcomes};
 pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};
 pub use scoring::ScoringWord;
+pub use sessions::{SessionRecord, sessions};
 pub use tools::ToolDetail;
 pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, parse_at};
 

@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde::Serialize;
 
+use super::ScoringWord;
 use crate::event::{Kind, SessionFinished, SessionStatus, StatusWord, Validation};
 use crate::store::Event;
 
@@ -189,6 +190,16 @@ struct ValidateCall {
 }
 
 impl Outcome {
+    /// What scoring made of the session's candidate (`word` says it), for a session that
+    /// validated one; `None` for one that did not.
+    pub fn scoring(&self, word: impl FnOnce() -> ScoringWord) -> Option<ScoringWord> {
+        let validated = matches!(
+            self.verdict,
+            Verdict::Winner { .. } | Verdict::NotWinner { .. }
+        );
+        validated.then(word)
+    }
+
     /// Derives the outcome from one session's events, in order.
     pub fn from_events(events: &[Event]) -> Self {
         let mut end = SessionEnd::Running;

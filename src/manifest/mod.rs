@@ -20,9 +20,10 @@ use crate::event::{
     RecordedSetting, RunFinished, RunStarted, SessionStarted, TaskFinished, TokenReloaded,
 };
 use crate::facts::{FACTS_EVENT, HostFacts, SettingFact};
+use crate::record::RunRecord;
 use crate::score::gate::{GateKind, GateReport};
 use crate::score::report::ScoreReport;
-use crate::store::leases::{LeaseClass, gpu_seconds_by_class};
+use crate::store::leases::LeaseClass;
 use crate::store::{Event, RunRow, Store, StoreError};
 
 /// The Markdown manifest's file name.
@@ -146,25 +147,25 @@ pub fn collect(
     run_dir: &Path,
     rendered_at: &str,
 ) -> Result<ManifestData, ManifestError> {
-    let run = store.run(Some(run_id))?;
-    let events = store.events(run_id, None, 0)?;
+    let record = RunRecord::of_row(store, run_dir, store.run(Some(run_id))?)?;
     let mut data = ManifestData {
-        run,
+        sessions: SessionSummary {
+            outcome: record.tally().line(),
+            ..SessionSummary::default()
+        },
+        run: record.run,
         rendered_at: rendered_at.to_string(),
         facts: Vec::new(),
         run_started_settings: BTreeMap::new(),
-        sessions: SessionSummary::default(),
         prompt_hashes: BTreeMap::new(),
         rotations: Vec::new(),
         results: results(run_dir),
         archive: archive(run_dir)?,
-        gpu_seconds: gpu_seconds_by_class(&store.leases_under(run_dir)?),
+        gpu_seconds: record.gpu_seconds,
     };
-    for event in &events {
+    for event in &record.events {
         absorb(&mut data, event);
     }
-    data.sessions.outcome =
-        crate::inspect::OutcomeTally::of(crate::inspect::outcomes(&events).values()).line();
     Ok(data)
 }
 

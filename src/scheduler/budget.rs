@@ -7,7 +7,7 @@
 //! across the two halves of a pair: what was spent is what was recorded.
 //!
 //! The prices a run was started with are recorded among its settings (`provider.prices`, a
-//! JSON object), so [`recorded_spend`] can price a finished run without its provider file.
+//! JSON object), so a view can price a finished run without its provider file.
 
 /// The setting that records the provider's prices in `run_started.settings`.
 pub const PRICES_SETTING: &str = "provider.prices";
@@ -18,7 +18,7 @@ use crate::config::limits::CampaignLimits;
 use crate::config::provider::Prices;
 use crate::event::{RunStarted, TurnFinished};
 use crate::llm::Usage;
-use crate::store::{Store, StoreError};
+use crate::store::{Event, Store, StoreError};
 
 /// The caps and the prices to hold spending to.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -98,28 +98,6 @@ pub struct Spent {
     pub cost_usd: Option<f64>,
 }
 
-/// What a run (with its `--mode all` pair when `with_pair`) spent, priced with the prices it
-/// recorded when it started.
-pub fn recorded_spend(store: &Store, run_id: &str, with_pair: bool) -> Result<Spent, StoreError> {
-    let started = run_started(store, run_id)?;
-    let mut meter = Meter::new(Budget {
-        prices: prices_of(&started),
-        ..Budget::default()
-    });
-    meter.after.insert(run_id.to_string(), 0);
-    if with_pair && let Some(pair) = started.pair {
-        meter.after.insert(pair, 0);
-    }
-    meter.poll(store, run_id)?;
-    Ok(meter.spent())
-}
-
-/// The prices a run recorded when it started (`None`: its provider had none), so a viewer can
-/// put a cost beside any token count of the run.
-pub fn recorded_prices(store: &Store, run_id: &str) -> Result<Option<Prices>, StoreError> {
-    Ok(prices_of(&run_started(store, run_id)?))
-}
-
 /// The price table a run recorded in its `run_started` settings, if its provider had one.
 pub fn prices_of(run_started: &RunStarted) -> Option<Prices> {
     run_started
@@ -127,13 +105,19 @@ pub fn prices_of(run_started: &RunStarted) -> Option<Prices> {
         .and_then(|text| serde_json::from_str(text).ok())
 }
 
-/// Sums the recorded usage of a run (and its pair) and says when a cap is reached.
-#[derive(Debug, Default)]
+/// Sums the recorded usage of a run (and its pair) and says when a cap is reached: the one fold
+/// of token spending, which the budget, the views and `compare` all read.
+#[derive(Clone, Debug, Default)]
 pub struct Meter {
     budget: Budget,
     /// The last event read, per run.
     after: BTreeMap<String, i64>,
     usage: Usage,
+    /// Tokens as the turns recorded their total (input and output where none was recorded).
+    tokens: u64,
+    /// The turns' cost: each turn's recorded cost, else its usage priced; `None` while no turn
+    /// had either.
+    cost_usd: Option<f64>,
 }
 
 impl Meter {
@@ -148,10 +132,38 @@ impl Meter {
         &self.budget
     }
 
+    /// The token counts folded so far.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
+    }
+
+    /// Prices the turns folded from now on (a view learns them from `run_started`).
+    pub fn set_prices(&mut self, prices: Option<Prices>) {
+        self.budget.prices = prices;
+    }
+
     pub fn spent(&self) -> Spent {
+        let priced = self.budget.prices.as_ref().map(|_| 0.0);
         Spent {
-            tokens: self.usage.total_tokens(),
-            cost_usd: self.budget.prices.as_ref().map(|p| self.usage.cost_usd(p)),
+            tokens: self.tokens,
+            cost_usd: self.cost_usd.or(priced),
+        }
+    }
+
+    /// Adds one recorded event's spending (only `turn_finished` spends).
+    pub fn fold(&mut self, e: &Event) {
+        let Some(turn) = e.payload_as::<TurnFinished>() else {
+            return;
+        };
+        let usage = Usage::from_turn(&turn.usage);
+        self.usage.add(&usage);
+        self.tokens += match turn.usage.total {
+            0 => usage.total_tokens(),
+            total => total,
+        };
+        let priced = self.budget.prices.as_ref().map(|p| usage.cost_usd(p));
+        if let Some(c) = turn.usage.cost_usd.or(turn.cost_usd).or(priced) {
+            self.cost_usd = Some(self.cost_usd.unwrap_or(0.0) + c);
         }
     }
 
@@ -164,13 +176,14 @@ impl Meter {
                 self.after.insert(pair, 0);
             }
         }
+        let mut new = Vec::new();
         for (run, after) in self.after.iter_mut() {
-            for e in store.events(run, None, *after)? {
-                *after = e.seq;
-                if let Some(turn) = e.payload_as::<TurnFinished>() {
-                    self.usage.add(&Usage::from_turn(&turn.usage));
-                }
-            }
+            let events = store.events(run, None, *after)?;
+            *after = events.last().map_or(*after, |e| e.seq);
+            new.extend(events);
+        }
+        for e in &new {
+            self.fold(e);
         }
         Ok(self.reached())
     }
@@ -210,6 +223,18 @@ pub fn run_started(store: &Store, run_id: &str) -> Result<RunStarted, StoreError
 }
 
 impl Spent {
+    /// This and `other` together (the two halves of a `--mode all` pair).
+    pub fn plus(self, other: Spent) -> Spent {
+        let cost_usd = match (self.cost_usd, other.cost_usd) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        Spent {
+            tokens: self.tokens + other.tokens,
+            cost_usd,
+        }
+    }
+
     /// `21,607 tokens, $0.43` (or `cost unknown: no [prices]` without prices).
     pub fn describe(&self) -> String {
         let tokens = crate::inspect::group(self.tokens);
@@ -253,16 +278,17 @@ mod tests {
                 output: 10.0,
             }),
         });
-        meter.usage.add(&Usage {
-            input_tokens: 500_000,
-            output_tokens: 40_000,
-            ..Usage::default()
-        });
+        let turn = |input: u64, output: u64| Event {
+            run_id: "r".into(),
+            seq: 1,
+            at: String::new(),
+            kind: "turn_finished".into(),
+            target: Some("L1/gelu".into()),
+            payload: serde_json::json!({"usage": {"input": input, "output": output}}),
+        };
+        meter.fold(&turn(500_000, 40_000));
         assert_eq!(meter.reached(), None, "$0.90 is under the cap");
-        meter.usage.add(&Usage {
-            output_tokens: 10_000,
-            ..Usage::default()
-        });
+        meter.fold(&turn(0, 10_000));
         assert_eq!(
             meter.reached().as_deref(),
             Some("campaign cost cap reached: $1.00 spent, campaign.max_cost_usd = 1")

@@ -4,9 +4,9 @@
 //! the independent run's newest scored generation (`results*/score.json`: kept kernels with
 //! their composed speedup, winners dropped in composition); the sequential run's newest
 //! `results*/seq/gate.json` (kept winners with their speedup in the final composed bench,
-//! dropped ones); and what each run spent: tokens are the sum of `turn_finished.usage.total`;
+//! dropped ones); and what each run spent: tokens are the budget's sum of `turn_finished` usage;
 //! GPU time is what the lease journal says its leases held, grant to release, times their
-//! GPUs, by class ([`gpu_seconds_by_class`]): agents' (validate with its noise self-tests, ncu, nsys)
+//! GPUs, by class ([`crate::store::leases::gpu_seconds_by_class`]): agents' (validate with its noise self-tests, ncu, nsys)
 //! and scoring's (bench: calibration, standalone, composed, levels). A store from before the
 //! journal named run folders falls back to `validation.gpu_s` and the benches' wall time.
 //!
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::{TurnFinished, Validation};
+use crate::event::Validation;
 use crate::inspect::group;
 use crate::report::table;
 use crate::score::ScoreError;
@@ -33,8 +33,8 @@ use crate::score::render::{banner, group_f, speed_or_dash, wrap};
 use crate::score::report;
 use crate::score::result::TimingMethod;
 use crate::score::sequential::{SeqGate, read_seq_gate};
-use crate::store::leases::{LeaseClass, gpu_seconds_by_class};
-use crate::store::{Event, Store};
+use crate::store::Event;
+use crate::store::leases::LeaseClass;
 use crate::target::TargetId;
 
 /// One campaign's outcome at one level (or overall).
@@ -138,7 +138,7 @@ pub struct CompareInput {
     pub seq_results: PathBuf,
     pub ind_events: Vec<Event>,
     pub seq_events: Vec<Event>,
-    /// GPU seconds by lease class of each run ([`gpu_seconds_by_class`]).
+    /// GPU seconds by lease class of each run ([`crate::store::leases::gpu_seconds_by_class`]).
     pub ind_leases: BTreeMap<LeaseClass, f64>,
     pub seq_leases: BTreeMap<LeaseClass, f64>,
 }
@@ -194,11 +194,9 @@ pub(crate) fn per_level<T>(
 /// What a run spent: tokens from its events; GPU seconds from its leases by class, or (a store
 /// whose journal does not name the run's folder) its validations and its benches' wall time.
 pub fn spent(events: &[Event], bench_gpu_s: f64, by_class: &BTreeMap<LeaseClass, f64>) -> Spend {
-    let tokens = events
-        .iter()
-        .filter_map(Event::payload_as::<TurnFinished>)
-        .map(|t| t.usage.total)
-        .sum();
+    let mut meter = crate::scheduler::budget::Meter::default();
+    events.iter().for_each(|e| meter.fold(e));
+    let tokens = meter.spent().tokens;
     let (agent_gpu_s, bench_gpu_s) = if by_class.is_empty() {
         let validations = events
             .iter()
@@ -354,50 +352,6 @@ fn seq_outcome(g: &SeqGate, levels: &[crate::score::sequential::LevelGate]) -> O
     }
 }
 
-/// Loads both runs and compares them (`home`'s `runs/`).
-pub fn load(
-    store: &Store,
-    runs_dir: &Path,
-    ind_run: &str,
-    seq_run: &str,
-) -> Result<Comparison, crate::Error> {
-    let (ind, ind_results) = independent_outcome(ind_run, &runs_dir.join(ind_run))?;
-    let (seq, seq_results) = sequential_outcome(seq_run, &runs_dir.join(seq_run))?;
-    let input = CompareInput {
-        ind_run: ind_run.to_string(),
-        seq_run: seq_run.to_string(),
-        targets: targets_of(store, [ind_run, seq_run])?,
-        ind,
-        seq,
-        ind_results,
-        seq_results,
-        ind_events: store.events(ind_run, None, 0)?,
-        seq_events: store.events(seq_run, None, 0)?,
-        ind_leases: gpu_seconds_by_class(&store.leases_under(&runs_dir.join(ind_run))?),
-        seq_leases: gpu_seconds_by_class(&store.leases_under(&runs_dir.join(seq_run))?),
-    };
-    let mut c = compare(&input);
-    for (mode, run) in [("ind", ind_run), ("seq", seq_run)] {
-        c.backends.insert(run.to_string(), backend_of(store, run));
-        if let Some(o) = crate::score::e2e::latest(&runs_dir.join(run)) {
-            c.simulated |= o.simulated;
-            c.e2e.extend(crate::score::e2e::rows::rows(mode, &o));
-        }
-    }
-    Ok(c)
-}
-
-/// The targets of both runs, sorted, each once.
-pub(crate) fn targets_of(store: &Store, runs: [&str; 2]) -> Result<Vec<TargetId>, crate::Error> {
-    let mut targets = BTreeSet::new();
-    for id in runs {
-        for t in store.run(Some(id))?.targets {
-            targets.insert(t.parse()?);
-        }
-    }
-    Ok(targets.into_iter().collect())
-}
-
 /// Writes `compare.json` beside the sequential gate's generation (`compare-<n>.json` when one
 /// exists: nothing is overwritten). Returns its path.
 pub fn write(c: &Comparison) -> Result<PathBuf, ScoreError> {
@@ -416,15 +370,6 @@ fn names(ts: &[TargetId]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     }
-}
-
-/// The agent backend a run's sessions ran, from its recorded settings (`native` before the
-/// setting existed).
-pub fn backend_of(store: &Store, run: &str) -> String {
-    crate::scheduler::budget::run_started(store, run)
-        .ok()
-        .and_then(|v| v.setting("agent.backend").map(str::to_string))
-        .unwrap_or_else(|| "native".into())
 }
 
 /// `independent  RUN  (results)`, the results on their own line when both do not fit.

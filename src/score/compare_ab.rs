@@ -8,20 +8,20 @@
 //! them), its events (tokens, agent GPU time) and its sessions (wall time). A run never scored
 //! is an error naming the command that scores it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use super::compare::{
-    Outcome, Side, Spend, backend_of, independent_outcome, per_level, sequential_outcome, side,
-    spent, targets_of,
+    Outcome, Side, Spend, independent_outcome, per_level, sequential_outcome, side, spent,
 };
 use super::render::{banner, fit_table, group_f, speed_or_dash};
 use crate::event::{Elapsed, TurnFinished};
 use crate::inspect::clock;
-use crate::store::Store;
+use crate::store::leases::LeaseClass;
+use crate::store::{Event, RunRow, SessionRow};
 use crate::target::TargetId;
 
 /// One run of the comparison.
@@ -77,24 +77,33 @@ struct Loaded {
     wall: BTreeMap<TargetId, u64>,
 }
 
-fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::Error> {
-    let row = store.run(Some(run))?;
-    let dir = runs_dir.join(run);
+/// What the comparison reads of one run: its row and folder, its events, its sessions' rows,
+/// its leases' GPU-seconds by class and its agent backend (the run's record holds them all).
+pub struct AbSource<'a> {
+    pub run: &'a RunRow,
+    pub dir: &'a Path,
+    pub events: &'a [Event],
+    pub sessions: Vec<&'a SessionRow>,
+    pub gpu_seconds: &'a BTreeMap<LeaseClass, f64>,
+    pub backend: String,
+}
+
+fn load_run(src: &AbSource<'_>) -> Result<Loaded, crate::Error> {
+    let (row, dir) = (src.run, src.dir);
     let (outcome, results) = match row.mode {
-        crate::run::Mode::Sequential => sequential_outcome(run, &dir)?,
-        _ => independent_outcome(run, &dir)?,
+        crate::run::Mode::Sequential => sequential_outcome(&row.id, dir)?,
+        _ => independent_outcome(&row.id, dir)?,
     };
-    let events = store.events(run, None, 0)?;
     let mut tokens: BTreeMap<TargetId, u64> = BTreeMap::new();
-    for e in &events {
+    for e in src.events {
         let target = e.target.as_deref().and_then(|t| t.parse().ok());
         if let (Some(t), Some(turn)) = (target, e.payload_as::<TurnFinished>()) {
             *tokens.entry(t).or_default() += turn.usage.total;
         }
     }
     let mut wall = BTreeMap::new();
-    for s in store.sessions(run)? {
-        let elapsed = s.detail.elapsed;
+    for s in &src.sessions {
+        let elapsed = s.detail.elapsed.clone();
         if let (Ok(t), Some(Elapsed::Seconds(secs))) = (s.target.parse(), elapsed) {
             wall.insert(t, secs);
         }
@@ -103,13 +112,9 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
         run: AbRun {
             run: row.id.clone(),
             mode: row.mode.as_str().to_string(),
-            backend: backend_of(store, run),
+            backend: src.backend.clone(),
             results,
-            spent: spent(
-                &events,
-                outcome.bench_gpu_s,
-                &crate::store::leases::gpu_seconds_by_class(&store.leases_under(&dir)?),
-            ),
+            spent: spent(src.events, outcome.bench_gpu_s, src.gpu_seconds),
             session_wall_s: wall.values().sum(),
         },
         outcome,
@@ -118,15 +123,14 @@ fn load_run(store: &Store, runs_dir: &Path, run: &str) -> Result<Loaded, crate::
     })
 }
 
-/// Compares runs `a` and `b` (same mode) of this home's `runs/`.
-pub fn load(
-    store: &Store,
-    runs_dir: &Path,
-    a: &str,
-    b: &str,
-) -> Result<AbComparison, crate::Error> {
-    let (run_a, run_b) = (load_run(store, runs_dir, a)?, load_run(store, runs_dir, b)?);
-    Ok(compare(&run_a, &run_b, &targets_of(store, [a, b])?))
+/// Compares runs `a` and `b` (same mode).
+pub fn compare_runs(a: &AbSource<'_>, b: &AbSource<'_>) -> Result<AbComparison, crate::Error> {
+    let mut targets = BTreeSet::new();
+    for t in a.run.targets.iter().chain(&b.run.targets) {
+        targets.insert(t.parse::<TargetId>()?);
+    }
+    let targets: Vec<TargetId> = targets.into_iter().collect();
+    Ok(compare(&load_run(a)?, &load_run(b)?, &targets))
 }
 
 fn compare(a: &Loaded, b: &Loaded, targets: &[TargetId]) -> AbComparison {

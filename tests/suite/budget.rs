@@ -176,8 +176,10 @@ fn a_run_is_priced_with_the_prices_it_recorded_at_its_start() {
             )
             .unwrap();
     }
-    let spent =
-        fk_agentd::scheduler::budget::recorded_spend(&store, journal.run_id(), false).unwrap();
+    let runs_dir = fk_agentd::run::runs_dir(dir.path());
+    let spent = fk_agentd::record::RunRecord::read(&store, &runs_dir, Some(journal.run_id()))
+        .unwrap()
+        .spent;
     // Per turn: 400k uncached × $2 + 100k cached × $0.5 + 50k out × $8, per million = $1.25.
     assert_eq!(spent.tokens, 1_100_000);
     assert!((spent.cost_usd.unwrap() - 2.5).abs() < 1e-9, "{spent:?}");

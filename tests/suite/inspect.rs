@@ -210,12 +210,13 @@ fn the_sessions_table_fits_80_and_120_columns() {
     let events = run_events();
     let outcomes = inspect::outcomes(&events);
     let rows = session_rows(&events);
+    let sessions = inspect::sessions(&[], &rows, &outcomes, |_| {
+        inspect::ScoringWord::NotScoredYet
+    });
     for width in [80, 120] {
         let text = report::sessions_table(
             &run_row(),
-            &rows,
-            &outcomes,
-            &Default::default(),
+            &sessions,
             TableOptions {
                 width,
                 color: false,
@@ -231,9 +232,7 @@ fn the_sessions_table_fits_80_and_120_columns() {
     }
     let coloured = report::sessions_table(
         &run_row(),
-        &rows,
-        &outcomes,
-        &Default::default(),
+        &sessions,
         TableOptions {
             width: 80,
             color: true,

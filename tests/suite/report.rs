@@ -77,6 +77,9 @@ fn sessions_table() {
         ev(5, "session_started", "L1/gelu", json!({})),
     ];
     let outcomes = fk_agentd::inspect::outcomes(&events);
+    let sessions = fk_agentd::inspect::sessions(&[], &rows, &outcomes, |_| {
+        fk_agentd::inspect::ScoringWord::NotScoredYet
+    });
     for width in [80, 120] {
         let opts = report::TableOptions {
             width,
@@ -84,7 +87,7 @@ fn sessions_table() {
         };
         insta::assert_snapshot!(
             format!("sessions_table_{width}"),
-            report::sessions_table(&run(true), &rows, &outcomes, &Default::default(), opts)
+            report::sessions_table(&run(true), &sessions, opts)
         );
     }
 }
