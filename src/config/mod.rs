@@ -466,97 +466,16 @@ impl Config {
         let home = resolve_home(flags.home.as_deref(), env)?;
         let (config_file, mut raw) = read_config_file(flags, env, &home)?;
         let mut settings = BTreeMap::new();
-        let mut pick = |key: &str, flag: Option<String>, file: Option<String>, default: &str| {
-            let (value, source) = layered(flag, file, || default.to_string());
-            record(&mut settings, key, &value, source);
-            value
-        };
-        let c = raw.campaign;
-        let raw_limits = limits::RawLimits {
-            max_tokens: c.max_tokens,
-            max_cost_usd: c.max_cost_usd,
-            max_turns: c.max_turns,
-        };
-        let targets_spec = pick(
-            "campaign.targets",
-            flags.targets.clone(),
-            c.targets,
-            DEFAULT_TARGETS,
-        );
-        let mode = pick("campaign.mode", flags.mode.clone(), c.mode, "independent");
-        let max_agents = pick(
-            "campaign.max_agents",
-            flags.max_agents.map(|n| n.to_string()),
-            c.max_agents.map(|n| n.to_string()),
-            &DEFAULT_MAX_AGENTS.to_string(),
-        );
-        let agent_slot = pick(
-            "campaign.agent_slot",
-            flags.agent_slot.clone(),
-            c.agent_slot,
-            AgentSlot::default().as_str(),
-        );
-        let order = pick(
-            "campaign.order",
-            flags.order.clone(),
-            c.order,
-            QueueOrder::default().as_str(),
-        );
-        let session_timeout = pick(
-            "campaign.session_timeout",
-            flags.session_timeout.clone(),
-            c.session_timeout,
-            DEFAULT_SESSION_TIMEOUT,
-        );
-        let lease_timeout = pick(
-            "campaign.lease_timeout",
-            flags.lease_timeout.clone(),
-            c.lease_timeout,
-            DEFAULT_LEASE_TIMEOUT,
-        );
-        let captures = pick("campaign.captures", None, c.captures, DEFAULT_CAPTURES);
         let provider_named = flags.provider.is_some() || raw.provider.use_.is_some();
-        let provider = pick(
-            "provider.use",
-            flags.provider.clone(),
-            raw.provider.use_,
-            DEFAULT_PROVIDER,
-        );
-
+        let (provider, source) = layered(flags.provider.clone(), raw.provider.use_.take(), || {
+            DEFAULT_PROVIDER.to_string()
+        });
+        record(&mut settings, "provider.use", &provider, source);
         // The simulation uses no provider, but one named (flag or file) must exist.
         if flags.sim && provider_named {
             provider::ProviderConfig::check_exists(&provider, &home, env)?;
         }
-        let mode = word::<Mode>("campaign.mode (--mode)", &mode)?;
-        let max_agents = parse_count(
-            "campaign.max_agents (--max-agents)",
-            &max_agents,
-            1,
-            MAX_AGENTS_LIMIT,
-        )?;
-        let agent_slot = word::<AgentSlot>("campaign.agent_slot (--agent-slot)", &agent_slot)?;
-        let order = word::<QueueOrder>("campaign.order (--order)", &order)?;
-        let session_timeout = parse_duration(
-            "campaign.session_timeout (--session-timeout)",
-            &session_timeout,
-            bounds::SESSION,
-        )?;
-        let lease_timeout = parse_duration(
-            "campaign.lease_timeout (--lease-timeout)",
-            &lease_timeout,
-            bounds::LEASE,
-        )?;
-        if lease_timeout > session_timeout {
-            return Err(ConfigError::new(
-                "campaign.lease_timeout (--lease-timeout)",
-                format_duration(lease_timeout),
-                format!(
-                    "at most the session timeout ({})",
-                    format_duration(session_timeout)
-                ),
-            ));
-        }
-
+        let c = campaign_values(flags, &raw.campaign, env, &mut settings)?;
         let backend = raw.gpus.backend.take();
         let (backend_kind, slurm_table) =
             slurm::validate(backend, raw.slurm.take(), env, &mut settings)?;
@@ -565,69 +484,50 @@ impl Config {
             ncu_cap,
             nsys_cap,
             cgroup_root,
-        } = gpus::validate(raw.gpus, flags.sim, &mut settings)?;
+        } = gpus::validate(std::mem::take(&mut raw.gpus), flags.sim, &mut settings)?;
         let patches = pick_patches(flags, raw.fastkernels.patches.take(), env, &mut settings)?;
         let (fastkernels_dir, fastkernels_command) =
-            validate_fastkernels(raw.fastkernels, env, &mut settings)?;
-        if captures.trim().is_empty() {
-            return Err(ConfigError::new(
-                "campaign.captures",
-                &captures,
-                "a folder of capture reports (e.g. captures/default/b200)",
-            ));
-        }
-        let captures = expand_tilde(&captures, env);
+            validate_fastkernels(std::mem::take(&mut raw.fastkernels), env, &mut settings)?;
         let (targets, catalog) = selection::select_for_config(&selection::SelectionInputs {
             catalog,
-            spec: &targets_spec,
+            spec: &c.targets_spec,
             checkout: fastkernels_dir.as_deref(),
-            captures: &captures,
+            captures: &c.captures,
         })
         .map_err(|e| {
-            ConfigError::because("campaign.targets (--targets)", &targets_spec, e.to_string())
+            ConfigError::because(
+                "campaign.targets (--targets)",
+                &c.targets_spec,
+                e.to_string(),
+            )
         })?;
         if flags.sim {
             record(&mut settings, "sim", "true", SettingSource::Flag);
         }
         // Not in `settings`: where a viewer listens is no fact of the campaign's results.
-        let listen = raw.dashboard.listen;
+        let listen = raw.dashboard.listen.take();
         let dashboard_listen = parse_dashboard_listen(
             "dashboard.listen",
             listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN),
         )?;
-        let waive = raw.screen.waive.filter(|w| !w.is_empty());
-        let (screen_waive, source) = layered(None, waive, Vec::new);
-        let rules = crate::screen::RULES;
-        if let Some(rule) = screen_waive.iter().find(|r| !rules.contains(&r.as_str())) {
-            let expected = format!("rule ids among {}", rules.join(", "));
-            return Err(ConfigError::new("screen.waive", rule, expected));
-        }
-        let waived = format!("[{}]", screen_waive.join(", "));
-        record(&mut settings, "screen.waive", waived, source);
-        let (allow_unconfined, source) = layered(None, raw.security.allow_unconfined, || false);
-        record(
-            &mut settings,
-            "security.allow_unconfined",
-            allow_unconfined,
-            source,
-        );
+        let (screen_waive, allow_unconfined) = safety(&mut raw, &mut settings)?;
         let gate = score_gate(flags, &raw.score, &mut settings)?;
         let timing_rounds = score_timing_rounds(&raw.score, &mut settings)?;
         let agent = agent::validate(raw.agent, flags.agent_backend.clone(), env, &mut settings)?;
-        let limits = limits::parse(raw_limits, &mut settings)?;
+        let limits = limits::parse(c.limits, &mut settings)?;
         Ok(Self {
             home,
             config_file,
-            targets_spec,
+            targets_spec: c.targets_spec,
             targets,
             catalog,
-            mode,
-            max_agents,
-            agent_slot,
-            order,
-            session_timeout,
-            lease_timeout,
-            captures,
+            mode: c.mode,
+            max_agents: c.max_agents,
+            agent_slot: c.agent_slot,
+            order: c.order,
+            session_timeout: c.session_timeout,
+            lease_timeout: c.lease_timeout,
+            captures: c.captures,
             provider,
             agent,
             gpus,
@@ -652,6 +552,164 @@ impl Config {
             settings,
         })
     }
+}
+
+/// The `[campaign]` table with its flags on top, each value recorded with its source and
+/// checked.
+struct CampaignValues {
+    targets_spec: String,
+    mode: Mode,
+    max_agents: usize,
+    agent_slot: AgentSlot,
+    order: QueueOrder,
+    session_timeout: Duration,
+    lease_timeout: Duration,
+    captures: PathBuf,
+    limits: limits::RawLimits,
+}
+
+/// The `[campaign]` values as given, each from its flag, else the file, else its default, and
+/// recorded with that source: targets, mode, max_agents, agent_slot, order, session_timeout,
+/// lease_timeout, captures.
+fn campaign_layers(flags: &Flags, c: &RawCampaign, settings: &mut SettingMap) -> [String; 8] {
+    let number = |n: Option<i64>| n.map(|n| n.to_string());
+    let (slot, order) = (AgentSlot::default(), QueueOrder::default());
+    let agents = DEFAULT_MAX_AGENTS.to_string();
+    let layers = [
+        (
+            "targets",
+            flags.targets.clone(),
+            c.targets.clone(),
+            DEFAULT_TARGETS,
+        ),
+        ("mode", flags.mode.clone(), c.mode.clone(), "independent"),
+        (
+            "max_agents",
+            flags.max_agents.map(|n| n.to_string()),
+            number(c.max_agents),
+            &agents,
+        ),
+        (
+            "agent_slot",
+            flags.agent_slot.clone(),
+            c.agent_slot.clone(),
+            slot.as_str(),
+        ),
+        (
+            "order",
+            flags.order.clone(),
+            c.order.clone(),
+            order.as_str(),
+        ),
+        (
+            "session_timeout",
+            flags.session_timeout.clone(),
+            c.session_timeout.clone(),
+            DEFAULT_SESSION_TIMEOUT,
+        ),
+        (
+            "lease_timeout",
+            flags.lease_timeout.clone(),
+            c.lease_timeout.clone(),
+            DEFAULT_LEASE_TIMEOUT,
+        ),
+        ("captures", None, c.captures.clone(), DEFAULT_CAPTURES),
+    ];
+    layers.map(|(key, flag, file, default)| {
+        let (value, source) = layered(flag, file, || default.to_string());
+        record(settings, &format!("campaign.{key}"), &value, source);
+        value
+    })
+}
+
+fn campaign_values(
+    flags: &Flags,
+    c: &RawCampaign,
+    env: &Env,
+    settings: &mut SettingMap,
+) -> Result<CampaignValues, ConfigError> {
+    let [
+        targets_spec,
+        mode,
+        max_agents,
+        agent_slot,
+        order,
+        session_timeout,
+        lease_timeout,
+        captures,
+    ] = campaign_layers(flags, c, settings);
+    let session_timeout = parse_duration(
+        "campaign.session_timeout (--session-timeout)",
+        &session_timeout,
+        bounds::SESSION,
+    )?;
+    let lease_timeout = parse_duration(
+        "campaign.lease_timeout (--lease-timeout)",
+        &lease_timeout,
+        bounds::LEASE,
+    )?;
+    if lease_timeout > session_timeout {
+        return Err(ConfigError::new(
+            "campaign.lease_timeout (--lease-timeout)",
+            format_duration(lease_timeout),
+            format!(
+                "at most the session timeout ({})",
+                format_duration(session_timeout)
+            ),
+        ));
+    }
+    if captures.trim().is_empty() {
+        return Err(ConfigError::new(
+            "campaign.captures",
+            &captures,
+            "a folder of capture reports (e.g. captures/default/b200)",
+        ));
+    }
+    Ok(CampaignValues {
+        mode: word::<Mode>("campaign.mode (--mode)", &mode)?,
+        max_agents: parse_count(
+            "campaign.max_agents (--max-agents)",
+            &max_agents,
+            1,
+            MAX_AGENTS_LIMIT,
+        )?,
+        agent_slot: word::<AgentSlot>("campaign.agent_slot (--agent-slot)", &agent_slot)?,
+        order: word::<QueueOrder>("campaign.order (--order)", &order)?,
+        session_timeout,
+        lease_timeout,
+        captures: expand_tilde(&captures, env),
+        targets_spec,
+        limits: limits::RawLimits {
+            max_tokens: c.max_tokens,
+            max_cost_usd: c.max_cost_usd,
+            max_turns: c.max_turns,
+        },
+    })
+}
+
+/// `[screen] waive` and `[security] allow_unconfined`: the rules a run waives (each a rule the
+/// screen knows) and whether agent code may run where the token cannot be hidden.
+fn safety(
+    raw: &mut RawFile,
+    settings: &mut SettingMap,
+) -> Result<(Vec<String>, bool), ConfigError> {
+    let waive = raw.screen.waive.take().filter(|w| !w.is_empty());
+    let (screen_waive, source) = layered(None, waive, Vec::new);
+    let rules = crate::screen::RULES;
+    if let Some(rule) = screen_waive.iter().find(|r| !rules.contains(&r.as_str())) {
+        let expected = format!("rule ids among {}", rules.join(", "));
+        return Err(ConfigError::new("screen.waive", rule, expected));
+    }
+    let waived = format!("[{}]", screen_waive.join(", "));
+    record(settings, "screen.waive", waived, source);
+    let (allow_unconfined, source) = layered(None, raw.security.allow_unconfined, || false);
+    record(
+        settings,
+        "security.allow_unconfined",
+        allow_unconfined,
+        source,
+    );
+    Ok((screen_waive, allow_unconfined))
 }
 
 /// Paired timing rounds by default, after the warm-up round: on an H100 the spread of an A/A
