@@ -107,33 +107,15 @@ pub async fn run_phase(
     let mut tasks: JoinSet<(TargetId, SessionStatus, SessionResult)> = JoinSet::new();
     // Which target each task runs, so a session that panicked is still recorded as its own.
     let mut task_targets: HashMap<tokio::task::Id, TargetId> = HashMap::new();
-    let mut index_of = BTreeMap::new();
+    let index_of: BTreeMap<TargetId, usize> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i))
+        .collect();
     // On resume, sessions that already ended for good keep their end: they are neither
     // submitted nor finished a second time (counters read `run.jsonl`).
     let mut results = ended_before(&journal, targets)?;
-    let mut pending = Vec::new();
-    for (index, target) in targets.iter().enumerate() {
-        index_of.insert(target.clone(), index);
-        if results.contains_key(target) {
-            continue;
-        }
-        pending.push(target.clone());
-        let name = target.to_string();
-        let submitted = TaskSubmitted {
-            task_name: name.clone(),
-            job: Job {
-                index,
-                name: name.clone(),
-            },
-        };
-        journal.record_event(Some(&name), &submitted)?;
-        set_state(
-            &journal,
-            target,
-            SessionState::Queued,
-            SessionResult::default(),
-        )?;
-    }
+    let pending = submit(&journal, targets, &results)?;
     let mut queue: std::collections::VecDeque<TargetId> =
         start_order(&journal, &pending, params.order)?.into();
     let mut interrupted = false;
@@ -167,19 +149,9 @@ pub async fn run_phase(
                 set_state(&journal, &target, SessionState::Running, started)?;
                 let cancel = stop.child_token();
                 let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
-                let timeout = params.session_timeout;
-                let spawned_target = target.clone();
-                let grace = params.drain_deadline;
-                let handle = tasks.spawn(async move {
-                    let started = tokio::time::Instant::now();
-                    let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
-                    drop(slot);
-                    // What `campaign.order = "longest-first"` reads in later runs.
-                    let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
-                    result.session_s = Some(secs);
-                    (target, status, result)
-                });
-                task_targets.insert(handle.id(), spawned_target);
+                let bounds = (params.session_timeout, params.drain_deadline);
+                let timed = timed_session(fut, target.clone(), slot, cancel, bounds);
+                task_targets.insert(tasks.spawn(timed).id(), target);
             }
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                 if let Some((target, status, mut result)) = joined_session(joined, &task_targets) {
@@ -217,22 +189,72 @@ pub async fn run_phase(
         Some(why) => format!("not started: {why}"),
         None => "not started before shutdown".into(),
     };
-    for target in targets {
-        if !results.contains_key(target) {
-            let status = SessionStatus::Interrupted;
-            let result = SessionResult {
-                reason: Some(never_started.clone()),
-                ..SessionResult::default()
-            };
-            finish(&journal, &index_of, target, &status, result)?;
-            results.insert(target.clone(), status);
-        }
+    let unstarted: Vec<&TargetId> = targets
+        .iter()
+        .filter(|t| !results.contains_key(*t))
+        .collect();
+    for target in unstarted {
+        let status = SessionStatus::Interrupted;
+        let result = SessionResult {
+            reason: Some(never_started.clone()),
+            ..SessionResult::default()
+        };
+        finish(&journal, &index_of, target, &status, result)?;
+        results.insert(target.clone(), status);
     }
     Ok(PhaseReport {
         results,
         // A phase stopped by the budget is over early: later phases must not start.
         interrupted: interrupted || over_budget.is_some(),
     })
+}
+
+/// Records every target that has not ended for good as submitted and queued; returns them.
+fn submit(
+    journal: &RunJournal,
+    targets: &[TargetId],
+    ended: &BTreeMap<TargetId, SessionStatus>,
+) -> Result<Vec<TargetId>, RunError> {
+    let mut pending = Vec::new();
+    for (index, target) in targets.iter().enumerate() {
+        if ended.contains_key(target) {
+            continue;
+        }
+        pending.push(target.clone());
+        let name = target.to_string();
+        let submitted = TaskSubmitted {
+            task_name: name.clone(),
+            job: Job {
+                index,
+                name: name.clone(),
+            },
+        };
+        journal.record_event(Some(&name), &submitted)?;
+        set_state(
+            journal,
+            target,
+            SessionState::Queued,
+            SessionResult::default(),
+        )?;
+    }
+    Ok(pending)
+}
+
+/// One session's task: the session under its timeout (and the grace after it), its slot given
+/// back when it ends, and how long it ran (what `campaign.order = "longest-first"` reads in later runs).
+async fn timed_session(
+    fut: SessionFuture,
+    target: TargetId,
+    slot: Arc<SessionSlot>,
+    cancel: CancellationToken,
+    (timeout, grace): (Duration, Duration),
+) -> (TargetId, SessionStatus, SessionResult) {
+    let started = tokio::time::Instant::now();
+    let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
+    drop(slot);
+    let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
+    result.session_s = Some(secs);
+    (target, status, result)
 }
 
 /// Runs one session under its timeout. At the timeout the session is cancelled first and
