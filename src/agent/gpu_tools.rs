@@ -14,6 +14,7 @@
 //! ([`Checks`]).
 
 use crate::event::SessionState;
+use crate::tools::ToolName;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -92,7 +93,7 @@ async fn preflight(
 ) -> Result<Result<Vec<String>, ToolOutput>, ToolError> {
     if let Err(e) = real.protected.verify(&real.import_check.harness) {
         let why = format!("a protected harness file changed, so no result can be trusted: {e}");
-        return Err(ToolError::infra("validate", why, false));
+        return Err(ToolError::infra(ToolName::Validate.as_str(), why, false));
     }
     let classes = real
         .catalog
@@ -118,7 +119,7 @@ async fn imports(
         )))),
         ImportVerdict::Infrastructure(text) => {
             let why = format!("the import check could not run: {text}");
-            Err(ToolError::infra("validate", why, false))
+            Err(ToolError::infra(ToolName::Validate.as_str(), why, false))
         }
     }
 }
@@ -217,11 +218,13 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                     )))
                 }
                 Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled {
-                    tool: "validate".into(),
+                    tool: ToolName::Validate.as_str().into(),
                 }),
-                Err(f) if f.is_infrastructure() => {
-                    Err(ToolError::infra("validate", f.describe(), true))
-                }
+                Err(f) if f.is_infrastructure() => Err(ToolError::infra(
+                    ToolName::Validate.as_str(),
+                    f.describe(),
+                    true,
+                )),
                 Err(f) => {
                     let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
                     record_validation(&journal, &work, n, &v, gpu_s, sha);

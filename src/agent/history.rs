@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::event::{Kind, SessionResult};
 use crate::llm::{FunctionCall, function_call_output, function_calls};
 use crate::store::Event;
+use crate::tools::ToolName;
 
 /// What the output of a call interrupted by a restart says to the model.
 pub const INTERRUPTED_OUTPUT: &str = "interrupted: this tool call was started before fk-agentd restarted and was \
@@ -63,7 +64,7 @@ pub fn replay(events: &[Event]) -> Replay {
                 r.tokens += t.usage.total;
             }
             Kind::ToolStarted(t) => {
-                if t.name == "validate" {
+                if t.name == ToolName::Validate.as_str() {
                     validating = Some(t.call_id.clone());
                 }
                 started_calls.insert(t.call_id);

@@ -32,6 +32,7 @@ use crate::control::client::ControlClient;
 use crate::error::Error;
 use crate::report;
 use crate::target::Catalog;
+use crate::tools::ToolName;
 
 /// Runs the CLI with the process arguments and environment; returns the exit code.
 pub fn main() -> i32 {
@@ -177,17 +178,17 @@ async fn cmd_tool(tool: &args::ToolCommand, env: &Env) -> Result<i32, Error> {
     use args::ToolCommand;
     use serde_json::json;
     let (name, arguments) = match tool {
-        ToolCommand::Validate => ("validate", json!({})),
-        ToolCommand::ProfileNcu { args } => ("profile_ncu", json!({"args": args})),
-        ToolCommand::ProfileNsys { args } => ("profile_nsys", json!({"args": args})),
-        ToolCommand::Finish { summary } => ("finish", json!({"summary": summary})),
+        ToolCommand::Validate => (ToolName::Validate, json!({})),
+        ToolCommand::ProfileNcu { args } => (ToolName::ProfileNcu, json!({"args": args})),
+        ToolCommand::ProfileNsys { args } => (ToolName::ProfileNsys, json!({"args": args})),
+        ToolCommand::Finish { summary } => (ToolName::Finish, json!({"summary": summary})),
     };
     let (Some(socket), Some(token)) = (env.var(endpoint::SOCKET_ENV), env.var(endpoint::TOKEN_ENV))
     else {
         eprintln!("fk-agentd tool: {}", endpoint::EndpointError::NotInSession);
         return Ok(crate::exit::EXIT_UNAVAILABLE);
     };
-    match endpoint::call(socket, token, name, arguments).await {
+    match endpoint::call(socket, token, name.as_str(), arguments).await {
         Ok(reply) => {
             println!("{}", reply.text);
             Ok(reply.exit_code())

@@ -15,6 +15,7 @@ use serde::Serialize;
 use super::ScoringWord;
 use crate::event::{Kind, SessionFinished, SessionStatus, StatusWord, Validation};
 use crate::store::Event;
+use crate::tools::ToolName;
 
 /// How a session ended, from `session_finished` / `task_finished`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -219,13 +220,13 @@ impl Outcome {
                     let reason = t.result.reason.as_deref().or(t.reason.as_deref());
                     end = end_of(Some(&t.status), reason)
                 }
-                Kind::ToolStarted(t) if t.name == "validate" => {
+                Kind::ToolStarted(t) if t.name == ToolName::Validate.as_str() => {
                     current = Some(ValidateCall::default())
                 }
                 Kind::Validation(v) => {
                     current.get_or_insert_with(Default::default).validation = Some(v)
                 }
-                Kind::ToolFinished(t) if t.name == "validate" => {
+                Kind::ToolFinished(t) if t.name == ToolName::Validate.as_str() => {
                     let mut call = current.take().unwrap_or_default();
                     call.output = t.output;
                     last = Some(call);

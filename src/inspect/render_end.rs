@@ -8,6 +8,7 @@ use super::leases::{LeaseEnd, LeaseView};
 use super::outcome::{SessionEnd, Verdict};
 use super::render::{CYAN, GREEN, Out, RED, YELLOW, clip, group};
 use super::view::SessionView;
+use crate::tools::ToolName;
 
 /// `lease validate · GPU-… · queued 0.2 s · ran 3.1 s · exit 0`, under the call that took it.
 pub(super) fn lease(out: &mut Out<'_>, l: &LeaseView) {
@@ -16,7 +17,7 @@ pub(super) fn lease(out: &mut Out<'_>, l: &LeaseView) {
     if l.self_test {
         head.push_str(" (noise self-test)");
     }
-    if l.during.as_deref() == Some("shell") && !l.argv.is_empty() {
+    if l.during.as_deref() == Some(ToolName::Shell.as_str()) && !l.argv.is_empty() {
         head.push_str(&format!(
             " from the shell ({})",
             clip(&l.argv.join(" "), 60)

@@ -19,6 +19,7 @@ use crate::event::{
 };
 use crate::store::Event;
 use crate::tools::CallArgs;
+use crate::tools::ToolName;
 
 /// One session, ready to render as text or HTML.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -186,7 +187,7 @@ impl Builder {
                 // The open `validate` call, else the last open one: a codex session's shell
                 // command that runs `fk-agentd tool validate` may be recorded after the
                 // `validate` call it made, and is open as well.
-                if let Some(call) = self.open_call_named("validate") {
+                if let Some(call) = self.open_call_named(ToolName::Validate.as_str()) {
                     call.validation = Some(v);
                 } else if let Some(call) = self.open_call(None) {
                     call.validation = Some(v);

@@ -18,6 +18,7 @@ use crate::event::{
     CodexError, CodexEvent, CodexItem, CodexOutput, CodexThread, ModelItem, Payload, ToolFinished,
     ToolStarted,
 };
+use crate::tools::ToolName;
 
 /// What the runner must act on, beside recording.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,7 +145,7 @@ impl Translator {
             }
             "command_execution" => {
                 let args = json!({"cmd": item["command"]}).to_string();
-                self.call_started(&id, "shell", &args, out);
+                self.call_started(&id, ToolName::Shell.as_str(), &args, out);
                 if completed {
                     let code = item["exit_code"].as_i64();
                     let failed = item["status"] != "completed" || code.is_some_and(|c| c != 0);
@@ -156,13 +157,13 @@ impl Translator {
                         "{head}\nOutput:\n{}",
                         item["aggregated_output"].as_str().unwrap_or("")
                     );
-                    self.call_finished(&id, "shell", output, failed, out);
+                    self.call_finished(&id, ToolName::Shell.as_str(), output, failed, out);
                 }
             }
             "file_change" if completed => {
                 let changes = item["changes"].clone();
                 let args = json!({"changes": changes}).to_string();
-                self.call_started(&id, "apply_patch", &args, out);
+                self.call_started(&id, ToolName::ApplyPatch.as_str(), &args, out);
                 let lines: Vec<String> = changes
                     .as_array()
                     .into_iter()
@@ -173,7 +174,13 @@ impl Translator {
                     })
                     .collect();
                 let failed = item["status"] != "completed";
-                self.call_finished(&id, "apply_patch", lines.join("\n"), failed, out);
+                self.call_finished(
+                    &id,
+                    ToolName::ApplyPatch.as_str(),
+                    lines.join("\n"),
+                    failed,
+                    out,
+                );
             }
             "error" if completed => {
                 let msg = item["message"].as_str().unwrap_or("").to_string();
