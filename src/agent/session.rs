@@ -490,7 +490,6 @@ async fn run_call(
         slot: &s.slot,
         llm: &s.llm,
         journal: &s.journal,
-        strict: true,
     };
     tools.started(call, None)?;
     let output = match call_with_retries(&tools, call, cancel).await? {
@@ -533,20 +532,11 @@ pub(crate) struct ToolCalls<'a> {
     pub slot: &'a SessionSlot,
     pub llm: &'a LlmClient,
     pub journal: &'a SessionJournal,
-    /// Whether a failure to record a retry or an infrastructure failure, or to show the call's
-    /// state, ends the call with it.
-    pub strict: bool,
 }
 
+/// A failure to record a call's retry, its infrastructure failure or its state ends the call
+/// with that failure, in either backend (codex's is answered "cannot record the call").
 impl ToolCalls<'_> {
-    /// Codex's tool calls go on when a retry, failure or state cannot be recorded; native ones end.
-    fn keep<T>(&self, recorded: Result<T, RunError>) -> Result<(), RunError> {
-        match recorded {
-            Err(e) if self.strict => Err(e),
-            _ => Ok(()),
-        }
-    }
-
     /// Records `call` as started (`via` a route other than the model's own call) and shows it.
     pub(crate) fn started(&self, call: &FunctionCall, via: Option<&str>) -> Result<(), RunError> {
         self.journal.record_event(&ToolStarted {
@@ -567,7 +557,8 @@ impl ToolCalls<'_> {
 
     /// Publishes the session row with `state` and `last_event`.
     fn show(&self, state: SessionState, last_event: String) -> Result<(), RunError> {
-        self.keep(self.journal.update(state, |p| p.last_event = last_event))
+        self.journal.update(state, |p| p.last_event = last_event)?;
+        Ok(())
     }
 }
 
@@ -610,23 +601,23 @@ pub(crate) async fn call_with_retries(
         };
         if !e.is_retryable() || attempt >= INFRA_RETRIES {
             // The call stays recorded as started: on resume the model is told it was interrupted.
-            t.keep(t.journal.record_event(&ToolInfraError {
+            t.journal.record_event(&ToolInfraError {
                 call_id: call.call_id.clone(),
                 name: call.name.clone(),
                 why: e.to_string(),
-            }))?;
+            })?;
             let why = format!("infrastructure failure in {}: {e}", call.name);
             return Ok(CallEnd::Infra(why));
         }
         attempt += 1;
         let delay = Duration::from_secs(5 * u64::from(attempt));
-        t.keep(t.journal.record_event(&ToolInfraRetry {
+        t.journal.record_event(&ToolInfraRetry {
             call_id: call.call_id.clone(),
             name: call.name.clone(),
             attempt,
             why: e.to_string(),
             delay_s: delay.as_secs(),
-        }))?;
+        })?;
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = cancel.cancelled() => return Ok(CallEnd::StoppedWaiting),

@@ -94,7 +94,6 @@ impl SessionTools {
             slot: &self.slot,
             llm: &self.llm,
             journal: &self.journal,
-            strict: false,
         };
         if let Err(e) = tools.started(&call, Some("fk-agentd tool")) {
             return ToolReply::infra(format!("cannot record the call: {e}"));
@@ -109,7 +108,7 @@ impl SessionTools {
                 self.end_with(|end| end.infra = Some(why.clone()));
                 return ToolReply::infra(why);
             }
-            // Not strict: a failure to record is not an end.
+            // A failure to record ends this call, not the session: codex is told.
             Err(e) => return ToolReply::infra(format!("cannot record the call: {e}")),
         };
         if let Err(e) = tools.finished(&call, &output) {
