@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -155,39 +155,39 @@ pub(crate) struct LiveLease {
 type GrantTx = oneshot::Sender<Result<Vec<usize>, LeaseError>>;
 
 #[derive(Default)]
-pub(crate) struct State {
-    pub queue: Queue,
-    pub grants: HashMap<String, GrantTx>,
-    pub live: HashMap<String, LiveLease>,
-    pub inflight: HashMap<Key, watch::Sender<Option<LeaseOutcome>>>,
+pub(super) struct State {
+    pub(super) queue: Queue,
+    pub(super) grants: HashMap<String, GrantTx>,
+    pub(super) live: HashMap<String, LiveLease>,
+    pub(super) inflight: HashMap<Key, watch::Sender<Option<LeaseOutcome>>>,
 }
 
-pub(crate) struct Inner {
-    pub inventory: Inventory,
-    pub params: BrokerParams,
-    pub store: Store,
-    pub backend: Arc<dyn LeaseBackend>,
-    pub state: Mutex<State>,
-    pub tokens: TokenBook,
-    pub tracker: TaskTracker,
-    pub shutdown: CancellationToken,
-    pub samples: Mutex<Option<(Instant, GpuProcesses)>>,
-    watcher_stop: Arc<AtomicBool>,
+pub(super) struct Inner {
+    pub(super) inventory: Inventory,
+    pub(super) params: BrokerParams,
+    pub(super) store: Store,
+    pub(super) backend: Arc<dyn LeaseBackend>,
+    pub(super) state: Mutex<State>,
+    pub(super) tokens: TokenBook,
+    pub(super) tracker: TaskTracker,
+    pub(super) shutdown: CancellationToken,
+    pub(super) samples: Mutex<Option<(Instant, GpuProcesses)>>,
     next_id: AtomicU64,
     /// Makes lease ids unique across brokers on one host (their lease-id tags must not meet).
     id_salt: u32,
 }
 
+/// A broker dropped without [`Broker::shutdown`] still stops its GPU watcher and its tasks.
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.watcher_stop.store(true, Ordering::Relaxed);
+        self.shutdown.cancel();
     }
 }
 
 /// The lease broker. Cheap to clone; all clones share one queue.
 #[derive(Clone)]
 pub struct Broker {
-    pub(crate) inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -253,7 +253,6 @@ impl Broker {
             tracker: TaskTracker::new(),
             shutdown: CancellationToken::new(),
             samples: Mutex::new(None),
-            watcher_stop: Arc::new(AtomicBool::new(false)),
             next_id: AtomicU64::new(1),
             id_salt: rand::random(),
         });
@@ -270,8 +269,8 @@ impl Broker {
                 .iter()
                 .map(|g| g.uuid.clone())
                 .collect();
-            // The thread ends on its own once `watcher_stop` is set (when the broker drops).
-            health::spawn_watcher(nvml, uuids, inner.watcher_stop.clone(), report);
+            // The thread ends once the broker shuts down or drops.
+            health::spawn_watcher(nvml, uuids, inner.shutdown.clone(), report);
         }
         if let Some(every) = inner.backend.health_every() {
             super::admin::watch_nodes(&inner, every);
@@ -301,7 +300,7 @@ impl Broker {
         &self.inner.params
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         crate::sync::guard(&self.inner.state)
     }
 
@@ -396,7 +395,7 @@ impl Broker {
         self.schedule_locked(&mut st);
     }
 
-    pub(crate) fn schedule_locked(&self, st: &mut State) {
+    pub(super) fn schedule_locked(&self, st: &mut State) {
         let limit = self.inner.params.session_limits.map(|l| l.running);
         for d in st.queue.schedule(Instant::now(), limit) {
             match d {

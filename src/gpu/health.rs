@@ -6,7 +6,6 @@
 //! NVIDIA's k8s device plugin makes).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -45,12 +44,13 @@ pub fn classify_xid(event: &GpuEvent) -> XidDisposition {
     }
 }
 
-/// Watches NVML events on every GPU on a plain thread (NVML's wait blocks) until `stop`.
+/// Watches NVML events on every GPU on a plain thread (NVML's wait blocks) until `stop` is
+/// cancelled.
 /// Each event goes to `report(uuid, event)`.
 pub(crate) fn spawn_watcher(
     nvml: Arc<Nvml>,
     uuids: Vec<String>,
-    stop: Arc<AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
     report: Arc<dyn Fn(String, GpuEvent) + Send + Sync>,
 ) {
     let builder = std::thread::Builder::new().name("fk-nvml-events".into());
@@ -72,7 +72,7 @@ pub(crate) fn spawn_watcher(
                 }
             };
         }
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_cancelled() {
             let Ok(ev) = set.wait(500) else { continue };
             let Ok(uuid) = ev.device.uuid() else { continue };
             let event = if ev.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
