@@ -27,7 +27,7 @@ use crate::score::confirmation::{
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};
 use crate::score::json_file::write_json;
-use crate::score::pipeline::{MixParams, bench_alone, score_mix};
+use crate::score::pipeline::{Alone, MixParams, bench_alone, score_mix};
 use crate::score::stage::{RunSummary, StageReport};
 use crate::target::TargetId;
 
@@ -80,16 +80,13 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
     pub async fn standalone(&self, targets: &[TargetId]) -> Result<StageReport, ScoreError> {
         let dir = self.dir.join("standalone");
         let folder = |t: &TargetId, p: &Path| self.folder(p, std::slice::from_ref(t));
-        let mut stage = bench_alone(
-            self.driver,
+        let alone = Alone {
             targets,
-            &dir,
-            &self.gate,
-            1,
-            self.cancel,
-            folder,
-        )
-        .await?;
+            dir: &dir,
+            gate: &self.gate,
+            repeats: 1,
+        };
+        let mut stage = bench_alone(self.driver, alone, self.cancel, folder).await?;
         if let Some(judges) = self
             .judges
             .as_ref()

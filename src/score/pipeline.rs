@@ -144,36 +144,30 @@ pub fn by_level(targets: &[TargetId]) -> BTreeMap<u8, Vec<TargetId>> {
     out
 }
 
-/// Benches every candidate alone (in a private folder holding only it and its helpers),
-/// `repeats` times each (`<dir>/L<n>_<stem>/` for one, `…/rep-<k>/` for more).
-pub async fn score_standalone<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    set: &CandidateSet,
-    dir: &Path,
-    gate: &WinnerGate,
-    repeats: usize,
-    cancel: &CancellationToken,
-) -> Result<StageReport, ScoreError> {
-    let materialize =
-        |t: &TargetId, p: &Path| set.materialize(std::slice::from_ref(t), p).map(drop);
-    let targets = set.targets();
-    let mut stage = bench_alone(driver, &targets, dir, gate, repeats, cancel, materialize).await?;
-    stage.gate.verdicts.sort_by(|a, b| a.target.cmp(&b.target));
-    write_json(&dir.join("gate.json"), &stage)?;
-    Ok(stage)
+/// What [`bench_alone`] benches: each of `targets` alone, `repeats` times, under `dir`, each
+/// judged with `gate`.
+pub(crate) struct Alone<'a> {
+    pub targets: &'a [TargetId],
+    pub dir: &'a Path,
+    pub gate: &'a WinnerGate,
+    pub repeats: usize,
 }
 
-/// Benches each of `targets` alone, `repeats` times, from `<dir>/L<n>_<stem>/candidate/`
-/// (filled by `materialize`), and judges each with `gate`, in the order of `targets`.
+/// Benches each target of `alone` from `<dir>/L<n>_<stem>/candidate/` (filled by
+/// `materialize`; `<dir>/L<n>_<stem>/` for one repeat, `…/rep-<k>/` for more), and judges
+/// each, in the order of its targets.
 pub(crate) async fn bench_alone<L: BenchLauncher>(
     driver: &BenchDriver<L>,
-    targets: &[TargetId],
-    dir: &Path,
-    gate: &WinnerGate,
-    repeats: usize,
+    alone: Alone<'_>,
     cancel: &CancellationToken,
     materialize: impl Fn(&TargetId, &Path) -> Result<(), ScoreError>,
 ) -> Result<StageReport, ScoreError> {
+    let Alone {
+        targets,
+        dir,
+        gate,
+        repeats,
+    } = alone;
     let repeats = repeats.max(1);
     let mut reqs = Vec::new();
     for t in targets {
@@ -302,7 +296,13 @@ pub async fn score_candidates<L: BenchLauncher>(
         )));
     }
     let gen_dir = generation(params)?;
-    score_set(driver, params, set, gen_dir, progress, cancel).await
+    let scoring = Scoring {
+        driver,
+        params,
+        progress,
+        cancel,
+    };
+    scoring.score_set(set, gen_dir).await
 }
 
 /// The generation `params` names, else a new one under `params.out`.
@@ -341,151 +341,161 @@ pub async fn score_run<L: BenchLauncher>(
         earlier: earlier_benches(&sessions),
         ..params.clone()
     };
-    score_set(driver, &params, set, gen_dir, progress, cancel).await
-}
-
-async fn score_set<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    params: &ScoreParams,
-    set: CandidateSet,
-    gen_dir: PathBuf,
-    progress: &dyn ScoreProgress,
-    cancel: &CancellationToken,
-) -> Result<ScoreReport, ScoreError> {
-    let mut report = ScoreReport {
-        candidates_dir: params.candidates.clone(),
-        generation: gen_dir.clone(),
-        mode: params.mode,
-        simulated: false,
-        checkout: driver.checkout().clone(),
-        candidates: set.candidates.len(),
-        standalone: None,
-        composed: None,
-        final_set: None,
-        repeats: params.repeats.max(1),
-        noise_floor: None,
-        timing: driver.timing(),
-        calibration: None,
-        node_calibrations: Vec::new(),
-        incomplete: Vec::new(),
+    let scoring = Scoring {
+        driver,
+        params: &params,
+        progress,
+        cancel,
     };
-    let judges =
-        calibrate_for_score(driver, params, &gen_dir, progress, &mut report, cancel).await?;
-    if !report.incomplete.is_empty() {
-        write_json(&gen_dir.join("score.json"), &report)?;
-        return Ok(report);
-    }
-    if params.noise_sample > 0 {
-        let picked = sample(&set.targets(), params.noise_sample);
-        progress.started(Stage::NoiseFloor, picked.len());
-        let floor = noise_floor(driver, &picked, &gen_dir.join("noise"), cancel).await;
-        progress.finished(Stage::NoiseFloor, 0, floor.rows);
-        report.simulated |= floor.simulated;
-        report.noise_floor = Some(floor);
-    }
-    let mut pool: Vec<TargetId> = set.targets();
-    if params.mode != ScoreMode::Composed {
-        let stage = Standalone {
-            driver,
-            params,
-            set: &set,
-            dir: gen_dir.join("ind/standalone"),
-            progress,
-            cancel,
-        };
-        let stage = stage.run(judges.as_ref()).await?;
-        pool = stage.gate.winners().map(|v| v.target.clone()).collect();
-        report.incomplete.extend(stage.infrastructure_failures());
-        report.simulated |= stage.simulated;
-        report.standalone = Some(stage);
-    }
-    let win_dir = gen_dir.join("ind/win_candidates");
-    set.materialize(&pool, &win_dir)?;
-    if params.mode != ScoreMode::Standalone && !pool.is_empty() {
-        progress.started(Stage::Composed, by_level(&pool).len());
-        let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
-        progress.finished(Stage::Composed, stage.gate.winner_count(), pool.len());
-        report.incomplete.extend(stage.infrastructure_failures());
-        report.simulated |= stage.simulated;
-        report.composed = Some(stage);
-    }
-    if report.incomplete.is_empty() {
-        let source = SetSource {
-            standalone: report.standalone.as_ref(),
-            composed: report.composed.as_ref(),
-            generation: &report.generation,
-            mode: report.mode,
-            simulated: report.simulated,
-            checkout: &report.checkout,
-        };
-        report.final_set = Some(build_final_set(&set, &source, &params.set_name, &win_dir)?);
-    }
-    write_json(&gen_dir.join("score.json"), &report)?;
-    Ok(report)
+    scoring.score_set(set, gen_dir).await
 }
 
-/// The A/A calibration of a score under the confirmed gate (one, or one per node) and the
-/// rules on it, kept in `report`; `None` under another gate, or with the failure in
-/// `report.incomplete` when a calibration measured no spread.
-async fn calibrate_for_score<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    params: &ScoreParams,
-    gen_dir: &Path,
-    progress: &dyn ScoreProgress,
-    report: &mut ScoreReport,
-    cancel: &CancellationToken,
-) -> Result<Option<Judges>, ScoreError> {
-    if params.gate.kind != GateKind::Confirmed || params.mode == ScoreMode::Composed {
-        return Ok(None);
-    }
-    let plan = match &params.calibration {
-        Some(plan) => plan.clone(),
-        None => plan_for(driver, &gen_dir.join("calibration"), true),
-    };
-    let nodes = plan.per_node(&driver.launcher().nodes()).len();
-    let planned = nodes * plan.targets.len() * plan.benches;
-    progress.started(Stage::Calibration, planned);
-    let work = gen_dir.join("calibration");
-    let (cs, judges) = calibrated_judges(driver, &plan, &work, &params.gate, cancel).await?;
-    let benches = cs.iter().map(|(_, c)| c.benches.len()).sum();
-    progress.finished(Stage::Calibration, 0, benches);
-    let mut failures = Vec::new();
-    for (node, c) in cs {
-        report.simulated |= c.simulated;
-        failures.extend(c.benches.iter().filter_map(|b| b.failure.clone()));
-        match node {
-            Some(_) => report.node_calibrations.push(c),
-            None => report.calibration = Some(c),
-        }
-    }
-    if judges.is_none() {
-        report.incomplete.push(format!(
-            "the A/A calibration gave too few benches to measure a spread ({})",
-            failures.join("; ")
-        ));
-    }
-    Ok(judges)
-}
-
-/// The standalone stage of a score: each candidate benched alone, screened, gated, and under
-/// the confirmed gate benched again until decided (`<dir>/gate.json`).
-struct Standalone<'a, L> {
+/// One score's parts: the driver its benches run through, its parameters, whom it tells of
+/// its progress and what cancels it.
+struct Scoring<'a, L> {
     driver: &'a BenchDriver<L>,
     params: &'a ScoreParams,
-    set: &'a CandidateSet,
-    dir: PathBuf,
     progress: &'a dyn ScoreProgress,
     cancel: &'a CancellationToken,
 }
 
-impl<L: BenchLauncher> Standalone<'_, L> {
-    async fn run(&self, judges: Option<&Judges>) -> Result<StageReport, ScoreError> {
-        let (p, set, dir) = (self.params, self.set, &self.dir);
+impl<L: BenchLauncher> Scoring<'_, L> {
+    async fn score_set(
+        &self,
+        set: CandidateSet,
+        gen_dir: PathBuf,
+    ) -> Result<ScoreReport, ScoreError> {
+        let (driver, params, progress, cancel) =
+            (self.driver, self.params, self.progress, self.cancel);
+        let mut report = ScoreReport {
+            candidates_dir: params.candidates.clone(),
+            generation: gen_dir.clone(),
+            mode: params.mode,
+            simulated: false,
+            checkout: driver.checkout().clone(),
+            candidates: set.candidates.len(),
+            standalone: None,
+            composed: None,
+            final_set: None,
+            repeats: params.repeats.max(1),
+            noise_floor: None,
+            timing: driver.timing(),
+            calibration: None,
+            node_calibrations: Vec::new(),
+            incomplete: Vec::new(),
+        };
+        let judges = self.calibrate(&gen_dir, &mut report).await?;
+        if !report.incomplete.is_empty() {
+            write_json(&gen_dir.join("score.json"), &report)?;
+            return Ok(report);
+        }
+        if params.noise_sample > 0 {
+            let picked = sample(&set.targets(), params.noise_sample);
+            progress.started(Stage::NoiseFloor, picked.len());
+            let floor = noise_floor(driver, &picked, &gen_dir.join("noise"), cancel).await;
+            progress.finished(Stage::NoiseFloor, 0, floor.rows);
+            report.simulated |= floor.simulated;
+            report.noise_floor = Some(floor);
+        }
+        let mut pool: Vec<TargetId> = set.targets();
+        if params.mode != ScoreMode::Composed {
+            let dir = gen_dir.join("ind/standalone");
+            let stage = self.standalone(&set, &dir, judges.as_ref()).await?;
+            pool = stage.gate.winners().map(|v| v.target.clone()).collect();
+            report.incomplete.extend(stage.infrastructure_failures());
+            report.simulated |= stage.simulated;
+            report.standalone = Some(stage);
+        }
+        let win_dir = gen_dir.join("ind/win_candidates");
+        set.materialize(&pool, &win_dir)?;
+        if params.mode != ScoreMode::Standalone && !pool.is_empty() {
+            progress.started(Stage::Composed, by_level(&pool).len());
+            let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
+            progress.finished(Stage::Composed, stage.gate.winner_count(), pool.len());
+            report.incomplete.extend(stage.infrastructure_failures());
+            report.simulated |= stage.simulated;
+            report.composed = Some(stage);
+        }
+        if report.incomplete.is_empty() {
+            let source = SetSource {
+                standalone: report.standalone.as_ref(),
+                composed: report.composed.as_ref(),
+                generation: &report.generation,
+                mode: report.mode,
+                simulated: report.simulated,
+                checkout: &report.checkout,
+            };
+            report.final_set = Some(build_final_set(&set, &source, &params.set_name, &win_dir)?);
+        }
+        write_json(&gen_dir.join("score.json"), &report)?;
+        Ok(report)
+    }
+
+    /// The A/A calibration of a score under the confirmed gate (one, or one per node) and the
+    /// rules on it, kept in `report`; `None` under another gate, or with the failure in
+    /// `report.incomplete` when a calibration measured no spread.
+    async fn calibrate(
+        &self,
+        gen_dir: &Path,
+        report: &mut ScoreReport,
+    ) -> Result<Option<Judges>, ScoreError> {
+        let (driver, params, progress, cancel) =
+            (self.driver, self.params, self.progress, self.cancel);
+        if params.gate.kind != GateKind::Confirmed || params.mode == ScoreMode::Composed {
+            return Ok(None);
+        }
+        let plan = match &params.calibration {
+            Some(plan) => plan.clone(),
+            None => plan_for(driver, &gen_dir.join("calibration"), true),
+        };
+        let nodes = plan.per_node(&driver.launcher().nodes()).len();
+        let planned = nodes * plan.targets.len() * plan.benches;
+        progress.started(Stage::Calibration, planned);
+        let work = gen_dir.join("calibration");
+        let (cs, judges) = calibrated_judges(driver, &plan, &work, &params.gate, cancel).await?;
+        let benches = cs.iter().map(|(_, c)| c.benches.len()).sum();
+        progress.finished(Stage::Calibration, 0, benches);
+        let mut failures = Vec::new();
+        for (node, c) in cs {
+            report.simulated |= c.simulated;
+            failures.extend(c.benches.iter().filter_map(|b| b.failure.clone()));
+            match node {
+                Some(_) => report.node_calibrations.push(c),
+                None => report.calibration = Some(c),
+            }
+        }
+        if judges.is_none() {
+            report.incomplete.push(format!(
+                "the A/A calibration gave too few benches to measure a spread ({})",
+                failures.join("; ")
+            ));
+        }
+        Ok(judges)
+    }
+
+    /// The standalone stage of a score: each candidate benched alone (`repeats` times), screened,
+    /// gated, and under the confirmed gate benched again until decided (`<dir>/gate.json`).
+    async fn standalone(
+        &self,
+        set: &CandidateSet,
+        dir: &Path,
+        judges: Option<&Judges>,
+    ) -> Result<StageReport, ScoreError> {
+        let p = self.params;
         let benches = set.candidates.len() * p.repeats.max(1);
         self.progress.started(Stage::Standalone, benches);
         let gate = &p.gate;
-        let mut stage =
-            score_standalone(self.driver, set, dir, gate, p.repeats, self.cancel).await?;
+        let targets = set.targets();
+        let alone = Alone {
+            targets: &targets,
+            dir,
+            gate,
+            repeats: p.repeats,
+        };
+        let materialize =
+            |t: &TargetId, p: &Path| set.materialize(std::slice::from_ref(t), p).map(drop);
+        let mut stage = bench_alone(self.driver, alone, self.cancel, materialize).await?;
+        stage.gate.verdicts.sort_by(|a, b| a.target.cmp(&b.target));
         let flagged = screen_winners(set, &mut stage, &p.screen_waive);
         let judged = stage.gate.verdicts.len();
         self.progress
@@ -493,7 +503,7 @@ impl<L: BenchLauncher> Standalone<'_, L> {
         if gate.kind == GateKind::LowerBound {
             gate_on_lower_bound(&mut stage, gate.threshold);
         } else if let Some(judges) = judges {
-            self.confirm(judges, &flagged, &mut stage).await;
+            self.confirm(set, dir, judges, &flagged, &mut stage).await;
         }
         write_json(&dir.join("gate.json"), &stage)?;
         Ok(stage)
@@ -501,18 +511,25 @@ impl<L: BenchLauncher> Standalone<'_, L> {
 
     /// Benches the first-bench winners (and near misses) again until the confirmed gate
     /// decides each, by the rule of the node its first bench ran on.
-    async fn confirm(&self, judges: &Judges, flagged: &[TargetId], stage: &mut StageReport) {
+    async fn confirm(
+        &self,
+        set: &CandidateSet,
+        dir: &Path,
+        judges: &Judges,
+        flagged: &[TargetId],
+        stage: &mut StageReport,
+    ) {
         let p = self.params;
         let judging = Judging::of_stage(judges, stage);
         let mut contenders = contenders(&stage.gate.verdicts, &judging, &p.earlier);
         // A winner the screen took the win from is not benched again.
         contenders.retain(|c| !flagged.contains(&c.target));
-        screen_contenders(self.set, stage, &mut contenders, &p.screen_waive);
+        screen_contenders(set, stage, &mut contenders, &p.screen_waive);
         settle_first_benches(&mut stage.gate.verdicts, &contenders, &judging, &p.earlier);
         let benched_again = contenders.len();
         self.progress
             .started(Stage::Confirmation, benched_again * p.gate.confirm);
-        confirm_winners(self.driver, &self.dir, stage, contenders, self.cancel).await;
+        confirm_winners(self.driver, dir, stage, contenders, self.cancel).await;
         self.progress.finished(
             Stage::Confirmation,
             stage.gate.winner_count(),
