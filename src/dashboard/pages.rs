@@ -85,6 +85,21 @@ pub fn fmt_secs(s: f64) -> String {
     }
 }
 
+/// The overview's ETA: the median time left and its 80 % band where the band has a width, or
+/// why there is none yet.
+pub fn eta_words(view: &RunView) -> String {
+    let secs = |d: std::time::Duration| fmt_secs(d.as_secs_f64());
+    match view.eta() {
+        Some(e) if e.low != e.high => {
+            let (median, low, high) = (secs(e.median), secs(e.low), secs(e.high));
+            format!("ETA {median} ({low}–{high})")
+        }
+        Some(e) => format!("ETA {}", secs(e.median)),
+        None if view.run.is_running() => "ETA after the first session ends".into(),
+        None => format!("ETA — (run {})", view.run.status),
+    }
+}
+
 /// A link to a page of the dashboard, keeping the run the user picked.
 fn href(path: &str, run: Option<&str>, extra: &[(&str, &str)]) -> String {
     let mut q: Vec<String> = run
@@ -217,7 +232,7 @@ pub async fn overview(
                 html! { (view.gpu_count()) " GPUs · " (view.leases.len()) " leases · "
                     (format!("{:.1}", view.gpu_seconds_held())) " GPU-s held" }))
             (card("card-elapsed", "Elapsed", html! { (fmt_secs(view.elapsed_s())) },
-                html! { "ETA " @match view.eta() { Some(e) => { (fmt_secs(e.median.as_secs_f64())) @if e.low != e.high { " (" (fmt_secs(e.low.as_secs_f64())) "–" (fmt_secs(e.high.as_secs_f64())) ")" } }, None => { @if view.run.is_running() { "after the first session ends" } @else { "— (run " (view.run.status) ")" } } } }))
+                html! { (eta_words(&view)) }))
         }
         p.outcomes id="outcomes" { (OutcomeTally::of(view.tally.outcomes.values()).line()) }
         div.progress title=(format!("{} of {} sessions ended", c.ended, c.targets)) {

@@ -601,6 +601,78 @@ fn the_lease_timeline_draws_lanes_bars_kills_and_drains() {
     insta::assert_snapshot!(svg::timeline(&view).into_string().replace("><", ">\n<"));
 }
 
+/// The overview's ETA gives its band while sessions of different lengths have ended, and says
+/// why there is none before the first session ends and once the run is over.
+#[test]
+fn the_eta_shows_its_band_or_why_there_is_none() {
+    use fk_agentd::event::{RunState, SessionState};
+    let start = "2000-01-01T00:00:00.000Z";
+    let targets: Vec<String> = (0..12).map(|i| format!("L1/t{i:02}")).collect();
+    // Four sessions ended after 60, 120, 180 and 240 s; four run since the start; four wait.
+    let row = |i: usize, state: SessionState, updated: String| SessionRow {
+        run_id: RUN.into(),
+        target: targets[i].clone(),
+        state,
+        detail: Default::default(),
+        updated_at: updated,
+    };
+    let mut sessions = Vec::new();
+    let mut tally = Tally::default();
+    for i in 0..8 {
+        tally.session_started.insert(targets[i].clone(), at(start));
+        let (state, updated) = match i {
+            0..4 => (
+                SessionState::Finished,
+                format!("2000-01-01T00:0{}:00.000Z", i + 1),
+            ),
+            _ => (SessionState::Running, start.to_string()),
+        };
+        sessions.push(row(i, state, updated));
+    }
+    for i in 8..12 {
+        sessions.push(row(i, SessionState::Queued, start.to_string()));
+    }
+    let run = RunRow {
+        id: RUN.into(),
+        started_at: start.into(),
+        finished_at: None,
+        status: RunState::Running,
+        mode: fk_agentd::run::Mode::Independent,
+        targets,
+        simulated: true,
+        pid: None,
+    };
+    let mut view = RunView {
+        run,
+        sessions,
+        tally,
+        leases: Vec::new(),
+        drains: Vec::new(),
+        now: at("2000-01-01T00:05:00.000Z"),
+    };
+    let words = fk_agentd::dashboard::pages::eta_words(&view);
+    let e = view.eta().expect("an estimate once sessions have ended");
+    assert!(e.low < e.median && e.median < e.high, "{e:?}");
+    let band = |d: std::time::Duration| fk_agentd::dashboard::pages::fmt_secs(d.as_secs_f64());
+    let expected = format!("ETA {} ({}–{})", band(e.median), band(e.low), band(e.high));
+    assert_eq!(words, expected);
+    for s in &mut view.sessions {
+        if s.state == SessionState::Finished {
+            s.state = SessionState::Running;
+        }
+    }
+    assert_eq!(
+        fk_agentd::dashboard::pages::eta_words(&view),
+        "ETA after the first session ends"
+    );
+    view.run.status = RunState::Finished;
+    view.run.finished_at = Some("2000-01-01T00:06:00.000Z".into());
+    assert_eq!(
+        fk_agentd::dashboard::pages::eta_words(&view),
+        "ETA — (run finished)"
+    );
+}
+
 fn env_in(dir: &Path) -> fk_agentd::config::Env {
     fk_agentd::config::Env {
         fk_agentd_home: None,
