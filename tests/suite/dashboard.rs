@@ -609,28 +609,28 @@ fn the_eta_shows_its_band_or_why_there_is_none() {
     let start = "2000-01-01T00:00:00.000Z";
     let targets: Vec<String> = (0..12).map(|i| format!("L1/t{i:02}")).collect();
     // Four sessions ended after 60, 120, 180 and 240 s; four run since the start; four wait.
-    let row = |i: usize, state: SessionState, updated: String| SessionRow {
+    let row = |target: &String, state: SessionState, updated: String| SessionRow {
         run_id: RUN.into(),
-        target: targets[i].clone(),
+        target: target.clone(),
         state,
         detail: Default::default(),
         updated_at: updated,
     };
     let mut sessions = Vec::new();
     let mut tally = Tally::default();
-    for i in 0..8 {
-        tally.session_started.insert(targets[i].clone(), at(start));
+    for (i, target) in targets.iter().enumerate() {
         let (state, updated) = match i {
             0..4 => (
                 SessionState::Finished,
                 format!("2000-01-01T00:0{}:00.000Z", i + 1),
             ),
-            _ => (SessionState::Running, start.to_string()),
+            4..8 => (SessionState::Running, start.to_string()),
+            _ => (SessionState::Queued, start.to_string()),
         };
-        sessions.push(row(i, state, updated));
-    }
-    for i in 8..12 {
-        sessions.push(row(i, SessionState::Queued, start.to_string()));
+        if state != SessionState::Queued {
+            tally.session_started.insert(target.clone(), at(start));
+        }
+        sessions.push(row(target, state, updated));
     }
     let run = RunRow {
         id: RUN.into(),
