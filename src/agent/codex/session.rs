@@ -142,26 +142,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
     if let Some(end) = End::recorded_final(&before.replay) {
         return Ok(end);
     }
-    if before.replay.started {
-        j.record_event(&SessionResumed {
-            turns: before.replay.turns,
-            thread_id: Some(before.thread.clone()),
-            backend: Some("codex".into()),
-            ..SessionResumed::default()
-        })?;
-    } else {
-        j.record_event(&SessionStarted {
-            prompt_sha256: crate::digest::sha256_hex(s.prompt.as_bytes()),
-            backend: Some("codex".into()),
-            codex_version: Some(inner.bin.version.clone()),
-            ..SessionStarted::default()
-        })?;
-        j.record_event(&UserMessage {
-            item: user_message(&s.prompt),
-            nudge: None,
-        })?;
-    }
-    show_replay(j, &before.replay)?;
+    record_start(inner, s, &before)?;
     let llm = &inner.agent.llm;
     // The token is read again before every session (and every resume of one).
     if let Some(end) = token_at_start(j, llm).await? {
@@ -181,14 +162,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         config_toml: config,
     })?;
     let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| io(e.to_string()))?;
-    let mut env = s.env.clone();
-    let codex_home = s.layout.codex_home.display().to_string();
-    env.insert("CODEX_HOME".into(), codex_home.clone());
-    // codex's own helpers (its shell snapshot) read rc files under HOME: not the workspace.
-    env.insert("HOME".into(), codex_home);
-    env.insert(endpoint::SOCKET_ENV.into(), ep.socket_env());
-    env.insert(endpoint::TOKEN_ENV.into(), ep.token().to_string());
-    env.insert(relay::KEY_ENV.into(), relay.key().to_string());
+    let env = codex_env(s, &ep, &relay);
     let mut translator = Translator::resume(before.replay.turns);
     let mut thread = before.thread.clone();
     let mut next = (thread.is_some() && before.replay.started).then(|| RESUMED.to_string());
@@ -201,15 +175,7 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             (Some(text), Some(id)) => (exec_args(Some(id)), text.clone()),
             _ => (exec_args(None), s.prompt.clone()),
         };
-        let process = CodexProcess::spawn(Spawn {
-            binary: inner.bin.path.clone(),
-            args,
-            cwd: s.tools.toolbox.workspace().scratch_dir().to_path_buf(),
-            env: env.clone(),
-            stdin,
-            confinement: inner.own.clone(),
-        });
-        let process = match process {
+        let process = match spawn(inner, s, &env, args, stdin) {
             Ok(p) => p,
             Err(e) => return Ok(End::infra(format!("cannot start codex: {e}"))),
         };
@@ -276,6 +242,64 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             }
         }
     }
+}
+
+/// Records the session's start (its prompt as the first user message) or its resume, and
+/// shows what a resume replays.
+fn record_start(inner: &Inner, s: &Prepared, before: &Before) -> Result<(), RunError> {
+    let j = &s.tools.journal;
+    if before.replay.started {
+        j.record_event(&SessionResumed {
+            turns: before.replay.turns,
+            thread_id: Some(before.thread.clone()),
+            backend: Some("codex".into()),
+            ..SessionResumed::default()
+        })?;
+    } else {
+        j.record_event(&SessionStarted {
+            prompt_sha256: crate::digest::sha256_hex(s.prompt.as_bytes()),
+            backend: Some("codex".into()),
+            codex_version: Some(inner.bin.version.clone()),
+            ..SessionStarted::default()
+        })?;
+        j.record_event(&UserMessage {
+            item: user_message(&s.prompt),
+            nudge: None,
+        })?;
+    }
+    show_replay(j, &before.replay)
+}
+
+/// codex's environment: the session's, with its own home, the tool endpoint's socket and
+/// token, and the relay's key (never the provider's token).
+fn codex_env(s: &Prepared, ep: &Endpoint, relay: &Relay) -> BTreeMap<String, String> {
+    let mut env = s.env.clone();
+    let codex_home = s.layout.codex_home.display().to_string();
+    env.insert("CODEX_HOME".into(), codex_home.clone());
+    // codex's own helpers (its shell snapshot) read rc files under HOME: not the workspace.
+    env.insert("HOME".into(), codex_home);
+    env.insert(endpoint::SOCKET_ENV.into(), ep.socket_env());
+    env.insert(endpoint::TOKEN_ENV.into(), ep.token().to_string());
+    env.insert(relay::KEY_ENV.into(), relay.key().to_string());
+    env
+}
+
+/// Starts one `codex exec` in the session's scratch folder, confined as codex is.
+fn spawn(
+    inner: &Inner,
+    s: &Prepared,
+    env: &BTreeMap<String, String>,
+    args: Vec<String>,
+    stdin: String,
+) -> std::io::Result<CodexProcess> {
+    CodexProcess::spawn(Spawn {
+        binary: inner.bin.path.clone(),
+        args,
+        cwd: s.tools.toolbox.workspace().scratch_dir().to_path_buf(),
+        env: env.clone(),
+        stdin,
+        confinement: inner.own.clone(),
+    })
 }
 
 /// The session's relay: the campaign's client, its events recorded in the session's journal,
