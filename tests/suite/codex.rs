@@ -96,30 +96,31 @@ fn events_of(home: &Path, target: &str) -> Vec<Event> {
     store.events(&run, Some(target), 0).unwrap()
 }
 
+/// Runs `start --sim --agent-backend codex` over `targets` in `home`, within `secs`; its
+/// stdout, once it has passed.
+fn simulated_codex_campaign(home: &std::path::Path, targets: &str, secs: u64) -> String {
+    let out = fk(home)
+        .args(["start", "--sim", "--agent-backend", "codex", "--targets"])
+        .arg(targets)
+        .timeout(Duration::from_secs(secs))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 #[test]
 fn codex_runs_a_shell_command_then_validate_then_finish_through_fk_agentd() {
     if codex_binary().is_none() {
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let out = fk(home.path())
-        .args([
-            "start",
-            "--sim",
-            "--agent-backend",
-            "codex",
-            "--targets",
-            "L1/gelu",
-        ])
-        .timeout(Duration::from_secs(300))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    simulated_codex_campaign(home.path(), "L1/gelu", 300);
 
     let sessions = fk(home.path())
         .args(["sessions", "--json"])
@@ -256,24 +257,7 @@ fn the_simulated_campaign_with_the_codex_backend_finishes_over_l1_labelled_simul
         return;
     }
     let home = tempfile::tempdir().unwrap();
-    let out = fk(home.path())
-        .args([
-            "start",
-            "--sim",
-            "--agent-backend",
-            "codex",
-            "--targets",
-            "L1",
-        ])
-        .timeout(Duration::from_secs(600))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = simulated_codex_campaign(home.path(), "L1", 600);
     assert!(stdout.contains("SIMULATED RUN: "), "{stdout}");
     assert!(stdout.contains("status    PASS"), "{stdout}");
     let manifest = fk(home.path())

@@ -17,40 +17,11 @@ use fk_agentd::facts::{
 use fk_agentd::harness::patches::{AppliedPatch, CheckResult, GrepCheck, PreparedHarness};
 use fk_agentd::manifest::{self, MANIFEST_JSON, MANIFEST_MD};
 use fk_agentd::run::RunJournal;
-use fk_agentd::scheduler::{
-    SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
-};
-use fk_agentd::target::{Catalog, TargetId};
+use fk_agentd::target::Catalog;
 use pretty_assertions::assert_eq;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const FAKE_TOKEN: &str = "pat-FAKE-0123456789-never-to-be-written";
-
-/// Finishes L1/gelu, skips L1/rms_norm for a missing package, fails L2/… .
-struct Scripted;
-
-impl SessionRunner for Scripted {
-    fn run(
-        &self,
-        target: TargetId,
-        _j: Arc<RunJournal>,
-        _s: Arc<SessionSlot>,
-        _c: CancellationToken,
-    ) -> SessionFuture {
-        Box::pin(async move {
-            let status = match target.to_string().as_str() {
-                "L1/gelu" => SessionStatus::Finished,
-                "L1/rms_norm" => SessionStatus::Skipped("missing: vllm".into()),
-                _ => SessionStatus::Failed,
-            };
-            SessionOutcome {
-                status,
-                result: fk_agentd::event::SessionResult::from_value(json!({"turns": 1})),
-            }
-        })
-    }
-}
 
 fn write(path: &Path, text: &str) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -102,7 +73,7 @@ async fn run(config: Config, provider: Option<ProviderConfig>) -> (PathBuf, Stri
     let run = Run {
         drain_deadline: Duration::from_secs(5),
         facts: Some(hook),
-        ..Run::new(Arc::new(Scripted))
+        ..Run::new(Arc::new(super::support::campaign::Mixed))
     };
     let report = home
         .run_campaign(run, std::future::pending())

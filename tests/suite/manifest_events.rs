@@ -10,38 +10,9 @@ use std::time::Duration;
 use fk_agentd::app::{Home, Run};
 use fk_agentd::config::{Config, Env, Flags};
 use fk_agentd::daemon::Holder;
-use fk_agentd::run::RunJournal;
-use fk_agentd::scheduler::{
-    SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
-};
-use fk_agentd::target::{Catalog, TargetId};
+use fk_agentd::target::Catalog;
 use pretty_assertions::assert_eq;
-use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-
-struct Mixed;
-
-impl SessionRunner for Mixed {
-    fn run(
-        &self,
-        target: TargetId,
-        _j: Arc<RunJournal>,
-        _s: Arc<SessionSlot>,
-        _c: CancellationToken,
-    ) -> SessionFuture {
-        Box::pin(async move {
-            let status = match target.to_string().as_str() {
-                "L1/gelu" => SessionStatus::Finished,
-                "L1/rms_norm" => SessionStatus::Skipped("missing: vllm".into()),
-                _ => SessionStatus::Failed,
-            };
-            SessionOutcome {
-                status,
-                result: fk_agentd::event::SessionResult::from_value(json!({})),
-            }
-        })
-    }
-}
+use serde_json::Value;
 
 /// The pass matrix as an outside script reads it: index → (name, status from task_finished,
 /// status from run_finished).
@@ -94,7 +65,7 @@ async fn the_pass_matrix_of_run_jsonl_can_be_rechecked_by_a_script() {
     let home = Home::open(config, &env, Holder::Daemon).await.unwrap();
     let run = Run {
         drain_deadline: Duration::from_secs(5),
-        ..Run::new(Arc::new(Mixed))
+        ..Run::new(Arc::new(super::support::campaign::Mixed))
     };
     let report = home
         .run_campaign(run, std::future::pending())

@@ -71,11 +71,7 @@ async fn a_sequential_campaign_gates_each_level_and_builds_the_next_on_its_winne
         .unwrap()
         .events(&report.run_id, None, 0)
         .unwrap();
-    let phases: Vec<(String, u64)> = evs
-        .iter()
-        .filter(|e| e.kind.starts_with("phase_"))
-        .map(|e| (e.kind.clone(), e.payload["level"].as_u64().unwrap()))
-        .collect();
+    let phases = phase_events(&evs);
     let p = |k: &str, l| (k.to_string(), l);
     assert_eq!(
         phases,
@@ -145,11 +141,7 @@ async fn a_sequential_run_stopped_in_level_two_resumes_there_without_redoing_lev
         .unwrap()
         .events(&first.run_id, None, 0)
         .unwrap();
-    let phases: Vec<(String, u64)> = evs
-        .iter()
-        .filter(|e| e.kind.starts_with("phase_"))
-        .map(|e| (e.kind.clone(), e.payload["level"].as_u64().unwrap()))
-        .collect();
+    let phases = phase_events(&evs);
     let p = |k: &str, l| (k.to_string(), l);
     assert_eq!(
         phases,
@@ -442,4 +434,12 @@ async fn a_candidate_that_breaks_only_the_mix_is_found_by_bisection_and_dropped(
         .filter(|o| o.to_string_lossy().contains("/mix-"))
         .count();
     assert_eq!(mixes, 6);
+}
+
+/// The phase events of a run, in order: kind and level.
+fn phase_events(evs: &[fk_agentd::store::Event]) -> Vec<(String, u64)> {
+    evs.iter()
+        .filter(|e| e.kind.starts_with("phase_"))
+        .map(|e| (e.kind.clone(), e.payload["level"].as_u64().unwrap()))
+        .collect()
 }
