@@ -123,6 +123,66 @@ impl Home {
     }
 }
 
+/// What `score` runs on: a home with its own broker (a simulated run's on the simulation's
+/// fake GPUs), the bench driver whose every bench is a `bench` lease of it, the provider (for
+/// the scoring's facts), and the private harness copy prepared for it.
+pub struct Scoring {
+    pub driver: BenchDriver<LeaseLauncher>,
+    /// Shut its broker down when the score is done.
+    pub home: Home,
+    pub provider: Option<ProviderConfig>,
+    /// `None` for a simulated run or a stand-in bench command.
+    pub harness: Option<crate::harness::patches::PreparedHarness>,
+}
+
+/// Assembles [`Scoring`] in the home whose lock the caller holds: a simulated run is scored
+/// with the simulated bench it was campaigned with; `on_bench` hears of every finished bench.
+pub async fn scoring(
+    config: &Config,
+    env: &Env,
+    lock: &DaemonLock,
+    simulated: bool,
+    on_bench: crate::score::driver::ProgressFn,
+) -> Result<Scoring, Error> {
+    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
+    let stand_in = config
+        .fastkernels_command
+        .get(1)
+        .is_some_and(|w| w == "sim-bench");
+    let harness = match &config.fastkernels_dir {
+        Some(_) if !simulated && !stand_in => Some(prepare_harness(config).await?),
+        _ => None,
+    };
+    let home = Home::open_scoring(config, env, lock, simulated).await?;
+    let command = if simulated {
+        sim_bench_command()?
+    } else {
+        config.fastkernels_command.clone()
+    };
+    let fastkernels_dir = match &harness {
+        Some(prepared) => Some(prepared.copy.clone()),
+        None => config.fastkernels_dir.clone(),
+    };
+    let params = DriverParams {
+        command,
+        fastkernels_dir: fastkernels_dir.filter(|_| !simulated),
+        captures: config.captures.clone(),
+        deadline: config.lease_timeout,
+        parallel: home.broker.inventory().len().max(1),
+        timing_rounds: config.timing_rounds,
+    };
+    let launcher = home.launcher(LeaseClass::Bench, "scoring");
+    let driver = BenchDriver::new(params, launcher)
+        .await?
+        .with_progress(on_bench);
+    Ok(Scoring {
+        driver,
+        home,
+        provider,
+        harness,
+    })
+}
+
 /// The embedded simulation's bench (this binary's `sim-bench`): a simulated run is scored
 /// with the bench it was campaigned with.
 pub fn sim_bench_command() -> Result<Vec<String>, Error> {

@@ -8,13 +8,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
 use super::emit;
-use crate::app::Home;
 use crate::captures::report;
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env, absolute};
 use crate::daemon::DaemonLock;
 use crate::error::Error;
-use crate::score::driver::{BenchDriver, DriverParams};
+
 use crate::score::gate::WinnerGate;
 use crate::score::pipeline::{ScoreParams, ScoreProgress, Stage, score_candidates, score_run};
 use crate::score::stage::ScoreMode;
@@ -153,8 +152,12 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         }
     };
     let progress = StageProgress::new();
-    let (driver, home, provider) =
-        scoring_driver(config, env, &lock, simulated, (args.json, &progress)).await?;
+    let crate::app::Scoring {
+        driver,
+        home,
+        provider,
+        ..
+    } = scoring_driver(config, env, &lock, simulated, (args.json, &progress)).await?;
     let score = ScoreParams {
         candidates: candidates.unwrap_or_default(),
         out,
@@ -202,66 +205,36 @@ fn score_gate(config: &Config, args: &ScoreArgs) -> WinnerGate {
     }
 }
 
-/// The bench driver of `score`: every bench a `bench` lease of this process's own broker in
-/// the home the caller holds the lock of. A simulated run is scored with the simulated bench it
-/// was campaigned with. Shut the broker down when done.
+/// The parts `score` runs on ([`crate::app::scoring`]), the bench count reported to
+/// `progress`, the harness copy it prepared told first.
 async fn scoring_driver(
     config: &Config,
     env: &Env,
     lock: &DaemonLock,
     simulated: bool,
     (json, progress): (bool, &std::sync::Arc<StageProgress>),
-) -> Result<(ScoringDriver, Home, Option<ProviderConfig>), Error> {
-    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
-    let fastkernels_dir = match &config.fastkernels_dir {
-        Some(_) if !simulated && !is_sim_bench(&config.fastkernels_command) => {
-            let prepared = crate::app::prepare_harness(config).await?;
-            say(
-                json,
-                &format!(
-                    "fastkernels {}{}: private copy {} with {} patch(es) applied and verified\n",
-                    prepared.commit,
-                    if prepared.checkout_dirty {
-                        " (checkout dirty: uncommitted changes are not in the copy)"
-                    } else {
-                        ""
-                    },
-                    prepared.copy.display(),
-                    prepared.patches.len()
-                ),
-            );
-            Some(prepared.copy)
-        }
-        other => other.clone(),
-    };
-    // A simulated run is scored on the simulation's fake GPUs, like its campaign.
-    let home = Home::open_scoring(config, env, lock, simulated).await?;
-    let command = if simulated {
-        crate::app::sim_bench_command()?
-    } else {
-        config.fastkernels_command.clone()
-    };
-    let params = DriverParams {
-        command,
-        fastkernels_dir: fastkernels_dir.filter(|_| !simulated),
-        captures: config.captures.clone(),
-        deadline: config.lease_timeout,
-        parallel: home.broker.inventory().len().max(1),
-        timing_rounds: config.timing_rounds,
-    };
+) -> Result<crate::app::Scoring, Error> {
     let stages = progress.clone();
-    let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "scoring");
-    let driver = BenchDriver::new(params, launcher)
-        .await?
-        .with_progress(std::sync::Arc::new(
-            move |_label: &str, _wall_s: f64, _ok: bool| {
-                stages.bench_done();
-            },
-        ));
-    Ok((driver, home, provider))
+    let on_bench = std::sync::Arc::new(move |_label: &str, _wall_s: f64, _ok: bool| {
+        stages.bench_done();
+    });
+    let scoring = crate::app::scoring(config, env, lock, simulated, on_bench).await?;
+    if let Some(prepared) = &scoring.harness {
+        let dirty = if prepared.checkout_dirty {
+            " (checkout dirty: uncommitted changes are not in the copy)"
+        } else {
+            ""
+        };
+        let line = format!(
+            "fastkernels {}{dirty}: private copy {} with {} patch(es) applied and verified\n",
+            prepared.commit,
+            prepared.copy.display(),
+            prepared.patches.len()
+        );
+        say(json, &line);
+    }
+    Ok(scoring)
 }
-
-type ScoringDriver = BenchDriver<crate::score::lease::LeaseLauncher>;
 
 /// `score --mode sequential [--run RUN]` (and plain `score` of a sequential run): the level
 /// mix benches and gates of the run's sessions, then the final composed bench, into a new
@@ -300,8 +273,12 @@ async fn score_sequential(
         ),
     );
     let progress = StageProgress::new();
-    let (driver, home, provider) =
-        scoring_driver(config, env, lock, run.simulated, (args.json, &progress)).await?;
+    let crate::app::Scoring {
+        driver,
+        home,
+        provider,
+        ..
+    } = scoring_driver(config, env, lock, run.simulated, (args.json, &progress)).await?;
     let cancel = CancellationToken::new();
     let scored = sequential::score_levels(
         &driver,
@@ -345,11 +322,6 @@ async fn record_scoring_facts(
     facts.simulated |= store.run(Some(run_id))?.simulated;
     crate::facts::record(&journal, &facts)?;
     Ok(())
-}
-
-/// Whether the configured bench is fk-agentd's own simulated bench (no harness copy needed).
-fn is_sim_bench(command: &[String]) -> bool {
-    command.get(1).is_some_and(|w| w == "sim-bench")
 }
 
 /// Status lines go to stdout with the table, to stderr when stdout is JSON.
