@@ -88,21 +88,7 @@ fn act(action: SimAction) -> i32 {
 /// `score --candidates DIR` (into a new `<home>/scores/<id>/`) or `score [--run RUN]` (a new
 /// results generation of the run, newest run by default); prints the table or JSON.
 pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i32, Error> {
-    let gate = score_gate(config, args);
-    if gate.lower_bound() && args.repeats < 2 {
-        return Err(Error::Usage(format!(
-            "--gate lower-bound with --repeats {}: the interval needs at least 2 repeats",
-            args.repeats
-        )));
-    }
-    let candidates = args.candidates.as_deref().map(|d| absolute(&env.cwd, d));
-    if let Some(dir) = &candidates {
-        // Bad input is told before any GPU or folder is touched.
-        crate::score::candidates::CandidateSet::scan(dir)?;
-    } else {
-        // Before the lock would make the home.
-        super::require_store(&config.home)?;
-    }
+    let (gate, candidates) = checked_inputs(config, env, args)?;
     // Scoring takes every GPU through its own broker. Held until the score ends, the home's
     // lock keeps a daemon, and a second score, off those GPUs.
     crate::app::ensure_home(&config.home)?;
@@ -117,40 +103,17 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         ScoreModeArg::All => ScoreMode::Both,
         ScoreModeArg::Sequential => return score_sequential(config, env, args, &lock).await,
     };
-    let (out, set_name, from_run, simulated) = match &candidates {
-        Some(dir) => {
-            let name = folder_name(dir);
-            let out = config.home.join("scores").join(score_id(&name));
-            let note = format!(
-                "no run given: results go to {} (a new folder)\n",
-                out.display()
-            );
-            say(args.json, &note);
-            (out, format!("{name}-ind"), None, false)
-        }
-        None => {
-            let store = super::open_existing_store(&config.home)?;
-            let run = store.run(args.run.as_deref())?;
-            if run.mode == crate::run::Mode::Sequential && matches!(args.mode, ScoreModeArg::All) {
-                return score_sequential(config, env, args, &lock).await;
-            }
-            let run_dir = crate::run::runs_dir(&config.home).join(&run.id);
-            say(
-                args.json,
-                &format!(
-                    "scoring run {}: a new results generation under {}\n",
-                    run.id,
-                    run_dir.display()
-                ),
-            );
-            (
-                run_dir,
-                format!("{}-ind", run.id),
-                Some(run.id),
-                run.simulated,
-            )
-        }
+    let Some(dest) = destination(config, args, candidates.as_deref())? else {
+        return score_sequential(config, env, args, &lock).await;
     };
+    say(args.json, &dest.note);
+    let Destination {
+        out,
+        set_name,
+        from_run,
+        simulated,
+        ..
+    } = dest;
     let progress = StageProgress::new();
     let crate::app::Scoring {
         driver,
@@ -185,15 +148,97 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         None => score_candidates(&driver, &score, progress.as_ref(), &cancel).await?,
     };
     home.broker.shutdown().await;
-    let shown = super::score_view::only(&report, args.only);
+    show(&report, args)
+}
+
+/// The score's gate and its candidate folder, checked before any GPU or folder is touched.
+fn checked_inputs(
+    config: &Config,
+    env: &Env,
+    args: &ScoreArgs,
+) -> Result<(WinnerGate, Option<PathBuf>), Error> {
+    let gate = score_gate(config, args);
+    if gate.lower_bound() && args.repeats < 2 {
+        return Err(Error::Usage(format!(
+            "--gate lower-bound with --repeats {}: the interval needs at least 2 repeats",
+            args.repeats
+        )));
+    }
+    let candidates = args.candidates.as_deref().map(|d| absolute(&env.cwd, d));
+    match &candidates {
+        Some(dir) => drop(crate::score::candidates::CandidateSet::scan(dir)?),
+        // Before the lock would make the home.
+        None => super::require_store(&config.home)?,
+    }
+    Ok((gate, candidates))
+}
+
+/// Prints the score (the table, or JSON), `--only` applied; its exit code.
+fn show(report: &crate::score::report::ScoreReport, args: &ScoreArgs) -> Result<i32, Error> {
+    let shown = super::score_view::only(report, args.only);
     emit(args.json, &shown, || {
-        let text = render::score_table_width(&report, super::term::stdout_width());
-        super::score_view::only_text(&text, &report, args.only)
+        let text = render::score_table_width(report, super::term::stdout_width());
+        super::score_view::only_text(&text, report, args.only)
     });
     if !report.incomplete.is_empty() {
         return Err(ScoreError::Incomplete(report.incomplete.join("; ")).into());
     }
-    Ok(super::score_view::exit_code(&report))
+    Ok(super::score_view::exit_code(report))
+}
+
+/// Where a score's results go and what it scores.
+struct Destination {
+    /// `<home>/scores/<id>/` for a candidate folder, the run's folder for a run.
+    out: PathBuf,
+    set_name: String,
+    /// The run scored, if one is.
+    from_run: Option<String>,
+    simulated: bool,
+    /// The line that tells the user.
+    note: String,
+}
+
+/// The destination of `score --candidates DIR` (a new folder under the home) or of `score
+/// [--run RUN]`; `None` for a sequential run scored in full, which `score_sequential` does.
+fn destination(
+    config: &Config,
+    args: &ScoreArgs,
+    candidates: Option<&Path>,
+) -> Result<Option<Destination>, Error> {
+    if let Some(dir) = candidates {
+        let name = folder_name(dir);
+        let out = config.home.join("scores").join(score_id(&name));
+        let note = format!(
+            "no run given: results go to {} (a new folder)\n",
+            out.display()
+        );
+        let set_name = format!("{name}-ind");
+        return Ok(Some(Destination {
+            out,
+            set_name,
+            from_run: None,
+            simulated: false,
+            note,
+        }));
+    }
+    let store = super::open_existing_store(&config.home)?;
+    let run = store.run(args.run.as_deref())?;
+    if run.mode == crate::run::Mode::Sequential && matches!(args.mode, ScoreModeArg::All) {
+        return Ok(None);
+    }
+    let out = crate::run::runs_dir(&config.home).join(&run.id);
+    let note = format!(
+        "scoring run {}: a new results generation under {}\n",
+        run.id,
+        out.display()
+    );
+    Ok(Some(Destination {
+        out,
+        set_name: format!("{}-ind", run.id),
+        from_run: Some(run.id),
+        simulated: run.simulated,
+        note,
+    }))
 }
 
 /// The gate of this score: `--gate`/`--confirm` over `[score]`.
