@@ -107,15 +107,14 @@ pub async fn run_phase(
     let mut tasks: JoinSet<(TargetId, SessionStatus, SessionResult)> = JoinSet::new();
     // Which target each task runs, so a session that panicked is still recorded as its own.
     let mut task_targets: HashMap<tokio::task::Id, TargetId> = HashMap::new();
-    let index_of: BTreeMap<TargetId, usize> = targets
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i))
-        .collect();
     // On resume, sessions that already ended for good keep their end: they are neither
     // submitted nor finished a second time (counters read `run.jsonl`).
-    let mut results = ended_before(&journal, targets)?;
-    let pending = submit(&journal, targets, &results)?;
+    let mut ends = Ends {
+        journal: &journal,
+        index_of: targets.iter().cloned().zip(0..).collect(),
+        results: ended_before(&journal, targets)?,
+    };
+    let pending = submit(&journal, targets, &ends.results)?;
     let mut queue: std::collections::VecDeque<TargetId> =
         start_order(&journal, &pending, params.order)?.into();
     let mut interrupted = false;
@@ -132,6 +131,12 @@ pub async fn run_phase(
     let mut poll = tokio::time::interval(BUDGET_POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut over_budget: Option<String> = None;
+    let launch = Launch {
+        runner: &runner,
+        journal: &journal,
+        stop: &stop,
+        bounds: (params.session_timeout, params.drain_deadline),
+    };
     // One loop both starts queued sessions (as permits free up) and records the ones that end,
     // so `task_finished` is written the moment a session ends.
     while !interrupted && (!queue.is_empty() || !tasks.is_empty()) {
@@ -142,15 +147,7 @@ pub async fn run_phase(
             slot = slots.admit(), if !queue.is_empty() => {
                 let slot = Arc::new(slot.with_budget(capped.then(|| gate.clone())));
                 let target = queue.pop_front().expect("checked non-empty");
-                let started = SessionResult {
-                    started_at: Some(now_rfc3339()),
-                    ..SessionResult::default()
-                };
-                set_state(&journal, &target, SessionState::Running, started)?;
-                let cancel = stop.child_token();
-                let fut = runner.run(target.clone(), journal.clone(), slot.clone(), cancel.clone());
-                let bounds = (params.session_timeout, params.drain_deadline);
-                let timed = timed_session(fut, target.clone(), slot, cancel, bounds);
+                let timed = launch.start(target.clone(), slot)?;
                 task_targets.insert(tasks.spawn(timed).id(), target);
             }
             Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
@@ -158,8 +155,7 @@ pub async fn run_phase(
                     if let (Some(why), SessionStatus::Interrupted) = (&over_budget, &status) {
                         result.reason = Some(why.clone());
                     }
-                    finish(&journal, &index_of, &target, &status, result)?;
-                    results.insert(target, status);
+                    ends.record(target, status, result)?;
                     // A session that stopped itself at the cap: the phase stops now, not at
                     // the next poll.
                     if capped && over_budget.is_none() {
@@ -173,15 +169,7 @@ pub async fn run_phase(
     // Sessions that honour cancellation may all end before the loop sees the shutdown itself.
     interrupted |= shutdown.is_cancelled();
     if interrupted {
-        drain(
-            &journal,
-            &mut tasks,
-            &task_targets,
-            &index_of,
-            &mut results,
-            params.drain_deadline,
-        )
-        .await?;
+        drain(&mut ends, &mut tasks, &task_targets, params.drain_deadline).await?;
     }
     // Sessions never started (shutdown or budget while queued) end as interrupted, so resume
     // finds them.
@@ -189,24 +177,47 @@ pub async fn run_phase(
         Some(why) => format!("not started: {why}"),
         None => "not started before shutdown".into(),
     };
-    let unstarted: Vec<&TargetId> = targets
-        .iter()
-        .filter(|t| !results.contains_key(*t))
-        .collect();
-    for target in unstarted {
-        let status = SessionStatus::Interrupted;
-        let result = SessionResult {
-            reason: Some(never_started.clone()),
-            ..SessionResult::default()
-        };
-        finish(&journal, &index_of, target, &status, result)?;
-        results.insert(target.clone(), status);
-    }
+    ends.record_unstarted(targets, &never_started)?;
     Ok(PhaseReport {
-        results,
+        results: ends.results,
         // A phase stopped by the budget is over early: later phases must not start.
         interrupted: interrupted || over_budget.is_some(),
     })
+}
+
+/// A phase's sessions' ends, each recorded once (`task_finished` with the session's index in
+/// the phase's targets, and its row).
+struct Ends<'a> {
+    journal: &'a RunJournal,
+    index_of: BTreeMap<TargetId, usize>,
+    results: BTreeMap<TargetId, SessionStatus>,
+}
+
+impl Ends<'_> {
+    fn record(
+        &mut self,
+        target: TargetId,
+        status: SessionStatus,
+        result: SessionResult,
+    ) -> Result<(), RunError> {
+        finish(self.journal, &self.index_of, &target, &status, result)?;
+        self.results.insert(target, status);
+        Ok(())
+    }
+
+    /// Ends every target of `targets` with no end yet as interrupted, saying `why`.
+    fn record_unstarted(&mut self, targets: &[TargetId], why: &str) -> Result<(), RunError> {
+        for target in targets {
+            if !self.results.contains_key(target) {
+                let result = SessionResult {
+                    reason: Some(why.to_string()),
+                    ..SessionResult::default()
+                };
+                self.record(target.clone(), SessionStatus::Interrupted, result)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Records every target that has not ended for good as submitted and queued; returns them.
@@ -240,21 +251,45 @@ fn submit(
     Ok(pending)
 }
 
-/// One session's task: the session under its timeout (and the grace after it), its slot given
-/// back when it ends, and how long it ran (what `campaign.order = "longest-first"` reads in later runs).
-async fn timed_session(
-    fut: SessionFuture,
-    target: TargetId,
-    slot: Arc<SessionSlot>,
-    cancel: CancellationToken,
-    (timeout, grace): (Duration, Duration),
-) -> (TargetId, SessionStatus, SessionResult) {
-    let started = tokio::time::Instant::now();
-    let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
-    drop(slot);
-    let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
-    result.session_s = Some(secs);
-    (target, status, result)
+/// What starting a session needs: the runner, the run's journal, the phase's stop, and each
+/// session's timeout and the grace after it.
+struct Launch<'a> {
+    runner: &'a Arc<dyn SessionRunner>,
+    journal: &'a Arc<RunJournal>,
+    stop: &'a CancellationToken,
+    bounds: (Duration, Duration),
+}
+
+impl Launch<'_> {
+    /// Marks `target`'s session running and returns its task: the session under its timeout,
+    /// its slot given back when it ends, and how long it ran (what `campaign.order =
+    /// "longest-first"` reads in later runs).
+    fn start(
+        &self,
+        target: TargetId,
+        slot: Arc<SessionSlot>,
+    ) -> Result<impl Future<Output = (TargetId, SessionStatus, SessionResult)> + use<>, RunError>
+    {
+        let started = SessionResult {
+            started_at: Some(now_rfc3339()),
+            ..SessionResult::default()
+        };
+        set_state(self.journal, &target, SessionState::Running, started)?;
+        let cancel = self.stop.child_token();
+        let journal = self.journal.clone();
+        let fut = self
+            .runner
+            .run(target.clone(), journal, slot.clone(), cancel.clone());
+        let (timeout, grace) = self.bounds;
+        Ok(async move {
+            let started = tokio::time::Instant::now();
+            let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
+            drop(slot);
+            let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
+            result.session_s = Some(secs);
+            (target, status, result)
+        })
+    }
 }
 
 /// Runs one session under its timeout. At the timeout the session is cancelled first and
@@ -427,11 +462,9 @@ fn start_order(
 }
 
 async fn drain(
-    journal: &RunJournal,
+    ends: &mut Ends<'_>,
     tasks: &mut JoinSet<(TargetId, SessionStatus, SessionResult)>,
     task_targets: &HashMap<tokio::task::Id, TargetId>,
-    index_of: &BTreeMap<TargetId, usize>,
-    results: &mut BTreeMap<TargetId, SessionStatus>,
     deadline: Duration,
 ) -> Result<(), RunError> {
     let until = tokio::time::Instant::now() + deadline;
@@ -439,8 +472,7 @@ async fn drain(
         match tokio::time::timeout_at(until, tasks.join_next()).await {
             Ok(Some(joined)) => {
                 if let Some((target, status, result)) = joined_session(joined, task_targets) {
-                    finish(journal, index_of, &target, &status, result)?;
-                    results.insert(target, status);
+                    ends.record(target, status, result)?;
                 }
             }
             Ok(None) => break,
