@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 
 use super::args::CompareArgs;
 use super::{emit, print_json};
-use crate::daemon::plan::pair_of;
 use crate::error::Error;
 use crate::score::compare;
 use crate::store::Store;
@@ -21,7 +20,7 @@ fn resolve(store: &Store, runs: &[String], run: Option<&str>) -> Result<(String,
         ([], None) => newest_pair(store)?,
         ([], Some(r)) => {
             let r = store.run(Some(r))?.id;
-            let other = pair_of(store, &r)?.ok_or_else(|| {
+            let other = store.pair_of(&r)?.ok_or_else(|| {
                 Error::Usage(format!(
                     "--run {r}: not half of a `start --mode all` pair; give two runs: `fk-agentd compare IND_RUN SEQ_RUN`"
                 ))
@@ -48,7 +47,7 @@ fn resolve(store: &Store, runs: &[String], run: Option<&str>) -> Result<(String,
 
 fn newest_pair(store: &Store) -> Result<(String, String), Error> {
     for r in store.runs()? {
-        if let Some(other) = pair_of(store, &r.id)? {
+        if let Some(other) = store.pair_of(&r.id)? {
             return Ok((r.id, other));
         }
     }

@@ -23,7 +23,7 @@ pub async fn cmd_e2e(
     let store = super::open_existing_store(&config.home)?;
     let row = store.run(run)?;
     let mut runs = vec![(row.id.clone(), row.mode)];
-    if let Some(pair) = crate::daemon::plan::pair_of(&store, &row.id)? {
+    if let Some(pair) = store.pair_of(&row.id)? {
         let other = store.run(Some(&pair))?;
         runs.push((other.id, other.mode));
     }

@@ -246,7 +246,7 @@ fn scoring_of_session(
 /// What the session's turns cost, priced with the table its run recorded at its start.
 fn session_cost(store: &Store, run_id: &str, events: &[Event]) -> String {
     let mut meter = crate::scheduler::budget::Meter::default();
-    let started = crate::scheduler::budget::run_started(store, run_id).unwrap_or_default();
+    let started = store.run_started(run_id).unwrap_or_default();
     meter.set_prices(crate::scheduler::budget::prices_of(&started));
     events.iter().for_each(|e| meter.fold(e));
     let spent = meter.spent();

@@ -83,7 +83,7 @@ pub async fn cmd_resume(
     };
     let store = crate::app::open_store(&home)?;
     let row = store.run(Some(&run_id))?;
-    let started = plan::run_started(&store, &row.id)?;
+    let started = store.run_started(&row.id)?;
     drop(store);
     let mut flags = plan::resume_flags(super::flags(global, None), &started);
     flags.sim = row.simulated;

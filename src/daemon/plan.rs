@@ -120,8 +120,6 @@ pub(super) fn plan_new(store: &Store, config: &Config) -> Result<Plan, Error> {
     })
 }
 
-pub use crate::scheduler::budget::{pair_of, run_started};
-
 /// The campaign settings a run was started with (`run_started.settings`), as flags for its
 /// resume: a resumed run keeps its targets, cap, timeouts and provider even when they came from
 /// flags that `resume` does not take, or from a config file edited since.
@@ -192,7 +190,7 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
     for t in &row.targets {
         targets.push(t.parse::<TargetId>()?);
     }
-    if let Some(pair) = pair_of(store, run_id)? {
+    if let Some(pair) = store.pair_of(run_id)? {
         let (ind_id, seq_id) = if row.mode == Mode::Sequential {
             (pair, run_id.to_string())
         } else {

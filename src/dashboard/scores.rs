@@ -222,8 +222,10 @@ fn comparison_chart(c: &Comparison) -> Markup {
 
 /// The comparison of this run's `--mode all` pair, when both halves are scored.
 fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>, String> {
-    let started =
-        crate::scheduler::budget::run_started(&state.store, &run.id).map_err(|e| e.to_string())?;
+    let started = state
+        .store
+        .run_started(&run.id)
+        .map_err(|e| e.to_string())?;
     let Some(pair) = started.pair else {
         return Ok(None);
     };
@@ -276,9 +278,7 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
     };
     let seq = generation.as_deref().and_then(sequential);
     let cmp = comparison(state, run);
-    let pair = crate::scheduler::budget::pair_of(&state.store, &run.id)
-        .ok()
-        .flatten();
+    let pair = state.store.pair_of(&run.id).ok().flatten();
     html! {
         @if let Some((g, _)) = &complete { p.meta { "results generation " code { (name(g)) } } }
         @else if let Some(g) = &generation { p.meta { "results generation " code { (name(g)) } } }

@@ -172,7 +172,7 @@ impl Meter {
     pub fn poll(&mut self, store: &Store, run_id: &str) -> Result<Option<String>, StoreError> {
         if self.after.is_empty() {
             self.after.insert(run_id.to_string(), 0);
-            if let Some(pair) = pair_of(store, run_id)? {
+            if let Some(pair) = store.pair_of(run_id)? {
                 self.after.insert(pair, 0);
             }
         }
@@ -206,20 +206,6 @@ impl Meter {
             _ => None,
         }
     }
-}
-
-/// The other half of a `--mode all` pair, from `run_started.pair`.
-pub fn pair_of(store: &Store, run_id: &str) -> Result<Option<String>, StoreError> {
-    Ok(run_started(store, run_id)?.pair)
-}
-
-/// `run_started` of a run (its first event); empty when none was recorded.
-pub fn run_started(store: &Store, run_id: &str) -> Result<RunStarted, StoreError> {
-    Ok(store
-        .events(run_id, None, 0)?
-        .iter()
-        .find_map(|e| e.payload_as::<RunStarted>())
-        .unwrap_or_default())
 }
 
 impl Spent {

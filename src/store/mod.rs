@@ -538,6 +538,27 @@ impl Store {
         )
     }
 
+    /// A run's `run_started` (its settings, its `--mode all` pair); empty when none was
+    /// recorded.
+    pub fn run_started(&self, run_id: &str) -> Result<crate::event::RunStarted, StoreError> {
+        use crate::event::{Payload, RunStarted};
+        let payloads: Vec<(i64, String)> = self.query(
+            "SELECT seq, payload FROM events WHERE run_id = ?1 AND kind = ?2 ORDER BY seq LIMIT 1",
+            params![run_id, RunStarted::KIND],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let started = payloads.first().and_then(|(seq, p)| {
+            let value: Value = serde_json::from_str(p).ok()?;
+            crate::event::decode_as_payload::<RunStarted>(&value, *seq)
+        });
+        Ok(started.unwrap_or_default())
+    }
+
+    /// The other half of a run's `--mode all` pair, from its `run_started`.
+    pub fn pair_of(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.run_started(run_id)?.pair)
+    }
+
     /// All runs, newest first.
     pub fn runs(&self) -> Result<Vec<RunRow>, StoreError> {
         self.query(

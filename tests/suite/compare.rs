@@ -147,10 +147,7 @@ async fn mode_all_runs_a_linked_pair_and_writes_compare_json() {
     let ind = report.pair.clone().expect("an all campaign names its pair");
     assert!(ind.contains("-ind-") && report.run_id.contains("-seq-"));
     let store = fk_agentd::app::open_store(home.path()).unwrap();
-    assert_eq!(
-        fk_agentd::daemon::plan::pair_of(&store, &ind).unwrap(),
-        Some(report.run_id.clone())
-    );
+    assert_eq!(store.pair_of(&ind).unwrap(), Some(report.run_id.clone()));
     let ind_dir = home.path().join("runs").join(&ind);
     assert!(ind_dir.join("results/ind").is_dir() && ind_dir.join("results/comp").is_dir());
     let path = report.run_dir.join("results/compare.json");

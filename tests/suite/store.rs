@@ -628,3 +628,24 @@ fn a_withheld_event_keeps_no_encrypted_content_at_any_depth() {
     assert!(!line.contains("gAAAA") && !line.contains("\"b\""), "{line}");
     assert!(line.contains("encrypted_content"), "{line}");
 }
+
+/// A run's `run_started` is its first one, read by its kind; a run without one has empty
+/// settings and no pair.
+#[test]
+fn a_runs_start_and_its_pair_are_read_from_its_first_run_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("fk.db")).unwrap();
+    store.create_run(&run_row("r1")).unwrap();
+    store.create_run(&run_row("r2")).unwrap();
+    store.append("r1", "tick", None, &json!({})).unwrap();
+    let first = json!({"pair": "r9", "settings": {"agent.backend": ["codex", "flag"]}});
+    store.append("r1", "run_started", None, &first).unwrap();
+    store
+        .append("r1", "run_started", None, &json!({"pair": "r8"}))
+        .unwrap();
+    let started = store.run_started("r1").unwrap();
+    assert_eq!(started.pair.as_deref(), Some("r9"));
+    assert_eq!(started.setting("agent.backend"), Some("codex"));
+    assert_eq!(store.pair_of("r2").unwrap(), None);
+    assert!(store.run_started("r2").unwrap().settings.is_empty());
+}
