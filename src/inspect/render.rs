@@ -245,31 +245,7 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             wall_s,
             output,
             ..
-        } => {
-            let dollar = out.paint("$", CYAN);
-            if out.o.full {
-                out.push(format!("  {dollar} {cmd}"));
-            } else {
-                out.push(format!("  {dollar} {}", first_line_and_more(cmd)));
-            }
-            // The shell's own wall time, not the recording's, when the shell reported one.
-            let timed = ToolCall {
-                elapsed_s: wall_s.or(call.elapsed_s),
-                ..call.clone()
-            };
-            let mut st = status(out, &timed, end.as_deref());
-            if cmd.contains("fk-agentd lease") {
-                st.push_str(" · ran under a GPU lease from the shell");
-            }
-            out.push(format!("    {st}"));
-            match (&call.runs, output) {
-                (Some(name), _) if !out.o.full => {
-                    out.push(format!("    (its result: the {name} call below)"));
-                }
-                (_, Some(text)) => out.body(text, "    "),
-                _ => {}
-            }
-        }
+        } => shell(out, call, cmd, (end.as_deref(), *wall_s), output.as_deref()),
         ToolDetail::WriteFile { path, lines, .. } => {
             let line = format!("  write_file {path} ({lines} lines)");
             with_arg_body(out, call, line, "content");
@@ -310,30 +286,13 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             args,
             report,
             summary,
-        } => {
-            let args = args.as_deref().map(|a| format!(" {a}")).unwrap_or_default();
-            headline(out, call, format!("  profile_{profiler}{args}"));
-            if let Some(r) = report {
-                out.push(format!("    report {r}"));
-            }
-            if out.o.full {
-                output(out, call);
-            } else if let Some(s) = summary {
-                if report.is_none() {
-                    out.body(s, "    ");
-                } else {
-                    let rest: String = call
-                        .output
-                        .as_deref()
-                        .unwrap_or("")
-                        .lines()
-                        .skip(1)
-                        .collect::<Vec<_>>()
-                        .join("\n");
-                    out.body(&rest, "    ");
-                }
-            }
-        }
+        } => profile(
+            out,
+            call,
+            profiler,
+            args.as_deref(),
+            (report.as_deref(), summary.as_deref()),
+        ),
         ToolDetail::Finish { summary } => {
             out.push(format!("  finish: {summary}"));
             error_output(out, call);
@@ -342,6 +301,72 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
             let args = clip(&call.arguments.raw.replace('\n', " "), 120);
             headline(out, call, format!("  {} {args}", call.name));
             output(out, call);
+        }
+    }
+}
+
+/// A shell call: its command (all of it in full views), its status with the shell's own wall
+/// time, and its output (or where a call it ran shows its result).
+fn shell(
+    out: &mut Out<'_>,
+    call: &ToolCall,
+    cmd: &str,
+    (end, wall_s): (Option<&str>, Option<f64>),
+    output: Option<&str>,
+) {
+    let dollar = out.paint("$", CYAN);
+    if out.o.full {
+        out.push(format!("  {dollar} {cmd}"));
+    } else {
+        out.push(format!("  {dollar} {}", first_line_and_more(cmd)));
+    }
+    // The shell's own wall time, not the recording's, when the shell reported one.
+    let timed = ToolCall {
+        elapsed_s: wall_s.or(call.elapsed_s),
+        ..call.clone()
+    };
+    let mut st = status(out, &timed, end);
+    if cmd.contains("fk-agentd lease") {
+        st.push_str(" · ran under a GPU lease from the shell");
+    }
+    out.push(format!("    {st}"));
+    match (&call.runs, output) {
+        (Some(name), _) if !out.o.full => {
+            out.push(format!("    (its result: the {name} call below)"));
+        }
+        (_, Some(text)) => out.body(text, "    "),
+        _ => {}
+    }
+}
+
+/// A profile call: its profiler and arguments, its report's path, and its summary (all of its
+/// output in full views).
+fn profile(
+    out: &mut Out<'_>,
+    call: &ToolCall,
+    profiler: &str,
+    args: Option<&str>,
+    (report, summary): (Option<&str>, Option<&str>),
+) {
+    let args = args.map(|a| format!(" {a}")).unwrap_or_default();
+    headline(out, call, format!("  profile_{profiler}{args}"));
+    if let Some(r) = report {
+        out.push(format!("    report {r}"));
+    }
+    if out.o.full {
+        output(out, call);
+    } else if let Some(s) = summary {
+        if report.is_none() {
+            out.body(s, "    ");
+        } else {
+            let rest: Vec<&str> = call
+                .output
+                .as_deref()
+                .unwrap_or("")
+                .lines()
+                .skip(1)
+                .collect();
+            out.body(&rest.join("\n"), "    ");
         }
     }
 }
