@@ -382,69 +382,9 @@ fn source_line(out: &mut String, label: &str, run: &str, results: &Path) {
 /// The comparison as text that fits `width` columns (headers shortened, notes wrapped).
 pub fn compare_table(c: &Comparison, width: usize) -> String {
     let mut out = banner(c.simulated, width);
-    // The backend beside each run when the comparison crosses backends.
-    let run_label = |run: &str| {
-        let mut backends: Vec<&String> = c.backends.values().collect();
-        backends.dedup();
-        match c.backends.get(run) {
-            Some(b) if backends.len() > 1 => format!("{run} [{b}]"),
-            _ => run.to_string(),
-        }
-    };
-    for (label, run, results) in [
-        ("independent", &c.independent_run, &c.independent_results),
-        ("sequential", &c.sequential_run, &c.sequential_results),
-    ] {
-        source_line(&mut out, label, &run_label(run), results);
-    }
-    let methods: BTreeSet<TimingMethod> = c.timing.values().copied().collect();
-    if methods.len() > 1 {
-        let each: Vec<String> = c
-            .timing
-            .iter()
-            .map(|(half, m)| format!("{half} {m}"))
-            .collect();
-        let line = format!(
-            "timing       NOT COMPARABLE AS IS: the halves were timed by different methods ({}); a published figure runs about 4 % low",
-            each.join(", ")
-        );
-        out.push_str(&wrap(&line, width, 13));
-    } else if let Some(m) = methods.first() {
-        let _ = writeln!(out, "timing       {m} (both halves)");
-    }
-    let mut rows = Vec::new();
-    for r in c.levels.iter().chain(std::iter::once(&c.overall)) {
-        for (mode, s) in [("ind", &r.independent), ("seq", &r.sequential)] {
-            let first = |x: String| if mode == "ind" { x } else { String::new() };
-            rows.push(vec![
-                first(r.level.clone()),
-                first(r.targets.to_string()),
-                mode.to_string(),
-                s.published.to_string(),
-                s.winners.to_string(),
-                s.dropped.to_string(),
-                speed_or_dash(s.geomean_winners),
-                speed_or_dash(s.geomean_all),
-            ]);
-        }
-    }
+    sources(&mut out, c, width);
     out.push('\n');
-    let mut header = [
-        "level",
-        "targets",
-        "mode",
-        "published",
-        "winners",
-        "dropped",
-        "geomean (winners)",
-        "geomean (all)",
-    ];
-    let mut levels = table(&header, &rows);
-    if levels.lines().any(|l| l.chars().count() > width) {
-        header[6] = "geomean won";
-        header[7] = "geomean all";
-        levels = table(&header, &rows);
-    }
+    let (levels, all) = levels_table(c, width);
     out.push_str(&levels);
     let ind = names(&c.overall.only_independent);
     let seq = names(&c.overall.only_sequential);
@@ -473,7 +413,6 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
         &["spent", "tokens", "agent GPU-s", "bench GPU-s", "GPU-hours"],
         &spent,
     ));
-    let all = header[7];
     out.push_str(&wrap(
         &format!(
             "{all} counts every non-winner as 1.0×; speedups are from each mode's composed bench"
@@ -487,6 +426,78 @@ pub fn compare_table(c: &Comparison, width: usize) -> String {
         2,
     ));
     out
+}
+
+/// Each half's run (with its backend where the halves' differ) and results, and how each
+/// half timed its speedups.
+fn sources(out: &mut String, c: &Comparison, width: usize) {
+    let run_label = |run: &str| {
+        let mut backends: Vec<&String> = c.backends.values().collect();
+        backends.dedup();
+        match c.backends.get(run) {
+            Some(b) if backends.len() > 1 => format!("{run} [{b}]"),
+            _ => run.to_string(),
+        }
+    };
+    for (label, run, results) in [
+        ("independent", &c.independent_run, &c.independent_results),
+        ("sequential", &c.sequential_run, &c.sequential_results),
+    ] {
+        source_line(out, label, &run_label(run), results);
+    }
+    let methods: BTreeSet<TimingMethod> = c.timing.values().copied().collect();
+    if methods.len() > 1 {
+        let each: Vec<String> = c
+            .timing
+            .iter()
+            .map(|(half, m)| format!("{half} {m}"))
+            .collect();
+        let line = format!(
+            "timing       NOT COMPARABLE AS IS: the halves were timed by different methods ({}); a published figure runs about 4 % low",
+            each.join(", ")
+        );
+        out.push_str(&wrap(&line, width, 13));
+    } else if let Some(m) = methods.first() {
+        let _ = writeln!(out, "timing       {m} (both halves)");
+    }
+}
+
+/// The per-level table (its geomean headers shortened where they would not fit `width`),
+/// and the header its all-targets geomean got.
+fn levels_table(c: &Comparison, width: usize) -> (String, &'static str) {
+    let mut rows = Vec::new();
+    for r in c.levels.iter().chain(std::iter::once(&c.overall)) {
+        for (mode, s) in [("ind", &r.independent), ("seq", &r.sequential)] {
+            let first = |x: String| if mode == "ind" { x } else { String::new() };
+            rows.push(vec![
+                first(r.level.clone()),
+                first(r.targets.to_string()),
+                mode.to_string(),
+                s.published.to_string(),
+                s.winners.to_string(),
+                s.dropped.to_string(),
+                speed_or_dash(s.geomean_winners),
+                speed_or_dash(s.geomean_all),
+            ]);
+        }
+    }
+    let mut header = [
+        "level",
+        "targets",
+        "mode",
+        "published",
+        "winners",
+        "dropped",
+        "geomean (winners)",
+        "geomean (all)",
+    ];
+    let mut levels = table(&header, &rows);
+    if levels.lines().any(|l| l.chars().count() > width) {
+        header[6] = "geomean won";
+        header[7] = "geomean all";
+        levels = table(&header, &rows);
+    }
+    (levels, header[7])
 }
 
 #[cfg(test)]
