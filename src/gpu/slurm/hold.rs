@@ -252,34 +252,7 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
     }
     let mut slots = Vec::new();
     for job in jobs {
-        let text = cli
-            .run(
-                "scontrol",
-                &["show".into(), "job".into(), "-d".into(), job.to_string()],
-            )
-            .map_err(LeaseError::Slurm)?;
-        let Some((node, mut gpus)) = cli::job_gpus(&text) else {
-            return Err(LeaseError::Slurm(format!(
-                "holder job {job} holds no GPU Slurm can name (no `GRES=gpu:1(IDX:…)` in scontrol)"
-            )));
-        };
-        if gpus.len() != gres as usize {
-            return Err(LeaseError::Slurm(format!(
-                "holder job {job} holds GPUs {gpus:?}; slurm.hold = \"{}\" expects {gres} per holder \
-                 (a holder left by a start with the other slurm.hold: `fk-agentd stop` or \
-                 `scancel {job}` gives it back)",
-                cfg.hold.as_str()
-            )));
-        }
-        gpus.sort_unstable();
-        // A node holder's steps see its GPUs in index order (`CUDA_VISIBLE_DEVICES`).
-        let position = |i: usize| (cfg.hold == SlurmHold::Node).then_some(i as u32);
-        slots.extend(gpus.iter().enumerate().map(|(i, &gpu)| SlotGpu {
-            node: node.clone(),
-            gpu,
-            holder: Some(job),
-            position: position(i),
-        }));
+        slots.extend(holder_slots(cli, cfg, job, gres)?);
     }
     slots.sort_by(|a, b| (&a.node, a.gpu).cmp(&(&b.node, b.gpu)));
     if let Some(w) = slots
@@ -292,6 +265,47 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
         )));
     }
     Ok(slots)
+}
+
+/// The GPUs holder job `job` holds (`gres` of them, as `scontrol` names them), each a slot.
+fn holder_slots(
+    cli: &SlurmCli,
+    cfg: &SlurmConfig,
+    job: u64,
+    gres: u32,
+) -> Result<Vec<SlotGpu>, LeaseError> {
+    let text = cli
+        .run(
+            "scontrol",
+            &["show".into(), "job".into(), "-d".into(), job.to_string()],
+        )
+        .map_err(LeaseError::Slurm)?;
+    let Some((node, mut gpus)) = cli::job_gpus(&text) else {
+        return Err(LeaseError::Slurm(format!(
+            "holder job {job} holds no GPU Slurm can name (no `GRES=gpu:1(IDX:…)` in scontrol)"
+        )));
+    };
+    if gpus.len() != gres as usize {
+        return Err(LeaseError::Slurm(format!(
+            "holder job {job} holds GPUs {gpus:?}; slurm.hold = \"{}\" expects {gres} per holder \
+             (a holder left by a start with the other slurm.hold: `fk-agentd stop` or \
+             `scancel {job}` gives it back)",
+            cfg.hold.as_str()
+        )));
+    }
+    gpus.sort_unstable();
+    // A node holder's steps see its GPUs in index order (`CUDA_VISIBLE_DEVICES`).
+    let position = |i: usize| (cfg.hold == SlurmHold::Node).then_some(i as u32);
+    Ok(gpus
+        .iter()
+        .enumerate()
+        .map(|(i, &gpu)| SlotGpu {
+            node: node.clone(),
+            gpu,
+            holder: Some(job),
+            position: position(i),
+        })
+        .collect())
 }
 
 /// A holder job state that holds (or is about to hold) its GPUs.
