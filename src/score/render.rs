@@ -284,6 +284,33 @@ pub fn score_table(r: &ScoreReport) -> String {
 /// The score as a text report that fits `width` columns.
 pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
     let mut out = banner(r.simulated, width);
+    header(&mut out, r, width);
+    noise_line(&mut out, r, width);
+    if let Some(s) = &r.standalone {
+        stage(&mut out, "standalone", s, "geomean", width);
+    }
+    if let Some(s) = &r.composed {
+        stage(
+            &mut out,
+            "composed (correctness gate)",
+            s,
+            "composed",
+            width,
+        );
+    }
+    flags(&mut out, r, width);
+    final_set(&mut out, r, width);
+    if !r.incomplete.is_empty() {
+        let _ = writeln!(out, "\nscoring did not complete (infrastructure errors):");
+        for line in &r.incomplete {
+            out.push_str(&wrap(&format!("  {line}"), width, 4));
+        }
+    }
+    out
+}
+
+/// What was scored, where, on which harness, timed how and calibrated on what.
+fn header(out: &mut String, r: &ScoreReport, width: usize) {
     // Paths stay on their line whole: a terminal wraps them better than we can.
     let (dir, n) = (r.candidates_dir.display(), r.candidates);
     let _ = writeln!(out, "candidates   {dir} ({n} candidates)");
@@ -309,19 +336,10 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
             r.repeats
         );
     }
-    noise_line(&mut out, r, width);
-    if let Some(s) = &r.standalone {
-        stage(&mut out, "standalone", s, "geomean", width);
-    }
-    if let Some(s) = &r.composed {
-        stage(
-            &mut out,
-            "composed (correctness gate)",
-            s,
-            "composed",
-            width,
-        );
-    }
+}
+
+/// The benches that ran while the GPU throttled, and the verdicts flagged for a review.
+fn flags(out: &mut String, r: &ScoreReport, width: usize) {
     let throttled: Vec<String> = [&r.standalone, &r.composed]
         .into_iter()
         .flatten()
@@ -354,6 +372,10 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
             out.push_str(&wrap(&line, width, 4));
         }
     }
+}
+
+/// The final set: its kernels per level, what was dropped and why, and its manifest.
+fn final_set(out: &mut String, r: &ScoreReport, width: usize) {
     if let Some(f) = &r.final_set {
         let m = &f.manifest;
         let per_level: Vec<String> = (1..=4u8)
@@ -379,13 +401,6 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
         }
         let _ = writeln!(out, "manifest     {}", f.manifest_path.display());
     }
-    if !r.incomplete.is_empty() {
-        let _ = writeln!(out, "\nscoring did not complete (infrastructure errors):");
-        for line in &r.incomplete {
-            out.push_str(&wrap(&format!("  {line}"), width, 4));
-        }
-    }
-    out
 }
 
 /// The `SIMULATED` banner, wrapped to the width.
