@@ -138,35 +138,7 @@ pub fn build_final_set(
     win_dir: &Path,
 ) -> Result<FinalSet, ScoreError> {
     let standalone = report.standalone.map(|s| &s.gate);
-    let composed = report.composed.map(|s| &s.gate);
-    let mut kernels = Vec::new();
-    let mut dropped = Vec::new();
-    let pool: Vec<TargetId> = match standalone {
-        Some(g) => g.winners().map(|v| v.target.clone()).collect(),
-        None => set.targets(),
-    };
-    for t in &pool {
-        let alone = standalone.and_then(|g| g.get(t));
-        // A confirmed winner's speed is its confirmation's geomean over the kept benches, not the
-        // first bench alone (picked for passing, or lost on a second chance).
-        let alone_speed = alone.and_then(|v| {
-            v.confirmation
-                .as_ref()
-                .filter(|c| c.confirmed)
-                .and_then(|c| c.geomean)
-                .or(v.geomean)
-        });
-        match composed.map(|g| g.get(t)) {
-            None => {
-                if let Some(v) = alone {
-                    kernels.push(entry(v, None, alone_speed));
-                }
-            }
-            Some(Some(v)) if v.winner => kernels.push(entry(v, v.geomean, alone_speed)),
-            Some(Some(v)) => dropped.push(dropped_entry(t, dropped_reason(v))),
-            Some(None) => dropped.push(dropped_entry(t, "not in composed bench".into())),
-        }
-    }
+    let (kernels, dropped) = kept_and_dropped(set, report);
     let dir = report.generation.join("sets").join(name);
     let kept: Vec<TargetId> = kernels
         .iter()
@@ -229,6 +201,45 @@ pub fn build_final_set(
         manifest_path,
         manifest,
     })
+}
+
+/// The kernels a score keeps and those it drops, with why: the standalone winners (every
+/// candidate without a standalone stage), each dropped where the composed bench failed it.
+fn kept_and_dropped(
+    set: &CandidateSet,
+    report: &SetSource<'_>,
+) -> (Vec<KernelEntry>, Vec<DroppedEntry>) {
+    let standalone = report.standalone.map(|s| &s.gate);
+    let composed = report.composed.map(|s| &s.gate);
+    let mut kernels = Vec::new();
+    let mut dropped = Vec::new();
+    let pool: Vec<TargetId> = match standalone {
+        Some(g) => g.winners().map(|v| v.target.clone()).collect(),
+        None => set.targets(),
+    };
+    for t in &pool {
+        let alone = standalone.and_then(|g| g.get(t));
+        // A confirmed winner's speed is its confirmation's geomean over the kept benches, not the
+        // first bench alone (picked for passing, or lost on a second chance).
+        let alone_speed = alone.and_then(|v| {
+            v.confirmation
+                .as_ref()
+                .filter(|c| c.confirmed)
+                .and_then(|c| c.geomean)
+                .or(v.geomean)
+        });
+        match composed.map(|g| g.get(t)) {
+            None => {
+                if let Some(v) = alone {
+                    kernels.push(entry(v, None, alone_speed));
+                }
+            }
+            Some(Some(v)) if v.winner => kernels.push(entry(v, v.geomean, alone_speed)),
+            Some(Some(v)) => dropped.push(dropped_entry(t, dropped_reason(v))),
+            Some(None) => dropped.push(dropped_entry(t, "not in composed bench".into())),
+        }
+    }
+    (kernels, dropped)
 }
 
 fn slash(p: &Path) -> String {
