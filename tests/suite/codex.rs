@@ -843,3 +843,59 @@ fn no_process_of_a_codex_campaign_but_fk_agentd_holds_the_token() {
         );
     }
 }
+
+/// A codex that stops without calling `finish` is nudged, a thread that cannot be resumed is
+/// started afresh (and recorded so), and after the nudges run out the session fails saying
+/// the model never called `finish`. The stand-in (the real codex for `--version` and its
+/// model catalog) starts a thread and exits, and exits at once when asked to resume one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_that_stops_without_finish_is_nudged_and_a_lost_thread_starts_afresh() {
+    use super::llm_fake::FakeResponses;
+    let Some(codex) = codex_binary() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let token_file = secrets.path().join("cortex-token");
+    std::fs::write(&token_file, "fk-codex-nudge-token\n").unwrap();
+    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let stand_in = bin.path().join("codex");
+    std::fs::write(
+        &stand_in,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in --version|debug) exec '{c}' \"$@\";; esac\n\
+             case \" $* \" in *\" resume \"*) exit 0;; esac\n\
+             echo '{{\"type\":\"thread.started\",\"thread_id\":\"t-1\"}}'\nexit 0\n",
+            c = codex.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let fake = FakeResponses::start(vec![]).await;
+    run_codex_hiding(home.path(), stand_in, &fake.base_url, &token_file).await;
+    let events = events_of(home.path(), "L1/gelu");
+    let nudges: Vec<u64> = events
+        .iter()
+        .filter(|e| e.kind == "user_message")
+        .filter_map(|e| e.payload["nudge"].as_u64())
+        .collect();
+    assert_eq!(nudges, vec![1, 2], "two nudges, then the end");
+    let afresh = events
+        .iter()
+        .filter(|e| e.kind == "codex_resume_failed")
+        .count();
+    assert_eq!(
+        afresh, 2,
+        "each resume of the lost thread failed and started afresh"
+    );
+    let reasons: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == "session_finished")
+        .filter_map(|e| e.payload["reason"].as_str())
+        .collect();
+    assert_eq!(reasons, vec!["the model stopped without calling finish"]);
+}

@@ -188,51 +188,11 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             max_turns: inner.agent.loop_params.max_turns,
         };
         let end = watch(&watched, process, &mut translator, &mut thread, cancel).await?;
-        // The relay refused its requests at the campaign's cap: resumable, like a native
-        // session stopped there.
-        if let Some(why) = s.tools.slot.over_budget() {
-            return Ok(End::new(SessionStatus::Interrupted, why));
-        }
-        match end {
-            ProcessEnd::Cancelled => return Ok(End::new(SessionStatus::Interrupted, "stopped")),
-            ProcessEnd::Unauthorized(msg) => {
-                return Ok(End::infra(format!(
-                    "provider: the token was refused (401); the codex process was ended and `resume` continues with the token read again: {msg}"
-                )));
-            }
-            ProcessEnd::ToolInfra(why) => return Ok(End::infra(why)),
-            ProcessEnd::TurnBudget => {
-                return Ok(End::turn_budget(inner.agent.loop_params.max_turns));
-            }
-            ProcessEnd::Exited {
-                success,
-                status,
-                turn_failed,
-                stderr,
-                saw_events,
-            } => {
-                if let Some(summary) = s.tools.ending().finished {
-                    let ws = s.tools.toolbox.workspace();
-                    return Ok(End::finished_by_agent(summary, ws, j));
-                }
-                if next.is_some() && !saw_events {
-                    // The thread could not be resumed (its rollout is gone): start afresh.
-                    j.record_event(&CodexResumeFailed { status, stderr })?;
-                    thread = None;
-                    next = None;
-                    continue;
-                }
-                if let Some(msg) = turn_failed {
-                    return Ok(End::infra(format!("provider: {msg}")));
-                }
-                if !success {
-                    let cut = stderr.char_indices().rev().nth(599).map_or(0, |(i, _)| i);
-                    let tail = &stderr[cut..];
-                    return Ok(End::infra(format!("codex exited with {status}: {tail}")));
-                }
-                if nudges >= inner.agent.loop_params.nudges || thread.is_none() {
-                    return Ok(End::new(SessionStatus::Failed, NO_FINISH));
-                }
+        let resuming = (next.is_some(), thread.is_some());
+        match after_exit(inner, s, end, resuming, nudges)? {
+            Then::End(end) => return Ok(*end),
+            Then::Afresh => (thread, next) = (None, None),
+            Then::Nudge => {
                 nudges += 1;
                 j.record_event(&UserMessage {
                     item: user_message(NUDGE),
@@ -242,6 +202,75 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
             }
         }
     }
+}
+
+/// What follows the end of a codex process.
+enum Then {
+    End(Box<End>),
+    /// The thread could not be resumed: start afresh.
+    Afresh,
+    /// codex stopped without calling `finish`: tell it to.
+    Nudge,
+}
+
+/// What a codex process's end means for the session, given whether it was `(resuming a
+/// thread, holding a thread)` and how many nudges it had.
+fn after_exit(
+    inner: &Inner,
+    s: &Prepared,
+    end: ProcessEnd,
+    (resuming, has_thread): (bool, bool),
+    nudges: u32,
+) -> Result<Then, RunError> {
+    // The relay refused its requests at the campaign's cap: resumable, like a native
+    // session stopped there.
+    if let Some(why) = s.tools.slot.over_budget() {
+        return Ok(Then::End(Box::new(End::new(
+            SessionStatus::Interrupted,
+            why,
+        ))));
+    }
+    let max_turns = inner.agent.loop_params.max_turns;
+    let end = match end {
+        ProcessEnd::Cancelled => End::new(SessionStatus::Interrupted, "stopped"),
+        ProcessEnd::Unauthorized(msg) => End::infra(format!(
+            "provider: the token was refused (401); the codex process was ended and `resume` continues with the token read again: {msg}"
+        )),
+        ProcessEnd::ToolInfra(why) => End::infra(why),
+        ProcessEnd::TurnBudget => End::turn_budget(max_turns),
+        ProcessEnd::Exited {
+            success,
+            status,
+            turn_failed,
+            stderr,
+            saw_events,
+        } => {
+            if let Some(summary) = s.tools.ending().finished {
+                let ws = s.tools.toolbox.workspace();
+                let end = End::finished_by_agent(summary, ws, &s.tools.journal);
+                return Ok(Then::End(Box::new(end)));
+            }
+            if resuming && !saw_events {
+                // The thread could not be resumed (its rollout is gone): start afresh.
+                s.tools
+                    .journal
+                    .record_event(&CodexResumeFailed { status, stderr })?;
+                return Ok(Then::Afresh);
+            }
+            if let Some(msg) = turn_failed {
+                End::infra(format!("provider: {msg}"))
+            } else if !success {
+                let cut = stderr.char_indices().rev().nth(599).map_or(0, |(i, _)| i);
+                let tail = &stderr[cut..];
+                End::infra(format!("codex exited with {status}: {tail}"))
+            } else if nudges >= inner.agent.loop_params.nudges || !has_thread {
+                End::new(SessionStatus::Failed, NO_FINISH)
+            } else {
+                return Ok(Then::Nudge);
+            }
+        }
+    };
+    Ok(Then::End(Box::new(end)))
 }
 
 /// Records the session's start (its prompt as the first user message) or its resume, and
