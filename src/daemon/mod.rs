@@ -124,37 +124,7 @@ pub async fn run_campaign(
     }
     let root = CancellationToken::new();
     let current = Arc::new(Mutex::new(plan.journals()[0].run_id().to_string()));
-    let listener = control::bind(&control::socket_path(&config.home))?;
-    let control_state = ControlState {
-        owner_uid: rustix::process::geteuid().as_raw(),
-        shutdown: root.clone(),
-        status: status_fn(store, current.clone(), config, now_rfc3339(), root.clone()),
-        broker: Some(broker.clone()),
-    };
-    let server_token = CancellationToken::new();
-    let server = tokio::spawn(control::serve(
-        listener,
-        control_state,
-        server_token.clone(),
-    ));
-    let dashboard = {
-        let current = current.clone();
-        let run: crate::dashboard::DefaultRun =
-            Arc::new(move || Some(crate::sync::guard(&current).clone()));
-        crate::dashboard::spawn_for_daemon(
-            &config.home,
-            config.dashboard_listen,
-            run,
-            server_token.clone(),
-        )
-        .await
-    };
-    let signal_token = root.clone();
-    let signal_task = tokio::spawn(async move {
-        shutdown.await;
-        tracing::info!("shutdown requested; cancelling sessions");
-        signal_token.cancel();
-    });
+    let servers = Servers::start(&params, &root, &current, shutdown).await?;
     let calibrator = params.run.bench.clone();
     let driver = params.run.bench.clone().filter(|_| plan.needs_bench());
     let ctx = phases::Ctx {
@@ -177,22 +147,82 @@ pub async fn run_campaign(
         current,
     };
     let report = phases::drive(&ctx, plan).await;
-    signal_task.abort();
+    servers.signal.abort();
     broker.shutdown().await;
-    server_token.cancel();
-    if let Ok(Err(e)) = server.await {
-        tracing::warn!(error = %e, "control API ended with an error");
-    }
-    if let Some(d) = dashboard {
-        let _ = d.await;
-    }
-    let _ = std::fs::remove_file(control::socket_path(&config.home));
+    servers.stop(&config.home).await;
     // The run's events out of the write-ahead log into the database file, so the file alone
     // holds the run (a copy of `fk-agentd.db` copies it).
     if let Err(e) = store.checkpoint() {
         tracing::warn!(error = %e, "the store could not be checkpointed; its -wal file holds the newest events");
     }
     report
+}
+
+/// What a campaign serves while it runs: the control API, the dashboard (where one listens),
+/// and the task that turns the caller's shutdown into the campaign's cancel.
+struct Servers {
+    control: tokio::task::JoinHandle<std::io::Result<()>>,
+    dashboard: Option<tokio::task::JoinHandle<()>>,
+    signal: tokio::task::JoinHandle<()>,
+    token: CancellationToken,
+}
+
+impl Servers {
+    async fn start(
+        params: &DaemonParams,
+        root: &CancellationToken,
+        current: &Arc<Mutex<String>>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Self, crate::Error> {
+        let config = &params.config;
+        let listener = control::bind(&control::socket_path(&config.home))?;
+        let control_state = ControlState {
+            owner_uid: rustix::process::geteuid().as_raw(),
+            shutdown: root.clone(),
+            status: status_fn(
+                &params.store,
+                current.clone(),
+                config,
+                now_rfc3339(),
+                root.clone(),
+            ),
+            broker: Some(params.broker.clone()),
+        };
+        let token = CancellationToken::new();
+        let control = tokio::spawn(control::serve(listener, control_state, token.clone()));
+        let run: crate::dashboard::DefaultRun = {
+            let current = current.clone();
+            Arc::new(move || Some(crate::sync::guard(&current).clone()))
+        };
+        let home = &config.home;
+        let dashboard =
+            crate::dashboard::spawn_for_daemon(home, config.dashboard_listen, run, token.clone())
+                .await;
+        let signal_token = root.clone();
+        let signal = tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("shutdown requested; cancelling sessions");
+            signal_token.cancel();
+        });
+        Ok(Self {
+            control,
+            dashboard,
+            signal,
+            token,
+        })
+    }
+
+    /// Stops the control API and the dashboard and removes the control socket.
+    async fn stop(self, home: &std::path::Path) {
+        self.token.cancel();
+        if let Ok(Err(e)) = self.control.await {
+            tracing::warn!(error = %e, "control API ended with an error");
+        }
+        if let Some(d) = self.dashboard {
+            let _ = d.await;
+        }
+        let _ = std::fs::remove_file(control::socket_path(home));
+    }
 }
 
 fn status_fn(
