@@ -282,14 +282,8 @@ async fn turn_loop(
     let mut nudges = 0;
     let mut reasoning_dropped = false;
     loop {
-        if cancel.is_cancelled() {
-            return Ok(End::new(SessionStatus::Interrupted, "stopped"));
-        }
-        if turns >= s.params.max_turns {
-            return Ok(End::turn_budget(s.params.max_turns));
-        }
-        if let Some(why) = s.slot.over_budget() {
-            return Ok(End::new(SessionStatus::Interrupted, why));
+        if let Some(end) = stop_before_turn(s, turns, cancel) {
+            return Ok(end);
         }
         if history::estimate_tokens(&history) > s.params.compact_at_tokens {
             let why = "history near the context window";
@@ -298,44 +292,16 @@ async fn turn_loop(
         turns += 1;
         let output = match model_turn(s, &history, turns, cancel).await? {
             Ok(output) => output,
-            Err(LlmError::ContextLengthExceeded { message }) => {
-                let Some(smaller) = compact(j, &history, 0, "context_length_exceeded")? else {
-                    return Ok(End::new(
-                        SessionStatus::Failed,
-                        format!("context window exceeded even after compaction: {message}"),
-                    ));
-                };
-                history = smaller;
-                continue;
-            }
-            Err(LlmError::EncryptedContentRejected { message }) if !reasoning_dropped => {
-                // After a token rotation to another account the provider cannot read the
-                // reasoning it sealed before: the history goes on without it, once per turn.
-                reasoning_dropped = true;
-                let (kept, bytes) = crate::llm::items::without_encrypted_reasoning(&history);
-                if bytes == 0 {
-                    return Ok(End::infra(format!("provider: {message}")));
-                }
-                let compacted = Compacted {
-                    why: format!("{REASONING_DROPPED}: {message}"),
-                    elided_bytes: bytes,
-                    history: kept,
-                };
-                j.record_event(&compacted)?;
-                history = compacted.history;
-                continue;
-            }
-            Err(LlmError::Cancelled) => {
-                return Ok(End::new(
-                    SessionStatus::Interrupted,
-                    "stopped during a model turn",
-                ));
-            }
             Err(e) => {
-                return Ok(End {
-                    infra: e.is_infrastructure(),
-                    ..End::new(SessionStatus::Failed, format!("provider: {e}"))
-                });
+                let dropping = matches!(e, LlmError::EncryptedContentRejected { .. });
+                match retry_after(j, &history, e, reasoning_dropped)? {
+                    Retry::With(again) => {
+                        history = again;
+                        reasoning_dropped |= dropping;
+                        continue;
+                    }
+                    Retry::End(end) => return Ok(*end),
+                }
             }
         };
         reasoning_dropped = false;
@@ -361,6 +327,72 @@ async fn turn_loop(
                 return Ok(end);
             }
         }
+    }
+}
+
+/// Why a session stops before its next turn, if it does: cancelled, out of turns, or over the
+/// campaign's budget.
+fn stop_before_turn(s: &SessionSetup, turns: u32, cancel: &CancellationToken) -> Option<End> {
+    if cancel.is_cancelled() {
+        return Some(End::new(SessionStatus::Interrupted, "stopped"));
+    }
+    if turns >= s.params.max_turns {
+        return Some(End::turn_budget(s.params.max_turns));
+    }
+    let why = s.slot.over_budget()?;
+    Some(End::new(SessionStatus::Interrupted, why))
+}
+
+/// What a failed model turn leaves.
+enum Retry {
+    /// A history to try the turn again with.
+    With(Vec<Value>),
+    End(Box<End>),
+}
+
+/// After a model turn failed with `e`: a compacted history for a context window exceeded, one
+/// without its encrypted reasoning for reasoning the provider cannot read (once in a row:
+/// `reasoning_dropped` says it was just done), or the session's end.
+fn retry_after(
+    j: &SessionJournal,
+    history: &[Value],
+    e: LlmError,
+    reasoning_dropped: bool,
+) -> Result<Retry, RunError> {
+    let end = |end: End| Ok(Retry::End(Box::new(end)));
+    match e {
+        LlmError::ContextLengthExceeded { message } => {
+            match compact(j, history, 0, "context_length_exceeded")? {
+                Some(smaller) => Ok(Retry::With(smaller)),
+                None => end(End::new(
+                    SessionStatus::Failed,
+                    format!("context window exceeded even after compaction: {message}"),
+                )),
+            }
+        }
+        LlmError::EncryptedContentRejected { message } if !reasoning_dropped => {
+            // After a token rotation to another account the provider cannot read the
+            // reasoning it sealed before: the history goes on without it, once per turn.
+            let (kept, bytes) = crate::llm::items::without_encrypted_reasoning(history);
+            if bytes == 0 {
+                return end(End::infra(format!("provider: {message}")));
+            }
+            let compacted = Compacted {
+                why: format!("{REASONING_DROPPED}: {message}"),
+                elided_bytes: bytes,
+                history: kept,
+            };
+            j.record_event(&compacted)?;
+            Ok(Retry::With(compacted.history))
+        }
+        LlmError::Cancelled => end(End::new(
+            SessionStatus::Interrupted,
+            "stopped during a model turn",
+        )),
+        e => end(End {
+            infra: e.is_infrastructure(),
+            ..End::new(SessionStatus::Failed, format!("provider: {e}"))
+        }),
     }
 }
 
