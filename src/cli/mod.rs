@@ -65,6 +65,7 @@ pub fn main() -> i32 {
     // `/proc/<pid>` is closed to the agent code it starts.
     crate::confine::protect_self();
     let env = Env::from_process();
+    term::init(&env);
     // Scoring is long and costly: a reader that goes away (`score | head`) must not end it.
     if !matches!(
         cli.command,

@@ -1,6 +1,22 @@
 //! What the CLI asks of the terminal: its width, and whether stdout gets colour.
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
+
+/// `COLUMNS` and `NO_COLOR` as the CLI's [`crate::config::Env`] read them at start-up.
+static TERM_VARS: OnceLock<(Option<String>, Option<String>)> = OnceLock::new();
+
+/// Keeps what the terminal helpers read of the environment (once, at start-up).
+pub fn init(env: &crate::config::Env) {
+    let columns = env.var("COLUMNS").map(str::to_string);
+    // `NO_COLOR` counts when set to anything but empty; kept as it is.
+    let no_color = env.vars.get("NO_COLOR").cloned();
+    let _ = TERM_VARS.set((columns, no_color));
+}
+
+fn vars() -> &'static (Option<String>, Option<String>) {
+    TERM_VARS.get_or_init(|| (None, None))
+}
 
 /// The width tables fit: the terminal's, else `COLUMNS`, else 120.
 pub fn stdout_width() -> usize {
@@ -16,8 +32,9 @@ pub fn known_width() -> Option<usize> {
     {
         return Some(usize::from(size.ws_col));
     }
-    std::env::var("COLUMNS")
-        .ok()
+    vars()
+        .0
+        .as_deref()
         .and_then(|c| c.parse().ok())
         .filter(|c: &usize| *c >= 40)
 }
@@ -30,8 +47,8 @@ pub fn stderr_width() -> Option<usize> {
 
 /// Whether stdout gets colour: a terminal, and `NO_COLOR` unset or empty.
 pub fn stdout_color() -> bool {
-    let no_color = std::env::var("NO_COLOR").ok();
-    crate::inspect::use_color(std::io::stdout().is_terminal(), no_color.as_deref())
+    let no_color = vars().1.as_deref();
+    crate::inspect::use_color(std::io::stdout().is_terminal(), no_color)
 }
 
 /// Writes `text` to stderr, going on if it cannot: a campaign whose terminal or pipe went away
