@@ -635,10 +635,8 @@ async fn a_codex_agent_that_reads_the_token_file_gets_nothing_of_it() {
     };
     let home = tempfile::tempdir().unwrap();
     // Not under /tmp: a file there cannot be hidden (see `confine`).
-    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let token_file = secrets.path().join("cortex-token");
     let token = "fk-codex-secret-5b1e0c9a27d4f8";
-    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let (_secrets, token_file) = hidden_token(token);
     let t = token_file.display();
     let attack = format!(
         "cat {t}; base64 -w0 {t}; base32 {t}; xxd -p {t}; rev {t}; gzip -c {t} | base64 -w0; \
@@ -712,28 +710,14 @@ async fn codex_itself_cannot_read_the_token_file_and_its_sandbox_still_runs() {
         return;
     };
     let home = tempfile::tempdir().unwrap();
-    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let token_file = secrets.path().join("cortex-token");
     let token = "fk-codex-own-3f9a1c7e52b8d0";
-    std::fs::write(&token_file, format!("{token}\n")).unwrap();
-    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let stand_in = bin.path().join("codex");
-    std::fs::write(
-        &stand_in,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in --version|debug) exec '{c}' \"$@\";; esac\n\
-             echo \"own read: $(cat '{t}' 2>&1)\" >&2\n\
-             '{c}' sandbox -- sh -c 'echo sandbox ran' >&2\nexit 1\n",
-            c = codex.display(),
-            t = token_file.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &stand_in,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let (_secrets, token_file) = hidden_token(token);
+    let (_bin, stand_in) = stand_in_codex(&format!(
+        "echo \"own read: $(cat '{t}' 2>&1)\" >&2\n\
+         '{c}' sandbox -- sh -c 'echo sandbox ran' >&2\nexit 1\n",
+        t = token_file.display(),
+        c = codex.display(),
+    ));
     let fake = FakeResponses::start(vec![]).await;
     let report = run_codex_hiding(home.path(), stand_in, &fake.base_url, &token_file).await;
     let reasons: Vec<String> = events_of(home.path(), "L1/gelu")
@@ -851,30 +835,15 @@ fn no_process_of_a_codex_campaign_but_fk_agentd_holds_the_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_codex_that_stops_without_finish_is_nudged_and_a_lost_thread_starts_afresh() {
     use super::llm_fake::FakeResponses;
-    let Some(codex) = codex_binary() else {
+    if codex_binary().is_none() {
         return;
-    };
+    }
     let home = tempfile::tempdir().unwrap();
-    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let token_file = secrets.path().join("cortex-token");
-    std::fs::write(&token_file, "fk-codex-nudge-token\n").unwrap();
-    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let stand_in = bin.path().join("codex");
-    std::fs::write(
-        &stand_in,
-        format!(
-            "#!/bin/sh\ncase \"$1\" in --version|debug) exec '{c}' \"$@\";; esac\n\
-             case \" $* \" in *\" resume \"*) exit 0;; esac\n\
-             echo '{{\"type\":\"thread.started\",\"thread_id\":\"t-1\"}}'\nexit 0\n",
-            c = codex.display(),
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &stand_in,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let (_secrets, token_file) = hidden_token("fk-codex-nudge-token");
+    let (_bin, stand_in) = stand_in_codex(
+        "case \" $* \" in *\" resume \"*) exit 0;; esac\n\
+         echo '{\"type\":\"thread.started\",\"thread_id\":\"t-1\"}'\nexit 0\n",
+    );
     let fake = FakeResponses::start(vec![]).await;
     run_codex_hiding(home.path(), stand_in, &fake.base_url, &token_file).await;
     let events = events_of(home.path(), "L1/gelu");
@@ -898,4 +867,32 @@ async fn a_codex_that_stops_without_finish_is_nudged_and_a_lost_thread_starts_af
         .filter_map(|e| e.payload["reason"].as_str())
         .collect();
     assert_eq!(reasons, vec!["the model stopped without calling finish"]);
+}
+
+/// A token file where it can be hidden (not under /tmp: see `confine`), in a folder kept as
+/// long as the returned guard.
+fn hidden_token(token: &str) -> (tempfile::TempDir, PathBuf) {
+    let secrets = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let token_file = secrets.path().join("cortex-token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    (secrets, token_file)
+}
+
+/// An executable stand-in for codex that hands `--version` and `debug` (its model catalog) to
+/// the real codex and runs `script` (shell) for everything else.
+fn stand_in_codex(script: &str) -> (tempfile::TempDir, PathBuf) {
+    let codex = codex_binary().expect("a codex binary");
+    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let stand_in = bin.path().join("codex");
+    let text = format!(
+        "#!/bin/sh\ncase \"$1\" in --version|debug) exec '{}' \"$@\";; esac\n{script}",
+        codex.display()
+    );
+    std::fs::write(&stand_in, text).unwrap();
+    std::fs::set_permissions(
+        &stand_in,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    (bin, stand_in)
 }
