@@ -520,16 +520,7 @@ mod tests {
 
     #[test]
     fn the_widest_of_several_calibrations_gives_the_band_and_one_unmeasured_gives_none() {
-        let noise = |sigma: f64| NoiseStats {
-            bias: 1.0,
-            sigma,
-            tau: 0.0,
-            wild_rate: 0.0,
-            benches: 20,
-            targets: 5,
-            dof: 15,
-            tau_upper: 0.0,
-        };
+        let noise = |sigma: f64| NoiseStats::measured(1.0, sigma);
         let cal = |fair: Option<NoiseStats>| Calibration {
             key: CalibrationKey {
                 gpu: "g".into(),

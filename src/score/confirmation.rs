@@ -365,17 +365,7 @@ mod tests {
 
     /// The rule of a calibration (20 benches of 5 targets) that measured `bias` and `sigma`.
     fn rule(bias: f64, sigma: f64) -> ConfirmRule {
-        let noise = NoiseStats {
-            bias,
-            sigma,
-            tau: 0.0,
-            wild_rate: 0.0,
-            benches: 20,
-            targets: 5,
-            dof: 15,
-            tau_upper: 0.0,
-        };
-        ConfirmRule::calibrated(1.0, 3, &noise)
+        ConfirmRule::calibrated(1.0, 3, &NoiseStats::measured(bias, sigma))
     }
 
     #[test]

@@ -32,6 +32,24 @@ pub struct NoiseStats {
     pub tau_upper: f64,
 }
 
+#[cfg(test)]
+impl NoiseStats {
+    /// A calibration of 20 clean benches over 5 targets that measured `bias` and `sigma`, with
+    /// no per-target offset.
+    pub(crate) fn measured(bias: f64, sigma: f64) -> Self {
+        Self {
+            bias,
+            sigma,
+            tau: 0.0,
+            wild_rate: 0.0,
+            benches: 20,
+            targets: 5,
+            dof: 15,
+            tau_upper: 0.0,
+        }
+    }
+}
+
 impl NoiseStats {
     /// Half the width (log) of the band one bench of identical code falls in 95 % of the
     /// time: 1.96 of the spread and the per-target offset together, at least 1 %.
