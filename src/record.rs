@@ -15,8 +15,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
 use crate::event::RunStarted;
 use crate::inspect::{Outcome, OutcomeTally, SessionRecord};
 use crate::scheduler::budget::{Meter, Spent, prices_of};
@@ -28,14 +26,12 @@ use crate::store::{Event, RunRow, Store, StoreError};
 use crate::target::TargetId;
 
 /// A run as every view reads it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct RunRecord {
     pub run: RunRow,
     /// Its `run_started` (settings, the `--mode all` pair); empty when none was recorded.
-    #[serde(skip)]
     pub started: RunStarted,
     /// Every event of the run, in order.
-    #[serde(skip)]
     pub events: Vec<Event>,
     pub sessions: Vec<SessionRecord>,
     /// Tokens and cost of the run's turns (without its pair's).

@@ -3,13 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
-
 use super::{Outcome, ScoringWord, SessionEnd, Verdict};
 use crate::store::SessionRow;
 
 /// One session of a run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SessionRecord {
     pub target: String,
     /// The derived row (state, turns, tokens, best speedup); `None` before the scheduler wrote
