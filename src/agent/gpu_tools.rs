@@ -124,6 +124,25 @@ async fn imports(
     }
 }
 
+impl Checks {
+    /// What stands before a bench: a candidate file, then the checks. `Ok` holds the note on
+    /// the classes the candidate leaves to the baseline, or the answer that refuses it.
+    async fn before_bench(&self, ws: &Workspace) -> Result<Result<String, ToolOutput>, ToolError> {
+        let candidate = ws.candidate_file();
+        if !candidate.is_file() {
+            return Ok(Err(ToolOutput::error(format!(
+                "no candidate yet: write {} first, then validate",
+                ws.candidate_rel()
+            ))));
+        }
+        let checked = match self {
+            Checks::Real(real) => preflight(real, ws, &candidate).await?,
+            Checks::Simulated(check) => imports(check, ws, &candidate, &[]).await?,
+        };
+        Ok(checked.map(|skipped| skipped_note(&skipped)))
+    }
+}
+
 /// What the answer says of the classes a candidate leaves to the baseline.
 fn skipped_note(skipped: &[String]) -> String {
     if skipped.is_empty() {
@@ -167,22 +186,11 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
             self.checks.clone(),
         );
         Box::pin(async move {
-            let candidate = ws.candidate_file();
-            if !candidate.is_file() {
-                return Ok(ToolOutput::error(format!(
-                    "no candidate yet: write {} first, then validate",
-                    ws.candidate_rel()
-                )));
-            }
-            let checked = match &checks {
-                Checks::Real(real) => preflight(real, &ws, &candidate).await?,
-                Checks::Simulated(check) => imports(check, &ws, &candidate, &[]).await?,
-            };
-            let skipped = match checked {
-                Ok(skipped) => skipped,
+            let skipped = match checks.before_bench(&ws).await? {
+                Ok(note) => note,
                 Err(refused) => return Ok(refused),
             };
-            let skipped = skipped_note(&skipped);
+            let candidate = ws.candidate_file();
             let source = std::fs::read(&candidate).ok();
             let screen = source.as_ref().map_or_else(String::new, |b| {
                 screen_text(&ws, &String::from_utf8_lossy(b))

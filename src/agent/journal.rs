@@ -72,10 +72,6 @@ impl SessionJournal {
             .events(self.run.run_id(), Some(&self.name), 0)?)
     }
 
-    pub fn target(&self) -> &TargetId {
-        &self.target
-    }
-
     /// Records a typed event (store, then transcript).
     pub fn record_event<P: crate::event::Payload>(&self, payload: &P) -> Result<Event, RunError> {
         self.record(P::KIND, payload.to_value())

@@ -244,22 +244,36 @@ pub async fn sim_runner_params(
     })
 }
 
-async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
+/// The provider's client, its prices recorded with the run (so its cost can be shown
+/// without the provider file) and codex settled; its token read once, so that a missing or
+/// empty token file stops the start rather than failing all 133 sessions one by one.
+async fn provider_client(config: &mut Config, env: &Env) -> Result<Arc<LlmClient>, Error> {
     let provider = ProviderConfig::load(&config.provider, &config.home, env)?;
     config.prices = provider.prices.clone();
-    require_prices(&config)?;
+    require_prices(config)?;
     if let Some(prices) = &config.prices {
-        // Recorded with the run, so its cost can be shown without the provider file.
         let text = serde_json::to_string(prices).unwrap_or_default();
         let key = crate::scheduler::budget::PRICES_SETTING;
         crate::config::record(&mut config.settings, key, text, SettingSource::File);
     }
-    crate::agent::codex::settle(&mut config, &provider, env.var("PATH"))?;
-    let context_window = provider.limits.context_window;
+    crate::agent::codex::settle(config, &provider, env.var("PATH"))?;
     let token = TokenProvider::from_source(&provider.token, |k| env.var(k).map(String::from))?;
     let llm = Arc::new(LlmClient::new(provider, token)?);
-    // A missing or empty token file should stop the start, not fail all 133 sessions one by one.
     llm.refresh_token().await?;
+    Ok(llm)
+}
+
+/// The environment the import check passes on to Python.
+fn inherited(env: &Env) -> Vec<(String, String)> {
+    crate::harness::import_check::INHERITED
+        .iter()
+        .filter_map(|k| env.var(k).map(|v| (k.to_string(), v.to_string())))
+        .collect()
+}
+
+async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
+    let llm = provider_client(&mut config, env).await?;
+    let context_window = llm.provider().limits.context_window;
     let prepared = super::prepare_harness(&config).await?;
     let protected = Arc::new(crate::protect::ProtectedSet::take(&prepared.copy)?);
     let bench = DriverParams {
@@ -280,10 +294,7 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
         python: config.fastkernels_command.iter().take(1).cloned().collect(),
         harness: prepared.copy.clone(),
         timeout: Duration::from_secs(300),
-        env: crate::harness::import_check::INHERITED
-            .iter()
-            .filter_map(|k| env.var(k).map(|v| (k.to_string(), v.to_string())))
-            .collect(),
+        env: inherited(env),
         confinement: confinement.clone(),
     };
     let shell_env = ShellEnv::from_parent(env.vars.clone(), []).confined(confinement);

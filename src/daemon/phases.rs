@@ -22,7 +22,7 @@
 //! exists).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
@@ -241,48 +241,22 @@ async fn sequential(
             previous: gates.last(),
             gate: ctx.gate,
         };
-        match sequential::gate_level(&driver, &p, &ctx.root).await {
-            Ok(g) => {
-                let path = dir.join(format!("L{level}/gate.json"));
-                let finished = PhaseFinished {
-                    level,
-                    winners: names(&g.winners),
-                    new_winners: names(&g.new_winners),
-                    dropped: Some(g.dropped.iter().map(|d| json!(d)).collect()),
-                    gate: path,
-                };
-                j.record_event(None, &finished)?;
-                gates.push(g);
-            }
-            Err(e) => {
-                let reason = e.to_string();
-                j.record_event(None, &PhaseFailed { level, reason })?;
+        match gate_level(ctx, j, &driver, &p).await? {
+            Ok(g) => gates.push(g),
+            Err(why) => {
                 interrupted = ctx.root.is_cancelled();
-                stopped = Some(format!("L{level} gate: {e}"));
+                stopped = Some(why);
                 break;
             }
         }
     }
     let mut notes: Vec<String> = gates.iter().filter_map(level_losses).collect();
     if !interrupted && stopped.is_none() {
-        match sequential::finish(&driver, &dir, &gates, &ctx.root).await {
-            Ok(g) => {
-                let finished = SequentialFinished {
-                    winners: g.winners.iter().map(|d| d.target.to_string()).collect(),
-                    dropped: g.dropped.iter().map(|d| d.target.to_string()).collect(),
-                    gate: dir.join("gate.json"),
-                };
-                j.record_event(None, &finished)?;
-                notes.push(format!(
-                    "{SEQUENTIAL_RESULTS} {} ({} winners kept, {} dropped in composition)",
-                    dir.display(),
-                    g.winners.len(),
-                    g.dropped.len()
-                ));
-            }
-            Err(e) => {
+        match compose_final(j, &driver, &dir, &gates, &ctx.root).await? {
+            Ok(note) => notes.push(note),
+            Err(why) => {
                 interrupted = ctx.root.is_cancelled();
-                stopped = Some(format!("final composed bench: {e}"));
+                stopped = Some(why);
             }
         }
     }
@@ -293,6 +267,62 @@ async fn sequential(
     let mut end = end_run(ctx, j, targets, phase, stopped)?;
     end.notes.extend(notes);
     Ok(end)
+}
+
+/// Gates one level and records the outcome: the gate, or (inside `Ok`) why the campaign
+/// stops there.
+async fn gate_level(
+    ctx: &Ctx,
+    j: &RunJournal,
+    driver: &BenchDriver<LeaseLauncher>,
+    p: &LevelParams<'_>,
+) -> Result<Result<sequential::LevelGate, String>, Error> {
+    let level = p.level;
+    match sequential::gate_level(driver, p, &ctx.root).await {
+        Ok(g) => {
+            let finished = PhaseFinished {
+                level,
+                winners: names(&g.winners),
+                new_winners: names(&g.new_winners),
+                dropped: Some(g.dropped.iter().map(|d| json!(d)).collect()),
+                gate: p.seq_dir.join(format!("L{level}/gate.json")),
+            };
+            j.record_event(None, &finished)?;
+            Ok(Ok(g))
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            j.record_event(None, &PhaseFailed { level, reason })?;
+            Ok(Err(format!("L{level} gate: {e}")))
+        }
+    }
+}
+
+/// The final composed bench of every level's winners, recorded: its note for the report, or
+/// (inside `Ok`) why it did not finish.
+async fn compose_final(
+    j: &RunJournal,
+    driver: &BenchDriver<LeaseLauncher>,
+    dir: &Path,
+    gates: &[sequential::LevelGate],
+    root: &CancellationToken,
+) -> Result<Result<String, String>, Error> {
+    let g = match sequential::finish(driver, dir, gates, root).await {
+        Ok(g) => g,
+        Err(e) => return Ok(Err(format!("final composed bench: {e}"))),
+    };
+    let finished = SequentialFinished {
+        winners: g.winners.iter().map(|d| d.target.to_string()).collect(),
+        dropped: g.dropped.iter().map(|d| d.target.to_string()).collect(),
+        gate: dir.join("gate.json"),
+    };
+    j.record_event(None, &finished)?;
+    Ok(Ok(format!(
+        "{SEQUENTIAL_RESULTS} {} ({} winners kept, {} dropped in composition)",
+        dir.display(),
+        g.winners.len(),
+        g.dropped.len()
+    )))
 }
 
 /// `L1 dropped 2 candidate(s): L1/embedding (…); …`, when it dropped any.

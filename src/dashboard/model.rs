@@ -354,14 +354,6 @@ impl RunView {
         self.leases.iter().map(LeaseSpan::gpu_seconds).sum::<f64>() + 0.0
     }
 
-    /// A session's verdict so far.
-    pub fn verdict(&self, target: &str) -> Verdict {
-        self.tally
-            .outcomes
-            .get(target)
-            .map_or(Verdict::Pending, |o| o.verdict.clone())
-    }
-
     /// One line per target of the run, in target order, with what `scored` (the run's
     /// scoring so far) made of each validated candidate.
     pub fn session_lines(&self, scored: Option<&Scored>) -> Vec<SessionLine> {

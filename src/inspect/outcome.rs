@@ -383,13 +383,6 @@ impl OutcomeTally {
         t
     }
 
-    /// Counts `n` sessions that have no event yet as queued.
-    pub fn add_queued(&mut self, n: usize) {
-        if n > 0 {
-            *self.ends.entry("queued").or_default() += n;
-        }
-    }
-
     /// `6 sessions finished, 0 winners (3 slower than baseline, 1 incorrect, 2 blocked by the screen)`.
     pub fn line(&self) -> String {
         let ends: Vec<String> = END_ORDER

@@ -166,20 +166,7 @@ impl LlmClient {
             };
             if matches!(err, LlmError::Unauthorized { status: 401, .. }) && !reloaded {
                 reloaded = true;
-                let status = self.token.reload_after_unauthorized().await?;
-                tracing::info!(
-                    provider = %self.provider.name,
-                    source = %status.source,
-                    changed = status.changed,
-                    "401: token read again"
-                );
-                let event = LlmEvent::TokenReloaded {
-                    source: status.source,
-                    age: status.age,
-                    changed: status.changed,
-                    why: "unauthorized",
-                };
-                send(events, event).await;
+                self.reload_token(events).await?;
                 continue;
             }
             if !err.is_retryable() {
@@ -192,36 +179,65 @@ impl LlmClient {
                 });
             }
             retries += 1;
-            let delay = err.retry_after().unwrap_or_else(|| backoff_delay(retries));
-            // A retry that is still within budget is routine (429s, idle streams): info, not
-            // warn. Running out of retries is the error the caller sees.
-            tracing::info!(
-                provider = %self.provider.name,
-                attempt = retries,
-                max_retries,
-                delay_ms = delay.as_millis() as u64,
-                reason = %err.reason(),
-                "retrying the turn"
-            );
-            let rate_limited = matches!(err, LlmError::RateLimited { .. });
-            if rate_limited {
-                // Every session of this provider waits, through the gate in `pace`.
-                self.pacer.close_gate_for(delay);
-            }
-            send(
-                events,
-                LlmEvent::Retry {
-                    attempt: retries,
-                    max_retries,
-                    reason: err.reason(),
-                    delay,
-                },
-            )
-            .await;
-            if !rate_limited {
-                sleep_or_cancel(delay, cancel).await?;
-            }
+            self.wait_to_retry(&err, retries, events, cancel).await?;
         }
+    }
+
+    /// Reads the token again after a 401, and says so.
+    async fn reload_token(&self, events: &Sender<LlmEvent>) -> Result<(), LlmError> {
+        let status = self.token.reload_after_unauthorized().await?;
+        tracing::info!(
+            provider = %self.provider.name,
+            source = %status.source,
+            changed = status.changed,
+            "401: token read again"
+        );
+        let event = LlmEvent::TokenReloaded {
+            source: status.source,
+            age: status.age,
+            changed: status.changed,
+            why: "unauthorized",
+        };
+        send(events, event).await;
+        Ok(())
+    }
+
+    /// Waits before retry number `retry` after `err`: its `Retry-After`, else the backoff. A
+    /// rate limit closes the provider's gate instead, so every session of it waits (in `pace`).
+    async fn wait_to_retry(
+        &self,
+        err: &LlmError,
+        retry: u32,
+        events: &Sender<LlmEvent>,
+        cancel: &CancellationToken,
+    ) -> Result<(), LlmError> {
+        let max_retries = self.provider.limits.max_retries;
+        let delay = err.retry_after().unwrap_or_else(|| backoff_delay(retry));
+        // A retry that is still within budget is routine (429s, idle streams): info, not
+        // warn. Running out of retries is the error the caller sees.
+        tracing::info!(
+            provider = %self.provider.name,
+            attempt = retry,
+            max_retries,
+            delay_ms = delay.as_millis() as u64,
+            reason = %err.reason(),
+            "retrying the turn"
+        );
+        let rate_limited = matches!(err, LlmError::RateLimited { .. });
+        if rate_limited {
+            self.pacer.close_gate_for(delay);
+        }
+        let event = LlmEvent::Retry {
+            attempt: retry,
+            max_retries,
+            reason: err.reason(),
+            delay,
+        };
+        send(events, event).await;
+        if !rate_limited {
+            sleep_or_cancel(delay, cancel).await?;
+        }
+        Ok(())
     }
 
     async fn pace(

@@ -153,28 +153,19 @@ impl WinnerGate {
         if rows.is_empty() {
             return verdict;
         }
-        if kept.is_empty() {
-            verdict.reason = Some(format!("all skipped{}", first_detail(rows)));
+        if let Some((reason, failing)) = unjudged(rows, &kept) {
+            verdict.reason = Some(reason);
+            verdict.failing_statuses = failing;
             return verdict;
         }
-        let mut failing: BTreeMap<String, usize> = BTreeMap::new();
-        for r in kept.iter().filter(|r| r.status != Status::Passed) {
-            *failing.entry(r.status.to_string()).or_default() += 1;
-        }
-        if !failing.is_empty() {
-            verdict.failing_statuses = failing.keys().cloned().collect();
-            verdict.reason = Some(count_list(&failing));
-            return verdict;
-        }
-        // An infinite speedup is a candidate time of zero: a broken measurement, not a win.
-        let not_timed = kept
-            .iter()
-            .filter(|r| !(r.fair_speedup() > 0.0 && r.fair_speedup().is_finite()))
-            .count();
-        if not_timed > 0 {
-            verdict.reason = Some(format!("PASSED without a finite speedup > 0 ×{not_timed}"));
-            return verdict;
-        }
+        self.time(&mut verdict, &kept);
+        verdict
+    }
+
+    /// The speedups of rows that all passed with a finite time: the fair geomean (a winner at
+    /// the threshold), the timing method, the rounds' own standard error, the published
+    /// geomean.
+    fn time(&self, verdict: &mut TargetVerdict, kept: &[&ScenarioRow]) {
         let g = geomean(kept.iter().map(|r| r.fair_speedup()));
         let paired = kept.iter().all(|r| r.timing() == TimingMethod::Paired);
         verdict.timing = if paired {
@@ -206,7 +197,6 @@ impl WinnerGate {
                 fmt_threshold(self.threshold)
             ));
         }
-        verdict
     }
 
     /// Judges every target present in a result, plus `expected` targets that have no rows
@@ -252,6 +242,32 @@ fn count_list(counts: &BTreeMap<String, usize>) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Why rows cannot be timed, with the failing statuses: all skipped, some failed, or some
+/// passed without a finite speedup above zero (an infinite speedup is a candidate time of
+/// zero: a broken measurement, not a win). `None` when every kept row can be timed.
+fn unjudged(rows: &[&ScenarioRow], kept: &[&ScenarioRow]) -> Option<(String, Vec<String>)> {
+    if kept.is_empty() {
+        return Some((format!("all skipped{}", first_detail(rows)), Vec::new()));
+    }
+    let mut failing: BTreeMap<String, usize> = BTreeMap::new();
+    for r in kept.iter().filter(|r| r.status != Status::Passed) {
+        *failing.entry(r.status.to_string()).or_default() += 1;
+    }
+    if !failing.is_empty() {
+        return Some((count_list(&failing), failing.into_keys().collect()));
+    }
+    let not_timed = kept
+        .iter()
+        .filter(|r| !(r.fair_speedup() > 0.0 && r.fair_speedup().is_finite()))
+        .count();
+    (not_timed > 0).then(|| {
+        (
+            format!("PASSED without a finite speedup > 0 ×{not_timed}"),
+            Vec::new(),
+        )
+    })
 }
 
 fn first_detail(rows: &[&ScenarioRow]) -> String {

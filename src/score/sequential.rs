@@ -217,20 +217,7 @@ pub async fn gate_level<L: BenchLauncher>(
         return Ok(done);
     }
     let dir = p.seq_dir.join(format!("L{}", p.level));
-    let cand = dir.join("candidates");
-    // The candidates are gathered anew; the benches' folders stay, so a level taken up again
-    // after a kill reuses every bench that finished (see `crate::score::driver`).
-    fresh_dir(&cand)?;
-    if let Some(prev) = p.previous {
-        copy_tree(&prev.win_candidates, &cand)?;
-    }
-    let sessions: Vec<(TargetId, PathBuf)> = session_candidates(p.run_dir)?
-        .into_iter()
-        .filter(|(t, _)| p.targets.contains(t))
-        .collect();
-    gather_sessions(&sessions, &cand)?;
-    let expected: Vec<TargetId> = sessions.iter().map(|(t, _)| t.clone()).collect();
-    let set = CandidateSet::scan(&cand)?;
+    let (set, expected) = gather_level(p, &dir)?;
     let judges = if p.gate.kind == crate::score::gate::GateKind::Confirmed && !expected.is_empty() {
         Some(level_judges(driver, p, cancel).await?)
     } else {
@@ -259,15 +246,7 @@ pub async fn gate_level<L: BenchLauncher>(
     let decisions: Vec<Decision> = p
         .targets
         .iter()
-        .map(|t| {
-            decisions.remove(t).unwrap_or_else(|| Decision {
-                target: t.clone(),
-                winner: false,
-                published: false,
-                geomean: None,
-                reason: Some("no candidate: the session wrote none".into()),
-            })
-        })
+        .map(|t| decisions.remove(t).unwrap_or_else(|| no_candidate(t)))
         .collect();
     let new_winners: Vec<TargetId> = decisions
         .iter()
@@ -291,6 +270,39 @@ pub async fn gate_level<L: BenchLauncher>(
     };
     write_json(&dir.join("gate.json"), &gate)?;
     Ok(gate)
+}
+
+/// The level's candidate set: the lower levels' winners and this level's session
+/// candidates, gathered anew into `dir/candidates` (the benches' folders stay, so a level
+/// taken up again after a kill reuses every bench that finished; see
+/// `crate::score::driver`); with the targets whose session left a candidate.
+fn gather_level(
+    p: &LevelParams<'_>,
+    dir: &Path,
+) -> Result<(CandidateSet, Vec<TargetId>), ScoreError> {
+    let cand = dir.join("candidates");
+    fresh_dir(&cand)?;
+    if let Some(prev) = p.previous {
+        copy_tree(&prev.win_candidates, &cand)?;
+    }
+    let sessions: Vec<(TargetId, PathBuf)> = session_candidates(p.run_dir)?
+        .into_iter()
+        .filter(|(t, _)| p.targets.contains(t))
+        .collect();
+    gather_sessions(&sessions, &cand)?;
+    let expected = sessions.into_iter().map(|(t, _)| t).collect();
+    Ok((CandidateSet::scan(&cand)?, expected))
+}
+
+/// The decision of a target whose session wrote no candidate.
+fn no_candidate(target: &TargetId) -> Decision {
+    Decision {
+        target: target.clone(),
+        winner: false,
+        published: false,
+        geomean: None,
+        reason: Some("no candidate: the session wrote none".into()),
+    }
 }
 
 /// What benching a level gave: a decision per target benched, whether any bench was

@@ -125,29 +125,9 @@ async fn respond(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let authorized = script
-        .faults
-        .token_ok(bearer, &body.to_string())
-        .unwrap_or_else(|| bearer == format!("Bearer {SIM_TOKEN}"));
-    if !authorized {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "invalid_api_key",
-            "simulated server: bad or missing bearer token",
-        );
-    }
     let input = body["input"].as_array().cloned().unwrap_or_default();
-    // A function call without its reasoning item, and what Cortex refuses (hosted tools,
-    // `name:effort` ids, stored responses), refused here too.
-    let checked =
-        check_reasoning_echo(&input).and_then(|()| super::codex::check_cortex_rules(&body));
-    if let Err(msg) = checked {
-        script.faults.violation();
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg);
+    if let Some(refusal) = refused(&script, &headers, &body, &input) {
+        return refusal;
     }
     let key = body["prompt_cache_key"]
         .as_str()
@@ -158,11 +138,58 @@ async fn respond(
         .rmatch_indices('/')
         .nth(1)
         .map_or(key.as_str(), |(at, _)| &key[at + 1..]);
-    let step = Step::from_history(&input);
     let turn_id = digest(&[&script.seed.to_string(), &key, &input.len().to_string()]);
     let fault = script.faults.arrive(&key, &turn_id);
+    if let Some(failure) = fault.and_then(injected) {
+        return failure;
+    }
+    tokio::time::sleep(think_time(&script, &turn_id)).await;
+    // A codex client (its shell tool is `exec_command`) follows the same script through its shell.
+    let items = if super::codex::is_codex(&body) {
+        super::codex::items(&input, &turn_id, script.seed)
+    } else {
+        let attack = script.faults.token_file.as_deref();
+        Step::from_history(&input).items(target, &turn_id, script.seed, attack)
+    };
+    let input_bytes = body.to_string().len() as u64;
+    streamed(sse_stream(&turn_id, &items, input_bytes), fault)
+}
+
+/// The refusal of a request without the token, or one breaking what Cortex enforces: a
+/// function call without its reasoning item, hosted tools, `name:effort` ids, stored
+/// responses.
+fn refused(
+    script: &SimScript,
+    headers: &HeaderMap,
+    body: &Value,
+    input: &[Value],
+) -> Option<Response> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let authorized = script
+        .faults
+        .token_ok(bearer, &body.to_string())
+        .unwrap_or_else(|| bearer == format!("Bearer {SIM_TOKEN}"));
+    if !authorized {
+        return Some(error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "simulated server: bad or missing bearer token",
+        ));
+    }
+    let checked = check_reasoning_echo(input).and_then(|()| super::codex::check_cortex_rules(body));
+    checked.err().map(|msg| {
+        script.faults.violation();
+        error(StatusCode::BAD_REQUEST, "invalid_request_error", &msg)
+    })
+}
+
+/// The answer of an injected HTTP failure; `None` for the faults that act on the stream.
+fn injected(fault: Fault) -> Option<Response> {
     match fault {
-        Some(Fault::TooManyRequests) => {
+        Fault::TooManyRequests => {
             let mut r = error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_exceeded",
@@ -172,36 +199,25 @@ async fn respond(
                 header::RETRY_AFTER,
                 header::HeaderValue::from(RETRY_AFTER.as_secs()),
             );
-            return r;
+            Some(r)
         }
-        Some(Fault::ServerError) => {
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "simulated server: injected 500",
-            );
-        }
-        _ => {}
+        Fault::ServerError => Some(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "simulated server: injected 500",
+        )),
+        _ => None,
     }
-    let think = think_time(&script, &turn_id);
-    tokio::time::sleep(think).await;
-    // A codex client (its shell tool is `exec_command`) follows the same script through its shell.
-    let items = if super::codex::is_codex(&body) {
-        super::codex::items(&input, &turn_id, script.seed)
-    } else {
-        let attack = script.faults.token_file.as_deref();
-        step.items(target, &turn_id, script.seed, attack)
-    };
-    let input_bytes = body.to_string().len() as u64;
-    let mut stream = sse_stream(&turn_id, &items, input_bytes);
+}
+
+/// The event stream of a turn: whole, cut half way (no `response.completed`), or cut and
+/// then silent on an open connection until the client gives up or the stall ends.
+fn streamed(mut stream: String, fault: Option<Fault>) -> Response {
     if matches!(fault, Some(Fault::CutStream | Fault::Stall)) {
-        // Half way through: no `response.completed`.
         let cut = crate::workspace::truncate::floor_char_boundary(&stream, stream.len() / 2);
         stream.truncate(cut);
     }
     if fault == Some(Fault::Stall) {
-        // The first half, then silence on an open connection (until the client gives up,
-        // which drops this body, or the stall ends).
         let first = futures::stream::once(async move { Ok::<_, std::io::Error>(stream) });
         let silence = futures::stream::once(async {
             tokio::time::sleep(STALL).await;

@@ -144,49 +144,10 @@ async fn relay(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if route != s.route || sha256_hex(bearer.as_bytes()) != s.key_digest {
-        return refusal(
-            StatusCode::UNAUTHORIZED,
-            "invalid_api_key",
-            "fk-agentd relay: not this session's capability",
-        );
-    }
-    if let Some(why) = (s.hooks.over_budget)() {
-        return refusal(StatusCode::TOO_MANY_REQUESTS, "budget_reached", &why);
-    }
-    // Behind the confinement, the last line: codex runs some tools in its own process (file
-    // reads, patches, images), outside its sandbox and, on a host without namespaces, outside
-    // ours; what they read of the token never leaves here, in any form a leak takes.
-    // (The token held is the one looked for: load it first, as sending would.)
-    if let Err(e) = s.llm.token().header().await {
-        return error_response(&e);
-    }
-    let text = String::from_utf8_lossy(&body);
-    if s.llm.token().scrub(&text) != text {
-        tracing::warn!("the codex relay refused a request that held the provider token");
-        let why =
-            "fk-agentd relay: the request holds the provider token (in some form); it was not sent";
-        return refusal(StatusCode::BAD_REQUEST, "invalid_request_error", why);
-    }
-    let mut body: Value = match serde_json::from_slice(&body) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => {
-            let why = "fk-agentd relay: the request body is not a JSON object";
-            return refusal(StatusCode::BAD_REQUEST, "invalid_request_error", why);
-        }
+    let mut body = match admitted(&s, &route, &headers, &body).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
     };
-    if let Err(why) = provider_refusal(&body, &s.llm.provider().model) {
-        return refusal(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            &format!("fk-agentd relay: {why}"),
-        );
-    }
     let mut retried = false;
     loop {
         let input = body["input"].as_array().cloned().unwrap_or_default();
@@ -218,6 +179,73 @@ async fn relay(
             Err(e) => return error_response(&e),
         }
     }
+}
+
+/// The request body a relay may send on, or the refusal: a caller without this session's
+/// capability, a spent budget, the provider token in any form (codex runs some tools in its
+/// own process, file reads, patches, images, outside its sandbox and, on a host without
+/// namespaces, outside ours: what they read of the token never leaves here), not a JSON
+/// object, or what the provider refuses.
+async fn admitted(
+    s: &Shared,
+    route: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Value, Response> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if route != s.route || sha256_hex(bearer.as_bytes()) != s.key_digest {
+        return Err(refusal(
+            StatusCode::UNAUTHORIZED,
+            "invalid_api_key",
+            "fk-agentd relay: not this session's capability",
+        ));
+    }
+    if let Some(why) = (s.hooks.over_budget)() {
+        return Err(refusal(
+            StatusCode::TOO_MANY_REQUESTS,
+            "budget_reached",
+            &why,
+        ));
+    }
+    // Behind the confinement, the last line. The token held is the one looked for: load it
+    // first, as sending would.
+    if let Err(e) = s.llm.token().header().await {
+        return Err(error_response(&e));
+    }
+    let text = String::from_utf8_lossy(body);
+    if s.llm.token().scrub(&text) != text {
+        tracing::warn!("the codex relay refused a request that held the provider token");
+        let why =
+            "fk-agentd relay: the request holds the provider token (in some form); it was not sent";
+        return Err(refusal(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            why,
+        ));
+    }
+    let body: Value = match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            let why = "fk-agentd relay: the request body is not a JSON object";
+            return Err(refusal(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                why,
+            ));
+        }
+    };
+    if let Err(why) = provider_refusal(&body, &s.llm.provider().model) {
+        return Err(refusal(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &format!("fk-agentd relay: {why}"),
+        ));
+    }
+    Ok(body)
 }
 
 /// Reads the usage of each response out of a Responses event stream as it passes: the
