@@ -213,7 +213,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                         .get(ws.target())
                         .cloned()
                         .unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
-                    record_validation(&journal, &work, n, &v, gpu_s, sha);
+                    record_validation(&journal, &work, validation(n, &v, gpu_s, sha));
                     let band = match v.geomean {
                         Some(_) => noise_band(&driver, &ws, &cancel).await,
                         None => Err(String::new()),
@@ -235,7 +235,7 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 )),
                 Err(f) => {
                     let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
-                    record_validation(&journal, &work, n, &v, gpu_s, sha);
+                    record_validation(&journal, &work, validation(n, &v, gpu_s, sha));
                     Ok(ToolOutput::error(format!(
                         "validation {n} failed: {}{screen}",
                         f.describe()
@@ -408,15 +408,14 @@ fn screen_text(ws: &Workspace, source: &str) -> String {
 
 /// Records a validation as an event and beside its bench (`<work>/validation.json`, read back
 /// by scoring: [`crate::score::candidates::earlier_benches`]).
-fn record_validation(
-    journal: &SessionJournal,
-    work: &std::path::Path,
+/// The validation event of bench `n` of a session.
+fn validation(
     n: u32,
     v: &TargetVerdict,
     gpu_s: f64,
     candidate_sha256: Option<String>,
-) {
-    let validation = crate::event::Validation {
+) -> crate::event::Validation {
+    crate::event::Validation {
         n,
         winner: v.winner,
         geomean: v.geomean,
@@ -426,7 +425,14 @@ fn record_validation(
         failing: Some(v.failing_statuses.clone()),
         gpu_s,
         candidate_sha256,
-    };
+    }
+}
+
+fn record_validation(
+    journal: &SessionJournal,
+    work: &std::path::Path,
+    validation: crate::event::Validation,
+) {
     if let Err(e) = journal.record_event(&validation) {
         tracing::warn!(error = %e, "cannot record a validation");
     }
@@ -435,7 +441,7 @@ fn record_validation(
         tracing::warn!(error = %e, "cannot keep a validation beside its bench");
     }
     if validation.passed_every_scenario()
-        && let Some(g) = v.geomean
+        && let Some(g) = validation.geomean
     {
         let _ = journal.update(SessionState::Running, |p| {
             p.best_speedup = Some(p.best_speedup.map_or(g, |b| b.max(g)));

@@ -29,10 +29,6 @@ pub(super) fn print_report(r: &CampaignReport, global: &GlobalArgs) {
 /// The end-of-campaign report, unfitted.
 fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
     let mut out = String::new();
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for s in r.phase.results.values() {
-        *counts.entry(s.word()).or_default() += 1;
-    }
     let home = home_of(r);
     // Opened for writing, as the daemon that just ended did: the last connection to close
     // checkpoints the store, so the home keeps no `-wal` or `-shm` file.
@@ -56,10 +52,7 @@ fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
     let tally = record.as_ref().map(RunRecord::tally);
     match &tally {
         Some(t) => wln!(out, "outcome   {}", t.line()),
-        None => {
-            let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            wln!(out, "sessions  {}", counts.join(", "));
-        }
+        None => wln!(out, "sessions  {}", status_counts(r)),
     }
     let mut winners = tally.map_or(0, |t| t.winners);
     wln!(out, "run dir   {}", r.run_dir.display());
@@ -82,16 +75,7 @@ fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
     if let Some(record) = &record {
         print_spent(&mut out, record, paired.as_ref());
     }
-    // Point at a session of this run (a failed one first: that is the one worth reading).
-    let example = r
-        .phase
-        .results
-        .iter()
-        .find(|(_, s)| !matches!(s, SessionStatus::Finished | SessionStatus::Skipped(_)))
-        .or_else(|| r.phase.results.iter().next())
-        .map(|(t, _)| t.to_string())
-        .unwrap_or_else(|| "L1/gelu".into());
-    wln!(out, "\n{}", next_hint(global, r, &example));
+    wln!(out, "\n{}", next_hint(global, r, &example_session(r)));
     if r.status == crate::event::RunOutcome::Interrupted {
         wln!(
             out,
@@ -101,6 +85,27 @@ fn report_text(r: &CampaignReport, global: &GlobalArgs) -> String {
         );
     }
     out
+}
+
+/// `finished 3, failed 1`: the sessions' status words, counted.
+fn status_counts(r: &CampaignReport) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for s in r.phase.results.values() {
+        *counts.entry(s.word()).or_default() += 1;
+    }
+    let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    counts.join(", ")
+}
+
+/// A session of this run to point at: a failed one first (that is the one worth reading).
+fn example_session(r: &CampaignReport) -> String {
+    r.phase
+        .results
+        .iter()
+        .find(|(_, s)| !matches!(s, SessionStatus::Finished | SessionStatus::Skipped(_)))
+        .or_else(|| r.phase.results.iter().next())
+        .map(|(t, _)| t.to_string())
+        .unwrap_or_else(|| "L1/gelu".into())
 }
 
 /// What a session's "winner" means: its last validate bench passed the published gate, which

@@ -325,16 +325,13 @@ async fn score_sequential(
         ..
     } = scoring_driver(config, env, lock, run.simulated, (args.json, &progress)).await?;
     let cancel = CancellationToken::new();
-    let scored = sequential::score_levels(
-        &driver,
-        &run_dir,
-        &seq_dir,
-        &targets,
-        score_gate(config, args),
-        progress.as_ref(),
-        &cancel,
-    )
-    .await;
+    let scoring = sequential::SeqScoring {
+        run_dir: &run_dir,
+        seq_dir: &seq_dir,
+        targets: &targets,
+        gate: score_gate(config, args),
+    };
+    let scored = sequential::score_levels(&driver, &scoring, progress.as_ref(), &cancel).await;
     home.broker.shutdown().await;
     let (levels, gate) = scored?;
     record_scoring_facts(config, &run.id, provider.as_ref()).await?;

@@ -458,8 +458,14 @@ impl Broker {
             }
         };
         let queued_ms = queued_at.elapsed().as_millis() as u64;
-        let outcome =
-            super::lease::execute(self, lease_id, req, cmd, slots, queued_ms, cancel).await;
+        let granted = super::lease::Granted {
+            lease_id,
+            req,
+            cmd,
+            slots,
+            queued_ms,
+        };
+        let outcome = super::lease::execute(self, granted, cancel).await;
         if let (Some(guard), Ok(o)) = (&key, &outcome) {
             guard.publish(o);
         }

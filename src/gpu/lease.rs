@@ -112,35 +112,16 @@ fn child_env(broker: &Broker, g: &Grant) -> Vec<(String, String)> {
 
 pub(crate) async fn execute(
     broker: &Broker,
-    lease_id: String,
-    req: LeaseRequest,
-    cmd: LeaseCommand,
-    slots: Vec<usize>,
-    queued_ms: u64,
+    granted: Granted,
     cancel: &CancellationToken,
 ) -> Result<LeaseOutcome, LeaseError> {
     let mut guard = LeaseGuard {
         broker: broker.clone(),
-        lease_id: lease_id.clone(),
+        lease_id: granted.lease_id.clone(),
         job: None,
         armed: true,
     };
-    let gpus = slots
-        .iter()
-        .map(|&i| broker.inner.inventory.gpus[i].uuid.clone())
-        .collect();
-    let cgroup = broker.inner.backend.cgroup_for(&lease_id, &slots);
-    let g = Grant {
-        lease_id,
-        req,
-        cmd,
-        slots,
-        gpus,
-        queued_ms,
-        cgroup,
-        granted: std::time::SystemTime::now(),
-        secrets: crate::llm::redact::read_secrets(&broker.inner.params.secret_files),
-    };
+    let g = Grant::of(broker, granted);
     let live = LiveLease::default();
     let fault_notify = live.fault_notify.clone();
     broker.lock().live.insert(g.lease_id.clone(), live);
@@ -151,13 +132,68 @@ pub(crate) async fn execute(
     });
     journaled?;
     let output = output.and_then(LeaseOutput::emptied);
+    let launched = launch(broker, &g, output, &mut guard.job).await?;
+    let stops = Stops {
+        deadline: Instant::now() + g.req.max_run,
+        cancel,
+        fault: &fault_notify,
+    };
+    let ended = run_to_end(broker, &g, launched, stops).await;
+    let outcome = conclude(broker, &g, ended).await;
+    guard.armed = false;
+    broker.release(&g.lease_id);
+    Ok(outcome)
+}
+
+/// A lease the queue granted: its id, request, command, the inventory slots it holds and
+/// how long it waited.
+pub(crate) struct Granted {
+    pub lease_id: String,
+    pub req: LeaseRequest,
+    pub cmd: LeaseCommand,
+    pub slots: Vec<usize>,
+    pub queued_ms: u64,
+}
+
+impl Grant {
+    /// The grant of `granted`, now: its GPUs' UUIDs, the cgroup the backend chose, what the
+    /// secret files hold.
+    fn of(broker: &Broker, granted: Granted) -> Self {
+        let Granted {
+            lease_id,
+            req,
+            cmd,
+            slots,
+            queued_ms,
+        } = granted;
+        let gpus = slots
+            .iter()
+            .map(|&i| broker.inner.inventory.gpus[i].uuid.clone())
+            .collect();
+        let cgroup = broker.inner.backend.cgroup_for(&lease_id, &slots);
+        Self {
+            lease_id,
+            req,
+            cmd,
+            slots,
+            gpus,
+            queued_ms,
+            cgroup,
+            granted: std::time::SystemTime::now(),
+            secrets: crate::llm::redact::read_secrets(&broker.inner.params.secret_files),
+        }
+    }
+}
+
+/// Supervises a launched job to its end (exit, deadline, cancel, a GPU fault), sampling its
+/// GPU memory meanwhile.
+async fn run_to_end(broker: &Broker, g: &Grant, launched: Launched, stops: Stops<'_>) -> Ended {
     let Launched {
         job,
         containment,
         exit,
-    } = launch(broker, &g, output, &mut guard.job).await?;
+    } = launched;
     let spawned = Instant::now();
-
     let stop_sampling = CancellationToken::new();
     // Dropped before it ends (its session aborted), the lease stops its sampler too: a sampler
     // left running would keep the broker's shutdown waiting for ever.
@@ -168,14 +204,12 @@ pub(crate) async fn execute(
         gpus: g.gpus.clone(),
     };
     let sampler = spawn_sampler(broker, watched, stop_sampling.clone());
-    let deadline = spawned + g.req.max_run;
-    let Supervised { exit, why, killed } =
-        supervise(broker, &job, exit, deadline, cancel, &fault_notify).await;
+    let Supervised { exit, why, killed } = supervise(broker, &job, exit, stops).await;
     let wall_ms = spawned.elapsed().as_millis() as u64;
     let kill_ms = killed.map(|k| k.duration_since(spawned).as_millis() as u64);
     stop_sampling.cancel();
     let peak = sampler.await.ok().flatten();
-    let ended = Ended {
+    Ended {
         job,
         containment,
         exit,
@@ -183,11 +217,7 @@ pub(crate) async fn execute(
         wall_ms,
         kill_ms,
         peak,
-    };
-    let outcome = conclude(broker, &g, ended).await;
-    guard.armed = false;
-    broker.release(&g.lease_id);
-    Ok(outcome)
+    }
 }
 
 async fn journal_grant(broker: &Broker, g: &Grant) -> Result<(), LeaseError> {
@@ -480,6 +510,14 @@ pub(crate) struct Supervised {
     pub killed: Option<Instant>,
 }
 
+/// What ends a lease before its command does: its deadline, the caller's cancel, a fault on
+/// one of its GPUs (and always the broker's shutdown).
+pub(crate) struct Stops<'a> {
+    pub deadline: Instant,
+    pub cancel: &'a CancellationToken,
+    pub fault: &'a Notify,
+}
+
 /// Waits for the job to end on its own, or ends it at the deadline, on cancel, or on a GPU
 /// fault or violation: SIGTERM to the group and cgroup, the grace, then SIGKILL to whatever
 /// is left of either.
@@ -487,10 +525,13 @@ pub(crate) async fn supervise(
     broker: &Broker,
     job: &JobRef,
     mut exit: ExitFuture,
-    deadline: Instant,
-    cancel: &CancellationToken,
-    fault: &Notify,
+    stops: Stops<'_>,
 ) -> Supervised {
+    let Stops {
+        deadline,
+        cancel,
+        fault,
+    } = stops;
     let backend = broker.inner.backend.clone();
     let reason = tokio::select! {
         r = &mut exit => {

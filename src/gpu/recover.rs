@@ -26,7 +26,7 @@ use super::backend::{JobRef, LeaseBackend, RecordedEnd};
 use super::broker::{Broker, LiveLease};
 use super::cgroup;
 use super::lease::{
-    Supervised, end_job, journal_outcome, kill_note, supervise, unix_ms, verdict, wait_gone,
+    Stops, Supervised, end_job, journal_outcome, kill_note, supervise, unix_ms, verdict, wait_gone,
 };
 use super::reclaim::reclaim;
 use super::types::{Containment, KilledReason, LeaseError, LeaseOutcome};
@@ -161,8 +161,12 @@ impl Broker {
                 gpus: row.gpus.clone(),
             };
             let sampler = spawn_sampler(&broker, watched, stop_sampling.clone());
-            let Supervised { why, killed, .. } =
-                supervise(&broker, &job, exit, started + left, &cancel, &fault_notify).await;
+            let stops = Stops {
+                deadline: started + left,
+                cancel: &cancel,
+                fault: &fault_notify,
+            };
+            let Supervised { why, killed, .. } = supervise(&broker, &job, exit, stops).await;
             stop_sampling.cancel();
             let peak = sampler.await.ok().flatten();
             // Ended on its own: the scheduler may have recorded how.
@@ -185,11 +189,15 @@ impl Broker {
                 let due = left + broker.inner.params.grace;
                 notes.push(kill_note(due, kill_ms, wall.as_millis() as u64));
             }
-            let mut outcome =
-                orphan_outcome(&row, why, wall, notes, containment, recorded.as_ref());
-            outcome.kill_ms = kill_ms;
-            outcome.peak_gpu_memory_bytes = peak;
-            outcome.xids = xids;
+            let outcome = LeaseOutcome {
+                killed_reason: why,
+                wall_ms: wall.as_millis() as u64,
+                notes,
+                kill_ms,
+                peak_gpu_memory_bytes: peak,
+                xids,
+                ..orphan_outcome(&row, containment, recorded.as_ref())
+            };
             journal_outcome(&broker, &outcome).await;
             broker.release(&row.id);
         });
@@ -238,15 +246,11 @@ impl Broker {
             notes.push(format!("cgroup not removed: {e}"));
         }
         reclaim(self, &slots, &mut notes).await;
-        let why = killed.then_some(KilledReason::DaemonRestart);
-        let outcome = orphan_outcome(
-            &row,
-            why,
-            Duration::ZERO,
+        let outcome = LeaseOutcome {
+            killed_reason: killed.then_some(KilledReason::DaemonRestart),
             notes,
-            containment,
-            recorded.as_ref(),
-        );
+            ..orphan_outcome(&row, containment, recorded.as_ref())
+        };
         journal_outcome(self, &outcome).await;
     }
 }
@@ -274,12 +278,10 @@ fn containment_of(row: &LeaseRow) -> Containment {
 }
 
 /// The outcome of a lease whose lead process was not ours to wait on: the exit code `recorded`
-/// (else unknown), and infra, since the job's result was lost with the old daemon.
+/// (else unknown), and infra, since the job's result was lost with the old daemon; no time,
+/// no kill and no notes until the caller sets them.
 fn orphan_outcome(
     row: &LeaseRow,
-    why: Option<KilledReason>,
-    wall: Duration,
-    notes: Vec<String>,
     containment: Containment,
     recorded: Option<&RecordedEnd>,
 ) -> LeaseOutcome {
@@ -289,17 +291,17 @@ fn orphan_outcome(
         class: row.class,
         exit_code: recorded.and_then(|e| e.exit_code),
         signal: recorded.and_then(|e| e.signal),
-        wall_ms: wall.as_millis() as u64,
+        wall_ms: 0,
         kill_ms: None,
         queued_ms: 0,
         gpus: row.gpus.clone(),
         stdout: PathBuf::from(&row.stdout),
         stderr: PathBuf::from(&row.stderr),
         peak_gpu_memory_bytes: None,
-        killed_reason: why,
+        killed_reason: None,
         infra: true,
         xids: Vec::new(),
-        notes,
+        notes: Vec::new(),
         containment,
     }
 }

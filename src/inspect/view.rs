@@ -435,7 +435,11 @@ fn note_of(e: &Event) -> Note {
 
 /// The note of a typed kind.
 fn typed_note(e: &Event) -> Option<String> {
-    Some(match e.decoded() {
+    let kind = e.decoded();
+    if let Some(note) = codex_note(&kind) {
+        return Some(note);
+    }
+    Some(match kind {
         Kind::Compacted(c) => format!(
             "history compacted ({}): {} bytes elided",
             c.why, c.elided_bytes
@@ -447,31 +451,6 @@ fn typed_note(e: &Event) -> Option<String> {
             ),
             None => format!("resumed after a restart at turn {}", r.turns),
         },
-        Kind::CodexConfig(c) => format!(
-            "codex {} configured (its config.toml, {} lines, is in `session --json`)",
-            c.codex_version,
-            c.config_toml.lines().count()
-        ),
-        Kind::CodexStarted(s) => {
-            let pid = s.pid.map_or_else(String::new, |p| format!(" (pid {p})"));
-            match s.resume {
-                true => format!("codex started again on its thread{pid}"),
-                false => format!("codex started{pid}"),
-            }
-        }
-        Kind::CodexThread(t) => format!("codex thread {}", t.thread_id),
-        Kind::CodexStopped(s) => format!("codex stopped: {}", s.why),
-        Kind::CodexResumeFailed(f) => format!(
-            "codex could not resume its thread ({}); it starts afresh",
-            f.status
-        ),
-        Kind::CodexRelayForgot(f) => format!(
-            "the relay left out {} bytes of reasoning the provider could no longer read: {}",
-            f.bytes, f.message
-        ),
-        Kind::CodexError(c) if c.fatal == Some(true) => format!("codex failed: {}", c.message),
-        Kind::CodexError(c) => format!("codex reported: {}", c.message),
-        Kind::CodexOutput(o) => format!("codex printed: {}", o.text),
         Kind::ToolInfraRetry(r) => format!(
             "{} failed for infrastructure reasons; retry {} in {} s: {}",
             r.name, r.attempt, r.delay_s, r.why
@@ -509,6 +488,38 @@ fn typed_note(e: &Event) -> Option<String> {
                 t.source.as_deref().unwrap_or("")
             )
         }
+        _ => return None,
+    })
+}
+
+/// The note of a codex backend's own event.
+fn codex_note(kind: &Kind) -> Option<String> {
+    Some(match kind {
+        Kind::CodexConfig(c) => format!(
+            "codex {} configured (its config.toml, {} lines, is in `session --json`)",
+            c.codex_version,
+            c.config_toml.lines().count()
+        ),
+        Kind::CodexStarted(s) => {
+            let pid = s.pid.map_or_else(String::new, |p| format!(" (pid {p})"));
+            match s.resume {
+                true => format!("codex started again on its thread{pid}"),
+                false => format!("codex started{pid}"),
+            }
+        }
+        Kind::CodexThread(t) => format!("codex thread {}", t.thread_id),
+        Kind::CodexStopped(s) => format!("codex stopped: {}", s.why),
+        Kind::CodexResumeFailed(f) => format!(
+            "codex could not resume its thread ({}); it starts afresh",
+            f.status
+        ),
+        Kind::CodexRelayForgot(f) => format!(
+            "the relay left out {} bytes of reasoning the provider could no longer read: {}",
+            f.bytes, f.message
+        ),
+        Kind::CodexError(c) if c.fatal == Some(true) => format!("codex failed: {}", c.message),
+        Kind::CodexError(c) => format!("codex reported: {}", c.message),
+        Kind::CodexOutput(o) => format!("codex printed: {}", o.text),
         _ => return None,
     })
 }

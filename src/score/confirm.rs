@@ -231,13 +231,8 @@ pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
     let logs: Vec<f64> = geomeans.iter().map(|g| rule.corrected(*g)).collect();
     // Outliers among the benches that count; the noisy ones are left out first.
     let counted: Vec<usize> = (0..n).filter(|i| !is_noisy(*i)).collect();
-    let counted_logs: Vec<f64> = counted.iter().map(|i| logs[*i]).collect();
-    let wild = flag_outliers(&counted_logs, rule);
-    let mut flags = vec![false; n];
-    for (j, i) in counted.iter().enumerate() {
-        flags[*i] = wild[j];
-    }
-    let mut c = Confirmation {
+    let flags = outlier_flags(&logs, &counted, rule);
+    let c = Confirmation {
         benches: geomeans.to_vec(),
         outliers: (0..n).filter(|i| flags[*i]).collect(),
         noisy: (0..n).filter(|i| is_noisy(*i)).collect(),
@@ -275,6 +270,33 @@ pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
             format!("{k} of {n} benches left after outliers and noisy benches: too few to confirm"),
         );
     }
+    match settle(c, &kept, n, rule) {
+        Ok(done) => Step::Done(Box::new(done)),
+        Err((c, why)) => undecided(c, why),
+    }
+}
+
+/// Marks as outliers the wild benches among `counted` (indices into `logs`).
+fn outlier_flags(logs: &[f64], counted: &[usize], rule: &ConfirmRule) -> Vec<bool> {
+    let counted_logs: Vec<f64> = counted.iter().map(|i| logs[*i]).collect();
+    let wild = flag_outliers(&counted_logs, rule);
+    let mut flags = vec![false; logs.len()];
+    for (j, i) in counted.iter().enumerate() {
+        flags[*i] = wild[j];
+    }
+    flags
+}
+
+/// The interval of the `kept` log speedups (at least two) of `n` benches: confirmed when its
+/// lower end clears the threshold, rejected when its upper end is below; `Err` with why when
+/// it straddles the threshold.
+fn settle(
+    mut c: Confirmation,
+    kept: &[f64],
+    n: usize,
+    rule: &ConfirmRule,
+) -> Result<Confirmation, (Confirmation, String)> {
+    let k = kept.len();
     let m = kept.iter().sum::<f64>() / k as f64;
     let (se, z, t) = (rule.se(k), rule.z(), rule.threshold.ln());
     c.geomean = Some(m.exp());
@@ -284,21 +306,21 @@ pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
     let th = short(rule.threshold);
     if m - z * se >= t {
         c.confirmed = true;
-        return Step::Done(Box::new(c));
+        return Ok(c);
     }
     if m + z * se < t {
         c.reason = Some(format!(
             "{g} over {k} benches (bias-corrected), upper end {} < {th}×",
             ratio((m + z * se).exp(), rule.threshold)
         ));
-        return Step::Done(Box::new(c));
+        return Ok(c);
     }
     let why = format!(
         "undecided after {n} benches: {g}, lower end {} < {th}× < upper end {}",
         ratio((m - z * se).exp(), rule.threshold),
         ratio((m + z * se).exp(), rule.threshold)
     );
-    undecided(c, why)
+    Err((c, why))
 }
 
 /// `0.993×`, with more digits when three would print the threshold itself (a value just below

@@ -8,7 +8,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::ScoreError;
 use super::driver::{BenchLauncher, Invocation, ProcessExit};
-use crate::gpu::{Broker, KilledReason, LeaseClass, LeaseCommand, LeaseRequest};
+
+use crate::gpu::platform::{BenchPlatform, PlatformWatch};
+use crate::gpu::{
+    Broker, Inventory, KilledReason, LeaseClass, LeaseCommand, LeaseOutcome, LeaseRequest,
+};
 
 /// Runs every bench as a lease of `class` on one GPU.
 pub struct LeaseLauncher {
@@ -51,28 +55,10 @@ impl LeaseLauncher {
             program: inv.program.clone(),
             why,
         };
-        let watch = std::sync::Mutex::new(crate::gpu::platform::PlatformWatch::default());
-        let inventory = self.broker.inventory().clone();
-        // Every GPU is read once a second while the bench runs (NVML only; the lease's GPU is
-        // known when it ends), so a bench taken while its GPU throttled can be told.
-        let sample = async {
-            if !inventory.observable() {
-                return std::future::pending().await;
-            }
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                let readings = inventory.readings();
-                if let Ok(mut w) = watch.lock() {
-                    for (uuid, r) in &readings {
-                        w.add(uuid, r);
-                    }
-                }
-            }
-        };
+        let watch = std::sync::Mutex::new(PlatformWatch::default());
         let out = tokio::select! {
             out = self.broker.run(req, cmd, &cancel) => out,
-            never = sample => never,
+            never = sample_platform(self.broker.inventory(), &watch) => never,
         }
         .map_err(|e| launch_err(format!("lease refused: {e}")))?;
         let platform = watch
@@ -85,26 +71,49 @@ impl LeaseLauncher {
                 out.lease_id, out.killed_reason
             )));
         }
-        Ok(ProcessExit {
-            code: out.exit_code,
-            signal: out.signal,
-            timed_out: matches!(out.killed_reason, Some(KilledReason::Deadline)),
-            cancelled: matches!(out.killed_reason, Some(KilledReason::Cancelled)),
-            violation: match &out.killed_reason {
-                Some(KilledReason::GpuViolation { uuid, pid }) => Some(format!(
-                    "process {pid} of lease {} ran on GPU {uuid}, outside the lease",
-                    out.lease_id
-                )),
-                _ => None,
-            },
-            wall_s: out.wall_ms as f64 / 1000.0,
-            platform,
-            node: out
-                .gpus
-                .first()
-                .and_then(|g| crate::gpu::node_of_uuid(g))
-                .map(str::to_string),
-        })
+        Ok(process_exit(&out, platform))
+    }
+}
+
+/// Reads every GPU once a second while a bench runs (NVML only; the lease's GPU is known when
+/// it ends), so a bench taken while its GPU throttled can be told. Never returns.
+async fn sample_platform(inventory: &Inventory, watch: &std::sync::Mutex<PlatformWatch>) -> ! {
+    if !inventory.observable() {
+        std::future::pending::<()>().await;
+    }
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let readings = inventory.readings();
+        if let Ok(mut w) = watch.lock() {
+            for (uuid, r) in &readings {
+                w.add(uuid, r);
+            }
+        }
+    }
+}
+
+/// How a bench's lease ended, as the bench driver reads a process's end.
+fn process_exit(out: &LeaseOutcome, platform: Option<BenchPlatform>) -> ProcessExit {
+    ProcessExit {
+        code: out.exit_code,
+        signal: out.signal,
+        timed_out: matches!(out.killed_reason, Some(KilledReason::Deadline)),
+        cancelled: matches!(out.killed_reason, Some(KilledReason::Cancelled)),
+        violation: match &out.killed_reason {
+            Some(KilledReason::GpuViolation { uuid, pid }) => Some(format!(
+                "process {pid} of lease {} ran on GPU {uuid}, outside the lease",
+                out.lease_id
+            )),
+            _ => None,
+        },
+        wall_s: out.wall_ms as f64 / 1000.0,
+        platform,
+        node: out
+            .gpus
+            .first()
+            .and_then(|g| crate::gpu::node_of_uuid(g))
+            .map(str::to_string),
     }
 }
 

@@ -455,27 +455,33 @@ pub async fn finish<L: BenchLauncher>(
     Ok(gate)
 }
 
+/// What a sequential scoring reads and where it writes: the run whose `sessions/` hold the
+/// candidates, `<generation>/seq`, the run's targets, the gate.
+pub struct SeqScoring<'a> {
+    pub run_dir: &'a Path,
+    pub seq_dir: &'a Path,
+    pub targets: &'a [TargetId],
+    pub gate: WinnerGate,
+}
+
 /// Scores a sequential run's sessions level by level into `seq_dir` (the campaign's own
 /// scoring, or `score --mode sequential` into a new generation). Levels already decided there
 /// are read back.
 pub async fn score_levels<L: BenchLauncher>(
     driver: &BenchDriver<L>,
-    run_dir: &Path,
-    seq_dir: &Path,
-    targets: &[TargetId],
-    gate: WinnerGate,
+    s: &SeqScoring<'_>,
     progress: &dyn ScoreProgress,
     cancel: &CancellationToken,
 ) -> Result<(Vec<LevelGate>, SeqGate), ScoreError> {
     let mut gates: Vec<LevelGate> = Vec::new();
-    for (level, of_level) in by_level(targets) {
+    for (level, of_level) in by_level(s.targets) {
         let p = LevelParams {
-            run_dir,
-            seq_dir,
+            run_dir: s.run_dir,
+            seq_dir: s.seq_dir,
             level,
             targets: &of_level,
             previous: gates.last(),
-            gate,
+            gate: s.gate,
         };
         progress.started(Stage::Level(level), of_level.len());
         let g = gate_level(driver, &p, cancel).await?;
@@ -483,7 +489,7 @@ pub async fn score_levels<L: BenchLauncher>(
         gates.push(g);
     }
     progress.started(Stage::SequentialFinal, 1);
-    let fin = finish(driver, seq_dir, &gates, cancel).await?;
+    let fin = finish(driver, s.seq_dir, &gates, cancel).await?;
     let winners = gates.last().map_or(0, |g| g.winners.len());
     progress.finished(Stage::SequentialFinal, winners, winners);
     Ok((gates, fin))
