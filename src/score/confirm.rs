@@ -232,7 +232,7 @@ pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
     // Outliers among the benches that count; the noisy ones are left out first.
     let counted: Vec<usize> = (0..n).filter(|i| !is_noisy(*i)).collect();
     let flags = outlier_flags(&logs, &counted, rule);
-    let c = Confirmation {
+    let mut c = Confirmation {
         benches: geomeans.to_vec(),
         outliers: (0..n).filter(|i| flags[*i]).collect(),
         noisy: (0..n).filter(|i| is_noisy(*i)).collect(),
@@ -270,9 +270,9 @@ pub fn step(geomeans: &[f64], noisy: &[bool], rule: &ConfirmRule) -> Step {
             format!("{k} of {n} benches left after outliers and noisy benches: too few to confirm"),
         );
     }
-    match settle(c, &kept, n, rule) {
-        Ok(done) => Step::Done(Box::new(done)),
-        Err((c, why)) => undecided(c, why),
+    match settle(&mut c, &kept, n, rule) {
+        None => Step::Done(Box::new(c)),
+        Some(why) => undecided(c, why),
     }
 }
 
@@ -288,14 +288,9 @@ fn outlier_flags(logs: &[f64], counted: &[usize], rule: &ConfirmRule) -> Vec<boo
 }
 
 /// The interval of the `kept` log speedups (at least two) of `n` benches: confirmed when its
-/// lower end clears the threshold, rejected when its upper end is below; `Err` with why when
-/// it straddles the threshold.
-fn settle(
-    mut c: Confirmation,
-    kept: &[f64],
-    n: usize,
-    rule: &ConfirmRule,
-) -> Result<Confirmation, (Confirmation, String)> {
+/// lower end clears the threshold, rejected when its upper end is below (both written into
+/// `c`); why it is undecided when it straddles the threshold.
+fn settle(c: &mut Confirmation, kept: &[f64], n: usize, rule: &ConfirmRule) -> Option<String> {
     let k = kept.len();
     let m = kept.iter().sum::<f64>() / k as f64;
     let (se, z, t) = (rule.se(k), rule.z(), rule.threshold.ln());
@@ -306,21 +301,21 @@ fn settle(
     let th = short(rule.threshold);
     if m - z * se >= t {
         c.confirmed = true;
-        return Ok(c);
+        return None;
     }
     if m + z * se < t {
         c.reason = Some(format!(
             "{g} over {k} benches (bias-corrected), upper end {} < {th}×",
             ratio((m + z * se).exp(), rule.threshold)
         ));
-        return Ok(c);
+        return None;
     }
     let why = format!(
         "undecided after {n} benches: {g}, lower end {} < {th}× < upper end {}",
         ratio((m - z * se).exp(), rule.threshold),
         ratio((m + z * se).exp(), rule.threshold)
     );
-    Err((c, why))
+    Some(why)
 }
 
 /// `0.993×`, with more digits when three would print the threshold itself (a value just below
