@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::args::GlobalArgs;
+use crate::config::Env;
 use crate::daemon::CampaignReport;
 use crate::record::RunRecord;
 use crate::scheduler::{self, SessionStatus};
@@ -178,14 +179,7 @@ fn print_spent(out: &mut String, record: &RunRecord, paired: Option<&RunRecord>)
 /// reads the same home: `fk-agentd`, or `cargo run --` (`cargo run --release --`) when cargo
 /// started this binary.
 pub(crate) fn invocation(global: &GlobalArgs) -> String {
-    let by_cargo = run_by_cargo();
-    let release =
-        std::env::current_exe().is_ok_and(|p| p.components().any(|c| c.as_os_str() == "release"));
-    let mut out = String::from(match (by_cargo, release) {
-        (true, true) => "cargo run --release --",
-        (true, false) => "cargo run --",
-        (false, _) => "fk-agentd",
-    });
+    let mut out = String::from(*PROGRAM.get().unwrap_or(&"fk-agentd"));
     for (flag, value) in [("--home", &global.home), ("--config", &global.config)] {
         if let Some(path) = value {
             out.push_str(&format!(
@@ -200,9 +194,8 @@ pub(crate) fn invocation(global: &GlobalArgs) -> String {
 /// Whether `cargo run` started this process: cargo's variables name this package (cargo
 /// replaces itself with the binary, so they are this process's own), and the parent is not a
 /// test binary of the build (`target/*/deps/`), which hands them on to what it starts.
-fn run_by_cargo() -> bool {
-    let ours = std::env::var_os("CARGO").is_some()
-        && std::env::var("CARGO_PKG_NAME").as_deref() == Ok("fk-agentd");
+fn run_by_cargo(env: &Env) -> bool {
+    let ours = env.var("CARGO").is_some() && env.var("CARGO_PKG_NAME") == Some("fk-agentd");
     let from_a_test = rustix::process::getppid().is_some_and(|ppid| {
         std::fs::read_link(format!("/proc/{}/exe", ppid.as_raw_nonzero()))
             .is_ok_and(|exe| exe.parent().is_some_and(|d| d.ends_with("deps")))
@@ -221,8 +214,19 @@ pub(crate) fn invoked_as() -> String {
         .unwrap_or_else(|| "fk-agentd".into())
 }
 
-/// Remembers how the user ran fk-agentd, for [`hinted`].
-pub(crate) fn remember_invocation(global: &GlobalArgs) {
+/// How this binary is run, without flags: `fk-agentd`, or `cargo run --` (`cargo run
+/// --release --`) when cargo started it; set once at start-up.
+static PROGRAM: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Remembers how the user ran fk-agentd, for [`invocation`] and [`hinted`].
+pub(crate) fn remember_invocation(global: &GlobalArgs, env: &Env) {
+    let release =
+        std::env::current_exe().is_ok_and(|p| p.components().any(|c| c.as_os_str() == "release"));
+    let _ = PROGRAM.set(match (run_by_cargo(env), release) {
+        (true, true) => "cargo run --release --",
+        (true, false) => "cargo run --",
+        (false, _) => "fk-agentd",
+    });
     let _ = INVOKED_AS.set(invocation(global));
 }
 

@@ -60,7 +60,7 @@ pub async fn cmd_dashboard(
     println!("stop it with Ctrl-C");
     let cancel = state.shutdown.clone();
     let server = tokio::spawn(dashboard::serve(bound, state));
-    crate::daemon::signals().await;
+    crate::daemon::signals(env).await;
     cancel.cancel();
     let served = server.await;
     dashboard::remove_url_file(&config.home, &url);

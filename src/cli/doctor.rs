@@ -186,10 +186,10 @@ pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, E
         &config.targets,
     )
     .await;
-    let slurm = config
-        .slurm
-        .as_ref()
-        .map(|s| crate::gpu::slurm::describe(config, s).map_err(|e| e.to_string()));
+    let slurm = config.slurm.as_ref().map(|s| {
+        let path = env.var("PATH").unwrap_or("");
+        crate::gpu::slurm::describe(config, s, path).map_err(|e| e.to_string())
+    });
     let gpus = match (&slurm, &config.gpus) {
         (Some(described), _) => described.as_ref().map(|(n, _)| *n).map_err(Clone::clone),
         // Declared fake GPUs are lease slots without a GPU: `start` and `score` lend them (the

@@ -252,7 +252,8 @@ pub(super) async fn cmd_gpus(
             let config = config()?;
             // Slurm GPUs exist only once the daemon holds them: show the cluster instead.
             if let Some(slurm) = &config.slurm {
-                let (_, text) = crate::gpu::slurm::describe(&config, slurm)?;
+                let (_, text) =
+                    crate::gpu::slurm::describe(&config, slurm, env.var("PATH").unwrap_or(""))?;
                 print!("{text}");
                 return Ok(0);
             }

@@ -91,7 +91,7 @@ pub fn main() -> i32 {
             return crate::exit::EXIT_UNAVAILABLE;
         }
     };
-    campaign_view::remember_invocation(&cli.global);
+    campaign_view::remember_invocation(&cli.global, &env);
     match runtime.block_on(dispatch(cli, env)) {
         Ok(code) => code,
         Err(e) => {

@@ -103,7 +103,7 @@ pub async fn cmd_resume(
 /// Prepares the campaign, then runs it until it ends or SIGINT/SIGTERM, with the progress line.
 async fn run(config: Config, env: &Env, resume: Option<String>) -> Result<CampaignReport, Error> {
     // Listening before the start-up: a signal during it stops the campaign cleanly too.
-    let stop = daemon::signals();
+    let stop = daemon::signals(env);
     let campaign = crate::app::campaign::prepare(config, env, resume).await?;
     // Said before anything else the terminal shows of the campaign (stderr, so that stdout
     // stays the report, or its JSON).

@@ -269,10 +269,11 @@ pub const DETACHED_VAR: &str = "FK_AGENTD_DETACHED";
 ///
 /// The handlers are installed when this is called, not when the future is first polled: called
 /// before a campaign's start-up, a signal during it stops the campaign as cleanly as one later
-/// (otherwise its default action would kill the process with a run half begun).
-pub fn signals() -> impl std::future::Future<Output = ()> + Send + 'static {
+/// (otherwise its default action would kill the process with a run half begun). `env` tells
+/// whether `start --detach` started this process ([`DETACHED_VAR`]).
+pub fn signals(env: &crate::config::Env) -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let detached = std::env::var_os(DETACHED_VAR).is_some();
+    let detached = env.var(DETACHED_VAR).is_some();
     let listen = |kind: SignalKind, name: &str| match signal(kind) {
         Ok(s) => Some(s),
         Err(e) => {

@@ -404,7 +404,7 @@ fn flags_for(home: &Path) -> Flags {
 /// instead of its default action killing the process with a run half begun.
 #[tokio::test]
 async fn a_stop_signal_is_caught_from_the_call_on() {
-    let stop = fk_agentd::daemon::signals();
+    let stop = fk_agentd::daemon::signals(&fk_agentd::config::Env::default());
     let me = rustix::process::getpid();
     rustix::process::kill_process(me, rustix::process::Signal::TERM).unwrap();
     tokio::time::timeout(Duration::from_secs(30), stop)

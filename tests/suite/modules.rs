@@ -261,6 +261,18 @@ const VALUE_OWNERS: [&str; 11] = [
     "control",
 ];
 
+/// The lines of a file before its unit tests (a `#[cfg(test)]` module).
+fn product_lines(code: &str) -> Vec<&str> {
+    let lines: Vec<&str> = code.lines().collect();
+    let end = (0..lines.len())
+        .find(|&i| {
+            lines[i].trim() == "#[cfg(test)]"
+                && lines.get(i + 1).is_some_and(|l| l.contains("mod "))
+        })
+        .unwrap_or(lines.len());
+    lines[..end].to_vec()
+}
+
 /// Outside [`VALUE_OWNERS`], no code (tests aside) handles untyped JSON: no
 /// `serde_json::Value` named or imported, no payload or detail read by index. Views, scoring,
 /// the manifest and the CLI read stored data through the read model's types.
@@ -276,15 +288,8 @@ fn stored_data_is_read_through_types_outside_the_read_model() {
         }
         let rel = f.strip_prefix(&src).unwrap();
         let code = code_of(&f);
-        let lines: Vec<&str> = code.lines().collect();
-        // Unit tests (a `#[cfg(test)]` module) build raw events on purpose.
-        let end = (0..lines.len())
-            .find(|&i| {
-                lines[i].trim() == "#[cfg(test)]"
-                    && lines.get(i + 1).is_some_and(|l| l.contains("mod "))
-            })
-            .unwrap_or(lines.len());
-        for (n, line) in lines[..end].iter().enumerate() {
+        // Unit tests build raw events on purpose.
+        for (n, line) in product_lines(&code).iter().enumerate() {
             let untyped = (line.contains("serde_json") && line.contains("Value"))
                 || line.contains(".payload[")
                 || line.contains(".detail[");
@@ -296,6 +301,59 @@ fn stored_data_is_read_through_types_outside_the_read_model() {
     assert!(
         found.is_empty(),
         "untyped JSON outside the read model:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The files that read the process environment themselves, and why: everything else gets it
+/// from `config::Env`, read once by the CLI.
+const ENV_READERS: [(&str, &str); 6] = [
+    ("config/mod.rs", "Env::from_process, the one reader"),
+    (
+        "gpu/backend.rs",
+        "the PATH a child inherits from this very process",
+    ),
+    (
+        "confine.rs",
+        "the HOME of this process, whose children the ruleset confines",
+    ),
+    (
+        "confine/ns.rs",
+        "the HOME of this process, whose children the ruleset confines",
+    ),
+    (
+        "sim/invocations.rs",
+        "the simulated bench's own process, started as a child",
+    ),
+    (
+        "cli/score.rs",
+        "the simulated bench's own process, started as a child",
+    ),
+];
+
+/// Outside [`ENV_READERS`], no code (tests aside) reads the process environment: the
+/// daemon's signals, the hints' `cargo run --` and Slurm's programs read `Env`.
+#[test]
+fn the_process_environment_is_read_only_at_its_edges() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        if ENV_READERS.iter().any(|(file, _)| *file == rel) {
+            continue;
+        }
+        let code = code_of(&f);
+        for (n, line) in product_lines(&code).iter().enumerate() {
+            if line.contains("env::var") {
+                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the process environment read past Env:\n{}",
         found.join("\n")
     );
 }

@@ -494,13 +494,17 @@ const PROGRAMS: [&str; 6] = ["sbatch", "srun", "squeue", "scancel", "scontrol", 
 /// What `fk-agentd gpus` (without a daemon) and `doctor` show for a Slurm config: the
 /// programs, the partition's nodes and GPUs, and this home's holder jobs (the allocation).
 /// Submits nothing. Returns the GPUs the table asks to hold and the text; an error when a
-/// program is missing, the cluster does not answer, or a named node lacks GPUs.
-pub fn describe(config: &Config, slurm: &SlurmConfig) -> Result<(usize, String), LeaseError> {
+/// program is missing from `path` (the `PATH` the CLI read), the cluster does not answer, or a
+/// named node lacks GPUs.
+pub fn describe(
+    config: &Config,
+    slurm: &SlurmConfig,
+    path: &str,
+) -> Result<(usize, String), LeaseError> {
     use std::fmt::Write;
-    let path = std::env::var_os("PATH").unwrap_or_default();
     let missing: Vec<&str> = PROGRAMS
         .into_iter()
-        .filter(|p| !std::env::split_paths(&path).any(|d| d.join(p).is_file()))
+        .filter(|p| !std::env::split_paths(path).any(|d| d.join(p).is_file()))
         .collect();
     if !missing.is_empty() {
         return Err(LeaseError::Slurm(format!(
