@@ -82,15 +82,15 @@ struct Grant {
 }
 
 /// How the job ended, as supervision saw it.
-struct Ended {
-    job: JobRef,
-    containment: Containment,
-    exit: Option<ExitInfo>,
-    why: Option<KilledReason>,
-    wall_ms: u64,
-    /// From spawn to the SIGKILL past the grace, when one ended it.
-    kill_ms: Option<u64>,
-    peak: Option<u64>,
+pub(super) struct Ended {
+    pub job: JobRef,
+    pub containment: Containment,
+    pub exit: Option<ExitInfo>,
+    pub why: Option<KilledReason>,
+    pub wall_ms: u64,
+    /// From spawn (or adoption) to the SIGKILL past the grace, when one ended it.
+    pub kill_ms: Option<u64>,
+    pub peak: Option<u64>,
 }
 
 fn child_env(broker: &Broker, g: &Grant) -> Vec<(String, String)> {
@@ -138,7 +138,12 @@ pub(crate) async fn execute(
         cancel,
         fault: &fault_notify,
     };
-    let ended = run_to_end(broker, &g, launched, stops).await;
+    let watched = Watched {
+        lease_id: g.lease_id.clone(),
+        job: launched.job.clone(),
+        gpus: g.gpus.clone(),
+    };
+    let ended = run_to_end(broker, launched, watched, stops).await;
     let outcome = conclude(broker, &g, ended).await;
     guard.armed = false;
     broker.release(&g.lease_id);
@@ -187,7 +192,12 @@ impl Grant {
 
 /// Supervises a launched job to its end (exit, deadline, cancel, a GPU fault), sampling its
 /// GPU memory meanwhile.
-async fn run_to_end(broker: &Broker, g: &Grant, launched: Launched, stops: Stops<'_>) -> Ended {
+pub(super) async fn run_to_end(
+    broker: &Broker,
+    launched: Launched,
+    watched: Watched,
+    stops: Stops<'_>,
+) -> Ended {
     let Launched {
         job,
         containment,
@@ -198,11 +208,6 @@ async fn run_to_end(broker: &Broker, g: &Grant, launched: Launched, stops: Stops
     // Dropped before it ends (its session aborted), the lease stops its sampler too: a sampler
     // left running would keep the broker's shutdown waiting for ever.
     let _stop_on_drop = stop_sampling.clone().drop_guard();
-    let watched = Watched {
-        lease_id: g.lease_id.clone(),
-        job: job.clone(),
-        gpus: g.gpus.clone(),
-    };
     let sampler = spawn_sampler(broker, watched, stop_sampling.clone());
     let Supervised { exit, why, killed } = supervise(broker, &job, exit, stops).await;
     let wall_ms = spawned.elapsed().as_millis() as u64;
@@ -501,7 +506,7 @@ fn mentions_counter_permission(cmd: &LeaseCommand) -> bool {
 }
 
 /// How supervision ended a job.
-pub(crate) struct Supervised {
+struct Supervised {
     pub exit: Option<ExitInfo>,
     /// Why the broker ended it; `None` when it ended on its own.
     pub why: Option<KilledReason>,
@@ -512,7 +517,7 @@ pub(crate) struct Supervised {
 
 /// What ends a lease before its command does: its deadline, the caller's cancel, a fault on
 /// one of its GPUs (and always the broker's shutdown).
-pub(crate) struct Stops<'a> {
+pub(super) struct Stops<'a> {
     pub deadline: Instant,
     pub cancel: &'a CancellationToken,
     pub fault: &'a Notify,
@@ -521,7 +526,7 @@ pub(crate) struct Stops<'a> {
 /// Waits for the job to end on its own, or ends it at the deadline, on cancel, or on a GPU
 /// fault or violation: SIGTERM to the group and cgroup, the grace, then SIGKILL to whatever
 /// is left of either.
-pub(crate) async fn supervise(
+async fn supervise(
     broker: &Broker,
     job: &JobRef,
     mut exit: ExitFuture,

@@ -21,12 +21,12 @@ use time::format_description::well_known::Rfc3339;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::audit::{Watched, spawn_sampler};
-use super::backend::{JobRef, LeaseBackend, RecordedEnd};
+use super::audit::Watched;
+use super::backend::{JobRef, Launched, LeaseBackend, RecordedEnd};
 use super::broker::{Broker, LiveLease};
 use super::cgroup;
 use super::lease::{
-    Stops, Supervised, end_job, journal_outcome, kill_note, supervise, unix_ms, verdict, wait_gone,
+    Ended, Stops, end_job, journal_outcome, kill_note, run_to_end, unix_ms, verdict, wait_gone,
 };
 use super::reclaim::reclaim;
 use super::types::{Containment, KilledReason, LeaseError, LeaseOutcome};
@@ -140,9 +140,7 @@ impl Broker {
         let job = job_of(&row);
         tracing::info!(lease = %row.id, pgid = job.pgid, cgroup = ?job.cgroup, left_s = left.as_secs(), "adopting a running lease");
         self.inner.tracker.spawn(async move {
-            let started = Instant::now();
             let backend = broker.inner.backend.clone();
-            let containment = containment_of(&row);
             // Not our child: its exit is observed by polling the group and cgroup.
             let polled = job.clone();
             let exit = Box::pin(async move {
@@ -151,56 +149,75 @@ impl Broker {
                 }
                 None
             });
-            let cancel = CancellationToken::new();
+            let launched = Launched {
+                job: job.clone(),
+                containment: containment_of(&row),
+                exit,
+            };
             // Audited like a lease of ours: a process of it on another GPU ends it.
-            let stop_sampling = CancellationToken::new();
-            let _stop_on_drop = stop_sampling.clone().drop_guard();
             let watched = Watched {
                 lease_id: row.id.clone(),
-                job: job.clone(),
+                job,
                 gpus: row.gpus.clone(),
             };
-            let sampler = spawn_sampler(&broker, watched, stop_sampling.clone());
             let stops = Stops {
-                deadline: started + left,
-                cancel: &cancel,
+                deadline: Instant::now() + left,
+                cancel: &CancellationToken::new(),
                 fault: &fault_notify,
             };
-            let Supervised { why, killed, .. } = supervise(&broker, &job, exit, stops).await;
-            stop_sampling.cancel();
-            let peak = sampler.await.ok().flatten();
-            // Ended on its own: the scheduler may have recorded how.
-            let recorded = match why {
-                None => recorded_end(&broker.inner.backend, &job).await,
-                Some(_) => None,
-            };
-            let mut notes = vec![match &recorded {
-                Some(end) => format!("adopted after a daemon restart; {}", end.note),
-                None => "adopted after a daemon restart: exit code unknown".to_string(),
-            }];
-            notes.extend(reused);
-            end_job(&broker, &row.id, &job, containment, &mut notes).await;
-            reclaim(&broker, &slots, &mut notes).await;
-            let (why, _, xids) = verdict(&broker, &row.id, why, &mut notes);
-            // An adopted lease's times count from its adoption, as its deadline's rest does.
-            let wall = started.elapsed();
-            let kill_ms = killed.map(|k| k.duration_since(started).as_millis() as u64);
-            if let (Some(kill_ms), Some(KilledReason::Deadline)) = (kill_ms, &why) {
-                let due = left + broker.inner.params.grace;
-                notes.push(kill_note(due, kill_ms, wall.as_millis() as u64));
-            }
-            let outcome = LeaseOutcome {
-                killed_reason: why,
-                wall_ms: wall.as_millis() as u64,
-                notes,
-                kill_ms,
-                peak_gpu_memory_bytes: peak,
-                xids,
-                ..orphan_outcome(&row, containment, recorded.as_ref())
-            };
-            journal_outcome(&broker, &outcome).await;
-            broker.release(&row.id);
+            let ended = run_to_end(&broker, launched, watched, stops).await;
+            broker
+                .conclude_adopted(&row, ended, (&slots, left), reused)
+                .await;
         });
+    }
+
+    /// Journals how an adopted lease ended (its times count from its adoption, as its
+    /// deadline's rest does) and hands its GPUs on.
+    async fn conclude_adopted(
+        &self,
+        row: &LeaseRow,
+        ended: Ended,
+        (slots, left): (&[usize], Duration),
+        reused: Option<String>,
+    ) {
+        let Ended {
+            job,
+            containment,
+            why,
+            wall_ms,
+            kill_ms,
+            peak,
+            ..
+        } = ended;
+        // Ended on its own: the scheduler may have recorded how.
+        let recorded = match why {
+            None => recorded_end(&self.inner.backend, &job).await,
+            Some(_) => None,
+        };
+        let mut notes = vec![match &recorded {
+            Some(end) => format!("adopted after a daemon restart; {}", end.note),
+            None => "adopted after a daemon restart: exit code unknown".to_string(),
+        }];
+        notes.extend(reused);
+        end_job(self, &row.id, &job, containment, &mut notes).await;
+        reclaim(self, slots, &mut notes).await;
+        let (why, _, xids) = verdict(self, &row.id, why, &mut notes);
+        if let (Some(kill_ms), Some(KilledReason::Deadline)) = (kill_ms, &why) {
+            let due = left + self.inner.params.grace;
+            notes.push(kill_note(due, kill_ms, wall_ms));
+        }
+        let outcome = LeaseOutcome {
+            killed_reason: why,
+            wall_ms,
+            notes,
+            kill_ms,
+            peak_gpu_memory_bytes: peak,
+            xids,
+            ..orphan_outcome(row, containment, recorded.as_ref())
+        };
+        journal_outcome(self, &outcome).await;
+        self.release(&row.id);
     }
 
     async fn end_orphan(
