@@ -9,7 +9,7 @@
 //! | [`config`]    | `fk-agentd.toml` + env + flags → validated [`config::Config`]; provider files; the target selection and capture folder settled against what is there |
 //! | [`target`]    | [`target::TargetId`] (`L1/rms_norm`), the catalog, selections (`L1-L3`, `captured`) |
 //! | [`captures`]  | capture folders: the embedded default, their reports, per-target coverage, import |
-//! | [`app`]       | the one assembler: opens a home (lock, store, broker keeping the provider token from children), builds real or simulated campaigns |
+//! | [`app`]       | the one assembler: opens a home (lock, store, broker keeping the provider token from children), builds real or simulated campaigns, `score` and the e2e eval |
 //! | [`daemon`]    | lifecycle of a campaign on the parts app hands it: run creation, control socket, shutdown; the lock type |
 //! | [`agent`]     | one session per target: turn loop, history, resume, compaction, GPU tools; the codex backend and its loopback relay (codex never holds the token) |
 //! | [`scheduler`] | the only spawner of sessions: agent slots, start order, timeout, token/cost caps, run events |

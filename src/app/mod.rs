@@ -13,7 +13,7 @@
 pub mod campaign;
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::provider::ProviderConfig;
@@ -121,6 +121,40 @@ impl Home {
         };
         daemon::run_campaign(params, shutdown).await
     }
+}
+
+/// What `score --e2e` runs on: a home with its own broker (a simulated run's on the
+/// simulation's fake GPUs), a launcher of `bench` leases on it, and the eval's command with
+/// its folder (the private harness copy; none for the simulated bench).
+pub struct EndToEnd {
+    /// Shut its broker down when the eval is done.
+    pub home: Home,
+    pub launcher: LeaseLauncher,
+    pub command: Vec<String>,
+    pub cwd: Option<PathBuf>,
+}
+
+/// Assembles [`EndToEnd`] in the home whose lock the caller holds.
+pub async fn end_to_end(
+    config: &Config,
+    env: &Env,
+    lock: &DaemonLock,
+    simulated: bool,
+) -> Result<EndToEnd, Error> {
+    let (command, cwd) = if simulated {
+        (sim_bench_command()?, None)
+    } else {
+        let prepared = prepare_harness(config).await?;
+        (config.fastkernels_command.clone(), Some(prepared.copy))
+    };
+    let home = Home::open_scoring(config, env, lock, simulated).await?;
+    let launcher = home.launcher(LeaseClass::Bench, "e2e");
+    Ok(EndToEnd {
+        home,
+        launcher,
+        command,
+        cwd,
+    })
 }
 
 /// What `score` runs on: a home with its own broker (a simulated run's on the simulation's

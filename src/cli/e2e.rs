@@ -1,7 +1,8 @@
 //! `score --e2e SCENARIOS` and `start --mode all --e2e SCENARIOS`: the end-to-end eval of a
 //! scored run's composed winner set (and of its pair's, for a `--mode all` campaign), each
 //! under one `bench` lease of this process's own broker. The work is in
-//! [`crate::score::e2e`]; this wires the broker, the command and the printing.
+//! [`crate::score::e2e`], the broker and the command are assembled by
+//! [`crate::app::end_to_end`]; this finds the winner sets, records and prints the outcomes.
 
 use super::print_json;
 use tokio_util::sync::CancellationToken;
@@ -22,27 +23,14 @@ pub async fn cmd_e2e(
 ) -> Result<i32, Error> {
     let store = super::open_existing_store(&config.home)?;
     let row = store.run(run)?;
-    let mut runs = vec![(row.id.clone(), row.mode)];
-    if let Some(pair) = store.pair_of(&row.id)? {
-        let other = store.run(Some(&pair))?;
-        runs.push((other.id, other.mode));
-    }
-    // The independent half first, as the campaign ran it.
-    runs.sort_by_key(|(_, mode)| *mode != crate::run::Mode::Independent);
-    let runs_dir = crate::run::runs_dir(&config.home);
-    let mut sets = Vec::new();
-    for (id, mode) in &runs {
-        sets.push(e2e::winner_set(id, &runs_dir.join(id), *mode)?);
-    }
+    let sets = winner_sets(&store, config, &row)?;
     let simulated = row.simulated;
-    let (command, cwd) = if simulated {
-        (crate::app::sim_bench_command()?, None)
-    } else {
-        let prepared = crate::app::prepare_harness(config).await?;
-        (config.fastkernels_command.clone(), Some(prepared.copy))
-    };
-    let home = crate::app::Home::open_scoring(config, env, lock, simulated).await?;
-    let launcher = home.launcher(crate::gpu::LeaseClass::Bench, "e2e");
+    let crate::app::EndToEnd {
+        home,
+        launcher,
+        command,
+        cwd,
+    } = crate::app::end_to_end(config, env, lock, simulated).await?;
     let gpus = e2e::gpus_needed(scenarios).min(home.broker.inventory().len().max(1));
     let params = EvalParams {
         command,
@@ -83,4 +71,25 @@ pub async fn cmd_e2e(
     }
     let all_good = outcomes.iter().all(|o| o.correct() == Some(true));
     Ok(if all_good { 0 } else { 1 })
+}
+
+/// The composed winner sets of `row` and of its pair, the independent half first (as the
+/// campaign ran them).
+fn winner_sets(
+    store: &crate::store::Store,
+    config: &Config,
+    row: &crate::store::RunRow,
+) -> Result<Vec<e2e::WinnerSet>, Error> {
+    let mut runs = vec![(row.id.clone(), row.mode)];
+    if let Some(pair) = store.pair_of(&row.id)? {
+        let other = store.run(Some(&pair))?;
+        runs.push((other.id, other.mode));
+    }
+    runs.sort_by_key(|(_, mode)| *mode != crate::run::Mode::Independent);
+    let runs_dir = crate::run::runs_dir(&config.home);
+    let mut sets = Vec::new();
+    for (id, mode) in &runs {
+        sets.push(e2e::winner_set(id, &runs_dir.join(id), *mode)?);
+    }
+    Ok(sets)
 }

@@ -104,33 +104,7 @@ fn benches(c: &Confirmation) -> String {
 /// The confirmed gate's rows: both verdicts side by side, every column when they fit; else the
 /// reason on its own line; else (80 columns) one gate column and the benches beside the reason.
 fn confirmed_table(s: &StageReport, width: usize) -> String {
-    let cells = |v: &TargetVerdict| {
-        let c = v.confirmation.as_ref();
-        let interval = c
-            .and_then(|c| Some((c.geomean?, c.ci95?)))
-            .map(|(m, (lo, hi))| format!("{m:.3}× [{lo:.3}–{hi:.3}]"))
-            .unwrap_or_else(|| "-".into());
-        let benches = c.map(benches).unwrap_or_else(|| "-".into());
-        (interval, benches)
-    };
-    let wide: Vec<Vec<String>> = s
-        .gate
-        .verdicts
-        .iter()
-        .map(|v| {
-            let (interval, benches) = cells(v);
-            vec![
-                v.target.to_string(),
-                if v.published { "WIN" } else { "no" }.into(),
-                if v.winner { "WIN" } else { "no" }.into(),
-                speed(v.geomean),
-                interval,
-                benches,
-                v.rows.to_string(),
-                reason(v),
-            ]
-        })
-        .collect();
+    let wide: Vec<Vec<String>> = s.gate.verdicts.iter().map(confirmed_row).collect();
     let header = [
         "target",
         "published",
@@ -145,33 +119,7 @@ fn confirmed_table(s: &StageReport, width: usize) -> String {
     if widest(&table(&header[..7], &without_reason)) <= width {
         return fit_table(&header, &wide, width);
     }
-    let mut narrow: Vec<Vec<String>> = s
-        .gate
-        .verdicts
-        .iter()
-        .map(|v| {
-            let (interval, benches) = cells(v);
-            let gate = match (v.published, v.winner) {
-                (_, true) => "confirmed",
-                (true, false) => "published",
-                (false, false) => "no",
-            };
-            let plural = if v.rows == 1 { "" } else { "s" };
-            let detail = [
-                Some(format!("{} row{plural}", v.rows)),
-                (benches != "-").then(|| format!("benches {benches}")),
-                Some(reason(v)).filter(|r| !r.is_empty()),
-            ];
-            let detail: Vec<String> = detail.into_iter().flatten().collect();
-            vec![
-                v.target.to_string(),
-                gate.into(),
-                speed(v.geomean),
-                interval,
-                detail.join(" · "),
-            ]
-        })
-        .collect();
+    let mut narrow: Vec<Vec<String>> = s.gate.verdicts.iter().map(confirmed_row_narrow).collect();
     let header = ["target", "winner", "1st bench", "confirmed [95%]", "detail"];
     // Long target names give way first (cut with `…`), the numbers stay whole.
     let others: usize = widths(&header[..4], &narrow)[1..]
@@ -183,6 +131,56 @@ fn confirmed_table(s: &StageReport, width: usize) -> String {
         row[0] = clip(&row[0], budget);
     }
     fit_table(&header, &narrow, width)
+}
+
+/// A verdict's confirmed geomean with its interval, and its benches (`-` for none).
+fn confirmed_cells(v: &TargetVerdict) -> (String, String) {
+    let c = v.confirmation.as_ref();
+    let interval = c
+        .and_then(|c| Some((c.geomean?, c.ci95?)))
+        .map(|(m, (lo, hi))| format!("{m:.3}× [{lo:.3}–{hi:.3}]"))
+        .unwrap_or_else(|| "-".into());
+    let benches = c.map(benches).unwrap_or_else(|| "-".into());
+    (interval, benches)
+}
+
+/// A row of the wide table: every column of its own.
+fn confirmed_row(v: &TargetVerdict) -> Vec<String> {
+    let (interval, benches) = confirmed_cells(v);
+    vec![
+        v.target.to_string(),
+        if v.published { "WIN" } else { "no" }.into(),
+        if v.winner { "WIN" } else { "no" }.into(),
+        speed(v.geomean),
+        interval,
+        benches,
+        v.rows.to_string(),
+        reason(v),
+    ]
+}
+
+/// A row of the narrow table: one winner column, rows, benches and reason as one detail.
+fn confirmed_row_narrow(v: &TargetVerdict) -> Vec<String> {
+    let (interval, benches) = confirmed_cells(v);
+    let gate = match (v.published, v.winner) {
+        (_, true) => "confirmed",
+        (true, false) => "published",
+        (false, false) => "no",
+    };
+    let plural = if v.rows == 1 { "" } else { "s" };
+    let detail = [
+        Some(format!("{} row{plural}", v.rows)),
+        (benches != "-").then(|| format!("benches {benches}")),
+        Some(reason(v)).filter(|r| !r.is_empty()),
+    ];
+    let detail: Vec<String> = detail.into_iter().flatten().collect();
+    vec![
+        v.target.to_string(),
+        gate.into(),
+        speed(v.geomean),
+        interval,
+        detail.join(" · "),
+    ]
 }
 
 /// The standalone stage under the confirmed gate: both verdicts side by side.
