@@ -179,6 +179,25 @@ pub fn render(c: &AbComparison, width: usize) -> String {
             r.results.display()
         );
     }
+    out.push('\n');
+    out.push_str(&levels_table(c, width));
+    out.push('\n');
+    for (label, r) in [("A", &c.a), ("B", &c.b)] {
+        let _ = writeln!(
+            out,
+            "spent {label}  {} tokens · {} GPU-hours · sessions' wall {}",
+            group_f(r.spent.tokens as f64, 0),
+            group_f(r.spent.gpu_hours, 3),
+            clock(r.session_wall_s)
+        );
+    }
+    out.push('\n');
+    out.push_str(&targets_table(c, width));
+    out
+}
+
+/// Winners and geomeans by level and overall, A above B.
+fn levels_table(c: &AbComparison, width: usize) -> String {
     let mut rows = Vec::new();
     for l in c.levels.iter().chain(std::iter::once(&c.overall)) {
         for (run, s) in [("A", &l.a), ("B", &l.b)] {
@@ -193,29 +212,19 @@ pub fn render(c: &AbComparison, width: usize) -> String {
             ]);
         }
     }
-    out.push('\n');
-    out.push_str(&fit_table(
-        &[
-            "level",
-            "targets",
-            "run",
-            "winners",
-            "geomean (winners)",
-            "geomean (all)",
-        ],
-        &rows,
-        width,
-    ));
-    out.push('\n');
-    for (label, r) in [("A", &c.a), ("B", &c.b)] {
-        let _ = writeln!(
-            out,
-            "spent {label}  {} tokens · {} GPU-hours · sessions' wall {}",
-            group_f(r.spent.tokens as f64, 0),
-            group_f(r.spent.gpu_hours, 3),
-            clock(r.session_wall_s)
-        );
-    }
+    let header = [
+        "level",
+        "targets",
+        "run",
+        "winners",
+        "geomean (winners)",
+        "geomean (all)",
+    ];
+    fit_table(&header, &rows, width)
+}
+
+/// Each target's kept speedup, tokens and wall time in A and in B.
+fn targets_table(c: &AbComparison, width: usize) -> String {
     let rows: Vec<Vec<String>> = c
         .targets
         .iter()
@@ -231,13 +240,8 @@ pub fn render(c: &AbComparison, width: usize) -> String {
             ]
         })
         .collect();
-    out.push('\n');
-    out.push_str(&fit_table(
-        &[
-            "target", "A kept", "B kept", "A tokens", "B tokens", "A wall", "B wall",
-        ],
-        &rows,
-        width,
-    ));
-    out
+    let header = [
+        "target", "A kept", "B kept", "A tokens", "B tokens", "A wall", "B wall",
+    ];
+    fit_table(&header, &rows, width)
 }
