@@ -220,24 +220,16 @@ fn comparison_chart(c: &Comparison) -> Markup {
     }
 }
 
-/// The comparison of this run's `--mode all` pair, when both halves are scored.
-fn comparison(state: &DashboardState, run: &RunRow) -> Result<Option<Comparison>, String> {
-    let started = state
-        .store
-        .run_started(&run.id)
-        .map_err(|e| e.to_string())?;
-    let Some(pair) = started.pair else {
-        return Ok(None);
-    };
+/// The comparison of this run with `pair`, the other half of its `--mode all` campaign.
+fn comparison(state: &DashboardState, run: &RunRow, pair: &str) -> Result<Comparison, String> {
+    let pair = pair.to_string();
     let (ind, seq) = if run.mode == crate::run::Mode::Sequential {
         (pair, run.id.clone())
     } else {
         (run.id.clone(), pair)
     };
     let runs = crate::run::runs_dir(&state.home);
-    crate::record::comparison(&state.store, &runs, &ind, &seq)
-        .map(Some)
-        .map_err(|e| e.to_string())
+    crate::record::comparison(&state.store, &runs, &ind, &seq).map_err(|e| e.to_string())
 }
 
 /// The scores page's body (blocking: reads files and the store): the run's newest complete
@@ -277,8 +269,13 @@ pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
         (None, _) => None,
     };
     let seq = generation.as_deref().and_then(sequential);
-    let cmp = comparison(state, run);
-    let pair = state.store.pair_of(&run.id).ok().flatten();
+    let pair = state.store.pair_of(&run.id).map_err(|e| e.to_string());
+    let cmp = match &pair {
+        Ok(Some(other)) => comparison(state, run, other).map(Some),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e.clone()),
+    };
+    let pair = pair.ok().flatten();
     html! {
         @if let Some((g, _)) = &complete { p.meta { "results generation " code { (name(g)) } } }
         @else if let Some(g) = &generation { p.meta { "results generation " code { (name(g)) } } }

@@ -261,16 +261,34 @@ const VALUE_OWNERS: [&str; 11] = [
     "control",
 ];
 
-/// The lines of a file before its unit tests (a `#[cfg(test)]` module).
-fn product_lines(code: &str) -> Vec<&str> {
-    let lines: Vec<&str> = code.lines().collect();
-    let end = (0..lines.len())
-        .find(|&i| {
-            lines[i].trim() == "#[cfg(test)]"
-                && lines.get(i + 1).is_some_and(|l| l.contains("mod "))
-        })
-        .unwrap_or(lines.len());
-    lines[..end].to_vec()
+/// The product lines of `src` (each file's lines before its unit tests, a `#[cfg(test)]`
+/// module, comments left out) that `hit` matches, as `file:line: code`, in the files `skip`
+/// (given the file's path under `src`) does not leave out.
+fn product_hits(skip: impl Fn(&Path) -> bool, hit: impl Fn(&str) -> bool) -> Vec<String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap();
+        if skip(rel) {
+            continue;
+        }
+        let code = code_of(&f);
+        let lines: Vec<&str> = code.lines().collect();
+        let end = (0..lines.len())
+            .find(|&i| {
+                lines[i].trim() == "#[cfg(test)]"
+                    && lines.get(i + 1).is_some_and(|l| l.contains("mod "))
+            })
+            .unwrap_or(lines.len());
+        for (n, line) in lines[..end].iter().enumerate() {
+            if hit(line) {
+                found.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    found
 }
 
 /// Outside [`VALUE_OWNERS`], no code (tests aside) handles untyped JSON: no
@@ -279,25 +297,15 @@ fn product_lines(code: &str) -> Vec<&str> {
 #[test]
 fn stored_data_is_read_through_types_outside_the_read_model() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut found = Vec::new();
-    for f in files {
-        if VALUE_OWNERS.contains(&module_of(&src, &f).as_str()) {
-            continue;
-        }
-        let rel = f.strip_prefix(&src).unwrap();
-        let code = code_of(&f);
-        // Unit tests build raw events on purpose.
-        for (n, line) in product_lines(&code).iter().enumerate() {
-            let untyped = (line.contains("serde_json") && line.contains("Value"))
+    // Unit tests build raw events on purpose.
+    let found = product_hits(
+        |rel| VALUE_OWNERS.contains(&module_of(&src, &src.join(rel)).as_str()),
+        |line| {
+            (line.contains("serde_json") && line.contains("Value"))
                 || line.contains(".payload[")
-                || line.contains(".detail[");
-            if untyped {
-                found.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
-            }
-        }
-    }
+                || line.contains(".detail[")
+        },
+    );
     assert!(
         found.is_empty(),
         "untyped JSON outside the read model:\n{}",
@@ -335,22 +343,10 @@ const ENV_READERS: [(&str, &str); 6] = [
 /// daemon's signals, the hints' `cargo run --` and Slurm's programs read `Env`.
 #[test]
 fn the_process_environment_is_read_only_at_its_edges() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut found = Vec::new();
-    for f in files {
-        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-        if ENV_READERS.iter().any(|(file, _)| *file == rel) {
-            continue;
-        }
-        let code = code_of(&f);
-        for (n, line) in product_lines(&code).iter().enumerate() {
-            if line.contains("env::var") {
-                found.push(format!("{rel}:{}: {}", n + 1, line.trim()));
-            }
-        }
-    }
+    let found = product_hits(
+        |rel| ENV_READERS.iter().any(|(file, _)| Path::new(file) == rel),
+        |line| line.contains("env::var"),
+    );
     assert!(
         found.is_empty(),
         "the process environment read past Env:\n{}",
