@@ -562,29 +562,56 @@ async fn the_control_socket_refuses_another_uid_whatever_the_file_modes() {
     let _ = server.await;
 }
 
-/// SIGHUP in the foreground (the terminal went away) stops the campaign as SIGTERM does: the
-/// run ends interrupted and `resume` takes it up.
-#[test]
-fn sighup_in_the_foreground_stops_a_campaign_resumably() {
-    let dir = tempfile::tempdir().unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"))
-        .env_clear()
+/// A simulated `start` of every target in `home`, with `detached` set as `start --detach`
+/// sets it on the daemon it starts; returned once its control socket is up.
+fn started_campaign(home: &Path, detached: bool) -> std::process::Child {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fk-agentd"));
+    cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("FK_AGENTD_HOME", dir.path())
+        .env("FK_AGENTD_HOME", home)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["start", "--sim", "--targets", "L1-L3"])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(std::process::Stdio::piped());
+    if detached {
+        cmd.env(fk_agentd::daemon::DETACHED_VAR, "1");
+    }
+    let child = cmd.spawn().unwrap();
     let started = std::time::Instant::now();
-    while !dir.path().join("fk-agentd.sock").exists() {
+    while !home.join("fk-agentd.sock").exists() {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(60),
             "never started"
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    child
+}
+
+/// A detached daemon has no terminal to lose: SIGHUP leaves its campaign running, and the
+/// SIGTERM sent after it is what stops it.
+#[test]
+fn a_detached_daemon_ignores_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = started_campaign(dir.path(), true);
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    // Time for a SIGHUP that was listened for to be seen before the SIGTERM.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.signal(), Some(1), "killed by SIGHUP: {err}");
+    assert!(!err.contains("SIGHUP received"), "{err}");
+    assert!(err.contains("SIGTERM received"), "{err}");
+}
+
+/// SIGHUP in the foreground (the terminal went away) stops the campaign as SIGTERM does: the
+/// run ends interrupted and `resume` takes it up.
+#[test]
+fn sighup_in_the_foreground_stops_a_campaign_resumably() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = started_campaign(dir.path(), false);
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
     let out = child.wait_with_output().unwrap();
