@@ -196,6 +196,25 @@ async fn a_restarted_broker_adopts_live_leases_and_reclaims_the_rest() {
     .await;
     assert_eq!(outcome_of("a-live"), Some(Some(KilledReason::Deadline)));
     assert_eq!(live.wait().expect("wait").signal(), Some(15));
+    // Its time counts from its adoption to its end, about the 6 s its deadline had left.
+    let adopted = rig
+        .store
+        .lease("a-live")
+        .expect("store")
+        .and_then(|r| r.outcome)
+        .and_then(|o| o.ran().cloned())
+        .expect("the adopted lease's outcome");
+    assert!(
+        (4_000..=9_000).contains(&adopted.wall_ms),
+        "wall {} ms",
+        adopted.wall_ms
+    );
+    assert!(adopted.infra, "{adopted:?}");
+    assert!(
+        adopted.notes[0].starts_with("adopted after a daemon restart"),
+        "{:?}",
+        adopted.notes
+    );
     // The outcome is journaled first; the GPU is handed back right after.
     until("the adopted lease's GPU is free again", || {
         restarted.snapshot().gpus[0].state == GpuState::Free
