@@ -251,10 +251,16 @@ pub fn compare(input: &CompareInput) -> Comparison {
     }
 }
 
-/// The independent outcome from a run's newest complete `score.json`
-/// ([`crate::score::report::newest_complete`]).
+/// The independent outcome from the score of a run that counts, as every view reads it
+/// ([`crate::score::report::newest_scored`]).
 pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, PathBuf), ScoreError> {
-    let Some((g, report)) = report::newest_complete(run_dir) else {
+    let Some((g, report)) = report::newest_scored(run_dir) else {
+        let again = format!("score it with `fk-agentd score --run {run_id}`");
+        if report::newest_complete(run_dir).is_some() {
+            return Err(ScoreError::Usage(format!(
+                "run {run_id} has only composed scores, which judge no candidate alone: {again}"
+            )));
+        }
         let started = generations(run_dir)
             .into_iter()
             .map(|g| g.join(report::FILE))
@@ -264,9 +270,7 @@ pub fn independent_outcome(run_id: &str, run_dir: &Path) -> Result<(Outcome, Pat
                 path,
                 why: format!("no final set (scoring did not complete); score run {run_id} again"),
             },
-            None => ScoreError::Usage(format!(
-                "run {run_id} has no score yet: score it first with `fk-agentd score --run {run_id}`"
-            )),
+            None => ScoreError::Usage(format!("run {run_id} has no score yet: {again}")),
         });
     };
     let path = g.join(report::FILE);
@@ -503,6 +507,46 @@ fn levels_table(c: &Comparison, width: usize) -> (String, &'static str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A composed-only score (`score --mode composed`) judges no candidate alone: the score a
+    /// run counts passes over it, in the views and in `compare` alike.
+    #[test]
+    fn a_composed_only_score_is_passed_over_by_every_reader_of_a_runs_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = Path::new(env!("CARGO_MANIFEST_DIR")).join(
+            "tests/fixtures/prev-release/runs/20261205-075439-ind-l1-gelu-l1-layer-norm-sim-b83d",
+        );
+        crate::score::candidates::copy_tree(&run, dir.path()).unwrap();
+        let standalone = report::ScoreReport::read(&dir.path().join("results"))
+            .unwrap()
+            .unwrap();
+        let newer = dir.path().join("results-2");
+        std::fs::create_dir(&newer).unwrap();
+        let composed_only = report::ScoreReport {
+            standalone: None,
+            ..standalone.clone()
+        };
+        std::fs::write(
+            newer.join(report::FILE),
+            serde_json::to_vec(&composed_only).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(report::newest_complete(dir.path()).unwrap().0, newer);
+        assert_eq!(
+            report::newest_scored(dir.path()).unwrap().0,
+            dir.path().join("results")
+        );
+        let scored = crate::score::scored::newest(dir.path()).unwrap();
+        assert_eq!(scored.generation, dir.path().join("results"));
+        let (_, path) = independent_outcome("r", dir.path()).unwrap();
+        assert_eq!(path, dir.path().join("results").join(report::FILE));
+        // With only the composed score left, compare says so.
+        std::fs::remove_dir_all(dir.path().join("results")).unwrap();
+        let err = independent_outcome("r", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("only composed scores"), "{err}");
+    }
 
     #[test]
     fn nothing_spent_is_written_as_zero_never_minus_zero() {

@@ -139,9 +139,15 @@ pub fn newest_complete(run_dir: &Path) -> Option<(PathBuf, ScoreReport)> {
     newest_complete_with(run_dir, |_| true)
 }
 
-/// [`newest_complete`] among the scores that `keep` takes (a view of standalone verdicts
-/// passes over a composed-only score).
-pub fn newest_complete_with(
+/// The score a run's outcome counts, for every view and `compare` alike: its newest
+/// generation whose score completed with a standalone stage (a composed-only score, `score
+/// --mode composed`, judges no candidate alone and is passed over); `None` before any.
+pub fn newest_scored(run_dir: &Path) -> Option<(PathBuf, ScoreReport)> {
+    newest_complete_with(run_dir, |r| r.standalone.is_some())
+}
+
+/// [`newest_complete`] among the scores that `keep` takes.
+fn newest_complete_with(
     run_dir: &Path,
     keep: impl Fn(&ScoreReport) -> bool,
 ) -> Option<(PathBuf, ScoreReport)> {

@@ -18,7 +18,7 @@ use serde::Serialize;
 pub use crate::inspect::ScoringWord;
 use crate::score::candidates::generations;
 use crate::score::gate::GateKind;
-use crate::score::report::{ScoreReport, newest_complete_with};
+use crate::score::report::{ScoreReport, newest_scored};
 use crate::score::sequential::{read_level_gate, read_seq_gate};
 use crate::target::TargetId;
 
@@ -116,10 +116,10 @@ pub fn of_run_dir(run_dir: &Path, run: &crate::store::RunRow) -> Option<Scored> 
     }
 }
 
-/// The newest results generation of `run_dir` whose score completed with a standalone stage
-/// ([`crate::score::report::newest_complete_with`]); `None` before any.
+/// The score of `run_dir` that counts ([`crate::score::report::newest_scored`]); `None`
+/// before any.
 pub fn newest(run_dir: &Path) -> Option<Scored> {
-    let (g, report) = newest_complete_with(run_dir, |r| r.standalone.is_some())?;
+    let (g, report) = newest_scored(run_dir)?;
     of(g, &report)
 }
 
