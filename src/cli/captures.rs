@@ -27,74 +27,87 @@ pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, E
             Ok(0)
         }
         CapturesCommand::Coverage { targets, json } => {
-            let reports = read()?;
-            let cov = report::coverage(&reports);
-            let selected = match targets {
-                Some(spec) => {
-                    let catalog = config
-                        .catalog
-                        .clone()
-                        .with_targets(report::targets_of(&cov))
-                        .with_captured(report::captured_ids(&cov));
-                    Some(
-                        catalog
-                            .select(spec)
-                            .map_err(|e| Error::Usage(format!("--targets {spec}: {e}")))?,
-                    )
-                }
-                None => None,
-            };
-            let ids: Vec<&crate::target::TargetId> = match &selected {
-                Some(ids) => ids.iter().collect(),
-                None => cov.keys().collect(),
-            };
-            #[derive(serde::Serialize)]
-            struct Row<'a> {
-                target: &'a crate::target::TargetId,
-                coverage: Option<&'a crate::captures::report::Coverage>,
-            }
-            let rows: Vec<Row> = ids
-                .into_iter()
-                .map(|id| Row {
-                    target: id,
-                    coverage: cov.get(id),
-                })
-                .collect();
-            emit(*json, &rows, || {
-                let width = super::term::stdout_width();
-                let text = render::coverage(&reports, &cov, selected.as_deref(), width);
-                format!("captures {}\n{text}", config.captures.display())
-            });
-            Ok(0)
+            coverage(config, &read()?, targets.as_deref(), *json)
         }
-        CapturesCommand::Import { dir } => {
-            let src = crate::config::absolute(&std::env::current_dir().unwrap_or_default(), dir);
-            let done = crate::captures::import(&src, &config.home)?;
-            println!(
-                "{}\n  {}\n{} report(s), {} bytes; sha256 {}",
-                if done.unchanged {
-                    "already imported:"
-                } else {
-                    "imported:"
-                },
-                done.dest.display(),
-                done.reports,
-                done.bytes,
-                done.sha256,
-            );
-            if done.left_out > 0 {
-                println!(
-                    "left out {} file(s) that are no capture report",
-                    done.left_out
-                );
-            }
-            println!(
-                "use it with `[campaign] captures = \"{}\"`",
-                done.dest.display()
-            );
-            Ok(0)
-        }
+        CapturesCommand::Import { dir } => import(config, dir),
     }
+}
+
+/// `captures coverage [--targets SPEC]`: each target's coverage, of the selection or of every
+/// target the reports name.
+fn coverage(
+    config: &Config,
+    reports: &[report::CaptureReport],
+    targets: Option<&str>,
+    json: bool,
+) -> Result<i32, Error> {
+    let cov = report::coverage(reports);
+    let selected = match targets {
+        Some(spec) => {
+            let catalog = config
+                .catalog
+                .clone()
+                .with_targets(report::targets_of(&cov))
+                .with_captured(report::captured_ids(&cov));
+            Some(
+                catalog
+                    .select(spec)
+                    .map_err(|e| Error::Usage(format!("--targets {spec}: {e}")))?,
+            )
+        }
+        None => None,
+    };
+    let ids: Vec<&crate::target::TargetId> = match &selected {
+        Some(ids) => ids.iter().collect(),
+        None => cov.keys().collect(),
+    };
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        target: &'a crate::target::TargetId,
+        coverage: Option<&'a crate::captures::report::Coverage>,
+    }
+    let rows: Vec<Row> = ids
+        .into_iter()
+        .map(|id| Row {
+            target: id,
+            coverage: cov.get(id),
+        })
+        .collect();
+    emit(json, &rows, || {
+        let width = super::term::stdout_width();
+        let text = render::coverage(reports, &cov, selected.as_deref(), width);
+        format!("captures {}\n{text}", config.captures.display())
+    });
+    Ok(0)
+}
+
+/// `captures import DIR`: copies a capture folder into the home and says how to use it.
+fn import(config: &Config, dir: &std::path::Path) -> Result<i32, Error> {
+    let src = crate::config::absolute(&std::env::current_dir().unwrap_or_default(), dir);
+    let done = crate::captures::import(&src, &config.home)?;
+    println!(
+        "{}\n  {}\n{} report(s), {} bytes; sha256 {}",
+        if done.unchanged {
+            "already imported:"
+        } else {
+            "imported:"
+        },
+        done.dest.display(),
+        done.reports,
+        done.bytes,
+        done.sha256,
+    );
+    if done.left_out > 0 {
+        println!(
+            "left out {} file(s) that are no capture report",
+            done.left_out
+        );
+    }
+    println!(
+        "use it with `[campaign] captures = \"{}\"`",
+        done.dest.display()
+    );
+    Ok(0)
 }
 
 /// Before any session: the selected targets with no forward case in the captures, listed on

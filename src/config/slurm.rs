@@ -171,19 +171,10 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
     let mut set = |k: &str, v: String| {
         settings.insert(format!("slurm.{k}"), (v, SettingSource::File));
     };
-    let conf = raw.conf.map(|c| {
-        let path = expand_tilde(&c, env);
-        if !path.is_file() {
-            return Err(ConfigError::because(
-                "slurm.conf",
-                &c,
-                "no such file (the slurm.conf the Slurm commands are to read)",
-            ));
-        }
+    let conf = raw.conf.map(|c| conf_file(&c, env)).transpose()?;
+    if let Some(path) = &conf {
         set("conf", path.display().to_string());
-        Ok(path)
-    });
-    let conf = conf.transpose()?;
+    }
     let mut name = |k: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
         if let Some(v) = &v {
             if !is_slurm_name(v) {
@@ -234,21 +225,10 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
     set("start_timeout", super::format_duration(start_timeout));
     let sbatch_args = extra_args("slurm.sbatch_args", raw.sbatch_args)?;
     let srun_args = extra_args("slurm.srun_args", raw.srun_args)?;
-    let shared_root = raw.shared_root.map(|r| {
-        // Written absolute (or under `~`): a relative path would resolve against wherever
-        // fk-agentd happened to start, which no node shares.
-        if !(r.starts_with('/') || r.starts_with("~/")) {
-            return Err(ConfigError::new(
-                "slurm.shared_root",
-                r,
-                "an absolute path on the shared filesystem",
-            ));
-        }
-        let path = expand_tilde(&r, env);
+    let shared_root = raw.shared_root.map(|r| shared_root(r, env)).transpose()?;
+    if let Some(path) = &shared_root {
         set("shared_root", path.display().to_string());
-        Ok(path)
-    });
-    let shared_root = shared_root.transpose()?;
+    }
     Ok(SlurmConfig {
         conf,
         partition,
@@ -264,6 +244,32 @@ fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmCon
         srun_args,
         shared_root,
     })
+}
+
+/// `slurm.conf`: the file the Slurm commands are to read.
+fn conf_file(conf: &str, env: &Env) -> Result<PathBuf, ConfigError> {
+    let path = expand_tilde(conf, env);
+    if !path.is_file() {
+        return Err(ConfigError::because(
+            "slurm.conf",
+            conf,
+            "no such file (the slurm.conf the Slurm commands are to read)",
+        ));
+    }
+    Ok(path)
+}
+
+/// `slurm.shared_root`, written absolute (or under `~`): a relative path would resolve
+/// against wherever fk-agentd happened to start, which no node shares.
+fn shared_root(root: String, env: &Env) -> Result<PathBuf, ConfigError> {
+    if !(root.starts_with('/') || root.starts_with("~/")) {
+        return Err(ConfigError::new(
+            "slurm.shared_root",
+            root,
+            "an absolute path on the shared filesystem",
+        ));
+    }
+    Ok(expand_tilde(&root, env))
 }
 
 /// The `T` that `value` names (`T`'s default when unset), or an error naming `key`, the value
