@@ -5,11 +5,11 @@
 use super::args::CapturesCommand;
 use super::emit;
 use crate::captures::{render, report};
-use crate::config::Config;
+use crate::config::{Config, Env};
 use crate::error::Error;
 
 /// Runs one `captures` subcommand; returns the exit code.
-pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, Error> {
+pub fn cmd_captures(config: &Config, env: &Env, command: &CapturesCommand) -> Result<i32, Error> {
     let read = || {
         crate::captures::reports_for(&config.captures)
             .map_err(|why| Error::Usage(format!("campaign.captures = {why}")))
@@ -29,7 +29,7 @@ pub fn cmd_captures(config: &Config, command: &CapturesCommand) -> Result<i32, E
         CapturesCommand::Coverage { targets, json } => {
             coverage(config, &read()?, targets.as_deref(), *json)
         }
-        CapturesCommand::Import { dir } => import(config, dir),
+        CapturesCommand::Import { dir } => import(config, &env.cwd, dir),
     }
 }
 
@@ -81,9 +81,10 @@ fn coverage(
     Ok(0)
 }
 
-/// `captures import DIR`: copies a capture folder into the home and says how to use it.
-fn import(config: &Config, dir: &std::path::Path) -> Result<i32, Error> {
-    let src = crate::config::absolute(&std::env::current_dir().unwrap_or_default(), dir);
+/// `captures import DIR` (relative to `cwd`): copies a capture folder into the home and says
+/// how to use it.
+fn import(config: &Config, cwd: &std::path::Path, dir: &std::path::Path) -> Result<i32, Error> {
+    let src = crate::config::absolute(cwd, dir);
     let done = crate::captures::import(&src, &config.home)?;
     println!(
         "{}\n  {}\n{} report(s), {} bytes; sha256 {}",

@@ -284,7 +284,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         Command::Captures(ref command) => {
             let mut config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
             config.settle_captures()?;
-            captures::cmd_captures(&config, command)
+            captures::cmd_captures(&config, &env, command)
         }
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
