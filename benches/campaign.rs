@@ -29,8 +29,8 @@ use fk_agentd::gpu::sim_backend::SimBackend;
 use fk_agentd::gpu::{Broker, BrokerParams, Inventory, LeaseClass, LeaseCommand, LeaseRequest};
 use fk_agentd::run::{NewRun, RunJournal};
 use fk_agentd::scheduler::{
-    SchedulerParams, SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
-    Slots, run_phase,
+    Phase, SchedulerParams, SessionFuture, SessionOutcome, SessionRunner, SessionSlot,
+    SessionStatus, Slots, run_phase,
 };
 use fk_agentd::store::Store;
 use fk_agentd::target::{Catalog, TargetId};
@@ -316,15 +316,15 @@ async fn run_once(
         budget: Default::default(),
     };
     let t0 = Instant::now();
-    let report = run_phase(
+    let phase = Phase {
         journal,
         runner,
-        &config.targets,
-        &sched,
-        CancellationToken::new(),
-    )
-    .await
-    .expect("phase");
+        targets: &config.targets,
+        params: &sched,
+    };
+    let report = run_phase(phase, CancellationToken::new())
+        .await
+        .expect("phase");
     let makespan = t0.elapsed();
     broker.shutdown().await;
     let mut rec = std::mem::take(&mut *lock(&rec));

@@ -124,8 +124,13 @@ async fn run_phase(
     j: &Arc<RunJournal>,
     targets: &[TargetId],
 ) -> Result<PhaseReport, Error> {
-    let runner = ctx.runner.clone();
-    Ok(scheduler::run_phase(j.clone(), runner, targets, &ctx.sched, ctx.root.clone()).await?)
+    let phase = scheduler::Phase {
+        journal: j.clone(),
+        runner: ctx.runner.clone(),
+        targets,
+        params: &ctx.sched,
+    };
+    Ok(scheduler::run_phase(phase, ctx.root.clone()).await?)
 }
 
 async fn independent(

@@ -20,7 +20,7 @@ pub mod budget;
 pub mod order;
 pub mod slot;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -94,72 +94,56 @@ pub struct PhaseReport {
     pub interrupted: bool,
 }
 
-/// Runs `targets` (in the given, stable order) under the cap. Returns when every session has
-/// ended, or after a shutdown once the drain is over.
+/// One phase to run: its targets (in the given, stable order), what runs a session, and the
+/// scheduler's settings.
+pub struct Phase<'a> {
+    pub journal: Arc<RunJournal>,
+    pub runner: Arc<dyn SessionRunner>,
+    pub targets: &'a [TargetId],
+    pub params: &'a SchedulerParams,
+}
+
+/// Runs a phase's targets under the cap. Returns when every session has ended, or after a
+/// shutdown once the drain is over.
 pub async fn run_phase(
-    journal: Arc<RunJournal>,
-    runner: Arc<dyn SessionRunner>,
-    targets: &[TargetId],
-    params: &SchedulerParams,
+    phase: Phase<'_>,
     shutdown: CancellationToken,
 ) -> Result<PhaseReport, RunError> {
+    let (journal, targets, params) = (&phase.journal, phase.targets, phase.params);
     let slots = Slots::new(params.agent_slot, params.max_agents, params.gpus);
-    let mut tasks: JoinSet<(TargetId, SessionStatus, SessionResult)> = JoinSet::new();
-    // Which target each task runs, so a session that panicked is still recorded as its own.
-    let mut task_targets: HashMap<tokio::task::Id, TargetId> = HashMap::new();
-    // On resume, sessions that already ended for good keep their end: they are neither
-    // submitted nor finished a second time (counters read `run.jsonl`).
-    let mut ends = Ends {
-        journal: &journal,
-        index_of: targets.iter().cloned().zip(0..).collect(),
-        results: ended_before(&journal, targets)?,
-    };
-    let pending = submit(&journal, targets, &ends.results)?;
-    let mut queue: std::collections::VecDeque<TargetId> =
-        start_order(&journal, &pending, params.order)?.into();
+    let mut tasks = Tasks::default();
+    let mut ends = Ends::resuming(journal, targets)?;
+    let pending = submit(journal, targets, &ends.results)?;
+    let mut queue: VecDeque<TargetId> = start_order(journal, &pending, params.order)?.into();
     let mut interrupted = false;
     // Sessions are cancelled through `stop`: by a shutdown, or by the budget.
     let stop = shutdown.child_token();
-    // One meter: the scheduler polls it, and sessions ask it before each model turn, so a cap
-    // is passed by at most the turns in flight when it is reached.
-    let capped = params.budget.is_capped();
-    let gate = Arc::new(budget::Gate::new(
-        params.budget.clone(),
-        journal.store().clone(),
-        journal.run_id().to_string(),
-    ));
-    let mut poll = tokio::time::interval(BUDGET_POLL);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut over_budget: Option<String> = None;
+    let mut cap = Cap::of(&params.budget, journal);
     let launch = Launch {
-        runner: &runner,
-        journal: &journal,
+        runner: &phase.runner,
+        journal,
         stop: &stop,
         bounds: (params.session_timeout, params.drain_deadline),
     };
     // One loop both starts queued sessions (as permits free up) and records the ones that end,
     // so `task_finished` is written the moment a session ends.
-    while !interrupted && (!queue.is_empty() || !tasks.is_empty()) {
+    while !interrupted && (!queue.is_empty() || !tasks.set.is_empty()) {
         tokio::select! {
-            _ = poll.tick(), if capped && over_budget.is_none() => {
-                over_budget = check_budget(&journal, &gate, &mut queue, &stop)?;
-            }
+            _ = cap.poll.tick(), if cap.watching() => cap.check(journal, &mut queue, &stop)?,
             slot = slots.admit(), if !queue.is_empty() => {
-                let slot = Arc::new(slot.with_budget(capped.then(|| gate.clone())));
+                let slot = Arc::new(slot.with_budget(cap.gate.clone()));
                 let target = queue.pop_front().expect("checked non-empty");
                 let timed = launch.start(target.clone(), slot)?;
-                task_targets.insert(tasks.spawn(timed).id(), target);
+                tasks.spawn(target, timed);
             }
-            Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
-                if let Some((target, status, mut result)) = joined_session(joined, &task_targets) {
-                    if let (Some(why), SessionStatus::Interrupted) = (&over_budget, &status) {
-                        result.reason = Some(why.clone());
-                    }
+            Some(joined) = tasks.set.join_next(), if !tasks.set.is_empty() => {
+                if let Some((target, status, mut result)) = tasks.ended(joined) {
+                    cap.explain(&status, &mut result);
                     ends.record(target, status, result)?;
                     // A session that stopped itself at the cap: the phase stops now, not at
                     // the next poll.
-                    if capped && over_budget.is_none() {
-                        over_budget = check_budget(&journal, &gate, &mut queue, &stop)?;
+                    if cap.watching() {
+                        cap.check(journal, &mut queue, &stop)?;
                     }
                 }
             }
@@ -169,20 +153,119 @@ pub async fn run_phase(
     // Sessions that honour cancellation may all end before the loop sees the shutdown itself.
     interrupted |= shutdown.is_cancelled();
     if interrupted {
-        drain(&mut ends, &mut tasks, &task_targets, params.drain_deadline).await?;
+        drain(&mut ends, &mut tasks, params.drain_deadline).await?;
     }
     // Sessions never started (shutdown or budget while queued) end as interrupted, so resume
     // finds them.
-    let never_started = match &over_budget {
-        Some(why) => format!("not started: {why}"),
-        None => "not started before shutdown".into(),
-    };
-    ends.record_unstarted(targets, &never_started)?;
+    ends.record_unstarted(targets, &cap.never_started())?;
     Ok(PhaseReport {
         results: ends.results,
         // A phase stopped by the budget is over early: later phases must not start.
-        interrupted: interrupted || over_budget.is_some(),
+        interrupted: interrupted || cap.reached.is_some(),
     })
+}
+
+/// A session's task's end: its target, status and result.
+type Ended = (TargetId, SessionStatus, SessionResult);
+
+/// The phase's running session tasks, each with the target it runs, so a session that
+/// panicked is still recorded as its own.
+#[derive(Default)]
+struct Tasks {
+    set: JoinSet<Ended>,
+    targets: HashMap<tokio::task::Id, TargetId>,
+}
+
+impl Tasks {
+    fn spawn(&mut self, target: TargetId, task: impl Future<Output = Ended> + Send + 'static) {
+        self.targets.insert(self.set.spawn(task).id(), target);
+    }
+
+    /// A joined session task's end. A session that panicked is a failure of ours, not the
+    /// agent's: recorded as an infrastructure failure with the panic's message. An aborted
+    /// task (the drain deadline) has no end to record here.
+    fn ended(&self, joined: Result<Ended, tokio::task::JoinError>) -> Option<Ended> {
+        match joined {
+            Ok(ended) => Some(ended),
+            Err(e) if e.is_panic() => {
+                let target = self.targets.get(&e.id())?.clone();
+                let payload = e.into_panic();
+                let message = crate::error::panic_text(payload.as_ref())
+                    .unwrap_or("a panic without a message");
+                tracing::error!(target = %target, "session panicked: {message}");
+                let result = SessionResult::infra(format!("session panicked: {message}"));
+                Some((target, SessionStatus::Failed, result))
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// The campaign-wide cap over a phase: the gate its sessions ask before each model turn (none
+/// when uncapped), and why the phase stopped once the cap is reached. One meter: the
+/// scheduler polls it and sessions ask it, so a cap is passed by at most the turns in flight.
+struct Cap {
+    gate: Option<Arc<budget::Gate>>,
+    reached: Option<String>,
+    /// When spending is read next.
+    poll: tokio::time::Interval,
+}
+
+impl Cap {
+    fn of(budget: &budget::Budget, journal: &RunJournal) -> Self {
+        let gate = budget.is_capped().then(|| {
+            let (store, run) = (journal.store().clone(), journal.run_id().to_string());
+            Arc::new(budget::Gate::new(budget.clone(), store, run))
+        });
+        let mut poll = tokio::time::interval(BUDGET_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Self {
+            gate,
+            reached: None,
+            poll,
+        }
+    }
+
+    /// Whether spending is still to be read: capped, and the cap not reached yet.
+    fn watching(&self) -> bool {
+        self.gate.is_some() && self.reached.is_none()
+    }
+
+    /// Reads what was spent; at the cap, records `budget_reached`, empties the queue and
+    /// cancels the running sessions.
+    fn check(
+        &mut self,
+        journal: &RunJournal,
+        queue: &mut VecDeque<TargetId>,
+        stop: &CancellationToken,
+    ) -> Result<(), RunError> {
+        let Some(gate) = &self.gate else {
+            return Ok(());
+        };
+        let Some(why) = gate.poll()? else {
+            return Ok(());
+        };
+        stop_for_budget(journal, gate, &why)?;
+        queue.clear();
+        stop.cancel();
+        self.reached = Some(why);
+        Ok(())
+    }
+
+    /// Gives a session the cap interrupted the cap as its reason.
+    fn explain(&self, status: &SessionStatus, result: &mut SessionResult) {
+        if let (Some(why), SessionStatus::Interrupted) = (&self.reached, status) {
+            result.reason = Some(why.clone());
+        }
+    }
+
+    /// The reason of a session that never started.
+    fn never_started(&self) -> String {
+        match &self.reached {
+            Some(why) => format!("not started: {why}"),
+            None => "not started before shutdown".into(),
+        }
+    }
 }
 
 /// A phase's sessions' ends, each recorded once (`task_finished` with the session's index in
@@ -193,14 +276,36 @@ struct Ends<'a> {
     results: BTreeMap<TargetId, SessionStatus>,
 }
 
-impl Ends<'_> {
+impl<'a> Ends<'a> {
+    /// The ends of a phase starting over `targets`. On resume, sessions that already ended for
+    /// good keep their end: they are neither submitted nor finished a second time (counters
+    /// read `run.jsonl`).
+    fn resuming(journal: &'a RunJournal, targets: &[TargetId]) -> Result<Self, RunError> {
+        Ok(Self {
+            journal,
+            index_of: targets.iter().cloned().zip(0..).collect(),
+            results: ended_before(journal, targets)?,
+        })
+    }
+
     fn record(
         &mut self,
         target: TargetId,
         status: SessionStatus,
-        result: SessionResult,
+        mut result: SessionResult,
     ) -> Result<(), RunError> {
-        finish(self.journal, &self.index_of, &target, &status, result)?;
+        let name = target.to_string();
+        result.index = Some(self.index_of.get(&target).copied());
+        result.name = Some(name.clone());
+        result.status = Some(status.clone().into());
+        let done = TaskFinished {
+            task_name: name.clone(),
+            status: status.clone().into(),
+            result,
+            reason: None,
+        };
+        self.journal.record_event(Some(&name), &done)?;
+        set_state(self.journal, &target, status.state(), done.result)?;
         self.results.insert(target, status);
         Ok(())
     }
@@ -268,8 +373,7 @@ impl Launch<'_> {
         &self,
         target: TargetId,
         slot: Arc<SessionSlot>,
-    ) -> Result<impl Future<Output = (TargetId, SessionStatus, SessionResult)> + use<>, RunError>
-    {
+    ) -> Result<impl Future<Output = Ended> + use<>, RunError> {
         let started = SessionResult {
             started_at: Some(now_rfc3339()),
             ..SessionResult::default()
@@ -280,10 +384,10 @@ impl Launch<'_> {
         let fut = self
             .runner
             .run(target.clone(), journal, slot.clone(), cancel.clone());
-        let (timeout, grace) = self.bounds;
+        let bounds = self.bounds;
         Ok(async move {
             let started = tokio::time::Instant::now();
-            let (status, mut result) = timed(fut, &slot, &cancel, timeout, grace).await;
+            let (status, mut result) = timed(fut, &slot, &cancel, bounds).await;
             drop(slot);
             let secs = (started.elapsed().as_secs_f64() * 1e3).round() / 1e3;
             result.session_s = Some(secs);
@@ -292,15 +396,14 @@ impl Launch<'_> {
     }
 }
 
-/// Runs one session under its timeout. At the timeout the session is cancelled first and
+/// Runs one session under its `(timeout, grace)`. At the timeout the session is cancelled first and
 /// given `grace` to record its own end and close its tool call in flight; only a session
 /// that outlives the grace is dropped where it stands.
 async fn timed(
     mut fut: SessionFuture,
     slot: &SessionSlot,
     cancel: &CancellationToken,
-    timeout: Duration,
-    grace: Duration,
+    (timeout, grace): (Duration, Duration),
 ) -> (SessionStatus, SessionResult) {
     if let Ok(outcome) = tokio::time::timeout(timeout, &mut fut).await {
         return (outcome.status, outcome.result);
@@ -397,23 +500,6 @@ pub fn stays_ended(row: &SessionRow) -> bool {
 }
 
 /// Records `budget_reached` with what was spent and the caps.
-/// Reads what was spent; at the cap, records it, empties the queue and cancels the running
-/// sessions, and returns why.
-fn check_budget(
-    journal: &RunJournal,
-    gate: &budget::Gate,
-    queue: &mut std::collections::VecDeque<TargetId>,
-    stop: &CancellationToken,
-) -> Result<Option<String>, RunError> {
-    let Some(why) = gate.poll()? else {
-        return Ok(None);
-    };
-    stop_for_budget(journal, gate, &why)?;
-    queue.clear();
-    stop.cancel();
-    Ok(Some(why))
-}
-
 fn stop_for_budget(journal: &RunJournal, gate: &budget::Gate, why: &str) -> Result<(), RunError> {
     let (spent, b) = gate.spent();
     tracing::info!(
@@ -461,76 +547,28 @@ fn start_order(
     Ok(ordered)
 }
 
-async fn drain(
-    ends: &mut Ends<'_>,
-    tasks: &mut JoinSet<(TargetId, SessionStatus, SessionResult)>,
-    task_targets: &HashMap<tokio::task::Id, TargetId>,
-    deadline: Duration,
-) -> Result<(), RunError> {
+async fn drain(ends: &mut Ends<'_>, tasks: &mut Tasks, deadline: Duration) -> Result<(), RunError> {
     let until = tokio::time::Instant::now() + deadline;
-    while !tasks.is_empty() {
-        match tokio::time::timeout_at(until, tasks.join_next()).await {
+    while !tasks.set.is_empty() {
+        match tokio::time::timeout_at(until, tasks.set.join_next()).await {
             Ok(Some(joined)) => {
-                if let Some((target, status, result)) = joined_session(joined, task_targets) {
+                if let Some((target, status, result)) = tasks.ended(joined) {
                     ends.record(target, status, result)?;
                 }
             }
             Ok(None) => break,
             Err(_) => {
                 tracing::warn!(
-                    left = tasks.len(),
+                    left = tasks.set.len(),
                     "drain deadline passed; aborting the sessions still running"
                 );
-                tasks.abort_all();
-                while tasks.join_next().await.is_some() {}
+                tasks.set.abort_all();
+                while tasks.set.join_next().await.is_some() {}
                 break;
             }
         }
     }
     Ok(())
-}
-
-/// A joined session task's end. A session that panicked is a failure of ours, not the
-/// agent's: recorded as an infrastructure failure with the panic's message (it was taken for
-/// "not started" before). An aborted task (the drain deadline) has no end to record here.
-fn joined_session(
-    joined: Result<(TargetId, SessionStatus, SessionResult), tokio::task::JoinError>,
-    task_targets: &HashMap<tokio::task::Id, TargetId>,
-) -> Option<(TargetId, SessionStatus, SessionResult)> {
-    match joined {
-        Ok(ended) => Some(ended),
-        Err(e) if e.is_panic() => {
-            let target = task_targets.get(&e.id())?.clone();
-            let payload = e.into_panic();
-            let message =
-                crate::error::panic_text(payload.as_ref()).unwrap_or("a panic without a message");
-            tracing::error!(target = %target, "session panicked: {message}");
-            let result = SessionResult::infra(format!("session panicked: {message}"));
-            Some((target, SessionStatus::Failed, result))
-        }
-        Err(_) => None,
-    }
-}
-
-fn finish(
-    journal: &RunJournal,
-    index_of: &BTreeMap<TargetId, usize>,
-    target: &TargetId,
-    status: &SessionStatus,
-    mut result: SessionResult,
-) -> Result<(), RunError> {
-    let name = target.to_string();
-    result.index = Some(index_of.get(target).copied());
-    result.name = Some(name.clone());
-    result.status = Some(status.clone().into());
-    let done = TaskFinished {
-        task_name: name.clone(),
-        status: status.clone().into(),
-        result,
-        reason: None,
-    };
-    journal.record_event(Some(&name), &done)?;
-    set_state(journal, target, status.state(), done.result)
 }
 
 /// Records a session's current state in the derived `sessions` table.

@@ -8,8 +8,8 @@ use fk_agentd::config::{AgentSlot, Mode, QueueOrder};
 use fk_agentd::run::{NewRun, RunJournal};
 use fk_agentd::scheduler::budget::Budget;
 use fk_agentd::scheduler::{
-    SchedulerParams, SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
-    run_phase,
+    Phase, SchedulerParams, SessionFuture, SessionOutcome, SessionRunner, SessionSlot,
+    SessionStatus, run_phase,
 };
 use fk_agentd::target::TargetId;
 use pretty_assertions::assert_eq;
@@ -90,10 +90,12 @@ async fn a_token_cap_stops_queued_sessions_and_cancels_running_ones() {
     };
     let t0 = tokio::time::Instant::now();
     let report = run_phase(
-        journal.clone(),
-        Arc::new(Spender),
-        &ids,
-        &params,
+        Phase {
+            journal: journal.clone(),
+            runner: Arc::new(Spender),
+            targets: &ids,
+            params: &params,
+        },
         CancellationToken::new(),
     )
     .await

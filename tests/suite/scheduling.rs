@@ -8,8 +8,8 @@ use std::time::Duration;
 use fk_agentd::config::{AgentSlot, Mode, QueueOrder};
 use fk_agentd::run::{NewRun, RunJournal};
 use fk_agentd::scheduler::{
-    SchedulerParams, SessionFuture, SessionOutcome, SessionRunner, SessionSlot, SessionStatus,
-    run_phase,
+    Phase, SchedulerParams, SessionFuture, SessionOutcome, SessionRunner, SessionSlot,
+    SessionStatus, run_phase,
 };
 use fk_agentd::target::TargetId;
 use pretty_assertions::assert_eq;
@@ -114,10 +114,12 @@ async fn campaign(policy: AgentSlot, max_agents: usize, gpus: usize, targets: us
     };
     let t0 = tokio::time::Instant::now();
     let report = run_phase(
-        Arc::new(journal),
-        runner,
-        &ids,
-        &params,
+        Phase {
+            journal: Arc::new(journal),
+            runner,
+            targets: &ids,
+            params: &params,
+        },
         CancellationToken::new(),
     )
     .await
@@ -238,10 +240,12 @@ async fn ordered_run(
     let journal = new_run(home, ids, simulated);
     runner.started.lock().unwrap().clear();
     run_phase(
-        journal,
-        runner.clone(),
-        ids,
-        &one_gpu(1, order),
+        Phase {
+            journal,
+            runner: runner.clone(),
+            targets: ids,
+            params: &one_gpu(1, order),
+        },
         CancellationToken::new(),
     )
     .await
@@ -330,10 +334,12 @@ async fn a_panicked_session_is_an_infrastructure_failure_with_its_message() {
     let ids: Vec<TargetId> = ["L1/gelu", "L1/bmm"].map(|t| t.parse().unwrap()).to_vec();
     let journal = new_run(home.path(), &ids, true);
     let report = run_phase(
-        journal.clone(),
-        Arc::new(PanicsOn(ids[1].clone())),
-        &ids,
-        &one_gpu(2, QueueOrder::Catalog),
+        Phase {
+            journal: journal.clone(),
+            runner: Arc::new(PanicsOn(ids[1].clone())),
+            targets: &ids,
+            params: &one_gpu(2, QueueOrder::Catalog),
+        },
         CancellationToken::new(),
     )
     .await
@@ -366,8 +372,15 @@ async fn an_end_recorded_before_its_session_row_is_kept_on_resume() {
     });
     let journal = new_run(home.path(), &ids, true);
     let params = one_gpu(2, QueueOrder::Catalog);
-    let phase =
-        |j: Arc<RunJournal>| run_phase(j, runner.clone(), &ids, &params, CancellationToken::new());
+    let phase = |j: Arc<RunJournal>| {
+        let phase = Phase {
+            journal: j,
+            runner: runner.clone(),
+            targets: &ids,
+            params: &params,
+        };
+        run_phase(phase, CancellationToken::new())
+    };
     phase(journal.clone()).await.unwrap();
     // The torn write: gelu's end is in the log, its row still says it runs.
     fk_agentd::scheduler::set_state(
@@ -453,10 +466,12 @@ async fn timed_out_session(honours_cancel: bool) -> (Duration, Vec<fk_agentd::st
     });
     let t0 = tokio::time::Instant::now();
     let report = run_phase(
-        journal.clone(),
-        runner,
-        &ids,
-        &params,
+        Phase {
+            journal: journal.clone(),
+            runner,
+            targets: &ids,
+            params: &params,
+        },
         CancellationToken::new(),
     )
     .await
