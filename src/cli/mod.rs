@@ -36,20 +36,9 @@ use crate::tools::ToolName;
 
 /// Runs the CLI with the process arguments and environment; returns the exit code.
 pub fn main() -> i32 {
-    if let Some(why) = not_utf8(std::env::args_os()) {
-        eprintln!("fk-agentd: {why}");
-        return crate::exit::EXIT_USAGE;
-    }
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                crate::exit::EXIT_USAGE
-            } else {
-                0
-            };
-        }
+    let cli = match parsed() {
+        Ok(cli) => cli,
+        Err(code) => return code,
     };
     let cli = match cli.command {
         Command::SimBench(args) => {
@@ -58,29 +47,8 @@ pub fn main() -> i32 {
         Command::ConfinedExec(args) => return confined_exec(args),
         _ => cli,
     };
-    // Everything fk-agentd writes (store, transcripts, run files, candidates) is private to
-    // this user, as the socket already is: other users of a shared node must not read runs.
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
-    // The token lives in this process's memory (and, with `token_env`, its environment): its
-    // `/proc/<pid>` is closed to the agent code it starts.
-    crate::confine::protect_self();
     let env = Env::from_process();
-    term::init(&env);
-    // Scoring is long and costly: a reader that goes away (`score | head`) must not end it.
-    if !matches!(
-        cli.command,
-        Command::Start(_)
-            | Command::Resume { .. }
-            | Command::Lease(_)
-            | Command::Dashboard { .. }
-            | Command::Score(_)
-    ) {
-        restore_sigpipe();
-    }
-    init_logging(
-        matches!(cli.command, Command::Start(_) | Command::Resume { .. }),
-        &env,
-    );
+    set_up_process(&cli.command, &env);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -101,14 +69,60 @@ pub fn main() -> i32 {
     }
 }
 
+/// The command line, or the exit code of one that does not parse (0 for `--help`).
+fn parsed() -> Result<Cli, i32> {
+    if let Some(why) = not_utf8(std::env::args_os()) {
+        eprintln!("fk-agentd: {why}");
+        return Err(crate::exit::EXIT_USAGE);
+    }
+    Cli::try_parse().map_err(|e| {
+        let _ = e.print();
+        if e.use_stderr() {
+            crate::exit::EXIT_USAGE
+        } else {
+            0
+        }
+    })
+}
+
+/// What this process is before any command runs: its file mode mask, its `/proc` entry
+/// closed, the terminal's width and colours, `SIGPIPE` and the logs.
+fn set_up_process(command: &Command, env: &Env) {
+    // Everything fk-agentd writes (store, transcripts, run files, candidates) is private to
+    // this user, as the socket already is: other users of a shared node must not read runs.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    // The token lives in this process's memory (and, with `token_env`, its environment): its
+    // `/proc/<pid>` is closed to the agent code it starts.
+    crate::confine::protect_self();
+    term::init(env);
+    // Scoring is long and costly: a reader that goes away (`score | head`) must not end it.
+    if !matches!(
+        command,
+        Command::Start(_)
+            | Command::Resume { .. }
+            | Command::Lease(_)
+            | Command::Dashboard { .. }
+            | Command::Score(_)
+    ) {
+        restore_sigpipe();
+    }
+    init_logging(
+        matches!(command, Command::Start(_) | Command::Resume { .. }),
+        env,
+    );
+}
+
 /// Logs go to stderr, filtered by `FK_AGENTD_LOG` (tracing's `EnvFilter` syntax, e.g.
 /// `FK_AGENTD_LOG=fk_agentd::gpu=debug,info`). Colour only on a terminal and without
 /// `NO_COLOR`, so a piped stderr and the detached daemon's log file hold plain text.
 fn init_logging(daemon: bool, env: &Env) {
     use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
     let default = if daemon { "info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FK_AGENTD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = env
+        .var("FK_AGENTD_LOG")
+        .and_then(|f| EnvFilter::try_new(f).ok());
+    let filter = filter.unwrap_or_else(|| EnvFilter::new(default));
     let no_color = env.var("NO_COLOR").is_some();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -207,20 +221,8 @@ fn home(global: &GlobalArgs, env: &Env) -> Result<PathBuf, Error> {
 
 async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
     let catalog = Catalog::embedded();
-    // A config named on the command line must be there, whether or not this command reads it.
-    if let Some(path) = cli.global.config.as_deref().filter(|p| !p.is_file()) {
-        let what = if path.is_dir() {
-            "a folder"
-        } else {
-            "no such file"
-        };
-        return Err(crate::config::ConfigError::new(
-            "--config",
-            path.display().to_string(),
-            format!("a config file (fk-agentd.toml); this is {what}"),
-        )
-        .into());
-    }
+    config_named_exists(&cli.global)?;
+    let settled = |adjust: &dyn Fn(&mut Flags)| settled_config(&cli.global, &env, &catalog, adjust);
     match cli.command {
         Command::Start(ref start) => start::cmd_start(&cli.global, start, &env, &catalog).await,
         Command::Status { json } => cmd_status(&home(&cli.global, &env)?, json).await,
@@ -236,10 +238,7 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         Command::Lease(ref args) => gpu::cmd_lease(&cli.global, &env, args).await,
         Command::Gpus(ref args) => gpu::cmd_gpus(&cli.global, &env, &catalog, args).await,
         Command::Score(ref args) => {
-            let mut f = flags(&cli.global, None);
-            f.patches = args.patches.clone();
-            let mut config = Config::load(&f, &env, &catalog)?;
-            config.settle_captures()?;
+            let config = settled(&|f| f.patches = args.patches.clone())?;
             score::cmd_score(&config, &env, args).await
         }
         Command::SimBench(_) | Command::ConfinedExec(_) => {
@@ -255,35 +254,21 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
         }
         Command::Provider(ProviderCommand::Check { provider, json }) => {
             let config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
-            let choice = provider.unwrap_or(config.provider.clone());
-            let p = ProviderConfig::load(&choice, &config.home, &env)?;
-            let token = crate::llm::TokenProvider::from_source(&p.token, |var| {
-                env.var(var).map(String::from)
-            })?;
-            let cancel = tokio_util::sync::CancellationToken::new();
-            let report = crate::llm::check::check(p, token, &cancel).await;
-            if json {
-                println!("{}", check_json(&report));
-            } else {
-                print!("{}", crate::llm::check::render(&report));
-            }
-            Ok(report.exit_code())
+            cmd_provider_check(&config, &env, provider, json).await
         }
         Command::Doctor {
             ref targets,
             ref patches,
             json,
         } => {
-            let mut f = flags(&cli.global, None);
-            f.targets = targets.clone();
-            f.patches = patches.clone();
-            let mut config = Config::load(&f, &env, &catalog)?;
-            config.settle_captures()?;
+            let config = settled(&|f| {
+                f.targets = targets.clone();
+                f.patches = patches.clone();
+            })?;
             doctor::cmd_doctor(&config, &env, json).await
         }
         Command::Captures(ref command) => {
-            let mut config = Config::load(&flags(&cli.global, None), &env, &catalog)?;
-            config.settle_captures()?;
+            let config = settled(&|_| {})?;
             captures::cmd_captures(&config, &env, command)
         }
         Command::Completions { shell } => {
@@ -292,6 +277,60 @@ async fn dispatch(cli: Cli, env: Env) -> Result<i32, Error> {
             Ok(0)
         }
     }
+}
+
+/// A config named on the command line must be there, whether or not the command reads it.
+fn config_named_exists(global: &GlobalArgs) -> Result<(), Error> {
+    let Some(path) = global.config.as_deref().filter(|p| !p.is_file()) else {
+        return Ok(());
+    };
+    let what = if path.is_dir() {
+        "a folder"
+    } else {
+        "no such file"
+    };
+    Err(crate::config::ConfigError::new(
+        "--config",
+        path.display().to_string(),
+        format!("a config file (fk-agentd.toml); this is {what}"),
+    )
+    .into())
+}
+
+/// The config of a command that reads the captures, from the global flags as `adjust` sets
+/// them.
+fn settled_config(
+    global: &GlobalArgs,
+    env: &Env,
+    catalog: &Catalog,
+    adjust: &dyn Fn(&mut Flags),
+) -> Result<Config, Error> {
+    let mut f = flags(global, None);
+    adjust(&mut f);
+    let mut config = Config::load(&f, env, catalog)?;
+    config.settle_captures()?;
+    Ok(config)
+}
+
+/// `provider check`: one request to the provider (`provider` or the config's), and its report.
+async fn cmd_provider_check(
+    config: &Config,
+    env: &Env,
+    provider: Option<String>,
+    json: bool,
+) -> Result<i32, Error> {
+    let choice = provider.unwrap_or(config.provider.clone());
+    let p = ProviderConfig::load(&choice, &config.home, env)?;
+    let token =
+        crate::llm::TokenProvider::from_source(&p.token, |var| env.var(var).map(String::from))?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let report = crate::llm::check::check(p, token, &cancel).await;
+    if json {
+        println!("{}", check_json(&report));
+    } else {
+        print!("{}", crate::llm::check::render(&report));
+    }
+    Ok(report.exit_code())
 }
 
 /// `provider check --json`: the report, with durations in seconds (numbers, not text).
