@@ -15,24 +15,28 @@ use sha2::{Digest, Sha256};
 
 use super::StoreError;
 
+/// One event's stored fields, those its digest covers.
+#[derive(Clone, Copy)]
+pub(super) struct Fields<'a> {
+    pub run_id: &'a str,
+    pub seq: i64,
+    pub at: &'a str,
+    pub kind: &'a str,
+    pub target: Option<&'a str>,
+    pub payload: &'a str,
+}
+
 /// The digest of one event's stored fields, as 16 hex digits.
-pub(super) fn of(
-    run_id: &str,
-    seq: i64,
-    at: &str,
-    kind: &str,
-    target: Option<&str>,
-    payload: &str,
-) -> String {
+pub(super) fn of(f: &Fields) -> String {
     let mut h = Sha256::new();
     // Each field is length-prefixed, so no two different rows hash the same bytes.
     for field in [
-        run_id.as_bytes(),
-        &seq.to_le_bytes(),
-        at.as_bytes(),
-        kind.as_bytes(),
-        target.unwrap_or("\u{0}").as_bytes(),
-        payload.as_bytes(),
+        f.run_id.as_bytes(),
+        &f.seq.to_le_bytes(),
+        f.at.as_bytes(),
+        f.kind.as_bytes(),
+        f.target.unwrap_or("\u{0}").as_bytes(),
+        f.payload.as_bytes(),
     ] {
         h.update((field.len() as u64).to_le_bytes());
         h.update(field);
@@ -102,14 +106,14 @@ fn verify_digests(conn: &Connection, path: &Path) -> Result<(), StoreError> {
             _ => Some(text(4)?),
         };
         let want = text(6)?;
-        let got = of(
-            &run_id,
+        let got = of(&Fields {
+            run_id: &run_id,
             seq,
-            &text(2)?,
-            &text(3)?,
-            target.as_deref(),
-            &text(5)?,
-        );
+            at: &text(2)?,
+            kind: &text(3)?,
+            target: target.as_deref(),
+            payload: &text(5)?,
+        });
         if got != want {
             return Err(StoreError::Damaged {
                 path: path.to_path_buf(),
@@ -128,19 +132,42 @@ mod tests {
 
     #[test]
     fn every_field_changes_the_digest_and_fields_do_not_run_together() {
-        let base = of("r", 1, "t", "kind", Some("L1/gelu"), "{}");
-        assert_eq!(base.len(), 16);
-        assert_eq!(base, of("r", 1, "t", "kind", Some("L1/gelu"), "{}"));
+        let base = Fields {
+            run_id: "r",
+            seq: 1,
+            at: "t",
+            kind: "kind",
+            target: Some("L1/gelu"),
+            payload: "{}",
+        };
+        assert_eq!(of(&base).len(), 16);
+        assert_eq!(of(&base), of(&Fields { ..base }));
         for other in [
-            of("r2", 1, "t", "kind", Some("L1/gelu"), "{}"),
-            of("r", 2, "t", "kind", Some("L1/gelu"), "{}"),
-            of("r", 1, "u", "kind", Some("L1/gelu"), "{}"),
-            of("r", 1, "t", "KIND", Some("L1/gelu"), "{}"),
-            of("r", 1, "t", "kind", None, "{}"),
-            of("r", 1, "t", "kind", Some("L1/gelu"), "{ }"),
-            of("r", 1, "t", "kin", Some("dL1/gelu"), "{}"),
+            Fields {
+                run_id: "r2",
+                ..base
+            },
+            Fields { seq: 2, ..base },
+            Fields { at: "u", ..base },
+            Fields {
+                kind: "KIND",
+                ..base
+            },
+            Fields {
+                target: None,
+                ..base
+            },
+            Fields {
+                payload: "{ }",
+                ..base
+            },
+            Fields {
+                kind: "kin",
+                target: Some("dL1/gelu"),
+                ..base
+            },
         ] {
-            assert_ne!(base, other);
+            assert_ne!(of(&base), of(&other));
         }
     }
 }

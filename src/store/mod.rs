@@ -489,7 +489,14 @@ impl Store {
             .map_err(|e| self.sql_err(e))?;
         let at = now_rfc3339();
         let text = payload.to_string();
-        let digest = digest::of(run_id, seq, &at, kind, target, &text);
+        let digest = digest::of(&digest::Fields {
+            run_id,
+            seq,
+            at: &at,
+            kind,
+            target,
+            payload: &text,
+        });
         tx.execute(
             "INSERT INTO events (run_id, seq, at, kind, target, payload, digest)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
