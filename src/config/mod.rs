@@ -466,50 +466,18 @@ impl Config {
         let home = resolve_home(flags.home.as_deref(), env)?;
         let (config_file, mut raw) = read_config_file(flags, env, &home)?;
         let mut settings = BTreeMap::new();
-        let provider_named = flags.provider.is_some() || raw.provider.use_.is_some();
-        let (provider, source) = layered(flags.provider.clone(), raw.provider.use_.take(), || {
-            DEFAULT_PROVIDER.to_string()
-        });
+        let (provider, source) = provider_use(flags, raw.provider.use_.take(), &home, env)?;
         record(&mut settings, "provider.use", &provider, source);
-        // The simulation uses no provider, but one named (flag or file) must exist.
-        if flags.sim && provider_named {
-            provider::ProviderConfig::check_exists(&provider, &home, env)?;
-        }
         let c = campaign_values(flags, &raw.campaign, env, &mut settings)?;
-        let backend = raw.gpus.backend.take();
-        let (backend_kind, slurm_table) =
-            slurm::validate(backend, raw.slurm.take(), env, &mut settings)?;
-        let GpuSettings {
-            devices: gpus,
-            ncu_cap,
-            nsys_cap,
-            cgroup_root,
-        } = gpus::validate(std::mem::take(&mut raw.gpus), flags.sim, &mut settings)?;
+        let (backend, slurm, g) = lease_backend(&mut raw, flags.sim, env, &mut settings)?;
         let patches = pick_patches(flags, raw.fastkernels.patches.take(), env, &mut settings)?;
         let (fastkernels_dir, fastkernels_command) =
             validate_fastkernels(std::mem::take(&mut raw.fastkernels), env, &mut settings)?;
-        let (targets, catalog) = selection::select_for_config(&selection::SelectionInputs {
-            catalog,
-            spec: &c.targets_spec,
-            checkout: fastkernels_dir.as_deref(),
-            captures: &c.captures,
-        })
-        .map_err(|e| {
-            ConfigError::because(
-                "campaign.targets (--targets)",
-                &c.targets_spec,
-                e.to_string(),
-            )
-        })?;
+        let (targets, catalog) = select_targets(catalog, &c, fastkernels_dir.as_deref())?;
         if flags.sim {
             record(&mut settings, "sim", "true", SettingSource::Flag);
         }
-        // Not in `settings`: where a viewer listens is no fact of the campaign's results.
-        let listen = raw.dashboard.listen.take();
-        let dashboard_listen = parse_dashboard_listen(
-            "dashboard.listen",
-            listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN),
-        )?;
+        let dashboard_listen = dashboard_listen(raw.dashboard.listen.take())?;
         let (screen_waive, allow_unconfined) = safety(&mut raw, &mut settings)?;
         let gate = score_gate(flags, &raw.score, &mut settings)?;
         let timing_rounds = score_timing_rounds(&raw.score, &mut settings)?;
@@ -530,12 +498,12 @@ impl Config {
             captures: c.captures,
             provider,
             agent,
-            gpus,
-            ncu_cap,
-            nsys_cap,
-            cgroup_root,
-            backend: backend_kind,
-            slurm: slurm_table,
+            gpus: g.devices,
+            ncu_cap: g.ncu_cap,
+            nsys_cap: g.nsys_cap,
+            cgroup_root: g.cgroup_root,
+            backend,
+            slurm,
             fastkernels_dir,
             fastkernels_command,
             fastkernels_patches: patches,
@@ -552,6 +520,58 @@ impl Config {
             settings,
         })
     }
+}
+
+/// `--provider`, else `[provider] use`, else the default; one named must exist even under `--sim`.
+fn provider_use(
+    flags: &Flags,
+    file: Option<String>,
+    home: &Path,
+    env: &Env,
+) -> Result<(String, SettingSource), ConfigError> {
+    let named = flags.provider.is_some() || file.is_some();
+    let (provider, source) = layered(flags.provider.clone(), file, || DEFAULT_PROVIDER.into());
+    if flags.sim && named {
+        provider::ProviderConfig::check_exists(&provider, home, env)?;
+    }
+    Ok((provider, source))
+}
+
+/// `[gpus] backend` with its `[slurm]` table, then the rest of `[gpus]`.
+fn lease_backend(
+    raw: &mut RawFile,
+    sim: bool,
+    env: &Env,
+    settings: &mut SettingMap,
+) -> Result<(LeaseBackendKind, Option<SlurmConfig>, GpuSettings), ConfigError> {
+    let backend = raw.gpus.backend.take();
+    let (kind, slurm) = slurm::validate(backend, raw.slurm.take(), env, settings)?;
+    let gpus = gpus::validate(std::mem::take(&mut raw.gpus), sim, settings)?;
+    Ok((kind, slurm, gpus))
+}
+
+/// The targets `campaign.targets` selects, and the catalog widened to hold them.
+fn select_targets(
+    catalog: &Catalog,
+    c: &CampaignValues,
+    checkout: Option<&Path>,
+) -> Result<(Vec<TargetId>, Catalog), ConfigError> {
+    selection::select_for_config(&selection::SelectionInputs {
+        catalog,
+        spec: &c.targets_spec,
+        checkout,
+        captures: &c.captures,
+    })
+    .map_err(|e| {
+        let key = "campaign.targets (--targets)";
+        ConfigError::because(key, &c.targets_spec, e.to_string())
+    })
+}
+
+/// `[dashboard] listen` or its default; not a setting: where a viewer listens is no result.
+fn dashboard_listen(listen: Option<String>) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    let listen = listen.as_deref().unwrap_or(DEFAULT_DASHBOARD_LISTEN);
+    parse_dashboard_listen("dashboard.listen", listen)
 }
 
 /// The `[campaign]` table with its flags on top, each value recorded with its source and
@@ -638,26 +658,7 @@ fn campaign_values(
         lease_timeout,
         captures,
     ] = campaign_layers(flags, c, settings);
-    let session_timeout = parse_duration(
-        "campaign.session_timeout (--session-timeout)",
-        &session_timeout,
-        bounds::SESSION,
-    )?;
-    let lease_timeout = parse_duration(
-        "campaign.lease_timeout (--lease-timeout)",
-        &lease_timeout,
-        bounds::LEASE,
-    )?;
-    if lease_timeout > session_timeout {
-        return Err(ConfigError::new(
-            "campaign.lease_timeout (--lease-timeout)",
-            format_duration(lease_timeout),
-            format!(
-                "at most the session timeout ({})",
-                format_duration(session_timeout)
-            ),
-        ));
-    }
+    let (session_timeout, lease_timeout) = deadlines(&session_timeout, &lease_timeout)?;
     if captures.trim().is_empty() {
         return Err(ConfigError::new(
             "campaign.captures",
@@ -685,6 +686,31 @@ fn campaign_values(
             max_turns: c.max_turns,
         },
     })
+}
+
+/// `campaign.session_timeout` and `campaign.lease_timeout`, a lease no longer than a session.
+fn deadlines(session: &str, lease: &str) -> Result<(Duration, Duration), ConfigError> {
+    let session_timeout = parse_duration(
+        "campaign.session_timeout (--session-timeout)",
+        session,
+        bounds::SESSION,
+    )?;
+    let lease_timeout = parse_duration(
+        "campaign.lease_timeout (--lease-timeout)",
+        lease,
+        bounds::LEASE,
+    )?;
+    if lease_timeout > session_timeout {
+        return Err(ConfigError::new(
+            "campaign.lease_timeout (--lease-timeout)",
+            format_duration(lease_timeout),
+            format!(
+                "at most the session timeout ({})",
+                format_duration(session_timeout)
+            ),
+        ));
+    }
+    Ok((session_timeout, lease_timeout))
 }
 
 /// `[screen] waive` and `[security] allow_unconfined`: the rules a run waives (each a rule the

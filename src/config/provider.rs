@@ -238,15 +238,7 @@ impl ProviderConfig {
                 "auto, concise or detailed",
             ));
         }
-        for tool in raw.tools.unwrap_or_else(|| vec!["function".into()]) {
-            if tool != "function" {
-                return Err(ConfigError::new(
-                    key("tools"),
-                    tool,
-                    "only \"function\": Cortex rejects hosted tools such as web_search",
-                ));
-            }
-        }
+        check_tools(&key, raw.tools.as_deref().unwrap_or_default())?;
         let token = token_source(
             &key,
             raw.token_file,
@@ -255,43 +247,9 @@ impl ProviderConfig {
             raw.token_command_refresh,
             env,
         )?;
-        for (h, v) in &raw.headers {
-            let bad_name = h.is_empty()
-                || !h
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-            if bad_name || v.bytes().any(|b| b < 0x20 || b == 0x7f) {
-                return Err(ConfigError::new(
-                    key("headers"),
-                    h,
-                    "HTTP header names and printable values",
-                ));
-            }
-            if h.eq_ignore_ascii_case("authorization") {
-                return Err(ConfigError::new(
-                    key("headers"),
-                    h,
-                    "no Authorization header: the token comes from token_file/token_env/token_command",
-                ));
-            }
-        }
+        check_headers(&key, &raw.headers)?;
         let limits = validate_limits(&key, raw.limits)?;
-        if let Some(p) = &raw.prices {
-            let each = [
-                ("prices.input", Some(p.input)),
-                ("prices.cached_input", p.cached_input),
-                ("prices.output", Some(p.output)),
-            ];
-            for (k, v) in each {
-                if let Some(v) = v.filter(|v| !v.is_finite() || *v < 0.0) {
-                    return Err(ConfigError::new(
-                        key(k),
-                        v.to_string(),
-                        "a price in USD per million tokens, 0 or more",
-                    ));
-                }
-            }
-        }
+        check_prices(&key, raw.prices.as_ref())?;
         Ok(Self {
             name: raw.name.unwrap_or_else(|| name.to_string()),
             origin: origin.to_string(),
@@ -436,6 +394,69 @@ fn token_source(
         parse_duration(&key("token_command_refresh"), &r, super::bounds::WAIT)
     })?;
     Ok(TokenSource::Command { argv, refresh })
+}
+
+/// Refuses any tool type but `function` (the only one when none is listed).
+fn check_tools(key: &dyn Fn(&str) -> String, tools: &[String]) -> Result<(), ConfigError> {
+    for tool in tools {
+        if tool != "function" {
+            return Err(ConfigError::new(
+                key("tools"),
+                tool,
+                "only \"function\": Cortex rejects hosted tools such as web_search",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses header names or values HTTP cannot carry, and any `Authorization` header.
+fn check_headers(
+    key: &dyn Fn(&str) -> String,
+    headers: &BTreeMap<String, String>,
+) -> Result<(), ConfigError> {
+    for (h, v) in headers {
+        let bad_name = h.is_empty()
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if bad_name || v.bytes().any(|b| b < 0x20 || b == 0x7f) {
+            return Err(ConfigError::new(
+                key("headers"),
+                h,
+                "HTTP header names and printable values",
+            ));
+        }
+        if h.eq_ignore_ascii_case("authorization") {
+            return Err(ConfigError::new(
+                key("headers"),
+                h,
+                "no Authorization header: the token comes from token_file/token_env/token_command",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a price that is negative or not a finite number.
+fn check_prices(key: &dyn Fn(&str) -> String, prices: Option<&Prices>) -> Result<(), ConfigError> {
+    if let Some(p) = prices {
+        let each = [
+            ("prices.input", Some(p.input)),
+            ("prices.cached_input", p.cached_input),
+            ("prices.output", Some(p.output)),
+        ];
+        for (k, v) in each {
+            if let Some(v) = v.filter(|v| !v.is_finite() || *v < 0.0) {
+                return Err(ConfigError::new(
+                    key(k),
+                    v.to_string(),
+                    "a price in USD per million tokens, 0 or more",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn validate_limits(key: &dyn Fn(&str) -> String, raw: RawLimits) -> Result<Limits, ConfigError> {

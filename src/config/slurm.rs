@@ -167,83 +167,76 @@ pub(super) fn validate(
     }
 }
 
+/// The `[slurm]` table validated, each value it sets recorded under `slurm.<key>`.
 fn table(raw: RawSlurm, env: &Env, settings: &mut SettingMap) -> Result<SlurmConfig, ConfigError> {
+    let gpus_per_node = raw.gpus_per_node.unwrap_or(8).to_string();
+    let config = SlurmConfig {
+        conf: raw.conf.map(|c| conf_file(&c, env)).transpose()?,
+        partition: slurm_name("partition", raw.partition)?,
+        account: slurm_name("account", raw.account)?,
+        qos: slurm_name("qos", raw.qos)?,
+        nodes: nodes(raw.nodes)?,
+        gpus_per_node: parse_count("slurm.gpus_per_node", &gpus_per_node, 1, 64)? as u32,
+        mode: word_or(
+            "slurm.mode",
+            raw.mode.as_deref(),
+            "\"allocation\" or \"job\"",
+        )?,
+        hold: word_or("slurm.hold", raw.hold.as_deref(), "\"gpu\" or \"node\"")?,
+        hold_time: super::parse_duration(
+            "slurm.hold_time",
+            raw.hold_time.as_deref().unwrap_or("12h"),
+            super::bounds::HOLD,
+        )?,
+        start_timeout: super::parse_duration(
+            "slurm.start_timeout",
+            raw.start_timeout.as_deref().unwrap_or("2m"),
+            super::bounds::WAIT,
+        )?,
+        sbatch_args: extra_args("slurm.sbatch_args", raw.sbatch_args)?,
+        srun_args: extra_args("slurm.srun_args", raw.srun_args)?,
+        shared_root: raw.shared_root.map(|r| shared_root(r, env)).transpose()?,
+    };
+    record_table(&config, settings);
+    Ok(config)
+}
+
+/// Records what a validated `[slurm]` table sets (its extra options aside) from the file.
+fn record_table(c: &SlurmConfig, settings: &mut SettingMap) {
     let mut set = |k: &str, v: String| {
         settings.insert(format!("slurm.{k}"), (v, SettingSource::File));
     };
-    let conf = raw.conf.map(|c| conf_file(&c, env)).transpose()?;
-    if let Some(path) = &conf {
-        set("conf", path.display().to_string());
+    let names = [
+        ("partition", &c.partition),
+        ("account", &c.account),
+        ("qos", &c.qos),
+    ];
+    let paths = [("conf", &c.conf), ("shared_root", &c.shared_root)];
+    for (k, v) in names {
+        v.iter().for_each(|v| set(k, v.clone()));
     }
-    let mut name = |k: &'static str, v: Option<String>| -> Result<Option<String>, ConfigError> {
-        if let Some(v) = &v {
-            if !is_slurm_name(v) {
-                let expected = "a Slurm name (letters, digits, `-`, `_`, `.`)";
-                return Err(ConfigError::new(format!("slurm.{k}"), v, expected));
-            }
-            set(k, v.clone());
-        }
-        Ok(v)
+    for (k, path) in paths {
+        path.iter().for_each(|p| set(k, p.display().to_string()));
+    }
+    let nodes = match &c.nodes {
+        SlurmNodes::Names(n) => format!("[{}]", n.join(", ")),
+        SlurmNodes::Count(n) => n.to_string(),
     };
-    let partition = name("partition", raw.partition)?;
-    let account = name("account", raw.account)?;
-    let qos = name("qos", raw.qos)?;
-    let nodes = nodes(raw.nodes)?;
-    set(
-        "nodes",
-        match &nodes {
-            SlurmNodes::Names(n) => format!("[{}]", n.join(", ")),
-            SlurmNodes::Count(c) => c.to_string(),
-        },
-    );
-    let gpus_per_node = parse_count(
-        "slurm.gpus_per_node",
-        &raw.gpus_per_node.unwrap_or(8).to_string(),
-        1,
-        64,
-    )? as u32;
-    set("gpus_per_node", gpus_per_node.to_string());
-    let mode: SlurmMode = word_or(
-        "slurm.mode",
-        raw.mode.as_deref(),
-        "\"allocation\" or \"job\"",
-    )?;
-    set("mode", mode.as_str().into());
-    let hold: SlurmHold = word_or("slurm.hold", raw.hold.as_deref(), "\"gpu\" or \"node\"")?;
-    set("hold", hold.as_str().into());
-    let hold_time = super::parse_duration(
-        "slurm.hold_time",
-        raw.hold_time.as_deref().unwrap_or("12h"),
-        super::bounds::HOLD,
-    )?;
-    let start_timeout = super::parse_duration(
-        "slurm.start_timeout",
-        raw.start_timeout.as_deref().unwrap_or("2m"),
-        super::bounds::WAIT,
-    )?;
-    set("hold_time", super::format_duration(hold_time));
-    set("start_timeout", super::format_duration(start_timeout));
-    let sbatch_args = extra_args("slurm.sbatch_args", raw.sbatch_args)?;
-    let srun_args = extra_args("slurm.srun_args", raw.srun_args)?;
-    let shared_root = raw.shared_root.map(|r| shared_root(r, env)).transpose()?;
-    if let Some(path) = &shared_root {
-        set("shared_root", path.display().to_string());
+    set("nodes", nodes);
+    set("gpus_per_node", c.gpus_per_node.to_string());
+    set("mode", c.mode.as_str().into());
+    set("hold", c.hold.as_str().into());
+    set("hold_time", super::format_duration(c.hold_time));
+    set("start_timeout", super::format_duration(c.start_timeout));
+}
+
+/// `slurm.<k>`, where set, checked to be a Slurm name.
+fn slurm_name(k: &str, v: Option<String>) -> Result<Option<String>, ConfigError> {
+    if let Some(v) = v.as_ref().filter(|v| !is_slurm_name(v)) {
+        let expected = "a Slurm name (letters, digits, `-`, `_`, `.`)";
+        return Err(ConfigError::new(format!("slurm.{k}"), v, expected));
     }
-    Ok(SlurmConfig {
-        conf,
-        partition,
-        account,
-        qos,
-        nodes,
-        gpus_per_node,
-        mode,
-        hold,
-        hold_time,
-        start_timeout,
-        sbatch_args,
-        srun_args,
-        shared_root,
-    })
+    Ok(v)
 }
 
 /// `slurm.conf`: the file the Slurm commands are to read.
