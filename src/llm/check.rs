@@ -138,6 +138,18 @@ fn diagnose(report: &CheckReport, err: LlmError) -> CheckOutcome {
             ),
             EXIT_UNAVAILABLE,
         ),
+        _ => answered(report, &err),
+    };
+    CheckOutcome::Failed {
+        error,
+        diagnosis,
+        exit_code,
+    }
+}
+
+/// The diagnosis and exit code of what the endpoint answered (or its silence), refusals aside.
+fn answered(report: &CheckReport, err: &LlmError) -> (String, i32) {
+    match err {
         LlmError::Fatal { status: 404, .. } => (
             format!(
                 "not found (404): check base_url (requests go to {}; for Cortex it ends in \
@@ -172,11 +184,6 @@ fn diagnose(report: &CheckReport, err: LlmError) -> CheckOutcome {
             format!("the endpoint at {} is unreachable or failing", report.url),
             EXIT_UNAVAILABLE,
         ),
-    };
-    CheckOutcome::Failed {
-        error,
-        diagnosis,
-        exit_code,
     }
 }
 

@@ -109,20 +109,7 @@ const EOF_MARK: &str = "*** End of File";
 /// Parses the envelope into file operations (at least one).
 pub fn parse(patch: &str) -> Result<Vec<FileOp>, PatchError> {
     let lines: Vec<&str> = patch.trim().lines().collect();
-    let syntax = |line: usize, why: &str| PatchError::Syntax {
-        line,
-        why: why.to_string(),
-    };
-    if lines.first().map(|l| l.trim()) != Some(BEGIN) {
-        return Err(syntax(1, "the patch must start with `*** Begin Patch`"));
-    }
-    if lines.len() < 2 || lines.last().map(|l| l.trim()) != Some(END) {
-        return Err(syntax(
-            lines.len(),
-            "the patch must end with `*** End Patch`",
-        ));
-    }
-    let body = &lines[1..lines.len() - 1];
+    let body = envelope_body(&lines)?;
     let mut ops = Vec::new();
     let mut i = 0;
     while i < body.len() {
@@ -141,21 +128,9 @@ pub fn parse(patch: &str) -> Result<Vec<FileOp>, PatchError> {
             });
             i += 1;
         } else if let Some(path) = line.strip_prefix(UPDATE) {
-            let move_to = body
-                .get(i + 1)
-                .and_then(|l| l.strip_prefix(MOVE))
-                .map(|p| p.trim().to_string());
-            let j = i + 1 + usize::from(move_to.is_some());
-            let (hunks, used) = parse_hunks(&body[j..], j + 2)?;
-            if hunks.is_empty() {
-                return Err(syntax(n, "`*** Update File` needs at least one hunk"));
-            }
-            ops.push(FileOp::Update {
-                path: path.trim().to_string(),
-                move_to,
-                hunks,
-            });
-            i = j + used;
+            let (op, next) = parse_update(path, body, i)?;
+            ops.push(op);
+            i = next;
         } else if line.trim().is_empty() {
             i += 1;
         } else {
@@ -172,6 +147,47 @@ pub fn parse(patch: &str) -> Result<Vec<FileOp>, PatchError> {
         return Err(syntax(1, "the patch has no file operations"));
     }
     Ok(ops)
+}
+
+/// A syntax error at 1-based patch line `line`.
+fn syntax(line: usize, why: &str) -> PatchError {
+    PatchError::Syntax {
+        line,
+        why: why.to_string(),
+    }
+}
+
+/// The lines between `*** Begin Patch` and `*** End Patch`, which must open and close `lines`.
+fn envelope_body<'a>(lines: &'a [&'a str]) -> Result<&'a [&'a str], PatchError> {
+    if lines.first().map(|l| l.trim()) != Some(BEGIN) {
+        return Err(syntax(1, "the patch must start with `*** Begin Patch`"));
+    }
+    if lines.len() < 2 || lines.last().map(|l| l.trim()) != Some(END) {
+        return Err(syntax(
+            lines.len(),
+            "the patch must end with `*** End Patch`",
+        ));
+    }
+    Ok(&lines[1..lines.len() - 1])
+}
+
+/// The update of `path` whose header is `body[i]`, and the index of the line after it.
+fn parse_update(path: &str, body: &[&str], i: usize) -> Result<(FileOp, usize), PatchError> {
+    let move_to = body
+        .get(i + 1)
+        .and_then(|l| l.strip_prefix(MOVE))
+        .map(|p| p.trim().to_string());
+    let j = i + 1 + usize::from(move_to.is_some());
+    let (hunks, used) = parse_hunks(&body[j..], j + 2)?;
+    if hunks.is_empty() {
+        return Err(syntax(i + 2, "`*** Update File` needs at least one hunk"));
+    }
+    let op = FileOp::Update {
+        path: path.trim().to_string(),
+        move_to,
+        hunks,
+    };
+    Ok((op, j + used))
 }
 
 /// The lines of one file operation: up to the next operation header, without trailing blank
