@@ -126,17 +126,12 @@ pub fn decide(
     deep_gemm: Option<&Probe>,
 ) -> Result<PatchDecision, HarnessError> {
     let setting = choice.as_setting();
-    let decision = |series, reason: String| PatchDecision {
-        setting: setting.clone(),
-        series,
-        reason,
-    };
-    Ok(match choice {
-        PatchChoice::None => decision(
+    let (series, reason) = match choice {
+        PatchChoice::None => (
             SeriesPick::Unpatched,
             "fastkernels.patches = \"none\": the copy is the checkout's commit, unchanged".into(),
         ),
-        PatchChoice::Dir(dir) => decision(
+        PatchChoice::Dir(dir) => (
             SeriesPick::Dir { dir: dir.clone() },
             format!("fastkernels.patches names the series in {}", dir.display()),
         ),
@@ -151,11 +146,11 @@ pub fn decide(
                 ),
             });
         }
-        PatchChoice::Shipped => decision(
+        PatchChoice::Shipped => (
             SeriesPick::Shipped,
             "fastkernels.patches = \"shipped\"".into(),
         ),
-        PatchChoice::Auto if commit != SHIPPED_BASE_COMMIT => decision(
+        PatchChoice::Auto if commit != SHIPPED_BASE_COMMIT => (
             SeriesPick::Unpatched,
             format!(
                 "auto: the checkout is at {}, the shipped series is for {}; running unpatched",
@@ -163,28 +158,37 @@ pub fn decide(
                 short(SHIPPED_BASE_COMMIT)
             ),
         ),
-        PatchChoice::Auto => match deep_gemm {
-            Some(p) if p.found => decision(
-                SeriesPick::ShippedTiming,
-                format!(
-                    "auto: the checkout is the shipped series' commit; deep_gemm imports on this host ({}), so only the paired-timing patch applies",
-                    p.detail
-                ),
-            ),
-            Some(p) => decision(
-                SeriesPick::Shipped,
-                format!(
-                    "auto: the checkout is the shipped series' commit and deep_gemm is missing here ({})",
-                    p.detail
-                ),
-            ),
-            None => decision(
-                SeriesPick::Shipped,
-                "auto: the checkout is the shipped series' commit and deep_gemm was not probed"
-                    .into(),
-            ),
-        },
+        PatchChoice::Auto => auto_on_series_commit(deep_gemm),
+    };
+    Ok(PatchDecision {
+        setting,
+        series,
+        reason,
     })
+}
+
+/// `auto` on the series' commit: the series, or its timing patch alone where deep_gemm imports.
+fn auto_on_series_commit(deep_gemm: Option<&Probe>) -> (SeriesPick, String) {
+    match deep_gemm {
+        Some(p) if p.found => (
+            SeriesPick::ShippedTiming,
+            format!(
+                "auto: the checkout is the shipped series' commit; deep_gemm imports on this host ({}), so only the paired-timing patch applies",
+                p.detail
+            ),
+        ),
+        Some(p) => (
+            SeriesPick::Shipped,
+            format!(
+                "auto: the checkout is the shipped series' commit and deep_gemm is missing here ({})",
+                p.detail
+            ),
+        ),
+        None => (
+            SeriesPick::Shipped,
+            "auto: the checkout is the shipped series' commit and deep_gemm was not probed".into(),
+        ),
+    }
 }
 
 /// What [`prepare`] needs.

@@ -228,25 +228,7 @@ pub fn prepare(
         let why = format!("extracting the archive into {} failed", dest.display());
         return Err(checkout_err(checkout, why));
     }
-    let mut applied = Vec::new();
-    for patch in &series.patches {
-        apply_one(dest, patch, &commit)?;
-        let checks = run_checks(dest, patch);
-        if let Some(bad) = checks.iter().find(|c| !c.passed) {
-            return Err(HarnessError::CheckFailed {
-                patch: patch.name.clone(),
-                check: format!(
-                    "`{}` occurs {} time(s) in {}, expected {}",
-                    bad.check.needle, bad.found, bad.check.file, bad.check.count
-                ),
-            });
-        }
-        applied.push(AppliedPatch {
-            name: patch.name.clone(),
-            sha256: patch.sha256.clone(),
-            checks,
-        });
-    }
+    let applied = apply_series(dest, series, &commit)?;
     let tree = crate::digest::tree_sha256(dest)
         .map_err(HarnessError::io(format!("hash {}", dest.display())))?;
     let prepared = PreparedHarness {
@@ -266,6 +248,34 @@ pub fn prepare(
     std::fs::write(&marker, text)
         .map_err(HarnessError::io(format!("write {}", marker.display())))?;
     Ok(prepared)
+}
+
+/// Applies each patch of `series` to the copy at `dest` in order, proving each by its checks.
+fn apply_series(
+    dest: &Path,
+    series: &PatchSeries,
+    commit: &str,
+) -> Result<Vec<AppliedPatch>, HarnessError> {
+    let mut applied = Vec::new();
+    for patch in &series.patches {
+        apply_one(dest, patch, commit)?;
+        let checks = run_checks(dest, patch);
+        if let Some(bad) = checks.iter().find(|c| !c.passed) {
+            return Err(HarnessError::CheckFailed {
+                patch: patch.name.clone(),
+                check: format!(
+                    "`{}` occurs {} time(s) in {}, expected {}",
+                    bad.check.needle, bad.found, bad.check.file, bad.check.count
+                ),
+            });
+        }
+        applied.push(AppliedPatch {
+            name: patch.name.clone(),
+            sha256: patch.sha256.clone(),
+            checks,
+        });
+    }
+    Ok(applied)
 }
 
 /// The record of a prepared copy `<copy>`: the file `<copy>.harness.json` beside it.
