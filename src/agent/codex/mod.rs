@@ -348,12 +348,12 @@ impl SessionRunner for CodexRunner {
         slot: Arc<SessionSlot>,
         cancel: CancellationToken,
     ) -> SessionFuture {
-        Box::pin(session::run(
-            self.inner.clone(),
+        let start = session::Start {
             target,
-            journal,
+            run: journal,
             slot,
             cancel,
-        ))
+        };
+        Box::pin(session::run(self.inner.clone(), start))
     }
 }

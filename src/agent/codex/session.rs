@@ -20,8 +20,8 @@ use super::events::Translator;
 use super::home::{self, HomeLayout};
 use super::process::{CodexProcess, Spawn};
 use super::relay::{self, Relay, RelayHooks};
-use super::tools::SessionTools;
-use super::watch::{ProcessEnd, Watched, watch};
+use super::tools::{SessionTools, SessionToolsParams};
+use super::watch::{Conversation, ProcessEnd, Watched, watch};
 use super::{Inner, prompt_addendum};
 use crate::agent::history;
 use crate::agent::journal::SessionJournal;
@@ -52,31 +52,28 @@ struct Prepared {
     lease_token: Option<crate::gpu::SessionToken>,
 }
 
-pub(super) async fn run(
-    inner: Arc<Inner>,
-    target: TargetId,
-    run: Arc<RunJournal>,
-    slot: Arc<SessionSlot>,
-    cancel: CancellationToken,
-) -> SessionOutcome {
-    let prepared = match prepare(&inner, &target, &run, slot, &cancel) {
+/// What the scheduler hands a session: its target, the run's journal, its slot and its
+/// cancellation.
+pub(super) struct Start {
+    pub target: TargetId,
+    pub run: Arc<RunJournal>,
+    pub slot: Arc<SessionSlot>,
+    pub cancel: CancellationToken,
+}
+
+pub(super) async fn run(inner: Arc<Inner>, start: Start) -> SessionOutcome {
+    let prepared = match prepare(&inner, &start) {
         Ok(p) => p,
-        Err(reason) => return failed_to_start(&run, &target, reason),
+        Err(reason) => return failed_to_start(&start.run, &start.target, reason),
     };
-    let end = drive(&inner, &prepared, &cancel).await;
+    let end = drive(&inner, &prepared, &start.cancel).await;
     prepared.tools.cancel.cancel();
     drop(prepared.lease_token);
     let (journal, slot) = (&prepared.tools.journal, &prepared.tools.slot);
     crate::agent::session::finish(journal, slot, end, Some("codex"))
 }
 
-fn prepare(
-    inner: &Inner,
-    target: &TargetId,
-    run: &Arc<RunJournal>,
-    slot: Arc<SessionSlot>,
-    cancel: &CancellationToken,
-) -> Result<Prepared, String> {
+fn prepare(inner: &Inner, start: &Start) -> Result<Prepared, String> {
     let p = &inner.agent;
     let Opened {
         session_dir,
@@ -85,7 +82,7 @@ fn prepare(
         prompt: rendered,
         shell_env,
         lease_token,
-    } = open_session(p, target, run)?;
+    } = open_session(p, &start.target, &start.run)?;
     let ws = toolbox.workspace();
     let prompt = format!(
         "{}\n\n{}",
@@ -99,14 +96,14 @@ fn prepare(
         workspace: ws.scratch_dir().to_path_buf(),
         hidden: shell_env.confinement().hidden().to_vec(),
     };
-    let tools = Arc::new(SessionTools::new(
+    let tools = Arc::new(SessionTools::new(SessionToolsParams {
         toolbox,
         journal,
-        slot,
-        p.llm.clone(),
+        slot: start.slot.clone(),
+        llm: p.llm.clone(),
         // Its own child, so a call still running when the session ends is stopped with it.
-        cancel.child_token(),
-    ));
+        cancel: start.cancel.child_token(),
+    }));
     Ok(Prepared {
         tools,
         layout,
@@ -143,65 +140,92 @@ async fn drive(inner: &Inner, s: &Prepared, cancel: &CancellationToken) -> Resul
         return Ok(end);
     }
     record_start(inner, s, &before)?;
-    let llm = &inner.agent.llm;
     // The token is read again before every session (and every resume of one).
-    if let Some(end) = token_at_start(j, llm).await? {
+    if let Some(end) = token_at_start(j, &inner.agent.llm).await? {
         return Ok(end);
     }
-    let io = |e: String| RunError::Io {
-        path: s.layout.codex_home.clone(),
-        source: std::io::Error::other(e),
-    };
-    let relay = bind_relay(inner, s, before.replay.turns)
-        .await
-        .map_err(|e| io(e.to_string()))?;
-    let config =
-        home::write(llm.provider(), relay.base_url(), &s.layout, &inner.template).map_err(io)?;
-    j.record_event(&CodexConfig {
-        codex_version: inner.bin.version.clone(),
-        config_toml: config,
-    })?;
-    let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| io(e.to_string()))?;
+    converse(inner, s, before, cancel).await
+}
+
+/// Where a session's run of codex processes stands.
+struct Course {
+    conv: Conversation,
+    /// What the next process is told, resuming the thread (without a thread, or without this,
+    /// it starts afresh with the prompt).
+    next: Option<String>,
+    nudges: u32,
+}
+
+/// Runs codex processes, resuming and nudging them, until the session ends.
+async fn converse(
+    inner: &Inner,
+    s: &Prepared,
+    before: Before,
+    cancel: &CancellationToken,
+) -> Result<End, RunError> {
+    let j = &s.tools.journal;
+    let (relay, ep) = serve(inner, s, before.replay.turns).await?;
     let env = codex_env(s, &ep, &relay);
-    let mut translator = Translator::resume(before.replay.turns);
-    let mut thread = before.thread.clone();
-    let mut next = (thread.is_some() && before.replay.started).then(|| RESUMED.to_string());
-    let mut nudges = 0;
+    let mut at = Course {
+        next: (before.thread.is_some() && before.replay.started).then(|| RESUMED.to_string()),
+        conv: Conversation {
+            translator: Translator::resume(before.replay.turns),
+            thread: before.thread,
+        },
+        nudges: 0,
+    };
+    let watched = Watched {
+        tools: &s.tools,
+        max_turns: inner.agent.loop_params.max_turns,
+        cancel,
+    };
     loop {
         if cancel.is_cancelled() {
             return Ok(End::new(SessionStatus::Interrupted, "stopped"));
         }
-        let (args, stdin) = match (&next, thread.as_deref()) {
-            (Some(text), Some(id)) => (exec_args(Some(id)), text.clone()),
-            _ => (exec_args(None), s.prompt.clone()),
-        };
-        let process = match spawn(inner, s, &env, args, stdin) {
+        let resume = at.conv.thread.as_deref().zip(at.next.as_deref());
+        let process = match spawn(inner, s, &env, resume) {
             Ok(p) => p,
             Err(e) => return Ok(End::infra(format!("cannot start codex: {e}"))),
         };
         j.record_event(&CodexStarted {
             pid: process.pid(),
-            resume: next.is_some() && thread.is_some(),
+            resume: resume.is_some(),
         })?;
-        let watched = Watched {
-            tools: &s.tools,
-            max_turns: inner.agent.loop_params.max_turns,
-        };
-        let end = watch(&watched, process, &mut translator, &mut thread, cancel).await?;
-        let resuming = (next.is_some(), thread.is_some());
-        match after_exit(inner, s, end, resuming, nudges)? {
+        let end = watch(&watched, process, &mut at.conv).await?;
+        match after_exit(inner, s, end, &at)? {
             Then::End(end) => return Ok(*end),
-            Then::Afresh => (thread, next) = (None, None),
+            Then::Afresh => (at.conv.thread, at.next) = (None, None),
             Then::Nudge => {
-                nudges += 1;
+                at.nudges += 1;
                 j.record_event(&UserMessage {
                     item: user_message(NUDGE),
-                    nudge: Some(nudges),
+                    nudge: Some(at.nudges),
                 })?;
-                next = Some(NUDGE.to_string());
+                at.next = Some(NUDGE.to_string());
             }
         }
     }
+}
+
+/// Binds the session's relay and tool endpoint and writes codex's config; they serve while held.
+async fn serve(inner: &Inner, s: &Prepared, turns: u32) -> Result<(Relay, Endpoint), RunError> {
+    let io = |e: String| RunError::Io {
+        path: s.layout.codex_home.clone(),
+        source: std::io::Error::other(e),
+    };
+    let relay = bind_relay(inner, s, turns)
+        .await
+        .map_err(|e| io(e.to_string()))?;
+    let llm = &inner.agent.llm;
+    let config =
+        home::write(llm.provider(), relay.base_url(), &s.layout, &inner.template).map_err(io)?;
+    s.tools.journal.record_event(&CodexConfig {
+        codex_version: inner.bin.version.clone(),
+        config_toml: config,
+    })?;
+    let ep = Endpoint::bind(Arc::new(s.tools.clone())).map_err(|e| io(e.to_string()))?;
+    Ok((relay, ep))
 }
 
 /// What follows the end of a codex process.
@@ -213,15 +237,10 @@ enum Then {
     Nudge,
 }
 
-/// What a codex process's end means for the session, given whether it was `(resuming a
-/// thread, holding a thread)` and how many nudges it had.
-fn after_exit(
-    inner: &Inner,
-    s: &Prepared,
-    end: ProcessEnd,
-    (resuming, has_thread): (bool, bool),
-    nudges: u32,
-) -> Result<Then, RunError> {
+/// What a codex process's end means for the session, given where its course stood: whether
+/// the process resumed a thread, whether one is held now, and how many nudges it had.
+fn after_exit(inner: &Inner, s: &Prepared, end: ProcessEnd, at: &Course) -> Result<Then, RunError> {
+    let (resuming, has_thread) = (at.next.is_some(), at.conv.thread.is_some());
     // The relay refused its requests at the campaign's cap: resumable, like a native
     // session stopped there.
     if let Some(why) = s.tools.slot.over_budget() {
@@ -263,7 +282,7 @@ fn after_exit(
                 let cut = stderr.char_indices().rev().nth(599).map_or(0, |(i, _)| i);
                 let tail = &stderr[cut..];
                 End::infra(format!("codex exited with {status}: {tail}"))
-            } else if nudges >= inner.agent.loop_params.nudges || !has_thread {
+            } else if at.nudges >= inner.agent.loop_params.nudges || !has_thread {
                 End::new(SessionStatus::Failed, NO_FINISH)
             } else {
                 return Ok(Then::Nudge);
@@ -313,14 +332,18 @@ fn codex_env(s: &Prepared, ep: &Endpoint, relay: &Relay) -> BTreeMap<String, Str
     env
 }
 
-/// Starts one `codex exec` in the session's scratch folder, confined as codex is.
+/// Starts one `codex exec` in the session's scratch folder, confined as codex is: resuming
+/// `(thread, told this)` when there is one, else afresh with the prompt.
 fn spawn(
     inner: &Inner,
     s: &Prepared,
     env: &BTreeMap<String, String>,
-    args: Vec<String>,
-    stdin: String,
+    resume: Option<(&str, &str)>,
 ) -> std::io::Result<CodexProcess> {
+    let (args, stdin) = match resume {
+        Some((thread, text)) => (exec_args(Some(thread)), text.to_string()),
+        None => (exec_args(None), s.prompt.clone()),
+    };
     CodexProcess::spawn(Spawn {
         binary: inner.bin.path.clone(),
         args,

@@ -43,20 +43,23 @@ pub struct SessionTools {
     pub ended: Notify,
 }
 
+/// What a session's tool calls run with: its toolbox, journal, slot, client and cancellation.
+pub struct SessionToolsParams {
+    pub toolbox: Toolbox,
+    pub journal: Arc<SessionJournal>,
+    pub slot: Arc<SessionSlot>,
+    pub llm: Arc<LlmClient>,
+    pub cancel: CancellationToken,
+}
+
 impl SessionTools {
-    pub fn new(
-        toolbox: Toolbox,
-        journal: Arc<SessionJournal>,
-        slot: Arc<SessionSlot>,
-        llm: Arc<LlmClient>,
-        cancel: CancellationToken,
-    ) -> Self {
+    pub fn new(p: SessionToolsParams) -> Self {
         Self {
-            toolbox,
-            journal,
-            slot,
-            llm,
-            cancel,
+            toolbox: p.toolbox,
+            journal: p.journal,
+            slot: p.slot,
+            llm: p.llm,
+            cancel: p.cancel,
             calls: AtomicU32::new(0),
             ending: Mutex::new(Ending::default()),
             ended: Notify::new(),
