@@ -129,59 +129,14 @@ impl Translator {
     }
 
     fn item(&mut self, item: &Value, completed: bool, out: &mut Translated) {
-        let id = item["id"].as_str().unwrap_or("").to_string();
         match item["type"].as_str().unwrap_or("") {
             kind @ ("agent_message" | "reasoning") if completed => {
-                let text = item["text"].as_str().unwrap_or("");
-                let item = if kind == "reasoning" {
-                    json!({"type": "reasoning", "id": id,
-                           "summary": [{"type": "summary_text", "text": text}]})
-                } else {
-                    json!({"type": "message", "role": "assistant",
-                           "content": [{"type": "output_text", "text": text}]})
-                };
+                let item = model_text(kind, item);
                 let turn = self.model_step();
                 out.push(&ModelItem { turn, item });
             }
-            "command_execution" => {
-                let args = json!({"cmd": item["command"]}).to_string();
-                self.call_started(&id, ToolName::Shell.as_str(), &args, out);
-                if completed {
-                    let code = item["exit_code"].as_i64();
-                    let failed = item["status"] != "completed" || code.is_some_and(|c| c != 0);
-                    let head = match code {
-                        Some(c) => format!("Exit code: {c}"),
-                        None => format!("Status: {}", item["status"].as_str().unwrap_or("?")),
-                    };
-                    let output = format!(
-                        "{head}\nOutput:\n{}",
-                        item["aggregated_output"].as_str().unwrap_or("")
-                    );
-                    self.call_finished(&id, ToolName::Shell.as_str(), output, failed, out);
-                }
-            }
-            "file_change" if completed => {
-                let changes = item["changes"].clone();
-                let args = json!({"changes": changes}).to_string();
-                self.call_started(&id, ToolName::ApplyPatch.as_str(), &args, out);
-                let lines: Vec<String> = changes
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|c| {
-                        let word = |k: &str| c[k].as_str().unwrap_or("?");
-                        format!("{} {}", word("kind"), word("path"))
-                    })
-                    .collect();
-                let failed = item["status"] != "completed";
-                self.call_finished(
-                    &id,
-                    ToolName::ApplyPatch.as_str(),
-                    lines.join("\n"),
-                    failed,
-                    out,
-                );
-            }
+            "command_execution" => self.command(item, completed, out),
+            "file_change" if completed => self.file_change(item, out),
             "error" if completed => {
                 let msg = item["message"].as_str().unwrap_or("").to_string();
                 out.push(&CodexError {
@@ -197,7 +152,47 @@ impl Translator {
         }
     }
 
-    fn call_started(&mut self, id: &str, name: &str, args: &str, out: &mut Translated) {
+    /// A `command_execution` item: a `shell` call, finished with its exit code and output.
+    fn command(&mut self, item: &Value, completed: bool, out: &mut Translated) {
+        let call = Call::of(item, ToolName::Shell);
+        let args = json!({"cmd": item["command"]}).to_string();
+        self.call_started(call, &args, out);
+        if completed {
+            let code = item["exit_code"].as_i64();
+            let failed = item["status"] != "completed" || code.is_some_and(|c| c != 0);
+            let head = match code {
+                Some(c) => format!("Exit code: {c}"),
+                None => format!("Status: {}", item["status"].as_str().unwrap_or("?")),
+            };
+            let output = format!(
+                "{head}\nOutput:\n{}",
+                item["aggregated_output"].as_str().unwrap_or("")
+            );
+            self.call_finished(call, output, failed, out);
+        }
+    }
+
+    /// A completed `file_change` item: an `apply_patch` call listing the files it changed.
+    fn file_change(&mut self, item: &Value, out: &mut Translated) {
+        let call = Call::of(item, ToolName::ApplyPatch);
+        let changes = item["changes"].clone();
+        let args = json!({"changes": changes}).to_string();
+        self.call_started(call, &args, out);
+        let lines: Vec<String> = changes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let word = |k: &str| c[k].as_str().unwrap_or("?");
+                format!("{} {}", word("kind"), word("path"))
+            })
+            .collect();
+        let failed = item["status"] != "completed";
+        self.call_finished(call, lines.join("\n"), failed, out);
+    }
+
+    fn call_started(&mut self, call: Call<'_>, args: &str, out: &mut Translated) {
+        let (id, name) = (call.id, call.tool.as_str());
         if !self.started.insert(id.to_string()) {
             return;
         }
@@ -216,20 +211,47 @@ impl Translator {
 
     fn call_finished(
         &mut self,
-        id: &str,
-        name: &str,
+        call: Call<'_>,
         output: String,
         failed: bool,
         out: &mut Translated,
     ) {
         self.after_tool = true;
         out.push(&ToolFinished {
-            call_id: id.to_string(),
-            name: name.to_string(),
+            call_id: call.id.to_string(),
+            name: call.tool.as_str().to_string(),
             output,
             is_error: failed,
             interrupted: None,
         });
+    }
+}
+
+/// A codex item that is one of our tool calls: its id, and the tool it stands for.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    id: &'a str,
+    tool: ToolName,
+}
+
+impl<'a> Call<'a> {
+    /// The call that `item` is, of `tool`.
+    fn of(item: &'a Value, tool: ToolName) -> Self {
+        let id = item["id"].as_str().unwrap_or("");
+        Self { id, tool }
+    }
+}
+
+/// An `agent_message` or `reasoning` item as the Responses item a native session records.
+fn model_text(kind: &str, item: &Value) -> Value {
+    let id = item["id"].as_str().unwrap_or("");
+    let text = item["text"].as_str().unwrap_or("");
+    if kind == "reasoning" {
+        json!({"type": "reasoning", "id": id,
+               "summary": [{"type": "summary_text", "text": text}]})
+    } else {
+        json!({"type": "message", "role": "assistant",
+               "content": [{"type": "output_text", "text": text}]})
     }
 }
 
