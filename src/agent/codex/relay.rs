@@ -216,35 +216,24 @@ async fn admitted(
     if let Err(e) = s.llm.token().header().await {
         return Err(error_response(&e));
     }
+    sendable(s, body).map_err(|why| refusal(StatusCode::BAD_REQUEST, "invalid_request_error", &why))
+}
+
+/// The body as the JSON object to send on, or why it may not go (see [`admitted`]).
+fn sendable(s: &Shared, body: &[u8]) -> Result<Value, String> {
     let text = String::from_utf8_lossy(body);
     if s.llm.token().scrub(&text) != text {
         tracing::warn!("the codex relay refused a request that held the provider token");
-        let why =
-            "fk-agentd relay: the request holds the provider token (in some form); it was not sent";
-        return Err(refusal(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            why,
-        ));
+        return Err(
+            "fk-agentd relay: the request holds the provider token (in some form); it was not sent"
+                .into(),
+        );
     }
-    let body: Value = match serde_json::from_slice(body) {
-        Ok(v @ Value::Object(_)) => v,
-        _ => {
-            let why = "fk-agentd relay: the request body is not a JSON object";
-            return Err(refusal(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                why,
-            ));
-        }
+    let Ok(body @ Value::Object(_)) = serde_json::from_slice::<Value>(body) else {
+        return Err("fk-agentd relay: the request body is not a JSON object".into());
     };
-    if let Err(why) = provider_refusal(&body, &s.llm.provider().model) {
-        return Err(refusal(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            &format!("fk-agentd relay: {why}"),
-        ));
-    }
+    provider_refusal(&body, &s.llm.provider().model)
+        .map_err(|why| format!("fk-agentd relay: {why}"))?;
     Ok(body)
 }
 
