@@ -178,69 +178,20 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
         cancel: CancellationToken,
     ) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let n = self.next_number(ws, "validations", "");
-        let (driver, journal, gate, ws, checks) = (
-            self.driver.clone(),
-            self.journal.clone(),
-            self.gate,
-            ws.clone(),
-            self.checks.clone(),
-        );
+        let call = ValidateCall {
+            driver: self.driver.clone(),
+            journal: self.journal.clone(),
+            gate: self.gate,
+            ws: ws.clone(),
+            work: ws.session_dir().join("validations").join(format!("{n:03}")),
+            n,
+            cancel,
+        };
+        let checks = self.checks.clone();
         Box::pin(async move {
-            let skipped = match checks.before_bench(&ws).await? {
-                Ok(note) => note,
-                Err(refused) => return Ok(refused),
-            };
-            let candidate = ws.candidate_file();
-            let source = std::fs::read(&candidate).ok();
-            let screen = source.as_ref().map_or_else(String::new, |b| {
-                screen_text(&ws, &String::from_utf8_lossy(b))
-            });
-            // What was benched, so scoring can tell its later benches of the same file.
-            let sha = source.as_ref().map(|b| crate::digest::sha256_hex(b));
-            let work = ws.session_dir().join("validations").join(format!("{n:03}"));
-            let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
-                .for_session(&ws.target().to_string(), &ws.cache_dir());
-            let run = driver.run(req, cancel.clone()).await;
-            let gpu_s = run.exit.as_ref().map_or(0.0, |e| e.wall_s);
-            let _ = journal.update(SessionState::Running, |p| {
-                p.leases += 1;
-                p.gpu_s += gpu_s;
-            });
-            match run.result {
-                Ok(result) => {
-                    let verdict = gate.judge_result(&result, std::slice::from_ref(ws.target()));
-                    let v = verdict
-                        .get(ws.target())
-                        .cloned()
-                        .unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
-                    record_validation(&journal, &work, validation(n, &v, gpu_s, sha));
-                    let band = match v.geomean {
-                        Some(_) => noise_band(&driver, &ws, &cancel).await,
-                        None => Err(String::new()),
-                    };
-                    let noise = noise_text(v.geomean, &band) + &rounds_text(v.own_se);
-                    Ok(ToolOutput::ok(render(
-                        &result,
-                        &v,
-                        &format!("{skipped}{noise}{screen}"),
-                    )))
-                }
-                Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled {
-                    tool: ToolName::Validate.as_str().into(),
-                }),
-                Err(f) if f.is_infrastructure() => Err(ToolError::infra(
-                    ToolName::Validate.as_str(),
-                    f.describe(),
-                    true,
-                )),
-                Err(f) => {
-                    let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
-                    record_validation(&journal, &work, validation(n, &v, gpu_s, sha));
-                    Ok(ToolOutput::error(format!(
-                        "validation {n} failed: {}{screen}",
-                        f.describe()
-                    )))
-                }
+            match checks.before_bench(&call.ws).await? {
+                Ok(skipped) => call.run(skipped).await,
+                Err(refused) => Ok(refused),
             }
         })
     }
@@ -281,6 +232,90 @@ impl<L: BenchLauncher + 'static> GpuTools for BenchGpuTools<L> {
                 ProfileKind::Nsys => super::profile::nsys(&params, args).await,
             }
         })
+    }
+}
+
+/// One `validate` call, owned by its future: the session's bench driver, journal and gate, the
+/// workspace, the call's number and bench folder (`validations/<n>`), and its cancellation.
+struct ValidateCall<L> {
+    driver: Arc<BenchDriver<L>>,
+    journal: Arc<SessionJournal>,
+    gate: WinnerGate,
+    ws: Workspace,
+    n: u32,
+    work: std::path::PathBuf,
+    cancel: CancellationToken,
+}
+
+impl<L: BenchLauncher> ValidateCall<L> {
+    /// Benches the checked candidate; answers with its rows and verdict, `skipped` noted first.
+    async fn run(self, skipped: String) -> Result<ToolOutput, ToolError> {
+        let ws = &self.ws;
+        let source = std::fs::read(ws.candidate_file()).ok();
+        let screen = source.as_ref().map_or_else(String::new, |b| {
+            screen_text(ws, &String::from_utf8_lossy(b))
+        });
+        // What was benched, so scoring can tell its later benches of the same file.
+        let sha = source.as_ref().map(|b| crate::digest::sha256_hex(b));
+        let (result, gpu_s) = self.bench().await;
+        let record = |v: &TargetVerdict| {
+            record_validation(&self.journal, &self.work, validation(self.n, v, gpu_s, sha));
+        };
+        match result {
+            Ok(result) => {
+                let verdict = self
+                    .gate
+                    .judge_result(&result, std::slice::from_ref(ws.target()));
+                let v = verdict
+                    .get(ws.target())
+                    .cloned()
+                    .unwrap_or_else(|| TargetVerdict::no_result(ws.target().clone(), ""));
+                record(&v);
+                let noise = self.noise(&v).await;
+                let notes = format!("{skipped}{noise}{screen}");
+                Ok(ToolOutput::ok(render(&result, &v, &notes)))
+            }
+            Err(BenchFailure::Cancelled) => Err(ToolError::Cancelled {
+                tool: ToolName::Validate.as_str().into(),
+            }),
+            Err(f) if f.is_infrastructure() => Err(ToolError::infra(
+                ToolName::Validate.as_str(),
+                f.describe(),
+                true,
+            )),
+            Err(f) => {
+                let v = TargetVerdict::no_result(ws.target().clone(), &f.describe());
+                record(&v);
+                Ok(ToolOutput::error(format!(
+                    "validation {} failed: {}{screen}",
+                    self.n,
+                    f.describe()
+                )))
+            }
+        }
+    }
+
+    /// Benches the candidate in the call's folder, counting its lease and GPU time as progress.
+    async fn bench(&self) -> (Result<BenchResult, BenchFailure>, f64) {
+        let ws = &self.ws;
+        let req = BenchRequest::target(ws.target(), ws.candidate_root(), &self.work)
+            .for_session(&ws.target().to_string(), &ws.cache_dir());
+        let run = self.driver.run(req, self.cancel.clone()).await;
+        let gpu_s = run.exit.as_ref().map_or(0.0, |e| e.wall_s);
+        let _ = self.journal.update(SessionState::Running, |p| {
+            p.leases += 1;
+            p.gpu_s += gpu_s;
+        });
+        (run.result, gpu_s)
+    }
+
+    /// What the answer says of the geomean against the noise band and of the bench's rounds.
+    async fn noise(&self, v: &TargetVerdict) -> String {
+        let band = match v.geomean {
+            Some(_) => noise_band(&self.driver, &self.ws, &self.cancel).await,
+            None => Err(String::new()),
+        };
+        noise_text(v.geomean, &band) + &rounds_text(v.own_se)
     }
 }
 
