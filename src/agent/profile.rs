@@ -14,16 +14,24 @@ use crate::workspace::Workspace;
 use crate::workspace::truncate_output;
 
 const NOTHING_PROFILED: &str = "No kernels were profiled";
+/// ncu around every process of the bench, the GPU's clocks left as they are.
+const NCU: [&str; 5] = [
+    "ncu",
+    "--target-processes",
+    "all",
+    "--clock-control",
+    "none",
+];
 
-/// Runs `argv` (a profiler wrapping the bench) under a lease of `class`; returns its output.
+/// Runs `argv` (a profiler around the profile's bench) under its lease class in `work`; its output.
 async fn leased<L: BenchLauncher>(
     p: &ProfileParams<'_, L>,
-    inv: &Invocation,
-    class: LeaseClass,
+    profile: &Profile,
     argv: Vec<String>,
     work: &Path,
 ) -> Result<(Option<i32>, String), ToolError> {
     let (driver, broker, cancel) = (p.driver, p.broker, p.cancel);
+    let (class, inv) = (profile.class, &profile.inv);
     let tool = class.as_str();
     let infra = |why: String| ToolError::infra(tool, why, true);
     std::fs::create_dir_all(work)
@@ -81,19 +89,27 @@ pub struct ProfileParams<'a, L> {
     pub cancel: &'a CancellationToken,
 }
 
+/// One profiling call: its profiler's lease class, its private folder and the bench
+/// invocation it wraps.
+struct Profile {
+    class: LeaseClass,
+    work: std::path::PathBuf,
+    inv: Invocation,
+}
+
 impl<L: BenchLauncher> ProfileParams<'_, L> {
-    /// The profile's private folder and the bench invocation it wraps.
-    fn prepare(&self, tool: &str) -> (std::path::PathBuf, Invocation) {
-        let work = self
-            .ws
-            .session_dir()
-            .join("profiles")
-            .join(format!("{:03}-{tool}", self.n));
+    /// The profile of this call with the profiler of `class`.
+    fn prepare(&self, class: LeaseClass) -> Profile {
+        let work = self.ws.session_dir().join("profiles").join(format!(
+            "{:03}-{}",
+            self.n,
+            class.as_str()
+        ));
         let ws = self.ws;
         let req = BenchRequest::target(ws.target(), ws.candidate_root(), &work)
             .for_session(&ws.target().to_string(), &ws.cache_dir());
         let inv = self.driver.invocation(&req);
-        (work, inv)
+        Profile { class, work, inv }
     }
 }
 
@@ -143,7 +159,7 @@ pub async fn ncu<L: BenchLauncher>(
     p: &ProfileParams<'_, L>,
     args: Option<String>,
 ) -> Result<ToolOutput, ToolError> {
-    let (work, inv) = p.prepare("ncu");
+    let profile = p.prepare(LeaseClass::Ncu);
     let user: Vec<String> = args
         .unwrap_or_else(|| "-c 5".into())
         .split_whitespace()
@@ -157,43 +173,13 @@ pub async fn ncu<L: BenchLauncher>(
             "profile_ncu: do not pass -o/--export; the report path is chosen for you",
         ));
     }
-    let report = work.join("report");
-    let base: Vec<String> = [
-        "ncu",
-        "--target-processes",
-        "all",
-        "--clock-control",
-        "none",
-        "-f",
-        "-o",
-    ]
-    .map(String::from)
-    .to_vec();
-    let mut argv = base.clone();
-    argv.push(report.display().to_string());
+    let report = profile.work.join("report");
+    let mut argv = NCU.map(String::from).to_vec();
+    argv.extend(["-f".into(), "-o".into(), report.display().to_string()]);
     argv.extend(user);
-    let (code, text) = leased(p, &inv, LeaseClass::Ncu, with_bench(argv, &inv), &work).await?;
+    let (code, text) = leased(p, &profile, with_bench(argv, &profile.inv), &profile.work).await?;
     if text.contains(NOTHING_PROFILED) {
-        let mut list = base[..5].to_vec();
-        list.extend(["-c", "40", "--metrics", "gpu__time_duration.sum"].map(String::from));
-        let (_, listing) = leased(
-            p,
-            &inv,
-            LeaseClass::Ncu,
-            with_bench(list, &inv),
-            &work.join("kernels"),
-        )
-        .await?;
-        let names = kernel_names(&listing);
-        return Ok(ToolOutput::error(format!(
-            "ncu profiled no kernel: your filter matched nothing (ncu's -k matches the short kernel name). \
-             Kernels that ran in this bench: {}",
-            if names.is_empty() {
-                "(none seen)".to_string()
-            } else {
-                names.join(", ")
-            }
-        )));
+        return nothing_profiled(p, &profile).await;
     }
     let body = truncate_output(&text, Default::default());
     let verdict = if code == Some(0) {
@@ -211,22 +197,43 @@ pub async fn ncu<L: BenchLauncher>(
     })
 }
 
+/// The answer to an ncu run that profiled nothing: the kernels that did run, from a listing.
+async fn nothing_profiled<L: BenchLauncher>(
+    p: &ProfileParams<'_, L>,
+    profile: &Profile,
+) -> Result<ToolOutput, ToolError> {
+    let mut list = NCU.map(String::from).to_vec();
+    list.extend(["-c", "40", "--metrics", "gpu__time_duration.sum"].map(String::from));
+    let list = with_bench(list, &profile.inv);
+    let (_, listing) = leased(p, profile, list, &profile.work.join("kernels")).await?;
+    let names = kernel_names(&listing);
+    Ok(ToolOutput::error(format!(
+        "ncu profiled no kernel: your filter matched nothing (ncu's -k matches the short kernel name). \
+         Kernels that ran in this bench: {}",
+        if names.is_empty() {
+            "(none seen)".to_string()
+        } else {
+            names.join(", ")
+        }
+    )))
+}
+
 /// `profile_nsys {args}`: Nsight Systems around the bench, when installed.
 pub async fn nsys<L: BenchLauncher>(
     p: &ProfileParams<'_, L>,
     args: Option<String>,
 ) -> Result<ToolOutput, ToolError> {
-    let (work, inv) = p.prepare("nsys");
+    let profile = p.prepare(LeaseClass::Nsys);
     let mut argv: Vec<String> = ["nsys", "profile", "--stats=true", "-f", "true", "-o"]
         .map(String::from)
         .to_vec();
-    argv.push(work.join("report").display().to_string());
+    argv.push(profile.work.join("report").display().to_string());
     argv.extend(
         args.unwrap_or_default()
             .split_whitespace()
             .map(str::to_string),
     );
-    match leased(p, &inv, LeaseClass::Nsys, with_bench(argv, &inv), &work).await {
+    match leased(p, &profile, with_bench(argv, &profile.inv), &profile.work).await {
         Ok((code, text)) => Ok(ToolOutput {
             is_error: code != Some(0),
             ..ToolOutput::ok(truncate_output(&text, Default::default()))
