@@ -111,6 +111,31 @@ fn import(config: &Config, cwd: &std::path::Path, dir: &std::path::Path) -> Resu
     Ok(0)
 }
 
+/// The simulation's note on the selected targets the captures lack: one line a person reads,
+/// a few names, then how to list them all.
+fn sim_note(config: &Config, names: &[String]) {
+    const SHOWN: usize = 5;
+    let mut listed = names[..names.len().min(SHOWN)].join(", ");
+    if names.len() > SHOWN {
+        listed += &format!(
+            ", and {} more: `fk-agentd captures coverage` lists them",
+            names.len() - SHOWN
+        );
+    }
+    let note = format!(
+        "note: {} selected target(s) have no captured case in {} ({listed}); a real \
+         campaign skips them unless --include-uncaptured, the simulation invents their cases",
+        names.len(),
+        config.captures.display(),
+    );
+    let note = super::campaign_view::hinted(&note);
+    // Wrapped where the terminal's width is known (stderr's, else `COLUMNS`).
+    match super::term::stderr_width().or_else(super::term::known_width) {
+        Some(width) => super::term::say(&crate::report::wrap(&note, width, 6)),
+        None => super::term::say(&format!("{note}\n")),
+    }
+}
+
 /// Before any session: the selected targets with no forward case in the captures, listed on
 /// stderr as `SKIP(no captured case)` and left out of a real campaign unless `include` (the bench would
 /// skip every case of theirs after the agent had spent its tokens). A simulated campaign runs
@@ -126,27 +151,7 @@ pub(crate) fn screen_uncaptured(
     }
     let names: Vec<String> = uncaptured.iter().map(ToString::to_string).collect();
     if config.sim {
-        // One line a person reads: a few names, then how to list them all.
-        const SHOWN: usize = 5;
-        let mut listed = names[..names.len().min(SHOWN)].join(", ");
-        if names.len() > SHOWN {
-            listed += &format!(
-                ", and {} more: `fk-agentd captures coverage` lists them",
-                names.len() - SHOWN
-            );
-        }
-        let note = format!(
-            "note: {} selected target(s) have no captured case in {} ({listed}); a real \
-             campaign skips them unless --include-uncaptured, the simulation invents their cases",
-            names.len(),
-            config.captures.display(),
-        );
-        let note = super::campaign_view::hinted(&note);
-        // Wrapped where the terminal's width is known (stderr's, else `COLUMNS`).
-        match super::term::stderr_width().or_else(super::term::known_width) {
-            Some(width) => super::term::say(&crate::report::wrap(&note, width, 6)),
-            None => super::term::say(&format!("{note}\n")),
-        }
+        sim_note(config, &names);
         return Ok(Vec::new());
     }
     for n in &names {

@@ -52,6 +52,18 @@ struct Found {
 }
 
 impl Found {
+    /// Prints the findings as JSON or as text fitted to the terminal.
+    fn print(&self, config: &Config, json: bool) {
+        if json {
+            return self.print_json(config);
+        }
+        let out = self.text(config);
+        match super::term::known_width() {
+            Some(width) => print!("{}", crate::report::fit_lines(&out, width)),
+            None => print!("{out}"),
+        }
+    }
+
     fn print_json(&self, config: &Config) {
         let (count, gpu_error) = (self.gpus.as_ref().ok(), self.gpus.as_ref().err());
         super::print_json(&serde_json::json!({
@@ -190,18 +202,7 @@ pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, E
         let path = env.var("PATH").unwrap_or("");
         crate::gpu::slurm::describe(config, s, path).map_err(|e| e.to_string())
     });
-    let gpus = match (&slurm, &config.gpus) {
-        (Some(described), _) => described.as_ref().map(|(n, _)| *n).map_err(Clone::clone),
-        // Declared fake GPUs are lease slots without a GPU: `start` and `score` lend them (the
-        // simulation, a simulated bench), but no real bench can time a kernel on them.
-        (None, crate::config::GpuDevices::Fake { count }) => Err(format!(
-            "gpus.devices = \"fake:{count}\" declares fake GPUs: start and score lend them as \
-             lease slots, but they have no GPU, so a real bench cannot time a kernel here"
-        )),
-        (None, devices) => crate::gpu::Inventory::discover(devices)
-            .map(|inv| inv.len())
-            .map_err(|e| e.to_string()),
-    };
+    let gpus = gpu_count(config, slurm.as_ref());
     let host = HostChecks {
         checkout: harness.is_some(),
         gpus: gpus.clone(),
@@ -227,19 +228,29 @@ pub async fn cmd_doctor(config: &Config, env: &Env, json: bool) -> Result<i32, E
         codex,
         uncaptured,
     };
-    if json {
-        found.print_json(config);
-    } else {
-        let out = found.text(config);
-        match super::term::known_width() {
-            Some(width) => print!("{}", crate::report::fit_lines(&out, width)),
-            None => print!("{out}"),
-        }
-    }
-    let (verdict, codex) = (&found.verdict, &found.codex);
-    Ok(if verdict.ready && codex.ok() {
+    found.print(config, json);
+    Ok(if found.verdict.ready && found.codex.ok() {
         0
     } else {
         EXIT_UNAVAILABLE
     })
+}
+
+/// How many GPUs a bench could time kernels on: those Slurm holds, or this host's.
+fn gpu_count(
+    config: &Config,
+    slurm: Option<&Result<(usize, String), String>>,
+) -> Result<usize, String> {
+    match (slurm, &config.gpus) {
+        (Some(described), _) => described.as_ref().map(|(n, _)| *n).map_err(Clone::clone),
+        // Declared fake GPUs are lease slots without a GPU: `start` and `score` lend them (the
+        // simulation, a simulated bench), but no real bench can time a kernel on them.
+        (None, crate::config::GpuDevices::Fake { count }) => Err(format!(
+            "gpus.devices = \"fake:{count}\" declares fake GPUs: start and score lend them as \
+             lease slots, but they have no GPU, so a real bench cannot time a kernel here"
+        )),
+        (None, devices) => crate::gpu::Inventory::discover(devices)
+            .map(|inv| inv.len())
+            .map_err(|e| e.to_string()),
+    }
 }

@@ -107,26 +107,19 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         return score_sequential(config, env, args, &lock).await;
     };
     say(args.json, &dest.note);
-    let Destination {
-        out,
-        set_name,
-        from_run,
-        simulated,
-        ..
-    } = dest;
     let progress = StageProgress::new();
     let crate::app::Scoring {
         driver,
         home,
         provider,
         ..
-    } = scoring_driver(config, env, &lock, simulated, (args.json, &progress)).await?;
+    } = scoring_driver(config, env, &lock, dest.simulated, (args.json, &progress)).await?;
     let score = ScoreParams {
         candidates: candidates.unwrap_or_default(),
-        out,
+        out: dest.out,
         mode,
         gate,
-        set_name,
+        set_name: dest.set_name,
         repeats: args.repeats as usize,
         noise_sample: args.noise_sample as usize,
         screen_waive: config.screen_waive.clone(),
@@ -139,7 +132,7 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
         )),
     };
     let cancel = CancellationToken::new();
-    let report = match &from_run {
+    let report = match &dest.from_run {
         Some(run_id) => {
             let report = score_run(&driver, &score, progress.as_ref(), &cancel).await?;
             record_scoring_facts(config, run_id, provider.as_ref()).await?;

@@ -94,31 +94,45 @@ fn scoring_lines(
     scored: Option<&Scored>,
     paired: bool,
 ) -> ScoringLines {
-    let plural =
-        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
-    let n = winners.len();
-    let Some(s) = scored else {
-        let text = if run.is_running() {
-            String::new()
-        } else if paired {
-            super::campaign_view::hinted(
-                "not scored yet: this --mode all campaign scores its independent half after the sessions end (`fk-agentd resume` continues an interrupted one)",
-            )
-        } else {
-            format!(
-                "not scored yet: {} passed the gate on a single validate bench (unconfirmed); confirm with:",
-                plural(n, "session winner", "session winners")
-            )
-        };
-        let command = (!paired && !text.is_empty()).then(|| {
-            format!(
-                "{} score --run {}",
-                super::campaign_view::invoked_as(),
-                run.id
-            )
-        });
-        return ScoringLines { text, command };
+    match scored {
+        Some(s) => scored_lines(winners, s),
+        None => unscored_lines(run, winners.len(), paired),
+    }
+}
+
+/// `n` and the noun for one or for many.
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The lines of a run not scored yet: nothing while it runs; how to score it after.
+fn unscored_lines(run: &RunRow, n: usize, paired: bool) -> ScoringLines {
+    let text = if run.is_running() {
+        String::new()
+    } else if paired {
+        super::campaign_view::hinted(
+            "not scored yet: this --mode all campaign scores its independent half after the sessions end (`fk-agentd resume` continues an interrupted one)",
+        )
+    } else {
+        format!(
+            "not scored yet: {} passed the gate on a single validate bench (unconfirmed); confirm with:",
+            plural(n, "session winner", "session winners")
+        )
     };
+    let command = (!paired && !text.is_empty()).then(|| {
+        format!(
+            "{} score --run {}",
+            super::campaign_view::invoked_as(),
+            run.id
+        )
+    });
+    ScoringLines { text, command }
+}
+
+/// What the newest score made of the session winners: how many it kept, dropped in the
+/// composed bench, or has no results for.
+fn scored_lines(winners: &[&str], s: &Scored) -> ScoringLines {
+    let n = winners.len();
     let got = |t: &&str| s.verdicts.get(*t);
     let kept: Vec<&&str> = winners.iter().filter(|t| s.won(t)).collect();
     let dropped = kept
@@ -293,68 +307,94 @@ async fn cmd_follow(
     run_row: &RunRow,
     json: bool,
 ) -> Result<i32, Error> {
-    let name = id.to_string();
     if json {
         eprint!("{}", report::sim_banner(run_row.simulated));
     }
-    let mut render = render_options(run_row, false, true);
-    let mut events: Vec<Event> = Vec::new();
-    let mut printed = 0;
-    let mut out = std::io::stdout();
+    let mut follow = Follow {
+        store,
+        run: run_row,
+        name: id.to_string(),
+        json,
+        render: render_options(run_row, false, true),
+        events: Vec::new(),
+        printed: 0,
+    };
     loop {
-        let after = events.last().map_or(0, |e| e.seq);
-        let fresh = store.events(&run_row.id, Some(&name), after)?;
+        if let Some(code) = follow.step()? {
+            return Ok(code);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// `session TARGET --follow` under way: the events read so far, and the lines printed.
+struct Follow<'a> {
+    store: &'a Store,
+    run: &'a RunRow,
+    name: String,
+    json: bool,
+    render: RenderOptions,
+    events: Vec<Event>,
+    printed: usize,
+}
+
+impl Follow<'_> {
+    /// Prints what the session recorded since the last step; the exit code once the session
+    /// has ended or its run is over.
+    fn step(&mut self) -> Result<Option<i32>, Error> {
+        let mut out = std::io::stdout();
+        let after = self.events.last().map_or(0, |e| e.seq);
+        let fresh = self.store.events(&self.run.id, Some(&self.name), after)?;
         // How the session ended, once it has.
         let end = fresh
             .iter()
             .find_map(|e| e.payload_as::<TaskFinished>())
             .map(|t| t.status);
-        let ended = end.is_some();
         for e in fresh {
-            if json {
+            if self.json {
                 let line = serde_json::to_string(&e.clone().withheld()).unwrap_or_default();
                 let _ = writeln!(out, "{line}");
             }
-            events.push(e);
+            self.events.push(e);
         }
-        let run_over = !ended && !store.run(Some(&run_row.id))?.is_running();
-        if !json {
-            render.settled_only = !(ended || run_over);
-            let view = view(store, &name, &events)?;
-            // Nothing until the first turn settles: the header is complete by then.
-            let ready = !render.settled_only || view.turns.iter().any(|t| t.settled);
-            if ready {
-                let lines = inspect::render_lines(&view, &render);
-                for line in lines.iter().skip(printed) {
-                    let _ = writeln!(out, "{line}");
-                }
-                printed = printed.max(lines.len());
-            }
+        let run_over = end.is_none() && !self.store.run(Some(&self.run.id))?.is_running();
+        if !self.json {
+            self.print_view(end.is_some() || run_over)?;
         }
         let _ = out.flush();
         if let Some(status) = end {
             // A session stopped before its end (`stop`, a signal) is not one that ended.
-            return Ok(match status.status() {
-                Some(crate::event::SessionStatus::Interrupted) => {
-                    eprintln!("the session was interrupted; `fk-agentd resume` continues it");
-                    1
-                }
-                _ => 0,
-            });
+            if status.status() == Some(&crate::event::SessionStatus::Interrupted) {
+                eprintln!("the session was interrupted; `fk-agentd resume` continues it");
+                return Ok(Some(1));
+            }
+            return Ok(Some(0));
         }
-        if run_over {
-            let row = store.run(Some(&run_row.id))?;
-            eprintln!(
-                "run {} is {}; the session has no more events",
-                row.id, row.status
-            );
-            return Ok(if row.status == RunState::Interrupted {
-                1
-            } else {
-                0
-            });
+        if !run_over {
+            return Ok(None);
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let row = self.store.run(Some(&self.run.id))?;
+        eprintln!(
+            "run {} is {}; the session has no more events",
+            row.id, row.status
+        );
+        Ok(Some(i32::from(row.status == RunState::Interrupted)))
+    }
+
+    /// Prints the session view's lines not printed yet: settled turns only while it runs.
+    fn print_view(&mut self, over: bool) -> Result<(), Error> {
+        self.render.settled_only = !over;
+        let view = view(self.store, &self.name, &self.events)?;
+        // Nothing until the first turn settles: the header is complete by then.
+        if over || view.turns.iter().any(|t| t.settled) {
+            let lines = inspect::render_lines(&view, &self.render);
+            let mut out = std::io::stdout();
+            for line in lines.iter().skip(self.printed) {
+                let _ = writeln!(out, "{line}");
+            }
+            self.printed = self.printed.max(lines.len());
+        }
+        Ok(())
     }
 }
 
