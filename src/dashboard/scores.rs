@@ -234,38 +234,45 @@ fn comparison(state: &DashboardState, run: &RunRow, pair: &str) -> Result<Compar
 
 /// The scores page's body (blocking: reads files and the store): the run's newest complete
 /// score, and the sequential gates of its newest generation.
+/// A results generation's folder name.
+fn name(g: &Path) -> String {
+    g.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Why a generation newer than the score shown is not shown.
+fn pending_words(g: &Path) -> String {
+    match crate::score::report::ScoreReport::read(g) {
+        Ok(Some(r)) => format!(
+            "{}: scoring did not complete ({})",
+            name(g),
+            if r.incomplete.is_empty() {
+                "no final set".to_string()
+            } else {
+                r.incomplete.join("; ")
+            }
+        ),
+        Ok(None) => format!(
+            "{}: no score written yet (scoring in progress, or stopped before its end)",
+            name(g)
+        ),
+        Err(e) => format!("cannot read the newest score: {e}"),
+    }
+}
+
 pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
     let run_dir = crate::run::runs_dir(&state.home).join(&run.id);
     let generation = crate::score::candidates::generations(&run_dir)
         .into_iter()
         .next();
     let complete = crate::score::report::newest_complete(&run_dir);
-    let name = |g: &Path| {
-        g.file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned()
-    };
     // What an independent run's newest generation holds when it is not the score shown.
     let pending = match (&generation, &complete) {
         (Some(newest), Some((shown, _))) if newest == shown => None,
         (Some(_), _) if run.mode != crate::run::Mode::Independent => None,
-        (Some(g), _) => Some(match crate::score::report::ScoreReport::read(g) {
-            Ok(Some(r)) => format!(
-                "{}: scoring did not complete ({})",
-                name(g),
-                if r.incomplete.is_empty() {
-                    "no final set".to_string()
-                } else {
-                    r.incomplete.join("; ")
-                }
-            ),
-            Ok(None) => format!(
-                "{}: no score written yet (scoring in progress, or stopped before its end)",
-                name(g)
-            ),
-            Err(e) => format!("cannot read the newest score: {e}"),
-        }),
+        (Some(g), _) => Some(pending_words(g)),
         (None, _) => None,
     };
     let seq = generation.as_deref().and_then(sequential);

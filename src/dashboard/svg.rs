@@ -77,6 +77,24 @@ fn axis(scale: &Scale, height: f64) -> Markup {
     }
 }
 
+/// One lease's bar on the lane at height `y`, with a cross where it was killed.
+fn lease_bar(scale: &Scale, l: &LeaseSpan, y: f64) -> Markup {
+    let x0 = scale.x(l.start);
+    let w = (scale.x(l.end) - x0).max(1.5);
+    html! {
+        rect class={"lease " (class_css(l.class)) @if l.open { " open" } @if l.state == LeaseState::Failed { " failed" }}
+            x=(x0) y=(y + 4.0) width=(w) height=(LANE_H - 8.0) data-lease=(l.id) {
+            title { (lease_title(l)) }
+        }
+        @if let Some(killed) = &l.killed {
+            @let xk = x0 + w;
+            path.kill d=(format!("M{:.1},{:.1} l6,-6 m-6,0 l6,6", xk - 3.0, y + LANE_H / 2.0 + 3.0)) {
+                title { "killed: " (killed) " (" (l.id) ")" }
+            }
+        }
+    }
+}
+
 /// The lease timeline of a run.
 pub fn timeline(view: &RunView) -> Markup {
     let lanes = view.gpu_lanes();
@@ -111,22 +129,7 @@ pub fn timeline(view: &RunView) -> Markup {
                 text.tick x=(LABEL_W) y=(AXIS_H + 16.0) { "no lease yet" }
             }
             @for l in &view.leases {
-                @for gpu in &l.gpus {
-                    @if let Some(y) = lane_y(gpu) {
-                        @let x0 = scale.x(l.start);
-                        @let w = (scale.x(l.end) - x0).max(1.5);
-                        rect class={"lease " (class_css(l.class)) @if l.open { " open" } @if l.state == LeaseState::Failed { " failed" }}
-                            x=(x0) y=(y + 4.0) width=(w) height=(LANE_H - 8.0) data-lease=(l.id) {
-                            title { (lease_title(l)) }
-                        }
-                        @if l.killed.is_some() {
-                            @let xk = x0 + w;
-                            path.kill d=(format!("M{:.1},{:.1} l6,-6 m-6,0 l6,6", xk - 3.0, y + LANE_H / 2.0 + 3.0)) {
-                                title { "killed: " (l.killed.clone().unwrap_or_default()) " (" (l.id) ")" }
-                            }
-                        }
-                    }
-                }
+                @for y in l.gpus.iter().filter_map(|gpu| lane_y(gpu)) { (lease_bar(&scale, l, y)) }
             }
             @for d in &view.drains {
                 @if let (Some(y), Some(at)) = (lane_y(&d.uuid), super::model::parse_at(&d.since)) {
