@@ -32,7 +32,7 @@ pub use outcome::{LossReason, Outcome, OutcomeTally, SessionEnd, Verdict, outcom
 pub use render::{RenderOptions, clip, clock, group, render_lines, render_text};
 pub use scoring::ScoringWord;
 pub use sessions::{SessionRecord, sessions};
-pub use tools::ToolDetail;
+pub use tools::{ProfileDetail, ShellDetail, ToolDetail, ValidateDetail};
 pub use view::{EndDetail, Entry, Note, SessionView, ToolCall, Turn, parse_at};
 
 /// Whether to colour output: only on a terminal, and never when `NO_COLOR` is set (any value

@@ -6,7 +6,7 @@
 
 use super::leases::LeaseEnd;
 use super::render_end::{footer, lease};
-use super::tools::ToolDetail;
+use super::tools::{ProfileDetail, ShellDetail, ToolDetail, ValidateDetail};
 use super::view::{Entry, Note, SessionView, ToolCall, Turn};
 
 /// How to render a view.
@@ -239,13 +239,7 @@ fn status(out: &Out<'_>, call: &ToolCall, end: Option<&str>) -> String {
 
 fn tool(out: &mut Out<'_>, call: &ToolCall) {
     match &call.detail {
-        ToolDetail::Shell {
-            cmd,
-            end,
-            wall_s,
-            output,
-            ..
-        } => shell(out, call, cmd, (end.as_deref(), *wall_s), output.as_deref()),
+        ToolDetail::Shell(d) => shell(out, call, d),
         ToolDetail::WriteFile { path, lines, .. } => {
             let line = format!("  write_file {path} ({lines} lines)");
             with_arg_body(out, call, line, "content");
@@ -268,31 +262,11 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
         }
         ToolDetail::ApplyPatch { files } => {
             let list: Vec<String> = files.iter().map(|(op, p)| format!("{op} {p}")).collect();
-            with_arg_body(
-                out,
-                call,
-                format!("  apply_patch: {}", list.join(", ")),
-                "patch",
-            );
+            let line = format!("  apply_patch: {}", list.join(", "));
+            with_arg_body(out, call, line, "patch");
         }
-        ToolDetail::Validate {
-            rows,
-            verdict,
-            screen,
-            notes,
-        } => validate(out, call, rows, verdict.as_deref(), screen, notes),
-        ToolDetail::Profile {
-            profiler,
-            args,
-            report,
-            summary,
-        } => profile(
-            out,
-            call,
-            profiler,
-            args.as_deref(),
-            (report.as_deref(), summary.as_deref()),
-        ),
+        ToolDetail::Validate(d) => validate(out, call, d),
+        ToolDetail::Profile(d) => profile(out, call, d),
         ToolDetail::Finish { summary } => {
             out.push(format!("  finish: {summary}"));
             error_output(out, call);
@@ -307,13 +281,8 @@ fn tool(out: &mut Out<'_>, call: &ToolCall) {
 
 /// A shell call: its command (all of it in full views), its status with the shell's own wall
 /// time, and its output (or where a call it ran shows its result).
-fn shell(
-    out: &mut Out<'_>,
-    call: &ToolCall,
-    cmd: &str,
-    (end, wall_s): (Option<&str>, Option<f64>),
-    output: Option<&str>,
-) {
+fn shell(out: &mut Out<'_>, call: &ToolCall, d: &ShellDetail) {
+    let cmd = &d.cmd;
     let dollar = out.paint("$", CYAN);
     if out.o.full {
         out.push(format!("  {dollar} {cmd}"));
@@ -322,15 +291,15 @@ fn shell(
     }
     // The shell's own wall time, not the recording's, when the shell reported one.
     let timed = ToolCall {
-        elapsed_s: wall_s.or(call.elapsed_s),
+        elapsed_s: d.wall_s.or(call.elapsed_s),
         ..call.clone()
     };
-    let mut st = status(out, &timed, end);
+    let mut st = status(out, &timed, d.end.as_deref());
     if cmd.contains("fk-agentd lease") {
         st.push_str(" · ran under a GPU lease from the shell");
     }
     out.push(format!("    {st}"));
-    match (&call.runs, output) {
+    match (&call.runs, &d.output) {
         (Some(name), _) if !out.o.full => {
             out.push(format!("    (its result: the {name} call below)"));
         }
@@ -341,22 +310,16 @@ fn shell(
 
 /// A profile call: its profiler and arguments, its report's path, and its summary (all of its
 /// output in full views).
-fn profile(
-    out: &mut Out<'_>,
-    call: &ToolCall,
-    profiler: &str,
-    args: Option<&str>,
-    (report, summary): (Option<&str>, Option<&str>),
-) {
-    let args = args.map(|a| format!(" {a}")).unwrap_or_default();
-    headline(out, call, format!("  profile_{profiler}{args}"));
-    if let Some(r) = report {
+fn profile(out: &mut Out<'_>, call: &ToolCall, d: &ProfileDetail) {
+    let args = d.args.as_ref().map(|a| format!(" {a}")).unwrap_or_default();
+    headline(out, call, format!("  profile_{}{args}", d.profiler));
+    if let Some(r) = &d.report {
         out.push(format!("    report {r}"));
     }
     if out.o.full {
         output(out, call);
-    } else if let Some(s) = summary {
-        if report.is_none() {
+    } else if let Some(s) = &d.summary {
+        if d.report.is_none() {
             out.body(s, "    ");
         } else {
             let rest: Vec<&str> = call
@@ -388,14 +351,15 @@ fn with_arg_body(out: &mut Out<'_>, call: &ToolCall, line: String, key: &str) {
     error_output(out, call);
 }
 
-fn validate(
-    out: &mut Out<'_>,
-    call: &ToolCall,
-    rows: &[String],
-    verdict: Option<&str>,
-    screen: &[String],
-    notes: &[String],
-) {
+/// A validate call: its number and GPU time, its notes, its rows (the first few outside full
+/// views), its verdict and the screen's findings.
+fn validate(out: &mut Out<'_>, call: &ToolCall, d: &ValidateDetail) {
+    let ValidateDetail {
+        rows,
+        verdict,
+        screen,
+        notes,
+    } = d;
     let mut head = String::from("  validate");
     if let Some(v) = &call.validation {
         head.push_str(&format!(" #{}", v.n));

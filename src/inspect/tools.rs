@@ -15,16 +15,7 @@ use super::outcome::screen_findings;
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(tag = "tool", rename_all = "snake_case")]
 pub enum ToolDetail {
-    Shell {
-        cmd: String,
-        /// `exit 0`, `exit 2`, `killed by signal 9`, `timed out after 120 s`.
-        end: Option<String>,
-        exit_code: Option<i32>,
-        /// The wall time the shell measured.
-        wall_s: Option<f64>,
-        /// What the command printed (stdout and stderr, as the tool truncated it).
-        output: Option<String>,
-    },
+    Shell(ShellDetail),
     ReadFile {
         path: String,
         offset: Option<u64>,
@@ -39,27 +30,48 @@ pub enum ToolDetail {
         /// `add`/`update`/`delete`/`move` and the path.
         files: Vec<(String, String)>,
     },
-    Validate {
-        /// Scenario rows as the tool printed them.
-        rows: Vec<String>,
-        /// The tool's `verdict:` line, without the word.
-        verdict: Option<String>,
-        screen: Vec<String>,
-        /// Lines that are neither rows nor the verdict (a refusal, a simulated banner).
-        notes: Vec<String>,
-    },
-    Profile {
-        profiler: String,
-        args: Option<String>,
-        report: Option<String>,
-        /// The first line of the answer (`ncu ok; …`, or why nothing was profiled).
-        summary: Option<String>,
-    },
+    Validate(ValidateDetail),
+    Profile(ProfileDetail),
     Finish {
         summary: String,
     },
     #[default]
     Other,
+}
+
+/// A shell call's command and what it did.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ShellDetail {
+    pub cmd: String,
+    /// `exit 0`, `exit 2`, `killed by signal 9`, `timed out after 120 s`.
+    pub end: Option<String>,
+    pub exit_code: Option<i32>,
+    /// The wall time the shell measured.
+    pub wall_s: Option<f64>,
+    /// What the command printed (stdout and stderr, as the tool truncated it).
+    pub output: Option<String>,
+}
+
+/// A validate call's answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ValidateDetail {
+    /// Scenario rows as the tool printed them.
+    pub rows: Vec<String>,
+    /// The tool's `verdict:` line, without the word.
+    pub verdict: Option<String>,
+    pub screen: Vec<String>,
+    /// Lines that are neither rows nor the verdict (a refusal, a simulated banner).
+    pub notes: Vec<String>,
+}
+
+/// A profile call's profiler, arguments and report.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProfileDetail {
+    pub profiler: String,
+    pub args: Option<String>,
+    pub report: Option<String>,
+    /// The first line of the answer (`ncu ok; …`, or why nothing was profiled).
+    pub summary: Option<String>,
 }
 
 /// Reads a call's arguments and (once finished) its output.
@@ -95,12 +107,14 @@ pub fn detail_of(name: &str, args: &CallArgs, output: Option<&str>) -> ToolDetai
 }
 
 fn shell(cmd: String, output: Option<&str>) -> ToolDetail {
-    let bare = |cmd, output| ToolDetail::Shell {
-        cmd,
-        end: None,
-        exit_code: None,
-        wall_s: None,
-        output,
+    let bare = |cmd, output| {
+        ToolDetail::Shell(ShellDetail {
+            cmd,
+            end: None,
+            exit_code: None,
+            wall_s: None,
+            output,
+        })
     };
     let Some(out) = output else {
         return bare(cmd, None);
@@ -128,13 +142,13 @@ fn shell(cmd: String, output: Option<&str>) -> ToolDetail {
             .replace("Killed by signal", "killed by signal")
             .replace("Timed out after", "timed out after"),
     };
-    ToolDetail::Shell {
+    ToolDetail::Shell(ShellDetail {
         cmd,
         end: Some(end),
         exit_code,
         wall_s,
         output: Some(body.to_string()),
-    }
+    })
 }
 
 fn patch_files(patch: &str) -> Vec<(String, String)> {
@@ -169,12 +183,12 @@ fn validate(out: &str) -> ToolDetail {
             notes.push(line.to_string());
         }
     }
-    ToolDetail::Validate {
+    ToolDetail::Validate(ValidateDetail {
         rows,
         verdict,
         screen: screen_findings(out),
         notes,
-    }
+    })
 }
 
 /// A scenario row starts with a status word (`PASSED`, `INCORRECT_NUMERICAL`, …).
@@ -189,12 +203,12 @@ fn profile(name: &str, args: Option<&str>, output: Option<&str>) -> ToolDetail {
         .split_whitespace()
         .find(|w| w.ends_with(".ncu-rep") || w.ends_with(".nsys-rep"))
         .map(|w| w.trim_matches(['(', ')', ',']).to_string());
-    ToolDetail::Profile {
+    ToolDetail::Profile(ProfileDetail {
         profiler: name.trim_start_matches("profile_").to_string(),
         args: args.map(str::to_string),
         report,
         summary: output.and_then(|o| o.lines().next()).map(str::to_string),
-    }
+    })
 }
 
 #[cfg(test)]
@@ -215,13 +229,13 @@ mod tests {
         );
         assert_eq!(
             d,
-            ToolDetail::Shell {
+            ToolDetail::Shell(ShellDetail {
                 cmd: "ls".into(),
                 end: Some("exit 2".into()),
                 exit_code: Some(2),
                 wall_s: Some(1.5),
                 output: Some("a\nb\n".into()),
-            }
+            })
         );
     }
 
@@ -252,7 +266,7 @@ mod tests {
             &args(json!({"args": "-c 1"})),
             Some("ncu ok; report /w/profiles/001-ncu/report.ncu-rep (timings under ncu …)\nbody"),
         );
-        let ToolDetail::Profile { report, .. } = d else {
+        let ToolDetail::Profile(ProfileDetail { report, .. }) = d else {
             panic!("not a profile: {d:?}")
         };
         assert_eq!(

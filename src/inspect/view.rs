@@ -372,7 +372,7 @@ fn place_tool_command(entries: &mut Vec<Entry>) {
     let Some(Entry::Tool(shell)) = entries.last() else {
         return;
     };
-    let ToolDetail::Shell { cmd, .. } = &shell.detail else {
+    let ToolDetail::Shell(super::tools::ShellDetail { cmd, .. }) = &shell.detail else {
         return;
     };
     let Some(name) = tool_run_by(cmd) else {
