@@ -4,6 +4,7 @@
 //! and `doctor` show without submitting anything.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -184,14 +185,18 @@ fn job_slots(cfg: &SlurmConfig) -> Result<Vec<SlotGpu>, LeaseError> {
         .collect())
 }
 
+/// Holder jobs per node, and GPUs per holder job, as `slurm.hold` asks.
+fn holder_shape(cfg: &SlurmConfig) -> (u32, u32) {
+    match cfg.hold {
+        SlurmHold::Gpu => (cfg.gpus_per_node, 1),
+        SlurmHold::Node => (1, cfg.gpus_per_node),
+    }
+}
+
 /// Allocation mode: finds this home's holder jobs, submits the missing ones, waits until all
 /// run, and reads each one's node and GPU.
 fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>, LeaseError> {
-    // Holder jobs per node, and GPUs per holder.
-    let (per_node, gres) = match cfg.hold {
-        SlurmHold::Gpu => (cfg.gpus_per_node, 1),
-        SlurmHold::Node => (1, cfg.gpus_per_node),
-    };
+    let (per_node, _) = holder_shape(cfg);
     // This home's live holders per wanted entry, with the GPUs each asks for: one `squeue`
     // per holder name.
     let mut live = Vec::new();
@@ -205,22 +210,7 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
             .collect();
         live.push((name, node, nodes * per_node, rows));
     }
-    // Holders of another size (left by a start with another `slurm.hold` or `gpus_per_node`)
-    // would keep the nodes' GPUs from the ones this start submits: refused before anything is
-    // cancelled or submitted.
-    let other: Vec<String> = live
-        .iter()
-        .flat_map(|(.., rows)| rows)
-        .filter(|(_, gpus)| *gpus != gres)
-        .map(|(id, gpus)| format!("{id} ({gpus} GPU(s))"))
-        .collect();
-    if !other.is_empty() {
-        return Err(LeaseError::Slurm(format!(
-            "this home's holder job(s) {} were submitted with another slurm.hold or gpus_per_node; slurm.hold = \"{}\" holds {gres} GPU(s) per job: `fk-agentd stop` (or scancel) gives them back first",
-            other.join(", "),
-            cfg.hold.as_str()
-        )));
-    }
+    refuse_other_sizes(cfg, live.iter().flat_map(|(.., rows)| rows))?;
     let mut jobs: Vec<u64> = Vec::new();
     let mut submitted = Vec::new();
     for (name, node, count, rows) in live {
@@ -239,7 +229,7 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
             tracing::info!(jobs = ?found, name, "found this daemon's Slurm holder jobs");
         }
         for _ in found.len()..count as usize {
-            let id = submit(cli, cfg, &name, node, gres).map_err(LeaseError::Slurm)?;
+            let id = submit(cli, cfg, &name, node).map_err(LeaseError::Slurm)?;
             submitted.push(id);
             found.push(id);
         }
@@ -250,9 +240,37 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
         let _ = cli.scancel(&ids);
         return Err(LeaseError::Slurm(e));
     }
+    held_slots(cli, cfg, &jobs)
+}
+
+/// Refuses live holders (`(id, GPUs)`) of another size than `slurm.hold` asks.
+fn refuse_other_sizes<'a>(
+    cfg: &SlurmConfig,
+    holders: impl Iterator<Item = &'a (u64, u32)>,
+) -> Result<(), LeaseError> {
+    // Holders of another size (left by a start with another `slurm.hold` or `gpus_per_node`)
+    // would keep the nodes' GPUs from the ones this start submits: refused before anything is
+    // cancelled or submitted.
+    let (_, gres) = holder_shape(cfg);
+    let other: Vec<String> = holders
+        .filter(|(_, gpus)| *gpus != gres)
+        .map(|(id, gpus)| format!("{id} ({gpus} GPU(s))"))
+        .collect();
+    if !other.is_empty() {
+        return Err(LeaseError::Slurm(format!(
+            "this home's holder job(s) {} were submitted with another slurm.hold or gpus_per_node; slurm.hold = \"{}\" holds {gres} GPU(s) per job: `fk-agentd stop` (or scancel) gives them back first",
+            other.join(", "),
+            cfg.hold.as_str()
+        )));
+    }
+    Ok(())
+}
+
+/// The slots of holder jobs `jobs`, sorted by node and GPU; an error when two report one GPU.
+fn held_slots(cli: &SlurmCli, cfg: &SlurmConfig, jobs: &[u64]) -> Result<Vec<SlotGpu>, LeaseError> {
     let mut slots = Vec::new();
-    for job in jobs {
-        slots.extend(holder_slots(cli, cfg, job, gres)?);
+    for &job in jobs {
+        slots.extend(holder_slots(cli, cfg, job)?);
     }
     slots.sort_by(|a, b| (&a.node, a.gpu).cmp(&(&b.node, b.gpu)));
     if let Some(w) = slots
@@ -267,13 +285,9 @@ fn hold(cli: &SlurmCli, cfg: &SlurmConfig, prefix: &str) -> Result<Vec<SlotGpu>,
     Ok(slots)
 }
 
-/// The GPUs holder job `job` holds (`gres` of them, as `scontrol` names them), each a slot.
-fn holder_slots(
-    cli: &SlurmCli,
-    cfg: &SlurmConfig,
-    job: u64,
-    gres: u32,
-) -> Result<Vec<SlotGpu>, LeaseError> {
+/// The GPUs holder job `job` holds (as many as `slurm.hold` asks, named by `scontrol`), as slots.
+fn holder_slots(cli: &SlurmCli, cfg: &SlurmConfig, job: u64) -> Result<Vec<SlotGpu>, LeaseError> {
+    let (_, gres) = holder_shape(cfg);
     let text = cli
         .run(
             "scontrol",
@@ -313,13 +327,14 @@ fn is_holding(state: &str) -> bool {
     matches!(state, "RUNNING" | "PENDING" | "CONFIGURING")
 }
 
+/// Submits one holder job named `name` (on `node` where named), of the size `slurm.hold` asks.
 fn submit(
     cli: &SlurmCli,
     cfg: &SlurmConfig,
     name: &str,
     node: Option<&str>,
-    gpus: u32,
 ) -> Result<u64, String> {
+    let (_, gpus) = holder_shape(cfg);
     let mut args = vec![
         "--parsable".to_string(),
         format!("--job-name={name}"),
@@ -501,7 +516,34 @@ pub fn describe(
     slurm: &SlurmConfig,
     path: &str,
 ) -> Result<(usize, String), LeaseError> {
-    use std::fmt::Write;
+    require_programs(path)?;
+    let scope = crate::gpu::cgroup::scope_for(&config.home.join("fk-agentd.db"));
+    let cli = SlurmCli::new(slurm, &config.secret_env);
+    let prefix = format!("fk-agentd-{scope}");
+    let nodes = cluster_nodes(&cli, slurm)?;
+    let groups = holder_groups(&prefix, slurm);
+    let mut holders = Vec::new();
+    for (name, ..) in &groups {
+        holders.extend(cli.jobs_named(name).map_err(LeaseError::Slurm)?);
+    }
+    let mut out = cluster_text(slurm, &nodes, &holders);
+    let accounting = ["-n", "-X", "-S", "now", "-o", "JobID"].map(String::from);
+    let _ = match cli.run("sacct", &accounting) {
+        Ok(_) => writeln!(
+            out,
+            "accounting: on (sacct): a step that ends while the daemon is down is closed with the exit code Slurm recorded"
+        ),
+        Err(e) => writeln!(
+            out,
+            "accounting: off ({e}): a step that ends while the daemon is down is closed with its result unknown"
+        ),
+    };
+    let wanted_nodes: usize = groups.iter().map(|(.., count)| *count as usize).sum();
+    Ok((wanted_nodes * slurm.gpus_per_node as usize, out))
+}
+
+/// An error naming the Slurm programs missing from `path`.
+fn require_programs(path: &str) -> Result<(), LeaseError> {
     let missing: Vec<&str> = PROGRAMS
         .into_iter()
         .filter(|p| !std::env::split_paths(path).any(|d| d.join(p).is_file()))
@@ -512,15 +554,15 @@ pub fn describe(
             missing.join(", ")
         )));
     }
-    let scope = crate::gpu::cgroup::scope_for(&config.home.join("fk-agentd.db"));
-    let cli = SlurmCli::new(slurm, &config.secret_env);
-    let prefix = format!("fk-agentd-{scope}");
-    let nodes = cluster_nodes(&cli, slurm)?;
-    let groups = holder_groups(&prefix, slurm);
-    let mut holders = Vec::new();
-    for (name, ..) in &groups {
-        holders.extend(cli.jobs_named(name).map_err(LeaseError::Slurm)?);
-    }
+    Ok(())
+}
+
+/// The backend's line, each node with this home's holders (id, state, node) on it, the allocation.
+fn cluster_text(
+    slurm: &SlurmConfig,
+    nodes: &[(String, u32, String)],
+    holders: &[(u64, String, String)],
+) -> String {
     let mut out = String::new();
     let holder_jobs = match (slurm.mode, slurm.hold) {
         (SlurmMode::Job, _) => "",
@@ -535,7 +577,7 @@ pub fn describe(
         slurm.gpus_per_node
     );
     let _ = writeln!(out, "{:<16} {:>5} {:>5}  state", "node", "gpus", "held");
-    for (name, gpus, state) in &nodes {
+    for (name, gpus, state) in nodes {
         let held = holders.iter().filter(|(_, _, n)| n == name).count();
         let _ = writeln!(out, "{:<16} {:>5} {:>5}  {}", name, gpus, held, state);
     }
@@ -554,17 +596,5 @@ pub fn describe(
                 .join(", ")
         ),
     };
-    let accounting = ["-n", "-X", "-S", "now", "-o", "JobID"].map(String::from);
-    let _ = match cli.run("sacct", &accounting) {
-        Ok(_) => writeln!(
-            out,
-            "accounting: on (sacct): a step that ends while the daemon is down is closed with the exit code Slurm recorded"
-        ),
-        Err(e) => writeln!(
-            out,
-            "accounting: off ({e}): a step that ends while the daemon is down is closed with its result unknown"
-        ),
-    };
-    let wanted_nodes: usize = groups.iter().map(|(.., count)| *count as usize).sum();
-    Ok((wanted_nodes * slurm.gpus_per_node as usize, out))
+    out
 }
