@@ -75,7 +75,13 @@ impl Broker {
                 ),
             ));
         }
+        self.check_program(req, cmd)
+    }
+
+    /// Checks that the program would start and, for `ncu`, that its counters may be read.
+    fn check_program(&self, req: &LeaseRequest, cmd: &LeaseCommand) -> Result<(), LeaseError> {
         let argv0 = &cmd.argv[0];
+        let p = &self.inner.params;
         let program = self
             .inner
             .backend

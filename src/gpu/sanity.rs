@@ -6,9 +6,10 @@
 //! and its absence is a [`LeaseError::CudaUnavailable`], never a panic.
 
 use std::ffi::{CStr, c_void};
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, DevicePtrMut, DriverError, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtrMut, DriverError, result, sys};
 use serde::{Deserialize, Serialize};
 
 use super::types::LeaseError;
@@ -94,14 +95,7 @@ pub fn run_sanity(uuid: &str) -> Result<SanityReport, LeaseError> {
         ));
     }
     let start = Instant::now();
-    let count = CudaContext::device_count().map_err(cuda)?;
-    let ordinal = (0..count)
-        .find(|&i| {
-            result::device::get(i)
-                .and_then(result::device::get_uuid)
-                .is_ok_and(|u| uuid_string(&u) == uuid)
-        })
-        .ok_or_else(|| LeaseError::UnknownGpu(uuid.to_string()))? as usize;
+    let ordinal = ordinal_of(uuid)?;
     let ctx = CudaContext::new(ordinal).map_err(cuda)?;
     let name = ctx.name().unwrap_or_default();
     let stream = ctx.default_stream();
@@ -109,35 +103,7 @@ pub fn run_sanity(uuid: &str) -> Result<SanityReport, LeaseError> {
     // SAFETY: `FILL_PTX` is a NUL-terminated PTX text that outlives the call.
     let module =
         unsafe { result::module::load_data(FILL_PTX.as_ptr() as *const c_void) }.map_err(cuda)?;
-    let host = (|| {
-        // SAFETY: `module` was just loaded and names an entry `fk_fill`.
-        let func = unsafe { result::module::get_function(module, c"fk_fill".to_owned()) }?;
-        let mut buf = stream.alloc_zeros::<u32>(ELEMENTS as usize)?;
-        {
-            let (mut ptr, _sync) = buf.device_ptr_mut(&stream);
-            let mut n = ELEMENTS;
-            let mut params = [
-                (&mut ptr) as *mut _ as *mut c_void,
-                (&mut n) as *mut _ as *mut c_void,
-            ];
-            let blocks = ELEMENTS.div_ceil(256);
-            // SAFETY: the parameters match the kernel's (.u64 p_out, .u32 p_n) and the buffer
-            // holds `n` u32 values.
-            unsafe {
-                result::launch_kernel(
-                    func,
-                    (blocks, 1, 1),
-                    (256, 1, 1),
-                    0,
-                    stream.cu_stream(),
-                    &mut params,
-                )
-            }?;
-        }
-        let host = stream.clone_dtoh(&buf)?;
-        stream.synchronize()?;
-        Ok::<_, DriverError>(host)
-    })();
+    let host = fill(&stream, module);
     // SAFETY: no function of the module is used after this point.
     let _ = unsafe { result::module::unload(module) };
     let host = host.map_err(cuda)?;
@@ -154,4 +120,48 @@ pub fn run_sanity(uuid: &str) -> Result<SanityReport, LeaseError> {
         elapsed_ms: start.elapsed().as_millis() as u64,
         mismatches,
     })
+}
+
+/// The driver's ordinal of the GPU with this UUID.
+fn ordinal_of(uuid: &str) -> Result<usize, LeaseError> {
+    let count = CudaContext::device_count().map_err(cuda)?;
+    let ordinal = (0..count)
+        .find(|&i| {
+            result::device::get(i)
+                .and_then(result::device::get_uuid)
+                .is_ok_and(|u| uuid_string(&u) == uuid)
+        })
+        .ok_or_else(|| LeaseError::UnknownGpu(uuid.to_string()))?;
+    Ok(ordinal as usize)
+}
+
+/// Runs the fill kernel of `module` (loaded from [`FILL_PTX`]) and reads its buffer back.
+fn fill(stream: &Arc<CudaStream>, module: sys::CUmodule) -> Result<Vec<u32>, DriverError> {
+    // SAFETY: `module` was loaded from `FILL_PTX`, so it names an entry `fk_fill`.
+    let func = unsafe { result::module::get_function(module, c"fk_fill".to_owned()) }?;
+    let mut buf = stream.alloc_zeros::<u32>(ELEMENTS as usize)?;
+    {
+        let (mut ptr, _sync) = buf.device_ptr_mut(stream);
+        let mut n = ELEMENTS;
+        let mut params = [
+            (&mut ptr) as *mut _ as *mut c_void,
+            (&mut n) as *mut _ as *mut c_void,
+        ];
+        let blocks = ELEMENTS.div_ceil(256);
+        // SAFETY: the parameters match the kernel's (.u64 p_out, .u32 p_n) and the buffer
+        // holds `n` u32 values.
+        unsafe {
+            result::launch_kernel(
+                func,
+                (blocks, 1, 1),
+                (256, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }?;
+    }
+    let host = stream.clone_dtoh(&buf)?;
+    stream.synchronize()?;
+    Ok(host)
 }
