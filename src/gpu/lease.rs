@@ -310,30 +310,14 @@ pub(crate) fn kill_note(due: Duration, kill_ms: u64, wall_ms: u64) -> String {
 /// Everything after the job is gone: stragglers, reclaim, health, the journaled outcome.
 async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
     let inner = &broker.inner;
-    let mut notes: Vec<String> = match inner.inventory.source {
-        InventorySource::Fake => vec!["simulated GPUs: no NVML process audit".into()],
-        InventorySource::Declared => vec!["declared GPUs: no NVML process audit".into()],
-        InventorySource::Slurm => {
-            vec!["Slurm GPUs: no NVML process audit from the daemon's host".into()]
-        }
-        InventorySource::Nvml => Vec::new(),
-    };
+    let mut notes = unaudited_notes(inner.inventory.source);
     if e.why.is_none() && inner.backend.health_every().is_some() {
         // A node that fails takes its jobs with it, and a step then seems to end on its own
         // (even with exit 0): such a lease ends as the infrastructure's, not as its command's.
-        let (backend, job) = (inner.backend.clone(), e.job.clone());
-        if let Ok(Some(detail)) = tokio::task::spawn_blocking(move || backend.lost(&job)).await {
-            tracing::warn!(lease = %g.lease_id, %detail, "a lease's job was lost with its node");
-            if let Some(live) = broker.lock().live.get_mut(&g.lease_id)
-                && live.fault.is_none()
-            {
-                let uuid = g.gpus.first().cloned().unwrap_or_default();
-                live.fault = Some((uuid, detail));
-            }
-        }
+        fault_if_lost(broker, g, &e.job).await;
     }
     let containment = e.containment;
-    end_job(broker, &g.lease_id, &e.job, containment, &mut notes).await;
+    end_job(broker, &g.lease_id, &e, &mut notes).await;
     sweep_secrets(broker, g).await;
     super::reclaim::reclaim(broker, &g.slots, &mut notes).await;
     if g.req.class == LeaseClass::Ncu && mentions_counter_permission(&g.cmd) {
@@ -375,6 +359,32 @@ async fn conclude(broker: &Broker, g: &Grant, e: Ended) -> LeaseOutcome {
     }
     journal_outcome(broker, &outcome).await;
     outcome
+}
+
+/// The notes a lease starts with: why its GPUs' processes are not audited through NVML.
+fn unaudited_notes(source: InventorySource) -> Vec<String> {
+    match source {
+        InventorySource::Fake => vec!["simulated GPUs: no NVML process audit".into()],
+        InventorySource::Declared => vec!["declared GPUs: no NVML process audit".into()],
+        InventorySource::Slurm => {
+            vec!["Slurm GPUs: no NVML process audit from the daemon's host".into()]
+        }
+        InventorySource::Nvml => Vec::new(),
+    }
+}
+
+/// Records a GPU fault on the lease (unless it has one) when its job was lost with its node.
+async fn fault_if_lost(broker: &Broker, g: &Grant, job: &JobRef) {
+    let (backend, job) = (broker.inner.backend.clone(), job.clone());
+    if let Ok(Some(detail)) = tokio::task::spawn_blocking(move || backend.lost(&job)).await {
+        tracing::warn!(lease = %g.lease_id, %detail, "a lease's job was lost with its node");
+        if let Some(live) = broker.lock().live.get_mut(&g.lease_id)
+            && live.fault.is_none()
+        {
+            let uuid = g.gpus.first().cloned().unwrap_or_default();
+            live.fault = Some((uuid, detail));
+        }
+    }
 }
 
 /// What the job wrote since its grant, rewritten without the secret files' contents (as they
@@ -444,19 +454,18 @@ pub(crate) async fn journal_outcome(broker: &Broker, outcome: &LeaseOutcome) {
     }
 }
 
-/// Once the job is gone: without a cgroup, kills processes tagged with the lease that are
-/// alive elsewhere (a descendant that left the process group); then removes the cgroup. A
-/// cgroup lease skips the `/proc` walk: its descendants cannot leave the cgroup, which is
-/// already empty.
+/// Once the job is gone (`ended`): without a cgroup, kills processes tagged with the lease
+/// that are alive elsewhere (a descendant that left the process group); then removes the
+/// cgroup. A cgroup lease skips the `/proc` walk: its descendants cannot leave the cgroup,
+/// which is already empty.
 pub(crate) async fn end_job(
     broker: &Broker,
     lease_id: &str,
-    job: &JobRef,
-    containment: Containment,
+    ended: &Ended,
     notes: &mut Vec<String>,
 ) {
-    let backend = broker.inner.backend.clone();
-    if !containment.is_cgroup() {
+    let (backend, job) = (broker.inner.backend.clone(), &ended.job);
+    if !ended.containment.is_cgroup() {
         let (b, id) = (backend.clone(), lease_id.to_string());
         // A /proc walk: off the runtime's worker threads.
         let tagged = tokio::task::spawn_blocking(move || b.kill_tagged(&id))

@@ -181,18 +181,9 @@ impl Broker {
         (slots, left): (&[usize], Duration),
         reused: Option<String>,
     ) {
-        let Ended {
-            job,
-            containment,
-            why,
-            wall_ms,
-            kill_ms,
-            peak,
-            ..
-        } = ended;
         // Ended on its own: the scheduler may have recorded how.
-        let recorded = match why {
-            None => recorded_end(&self.inner.backend, &job).await,
+        let recorded = match ended.why {
+            None => recorded_end(&self.inner.backend, &ended.job).await,
             Some(_) => None,
         };
         let mut notes = vec![match &recorded {
@@ -200,7 +191,15 @@ impl Broker {
             None => "adopted after a daemon restart: exit code unknown".to_string(),
         }];
         notes.extend(reused);
-        end_job(self, &row.id, &job, containment, &mut notes).await;
+        end_job(self, &row.id, &ended, &mut notes).await;
+        let Ended {
+            containment,
+            why,
+            wall_ms,
+            kill_ms,
+            peak,
+            ..
+        } = ended;
         reclaim(self, slots, &mut notes).await;
         let (why, _, xids) = verdict(self, &row.id, why, &mut notes);
         if let (Some(kill_ms), Some(KilledReason::Deadline)) = (kill_ms, &why) {
