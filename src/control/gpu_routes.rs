@@ -169,7 +169,7 @@ async fn lease(
     let (tx, rx) = mpsc::channel::<LeaseFrame>(64);
     let cancel = CancellationToken::new();
     let guard = cancel.clone().drop_guard();
-    broker.track(pump(broker.clone(), req, cmd, cancel, tx));
+    broker.track(pump(broker.clone(), req, cmd, Caller { tx, cancel }));
     let stream = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
         let frame = rx.recv().await?;
         let mut line = serde_json::to_vec(&frame).unwrap_or_default();
@@ -227,13 +227,15 @@ impl Tail {
     }
 }
 
-async fn pump(
-    broker: Broker,
-    req: LeaseRequest,
-    cmd: LeaseCommand,
-    cancel: CancellationToken,
+/// Where a lease call's frames go, and the token that cancels its lease once the caller is gone.
+struct Caller {
     tx: mpsc::Sender<LeaseFrame>,
-) {
+    cancel: CancellationToken,
+}
+
+/// Runs the lease, sending the caller its output as it grows and then its outcome.
+async fn pump(broker: Broker, req: LeaseRequest, cmd: LeaseCommand, caller: Caller) {
+    let Caller { tx, cancel } = caller;
     let mut tails = [
         Tail::new(&cmd.stdout, |data| LeaseFrame::Stdout { data }),
         Tail::new(&cmd.stderr, |data| LeaseFrame::Stderr { data }),
