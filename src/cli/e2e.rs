@@ -37,6 +37,7 @@ pub async fn cmd_e2e(
         cwd,
         scenarios: scenarios.to_string(),
         deadline: config.lease_timeout,
+        gpus,
     };
     let cancel = CancellationToken::new();
     let mut outcomes = Vec::new();
@@ -50,7 +51,7 @@ pub async fn cmd_e2e(
                 if simulated { " — SIMULATED" } else { "" }
             ));
         }
-        let outcome = match e2e::evaluate(&launcher, &params, set, gpus, &cancel).await {
+        let outcome = match e2e::evaluate(&launcher, &params, set, &cancel).await {
             Ok(o) => o,
             Err(e) => {
                 home.broker.shutdown().await;

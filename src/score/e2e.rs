@@ -195,6 +195,8 @@ pub struct EvalParams {
     pub cwd: Option<PathBuf>,
     pub scenarios: String,
     pub deadline: Duration,
+    /// GPUs the eval holds.
+    pub gpus: usize,
 }
 
 /// GPUs the scenarios need: the largest `tp:` of a YAML file, or the packaged table's.
@@ -218,9 +220,9 @@ pub async fn evaluate<L: EvalLauncher>(
     launcher: &L,
     params: &EvalParams,
     set: &WinnerSet,
-    gpus: usize,
     cancel: &CancellationToken,
 ) -> Result<E2eOutcome, ScoreError> {
+    let gpus = params.gpus;
     // A new `e2e`, `e2e-2`, … folder of the generation.
     let dir = next_free(&set.generation, "e2e", "");
     std::fs::create_dir_all(&dir).map_err(ScoreError::io(&dir))?;

@@ -232,10 +232,12 @@ fn confirmed_stage(out: &mut String, s: &StageReport, width: usize) {
     }
 }
 
-fn stage(out: &mut String, title: &str, s: &StageReport, header: &str, width: usize) {
+/// A stage's gate as text under `title`, its geomean column headed `header`.
+fn stage(title: &str, s: &StageReport, header: &str, width: usize) -> String {
+    let mut out = String::new();
     if s.gate.gate.kind == GateKind::Confirmed && s.gate.gate.threshold > 0.0 {
-        confirmed_stage(out, s, width);
-        return;
+        confirmed_stage(&mut out, s, width);
+        return out;
     }
     let rule = if s.gate.gate.threshold > 0.0 {
         format!("correct and geomean ≥ {:.2}", s.gate.gate.threshold)
@@ -246,6 +248,7 @@ fn stage(out: &mut String, title: &str, s: &StageReport, header: &str, width: us
     let line = format!("\n{title}: {won} of {judged} winners ({rule}; SKIPPED rows ignored)");
     out.push_str(&wrap(&line, width, 2));
     out.push_str(&gate_table(s, header, width));
+    out
 }
 
 /// What the score's noise floor found, in words (`noise floor  self-test of …`).
@@ -285,16 +288,10 @@ pub fn score_table_width(r: &ScoreReport, width: usize) -> String {
     header(&mut out, r, width);
     noise_line(&mut out, r, width);
     if let Some(s) = &r.standalone {
-        stage(&mut out, "standalone", s, "geomean", width);
+        out.push_str(&stage("standalone", s, "geomean", width));
     }
     if let Some(s) = &r.composed {
-        stage(
-            &mut out,
-            "composed (correctness gate)",
-            s,
-            "composed",
-            width,
-        );
+        out.push_str(&stage("composed (correctness gate)", s, "composed", width));
     }
     flags(&mut out, r, width);
     final_set(&mut out, r, width);

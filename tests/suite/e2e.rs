@@ -123,6 +123,7 @@ fn sim_params(scenarios: &str) -> fk_agentd::score::e2e::EvalParams {
         cwd: None,
         scenarios: scenarios.into(),
         deadline: std::time::Duration::from_secs(60),
+        gpus: 1,
     }
 }
 
@@ -133,7 +134,7 @@ async fn an_eval_exiting_1_with_reports_is_data_and_one_without_reports_is_a_fai
     let tmp = tempfile::tempdir().unwrap();
     let set = winner_set(tmp.path(), "# sim: e2e-wrong\nclass GELU: pass\n");
     let cancel = tokio_util::sync::CancellationToken::new();
-    let wrong = evaluate(&DirectLauncher, &sim_params("default"), &set, 1, &cancel)
+    let wrong = evaluate(&DirectLauncher, &sim_params("default"), &set, &cancel)
         .await
         .unwrap();
     assert_eq!((wrong.exit_code, wrong.failure.clone()), (Some(1), None));
@@ -147,7 +148,7 @@ async fn an_eval_exiting_1_with_reports_is_data_and_one_without_reports_is_a_fai
     assert!(tmp.path().join("results/e2e/e2e.json").is_file());
 
     let missing = tmp.path().join("missing.yaml").display().to_string();
-    let broken = evaluate(&DirectLauncher, &sim_params(&missing), &set, 1, &cancel)
+    let broken = evaluate(&DirectLauncher, &sim_params(&missing), &set, &cancel)
         .await
         .unwrap();
     assert_eq!(broken.exit_code, Some(2));
