@@ -276,14 +276,19 @@ impl<L: BenchLauncher> Rebench for DriverRebench<'_, L> {
     }
 }
 
-/// Benches every contender of `stage` again (`<dir>/L<n>_<stem>/confirm-<k>/`) until
+/// Where and how confirmation benches run (`<dir>/L<n>_<stem>/confirm-<k>/`).
+pub struct ConfirmBenches<'a, L> {
+    pub driver: &'a BenchDriver<L>,
+    pub dir: &'a Path,
+    pub cancel: &'a CancellationToken,
+}
+
+/// Benches every contender of `stage` again (`<at.dir>/L<n>_<stem>/confirm-<k>/`) until
 /// [`crate::score::confirm::step`] decides, and applies the confirmations to its verdicts.
 pub async fn confirm_winners<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    dir: &Path,
+    at: &ConfirmBenches<'_, L>,
     stage: &mut StageReport,
     contenders: Vec<Contender>,
-    cancel: &CancellationToken,
 ) {
     let lost: Vec<TargetId> = contenders
         .iter()
@@ -295,13 +300,13 @@ pub async fn confirm_winners<L: BenchLauncher>(
         .filter_map(|c| Some((c.target.clone(), c.node.clone()?)))
         .collect();
     let bencher = DriverRebench {
-        driver,
-        dir,
-        cancel,
+        driver: at.driver,
+        dir: at.dir,
+        cancel: at.cancel,
         nodes,
         runs: Default::default(),
     };
-    let done = confirm_loop(&bencher, contenders, cancel).await;
+    let done = confirm_loop(&bencher, contenders, at.cancel).await;
     stage
         .runs
         .extend(bencher.runs.into_inner().unwrap_or_default());

@@ -140,39 +140,14 @@ pub fn build_final_set(
     let standalone = report.standalone.map(|s| &s.gate);
     let (kernels, dropped) = kept_and_dropped(set, report);
     let dir = report.generation.join("sets").join(name);
-    let kept: Vec<TargetId> = kernels
-        .iter()
-        .filter_map(|k| TargetId::new(k.level, &k.stem).ok())
-        .collect();
-    let copied = set.materialize(&kept, &dir)?;
-    let mut files = BTreeMap::new();
-    for rel in &copied {
-        let path = dir.join(rel);
-        let sha = crate::digest::file_sha256(&path).map_err(ScoreError::io(&path))?;
-        files.insert(slash(rel), sha);
-    }
-    let unreferenced_sources = set
-        .helpers
-        .iter()
-        .filter(|h| !copied.contains(h))
-        .map(|h| slash(h))
-        .collect();
+    let (files, unreferenced_sources) = copy_kept(set, &kernels, &dir)?;
     let has_composed = report.composed.is_some();
     let manifest = Manifest {
         set: name.to_string(),
         agent: None,
         mode: "independent".into(),
         simulated: report.simulated,
-        source: ManifestSource {
-            winners: win_dir.display().to_string(),
-            composed_bench: has_composed.then(|| {
-                report
-                    .generation
-                    .join("comp/bench.json")
-                    .display()
-                    .to_string()
-            }),
-        },
+        source: report.manifest_source(win_dir),
         selection: match (report.mode, has_composed) {
             (ScoreMode::Standalone, _) | (_, false) => {
                 "standalone winners (no composed bench)".into()
@@ -201,6 +176,45 @@ pub fn build_final_set(
         manifest_path,
         manifest,
     })
+}
+
+/// Copies the kept `kernels` into `dir`: the sha256 of each file copied, and the helpers left out.
+fn copy_kept(
+    set: &CandidateSet,
+    kernels: &[KernelEntry],
+    dir: &Path,
+) -> Result<(BTreeMap<String, String>, Vec<String>), ScoreError> {
+    let kept: Vec<TargetId> = kernels
+        .iter()
+        .filter_map(|k| TargetId::new(k.level, &k.stem).ok())
+        .collect();
+    let copied = set.materialize(&kept, dir)?;
+    let mut files = BTreeMap::new();
+    for rel in &copied {
+        let path = dir.join(rel);
+        let sha = crate::digest::file_sha256(&path).map_err(ScoreError::io(&path))?;
+        files.insert(slash(rel), sha);
+    }
+    let unreferenced_sources = set
+        .helpers
+        .iter()
+        .filter(|h| !copied.contains(h))
+        .map(|h| slash(h))
+        .collect();
+    Ok((files, unreferenced_sources))
+}
+
+impl SetSource<'_> {
+    /// Where the manifest says the set came from: `win_dir`, and the composed bench if any.
+    fn manifest_source(&self, win_dir: &Path) -> ManifestSource {
+        ManifestSource {
+            winners: win_dir.display().to_string(),
+            composed_bench: self.composed.is_some().then(|| {
+                let bench = self.generation.join("comp/bench.json");
+                bench.display().to_string()
+            }),
+        }
+    }
 }
 
 /// The kernels a score keeps and those it drops, with why: the standalone winners (every

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::score::ScoreError;
 use crate::score::candidates::{CandidateSet, copy_tree};
 use crate::score::confirmation::{
-    Judges, Judging, confirm_winners, contenders, settle_first_benches,
+    ConfirmBenches, Judges, Judging, confirm_winners, contenders, settle_first_benches,
 };
 use crate::score::driver::{BenchDriver, BenchLauncher};
 use crate::score::gate::{GateKind, TargetVerdict, WinnerGate};
@@ -63,6 +63,8 @@ pub struct MixResult {
     pub simulated: bool,
     /// Rows of the last mix that gave a result.
     pub result: Option<crate::score::result::BenchResult>,
+    /// Mix benches run (the last one's folder is `mix-<mixes>/`).
+    pub mixes: usize,
 }
 
 impl<L: BenchLauncher> LevelBench<'_, L> {
@@ -97,7 +99,12 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
             let none = Default::default();
             let contenders = contenders(&stage.gate.verdicts, &judging, &none);
             settle_first_benches(&mut stage.gate.verdicts, &contenders, &judging, &none);
-            confirm_winners(self.driver, &dir, &mut stage, contenders, self.cancel).await;
+            let at = ConfirmBenches {
+                driver: self.driver,
+                dir: &dir,
+                cancel: self.cancel,
+            };
+            confirm_winners(&at, &mut stage, contenders).await;
         }
         write_json(&dir.join("gate.json"), &stage)?;
         Ok(stage)
@@ -108,15 +115,14 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
     pub async fn mix(&self, winners: &[TargetId]) -> Result<MixResult, ScoreError> {
         let mut out = MixResult::default();
         let mut members = winners.to_vec();
-        let mut attempt = 0;
         while !members.is_empty() && !self.cancel.is_cancelled() {
-            let (failure, outcome) = self.mix_once(&members, &mut attempt, &mut out).await?;
+            let (failure, outcome) = self.mix_once(&members, &mut out).await?;
             let Some(why) = failure else {
                 out.verdicts = outcome.stage.gate.verdicts;
                 out.result = Some(outcome.result);
                 break;
             };
-            let found = self.bisect(&members, &why, &mut attempt, &mut out).await?;
+            let found = self.bisect(&members, &why, &mut out).await?;
             if found.is_empty() {
                 // Every part works alone but not all together: no single breaker to blame.
                 for t in members.drain(..) {
@@ -137,11 +143,10 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
     async fn mix_once(
         &self,
         members: &[TargetId],
-        attempt: &mut usize,
         out: &mut MixResult,
     ) -> Result<(Option<String>, crate::score::pipeline::MixOutcome), ScoreError> {
-        *attempt += 1;
-        let work = self.dir.join(format!("mix-{attempt}"));
+        out.mixes += 1;
+        let work = self.dir.join(format!("mix-{}", out.mixes));
         let cand = work.join("candidates");
         self.folder(&cand, members)?;
         let mix = MixParams {
@@ -165,7 +170,6 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
         &self,
         members: &[TargetId],
         why: &str,
-        attempt: &mut usize,
         out: &mut MixResult,
     ) -> Result<Vec<Breaker>, ScoreError> {
         let mut found = Vec::new();
@@ -184,7 +188,7 @@ impl<L: BenchLauncher> LevelBench<'_, L> {
             }
             let (a, b) = group.split_at(group.len() / 2);
             for half in [a, b] {
-                if let (Some(why), _) = self.mix_once(half, attempt, out).await? {
+                if let (Some(why), _) = self.mix_once(half, out).await? {
                     failing.push((half.to_vec(), why));
                 }
             }

@@ -34,10 +34,10 @@ use crate::score::candidates::{
 };
 use crate::score::confirm::ConfirmRule;
 use crate::score::confirmation::{
-    Contender, Judges, Judging, confirm_winners, contenders, settle_first_benches,
+    ConfirmBenches, Contender, Judges, Judging, confirm_winners, contenders, settle_first_benches,
 };
 use crate::score::driver::{BenchDriver, BenchLauncher, BenchRequest, BenchRun};
-use crate::score::export::{SetSource, build_final_set};
+use crate::score::export::build_final_set;
 use crate::score::gate::{GateKind, GateReport, TargetVerdict, WinnerGate};
 use crate::score::json_file::write_json;
 use crate::score::noise::{merge_repeats, noise_floor, sample, spread};
@@ -162,16 +162,10 @@ pub(crate) async fn bench_alone<L: BenchLauncher>(
     cancel: &CancellationToken,
     materialize: impl Fn(&TargetId, &Path) -> Result<(), ScoreError>,
 ) -> Result<StageReport, ScoreError> {
-    let Alone {
-        targets,
-        dir,
-        gate,
-        repeats,
-    } = alone;
-    let repeats = repeats.max(1);
+    let repeats = alone.repeats.max(1);
     let mut reqs = Vec::new();
-    for t in targets {
-        let base = dir.join(t.slug());
+    for t in alone.targets {
+        let base = alone.dir.join(t.slug());
         let private = base.join("candidate");
         materialize(t, &private)?;
         for k in 1..=repeats {
@@ -186,15 +180,15 @@ pub(crate) async fn bench_alone<L: BenchLauncher>(
     let runs = driver.run_many(reqs, cancel).await;
     let mut stage = StageReport {
         gate: GateReport {
-            gate: *gate,
+            gate: *alone.gate,
             verdicts: Vec::new(),
         },
         runs: runs.iter().map(RunSummary::of).collect(),
         simulated: false,
         spreads: BTreeMap::new(),
     };
-    for (t, reps) in targets.iter().zip(runs.chunks(repeats)) {
-        let verdict = judge_repeats(t, reps, gate, dir, &mut stage)?;
+    for (t, reps) in alone.targets.iter().zip(runs.chunks(repeats)) {
+        let verdict = judge_repeats(t, reps, &alone, &mut stage)?;
         stage.gate.verdicts.push(verdict);
     }
     Ok(stage)
@@ -204,8 +198,7 @@ pub(crate) async fn bench_alone<L: BenchLauncher>(
 fn judge_repeats(
     target: &TargetId,
     reps: &[BenchRun],
-    gate: &WinnerGate,
-    dir: &Path,
+    alone: &Alone<'_>,
     stage: &mut StageReport,
 ) -> Result<TargetVerdict, ScoreError> {
     let mut results = Vec::new();
@@ -224,7 +217,7 @@ fn judge_repeats(
     stage.simulated |= results.iter().any(|r| r.simulated);
     let merged = merge_repeats(&results);
     if reps.len() > 1 {
-        let base = dir.join(target.slug());
+        let base = alone.dir.join(target.slug());
         write_json(&base.join("median.json"), &merged)?;
         if let Some(s) = spread(&results, target, 2000) {
             stage.spreads.insert(target.to_string(), s);
@@ -232,7 +225,7 @@ fn judge_repeats(
     }
     let (groups, _) = merged.by_target();
     Ok(match groups.get(target) {
-        Some(rows) => gate.judge(target, rows),
+        Some(rows) => alone.gate.judge(target, rows),
         None => TargetVerdict::no_result(target.clone(), "the bench wrote no row for it"),
     })
 }
@@ -365,11 +358,55 @@ impl<L: BenchLauncher> Scoring<'_, L> {
         set: CandidateSet,
         gen_dir: PathBuf,
     ) -> Result<ScoreReport, ScoreError> {
-        let (driver, params, progress, cancel) =
-            (self.driver, self.params, self.progress, self.cancel);
-        let mut report = ScoreReport {
+        let params = self.params;
+        let mut report = self.new_report(&set, &gen_dir);
+        let judges = self.calibrate(&gen_dir, &mut report).await?;
+        if !report.incomplete.is_empty() {
+            write_json(&gen_dir.join("score.json"), &report)?;
+            return Ok(report);
+        }
+        if params.noise_sample > 0 {
+            self.measure_noise(&set, &gen_dir, &mut report).await;
+        }
+        let mut pool: Vec<TargetId> = set.targets();
+        if params.mode != ScoreMode::Composed {
+            let dir = gen_dir.join("ind/standalone");
+            let alone = StandaloneParams {
+                set: &set,
+                dir: &dir,
+                judges: judges.as_ref(),
+            };
+            let stage = self.standalone(&alone).await?;
+            pool = stage.gate.winners().map(|v| v.target.clone()).collect();
+            report.incomplete.extend(stage.infrastructure_failures());
+            report.simulated |= stage.simulated;
+            report.standalone = Some(stage);
+        }
+        let win_dir = gen_dir.join("ind/win_candidates");
+        set.materialize(&pool, &win_dir)?;
+        if params.mode != ScoreMode::Standalone && !pool.is_empty() {
+            let mix = MixParams {
+                candidates: &win_dir,
+                work: &gen_dir.join("comp"),
+                expected: &pool,
+            };
+            self.compose(&mix, &mut report).await?;
+        }
+        if report.incomplete.is_empty() {
+            let source = report.set_source();
+            let final_set = build_final_set(&set, &source, &params.set_name, &win_dir)?;
+            report.final_set = Some(final_set);
+        }
+        write_json(&gen_dir.join("score.json"), &report)?;
+        Ok(report)
+    }
+
+    /// The report of a score of `set` into `gen_dir` before any stage ran.
+    fn new_report(&self, set: &CandidateSet, gen_dir: &Path) -> ScoreReport {
+        let (driver, params) = (self.driver, self.params);
+        ScoreReport {
             candidates_dir: params.candidates.clone(),
-            generation: gen_dir.clone(),
+            generation: gen_dir.to_path_buf(),
             mode: params.mode,
             simulated: false,
             checkout: driver.checkout().clone(),
@@ -383,52 +420,17 @@ impl<L: BenchLauncher> Scoring<'_, L> {
             calibration: None,
             node_calibrations: Vec::new(),
             incomplete: Vec::new(),
-        };
-        let judges = self.calibrate(&gen_dir, &mut report).await?;
-        if !report.incomplete.is_empty() {
-            write_json(&gen_dir.join("score.json"), &report)?;
-            return Ok(report);
         }
-        if params.noise_sample > 0 {
-            let picked = sample(&set.targets(), params.noise_sample);
-            progress.started(Stage::NoiseFloor, picked.len());
-            let floor = noise_floor(driver, &picked, &gen_dir.join("noise"), cancel).await;
-            progress.finished(Stage::NoiseFloor, 0, floor.rows);
-            report.simulated |= floor.simulated;
-            report.noise_floor = Some(floor);
-        }
-        let mut pool: Vec<TargetId> = set.targets();
-        if params.mode != ScoreMode::Composed {
-            let dir = gen_dir.join("ind/standalone");
-            let stage = self.standalone(&set, &dir, judges.as_ref()).await?;
-            pool = stage.gate.winners().map(|v| v.target.clone()).collect();
-            report.incomplete.extend(stage.infrastructure_failures());
-            report.simulated |= stage.simulated;
-            report.standalone = Some(stage);
-        }
-        let win_dir = gen_dir.join("ind/win_candidates");
-        set.materialize(&pool, &win_dir)?;
-        if params.mode != ScoreMode::Standalone && !pool.is_empty() {
-            progress.started(Stage::Composed, by_level(&pool).len());
-            let stage = compose(driver, &pool, &win_dir, &gen_dir.join("comp"), cancel).await?;
-            progress.finished(Stage::Composed, stage.gate.winner_count(), pool.len());
-            report.incomplete.extend(stage.infrastructure_failures());
-            report.simulated |= stage.simulated;
-            report.composed = Some(stage);
-        }
-        if report.incomplete.is_empty() {
-            let source = SetSource {
-                standalone: report.standalone.as_ref(),
-                composed: report.composed.as_ref(),
-                generation: &report.generation,
-                mode: report.mode,
-                simulated: report.simulated,
-                checkout: &report.checkout,
-            };
-            report.final_set = Some(build_final_set(&set, &source, &params.set_name, &win_dir)?);
-        }
-        write_json(&gen_dir.join("score.json"), &report)?;
-        Ok(report)
+    }
+
+    /// The self-test noise floor of a sample of `set`'s targets (`<gen_dir>/noise`), in `report`.
+    async fn measure_noise(&self, set: &CandidateSet, gen_dir: &Path, report: &mut ScoreReport) {
+        let picked = sample(&set.targets(), self.params.noise_sample);
+        self.progress.started(Stage::NoiseFloor, picked.len());
+        let floor = noise_floor(self.driver, &picked, &gen_dir.join("noise"), self.cancel).await;
+        self.progress.finished(Stage::NoiseFloor, 0, floor.rows);
+        report.simulated |= floor.simulated;
+        report.noise_floor = Some(floor);
     }
 
     /// The A/A calibration of a score under the confirmed gate (one, or one per node) and the
@@ -452,7 +454,8 @@ impl<L: BenchLauncher> Scoring<'_, L> {
         let planned = nodes * plan.targets.len() * plan.benches;
         progress.started(Stage::Calibration, planned);
         let work = gen_dir.join("calibration");
-        let (cs, judges) = calibrated_judges(driver, &plan, &work, &params.gate, cancel).await?;
+        let cs = calibrate_nodes(driver, &plan, &work, cancel).await?;
+        let judges = judges_on(&cs, &params.gate);
         let benches = cs.iter().map(|(_, c)| c.benches.len()).sum();
         progress.finished(Stage::Calibration, 0, benches);
         let mut failures = Vec::new();
@@ -475,13 +478,8 @@ impl<L: BenchLauncher> Scoring<'_, L> {
 
     /// The standalone stage of a score: each candidate benched alone (`repeats` times), screened,
     /// gated, and under the confirmed gate benched again until decided (`<dir>/gate.json`).
-    async fn standalone(
-        &self,
-        set: &CandidateSet,
-        dir: &Path,
-        judges: Option<&Judges>,
-    ) -> Result<StageReport, ScoreError> {
-        let p = self.params;
+    async fn standalone(&self, s: &StandaloneParams<'_>) -> Result<StageReport, ScoreError> {
+        let (p, set, dir) = (self.params, s.set, s.dir);
         let benches = set.candidates.len() * p.repeats.max(1);
         self.progress.started(Stage::Standalone, benches);
         let gate = &p.gate;
@@ -502,76 +500,103 @@ impl<L: BenchLauncher> Scoring<'_, L> {
             .finished(Stage::Standalone, stage.gate.winner_count(), judged);
         if gate.kind == GateKind::LowerBound {
             gate_on_lower_bound(&mut stage, gate.threshold);
-        } else if let Some(judges) = judges {
-            self.confirm(set, dir, judges, &flagged, &mut stage).await;
+        } else {
+            self.confirm(s, &flagged, &mut stage).await;
         }
         write_json(&dir.join("gate.json"), &stage)?;
         Ok(stage)
     }
 
-    /// Benches the first-bench winners (and near misses) again until the confirmed gate
-    /// decides each, by the rule of the node its first bench ran on.
+    /// Benches the first-bench winners (and near misses) again until the confirmed gate decides
+    /// each, by the rule of the node its first bench ran on; nothing under another gate.
     async fn confirm(
         &self,
-        set: &CandidateSet,
-        dir: &Path,
-        judges: &Judges,
+        s: &StandaloneParams<'_>,
         flagged: &[TargetId],
         stage: &mut StageReport,
     ) {
+        let Some(judges) = s.judges else { return };
         let p = self.params;
         let judging = Judging::of_stage(judges, stage);
         let mut contenders = contenders(&stage.gate.verdicts, &judging, &p.earlier);
         // A winner the screen took the win from is not benched again.
         contenders.retain(|c| !flagged.contains(&c.target));
-        screen_contenders(set, stage, &mut contenders, &p.screen_waive);
+        screen_contenders(s.set, stage, &mut contenders, &p.screen_waive);
         settle_first_benches(&mut stage.gate.verdicts, &contenders, &judging, &p.earlier);
         let benched_again = contenders.len();
         self.progress
             .started(Stage::Confirmation, benched_again * p.gate.confirm);
-        confirm_winners(self.driver, dir, stage, contenders, self.cancel).await;
+        let at = ConfirmBenches {
+            driver: self.driver,
+            dir: s.dir,
+            cancel: self.cancel,
+        };
+        confirm_winners(&at, stage, contenders).await;
         self.progress.finished(
             Stage::Confirmation,
             stage.gate.winner_count(),
             benched_again,
         );
     }
+
+    /// The composed bench of `mix` (one mix per level, judged by correctness only), kept in
+    /// `report`; writes `<work>/bench.json` and `<work>/gate.json`.
+    async fn compose(
+        &self,
+        mix: &MixParams<'_>,
+        report: &mut ScoreReport,
+    ) -> Result<(), ScoreError> {
+        let pool = mix.expected;
+        self.progress.started(Stage::Composed, by_level(pool).len());
+        let outcome = score_mix(self.driver, mix, self.cancel).await;
+        write_json(&mix.work.join("bench.json"), &outcome.result)?;
+        write_json(&mix.work.join("gate.json"), &outcome.stage)?;
+        let stage = outcome.stage;
+        self.progress
+            .finished(Stage::Composed, stage.gate.winner_count(), pool.len());
+        report.incomplete.extend(stage.infrastructure_failures());
+        report.simulated |= stage.simulated;
+        report.composed = Some(stage);
+        Ok(())
+    }
 }
 
-/// Calibrations by node (`None`: the one host), and the confirmed gate's rules on them.
-pub type Calibrated = (Vec<(Option<String>, Calibration)>, Option<Judges>);
+/// The standalone stage's candidates, their benches' folder and the confirmed gate's rules.
+struct StandaloneParams<'a> {
+    set: &'a CandidateSet,
+    dir: &'a Path,
+    judges: Option<&'a Judges>,
+}
 
-/// The confirmed gate's rules on `plan`'s calibration (cached, or measured in `work/`): one,
-/// or one per node where the driver's benches run on several, the nodes calibrated at once,
-/// each on its own GPUs. The rules are `None` when a calibration measured no spread.
-pub async fn calibrated_judges<L: BenchLauncher>(
+/// `plan`'s calibration (cached, or measured in `work/`) by node (`None`: the one host): one, or
+/// one per node where the driver's benches run on several, calibrated at once on its own GPUs.
+pub async fn calibrate_nodes<L: BenchLauncher>(
     driver: &BenchDriver<L>,
     plan: &CalibrationPlan,
     work: &Path,
-    gate: &WinnerGate,
     cancel: &CancellationToken,
-) -> Result<Calibrated, ScoreError> {
+) -> Result<Vec<(Option<String>, Calibration)>, ScoreError> {
     let plans = plan.per_node(&driver.launcher().nodes());
     let runs = plans.iter().map(|p| calibrate(driver, p, work, cancel));
     let calibrations = futures::future::try_join_all(runs).await?;
+    let nodes = plans.into_iter().map(|p| p.node);
+    Ok(nodes.zip(calibrations).collect())
+}
+
+/// The confirmed gate's rules on calibrations by node; `None` where one measured no spread.
+pub fn judges_on(by_node: &[(Option<String>, Calibration)], gate: &WinnerGate) -> Option<Judges> {
     let rule = |c: &Calibration| {
         c.fair
             .map(|noise| ConfirmRule::calibrated(gate.threshold, gate.confirm, &noise))
     };
-    let by_node: Vec<(Option<String>, Calibration)> = plans
-        .into_iter()
-        .map(|p| p.node)
-        .zip(calibrations)
-        .collect();
-    let judges = match by_node.as_slice() {
+    match by_node {
         [(None, c)] => rule(c).map(Judges::One),
         _ => by_node
             .iter()
             .map(|(node, c)| Some((node.clone()?, rule(c)?)))
             .collect::<Option<BTreeMap<_, _>>>()
             .map(Judges::PerNode),
-    };
-    Ok((by_node, judges))
+    }
 }
 
 /// `--gate lower-bound`: a winner whose bootstrap interval reaches below the threshold (or that
@@ -653,26 +678,6 @@ fn screen_contenders(
         v.reason = Some(format!("{lost}; not benched again: {findings}"));
         false
     });
-}
-
-/// The composed bench of exactly `pool` (materialized in `win_dir`), one mix per level,
-/// judged by correctness only; writes `<comp>/bench.json` and `<comp>/gate.json`.
-async fn compose<L: BenchLauncher>(
-    driver: &BenchDriver<L>,
-    pool: &[TargetId],
-    win_dir: &Path,
-    comp: &Path,
-    cancel: &CancellationToken,
-) -> Result<StageReport, ScoreError> {
-    let mix = MixParams {
-        candidates: win_dir,
-        work: comp,
-        expected: pool,
-    };
-    let outcome = score_mix(driver, &mix, cancel).await;
-    write_json(&comp.join("bench.json"), &outcome.result)?;
-    write_json(&comp.join("gate.json"), &outcome.stage)?;
-    Ok(outcome.stage)
 }
 
 #[cfg(test)]

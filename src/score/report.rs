@@ -14,7 +14,7 @@ use crate::score::ScoreError;
 use crate::score::calibration::Calibration;
 use crate::score::candidates::generations;
 use crate::score::driver::CheckoutState;
-use crate::score::export::FinalSet;
+use crate::score::export::{FinalSet, SetSource};
 use crate::score::gate::GateKind;
 use crate::score::noise::NoiseFloor;
 use crate::score::result::TimingMethod;
@@ -53,6 +53,18 @@ pub struct ScoreReport {
 }
 
 impl ScoreReport {
+    /// What its final set is decided from: its stages and where it was written.
+    pub fn set_source(&self) -> SetSource<'_> {
+        SetSource {
+            standalone: self.standalone.as_ref(),
+            composed: self.composed.as_ref(),
+            generation: &self.generation,
+            mode: self.mode,
+            simulated: self.simulated,
+            checkout: &self.checkout,
+        }
+    }
+
     /// Every calibration the gate used: the one, or one per node.
     pub fn calibrations(&self) -> Vec<&Calibration> {
         self.calibration

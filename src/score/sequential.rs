@@ -237,37 +237,7 @@ pub async fn gate_level<L: BenchLauncher>(
     } else {
         bench_level(&bench, &expected, &dir, cancel).await?
     };
-    let Benched {
-        mut decisions,
-        simulated,
-        bench_wall_s,
-        dropped,
-    } = benched;
-    let decisions: Vec<Decision> = p
-        .targets
-        .iter()
-        .map(|t| decisions.remove(t).unwrap_or_else(|| no_candidate(t)))
-        .collect();
-    let new_winners: Vec<TargetId> = decisions
-        .iter()
-        .filter(|d| d.winner)
-        .map(|d| d.target.clone())
-        .collect();
-    let mut winners: Vec<TargetId> = p.previous.map(|g| g.winners.clone()).unwrap_or_default();
-    winners.extend(new_winners.iter().cloned());
-    let win_candidates = dir.join("win_candidates");
-    set.materialize(&winners, &win_candidates)?;
-    let gate = LevelGate {
-        level: p.level,
-        simulated,
-        threshold: p.gate.threshold,
-        decisions,
-        new_winners,
-        winners,
-        win_candidates,
-        bench_wall_s,
-        dropped,
-    };
+    let gate = benched.into_gate(p, &set, &dir)?;
     write_json(&dir.join("gate.json"), &gate)?;
     Ok(gate)
 }
@@ -313,6 +283,42 @@ struct Benched {
     simulated: bool,
     bench_wall_s: f64,
     dropped: Vec<Decision>,
+}
+
+impl Benched {
+    /// The level's gate: every target decided, the winners so far copied to `<dir>/win_candidates`.
+    fn into_gate(
+        mut self,
+        p: &LevelParams<'_>,
+        set: &CandidateSet,
+        dir: &Path,
+    ) -> Result<LevelGate, ScoreError> {
+        let decisions: Vec<Decision> = p
+            .targets
+            .iter()
+            .map(|t| self.decisions.remove(t).unwrap_or_else(|| no_candidate(t)))
+            .collect();
+        let new_winners: Vec<TargetId> = decisions
+            .iter()
+            .filter(|d| d.winner)
+            .map(|d| d.target.clone())
+            .collect();
+        let mut winners: Vec<TargetId> = p.previous.map(|g| g.winners.clone()).unwrap_or_default();
+        winners.extend(new_winners.iter().cloned());
+        let win_candidates = dir.join("win_candidates");
+        set.materialize(&winners, &win_candidates)?;
+        Ok(LevelGate {
+            level: p.level,
+            simulated: self.simulated,
+            threshold: p.gate.threshold,
+            decisions,
+            new_winners,
+            winners,
+            win_candidates,
+            bench_wall_s: self.bench_wall_s,
+            dropped: self.dropped,
+        })
+    }
 }
 
 /// The level's candidates each alone (confirmed under the confirmed gate), then a mix of its
@@ -376,9 +382,8 @@ async fn level_judges<L: BenchLauncher>(
     let cache = p.seq_dir.join("calibration");
     let plan = crate::score::calibration::plan_for(driver, &cache, false);
     let work = cache.join("benches");
-    let (cs, judges) =
-        crate::score::pipeline::calibrated_judges(driver, &plan, &work, &p.gate, cancel).await?;
-    judges.ok_or_else(|| {
+    let cs = crate::score::pipeline::calibrate_nodes(driver, &plan, &work, cancel).await?;
+    crate::score::pipeline::judges_on(&cs, &p.gate).ok_or_else(|| {
         ScoreError::Incomplete(format!(
             "level {}: the A/A calibration gave too few benches to measure a spread ({})",
             p.level,
@@ -434,7 +439,16 @@ pub async fn finish<L: BenchLauncher>(
         gate.simulated |= outcome.stage.simulated;
         gate.bench_wall_s += wall(&outcome.stage.runs);
         gate.composed_bench = Some(seq_dir.join("bench.json"));
-        for v in &outcome.stage.gate.verdicts {
+        gate.keep_or_drop(&outcome.stage.gate.verdicts, levels);
+    }
+    write_json(&seq_dir.join("gate.json"), &gate)?;
+    Ok(gate)
+}
+
+impl SeqGate {
+    /// Sorts the final composed bench's `verdicts` into kept winners and dropped ones (with why).
+    fn keep_or_drop(&mut self, verdicts: &[TargetVerdict], levels: &[LevelGate]) {
+        for v in verdicts {
             let published = levels
                 .iter()
                 .flat_map(|l| &l.decisions)
@@ -445,14 +459,12 @@ pub async fn finish<L: BenchLauncher>(
                 ..Decision::of(v)
             };
             if v.winner {
-                gate.winners.push(d);
+                self.winners.push(d);
             } else {
-                gate.dropped.push(d);
+                self.dropped.push(d);
             }
         }
     }
-    write_json(&seq_dir.join("gate.json"), &gate)?;
-    Ok(gate)
 }
 
 /// What a sequential scoring reads and where it writes: the run whose `sessions/` hold the
