@@ -179,13 +179,7 @@ impl Servers {
         let control_state = ControlState {
             owner_uid: rustix::process::geteuid().as_raw(),
             shutdown: root.clone(),
-            status: status_fn(
-                &params.store,
-                current.clone(),
-                config,
-                now_rfc3339(),
-                root.clone(),
-            ),
+            status: status_fn(params, current.clone(), root.clone()),
             broker: Some(params.broker.clone()),
         };
         let token = CancellationToken::new();
@@ -225,14 +219,14 @@ impl Servers {
     }
 }
 
+/// What the control API's `status` answers: the campaign, and where the `current` run stands.
 fn status_fn(
-    store: &Store,
+    params: &DaemonParams,
     current: Arc<Mutex<String>>,
-    config: &Config,
-    started_at: String,
     root: CancellationToken,
 ) -> Arc<dyn Fn() -> DaemonStatus + Send + Sync> {
-    let store = store.clone();
+    let (store, config) = (params.store.clone(), &params.config);
+    let started_at = now_rfc3339();
     let home = config.home.display().to_string();
     let mode = config.mode.as_str().to_string();
     let sim = config.sim;

@@ -29,7 +29,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::CampaignReport;
-use super::plan::Plan;
+use super::plan::{Pair, Plan};
 use crate::error::Error;
 use crate::event::{
     Compared, Kind, PhaseFailed, PhaseFinished, PhaseStarted, RunOutcome, Scored, ScoringStarted,
@@ -69,18 +69,13 @@ pub(super) struct Ctx {
 pub(super) async fn drive(ctx: &Ctx, plan: Plan) -> Result<CampaignReport, Error> {
     let first = match &plan {
         Plan::Independent(j, _) | Plan::Sequential(j, _) => j.dir().to_path_buf(),
-        Plan::All { ind, .. } => ind.dir().to_path_buf(),
+        Plan::All(p) => p.ind.dir().to_path_buf(),
     };
     calibrate_first(ctx, &first).await;
     match plan {
         Plan::Independent(j, targets) => independent(ctx, &j, &targets).await,
         Plan::Sequential(j, targets) => sequential(ctx, &j, &targets).await,
-        Plan::All {
-            ind,
-            seq,
-            targets,
-            ind_done,
-        } => all(ctx, &ind, &seq, &targets, ind_done).await,
+        Plan::All(p) => all(ctx, &p).await,
     }
 }
 
@@ -140,7 +135,14 @@ async fn independent(
 ) -> Result<CampaignReport, Error> {
     show(ctx, j);
     let phase = run_phase(ctx, j, targets).await?;
-    end_run(ctx, j, targets, phase, None)
+    let stopped = None;
+    end_run(ctx, j, targets, Ended { phase, stopped })
+}
+
+/// How a run's sessions ended, and why its scoring stopped early if it did.
+struct Ended {
+    phase: PhaseReport,
+    stopped: Option<String>,
 }
 
 /// Records `run_finished` and the run's status. `stopped`: why scoring could not go on (a
@@ -151,8 +153,7 @@ fn end_run(
     ctx: &Ctx,
     j: &Arc<RunJournal>,
     targets: &[TargetId],
-    phase: PhaseReport,
-    stopped: Option<String>,
+    Ended { phase, stopped }: Ended,
 ) -> Result<CampaignReport, Error> {
     let mut finished = scheduler::run_finished_payload(targets, &phase);
     if let Some(why) = &stopped {
@@ -220,114 +221,152 @@ async fn sequential(
         Error::Usage("a sequential campaign needs a bench to gate its levels".into())
     })?;
     let dir = seq_dir(ctx, j)?;
-    let (mut results, mut gates) = (BTreeMap::new(), Vec::new());
-    let (mut interrupted, mut stopped) = (false, None);
-    for (level, of_level) in by_level(targets) {
-        if let Some(g) = sequential::read_level_gate(&dir, level)? {
-            results.extend(stored_statuses(&ctx.store, j.run_id(), &of_level)?);
-            gates.push(g);
-            continue;
-        }
-        if ctx.root.is_cancelled() {
-            interrupted = true;
-            break;
-        }
-        let phase = level_phase(ctx, j, level, &of_level, gates.last()).await?;
-        results.extend(phase.results.clone());
-        if phase.interrupted {
-            interrupted = true;
-            break;
-        }
-        let p = LevelParams {
-            run_dir: j.dir(),
-            seq_dir: &dir,
-            level,
-            targets: &of_level,
-            previous: gates.last(),
-            gate: ctx.gate,
-        };
-        match gate_level(ctx, j, &driver, &p).await? {
-            Ok(g) => gates.push(g),
-            Err(why) => {
-                interrupted = ctx.root.is_cancelled();
-                stopped = Some(why);
-                break;
-            }
-        }
-    }
+    let run = SeqRun {
+        ctx,
+        j,
+        driver: &driver,
+        dir: &dir,
+    };
+    let (mut end, gates) = run.levels(targets).await?;
     let mut notes: Vec<String> = gates.iter().filter_map(level_losses).collect();
-    if !interrupted && stopped.is_none() {
-        match compose_final(j, &driver, &dir, &gates, &ctx.root).await? {
+    if !end.phase.interrupted && end.stopped.is_none() {
+        match run.compose_final(&gates).await? {
             Ok(note) => notes.push(note),
             Err(why) => {
-                interrupted = ctx.root.is_cancelled();
-                stopped = Some(why);
+                end.phase.interrupted = ctx.root.is_cancelled();
+                end.stopped = Some(why);
             }
         }
     }
-    let phase = PhaseReport {
-        results,
-        interrupted,
-    };
-    let mut end = end_run(ctx, j, targets, phase, stopped)?;
-    end.notes.extend(notes);
-    Ok(end)
+    let mut report = end_run(ctx, j, targets, end)?;
+    report.notes.extend(notes);
+    Ok(report)
 }
 
-/// Gates one level and records the outcome: the gate, or (inside `Ok`) why the campaign
-/// stops there.
-async fn gate_level(
-    ctx: &Ctx,
-    j: &RunJournal,
-    driver: &BenchDriver<LeaseLauncher>,
-    p: &LevelParams<'_>,
-) -> Result<Result<sequential::LevelGate, String>, Error> {
-    let level = p.level;
-    match sequential::gate_level(driver, p, &ctx.root).await {
-        Ok(g) => {
-            let finished = PhaseFinished {
+/// A sequential run being driven: its journal, the bench gating its levels, its results folder.
+struct SeqRun<'a> {
+    ctx: &'a Ctx,
+    j: &'a Arc<RunJournal>,
+    driver: &'a BenchDriver<LeaseLauncher>,
+    dir: &'a Path,
+}
+
+impl SeqRun<'_> {
+    /// Runs and gates each level in turn until the last, a shutdown or a gate stops it.
+    async fn levels(
+        &self,
+        targets: &[TargetId],
+    ) -> Result<(Ended, Vec<sequential::LevelGate>), Error> {
+        let (ctx, j) = (self.ctx, self.j);
+        let (mut results, mut gates) = (BTreeMap::new(), Vec::new());
+        let (mut interrupted, mut stopped) = (false, None);
+        for (level, of_level) in by_level(targets) {
+            if let Some(g) = sequential::read_level_gate(self.dir, level)? {
+                results.extend(stored_statuses(&ctx.store, j.run_id(), &of_level)?);
+                gates.push(g);
+                continue;
+            }
+            if ctx.root.is_cancelled() {
+                interrupted = true;
+                break;
+            }
+            let p = LevelParams {
+                run_dir: j.dir(),
+                seq_dir: self.dir,
                 level,
-                winners: names(&g.winners),
-                new_winners: names(&g.new_winners),
-                dropped: Some(g.dropped.iter().map(|d| json!(d)).collect()),
-                gate: p.seq_dir.join(format!("L{level}/gate.json")),
+                targets: &of_level,
+                previous: gates.last(),
+                gate: ctx.gate,
             };
-            j.record_event(None, &finished)?;
-            Ok(Ok(g))
+            let phase = self.level_phase(&p).await?;
+            results.extend(phase.results);
+            if phase.interrupted {
+                interrupted = true;
+                break;
+            }
+            match self.gate_level(&p).await? {
+                Ok(g) => gates.push(g),
+                Err(why) => {
+                    interrupted = ctx.root.is_cancelled();
+                    stopped = Some(why);
+                    break;
+                }
+            }
         }
-        Err(e) => {
-            let reason = e.to_string();
-            j.record_event(None, &PhaseFailed { level, reason })?;
-            Ok(Err(format!("L{level} gate: {e}")))
+        let phase = PhaseReport {
+            results,
+            interrupted,
+        };
+        Ok((Ended { phase, stopped }, gates))
+    }
+
+    /// One level's sessions, with the lower winners installed first.
+    async fn level_phase(&self, p: &LevelParams<'_>) -> Result<PhaseReport, Error> {
+        let (j, targets) = (self.j, p.targets);
+        let installed: Vec<TargetId> = p.previous.map(|g| g.winners.clone()).unwrap_or_default();
+        if let Some(prev) = p.previous {
+            install_winners(&prev.win_candidates, j.dir(), targets)?;
+        }
+        let started = PhaseStarted {
+            level: p.level,
+            targets: names(targets),
+            installed: names(&installed),
+        };
+        j.record_event(None, &started)?;
+        run_phase(self.ctx, j, targets).await
+    }
+
+    /// Gates one level and records the outcome: the gate, or (inside `Ok`) why the campaign
+    /// stops there.
+    async fn gate_level(
+        &self,
+        p: &LevelParams<'_>,
+    ) -> Result<Result<sequential::LevelGate, String>, Error> {
+        let (j, level) = (self.j, p.level);
+        match sequential::gate_level(self.driver, p, &self.ctx.root).await {
+            Ok(g) => {
+                let finished = PhaseFinished {
+                    level,
+                    winners: names(&g.winners),
+                    new_winners: names(&g.new_winners),
+                    dropped: Some(g.dropped.iter().map(|d| json!(d)).collect()),
+                    gate: p.seq_dir.join(format!("L{level}/gate.json")),
+                };
+                j.record_event(None, &finished)?;
+                Ok(Ok(g))
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                j.record_event(None, &PhaseFailed { level, reason })?;
+                Ok(Err(format!("L{level} gate: {e}")))
+            }
         }
     }
-}
 
-/// The final composed bench of every level's winners, recorded: its note for the report, or
-/// (inside `Ok`) why it did not finish.
-async fn compose_final(
-    j: &RunJournal,
-    driver: &BenchDriver<LeaseLauncher>,
-    dir: &Path,
-    gates: &[sequential::LevelGate],
-    root: &CancellationToken,
-) -> Result<Result<String, String>, Error> {
-    let g = match sequential::finish(driver, dir, gates, root).await {
-        Ok(g) => g,
-        Err(e) => return Ok(Err(format!("final composed bench: {e}"))),
-    };
-    let finished = SequentialFinished {
-        winners: g.winners.iter().map(|d| d.target.to_string()).collect(),
-        dropped: g.dropped.iter().map(|d| d.target.to_string()).collect(),
-        gate: dir.join("gate.json"),
-    };
-    j.record_event(None, &finished)?;
-    Ok(Ok(format!(
-        "{SEQUENTIAL_RESULTS} {} ({} winners kept, {} dropped in composition)",
-        dir.display(),
-        g.winners.len(),
-        g.dropped.len()
-    )))
+    /// The final composed bench of every level's winners, recorded: its note for the report,
+    /// or (inside `Ok`) why it did not finish.
+    async fn compose_final(
+        &self,
+        gates: &[sequential::LevelGate],
+    ) -> Result<Result<String, String>, Error> {
+        let dir = self.dir;
+        let g = match sequential::finish(self.driver, dir, gates, &self.ctx.root).await {
+            Ok(g) => g,
+            Err(e) => return Ok(Err(format!("final composed bench: {e}"))),
+        };
+        let finished = SequentialFinished {
+            winners: g.winners.iter().map(|d| d.target.to_string()).collect(),
+            dropped: g.dropped.iter().map(|d| d.target.to_string()).collect(),
+            gate: dir.join("gate.json"),
+        };
+        self.j.record_event(None, &finished)?;
+        Ok(Ok(format!(
+            "{SEQUENTIAL_RESULTS} {} ({} winners kept, {} dropped in composition)",
+            dir.display(),
+            g.winners.len(),
+            g.dropped.len()
+        )))
+    }
 }
 
 /// `L1 dropped 2 candidate(s): L1/embedding (…); …`, when it dropped any.
@@ -350,27 +389,6 @@ fn level_losses(g: &sequential::LevelGate) -> Option<String> {
 
 fn names(targets: &[TargetId]) -> Vec<String> {
     targets.iter().map(ToString::to_string).collect()
-}
-
-/// One level's sessions, with the lower winners installed first.
-async fn level_phase(
-    ctx: &Ctx,
-    j: &Arc<RunJournal>,
-    level: u8,
-    targets: &[TargetId],
-    previous: Option<&sequential::LevelGate>,
-) -> Result<PhaseReport, Error> {
-    let installed: Vec<TargetId> = previous.map(|g| g.winners.clone()).unwrap_or_default();
-    if let Some(prev) = previous {
-        install_winners(&prev.win_candidates, j.dir(), targets)?;
-    }
-    let started = PhaseStarted {
-        level,
-        targets: names(targets),
-        installed: names(&installed),
-    };
-    j.record_event(None, &started)?;
-    run_phase(ctx, j, targets).await
 }
 
 /// How a campaign report's notes begin where they carry scored results (`start`'s summary reads
@@ -449,16 +467,11 @@ fn scoring_generation(ctx: &Ctx, j: &RunJournal) -> Result<PathBuf, Error> {
     Ok(generation)
 }
 
-async fn all(
-    ctx: &Ctx,
-    ind: &Arc<RunJournal>,
-    seq: &Arc<RunJournal>,
-    targets: &[TargetId],
-    ind_done: bool,
-) -> Result<CampaignReport, Error> {
+async fn all(ctx: &Ctx, pair: &Pair) -> Result<CampaignReport, Error> {
+    let (ind, seq, targets) = (&pair.ind, &pair.seq, &pair.targets);
     let mut notes = Vec::new();
     let mut ind_status = RunOutcome::Pass;
-    if !ind_done {
+    if !pair.ind_done {
         let end = independent(ctx, ind, targets).await?;
         ind_status = end.status;
         if end.status == RunOutcome::Interrupted {

@@ -16,20 +16,23 @@ use crate::target::TargetId;
 pub enum Plan {
     Independent(Arc<RunJournal>, Vec<TargetId>),
     Sequential(Arc<RunJournal>, Vec<TargetId>),
-    All {
-        ind: Arc<RunJournal>,
-        seq: Arc<RunJournal>,
-        targets: Vec<TargetId>,
-        /// The independent half ended before (resume).
-        ind_done: bool,
-    },
+    All(Pair),
+}
+
+/// The two linked runs of an `all` campaign, over the same targets.
+pub struct Pair {
+    pub ind: Arc<RunJournal>,
+    pub seq: Arc<RunJournal>,
+    pub targets: Vec<TargetId>,
+    /// The independent half ended before (resume).
+    pub ind_done: bool,
 }
 
 impl Plan {
     pub fn journals(&self) -> Vec<Arc<RunJournal>> {
         match self {
             Plan::Independent(j, _) | Plan::Sequential(j, _) => vec![j.clone()],
-            Plan::All { ind, seq, .. } => vec![ind.clone(), seq.clone()],
+            Plan::All(p) => vec![p.ind.clone(), p.seq.clone()],
         }
     }
 
@@ -110,12 +113,12 @@ pub(super) fn plan_new(store: &Store, config: &Config) -> Result<Plan, Error> {
             let seq = new_journal(store, config, Mode::Sequential)?;
             record_started(&ind, config, Mode::Independent, Some(seq.run_id()))?;
             record_started(&seq, config, Mode::Sequential, Some(ind.run_id()))?;
-            Plan::All {
+            Plan::All(Pair {
                 ind: Arc::new(ind),
                 seq: Arc::new(seq),
                 targets,
                 ind_done: false,
-            }
+            })
         }
     })
 }
@@ -207,12 +210,12 @@ pub(super) fn plan_resume(store: &Store, config: &Config, run_id: &str) -> Resul
             reopen(store, config, &ind_id)?
         };
         let seq = reopen(store, config, &seq_id)?;
-        return Ok(Plan::All {
+        return Ok(Plan::All(Pair {
             ind,
             seq,
             targets,
             ind_done,
-        });
+        }));
     }
     if ended(store, &row)? && row.status != RunState::Failed {
         return Err(finished_error(run_id));
