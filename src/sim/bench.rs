@@ -262,11 +262,10 @@ struct Timing {
     published: f64,
 }
 
+/// One row of `spec` from its case's outcome: status, detail and speedup, as [`Draw::case`].
 fn row(
     spec: &RowSpec<'_>,
-    status: Status,
-    speedup: f64,
-    detail: &str,
+    (status, detail, speedup): (Status, &str, f64),
     timing: Timing,
 ) -> ScenarioRow {
     let timed = status == Status::Passed;
@@ -478,19 +477,19 @@ fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
         };
         if draw.unloadable(t) {
             let spec = spec("-".into(), "-".into());
-            let detail = "no candidate class found";
-            out.push(row(&spec, Status::Skipped, 0.0, detail, timing));
+            let outcome = (Status::Skipped, "no candidate class found", 0.0);
+            out.push(row(&spec, outcome, timing));
             continue;
         }
         for (i, (shape, dtype)) in cases(&t.target.id, class).into_iter().enumerate() {
             let spec = spec(shape, dtype);
             let jitter = t.unit(&[i.to_string().as_bytes()]);
-            let (status, detail, speedup) = if t.self_test {
+            let outcome = if t.self_test {
                 (Status::Passed, "self-test", self_test_speedup(t, jitter))
             } else {
                 draw.case(i, jitter)
             };
-            out.push(row(&spec, status, speedup, detail, timing));
+            out.push(row(&spec, outcome, timing));
         }
     }
     out
@@ -498,6 +497,17 @@ fn target_rows(t: &TargetRun<'_>) -> Vec<ScenarioRow> {
 
 /// Runs the simulated bench: selects targets, writes the result JSON, returns what to do.
 pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
+    let rows: Result<Vec<Vec<ScenarioRow>>, SimAction> = select(params, catalog)
+        .and_then(|selected| selected.iter().map(|t| bench_target(params, t)).collect());
+    match rows {
+        Ok(rows) => finish(params, rows.into_iter().flatten().collect()),
+        Err(action) => action,
+    }
+}
+
+/// The targets `--level` and `--target` select (by default every target below L4), or the
+/// usage error for a missing `--captures` folder or a selection that matches none.
+fn select<'a>(params: &SimBenchParams, catalog: &'a Catalog) -> Result<Vec<&'a Target>, SimAction> {
     let usage = |why: String| {
         SimAction::exit(
             2,
@@ -506,7 +516,8 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
         )
     };
     if let Some(c) = params.captures.as_ref().filter(|c| !c.is_dir()) {
-        return usage(format!("--captures {}: no such directory", c.display()));
+        let why = format!("--captures {}: no such directory", c.display());
+        return Err(usage(why));
     }
     let selected: Vec<&Target> = catalog
         .targets()
@@ -525,50 +536,52 @@ pub fn run(params: &SimBenchParams, catalog: &Catalog) -> SimAction {
             .level
             .map(|l| format!("L{l}"))
             .unwrap_or("any level".into());
-        return usage(format!(
+        return Err(usage(format!(
             "unknown target {:?}: no module stem or class of that name at {level}",
             params.target.as_deref().unwrap_or("(all)")
-        ));
+        )));
     }
-    let mut rows = Vec::new();
-    for t in &selected {
-        let content = params
-            .candidate_dir
-            .as_ref()
-            .and_then(|d| std::fs::read_to_string(d.join(t.id.candidate_path())).ok());
-        if params.target.is_none() && content.is_none() && !params.self_test {
-            continue;
-        }
-        let ks = knobs(content.as_deref().unwrap_or(""));
-        if !params.self_test
-            && let Some(action) = process_knob(&ks, &t.id, params.target.is_none())
-        {
-            return action;
-        }
-        let lower = (1..t.id.level()).any(|l| has_candidates(params.candidate_dir.as_deref(), l));
-        let mut these = target_rows(&TargetRun {
-            seed: params.seed,
-            target: t,
-            content: content.as_deref(),
-            composed_with_lower: lower,
-            self_test: params.self_test,
-            output: &output_path(params),
-            timing_rounds: params.timing_rounds,
-        });
-        let read = ks.iter().find_map(|k| match k {
-            Knob::ReadFile(path) => Some(path),
-            _ => None,
-        });
-        if let (Some(path), false) = (read, params.self_test) {
-            let why = candidate_read(path);
-            for row in &mut these {
-                row.status = Status::RuntimeError;
-                row.detail = why.clone();
-            }
-        }
-        rows.extend(these);
+    Ok(selected)
+}
+
+/// One selected target's rows (none for a target without a candidate file when benching all),
+/// or what a knob in its candidate forces the whole bench to do instead.
+fn bench_target(params: &SimBenchParams, t: &Target) -> Result<Vec<ScenarioRow>, SimAction> {
+    let content = params
+        .candidate_dir
+        .as_ref()
+        .and_then(|d| std::fs::read_to_string(d.join(t.id.candidate_path())).ok());
+    if params.target.is_none() && content.is_none() && !params.self_test {
+        return Ok(Vec::new());
     }
-    finish(params, rows)
+    let ks = knobs(content.as_deref().unwrap_or(""));
+    if !params.self_test
+        && let Some(action) = process_knob(&ks, &t.id, params.target.is_none())
+    {
+        return Err(action);
+    }
+    let lower = (1..t.id.level()).any(|l| has_candidates(params.candidate_dir.as_deref(), l));
+    let mut these = target_rows(&TargetRun {
+        seed: params.seed,
+        target: t,
+        content: content.as_deref(),
+        composed_with_lower: lower,
+        self_test: params.self_test,
+        output: &output_path(params),
+        timing_rounds: params.timing_rounds,
+    });
+    let read = ks.iter().find_map(|k| match k {
+        Knob::ReadFile(path) => Some(path),
+        _ => None,
+    });
+    if let (Some(path), false) = (read, params.self_test) {
+        let why = candidate_read(path);
+        for row in &mut these {
+            row.status = Status::RuntimeError;
+            row.detail = why.clone();
+        }
+    }
+    Ok(these)
 }
 
 /// The simulated import check (`python3 -c SCRIPT …` of [`crate::harness::import_check`]): a
