@@ -122,7 +122,6 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
     if !src.is_dir() {
         return Err(usage("no such directory".into()));
     }
-    let io = |what: String| move |source| Error::Io { what, source };
     let (rels, left_out) = report_files(src).map_err(io(format!("listing {}", src.display())))?;
     if rels.is_empty() {
         return Err(usage(
@@ -135,32 +134,47 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
         .and_then(|p| p.file_name().map(|n| n.to_os_string()))
         .ok_or_else(|| usage("the folder has no name".into()))?;
     let dest = home.join("captures").join("imported").join(name);
-    let hash = |dir: &Path| {
-        crate::digest::tree_sha256(dir).map_err(io(format!("hashing {}", dir.display())))
-    };
     let (sha, files, bytes) = crate::digest::files_sha256(src, &rels)
         .map_err(io(format!("hashing {}", src.display())))?;
     let unchanged = dest.exists();
-    let imported = Imported {
-        dest: dest.clone(),
-        sha256: sha.clone(),
+    if !unchanged {
+        copy_reports(src, &dest, &rels)?;
+    }
+    // The hash printed is the copy's, checked, not only the source's.
+    let (have, _, _) =
+        crate::digest::tree_sha256(&dest).map_err(io(format!("hashing {}", dest.display())))?;
+    if have != sha {
+        return Err(usage(if unchanged {
+            format!(
+                "{} exists with other content (sha256 {have}); move it aside first",
+                dest.display()
+            )
+        } else {
+            format!(
+                "the copy in {} hashes to {have}, not {sha} (did the folder change while copying?)",
+                dest.display()
+            )
+        }));
+    }
+    Ok(Imported {
+        dest,
+        sha256: sha,
         files,
         bytes,
         reports: rels.len(),
         left_out,
         unchanged,
-    };
-    if unchanged {
-        let (have, _, _) = hash(&dest)?;
-        if have != sha {
-            return Err(usage(format!(
-                "{} exists with other content (sha256 {have}); move it aside first",
-                dest.display()
-            )));
-        }
-        return Ok(imported);
-    }
-    for rel in &rels {
+    })
+}
+
+/// An I/O error while importing, saying what was being done.
+fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { what, source }
+}
+
+/// Copies the reports `rels` under `src` to the same relative paths under `dest`.
+fn copy_reports(src: &Path, dest: &Path, rels: &[String]) -> Result<(), Error> {
+    for rel in rels {
         let to = dest.join(rel);
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent)
@@ -168,15 +182,7 @@ pub fn import(src: &Path, home: &Path) -> Result<Imported, Error> {
         }
         std::fs::copy(src.join(rel), &to).map_err(io(format!("copying to {}", to.display())))?;
     }
-    // The hash printed is the copy's, checked, not only the source's.
-    let (copied, _, _) = hash(&dest)?;
-    if copied != sha {
-        return Err(usage(format!(
-            "the copy in {} hashes to {copied}, not {sha} (did the folder change while copying?)",
-            dest.display()
-        )));
-    }
-    Ok(imported)
+    Ok(())
 }
 
 /// The `targets` without a forward case in the capture folder `dir`.

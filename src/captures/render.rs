@@ -1,6 +1,6 @@
 //! Text views of a capture folder (`fk-agentd captures list | coverage`): data in, text out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use super::report::{CaptureReport, Coverage, parse_key};
@@ -68,6 +68,49 @@ pub fn list(reports: &[CaptureReport]) -> String {
     out
 }
 
+/// Each report's number in `list`, by path.
+struct ListNumbers<'a>(BTreeMap<&'a str, usize>);
+
+impl<'a> ListNumbers<'a> {
+    /// Numbers `reports` from 1, in their order.
+    fn of(reports: &'a [CaptureReport]) -> Self {
+        let numbered = reports.iter().enumerate();
+        Self(numbered.map(|(i, r)| (r.path.as_str(), i + 1)).collect())
+    }
+
+    /// The sorted numbers of the reports at `paths`, as `[1] [4]` (`[0]` for a path not listed).
+    fn refs(&self, paths: &BTreeSet<String>) -> String {
+        let mut n: Vec<usize> = paths
+            .iter()
+            .map(|p| self.0.get(p.as_str()).copied().unwrap_or(0))
+            .collect();
+        n.sort_unstable();
+        short_list(n.into_iter().map(|n| format!("[{n}]")), 6).replace("; ", " ")
+    }
+}
+
+/// One target's `coverage` row: its cases, calls, shapes, dtypes and reports, or [`NO_CASE`]
+/// and why it has none.
+fn coverage_row(id: &TargetId, c: &Coverage, numbers: &ListNumbers) -> Vec<String> {
+    if c.cases == 0 {
+        let why = if c.init_only.is_empty() {
+            "not in any report".to_string()
+        } else {
+            format!("init calls only, in {}", numbers.refs(&c.init_only))
+        };
+        let none = || "-".to_string();
+        return vec![id.to_string(), NO_CASE.into(), none(), why, none(), none()];
+    }
+    vec![
+        id.to_string(),
+        c.cases.to_string(),
+        c.calls.to_string(),
+        short_list(c.shapes.iter().cloned(), 2),
+        c.dtypes.iter().cloned().collect::<Vec<_>>().join(" "),
+        numbers.refs(&c.reports),
+    ]
+}
+
 /// Per target: forward cases, calls, shapes, dtypes and the reports (by `list` number) that
 /// hold them. `selected`, when given, lists exactly those targets, with [`NO_CASE`] for the
 /// ones without a case.
@@ -77,55 +120,20 @@ pub fn coverage(
     selected: Option<&[TargetId]>,
     width: usize,
 ) -> String {
-    let number: BTreeMap<&str, usize> = reports
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.path.as_str(), i + 1))
-        .collect();
-    let refs = |paths: &std::collections::BTreeSet<String>| {
-        let mut n: Vec<usize> = paths
-            .iter()
-            .map(|p| number.get(p.as_str()).copied().unwrap_or(0))
-            .collect();
-        n.sort_unstable();
-        short_list(n.into_iter().map(|n| format!("[{n}]")), 6).replace("; ", " ")
-    };
+    let numbers = ListNumbers::of(reports);
     let ids: Vec<TargetId> = match selected {
         Some(s) => s.to_vec(),
         None => cov.keys().cloned().collect(),
     };
     let empty = Coverage::default();
-    let mut skipped = 0;
     let rows: Vec<Vec<String>> = ids
         .iter()
-        .map(|id| {
-            let c = cov.get(id).unwrap_or(&empty);
-            if c.cases == 0 {
-                skipped += 1;
-                let why = if c.init_only.is_empty() {
-                    "not in any report".to_string()
-                } else {
-                    format!("init calls only, in {}", refs(&c.init_only))
-                };
-                return vec![
-                    id.to_string(),
-                    NO_CASE.into(),
-                    "-".into(),
-                    why,
-                    "-".into(),
-                    "-".into(),
-                ];
-            }
-            vec![
-                id.to_string(),
-                c.cases.to_string(),
-                c.calls.to_string(),
-                short_list(c.shapes.iter().cloned(), 2),
-                c.dtypes.iter().cloned().collect::<Vec<_>>().join(" "),
-                refs(&c.reports),
-            ]
-        })
+        .map(|id| coverage_row(id, cov.get(id).unwrap_or(&empty), &numbers))
         .collect();
+    let skipped = ids
+        .iter()
+        .filter(|id| cov.get(*id).is_none_or(|c| c.cases == 0))
+        .count();
     // At a narrow width the shapes, reports, dtypes, cases and targets are cut with `…`, in
     // that order.
     let header = ["target", "cases", "calls", "shapes", "dtypes", "reports"];
