@@ -108,10 +108,7 @@ pub fn screen(source: &str, ctx: &ScreenContext) -> Vec<Finding> {
     let code = blank_strings_and_comments(source);
     let lines: Vec<&str> = code.lines().collect();
     let mut out = Vec::new();
-    let baseline_names = baseline_imports(&lines, ctx);
-    let has_forward = lines
-        .iter()
-        .any(|l| l.trim_start().starts_with("def forward("));
+    let baseline = Baseline::of(&lines, ctx);
     let f_alias = lines
         .iter()
         .any(|l| l.contains("import torch.nn.functional as F"));
@@ -124,30 +121,9 @@ pub fn screen(source: &str, ctx: &ScreenContext) -> Vec<Finding> {
             })
         };
         timer_patch(line, &mut add);
-        if let Some(h) = HARNESS.iter().find(|h| has_token(line, h)) {
-            add(
-                "harness-access",
-                format!("uses `{h}`: candidates must not reach into the harness"),
-            );
-        }
-        baseline_fallback(line, &baseline_names, has_forward, ctx, &mut add);
+        banned_tokens(line, &mut add);
+        baseline_fallback(line, &baseline, &mut add);
         library_fallback(line, f_alias, &mut add);
-        for t in ["data_ptr()", "_version"] {
-            if has_token(line, t) {
-                add(
-                    "result-cache",
-                    format!(
-                        "uses `{t}`: outputs must be computed on every call, not cached by input identity"
-                    ),
-                );
-            }
-        }
-        if let Some(c) = CONCURRENCY.iter().find(|c| has_token(line, c)) {
-            add(
-                "stream-or-thread",
-                format!("uses `{c}`: no other streams, threads or processes"),
-            );
-        }
         hardcoded_shape(line, &ctx.captured_dims, &mut add);
         if is_except(line) && !body_reraises(&lines, i) {
             add(
@@ -164,6 +140,32 @@ pub fn screen(source: &str, ctx: &ScreenContext) -> Vec<Finding> {
     }
     out.sort_by(|a, b| (a.line, a.rule).cmp(&(b.line, b.rule)));
     out
+}
+
+/// The rules that look for a token: `harness-access`, `result-cache` and `stream-or-thread`.
+fn banned_tokens(line: &str, add: &mut impl FnMut(&'static str, String)) {
+    if let Some(h) = HARNESS.iter().find(|h| has_token(line, h)) {
+        add(
+            "harness-access",
+            format!("uses `{h}`: candidates must not reach into the harness"),
+        );
+    }
+    for t in ["data_ptr()", "_version"] {
+        if has_token(line, t) {
+            add(
+                "result-cache",
+                format!(
+                    "uses `{t}`: outputs must be computed on every call, not cached by input identity"
+                ),
+            );
+        }
+    }
+    if let Some(c) = CONCURRENCY.iter().find(|c| has_token(line, c)) {
+        add(
+            "stream-or-thread",
+            format!("uses `{c}`: no other streams, threads or processes"),
+        );
+    }
 }
 
 fn is_ident(c: char) -> bool {
@@ -236,8 +238,7 @@ fn baseline_module(target: &TargetId) -> String {
 }
 
 /// Names this file imports from its own target's baseline module.
-fn baseline_imports(lines: &[&str], ctx: &ScreenContext) -> Vec<String> {
-    let module = baseline_module(&ctx.target);
+fn baseline_imports(lines: &[&str], module: &str) -> Vec<String> {
     let mut names = Vec::new();
     for line in lines {
         let t = line.trim();
@@ -254,7 +255,7 @@ fn baseline_imports(lines: &[&str], ctx: &ScreenContext) -> Vec<String> {
                 }
             }
         } else if t.starts_with(&format!("import {module}")) {
-            names.push(module.clone());
+            names.push(module.to_string());
             if let Some((_, alias)) = t.split_once(" as ") {
                 names.push(alias.trim().to_string());
             }
@@ -263,17 +264,36 @@ fn baseline_imports(lines: &[&str], ctx: &ScreenContext) -> Vec<String> {
     names
 }
 
-fn baseline_fallback(
-    line: &str,
-    imported: &[String],
+/// What the `baseline-fallback` rule knows of the file: its target's baseline module and
+/// classes, the names it imports from that module, and whether it defines a `forward`.
+struct Baseline<'a> {
+    module: String,
+    classes: &'a [String],
+    imported: Vec<String>,
     has_forward: bool,
-    ctx: &ScreenContext,
-    add: &mut impl FnMut(&'static str, String),
-) {
+}
+
+impl<'a> Baseline<'a> {
+    /// What the rule needs of the file's `lines`, for `ctx`'s target.
+    fn of(lines: &[&str], ctx: &'a ScreenContext) -> Self {
+        let module = baseline_module(&ctx.target);
+        Self {
+            imported: baseline_imports(lines, &module),
+            module,
+            classes: &ctx.classes,
+            has_forward: lines
+                .iter()
+                .any(|l| l.trim_start().starts_with("def forward(")),
+        }
+    }
+}
+
+/// The `baseline-fallback` findings of one line.
+fn baseline_fallback(line: &str, base: &Baseline, add: &mut impl FnMut(&'static str, String)) {
     let t = line.trim();
-    let imports_own = t.contains(&baseline_module(&ctx.target))
-        && (t.starts_with("from ") || t.starts_with("import "));
-    if imports_own && !has_forward {
+    let imports_own =
+        t.contains(&base.module) && (t.starts_with("from ") || t.starts_with("import "));
+    if imports_own && !base.has_forward {
         add(
             "baseline-fallback",
             "imports its own baseline and defines no `forward`: the baseline would run".into(),
@@ -286,13 +306,16 @@ fn baseline_fallback(
             "calls the parent's `forward`: the computation must be the candidate's own".into(),
         );
     }
-    for name in imported.iter().chain(&ctx.classes) {
+    for name in base.imported.iter().chain(base.classes) {
         if has_token(line, &format!("{name}.forward(")) {
             add(
                 "baseline-fallback",
                 format!("calls `{name}.forward`: the baseline must not do the work"),
             );
-        } else if imported.contains(name) && !imports_own && has_token(line, &format!("{name}(")) {
+        } else if base.imported.contains(name)
+            && !imports_own
+            && has_token(line, &format!("{name}("))
+        {
             add(
                 "baseline-fallback",
                 format!("instantiates the baseline `{name}`: delegating to it is a fallback"),
