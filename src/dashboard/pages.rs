@@ -132,8 +132,9 @@ const PAGES: [(&str, &str); 4] = [
     ("/scores", "Scores"),
 ];
 
-/// The frame of every page: title, navigation, the SIMULATED banner, the run line.
-fn layout(view: &RunView, q: &PageQuery, active: &str, title: &str, body: Markup) -> Response {
+/// The frame of every page: title, navigation, the SIMULATED banner, the run line. The page is
+/// given as (path, title), in the shape of a [`PAGES`] entry.
+fn layout(view: &RunView, q: &PageQuery, (active, title): (&str, &str), body: Markup) -> Response {
     let (run, asked) = (&view.run, q.run.as_deref());
     let page = html! {
         (DOCTYPE)
@@ -252,7 +253,7 @@ pub async fn overview(
             (view.tally.token_reloads) " token reloads" }
         p.meta { "started " (view.run.started_at) @if let Some(f) = &view.run.finished_at { " · finished " (f) } }
     };
-    Ok(layout(&view, &q, "/", "Campaign overview", body))
+    Ok(layout(&view, &q, ("/", "Campaign overview"), body))
 }
 
 fn keep(line: &SessionLine, q: &PageQuery) -> bool {
@@ -339,7 +340,7 @@ pub async fn sessions(
             }
         }
     };
-    Ok(layout(&view, &q, "/sessions", "Sessions", body))
+    Ok(layout(&view, &q, ("/sessions", "Sessions"), body))
 }
 
 /// `/leases`: the lease timeline and the leases that ended badly.
@@ -379,7 +380,7 @@ pub async fn leases(
             ul { @for d in &view.drains { li { code { (d.uuid) } " since " (d.since) ": " (d.reason) } } }
         }
     };
-    Ok(layout(&view, &q, "/leases", "GPU lease timeline", body))
+    Ok(layout(&view, &q, ("/leases", "GPU lease timeline"), body))
 }
 
 /// `/session?target=L1/gelu`: one session, live.
@@ -404,13 +405,8 @@ pub async fn session(
         .into_iter()
         .find(|l| l.target == target);
     let body = super::live::session_body(&view, &target, line.as_ref(), &events);
-    Ok(layout(
-        &view,
-        &q,
-        "/session",
-        &format!("Session {target}"),
-        body,
-    ))
+    let title = format!("Session {target}");
+    Ok(layout(&view, &q, ("/session", &title), body))
 }
 
 /// `/scores`: standalone, composed and sequential tables, and the comparison chart.
@@ -422,7 +418,7 @@ pub async fn scores(
     let st = state.clone();
     let run = view.run.clone();
     let body = blocking(move || Ok(super::scores::scores_body(&st, &run))).await?;
-    Ok(layout(&view, &q, "/scores", "Scores", body))
+    Ok(layout(&view, &q, ("/scores", "Scores"), body))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::patch::{self, FileOp};
-use super::{ToolLimits, ToolOutput};
+use super::{ReadArgs, ToolLimits, ToolOutput};
 use crate::workspace::{Access, Workspace};
 
 /// Files larger than this are not read into memory for the model.
@@ -46,18 +46,17 @@ fn read_text(path: &Path, rel: &str) -> Result<String, ToolOutput> {
 /// `read_file {path, offset?, limit?}`: lines `offset..offset+limit` (1-based), within the
 /// byte budget, with a header saying which lines these are. `Err` holds the error output the
 /// model reads (always `is_error`), so `?` can return it.
-pub fn read_file(
+pub(super) fn read_file(
     ws: &Workspace,
-    rel: &str,
-    offset: Option<usize>,
-    limit: Option<usize>,
+    args: &ReadArgs,
     limits: &ToolLimits,
 ) -> Result<ToolOutput, ToolOutput> {
+    let rel = &args.path;
     let text = read_text(&jailed(ws, rel, Access::Read)?, rel)?;
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let total = lines.len();
-    let first = offset.unwrap_or(1);
-    let limit = limit.unwrap_or(limits.read_default_lines);
+    let first = args.offset.unwrap_or(1);
+    let limit = args.limit.unwrap_or(limits.read_default_lines);
     if first == 0 || limit == 0 {
         return Err(ToolOutput::error("offset and limit start at 1"));
     }

@@ -308,7 +308,7 @@ impl Toolbox {
                 Err(out) => Ok(out),
             },
             ToolName::ReadFile => Ok(parse_args::<ReadArgs>(name, arguments_json)
-                .and_then(|a| files::read_file(ws, &a.path, a.offset, a.limit, limits))
+                .and_then(|a| files::read_file(ws, &a, limits))
                 .unwrap_or_else(|e| e)),
             ToolName::WriteFile => Ok(parse_args::<WriteArgs>(name, arguments_json)
                 .and_then(|a| files::write_file(ws, &a.path, &a.content, limits))

@@ -79,13 +79,38 @@ impl Capture {
         let (lines, bytes) = (self.total_lines(), self.total_bytes);
         let kept = (self.head.len() + self.tail.len()) as u64;
         if kept < bytes {
-            return cut(&head, &tail, lines, bytes, limits);
+            return self.cut(&head, &tail, limits);
         }
         let all = format!("{head}{tail}");
         if bytes <= limits.max_bytes as u64 && lines <= limits.max_lines as u64 {
             return all;
         }
-        cut(&all, &all, lines, bytes, limits)
+        self.cut(&all, &all, limits)
+    }
+
+    /// Keeps the first lines of `head_src` and the last lines of `tail_src` (each within half
+    /// the budget) and marks the gap, counting the whole stream. The two may be the same string:
+    /// the caller only cuts when the whole exceeds the budget, so the two halves never overlap.
+    fn cut(&self, head_src: &str, tail_src: &str, limits: OutputLimits) -> String {
+        let (lines, bytes) = (self.total_lines(), self.total_bytes);
+        let half_bytes = limits.max_bytes / 2;
+        let half_lines = limits.max_lines / 2;
+        let head = take_head(head_src, half_lines, half_bytes);
+        let tail = take_tail(tail_src, half_lines, half_bytes);
+        let shown_lines = (head.lines().count() + tail.lines().count()) as u64;
+        let omitted_bytes = bytes.saturating_sub((head.len() + tail.len()) as u64);
+        let omitted_lines = lines.saturating_sub(shown_lines);
+        let mut out =
+            format!("[output: {lines} lines, {bytes} bytes; showing the head and tail]\n");
+        out.push_str(&head);
+        if !head.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(&format!(
+            "[... {omitted_lines} lines ({omitted_bytes} bytes) omitted ...]\n"
+        ));
+        out.push_str(&tail);
+        out
     }
 }
 
@@ -94,29 +119,6 @@ pub fn truncate_output(text: &str, limits: OutputLimits) -> String {
     let mut c = Capture::default();
     c.push(text.as_bytes());
     c.render(limits)
-}
-
-/// Keeps the first lines of `head_src` and the last lines of `tail_src` (each within half the
-/// budget) and marks the gap. The two may be the same string: the caller only cuts when the
-/// whole exceeds the budget, so the two halves never overlap.
-fn cut(head_src: &str, tail_src: &str, lines: u64, bytes: u64, limits: OutputLimits) -> String {
-    let half_bytes = limits.max_bytes / 2;
-    let half_lines = limits.max_lines / 2;
-    let head = take_head(head_src, half_lines, half_bytes);
-    let tail = take_tail(tail_src, half_lines, half_bytes);
-    let shown_lines = (head.lines().count() + tail.lines().count()) as u64;
-    let omitted_bytes = bytes.saturating_sub((head.len() + tail.len()) as u64);
-    let omitted_lines = lines.saturating_sub(shown_lines);
-    let mut out = format!("[output: {lines} lines, {bytes} bytes; showing the head and tail]\n");
-    out.push_str(&head);
-    if !head.ends_with('\n') {
-        out.push('\n');
-    }
-    out.push_str(&format!(
-        "[... {omitted_lines} lines ({omitted_bytes} bytes) omitted ...]\n"
-    ));
-    out.push_str(&tail);
-    out
 }
 
 fn take_head(s: &str, max_lines: usize, max_bytes: usize) -> String {
