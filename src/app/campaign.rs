@@ -286,19 +286,7 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
     };
     let home = Home::open(config, env, Holder::Daemon).await?;
     let config = &home.config;
-    // The home knows the provider's secret files now. Agent code never runs where it could
-    // read the token, unless the user opted out.
-    let confinement = config.confinement();
-    confinement.require(config.allow_unconfined)?;
-    let import_check = ImportCheck {
-        python: config.fastkernels_command.iter().take(1).cloned().collect(),
-        harness: prepared.copy.clone(),
-        timeout: Duration::from_secs(300),
-        env: inherited(env),
-        confinement: confinement.clone(),
-    };
-    let shell_env = ShellEnv::from_parent(env.vars.clone(), []).confined(confinement);
-    let shell_env = binary_first(shell_env, this_binary().ok().as_deref());
+    let (checks, shell_env) = confined_checks(&home, env, &prepared.copy, protected)?;
     let launcher = home.launcher(LeaseClass::Validate, "agents");
     let driver = BenchDriver::new(bench.clone(), launcher).await?;
     let runner = AgentRunnerParams {
@@ -308,12 +296,7 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
         captures: config.captures.clone(),
         gpu: Arc::new(BenchToolsFactory {
             driver: Arc::new(driver),
-            checks: Checks::Real(Box::new(RealChecks {
-                catalog: config.catalog.clone(),
-                import_check,
-                protected,
-                broker: home.broker.clone(),
-            })),
+            checks,
         }),
         shell_env,
         loop_params: LoopParams {
@@ -333,4 +316,34 @@ async fn real(mut config: Config, env: &Env) -> Result<Parts, Error> {
         home,
         server: None,
     })
+}
+
+/// A real campaign's candidate checks and the agents' shells, both confined in `home`.
+fn confined_checks(
+    home: &Home,
+    env: &Env,
+    copy: &Path,
+    protected: Arc<crate::protect::ProtectedSet>,
+) -> Result<(Checks, ShellEnv), Error> {
+    let config = &home.config;
+    // The home knows the provider's secret files now. Agent code never runs where it could
+    // read the token, unless the user opted out.
+    let confinement = config.confinement();
+    confinement.require(config.allow_unconfined)?;
+    let import_check = ImportCheck {
+        python: config.fastkernels_command.iter().take(1).cloned().collect(),
+        harness: copy.to_path_buf(),
+        timeout: Duration::from_secs(300),
+        env: inherited(env),
+        confinement: confinement.clone(),
+    };
+    let checks = Checks::Real(Box::new(RealChecks {
+        catalog: config.catalog.clone(),
+        import_check,
+        protected,
+        broker: home.broker.clone(),
+    }));
+    let shell_env = ShellEnv::from_parent(env.vars.clone(), []).confined(confinement);
+    let shell_env = binary_first(shell_env, this_binary().ok().as_deref());
+    Ok((checks, shell_env))
 }

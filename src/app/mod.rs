@@ -71,17 +71,12 @@ impl Home {
 
     /// As [`Home::open_held`], for scoring a run: a simulated one on the simulation's fake
     /// GPUs, like its campaign.
-    pub async fn open_scoring(
-        config: &Config,
-        env: &Env,
-        held: &DaemonLock,
-        simulated: bool,
-    ) -> Result<Self, Error> {
-        let mut config = config.clone();
+    pub async fn open_scoring(at: &LockedHome<'_>, simulated: bool) -> Result<Self, Error> {
+        let mut config = at.config.clone();
         if simulated {
             config.gpus = crate::config::GpuDevices::Fake { count: 8 };
         }
-        Self::open_held(config, env, held).await
+        Self::open_held(config, at.env, at.lock).await
     }
 
     /// Launches each bench as a lease of `class` on this home's broker, held by `holder`.
@@ -123,6 +118,13 @@ impl Home {
     }
 }
 
+/// A home whose lock the caller holds, not opened yet: its configuration and environment.
+pub struct LockedHome<'a> {
+    pub config: &'a Config,
+    pub env: &'a Env,
+    pub lock: &'a DaemonLock,
+}
+
 /// What `score --e2e` runs on: a home with its own broker (a simulated run's on the
 /// simulation's fake GPUs), a launcher of `bench` leases on it, and the eval's command with
 /// its folder (the private harness copy; none for the simulated bench).
@@ -135,19 +137,15 @@ pub struct EndToEnd {
 }
 
 /// Assembles [`EndToEnd`] in the home whose lock the caller holds.
-pub async fn end_to_end(
-    config: &Config,
-    env: &Env,
-    lock: &DaemonLock,
-    simulated: bool,
-) -> Result<EndToEnd, Error> {
+pub async fn end_to_end(at: &LockedHome<'_>, simulated: bool) -> Result<EndToEnd, Error> {
+    let config = at.config;
     let (command, cwd) = if simulated {
         (sim_bench_command()?, None)
     } else {
         let prepared = prepare_harness(config).await?;
         (config.fastkernels_command.clone(), Some(prepared.copy))
     };
-    let home = Home::open_scoring(config, env, lock, simulated).await?;
+    let home = Home::open_scoring(at, simulated).await?;
     let launcher = home.launcher(LeaseClass::Bench, "e2e");
     Ok(EndToEnd {
         home,
@@ -172,13 +170,12 @@ pub struct Scoring {
 /// Assembles [`Scoring`] in the home whose lock the caller holds: a simulated run is scored
 /// with the simulated bench it was campaigned with; `on_bench` hears of every finished bench.
 pub async fn scoring(
-    config: &Config,
-    env: &Env,
-    lock: &DaemonLock,
+    at: &LockedHome<'_>,
     simulated: bool,
     on_bench: crate::score::driver::ProgressFn,
 ) -> Result<Scoring, Error> {
-    let provider = ProviderConfig::load(&config.provider, &config.home, env).ok();
+    let config = at.config;
+    let provider = ProviderConfig::load(&config.provider, &config.home, at.env).ok();
     let stand_in = config
         .fastkernels_command
         .get(1)
@@ -187,7 +184,7 @@ pub async fn scoring(
         Some(_) if !simulated && !stand_in => Some(prepare_harness(config).await?),
         _ => None,
     };
-    let home = Home::open_scoring(config, env, lock, simulated).await?;
+    let home = Home::open_scoring(at, simulated).await?;
     let command = if simulated {
         sim_bench_command()?
     } else {

@@ -4,37 +4,33 @@
 //! [`crate::score::e2e`], the broker and the command are assembled by
 //! [`crate::app::end_to_end`]; this finds the winner sets, records and prints the outcomes.
 
-use super::print_json;
+use super::emit;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Env};
+use crate::app::LockedHome;
+use crate::config::Config;
 use crate::error::Error;
 use crate::score::e2e::{self, EvalParams};
 
 /// Evaluates `run` (the newest by default) and its pair, under the home's `lock`.
 /// Exit 0 when every eval gave reports with identical tokens, 1 otherwise.
 pub async fn cmd_e2e(
-    config: &Config,
-    env: &Env,
-    lock: &crate::daemon::DaemonLock,
+    at: &LockedHome<'_>,
     run: Option<&str>,
     scenarios: &str,
     json: bool,
 ) -> Result<i32, Error> {
+    let config = at.config;
     let store = super::open_existing_store(&config.home)?;
     let row = store.run(run)?;
     let sets = winner_sets(&store, config, &row)?;
     let simulated = row.simulated;
-    let crate::app::EndToEnd {
-        home,
-        launcher,
-        command,
-        cwd,
-    } = crate::app::end_to_end(config, env, lock, simulated).await?;
+    let ready = crate::app::end_to_end(at, simulated).await?;
+    let (home, launcher) = (ready.home, ready.launcher);
     let gpus = e2e::gpus_needed(scenarios).min(home.broker.inventory().len().max(1));
     let params = EvalParams {
-        command,
-        cwd,
+        command: ready.command,
+        cwd: ready.cwd,
         scenarios: scenarios.to_string(),
         deadline: config.lease_timeout,
         gpus,
@@ -63,13 +59,12 @@ pub async fn cmd_e2e(
         outcomes.push(outcome);
     }
     home.broker.shutdown().await;
-    if json {
-        print_json(&outcomes);
-    } else {
-        for o in &outcomes {
-            super::term::show(&format!("{}\n", e2e::describe(o).join("\n  ")));
-        }
-    }
+    emit(json, &outcomes, || {
+        let each = outcomes
+            .iter()
+            .map(|o| format!("{}\n", e2e::describe(o).join("\n  ")));
+        each.collect()
+    });
     let all_good = outcomes.iter().all(|o| o.correct() == Some(true));
     Ok(if all_good { 0 } else { 1 })
 }

@@ -8,10 +8,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::{ScoreArgs, ScoreMode as ScoreModeArg, SimBenchArgs, SimBenchCommand};
 use super::emit;
+use crate::app::LockedHome;
 use crate::captures::report;
 use crate::config::provider::ProviderConfig;
 use crate::config::{Config, Env, absolute};
-use crate::daemon::DaemonLock;
 use crate::error::Error;
 
 use crate::score::gate::WinnerGate;
@@ -93,27 +93,28 @@ pub async fn cmd_score(config: &Config, env: &Env, args: &ScoreArgs) -> Result<i
     // lock keeps a daemon, and a second score, off those GPUs.
     crate::app::ensure_home(&config.home)?;
     let lock = crate::daemon::DaemonLock::acquire(&config.home, crate::daemon::Holder::Score)?;
+    let at = LockedHome {
+        config,
+        env,
+        lock: &lock,
+    };
     if let Some(scenarios) = &args.e2e {
         let run = args.run.as_deref();
-        return super::e2e::cmd_e2e(config, env, &lock, run, scenarios, args.json).await;
+        return super::e2e::cmd_e2e(&at, run, scenarios, args.json).await;
     }
     let mode = match args.mode {
         ScoreModeArg::Standalone => ScoreMode::Standalone,
         ScoreModeArg::Composed => ScoreMode::Composed,
         ScoreModeArg::All => ScoreMode::Both,
-        ScoreModeArg::Sequential => return score_sequential(config, env, args, &lock).await,
+        ScoreModeArg::Sequential => return score_sequential(&at, args).await,
     };
     let Some(dest) = destination(config, args, candidates.as_deref())? else {
-        return score_sequential(config, env, args, &lock).await;
+        return score_sequential(&at, args).await;
     };
     say(args.json, &dest.note);
     let progress = StageProgress::new();
-    let crate::app::Scoring {
-        driver,
-        home,
-        provider,
-        ..
-    } = scoring_driver(config, env, &lock, dest.simulated, (args.json, &progress)).await?;
+    let scoring = scoring_driver(&at, dest.simulated, (args.json, &progress)).await?;
+    let (driver, home, provider) = (scoring.driver, scoring.home, scoring.provider);
     let score = ScoreParams {
         candidates: candidates.unwrap_or_default(),
         out: dest.out,
@@ -246,9 +247,7 @@ fn score_gate(config: &Config, args: &ScoreArgs) -> WinnerGate {
 /// The parts `score` runs on ([`crate::app::scoring`]), the bench count reported to
 /// `progress`, the harness copy it prepared told first.
 async fn scoring_driver(
-    config: &Config,
-    env: &Env,
-    lock: &DaemonLock,
+    at: &LockedHome<'_>,
     simulated: bool,
     (json, progress): (bool, &std::sync::Arc<StageProgress>),
 ) -> Result<crate::app::Scoring, Error> {
@@ -256,7 +255,7 @@ async fn scoring_driver(
     let on_bench = std::sync::Arc::new(move |_label: &str, _wall_s: f64, _ok: bool| {
         stages.bench_done();
     });
-    let scoring = crate::app::scoring(config, env, lock, simulated, on_bench).await?;
+    let scoring = crate::app::scoring(at, simulated, on_bench).await?;
     if let Some(prepared) = &scoring.harness {
         let dirty = if prepared.checkout_dirty {
             " (checkout dirty: uncommitted changes are not in the copy)"
@@ -277,12 +276,8 @@ async fn scoring_driver(
 /// `score --mode sequential [--run RUN]` (and plain `score` of a sequential run): the level
 /// mix benches and gates of the run's sessions, then the final composed bench, into a new
 /// generation's `seq/`.
-async fn score_sequential(
-    config: &Config,
-    env: &Env,
-    args: &ScoreArgs,
-    lock: &DaemonLock,
-) -> Result<i32, Error> {
+async fn score_sequential(at: &LockedHome<'_>, args: &ScoreArgs) -> Result<i32, Error> {
+    let config = at.config;
     if args.candidates.is_some() {
         return Err(Error::Usage(
             "score --mode sequential scores a sequential run's sessions; it takes --run, not --candidates".into(),
@@ -316,7 +311,7 @@ async fn score_sequential(
         home,
         provider,
         ..
-    } = scoring_driver(config, env, lock, run.simulated, (args.json, &progress)).await?;
+    } = scoring_driver(at, run.simulated, (args.json, &progress)).await?;
     let cancel = CancellationToken::new();
     let scoring = sequential::SeqScoring {
         run_dir: &run_dir,

@@ -48,7 +48,12 @@ pub async fn cmd_start(
     println!();
     let lock = daemon::DaemonLock::acquire(&config.home, daemon::Holder::Score)?;
     let run = Some(report.run_id.as_str());
-    let e2e = super::e2e::cmd_e2e(&config, env, &lock, run, scenarios, false).await?;
+    let at = crate::app::LockedHome {
+        config: &config,
+        env,
+        lock: &lock,
+    };
+    let e2e = super::e2e::cmd_e2e(&at, run, scenarios, false).await?;
     Ok(code.max(e2e))
 }
 
