@@ -40,8 +40,15 @@ fn object(properties: Value, required: &[&str]) -> Value {
     })
 }
 
-/// The eight tools, in a fixed order.
+/// The eight tools, in a fixed order: the workspace's, then the GPU's and `finish`.
 pub fn tool_specs() -> Vec<ToolSpec> {
+    let mut specs = workspace_tools();
+    specs.extend(gpu_tools_and_finish());
+    specs
+}
+
+/// The tools that work in the workspace: `shell`, `read_file`, `write_file`, `apply_patch`.
+fn workspace_tools() -> Vec<ToolSpec> {
     vec![
         function(
             ToolName::Shell,
@@ -98,6 +105,12 @@ pub fn tool_specs() -> Vec<ToolSpec> {
                 &["patch"],
             ),
         ),
+    ]
+}
+
+/// The tools that lease a GPU (`validate`, `profile_ncu`, `profile_nsys`), and `finish`.
+fn gpu_tools_and_finish() -> Vec<ToolSpec> {
+    vec![
         function(
             ToolName::Validate,
             "Benchmark your candidate file against the baseline on a leased GPU over the \
