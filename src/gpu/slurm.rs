@@ -280,6 +280,15 @@ exec "$@""#;
 /// What Slurm's accounting says, asked by `read` up to 10 times 200 ms apart until it knows:
 /// slurmctld hands a job's or step's end to slurmdbd a moment after the end. `None` when it
 /// never knows, or where the cluster keeps no accounting (`read` fails).
+/// How a holder job's last run ended, as `, its last run STATE in Slurm's accounting`: requeued
+/// after a node failure, the holder is pending again under the same id and the accounting keeps
+/// how its run ended (NODE_FAIL). Empty without accounting (the job's state is all there is).
+fn last_run_words(cli: &SlurmCli, holder: u64) -> String {
+    from_accounting(|| cli.accounted_state(holder))
+        .map(|state| format!(", its last run {state} in Slurm's accounting"))
+        .unwrap_or_default()
+}
+
 fn from_accounting<T>(mut read: impl FnMut() -> Result<Option<T>, String>) -> Option<T> {
     for attempt in 0..10 {
         if attempt > 0 {
@@ -464,12 +473,7 @@ impl LeaseBackend for SlurmBackend {
                 return None;
             }
         };
-        // Requeued after a node failure, the holder is pending again under the same id; the
-        // accounting keeps how its run ended (NODE_FAIL). Without accounting, the state above
-        // is all there is.
-        let how = from_accounting(|| self.cli.accounted_state(holder))
-            .map(|state| format!(", its last run {state} in Slurm's accounting"))
-            .unwrap_or_default();
+        let how = last_run_words(&self.cli, holder);
         Some(format!(
             "the Slurm allocation holding it (job {holder} on node {node}) was lost mid-lease: the job is {now}{how}"
         ))
@@ -575,6 +579,8 @@ impl LeaseBackend for SlurmBackend {
                 .collect()
         };
         let mut down = Vec::new();
+        // How each lost holder's last run ended, read once for all of its slots.
+        let mut how: HashMap<u64, String> = HashMap::new();
         for (i, slot) in self.slots.iter().enumerate() {
             let holder = slot.holder.map(|h| {
                 let state = held.iter().find(|(id, _)| *id == h);
@@ -582,8 +588,10 @@ impl LeaseBackend for SlurmBackend {
             });
             let why = match (holder, nodes.iter().find(|(n, ..)| *n == slot.node)) {
                 (Some((job, state)), _) if state != "RUNNING" => format!(
-                    "its Slurm allocation (job {job} on node {}) is {state}",
-                    slot.node
+                    "its Slurm allocation (job {job} on node {}) is {state}{}",
+                    slot.node,
+                    how.entry(job)
+                        .or_insert_with(|| last_run_words(&self.cli, job))
                 ),
                 // A node sinfo no longer lists in the partition is as gone as a down one.
                 (_, None) => format!("Slurm node {} is not listed by sinfo", slot.node),
