@@ -388,10 +388,15 @@ impl Follow<'_> {
         // Nothing until the first turn settles: the header is complete by then.
         if over || view.turns.iter().any(|t| t.settled) {
             let lines = inspect::render_lines(&view, &self.render);
-            let mut out = std::io::stdout();
+            let mut new = String::new();
             for line in lines.iter().skip(self.printed) {
-                let _ = writeln!(out, "{line}");
+                new.push_str(&format!("{line}\n"));
             }
+            // Fitted to the terminal as `session TARGET` is.
+            if let Some(width) = super::term::known_width() {
+                new = report::fit_lines(&new, width);
+            }
+            let _ = write!(std::io::stdout(), "{new}");
             self.printed = self.printed.max(lines.len());
         }
         Ok(())

@@ -109,12 +109,17 @@ fn a_simulated_start_then_sessions_session_transcript_and_follow() {
             predicate::str::contains("turn 1")
                 .and(predicate::str::contains("encrypted_content").not()),
         );
-    // The session already ended: --follow prints its readable lines and stops at its end.
-    fk(home.path())
+    // The session already ended: --follow prints its readable lines and stops at its end,
+    // fitted to the terminal as the plain view is.
+    let followed = fk(home.path())
+        .env("COLUMNS", "80")
         .args(["session", "L1/gelu", "--follow"])
         .assert()
         .success()
         .stdout(predicate::str::contains("verdict  winner"));
+    let text = String::from_utf8_lossy(&followed.get_output().stdout).into_owned();
+    let long: Vec<&str> = text.lines().filter(|l| l.chars().count() > 80).collect();
+    assert!(long.is_empty(), "lines over 80 columns: {long:#?}");
     fk(home.path())
         .args(["session", "L1/gleu"])
         .assert()
