@@ -382,13 +382,18 @@ async fn cmd_status(home: &std::path::Path, json: bool) -> Result<i32, Error> {
         print_json(&value);
         return Ok(0);
     }
-    print!("{text}");
+    let mut text = text;
     if let Some(r) = &record {
-        println!("outcome   {}", r.tally().line());
+        text.push_str(&format!("outcome   {}\n", r.tally().line()));
     }
     if let Some(spent) = spent {
-        println!("spent     {}", spent.describe());
+        text.push_str(&format!("spent     {}\n", spent.describe()));
     }
+    // Fitted to the terminal (piped output only where `COLUMNS` says how wide).
+    if let Some(width) = term::known_width() {
+        text = report::fit_lines(&text, width);
+    }
+    print!("{text}");
     Ok(0)
 }
 

@@ -509,6 +509,23 @@ fn start_without_a_terminal_prints_plain_progress_lines() {
         "{line}"
     );
     assert!(!log.contains('\r'), "no redrawn line without a terminal");
+    // `status` then fits the width `COLUMNS` gives, its outcome line (the campaign's longest,
+    // with every kind of end) included.
+    let status = fk(home.path())
+        .env("COLUMNS", "70")
+        .arg("status")
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let status = String::from_utf8(status).unwrap();
+    assert!(
+        status.contains("outcome   47 sessions finished"),
+        "{status}"
+    );
+    let long: Vec<&str> = status.lines().filter(|l| l.chars().count() > 70).collect();
+    assert!(long.is_empty(), "lines over 70 columns: {long:#?}");
 }
 
 #[test]
