@@ -232,8 +232,6 @@ fn comparison(state: &DashboardState, run: &RunRow, pair: &str) -> Result<Compar
     crate::record::comparison(&state.store, &runs, &ind, &seq).map_err(|e| e.to_string())
 }
 
-/// The scores page's body (blocking: reads files and the store): the run's newest complete
-/// score, and the sequential gates of its newest generation.
 /// A results generation's folder name.
 fn name(g: &Path) -> String {
     g.file_name()
@@ -262,6 +260,8 @@ fn pending_words(g: &Path) -> String {
     }
 }
 
+/// The scores page's body (blocking: reads files and the store): the run's newest complete
+/// score, and the sequential gates of its newest generation.
 pub fn scores_body(state: &DashboardState, run: &RunRow) -> Markup {
     let run_dir = crate::run::runs_dir(&state.home).join(&run.id);
     let generation = crate::score::candidates::generations(&run_dir)

@@ -137,9 +137,30 @@ pub struct SlurmBackend {
     signalled: Mutex<HashMap<i64, Arc<AtomicBool>>>,
     /// The fk-agentd binary and the secret files its `confined-exec` hides from each step.
     confine: Option<hold::NodeConfinement>,
+    /// Per holder the health poll found not running: how its last run ended, read once (the
+    /// accounting may take a moment) and kept until the holder runs again.
+    last_runs: Mutex<HashMap<u64, String>>,
 }
 
 impl SlurmBackend {
+    /// [`last_run_words`] of a holder not running, read once per lost run of it.
+    fn last_run(&self, holder: u64) -> String {
+        if let Some(words) = crate::sync::guard(&self.last_runs).get(&holder) {
+            return words.clone();
+        }
+        let words = last_run_words(&self.cli, holder);
+        crate::sync::guard(&self.last_runs).insert(holder, words.clone());
+        words
+    }
+
+    /// Forgets the last run of holders that run again: a later loss is a run of its own.
+    fn forget_running(&self, held: &[(u64, String)]) {
+        let mut known = crate::sync::guard(&self.last_runs);
+        for (id, _) in held.iter().filter(|(_, state)| state == "RUNNING") {
+            known.remove(id);
+        }
+    }
+
     /// Why a lease's own job (job mode) ended by the infrastructure's doing: slurmctld, which
     /// remembers an ended job for `MinJobAge`, says `NODE_FAIL` (its node failed under it).
     /// `None` for any other end, or when slurmctld no longer knows the job.
@@ -277,9 +298,6 @@ fi
 CUDA_VISIBLE_DEVICES=$picked; export CUDA_VISIBLE_DEVICES
 exec "$@""#;
 
-/// What Slurm's accounting says, asked by `read` up to 10 times 200 ms apart until it knows:
-/// slurmctld hands a job's or step's end to slurmdbd a moment after the end. `None` when it
-/// never knows, or where the cluster keeps no accounting (`read` fails).
 /// How a holder job's last run ended, as `, its last run STATE in Slurm's accounting`: requeued
 /// after a node failure, the holder is pending again under the same id and the accounting keeps
 /// how its run ended (NODE_FAIL). Empty without accounting (the job's state is all there is).
@@ -289,6 +307,9 @@ fn last_run_words(cli: &SlurmCli, holder: u64) -> String {
         .unwrap_or_default()
 }
 
+/// What Slurm's accounting says, asked by `read` up to 10 times 200 ms apart until it knows:
+/// slurmctld hands a job's or step's end to slurmdbd a moment after the end. `None` when it
+/// never knows, or where the cluster keeps no accounting (`read` fails).
 fn from_accounting<T>(mut read: impl FnMut() -> Result<Option<T>, String>) -> Option<T> {
     for attempt in 0..10 {
         if attempt > 0 {
@@ -579,8 +600,7 @@ impl LeaseBackend for SlurmBackend {
                 .collect()
         };
         let mut down = Vec::new();
-        // How each lost holder's last run ended, read once for all of its slots.
-        let mut how: HashMap<u64, String> = HashMap::new();
+        self.forget_running(&held);
         for (i, slot) in self.slots.iter().enumerate() {
             let holder = slot.holder.map(|h| {
                 let state = held.iter().find(|(id, _)| *id == h);
@@ -590,8 +610,7 @@ impl LeaseBackend for SlurmBackend {
                 (Some((job, state)), _) if state != "RUNNING" => format!(
                     "its Slurm allocation (job {job} on node {}) is {state}{}",
                     slot.node,
-                    how.entry(job)
-                        .or_insert_with(|| last_run_words(&self.cli, job))
+                    self.last_run(job)
                 ),
                 // A node sinfo no longer lists in the partition is as gone as a down one.
                 (_, None) => format!("Slurm node {} is not listed by sinfo", slot.node),

@@ -108,6 +108,7 @@ pub fn start(
         job_minutes: minutes(params.lease_timeout) + 2,
         steps: Mutex::new(HashMap::new()),
         signalled: Mutex::new(HashMap::new()),
+        last_runs: Mutex::new(HashMap::new()),
         confine: params.confine,
     };
     let mut must_see = params.probe;
