@@ -136,11 +136,11 @@ async fn independent(
     show(ctx, j);
     let phase = run_phase(ctx, j, targets).await?;
     let stopped = None;
-    end_run(ctx, j, targets, Ended { phase, stopped })
+    end_run(ctx, j, targets, RunEnd { phase, stopped })
 }
 
 /// How a run's sessions ended, and why its scoring stopped early if it did.
-struct Ended {
+struct RunEnd {
     phase: PhaseReport,
     stopped: Option<String>,
 }
@@ -153,7 +153,7 @@ fn end_run(
     ctx: &Ctx,
     j: &Arc<RunJournal>,
     targets: &[TargetId],
-    Ended { phase, stopped }: Ended,
+    RunEnd { phase, stopped }: RunEnd,
 ) -> Result<CampaignReport, Error> {
     let mut finished = scheduler::run_finished_payload(targets, &phase);
     if let Some(why) = &stopped {
@@ -256,7 +256,7 @@ impl SeqRun<'_> {
     async fn levels(
         &self,
         targets: &[TargetId],
-    ) -> Result<(Ended, Vec<sequential::LevelGate>), Error> {
+    ) -> Result<(RunEnd, Vec<sequential::LevelGate>), Error> {
         let (ctx, j) = (self.ctx, self.j);
         let (mut results, mut gates) = (BTreeMap::new(), Vec::new());
         let (mut interrupted, mut stopped) = (false, None);
@@ -297,7 +297,7 @@ impl SeqRun<'_> {
             results,
             interrupted,
         };
-        Ok((Ended { phase, stopped }, gates))
+        Ok((RunEnd { phase, stopped }, gates))
     }
 
     /// One level's sessions, with the lower winners installed first.

@@ -166,25 +166,25 @@ pub async fn run_phase(
 }
 
 /// A session's task's end: its target, status and result.
-type Ended = (TargetId, SessionStatus, SessionResult);
+type TaskEnd = (TargetId, SessionStatus, SessionResult);
 
 /// The phase's running session tasks, each with the target it runs, so a session that
 /// panicked is still recorded as its own.
 #[derive(Default)]
 struct Tasks {
-    set: JoinSet<Ended>,
+    set: JoinSet<TaskEnd>,
     targets: HashMap<tokio::task::Id, TargetId>,
 }
 
 impl Tasks {
-    fn spawn(&mut self, target: TargetId, task: impl Future<Output = Ended> + Send + 'static) {
+    fn spawn(&mut self, target: TargetId, task: impl Future<Output = TaskEnd> + Send + 'static) {
         self.targets.insert(self.set.spawn(task).id(), target);
     }
 
     /// A joined session task's end. A session that panicked is a failure of ours, not the
     /// agent's: recorded as an infrastructure failure with the panic's message. An aborted
     /// task (the drain deadline) has no end to record here.
-    fn ended(&self, joined: Result<Ended, tokio::task::JoinError>) -> Option<Ended> {
+    fn ended(&self, joined: Result<TaskEnd, tokio::task::JoinError>) -> Option<TaskEnd> {
         match joined {
             Ok(ended) => Some(ended),
             Err(e) if e.is_panic() => {
@@ -373,7 +373,7 @@ impl Launch<'_> {
         &self,
         target: TargetId,
         slot: Arc<SessionSlot>,
-    ) -> Result<impl Future<Output = Ended> + use<>, RunError> {
+    ) -> Result<impl Future<Output = TaskEnd> + use<>, RunError> {
         let started = SessionResult {
             started_at: Some(now_rfc3339()),
             ..SessionResult::default()
